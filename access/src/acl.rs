@@ -1,0 +1,430 @@
+//! The `acl.yaml` policy (DESIGN §5): who may call what (router), who may
+//! provide what (registry), who may read which context fields (context).
+//!
+//! Default deny everywhere. Patterns are `*`, `prefix.*` or an exact name.
+//! [`AclHandle`] holds the current policy behind an `ArcSwap` (readers take no
+//! lock) and [`AclHandle::spawn_reloader`] hot-reloads it: a broken edit keeps
+//! the last good policy and is reported by a log line and a metric.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use serde::Deserialize;
+
+/// How often the file is checked for changes; edits apply within this bound.
+pub const RELOAD_INTERVAL: Duration = Duration::from_millis(500);
+
+// === Raw file format ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAcl {
+    version: u32,
+    #[serde(default)]
+    permissions: Vec<RawPermission>,
+    #[serde(default)]
+    providers: Vec<RawProvider>,
+    #[serde(default)]
+    context: Vec<RawContext>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPermission {
+    caller: String,
+    #[serde(default)]
+    allow: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    agent: String,
+    #[serde(default)]
+    provides: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawContext {
+    agent: String,
+    #[serde(default)]
+    read: Vec<String>,
+}
+
+// === Patterns ===
+
+/// `*`, `prefix.*` or an exact dotted name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pattern {
+    Any,
+    /// `order.*` is stored as `order.` and matches `order.query`, `order.detail.v2`.
+    Prefix(String),
+    Exact(String),
+}
+
+impl Pattern {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if text == "*" {
+            return Ok(Pattern::Any);
+        }
+        if let Some(prefix) = text.strip_suffix(".*") {
+            check_dotted(prefix).map_err(|why| format!("pattern `{text}`: {why}"))?;
+            return Ok(Pattern::Prefix(format!("{prefix}.")));
+        }
+        check_dotted(text).map_err(|why| format!("pattern `{text}`: {why}"))?;
+        Ok(Pattern::Exact(text.to_string()))
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Pattern::Any => true,
+            Pattern::Prefix(prefix) => name.starts_with(prefix.as_str()),
+            Pattern::Exact(exact) => exact == name,
+        }
+    }
+}
+
+/// Names are lowercase dotted words: `[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*`.
+/// Shared with the registry's validation of capability names.
+pub fn check_dotted(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("empty name".to_string());
+    }
+    for word in text.split('.') {
+        let mut chars = word.chars();
+        match chars.next() {
+            Some(first) if first.is_ascii_lowercase() => {}
+            Some(_) => return Err(format!("`{word}` must start with a lowercase letter")),
+            None => return Err("empty segment between dots".to_string()),
+        }
+        if let Some(bad) = chars.find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')) {
+            return Err(format!("character `{bad}` is not allowed (use a-z, 0-9, _ and dots)"));
+        }
+    }
+    Ok(())
+}
+
+fn any_matches(patterns: &[Pattern], name: &str) -> bool {
+    patterns.iter().any(|pattern| pattern.matches(name))
+}
+
+// === Policy ===
+
+/// A validated policy. Rules keyed by agent name; `*` as a name applies to every agent.
+#[derive(Debug, Default, Clone)]
+pub struct Acl {
+    permissions: HashMap<String, Vec<Pattern>>,
+    providers: HashMap<String, Vec<Pattern>>,
+    context_read: HashMap<String, Vec<Pattern>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AclError {
+    #[error("cannot read {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error("{path} is not a valid ACL: {}", problems.join("; "))]
+    Invalid { path: PathBuf, problems: Vec<String> },
+}
+
+impl Acl {
+    /// A policy that denies everything.
+    pub fn deny_all() -> Self {
+        Self::default()
+    }
+
+    pub fn load(path: &Path) -> Result<Self, AclError> {
+        let text = std::fs::read_to_string(path).map_err(|error| AclError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Self::parse(&text).map_err(|problems| AclError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+
+    /// Parses and validates; every problem is reported, not just the first.
+    pub fn parse(text: &str) -> Result<Self, Vec<String>> {
+        let raw: RawAcl = serde_yaml::from_str(text).map_err(|error| vec![error.to_string()])?;
+        let mut problems = Vec::new();
+        if raw.version != 1 {
+            problems.push(format!("version {} is not supported (expected 1)", raw.version));
+        }
+        let mut acl = Acl::default();
+        let mut add = |section: &str, who: &str, items: &[String], into: &mut HashMap<String, Vec<Pattern>>| {
+            if who != "*" {
+                if let Err(why) = check_agent_name(who) {
+                    problems.push(format!("{section}: agent `{who}`: {why}"));
+                }
+            }
+            let entry = into.entry(who.to_string()).or_default();
+            for item in items {
+                match Pattern::parse(item) {
+                    Ok(pattern) => entry.push(pattern),
+                    Err(why) => problems.push(format!("{section} of `{who}`: {why}")),
+                }
+            }
+        };
+        for rule in &raw.permissions {
+            add("permissions", &rule.caller, &rule.allow, &mut acl.permissions);
+        }
+        for rule in &raw.providers {
+            add("providers", &rule.agent, &rule.provides, &mut acl.providers);
+        }
+        for rule in &raw.context {
+            add("context", &rule.agent, &rule.read, &mut acl.context_read);
+        }
+        if problems.is_empty() {
+            Ok(acl)
+        } else {
+            Err(problems)
+        }
+    }
+
+    fn allowed(rules: &HashMap<String, Vec<Pattern>>, who: &str, what: &str) -> bool {
+        rules.get(who).is_some_and(|patterns| any_matches(patterns, what))
+            || rules.get("*").is_some_and(|patterns| any_matches(patterns, what))
+    }
+
+    /// May `caller` invoke `capability` (router)?
+    pub fn may_call(&self, caller: &str, capability: &str) -> bool {
+        Self::allowed(&self.permissions, caller, capability)
+    }
+
+    /// May `agent` register `capability` (registry)?
+    pub fn may_provide(&self, agent: &str, capability: &str) -> bool {
+        Self::allowed(&self.providers, agent, capability)
+    }
+
+    /// May `agent` read context field `field` (context service)?
+    pub fn may_read_field(&self, agent: &str, field: &str) -> bool {
+        Self::allowed(&self.context_read, agent, field)
+    }
+
+    /// Whether the policy names `agent` in its context whitelist at all.
+    pub fn has_context_entry(&self, agent: &str) -> bool {
+        self.context_read.contains_key(agent) || self.context_read.contains_key("*")
+    }
+}
+
+/// Agent names follow the capability-name rules without dots being required.
+pub fn check_agent_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 128 {
+        return Err("must be 1..=128 characters".to_string());
+    }
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    if !first_ok || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-' || c == '.') {
+        return Err("use lowercase letters, digits, `_`, `-` and `.`, starting with a letter".to_string());
+    }
+    Ok(())
+}
+
+// === Hot reload ===
+
+/// The live policy. Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct AclHandle {
+    current: Arc<ArcSwap<Acl>>,
+}
+
+/// Reload outcomes, registered into the owning service's metrics registry.
+#[derive(Clone)]
+struct ReloadMetrics {
+    reloads: prometheus::IntCounterVec,
+    healthy: prometheus::IntGauge,
+}
+
+impl ReloadMetrics {
+    fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let reloads = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "agent_reach_acl_reloads_total",
+                "ACL file reloads by outcome (ok, error).",
+            ),
+            &["outcome"],
+        )?;
+        let healthy = prometheus::IntGauge::new(
+            "agent_reach_acl_file_valid",
+            "1 when the ACL file on disk is valid and applied, 0 when a broken edit is being ignored.",
+        )?;
+        registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(healthy.clone()))?;
+        healthy.set(1);
+        Ok(Self { reloads, healthy })
+    }
+}
+
+impl AclHandle {
+    pub fn new(acl: Acl) -> Self {
+        Self {
+            current: Arc::new(ArcSwap::from_pointee(acl)),
+        }
+    }
+
+    /// The policy in force now. Lock-free.
+    pub fn current(&self) -> arc_swap::Guard<Arc<Acl>> {
+        self.current.load()
+    }
+
+    pub fn replace(&self, acl: Acl) {
+        self.current.store(Arc::new(acl));
+    }
+
+    /// Loads `path` now (start-up fails on a broken file) and polls it every
+    /// [`RELOAD_INTERVAL`]: valid edits apply, broken ones are reported and ignored.
+    pub fn load_and_watch(path: &Path, metrics: &prometheus::Registry) -> Result<Self, AclError> {
+        let handle = Self::new(Acl::load(path)?);
+        let metrics = ReloadMetrics::register(metrics).map_err(|error| AclError::Invalid {
+            path: path.to_path_buf(),
+            problems: vec![format!("metrics registration failed: {error}")],
+        })?;
+        let initial = std::fs::read(path).unwrap_or_default();
+        tokio::spawn(reload_loop(path.to_path_buf(), handle.clone(), metrics, initial));
+        Ok(handle)
+    }
+}
+
+async fn reload_loop(path: PathBuf, handle: AclHandle, metrics: ReloadMetrics, mut last_seen: Vec<u8>) {
+    let mut ticker = tokio::time::interval(RELOAD_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        // Stop when the service that owns the handle is gone.
+        if Arc::strong_count(&handle.current) == 1 {
+            return;
+        }
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                if !last_seen.is_empty() {
+                    tracing::error!(
+                        message = "ACL file unreadable; keeping the last good policy.",
+                        path = %path.display(),
+                        %error
+                    );
+                    metrics.reloads.with_label_values(&["error"]).inc();
+                    metrics.healthy.set(0);
+                    last_seen.clear();
+                }
+                continue;
+            }
+        };
+        if bytes == last_seen {
+            continue;
+        }
+        last_seen = bytes;
+        let parsed = std::str::from_utf8(&last_seen)
+            .map_err(|error| vec![format!("not UTF-8: {error}")])
+            .and_then(Acl::parse);
+        match parsed {
+            Ok(acl) => {
+                handle.replace(acl);
+                metrics.reloads.with_label_values(&["ok"]).inc();
+                metrics.healthy.set(1);
+                tracing::info!(message = "ACL reloaded.", path = %path.display());
+            }
+            Err(problems) => {
+                metrics.reloads.with_label_values(&["error"]).inc();
+                metrics.healthy.set(0);
+                tracing::error!(
+                    message = "ACL edit rejected; keeping the last good policy.",
+                    path = %path.display(),
+                    problems = %problems.join("; ")
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+version: 1
+permissions:
+  - caller: intent_parser
+    allow: [order.query, order.detail]
+  - caller: ops
+    allow: ["*"]
+  - caller: "*"
+    allow: [health.*]
+providers:
+  - agent: order_query
+    provides: [order.*]
+context:
+  - agent: reply_writer
+    read: [user_id, intent]
+"#;
+
+    #[test]
+    fn default_deny_and_patterns() {
+        let acl = Acl::parse(SAMPLE).unwrap();
+        assert!(acl.may_call("intent_parser", "order.query"));
+        assert!(!acl.may_call("intent_parser", "payment.check"));
+        assert!(acl.may_call("ops", "anything.at_all"));
+        assert!(acl.may_call("stranger", "health.ping"));
+        assert!(!acl.may_call("stranger", "order.query"));
+        assert!(acl.may_provide("order_query", "order.detail"));
+        assert!(
+            !acl.may_provide("order_query", "orders.detail"),
+            "prefix is per segment"
+        );
+        assert!(!acl.may_provide("intent_parser", "order.query"));
+        assert!(acl.may_read_field("reply_writer", "intent"));
+        assert!(!acl.may_read_field("reply_writer", "secret"));
+        assert!(!Acl::deny_all().may_call("a", "b"));
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        let problems =
+            Acl::parse("version: 2\npermissions:\n  - caller: Bad Name\n    allow: [Order.Query, ok.*]\n").unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(Acl::parse("version: 1\nunknown: []\n").is_err());
+        assert!(Acl::parse("not: [valid").is_err());
+    }
+
+    #[tokio::test]
+    async fn hot_reload_keeps_last_good_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("acl.yaml");
+        std::fs::write(&path, SAMPLE).unwrap();
+        let metrics = prometheus::Registry::new();
+        let handle = AclHandle::load_and_watch(&path, &metrics).unwrap();
+        assert!(!handle.current().may_call("newbie", "order.query"));
+
+        std::fs::write(
+            &path,
+            "version: 1\npermissions:\n  - caller: newbie\n    allow: [order.query]\n",
+        )
+        .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while !handle.current().may_call("newbie", "order.query") {
+            assert!(tokio::time::Instant::now() < deadline, "edit not applied within 2 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        std::fs::write(&path, "version: 1\npermissions: {broken").unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let text = prometheus::TextEncoder::new()
+                .encode_to_string(&metrics.gather())
+                .unwrap();
+            if text.contains("agent_reach_acl_file_valid 0") {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "broken edit not reported");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            handle.current().may_call("newbie", "order.query"),
+            "last good policy kept"
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! Bearer JWT verification. `sub` is the caller's agent name.
+//!
+//! Development uses a shared HS256 secret file; production uses an Ed25519 or
+//! RSA public key (PEM). `--insecure-no-auth` turns verification off and says
+//! so loudly at start-up.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+/// Seconds of clock skew tolerated on `exp`.
+const LEEWAY_S: u64 = 5;
+
+/// How a service verifies tokens; built from the `AUTH` flags of DESIGN §7.
+#[derive(Debug, Clone)]
+pub enum AuthConfig {
+    Hs256SecretFile(PathBuf),
+    PublicKeyFile(PathBuf),
+    /// No verification at all. Development only.
+    InsecureNoAuth,
+}
+
+impl AuthConfig {
+    /// Picks the one mode the flags name; exactly one must be given.
+    pub fn from_flags(
+        hs256_secret_file: Option<PathBuf>,
+        public_key_file: Option<PathBuf>,
+        insecure_no_auth: bool,
+    ) -> Result<Self, String> {
+        match (hs256_secret_file, public_key_file, insecure_no_auth) {
+            (Some(path), None, false) => Ok(Self::Hs256SecretFile(path)),
+            (None, Some(path), false) => Ok(Self::PublicKeyFile(path)),
+            (None, None, true) => Ok(Self::InsecureNoAuth),
+            (None, None, false) => Err("no authentication configured: pass --auth-hs256-secret-file PATH, \
+                 --auth-public-key PATH, or (development only) --insecure-no-auth"
+                .to_string()),
+            _ => Err("pass only one of --auth-hs256-secret-file, --auth-public-key, --insecure-no-auth".to_string()),
+        }
+    }
+}
+
+/// The `AUTH` flags of DESIGN §7, shared by every service's command line.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AuthArgs {
+    /// File holding the shared HS256 secret (at least 32 bytes) that tokens are signed with.
+    #[arg(long, env = "AGENT_REACH_AUTH_HS256_SECRET_FILE", value_name = "PATH")]
+    pub auth_hs256_secret_file: Option<PathBuf>,
+    /// PEM file with the Ed25519 or RSA public key that verifies tokens (production).
+    #[arg(long, env = "AGENT_REACH_AUTH_PUBLIC_KEY", value_name = "PATH")]
+    pub auth_public_key: Option<PathBuf>,
+    /// DEVELOPMENT ONLY: accept every request without a token and skip the ACL.
+    #[arg(long, env = "AGENT_REACH_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+}
+
+impl AuthArgs {
+    pub fn config(&self) -> Result<AuthConfig, String> {
+        AuthConfig::from_flags(
+            self.auth_hs256_secret_file.clone(),
+            self.auth_public_key.clone(),
+            self.insecure_no_auth,
+        )
+    }
+}
+
+/// The verified identity of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A verified token's `sub`.
+    Agent(String),
+    /// Authentication is switched off (`--insecure-no-auth`): every request is trusted.
+    Unauthenticated,
+}
+
+impl Caller {
+    /// The verified name, if any.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Caller::Agent(name) => Some(name),
+            Caller::Unauthenticated => None,
+        }
+    }
+}
+
+/// Why a request was not authenticated. All map to `UNAUTHENTICATED` / 401.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("missing bearer token: send `Authorization: Bearer <jwt>`")]
+    Missing,
+    #[error("malformed authorization header or token: {0}")]
+    Malformed(String),
+    #[error("token signature is invalid for this service's key")]
+    BadSignature,
+    #[error("token has expired; issue a new one")]
+    Expired,
+    #[error("token is not valid: {0}")]
+    Invalid(String),
+}
+
+impl AuthError {
+    pub const CODE: &'static str = "UNAUTHENTICATED";
+
+    /// A short label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "missing",
+            AuthError::Malformed(_) => "malformed",
+            AuthError::BadSignature => "bad_signature",
+            AuthError::Expired => "expired",
+            AuthError::Invalid(_) => "invalid",
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    iat: Option<u64>,
+}
+
+/// Verifies bearer tokens. Cheap to clone-share behind an `Arc`; verification
+/// takes no lock.
+pub struct Authenticator {
+    key: Option<(DecodingKey, Validation)>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("Authenticator")
+            .field("enabled", &self.key.is_some())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Loads the key the config names. Errors name the file and the problem.
+    pub fn load(config: &AuthConfig) -> Result<Self, String> {
+        match config {
+            AuthConfig::InsecureNoAuth => {
+                tracing::warn!(
+                    message = "AUTHENTICATION IS DISABLED (--insecure-no-auth): every request is trusted \
+                               and the ACL is not enforced. Never run this in production."
+                );
+                Ok(Self { key: None })
+            }
+            AuthConfig::Hs256SecretFile(path) => {
+                let secret = read_key_file(path)?;
+                let secret = trim_secret(&secret);
+                if secret.len() < 32 {
+                    return Err(format!(
+                        "HS256 secret in {} is {} bytes; use at least 32 random bytes",
+                        path.display(),
+                        secret.len()
+                    ));
+                }
+                Ok(Self::with_key(DecodingKey::from_secret(secret), Algorithm::HS256))
+            }
+            AuthConfig::PublicKeyFile(path) => {
+                let pem = read_key_file(path)?;
+                if let Ok(key) = DecodingKey::from_ed_pem(&pem) {
+                    return Ok(Self::with_key(key, Algorithm::EdDSA));
+                }
+                if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
+                    return Ok(Self::with_key(key, Algorithm::RS256));
+                }
+                Err(format!(
+                    "{} is not an Ed25519 or RSA public key in PEM format",
+                    path.display()
+                ))
+            }
+        }
+    }
+
+    /// An authenticator for an HS256 secret held in memory (tests, `agent-reach dev`).
+    pub fn hs256(secret: &[u8]) -> Self {
+        Self::with_key(DecodingKey::from_secret(secret), Algorithm::HS256)
+    }
+
+    fn with_key(key: DecodingKey, algorithm: Algorithm) -> Self {
+        let mut validation = Validation::new(algorithm);
+        validation.leeway = LEEWAY_S;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Self {
+            key: Some((key, validation)),
+        }
+    }
+
+    /// Whether tokens are checked at all.
+    pub fn is_enabled(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Verifies an `Authorization` header value.
+    pub fn verify_header(&self, header: Option<&http::HeaderValue>) -> Result<Caller, AuthError> {
+        let Some((key, validation)) = &self.key else {
+            return Ok(Caller::Unauthenticated);
+        };
+        let header = header.ok_or(AuthError::Missing)?;
+        let value = header
+            .to_str()
+            .map_err(|_| AuthError::Malformed("header is not ASCII".to_string()))?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .ok_or_else(|| AuthError::Malformed("expected `Bearer <jwt>`".to_string()))?
+            .trim();
+        if token.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        verify_token(token, key, validation)
+    }
+}
+
+fn verify_token(token: &str, key: &DecodingKey, validation: &Validation) -> Result<Caller, AuthError> {
+    use jsonwebtoken::errors::ErrorKind;
+    match jsonwebtoken::decode::<Claims>(token, key, validation) {
+        Ok(data) if data.claims.sub.is_empty() => Err(AuthError::Invalid("empty `sub`".to_string())),
+        Ok(data) => Ok(Caller::Agent(data.claims.sub)),
+        Err(error) => Err(match error.kind() {
+            ErrorKind::InvalidSignature => AuthError::BadSignature,
+            ErrorKind::ExpiredSignature => AuthError::Expired,
+            ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
+                AuthError::Malformed(error.to_string())
+            }
+            _ => AuthError::Invalid(error.to_string()),
+        }),
+    }
+}
+
+fn read_key_file(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|error| format!("cannot read key file {}: {error}", path.display()))
+}
+
+/// Secret files usually end with a newline; it is not part of the secret.
+fn trim_secret(secret: &[u8]) -> &[u8] {
+    let end = secret
+        .iter()
+        .rposition(|byte| !byte.is_ascii_whitespace())
+        .map_or(0, |index| index + 1);
+    &secret[..end]
+}
+
+/// Issues an HS256 token for `name`, valid for `ttl` (`agent-reach token issue`, tests).
+pub fn issue_hs256(name: &str, secret: &[u8], ttl: Duration) -> Result<String, String> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|error| format!("system clock before 1970: {error}"))?
+        .as_secs();
+    issue_hs256_at(name, trim_secret(secret), now, now.saturating_add(ttl.as_secs()))
+}
+
+/// Issues an HS256 token with explicit `iat`/`exp` (tests of expiry).
+pub fn issue_hs256_at(name: &str, secret: &[u8], iat: u64, exp: u64) -> Result<String, String> {
+    let claims = Claims {
+        sub: name.to_string(),
+        exp,
+        iat: Some(iat),
+    };
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .map_err(|error| format!("cannot sign token: {error}"))
+}
+
+/// Reads an HS256 secret file for issuing tokens.
+pub fn read_hs256_secret(path: &Path) -> Result<Vec<u8>, String> {
+    read_key_file(path).map(|secret| trim_secret(&secret).to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn bearer(token: &str) -> http::HeaderValue {
+        http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap()
+    }
+
+    #[test]
+    fn valid_token_yields_its_subject() {
+        let auth = Authenticator::hs256(SECRET);
+        let token = issue_hs256("order_query", SECRET, Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            auth.verify_header(Some(&bearer(&token))),
+            Ok(Caller::Agent("order_query".into()))
+        );
+    }
+
+    #[test]
+    fn each_failure_has_its_reason() {
+        let auth = Authenticator::hs256(SECRET);
+        assert_eq!(auth.verify_header(None), Err(AuthError::Missing));
+        let not_bearer = http::HeaderValue::from_static("Basic abc");
+        assert!(matches!(
+            auth.verify_header(Some(&not_bearer)),
+            Err(AuthError::Malformed(_))
+        ));
+        assert!(matches!(
+            auth.verify_header(Some(&bearer("not.a.jwt"))),
+            Err(AuthError::Malformed(_))
+        ));
+        let other = issue_hs256("x", b"another-secret-another-secret-xx", Duration::from_secs(60)).unwrap();
+        assert_eq!(auth.verify_header(Some(&bearer(&other))), Err(AuthError::BadSignature));
+        let expired = issue_hs256_at("x", SECRET, 1_000, 2_000).unwrap();
+        assert_eq!(auth.verify_header(Some(&bearer(&expired))), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn insecure_mode_trusts_everyone() {
+        let auth = Authenticator::load(&AuthConfig::InsecureNoAuth).unwrap();
+        assert_eq!(auth.verify_header(None), Ok(Caller::Unauthenticated));
+    }
+
+    #[test]
+    fn short_secrets_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "short\n").unwrap();
+        let error = Authenticator::load(&AuthConfig::Hs256SecretFile(path)).unwrap_err();
+        assert!(error.contains("at least 32"), "{error}");
+    }
+}

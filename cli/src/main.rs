@@ -1,0 +1,147 @@
+//! `agent-reach`: one binary that runs each service and operates them.
+//!
+//! Every flag can also be set with an `AGENT_REACH_*` environment variable
+//! (see `--help` of each subcommand).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+mod dev;
+
+#[derive(Debug, Parser)]
+#[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]
+struct Cli {
+    /// Log format: `text` for people, `json` for log pipelines.
+    #[arg(long, env = "AGENT_REACH_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the registry: agents register capabilities under etcd leases.
+    Registry(agent_reach_registry::RegistryArgs),
+    /// Run every service in one process on embedded stores (development).
+    Dev(dev::DevArgs),
+    /// Issue and inspect tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print an HS256 token whose `sub` is NAME.
+    Issue {
+        /// The agent (or caller) name the token speaks for.
+        #[arg(long)]
+        name: String,
+        /// The shared HS256 secret file the services verify with.
+        #[arg(long, env = "AGENT_REACH_AUTH_HS256_SECRET_FILE")]
+        secret_file: PathBuf,
+        /// Validity, e.g. 30s, 15m, 24h, 7d.
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: Duration,
+    },
+}
+
+/// Parses `90s`, `15m`, `24h`, `7d` (or plain seconds).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 30s, 15m, 24h or 7d"))?;
+    let seconds = match unit {
+        "" | "s" => number,
+        "m" => number * 60,
+        "h" => number * 3600,
+        "d" => number * 86_400,
+        _ => return Err(format!("unknown unit `{unit}` in `{text}`; use s, m, h or d")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Resolves on SIGINT (ctrl-c) or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(error) => {
+                tracing::warn!(message = "Cannot listen for SIGTERM; only ctrl-c stops the service.", %error);
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!(message = "Shutting down.");
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
+        Command::Dev(args) => dev::run(args, shutdown_signal()).await,
+        Command::Token {
+            command: TokenCommand::Issue { name, secret_file, ttl },
+        } => {
+            let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
+            let token = agent_reach_access::token::issue_hs256(&name, &secret, ttl).map_err(anyhow::Error::msg)?;
+            println!("{token}");
+            Ok(())
+        }
+    }
+    .context("agent-reach failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("3y").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,20 @@
+//! Compiles the `.proto` files with a vendored `protoc`, so a fresh clone
+//! builds with nothing installed beyond Rust.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // An explicit PROTOC (e.g. the distribution's) wins; otherwise use the vendored one.
+    if std::env::var_os("PROTOC").is_none() {
+        std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
+    }
+    tonic_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(&["proto/registry.proto"], &["proto"])?;
+    // etcd's API: only the client is needed (the registry talks to etcd).
+    tonic_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .compile_protos(&["proto/etcd.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Serde types of the HTTP/JSON API (DESIGN §2 for the registry).
+//!
+//! Request types reject unknown fields: a misspelt field is an error the caller
+//! sees, not a setting silently ignored.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+// === Errors ===
+
+/// The body of every error answer: `{"error": {...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorDetail {
+    /// A stable, upper-case code such as `LEASE_EXPIRED`.
+    pub code: String,
+    /// What went wrong and what to do about it, for a person.
+    pub message: String,
+    /// The request field at fault, as a dotted path (`capabilities[1].version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+}
+
+// === Registry ===
+
+/// `POST /v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub agent_id: String,
+    pub name: String,
+    pub endpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    pub capabilities: Vec<CapabilitySpec>,
+}
+
+/// A capability as an agent declares it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitySpec {
+    pub name: String,
+    pub version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `201` answer to `POST /v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RegisterResponse {
+    pub agent_id: String,
+    pub lease_id: i64,
+    pub ttl_s: u32,
+    pub heartbeat_interval_s: u32,
+}
+
+/// `PUT /v1/agents/{agent_id}/heartbeat`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub lease_id: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inflight: Option<u32>,
+}
+
+/// `200` answer to a heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeartbeatResponse {
+    pub agent_id: String,
+    pub lease_id: i64,
+    pub ttl_s: u32,
+    pub status: String,
+}
+
+/// An instance as the registry reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentInstance {
+    pub agent_id: String,
+    pub name: String,
+    pub endpoint: String,
+    pub protocol: String,
+    pub weight: u32,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    pub capabilities: Vec<CapabilitySpec>,
+    pub status: String,
+    pub lease_id: i64,
+    pub ttl_s: u32,
+    pub registered_at_ms: u64,
+}
+
+/// `GET /v1/agents`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentList {
+    pub agents: Vec<AgentInstance>,
+    pub revision: i64,
+}
+
+/// One entry of `GET /v1/capabilities`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CapabilitySummary {
+    pub name: String,
+    /// Highest first.
+    pub versions: Vec<String>,
+    pub instances: usize,
+    pub routable_instances: usize,
+}
+
+/// `GET /v1/capabilities`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CapabilityList {
+    pub capabilities: Vec<CapabilitySummary>,
+    pub revision: i64,
+}
+
+/// `GET /v1/capabilities/{name}[?version=REQ]`: routable instances at the best
+/// matching version.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CapabilityResolution {
+    pub name: String,
+    pub version: String,
+    pub available_versions: Vec<String>,
+    pub instances: Vec<ResolvedInstance>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ResolvedInstance {
+    pub agent_id: String,
+    pub name: String,
+    pub endpoint: String,
+    pub weight: u32,
+    pub status: String,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    pub capability: CapabilitySpec,
+}

@@ -1,0 +1,16 @@
+//! Wire types of Agent-Reach: the generated gRPC code and the serde types of the
+//! HTTP/JSON API. Services convert to and from their own types at the edge.
+
+pub mod http;
+
+/// The registry's gRPC API (`proto/registry.proto`).
+pub mod registry {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("agentreach.registry.v1");
+}
+
+/// The subset of etcd's v3 API the registry uses (`proto/etcd.proto`).
+pub mod etcd {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("etcdserverpb");
+}

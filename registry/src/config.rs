@@ -1,0 +1,119 @@
+//! Command-line flags of `agent-reach registry` (DESIGN §7), each also read
+//! from an `AGENT_REACH_*` environment variable, validated into a typed
+//! config with every problem reported at once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use agent_reach_access::{AuthArgs, AuthConfig};
+
+use crate::service::RegistryConfig;
+use crate::validate::TtlBounds;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RegistryArgs {
+    /// Address serving gRPC and HTTP/JSON on one port.
+    #[arg(long, env = "AGENT_REACH_REGISTRY_LISTEN", default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+    /// etcd endpoints, comma separated (e.g. http://127.0.0.1:2379).
+    #[arg(long, env = "AGENT_REACH_ETCD", value_delimiter = ',', value_name = "URL,...")]
+    pub etcd: Vec<String>,
+    /// DEVELOPMENT ONLY: keep registrations in memory instead of etcd (lost on exit).
+    #[arg(long, env = "AGENT_REACH_EMBEDDED_STORE", conflicts_with = "etcd")]
+    pub embedded_store: bool,
+    /// The access policy; reloaded when it changes.
+    #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
+    pub acl: PathBuf,
+    /// Tenant whose keys this registry serves (`/agent-reach/v1/{tenant}/...`).
+    #[arg(long, env = "AGENT_REACH_TENANT", default_value = "default")]
+    pub tenant: String,
+    /// Lease TTL for registrations that do not ask for one, in seconds.
+    #[arg(long, env = "AGENT_REACH_DEFAULT_TTL_S", default_value_t = 15)]
+    pub default_ttl_s: u32,
+    /// Smallest `ttl_s` a registration may ask for.
+    #[arg(long, env = "AGENT_REACH_MIN_TTL_S", default_value_t = 3)]
+    pub min_ttl_s: u32,
+    /// Largest `ttl_s` a registration may ask for.
+    #[arg(long, env = "AGENT_REACH_MAX_TTL_S", default_value_t = 300)]
+    pub max_ttl_s: u32,
+    /// Largest accepted request body (HTTP) or message (gRPC), in bytes.
+    #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// Where registrations live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChoice {
+    Etcd(Vec<String>),
+    Embedded,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub store: StoreChoice,
+    pub acl: PathBuf,
+    pub auth: AuthConfig,
+    pub service: RegistryConfig,
+}
+
+impl RegistryArgs {
+    pub fn validate(&self) -> Result<Settings, Vec<String>> {
+        let mut problems = Vec::new();
+        let store = match (self.etcd.is_empty(), self.embedded_store) {
+            (false, _) => StoreChoice::Etcd(self.etcd.clone()),
+            (true, true) => StoreChoice::Embedded,
+            (true, false) => {
+                problems.push("no store: pass --etcd URL[,URL...] (or --embedded-store for development)".to_string());
+                StoreChoice::Embedded
+            }
+        };
+        for url in &self.etcd {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                problems.push(format!("--etcd `{url}` must start with http:// or https://"));
+            }
+        }
+        if let Err(why) = agent_reach_access::acl::check_agent_name(&self.tenant) {
+            problems.push(format!("--tenant `{}`: {why}", self.tenant));
+        }
+        if self.min_ttl_s == 0 || self.min_ttl_s > self.max_ttl_s {
+            problems.push(format!(
+                "--min-ttl-s {} must be at least 1 and not above --max-ttl-s {}",
+                self.min_ttl_s, self.max_ttl_s
+            ));
+        }
+        if !(self.min_ttl_s..=self.max_ttl_s).contains(&self.default_ttl_s) {
+            problems.push(format!(
+                "--default-ttl-s {} is outside {}..={}",
+                self.default_ttl_s, self.min_ttl_s, self.max_ttl_s
+            ));
+        }
+        if self.max_body_bytes < 1024 {
+            problems.push("--max-body-bytes must be at least 1024".to_string());
+        }
+        let auth = self.auth.config().unwrap_or_else(|why| {
+            problems.push(why);
+            AuthConfig::InsecureNoAuth
+        });
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Settings {
+            listen: self.listen,
+            store,
+            acl: self.acl.clone(),
+            auth,
+            service: RegistryConfig {
+                tenant: self.tenant.clone(),
+                ttl: TtlBounds {
+                    min_s: self.min_ttl_s,
+                    max_s: self.max_ttl_s,
+                    default_s: self.default_ttl_s,
+                },
+                max_body_bytes: self.max_body_bytes,
+            },
+        })
+    }
+}

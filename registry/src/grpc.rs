@@ -1,0 +1,397 @@
+//! The gRPC API (`proto/registry.proto`): the same operations as HTTP, plus
+//! the multiplexed keep-alive stream and the Watch stream routers consume.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_access::Caller;
+use agent_reach_proto::http as wire;
+use agent_reach_proto::registry as pb;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::catalog::decode;
+use crate::error::{Code, RegistryError};
+use crate::model::{Capability, Instance};
+use crate::service::RegistryService;
+use crate::store::{Event, Revision, StoreError};
+use crate::validate;
+
+/// Heartbeats of one keep-alive stream processed concurrently.
+const KEEP_ALIVE_CONCURRENCY: usize = 1024;
+/// Watch events buffered per subscriber before back-pressure.
+const WATCH_BUFFER: usize = 1024;
+
+pub struct GrpcRegistry {
+    service: Arc<RegistryService>,
+}
+
+impl GrpcRegistry {
+    pub fn new(service: Arc<RegistryService>) -> Self {
+        Self { service }
+    }
+
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| http::HeaderValue::from_str(value).ok());
+        self.service
+            .authenticate(header.as_ref())
+            .map_err(|error| error.to_status())
+    }
+}
+
+// === Conversions (edge) ===
+
+fn schema_to_text(schema: Option<&serde_json::Value>) -> String {
+    schema.map(ToString::to_string).unwrap_or_default()
+}
+
+pub fn capability_to_pb(capability: &Capability) -> pb::CapabilityDescriptor {
+    pb::CapabilityDescriptor {
+        name: capability.name.clone(),
+        version: capability.version.to_string(),
+        description: capability.description.clone(),
+        input_schema_json: schema_to_text(capability.input_schema.as_ref()),
+        output_schema_json: schema_to_text(capability.output_schema.as_ref()),
+        timeout_ms: capability.timeout_ms.unwrap_or(0),
+    }
+}
+
+pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
+    pb::AgentInstance {
+        agent_id: instance.agent_id.clone(),
+        name: instance.name.clone(),
+        endpoint: instance.endpoint.clone(),
+        protocol: instance.protocol.clone(),
+        weight: instance.weight,
+        tags: instance.tags.clone().into_iter().collect(),
+        capabilities: instance.capabilities.iter().map(capability_to_pb).collect(),
+        status: instance.status.as_str().to_string(),
+        lease_id: instance.lease_id,
+        ttl_s: instance.ttl_s,
+        registered_at_ms: instance.registered_at_ms,
+    }
+}
+
+fn schema_from_text(text: &str, field: String) -> Result<Option<serde_json::Value>, RegistryError> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|error| RegistryError::field(Code::InvalidSchema, field, format!("schema is not JSON: {error}")))
+}
+
+fn register_from_pb(request: pb::RegisterRequest) -> Result<wire::RegisterRequest, RegistryError> {
+    let mut capabilities = Vec::with_capacity(request.capabilities.len());
+    for (index, capability) in request.capabilities.into_iter().enumerate() {
+        capabilities.push(wire::CapabilitySpec {
+            input_schema: schema_from_text(
+                &capability.input_schema_json,
+                format!("capabilities[{index}].input_schema"),
+            )?,
+            output_schema: schema_from_text(
+                &capability.output_schema_json,
+                format!("capabilities[{index}].output_schema"),
+            )?,
+            name: capability.name,
+            version: capability.version,
+            description: Some(capability.description).filter(|text| !text.is_empty()),
+            timeout_ms: Some(capability.timeout_ms).filter(|timeout| *timeout > 0),
+        });
+    }
+    Ok(wire::RegisterRequest {
+        agent_id: request.agent_id,
+        name: request.name,
+        endpoint: request.endpoint,
+        protocol: Some(request.protocol).filter(|text| !text.is_empty()),
+        weight: Some(request.weight).filter(|weight| *weight > 0),
+        tags: request.tags.into_iter().collect(),
+        ttl_s: Some(request.ttl_s).filter(|ttl| *ttl > 0),
+        status: Some(request.status).filter(|text| !text.is_empty()),
+        capabilities,
+    })
+}
+
+fn error_to_pb(error: &RegistryError) -> pb::Error {
+    pb::Error {
+        code: error.code.as_str().to_string(),
+        message: error.message.clone(),
+        field: error.field.clone().unwrap_or_default(),
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::registry_server::Registry for GrpcRegistry {
+    #[tracing::instrument(name = "grpc.Register", skip_all)]
+    async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let request = register_from_pb(request.into_inner()).map_err(|error| error.to_status())?;
+        let registered = self
+            .service
+            .register(&caller, request)
+            .await
+            .map_err(|error| error.to_status())?;
+        Ok(Response::new(pb::RegisterResponse {
+            agent_id: registered.agent_id,
+            lease_id: registered.lease_id,
+            ttl_s: registered.ttl_s,
+            heartbeat_interval_s: registered.heartbeat_interval_s,
+        }))
+    }
+
+    type KeepAliveStream = BoxStream<pb::KeepAliveResponse>;
+
+    #[tracing::instrument(name = "grpc.KeepAlive", skip_all)]
+    async fn keep_alive(
+        &self,
+        request: Request<Streaming<pb::KeepAliveRequest>>,
+    ) -> Result<Response<Self::KeepAliveStream>, Status> {
+        // One verification per stream; each heartbeat is still checked against its agent's name.
+        let caller = self.caller(&request)?;
+        let service = self.service.clone();
+        let responses = request
+            .into_inner()
+            .take_while(|message| futures::future::ready(message.is_ok()))
+            .filter_map(|message| futures::future::ready(message.ok()))
+            .map(move |heartbeat| {
+                let service = service.clone();
+                let caller = caller.clone();
+                async move {
+                    let outcome = async {
+                        let status = Some(heartbeat.status.as_str())
+                            .filter(|text| !text.is_empty())
+                            .map(|text| validate::status(text, "status"))
+                            .transpose()?;
+                        service
+                            .heartbeat(&caller, &heartbeat.agent_id, heartbeat.lease_id, status)
+                            .await
+                    }
+                    .await;
+                    service
+                        .metrics()
+                        .heartbeats
+                        .with_label_values(&["grpc", crate::http::heartbeat_outcome(&outcome)])
+                        .inc();
+                    Ok(match outcome {
+                        Ok(ack) => pb::KeepAliveResponse {
+                            agent_id: ack.agent_id,
+                            lease_id: ack.lease_id,
+                            ttl_s: ack.ttl_s,
+                            error: None,
+                        },
+                        Err(error) => pb::KeepAliveResponse {
+                            agent_id: heartbeat.agent_id,
+                            lease_id: heartbeat.lease_id,
+                            ttl_s: 0,
+                            error: Some(error_to_pb(&error)),
+                        },
+                    })
+                }
+            })
+            .buffer_unordered(KEEP_ALIVE_CONCURRENCY);
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    #[tracing::instrument(name = "grpc.Deregister", skip_all)]
+    async fn deregister(
+        &self,
+        request: Request<pb::DeregisterRequest>,
+    ) -> Result<Response<pb::DeregisterResponse>, Status> {
+        let caller = self.caller(&request)?;
+        self.service
+            .deregister(&caller, &request.into_inner().agent_id)
+            .await
+            .map_err(|error| error.to_status())?;
+        Ok(Response::new(pb::DeregisterResponse {}))
+    }
+
+    #[tracing::instrument(name = "grpc.GetAgent", skip_all)]
+    async fn get_agent(&self, request: Request<pb::GetAgentRequest>) -> Result<Response<pb::AgentInstance>, Status> {
+        self.caller(&request)?;
+        let agent_id = request.into_inner().agent_id;
+        let entry = self.service.catalog().get(&agent_id).ok_or_else(|| {
+            RegistryError::new(Code::AgentNotFound, format!("no instance `{agent_id}` is registered")).to_status()
+        })?;
+        Ok(Response::new(instance_to_pb(&entry.instance)))
+    }
+
+    #[tracing::instrument(name = "grpc.ListAgents", skip_all)]
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        self.caller(&request)?;
+        let (instances, revision) = self.service.catalog().list();
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: instances.iter().map(|instance| instance_to_pb(instance)).collect(),
+            revision,
+        }))
+    }
+
+    #[tracing::instrument(name = "grpc.ResolveCapability", skip_all)]
+    async fn resolve_capability(
+        &self,
+        request: Request<pb::ResolveCapabilityRequest>,
+    ) -> Result<Response<pb::ResolveCapabilityResponse>, Status> {
+        self.caller(&request)?;
+        let request = request.into_inner();
+        let resolution = self
+            .service
+            .resolve(&request.name, Some(&request.version_req))
+            .map_err(|error| error.to_status())?;
+        Ok(Response::new(pb::ResolveCapabilityResponse {
+            name: request.name,
+            version: resolution.chosen.map(|version| version.to_string()).unwrap_or_default(),
+            instances: resolution
+                .instances
+                .iter()
+                .map(|(instance, capability)| pb::ResolvedInstance {
+                    instance: Some(instance_to_pb(instance)),
+                    capability: Some(capability_to_pb(capability)),
+                })
+                .collect(),
+            available_versions: resolution.available.iter().map(ToString::to_string).collect(),
+        }))
+    }
+
+    type WatchStream = BoxStream<pb::WatchEvent>;
+
+    #[tracing::instrument(name = "grpc.Watch", skip_all)]
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        self.caller(&request)?;
+        let start_revision = request.into_inner().start_revision;
+        if start_revision < 0 {
+            return Err(RegistryError::field(Code::InvalidFieldType, "start_revision", "must be >= 0").to_status());
+        }
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(serve_watch(self.service.clone(), start_revision, sender));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
+            receiver,
+        ))))
+    }
+}
+
+/// Decrements the subscriber gauge however the watch ends.
+struct SubscriberGuard(prometheus::IntGauge);
+
+impl Drop for SubscriberGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Feeds one Watch subscriber: a snapshot when needed, then every change in
+/// revision order, resuming from the last revision sent after store hiccups.
+async fn serve_watch(
+    service: Arc<RegistryService>,
+    start_revision: Revision,
+    sender: mpsc::Sender<Result<pb::WatchEvent, Status>>,
+) {
+    let gauge = service.metrics().watch_subscribers.clone();
+    gauge.inc();
+    let _guard = SubscriberGuard(gauge);
+    let prefix = service.keys().agents_prefix().to_string();
+    // 0 means "the subscriber has nothing": start with a snapshot.
+    let mut last = start_revision;
+    let mut reset = false;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if last == 0 {
+            while !service.catalog().is_synced() {
+                if sender.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let (instances, revision) = service.catalog().list();
+            let snapshot = pb::WatchEvent {
+                revision,
+                kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot {
+                    instances: instances.iter().map(|instance| instance_to_pb(instance)).collect(),
+                    reset,
+                })),
+            };
+            if sender.send(Ok(snapshot)).await.is_err() {
+                return;
+            }
+            last = revision;
+        }
+        let mut stream = match service.store().watch(&prefix, last + 1).await {
+            Ok(stream) => stream,
+            Err(StoreError::Compacted { .. }) => {
+                // The history the subscriber needs is gone: never a silent gap.
+                last = 0;
+                reset = true;
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(message = "Watch cannot reach the store; retrying.", %error);
+                if sender.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            let batch = tokio::select! {
+                batch = stream.next() => batch,
+                () = sender.closed() => return,
+            };
+            match batch {
+                Some(Ok(batch)) => {
+                    for event in batch.events {
+                        let message = delta(&service, event);
+                        if let Some(message) = message {
+                            if sender.send(Ok(message)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    last = batch.revision;
+                }
+                Some(Err(StoreError::Compacted { .. })) => {
+                    last = 0;
+                    reset = true;
+                    break;
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(message = "Watch stream from the store broke; resuming.", %error);
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
+    let revision = event.revision();
+    let kind = match event {
+        Event::Put(kv) => {
+            let instance = instance_to_pb(&decode(&kv)?);
+            if kv.create_revision == kv.mod_revision {
+                pb::watch_event::Kind::Added(instance)
+            } else {
+                pb::watch_event::Kind::Updated(instance)
+            }
+        }
+        Event::Delete { key, .. } => pb::watch_event::Kind::Removed(pb::InstanceRemoved {
+            agent_id: service.keys().agent_id_of(&key)?.to_string(),
+        }),
+    };
+    Some(pb::WatchEvent {
+        revision,
+        kind: Some(kind),
+    })
+}

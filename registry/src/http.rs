@@ -1,0 +1,338 @@
+//! The HTTP/JSON API (DESIGN §2) and the operational endpoints.
+//!
+//! Bodies are read with an explicit size limit and parsed here, so every
+//! failure (too large, malformed, wrong type, unknown field) gets its own
+//! stable code and the path of the field at fault.
+
+use std::sync::Arc;
+
+use agent_reach_proto::http as wire;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::error::{Code, RegistryError};
+use crate::model::{Capability, Instance};
+use crate::service::RegistryService;
+use crate::validate;
+
+pub fn routes(service: Arc<RegistryService>) -> Router {
+    Router::new()
+        .route("/v1/agents", get(list_agents).post(register))
+        .route("/v1/agents/:agent_id", get(get_agent).delete(deregister))
+        .route("/v1/agents/:agent_id/heartbeat", put(heartbeat))
+        .route("/v1/capabilities", get(list_capabilities))
+        .route("/v1/capabilities/:name", get(resolve_capability))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(service)
+}
+
+// === Body parsing ===
+
+/// Reads at most `limit` bytes and parses JSON, mapping each failure to its code.
+pub async fn parse_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<T, RegistryError> {
+    let too_large = || {
+        RegistryError::new(
+            Code::PayloadTooLarge,
+            format!("request body exceeds this registry's limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let is_limit =
+            std::error::Error::source(&error).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+        if is_limit {
+            too_large()
+        } else {
+            RegistryError::new(Code::MalformedJson, format!("cannot read the request body: {error}"))
+        }
+    })?;
+    parse_json(&bytes)
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RegistryError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
+    let value = match parsed {
+        Ok(value) => value,
+        Err(error) => {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            let message = inner.to_string();
+            let code = match inner.classify() {
+                serde_json::error::Category::Syntax
+                | serde_json::error::Category::Eof
+                | serde_json::error::Category::Io => Code::MalformedJson,
+                serde_json::error::Category::Data if message.starts_with("unknown field") => Code::UnknownField,
+                serde_json::error::Category::Data if message.starts_with("missing field") => Code::MissingField,
+                serde_json::error::Category::Data => Code::InvalidFieldType,
+            };
+            let field = if path == "." { None } else { Some(path) };
+            let field = match (code, field) {
+                // serde reports an unknown/missing field at its parent; name it instead.
+                (Code::UnknownField | Code::MissingField, parent) => {
+                    let name = message.split('`').nth(1).unwrap_or_default();
+                    Some(match parent {
+                        Some(parent) => format!("{parent}.{name}"),
+                        None => name.to_string(),
+                    })
+                }
+                (_, field) => field,
+            };
+            return Err(RegistryError {
+                code,
+                message: format!("invalid request body: {message}"),
+                field,
+                details: None,
+            });
+        }
+    };
+    deserializer.end().map_err(|error| {
+        RegistryError::new(
+            Code::MalformedJson,
+            format!("trailing data after the JSON body: {error}"),
+        )
+    })?;
+    Ok(value)
+}
+
+// === Conversions (edge) ===
+
+pub fn capability_to_wire(capability: &Capability) -> wire::CapabilitySpec {
+    wire::CapabilitySpec {
+        name: capability.name.clone(),
+        version: capability.version.to_string(),
+        description: Some(capability.description.clone()).filter(|text| !text.is_empty()),
+        input_schema: capability.input_schema.clone(),
+        output_schema: capability.output_schema.clone(),
+        timeout_ms: capability.timeout_ms,
+    }
+}
+
+pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
+    wire::AgentInstance {
+        agent_id: instance.agent_id.clone(),
+        name: instance.name.clone(),
+        endpoint: instance.endpoint.clone(),
+        protocol: instance.protocol.clone(),
+        weight: instance.weight,
+        tags: instance.tags.clone(),
+        capabilities: instance.capabilities.iter().map(capability_to_wire).collect(),
+        status: instance.status.as_str().to_string(),
+        lease_id: instance.lease_id,
+        ttl_s: instance.ttl_s,
+        registered_at_ms: instance.registered_at_ms,
+    }
+}
+
+// === Handlers ===
+
+async fn register(State(service): State<Arc<RegistryService>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let request: wire::RegisterRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+        service.register(&caller, request).await
+    }
+    .await;
+    match result {
+        Ok(registered) => (
+            StatusCode::CREATED,
+            Json(wire::RegisterResponse {
+                agent_id: registered.agent_id,
+                lease_id: registered.lease_id,
+                ttl_s: registered.ttl_s,
+                heartbeat_interval_s: registered.heartbeat_interval_s,
+            }),
+        )
+            .into_response(),
+        Err(error) => {
+            tracing::info!(message = "Registration refused.", error = %error);
+            error.into_response()
+        }
+    }
+}
+
+async fn heartbeat(
+    State(service): State<Arc<RegistryService>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::HeartbeatResponse>, RegistryError> {
+    let outcome = async {
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let request: wire::HeartbeatRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+        let status = request
+            .status
+            .as_deref()
+            .map(|text| validate::status(text, "status"))
+            .transpose()?;
+        service.heartbeat(&caller, &agent_id, request.lease_id, status).await
+    }
+    .await;
+    service
+        .metrics()
+        .heartbeats
+        .with_label_values(&["http", heartbeat_outcome(&outcome)])
+        .inc();
+    let ack = outcome?;
+    Ok(Json(wire::HeartbeatResponse {
+        agent_id: ack.agent_id,
+        lease_id: ack.lease_id,
+        ttl_s: ack.ttl_s,
+        status: ack.status.as_str().to_string(),
+    }))
+}
+
+pub fn heartbeat_outcome<T>(outcome: &Result<T, RegistryError>) -> &'static str {
+    match outcome {
+        Ok(_) => "ok",
+        Err(error) if error.code == Code::LeaseExpired => "lease_expired",
+        Err(error) if error.code.http_status().is_client_error() => "rejected",
+        Err(_) => "error",
+    }
+}
+
+async fn deregister(
+    State(service): State<Arc<RegistryService>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.deregister(&caller, &agent_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_agents(
+    State(service): State<Arc<RegistryService>>,
+    headers: HeaderMap,
+) -> Result<Json<wire::AgentList>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let (instances, revision) = service.catalog().list();
+    Ok(Json(wire::AgentList {
+        agents: instances.iter().map(|instance| instance_to_wire(instance)).collect(),
+        revision,
+    }))
+}
+
+async fn get_agent(
+    State(service): State<Arc<RegistryService>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::AgentInstance>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let entry = service
+        .catalog()
+        .get(&agent_id)
+        .ok_or_else(|| RegistryError::new(Code::AgentNotFound, format!("no instance `{agent_id}` is registered")))?;
+    Ok(Json(instance_to_wire(&entry.instance)))
+}
+
+async fn list_capabilities(
+    State(service): State<Arc<RegistryService>>,
+    headers: HeaderMap,
+) -> Result<Json<wire::CapabilityList>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let (capabilities, revision) = service.catalog().capabilities();
+    Ok(Json(wire::CapabilityList {
+        capabilities: capabilities
+            .into_iter()
+            .map(
+                |(name, versions, instances, routable_instances)| wire::CapabilitySummary {
+                    name,
+                    versions: versions.iter().map(ToString::to_string).collect(),
+                    instances,
+                    routable_instances,
+                },
+            )
+            .collect(),
+        revision,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveQuery {
+    version: Option<String>,
+}
+
+async fn resolve_capability(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    query: Result<Query<ResolveQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Json<wire::CapabilityResolution>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let Query(query) = query.map_err(|rejection| {
+        RegistryError::new(Code::UnknownField, format!("invalid query: {}", rejection.body_text()))
+    })?;
+    let resolution = service.resolve(&name, query.version.as_deref())?;
+    Ok(Json(wire::CapabilityResolution {
+        name,
+        version: resolution.chosen.map(|version| version.to_string()).unwrap_or_default(),
+        available_versions: resolution.available.iter().map(ToString::to_string).collect(),
+        instances: resolution
+            .instances
+            .iter()
+            .map(|(instance, capability)| wire::ResolvedInstance {
+                agent_id: instance.agent_id.clone(),
+                name: instance.name.clone(),
+                endpoint: instance.endpoint.clone(),
+                weight: instance.weight,
+                status: instance.status.as_str().to_string(),
+                tags: instance.tags.clone(),
+                capability: capability_to_wire(capability),
+            })
+            .collect(),
+    }))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready when the store answers and the catalog is in sync with it.
+async fn readyz(State(service): State<Arc<RegistryService>>) -> Response {
+    let store = tokio::time::timeout(std::time::Duration::from_secs(2), service.store().ping()).await;
+    match (store, service.catalog().is_synced()) {
+        (Ok(Ok(())), true) => (StatusCode::OK, "ready\n").into_response(),
+        (Ok(Ok(())), false) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "catalog not yet in sync with the store\n",
+        )
+            .into_response(),
+        (Ok(Err(error)), _) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("store unreachable: {error}\n")).into_response()
+        }
+        (Err(_), _) => (StatusCode::SERVICE_UNAVAILABLE, "store did not answer within 2 s\n").into_response(),
+    }
+}
+
+async fn metrics(State(service): State<Arc<RegistryService>>) -> Response {
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        service.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> RegistryError {
+    RegistryError::new(Code::NotFound, "no such route; see DESIGN §2 for the registry API")
+}

@@ -1,0 +1,92 @@
+//! The registry (DESIGN §2): agents register capabilities under an etcd lease,
+//! keep it alive with heartbeats, and routers watch the result.
+//!
+//! - [`store`]: the etcd-shaped store trait, its etcd and embedded implementations.
+//! - [`catalog`]: the in-memory view every read is served from, fed by a store watch.
+//! - [`service`]: register / heartbeat / deregister / resolve, transport-free.
+//! - [`validate`]: registration checks with stable codes; [`error`]: the one error type.
+//! - [`http`] and [`grpc`]: the two faces of one port; [`app`] joins them.
+
+pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod service;
+pub mod store;
+pub mod validate;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use agent_reach_access::{AclHandle, Authenticator};
+use agent_reach_proto::registry::registry_server::RegistryServer;
+use anyhow::Context;
+use tonic::server::NamedService;
+
+pub use config::RegistryArgs;
+pub use service::{RegistryConfig, RegistryService};
+
+/// The whole API on one router: HTTP/JSON routes plus the gRPC service
+/// (requests with `content-type: application/grpc` arrive on its path).
+pub fn app(service: Arc<RegistryService>) -> axum::Router {
+    let limit = service.config().max_body_bytes;
+    let grpc = RegistryServer::new(grpc::GrpcRegistry::new(service.clone()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX);
+    let path = format!("/{}/*rest", <RegistryServer<grpc::GrpcRegistry> as NamedService>::NAME);
+    http::routes(service).route_service(&path, grpc)
+}
+
+/// Builds the store, policy, authenticator and service from validated settings.
+pub async fn build(settings: &config::Settings) -> anyhow::Result<Arc<RegistryService>> {
+    let metrics = metrics::Metrics::new().context("registering metrics")?;
+    let store: Arc<dyn store::Store> = match &settings.store {
+        config::StoreChoice::Etcd(endpoints) => {
+            Arc::new(store::EtcdStore::connect(endpoints).map_err(anyhow::Error::msg)?)
+        }
+        config::StoreChoice::Embedded => {
+            tracing::warn!(
+                message = "Registry uses the EMBEDDED in-memory store: registrations are lost on exit \
+                           and not shared with other registries. Development only."
+            );
+            Arc::new(store::MemoryStore::new())
+        }
+    };
+    let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
+    let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
+    Ok(RegistryService::new(
+        store,
+        acl,
+        auth,
+        settings.service.clone(),
+        metrics,
+    ))
+}
+
+/// Runs the registry until `shutdown` resolves.
+pub async fn run(args: RegistryArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let settings = args
+        .validate()
+        .map_err(|problems| anyhow::anyhow!("invalid registry configuration:\n  - {}", problems.join("\n  - ")))?;
+    let service = build(&settings).await?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    tracing::info!(message = "Registry listening.", address = %settings.listen);
+    serve(listener, service, shutdown).await
+}
+
+/// Serves `service` on an already bound listener (tests bind port 0).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: Arc<RegistryService>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    axum::serve(listener, app(service))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("registry server failed")
+}

@@ -1,0 +1,111 @@
+//! The key-value store behind the registry: etcd in production, an embedded
+//! in-memory store with the same lease and watch semantics for development.
+//!
+//! The trait is deliberately etcd-shaped (leases, revisions, transactions,
+//! watches from a revision) so both implementations can be held to one
+//! contract test suite (`tests/store_contract.rs`).
+
+use std::pin::Pin;
+
+use futures::Stream;
+
+pub mod etcd;
+pub mod memory;
+
+pub use self::etcd::EtcdStore;
+pub use self::memory::MemoryStore;
+
+pub type LeaseId = i64;
+pub type Revision = i64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    pub lease: LeaseId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Put(KeyValue),
+    Delete { key: String, mod_revision: Revision },
+}
+
+impl Event {
+    pub fn revision(&self) -> Revision {
+        match self {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { mod_revision, .. } => *mod_revision,
+        }
+    }
+}
+
+/// Events in revision order; `revision` is the highest revision they cover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchBatch {
+    pub revision: Revision,
+    pub events: Vec<Event>,
+}
+
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchBatch, StoreError>> + Send>>;
+
+/// A guard on a transaction, checked atomically with its writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// The key's mod revision equals this; 0 means "the key does not exist".
+    ModRevision { key: String, revision: Revision },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Put {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Attach to this lease; 0 for none.
+    pub lease: LeaseId,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    #[error("lease {0} not found (expired or revoked)")]
+    LeaseNotFound(LeaseId),
+    #[error("revision {requested} is compacted (oldest available: {compact_revision})")]
+    Compacted {
+        requested: Revision,
+        compact_revision: Revision,
+    },
+    #[error("a transaction condition failed (concurrent change)")]
+    Conflict,
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The operations the registry needs. Every write is one atomic transaction.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A new lease that expires `ttl_s` seconds after the last keep-alive.
+    async fn grant_lease(&self, ttl_s: i64) -> Result<LeaseId, StoreError>;
+    /// Ends the lease and deletes its keys now; returns the revision of the deletion.
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<Revision, StoreError>;
+    /// Refreshes the lease; returns its TTL in seconds.
+    async fn keep_alive(&self, lease: LeaseId) -> Result<i64, StoreError>;
+    /// Applies `puts` and `deletes` atomically if every condition holds
+    /// ([`StoreError::Conflict`] otherwise); returns the new revision.
+    async fn txn(
+        &self,
+        conditions: Vec<Condition>,
+        puts: Vec<Put>,
+        deletes: Vec<String>,
+    ) -> Result<Revision, StoreError>;
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
+    /// Every key under `prefix`, and the revision the listing reflects.
+    async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision), StoreError>;
+    /// Events under `prefix` from `start_revision` (inclusive), in order.
+    /// [`StoreError::Compacted`] when that history is gone.
+    async fn watch(&self, prefix: &str, start_revision: Revision) -> Result<WatchStream, StoreError>;
+    /// Drops history before `revision` (watches from earlier revisions fail).
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
+    /// Answers when the store is reachable.
+    async fn ping(&self) -> Result<(), StoreError>;
+}

@@ -1,0 +1,312 @@
+//! Test support: spawns real `etcd` and `redis-server` processes on free
+//! loopback ports with temporary data directories, waits until they answer,
+//! and kills them on drop.
+//!
+//! A missing binary fails with a message naming the package and the setup
+//! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to become healthy.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const SETUP_HINT: &str = "run `sudo scripts/setup.sh` (installs etcd-server and redis-server)";
+
+/// A free TCP port on 127.0.0.1. Another process could take it before we
+/// bind it; server start-up retries on a fresh port when that happens.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .unwrap_or_else(|error| panic!("cannot bind a loopback port: {error}"))
+}
+
+/// Finds `binary` on PATH or in the usual system directories.
+pub fn find_binary(binary: &str, package: &str) -> PathBuf {
+    let from_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let candidates = from_path
+        .into_iter()
+        .chain(["/usr/bin", "/usr/sbin", "/usr/local/bin"].map(PathBuf::from));
+    for dir in candidates {
+        let candidate = dir.join(binary);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("`{binary}` not found: install the Debian package `{package}`; {SETUP_HINT}");
+}
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sends a raw request and returns the response text (used for health probes,
+/// so the kit needs no HTTP or Redis client).
+fn exchange(addr: SocketAddr, request: &[u8]) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    stream.write_all(request).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut out = Vec::new();
+    // Read until the peer closes or the answer looks complete.
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if out.ends_with(b"\r\n") && !request.starts_with(b"GET") {
+            break;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A running child process that is killed (and reaped) on drop.
+struct Guard {
+    child: Child,
+}
+
+impl Guard {
+    fn spawn(command: &mut Command, log: &Path) -> std::io::Result<Self> {
+        let log = std::fs::File::create(log)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        Ok(Self { child })
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+// === etcd ===
+
+/// A single-member etcd on loopback. Killed on drop; its data dir is removed.
+pub struct Etcd {
+    process: Option<Guard>,
+    client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    /// Starts etcd and waits until `/health` reports healthy.
+    pub fn start() -> Self {
+        let binary = find_binary("etcd", "etcd-server");
+        let dir = tempfile::Builder::new()
+            .prefix("agent-reach-etcd-")
+            .tempdir()
+            .unwrap_or_else(|error| panic!("cannot create a temp dir for etcd: {error}"));
+        let mut etcd = Self {
+            process: None,
+            client_port: 0,
+            peer_port: 0,
+            dir,
+        };
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            etcd.client_port = free_port();
+            etcd.peer_port = free_port();
+            match etcd.launch(&binary) {
+                Ok(()) => return etcd,
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("etcd did not become healthy; last log lines:\n{last_log}");
+    }
+
+    fn launch(&mut self, binary: &Path) -> Result<(), String> {
+        let data = self.dir.path().join(format!("data-{}", self.client_port));
+        let log = self.dir.path().join("etcd.log");
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut command = Command::new(binary);
+        command
+            .arg("--name=testkit")
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=testkit={peer}"))
+            .arg("--initial-cluster-state=new")
+            .arg("--log-level=warn")
+            // Fast elections for a single member.
+            .arg("--heartbeat-interval=50")
+            .arg("--election-timeout=500")
+            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
+        let mut guard = Guard::spawn(&mut command, &log).map_err(|error| error.to_string())?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.client_port));
+        let healthy = wait_until(START_TIMEOUT, || {
+            if guard.exited().is_some() {
+                return true;
+            }
+            exchange(addr, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                .is_some_and(|answer| answer.contains("\"health\":\"true\""))
+        });
+        if guard.exited().is_some() || !healthy {
+            return Err(tail(&log));
+        }
+        self.process = Some(guard);
+        Ok(())
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// Kills etcd (SIGKILL), keeping its data for [`Etcd::restart`].
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        let binary = find_binary("etcd", "etcd-server");
+        if let Err(log) = self.launch(&binary) {
+            panic!("etcd did not come back; last log lines:\n{log}");
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// === Redis ===
+
+/// A Redis server on loopback without persistence. Killed on drop.
+pub struct Redis {
+    process: Option<Guard>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Redis {
+    /// Starts redis-server and waits until it answers PING.
+    pub fn start() -> Self {
+        let binary = find_binary("redis-server", "redis-server");
+        let dir = tempfile::Builder::new()
+            .prefix("agent-reach-redis-")
+            .tempdir()
+            .unwrap_or_else(|error| panic!("cannot create a temp dir for redis: {error}"));
+        let mut redis = Self {
+            process: None,
+            port: 0,
+            dir,
+        };
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            redis.port = free_port();
+            match redis.launch(&binary) {
+                Ok(()) => return redis,
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("redis-server did not become healthy; last log lines:\n{last_log}");
+    }
+
+    fn launch(&mut self, binary: &Path) -> Result<(), String> {
+        let log = self.dir.path().join("redis.log");
+        let mut command = Command::new(binary);
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--protected-mode")
+            .arg("yes");
+        let mut guard = Guard::spawn(&mut command, &log).map_err(|error| error.to_string())?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let healthy = wait_until(START_TIMEOUT, || {
+            guard.exited().is_some() || exchange(addr, b"PING\r\n").is_some_and(|answer| answer.starts_with("+PONG"))
+        });
+        if guard.exited().is_some() || !healthy {
+            return Err(tail(&log));
+        }
+        self.process = Some(guard);
+        Ok(())
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills Redis (SIGKILL).
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
+    /// Starts Redis again on the same port (data is not kept: no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        let binary = find_binary("redis-server", "redis-server");
+        if let Err(log) = self.launch(&binary) {
+            panic!("redis-server did not come back; last log lines:\n{log}");
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
