@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_protos(&["proto/registry.proto"], &["proto"])?;
+        .compile_protos(&["proto/registry.proto", "proto/context.proto"], &["proto"])?;
     // etcd's API: only the client is needed (the registry talks to etcd).
     tonic_build::configure()
         .build_client(true)

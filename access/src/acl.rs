@@ -53,6 +53,9 @@ struct RawContext {
     agent: String,
     #[serde(default)]
     read: Vec<String>,
+    /// Fields the agent may set or delete; absent means it writes nothing.
+    #[serde(default)]
+    write: Vec<String>,
 }
 
 // === Patterns ===
@@ -120,6 +123,7 @@ pub struct Acl {
     permissions: HashMap<String, Vec<Pattern>>,
     providers: HashMap<String, Vec<Pattern>>,
     context_read: HashMap<String, Vec<Pattern>>,
+    context_write: HashMap<String, Vec<Pattern>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +181,7 @@ impl Acl {
         }
         for rule in &raw.context {
             add("context", &rule.agent, &rule.read, &mut acl.context_read);
+            add("context", &rule.agent, &rule.write, &mut acl.context_write);
         }
         if problems.is_empty() {
             Ok(acl)
@@ -203,6 +208,12 @@ impl Acl {
     /// May `agent` read context field `field` (context service)?
     pub fn may_read_field(&self, agent: &str, field: &str) -> bool {
         Self::allowed(&self.context_read, agent, field)
+    }
+
+    /// May `agent` set or delete context field `field` (context service)?
+    /// A `write: ["*"]` entry also lets the agent close contexts it did not create.
+    pub fn may_write_field(&self, agent: &str, field: &str) -> bool {
+        Self::allowed(&self.context_write, agent, field)
     }
 
     /// Whether the policy names `agent` in its context whitelist at all.
@@ -360,6 +371,8 @@ providers:
 context:
   - agent: reply_writer
     read: [user_id, intent]
+  - agent: intent_parser
+    write: [user_id, intent, order.*]
 "#;
 
     #[test]
@@ -378,6 +391,10 @@ context:
         assert!(!acl.may_provide("intent_parser", "order.query"));
         assert!(acl.may_read_field("reply_writer", "intent"));
         assert!(!acl.may_read_field("reply_writer", "secret"));
+        assert!(!acl.may_write_field("reply_writer", "intent"), "read does not imply write");
+        assert!(acl.may_write_field("intent_parser", "order.status"));
+        assert!(!acl.may_write_field("intent_parser", "secret"));
+        assert!(!acl.may_read_field("intent_parser", "intent"), "write does not imply read");
         assert!(!Acl::deny_all().may_call("a", "b"));
     }
 

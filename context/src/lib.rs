@@ -1,2 +1,95 @@
-//! The context service (DESIGN §4): per-session shared state in Redis with
-//! tiered TTLs and field-level read whitelists. Not built yet; see the context issue.
+//! The context service (DESIGN §4): per-session shared state in Redis, versioned,
+//! with tiered TTLs, an idle sweeper and field-level read/write whitelists.
+//!
+//! - [`store`]: the store trait, its Redis and embedded implementations.
+//! - [`service`]: create / get / patch / close and the access rule, transport-free.
+//! - [`validate`]: request checks with stable codes; [`error`]: the one error type.
+//! - [`http`] and [`grpc`]: the two faces of one port; [`app`] joins them.
+//! - [`config`]: flags into [`config::Settings`]; [`metrics`]: `agent_reach_context_*`.
+
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod service;
+pub mod store;
+pub mod validate;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use agent_reach_access::{AclHandle, Authenticator};
+use agent_reach_proto::context::contexts_server::ContextsServer;
+use anyhow::Context;
+use tonic::server::NamedService;
+
+pub use config::{ContextArgs, Settings, StoreChoice};
+pub use service::{ContextConfig, ContextService};
+
+/// The whole API on one router: HTTP/JSON routes plus the gRPC service
+/// (requests with `content-type: application/grpc` arrive on its path).
+pub fn app(service: Arc<ContextService>) -> axum::Router {
+    let limit = service.config().max_body_bytes;
+    let grpc = ContextsServer::new(grpc::GrpcContext::new(service.clone()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX);
+    let path = format!("/{}/*rest", <ContextsServer<grpc::GrpcContext> as NamedService>::NAME);
+    http::routes(service).route_service(&path, grpc)
+}
+
+/// Builds the store, policy, authenticator and service from validated settings,
+/// and starts this replica's idle sweeper (it stops when the service is dropped).
+pub async fn build(settings: &Settings) -> anyhow::Result<Arc<ContextService>> {
+    let metrics = metrics::Metrics::new().context("registering metrics")?;
+    let policy = settings.service.policy;
+    let store: Arc<dyn store::ContextStore> = match &settings.store {
+        StoreChoice::Redis {
+            url,
+            namespace,
+            timeout,
+        } => Arc::new(store::RedisStore::new(url, namespace, policy, *timeout).map_err(anyhow::Error::msg)?),
+        StoreChoice::Embedded => {
+            tracing::warn!(
+                message = "Context service uses the EMBEDDED in-memory store: contexts are lost on exit \
+                           and not shared with other replicas. Development only."
+            );
+            Arc::new(store::MemoryStore::new(policy))
+        }
+    };
+    let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
+    let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
+    let service = ContextService::new(store, acl, auth, settings.service.clone(), metrics);
+    if let Err(error) = service.store().ping().await {
+        // Not fatal: requests answer 503 until Redis is reachable, then recover.
+        tracing::warn!(message = "Context store not reachable at start-up; serving 503 until it is.", %error);
+    }
+    service.spawn_sweeper();
+    Ok(service)
+}
+
+/// Runs the context service until `shutdown` resolves.
+pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let settings = args
+        .validate()
+        .map_err(|problems| anyhow::anyhow!("invalid context configuration:\n  - {}", problems.join("\n  - ")))?;
+    let service = build(&settings).await?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    tracing::info!(message = "Context service listening.", address = %settings.listen);
+    serve(listener, service, shutdown).await
+}
+
+/// Serves `service` on an already bound listener (tests bind port 0).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: Arc<ContextService>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    axum::serve(listener, app(service))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("context server failed")
+}

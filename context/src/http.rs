@@ -1,0 +1,251 @@
+//! The HTTP/JSON API (issue 4, DESIGN §4) and the operational endpoints.
+//!
+//! Bodies are read with an explicit size limit and parsed here, so every
+//! failure (too large, malformed, wrong type, unknown field) gets its own
+//! stable code and the path of the field at fault.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agent_reach_proto::context_http as wire;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::error::{Code, ContextError};
+use crate::model::Snapshot;
+use crate::service::{ContextService, CreateInput, PatchInput};
+
+pub fn routes(service: Arc<ContextService>) -> Router {
+    Router::new()
+        .route("/v1/contexts", post(create))
+        .route("/v1/contexts/:context_id", get(read).patch(patch).delete(close))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(service)
+}
+
+// === Body parsing ===
+
+/// Reads at most `limit` bytes and parses JSON, mapping each failure to its code.
+pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, ContextError> {
+    let too_large = || {
+        ContextError::new(
+            Code::PayloadTooLarge,
+            format!("request body exceeds this service's limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let is_limit =
+            std::error::Error::source(&error).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+        if is_limit {
+            too_large()
+        } else {
+            ContextError::new(Code::MalformedJson, format!("cannot read the request body: {error}"))
+        }
+    })?;
+    parse_json(&bytes)
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ContextError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
+    let value = match parsed {
+        Ok(value) => value,
+        Err(error) => {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            let message = inner.to_string();
+            let code = match inner.classify() {
+                serde_json::error::Category::Syntax
+                | serde_json::error::Category::Eof
+                | serde_json::error::Category::Io => Code::MalformedJson,
+                serde_json::error::Category::Data if message.starts_with("unknown field") => Code::UnknownField,
+                serde_json::error::Category::Data if message.starts_with("missing field") => Code::MissingField,
+                serde_json::error::Category::Data => Code::InvalidFieldType,
+            };
+            let field = if path == "." { None } else { Some(path) };
+            let field = match (code, field) {
+                // serde reports an unknown/missing field at its parent; name it instead.
+                (Code::UnknownField | Code::MissingField, parent) => {
+                    let name = message.split('`').nth(1).unwrap_or_default();
+                    Some(match parent {
+                        Some(parent) => format!("{parent}.{name}"),
+                        None => name.to_string(),
+                    })
+                }
+                (_, field) => field,
+            };
+            return Err(ContextError {
+                code,
+                message: format!("invalid request body: {message}"),
+                field,
+                details: None,
+            });
+        }
+    };
+    deserializer.end().map_err(|error| {
+        ContextError::new(
+            Code::MalformedJson,
+            format!("trailing data after the JSON body: {error}"),
+        )
+    })?;
+    Ok(value)
+}
+
+// === Conversions (edge) ===
+
+/// Stored JSON text back to JSON values. The store only ever holds text the
+/// service serialized, so a failure here means someone wrote the hash by hand.
+fn fields_to_wire(fields: crate::model::Fields) -> Result<BTreeMap<String, serde_json::Value>, ContextError> {
+    fields
+        .into_iter()
+        .map(|(name, text)| {
+            serde_json::from_str(&text)
+                .map(|value| (name.clone(), value))
+                .map_err(|error| {
+                    ContextError::new(Code::Internal, format!("stored field `{name}` is not JSON: {error}"))
+                })
+        })
+        .collect()
+}
+
+fn view(context_id: String, snapshot: Snapshot) -> Result<wire::ContextView, ContextError> {
+    Ok(wire::ContextView {
+        context_id,
+        version: snapshot.version,
+        tier: snapshot.tier.as_str().to_string(),
+        expires_at: snapshot.expires_at_ms,
+        fields: fields_to_wire(snapshot.fields)?,
+    })
+}
+
+// === Handlers ===
+
+async fn create(State(service): State<Arc<ContextService>>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let request: wire::CreateContextRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+        let input = CreateInput {
+            context_id: request.context_id,
+            tier: request.tier,
+            fields: request.fields,
+        };
+        service.create(&caller, input).await
+    }
+    .await;
+    match result {
+        Ok(created) => (
+            StatusCode::CREATED,
+            Json(wire::CreateContextResponse {
+                context_id: created.context_id,
+                version: created.written.version,
+                tier: created.tier.as_str().to_string(),
+                expires_at: created.written.expires_at_ms,
+            }),
+        )
+            .into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadQuery {
+    /// Comma-separated field names.
+    fields: Option<String>,
+}
+
+async fn read(
+    State(service): State<Arc<ContextService>>,
+    Path(context_id): Path<String>,
+    query: Result<Query<ReadQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Json<wire::ContextView>, ContextError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let Query(query) = query.map_err(|rejection| {
+        ContextError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
+    })?;
+    let fields = query.fields.map(|text| {
+        text.split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(str::to_string)
+            .collect()
+    });
+    let snapshot = service.get(&caller, &context_id, fields).await?;
+    Ok(Json(view(context_id, snapshot)?))
+}
+
+async fn patch(
+    State(service): State<Arc<ContextService>>,
+    Path(context_id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::PatchContextResponse>, ContextError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let request: wire::PatchContextRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let input = PatchInput {
+        set: request.set,
+        delete: request.delete,
+        if_version: request.if_version,
+    };
+    let written = service.patch(&caller, &context_id, input).await?;
+    Ok(Json(wire::PatchContextResponse {
+        context_id,
+        version: written.version,
+        expires_at: written.expires_at_ms,
+    }))
+}
+
+async fn close(
+    State(service): State<Arc<ContextService>>,
+    Path(context_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ContextError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.close(&caller, &context_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready when the store answers.
+async fn readyz(State(service): State<Arc<ContextService>>) -> Response {
+    match service.store().ping().await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("context store unreachable: {error}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(service): State<Arc<ContextService>>) -> Response {
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        service.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> ContextError {
+    ContextError::new(Code::NotFound, "no such route; see DESIGN §4 for the context API")
+}

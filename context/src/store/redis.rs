@@ -1,0 +1,487 @@
+//! The Redis store (DESIGN §4).
+//!
+//! Layout, per tenant under a configurable prefix:
+//! - `{prefix}:{tenant}:ctx:{context_id}`: one hash per context. User fields hold
+//!   JSON text under their own names; the reserved entries start with `_` (which
+//!   no field name can): `_version`, `_tier`, `_owner`, `_bytes` (running total of
+//!   name and value bytes, so limits need no full read). The hash carries the
+//!   tier's TTL, refreshed by every write.
+//! - `{prefix}:{tenant}:deadlines`: a sorted set, member = context id, score = the
+//!   epoch ms at which the context dies if nobody touches it: `now + min(idle
+//!   timeout, remaining TTL)`. Every read and write moves it; the sweeper deletes
+//!   what is past it. This is the last-access tracking.
+//!
+//! Every operation is one Lua script, so it is atomic and one round trip. Time
+//! comes from Redis (`TIME`), so replicas with skewed clocks agree.
+//!
+//! The connection is a `ConnectionManager` (it reconnects by itself after Redis
+//! restarts), created lazily so the service starts and answers 503 while Redis
+//! is down; every call is bounded by a timeout.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use tokio::sync::OnceCell;
+
+use super::{ContextStore, StoreError};
+use crate::model::{CloseAs, NewContext, Patch, Selection, Snapshot, StorePolicy, SweepReport, Tier, Written};
+
+/// Reserved hash entries (not user fields).
+const RESERVED: [&str; 4] = ["_version", "_tier", "_owner", "_bytes"];
+/// Index entries removed per sweep script call (keeps each script short).
+const SWEEP_BATCH: usize = 500;
+
+/// Shared by every script: Redis' clock in milliseconds.
+const NOW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+/// KEYS: ctx, deadlines. ARGV: id, tier, owner, ttl_ms, idle_ms, max_fields, max_bytes, name, value, ...
+const CREATE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+local count = (#ARGV - 7) / 2
+if count > tonumber(ARGV[6]) then return {'too_many_fields', count} end
+local bytes = 0
+for i = 8, #ARGV, 2 do bytes = bytes + #ARGV[i] + #ARGV[i + 1] end
+if bytes > tonumber(ARGV[7]) then return {'too_large', bytes} end
+redis.call('HSET', KEYS[1], '_version', 1, '_tier', ARGV[2], '_owner', ARGV[3], '_bytes', bytes)
+for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+local ttl = tonumber(ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], now + math.min(ttl, tonumber(ARGV[5])), ARGV[1])
+return {'ok', 1, now + ttl}
+";
+
+/// KEYS: ctx, deadlines. ARGV: id, idle_ms, selection ('all' | 'only'), names...
+const GET: &str = r"
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -2 then return {'not_found'} end
+if pttl < 0 then pttl = tonumber(ARGV[2]) end
+redis.call('ZADD', KEYS[2], now + math.min(pttl, tonumber(ARGV[2])), ARGV[1])
+local data
+if ARGV[3] == 'all' then
+  data = redis.call('HGETALL', KEYS[1])
+else
+  local names = {'_version', '_tier', '_owner'}
+  for i = 4, #ARGV do names[#names + 1] = ARGV[i] end
+  local values = redis.call('HMGET', KEYS[1], unpack(names))
+  data = {}
+  for i, name in ipairs(names) do
+    if values[i] then
+      data[#data + 1] = name
+      data[#data + 1] = values[i]
+    end
+  end
+end
+return {'ok', now + pttl, data}
+";
+
+/// KEYS: ctx, deadlines. ARGV: id, if_version ('' = none), default_ttl_ms, one_shot_ttl_ms,
+/// idle_ms, max_fields, max_bytes, set_count, (name, value) * set_count, deleted names...
+///
+/// Field values are never empty (JSON text), so `HSTRLEN == 0` means "absent".
+const PATCH: &str = r"
+local current = redis.call('HMGET', KEYS[1], '_version', '_tier', '_bytes')
+if not current[1] then return {'not_found'} end
+local version = tonumber(current[1])
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {'conflict', version} end
+local count = redis.call('HLEN', KEYS[1]) - 4
+local bytes = tonumber(current[3])
+local first_delete = 9 + 2 * tonumber(ARGV[8])
+for i = 9, first_delete - 1, 2 do
+  local old = redis.call('HSTRLEN', KEYS[1], ARGV[i])
+  if old == 0 then
+    count = count + 1
+    bytes = bytes + #ARGV[i] + #ARGV[i + 1]
+  else
+    bytes = bytes + #ARGV[i + 1] - old
+  end
+end
+for i = first_delete, #ARGV do
+  local old = redis.call('HSTRLEN', KEYS[1], ARGV[i])
+  if old > 0 then
+    count = count - 1
+    bytes = bytes - #ARGV[i] - old
+  end
+end
+if count > tonumber(ARGV[6]) then return {'too_many_fields', count} end
+if bytes > tonumber(ARGV[7]) then return {'too_large', bytes} end
+for i = 9, first_delete - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = first_delete, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
+version = version + 1
+redis.call('HSET', KEYS[1], '_version', version, '_bytes', bytes)
+local ttl = tonumber(ARGV[3])
+if current[2] == 'one_shot' then ttl = tonumber(ARGV[4]) end
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], now + math.min(ttl, tonumber(ARGV[5])), ARGV[1])
+return {'ok', version, now + ttl}
+";
+
+/// KEYS: ctx, deadlines. ARGV: id, required owner ('' = anyone).
+const CLOSE: &str = r"
+local owner = redis.call('HGET', KEYS[1], '_owner')
+if not owner then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return {'not_found'}
+end
+if ARGV[2] ~= '' and owner ~= ARGV[2] then return {'not_owner'} end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return {'ok'}
+";
+
+/// KEYS: deadlines. ARGV: context key prefix, batch size.
+/// The scan and the deletions run in one script, so a context touched a moment
+/// before is no longer past its deadline and stays; two replicas sweeping at
+/// once remove each context exactly once.
+const SWEEP: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local idle = 0
+for _, id in ipairs(ids) do
+  idle = idle + redis.call('DEL', ARGV[1] .. id)
+  redis.call('ZREM', KEYS[1], id)
+end
+return {'ok', #ids, idle}
+";
+
+/// KEYS: deadlines.
+const LIVE: &str = r"
+return {'ok', redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')}
+";
+
+/// Where a tenant's keys live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    pub prefix: String,
+    pub tenant: String,
+}
+
+impl Namespace {
+    fn context_prefix(&self) -> String {
+        format!("{}:{}:ctx:", self.prefix, self.tenant)
+    }
+
+    fn deadlines(&self) -> String {
+        format!("{}:{}:deadlines", self.prefix, self.tenant)
+    }
+}
+
+struct Scripts {
+    create: Script,
+    get: Script,
+    patch: Script,
+    close: Script,
+    sweep: Script,
+    live: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let with_now = |body: &str| Script::new(&format!("{NOW}{body}"));
+        Self {
+            create: with_now(CREATE),
+            get: with_now(GET),
+            patch: with_now(PATCH),
+            close: Script::new(CLOSE),
+            sweep: with_now(SWEEP),
+            live: with_now(LIVE),
+        }
+    }
+}
+
+pub struct RedisStore {
+    client: redis::Client,
+    connection: OnceCell<ConnectionManager>,
+    timeout: Duration,
+    context_prefix: String,
+    deadlines: String,
+    policy: StorePolicy,
+    scripts: Scripts,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("deadlines", &self.deadlines)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+fn unavailable(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(error.to_string())
+}
+
+fn millis(duration: Duration) -> u64 {
+    // At least 1 ms: PEXPIRE 0 would delete the key on write.
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The parts of a script's `{status, ...}` answer.
+struct Answer {
+    status: String,
+    rest: Vec<Value>,
+}
+
+impl Answer {
+    fn parse(value: Value) -> Result<Self, StoreError> {
+        let Value::Array(mut items) = value else {
+            return Err(StoreError::Corrupt(format!("script answered {value:?}")));
+        };
+        if items.is_empty() {
+            return Err(StoreError::Corrupt("script answered an empty array".to_string()));
+        }
+        let rest = items.split_off(1);
+        let status: String =
+            redis::from_redis_value(&items[0]).map_err(|error| StoreError::Corrupt(error.to_string()))?;
+        Ok(Self { status, rest })
+    }
+
+    fn int(&self, index: usize) -> Result<i64, StoreError> {
+        self.rest
+            .get(index)
+            .ok_or_else(|| StoreError::Corrupt(format!("`{}` answer lacks item {index}", self.status)))
+            .and_then(|value| redis::from_redis_value(value).map_err(|error| StoreError::Corrupt(error.to_string())))
+    }
+
+    fn unsigned(&self, index: usize) -> Result<usize, StoreError> {
+        usize::try_from(self.int(index)?).map_err(|error| StoreError::Corrupt(error.to_string()))
+    }
+
+    /// Limit, not-found and conflict answers shared by create and patch.
+    fn refusal(&self, policy: &StorePolicy) -> Result<StoreError, StoreError> {
+        Ok(match self.status.as_str() {
+            "not_found" => StoreError::NotFound,
+            "exists" => StoreError::Exists,
+            "conflict" => StoreError::VersionConflict {
+                current: u64::try_from(self.int(0)?).unwrap_or_default(),
+            },
+            "too_many_fields" => StoreError::TooManyFields {
+                limit: policy.max_fields,
+                would_have: self.unsigned(0)?,
+            },
+            "too_large" => StoreError::TooLarge {
+                limit: policy.max_context_bytes,
+                would_have: self.unsigned(0)?,
+            },
+            "not_owner" => StoreError::NotOwner,
+            other => return Err(StoreError::Corrupt(format!("unknown script status `{other}`"))),
+        })
+    }
+
+    fn written(&self, policy: &StorePolicy) -> Result<Written, StoreError> {
+        if self.status != "ok" {
+            return Err(self.refusal(policy)?);
+        }
+        Ok(Written {
+            version: u64::try_from(self.int(0)?).map_err(|error| StoreError::Corrupt(error.to_string()))?,
+            expires_at_ms: self.int(1)?,
+        })
+    }
+}
+
+impl RedisStore {
+    /// Checks the URL; connects on first use (and reconnects by itself afterwards).
+    pub fn new(url: &str, namespace: &Namespace, policy: StorePolicy, timeout: Duration) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|error| format!("invalid Redis URL `{url}`: {error}"))?;
+        Ok(Self {
+            client,
+            connection: OnceCell::new(),
+            timeout,
+            context_prefix: namespace.context_prefix(),
+            deadlines: namespace.deadlines(),
+            policy,
+            scripts: Scripts::new(),
+        })
+    }
+
+    fn key(&self, id: &str) -> String {
+        format!("{}{id}", self.context_prefix)
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            // Reconnection keeps being retried on the next request; a short burst
+            // here keeps a request from waiting long on a Redis that is down.
+            .set_number_of_retries(2)
+            .set_factor(50)
+            .set_max_delay(500);
+        self.connection
+            .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config))
+            .await
+            .cloned()
+            .map_err(unavailable)
+    }
+
+    /// Runs one script invocation within the call timeout.
+    async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Answer, StoreError> {
+        let call = async {
+            let mut connection = self.connection().await?;
+            let value: Value = invocation.invoke_async(&mut connection).await.map_err(|error| {
+                if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
+                    unavailable(error)
+                } else {
+                    StoreError::Corrupt(error.to_string())
+                }
+            })?;
+            Answer::parse(value)
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
+    }
+}
+
+fn text(value: &Value) -> Result<String, StoreError> {
+    redis::from_redis_value(value).map_err(|error| StoreError::Corrupt(error.to_string()))
+}
+
+#[async_trait::async_trait]
+impl ContextStore for RedisStore {
+    async fn create(&self, id: &str, context: &NewContext) -> Result<Written, StoreError> {
+        let ttl = self.policy.ttl(context.tier);
+        let mut invocation = self.scripts.create.key(self.key(id));
+        invocation
+            .key(&self.deadlines)
+            .arg(id)
+            .arg(context.tier.as_str())
+            .arg(&context.owner)
+            .arg(millis(ttl))
+            .arg(millis(self.policy.idle_timeout))
+            .arg(self.policy.max_fields)
+            .arg(self.policy.max_context_bytes);
+        for (name, value) in &context.fields {
+            invocation.arg(name).arg(value);
+        }
+        self.run(invocation).await?.written(&self.policy)
+    }
+
+    async fn get(&self, id: &str, selection: &Selection) -> Result<Option<Snapshot>, StoreError> {
+        let mut invocation = self.scripts.get.key(self.key(id));
+        invocation
+            .key(&self.deadlines)
+            .arg(id)
+            .arg(millis(self.policy.idle_timeout));
+        match selection {
+            Selection::All => {
+                invocation.arg("all");
+            }
+            Selection::Only(names) => {
+                invocation.arg("only").arg(names);
+            }
+        }
+        let answer = self.run(invocation).await?;
+        if answer.status == "not_found" {
+            return Ok(None);
+        }
+        if answer.status != "ok" {
+            return Err(answer.refusal(&self.policy)?);
+        }
+        let expires_at_ms = answer.int(0)?;
+        let Some(Value::Array(data)) = answer.rest.get(1) else {
+            return Err(StoreError::Corrupt("get answer lacks the field list".to_string()));
+        };
+        let mut snapshot = Snapshot {
+            version: 0,
+            tier: Tier::Default,
+            owner: String::new(),
+            expires_at_ms,
+            fields: Default::default(),
+        };
+        for pair in data.chunks_exact(2) {
+            let name = text(&pair[0])?;
+            let value = text(&pair[1])?;
+            match name.as_str() {
+                "_version" => {
+                    snapshot.version = value
+                        .parse()
+                        .map_err(|_| StoreError::Corrupt(format!("version `{value}`")))?
+                }
+                "_tier" => {
+                    snapshot.tier = Tier::parse(&value).ok_or_else(|| StoreError::Corrupt(format!("tier `{value}`")))?
+                }
+                "_owner" => snapshot.owner = value,
+                _ if RESERVED.contains(&name.as_str()) => {}
+                _ => {
+                    snapshot.fields.insert(name, value);
+                }
+            }
+        }
+        Ok(Some(snapshot))
+    }
+
+    async fn patch(&self, id: &str, patch: &Patch) -> Result<Written, StoreError> {
+        let mut invocation = self.scripts.patch.key(self.key(id));
+        invocation
+            .key(&self.deadlines)
+            .arg(id)
+            .arg(patch.if_version.map(|version| version.to_string()).unwrap_or_default())
+            .arg(millis(self.policy.default_ttl))
+            .arg(millis(self.policy.one_shot_ttl))
+            .arg(millis(self.policy.idle_timeout))
+            .arg(self.policy.max_fields)
+            .arg(self.policy.max_context_bytes)
+            .arg(patch.set.len());
+        for (name, value) in &patch.set {
+            invocation.arg(name).arg(value);
+        }
+        for name in &patch.delete {
+            invocation.arg(name);
+        }
+        self.run(invocation).await?.written(&self.policy)
+    }
+
+    async fn close(&self, id: &str, who: &CloseAs) -> Result<(), StoreError> {
+        let owner = match who {
+            CloseAs::Anyone => "",
+            CloseAs::Owner(name) => name.as_str(),
+        };
+        let mut invocation = self.scripts.close.key(self.key(id));
+        invocation.key(&self.deadlines).arg(id).arg(owner);
+        let answer = self.run(invocation).await?;
+        if answer.status == "ok" {
+            Ok(())
+        } else {
+            Err(answer.refusal(&self.policy)?)
+        }
+    }
+
+    async fn sweep(&self) -> Result<SweepReport, StoreError> {
+        let mut report = SweepReport::default();
+        loop {
+            let mut invocation = self.scripts.sweep.key(&self.deadlines);
+            invocation.arg(&self.context_prefix).arg(SWEEP_BATCH);
+            let answer = self.run(invocation).await?;
+            let scanned = answer.unsigned(0)? as u64;
+            let idle = answer.unsigned(1)? as u64;
+            report.idle += idle;
+            report.expired += scanned - idle.min(scanned);
+            if scanned < SWEEP_BATCH as u64 {
+                return Ok(report);
+            }
+        }
+    }
+
+    async fn live_contexts(&self) -> Result<u64, StoreError> {
+        let answer = self.run(self.scripts.live.key(&self.deadlines)).await?;
+        Ok(answer.unsigned(0)? as u64)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let call = async {
+            let mut connection = self.connection().await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await
+                .map(drop)
+                .map_err(unavailable)
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
+    }
+}
