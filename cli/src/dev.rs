@@ -27,9 +27,9 @@ pub struct DevArgs {
     /// Use this etcd instead of the embedded registry store.
     #[arg(long, env = "AGENT_REACH_ETCD", value_delimiter = ',', value_name = "URL,...")]
     etcd: Vec<String>,
-    /// Access policy; the built-in example policy when the file does not exist.
-    #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
-    acl: PathBuf,
+    /// Access policy. Default: ./acl.yaml if present, else the built-in example policy.
+    #[arg(long, env = "AGENT_REACH_ACL")]
+    acl: Option<PathBuf>,
 }
 
 pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
@@ -43,12 +43,14 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()> + Send + 'sta
     let secret_file = workdir.path().join("hs256.secret");
     std::fs::write(&secret_file, &secret_hex).context("writing the dev secret")?;
 
-    let acl = if args.acl.exists() {
-        args.acl.clone()
-    } else {
-        let path = workdir.path().join("acl.yaml");
-        std::fs::write(&path, EXAMPLE_ACL).context("writing the example ACL")?;
-        path
+    let acl = match &args.acl {
+        Some(path) => path.clone(),
+        None if std::path::Path::new("acl.yaml").exists() => PathBuf::from("acl.yaml"),
+        None => {
+            let path = workdir.path().join("acl.yaml");
+            std::fs::write(&path, EXAMPLE_ACL).context("writing the example ACL")?;
+            path
+        }
     };
     let store = if args.etcd.is_empty() {
         StoreChoice::Embedded

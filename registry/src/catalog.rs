@@ -67,6 +67,16 @@ impl State {
     }
 }
 
+/// One capability across all instances (for `GET /v1/capabilities`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapabilitySummary {
+    pub name: String,
+    /// Highest first.
+    pub versions: Vec<semver::Version>,
+    pub instances: usize,
+    pub routable_instances: usize,
+}
+
 /// Which instances serve a capability at the chosen version.
 #[derive(Debug, Clone)]
 pub struct Resolution {
@@ -141,8 +151,8 @@ impl Catalog {
         (instances, state.revision)
     }
 
-    /// Names of every capability with its versions (highest first), instance count and routable count.
-    pub fn capabilities(&self) -> (Vec<(String, Vec<semver::Version>, usize, usize)>, Revision) {
+    /// Every capability with its versions, instance count and routable count.
+    pub fn capabilities(&self) -> (Vec<CapabilitySummary>, Revision) {
         let state = self.read();
         let mut out: Vec<_> = state
             .by_capability
@@ -160,10 +170,15 @@ impl Catalog {
                         }
                     }
                 }
-                (name.clone(), versions.into_iter().rev().collect(), ids.len(), routable)
+                CapabilitySummary {
+                    name: name.clone(),
+                    versions: versions.into_iter().rev().collect(),
+                    instances: ids.len(),
+                    routable_instances: routable,
+                }
             })
             .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         (out, state.revision)
     }
 

@@ -37,35 +37,57 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
 
 // === Body parsing ===
 
+/// A body over the limit is read and discarded up to this multiple of the
+/// limit before answering 413, so the client sees the answer instead of a
+/// connection reset; anything larger is refused without reading it.
+const DRAIN_FACTOR: usize = 8;
+
 /// Reads at most `limit` bytes and parses JSON, mapping each failure to its code.
 pub async fn parse_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
 ) -> Result<T, RegistryError> {
+    let bytes = read_limited(headers, body, limit).await?;
+    parse_json(&bytes)
+}
+
+async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Vec<u8>, RegistryError> {
+    use futures::StreamExt;
     let too_large = || {
         RegistryError::new(
             Code::PayloadTooLarge,
             format!("request body exceeds this registry's limit of {limit} bytes"),
         )
     };
+    let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > limit) {
+    if declared.is_some_and(|length| length > drain_cap) {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let is_limit =
-            std::error::Error::source(&error).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
-        if is_limit {
-            too_large()
-        } else {
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let mut excess = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| {
             RegistryError::new(Code::MalformedJson, format!("cannot read the request body: {error}"))
+        })?;
+        if excess == 0 && bytes.len() + chunk.len() <= limit {
+            bytes.extend_from_slice(&chunk);
+        } else {
+            excess += chunk.len();
+            if bytes.len() + excess > drain_cap {
+                break;
+            }
         }
-    })?;
-    parse_json(&bytes)
+    }
+    if excess > 0 {
+        return Err(too_large());
+    }
+    Ok(bytes)
 }
 
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RegistryError> {
@@ -87,8 +109,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RegistryError>
             };
             let field = if path == "." { None } else { Some(path) };
             let field = match (code, field) {
-                // serde reports an unknown/missing field at its parent; name it instead.
-                (Code::UnknownField | Code::MissingField, parent) => {
+                // serde reports a missing field at its parent; name the field itself.
+                (Code::MissingField, parent) => {
                     let name = message.split('`').nth(1).unwrap_or_default();
                     Some(match parent {
                         Some(parent) => format!("{parent}.{name}"),
@@ -254,14 +276,12 @@ async fn list_capabilities(
     Ok(Json(wire::CapabilityList {
         capabilities: capabilities
             .into_iter()
-            .map(
-                |(name, versions, instances, routable_instances)| wire::CapabilitySummary {
-                    name,
-                    versions: versions.iter().map(ToString::to_string).collect(),
-                    instances,
-                    routable_instances,
-                },
-            )
+            .map(|summary| wire::CapabilitySummary {
+                name: summary.name,
+                versions: summary.versions.iter().map(ToString::to_string).collect(),
+                instances: summary.instances,
+                routable_instances: summary.routable_instances,
+            })
             .collect(),
         revision,
     }))

@@ -195,6 +195,11 @@ impl Etcd {
         self.client_port
     }
 
+    /// The etcd process id (benches read its CPU time from /proc).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|process| process.child.id())
+    }
+
     /// Kills etcd (SIGKILL), keeping its data for [`Etcd::restart`].
     pub fn kill(&mut self) {
         if let Some(mut process) = self.process.take() {

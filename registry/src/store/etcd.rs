@@ -4,6 +4,10 @@
 //! ([`KeepAliveMux`]): a heartbeat is one message on an open stream, not a new
 //! request, and concurrent heartbeats for the same lease are coalesced.
 
+// `tonic::Status` is the error type of the gRPC API we implement and call;
+// boxing it would only fight tonic's signatures.
+#![allow(clippy::result_large_err)]
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -360,13 +364,21 @@ async fn run_keep_alive(lease: LeaseClient<Channel>, mut requests: mpsc::Receive
     let mut backoff = Duration::from_millis(50);
     loop {
         let (sender, outgoing) = mpsc::channel::<pb::LeaseKeepAliveRequest>(16_384);
+        // etcd answers the stream's headers only with its first response, so the
+        // first request must be queued before waiting for the stream to open.
+        let mut pending: HashMap<LeaseId, Vec<Waiter>> = HashMap::new();
+        let (id, waiter) = first;
+        pending.insert(id, vec![waiter]);
+        let _ = sender.try_send(pb::LeaseKeepAliveRequest { id });
         let mut client = lease.clone();
         let opened = bounded(client.lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))).await;
         let mut incoming = match opened {
             Ok(response) => response.into_inner(),
             Err(status) => {
                 tracing::warn!(message = "Cannot open etcd keep-alive stream.", error = %status);
-                let _ = first.1.send(Err(unavailable(status)));
+                for waiter in pending.into_values().flatten() {
+                    let _ = waiter.send(Err(unavailable(status.clone())));
+                }
                 // Fail what queued up meanwhile too, then retry with backoff.
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -383,8 +395,7 @@ async fn run_keep_alive(lease: LeaseClient<Channel>, mut requests: mpsc::Receive
             }
         };
         backoff = Duration::from_millis(50);
-        let mut pending: HashMap<LeaseId, Vec<Waiter>> = HashMap::new();
-        let mut next = Some(first);
+        let mut next = None;
         let failure = loop {
             if let Some((id, waiter)) = next.take() {
                 let waiters = pending.entry(id).or_default();

@@ -221,7 +221,7 @@ impl Store for MemoryStore {
         // Check every lease before changing anything: all or nothing.
         let now = Instant::now();
         for put in &puts {
-            if put.lease != 0 && !state.leases.get(&put.lease).is_some_and(|lease| lease.expires_at > now) {
+            if put.lease != 0 && state.leases.get(&put.lease).is_none_or(|lease| lease.expires_at <= now) {
                 return Err(StoreError::LeaseNotFound(put.lease));
             }
         }

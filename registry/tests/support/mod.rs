@@ -1,0 +1,236 @@
+//! Shared test support: a registry served in-process on a free loopback port,
+//! with a real HS256 secret, an ACL file on disk, and HTTP/gRPC clients.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_access::AuthConfig;
+use agent_reach_proto::registry::registry_client::RegistryClient;
+use agent_reach_registry::config::{Settings, StoreChoice};
+use agent_reach_registry::validate::TtlBounds;
+use agent_reach_registry::{RegistryConfig, RegistryService};
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+pub const SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
+
+pub const ACL: &str = r#"
+version: 1
+providers:
+  - agent: order_query
+    provides: [order.*]
+  - agent: shipping_rules
+    provides: [shipping.rules]
+"#;
+
+pub struct TestRegistry {
+    pub addr: SocketAddr,
+    pub service: Arc<RegistryService>,
+    pub acl_path: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+    _dir: Arc<tempfile::TempDir>,
+    http: reqwest::Client,
+}
+
+impl TestRegistry {
+    pub async fn start(store: StoreChoice) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let acl_path = dir.path().join("acl.yaml");
+        std::fs::write(&acl_path, ACL).unwrap();
+        Self::start_in(store, dir, acl_path).await
+    }
+
+    /// A second registry sharing this one's secret and ACL file.
+    pub async fn sibling(&self, store: StoreChoice) -> Self {
+        Self::start_in(store, self._dir.clone(), self.acl_path.clone()).await
+    }
+
+    async fn start_in(store: StoreChoice, dir: Arc<tempfile::TempDir>, acl_path: PathBuf) -> Self {
+        let secret_path = dir.path().join("secret");
+        std::fs::write(&secret_path, SECRET).unwrap();
+        let settings = Settings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            store,
+            acl: acl_path.clone(),
+            auth: AuthConfig::Hs256SecretFile(secret_path),
+            service: RegistryConfig {
+                tenant: "default".into(),
+                ttl: TtlBounds {
+                    min_s: 1,
+                    max_s: 300,
+                    default_s: 15,
+                },
+                max_body_bytes: 1024 * 1024,
+            },
+        };
+        let service = agent_reach_registry::build(&settings).await.unwrap();
+        let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = service.clone();
+        let server = tokio::spawn(async move {
+            agent_reach_registry::serve(listener, served, std::future::pending())
+                .await
+                .unwrap();
+        });
+        let registry = Self {
+            addr,
+            service,
+            acl_path,
+            server,
+            _dir: dir,
+            http: reqwest::Client::new(),
+        };
+        let ready = wait_for(Duration::from_secs(10), || async {
+            registry
+                .http
+                .get(registry.url("/readyz"))
+                .send()
+                .await
+                .is_ok_and(|response| response.status() == 200)
+        })
+        .await;
+        assert!(ready, "registry did not become ready");
+        registry
+    }
+
+    /// Stops serving abruptly, as a killed process would (connections drop).
+    pub fn kill(&self) {
+        self.server.abort();
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn token(name: &str) -> String {
+        agent_reach_access::token::issue_hs256(name, SECRET.as_bytes(), Duration::from_secs(3600)).unwrap()
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+        let mut request = self.http.post(self.url(path)).json(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        into_parts(request.send().await.unwrap()).await
+    }
+
+    pub async fn post_raw(&self, path: &str, token: &str, body: Vec<u8>) -> (u16, Value) {
+        let request = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body);
+        into_parts(request.send().await.unwrap()).await
+    }
+
+    pub async fn put(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
+        into_parts(
+            self.http
+                .put(self.url(path))
+                .bearer_auth(token)
+                .json(body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
+        into_parts(self.http.get(self.url(path)).bearer_auth(token).send().await.unwrap()).await
+    }
+
+    pub async fn delete(&self, path: &str, token: &str) -> (u16, Value) {
+        into_parts(
+            self.http
+                .delete(self.url(path))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn grpc(&self) -> RegistryClient<Channel> {
+        RegistryClient::connect(format!("http://{}", self.addr)).await.unwrap()
+    }
+
+    /// Agent ids of routable instances of `capability`, via HTTP.
+    pub async fn resolved(&self, capability: &str) -> Vec<String> {
+        let (status, body) = self
+            .get(&format!("/v1/capabilities/{capability}"), &Self::token("reader"))
+            .await;
+        if status != 200 {
+            return Vec::new();
+        }
+        body["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|instance| instance["agent_id"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+impl Drop for TestRegistry {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn into_parts(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes.
+pub async fn wait_for<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A registration body for `order_query` offering `order.query` 1.2.0.
+pub fn registration(agent_id: &str, ttl_s: u32) -> Value {
+    json!({
+        "agent_id": agent_id,
+        "name": "order_query",
+        "endpoint": "http://127.0.0.1:9101/invoke",
+        "weight": 3,
+        "ttl_s": ttl_s,
+        "status": "ready",
+        "tags": {"team": "orders"},
+        "capabilities": [{
+            "name": "order.query",
+            "version": "1.2.0",
+            "description": "Look up an order",
+            "input_schema": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+            "timeout_ms": 2000
+        }]
+    })
+}
+
+pub fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
