@@ -31,6 +31,8 @@ enum LogFormat {
 enum Command {
     /// Run the registry: agents register capabilities under etcd leases.
     Registry(agent_reach_registry::RegistryArgs),
+    /// Run the router: authenticated, schema-checked, weighted, retrying capability calls.
+    Router(agent_reach_router::RouterArgs),
     /// Run every service in one process on embedded stores (development).
     Dev(dev::DevArgs),
     /// Issue and inspect tokens.
@@ -113,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
     init_logging(cli.log_format);
     match cli.command {
         Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
+        Command::Router(args) => agent_reach_router::run(args, shutdown_signal()).await,
         Command::Dev(args) => dev::run(args, shutdown_signal()).await,
         Command::Token {
             command: TokenCommand::Issue { name, secret_file, ttl },

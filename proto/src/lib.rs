@@ -2,6 +2,7 @@
 //! HTTP/JSON API. Services convert to and from their own types at the edge.
 
 pub mod context_http;
+pub mod envelope;
 pub mod http;
 
 /// The registry's gRPC API (`proto/registry.proto`).

@@ -1,0 +1,187 @@
+//! Serde types of the router's JSON envelopes (DESIGN §3): what callers send to
+//! `POST /v1/invoke`, what the router forwards to an agent, what agents answer,
+//! and the result envelope every caller gets back, success or failure.
+//!
+//! The request envelope rejects unknown fields: a misspelt `capabilty_version`
+//! must be an `INVALID_ENVELOPE` naming the field, never a silently ignored hint.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The envelope format version this crate speaks.
+pub const ENVELOPE_VERSION: &str = "1.0";
+
+// === Caller → router ===
+
+/// `POST /v1/invoke` body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InvokeRequest {
+    /// Envelope format version; `1.0` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Idempotency key and trace handle; generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Keys `consistent_hash` so a conversation stays on one instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_id: Option<String>,
+    /// Lowercase dotted capability name, e.g. `order.query`.
+    pub capability: String,
+    /// A semver requirement (`^1.2`); absent means the highest registered version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_policy: Option<TargetPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    /// Relative budget; ignored when `deadline` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Absolute epoch milliseconds; wins over `timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<u64>,
+    #[serde(default)]
+    pub payload: Value,
+}
+
+/// How the router picks an instance among the routable ones.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetPolicy {
+    /// Smooth weighted round-robin (nginx's algorithm).
+    #[default]
+    WeightedRoundRobin,
+    LeastConnections,
+    /// Keyed by `session_id`.
+    ConsistentHash,
+}
+
+impl TargetPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetPolicy::WeightedRoundRobin => "weighted_round_robin",
+            TargetPolicy::LeastConnections => "least_connections",
+            TargetPolicy::ConsistentHash => "consistent_hash",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+// === Router → agent ===
+
+/// What the router POSTs to an instance's endpoint: the caller's envelope with
+/// the verified `source`, the absolute `deadline` and the `attempt` filled in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ForwardedEnvelope {
+    pub version: String,
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_id: Option<String>,
+    pub capability: String,
+    /// The concrete version chosen by the router.
+    pub capability_version: String,
+    /// The verified caller name (absent only when authentication is switched off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    pub priority: Priority,
+    /// Absolute epoch milliseconds; the agent should give up after it.
+    pub deadline: u64,
+    /// 1 for the first try, 2 for the first retry, ...
+    pub attempt: u32,
+    pub payload: Value,
+}
+
+/// An agent's `200` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentOutput {
+    #[serde(default)]
+    pub output: Value,
+}
+
+/// An agent's non-2xx answer: `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentErrorBody {
+    pub error: AgentErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentErrorDetail {
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+// === Router → caller ===
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultStatus {
+    Succeeded,
+    Failed,
+}
+
+/// The same shape for every capability and every outcome.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ResultEnvelope {
+    pub version: String,
+    pub request_id: String,
+    pub status: ResultStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<String>,
+    /// The concrete version that answered (or was chosen).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    pub attempts: u32,
+    pub duration_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<EnvelopeError>,
+}
+
+/// `error` of a failed result envelope.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EnvelopeError {
+    /// A stable code of DESIGN §3, e.g. `SCHEMA_MISMATCH`.
+    pub code: String,
+    pub message: String,
+    /// Whether the same request may succeed if sent again later.
+    pub retryable: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_round_trip_and_unknown_fields() {
+        let text = r#"{"version":"1.0","request_id":"r1","session_id":"s","context_id":"c",
+            "capability":"order.query","capability_version":"^1.2","target_policy":"consistent_hash",
+            "priority":"high","timeout_ms":15000,"deadline":1710000000000,"payload":{"order_id":"SO-1"}}"#;
+        let request: InvokeRequest = serde_json::from_str(text).unwrap();
+        assert_eq!(request.target_policy, Some(TargetPolicy::ConsistentHash));
+        assert_eq!(request.deadline, Some(1_710_000_000_000));
+        let bad = r#"{"capability":"a","capabilty_version":"1"}"#;
+        assert!(serde_json::from_str::<InvokeRequest>(bad).is_err());
+        let policy = r#"{"capability":"a","target_policy":"random"}"#;
+        assert!(serde_json::from_str::<InvokeRequest>(policy).is_err());
+    }
+}

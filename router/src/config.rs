@@ -1,0 +1,204 @@
+//! Command-line flags of `agent-reach router` (DESIGN §7), each also read from
+//! an `AGENT_REACH_*` environment variable, validated into [`Settings`] with
+//! every problem reported at once. `Settings::new` builds the same thing in
+//! code (tests, `agent-reach dev`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent_reach_access::{AuthArgs, AuthConfig};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RouterArgs {
+    /// Address serving the HTTP/JSON API (`POST /v1/invoke`, `/healthz`, `/readyz`, `/metrics`).
+    #[arg(long, env = "AGENT_REACH_ROUTER_LISTEN", default_value = "127.0.0.1:7500")]
+    pub listen: SocketAddr,
+    /// The registry whose Watch stream feeds the routing snapshot.
+    #[arg(long, env = "AGENT_REACH_REGISTRY", default_value = "http://127.0.0.1:7400")]
+    pub registry: String,
+    /// File holding the bearer token the router presents to the registry. Without it,
+    /// the router signs its own short-lived token (sub `router`) with the HS256 secret
+    /// given by --auth-hs256-secret-file; with --insecure-no-auth it sends none.
+    #[arg(long, env = "AGENT_REACH_REGISTRY_TOKEN_FILE", value_name = "PATH")]
+    pub registry_token_file: Option<PathBuf>,
+    /// The access policy (`permissions` is enforced here); reloaded when it changes.
+    #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
+    pub acl: PathBuf,
+    /// Largest accepted invoke body, in bytes (larger → 413 PAYLOAD_TOO_LARGE).
+    #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Deadline for calls whose envelope and capability set none, in milliseconds.
+    #[arg(long, env = "AGENT_REACH_DEFAULT_TIMEOUT_MS", default_value_t = 30_000)]
+    pub default_timeout_ms: u64,
+    /// Attempts per request, the first one included (retries go to other instances).
+    #[arg(long, env = "AGENT_REACH_MAX_ATTEMPTS", default_value_t = 3)]
+    pub max_attempts: u32,
+    /// Retries allowed as a percentage of requests (the retry budget).
+    #[arg(long, env = "AGENT_REACH_RETRY_BUDGET_PERCENT", default_value_t = 20)]
+    pub retry_budget_percent: u32,
+    /// Retries per second always allowed, whatever the budget (the floor).
+    #[arg(long, env = "AGENT_REACH_RETRY_BUDGET_FLOOR", default_value_t = 10)]
+    pub retry_budget_floor: u32,
+    /// Consecutive failures that open an instance's circuit breaker.
+    #[arg(long, env = "AGENT_REACH_BREAKER_FAILURES", default_value_t = 5)]
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before letting one probe through, in milliseconds.
+    #[arg(long, env = "AGENT_REACH_BREAKER_OPEN_MS", default_value_t = 30_000)]
+    pub breaker_open_ms: u64,
+    /// In-flight requests per instance above which it is skipped (bounds each instance's pool).
+    #[arg(long, env = "AGENT_REACH_MAX_INFLIGHT_PER_INSTANCE", default_value_t = 1024)]
+    pub max_inflight_per_instance: u32,
+    /// Idle keep-alive connections kept per instance.
+    #[arg(long, env = "AGENT_REACH_POOL_IDLE_PER_INSTANCE", default_value_t = 64)]
+    pub pool_idle_per_instance: usize,
+    /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
+    #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
+    pub max_staleness_s: u64,
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// How the router proves itself to the registry's Watch.
+#[derive(Debug, Clone)]
+pub enum RegistryCredential {
+    /// A token read from this file at every (re)connect.
+    TokenFile(PathBuf),
+    /// Sign a short-lived token with the shared HS256 secret in this file.
+    SignWithSecret(PathBuf),
+    /// Send nothing (the registry runs with `--insecure-no-auth`).
+    None,
+}
+
+/// Retry, breaker and pool tuning; [`Default`] gives the documented defaults.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    pub max_body_bytes: usize,
+    pub default_timeout: Duration,
+    pub max_attempts: u32,
+    pub retry_budget_percent: u32,
+    pub retry_budget_floor: u32,
+    pub breaker_failures: u32,
+    pub breaker_open: Duration,
+    pub max_inflight_per_instance: u32,
+    pub pool_idle_per_instance: usize,
+    pub max_staleness: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            default_timeout: Duration::from_secs(30),
+            max_attempts: 3,
+            retry_budget_percent: 20,
+            retry_budget_floor: 10,
+            breaker_failures: 5,
+            breaker_open: Duration::from_secs(30),
+            max_inflight_per_instance: 1024,
+            pool_idle_per_instance: 64,
+            max_staleness: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub registry: String,
+    pub registry_credential: RegistryCredential,
+    pub acl: PathBuf,
+    pub auth: AuthConfig,
+    pub tuning: Tuning,
+}
+
+impl Settings {
+    /// Settings with default tuning; the registry credential follows `auth`
+    /// (self-signed with the HS256 secret, or none without authentication).
+    pub fn new(listen: SocketAddr, registry: impl Into<String>, auth: AuthConfig, acl: PathBuf) -> Self {
+        let registry_credential = match &auth {
+            AuthConfig::Hs256SecretFile(path) => RegistryCredential::SignWithSecret(path.clone()),
+            _ => RegistryCredential::None,
+        };
+        Self {
+            listen,
+            registry: registry.into(),
+            registry_credential,
+            acl,
+            auth,
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+impl RouterArgs {
+    pub fn validate(&self) -> Result<Settings, Vec<String>> {
+        let mut problems = Vec::new();
+        if !(self.registry.starts_with("http://") || self.registry.starts_with("https://")) {
+            problems.push(format!(
+                "--registry `{}` must start with http:// or https://",
+                self.registry
+            ));
+        }
+        if self.max_body_bytes < 1024 {
+            problems.push("--max-body-bytes must be at least 1024".to_string());
+        }
+        if self.default_timeout_ms == 0 {
+            problems.push("--default-timeout-ms must be above 0".to_string());
+        }
+        if !(1..=10).contains(&self.max_attempts) {
+            problems.push(format!("--max-attempts {} must be within 1..=10", self.max_attempts));
+        }
+        if self.retry_budget_percent > 100 {
+            problems.push("--retry-budget-percent must be within 0..=100".to_string());
+        }
+        if self.breaker_failures == 0 {
+            problems.push("--breaker-failures must be at least 1".to_string());
+        }
+        if self.breaker_open_ms == 0 {
+            problems.push("--breaker-open-ms must be above 0".to_string());
+        }
+        if self.max_inflight_per_instance == 0 {
+            problems.push("--max-inflight-per-instance must be at least 1".to_string());
+        }
+        let auth = self.auth.config().unwrap_or_else(|why| {
+            problems.push(why);
+            AuthConfig::InsecureNoAuth
+        });
+        let registry_credential = match (&self.registry_token_file, &auth) {
+            (Some(path), _) => RegistryCredential::TokenFile(path.clone()),
+            (None, AuthConfig::Hs256SecretFile(path)) => RegistryCredential::SignWithSecret(path.clone()),
+            (None, AuthConfig::InsecureNoAuth) => RegistryCredential::None,
+            (None, AuthConfig::PublicKeyFile(_)) => {
+                problems.push(
+                    "with --auth-public-key the router cannot sign its own registry token: \
+                     pass --registry-token-file PATH"
+                        .to_string(),
+                );
+                RegistryCredential::None
+            }
+        };
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Settings {
+            listen: self.listen,
+            registry: self.registry.clone(),
+            registry_credential,
+            acl: self.acl.clone(),
+            auth,
+            tuning: Tuning {
+                max_body_bytes: self.max_body_bytes,
+                default_timeout: Duration::from_millis(self.default_timeout_ms),
+                max_attempts: self.max_attempts,
+                retry_budget_percent: self.retry_budget_percent,
+                retry_budget_floor: self.retry_budget_floor,
+                breaker_failures: self.breaker_failures,
+                breaker_open: Duration::from_millis(self.breaker_open_ms),
+                max_inflight_per_instance: self.max_inflight_per_instance,
+                pool_idle_per_instance: self.pool_idle_per_instance,
+                max_staleness: Duration::from_secs(self.max_staleness_s),
+            },
+        })
+    }
+}

@@ -1,0 +1,208 @@
+//! Passive per-instance health (DESIGN §3): what the router learned from its
+//! own calls. Effective weight = static weight × health factor × latency
+//! factor; failures cut the health factor at once, successes restore it step
+//! by step (as nginx restores `effective_weight`), so a recovering instance
+//! gets traffic back gradually. Atomics only.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, Transition};
+use crate::metrics::InstanceMetrics;
+
+/// Full health, in permille.
+const FULL: u32 = 1000;
+/// The floor a failing instance's health factor falls to (it is never zero, so it can recover).
+const FLOOR: u32 = 50;
+/// Health regained per success.
+const STEP: u32 = 100;
+/// Latencies within this of the fastest candidate count as equally fast: loopback jitter
+/// must not skew the configured weights.
+const LATENCY_SLACK_US: u64 = 10_000;
+/// The latency factor never drops below 10 %.
+const LATENCY_FLOOR: u64 = 100;
+
+/// Runtime state of one instance, kept across snapshot swaps (keyed by `agent_id`).
+#[derive(Debug)]
+pub struct InstanceState {
+    pub breaker: Breaker,
+    health_permille: AtomicU32,
+    /// Exponentially weighted moving average of successful latencies, µs (0 = no sample yet).
+    ewma_us: AtomicU64,
+    inflight: AtomicU32,
+    metrics: InstanceMetricsHandle,
+}
+
+/// Wrapper so `InstanceState` can derive `Debug`.
+struct InstanceMetricsHandle(InstanceMetrics);
+
+impl std::fmt::Debug for InstanceMetricsHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InstanceMetrics")
+    }
+}
+
+/// How an attempt ended, as far as the instance's health is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observation {
+    /// Answered (2xx, or a business error that shows the instance works).
+    Healthy(Duration),
+    /// "Not now" (429): no breaker failure, but send less.
+    Busy,
+    /// Unreachable, reset, timed out, 503 or a 5xx: counts towards the breaker.
+    Failed,
+}
+
+impl InstanceState {
+    pub fn new(metrics: InstanceMetrics) -> Self {
+        metrics.breaker_state.set(BreakerState::Closed.gauge_value());
+        metrics.inflight.set(0);
+        Self {
+            breaker: Breaker::new(),
+            health_permille: AtomicU32::new(FULL),
+            ewma_us: AtomicU64::new(0),
+            inflight: AtomicU32::new(0),
+            metrics: InstanceMetricsHandle(metrics),
+        }
+    }
+
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request in flight until the guard drops.
+    pub fn start_request(&self) -> InflightGuard<'_> {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.metrics.0.inflight.inc();
+        InflightGuard { state: self }
+    }
+
+    pub fn health_permille(&self) -> u32 {
+        self.health_permille.load(Ordering::Relaxed)
+    }
+
+    pub fn ewma_us(&self) -> u64 {
+        self.ewma_us.load(Ordering::Relaxed)
+    }
+
+    /// Effective weight in thousandths of a static weight unit.
+    pub fn effective_weight(&self, weight: u32, fastest_ewma_us: u64) -> i64 {
+        let health = u64::from(self.health_permille());
+        let latency = latency_factor(self.ewma_us(), fastest_ewma_us);
+        let scaled = u64::from(weight) * health * latency / 1000;
+        scaled.max(1) as i64
+    }
+
+    /// Records one attempt's outcome; returns the breaker flip, if any, for logging.
+    pub fn observe(&self, observation: Observation, breaker: &BreakerConfig) -> Transition {
+        let transition = match observation {
+            Observation::Healthy(latency) => {
+                self.record_latency(latency);
+                let _ = self
+                    .health_permille
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |health| {
+                        Some((health + STEP).min(FULL))
+                    });
+                self.breaker.on_success()
+            }
+            Observation::Busy => {
+                self.degrade();
+                Transition::None
+            }
+            Observation::Failed => {
+                self.degrade();
+                self.breaker.on_failure(breaker)
+            }
+        };
+        if transition != Transition::None {
+            self.metrics.0.breaker_state.set(self.breaker.state().gauge_value());
+        }
+        transition
+    }
+
+    fn degrade(&self) {
+        let _ = self
+            .health_permille
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |health| {
+                Some((health / 2).max(FLOOR))
+            });
+    }
+
+    fn record_latency(&self, latency: Duration) {
+        let sample = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        let _ = self.ewma_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            // α = 1/8, like TCP's smoothed RTT.
+            Some(if old == 0 {
+                sample.max(1)
+            } else {
+                old - old / 8 + sample / 8
+            })
+        });
+    }
+
+    /// Exposes the breaker state after a half-open claim.
+    pub fn sync_breaker_metric(&self) {
+        self.metrics.0.breaker_state.set(self.breaker.state().gauge_value());
+    }
+}
+
+/// Latency factor in permille: 1000 unless this instance is clearly slower than the fastest.
+pub fn latency_factor(ewma_us: u64, fastest_ewma_us: u64) -> u64 {
+    if ewma_us == 0 {
+        return 1000;
+    }
+    let reference = fastest_ewma_us.saturating_add(LATENCY_SLACK_US);
+    if ewma_us <= reference {
+        1000
+    } else {
+        (reference * 1000 / ewma_us).max(LATENCY_FLOOR)
+    }
+}
+
+pub struct InflightGuard<'a> {
+    state: &'a InstanceState,
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.state.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.state.metrics.0.inflight.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> InstanceState {
+        let metrics = crate::metrics::Metrics::new().unwrap();
+        InstanceState::new(metrics.instance("a"))
+    }
+
+    #[test]
+    fn failures_cut_weight_and_successes_restore_it_gradually() {
+        let state = state();
+        let breaker = BreakerConfig {
+            failures: 5,
+            open_for: Duration::from_secs(30),
+        };
+        assert_eq!(state.effective_weight(3, 0), 3000);
+        state.observe(Observation::Failed, &breaker);
+        state.observe(Observation::Failed, &breaker);
+        assert_eq!(state.effective_weight(3, 0), 750);
+        state.observe(Observation::Healthy(Duration::from_millis(1)), &breaker);
+        assert_eq!(state.effective_weight(3, 0), 1050);
+        for _ in 0..10 {
+            state.observe(Observation::Healthy(Duration::from_millis(1)), &breaker);
+        }
+        assert_eq!(state.effective_weight(3, 1000), 3000);
+    }
+
+    #[test]
+    fn only_clearly_slow_instances_lose_weight() {
+        assert_eq!(latency_factor(300, 200), 1000, "loopback jitter is ignored");
+        assert_eq!(latency_factor(0, 200), 1000);
+        assert_eq!(latency_factor(100_000, 0), 100);
+        assert!(latency_factor(500_000, 1_000) <= 100);
+    }
+}

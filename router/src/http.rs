@@ -1,0 +1,201 @@
+//! The HTTP/JSON face: `POST /v1/invoke`, `GET /v1/openapi.json`, `/healthz`,
+//! `/readyz`, `/metrics`. Every failure is a failed result envelope with a
+//! stable code; no handler answers a bare string error.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::envelope;
+use crate::error::{Code, RouterError};
+use crate::service::{Failure, RouterService};
+use crate::trace::{self, TraceContext};
+
+pub fn routes(service: Arc<RouterService>) -> Router {
+    Router::new()
+        .route("/v1/invoke", post(invoke))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(service)
+}
+
+fn json_response(status: StatusCode, envelope: &ResultEnvelope) -> Response {
+    match serde_json::to_vec(envelope) {
+        Ok(body) => (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        // Serialising plain strings and JSON values does not fail; answer something valid anyway.
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(http::header::CONTENT_TYPE, "application/json")],
+            r#"{"version":"1.0","request_id":"","status":"failed","attempts":0,"duration_ms":0,"error":{"code":"INTERNAL","message":"result could not be encoded","retryable":true}}"#,
+        )
+            .into_response(),
+    }
+}
+
+/// What is known about a request when its result envelope is written.
+struct Known {
+    request_id: String,
+    capability: Option<String>,
+    started: Instant,
+}
+
+fn failed(known: Known, failure: Failure) -> Response {
+    let envelope = ResultEnvelope {
+        version: ENVELOPE_VERSION.to_string(),
+        request_id: known.request_id,
+        status: ResultStatus::Failed,
+        capability: known.capability,
+        capability_version: failure.capability_version,
+        agent_id: failure.agent_id,
+        attempts: failure.attempts,
+        duration_ms: known.started.elapsed().as_millis() as u64,
+        output: None,
+        error: Some(failure.error.to_envelope_error()),
+    };
+    json_response(failure.error.status(), &envelope)
+}
+
+async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let trace = TraceContext::from_header(headers.get("traceparent"));
+    let mut known = Known {
+        request_id: String::new(),
+        capability: None,
+        started,
+    };
+    // Authenticate first: an unauthenticated caller learns nothing, not even parse errors.
+    let caller = match service.authenticate(headers.get(http::header::AUTHORIZATION)) {
+        Ok(caller) => caller,
+        Err(error) => {
+            known.request_id = trace::new_request_id();
+            tracing::info!(message = "Unauthenticated call refused.", trace_id = %trace.trace_id, %error);
+            return failed(known, error.into());
+        }
+    };
+    let parsed = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
+        Ok(bytes) => envelope::parse(&bytes),
+        Err(error) => Err(error),
+    };
+    // Keep the caller's request id even when a later check fails.
+    let checked = parsed.and_then(|request| {
+        known.request_id = request.request_id.clone().unwrap_or_default();
+        known.capability = Some(request.capability.clone());
+        envelope::check(request)
+    });
+    if known.request_id.is_empty() || known.request_id.len() > 128 {
+        known.request_id = trace::new_request_id();
+    }
+    let checked = match checked {
+        Ok(checked) => checked,
+        Err(error) => {
+            service.metrics().record_rejected(error.code);
+            return failed(known, error.into());
+        }
+    };
+    let request_id = known.request_id.clone();
+    let session_id = checked.request.session_id.clone().unwrap_or_default();
+    let outcome = service.invoke(&caller, checked, &request_id, &trace).await;
+    match outcome {
+        Ok(success) => {
+            let envelope = ResultEnvelope {
+                version: ENVELOPE_VERSION.to_string(),
+                request_id,
+                status: ResultStatus::Succeeded,
+                capability: known.capability,
+                capability_version: Some(success.capability_version),
+                agent_id: Some(success.agent_id),
+                attempts: success.attempts,
+                duration_ms: started.elapsed().as_millis() as u64,
+                output: Some(success.output),
+                error: None,
+            };
+            json_response(StatusCode::OK, &envelope)
+        }
+        Err(failure) => {
+            tracing::info!(
+                message = "Invocation failed.",
+                trace_id = %trace.trace_id, request_id = %request_id, session_id = %session_id,
+                capability = known.capability.as_deref().unwrap_or(""),
+                code = failure.error.code.as_str(), error = %failure.error.message,
+                attempts = failure.attempts
+            );
+            failed(known, failure)
+        }
+    }
+}
+
+async fn openapi() -> Response {
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document().to_string(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready once a first snapshot arrived and while it is not older than the staleness bound.
+async fn readyz(State(service): State<Arc<RouterService>>) -> Response {
+    let snapshot = service.snapshot();
+    let staleness = snapshot.staleness();
+    if !snapshot.is_synced() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no routing snapshot yet from the registry\n",
+        )
+            .into_response();
+    }
+    if staleness > service.tuning().max_staleness {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "registry unreachable for {} s; routing from a stale snapshot\n",
+                staleness.as_secs()
+            ),
+        )
+            .into_response();
+    }
+    let text = if snapshot.is_connected() {
+        "ready\n".to_string()
+    } else {
+        format!(
+            "ready (registry unreachable for {} s; serving the last snapshot)\n",
+            staleness.as_secs()
+        )
+    };
+    (StatusCode::OK, text).into_response()
+}
+
+async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
+    let staleness = service.snapshot().staleness().as_secs() as i64;
+    service.metrics().snapshot_staleness_seconds.set(staleness);
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        service.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn not_found(headers: HeaderMap) -> Response {
+    let _ = headers;
+    failed(
+        Known {
+            request_id: trace::new_request_id(),
+            capability: None,
+            started: Instant::now(),
+        },
+        RouterError::new(Code::NotFound, "no such route; see GET /v1/openapi.json").into(),
+    )
+}

@@ -1,0 +1,203 @@
+//! The router's Prometheus metrics (`agent_reach_router_*`, DESIGN §6), in a
+//! per-service registry so several services can share one process (`dev`).
+//!
+//! Labelled children are resolved when a snapshot is built and cached on the
+//! capability or instance, so the request path never looks a label up.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::error::Code;
+
+/// The `outcome` label values: `succeeded` then every error code.
+pub const OUTCOMES: usize = 1 + Code::ALL.len();
+
+pub fn outcome_index(result: Result<(), Code>) -> usize {
+    match result {
+        Ok(()) => 0,
+        Err(code) => 1 + Code::ALL.iter().position(|known| *known == code).unwrap_or(0),
+    }
+}
+
+fn outcome_label(index: usize) -> &'static str {
+    match index {
+        0 => "succeeded",
+        other => Code::ALL[other - 1].as_str(),
+    }
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    requests: IntCounterVec,
+    forward_seconds: HistogramVec,
+    pub selection_seconds: Histogram,
+    pub retries: IntCounterVec,
+    pub retry_budget_exhausted: IntCounter,
+    breaker_state: IntGaugeVec,
+    inflight: IntGaugeVec,
+    pub snapshot_revision: IntGauge,
+    pub snapshot_instances: IntGauge,
+    pub snapshot_staleness_seconds: IntGauge,
+    pub registry_connected: IntGauge,
+    pub watch_reconnects: IntCounter,
+}
+
+/// Cached children for one capability (label `capability`).
+#[derive(Clone)]
+pub struct CapabilityMetrics {
+    requests: Vec<IntCounter>,
+    pub forward_seconds: Histogram,
+}
+
+impl CapabilityMetrics {
+    pub fn record(&self, result: Result<(), Code>) {
+        if let Some(counter) = self.requests.get(outcome_index(result)) {
+            counter.inc();
+        }
+    }
+}
+
+/// Cached children for one instance (label `agent_id`).
+#[derive(Clone)]
+pub struct InstanceMetrics {
+    pub breaker_state: IntGauge,
+    pub inflight: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_router_requests_total",
+                "Invocations by capability and outcome (succeeded or the error code).",
+            ),
+            &["capability", "outcome"],
+        )?;
+        let forward_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "agent_reach_router_forward_duration_seconds",
+                "Time from forwarding an attempt to an agent until its answer, by capability.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
+            &["capability"],
+        )?;
+        let selection_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "agent_reach_router_selection_wait_seconds",
+                "Time spent finding an instance for an attempt (alert above 1 s).",
+            )
+            .buckets(vec![0.00001, 0.0001, 0.001, 0.01, 0.1, 1.0]),
+        )?;
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_router_retries_total",
+                "Retries by reason (connect, reset, unavailable_503, overloaded_429).",
+            ),
+            &["reason"],
+        )?;
+        let retry_budget_exhausted = IntCounter::new(
+            "agent_reach_router_retry_budget_exhausted_total",
+            "Retries refused because the retry budget was spent.",
+        )?;
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "agent_reach_router_breaker_state",
+                "Circuit breaker per instance: 0 closed, 1 half-open, 2 open.",
+            ),
+            &["agent_id"],
+        )?;
+        let inflight = IntGaugeVec::new(
+            Opts::new("agent_reach_router_inflight", "Requests in flight per instance."),
+            &["agent_id"],
+        )?;
+        let snapshot_revision = IntGauge::new(
+            "agent_reach_router_snapshot_revision",
+            "Registry revision the routing snapshot reflects.",
+        )?;
+        let snapshot_instances = IntGauge::new(
+            "agent_reach_router_snapshot_instances",
+            "Instances in the routing snapshot.",
+        )?;
+        let snapshot_staleness_seconds = IntGauge::new(
+            "agent_reach_router_snapshot_staleness_seconds",
+            "Seconds since the registry watch was lost (0 while connected).",
+        )?;
+        let registry_connected = IntGauge::new(
+            "agent_reach_router_registry_connected",
+            "1 while the registry Watch stream is up.",
+        )?;
+        let watch_reconnects = IntCounter::new(
+            "agent_reach_router_watch_reconnects_total",
+            "Registry Watch (re)connections attempted.",
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(forward_seconds.clone()))?;
+        registry.register(Box::new(selection_seconds.clone()))?;
+        registry.register(Box::new(retries.clone()))?;
+        registry.register(Box::new(retry_budget_exhausted.clone()))?;
+        registry.register(Box::new(breaker_state.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(snapshot_revision.clone()))?;
+        registry.register(Box::new(snapshot_instances.clone()))?;
+        registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
+        registry.register(Box::new(registry_connected.clone()))?;
+        registry.register(Box::new(watch_reconnects.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            forward_seconds,
+            selection_seconds,
+            retries,
+            retry_budget_exhausted,
+            breaker_state,
+            inflight,
+            snapshot_revision,
+            snapshot_instances,
+            snapshot_staleness_seconds,
+            registry_connected,
+            watch_reconnects,
+        })
+    }
+
+    /// Children for `capability`. Called when a snapshot is built, never per request.
+    pub fn capability(&self, capability: &str) -> CapabilityMetrics {
+        CapabilityMetrics {
+            requests: (0..OUTCOMES)
+                .map(|index| self.requests.with_label_values(&[capability, outcome_label(index)]))
+                .collect(),
+            forward_seconds: self.forward_seconds.with_label_values(&[capability]),
+        }
+    }
+
+    pub fn instance(&self, agent_id: &str) -> InstanceMetrics {
+        InstanceMetrics {
+            breaker_state: self.breaker_state.with_label_values(&[agent_id]),
+            inflight: self.inflight.with_label_values(&[agent_id]),
+        }
+    }
+
+    /// Counts a request refused before a capability was resolved (auth, envelope).
+    pub fn record_rejected(&self, code: Code) {
+        self.requests
+            .with_label_values(&["_unresolved", outcome_label(outcome_index(Err(code)))])
+            .inc();
+    }
+
+    /// Drops the series of an instance that left the snapshot.
+    pub fn forget_instance(&self, agent_id: &str) {
+        let _ = self.breaker_state.remove_label_values(&[agent_id]);
+        let _ = self.inflight.remove_label_values(&[agent_id]);
+    }
+
+    /// The text exposition format for `/metrics`.
+    pub fn render(&self) -> String {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
+    }
+}

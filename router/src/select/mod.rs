@@ -1,0 +1,115 @@
+//! Instance selection: which instances may take a request now (status,
+//! breaker, in-flight bound, not tried yet), then one of three policies picks
+//! among them. Policies only see indices and effective weights, so they are
+//! small pure-ish functions tested on their own.
+//!
+//! Routable statuses (DESIGN §2): `ready` and `busy`; `overloaded` only when
+//! nothing else is left; `starting` and `draining` never.
+
+pub mod hash;
+pub mod least_conn;
+pub mod wrr;
+
+use std::sync::Arc;
+
+use agent_reach_proto::envelope::TargetPolicy;
+
+use crate::breaker::BreakerConfig;
+use crate::snapshot::{Instance, Status, VersionGroup};
+
+/// What the selector needs to know besides the group.
+pub struct SelectionLimits<'a> {
+    pub breaker: &'a BreakerConfig,
+    pub max_inflight: u32,
+}
+
+/// A candidate the policies choose among: its index in the group and effective weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub index: usize,
+    pub weight: i64,
+}
+
+/// Picks an instance for one attempt, skipping `tried` (indices of earlier
+/// attempts) when any other instance can take it. Claims the half-open probe
+/// of a breaker when it picks an instance whose breaker just expired.
+pub fn pick(
+    group: &VersionGroup,
+    policy: TargetPolicy,
+    session_id: Option<&str>,
+    tried: &[usize],
+    limits: &SelectionLimits<'_>,
+) -> Option<(usize, Arc<Instance>)> {
+    let mut refused: Vec<usize> = Vec::new();
+    // Each loop refuses one more instance; the group is finite.
+    for _ in 0..=group.instances.len() {
+        let candidates = candidates(group, tried, &refused, limits);
+        if candidates.is_empty() {
+            return None;
+        }
+        let chosen = match (policy, session_id) {
+            (TargetPolicy::ConsistentHash, Some(key)) => hash::pick(group, &candidates, key),
+            (TargetPolicy::LeastConnections, _) => least_conn::pick(group, &candidates),
+            _ => wrr::pick(group, &candidates),
+        };
+        let instance = &group.instances[chosen];
+        if instance.state.breaker.try_acquire(limits.breaker) {
+            instance.state.sync_breaker_metric();
+            return Some((chosen, instance.clone()));
+        }
+        // Another request claimed this instance's half-open probe first.
+        refused.push(chosen);
+    }
+    None
+}
+
+/// Routable instances in the best available tier, with effective weights.
+fn candidates(
+    group: &VersionGroup,
+    tried: &[usize],
+    refused: &[usize],
+    limits: &SelectionLimits<'_>,
+) -> Vec<Candidate> {
+    let usable = |index: usize, instance: &Instance| {
+        !refused.contains(&index)
+            && instance.state.breaker.is_available(limits.breaker)
+            && instance.state.inflight() < limits.max_inflight
+    };
+    let fastest = group
+        .instances
+        .iter()
+        .map(|instance| instance.state.ewma_us())
+        .filter(|ewma| *ewma > 0)
+        .min()
+        .unwrap_or(0);
+    let tier = |statuses: &[Status], skip_tried: bool| -> Vec<Candidate> {
+        group
+            .instances
+            .iter()
+            .enumerate()
+            .filter(|(index, instance)| {
+                statuses.contains(&instance.status)
+                    && usable(*index, instance)
+                    && !(skip_tried && tried.contains(index))
+            })
+            .map(|(index, instance)| Candidate {
+                index,
+                weight: instance.state.effective_weight(instance.weight, fastest),
+            })
+            .collect()
+    };
+    // Prefer untried routable instances, then overloaded ones, then (a retry with
+    // nothing else left) the tried ones again.
+    for skip_tried in [true, false] {
+        for statuses in [&[Status::Ready, Status::Busy][..], &[Status::Overloaded][..]] {
+            let found = tier(statuses, skip_tried);
+            if !found.is_empty() {
+                return found;
+            }
+        }
+        if tried.is_empty() {
+            break;
+        }
+    }
+    Vec::new()
+}

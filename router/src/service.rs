@@ -1,0 +1,525 @@
+//! The router service, transport-free: authenticate → ACL → resolve
+//! capability/version from the snapshot → schema check → pick → forward with
+//! the deadline → classify → maybe retry elsewhere. `http` only adapts it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_reach_access::{AclHandle, Authenticator, Caller};
+use agent_reach_proto::envelope::{AgentErrorBody, AgentOutput, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use crate::breaker::{BreakerConfig, Transition};
+use crate::clock;
+use crate::config::Tuning;
+use crate::envelope::CheckedRequest;
+use crate::error::{Code, RouterError};
+use crate::forward::{AttemptResult, ForwardHeaders, Forwarder};
+use crate::health::Observation;
+use crate::metrics::Metrics;
+use crate::retry::{self, RetryBudget, RetryReason};
+use crate::select::{self, SelectionLimits};
+use crate::snapshot::{Capability, Snapshot, SnapshotHandle, VersionGroup};
+use crate::trace::TraceContext;
+
+/// Schema violations reported per request at most (the rest are counted).
+const MAX_SCHEMA_ERRORS: usize = 20;
+
+pub struct RouterService {
+    tuning: Tuning,
+    breaker: BreakerConfig,
+    snapshot: Arc<SnapshotHandle>,
+    acl: AclHandle,
+    auth: Authenticator,
+    forwarder: Forwarder,
+    budget: RetryBudget,
+    metrics: Metrics,
+}
+
+/// A successful call, for the result envelope.
+pub struct Success {
+    pub capability_version: String,
+    pub agent_id: String,
+    pub attempts: u32,
+    pub output: Value,
+}
+
+/// A failed call: the error plus what is known for the result envelope.
+pub struct Failure {
+    pub error: RouterError,
+    pub capability_version: Option<String>,
+    pub agent_id: Option<String>,
+    pub attempts: u32,
+}
+
+impl From<RouterError> for Failure {
+    fn from(error: RouterError) -> Self {
+        Self {
+            error,
+            capability_version: None,
+            agent_id: None,
+            attempts: 0,
+        }
+    }
+}
+
+/// The last retryable failure seen, to explain an exhausted call.
+struct LastFailure {
+    reason: RetryReason,
+    agent_id: String,
+    detail: String,
+}
+
+impl RouterService {
+    pub fn new(
+        tuning: Tuning,
+        snapshot: Arc<SnapshotHandle>,
+        acl: AclHandle,
+        auth: Authenticator,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            breaker: BreakerConfig {
+                failures: tuning.breaker_failures,
+                open_for: tuning.breaker_open,
+            },
+            forwarder: Forwarder::new(tuning.pool_idle_per_instance),
+            budget: RetryBudget::new(tuning.retry_budget_percent, tuning.retry_budget_floor),
+            tuning,
+            snapshot,
+            acl,
+            auth,
+            metrics,
+        }
+    }
+
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn snapshot(&self) -> &SnapshotHandle {
+        &self.snapshot
+    }
+
+    pub fn authenticate(&self, header: Option<&HeaderValue>) -> Result<Caller, RouterError> {
+        self.auth.verify_header(header).map_err(RouterError::from)
+    }
+
+    /// Runs one checked request to completion.
+    pub async fn invoke(
+        &self,
+        caller: &Caller,
+        checked: CheckedRequest,
+        request_id: &str,
+        trace: &TraceContext,
+    ) -> Result<Success, Failure> {
+        let CheckedRequest {
+            request,
+            version_req,
+            policy,
+        } = checked;
+        if let Caller::Agent(name) = caller {
+            if !self.acl.current().may_call(name, &request.capability) {
+                return Err(RouterError::new(
+                    Code::Forbidden,
+                    format!(
+                        "caller `{name}` may not call `{}` (acl.yaml permissions)",
+                        request.capability
+                    ),
+                )
+                .with_details(json!({ "caller": name, "capability": request.capability }))
+                .into());
+            }
+        }
+        let snapshot = self.snapshot.load_full();
+        let capability = resolve_capability(&snapshot, &request.capability)?;
+        let result = self
+            .invoke_resolved(
+                caller,
+                capability,
+                version_req.as_ref(),
+                policy,
+                request,
+                request_id,
+                trace,
+            )
+            .await;
+        capability
+            .metrics
+            .record(result.as_ref().map(|_| ()).map_err(|failure| failure.error.code));
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn invoke_resolved(
+        &self,
+        caller: &Caller,
+        capability: &Capability,
+        version_req: Option<&semver::VersionReq>,
+        policy: agent_reach_proto::envelope::TargetPolicy,
+        request: InvokeRequest,
+        request_id: &str,
+        trace: &TraceContext,
+    ) -> Result<Success, Failure> {
+        let group = resolve_version(capability, version_req)?;
+        let version = Some(group.version_text.clone());
+        let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| Failure {
+            error,
+            capability_version: version.clone(),
+            agent_id,
+            attempts,
+        };
+        check_schema(group, &request.payload).map_err(|error| fail(error, None, 0))?;
+
+        // The absolute deadline: the envelope's, else its timeout, else the capability's, else ours.
+        let deadline_ms = request.deadline.unwrap_or_else(|| {
+            let budget = request
+                .timeout_ms
+                .map(Duration::from_millis)
+                .or(group.timeout)
+                .unwrap_or(self.tuning.default_timeout);
+            clock::epoch_ms() + budget.as_millis() as u64
+        });
+        let deadline = clock::instant_for_epoch_ms(deadline_ms);
+        if Instant::now() >= deadline {
+            return Err(fail(
+                RouterError::new(
+                    Code::DeadlineExceeded,
+                    "the deadline had passed before the call started",
+                )
+                .with_details(json!({ "deadline": deadline_ms })),
+                None,
+                0,
+            ));
+        }
+
+        self.budget.deposit();
+        let mut envelope = ForwardedEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: request_id.to_string(),
+            session_id: request.session_id,
+            context_id: request.context_id,
+            capability: capability.name.clone(),
+            capability_version: group.version_text.clone(),
+            source: caller.name().map(str::to_string),
+            priority: request.priority.unwrap_or_default(),
+            deadline: deadline_ms,
+            attempt: 0,
+            payload: request.payload,
+        };
+        let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
+        let traceparent = trace.forward_header();
+        let headers = ForwardHeaders {
+            traceparent: &traceparent,
+            request_id: &request_id_header,
+        };
+        let limits = SelectionLimits {
+            breaker: &self.breaker,
+            max_inflight: self.tuning.max_inflight_per_instance,
+        };
+        let mut tried: Vec<usize> = Vec::with_capacity(self.tuning.max_attempts as usize);
+        let mut failures: Vec<LastFailure> = Vec::new();
+        let session_id = envelope.session_id.clone();
+
+        loop {
+            let attempt = tried.len() as u32 + 1;
+            let picked_at = Instant::now();
+            let picked = select::pick(group, policy, session_id.as_deref(), &tried, &limits);
+            self.metrics
+                .selection_seconds
+                .observe(picked_at.elapsed().as_secs_f64());
+            let Some((index, instance)) = picked else {
+                return Err(if failures.is_empty() {
+                    fail(no_instance(capability, group), None, 0)
+                } else {
+                    fail(
+                        exhausted(&failures),
+                        failures.last().map(|f| f.agent_id.clone()),
+                        attempt - 1,
+                    )
+                });
+            };
+            tried.push(index);
+            envelope.attempt = attempt;
+            let body = match serde_json::to_vec(&envelope) {
+                Ok(body) => Bytes::from(body),
+                Err(error) => {
+                    return Err(fail(
+                        RouterError::new(Code::InvalidEnvelope, format!("payload cannot be forwarded: {error}")),
+                        None,
+                        attempt - 1,
+                    ))
+                }
+            };
+            let started = Instant::now();
+            let result = {
+                let _inflight = instance.state.start_request();
+                self.forwarder.send(&instance.uri, body, &headers, deadline).await
+            };
+            let elapsed = started.elapsed();
+            capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
+            let agent_id = instance.agent_id.clone();
+
+            let (observation, outcome) = classify(result, elapsed);
+            let transition = instance.state.observe(observation, &self.breaker);
+            log_transition(transition, &agent_id);
+            let reason = match outcome {
+                Outcome::Done(output) => {
+                    return Ok(Success {
+                        capability_version: group.version_text.clone(),
+                        agent_id,
+                        attempts: attempt,
+                        output,
+                    })
+                }
+                Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt)),
+                Outcome::Retryable(reason, detail) => {
+                    failures.push(LastFailure {
+                        reason,
+                        agent_id: agent_id.clone(),
+                        detail,
+                    });
+                    reason
+                }
+            };
+            tracing::debug!(message = "Attempt failed; may retry.", request_id, %agent_id, attempt, reason = reason.as_str());
+            if attempt >= self.tuning.max_attempts {
+                return Err(fail(exhausted(&failures), Some(agent_id), attempt));
+            }
+            let pause = retry::backoff(attempt);
+            if Instant::now() + pause >= deadline {
+                return Err(fail(
+                    RouterError::new(
+                        Code::DeadlineExceeded,
+                        format!(
+                            "no time left to retry after {attempt} attempt(s); last: {}",
+                            reason.as_str()
+                        ),
+                    )
+                    .with_details(attempts_details(&failures)),
+                    Some(agent_id),
+                    attempt,
+                ));
+            }
+            if !self.budget.try_withdraw() {
+                self.metrics.retry_budget_exhausted.inc();
+                let mut error = exhausted(&failures);
+                error.message = format!(
+                    "retry budget exhausted (retries are capped to protect agents); {}",
+                    error.message
+                );
+                return Err(fail(error, Some(agent_id), attempt));
+            }
+            self.metrics.retries.with_label_values(&[reason.as_str()]).inc();
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+enum Outcome {
+    Done(Value),
+    Fatal(RouterError),
+    Retryable(RetryReason, String),
+}
+
+/// Maps one attempt's result to its health observation and what the router does next.
+fn classify(result: AttemptResult, elapsed: Duration) -> (Observation, Outcome) {
+    match result {
+        AttemptResult::Answered { status, body } if status.is_success() => {
+            match serde_json::from_slice::<AgentOutput>(&body) {
+                Ok(answer) => (Observation::Healthy(elapsed), Outcome::Done(answer.output)),
+                Err(error) => (
+                    Observation::Failed,
+                    Outcome::Fatal(RouterError {
+                        agent_status: Some(StatusCode::BAD_GATEWAY),
+                        ..RouterError::new(
+                            Code::AgentError,
+                            format!("the agent answered {status} without a valid `{{\"output\": ...}}` body: {error}"),
+                        )
+                        .with_details(json!({ "agent_status": status.as_u16() }))
+                    }),
+                ),
+            }
+        }
+        AttemptResult::Answered { status, body } => {
+            let agent = serde_json::from_slice::<AgentErrorBody>(&body)
+                .ok()
+                .map(|body| body.error);
+            let detail = agent
+                .as_ref()
+                .map(|error| format!("{} {}: {}", status.as_u16(), error.code, error.message))
+                .unwrap_or_else(|| format!("{}", status.as_u16()));
+            match status {
+                StatusCode::SERVICE_UNAVAILABLE => (
+                    Observation::Failed,
+                    Outcome::Retryable(RetryReason::Unavailable, detail),
+                ),
+                StatusCode::TOO_MANY_REQUESTS => {
+                    (Observation::Busy, Outcome::Retryable(RetryReason::Overloaded, detail))
+                }
+                _ => {
+                    // The agent's own business answer: passed through, never retried.
+                    let observation = if status.is_server_error() {
+                        Observation::Failed
+                    } else {
+                        Observation::Healthy(elapsed)
+                    };
+                    let (code, message) = agent
+                        .map(|error| (error.code, error.message))
+                        .unwrap_or_else(|| (String::new(), format!("the agent answered {status}")));
+                    let error = RouterError {
+                        agent_status: Some(status),
+                        ..RouterError::new(Code::AgentError, message)
+                            .with_details(json!({ "agent_status": status.as_u16(), "agent_code": code }))
+                    };
+                    (observation, Outcome::Fatal(error))
+                }
+            }
+        }
+        AttemptResult::ConnectFailed(why) => (Observation::Failed, Outcome::Retryable(RetryReason::Connect, why)),
+        AttemptResult::Broken(why) => (Observation::Failed, Outcome::Retryable(RetryReason::Reset, why)),
+        AttemptResult::TimedOut => (
+            Observation::Failed,
+            Outcome::Fatal(RouterError::new(
+                Code::DeadlineExceeded,
+                "the agent did not answer before the deadline",
+            )),
+        ),
+    }
+}
+
+fn log_transition(transition: Transition, agent_id: &str) {
+    match transition {
+        Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id),
+        Transition::Closed => tracing::info!(message = "Circuit breaker closed.", agent_id),
+        Transition::None => {}
+    }
+}
+
+fn attempts_details(failures: &[LastFailure]) -> Value {
+    json!({
+        "attempts": failures
+            .iter()
+            .map(|failure| json!({
+                "agent_id": failure.agent_id,
+                "reason": failure.reason.as_str(),
+                "detail": failure.detail,
+            }))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// Every attempt failed retryably: `OVERLOADED` when every instance said 429, else `ALL_RETRIES_EXHAUSTED`.
+fn exhausted(failures: &[LastFailure]) -> RouterError {
+    let all_busy = !failures.is_empty() && failures.iter().all(|failure| failure.reason == RetryReason::Overloaded);
+    let (code, message) = if all_busy {
+        (
+            Code::Overloaded,
+            format!("every instance tried ({}) is overloaded (429)", failures.len()),
+        )
+    } else {
+        (
+            Code::AllRetriesExhausted,
+            format!("{} attempt(s) failed on unavailable instances", failures.len()),
+        )
+    };
+    RouterError::new(code, message).with_details(attempts_details(failures))
+}
+
+fn no_instance(capability: &Capability, group: &VersionGroup) -> RouterError {
+    RouterError::new(
+        Code::NoAvailableInstance,
+        format!(
+            "no instance of `{}` {} can take a request now ({} registered; none ready, busy or overloaded \
+             with a closed circuit)",
+            capability.name,
+            group.version_text,
+            group.instances.len()
+        ),
+    )
+    .with_details(json!({ "capability": capability.name, "version": group.version_text }))
+}
+
+pub fn resolve_capability<'a>(snapshot: &'a Snapshot, name: &str) -> Result<&'a Capability, RouterError> {
+    snapshot.capabilities.get(name).ok_or_else(|| {
+        RouterError::new(Code::CapabilityNotFound, format!("no agent offers capability `{name}`"))
+            .with_details(json!({ "capability": name }))
+    })
+}
+
+/// The highest version matching `requirement` (or the highest overall).
+pub fn resolve_version<'a>(
+    capability: &'a Capability,
+    requirement: Option<&semver::VersionReq>,
+) -> Result<&'a Arc<VersionGroup>, RouterError> {
+    let found = match requirement {
+        None => capability.versions.first(),
+        Some(requirement) => capability
+            .versions
+            .iter()
+            .find(|group| requirement.matches(&group.version)),
+    };
+    found.ok_or_else(|| {
+        let available: Vec<&str> = capability
+            .versions
+            .iter()
+            .map(|group| group.version_text.as_str())
+            .collect();
+        let requested = requirement.map(ToString::to_string).unwrap_or_default();
+        RouterError::new(
+            Code::VersionNotFound,
+            format!(
+                "no version of `{}` matches `{requested}`; available: {}",
+                capability.name,
+                available.join(", ")
+            ),
+        )
+        .with_details(json!({ "capability": capability.name, "requested": requested, "available": available }))
+    })
+}
+
+/// Validates the payload with the version's compiled input schema.
+pub fn check_schema(group: &VersionGroup, payload: &Value) -> Result<(), RouterError> {
+    let Some(validator) = &group.validator else {
+        return Ok(());
+    };
+    if validator.is_valid(payload) {
+        return Ok(());
+    }
+    let mut errors = Vec::new();
+    let mut total = 0usize;
+    for error in validator.iter_errors(payload) {
+        total += 1;
+        if errors.len() < MAX_SCHEMA_ERRORS {
+            errors.push(json!({
+                "pointer": error.instance_path.to_string(),
+                "message": error.to_string(),
+            }));
+        }
+    }
+    let first = errors
+        .first()
+        .and_then(|error| error["pointer"].as_str())
+        .map(|pointer| {
+            if pointer.is_empty() {
+                "/".to_string()
+            } else {
+                pointer.to_string()
+            }
+        })
+        .unwrap_or_default();
+    Err(RouterError::new(
+        Code::SchemaMismatch,
+        format!(
+            "payload does not match the input schema of {} ({total} problem(s), first at `{first}`)",
+            group.version_text
+        ),
+    )
+    .with_details(json!({ "errors": errors, "total": total })))
+}

@@ -1,0 +1,421 @@
+//! The routing snapshot: capability → versions (highest first) → instances,
+//! each version with its input schema compiled once. Immutable once built and
+//! swapped atomically ([`SnapshotHandle`]), so the request path reads it
+//! without a lock and never calls the registry, etcd or Redis.
+//!
+//! [`SnapshotBuilder`] runs in the watch task: it applies registry events to
+//! its own model and builds each new snapshot, reusing per-instance runtime
+//! state (breaker, health, in-flight) and compiled validators whose schema
+//! text did not change.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_reach_proto::registry as pb;
+use arc_swap::ArcSwap;
+
+use crate::clock;
+use crate::health::InstanceState;
+use crate::metrics::{CapabilityMetrics, Metrics};
+
+/// Instance status as the registry reports it (DESIGN §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Starting,
+    Ready,
+    Busy,
+    Overloaded,
+    Draining,
+}
+
+impl Status {
+    pub fn parse(text: &str) -> Self {
+        match text {
+            "ready" => Status::Ready,
+            "busy" => Status::Busy,
+            "overloaded" => Status::Overloaded,
+            "draining" => Status::Draining,
+            _ => Status::Starting,
+        }
+    }
+}
+
+/// One instance as routing needs it.
+#[derive(Debug)]
+pub struct Instance {
+    pub agent_id: String,
+    pub name: String,
+    pub endpoint: String,
+    /// `endpoint` parsed once.
+    pub uri: http::Uri,
+    pub weight: u32,
+    pub status: Status,
+    pub state: Arc<InstanceState>,
+}
+
+/// The instances offering one capability at one version.
+pub struct VersionGroup {
+    pub version: semver::Version,
+    pub version_text: String,
+    /// The capability's own default deadline.
+    pub timeout: Option<Duration>,
+    pub validator: Option<Arc<jsonschema::Validator>>,
+    pub instances: Vec<Arc<Instance>>,
+    /// Smooth WRR's `current_weight` per instance. A lock per group, held for a
+    /// few additions: nginx's per-upstream peer lock, not a global one.
+    pub wrr_current: Mutex<Vec<i64>>,
+    /// Rotates the tie-break start of least-connections.
+    pub rotation: AtomicUsize,
+}
+
+pub struct Capability {
+    pub name: String,
+    /// Highest version first.
+    pub versions: Vec<Arc<VersionGroup>>,
+    pub metrics: CapabilityMetrics,
+}
+
+pub struct Snapshot {
+    pub revision: i64,
+    pub capabilities: HashMap<String, Capability>,
+    pub instance_count: usize,
+}
+
+impl Snapshot {
+    pub fn empty() -> Self {
+        Self {
+            revision: 0,
+            capabilities: HashMap::new(),
+            instance_count: 0,
+        }
+    }
+
+    /// Every instance id in the snapshot (tests and diagnostics).
+    pub fn agent_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .capabilities
+            .values()
+            .flat_map(|capability| capability.versions.iter())
+            .flat_map(|group| group.instances.iter().map(|instance| instance.agent_id.clone()))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+}
+
+// === SnapshotHandle ===
+
+/// The live snapshot plus the watch's connection state (for `/readyz` and staleness).
+pub struct SnapshotHandle {
+    current: ArcSwap<Snapshot>,
+    synced: AtomicBool,
+    connected: AtomicBool,
+    /// Monotonic ms when the watch was last lost (meaningful while disconnected).
+    lost_at_ms: AtomicU64,
+}
+
+impl Default for SnapshotHandle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SnapshotHandle {
+    pub fn new() -> Self {
+        Self {
+            current: ArcSwap::from_pointee(Snapshot::empty()),
+            synced: AtomicBool::new(false),
+            connected: AtomicBool::new(false),
+            lost_at_ms: AtomicU64::new(clock::now_ms()),
+        }
+    }
+
+    pub fn load(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
+    }
+
+    /// An owned reference, for holding across awaits.
+    pub fn load_full(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    pub fn store(&self, snapshot: Snapshot) {
+        self.current.store(Arc::new(snapshot));
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// Has a first snapshot arrived?
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    pub fn set_connected(&self, connected: bool) {
+        let was = self.connected.swap(connected, Ordering::AcqRel);
+        if was && !connected {
+            self.lost_at_ms.store(clock::now_ms(), Ordering::Release);
+        }
+    }
+
+    /// How long the snapshot has gone without registry updates (zero while connected).
+    pub fn staleness(&self) -> Duration {
+        if self.is_connected() {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(clock::now_ms().saturating_sub(self.lost_at_ms.load(Ordering::Acquire)))
+        }
+    }
+}
+
+// === SnapshotBuilder ===
+
+/// Applies registry Watch events and builds snapshots. Owned by the watch task.
+pub struct SnapshotBuilder {
+    metrics: Metrics,
+    revision: i64,
+    instances: BTreeMap<String, pb::AgentInstance>,
+    states: HashMap<String, Arc<InstanceState>>,
+    /// Compiled input schemas by schema text.
+    validators: HashMap<String, Arc<jsonschema::Validator>>,
+    capability_metrics: HashMap<String, CapabilityMetrics>,
+}
+
+impl SnapshotBuilder {
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            metrics,
+            revision: 0,
+            instances: BTreeMap::new(),
+            states: HashMap::new(),
+            validators: HashMap::new(),
+            capability_metrics: HashMap::new(),
+        }
+    }
+
+    /// The last applied revision (resume point for the next Watch).
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// Applies one event; returns whether the routing view changed.
+    pub fn apply(&mut self, event: pb::WatchEvent) -> bool {
+        use pb::watch_event::Kind;
+        if event.revision > 0 {
+            self.revision = event.revision;
+        }
+        match event.kind {
+            Some(Kind::Snapshot(snapshot)) => {
+                // A snapshot (first, or reset after compaction) replaces everything.
+                self.instances = snapshot
+                    .instances
+                    .into_iter()
+                    .map(|instance| (instance.agent_id.clone(), instance))
+                    .collect();
+                true
+            }
+            Some(Kind::Added(instance)) | Some(Kind::Updated(instance)) => {
+                self.instances.insert(instance.agent_id.clone(), instance);
+                true
+            }
+            Some(Kind::Removed(removed)) => self.instances.remove(&removed.agent_id).is_some(),
+            None => false,
+        }
+    }
+
+    pub fn build(&mut self) -> Snapshot {
+        let mut live_states = HashMap::with_capacity(self.instances.len());
+        let mut live_validators = HashMap::new();
+        // capability → version → (descriptor timeout, schema text, instances)
+        type Versions = BTreeMap<semver::Version, (Option<Duration>, String, Vec<Arc<Instance>>)>;
+        let mut by_capability: BTreeMap<String, Versions> = BTreeMap::new();
+        for record in self.instances.values() {
+            let uri: http::Uri = match record.endpoint.parse() {
+                Ok(uri) => uri,
+                Err(error) => {
+                    tracing::warn!(
+                        message = "Instance endpoint is not a URI; not routable.",
+                        agent_id = %record.agent_id, endpoint = %record.endpoint, %error
+                    );
+                    continue;
+                }
+            };
+            let state = self
+                .states
+                .get(&record.agent_id)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(InstanceState::new(self.metrics.instance(&record.agent_id))));
+            live_states.insert(record.agent_id.clone(), state.clone());
+            let instance = Arc::new(Instance {
+                agent_id: record.agent_id.clone(),
+                name: record.name.clone(),
+                endpoint: record.endpoint.clone(),
+                uri,
+                weight: record.weight.max(1),
+                status: Status::parse(&record.status),
+                state,
+            });
+            for descriptor in &record.capabilities {
+                let Ok(version) = semver::Version::parse(&descriptor.version) else {
+                    continue;
+                };
+                let timeout = Some(descriptor.timeout_ms)
+                    .filter(|ms| *ms > 0)
+                    .map(Duration::from_millis);
+                let entry = by_capability
+                    .entry(descriptor.name.clone())
+                    .or_default()
+                    .entry(version)
+                    .or_insert_with(|| (timeout, descriptor.input_schema_json.clone(), Vec::new()));
+                entry.2.push(instance.clone());
+            }
+        }
+        for gone in self.states.keys().filter(|id| !live_states.contains_key(*id)) {
+            self.metrics.forget_instance(gone);
+        }
+        self.states = live_states;
+
+        let mut capabilities = HashMap::with_capacity(by_capability.len());
+        for (name, versions) in by_capability {
+            let mut groups = Vec::with_capacity(versions.len());
+            for (version, (timeout, schema_text, instances)) in versions.into_iter().rev() {
+                let validator = self.validator(&schema_text, &name, &version);
+                if let Some(validator) = &validator {
+                    live_validators.insert(schema_text.clone(), validator.clone());
+                }
+                let count = instances.len();
+                groups.push(Arc::new(VersionGroup {
+                    version_text: version.to_string(),
+                    version,
+                    timeout,
+                    validator,
+                    instances,
+                    wrr_current: Mutex::new(vec![0; count]),
+                    rotation: AtomicUsize::new(0),
+                }));
+            }
+            let metrics = self
+                .capability_metrics
+                .entry(name.clone())
+                .or_insert_with(|| self.metrics.capability(&name))
+                .clone();
+            capabilities.insert(
+                name.clone(),
+                Capability {
+                    name,
+                    versions: groups,
+                    metrics,
+                },
+            );
+        }
+        self.validators = live_validators;
+        self.metrics.snapshot_revision.set(self.revision);
+        self.metrics.snapshot_instances.set(self.instances.len() as i64);
+        Snapshot {
+            revision: self.revision,
+            capabilities,
+            instance_count: self.instances.len(),
+        }
+    }
+
+    /// The compiled validator for a schema text, compiled only when new.
+    fn validator(&mut self, text: &str, name: &str, version: &semver::Version) -> Option<Arc<jsonschema::Validator>> {
+        if text.trim().is_empty() {
+            return None;
+        }
+        if let Some(existing) = self.validators.get(text) {
+            return Some(existing.clone());
+        }
+        let schema: serde_json::Value = match serde_json::from_str(text) {
+            Ok(schema) => schema,
+            Err(error) => {
+                tracing::warn!(message = "Input schema is not JSON; payloads go unchecked.", capability = name, %version, %error);
+                return None;
+            }
+        };
+        match jsonschema::draft202012::new(&schema) {
+            Ok(validator) => {
+                let validator = Arc::new(validator);
+                self.validators.insert(text.to_string(), validator.clone());
+                Some(validator)
+            }
+            Err(error) => {
+                tracing::warn!(message = "Input schema does not compile; payloads go unchecked.", capability = name, %version, %error);
+                None
+            }
+        }
+    }
+
+    /// How many distinct schemas are compiled (tests: compile-once).
+    pub fn compiled_schemas(&self) -> usize {
+        self.validators.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(id: &str, version: &str, schema: &str) -> pb::AgentInstance {
+        pb::AgentInstance {
+            agent_id: id.to_string(),
+            name: "a".to_string(),
+            endpoint: format!("http://127.0.0.1:1/{id}"),
+            protocol: "http".to_string(),
+            weight: 1,
+            status: "ready".to_string(),
+            capabilities: vec![pb::CapabilityDescriptor {
+                name: "order.query".to_string(),
+                version: version.to_string(),
+                input_schema_json: schema.to_string(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn event(revision: i64, kind: pb::watch_event::Kind) -> pb::WatchEvent {
+        pb::WatchEvent {
+            revision,
+            kind: Some(kind),
+        }
+    }
+
+    #[test]
+    fn deltas_build_versions_highest_first_and_reuse_state_and_validators() {
+        use pb::watch_event::Kind;
+        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
+        let schema = r#"{"type":"object","required":["order_id"]}"#;
+        builder.apply(event(
+            5,
+            Kind::Snapshot(pb::Snapshot {
+                instances: vec![instance("a1", "1.0.0", schema), instance("a2", "1.2.0", schema)],
+                reset: false,
+            }),
+        ));
+        let first = builder.build();
+        assert_eq!(first.revision, 5);
+        let capability = &first.capabilities["order.query"];
+        assert_eq!(capability.versions[0].version_text, "1.2.0");
+        assert_eq!(builder.compiled_schemas(), 1, "one schema text, compiled once");
+        let validator = capability.versions[0].validator.clone().unwrap();
+        let state = capability.versions[0].instances[0].state.clone();
+
+        builder.apply(event(6, Kind::Added(instance("a3", "1.2.0", schema))));
+        let second = builder.build();
+        let group = &second.capabilities["order.query"].versions[0];
+        assert_eq!(group.instances.len(), 2);
+        assert!(Arc::ptr_eq(group.validator.as_ref().unwrap(), &validator));
+        assert!(Arc::ptr_eq(&group.instances[0].state, &state));
+
+        builder.apply(event(7, Kind::Removed(pb::InstanceRemoved { agent_id: "a1".into() })));
+        let third = builder.build();
+        assert_eq!(third.capabilities["order.query"].versions.len(), 1);
+        assert_eq!(builder.revision(), 7);
+    }
+}

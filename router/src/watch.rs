@@ -1,0 +1,111 @@
+//! Feeds the snapshot from the registry's gRPC `Watch`: a snapshot with its
+//! revision, then deltas. On any loss the last snapshot keeps serving; the
+//! task reconnects with jittered exponential backoff and resumes from the last
+//! applied revision (a `reset` snapshot replaces everything).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_proto::registry::registry_client::RegistryClient;
+use agent_reach_proto::registry::WatchRequest;
+use futures::FutureExt;
+use rand::Rng;
+use tonic::transport::Endpoint;
+
+use crate::config::RegistryCredential;
+use crate::metrics::Metrics;
+use crate::snapshot::{SnapshotBuilder, SnapshotHandle};
+
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Validity of a self-signed registry token; a fresh one is signed at every connect.
+const SELF_SIGNED_TTL: Duration = Duration::from_secs(3600);
+/// The name the router signs its own registry token with.
+pub const ROUTER_IDENTITY: &str = "router";
+
+/// Runs until the snapshot handle is dropped by everyone else (the service stopped).
+pub async fn run(registry: String, credential: RegistryCredential, handle: Arc<SnapshotHandle>, metrics: Metrics) {
+    let mut builder = SnapshotBuilder::new(metrics.clone());
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        if Arc::strong_count(&handle) == 1 {
+            return;
+        }
+        metrics.watch_reconnects.inc();
+        match watch_once(&registry, &credential, &handle, &mut builder, &metrics).await {
+            Ok(()) => tracing::warn!(message = "Registry watch ended; reconnecting.", registry = %registry),
+            Err(error) => tracing::warn!(
+                message = "Registry watch failed; serving the last snapshot and reconnecting.",
+                registry = %registry, %error, revision = builder.revision()
+            ),
+        }
+        if handle.is_connected() {
+            // A stream that was up resets the backoff.
+            backoff = MIN_BACKOFF;
+        }
+        handle.set_connected(false);
+        metrics.registry_connected.set(0);
+        let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+async fn watch_once(
+    registry: &str,
+    credential: &RegistryCredential,
+    handle: &SnapshotHandle,
+    builder: &mut SnapshotBuilder,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let channel = Endpoint::from_shared(registry.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    let mut client = RegistryClient::new(channel);
+    let mut request = tonic::Request::new(WatchRequest {
+        start_revision: builder.revision(),
+    });
+    if let Some(token) = token(credential)? {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse()?);
+    }
+    let mut stream = client.watch(request).await?.into_inner();
+    while let Some(event) = stream.message().await? {
+        if !handle.is_connected() {
+            handle.set_connected(true);
+            metrics.registry_connected.set(1);
+            tracing::info!(message = "Registry watch connected.", revision = builder.revision());
+        }
+        let mut changed = builder.apply(event);
+        // Apply whatever else already arrived before rebuilding once.
+        while let Some(Ok(Some(event))) = stream.message().now_or_never() {
+            changed |= builder.apply(event);
+        }
+        if changed || !handle.is_synced() {
+            handle.store(builder.build());
+        }
+    }
+    Ok(())
+}
+
+fn token(credential: &RegistryCredential) -> anyhow::Result<Option<String>> {
+    match credential {
+        RegistryCredential::None => Ok(None),
+        RegistryCredential::TokenFile(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|error| anyhow::anyhow!("cannot read the registry token {}: {error}", path.display()))?;
+            Ok(Some(text.trim().to_string()))
+        }
+        RegistryCredential::SignWithSecret(path) => {
+            let secret = agent_reach_access::token::read_hs256_secret(path).map_err(anyhow::Error::msg)?;
+            let token = agent_reach_access::token::issue_hs256(ROUTER_IDENTITY, &secret, SELF_SIGNED_TTL)
+                .map_err(anyhow::Error::msg)?;
+            Ok(Some(token))
+        }
+    }
+}

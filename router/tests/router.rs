@@ -1,0 +1,704 @@
+//! Integration tests of the router against a real etcd, a real registry and
+//! real HTTP test agents on loopback (acceptance points 1–10 of the router
+//! issue). Waiting is always polling a condition with a bound.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+fn agent_of(body: &Value) -> String {
+    body["agent_id"].as_str().unwrap_or_default().to_string()
+}
+
+fn code_of(body: &Value) -> String {
+    body["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+// 1. Smooth weighted round-robin: 3:2:1 over 6,000 requests, interleaved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_round_robin_is_exact_and_smooth() {
+    let cluster = Cluster::start().await;
+    let _a = cluster.agent(AgentSpec::new("wa-1", 3, Behaviour::Echo));
+    let _b = cluster.agent(AgentSpec::new("wb-1", 2, Behaviour::Echo));
+    let _c = cluster.agent(AgentSpec::new("wc-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["wa-1", "wb-1", "wc-1"]).await;
+
+    // Sequential calls show the order: never a burst of one instance.
+    let mut sequence = Vec::new();
+    for n in 0..60 {
+        let (status, body) = cluster.invoke(order(&format!("SO-{n}"))).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["status"], "succeeded");
+        assert_eq!(body["output"]["echo"]["order_id"], format!("SO-{n}"));
+        sequence.push(agent_of(&body));
+    }
+    let longest_run = sequence.chunk_by(|a, b| a == b).map(|run| run.len()).max().unwrap_or(0);
+    assert!(longest_run <= 2, "smooth WRR never sends a burst; got {sequence:?}");
+    for window in sequence.chunks(6) {
+        let mut counts = HashMap::new();
+        for id in window {
+            *counts.entry(id.as_str()).or_insert(0) += 1;
+        }
+        assert_eq!(counts.get("wa-1"), Some(&3), "each cycle of 6 is 3:2:1: {window:?}");
+        assert_eq!(counts.get("wb-1"), Some(&2), "{window:?}");
+        assert_eq!(counts.get("wc-1"), Some(&1), "{window:?}");
+    }
+
+    // The rest concurrently: totals over 6,000 within ±2 %.
+    let counts = Arc::new(std::sync::Mutex::new(HashMap::<String, usize>::new()));
+    for id in &sequence {
+        *counts.lock().unwrap().entry(id.clone()).or_insert(0) += 1;
+    }
+    let next = Arc::new(AtomicUsize::new(sequence.len()));
+    let mut workers = Vec::new();
+    for _ in 0..16 {
+        let client = cluster.client.clone();
+        let url = cluster.url("/v1/invoke");
+        let (counts, next) = (counts.clone(), next.clone());
+        let bearer = token(CALLER);
+        workers.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::SeqCst) < 6000 {
+                let response = client
+                    .post(&url)
+                    .bearer_auth(&bearer)
+                    .json(&order("SO-1"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+                let body: Value = response.json().await.unwrap();
+                *counts.lock().unwrap().entry(agent_of(&body)).or_insert(0) += 1;
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let counts = counts.lock().unwrap().clone();
+    for (id, expected) in [("wa-1", 3000.0), ("wb-1", 2000.0), ("wc-1", 1000.0)] {
+        let got = counts.get(id).copied().unwrap_or(0) as f64;
+        assert!(
+            (got - expected).abs() <= expected * 0.02,
+            "{id}: {got} requests, expected {expected} ±2 % ({counts:?})"
+        );
+    }
+}
+
+// 2. Consistent hash: a session sticks; removing another instance does not move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_hash_keeps_a_session_on_one_instance() {
+    let cluster = Cluster::start().await;
+    let ids = ["ha-1", "hb-1", "hc-1", "hd-1"];
+    let agents: Vec<Agent> = ids
+        .iter()
+        .map(|id| cluster.agent(AgentSpec::new(id, 1, Behaviour::Echo)))
+        .collect();
+    cluster.wait_for_instances(&ids).await;
+    let call = |n: usize| {
+        json!({
+            "capability": CAPABILITY, "target_policy": "consistent_hash", "session_id": "session_001",
+            "payload": { "order_id": format!("SO-{n}") }
+        })
+    };
+    let mut owner = None;
+    for n in 0..1000 {
+        let (status, body) = cluster.invoke(call(n)).await;
+        assert_eq!(status, 200, "{body}");
+        let agent = agent_of(&body);
+        assert_eq!(owner.get_or_insert(agent.clone()), &agent, "call {n} moved");
+    }
+    let owner = owner.unwrap();
+    // Other sessions spread over the instances (the hash is not constant).
+    let mut spread = std::collections::HashSet::new();
+    for n in 0..40 {
+        let mut envelope = call(n);
+        envelope["session_id"] = json!(format!("other-{n}"));
+        spread.insert(agent_of(&cluster.invoke(envelope).await.1));
+    }
+    assert!(spread.len() >= 3, "sessions spread: {spread:?}");
+
+    let other = ids.iter().find(|id| **id != owner).unwrap();
+    deregister(&cluster.registry.url(), other).await;
+    let remaining: Vec<&str> = ids.iter().copied().filter(|id| id != other).collect();
+    cluster.wait_for_instances(&remaining).await;
+    for n in 0..200 {
+        let (status, body) = cluster.invoke(call(n)).await;
+        assert_eq!(status, 200);
+        assert_eq!(agent_of(&body), owner, "removing {other} moved the session");
+    }
+    drop(agents);
+}
+
+// 3. Least connections: with one slow instance, new requests go to idle ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_connections_avoids_the_busy_instance() {
+    let cluster = Cluster::start().await;
+    let slow = cluster.agent(AgentSpec::new("slow-1", 1, Behaviour::Hang));
+    let _a = cluster.agent(AgentSpec::new("fast-1", 1, Behaviour::Echo));
+    let _b = cluster.agent(AgentSpec::new("fast-2", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["fast-1", "fast-2", "slow-1"]).await;
+    let envelope = json!({
+        "capability": CAPABILITY, "target_policy": "least_connections", "timeout_ms": 10_000,
+        "payload": { "order_id": "SO-1" }
+    });
+    let mut stuck = Vec::new();
+    let mut fast = 0;
+    for _ in 0..30 {
+        let client = cluster.client.clone();
+        let url = cluster.url("/v1/invoke");
+        let envelope = envelope.clone();
+        let bearer = token(CALLER);
+        let mut call = tokio::spawn(async move {
+            let response = client
+                .post(&url)
+                .bearer_auth(&bearer)
+                .json(&envelope)
+                .send()
+                .await
+                .unwrap();
+            response.json::<Value>().await.unwrap()
+        });
+        // A fast instance answers well within this bound; the slow one holds the call.
+        match tokio::time::timeout(Duration::from_millis(500), &mut call).await {
+            Ok(body) => {
+                let body = body.unwrap();
+                assert_ne!(agent_of(&body), "slow-1");
+                fast += 1;
+            }
+            Err(_) => stuck.push(call),
+        }
+    }
+    assert!(slow.hits() <= 1, "the busy instance got {} requests", slow.hits());
+    assert_eq!(stuck.len(), slow.hits());
+    assert!(fast >= 29);
+    slow.release.notify_waiters();
+    for call in stuck {
+        let body = call.await.unwrap();
+        assert_eq!(body["status"], "succeeded", "{body}");
+    }
+}
+
+// 4. kill -9 of one of three instances under steady load: no failed request,
+//    its breaker opens, and it leaves the snapshot after its lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_instance_costs_no_request() {
+    let cluster = Cluster::start().await;
+    let _a = cluster.agent(AgentSpec::new("ka-1", 1, Behaviour::Echo));
+    let _b = cluster.agent(AgentSpec::new("kb-1", 1, Behaviour::Echo));
+    let mut victim = cluster.agent(AgentSpec::new("kc-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["ka-1", "kb-1", "kc-1"]).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let client = cluster.client.clone();
+        let url = cluster.url("/v1/invoke");
+        let (stop, done) = (stop.clone(), done.clone());
+        let bearer = token(CALLER);
+        workers.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let response = client
+                    .post(&url)
+                    .bearer_auth(&bearer)
+                    .json(&order("SO-9"))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let body: Value = response.json().await.unwrap();
+                if status != 200 {
+                    failures.push(body);
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            failures
+        }));
+    }
+    let before = done.load(Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            done.load(Ordering::SeqCst) > before + 200
+        })
+        .await
+    );
+    victim.kill();
+
+    let breaker_opened = Arc::new(AtomicBool::new(false));
+    let gone = eventually(Duration::from_secs(20), || {
+        let cluster = &cluster;
+        let breaker_opened = breaker_opened.clone();
+        async move {
+            let metrics = cluster.metrics().await;
+            if metrics.contains("agent_reach_router_breaker_state{agent_id=\"kc-1\"} 2") {
+                breaker_opened.store(true, Ordering::SeqCst);
+            }
+            !cluster
+                .router
+                .snapshot()
+                .load()
+                .agent_ids()
+                .contains(&"kc-1".to_string())
+        }
+    })
+    .await;
+    assert!(gone, "kc-1 never left the snapshot");
+    assert!(
+        breaker_opened.load(Ordering::SeqCst),
+        "kc-1's breaker never showed open"
+    );
+    let after = done.load(Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            done.load(Ordering::SeqCst) > after + 100
+        })
+        .await
+    );
+    stop.store(true, Ordering::SeqCst);
+    let mut failures = Vec::new();
+    for worker in workers {
+        failures.extend(worker.await.unwrap());
+    }
+    assert!(failures.is_empty(), "failed client requests: {failures:?}");
+    let metrics = cluster.metrics().await;
+    assert!(
+        metrics.contains("agent_reach_router_retries_total{reason="),
+        "retries were counted"
+    );
+}
+
+// 5. A business error is passed through as AGENT_ERROR after exactly one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn business_errors_pass_through_without_retry() {
+    let cluster = Cluster::start().await;
+    let a = cluster.agent(AgentSpec::new("ea-1", 1, Behaviour::BusinessError));
+    let b = cluster.agent(AgentSpec::new("eb-1", 1, Behaviour::BusinessError));
+    cluster.wait_for_instances(&["ea-1", "eb-1"]).await;
+    let (status, body) = cluster.invoke(order("SO-404")).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["status"], "failed");
+    assert_eq!(code_of(&body), "AGENT_ERROR");
+    assert_eq!(body["error"]["details"]["agent_code"], "ORDER_NOT_FOUND");
+    assert_eq!(body["error"]["details"]["agent_status"], 422);
+    assert_eq!(body["error"]["retryable"], false);
+    assert_eq!(body["attempts"], 1);
+    assert_eq!(a.hits() + b.hits(), 1, "exactly one attempt reached an agent");
+}
+
+// 503 is retried on a different instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_instances_are_retried_elsewhere() {
+    let cluster = Cluster::start().await;
+    let sick = cluster.agent(AgentSpec::new("ua-1", 1000, Behaviour::Unavailable));
+    let healthy = cluster.agent(AgentSpec::new("ub-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["ua-1", "ub-1"]).await;
+    let (status, body) = cluster.invoke(order("SO-1")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(agent_of(&body), "ub-1");
+    assert_eq!(body["attempts"], 2);
+    assert_eq!((sick.hits(), healthy.hits()), (1, 1));
+}
+
+// 6. A hanging agent: DEADLINE_EXCEEDED at the deadline, and the agent got the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_agent_meets_the_deadline() {
+    let cluster = Cluster::start().await;
+    let agent = cluster.agent(AgentSpec::new("hang-1", 1, Behaviour::Hang));
+    cluster.wait_for_instances(&["hang-1"]).await;
+    let deadline = epoch_ms() + 400;
+    let envelope = json!({
+        "capability": CAPABILITY, "deadline": deadline, "timeout_ms": 60_000, "request_id": "req-deadline",
+        "payload": { "order_id": "SO-1" }
+    });
+    let (status, body) = cluster.invoke(envelope).await;
+    let answered = epoch_ms();
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(code_of(&body), "DEADLINE_EXCEEDED");
+    assert_eq!(body["request_id"], "req-deadline");
+    assert!(
+        answered >= deadline,
+        "answered {} ms before the deadline",
+        deadline - answered
+    );
+    assert!(
+        answered <= deadline + 50,
+        "answered {} ms after the deadline",
+        answered - deadline
+    );
+    let forwarded = agent
+        .seen
+        .last_envelope
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the agent got the call");
+    assert_eq!(
+        forwarded["deadline"], deadline,
+        "deadline wins over timeout_ms and is propagated"
+    );
+    assert_eq!(forwarded["source"], CALLER);
+    assert_eq!(forwarded["attempt"], 1);
+    assert_eq!(forwarded["request_id"], "req-deadline");
+    assert_eq!(forwarded["capability_version"], "1.0.0");
+    let traceparent = agent
+        .seen
+        .last_traceparent
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("traceparent");
+    assert!(
+        traceparent.starts_with("00-") && traceparent.len() == 55,
+        "{traceparent}"
+    );
+    agent.release.notify_waiters();
+}
+
+// 7. No instance, unknown capability, unmatched version; plus version resolve and schema checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolution_errors_have_stable_codes() {
+    let cluster = Cluster::start().await;
+    let mut old = AgentSpec::new("va-1", 1, Behaviour::Echo);
+    old.version = "1.0.0".into();
+    let mut new = AgentSpec::new("vb-1", 1, Behaviour::Echo);
+    new.version = "1.2.0".into();
+    let _old = cluster.agent(old);
+    let _new = cluster.agent(new);
+    cluster.wait_for_instances(&["va-1", "vb-1"]).await;
+
+    let (status, body) = cluster.invoke(order("SO-1")).await;
+    assert_eq!(
+        (status, body["capability_version"].clone()),
+        (200, json!("1.2.0")),
+        "highest by default"
+    );
+    let mut pinned = order("SO-1");
+    pinned["capability_version"] = json!("~1.0");
+    let (status, body) = cluster.invoke(pinned).await;
+    assert_eq!((status, agent_of(&body)), (200, "va-1".to_string()));
+
+    let mut missing = order("SO-1");
+    missing["capability_version"] = json!("^2");
+    let (status, body) = cluster.invoke(missing).await;
+    assert_eq!(status, 404);
+    assert_eq!(code_of(&body), "VERSION_NOT_FOUND");
+    assert_eq!(body["error"]["details"]["available"], json!(["1.2.0", "1.0.0"]));
+
+    let (status, body) = cluster
+        .invoke(json!({ "capability": "payment.check", "payload": {} }))
+        .await;
+    assert_eq!((status, code_of(&body)), (404, "CAPABILITY_NOT_FOUND".to_string()));
+
+    let (status, body) = cluster
+        .invoke(json!({ "capability": CAPABILITY, "payload": { "order_id": 42, "count": 0 } }))
+        .await;
+    assert_eq!((status, code_of(&body)), (422, "SCHEMA_MISMATCH".to_string()), "{body}");
+    let pointers: Vec<&str> = body["error"]["details"]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|error| error["pointer"].as_str().unwrap())
+        .collect();
+    assert!(
+        pointers.contains(&"/order_id") && pointers.contains(&"/count"),
+        "{pointers:?}"
+    );
+
+    // Only a starting (not yet ready) instance: nothing routable.
+    let mut starting = AgentSpec::new("sa-1", 1, Behaviour::Echo);
+    starting.version = "3.0.0".into();
+    starting.status = "starting".into();
+    let _starting = cluster.agent(starting);
+    cluster.wait_for_instances(&["sa-1", "va-1", "vb-1"]).await;
+    let mut three = order("SO-1");
+    three["capability_version"] = json!("^3");
+    let (status, body) = cluster.invoke(three).await;
+    assert_eq!(
+        (status, code_of(&body)),
+        (503, "NO_AVAILABLE_INSTANCE".to_string()),
+        "{body}"
+    );
+    assert_eq!(body["error"]["retryable"], true);
+}
+
+// 8. Bad envelopes: each its stable code, and the router keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_envelopes_get_stable_codes() {
+    let cluster = Cluster::start().await;
+    let _agent = cluster.agent(AgentSpec::new("ba-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["ba-1"]).await;
+    let send_raw = |body: Vec<u8>| {
+        let request = cluster
+            .client
+            .post(cluster.url("/v1/invoke"))
+            .bearer_auth(token(CALLER))
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let cases: Vec<(Vec<u8>, u16, &str, Option<&str>)> = vec![
+        (b"{not json".to_vec(), 400, "INVALID_ENVELOPE", None),
+        (
+            br#"{"capability":"order.query","timeout_ms":"soon"}"#.to_vec(),
+            400,
+            "INVALID_ENVELOPE",
+            Some("timeout_ms"),
+        ),
+        (
+            br#"{"payload":{"order_id":"SO-1"}}"#.to_vec(),
+            400,
+            "INVALID_ENVELOPE",
+            Some("capability"),
+        ),
+        (
+            br#"{"capability":"order.query","target_policy":"random","payload":{}}"#.to_vec(),
+            400,
+            "INVALID_ENVELOPE",
+            Some("target_policy"),
+        ),
+        (
+            format!(
+                r#"{{"capability":"order.query","payload":{{"blob":"{}"}}}}"#,
+                "x".repeat(2 * 1024 * 1024)
+            )
+            .into_bytes(),
+            413,
+            "PAYLOAD_TOO_LARGE",
+            None,
+        ),
+    ];
+    for (body, status, code, field) in cases {
+        let (got_status, answer) = send_raw(body).await;
+        assert_eq!(got_status, status, "{answer}");
+        assert_eq!(answer["status"], "failed");
+        assert_eq!(code_of(&answer), code, "{answer}");
+        if let Some(field) = field {
+            assert_eq!(answer["error"]["details"]["field"], field, "{answer}");
+        }
+        let (ok, answer) = cluster.invoke(order("SO-1")).await;
+        assert_eq!(ok, 200, "the router keeps serving: {answer}");
+    }
+    let (status, body) = cluster.invoke(json!({ "capability": CAPABILITY, "nope": 1 })).await;
+    assert_eq!(
+        (status, body["error"]["details"]["field"].clone()),
+        (400, json!("nope"))
+    );
+    let response = cluster.client.get(cluster.url("/v1/elsewhere")).send().await.unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(code_of(&body), "NOT_FOUND");
+}
+
+// 9. Authentication and ACL, with hot reload and last-good fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_and_acl() {
+    let cluster = Cluster::start().await;
+    let _agent = cluster.agent(AgentSpec::new("aa-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["aa-1"]).await;
+
+    let (status, body) = cluster.invoke_as(None, order("SO-1")).await;
+    assert_eq!((status, code_of(&body)), (401, "UNAUTHENTICATED".to_string()));
+    let forged = agent_reach_access::token::issue_hs256(
+        CALLER,
+        b"another-secret-0123456789abcdef-0123456789",
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let (status, body) = cluster.invoke_as(Some(&forged), order("SO-1")).await;
+    assert_eq!((status, code_of(&body)), (401, "UNAUTHENTICATED".to_string()));
+    let past = epoch_ms() / 1000 - 3600;
+    let expired = agent_reach_access::token::issue_hs256_at(CALLER, SECRET, past - 60, past).unwrap();
+    let (status, body) = cluster.invoke_as(Some(&expired), order("SO-1")).await;
+    assert_eq!((status, code_of(&body)), (401, "UNAUTHENTICATED".to_string()));
+    let (status, body) = cluster.invoke_as(Some("not-a-jwt"), order("SO-1")).await;
+    assert_eq!((status, code_of(&body)), (401, "UNAUTHENTICATED".to_string()));
+
+    let stranger = token("stranger");
+    let (status, body) = cluster.invoke_as(Some(&stranger), order("SO-1")).await;
+    assert_eq!((status, code_of(&body)), (403, "FORBIDDEN".to_string()));
+    assert_eq!(body["error"]["details"]["caller"], "stranger");
+    assert_eq!(body["error"]["details"]["capability"], CAPABILITY);
+    assert!(body["error"]["message"].as_str().unwrap().contains("stranger"));
+
+    // An edit applies within 2 s, without restart.
+    let granted = ACL.replace(
+        "permissions:\n",
+        "permissions:\n  - caller: stranger\n    allow: [\"order.*\"]\n",
+    );
+    std::fs::write(&cluster.acl_path, granted).unwrap();
+    let edited = Instant::now();
+    let applied = eventually(Duration::from_secs(2), || {
+        let cluster = &cluster;
+        let stranger = stranger.clone();
+        async move { cluster.invoke_as(Some(&stranger), order("SO-1")).await.0 == 200 }
+    })
+    .await;
+    assert!(applied, "ACL edit not applied within 2 s");
+    assert!(edited.elapsed() <= Duration::from_secs(2));
+
+    // A broken edit keeps the last good policy (and says so in the metrics).
+    std::fs::write(&cluster.acl_path, "version: 1\npermissions: [[[\n").unwrap();
+    let reported = eventually(Duration::from_secs(5), || {
+        let cluster = &cluster;
+        async move { cluster.metrics().await.contains("agent_reach_acl_file_valid 0") }
+    })
+    .await;
+    assert!(reported, "broken ACL not reported");
+    let (status, _) = cluster.invoke_as(Some(&stranger), order("SO-1")).await;
+    assert_eq!(status, 200, "the last good policy still applies");
+    let (status, _) = cluster.invoke(order("SO-1")).await;
+    assert_eq!(status, 200);
+}
+
+// 10. Registry loss: routing continues from the snapshot; when it is back, new
+//     registrations appear (the watch resumes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_survives_registry_loss() {
+    let mut cluster = Cluster::start().await;
+    let mut spec = AgentSpec::new("ra-1", 1, Behaviour::Echo);
+    spec.ttl_s = 30;
+    let _a = cluster.agent(spec);
+    cluster.wait_for_instances(&["ra-1"]).await;
+    let registry_addr = cluster.registry.addr;
+
+    cluster.registry.kill();
+    let lost = eventually(Duration::from_secs(10), || {
+        let cluster = &cluster;
+        async move {
+            cluster
+                .metrics()
+                .await
+                .contains("agent_reach_router_registry_connected 0")
+        }
+    })
+    .await;
+    assert!(lost, "the router did not notice the registry loss");
+    for n in 0..50 {
+        let (status, body) = cluster.invoke(order(&format!("SO-{n}"))).await;
+        assert_eq!(status, 200, "routing from the last snapshot: {body}");
+    }
+    let ready = cluster.client.get(cluster.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200, "a fresh-enough snapshot keeps the router ready");
+
+    cluster.registry = Registry::start(
+        &cluster.etcd.endpoint(),
+        &cluster.secret_path,
+        &cluster.acl_path,
+        Some(registry_addr),
+    );
+    let mut spec = AgentSpec::new("rb-1", 1, Behaviour::Echo);
+    spec.ttl_s = 30;
+    let _b = cluster.agent(spec);
+    cluster.wait_for_instances(&["ra-1", "rb-1"]).await;
+    let mut seen = std::collections::HashSet::new();
+    for n in 0..10 {
+        seen.insert(agent_of(&cluster.invoke(order(&format!("SO-{n}"))).await.1));
+    }
+    assert_eq!(seen.len(), 2, "both instances take traffic: {seen:?}");
+}
+
+// The OpenAPI document matches the routes and the envelope types.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_is_true() {
+    let cluster = Cluster::start().await;
+    let response = cluster
+        .client
+        .get(cluster.url("/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let document: Value = response.json().await.unwrap();
+    assert!(document["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = document["paths"].as_object().unwrap();
+    assert_eq!(paths.len(), agent_reach_router::openapi::PATHS.len());
+    for (path, method) in agent_reach_router::openapi::PATHS {
+        assert!(paths[path].get(method).is_some(), "{method} {path} documented");
+        let request = match method {
+            "get" => cluster.client.get(cluster.url(path)),
+            _ => cluster.client.post(cluster.url(path)).json(&json!({})),
+        };
+        let status = request.send().await.unwrap().status().as_u16();
+        assert_ne!(status, 404, "{method} {path} is served");
+        assert_ne!(status, 405, "{method} {path} is served");
+    }
+    // Every envelope field is documented, and nothing else.
+    let full = agent_reach_proto::envelope::InvokeRequest {
+        version: Some("1.0".into()),
+        request_id: Some("r".into()),
+        session_id: Some("s".into()),
+        context_id: Some("c".into()),
+        capability: "a".into(),
+        capability_version: Some("1".into()),
+        target_policy: Some(Default::default()),
+        priority: Some(Default::default()),
+        timeout_ms: Some(1),
+        deadline: Some(1),
+        payload: json!({}),
+    };
+    let fields: std::collections::BTreeSet<String> = serde_json::to_value(&full)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let documented: std::collections::BTreeSet<String> = document["components"]["schemas"]["InvokeRequest"]
+        ["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(fields, documented);
+    let codes: Vec<&str> = document["components"]["schemas"]["EnvelopeError"]["properties"]["code"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|code| code.as_str().unwrap())
+        .collect();
+    for code in [
+        "INVALID_ENVELOPE",
+        "UNAUTHENTICATED",
+        "FORBIDDEN",
+        "CAPABILITY_NOT_FOUND",
+        "VERSION_NOT_FOUND",
+        "PAYLOAD_TOO_LARGE",
+        "SCHEMA_MISMATCH",
+        "OVERLOADED",
+        "AGENT_ERROR",
+        "ALL_RETRIES_EXHAUSTED",
+        "NO_AVAILABLE_INSTANCE",
+        "DEADLINE_EXCEEDED",
+    ] {
+        assert!(codes.contains(&code), "{code} documented");
+    }
+    let result_fields = document["components"]["schemas"]["ResultEnvelope"]["properties"]
+        .as_object()
+        .unwrap();
+    for field in [
+        "version",
+        "request_id",
+        "status",
+        "capability",
+        "capability_version",
+        "agent_id",
+        "attempts",
+        "duration_ms",
+        "output",
+        "error",
+    ] {
+        assert!(result_fields.contains_key(field), "{field} documented");
+    }
+}

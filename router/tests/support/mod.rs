@@ -1,0 +1,491 @@
+//! Test support for the router's integration tests: a real etcd (testkit), a
+//! real registry and real HTTP test agents, each agent and the registry on its
+//! own runtime so a test can kill it outright (every socket and task dropped,
+//! like `kill -9`), and the router in-process on the test's runtime.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_reach_access::AuthConfig;
+use agent_reach_router::RouterService;
+use agent_reach_testkit::Etcd;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+pub const SECRET: &[u8] = b"router-tests-0123456789abcdef-0123456789";
+pub const CALLER: &str = "tester";
+pub const CAPABILITY: &str = "order.query";
+
+/// Everyone may provide anything; `tester` may call anything.
+pub const ACL: &str = r#"version: 1
+permissions:
+  - caller: tester
+    allow: ["*"]
+providers:
+  - agent: "*"
+    provides: ["*"]
+"#;
+
+pub fn order_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["order_id"],
+        "properties": { "order_id": { "type": "string" }, "count": { "type": "integer", "minimum": 1 } }
+    })
+}
+
+pub fn token(name: &str) -> String {
+    agent_reach_access::token::issue_hs256(name, SECRET, Duration::from_secs(3600)).expect("token")
+}
+
+pub fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}
+
+/// Polls `condition` every 10 ms until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// === Isolated "processes" ===
+
+/// Something running on its own runtime and thread; `kill` drops it all at once.
+pub struct Process {
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Process {
+    pub fn spawn<R, Fut>(start: impl FnOnce() -> Fut + Send + 'static) -> (Self, R)
+    where
+        R: Send + 'static,
+        Fut: Future<Output = R> + 'static,
+    {
+        let (info_tx, info_rx) = std::sync::mpsc::channel();
+        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let info = runtime.block_on(start());
+            let _ = info_tx.send(info);
+            let _ = runtime.block_on(kill_rx);
+            runtime.shutdown_background();
+        });
+        let info = info_rx.recv().expect("isolated process failed to start");
+        (
+            Self {
+                kill: Some(kill_tx),
+                thread: Some(thread),
+            },
+            info,
+        )
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// === Registry ===
+
+#[derive(clap::Parser)]
+struct RegistryCli {
+    #[command(flatten)]
+    args: agent_reach_registry::RegistryArgs,
+}
+
+pub struct Registry {
+    process: Process,
+    pub addr: SocketAddr,
+}
+
+impl Registry {
+    pub fn start(etcd: &str, secret: &Path, acl: &Path, addr: Option<SocketAddr>) -> Self {
+        use clap::Parser;
+        let listen = addr
+            .map(|addr| addr.to_string())
+            .unwrap_or_else(|| "127.0.0.1:0".to_string());
+        let cli = RegistryCli::parse_from([
+            "registry",
+            "--listen",
+            &listen,
+            "--etcd",
+            etcd,
+            "--acl",
+            acl.to_str().expect("utf-8 path"),
+            "--auth-hs256-secret-file",
+            secret.to_str().expect("utf-8 path"),
+            "--min-ttl-s",
+            "2",
+        ]);
+        let settings = cli.args.validate().expect("registry settings");
+        let (process, addr) = Process::spawn(move || async move {
+            let service = agent_reach_registry::build(&settings).await.expect("registry build");
+            let listener = tokio::net::TcpListener::bind(settings.listen)
+                .await
+                .expect("registry bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(agent_reach_registry::serve(listener, service, std::future::pending()));
+            addr
+        });
+        Self { process, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+}
+
+// === Test agents ===
+
+#[derive(Clone)]
+pub enum Behaviour {
+    /// `200 {"output": {"agent_id", "echo": payload}}`.
+    Echo,
+    /// A business error: `422 {"error": {"code": "ORDER_NOT_FOUND"}}`.
+    BusinessError,
+    /// Never answers until released (or 60 s).
+    Hang,
+    /// Answers 503 (instance unavailable).
+    Unavailable,
+}
+
+pub struct AgentSpec {
+    pub agent_id: String,
+    pub weight: u32,
+    pub version: String,
+    pub status: String,
+    pub ttl_s: u32,
+    pub behaviour: Behaviour,
+}
+
+impl AgentSpec {
+    pub fn new(agent_id: &str, weight: u32, behaviour: Behaviour) -> Self {
+        Self {
+            agent_id: agent_id.to_string(),
+            weight,
+            version: "1.0.0".to_string(),
+            status: "ready".to_string(),
+            ttl_s: 3,
+            behaviour,
+        }
+    }
+}
+
+/// What an agent saw.
+#[derive(Default)]
+pub struct Seen {
+    pub hits: AtomicUsize,
+    pub last_envelope: Mutex<Option<Value>>,
+    pub last_traceparent: Mutex<Option<String>>,
+}
+
+struct AgentState {
+    agent_id: String,
+    behaviour: Behaviour,
+    seen: Arc<Seen>,
+    release: Arc<Notify>,
+}
+
+pub struct Agent {
+    process: Process,
+    pub agent_id: String,
+    pub addr: SocketAddr,
+    pub seen: Arc<Seen>,
+    pub release: Arc<Notify>,
+}
+
+async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    state.seen.hits.fetch_add(1, Ordering::SeqCst);
+    let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    *state.seen.last_envelope.lock().unwrap() = Some(envelope.clone());
+    *state.seen.last_traceparent.lock().unwrap() = headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
+    match state.behaviour {
+        Behaviour::Echo => axum::Json(json!({
+            "output": { "agent_id": state.agent_id, "echo": envelope["payload"] }
+        }))
+        .into_response(),
+        Behaviour::BusinessError => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({ "error": { "code": "ORDER_NOT_FOUND", "message": "no such order" } })),
+        )
+            .into_response(),
+        Behaviour::Hang => {
+            tokio::select! {
+                _ = state.release.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            }
+            axum::Json(json!({ "output": { "agent_id": state.agent_id } })).into_response()
+        }
+        Behaviour::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({ "error": { "code": "BUSY", "message": "not now" } })),
+        )
+            .into_response(),
+    }
+}
+
+impl Agent {
+    /// Starts the agent's HTTP server, registers it and keeps its lease alive.
+    pub fn start(registry: &str, spec: AgentSpec) -> Self {
+        let seen = Arc::new(Seen::default());
+        let release = Arc::new(Notify::new());
+        let registry = registry.to_string();
+        let agent_id = spec.agent_id.clone();
+        let (state_seen, state_release) = (seen.clone(), release.clone());
+        let (process, addr) = Process::spawn(move || async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("agent bind");
+            let addr = listener.local_addr().expect("addr");
+            let state = Arc::new(AgentState {
+                agent_id: spec.agent_id.clone(),
+                behaviour: spec.behaviour.clone(),
+                seen: state_seen,
+                release: state_release,
+            });
+            let app = axum::Router::new()
+                .route("/invoke", axum::routing::post(handle))
+                .with_state(state);
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            let lease = register(&registry, &spec, addr).await;
+            tokio::spawn(heartbeat(registry, spec.agent_id.clone(), lease, spec.ttl_s));
+            addr
+        });
+        Self {
+            process,
+            agent_id,
+            addr,
+            seen,
+            release,
+        }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.seen.hits.load(Ordering::SeqCst)
+    }
+
+    /// Drops the agent's server, connections and heartbeats at once (as `kill -9` would).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+}
+
+fn agent_name(agent_id: &str) -> String {
+    agent_id.split('-').next().unwrap_or(agent_id).to_string()
+}
+
+async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
+    let body = json!({
+        "agent_id": spec.agent_id,
+        "name": agent_name(&spec.agent_id),
+        "endpoint": format!("http://{addr}/invoke"),
+        "weight": spec.weight,
+        "ttl_s": spec.ttl_s,
+        "status": spec.status,
+        "capabilities": [{
+            "name": CAPABILITY,
+            "version": spec.version,
+            "input_schema": order_schema(),
+            "timeout_ms": 10_000
+        }]
+    });
+    let response = reqwest::Client::new()
+        .post(format!("{registry}/v1/agents"))
+        .bearer_auth(token(&agent_name(&spec.agent_id)))
+        .json(&body)
+        .send()
+        .await
+        .expect("register request");
+    let status = response.status();
+    let answer: Value = response.json().await.expect("register answer");
+    assert_eq!(status, reqwest::StatusCode::CREATED, "registration refused: {answer}");
+    answer["lease_id"].as_i64().expect("lease_id")
+}
+
+async fn heartbeat(registry: String, agent_id: String, lease: i64, ttl_s: u32) {
+    let client = reqwest::Client::new();
+    let every = Duration::from_millis(u64::from(ttl_s) * 1000 / 3);
+    loop {
+        tokio::time::sleep(every).await;
+        // Failures (registry down) are tolerated: the lease outlives short outages.
+        let _ = client
+            .put(format!("{registry}/v1/agents/{agent_id}/heartbeat"))
+            .bearer_auth(token(&agent_name(&agent_id)))
+            .json(&json!({ "lease_id": lease }))
+            .send()
+            .await;
+    }
+}
+
+/// Graceful deregistration through the registry.
+pub async fn deregister(registry: &str, agent_id: &str) {
+    let response = reqwest::Client::new()
+        .delete(format!("{registry}/v1/agents/{agent_id}"))
+        .bearer_auth(token(&agent_name(agent_id)))
+        .send()
+        .await
+        .expect("deregister");
+    assert!(response.status().is_success(), "deregister: {}", response.status());
+}
+
+// === The whole cluster ===
+
+pub struct Cluster {
+    pub etcd: Etcd,
+    pub registry: Registry,
+    pub router: Arc<RouterService>,
+    pub router_addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub acl_path: PathBuf,
+    pub secret_path: PathBuf,
+    pub client: reqwest::Client,
+}
+
+impl Cluster {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts etcd, the registry and the router; `tune` adjusts router settings.
+    pub async fn start_with(tune: impl FnOnce(&mut agent_reach_router::Settings)) -> Self {
+        let etcd = Etcd::start();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secret_path = dir.path().join("hs256.secret");
+        std::fs::write(&secret_path, SECRET).expect("secret");
+        let acl_path = dir.path().join("acl.yaml");
+        std::fs::write(&acl_path, ACL).expect("acl");
+        let registry = Registry::start(&etcd.endpoint(), &secret_path, &acl_path, None);
+        let mut settings = agent_reach_router::Settings::new(
+            "127.0.0.1:0".parse().expect("addr"),
+            registry.url(),
+            AuthConfig::Hs256SecretFile(secret_path.clone()),
+            acl_path.clone(),
+        );
+        settings.tuning.breaker_open = Duration::from_millis(300);
+        tune(&mut settings);
+        let router = agent_reach_router::build(&settings).await.expect("router build");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("router bind");
+        let router_addr = listener.local_addr().expect("addr");
+        tokio::spawn(agent_reach_router::serve(
+            listener,
+            router.clone(),
+            std::future::pending(),
+        ));
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .expect("client");
+        Self {
+            etcd,
+            registry,
+            router,
+            router_addr,
+            dir,
+            acl_path,
+            secret_path,
+            client,
+        }
+    }
+
+    pub fn agent(&self, spec: AgentSpec) -> Agent {
+        Agent::start(&self.registry.url(), spec)
+    }
+
+    /// Waits until the router's snapshot holds exactly `ids`.
+    pub async fn wait_for_instances(&self, ids: &[&str]) {
+        let mut expected: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        expected.sort();
+        let router = self.router.clone();
+        let ok = eventually(Duration::from_secs(20), || {
+            let router = router.clone();
+            let expected = expected.clone();
+            async move { router.snapshot().load().agent_ids() == expected }
+        })
+        .await;
+        assert!(
+            ok,
+            "router snapshot never became {expected:?}; it is {:?}",
+            self.router.snapshot().load().agent_ids()
+        );
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.router_addr)
+    }
+
+    /// POSTs an envelope as `CALLER`; returns (status, body).
+    pub async fn invoke(&self, envelope: Value) -> (u16, Value) {
+        self.invoke_as(Some(&token(CALLER)), envelope).await
+    }
+
+    pub async fn invoke_as(&self, token: Option<&str>, envelope: Value) -> (u16, Value) {
+        let mut request = self.client.post(self.url("/v1/invoke")).json(&envelope);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("invoke request");
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("a JSON result envelope");
+        (status, body)
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+}
+
+pub fn order(payload_id: &str) -> Value {
+    json!({ "capability": CAPABILITY, "payload": { "order_id": payload_id } })
+}
