@@ -78,10 +78,16 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ContextError> 
                 serde_json::error::Category::Data if message.starts_with("missing field") => Code::MissingField,
                 serde_json::error::Category::Data => Code::InvalidFieldType,
             };
-            let field = if path == "." { None } else { Some(path) };
+            // `.` is the root and `?` an unknown position (syntax errors): no field to name.
+            let field = if path == "." || path == "?" || code == Code::MalformedJson {
+                None
+            } else {
+                Some(path)
+            };
             let field = match (code, field) {
-                // serde reports an unknown/missing field at its parent; name it instead.
-                (Code::UnknownField | Code::MissingField, parent) => {
+                // serde reports a missing field at its parent; name it instead. (An
+                // unknown field's path already ends with its name.)
+                (Code::MissingField, parent) => {
                     let name = message.split('`').nth(1).unwrap_or_default();
                     Some(match parent {
                         Some(parent) => format!("{parent}.{name}"),
