@@ -16,9 +16,10 @@ const FULL: u32 = 1000;
 const FLOOR: u32 = 50;
 /// Health regained per success.
 const STEP: u32 = 100;
-/// Latencies within this of the fastest candidate count as equally fast: loopback jitter
-/// must not skew the configured weights.
-const LATENCY_SLACK_US: u64 = 10_000;
+/// Latencies up to twice the fastest candidate's plus this slack count as equally fast:
+/// scheduling jitter must not skew the configured weights, only a clearly slow instance
+/// (a cold model, a swapping host) should lose traffic.
+const LATENCY_SLACK_US: u64 = 20_000;
 /// The latency factor never drops below 10 %.
 const LATENCY_FLOOR: u64 = 100;
 
@@ -151,7 +152,7 @@ pub fn latency_factor(ewma_us: u64, fastest_ewma_us: u64) -> u64 {
     if ewma_us == 0 {
         return 1000;
     }
-    let reference = fastest_ewma_us.saturating_add(LATENCY_SLACK_US);
+    let reference = fastest_ewma_us.saturating_mul(2).saturating_add(LATENCY_SLACK_US);
     if ewma_us <= reference {
         1000
     } else {
@@ -201,6 +202,7 @@ mod tests {
     #[test]
     fn only_clearly_slow_instances_lose_weight() {
         assert_eq!(latency_factor(300, 200), 1000, "loopback jitter is ignored");
+        assert_eq!(latency_factor(15_000, 1_000), 1000, "a scheduling hiccup is ignored");
         assert_eq!(latency_factor(0, 200), 1000);
         assert_eq!(latency_factor(100_000, 0), 100);
         assert!(latency_factor(500_000, 1_000) <= 100);

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use tracing::Instrument;
 
 use crate::envelope;
 use crate::error::{Code, RouterError};
@@ -104,7 +105,18 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     };
     let request_id = known.request_id.clone();
     let session_id = checked.request.session_id.clone().unwrap_or_default();
-    let outcome = service.invoke(&caller, checked, &request_id, &trace).await;
+    // Every log line about this request carries trace_id, request_id and session_id (DESIGN §6).
+    let span = tracing::info_span!(
+        "invoke",
+        trace_id = %trace.trace_id,
+        request_id = %request_id,
+        session_id = %session_id,
+        capability = %checked.request.capability,
+    );
+    let outcome = service
+        .invoke(&caller, checked, &request_id, &trace)
+        .instrument(span)
+        .await;
     match outcome {
         Ok(success) => {
             let envelope = ResultEnvelope {

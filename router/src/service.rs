@@ -126,6 +126,7 @@ impl RouterService {
         } = checked;
         if let Caller::Agent(name) = caller {
             if !self.acl.current().may_call(name, &request.capability) {
+                self.metrics.record_rejected(Code::Forbidden);
                 return Err(RouterError::new(
                     Code::Forbidden,
                     format!(
@@ -138,7 +139,9 @@ impl RouterService {
             }
         }
         let snapshot = self.snapshot.load_full();
-        let capability = resolve_capability(&snapshot, &request.capability)?;
+        let capability = resolve_capability(&snapshot, &request.capability).inspect_err(|error| {
+            self.metrics.record_rejected(error.code);
+        })?;
         let result = self
             .invoke_resolved(
                 caller,

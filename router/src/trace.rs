@@ -56,11 +56,13 @@ fn parse(text: &str) -> Option<(String, u8)> {
 }
 
 fn random_hex(bytes: usize) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut rng = rand::thread_rng();
     let mut text = String::with_capacity(bytes * 2);
     for _ in 0..bytes {
         let byte: u8 = rng.gen();
-        text.push_str(&format!("{byte:02x}"));
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
     text
 }
