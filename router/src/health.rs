@@ -204,7 +204,7 @@ mod tests {
         assert_eq!(latency_factor(300, 200), 1000, "loopback jitter is ignored");
         assert_eq!(latency_factor(15_000, 1_000), 1000, "a scheduling hiccup is ignored");
         assert_eq!(latency_factor(0, 200), 1000);
-        assert_eq!(latency_factor(100_000, 0), 100);
+        assert_eq!(latency_factor(1_000_000, 0), 100);
         assert!(latency_factor(500_000, 1_000) <= 100);
     }
 }
