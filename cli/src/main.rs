@@ -33,6 +33,8 @@ enum Command {
     Registry(agent_reach_registry::RegistryArgs),
     /// Run the router: authenticated, schema-checked, weighted, retrying capability calls.
     Router(agent_reach_router::RouterArgs),
+    /// Run the context service: versioned, access-controlled session context in Redis.
+    Context(agent_reach_context::ContextArgs),
     /// Run every service in one process on embedded stores (development).
     Dev(dev::DevArgs),
     /// Issue and inspect tokens.
@@ -116,6 +118,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
         Command::Router(args) => agent_reach_router::run(args, shutdown_signal()).await,
+        Command::Context(args) => agent_reach_context::run(args, shutdown_signal()).await,
         Command::Dev(args) => dev::run(args, shutdown_signal()).await,
         Command::Token {
             command: TokenCommand::Issue { name, secret_file, ttl },

@@ -431,4 +431,16 @@ mod tests {
         assert!(validate::context_id(&a).is_ok());
         assert_eq!(a.len(), 36);
     }
+
+    #[test]
+    fn the_example_policy_follows_the_documented_rule() {
+        let acl = Acl::parse(include_str!("../../acl.yaml")).unwrap();
+        assert!(acl.may_read_field("reply_writer", "order_status"));
+        assert!(
+            !acl.may_write_field("reply_writer", "order_status"),
+            "readers do not write"
+        );
+        assert!(acl.may_write_field("order_query", "order_status"));
+        assert!(!acl.has_context_entry("payment_check"), "no entry: reads nothing");
+    }
 }
