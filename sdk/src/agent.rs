@@ -1,0 +1,602 @@
+//! An agent's lifecycle: serve, register, heartbeat, re-register, drain,
+//! deregister.
+//!
+//! Registration starts as `starting`: the router sends no traffic until
+//! [`Agent::mark_ready`]. Heartbeats ride one gRPC keep-alive stream and
+//! carry status and in-flight count; `LEASE_EXPIRED` or a registry outage
+//! leads to re-registration by itself. [`Agent::shutdown`] (or a signal in
+//! [`Agent::run_until_signal`]) reports `draining`, waits (bounded) for
+//! in-flight work, deregisters and stops serving.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_reach_proto::context::contexts_client::ContextsClient;
+use agent_reach_proto::registry as pb;
+use agent_reach_proto::registry::registry_client::RegistryClient;
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch, Notify};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::ctx::Links;
+use crate::dedup::Dedup;
+use crate::error::StartError;
+use crate::handler::{Handler, IntoHandler};
+
+/// What the agent tells the registry about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Starting,
+    Ready,
+    Busy,
+    Draining,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Starting => "starting",
+            Status::Ready => "ready",
+            Status::Busy => "busy",
+            Status::Draining => "draining",
+        }
+    }
+
+    fn from_u8(value: u8) -> Self {
+        match value {
+            1 => Status::Ready,
+            2 => Status::Busy,
+            3 => Status::Draining,
+            _ => Status::Starting,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            Status::Starting => 0,
+            Status::Ready => 1,
+            Status::Busy => 2,
+            Status::Draining => 3,
+        }
+    }
+}
+
+/// Settings of one agent instance; see [`AgentBuilder`].
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) name: String,
+    pub(crate) agent_id: String,
+    pub(crate) listen: SocketAddr,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) registry: String,
+    pub(crate) weight: u32,
+    pub(crate) ttl_s: u32,
+    pub(crate) tags: BTreeMap<String, String>,
+    pub(crate) max_concurrency: usize,
+    pub(crate) drain_timeout: Duration,
+}
+
+/// State shared by the server, the lifecycle task and the [`Agent`] handle.
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) handlers: Vec<Handler>,
+    pub(crate) links: Arc<Links>,
+    pub(crate) dedup: Dedup,
+    pub(crate) inflight: AtomicUsize,
+    status: AtomicU8,
+    /// Milliseconds since `started` of the last acknowledged heartbeat (0 = none).
+    last_heartbeat: AtomicU64,
+    started: Instant,
+    lease_id: AtomicI64,
+    status_changed: Notify,
+}
+
+impl Shared {
+    pub(crate) fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::Acquire))
+    }
+
+    fn set_status(&self, status: Status) {
+        self.status.store(status.to_u8(), Ordering::Release);
+        self.status_changed.notify_one();
+    }
+
+    pub(crate) fn handler(&self, capability: &str, version: &str) -> Option<&Handler> {
+        self.handlers
+            .iter()
+            .find(|handler| handler.descriptor.capability == capability && handler.descriptor.version == version)
+            .or_else(|| {
+                self.handlers
+                    .iter()
+                    .find(|handler| handler.descriptor.capability == capability)
+            })
+    }
+
+    pub(crate) fn last_heartbeat_age(&self) -> Option<Duration> {
+        match self.last_heartbeat.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(self.started.elapsed().saturating_sub(Duration::from_millis(at))),
+        }
+    }
+
+    fn heartbeat_acknowledged(&self) {
+        let at = u64::try_from(self.started.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.last_heartbeat.store(at, Ordering::Release);
+    }
+
+    fn endpoint(&self, bound: SocketAddr) -> String {
+        let base = self
+            .config
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("http://{bound}"));
+        format!("{}/invoke", base.trim_end_matches('/'))
+    }
+
+    fn authed<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Ok(value) = format!("Bearer {}", self.links.token).parse() {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+}
+
+/// Builds an agent: identity, where it listens and is reached, which services
+/// it talks to, and its handlers.
+///
+/// ```no_run
+/// # async fn example(order_query: agent_reach_sdk::Handler) -> Result<(), Box<dyn std::error::Error>> {
+/// use agent_reach_sdk::Agent;
+/// let agent = Agent::builder("order_query", "order_query-1")
+///     .listen("127.0.0.1:9101".parse()?)
+///     .endpoint("http://127.0.0.1:9101")
+///     .registry("http://127.0.0.1:7400")
+///     .router("http://127.0.0.1:7500")
+///     .token(std::env::var("AGENT_REACH_TOKEN")?)
+///     .weight(3)
+///     .handler(order_query)
+///     .start()
+///     .await?;
+/// agent.mark_ready();
+/// agent.run_until_signal().await;
+/// # Ok(()) }
+/// ```
+pub struct AgentBuilder {
+    config: Config,
+    router: Option<String>,
+    context: Option<String>,
+    token: Option<String>,
+    handlers: Vec<Handler>,
+}
+
+impl AgentBuilder {
+    /// Address to listen on (default `127.0.0.1:0`, a free port).
+    pub fn listen(mut self, address: SocketAddr) -> Self {
+        self.config.listen = address;
+        self
+    }
+
+    /// The externally reachable base URL the router should use (e.g. the
+    /// service's DNS name). Defaults to the bound address, which is only right
+    /// when router and agent share a host: set it in production.
+    pub fn endpoint(mut self, url: &str) -> Self {
+        self.config.endpoint = Some(url.to_string());
+        self
+    }
+
+    pub fn registry(mut self, url: &str) -> Self {
+        self.config.registry = url.to_string();
+        self
+    }
+
+    /// The router, for [`Ctx::call`](crate::Ctx::call).
+    pub fn router(mut self, url: &str) -> Self {
+        self.router = Some(url.to_string());
+        self
+    }
+
+    /// The context service (gRPC), for [`Ctx::context`](crate::Ctx::context).
+    pub fn context_service(mut self, url: &str) -> Self {
+        self.context = Some(url.to_string());
+        self
+    }
+
+    /// The bearer token (JWT) whose `sub` is this agent's name.
+    pub fn token(mut self, token: String) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Relative capacity (1..=1000): map it to concurrency, e.g. GPU node 8, CPU node 2.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.config.weight = weight;
+        self
+    }
+
+    /// Lease TTL in seconds (heartbeats go every TTL/3).
+    pub fn ttl_s(mut self, ttl_s: u32) -> Self {
+        self.config.ttl_s = ttl_s;
+        self
+    }
+
+    pub fn tag(mut self, key: &str, value: &str) -> Self {
+        self.config.tags.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Requests served at once; beyond it the agent answers 503 (the router tries elsewhere).
+    pub fn max_concurrency(mut self, limit: usize) -> Self {
+        self.config.max_concurrency = limit.max(1);
+        self
+    }
+
+    /// How long shutdown waits for in-flight work before deregistering anyway.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.config.drain_timeout = timeout;
+        self
+    }
+
+    pub fn handler(mut self, handler: impl IntoHandler) -> Self {
+        self.handlers.push(handler.into_handler());
+        self
+    }
+
+    /// Starts serving and registering (as `starting`); call
+    /// [`Agent::mark_ready`] once the agent's own initialisation is done.
+    pub async fn start(self) -> Result<Agent, StartError> {
+        let mut problems = Vec::new();
+        if self.handlers.is_empty() {
+            problems.push("no handler: add at least one with .handler(...)".to_string());
+        }
+        if self.config.registry.is_empty() {
+            problems.push("no registry URL: call .registry(URL)".to_string());
+        }
+        let Some(token) = self.token else {
+            return Err(StartError::Config(
+                "no token: call .token(JWT whose sub is the agent name)".to_string(),
+            ));
+        };
+        if !problems.is_empty() {
+            return Err(StartError::Config(problems.join("; ")));
+        }
+        let lazy = |url: &str| -> Result<Channel, StartError> {
+            Ok(Endpoint::from_shared(url.to_string())
+                .map_err(|error| StartError::Config(format!("invalid URL `{url}`: {error}")))?
+                .connect_timeout(Duration::from_secs(2))
+                .connect_lazy())
+        };
+        let registry = RegistryClient::new(lazy(&self.config.registry)?);
+        let context = match &self.context {
+            Some(url) => Some(ContextsClient::new(lazy(url)?)),
+            None => None,
+        };
+        let listener = tokio::net::TcpListener::bind(self.config.listen)
+            .await
+            .map_err(|error| StartError::Listen {
+                address: self.config.listen.to_string(),
+                error,
+            })?;
+        let bound = listener.local_addr().map_err(|error| StartError::Listen {
+            address: self.config.listen.to_string(),
+            error,
+        })?;
+        let shared = Arc::new(Shared {
+            links: Arc::new(Links {
+                http: reqwest::Client::new(),
+                router: self.router,
+                context,
+                token,
+            }),
+            handlers: self.handlers,
+            dedup: Dedup::new(10_000, Duration::from_secs(600)),
+            inflight: AtomicUsize::new(0),
+            status: AtomicU8::new(Status::Starting.to_u8()),
+            last_heartbeat: AtomicU64::new(0),
+            started: Instant::now(),
+            lease_id: AtomicI64::new(0),
+            status_changed: Notify::new(),
+            config: self.config,
+        });
+        let (stop_serving, serving_stopped) = watch::channel(false);
+        let app = crate::server::routes(shared.clone());
+        let server = tokio::spawn(async move {
+            let mut stopped = serving_stopped;
+            let shutdown = async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                tracing::error!(message = "Agent server failed.", %error);
+            }
+        });
+        let (stop_lifecycle, lifecycle_stop) = watch::channel(false);
+        let lifecycle = tokio::spawn(lifecycle(shared.clone(), registry.clone(), bound, lifecycle_stop));
+        Ok(Agent {
+            shared,
+            registry,
+            bound,
+            server,
+            lifecycle,
+            stop_serving,
+            stop_lifecycle,
+        })
+    }
+}
+
+/// A running agent.
+pub struct Agent {
+    shared: Arc<Shared>,
+    registry: RegistryClient<Channel>,
+    bound: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+    lifecycle: tokio::task::JoinHandle<()>,
+    stop_serving: watch::Sender<bool>,
+    stop_lifecycle: watch::Sender<bool>,
+}
+
+impl Agent {
+    /// Starts building an agent named `name` (the identity in its token and
+    /// the ACL) with the instance id `agent_id` (unique per running instance).
+    pub fn builder(name: &str, agent_id: &str) -> AgentBuilder {
+        AgentBuilder {
+            config: Config {
+                name: name.to_string(),
+                agent_id: agent_id.to_string(),
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                endpoint: None,
+                registry: String::new(),
+                weight: 1,
+                ttl_s: 15,
+                tags: BTreeMap::new(),
+                max_concurrency: 256,
+                drain_timeout: Duration::from_secs(30),
+            },
+            router: None,
+            context: None,
+            token: None,
+            handlers: Vec::new(),
+        }
+    }
+
+    /// The address the agent serves on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.bound
+    }
+
+    pub fn agent_id(&self) -> &str {
+        &self.shared.config.agent_id
+    }
+
+    pub fn status(&self) -> Status {
+        self.shared.status()
+    }
+
+    /// Whether the registry has acknowledged a heartbeat in the last TTL.
+    pub fn is_registered(&self) -> bool {
+        self.shared
+            .last_heartbeat_age()
+            .is_some_and(|age| age < Duration::from_secs(u64::from(self.shared.config.ttl_s)))
+    }
+
+    /// The agent's own initialisation is done: accept traffic.
+    pub fn mark_ready(&self) {
+        if self.shared.status() == Status::Starting {
+            self.shared.set_status(Status::Ready);
+        }
+    }
+
+    /// Drains and deregisters: reports `draining`, waits for in-flight work
+    /// (up to the drain timeout), deregisters, and stops serving.
+    pub async fn shutdown(self) {
+        self.shared.set_status(Status::Draining);
+        let drain_until = Instant::now() + self.shared.config.drain_timeout;
+        while self.shared.inflight.load(Ordering::Acquire) > 0 && Instant::now() < drain_until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.stop_lifecycle.send(true);
+        let _ = self.lifecycle.await;
+        let mut registry = self.registry.clone();
+        let request = self.shared.authed(pb::DeregisterRequest {
+            agent_id: self.shared.config.agent_id.clone(),
+        });
+        match tokio::time::timeout(Duration::from_secs(5), registry.deregister(request)).await {
+            Ok(Ok(_)) => tracing::info!(message = "Deregistered.", agent_id = %self.shared.config.agent_id),
+            Ok(Err(status)) => {
+                tracing::warn!(message = "Deregistration failed; the lease will expire.", error = %status)
+            }
+            Err(_) => tracing::warn!(message = "Deregistration timed out; the lease will expire."),
+        }
+        let _ = self.stop_serving.send(true);
+        let _ = self.server.await;
+    }
+
+    /// Serves until SIGINT or SIGTERM, then [`Agent::shutdown`].
+    pub async fn run_until_signal(self) {
+        let interrupt = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            if let Ok(mut terminate) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                tokio::select! {
+                    _ = interrupt => {}
+                    _ = terminate.recv() => {}
+                }
+            } else {
+                let _ = interrupt.await;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = interrupt.await;
+        self.shutdown().await;
+    }
+}
+
+fn register_request(shared: &Shared, bound: SocketAddr) -> pb::RegisterRequest {
+    let config = &shared.config;
+    pb::RegisterRequest {
+        agent_id: config.agent_id.clone(),
+        name: config.name.clone(),
+        endpoint: shared.endpoint(bound),
+        protocol: "http".to_string(),
+        weight: config.weight,
+        tags: config.tags.clone().into_iter().collect(),
+        ttl_s: config.ttl_s,
+        status: match shared.status() {
+            // A draining agent never registers anew.
+            Status::Draining => Status::Starting.as_str().to_string(),
+            status => status.as_str().to_string(),
+        },
+        capabilities: shared
+            .handlers
+            .iter()
+            .map(|handler| {
+                let descriptor = &handler.descriptor;
+                pb::CapabilityDescriptor {
+                    name: descriptor.capability.clone(),
+                    version: descriptor.version.clone(),
+                    description: descriptor.description.clone(),
+                    input_schema_json: descriptor.input_schema.to_string(),
+                    output_schema_json: descriptor.output_schema.to_string(),
+                    timeout_ms: descriptor.timeout_ms.unwrap_or(0),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// Why a keep-alive session ended.
+enum SessionEnd {
+    Stop,
+    LeaseExpired,
+    StreamBroken,
+}
+
+/// Register, keep alive, re-register on `LEASE_EXPIRED` or after the registry
+/// comes back; with capped exponential backoff between failures.
+async fn lifecycle(
+    shared: Arc<Shared>,
+    registry: RegistryClient<Channel>,
+    bound: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut registered = false;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if !registered {
+            let mut client = registry.clone();
+            match client.register(shared.authed(register_request(&shared, bound))).await {
+                Ok(answer) => {
+                    let answer = answer.into_inner();
+                    shared.lease_id.store(answer.lease_id, Ordering::Release);
+                    shared.heartbeat_acknowledged();
+                    registered = true;
+                    backoff = Duration::from_millis(100);
+                    tracing::info!(message = "Registered.", agent_id = %shared.config.agent_id, lease_id = answer.lease_id);
+                }
+                Err(status) => {
+                    tracing::warn!(message = "Registration failed; retrying.", error = %status, retry_in = ?backoff);
+                    if wait_or_stop(&mut stop, backoff).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        match keep_alive_session(&shared, &registry, &mut stop).await {
+            SessionEnd::Stop => return,
+            SessionEnd::LeaseExpired => {
+                tracing::warn!(message = "Lease expired; registering again.", agent_id = %shared.config.agent_id);
+                registered = false;
+            }
+            SessionEnd::StreamBroken => {
+                if wait_or_stop(&mut stop, backoff).await {
+                    return;
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Sleeps for `duration`; true when asked to stop meanwhile.
+async fn wait_or_stop(stop: &mut watch::Receiver<bool>, duration: Duration) -> bool {
+    let stopped = tokio::select! {
+        () = tokio::time::sleep(duration) => false,
+        _ = stop.changed() => true,
+    };
+    stopped || *stop.borrow()
+}
+
+async fn keep_alive_session(
+    shared: &Arc<Shared>,
+    registry: &RegistryClient<Channel>,
+    stop: &mut watch::Receiver<bool>,
+) -> SessionEnd {
+    let interval = Duration::from_secs(u64::from((shared.config.ttl_s / 3).max(1)));
+    let (sender, receiver) = mpsc::channel(8);
+    let heartbeat = |shared: &Shared| pb::KeepAliveRequest {
+        agent_id: shared.config.agent_id.clone(),
+        lease_id: shared.lease_id.load(Ordering::Acquire),
+        status: shared.status().as_str().to_string(),
+        inflight: Some(u32::try_from(shared.inflight.load(Ordering::Acquire)).unwrap_or(u32::MAX)),
+    };
+    // Queue the first heartbeat before opening: the stream opens with its first answer.
+    if sender.try_send(heartbeat(shared)).is_err() {
+        return SessionEnd::StreamBroken;
+    }
+    let mut client = registry.clone();
+    let opened = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.keep_alive(shared.authed(tokio_stream::wrappers::ReceiverStream::new(receiver))),
+    )
+    .await;
+    let mut answers = match opened {
+        Ok(Ok(answers)) => answers.into_inner(),
+        Ok(Err(status)) => {
+            tracing::warn!(message = "Cannot open the keep-alive stream.", error = %status);
+            return SessionEnd::StreamBroken;
+        }
+        Err(_) => {
+            tracing::warn!(message = "Opening the keep-alive stream timed out.");
+            return SessionEnd::StreamBroken;
+        }
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.tick().await; // the first heartbeat is already queued
+    loop {
+        tokio::select! {
+            // The flag only ever goes from false to true: any change means stop.
+            _ = stop.changed() => return SessionEnd::Stop,
+            _ = ticker.tick() => {
+                if sender.send(heartbeat(shared)).await.is_err() {
+                    return SessionEnd::StreamBroken;
+                }
+            }
+            () = shared.status_changed.notified() => {
+                if sender.send(heartbeat(shared)).await.is_err() {
+                    return SessionEnd::StreamBroken;
+                }
+            }
+            answer = answers.next() => match answer {
+                Some(Ok(answer)) => match answer.error {
+                    None => shared.heartbeat_acknowledged(),
+                    Some(error) if error.code == "LEASE_EXPIRED" => return SessionEnd::LeaseExpired,
+                    Some(error) => tracing::warn!(message = "Heartbeat refused.", code = %error.code, reason = %error.message),
+                },
+                Some(Err(status)) => {
+                    tracing::warn!(message = "Keep-alive stream failed.", error = %status);
+                    return SessionEnd::StreamBroken;
+                }
+                None => return SessionEnd::StreamBroken,
+            },
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The per-request context a handler receives: who called, how much time is
+//! left, and typed access to other capabilities and to the session context.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agent_reach_proto::context as ctxpb;
+use agent_reach_proto::context::contexts_client::ContextsClient;
+use agent_reach_proto::envelope::{InvokeRequest, ResultEnvelope, ResultStatus};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+use crate::error::CallError;
+
+/// Clients shared by every request of one agent.
+pub(crate) struct Links {
+    pub(crate) http: reqwest::Client,
+    pub(crate) router: Option<String>,
+    pub(crate) context: Option<ContextsClient<Channel>>,
+    pub(crate) token: String,
+}
+
+/// What a handler knows about the request it serves. Cheap to clone.
+#[derive(Clone)]
+pub struct Ctx {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    request_id: String,
+    session_id: Option<String>,
+    context_id: Option<String>,
+    source: Option<String>,
+    deadline_ms: u64,
+    attempt: u32,
+    traceparent: Option<String>,
+    links: Arc<Links>,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A fresh request id: 16 random hex digits.
+pub(crate) fn new_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// A child `traceparent`: same trace id, a new span id (W3C Trace Context).
+fn child_traceparent(parent: Option<&str>) -> String {
+    let span = format!("{:016x}", rand::random::<u64>());
+    let trace = parent
+        .and_then(|header| header.split('-').nth(1))
+        .filter(|trace| trace.len() == 32)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()));
+    format!("00-{trace}-{span}-01")
+}
+
+impl Ctx {
+    #[allow(clippy::too_many_arguments)] // built in one place from the envelope
+    pub(crate) fn new(
+        request_id: String,
+        session_id: Option<String>,
+        context_id: Option<String>,
+        source: Option<String>,
+        deadline_ms: u64,
+        attempt: u32,
+        traceparent: Option<String>,
+        links: Arc<Links>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                request_id,
+                session_id,
+                context_id,
+                source,
+                deadline_ms,
+                attempt,
+                traceparent,
+                links,
+            }),
+        }
+    }
+
+    /// The idempotency key of this request.
+    pub fn request_id(&self) -> &str {
+        &self.inner.request_id
+    }
+
+    pub fn session_id(&self) -> Option<&str> {
+        self.inner.session_id.as_deref()
+    }
+
+    pub fn context_id(&self) -> Option<&str> {
+        self.inner.context_id.as_deref()
+    }
+
+    /// The verified caller, as the router authenticated it.
+    pub fn source(&self) -> Option<&str> {
+        self.inner.source.as_deref()
+    }
+
+    /// Which delivery attempt this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// The absolute deadline in epoch milliseconds.
+    pub fn deadline_ms(&self) -> u64 {
+        self.inner.deadline_ms
+    }
+
+    /// Time left before the deadline (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        Duration::from_millis(self.inner.deadline_ms.saturating_sub(now_ms()))
+    }
+
+    /// The W3C trace context of this request, if the router sent one.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.inner.traceparent.as_deref()
+    }
+
+    /// Calls another capability through the router, carrying this request's
+    /// session, context, remaining deadline and trace context.
+    pub async fn call<O: DeserializeOwned>(&self, capability: &str, input: impl Serialize) -> Result<O, CallError> {
+        let envelope = self.call_envelope(capability, input).await?;
+        let output = envelope.output.unwrap_or(Value::Null);
+        serde_json::from_value(output).map_err(|error| {
+            CallError::new(
+                "OUTPUT_MISMATCH",
+                format!("`{capability}` answered an unexpected shape: {error}"),
+            )
+        })
+    }
+
+    /// Like [`Ctx::call`], returning the whole result envelope (agent, attempts, latency).
+    pub async fn call_envelope(&self, capability: &str, input: impl Serialize) -> Result<ResultEnvelope, CallError> {
+        let links = &self.inner.links;
+        let router = links
+            .router
+            .as_deref()
+            .ok_or_else(|| CallError::new("NO_ROUTER", "this agent was built without a router URL"))?;
+        let payload =
+            serde_json::to_value(input).map_err(|error| CallError::new("INVALID_INPUT", error.to_string()))?;
+        let request = InvokeRequest {
+            version: Some("1.0".to_string()),
+            request_id: Some(new_id()),
+            session_id: self.inner.session_id.clone(),
+            context_id: self.inner.context_id.clone(),
+            capability: capability.to_string(),
+            capability_version: None,
+            target_policy: None,
+            priority: None,
+            timeout_ms: None,
+            deadline: Some(self.inner.deadline_ms),
+            payload,
+        };
+        invoke(links, router, &request, Some(&child_traceparent(self.traceparent()))).await
+    }
+
+    /// The session context named by this request's `context_id`.
+    pub fn context(&self) -> ContextHandle {
+        ContextHandle {
+            links: self.inner.links.clone(),
+            context_id: self.inner.context_id.clone(),
+        }
+    }
+}
+
+/// Sends one envelope to the router and decodes the result envelope.
+pub(crate) async fn invoke(
+    links: &Links,
+    router: &str,
+    request: &InvokeRequest,
+    traceparent: Option<&str>,
+) -> Result<ResultEnvelope, CallError> {
+    let mut call = links
+        .http
+        .post(format!("{}/v1/invoke", router.trim_end_matches('/')))
+        .bearer_auth(&links.token)
+        .json(request);
+    if let Some(traceparent) = traceparent {
+        call = call.header("traceparent", traceparent);
+    }
+    let response = call.send().await.map_err(|error| {
+        CallError::new(
+            "ROUTER_UNREACHABLE",
+            format!("cannot reach the router at {router}: {error}"),
+        )
+    })?;
+    let status = response.status();
+    let envelope: ResultEnvelope = response.json().await.map_err(|error| {
+        CallError::new(
+            "INVALID_RESULT",
+            format!("router answered {status} with an unreadable body: {error}"),
+        )
+    })?;
+    match (envelope.status, &envelope.error) {
+        (ResultStatus::Succeeded, _) => Ok(envelope),
+        (ResultStatus::Failed, Some(error)) => Err(CallError {
+            code: error.code.clone(),
+            message: error.message.clone(),
+            retryable: error.retryable,
+        }),
+        (ResultStatus::Failed, None) => Err(CallError::new(
+            "INVALID_RESULT",
+            format!("router answered {status} without an error"),
+        )),
+    }
+}
+
+// === Session context ===
+
+/// Reads and patches one session context through the context service.
+pub struct ContextHandle {
+    links: Arc<Links>,
+    context_id: Option<String>,
+}
+
+/// The fields a reader may see, and the context's version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextSnapshot {
+    pub version: u64,
+    pub fields: BTreeMap<String, Value>,
+}
+
+impl ContextHandle {
+    fn parts(&self) -> Result<(ContextsClient<Channel>, String), CallError> {
+        let client = self.links.context.clone().ok_or_else(|| {
+            CallError::new(
+                "NO_CONTEXT_SERVICE",
+                "this agent was built without a context service URL",
+            )
+        })?;
+        let id = self
+            .context_id
+            .clone()
+            .ok_or_else(|| CallError::new("NO_CONTEXT", "this request carries no context_id"))?;
+        Ok((client, id))
+    }
+
+    fn authed<T>(&self, message: T) -> Result<tonic::Request<T>, CallError> {
+        let mut request = tonic::Request::new(message);
+        let value = format!("Bearer {}", self.links.token)
+            .parse()
+            .map_err(|_| CallError::new("INVALID_TOKEN", "the agent's token is not a valid header value"))?;
+        request.metadata_mut().insert("authorization", value);
+        Ok(request)
+    }
+
+    /// Reads `fields` (all the reader may see when empty).
+    pub async fn get(&self, fields: &[&str]) -> Result<ContextSnapshot, CallError> {
+        let (mut client, context_id) = self.parts()?;
+        let request = self.authed(ctxpb::GetRequest {
+            context_id,
+            fields: fields.iter().map(|field| field.to_string()).collect(),
+        })?;
+        let answer = client.get(request).await.map_err(status_error)?.into_inner();
+        let mut out = BTreeMap::new();
+        for (name, json) in answer.fields_json {
+            let value = serde_json::from_str(&json)
+                .map_err(|error| CallError::new("INVALID_CONTEXT_VALUE", format!("field `{name}`: {error}")))?;
+            out.insert(name, value);
+        }
+        Ok(ContextSnapshot {
+            version: answer.version,
+            fields: out,
+        })
+    }
+
+    /// Starts a patch: set and delete fields, optionally only if the version still matches.
+    pub fn patch(&self) -> ContextPatch<'_> {
+        ContextPatch {
+            handle: self,
+            set: BTreeMap::new(),
+            delete: Vec::new(),
+            if_version: None,
+        }
+    }
+}
+
+/// A pending context patch; [`ContextPatch::send`] applies it atomically.
+pub struct ContextPatch<'a> {
+    handle: &'a ContextHandle,
+    set: BTreeMap<String, String>,
+    delete: Vec<String>,
+    if_version: Option<u64>,
+}
+
+impl ContextPatch<'_> {
+    pub fn set(mut self, field: &str, value: impl Serialize) -> Self {
+        let json = serde_json::to_string(&value).unwrap_or_else(|_| "null".to_string());
+        self.set.insert(field.to_string(), json);
+        self
+    }
+
+    pub fn delete(mut self, field: &str) -> Self {
+        self.delete.push(field.to_string());
+        self
+    }
+
+    /// Apply only if the context is still at `version` (else `VERSION_CONFLICT`).
+    pub fn if_version(mut self, version: u64) -> Self {
+        self.if_version = Some(version);
+        self
+    }
+
+    /// Applies the patch; returns the new version.
+    pub async fn send(self) -> Result<u64, CallError> {
+        let (mut client, context_id) = self.handle.parts()?;
+        let request = self.handle.authed(ctxpb::PatchRequest {
+            context_id,
+            set_json: self.set.into_iter().collect(),
+            delete: self.delete,
+            if_version: self.if_version,
+        })?;
+        Ok(client.patch(request).await.map_err(status_error)?.into_inner().version)
+    }
+}
+
+fn status_error(status: tonic::Status) -> CallError {
+    let code = status
+        .metadata()
+        .get("x-agent-reach-code")
+        .and_then(|value| value.to_str().ok())
+        .map_or_else(|| format!("{:?}", status.code()).to_uppercase(), str::to_string);
+    CallError {
+        retryable: matches!(status.code(), tonic::Code::Unavailable),
+        code,
+        message: status.message().to_string(),
+    }
+}

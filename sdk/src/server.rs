@@ -1,0 +1,179 @@
+//! The inbound side: the HTTP endpoint the router forwards envelopes to, and
+//! the health endpoint that reports real readiness.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_proto::envelope::{AgentErrorBody, AgentErrorDetail, ForwardedEnvelope};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures::FutureExt;
+use serde_json::json;
+
+use crate::agent::{Shared, Status};
+use crate::ctx::{now_ms, Ctx};
+use crate::dedup::Answer;
+use crate::HandlerError;
+
+pub(crate) fn routes(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/invoke", post(invoke))
+        .route("/healthz", get(health))
+        .with_state(shared)
+}
+
+fn error_answer(status: u16, code: &str, message: impl Into<String>) -> Answer {
+    let body = AgentErrorBody {
+        error: AgentErrorDetail {
+            code: code.to_string(),
+            message: message.into(),
+        },
+    };
+    Answer {
+        status,
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
+fn respond(answer: Answer) -> Response {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(http::header::CONTENT_TYPE, "application/json")], answer.body).into_response()
+}
+
+/// Decrements the in-flight count however the request ends.
+struct InflightGuard(Arc<Shared>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[tracing::instrument(name = "agent.invoke", skip_all, fields(request_id, capability))]
+async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let envelope: ForwardedEnvelope = match serde_json::from_slice(&body) {
+        Ok(envelope) => envelope,
+        Err(error) => {
+            return respond(error_answer(
+                400,
+                "INVALID_ENVELOPE",
+                format!("cannot decode the envelope: {error}"),
+            ))
+        }
+    };
+    tracing::Span::current().record("request_id", envelope.request_id.as_str());
+    tracing::Span::current().record("capability", envelope.capability.as_str());
+    match shared.status() {
+        Status::Ready | Status::Busy => {}
+        Status::Starting => return respond(error_answer(503, "NOT_READY", "the agent is still initialising")),
+        Status::Draining => return respond(error_answer(503, "DRAINING", "the agent is shutting down")),
+    }
+    if now_ms() >= envelope.deadline {
+        return respond(error_answer(
+            504,
+            "DEADLINE_EXCEEDED",
+            "the request's deadline passed before it arrived",
+        ));
+    }
+    let Some(handler) = shared.handler(&envelope.capability, &envelope.capability_version) else {
+        return respond(error_answer(
+            404,
+            "CAPABILITY_NOT_FOUND",
+            format!(
+                "this agent does not serve `{}` {}",
+                envelope.capability, envelope.capability_version
+            ),
+        ));
+    };
+    let slot = shared.dedup.slot(&envelope.request_id);
+    if let Some(answer) = slot.get() {
+        return respond(answer.clone());
+    }
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
+    // "Not now" answers are not cached: a later delivery may find room.
+    if shared.inflight.load(Ordering::Acquire) >= shared.config.max_concurrency {
+        return respond(error_answer(503, "OVERLOADED", "the agent is at its concurrency limit"));
+    }
+    let answer = slot
+        .get_or_init(|| async {
+            shared.inflight.fetch_add(1, Ordering::AcqRel);
+            let _guard = InflightGuard(shared.clone());
+            let ctx = Ctx::new(
+                envelope.request_id.clone(),
+                envelope.session_id.clone(),
+                envelope.context_id.clone(),
+                envelope.source.clone(),
+                envelope.deadline,
+                envelope.attempt,
+                traceparent,
+                shared.links.clone(),
+            );
+            let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
+            // A spawned task isolates panics: the agent keeps serving.
+            let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()));
+            match tokio::time::timeout(remaining, running).await {
+                Ok(Ok(Ok(output))) => Answer {
+                    status: 200,
+                    body: serde_json::to_vec(&json!({ "output": output })).unwrap_or_default(),
+                },
+                Ok(Ok(Err(error))) => handler_error(&error),
+                Ok(Err(join_error)) => {
+                    let why = join_error
+                        .try_into_panic()
+                        .ok()
+                        .and_then(|payload| {
+                            payload
+                                .downcast_ref::<&str>()
+                                .map(|text| text.to_string())
+                                .or_else(|| payload.downcast_ref::<String>().cloned())
+                        })
+                        .unwrap_or_else(|| "unknown panic".to_string());
+                    tracing::error!(message = "Handler panicked; the agent keeps serving.", panic = %why);
+                    error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}"))
+                }
+                Err(_) => error_answer(
+                    504,
+                    "DEADLINE_EXCEEDED",
+                    "the handler did not finish before the deadline",
+                ),
+            }
+        })
+        .map(Clone::clone)
+        .await;
+    respond(answer)
+}
+
+fn handler_error(error: &HandlerError) -> Answer {
+    error_answer(error.status, &error.code, error.message.clone())
+}
+
+/// 200 only when the agent is ready, heartbeats are fresh and it has room.
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    let inflight = shared.inflight.load(Ordering::Acquire);
+    let heartbeat_age = shared.last_heartbeat_age();
+    let status = shared.status();
+    let fresh = heartbeat_age.is_some_and(|age| age < Duration::from_secs(u64::from(shared.config.ttl_s)));
+    let saturated = inflight >= shared.config.max_concurrency;
+    let healthy = matches!(status, Status::Ready | Status::Busy) && fresh && !saturated;
+    let body = json!({
+        "status": status.as_str(),
+        "inflight": inflight,
+        "max_concurrency": shared.config.max_concurrency,
+        "last_heartbeat_ms_ago": heartbeat_age.map(|age| age.as_millis() as u64),
+        "healthy": healthy,
+    });
+    let code = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(body)).into_response()
+}

@@ -1,0 +1,403 @@
+//! The SDK against the real thing: etcd (testkit), the registry and the router
+//! served in-process on loopback, and agents built with the SDK.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_access::AuthConfig;
+use agent_reach_sdk::{handler, Agent, Ctx, Handler, HandlerError};
+use agent_reach_testkit::Etcd;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+const SECRET: &str = "sdk-test-secret-sdk-test-secret-0123456789";
+const ACL: &str = r#"
+version: 1
+permissions:
+  - caller: tester
+    allow: [demo.*]
+  - caller: echo_agent
+    allow: [demo.*]
+providers:
+  - agent: echo_agent
+    provides: [demo.*]
+"#;
+
+fn token(name: &str) -> String {
+    agent_reach_access::token::issue_hs256(name, SECRET.as_bytes(), Duration::from_secs(3600)).unwrap()
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct Echo {
+    text: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+struct Echoed {
+    text: String,
+    deadline_ms: u64,
+}
+
+/// Echo the text back.
+#[handler(capability = "demo.echo", version = "1.0.0", description = "Echo the text back")]
+async fn echo(ctx: Ctx, input: Echo) -> Result<Echoed, HandlerError> {
+    if input.text == "boom" {
+        panic!("asked to panic");
+    }
+    if input.text == "refuse" {
+        return Err(HandlerError::new("REFUSED", "this text is refused"));
+    }
+    Ok(Echoed {
+        text: input.text,
+        deadline_ms: ctx.deadline_ms(),
+    })
+}
+
+/// Calls `demo.echo` through the router and reports what it saw.
+#[handler(capability = "demo.relay", version = "1.0.0")]
+async fn relay(ctx: Ctx, input: Echo) -> Result<Value, HandlerError> {
+    let echoed: Echoed = ctx.call("demo.echo", json!({ "text": input.text })).await?;
+    Ok(json!({ "echoed": echoed, "my_deadline_ms": ctx.deadline_ms() }))
+}
+
+struct Stack {
+    _etcd: Etcd,
+    _dir: tempfile::TempDir,
+    registry: String,
+    router: String,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+async fn serve_on_free_port<F, Fut>(serve: F) -> (SocketAddr, tokio::task::JoinHandle<()>)
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (addr, tokio::spawn(serve(listener)))
+}
+
+async fn stack() -> Stack {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let acl = dir.path().join("acl.yaml");
+    std::fs::write(&acl, ACL).unwrap();
+
+    let registry_settings = agent_reach_registry::config::Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: agent_reach_registry::config::StoreChoice::Etcd(vec![etcd.endpoint()]),
+        acl: acl.clone(),
+        auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        service: agent_reach_registry::RegistryConfig {
+            ttl: agent_reach_registry::validate::TtlBounds {
+                min_s: 1,
+                max_s: 300,
+                default_s: 15,
+            },
+            ..Default::default()
+        },
+    };
+    let registry = agent_reach_registry::build(&registry_settings).await.unwrap();
+    let (registry_addr, registry_task) = serve_on_free_port(|listener| async move {
+        let _ = agent_reach_registry::serve(listener, registry, std::future::pending()).await;
+    })
+    .await;
+    let registry_url = format!("http://{registry_addr}");
+    let router_settings = agent_reach_router::Settings::new(
+        "127.0.0.1:0".parse().unwrap(),
+        registry_url.clone(),
+        AuthConfig::Hs256SecretFile(secret),
+        acl,
+    );
+    let router = agent_reach_router::build(&router_settings).await.unwrap();
+    let (router_addr, router_task) = serve_on_free_port(|listener| async move {
+        let _ = agent_reach_router::serve(listener, router, std::future::pending()).await;
+    })
+    .await;
+    Stack {
+        _etcd: etcd,
+        _dir: dir,
+        registry: registry_url,
+        router: format!("http://{router_addr}"),
+        tasks: vec![registry_task, router_task],
+    }
+}
+
+async fn eventually<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if condition().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+async fn invoke(stack: &Stack, capability: &str, payload: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/invoke", stack.router))
+        .bearer_auth(token("tester"))
+        .json(&json!({ "capability": capability, "payload": payload, "timeout_ms": 5000 }))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+async fn resolvable(stack: &Stack, capability: &str) -> usize {
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/capabilities/{capability}", stack.registry))
+        .bearer_auth(token("tester"))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    body["instances"].as_array().map_or(0, Vec::len)
+}
+
+async fn echo_agent(stack: &Stack, agent_id: &str) -> Agent {
+    Agent::builder("echo_agent", agent_id)
+        .registry(&stack.registry)
+        .router(&stack.router)
+        .token(token("echo_agent"))
+        .ttl_s(3)
+        .handler(echo)
+        .handler(relay)
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_register_with_derived_schemas_and_serve_after_ready() {
+    let stack = stack().await;
+    let agent = echo_agent(&stack, "echo-1").await;
+    // Registered as `starting`: visible, not routable.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let response = reqwest::Client::new()
+                .get(format!("{}/v1/agents/echo-1", stack.registry))
+                .bearer_auth(token("tester"))
+                .send()
+                .await
+                .unwrap();
+            response.status() == 200
+        })
+        .await
+    );
+    let agent_view: Value = reqwest::Client::new()
+        .get(format!("{}/v1/agents/echo-1", stack.registry))
+        .bearer_auth(token("tester"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(agent_view["status"], "starting");
+    let descriptor = agent_view["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|capability| capability["name"] == "demo.echo")
+        .unwrap();
+    assert_eq!(descriptor["input_schema"]["properties"]["text"]["type"], "string");
+    assert_eq!(descriptor["output_schema"]["required"], json!(["text", "deadline_ms"]));
+    assert_eq!(descriptor["description"], "Echo the text back");
+    assert_eq!(resolvable(&stack, "demo.echo").await, 0, "no traffic before mark_ready");
+
+    agent.mark_ready();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            resolvable(&stack, "demo.echo").await == 1
+        })
+        .await
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            invoke(&stack, "demo.echo", json!({"text": "hi"})).await.0 == 200
+        })
+        .await
+    );
+    let (status, result) = invoke(&stack, "demo.echo", json!({"text": "hello"})).await;
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["output"]["text"], "hello");
+    assert_eq!(result["agent_id"], "echo-1");
+
+    // A business error passes through as AGENT_ERROR with the handler's code.
+    let (status, result) = invoke(&stack, "demo.echo", json!({"text": "refuse"})).await;
+    assert_eq!(result["error"]["code"], "AGENT_ERROR", "{status} {result}");
+    assert!(result.to_string().contains("REFUSED"), "{result}");
+    // A panicking handler is an error result, and the agent keeps serving.
+    let (_, result) = invoke(&stack, "demo.echo", json!({"text": "boom"})).await;
+    assert_eq!(result["status"], "failed");
+    assert!(result.to_string().contains("HANDLER_PANICKED"), "{result}");
+    let (status, _) = invoke(&stack, "demo.echo", json!({"text": "still here"})).await;
+    assert_eq!(status, 200);
+
+    // ctx.call goes through the router and carries the caller's deadline.
+    let (status, result) = invoke(&stack, "demo.relay", json!({"text": "via relay"})).await;
+    assert_eq!(status, 200, "{result}");
+    assert_eq!(result["output"]["echoed"]["text"], "via relay");
+    assert_eq!(
+        result["output"]["echoed"]["deadline_ms"],
+        result["output"]["my_deadline_ms"]
+    );
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbound_dedups_by_request_id_and_refuses_expired_work() {
+    let stack = stack().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let slow = Handler::new("demo.count", "1.0.0", move |_ctx: Ctx, _input: Value| {
+        let counted = counted.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, HandlerError>(counted.fetch_add(1, Ordering::SeqCst) + 1)
+        }
+    });
+    let agent = Agent::builder("echo_agent", "count-1")
+        .registry(&stack.registry)
+        .token(token("echo_agent"))
+        .handler(slow)
+        .start()
+        .await
+        .unwrap();
+    agent.mark_ready();
+    let url = format!("http://{}/invoke", agent.local_addr());
+    let far = agent_reach_sdk_test_now() + 60_000;
+    let envelope = |request_id: &str, deadline: u64| {
+        json!({"version": "1.0", "request_id": request_id, "capability": "demo.count", "capability_version": "1.0.0",
+               "priority": "normal", "deadline": deadline, "attempt": 1, "payload": {}})
+    };
+    let client = reqwest::Client::new();
+    let send = |body: Value| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let response = client.post(url).json(&body).send().await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }
+    };
+    // Concurrent repeats wait for the first; a later repeat gets the same answer.
+    let (a, b) = tokio::join!(send(envelope("req-1", far)), send(envelope("req-1", far)));
+    let c = send(envelope("req-1", far)).await;
+    assert_eq!(a, b);
+    assert_eq!(a, c);
+    assert_eq!(a.1["output"], 1);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler ran once for one request_id"
+    );
+    let d = send(envelope("req-2", far)).await;
+    assert_eq!(d.1["output"], 2);
+    // Work whose deadline has passed is refused without running.
+    let (status, body) = send(envelope("req-3", agent_reach_sdk_test_now() - 1)).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (504, Some("DEADLINE_EXCEEDED"))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // A broken envelope is a clear error.
+    let (status, body) = send(json!({"nonsense": true})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_ENVELOPE"))
+    );
+    // Health reports real readiness.
+    let health: Value = client
+        .get(format!("http://{}/healthz", agent.local_addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "ready");
+    agent.shutdown().await;
+}
+
+fn agent_reach_sdk_test_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reregisters_after_lease_loss_and_drains_on_shutdown() {
+    let stack = stack().await;
+    let agent = echo_agent(&stack, "echo-2").await;
+    agent.mark_ready();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            resolvable(&stack, "demo.echo").await == 1
+        })
+        .await
+    );
+
+    // The registration vanishes behind the agent's back (e.g. an operator or a lease loss).
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/v1/agents/echo-2", stack.registry))
+        .bearer_auth(token("echo_agent"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(resolvable(&stack, "demo.echo").await, 0);
+    // The next heartbeat answers LEASE_EXPIRED and the SDK registers again, still ready.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            resolvable(&stack, "demo.echo").await == 1
+        })
+        .await,
+        "the agent did not re-register by itself"
+    );
+
+    // Shutdown: draining at once (no new traffic), in-flight work finishes, then gone.
+    let slow = tokio::spawn({
+        let router = stack.router.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{router}/v1/invoke"))
+                .bearer_auth(token("tester"))
+                .json(&json!({"capability": "demo.echo", "payload": {"text": "last"}, "timeout_ms": 5000}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    assert_eq!(slow.await.unwrap(), 200);
+    agent.shutdown().await;
+    let gone = reqwest::Client::new()
+        .get(format!("{}/v1/agents/echo-2", stack.registry))
+        .bearer_auth(token("tester"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404, "deregistered on shutdown");
+}
