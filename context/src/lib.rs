@@ -88,7 +88,10 @@ pub async fn serve(
     service: Arc<ContextService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // No Nagle: a gRPC answer is several HTTP/2 frames, and delaying the last
+    // one behind the client's delayed ACK costs ~40 ms per call.
     axum::serve(listener, app(service))
+        .tcp_nodelay(true)
         .with_graceful_shutdown(shutdown)
         .await
         .context("context server failed")

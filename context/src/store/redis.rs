@@ -321,18 +321,35 @@ impl RedisStore {
     async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Answer, StoreError> {
         let call = async {
             let mut connection = self.connection().await?;
-            let value: Value = invocation.invoke_async(&mut connection).await.map_err(|error| {
-                if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
-                    unavailable(error)
-                } else {
-                    StoreError::Corrupt(error.to_string())
-                }
-            })?;
+            let value: Value = invocation.invoke_async(&mut connection).await.map_err(classify)?;
             Answer::parse(value)
         };
         tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
+    }
+}
+
+/// Connection trouble and a Redis that cannot serve writes right now (loading,
+/// failing over, a read-only replica) are "unavailable": the caller should retry.
+/// Anything else means a bug or a hand-edited key.
+fn classify(error: redis::RedisError) -> StoreError {
+    let transient = error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || matches!(
+            error.kind(),
+            redis::ErrorKind::BusyLoadingError
+                | redis::ErrorKind::TryAgain
+                | redis::ErrorKind::MasterDown
+                | redis::ErrorKind::ReadOnly
+                | redis::ErrorKind::ClusterDown
+        );
+    if transient {
+        unavailable(error)
+    } else {
+        StoreError::Corrupt(error.to_string())
     }
 }
 
@@ -483,5 +500,66 @@ impl ContextStore for RedisStore {
         tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_answers_map_to_store_errors() {
+        let policy = StorePolicy::default();
+        let answer = |items: Vec<Value>| Answer::parse(Value::Array(items)).unwrap();
+        let conflict = answer(vec![Value::BulkString(b"conflict".to_vec()), Value::Int(7)]);
+        assert_eq!(
+            conflict.written(&policy),
+            Err(StoreError::VersionConflict { current: 7 })
+        );
+        let too_large = answer(vec![Value::BulkString(b"too_large".to_vec()), Value::Int(300_000)]);
+        assert_eq!(
+            too_large.written(&policy),
+            Err(StoreError::TooLarge {
+                limit: policy.max_context_bytes,
+                would_have: 300_000
+            })
+        );
+        let ok = answer(vec![
+            Value::BulkString(b"ok".to_vec()),
+            Value::Int(3),
+            Value::Int(1_000),
+        ]);
+        assert_eq!(
+            ok.written(&policy),
+            Ok(Written {
+                version: 3,
+                expires_at_ms: 1_000
+            })
+        );
+        let odd = answer(vec![Value::BulkString(b"surprise".to_vec())]);
+        assert!(matches!(odd.written(&policy), Err(StoreError::Corrupt(_))));
+        assert!(Answer::parse(Value::Nil).is_err());
+    }
+
+    #[test]
+    fn transient_redis_errors_are_unavailable() {
+        let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(classify(refused), StoreError::Unavailable(_)));
+        let read_only = redis::RedisError::from((redis::ErrorKind::ReadOnly, "replica"));
+        assert!(matches!(classify(read_only), StoreError::Unavailable(_)));
+        let script_bug = redis::RedisError::from((redis::ErrorKind::ResponseError, "ERR user_script:1"));
+        assert!(matches!(classify(script_bug), StoreError::Corrupt(_)));
+    }
+
+    #[test]
+    fn ttls_are_never_zero() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_secs(2)), 2000);
+        let namespace = Namespace {
+            prefix: "agent-reach".into(),
+            tenant: "default".into(),
+        };
+        assert_eq!(namespace.context_prefix(), "agent-reach:default:ctx:");
+        assert_eq!(namespace.deadlines(), "agent-reach:default:deadlines");
     }
 }
