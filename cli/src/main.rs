@@ -9,7 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod dev;
+mod ops;
+mod stack;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]
@@ -35,12 +38,52 @@ enum Command {
     Router(agent_reach_router::RouterArgs),
     /// Run the context service: versioned, access-controlled session context in Redis.
     Context(agent_reach_context::ContextArgs),
-    /// Run every service in one process on embedded stores (development).
+    /// Run every service and the example agents in one process on embedded stores (development).
     Dev(dev::DevArgs),
+    /// Run "Can my order ship today?" end to end and print each hop and the answer.
+    Demo(demo::DemoArgs),
+    /// Registered agent instances (against a running registry).
+    Agents {
+        #[command(subcommand)]
+        command: ops::AgentsCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Registered capabilities (against a running registry).
+    Capabilities {
+        #[command(subcommand)]
+        command: ops::CapabilitiesCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Call a capability through a running router.
+    Invoke {
+        #[command(flatten)]
+        args: ops::InvokeArgs,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Check the access policy.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
+    },
     /// Issue and inspect tokens.
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AclCommand {
+    /// May CALLER call CAPABILITY? Exit code 0 when allowed, 1 when denied.
+    Check {
+        #[command(flatten)]
+        args: ops::AclCheckArgs,
+        /// Print JSON instead of a sentence.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -76,9 +119,10 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(seconds))
 }
 
-fn init_logging(format: LogFormat) {
+/// `default` applies when `RUST_LOG` is unset.
+fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -114,12 +158,24 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // Services log their lifecycle; client commands and the demo keep their output clean.
+    let default_level = match cli.command {
+        Command::Registry(_) | Command::Router(_) | Command::Context(_) | Command::Dev(_) => "info",
+        _ => "warn",
+    };
+    init_logging(cli.log_format, default_level);
     match cli.command {
         Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
         Command::Router(args) => agent_reach_router::run(args, shutdown_signal()).await,
         Command::Context(args) => agent_reach_context::run(args, shutdown_signal()).await,
         Command::Dev(args) => dev::run(args, shutdown_signal()).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Agents { command, connection } => ops::agents(&connection, command).await,
+        Command::Capabilities { command, connection } => ops::capabilities(&connection, command).await,
+        Command::Invoke { args, connection } => ops::invoke(&connection, args).await,
+        Command::Acl {
+            command: AclCommand::Check { args, json },
+        } => ops::acl_check(&args, json),
         Command::Token {
             command: TokenCommand::Issue { name, secret_file, ttl },
         } => {

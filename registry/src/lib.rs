@@ -85,7 +85,10 @@ pub async fn serve(
     service: Arc<RegistryService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // No Nagle: a gRPC answer is several HTTP/2 frames, and holding the last
+    // one behind the peer's delayed ACK costs ~40 ms per call.
     axum::serve(listener, app(service))
+        .tcp_nodelay(true)
         .with_graceful_shutdown(shutdown)
         .await
         .context("registry server failed")

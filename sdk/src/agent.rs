@@ -310,7 +310,9 @@ impl AgentBuilder {
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             };
-            if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            // No Nagle: answers must not wait for the router's delayed ACK.
+            let serving = axum::serve(listener, app).tcp_nodelay(true);
+            if let Err(error) = serving.with_graceful_shutdown(shutdown).await {
                 tracing::error!(message = "Agent server failed.", %error);
             }
         });

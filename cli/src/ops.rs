@@ -1,0 +1,295 @@
+//! Operator commands against running services: tables for people, `--json`
+//! for scripts.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde_json::Value;
+
+/// How to reach and authenticate to the services.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Connection {
+    /// Registry URL.
+    #[arg(
+        long,
+        env = "AGENT_REACH_REGISTRY",
+        default_value = "http://127.0.0.1:7400",
+        global = true
+    )]
+    pub registry: String,
+    /// Router URL.
+    #[arg(
+        long,
+        env = "AGENT_REACH_ROUTER",
+        default_value = "http://127.0.0.1:7500",
+        global = true
+    )]
+    pub router: String,
+    /// Bearer token (JWT).
+    #[arg(long, env = "AGENT_REACH_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AgentsCommand {
+    /// List registered instances.
+    Ls,
+    /// Show one instance.
+    Show { agent_id: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum CapabilitiesCommand {
+    /// List capabilities with versions and instance counts.
+    Ls,
+    /// Routable instances of one capability (best matching version).
+    Show {
+        name: String,
+        /// Semver requirement, e.g. ^1.2.
+        #[arg(long)]
+        version: Option<String>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InvokeArgs {
+    /// Capability to call, e.g. order.query.
+    pub capability: String,
+    /// The payload, as JSON.
+    #[arg(long, default_value = "{}")]
+    pub data: String,
+    /// Semver requirement for the capability.
+    #[arg(long)]
+    pub version: Option<String>,
+    #[arg(long)]
+    pub session_id: Option<String>,
+    #[arg(long)]
+    pub context_id: Option<String>,
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AclCheckArgs {
+    /// The policy file.
+    #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
+    pub acl: PathBuf,
+    #[arg(long)]
+    pub caller: String,
+    #[arg(long)]
+    pub capability: String,
+}
+
+impl Connection {
+    fn token(&self) -> anyhow::Result<&str> {
+        self.token
+            .as_deref()
+            .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")
+    }
+
+    async fn get(&self, url: String) -> anyhow::Result<Value> {
+        let response = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(self.token()?)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let status = response.status();
+        let body: Value = response
+            .json()
+            .await
+            .with_context(|| format!("{url} answered {status} without JSON"))?;
+        if !status.is_success() {
+            anyhow::bail!("{status}: {}", body["error"]);
+        }
+        Ok(body)
+    }
+}
+
+fn print_json(value: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        Value::Null => "-".to_string(),
+        other => other.to_string(),
+    }
+}
+
+pub async fn agents(connection: &Connection, command: AgentsCommand) -> anyhow::Result<()> {
+    match command {
+        AgentsCommand::Ls => {
+            let list = connection.get(format!("{}/v1/agents", connection.registry)).await?;
+            if connection.json {
+                return print_json(&list);
+            }
+            println!(
+                "{:<24} {:<16} {:<11} {:>6}  {:<32} capabilities",
+                "AGENT_ID", "NAME", "STATUS", "WEIGHT", "ENDPOINT"
+            );
+            for agent in list["agents"].as_array().into_iter().flatten() {
+                let capabilities: Vec<String> = agent["capabilities"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|capability| format!("{}@{}", text(&capability["name"]), text(&capability["version"])))
+                    .collect();
+                println!(
+                    "{:<24} {:<16} {:<11} {:>6}  {:<32} {}",
+                    text(&agent["agent_id"]),
+                    text(&agent["name"]),
+                    text(&agent["status"]),
+                    text(&agent["weight"]),
+                    text(&agent["endpoint"]),
+                    capabilities.join(", ")
+                );
+            }
+            Ok(())
+        }
+        AgentsCommand::Show { agent_id } => {
+            let agent = connection
+                .get(format!("{}/v1/agents/{agent_id}", connection.registry))
+                .await?;
+            print_json(&agent)
+        }
+    }
+}
+
+pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand) -> anyhow::Result<()> {
+    match command {
+        CapabilitiesCommand::Ls => {
+            let list = connection
+                .get(format!("{}/v1/capabilities", connection.registry))
+                .await?;
+            if connection.json {
+                return print_json(&list);
+            }
+            println!("{:<28} {:>9} {:>9}  versions", "CAPABILITY", "INSTANCES", "ROUTABLE");
+            for capability in list["capabilities"].as_array().into_iter().flatten() {
+                let versions: Vec<String> = capability["versions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(text)
+                    .collect();
+                println!(
+                    "{:<28} {:>9} {:>9}  {}",
+                    text(&capability["name"]),
+                    text(&capability["instances"]),
+                    text(&capability["routable_instances"]),
+                    versions.join(", ")
+                );
+            }
+            Ok(())
+        }
+        CapabilitiesCommand::Show { name, version } => {
+            let query = version
+                .map(|version| format!("?version={}", urlencode(&version)))
+                .unwrap_or_default();
+            let resolved = connection
+                .get(format!("{}/v1/capabilities/{name}{query}", connection.registry))
+                .await?;
+            if connection.json {
+                return print_json(&resolved);
+            }
+            println!(
+                "{} {}  (available: {})",
+                name,
+                text(&resolved["version"]),
+                resolved["available_versions"]
+            );
+            println!("{:<24} {:<11} {:>6}  ENDPOINT", "AGENT_ID", "STATUS", "WEIGHT");
+            for instance in resolved["instances"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:<11} {:>6}  {}",
+                    text(&instance["agent_id"]),
+                    text(&instance["status"]),
+                    text(&instance["weight"]),
+                    text(&instance["endpoint"])
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'-' | b'_' => (byte as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+pub async fn invoke(connection: &Connection, args: InvokeArgs) -> anyhow::Result<()> {
+    let payload: Value = serde_json::from_str(&args.data).context("--data is not valid JSON")?;
+    let mut envelope = serde_json::json!({ "capability": args.capability, "payload": payload });
+    for (field, value) in [
+        ("capability_version", args.version.map(Value::from)),
+        ("session_id", args.session_id.map(Value::from)),
+        ("context_id", args.context_id.map(Value::from)),
+        ("timeout_ms", args.timeout_ms.map(Value::from)),
+    ] {
+        if let Some(value) = value {
+            envelope[field] = value;
+        }
+    }
+    let url = format!("{}/v1/invoke", connection.router);
+    let response = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(connection.token()?)
+        .json(&envelope)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?;
+    let result: Value = response.json().await.context("the router answered without JSON")?;
+    if connection.json {
+        print_json(&result)?;
+    } else if result["status"] == "succeeded" {
+        println!(
+            "succeeded: {} {} on {} ({} attempt(s), {} ms)",
+            text(&result["capability"]),
+            text(&result["capability_version"]),
+            text(&result["agent_id"]),
+            text(&result["attempts"]),
+            text(&result["duration_ms"])
+        );
+        println!("{}", serde_json::to_string_pretty(&result["output"])?);
+    } else {
+        println!(
+            "failed: {} — {}",
+            text(&result["error"]["code"]),
+            text(&result["error"]["message"])
+        );
+    }
+    if result["status"] != "succeeded" {
+        anyhow::bail!("the call failed");
+    }
+    Ok(())
+}
+
+pub fn acl_check(args: &AclCheckArgs, json: bool) -> anyhow::Result<()> {
+    let acl = agent_reach_access::Acl::load(&args.acl)?;
+    let allowed = acl.may_call(&args.caller, &args.capability);
+    if json {
+        print_json(&serde_json::json!({ "caller": args.caller, "capability": args.capability, "allowed": allowed }))?;
+    } else if allowed {
+        println!("allowed: `{}` may call `{}`", args.caller, args.capability);
+    } else {
+        println!(
+            "denied: no `permissions` rule lets `{}` call `{}`",
+            args.caller, args.capability
+        );
+    }
+    if !allowed {
+        std::process::exit(1);
+    }
+    Ok(())
+}

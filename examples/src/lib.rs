@@ -1,0 +1,292 @@
+//! "Can my order ship today?" — the seeds' scenario as four agents:
+//!
+//! `intent_parser` → `order_query` (three instances, weights 3:2:1) →
+//! `shipping_rules` → `reply_writer`, each calling the next through the
+//! router, passing `user_id`, `intent` and `order_status` through the context
+//! service. Every agent returns the chain below it, so the caller sees each
+//! hop (instance, attempts, latency, trace id).
+
+use agent_reach_sdk::{handler, Agent, CallError, Ctx, HandlerError, StartError};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+// === Wire types of the scenario ===
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Question {
+    pub user_id: String,
+    pub text: String,
+}
+
+/// One call in the chain, as seen by its caller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hop {
+    pub capability: String,
+    pub agent_id: String,
+    pub attempts: u32,
+    pub duration_ms: u64,
+    /// The trace id the called agent saw (one trace across the chain).
+    pub trace_id: String,
+}
+
+/// The answer and the hops that produced it, innermost last.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Chain {
+    pub reply: String,
+    pub ships_today: bool,
+    pub trace: Vec<Hop>,
+    /// The trace id this agent saw.
+    pub trace_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct OrderQuery {
+    pub order_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OrderStatus {
+    pub order_id: String,
+    pub status: String,
+    pub warehouse: String,
+    /// Hour of day (0-23) the order was placed.
+    pub placed_at_hour: u8,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ShippingQuestion {
+    pub order: OrderStatus,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ReplyRequest {
+    pub ships_today: bool,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Reply {
+    pub reply: String,
+    pub trace_id: String,
+}
+
+/// Orders placed before this hour ship the same day.
+pub const CUTOFF_HOUR: u8 = 15;
+
+fn trace_id(ctx: &Ctx) -> String {
+    ctx.traceparent()
+        .and_then(|header| header.split('-').nth(1))
+        .unwrap_or("none")
+        .to_string()
+}
+
+/// Calls `capability` and prepends its hop to the chain it returns.
+async fn call_chain(ctx: &Ctx, capability: &str, input: impl Serialize) -> Result<Chain, HandlerError> {
+    let envelope = ctx.call_envelope(capability, input).await?;
+    let chain: Chain = serde_json::from_value(envelope.output.unwrap_or_default())
+        .map_err(|error| HandlerError::new("BAD_DOWNSTREAM_OUTPUT", error.to_string()).with_status(502))?;
+    let mut trace = vec![Hop {
+        capability: capability.to_string(),
+        agent_id: envelope.agent_id.unwrap_or_default(),
+        attempts: envelope.attempts,
+        duration_ms: envelope.duration_ms,
+        trace_id: chain.trace_id.clone(),
+    }];
+    trace.extend(chain.trace);
+    Ok(Chain {
+        trace,
+        trace_id: trace_id(ctx),
+        ..chain
+    })
+}
+
+// === The agents ===
+
+/// Understands the question, records who asks and what they want, and asks
+/// `order.query` about the order it mentions.
+#[handler(
+    capability = "intent.parse",
+    version = "1.0.0",
+    description = "Parse a customer question"
+)]
+pub async fn intent_parse(ctx: Ctx, input: Question) -> Result<Chain, HandlerError> {
+    let text = input.text.to_lowercase();
+    let intent = if text.contains("ship") && text.contains("today") {
+        "ask_ship_today"
+    } else {
+        "unknown"
+    };
+    let order_id = input
+        .text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .find(|word| word.starts_with("SO-"))
+        .ok_or_else(|| HandlerError::new("NO_ORDER_ID", "the question names no order (e.g. SO-2024001)"))?
+        .to_string();
+    ctx.context()
+        .patch()
+        .set("user_id", &input.user_id)
+        .set("intent", intent)
+        .send()
+        .await?;
+    call_chain(&ctx, "order.query", OrderQuery { order_id }).await
+}
+
+/// Looks the order up (a fixed table stands in for the order database) and
+/// asks `shipping.rules` whether it ships today.
+#[handler(capability = "order.query", version = "1.2.0", description = "Look up an order")]
+pub async fn order_query(ctx: Ctx, input: OrderQuery) -> Result<Chain, HandlerError> {
+    let order = lookup_order(&input.order_id)
+        .ok_or_else(|| HandlerError::new("ORDER_NOT_FOUND", format!("no order {}", input.order_id)).with_status(404))?;
+    ctx.context().patch().set("order_status", &order).send().await?;
+    call_chain(&ctx, "shipping.rules", ShippingQuestion { order }).await
+}
+
+/// The order table of the example.
+pub fn lookup_order(order_id: &str) -> Option<OrderStatus> {
+    let (status, warehouse, hour) = match order_id {
+        "SO-2024001" => ("paid", "SH-01", 10),
+        "SO-2024002" => ("paid", "SZ-02", 17),
+        "SO-2024003" => ("pending_payment", "SH-01", 9),
+        _ => return None,
+    };
+    Some(OrderStatus {
+        order_id: order_id.to_string(),
+        status: status.to_string(),
+        warehouse: warehouse.to_string(),
+        placed_at_hour: hour,
+    })
+}
+
+/// Applies the shipping rules, then has `reply.write` phrase the answer.
+#[handler(
+    capability = "shipping.rules",
+    version = "1.0.0",
+    description = "Same-day shipping rules"
+)]
+pub async fn shipping_rules(ctx: Ctx, input: ShippingQuestion) -> Result<Chain, HandlerError> {
+    let order = &input.order;
+    let (ships_today, reason) = if order.status != "paid" {
+        (false, format!("it is not paid yet ({})", order.status))
+    } else if order.placed_at_hour >= CUTOFF_HOUR {
+        (
+            false,
+            format!("it was placed after the {CUTOFF_HOUR}:00 cutoff; it ships tomorrow"),
+        )
+    } else {
+        (
+            true,
+            format!("it is paid and leaves warehouse {} before the cutoff", order.warehouse),
+        )
+    };
+    let envelope = ctx
+        .call_envelope("reply.write", ReplyRequest { ships_today, reason })
+        .await?;
+    let reply: Reply = serde_json::from_value(envelope.output.unwrap_or_default())
+        .map_err(|error| HandlerError::new("BAD_DOWNSTREAM_OUTPUT", error.to_string()).with_status(502))?;
+    Ok(Chain {
+        reply: reply.reply,
+        ships_today,
+        trace: vec![Hop {
+            capability: "reply.write".to_string(),
+            agent_id: envelope.agent_id.unwrap_or_default(),
+            attempts: envelope.attempts,
+            duration_ms: envelope.duration_ms,
+            trace_id: reply.trace_id,
+        }],
+        trace_id: trace_id(&ctx),
+    })
+}
+
+/// Writes the customer-facing reply from what the context says (it may read
+/// `user_id`, `intent` and `order_status`, nothing else).
+#[handler(capability = "reply.write", version = "1.0.0", description = "Phrase the reply")]
+pub async fn reply_write(ctx: Ctx, input: ReplyRequest) -> Result<Reply, HandlerError> {
+    let context = ctx.context().get(&["user_id", "intent", "order_status"]).await?;
+    let user = context
+        .fields
+        .get("user_id")
+        .and_then(|value| value.as_str())
+        .unwrap_or("there");
+    let order_id = context
+        .fields
+        .get("order_status")
+        .and_then(|status| status.get("order_id"))
+        .and_then(|value| value.as_str())
+        .unwrap_or("your order");
+    let reply = if input.ships_today {
+        format!("Hi {user}, good news: order {order_id} ships today ({}).", input.reason)
+    } else {
+        format!("Hi {user}, order {order_id} does not ship today: {}.", input.reason)
+    };
+    Ok(Reply {
+        reply,
+        trace_id: trace_id(&ctx),
+    })
+}
+
+// === Running the scenario ===
+
+/// One instance to run: which agent, its instance id and weight.
+#[derive(Debug, Clone)]
+pub struct InstanceSpec {
+    pub name: &'static str,
+    pub agent_id: String,
+    pub weight: u32,
+}
+
+/// The scenario's instances: order_query runs three times, weights 3:2:1.
+pub fn scenario_instances() -> Vec<InstanceSpec> {
+    let one = |name: &'static str, agent_id: &str, weight: u32| InstanceSpec {
+        name,
+        agent_id: agent_id.to_string(),
+        weight,
+    };
+    vec![
+        one("intent_parser", "intent_parser-1", 1),
+        one("order_query", "order_query-1", 3),
+        one("order_query", "order_query-2", 2),
+        one("order_query", "order_query-3", 1),
+        one("shipping_rules", "shipping_rules-1", 1),
+        one("reply_writer", "reply_writer-1", 1),
+    ]
+}
+
+/// Where an agent finds the services, and how it proves who it is.
+#[derive(Debug, Clone)]
+pub struct Services {
+    pub registry: String,
+    pub router: String,
+    /// gRPC URL of the context service.
+    pub context: String,
+}
+
+/// Starts one instance, ready for traffic. `token` must be a JWT whose `sub` is `spec.name`.
+pub async fn start_instance(spec: &InstanceSpec, services: &Services, token: String) -> Result<Agent, StartError> {
+    let builder = Agent::builder(spec.name, &spec.agent_id)
+        .registry(&services.registry)
+        .router(&services.router)
+        .context_service(&services.context)
+        .token(token)
+        .weight(spec.weight);
+    let builder = match spec.name {
+        "intent_parser" => builder.handler(intent_parse),
+        "order_query" => builder.handler(order_query),
+        "shipping_rules" => builder.handler(shipping_rules),
+        "reply_writer" => builder.handler(reply_write),
+        other => return Err(StartError::Config(format!("unknown example agent `{other}`"))),
+    };
+    let agent = builder.start().await?;
+    agent.mark_ready();
+    Ok(agent)
+}
+
+/// The names of the example agents.
+pub const AGENT_NAMES: [&str; 4] = ["intent_parser", "order_query", "shipping_rules", "reply_writer"];
+
+/// A call failed in a way the example cannot recover from.
+pub fn describe(error: &CallError) -> String {
+    format!("{} ({})", error.message, error.code)
+}
+
+/// The policy the example needs, exactly: these calls, providers and reads.
+pub const EXAMPLE_ACL: &str = include_str!("../acl.yaml");
