@@ -2,6 +2,8 @@
 //! client, bounded by the request's absolute deadline, and classifying what
 //! came back. The decision to retry is the caller's (`invoke`).
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,21 +35,52 @@ pub struct ForwardHeaders<'a> {
     pub request_id: &'a HeaderValue,
 }
 
-#[derive(Clone)]
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Distinguishes forwarders sharing a thread (several routers in one test process).
+static NEXT_FORWARDER_ID: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// One client (and so one connection pool) per forwarder per thread: a pooled
+    /// connection is driven by a task on the thread that opened it, so a request
+    /// never hops threads to reach its connection, and threads share no pool lock.
+    static CLIENTS: RefCell<Vec<(usize, HttpClient)>> = const { RefCell::new(Vec::new()) };
+}
+
 pub struct Forwarder {
-    client: Client<HttpConnector, Full<Bytes>>,
+    id: usize,
+    idle_per_instance: usize,
 }
 
 impl Forwarder {
     pub fn new(idle_per_instance: usize) -> Self {
+        Self {
+            id: NEXT_FORWARDER_ID.fetch_add(1, Ordering::Relaxed),
+            idle_per_instance,
+        }
+    }
+
+    fn build_client(&self) -> HttpClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(idle_per_instance)
+        Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(self.idle_per_instance)
             .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
-        Self { client }
+            .build(connector)
+    }
+
+    /// This thread's client for this forwarder (a cheap handle clone).
+    fn client(&self) -> HttpClient {
+        CLIENTS.with(|clients| {
+            let mut clients = clients.borrow_mut();
+            if let Some((_, client)) = clients.iter().find(|(id, _)| *id == self.id) {
+                return client.clone();
+            }
+            let client = self.build_client();
+            clients.push((self.id, client.clone()));
+            client
+        })
     }
 
     /// POSTs `body` to `uri`, giving up at `deadline`.
@@ -68,7 +101,7 @@ impl Forwarder {
             Err(error) => return AttemptResult::ConnectFailed(format!("cannot build the request: {error}")),
         };
         let exchange = async {
-            let response = match self.client.request(request).await {
+            let response = match self.client().request(request).await {
                 Ok(response) => response,
                 Err(error) if error.is_connect() => return AttemptResult::ConnectFailed(error.to_string()),
                 Err(error) => return AttemptResult::Broken(error.to_string()),

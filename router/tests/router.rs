@@ -702,3 +702,57 @@ async fn openapi_document_is_true() {
         assert!(result_fields.contains_key(field), "{field} documented");
     }
 }
+
+// The binary's server (one single-threaded runtime per core on SO_REUSEPORT
+// listeners) serves the same API and stops on shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_core_server_serves_and_stops() {
+    let cluster = Cluster::start().await;
+    let _agent = cluster.agent(AgentSpec::new("pa-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["pa-1"]).await;
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", agent_reach_testkit::free_port())
+        .parse()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(agent_reach_router::serve_per_core(
+        addr,
+        2,
+        cluster.router.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let url = format!("http://{addr}/v1/invoke");
+    let up = eventually(Duration::from_secs(5), || {
+        let client = cluster.client.clone();
+        let url = url.clone();
+        async move {
+            let response = client
+                .post(&url)
+                .bearer_auth(token(CALLER))
+                .json(&order("SO-1"))
+                .send()
+                .await;
+            response.is_ok_and(|response| response.status() == 200)
+        }
+    })
+    .await;
+    assert!(up, "per-core server did not answer");
+    for n in 0..20 {
+        let response = cluster
+            .client
+            .post(&url)
+            .bearer_auth(token(CALLER))
+            .json(&order(&format!("SO-{n}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    stop.send(()).unwrap();
+    let finished = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(
+        matches!(finished, Ok(Ok(Ok(())))),
+        "server did not stop cleanly: {finished:?}"
+    );
+}

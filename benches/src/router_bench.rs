@@ -1,0 +1,391 @@
+//! Router benchmark (issue 3, acceptance point 11): three real HTTP agents
+//! with weights 3:2:1, called (a) directly, (b) through the router with
+//! authentication, ACL and schema validation on, and (c) through HAProxy with
+//! the same weights, by wrk at 32 connections and at 1 connection.
+//!
+//! ```sh
+//! cargo run --release -p agent-reach-benches --bin router-bench
+//! ```
+//!
+//! Starts a real etcd (testkit); the registry and the router run as child
+//! processes (this binary re-executed), the agents in this process, HAProxy
+//! and wrk from the distribution's packages (`scripts/setup.sh`). Prints
+//! req/s and p50/p99 per target and the verdict against the target: router
+//! req/s ≥ HAProxy's, and the router's added p50 at 1 connection ≤ HAProxy's.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use serde_json::json;
+
+const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
+const SERVE_REGISTRY: &str = "__serve-registry";
+const SERVE_ROUTER: &str = "__serve-router";
+const CAPABILITY: &str = "bench.echo";
+const CALLER: &str = "bench_caller";
+
+#[derive(Debug, Parser)]
+#[command(about = "Router benchmark: direct agent vs router vs HAProxy, wrk at 32 and 1 connections.")]
+struct Args {
+    /// Seconds each wrk run lasts.
+    #[arg(long, default_value_t = 10)]
+    duration_s: u64,
+    /// wrk threads.
+    #[arg(long, default_value_t = 1)]
+    wrk_threads: u32,
+    /// Connection counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "32,1")]
+    connections: Vec<u32>,
+}
+
+#[derive(Debug, Parser)]
+struct ServeRegistry {
+    #[command(flatten)]
+    registry: agent_reach_registry::RegistryArgs,
+}
+
+#[derive(Debug, Parser)]
+struct ServeRouter {
+    #[command(flatten)]
+    router: agent_reach_router::RouterArgs,
+}
+
+/// A child process killed on drop.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], agent_reach_testkit::free_port()))
+}
+
+fn spawn_self(mode: &str, args: &[String]) -> anyhow::Result<ChildGuard> {
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .arg(mode)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("spawning {mode}"))?;
+    Ok(ChildGuard(child))
+}
+
+// === Agents ===
+
+async fn agent_handler(body: axum::body::Bytes) -> impl axum::response::IntoResponse {
+    // Reading the body is part of the work; the answer is a small envelope.
+    let _ = body.len();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        r#"{"output":{"status":"paid","ships_today":true}}"#,
+    )
+}
+
+async fn start_agent() -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = axum::Router::new().route("/invoke", axum::routing::post(agent_handler));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
+}
+
+async fn register(client: &reqwest::Client, registry: &str, id: &str, addr: SocketAddr, weight: u32) -> anyhow::Result<i64> {
+    let token = agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
+        .map_err(anyhow::Error::msg)?;
+    let body = json!({
+        "agent_id": id, "name": "bench_agent", "endpoint": format!("http://{addr}/invoke"),
+        "weight": weight, "ttl_s": 30, "status": "ready",
+        "capabilities": [{
+            "name": CAPABILITY, "version": "1.0.0",
+            "input_schema": { "type": "object", "required": ["order_id"], "properties": { "order_id": { "type": "string" } } }
+        }]
+    });
+    let response = client
+        .post(format!("{registry}/v1/agents"))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("registration of {id} failed: {}", response.text().await?);
+    }
+    let answer: serde_json::Value = response.json().await?;
+    let lease = answer["lease_id"].as_i64().context("lease_id")?;
+    let (client, registry, id) = (client.clone(), registry.to_string(), id.to_string());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let _ = client
+                .put(format!("{registry}/v1/agents/{id}/heartbeat"))
+                .bearer_auth(&token)
+                .json(&json!({ "lease_id": lease }))
+                .send()
+                .await;
+        }
+    });
+    Ok(lease)
+}
+
+// === wrk ===
+
+struct WrkResult {
+    requests_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: String,
+}
+
+fn parse_latency_us(text: &str) -> Option<f64> {
+    let text = text.trim();
+    let (number, factor) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1_000.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1_000_000.0)
+    } else {
+        (text, 1.0)
+    };
+    number.trim().parse::<f64>().ok().map(|value| value * factor)
+}
+
+fn run_wrk(script: &Path, url: &str, connections: u32, args: &Args) -> anyhow::Result<WrkResult> {
+    let output = Command::new("/usr/bin/wrk")
+        .arg(format!("-t{}", args.wrk_threads.min(connections)))
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{}s", args.duration_s))
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(url)
+        .output()
+        .context("running wrk (apt-get install wrk)")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let mut result = WrkResult {
+        requests_per_s: 0.0,
+        p50_us: f64::NAN,
+        p99_us: f64::NAN,
+        errors: String::new(),
+    };
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if let Some(rest) = trimmed.strip_prefix("Requests/sec:") {
+            result.requests_per_s = rest.trim().parse().unwrap_or(0.0);
+        } else if let Some(rest) = trimmed.strip_prefix("50%") {
+            result.p50_us = parse_latency_us(rest).unwrap_or(f64::NAN);
+        } else if let Some(rest) = trimmed.strip_prefix("99%") {
+            result.p99_us = parse_latency_us(rest).unwrap_or(f64::NAN);
+        } else if trimmed.starts_with("Non-2xx") || trimmed.starts_with("Socket errors") {
+            result.errors.push_str(trimmed);
+            result.errors.push(' ');
+        }
+    }
+    if result.requests_per_s == 0.0 {
+        bail!("wrk produced no result:\n{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(result)
+}
+
+// === HAProxy ===
+
+fn start_haproxy(dir: &Path, listen: SocketAddr, agents: &[(SocketAddr, u32)]) -> anyhow::Result<ChildGuard> {
+    let mut servers = String::new();
+    for (index, (addr, weight)) in agents.iter().enumerate() {
+        servers.push_str(&format!("    server a{index} {addr} weight {weight}\n"));
+    }
+    let config = format!(
+        "global\n    maxconn 4000\n    nbthread 2\n\ndefaults\n    mode http\n    option http-keep-alive\n    \
+         timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\nfrontend fe\n    bind {listen}\n    \
+         default_backend be\n\nbackend be\n    balance roundrobin\n    http-reuse always\n{servers}"
+    );
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, config)?;
+    let child = Command::new("/usr/sbin/haproxy")
+        .arg("-f")
+        .arg(&path)
+        .arg("-db")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("running haproxy (apt-get install haproxy)")?;
+    Ok(ChildGuard(child))
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl AsyncFnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if ok().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{what} not ready within {timeout:?}")
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(SERVE_REGISTRY) {
+        argv.remove(1);
+        let serve = ServeRegistry::parse_from(argv);
+        let runtime = tokio::runtime::Runtime::new()?;
+        return runtime.block_on(agent_reach_registry::run(serve.registry, std::future::pending()));
+    }
+    if argv.get(1).map(String::as_str) == Some(SERVE_ROUTER) {
+        argv.remove(1);
+        let serve = ServeRouter::parse_from(argv);
+        let runtime = tokio::runtime::Runtime::new()?;
+        return runtime.block_on(agent_reach_router::run(serve.router, std::future::pending()));
+    }
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let etcd = agent_reach_testkit::Etcd::start();
+    let dir = tempfile::tempdir()?;
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, SECRET)?;
+    let acl = dir.path().join("acl.yaml");
+    std::fs::write(
+        &acl,
+        format!(
+            "version: 1\npermissions:\n  - caller: {CALLER}\n    allow: [{CAPABILITY}]\nproviders:\n  - agent: bench_agent\n    provides: [\"bench.*\"]\n"
+        ),
+    )?;
+    let path_text = |path: &PathBuf| path.to_string_lossy().to_string();
+
+    let registry_addr = free_addr();
+    let _registry = spawn_self(
+        SERVE_REGISTRY,
+        &[
+            "--listen".into(),
+            registry_addr.to_string(),
+            "--etcd".into(),
+            etcd.endpoint(),
+            "--acl".into(),
+            path_text(&acl),
+            "--auth-hs256-secret-file".into(),
+            path_text(&secret),
+        ],
+    )?;
+    let registry = format!("http://{registry_addr}");
+    let client = reqwest::Client::new();
+    wait_for("registry", Duration::from_secs(20), async || {
+        client.get(format!("{registry}/readyz")).send().await.is_ok_and(|r| r.status().is_success())
+    })
+    .await?;
+
+    let mut agents = Vec::new();
+    for (index, weight) in [3u32, 2, 1].into_iter().enumerate() {
+        let addr = start_agent().await?;
+        register(&client, &registry, &format!("bench_agent-{index}"), addr, weight).await?;
+        agents.push((addr, weight));
+    }
+
+    let router_addr = free_addr();
+    let _router = spawn_self(
+        SERVE_ROUTER,
+        &[
+            "--listen".into(),
+            router_addr.to_string(),
+            "--registry".into(),
+            registry.clone(),
+            "--acl".into(),
+            path_text(&acl),
+            "--auth-hs256-secret-file".into(),
+            path_text(&secret),
+        ],
+    )?;
+    let token = agent_reach_access::token::issue_hs256(CALLER, SECRET.as_bytes(), Duration::from_secs(86_400))
+        .map_err(anyhow::Error::msg)?;
+    let envelope = json!({ "capability": CAPABILITY, "payload": { "order_id": "SO-2024001" } }).to_string();
+    let router_url = format!("http://{router_addr}/v1/invoke");
+    wait_for("router with all three agents", Duration::from_secs(20), async || {
+        let Ok(response) = client.post(&router_url).bearer_auth(&token).body(envelope.clone()).send().await else {
+            return false;
+        };
+        response.status().is_success()
+    })
+    .await?;
+
+    let haproxy_addr = free_addr();
+    let _haproxy = start_haproxy(dir.path(), haproxy_addr, &agents)?;
+    let haproxy_url = format!("http://{haproxy_addr}/invoke");
+    wait_for("haproxy", Duration::from_secs(10), async || {
+        client.post(&haproxy_url).body(envelope.clone()).send().await.is_ok_and(|r| r.status().is_success())
+    })
+    .await?;
+
+    let script = dir.path().join("post.lua");
+    std::fs::write(
+        &script,
+        format!(
+            "wrk.method = \"POST\"\nwrk.body = '{envelope}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n\
+             wrk.headers[\"Authorization\"] = \"Bearer {token}\"\n"
+        ),
+    )?;
+    let targets = [
+        ("direct agent", format!("http://{}/invoke", agents[0].0)),
+        ("router", router_url.clone()),
+        ("haproxy", haproxy_url.clone()),
+    ];
+    println!(
+        "router-bench: 3 agents (weights 3:2:1), wrk {} thread(s), {} s per run, {} cores",
+        args.wrk_threads,
+        args.duration_s,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    println!("router: authentication (HS256), ACL and schema validation on\n");
+    println!("{:<14} {:>6} {:>12} {:>10} {:>10}  errors", "target", "conns", "req/s", "p50", "p99");
+    let mut results = std::collections::HashMap::new();
+    for &connections in &args.connections {
+        for (name, url) in &targets {
+            // A short warm-up fills connection pools.
+            let warm = Args {
+                duration_s: 2,
+                wrk_threads: args.wrk_threads,
+                connections: vec![],
+            };
+            let _ = run_wrk(&script, url, connections, &warm);
+            let result = run_wrk(&script, url, connections, &args)?;
+            println!(
+                "{:<14} {:>6} {:>12.0} {:>8.0}us {:>8.0}us  {}",
+                name, connections, result.requests_per_s, result.p50_us, result.p99_us, result.errors
+            );
+            results.insert((name.to_string(), connections), result);
+        }
+    }
+    println!();
+    for &connections in &args.connections {
+        let get = |name: &str| results.get(&(name.to_string(), connections));
+        if let (Some(direct), Some(router), Some(haproxy)) = (get("direct agent"), get("router"), get("haproxy")) {
+            let throughput_ok = router.requests_per_s >= haproxy.requests_per_s;
+            println!(
+                "{connections:>2} conn: router {:.0} req/s vs haproxy {:.0} req/s ({:+.1} %) -> {}",
+                router.requests_per_s,
+                haproxy.requests_per_s,
+                (router.requests_per_s / haproxy.requests_per_s - 1.0) * 100.0,
+                if throughput_ok { "MET" } else { "NOT MET" }
+            );
+            let router_added = router.p50_us - direct.p50_us;
+            let haproxy_added = haproxy.p50_us - direct.p50_us;
+            println!(
+                "{connections:>2} conn: added p50: router {router_added:.0}us vs haproxy {haproxy_added:.0}us -> {}",
+                if router_added <= haproxy_added { "MET" } else { "NOT MET" }
+            );
+        }
+    }
+    drop(etcd);
+    Ok(())
+}
