@@ -50,6 +50,11 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
 
 /// Parses JSON into the envelope, naming the field at fault.
 pub fn parse(bytes: &[u8]) -> Result<InvokeRequest, RouterError> {
+    // The happy path parses once, without path tracking; only a failure is
+    // parsed again to name the field.
+    if let Ok(request) = serde_json::from_slice::<InvokeRequest>(bytes) {
+        return Ok(request);
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let parsed: Result<InvokeRequest, _> = serde_path_to_error::deserialize(&mut deserializer);
     let request = parsed.map_err(|error| {

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
+
+use crate::auth::CachingAuthenticator;
 use agent_reach_proto::envelope::{AgentErrorBody, AgentOutput, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
@@ -32,7 +34,7 @@ pub struct RouterService {
     breaker: BreakerConfig,
     snapshot: Arc<SnapshotHandle>,
     acl: AclHandle,
-    auth: Authenticator,
+    auth: CachingAuthenticator,
     forwarder: Forwarder,
     budget: RetryBudget,
     metrics: Metrics,
@@ -90,7 +92,7 @@ impl RouterService {
             tuning,
             snapshot,
             acl,
-            auth,
+            auth: CachingAuthenticator::new(auth),
             metrics,
         }
     }
