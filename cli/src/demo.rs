@@ -10,7 +10,7 @@ use agent_reach_examples::Chain;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use crate::stack::{Stack, StackOptions};
+use agent_reach_examples::stack::{Stack, StackOptions};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -38,7 +38,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         etcd: Vec::new(),
         redis: None,
         acl: None,
-        with_agents: true,
+        agents: agent_reach_examples::scenario_instances(),
     })
     .await?;
     let outcome = scenario(&stack, &args).await;

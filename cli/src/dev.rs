@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::stack::{Stack, StackOptions};
+use agent_reach_examples::stack::{Stack, StackOptions};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
@@ -41,7 +41,11 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()> + Send + 'sta
         etcd: args.etcd.clone(),
         redis: args.redis.clone(),
         acl: args.acl.clone(),
-        with_agents: !args.no_agents,
+        agents: if args.no_agents {
+            Vec::new()
+        } else {
+            agent_reach_examples::scenario_instances()
+        },
     })
     .await?;
     let token = stack.token("demo_user", Duration::from_secs(86_400))?;

@@ -12,7 +12,6 @@ use clap::{Parser, Subcommand};
 mod demo;
 mod dev;
 mod ops;
-mod stack;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]

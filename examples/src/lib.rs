@@ -6,6 +6,8 @@
 //! service. Every agent returns the chain below it, so the caller sees each
 //! hop (instance, attempts, latency, trace id).
 
+pub mod stack;
+
 use agent_reach_sdk::{handler, Agent, CallError, Ctx, HandlerError, StartError};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

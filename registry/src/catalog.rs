@@ -258,6 +258,7 @@ impl Catalog {
         }
         state.revision = revision;
         drop(state);
+        self.metrics.catalog_revision.set(revision);
         self.revision.send_replace(revision);
     }
 

@@ -401,3 +401,135 @@ async fn reregisters_after_lease_loss_and_drains_on_shutdown() {
         .unwrap();
     assert_eq!(gone.status(), 404, "deregistered on shutdown");
 }
+
+#[test]
+fn descriptor_schemas_are_the_types_schemas() {
+    use agent_reach_sdk::IntoHandler;
+    let handler = echo.into_handler();
+    let descriptor = handler.descriptor();
+    assert_eq!(
+        descriptor.input_schema,
+        serde_json::to_value(schemars::schema_for!(Echo)).unwrap()
+    );
+    assert_eq!(
+        descriptor.output_schema,
+        serde_json::to_value(schemars::schema_for!(Echoed)).unwrap()
+    );
+    assert_eq!(descriptor.version, "1.0.0");
+}
+
+/// A registry on its own runtime thread: `kill` ends every task and
+/// connection, as a killed process would; it can start again on the same port.
+struct RegistryProcess {
+    addr: SocketAddr,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RegistryProcess {
+    async fn start(settings: agent_reach_registry::config::Settings) -> Self {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let service = agent_reach_registry::build(&settings).await.unwrap();
+                let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
+                let _ = ready_tx.send(listener.local_addr().unwrap());
+                tokio::select! {
+                    _ = agent_reach_registry::serve(listener, service, std::future::pending()) => {}
+                    _ = killed => {}
+                }
+            });
+            runtime.shutdown_background();
+        });
+        let addr = ready_rx.await.unwrap();
+        Self {
+            addr,
+            kill: Some(kill),
+            thread: Some(thread),
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+    }
+}
+
+impl Drop for RegistryProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reregisters_by_itself_after_a_registry_restart() {
+    use agent_reach_registry::store::Store;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let acl = dir.path().join("acl.yaml");
+    std::fs::write(&acl, ACL).unwrap();
+    let settings = |listen: SocketAddr| agent_reach_registry::config::Settings {
+        listen,
+        store: agent_reach_registry::config::StoreChoice::Etcd(vec![etcd.endpoint()]),
+        acl: acl.clone(),
+        auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        service: agent_reach_registry::RegistryConfig {
+            ttl: agent_reach_registry::validate::TtlBounds {
+                min_s: 1,
+                max_s: 300,
+                default_s: 15,
+            },
+            ..Default::default()
+        },
+    };
+    let mut registry = RegistryProcess::start(settings("127.0.0.1:0".parse().unwrap())).await;
+    let registry_url = format!("http://{}", registry.addr);
+    let agent = Agent::builder("echo_agent", "echo-3")
+        .registry(&registry_url)
+        .token(token("echo_agent"))
+        .ttl_s(2)
+        .handler(echo)
+        .start()
+        .await
+        .unwrap();
+    agent.mark_ready();
+    let store = agent_reach_registry::store::EtcdStore::connect(&[etcd.endpoint()]).unwrap();
+    let key = "/agent-reach/v1/default/agents/echo-3";
+    let is_ready = || async {
+        store
+            .get(key)
+            .await
+            .unwrap()
+            .is_some_and(|kv| String::from_utf8_lossy(&kv.value).contains("\"status\":\"ready\""))
+    };
+    assert!(eventually(Duration::from_secs(5), is_ready).await);
+
+    // The registry dies long enough for the lease to expire in etcd ...
+    registry.kill();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            store.get(key).await.unwrap().is_none()
+        })
+        .await,
+        "the lease never expired"
+    );
+    // ... and comes back on the same address: the agent registers again by itself.
+    let _registry = RegistryProcess::start(settings(registry.addr)).await;
+    assert!(
+        eventually(Duration::from_secs(15), is_ready).await,
+        "the agent did not re-register after the registry came back"
+    );
+    agent.shutdown().await;
+}

@@ -11,7 +11,7 @@ use agent_reach_access::AuthConfig;
 use agent_reach_proto::registry::registry_client::RegistryClient;
 use agent_reach_registry::config::{Settings, StoreChoice};
 use agent_reach_registry::validate::TtlBounds;
-use agent_reach_registry::{RegistryConfig, RegistryService};
+use agent_reach_registry::RegistryConfig;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
@@ -26,11 +26,13 @@ providers:
     provides: [shipping.rules]
 "#;
 
+/// A registry on its own runtime thread, so that [`TestRegistry::kill`]
+/// ends it the way a killed process ends: every task and connection dies.
 pub struct TestRegistry {
     pub addr: SocketAddr,
-    pub service: Arc<RegistryService>,
     pub acl_path: PathBuf,
-    server: tokio::task::JoinHandle<()>,
+    kill: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     _dir: Arc<tempfile::TempDir>,
     http: reqwest::Client,
 }
@@ -66,20 +68,32 @@ impl TestRegistry {
                 max_body_bytes: 1024 * 1024,
             },
         };
-        let service = agent_reach_registry::build(&settings).await.unwrap();
-        let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let served = service.clone();
-        let server = tokio::spawn(async move {
-            agent_reach_registry::serve(listener, served, std::future::pending())
-                .await
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
                 .unwrap();
+            runtime.block_on(async move {
+                let service = agent_reach_registry::build(&settings).await.unwrap();
+                let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
+                let _ = ready_tx.send(listener.local_addr().unwrap());
+                tokio::select! {
+                    served = agent_reach_registry::serve(listener, service, std::future::pending()) => served.unwrap(),
+                    _ = kill_rx => {}
+                }
+            });
+            // Dropping the runtime's tasks closes every connection at once.
+            runtime.shutdown_background();
         });
+        let addr = ready_rx.await.expect("registry thread failed to start");
         let registry = Self {
             addr,
-            service,
             acl_path,
-            server,
+            kill: std::sync::Mutex::new(Some(kill_tx)),
+            thread: std::sync::Mutex::new(Some(thread)),
             _dir: dir,
             http: reqwest::Client::new(),
         };
@@ -96,9 +110,14 @@ impl TestRegistry {
         registry
     }
 
-    /// Stops serving abruptly, as a killed process would (connections drop).
+    /// Stops abruptly, as a killed process would: every connection drops.
     pub fn kill(&self) {
-        self.server.abort();
+        if let Some(kill) = self.kill.lock().unwrap().take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.lock().unwrap().take() {
+            thread.join().unwrap();
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -179,7 +198,7 @@ impl TestRegistry {
 
 impl Drop for TestRegistry {
     fn drop(&mut self) {
-        self.server.abort();
+        self.kill();
     }
 }
 

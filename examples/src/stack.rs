@@ -1,6 +1,7 @@
 //! Every service in one process — registry, router, context service and the
 //! example agents — on embedded stores (or real etcd/Redis when given), with
-//! a freshly generated HS256 secret. Used by `agent-reach dev` and `demo`.
+//! a freshly generated HS256 secret. Used by `agent-reach dev` and `demo`,
+//! and by the example's tests.
 //!
 //! Authentication stays on: callers and agents get tokens signed with the
 //! generated secret.
@@ -9,8 +10,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::{start_instance, InstanceSpec, Services, EXAMPLE_ACL};
 use agent_reach_access::AuthConfig;
-use agent_reach_examples::{scenario_instances, start_instance, Services, EXAMPLE_ACL};
 use agent_reach_sdk::Agent;
 use anyhow::Context;
 use rand::RngCore;
@@ -27,8 +28,8 @@ pub struct StackOptions {
     pub redis: Option<String>,
     /// Access policy; the example's policy when `None`.
     pub acl: Option<PathBuf>,
-    /// Start the example agents too.
-    pub with_agents: bool,
+    /// Example agent instances to start in-process (see [`crate::scenario_instances`]).
+    pub agents: Vec<InstanceSpec>,
 }
 
 pub struct Stack {
@@ -148,15 +149,11 @@ impl Stack {
             agents: Vec::new(),
             _workdir: workdir,
         };
-        if options.with_agents {
-            let services = Services {
-                registry: stack.registry.clone(),
-                router: stack.router.clone(),
-                context: stack.context.clone(),
-            };
-            for spec in scenario_instances() {
+        if !options.agents.is_empty() {
+            let services = stack.services();
+            for spec in &options.agents {
                 let token = stack.token(spec.name, Duration::from_secs(7 * 86_400))?;
-                let agent = start_instance(&spec, &services, token)
+                let agent = start_instance(spec, &services, token)
                     .await
                     .with_context(|| format!("starting example agent {}", spec.agent_id))?;
                 stack.agents.push(agent);
@@ -165,12 +162,22 @@ impl Stack {
         Ok(stack)
     }
 
+    /// Where agents find this stack's services.
+    pub fn services(&self) -> Services {
+        Services {
+            registry: self.registry.clone(),
+            router: self.router.clone(),
+            context: self.context.clone(),
+        }
+    }
+
     /// A token for `name`, signed with this stack's secret.
     pub fn token(&self, name: &str, ttl: Duration) -> anyhow::Result<String> {
         agent_reach_access::token::issue_hs256(name, &self.secret, ttl).map_err(anyhow::Error::msg)
     }
 
-    /// Waits until the router can route to every example capability.
+    /// Waits until every capability has a routable instance in the registry
+    /// and the router's snapshot has caught up with those instances.
     pub async fn wait_until_routable(&self, capabilities: &[&str], timeout: Duration) -> anyhow::Result<()> {
         let client = reqwest::Client::new();
         let token = self.token("demo_user", Duration::from_secs(60))?;
@@ -184,10 +191,7 @@ impl Stack {
                     .await?
                     .json()
                     .await?;
-                if resolved["instances"]
-                    .as_array()
-                    .is_some_and(|instances| !instances.is_empty())
-                {
+                if resolved["instances"].as_array().is_some_and(|found| !found.is_empty()) {
                     break;
                 }
                 if tokio::time::Instant::now() >= deadline {
@@ -196,7 +200,36 @@ impl Stack {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        Ok(())
+        // The router learns of them through its registry watch, a moment later:
+        // wait until its snapshot reflects the registry's current revision.
+        let gauge = |text: &str, name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let registry_metrics = client
+            .get(format!("{}/metrics", self.registry))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let revision = gauge(&registry_metrics, "agent_reach_registry_catalog_revision");
+        loop {
+            let metrics = client
+                .get(format!("{}/metrics", self.router))
+                .send()
+                .await?
+                .text()
+                .await?;
+            if gauge(&metrics, "agent_reach_router_snapshot_revision") >= revision {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!("the router's snapshot did not catch up within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Drains and deregisters the agents, then stops the services.
