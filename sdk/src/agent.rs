@@ -385,7 +385,16 @@ impl Agent {
             .is_some_and(|age| age < Duration::from_secs(u64::from(self.shared.config.ttl_s)))
     }
 
-    /// The agent's own initialisation is done: accept traffic.
+    /// The agent's own initialisation is done: accept traffic. Until then the
+    /// instance is registered as `starting` and the router sends it nothing.
+    ///
+    /// ```no_run
+    /// # async fn example(agent: agent_reach_sdk::Agent) {
+    /// // load models, warm caches ...
+    /// agent.mark_ready();
+    /// assert_eq!(agent.status(), agent_reach_sdk::Status::Ready);
+    /// # }
+    /// ```
     pub fn mark_ready(&self) {
         if self.shared.status() == Status::Starting {
             self.shared.set_status(Status::Ready);
@@ -394,6 +403,13 @@ impl Agent {
 
     /// Drains and deregisters: reports `draining`, waits for in-flight work
     /// (up to the drain timeout), deregisters, and stops serving.
+    ///
+    /// ```no_run
+    /// # async fn example(agent: agent_reach_sdk::Agent) {
+    /// tokio::signal::ctrl_c().await.ok();
+    /// agent.shutdown().await; // or simply agent.run_until_signal().await
+    /// # }
+    /// ```
     pub async fn shutdown(self) {
         self.shared.set_status(Status::Draining);
         let drain_until = Instant::now() + self.shared.config.drain_timeout;

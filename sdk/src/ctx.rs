@@ -128,6 +128,18 @@ impl Ctx {
 
     /// Calls another capability through the router, carrying this request's
     /// session, context, remaining deadline and trace context.
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError};
+    /// use serde_json::{json, Value};
+    ///
+    /// #[handler(capability = "order.summary", version = "1.0.0")]
+    /// async fn summary(ctx: Ctx, order_id: String) -> Result<Value, HandlerError> {
+    ///     // A failed call becomes this handler's error, with the callee's code.
+    ///     let status: Value = ctx.call("order.query", json!({ "order_id": order_id })).await?;
+    ///     Ok(json!({ "status": status["status"] }))
+    /// }
+    /// ```
     pub async fn call<O: DeserializeOwned>(&self, capability: &str, input: impl Serialize) -> Result<O, CallError> {
         let envelope = self.call_envelope(capability, input).await?;
         let output = envelope.output.unwrap_or(Value::Null);
@@ -165,6 +177,21 @@ impl Ctx {
     }
 
     /// The session context named by this request's `context_id`.
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError};
+    ///
+    /// #[handler(capability = "intent.parse", version = "1.0.0")]
+    /// async fn parse(ctx: Ctx, text: String) -> Result<String, HandlerError> {
+    ///     let intent = if text.contains("ship") { "ask_ship_today" } else { "unknown" };
+    ///     // Only fields this agent's `write` whitelist allows; atomic.
+    ///     let version = ctx.context().patch().set("intent", intent).send().await?;
+    ///     // Only fields this agent's `read` whitelist allows come back.
+    ///     let seen = ctx.context().get(&["intent"]).await?;
+    ///     assert!(seen.version >= version);
+    ///     Ok(intent.to_string())
+    /// }
+    /// ```
     pub fn context(&self) -> ContextHandle {
         ContextHandle {
             links: self.inner.links.clone(),
