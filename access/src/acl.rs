@@ -391,10 +391,16 @@ context:
         assert!(!acl.may_provide("intent_parser", "order.query"));
         assert!(acl.may_read_field("reply_writer", "intent"));
         assert!(!acl.may_read_field("reply_writer", "secret"));
-        assert!(!acl.may_write_field("reply_writer", "intent"), "read does not imply write");
+        assert!(
+            !acl.may_write_field("reply_writer", "intent"),
+            "read does not imply write"
+        );
         assert!(acl.may_write_field("intent_parser", "order.status"));
         assert!(!acl.may_write_field("intent_parser", "secret"));
-        assert!(!acl.may_read_field("intent_parser", "intent"), "write does not imply read");
+        assert!(
+            !acl.may_read_field("intent_parser", "intent"),
+            "write does not imply read"
+        );
         assert!(!Acl::deny_all().may_call("a", "b"));
     }
 

@@ -99,7 +99,13 @@ async fn start_agent() -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-async fn register(client: &reqwest::Client, registry: &str, id: &str, addr: SocketAddr, weight: u32) -> anyhow::Result<i64> {
+async fn register(
+    client: &reqwest::Client,
+    registry: &str,
+    id: &str,
+    addr: SocketAddr,
+    weight: u32,
+) -> anyhow::Result<i64> {
     let token = agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
         .map_err(anyhow::Error::msg)?;
     let body = json!({
@@ -191,7 +197,10 @@ fn run_wrk(script: &Path, url: &str, connections: u32, args: &Args) -> anyhow::R
         }
     }
     if result.requests_per_s == 0.0 {
-        bail!("wrk produced no result:\n{text}\n{}", String::from_utf8_lossy(&output.stderr));
+        bail!(
+            "wrk produced no result:\n{text}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     Ok(result)
 }
@@ -247,7 +256,10 @@ fn main() -> anyhow::Result<()> {
         return runtime.block_on(agent_reach_router::run(serve.router, std::future::pending()));
     }
     let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     runtime.block_on(bench(args))
 }
 
@@ -282,7 +294,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let registry = format!("http://{registry_addr}");
     let client = reqwest::Client::new();
     wait_for("registry", Duration::from_secs(20), async || {
-        client.get(format!("{registry}/readyz")).send().await.is_ok_and(|r| r.status().is_success())
+        client
+            .get(format!("{registry}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
     })
     .await?;
 
@@ -312,7 +328,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let envelope = json!({ "capability": CAPABILITY, "payload": { "order_id": "SO-2024001" } }).to_string();
     let router_url = format!("http://{router_addr}/v1/invoke");
     wait_for("router with all three agents", Duration::from_secs(20), async || {
-        let Ok(response) = client.post(&router_url).bearer_auth(&token).body(envelope.clone()).send().await else {
+        let Ok(response) = client
+            .post(&router_url)
+            .bearer_auth(&token)
+            .body(envelope.clone())
+            .send()
+            .await
+        else {
             return false;
         };
         response.status().is_success()
@@ -323,7 +345,12 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let _haproxy = start_haproxy(dir.path(), haproxy_addr, &agents)?;
     let haproxy_url = format!("http://{haproxy_addr}/invoke");
     wait_for("haproxy", Duration::from_secs(10), async || {
-        client.post(&haproxy_url).body(envelope.clone()).send().await.is_ok_and(|r| r.status().is_success())
+        client
+            .post(&haproxy_url)
+            .body(envelope.clone())
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
     })
     .await?;
 
@@ -347,7 +374,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     println!("router: authentication (HS256), ACL and schema validation on\n");
-    println!("{:<14} {:>6} {:>12} {:>10} {:>10}  errors", "target", "conns", "req/s", "p50", "p99");
+    println!(
+        "{:<14} {:>6} {:>12} {:>10} {:>10}  errors",
+        "target", "conns", "req/s", "p50", "p99"
+    );
     let mut results = std::collections::HashMap::new();
     for &connections in &args.connections {
         for (name, url) in &targets {
@@ -382,7 +412,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             let haproxy_added = haproxy.p50_us - direct.p50_us;
             println!(
                 "{connections:>2} conn: added p50: router {router_added:.0}us vs haproxy {haproxy_added:.0}us -> {}",
-                if router_added <= haproxy_added { "MET" } else { "NOT MET" }
+                if router_added <= haproxy_added {
+                    "MET"
+                } else {
+                    "NOT MET"
+                }
             );
         }
     }
