@@ -4,6 +4,7 @@
 #   etcd-server   registry store (tests spawn their own etcd on free ports)
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
+#   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 set -euo pipefail
 
 need=()
@@ -12,6 +13,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "setup: everything needed is installed"

@@ -4,11 +4,13 @@
 //! by step (as nginx restores `effective_weight`), so a recovering instance
 //! gets traffic back gradually. Atomics only.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Transition};
 use crate::metrics::InstanceMetrics;
+use crate::snapshot::{Snapshot, Status};
 
 /// Full health, in permille.
 const FULL: u32 = 1000;
@@ -58,6 +60,7 @@ impl InstanceState {
     pub fn new(metrics: InstanceMetrics) -> Self {
         metrics.breaker_state.set(BreakerState::Closed.gauge_value());
         metrics.inflight.set(0);
+        metrics.health_score.set(100);
         Self {
             breaker: Breaker::new(),
             health_permille: AtomicU32::new(FULL),
@@ -160,6 +163,75 @@ pub fn latency_factor(ewma_us: u64, fastest_ewma_us: u64) -> u64 {
     }
 }
 
+// === Health score ===
+
+/// Publishes every instance's 0–100 health score (the seeds' console score:
+/// heartbeat freshness, error rate and latency in one number). Called when
+/// `/metrics` is scraped, never on the request path.
+///
+/// `score = 100 × freshness × health × latency`, each factor in [0, 1]:
+/// - freshness: the registry keeps an instance only while its heartbeats renew
+///   its lease, so an instance in a connected snapshot is fresh; its reported
+///   status scales it (`ready` 1, `busy` 0.8, `overloaded` 0.5, `starting` and
+///   `draining` 0), and once the registry watch is lost it decays linearly to 0
+///   over `max_staleness`;
+/// - health: the passive health factor, halved by every failure, restored by successes;
+/// - latency: [`latency_factor`] against the fastest instance of the same capability version.
+///
+/// A product, so any one bad dimension pulls the score down. An instance in
+/// several groups keeps its lowest score.
+pub fn publish_health_scores(snapshot: &Snapshot, staleness: Duration, max_staleness: Duration) {
+    let stale_permille = if max_staleness.is_zero() {
+        1000
+    } else {
+        (staleness.as_millis() * 1000 / max_staleness.as_millis()).min(1000) as u64
+    };
+    let mut scores: HashMap<&str, (i64, &InstanceState)> = HashMap::new();
+    let groups = snapshot
+        .capabilities
+        .values()
+        .flat_map(|capability| capability.versions.iter());
+    for group in groups {
+        let fastest = group
+            .instances
+            .iter()
+            .map(|instance| instance.state.ewma_us())
+            .filter(|ewma| *ewma > 0)
+            .min()
+            .unwrap_or(0);
+        for instance in &group.instances {
+            let freshness = status_permille(instance.status) * (1000 - stale_permille) / 1000;
+            let score = health_score(
+                freshness,
+                u64::from(instance.state.health_permille()),
+                latency_factor(instance.state.ewma_us(), fastest),
+            );
+            let entry = scores
+                .entry(instance.agent_id.as_str())
+                .or_insert((score, &instance.state));
+            entry.0 = entry.0.min(score);
+        }
+    }
+    for (score, state) in scores.into_values() {
+        state.metrics.0.health_score.set(score);
+    }
+}
+
+fn status_permille(status: Status) -> u64 {
+    match status {
+        Status::Ready => 1000,
+        Status::Busy => 800,
+        Status::Overloaded => 500,
+        Status::Starting | Status::Draining => 0,
+    }
+}
+
+/// Three permille factors → 0–100.
+pub fn health_score(freshness_permille: u64, health_permille: u64, latency_permille: u64) -> i64 {
+    let product = freshness_permille.min(1000) * health_permille.min(1000) * latency_permille.min(1000);
+    (product / 10_000_000) as i64
+}
+
 pub struct InflightGuard<'a> {
     state: &'a InstanceState,
 }
@@ -197,6 +269,17 @@ mod tests {
             state.observe(Observation::Healthy(Duration::from_millis(1)), &breaker);
         }
         assert_eq!(state.effective_weight(3, 1000), 3000);
+    }
+
+    #[test]
+    fn health_score_combines_freshness_errors_and_latency() {
+        assert_eq!(health_score(1000, 1000, 1000), 100);
+        assert_eq!(health_score(1000, 500, 1000), 50, "one failure halves it");
+        assert_eq!(health_score(500, 1000, 1000), 50, "overloaded or half-stale");
+        assert_eq!(health_score(1000, 1000, 100), 10, "clearly slow");
+        assert_eq!(health_score(0, 1000, 1000), 0, "draining or stale");
+        let state = state();
+        assert_eq!(state.metrics.0.health_score.get(), 100, "new instances start healthy");
     }
 
     #[test]

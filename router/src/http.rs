@@ -191,8 +191,12 @@ async fn readyz(State(service): State<Arc<RouterService>>) -> Response {
 }
 
 async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
-    let staleness = service.snapshot().staleness().as_secs() as i64;
-    service.metrics().snapshot_staleness_seconds.set(staleness);
+    let staleness = service.snapshot().staleness();
+    service
+        .metrics()
+        .snapshot_staleness_seconds
+        .set(staleness.as_secs() as i64);
+    crate::health::publish_health_scores(&service.snapshot().load(), staleness, service.tuning().max_staleness);
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         service.metrics().render(),

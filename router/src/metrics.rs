@@ -37,6 +37,7 @@ pub struct Metrics {
     pub retry_budget_exhausted: IntCounter,
     breaker_state: IntGaugeVec,
     inflight: IntGaugeVec,
+    health_score: IntGaugeVec,
     pub snapshot_revision: IntGauge,
     pub snapshot_instances: IntGauge,
     pub snapshot_staleness_seconds: IntGauge,
@@ -64,6 +65,8 @@ impl CapabilityMetrics {
 pub struct InstanceMetrics {
     pub breaker_state: IntGauge,
     pub inflight: IntGauge,
+    /// The 0–100 health score, refreshed on each scrape (`health::publish_health_scores`).
+    pub health_score: IntGauge,
 }
 
 impl Metrics {
@@ -115,6 +118,13 @@ impl Metrics {
             Opts::new("agent_reach_router_inflight", "Requests in flight per instance."),
             &["agent_id"],
         )?;
+        let health_score = IntGaugeVec::new(
+            Opts::new(
+                "agent_reach_router_instance_health_score",
+                "Health score per instance, 0-100: heartbeat freshness x passive health (errors) x latency.",
+            ),
+            &["agent_id"],
+        )?;
         let snapshot_revision = IntGauge::new(
             "agent_reach_router_snapshot_revision",
             "Registry revision the routing snapshot reflects.",
@@ -142,6 +152,7 @@ impl Metrics {
         registry.register(Box::new(retry_budget_exhausted.clone()))?;
         registry.register(Box::new(breaker_state.clone()))?;
         registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(health_score.clone()))?;
         registry.register(Box::new(snapshot_revision.clone()))?;
         registry.register(Box::new(snapshot_instances.clone()))?;
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
@@ -156,6 +167,7 @@ impl Metrics {
             retry_budget_exhausted,
             breaker_state,
             inflight,
+            health_score,
             snapshot_revision,
             snapshot_instances,
             snapshot_staleness_seconds,
@@ -178,6 +190,7 @@ impl Metrics {
         InstanceMetrics {
             breaker_state: self.breaker_state.with_label_values(&[agent_id]),
             inflight: self.inflight.with_label_values(&[agent_id]),
+            health_score: self.health_score.with_label_values(&[agent_id]),
         }
     }
 
@@ -192,6 +205,7 @@ impl Metrics {
     pub fn forget_instance(&self, agent_id: &str) {
         let _ = self.breaker_state.remove_label_values(&[agent_id]);
         let _ = self.inflight.remove_label_values(&[agent_id]);
+        let _ = self.health_score.remove_label_values(&[agent_id]);
     }
 
     /// The text exposition format for `/metrics`.
