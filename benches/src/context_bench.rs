@@ -6,12 +6,13 @@
 //! cargo run --release -p agent-reach-benches --bin context-bench
 //! ```
 //!
-//! Starts a real Redis (testkit) and the context service in this process
-//! (authentication on, HS256), creates one context per client, then for a
+//! Starts a real Redis (testkit) and the context service as a child process
+//! (this binary re-executed; authentication on, HS256) so the service's CPU is
+//! measured apart from the load generator's, creates one context per client, then for a
 //! fixed time each of the 32 clients loops GET (every field) and, in a second
 //! phase, PATCH (one field, which runs the full Lua write script), over HTTP
 //! and over gRPC. Prints ops/s for each, the raw Redis numbers, and each ratio
-//! against the 50 % target.
+//! against the 50 % target, with the CPU each party spent per operation.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -19,10 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_reach_access::AuthConfig;
-use agent_reach_context::config::{Settings, StoreChoice};
-use agent_reach_context::store::Namespace;
-use agent_reach_context::ContextConfig;
 use agent_reach_proto::context as pb;
 use agent_reach_proto::context::contexts_client::ContextsClient;
 use anyhow::{bail, Context};
@@ -61,10 +58,32 @@ enum Transport {
     Grpc,
 }
 
+/// Argument that makes this binary run the context service (the child process).
+const SERVE_CONTEXT: &str = "__serve-context";
+
+#[derive(Debug, Parser)]
+struct ServeArgs {
+    #[command(flatten)]
+    context: agent_reach_context::ContextArgs,
+}
+
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(run(args))
+    if std::env::args().nth(1).as_deref() == Some(SERVE_CONTEXT) {
+        let args = ServeArgs::parse_from(std::env::args().skip(1));
+        return runtime.block_on(agent_reach_context::run(args.context, std::future::pending()));
+    }
+    runtime.block_on(run(Args::parse()))
+}
+
+/// The service as a child process, so its CPU is measured apart from the load generator.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -74,24 +93,36 @@ async fn run(args: Args) -> anyhow::Result<()> {
     std::fs::write(&secret, SECRET)?;
     let acl = dir.path().join("acl.yaml");
     std::fs::write(&acl, ACL)?;
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse()?,
-        store: StoreChoice::Redis {
-            url: redis.url(),
-            namespace: Namespace {
-                prefix: "bench".into(),
-                tenant: "default".into(),
-            },
-            timeout: Duration::from_secs(2),
-        },
-        acl,
-        auth: AuthConfig::Hs256SecretFile(secret),
-        service: ContextConfig::default(),
-    };
-    let service = agent_reach_context::build(&settings).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(agent_reach_context::serve(listener, service, std::future::pending()));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], agent_reach_testkit::free_port()));
+    let child = Command::new(std::env::current_exe()?)
+        .arg(SERVE_CONTEXT)
+        .args([
+            "--listen",
+            &addr.to_string(),
+            "--redis",
+            &redis.url(),
+            "--key-prefix",
+            "bench",
+        ])
+        .arg("--acl")
+        .arg(&acl)
+        .arg("--auth-hs256-secret-file")
+        .arg(&secret)
+        .env("AGENT_REACH_CONTEXT_REDIS_TIMEOUT", "2s")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting the context service")?;
+    let child = Child(child);
+    let service_pid = child.0.id();
+    let ready = format!("http://{addr}/readyz");
+    let started = Instant::now();
+    while reqwest::get(&ready).await.map(|r| r.status() != 200).unwrap_or(true) {
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("the context service did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let token = agent_reach_access::token::issue_hs256("bench", SECRET.as_bytes(), Duration::from_secs(3600))
         .map_err(anyhow::Error::msg)?;
 
@@ -132,17 +163,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let duration = Duration::from_secs(args.duration_s);
+    let port = redis.port().to_string();
     let mut results = Vec::new();
     for op in [Op::Get, Op::Patch] {
         for transport in [Transport::Http, Transport::Grpc] {
-            let rate = phase(op, transport, &args, duration, &base, &http, &channels, &token).await?;
-            println!("  service {op:?} over {transport:?}: {rate:.0} ops/s");
+            let before = (
+                process_cpu_s(service_pid),
+                process_cpu_s(std::process::id()),
+                redis_cpu_s(&port),
+            );
+            let (rate, ops) = phase(op, transport, &args, duration, &base, &http, &channels, &token).await?;
+            let per_op = |before: f64, after: f64| (after - before) * 1e6 / ops as f64;
+            let service_cpu = per_op(before.0, process_cpu_s(service_pid));
+            let client_cpu = per_op(before.1, process_cpu_s(std::process::id()));
+            let redis_cpu = per_op(before.2, redis_cpu_s(&port));
+            println!(
+                "  service {op:?} over {transport:?}: {rate:.0} ops/s \
+                 (CPU per op: service {service_cpu:.0} µs, load generator {client_cpu:.0} µs, Redis {redis_cpu:.1} µs)"
+            );
             results.push((op, transport, rate));
         }
     }
 
-    let port = redis.port().to_string();
     let raw = |command: &[&str]| -> anyhow::Result<f64> {
+        let redis_before = redis_cpu_s(&port);
         let output = Command::new(agent_reach_testkit::find_binary("redis-benchmark", "redis-tools"))
             .args(["-h", "127.0.0.1", "-p", &port, "-c", &args.clients.to_string()])
             .args(["-n", &args.redis_requests.to_string(), "--csv"])
@@ -152,11 +196,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let text = String::from_utf8_lossy(&output.stdout);
         // CSV: "test","rps",...; the data line is the last one.
         let line = text.lines().last().unwrap_or_default();
-        line.split(',')
+        let rps: f64 = line
+            .split(',')
             .nth(1)
             .map(|field| field.trim_matches('"'))
             .and_then(|field| field.parse().ok())
-            .with_context(|| format!("cannot read redis-benchmark output: {text}"))
+            .with_context(|| format!("cannot read redis-benchmark output: {text}"))?;
+        let redis_cpu = (redis_cpu_s(&port) - redis_before) * 1e6 / args.redis_requests as f64;
+        println!(
+            "  raw redis-benchmark {}: {rps:.0} ops/s ({redis_cpu:.1} µs Redis CPU per op)",
+            command[0]
+        );
+        Ok(rps)
     };
     let field_args: Vec<String> = (0..args.fields)
         .flat_map(|index| [format!("f{index}"), format!("\"value-{index}-0123456789\"")])
@@ -171,8 +222,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .args(&fill)
         .output()?;
     let hgetall_rps = raw(&["HGETALL", "bench:raw"])?;
-    println!("  raw redis-benchmark HGETALL: {hgetall_rps:.0} ops/s");
-    println!("  raw redis-benchmark HSET (one field): {hset_rps:.0} ops/s");
     println!();
     for (op, transport, rate) in results {
         let (raw_name, raw_rps) = match op {
@@ -196,7 +245,7 @@ async fn phase(
     http: &reqwest::Client,
     channels: &[Channel],
     token: &str,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, u64)> {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -216,20 +265,20 @@ async fn phase(
             while Instant::now() < deadline {
                 counter += 1;
                 let ok = match (op, transport) {
-                    (Op::Get, Transport::Http) => http
-                        .get(&url)
-                        .header("authorization", &bearer)
-                        .send()
-                        .await
-                        .is_ok_and(|response| response.status() == 200),
-                    (Op::Patch, Transport::Http) => http
-                        .patch(&url)
-                        .header("authorization", &bearer)
-                        .header("content-type", "application/json")
-                        .body(format!("{{\"set\":{{\"f0\":{counter}}}}}"))
-                        .send()
-                        .await
-                        .is_ok_and(|response| response.status() == 200),
+                    (Op::Get, Transport::Http) => {
+                        let response = http.get(&url).header("authorization", &bearer).send().await;
+                        read_ok(response).await
+                    }
+                    (Op::Patch, Transport::Http) => {
+                        let response = http
+                            .patch(&url)
+                            .header("authorization", &bearer)
+                            .header("content-type", "application/json")
+                            .body(format!("{{\"set\":{{\"f0\":{counter}}}}}"))
+                            .send()
+                            .await;
+                        read_ok(response).await
+                    }
                     (Op::Get, Transport::Grpc) => {
                         let mut request = tonic::Request::new(pb::GetRequest {
                             context_id: id.clone(),
@@ -264,5 +313,43 @@ async fn phase(
     if failed > 0 {
         bail!("{failed} {op:?} requests over {transport:?} failed");
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    let ops = done.load(Ordering::Relaxed);
+    Ok((ops as f64 / started.elapsed().as_secs_f64(), ops.max(1)))
+}
+
+/// A 200 whose body was read to the end (so the keep-alive connection is reused,
+/// and the client pays for the answer as a real one would).
+async fn read_ok(response: reqwest::Result<reqwest::Response>) -> bool {
+    match response {
+        Ok(response) if response.status() == 200 => response.bytes().await.is_ok(),
+        _ => false,
+    }
+}
+
+/// CPU seconds (user + system) process `pid` has used.
+fn process_cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the `(comm)`: state is the 3rd field; utime and stime are the 14th and 15th.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // Linux reports in clock ticks of 1/100 s (CLK_TCK) on every mainstream platform.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds Redis has used (`INFO cpu`).
+fn redis_cpu_s(port: &str) -> f64 {
+    let output = Command::new(agent_reach_testkit::find_binary("redis-cli", "redis-tools"))
+        .args(["-p", port, "INFO", "cpu"])
+        .output();
+    let text = output
+        .map(|out| String::from_utf8_lossy(&out.stdout).to_string())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|line| line.starts_with("used_cpu_sys:") || line.starts_with("used_cpu_user:"))
+        .filter_map(|line| {
+            line.split_once(':')
+                .and_then(|(_, value)| value.trim().parse::<f64>().ok())
+        })
+        .sum()
 }

@@ -577,7 +577,9 @@ async fn raw(h: &Harness, method: Method, path: &str, body: &str) -> (u16, Value
 async fn bad_input_gets_its_code_and_writes_nothing() {
     let h = Harness::redis(test_config()).await;
     seed(&h, "b").await;
-    let (_, before) = h.get("intent_parser", "b").await;
+    let first = h.get("intent_parser", "b").await.1;
+    let before_expiry = first["expires_at"].as_i64().unwrap();
+    let before = unchanged(first);
 
     let big = "x".repeat(2000);
     let huge = "y".repeat(70 * 1024);
@@ -672,7 +674,7 @@ async fn bad_input_gets_its_code_and_writes_nothing() {
         (status, error["error"]["code"].as_str()),
         (413, Some("CONTEXT_TOO_LARGE"))
     );
-    let (_, after) = h.get("intent_parser", "b").await;
+    let after = unchanged(h.get("intent_parser", "b").await.1);
     assert_eq!(after, before, "no refused patch wrote anything, not even the version");
 
     // Creates and paths.
@@ -715,7 +717,7 @@ async fn bad_input_gets_its_code_and_writes_nothing() {
         404,
         "a refused create writes nothing"
     );
-    assert_eq!(h.get("intent_parser", "b").await.1, before);
+    assert_eq!(unchanged(h.get("intent_parser", "b").await.1), before);
     let (status, error) = h.get("intent_parser", "bad%20id").await;
     assert_eq!(
         (status, error["error"]["code"].as_str()),
@@ -746,7 +748,20 @@ async fn bad_input_gets_its_code_and_writes_nothing() {
         (invalid.code(), grpc_code(&invalid).as_str()),
         (tonic::Code::InvalidArgument, "INVALID_FIELD_VALUE")
     );
-    assert_eq!(h.get("intent_parser", "b").await.1, before);
+    let last = h.get("intent_parser", "b").await.1;
+    let drift = last["expires_at"].as_i64().unwrap() - before_expiry;
+    assert!(
+        drift.abs() < 50,
+        "a refused write refreshed the TTL (expiry moved {drift} ms)"
+    );
+    assert_eq!(unchanged(last), before);
+}
+
+/// A context view without `expires_at`, which a read computes to the millisecond
+/// (two reads of an untouched context may differ by rounding).
+fn unchanged(mut view: Value) -> Value {
+    view.as_object_mut().unwrap().remove("expires_at");
+    view
 }
 
 fn chrono_ms() -> i64 {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use agent_reach_context::model::{CloseAs, Fields, NewContext, Patch, Selection, StorePolicy, Tier};
+use agent_reach_context::model::{CloseAs, Fields, NewContext, Patch, Selection, Snapshot, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, MemoryStore, Namespace, RedisStore, StoreError};
 use agent_reach_testkit::Redis;
 
@@ -79,6 +79,16 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Same content, and an expiry that did not move (reads compute it to the ms).
+fn assert_unchanged(after: &Snapshot, before: &Snapshot) {
+    assert_eq!(
+        (after.version, after.tier, &after.owner, &after.fields),
+        (before.version, before.tier, &before.owner, &before.fields)
+    );
+    let drift = after.expires_at_ms - before.expires_at_ms;
+    assert!(drift.abs() < 50, "expiry moved by {drift} ms");
 }
 
 async fn exists(store: &dyn ContextStore, id: &str) -> bool {
@@ -155,7 +165,7 @@ async fn patches_are_versioned(subject: Subject) {
         store.patch("p", &set(&[("a", "99"), ("d", "4")], Some(1))).await,
         Err(StoreError::VersionConflict { current: 2 })
     );
-    assert_eq!(store.get("p", &Selection::All).await.unwrap().unwrap(), snapshot);
+    assert_unchanged(&store.get("p", &Selection::All).await.unwrap().unwrap(), &snapshot);
     // Unconditional patches always apply.
     assert_eq!(store.patch("p", &set(&[("a", "5")], None)).await.unwrap().version, 3);
     assert_eq!(
@@ -211,11 +221,8 @@ async fn limits_are_atomic(subject: Subject) {
             would_have: 21
         })
     );
-    assert_eq!(
-        store.get("l", &Selection::All).await.unwrap().unwrap(),
-        before,
-        "refused patches write nothing, not even the version"
-    );
+    // Refused patches write nothing, not even the version or the TTL.
+    assert_unchanged(&store.get("l", &Selection::All).await.unwrap().unwrap(), &before);
     // Deleting and shrinking free room within the same patch.
     let written = store
         .patch(
@@ -257,6 +264,9 @@ async fn close_respects_ownership(subject: Subject) {
         store.patch("o", &set(&[("a", "1")], None)).await,
         Err(StoreError::NotFound)
     );
+    // Reading a closed context does not bring it back, not even in the idle index.
+    assert!(!exists(store.as_ref(), "o").await);
+    assert_eq!(store.live_contexts().await.unwrap(), 0);
 }
 
 async fn tiers_expire_and_writes_extend_life(subject: Subject) {

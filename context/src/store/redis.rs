@@ -8,17 +8,21 @@
 //!   tier's TTL, refreshed by every write.
 //! - `{prefix}:{tenant}:deadlines`: a sorted set, member = context id, score = the
 //!   epoch ms at which the context dies if nobody touches it: `now + min(idle
-//!   timeout, remaining TTL)`. Every read and write moves it; the sweeper deletes
-//!   what is past it. This is the last-access tracking.
+//!   timeout, remaining TTL)` after a write, `now + idle timeout` after a read.
+//!   Every read and write moves it; the sweeper deletes what is past it. This is
+//!   the last-access tracking.
 //!
-//! Every operation is one Lua script, so it is atomic and one round trip. Time
-//! comes from Redis (`TIME`), so replicas with skewed clocks agree.
+//! Every write (create, patch, close) and the sweep is one Lua script, so it is
+//! atomic and one round trip, with time from Redis (`TIME`) so replicas with
+//! skewed clocks agree. Reads are one pipeline of plain commands (see `get`); their
+//! deadline uses the service's clock, so clock skew shifts an idle deadline by at
+//! most the skew.
 //!
 //! The connection is a `ConnectionManager` (it reconnects by itself after Redis
 //! restarts), created lazily so the service starts and answers 503 while Redis
 //! is down; every call is bounded by a timeout.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -52,30 +56,6 @@ local ttl = tonumber(ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now + math.min(ttl, tonumber(ARGV[5])), ARGV[1])
 return {'ok', 1, now + ttl}
-";
-
-/// KEYS: ctx, deadlines. ARGV: id, idle_ms, selection ('all' | 'only'), names...
-const GET: &str = r"
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 then return {'not_found'} end
-if pttl < 0 then pttl = tonumber(ARGV[2]) end
-redis.call('ZADD', KEYS[2], now + math.min(pttl, tonumber(ARGV[2])), ARGV[1])
-local data
-if ARGV[3] == 'all' then
-  data = redis.call('HGETALL', KEYS[1])
-else
-  local names = {'_version', '_tier', '_owner'}
-  for i = 4, #ARGV do names[#names + 1] = ARGV[i] end
-  local values = redis.call('HMGET', KEYS[1], unpack(names))
-  data = {}
-  for i, name in ipairs(names) do
-    if values[i] then
-      data[#data + 1] = name
-      data[#data + 1] = values[i]
-    end
-  end
-end
-return {'ok', now + pttl, data}
 ";
 
 /// KEYS: ctx, deadlines. ARGV: id, if_version ('' = none), default_ttl_ms, one_shot_ttl_ms,
@@ -170,7 +150,6 @@ impl Namespace {
 
 struct Scripts {
     create: Script,
-    get: Script,
     patch: Script,
     close: Script,
     sweep: Script,
@@ -182,7 +161,6 @@ impl Scripts {
         let with_now = |body: &str| Script::new(&format!("{NOW}{body}"));
         Self {
             create: with_now(CREATE),
-            get: with_now(GET),
             patch: with_now(PATCH),
             close: Script::new(CLOSE),
             sweep: with_now(SWEEP),
@@ -353,6 +331,13 @@ fn classify(error: redis::RedisError) -> StoreError {
     }
 }
 
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
 fn text(value: &Value) -> Result<String, StoreError> {
     redis::from_redis_value(value).map_err(|error| StoreError::Corrupt(error.to_string()))
 }
@@ -377,41 +362,67 @@ impl ContextStore for RedisStore {
         self.run(invocation).await?.written(&self.policy)
     }
 
+    /// Reads are a plain pipeline, not a script: returning a whole hash through Lua
+    /// costs Redis about three times a plain HGETALL, and reads are the hot path.
+    /// Each command is atomic on its own; the deadline is `now + idle timeout` on
+    /// this service's clock (`XX`: never re-adds a context the sweeper removed).
+    /// When the TTL ends first, Redis expires the hash and the sweeper later drops
+    /// the index entry as `expired`.
     async fn get(&self, id: &str, selection: &Selection) -> Result<Option<Snapshot>, StoreError> {
-        let mut invocation = self.scripts.get.key(self.key(id));
-        invocation
-            .key(&self.deadlines)
-            .arg(id)
-            .arg(millis(self.policy.idle_timeout));
+        let key = self.key(id);
+        let deadline = now_ms().saturating_add(millis(self.policy.idle_timeout) as i64);
+        let mut pipe = redis::pipe();
+        pipe.cmd("PTTL").arg(&key);
         match selection {
-            Selection::All => {
-                invocation.arg("all");
-            }
-            Selection::Only(names) => {
-                invocation.arg("only").arg(names);
-            }
-        }
-        let answer = self.run(invocation).await?;
-        if answer.status == "not_found" {
+            Selection::All => pipe.cmd("HGETALL").arg(&key),
+            Selection::Only(names) => pipe.cmd("HMGET").arg(&key).arg(&RESERVED[..3]).arg(names),
+        };
+        pipe.cmd("ZADD")
+            .arg(&self.deadlines)
+            .arg("XX")
+            .arg(deadline)
+            .arg(id)
+            .ignore();
+        let call = async {
+            let mut connection = self.connection().await?;
+            pipe.query_async::<(i64, Vec<Value>)>(&mut connection)
+                .await
+                .map_err(classify)
+        };
+        let (pttl, data) = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))??;
+        if pttl == -2 || data.is_empty() {
             return Ok(None);
         }
-        if answer.status != "ok" {
-            return Err(answer.refusal(&self.policy)?);
-        }
-        let expires_at_ms = answer.int(0)?;
-        let Some(Value::Array(data)) = answer.rest.get(1) else {
-            return Err(StoreError::Corrupt("get answer lacks the field list".to_string()));
+        // -1 (no TTL) cannot happen for hashes this service wrote; report the idle horizon.
+        let remaining = if pttl >= 0 {
+            pttl
+        } else {
+            millis(self.policy.idle_timeout) as i64
+        };
+        let pairs: Vec<(String, String)> = match selection {
+            Selection::All => data
+                .chunks_exact(2)
+                .map(|pair| Ok((text(&pair[0])?, text(&pair[1])?)))
+                .collect::<Result<_, StoreError>>()?,
+            Selection::Only(names) => {
+                let requested = RESERVED[..3].iter().copied().chain(names.iter().map(String::as_str));
+                requested
+                    .zip(&data)
+                    .filter(|(_, value)| !matches!(value, Value::Nil))
+                    .map(|(name, value)| Ok((name.to_string(), text(value)?)))
+                    .collect::<Result<_, StoreError>>()?
+            }
         };
         let mut snapshot = Snapshot {
             version: 0,
             tier: Tier::Default,
             owner: String::new(),
-            expires_at_ms,
+            expires_at_ms: now_ms().saturating_add(remaining),
             fields: Default::default(),
         };
-        for pair in data.chunks_exact(2) {
-            let name = text(&pair[0])?;
-            let value = text(&pair[1])?;
+        for (name, value) in pairs {
             match name.as_str() {
                 "_version" => {
                     snapshot.version = value
@@ -427,6 +438,10 @@ impl ContextStore for RedisStore {
                     snapshot.fields.insert(name, value);
                 }
             }
+        }
+        if snapshot.version == 0 {
+            // The hash vanished between PTTL and the read (closed or expired just then).
+            return Ok(None);
         }
         Ok(Some(snapshot))
     }
