@@ -471,6 +471,8 @@ async fn killing_one_of_two_registries_loses_no_registration() {
 
     // Agents heartbeat to whichever registry answers, as behind a load balancer.
     let bases = [first.url(""), second.url("")];
+    let rounds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let completed = rounds.clone();
     let heartbeats = tokio::spawn(async move {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(500))
@@ -496,11 +498,19 @@ async fn killing_one_of_two_registries_loses_no_registration() {
                 assert!(delivered, "heartbeat for {agent_id} reached no registry");
             }
             round += 1;
+            completed.store(round, std::sync::atomic::Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     });
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both registries have served heartbeats before one of them dies.
+    assert!(
+        wait_for(Duration::from_secs(5), || async {
+            rounds.load(std::sync::atomic::Ordering::SeqCst) >= 2
+        })
+        .await,
+        "heartbeats never got going"
+    );
     first.kill();
     // Well past the TTL, every agent is still registered and heartbeating via the survivor.
     let until = Instant::now() + Duration::from_secs(u64::from(ttl_s) * 3);
