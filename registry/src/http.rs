@@ -167,6 +167,7 @@ pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
 
 // === Handlers ===
 
+#[tracing::instrument(name = "http.register", skip_all)]
 async fn register(State(service): State<Arc<RegistryService>>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
         let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
@@ -192,6 +193,7 @@ async fn register(State(service): State<Arc<RegistryService>>, headers: HeaderMa
     }
 }
 
+#[tracing::instrument(name = "http.heartbeat", skip_all)]
 async fn heartbeat(
     State(service): State<Arc<RegistryService>>,
     Path(agent_id): Path<String>,
@@ -232,6 +234,7 @@ pub fn heartbeat_outcome<T>(outcome: &Result<T, RegistryError>) -> &'static str 
     }
 }
 
+#[tracing::instrument(name = "http.deregister", skip_all)]
 async fn deregister(
     State(service): State<Arc<RegistryService>>,
     Path(agent_id): Path<String>,
@@ -242,6 +245,7 @@ async fn deregister(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[tracing::instrument(name = "http.list_agents", skip_all)]
 async fn list_agents(
     State(service): State<Arc<RegistryService>>,
     headers: HeaderMap,
@@ -254,6 +258,7 @@ async fn list_agents(
     }))
 }
 
+#[tracing::instrument(name = "http.get_agent", skip_all)]
 async fn get_agent(
     State(service): State<Arc<RegistryService>>,
     Path(agent_id): Path<String>,
@@ -267,6 +272,7 @@ async fn get_agent(
     Ok(Json(instance_to_wire(&entry.instance)))
 }
 
+#[tracing::instrument(name = "http.list_capabilities", skip_all)]
 async fn list_capabilities(
     State(service): State<Arc<RegistryService>>,
     headers: HeaderMap,
@@ -293,6 +299,7 @@ struct ResolveQuery {
     version: Option<String>,
 }
 
+#[tracing::instrument(name = "http.resolve_capability", skip_all)]
 async fn resolve_capability(
     State(service): State<Arc<RegistryService>>,
     Path(name): Path<String>,
