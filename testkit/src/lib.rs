@@ -1,6 +1,6 @@
-//! Test support: spawns real `etcd` and `redis-server` processes on free
-//! loopback ports with temporary data directories, waits until they answer,
-//! and kills them on drop.
+//! Test support: spawns real `etcd`, `redis-server` and `prometheus` processes
+//! on free loopback ports with temporary data directories, waits until they
+//! answer, and kills them on drop.
 //!
 //! A missing binary fails with a message naming the package and the setup
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// How long a server may take to become healthy.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-const SETUP_HINT: &str = "run `sudo scripts/setup.sh` (installs etcd-server and redis-server)";
+const SETUP_HINT: &str = "run `sudo scripts/setup.sh` (installs etcd-server, redis-server and prometheus)";
 
 /// A free TCP port on 127.0.0.1. Another process could take it before we
 /// bind it; server start-up retries on a fresh port when that happens.
@@ -313,5 +313,90 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+// === Prometheus ===
+
+/// `promtool` (shipped by the Debian package `prometheus`).
+pub fn promtool() -> PathBuf {
+    find_binary("promtool", "prometheus")
+}
+
+/// A Prometheus server on loopback scraping the given jobs, with a temp TSDB.
+/// Killed on drop; its data dir is removed.
+pub struct Prometheus {
+    process: Option<Guard>,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts Prometheus scraping `jobs` (job name, `host:port` targets) every
+    /// `scrape_interval`, and waits until `/-/ready` answers.
+    pub fn start(jobs: &[(&str, Vec<String>)], scrape_interval: Duration) -> Self {
+        let binary = find_binary("prometheus", "prometheus");
+        let dir = tempfile::Builder::new()
+            .prefix("agent-reach-prometheus-")
+            .tempdir()
+            .unwrap_or_else(|error| panic!("cannot create a temp dir for prometheus: {error}"));
+        let interval = format!("{}ms", scrape_interval.as_millis().max(1));
+        let mut config =
+            format!("global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\nscrape_configs:\n");
+        for (job, targets) in jobs {
+            let targets: Vec<String> = targets.iter().map(|target| format!("\"{target}\"")).collect();
+            config.push_str(&format!(
+                "  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
+                targets.join(", ")
+            ));
+        }
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config)
+            .unwrap_or_else(|error| panic!("cannot write the prometheus config: {error}"));
+        let mut last_log = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let log = dir.path().join("prometheus.log");
+            let mut command = Command::new(&binary);
+            command
+                .arg(format!("--config.file={}", config_path.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join(format!("data-{port}")).display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .arg("--log.level=warn");
+            let mut guard = match Guard::spawn(&mut command, &log) {
+                Ok(guard) => guard,
+                Err(error) => panic!("cannot start {}: {error}", binary.display()),
+            };
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let ready = wait_until(START_TIMEOUT, || {
+                guard.exited().is_some()
+                    || exchange(addr, b"GET /-/ready HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                        .is_some_and(|answer| answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"))
+            });
+            if guard.exited().is_none() && ready {
+                return Self {
+                    process: Some(guard),
+                    port,
+                    _dir: dir,
+                };
+            }
+            last_log = tail(&log);
+        }
+        panic!("prometheus did not become ready; last log lines:\n{last_log}");
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server now (also done on drop).
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
     }
 }

@@ -1,0 +1,535 @@
+//! Observability contract (issue 7): the metrics every service serves match
+//! `docs/metrics.md`; the alert rules pass `promtool`; and a real Prometheus
+//! scraping the running stack after traffic (successes, failures, retries, an
+//! ACL reload) answers every PromQL expression of the dashboards and alerts.
+//!
+//! Rule for alert expressions: the whole expression must be valid, and the
+//! expression without its final threshold comparison (`< 0.99`, `> 0.5`, `== 0`)
+//! must return data — a healthy stack does not fire, but what the rule compares
+//! must exist.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_examples::stack::{Stack, StackOptions};
+use agent_reach_examples::{scenario_instances, EXAMPLE_ACL};
+use agent_reach_testkit::{promtool, Prometheus};
+use serde_json::{json, Value};
+
+const CAPABILITIES: [&str; 4] = ["intent.parse", "order.query", "shipping.rules", "reply.write"];
+/// Grafana's `$__rate_interval` evaluated against a 1 s scrape interval.
+const RATE_INTERVAL: &str = "1m";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+// === docs/metrics.md ===
+
+/// One documented (or scraped) metric family: type and label names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Family {
+    kind: String,
+    labels: BTreeSet<String>,
+}
+
+/// The doc's tables by section: `every`, `registry`, `router`, `context`.
+fn documented() -> BTreeMap<String, BTreeMap<String, Family>> {
+    let text = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
+    let mut sections: BTreeMap<String, BTreeMap<String, Family>> = BTreeMap::new();
+    let mut section = String::new();
+    for line in text.lines() {
+        if let Some(title) = line.strip_prefix("## ") {
+            section = match title.trim() {
+                "Every service" => "every",
+                "Registry" => "registry",
+                "Router" => "router",
+                "Context service" => "context",
+                _ => "",
+            }
+            .to_string();
+            continue;
+        }
+        let Some(row) = line.strip_prefix("| `agent_reach_") else {
+            continue;
+        };
+        assert!(!section.is_empty(), "metric row outside a service section: {line}");
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let name = format!("agent_reach_{}", cells[0].trim_end_matches('`'));
+        let labels = cells[2]
+            .split(',')
+            .map(|label| label.trim().trim_matches('`').to_string())
+            .filter(|label| !label.is_empty() && label != "—")
+            .collect();
+        let family = Family {
+            kind: cells[1].to_string(),
+            labels,
+        };
+        sections.entry(section.clone()).or_default().insert(name, family);
+    }
+    sections
+}
+
+/// Families in a Prometheus text exposition, with the label names of their samples.
+fn scraped(text: &str) -> BTreeMap<String, Family> {
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            families.insert(
+                name.to_string(),
+                Family {
+                    kind: kind.to_string(),
+                    labels: BTreeSet::new(),
+                },
+            );
+            continue;
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let series = line.split_whitespace().next().unwrap();
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, labels.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).filter(|base| families.contains_key(*base)))
+            .unwrap_or(name);
+        let entry = families
+            .get_mut(family)
+            .unwrap_or_else(|| panic!("sample without TYPE: {line}"));
+        for pair in labels.split(',').filter(|pair| !pair.is_empty()) {
+            let label = pair.split('=').next().unwrap();
+            if label != "le" {
+                entry.labels.insert(label.to_string());
+            }
+        }
+    }
+    families
+}
+
+// === PromQL in deploy/ ===
+
+/// Every `expr` in the Grafana dashboards, with `$__rate_interval` substituted.
+fn dashboard_expressions() -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let dir = repo().join("deploy/grafana");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 3,
+        "router, registry and context dashboards expected in {dir:?}"
+    );
+    for file in files {
+        let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"]
+                    .as_str()
+                    .unwrap()
+                    .replace("$__rate_interval", RATE_INTERVAL);
+                let place = format!(
+                    "{} / {}",
+                    file.file_name().unwrap().to_string_lossy(),
+                    panel["title"].as_str().unwrap()
+                );
+                found.push((place, expr));
+            }
+        }
+    }
+    found
+}
+
+/// Every alert: (name, whole expression, expression without the threshold).
+fn alert_expressions() -> Vec<(String, String, String)> {
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).unwrap()).unwrap();
+    let mut found = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let name = rule["alert"].as_str().unwrap().to_string();
+            let expr = rule["expr"].as_str().unwrap().trim().to_string();
+            let body =
+                without_threshold(&expr).unwrap_or_else(|| panic!("{name}: no final threshold comparison in `{expr}`"));
+            found.push((name, expr.clone(), body));
+        }
+    }
+    found
+}
+
+/// `EXPR OP NUMBER` → `EXPR`, for OP in `<`, `>`, `==`.
+fn without_threshold(expr: &str) -> Option<String> {
+    let trimmed = expr.trim_end();
+    let number_start = trimmed.rfind(|c: char| !(c.is_ascii_digit() || c == '.'))? + 1;
+    trimmed[number_start..].parse::<f64>().ok()?;
+    let rest = trimmed[..number_start].trim_end();
+    let body = ["==", "<", ">"].iter().find_map(|op| rest.strip_suffix(op))?.trim_end();
+    Some(body.to_string())
+}
+
+/// `agent_reach_*` names an expression refers to, histogram suffixes removed.
+fn referenced_metrics(expr: &str, histograms: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find("agent_reach_") {
+        let tail = &rest[start..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix).filter(|base| histograms.contains(*base)))
+            .unwrap_or(name);
+        names.insert(family.to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+// === promtool ===
+
+fn run_promtool(args: &[&str]) {
+    let output = Command::new(promtool())
+        .args(args)
+        .current_dir(repo().join("deploy/prometheus"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "promtool {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_every_alert_is_tested_firing_and_silent() {
+    run_promtool(&["check", "rules", "alerts.yml"]);
+    run_promtool(&["check", "config", "prometheus.yml"]);
+    run_promtool(&["test", "rules", "alerts_test.yml"]);
+
+    // Each alert has a case where it fires and one where it stays silent.
+    let tests: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo().join("deploy/prometheus/alerts_test.yml")).unwrap())
+            .unwrap();
+    let mut fires = BTreeSet::new();
+    let mut silent = BTreeSet::new();
+    for case in tests["tests"].as_sequence().unwrap() {
+        for check in case["alert_rule_test"].as_sequence().unwrap() {
+            let name = check["alertname"].as_str().unwrap().to_string();
+            if check["exp_alerts"]
+                .as_sequence()
+                .is_some_and(|alerts| !alerts.is_empty())
+            {
+                fires.insert(name);
+            } else {
+                silent.insert(name);
+            }
+        }
+    }
+    for (name, _, _) in alert_expressions() {
+        assert!(fires.contains(&name), "alerts_test.yml never expects {name} to fire");
+        assert!(
+            silent.contains(&name),
+            "alerts_test.yml never expects {name} to stay silent"
+        );
+    }
+}
+
+// === The running stack ===
+
+/// Traffic until stopped: the worked example's chain, plus failures the
+/// dashboards must show (forbidden call, schema mismatch, bad token).
+async fn traffic(stack: Arc<Stack>, stop: Arc<AtomicBool>) {
+    let client = reqwest::Client::new();
+    let user = stack.token("demo_user", Duration::from_secs(600)).unwrap();
+    let mut pace = tokio::time::interval(Duration::from_millis(50));
+    while !stop.load(Ordering::Relaxed) {
+        pace.tick().await;
+        let created: Value = client
+            .post(format!("{}/v1/contexts", stack.context))
+            .bearer_auth(&user)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let context_id = created["context_id"].as_str().unwrap();
+        let calls = [
+            (
+                json!({"capability": "intent.parse", "context_id": context_id, "timeout_ms": 10_000,
+                    "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}),
+                &user,
+            ),
+            (
+                json!({"capability": "order.query", "payload": {"order_id": "SO-2024001"}}),
+                &user,
+            ),
+            (json!({"capability": "intent.parse", "payload": {"text": 42}}), &user),
+        ];
+        for (envelope, token) in calls {
+            let _ = client
+                .post(format!("{}/v1/invoke", stack.router))
+                .bearer_auth(token)
+                .json(&envelope)
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await;
+        }
+        let _ = client
+            .post(format!("{}/v1/invoke", stack.router))
+            .bearer_auth("not-a-token")
+            .json(&json!({"capability": "intent.parse", "payload": {}}))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await;
+    }
+}
+
+/// An `order.query` instance nobody listens for: the router's attempts on it
+/// fail to connect and are retried on a live instance. No heartbeats: its lease expires.
+async fn register_ghost(stack: &Stack) {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/agents", stack.registry))
+        .bearer_auth(stack.token("order_query", Duration::from_secs(600)).unwrap())
+        .json(&json!({
+            "agent_id": "order_query-ghost", "name": "order_query", "endpoint": format!("http://{closed}"),
+            "weight": 10, "ttl_s": 3, "status": "ready",
+            "capabilities": [{"name": "order.query", "version": "1.2.0"}]
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 201, "{}", response.text().await.unwrap());
+}
+
+async fn get_text(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+async fn query(prometheus: &str, expr: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{prometheus}/api/v1/query"))
+        .query(&[("query", expr)])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Samples of a successful instant query (panics on a query error).
+fn samples<'a>(answer: &'a Value, what: &str) -> &'a Vec<Value> {
+    assert_eq!(answer["status"], "success", "{what}: {answer}");
+    answer["data"]["result"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: not a vector: {answer}"))
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_query() {
+    let workdir = tempfile::tempdir().unwrap();
+    let acl = workdir.path().join("acl.yaml");
+    std::fs::write(&acl, EXAMPLE_ACL).unwrap();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let stack = Stack::start(StackOptions {
+        registry_listen: any,
+        router_listen: any,
+        context_listen: any,
+        etcd: Vec::new(),
+        redis: None,
+        acl: Some(acl.clone()),
+        agents: scenario_instances(),
+    })
+    .await
+    .unwrap();
+    stack
+        .wait_until_routable(&CAPABILITIES, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let stack = Arc::new(stack);
+    let host = |url: &str| url.trim_start_matches("http://").to_string();
+    let mut prometheus = Prometheus::start(
+        &[
+            ("agent-reach-registry", vec![host(&stack.registry)]),
+            ("agent-reach-router", vec![host(&stack.router)]),
+            ("agent-reach-context", vec![host(&stack.context)]),
+        ],
+        Duration::from_secs(1),
+    );
+    let prom = prometheus.url();
+
+    register_ghost(&stack).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(traffic(stack.clone(), stop.clone()));
+    // A harmless edit: every service reloads its policy.
+    std::fs::write(&acl, format!("{EXAMPLE_ACL}\n# reviewed\n")).unwrap();
+
+    // Everything the doc lists has appeared (retries and reloads come a moment later).
+    let doc = documented();
+    let services = [
+        ("registry", stack.registry.clone()),
+        ("router", stack.router.clone()),
+        ("context", stack.context.clone()),
+    ];
+    for (service, url) in &services {
+        let mut expected = doc["every"].clone();
+        expected.extend(doc[*service].clone());
+        let metrics_url = format!("{url}/metrics");
+        wait_for(
+            &format!("every documented {service} metric"),
+            Duration::from_secs(30),
+            async || {
+                let families = scraped(&get_text(&metrics_url).await);
+                expected.keys().all(|name| families.contains_key(name))
+            },
+        )
+        .await;
+        let families = scraped(&get_text(&metrics_url).await);
+        for (name, family) in &families {
+            assert!(
+                name.starts_with("agent_reach_"),
+                "{service}: `{name}` lacks the agent_reach_ prefix"
+            );
+            let documented = expected
+                .get(name)
+                .unwrap_or_else(|| panic!("{service} serves `{name}`, which docs/metrics.md does not list"));
+            assert_eq!(documented, family, "{service}: `{name}` differs from docs/metrics.md");
+        }
+        for name in expected.keys() {
+            assert!(
+                families.contains_key(name),
+                "docs/metrics.md lists `{name}`, {service} does not serve it"
+            );
+        }
+    }
+
+    // Prometheus has scraped all three after the traffic started.
+    wait_for("three healthy scrape targets", Duration::from_secs(30), async || {
+        let answer = query(&prom, "up == 1").await;
+        samples(&answer, "up").len() == 3
+    })
+    .await;
+    wait_for(
+        "routed traffic, retries and ACL reloads in Prometheus",
+        Duration::from_secs(60),
+        async || {
+            let checks = [
+                // rate() and increase() need a few samples of every target.
+                "min(count_over_time(up[1m])) >= 5",
+                "sum(rate(agent_reach_router_requests_total{outcome=\"succeeded\"}[1m])) > 0",
+                "sum(rate(agent_reach_router_requests_total{outcome=\"FORBIDDEN\"}[1m])) > 0",
+                "agent_reach_router_retries_total{reason=\"connect\"} > 0",
+                "count(agent_reach_acl_reloads_total{outcome=\"ok\"}) == 3",
+                "sum(rate(agent_reach_context_operations_total[1m])) > 0",
+            ];
+            for check in checks {
+                if samples(&query(&prom, check).await, check).is_empty() {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+
+    // Every expression answers, and every metric it names exists.
+    let histograms: BTreeSet<String> = doc
+        .values()
+        .flat_map(|section| section.iter())
+        .filter(|(_, family)| family.kind == "histogram")
+        .map(|(name, _)| name.clone())
+        .collect();
+    let known: BTreeSet<String> = doc.values().flat_map(|section| section.keys().cloned()).collect();
+    let names: Value = reqwest::get(format!("{prom}/api/v1/label/__name__/values"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stored: BTreeSet<String> = names["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|name| name.as_str().unwrap().to_string())
+        .collect();
+    let mut checked = Vec::new();
+    for (place, expr) in dashboard_expressions() {
+        checked.push((place, expr.clone(), expr));
+    }
+    for (name, expr, body) in alert_expressions() {
+        samples(&query(&prom, &expr).await, &format!("alert {name}"));
+        checked.push((format!("alert {name}"), expr, body));
+    }
+    for (place, expr, evaluated) in &checked {
+        for metric in referenced_metrics(expr, &histograms) {
+            assert!(known.contains(&metric), "{place}: `{metric}` is not in docs/metrics.md");
+            let stored_name = if histograms.contains(&metric) {
+                format!("{metric}_count")
+            } else {
+                metric.clone()
+            };
+            assert!(
+                stored.contains(&stored_name),
+                "{place}: Prometheus has no `{stored_name}`"
+            );
+        }
+        let answer = query(&prom, evaluated).await;
+        let result = samples(&answer, place);
+        assert!(!result.is_empty(), "{place}: `{evaluated}` returned no data");
+        let finite = result.iter().any(|sample| {
+            sample["value"][1]
+                .as_str()
+                .and_then(|value| value.parse::<f64>().ok())
+                .is_some_and(f64::is_finite)
+        });
+        assert!(finite, "{place}: `{evaluated}` returned only NaN/Inf: {result:?}");
+    }
+    assert!(
+        checked.len() > 40,
+        "expected every panel and alert, got {}",
+        checked.len()
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    prometheus.kill();
+    if let Ok(stack) = Arc::try_unwrap(stack) {
+        stack.shutdown().await;
+    }
+}
