@@ -80,6 +80,25 @@ fn spawn_self(mode: &str, args: &[String]) -> anyhow::Result<ChildGuard> {
     Ok(ChildGuard(child))
 }
 
+/// CPU seconds (user + system) a process has used, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let Some((_, after)) = stat.rsplit_once(')') else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |index: usize| {
+        fields
+            .get(index)
+            .and_then(|text| text.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 // === Agents ===
 
 async fn agent_handler(body: axum::body::Bytes) -> impl axum::response::IntoResponse {
@@ -363,9 +382,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         ),
     )?;
     let targets = [
-        ("direct agent", format!("http://{}/invoke", agents[0].0)),
-        ("router", router_url.clone()),
-        ("haproxy", haproxy_url.clone()),
+        ("direct agent", format!("http://{}/invoke", agents[0].0), None),
+        ("router", router_url.clone(), Some(_router.0.id())),
+        ("haproxy", haproxy_url.clone(), Some(_haproxy.0.id())),
     ];
     println!(
         "router-bench: 3 agents (weights 3:2:1), wrk {} thread(s), {} s per run, {} cores",
@@ -375,12 +394,12 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     );
     println!("router: authentication (HS256), ACL and schema validation on\n");
     println!(
-        "{:<14} {:>6} {:>12} {:>10} {:>10}  errors",
-        "target", "conns", "req/s", "p50", "p99"
+        "{:<14} {:>6} {:>12} {:>10} {:>10} {:>14}  errors",
+        "target", "conns", "req/s", "p50", "p99", "proxy CPU/req"
     );
     let mut results = std::collections::HashMap::new();
     for &connections in &args.connections {
-        for (name, url) in &targets {
+        for (name, url, pid) in &targets {
             // A short warm-up fills connection pools.
             let warm = Args {
                 duration_s: 2,
@@ -388,10 +407,18 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 connections: vec![],
             };
             let _ = run_wrk(&script, url, connections, &warm);
+            let cpu_before = pid.map(cpu_seconds);
             let result = run_wrk(&script, url, connections, &args)?;
+            let cpu_per_request = match (pid, cpu_before) {
+                (Some(pid), Some(before)) => {
+                    let requests = result.requests_per_s * args.duration_s as f64;
+                    format!("{:.1}us", (cpu_seconds(*pid) - before) * 1e6 / requests)
+                }
+                _ => "-".to_string(),
+            };
             println!(
-                "{:<14} {:>6} {:>12.0} {:>8.0}us {:>8.0}us  {}",
-                name, connections, result.requests_per_s, result.p50_us, result.p99_us, result.errors
+                "{:<14} {:>6} {:>12.0} {:>8.0}us {:>8.0}us {:>14}  {}",
+                name, connections, result.requests_per_s, result.p50_us, result.p99_us, cpu_per_request, result.errors
             );
             results.insert((name.to_string(), connections), result);
         }

@@ -21,8 +21,14 @@ fn invalid(field: &str, message: impl Into<String>) -> RouterError {
     RouterError::new(Code::InvalidEnvelope, message).with_details(json!({ "field": field }))
 }
 
+/// Bodies over the limit are still read (and discarded) up to this many times
+/// the limit, so the client gets its 413 instead of a reset while still sending.
+const DRAIN_FACTOR: usize = 8;
+
 /// Reads at most `limit` bytes of body.
 pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, RouterError> {
+    use http_body_util::BodyExt;
+
     let too_large = || {
         RouterError::new(
             Code::PayloadTooLarge,
@@ -30,21 +36,50 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         )
         .with_details(json!({ "limit_bytes": limit }))
     };
+    let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > limit) {
+    if declared.is_some_and(|length| length > drain_cap) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let is_limit =
-            std::error::Error::source(&error).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
-        if is_limit {
-            too_large()
-        } else {
+    let mut body = body;
+    // Most bodies arrive as one chunk: keep it without copying.
+    let mut first: Option<bytes::Bytes> = None;
+    let mut more: Vec<u8> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| {
             RouterError::new(Code::InvalidEnvelope, format!("cannot read the request body: {error}"))
+        })?;
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
+        total += chunk.len();
+        if total > drain_cap {
+            break;
         }
+        if total > limit {
+            continue;
+        }
+        match &first {
+            None => first = Some(chunk),
+            Some(head) => {
+                if more.is_empty() {
+                    more.extend_from_slice(head);
+                }
+                more.extend_from_slice(&chunk);
+            }
+        }
+    }
+    if total > limit {
+        return Err(too_large());
+    }
+    Ok(if more.is_empty() {
+        first.unwrap_or_default()
+    } else {
+        bytes::Bytes::from(more)
     })
 }
 

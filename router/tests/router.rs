@@ -306,6 +306,49 @@ async fn unavailable_instances_are_retried_elsewhere() {
     assert_eq!((sick.hits(), healthy.hits()), (1, 1));
 }
 
+// Retries are bounded (3 attempts, each on a different instance) and end in a stable code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_bounded_and_spread() {
+    let cluster = Cluster::start().await;
+    let ids = ["xa-1", "xb-1", "xc-1", "xd-1"];
+    let agents: Vec<Agent> = ids
+        .iter()
+        .map(|id| cluster.agent(AgentSpec::new(id, 1, Behaviour::Unavailable)))
+        .collect();
+    let mut busy_spec = AgentSpec::new("za-1", 1, Behaviour::TooMany);
+    busy_spec.version = "2.0.0".into();
+    let busy = cluster.agent(busy_spec);
+    cluster
+        .wait_for_instances(&["xa-1", "xb-1", "xc-1", "xd-1", "za-1"])
+        .await;
+
+    let mut pinned = order("SO-1");
+    pinned["capability_version"] = json!("^1");
+    let (status, body) = cluster.invoke(pinned).await;
+    assert_eq!(
+        (status, code_of(&body)),
+        (502, "ALL_RETRIES_EXHAUSTED".to_string()),
+        "{body}"
+    );
+    assert_eq!(body["attempts"], 3);
+    assert_eq!(body["error"]["retryable"], true);
+    let tried: std::collections::HashSet<&str> = body["error"]["details"]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|attempt| attempt["agent_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(tried.len(), 3, "every retry went to a different instance: {body}");
+    assert_eq!(agents.iter().map(Agent::hits).sum::<usize>(), 3);
+
+    // Only one instance, answering 429: retried on it (nothing else exists), then OVERLOADED.
+    let mut latest = order("SO-1");
+    latest["capability_version"] = json!("^2");
+    let (status, body) = cluster.invoke(latest).await;
+    assert_eq!((status, code_of(&body)), (429, "OVERLOADED".to_string()), "{body}");
+    assert!(busy.hits() <= 3);
+}
+
 // 6. A hanging agent: DEADLINE_EXCEEDED at the deadline, and the agent got the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_agent_meets_the_deadline() {
@@ -359,6 +402,13 @@ async fn hanging_agent_meets_the_deadline() {
         "{traceparent}"
     );
     agent.release.notify_waiters();
+
+    // A deadline already past fails at once, without reaching the agent.
+    let hits = agent.hits();
+    let envelope = json!({ "capability": CAPABILITY, "deadline": epoch_ms() - 1, "payload": { "order_id": "SO-1" } });
+    let (status, body) = cluster.invoke(envelope).await;
+    assert_eq!((status, code_of(&body)), (504, "DEADLINE_EXCEEDED".to_string()));
+    assert_eq!(agent.hits(), hits);
 }
 
 // 7. No instance, unknown capability, unmatched version; plus version resolve and schema checks.

@@ -191,6 +191,8 @@ pub enum Behaviour {
     Hang,
     /// Answers 503 (instance unavailable).
     Unavailable,
+    /// Answers 429 (overloaded: try another instance).
+    TooMany,
 }
 
 pub struct AgentSpec {
@@ -266,6 +268,11 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
         Behaviour::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({ "error": { "code": "BUSY", "message": "not now" } })),
+        )
+            .into_response(),
+        Behaviour::TooMany => (
+            StatusCode::TOO_MANY_REQUESTS,
+            axum::Json(json!({ "error": { "code": "SLOW_DOWN", "message": "too many" } })),
         )
             .into_response(),
     }
