@@ -557,6 +557,28 @@ async fn redis_outage_answers_503_and_recovers_without_restart() {
     );
 }
 
+#[tokio::test]
+async fn starts_while_redis_is_down_and_connects_when_it_comes_up() {
+    let mut redis = agent_reach_testkit::Redis::start();
+    redis.kill();
+    let mut h = Harness::on_redis(redis, test_config()).await;
+    assert_eq!(h.http.get(h.url("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(h.http.get(h.url("/readyz")).send().await.unwrap().status(), 503);
+    let (status, error) = h.create("intent_parser", json!({"context_id": "early"})).await;
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (503, Some("CONTEXT_STORE_UNAVAILABLE"))
+    );
+
+    h.redis.as_mut().unwrap().restart();
+    let up = eventually(Duration::from_secs(15), || async {
+        h.create("intent_parser", json!({"context_id": "early"})).await.0 == 201
+    })
+    .await;
+    assert!(up, "the service never connected to Redis");
+    assert_eq!(h.http.get(h.url("/readyz")).send().await.unwrap().status(), 200);
+}
+
 // === 6. Oversized and malformed input ===
 
 async fn raw(h: &Harness, method: Method, path: &str, body: &str) -> (u16, Value) {

@@ -58,7 +58,11 @@ pub fn test_config() -> ContextConfig {
 
 impl Harness {
     pub async fn redis(config: ContextConfig) -> Self {
-        let redis = Redis::start();
+        Self::on_redis(Redis::start(), config).await
+    }
+
+    /// The service on a given (possibly stopped) Redis.
+    pub async fn on_redis(redis: Redis, config: ContextConfig) -> Self {
         let store = StoreChoice::Redis {
             url: redis.url(),
             namespace: Namespace {
