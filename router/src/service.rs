@@ -189,7 +189,7 @@ impl RouterService {
                 .map(Duration::from_millis)
                 .or(group.timeout)
                 .unwrap_or(self.tuning.default_timeout);
-            clock::epoch_ms() + budget.as_millis() as u64
+            clock::epoch_ms().saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
         });
         let deadline = clock::instant_for_epoch_ms(deadline_ms);
         if Instant::now() >= deadline {

@@ -235,8 +235,16 @@ impl SnapshotBuilder {
         type Versions = BTreeMap<semver::Version, (Option<Duration>, String, Vec<Arc<Instance>>)>;
         let mut by_capability: BTreeMap<String, Versions> = BTreeMap::new();
         for record in self.instances.values() {
-            let uri: http::Uri = match record.endpoint.parse() {
-                Ok(uri) => uri,
+            let uri: http::Uri = match record.endpoint.parse::<http::Uri>() {
+                // The forwarder speaks plain HTTP/1.1 (DESIGN §2: protocol `http`).
+                Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => uri,
+                Ok(_) => {
+                    tracing::warn!(
+                        message = "Instance endpoint is not an http:// URL; not routable.",
+                        agent_id = %record.agent_id, endpoint = %record.endpoint
+                    );
+                    continue;
+                }
                 Err(error) => {
                     tracing::warn!(
                         message = "Instance endpoint is not a URI; not routable.",

@@ -429,6 +429,13 @@ async fn resolution_errors_have_stable_codes() {
         (200, json!("1.2.0")),
         "highest by default"
     );
+    let mut forever = order("SO-1");
+    forever["timeout_ms"] = json!(u64::MAX);
+    assert_eq!(
+        cluster.invoke(forever).await.0,
+        200,
+        "a huge timeout is clamped, not an overflow"
+    );
     let mut pinned = order("SO-1");
     pinned["capability_version"] = json!("~1.0");
     let (status, body) = cluster.invoke(pinned).await;
