@@ -8,3 +8,5 @@ scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --all-targets --locked
+# --all-targets leaves out documentation examples; they are tests too.
+cargo test --workspace --doc --locked
