@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --all-targets --locked
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --all-targets --locked 2>&1 | tee "$log"
 # --all-targets leaves out documentation examples; they are tests too.
-cargo test --workspace --doc --locked
+cargo test --workspace --doc --locked 2>&1 | tee -a "$log"
+
+# One closing line for the whole run (cargo prints one per test binary).
+awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
