@@ -118,17 +118,23 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(seconds))
 }
 
-/// `default` applies when `RUST_LOG` is unset.
-fn init_logging(format: LogFormat, default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+/// `default` applies when `RUST_LOG` is unset; `service` names exported spans
+/// (`OTEL_SERVICE_NAME` wins). Spans are exported over OTLP when the `OTEL_*`
+/// variables ask for it (`agent-reach-telemetry`); the guard flushes them on exit.
+fn init_logging(
+    format: LogFormat,
+    default: &str,
+    service: &str,
+) -> anyhow::Result<agent_reach_telemetry::TelemetryGuard> {
+    agent_reach_telemetry::init(&agent_reach_telemetry::Options {
+        format: match format {
+            LogFormat::Text => agent_reach_telemetry::LogFormat::Text,
+            LogFormat::Json => agent_reach_telemetry::LogFormat::Json,
+        },
+        default_filter: default.to_string(),
+        service_name: service.to_string(),
+    })
+    .context("setting up logging and tracing")
 }
 
 /// Resolves on SIGINT (ctrl-c) or SIGTERM.
@@ -162,7 +168,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Registry(_) | Command::Router(_) | Command::Context(_) | Command::Dev(_) => "info",
         _ => "warn",
     };
-    init_logging(cli.log_format, default_level);
+    let service = match cli.command {
+        Command::Registry(_) => "agent-reach-registry",
+        Command::Router(_) => "agent-reach-router",
+        Command::Context(_) => "agent-reach-context",
+        _ => "agent-reach",
+    };
+    let _telemetry = init_logging(cli.log_format, default_level, service)?;
     match cli.command {
         Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
         Command::Router(args) => agent_reach_router::run(args, shutdown_signal()).await,

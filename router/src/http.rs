@@ -106,17 +106,33 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     let request_id = known.request_id.clone();
     let session_id = checked.request.session_id.clone().unwrap_or_default();
     // Every log line about this request carries trace_id, request_id and session_id (DESIGN §6).
+    // With OTLP export on, the span is an OpenTelemetry server span continuing the caller's trace.
     let span = tracing::info_span!(
         "invoke",
-        trace_id = %trace.trace_id,
+        otel.kind = "server",
+        trace_id = tracing::field::Empty,
         request_id = %request_id,
         session_id = %session_id,
         capability = %checked.request.capability,
+        capability.version = tracing::field::Empty,
+        caller = caller.name().unwrap_or(""),
+        policy = checked.policy.as_str(),
+        error.type = tracing::field::Empty,
     );
+    let incoming = headers.get("traceparent").and_then(|value| value.to_str().ok());
+    agent_reach_telemetry::propagation::set_parent(&span, incoming);
+    let trace = match agent_reach_telemetry::propagation::trace_id(&span) {
+        Some(trace_id) => TraceContext { trace_id, ..trace },
+        None => trace,
+    };
+    span.record("trace_id", trace.trace_id.as_str());
     let outcome = service
         .invoke(&caller, checked, &request_id, &trace)
-        .instrument(span)
+        .instrument(span.clone())
         .await;
+    if let Err(failure) = &outcome {
+        span.record("error.type", failure.error.code.as_str());
+    }
     match outcome {
         Ok(success) => {
             let envelope = ResultEnvelope {

@@ -12,6 +12,7 @@ use agent_reach_proto::envelope::{AgentErrorBody, AgentOutput, ForwardedEnvelope
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 use crate::breaker::{BreakerConfig, Transition};
 use crate::clock;
@@ -173,6 +174,7 @@ impl RouterService {
         trace: &TraceContext,
     ) -> Result<Success, Failure> {
         let group = resolve_version(capability, version_req)?;
+        tracing::Span::current().record("capability.version", group.version_text.as_str());
         let version = Some(group.version_text.clone());
         let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| Failure {
             error,
@@ -219,11 +221,8 @@ impl RouterService {
             payload: request.payload,
         };
         let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
-        let traceparent = trace.forward_header();
-        let headers = ForwardHeaders {
-            traceparent: &traceparent,
-            request_id: &request_id_header,
-        };
+        // Without OpenTelemetry spans, every attempt carries the router's own span id.
+        let fallback_traceparent = trace.forward_header();
         let limits = SelectionLimits {
             breaker: &self.breaker,
             max_inflight: self.tuning.max_inflight_per_instance,
@@ -235,7 +234,8 @@ impl RouterService {
         loop {
             let attempt = tried.len() as u32 + 1;
             let picked_at = Instant::now();
-            let picked = select::pick(group, policy, session_id.as_deref(), &tried, &limits);
+            let picked = tracing::info_span!("select", policy = policy.as_str(), attempt)
+                .in_scope(|| select::pick(group, policy, session_id.as_deref(), &tried, &limits));
             self.metrics
                 .selection_seconds
                 .observe(picked_at.elapsed().as_secs_f64());
@@ -262,10 +262,29 @@ impl RouterService {
                     ))
                 }
             };
+            // A client span per attempt; the agent's span becomes its child through `traceparent`.
+            let attempt_span = tracing::info_span!(
+                "attempt",
+                otel.kind = "client",
+                agent_id = %instance.agent_id,
+                attempt,
+                server.address = %instance.endpoint,
+                outcome = tracing::field::Empty,
+                retry.reason = tracing::field::Empty,
+            );
+            let traceparent = agent_reach_telemetry::propagation::traceparent(&attempt_span)
+                .and_then(|text| HeaderValue::from_str(&text).ok());
+            let headers = ForwardHeaders {
+                traceparent: traceparent.as_ref().unwrap_or(&fallback_traceparent),
+                request_id: &request_id_header,
+            };
             let started = Instant::now();
             let result = {
                 let _inflight = instance.state.start_request();
-                self.forwarder.send(&instance.uri, body, &headers, deadline).await
+                self.forwarder
+                    .send(&instance.uri, body, &headers, deadline)
+                    .instrument(attempt_span.clone())
+                    .await
             };
             let elapsed = started.elapsed();
             capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
@@ -274,6 +293,17 @@ impl RouterService {
             let (observation, outcome) = classify(result, elapsed);
             let transition = instance.state.observe(observation, &self.breaker);
             log_transition(transition, &agent_id);
+            attempt_span.record(
+                "outcome",
+                match &outcome {
+                    Outcome::Done(_) => "succeeded",
+                    Outcome::Fatal(_) => "failed",
+                    Outcome::Retryable(..) => "retryable",
+                },
+            );
+            if let Outcome::Retryable(reason, _) = &outcome {
+                attempt_span.record("retry.reason", reason.as_str());
+            }
             let reason = match outcome {
                 Outcome::Done(output) => {
                     return Ok(Success {

@@ -1,0 +1,163 @@
+//! OpenTelemetry span export over OTLP/gRPC, configured by the standard
+//! environment variables:
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT` | where to send spans (`http://collector:4317`); export is off when neither is set |
+//! | `OTEL_EXPORTER_OTLP_PROTOCOL`, `..._TRACES_PROTOCOL` | must be `grpc` (the default) when set |
+//! | `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_EXPORTER_OTLP_HEADERS` | read by the exporter |
+//! | `OTEL_SERVICE_NAME` | `service.name` (default: the subcommand, e.g. `agent-reach-router`) |
+//! | `OTEL_RESOURCE_ATTRIBUTES` | extra resource attributes |
+//! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | e.g. `parentbased_traceidratio` and `0.1` |
+//! | `OTEL_TRACES_EXPORTER=none`, `OTEL_SDK_DISABLED=true` | export off |
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{bail, Context};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::{Tracer, TracerProvider};
+use opentelemetry_sdk::Resource;
+use tracing::Subscriber;
+use tracing_opentelemetry::OpenTelemetryLayer;
+use tracing_subscriber::registry::LookupSpan;
+
+/// Set once an OpenTelemetry layer exists: propagation helpers do nothing
+/// (and allocate nothing) before that.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// Where and as whom spans are exported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub endpoint: String,
+    pub service_name: String,
+}
+
+impl Settings {
+    /// From the `OTEL_*` variables; `None` when export is not asked for.
+    pub fn from_env(default_service_name: &str) -> anyhow::Result<Option<Self>> {
+        Self::from_lookup(default_service_name, |name| std::env::var(name).ok())
+    }
+
+    fn from_lookup(default_service_name: &str, var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<Self>> {
+        let set = |name: &str| {
+            var(name)
+                .map(|value| value.trim().to_string())
+                .filter(|value| !value.is_empty())
+        };
+        if set("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        if let Some(exporter) = set("OTEL_TRACES_EXPORTER") {
+            match exporter.as_str() {
+                "otlp" => {}
+                "none" => return Ok(None),
+                other => bail!("OTEL_TRACES_EXPORTER={other} is not supported; use `otlp` or `none`"),
+            }
+        }
+        let Some(endpoint) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        else {
+            return Ok(None);
+        };
+        for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+            if let Some(protocol) = set(name) {
+                if protocol != "grpc" {
+                    bail!("{name}={protocol} is not supported; spans are exported over OTLP/gRPC (`grpc`)");
+                }
+            }
+        }
+        let service_name = set("OTEL_SERVICE_NAME").unwrap_or_else(|| default_service_name.to_string());
+        Ok(Some(Self { endpoint, service_name }))
+    }
+}
+
+/// A tracer provider exporting in batches over OTLP/gRPC. The sampler comes
+/// from `OTEL_TRACES_SAMPLER` (the SDK's default configuration reads it).
+/// Must be called inside a Tokio runtime.
+pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(settings.endpoint.clone())
+        .build()
+        .with_context(|| format!("cannot set up the OTLP exporter for {}", settings.endpoint))?;
+    let resource = Resource::default().merge(&Resource::new([KeyValue::new(
+        "service.name",
+        settings.service_name.clone(),
+    )]));
+    Ok(TracerProvider::builder()
+        .with_batch_exporter(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_resource(resource)
+        .build())
+}
+
+/// The `tracing` layer turning spans into OpenTelemetry spans of `provider`.
+pub fn layer<S>(provider: &TracerProvider) -> OpenTelemetryLayer<S, Tracer>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    ACTIVE.store(true, Ordering::Relaxed);
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("agent-reach"))
+        .with_tracked_inactivity(false)
+        .with_threads(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn settings(vars: &[(&str, &str)]) -> anyhow::Result<Option<Settings>> {
+        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Settings::from_lookup("agent-reach-router", |name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn export_only_when_an_endpoint_is_set() {
+        assert_eq!(settings(&[]).unwrap(), None);
+        let on = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(on.endpoint, "http://collector:4317");
+        assert_eq!(on.service_name, "agent-reach-router");
+        let named = settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:4317"),
+            ("OTEL_SERVICE_NAME", "edge-router"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (named.endpoint.as_str(), named.service_name.as_str()),
+            ("http://b:4317", "edge-router")
+        );
+        assert_eq!(
+            settings(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"),
+                ("OTEL_SDK_DISABLED", "true")
+            ])
+            .unwrap(),
+            None
+        );
+        assert_eq!(
+            settings(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"),
+                ("OTEL_TRACES_EXPORTER", "none")
+            ])
+            .unwrap(),
+            None
+        );
+        let error = settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ])
+        .unwrap_err();
+        assert!(error.to_string().contains("grpc"), "{error}");
+    }
+}

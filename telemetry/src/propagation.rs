@@ -1,0 +1,67 @@
+//! W3C Trace Context for `tracing` spans: continue a caller's `traceparent`
+//! and produce the one to send downstream. Without an OpenTelemetry layer
+//! (no OTLP endpoint) every function returns at once and callers fall back to
+//! their own ids, so disabled tracing costs a relaxed atomic load.
+
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::TraceContextExt;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::otlp::active;
+
+/// A carrier holding just the `traceparent` value.
+struct TraceParent<'a>(&'a str);
+
+impl Extractor for TraceParent<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        (key == "traceparent").then_some(self.0)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent"]
+    }
+}
+
+/// Makes `span` a child of the remote span named by `traceparent`. Does
+/// nothing without a valid header or an OpenTelemetry layer.
+pub fn set_parent(span: &Span, traceparent: Option<&str>) {
+    let Some(header) = traceparent.filter(|_| active()) else {
+        return;
+    };
+    let context = TraceContextPropagator::new().extract(&TraceParent(header));
+    if context.span().span_context().is_valid() {
+        span.set_parent(context);
+    }
+}
+
+/// The `traceparent` naming `span` as the parent of the next hop, when spans
+/// are OpenTelemetry spans.
+pub fn traceparent(span: &Span) -> Option<String> {
+    if !active() {
+        return None;
+    }
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| {
+        format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        )
+    })
+}
+
+/// The OpenTelemetry trace id of `span` (32 hex digits), when it has one.
+pub fn trace_id(span: &Span) -> Option<String> {
+    if !active() {
+        return None;
+    }
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| format!("{:032x}", span_context.trace_id()))
+}
