@@ -173,7 +173,11 @@ impl Ctx {
             deadline: Some(self.inner.deadline_ms),
             payload,
         };
-        invoke(links, router, &request, Some(&child_traceparent(self.traceparent()))).await
+        // The current span (the handler's, or one the handler opened) is the
+        // router span's parent; without OpenTelemetry, a child id of our own.
+        let traceparent = agent_reach_telemetry::propagation::traceparent(&tracing::Span::current())
+            .unwrap_or_else(|| child_traceparent(self.traceparent()));
+        invoke(links, router, &request, Some(&traceparent)).await
     }
 
     /// The session context named by this request's `context_id`.
@@ -278,6 +282,11 @@ impl ContextHandle {
             .parse()
             .map_err(|_| CallError::new("INVALID_TOKEN", "the agent's token is not a valid header value"))?;
         request.metadata_mut().insert("authorization", value);
+        // W3C trace context in gRPC metadata, so the context service's span joins the trace.
+        let traceparent = agent_reach_telemetry::propagation::traceparent(&tracing::Span::current());
+        if let Some(value) = traceparent.and_then(|text| text.parse().ok()) {
+            request.metadata_mut().insert("traceparent", value);
+        }
         Ok(request)
     }
 

@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use futures::FutureExt;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::agent::{Shared, Status};
 use crate::ctx::{now_ms, Ctx};
@@ -54,8 +55,40 @@ impl Drop for InflightGuard {
     }
 }
 
-#[tracing::instrument(name = "agent.invoke", skip_all, fields(request_id, capability))]
+/// One span per delivery: an OpenTelemetry server span continuing the
+/// router's `traceparent` when OTLP export is on; its fields (`trace_id`,
+/// `request_id`, `session_id`) are on every log line of the handler.
 async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
+    let span = tracing::info_span!(
+        "agent.invoke",
+        otel.kind = "server",
+        trace_id = tracing::field::Empty,
+        request_id = tracing::field::Empty,
+        session_id = tracing::field::Empty,
+        capability = tracing::field::Empty,
+        capability.version = tracing::field::Empty,
+        agent_id = %shared.config.agent_id,
+        attempt = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    agent_reach_telemetry::propagation::set_parent(&span, traceparent.as_deref());
+    let trace_id = agent_reach_telemetry::propagation::trace_id(&span).or_else(|| {
+        traceparent
+            .as_deref()
+            .and_then(|header| header.split('-').nth(1))
+            .map(str::to_string)
+    });
+    if let Some(trace_id) = &trace_id {
+        span.record("trace_id", trace_id.as_str());
+    }
+    serve(shared, traceparent, body).instrument(span).await
+}
+
+async fn serve(shared: Arc<Shared>, traceparent: Option<String>, body: Bytes) -> Response {
     let envelope: ForwardedEnvelope = match serde_json::from_slice(&body) {
         Ok(envelope) => envelope,
         Err(error) => {
@@ -66,8 +99,12 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
             ))
         }
     };
-    tracing::Span::current().record("request_id", envelope.request_id.as_str());
-    tracing::Span::current().record("capability", envelope.capability.as_str());
+    let span = tracing::Span::current();
+    span.record("request_id", envelope.request_id.as_str());
+    span.record("session_id", envelope.session_id.as_deref().unwrap_or(""));
+    span.record("capability", envelope.capability.as_str());
+    span.record("capability.version", envelope.capability_version.as_str());
+    span.record("attempt", envelope.attempt);
     match shared.status() {
         Status::Ready | Status::Busy => {}
         Status::Starting => return respond(error_answer(503, "NOT_READY", "the agent is still initialising")),
@@ -94,10 +131,6 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     if let Some(answer) = slot.get() {
         return respond(answer.clone());
     }
-    let traceparent = headers
-        .get("traceparent")
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_string);
     // "Not now" answers are not cached: a later delivery may find room.
     if shared.inflight.load(Ordering::Acquire) >= shared.config.max_concurrency {
         return respond(error_answer(503, "OVERLOADED", "the agent is at its concurrency limit"));
@@ -118,7 +151,7 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
             );
             let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
             // A spawned task isolates panics: the agent keeps serving.
-            let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()));
+            let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
             match tokio::time::timeout(remaining, running).await {
                 Ok(Ok(Ok(output))) => Answer {
                     status: 200,
@@ -148,6 +181,9 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         })
         .map(Clone::clone)
         .await;
+    if answer.status >= 400 {
+        span.record("error.type", answer.status);
+    }
     respond(answer)
 }
 
