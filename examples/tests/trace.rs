@@ -1,0 +1,292 @@
+//! Acceptance 1 of issue 7: a real OTLP/gRPC trace receiver in-process, and a
+//! two-hop call — caller → router → agent A (`intent.parse`) → router → agent
+//! B (`order.query`) — exported by the same code the services use
+//! (`agent_reach_telemetry::otlp`). One trace, correct parent links, and the
+//! issue's attributes on the router's and the SDK's spans.
+//!
+//! One test in its own binary: it installs the process-wide subscriber.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_reach_examples::stack::{Stack, StackOptions};
+use agent_reach_examples::{scenario_instances, InstanceSpec};
+use agent_reach_telemetry::otlp;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use serde_json::{json, Value};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// One received span, decoded for assertions.
+#[derive(Debug, Clone)]
+struct Received {
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    kind: i32,
+    attributes: HashMap<String, String>,
+}
+
+/// The OTLP trace service: keeps every span it is sent.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Received>>>,
+    services: Arc<Mutex<Vec<String>>>,
+}
+
+fn text(value: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.as_ref().and_then(|value| value.value.as_ref()) {
+        Some(AnyValue::StringValue(text)) => text.clone(),
+        Some(AnyValue::IntValue(number)) => number.to_string(),
+        Some(AnyValue::BoolValue(flag)) => flag.to_string(),
+        Some(AnyValue::DoubleValue(number)) => number.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[async_trait::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        for resource_spans in request.into_inner().resource_spans {
+            if let Some(resource) = &resource_spans.resource {
+                for attribute in &resource.attributes {
+                    if attribute.key == "service.name" {
+                        self.services.lock().unwrap().push(text(&attribute.value));
+                    }
+                }
+            }
+            for scope in resource_spans.scope_spans {
+                for span in scope.spans {
+                    let attributes = span
+                        .attributes
+                        .iter()
+                        .map(|attribute| (attribute.key.clone(), text(&attribute.value)))
+                        .collect();
+                    self.spans.lock().unwrap().push(Received {
+                        name: span.name,
+                        trace_id: hex(&span.trace_id),
+                        span_id: hex(&span.span_id),
+                        parent: hex(&span.parent_span_id),
+                        kind: span.kind,
+                        attributes,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Receiver {
+    fn spans(&self) -> Vec<Received> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
+    // The receiver: a real OTLP/gRPC server on loopback.
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let service = TraceServiceServer::new(receiver.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+
+    // What `agent-reach` does when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let settings = otlp::Settings {
+        endpoint,
+        service_name: "agent-reach-test".to_string(),
+    };
+    let provider = otlp::tracer_provider(&settings).unwrap();
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(otlp::layer(&provider))
+        .init();
+
+    // Agent A (intent_parser) calls agent B (order_query), which calls on; the
+    // first two hops are what this test checks.
+    let agents: Vec<InstanceSpec> = scenario_instances();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let stack = Stack::start(StackOptions {
+        registry_listen: any,
+        router_listen: any,
+        context_listen: any,
+        etcd: Vec::new(),
+        redis: None,
+        acl: None,
+        agents,
+    })
+    .await
+    .unwrap();
+    stack
+        .wait_until_routable(
+            &["intent.parse", "order.query", "shipping.rules", "reply.write"],
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let user = stack.token("demo_user", Duration::from_secs(600)).unwrap();
+    let created: Value = client
+        .post(format!("{}/v1/contexts", stack.context))
+        .bearer_auth(&user)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let context_id = created["context_id"].as_str().unwrap();
+
+    // The caller's own span: the trace starts outside Agent-Reach.
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let caller_span = "b7ad6b7169203331";
+    let answer: Value = client
+        .post(format!("{}/v1/invoke", stack.router))
+        .bearer_auth(&user)
+        .header("traceparent", format!("00-{trace_id}-{caller_span}-01"))
+        .json(
+            &json!({"capability": "intent.parse", "request_id": "req-trace-1", "session_id": "sess-trace-1",
+                      "context_id": context_id, "timeout_ms": 10_000,
+                      "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["status"], "succeeded", "{answer}");
+
+    // Spans end as each hop answers; flush until both hops' spans arrived.
+    let find = |spans: &[Received], name: &str, capability: &str| {
+        spans
+            .iter()
+            .find(|span| span.name == name && span.attributes.get("capability").map(String::as_str) == Some(capability))
+            .cloned()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let spans = loop {
+        let flushing = provider.clone();
+        tokio::task::spawn_blocking(move || flushing.force_flush())
+            .await
+            .unwrap();
+        let spans = receiver.spans();
+        let complete = [("invoke", "intent.parse"), ("agent.invoke", "intent.parse")]
+            .into_iter()
+            .chain([("invoke", "order.query"), ("agent.invoke", "order.query")])
+            .all(|(name, capability)| find(&spans, name, capability).is_some());
+        if complete {
+            break spans;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "spans did not arrive; got {spans:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let by_id: HashMap<&str, &Received> = spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
+    let parent_of = |span: &Received| {
+        *by_id
+            .get(span.parent.as_str())
+            .unwrap_or_else(|| panic!("parent of {span:?} was not exported"))
+    };
+
+    // Hop 1: caller → router → agent A.
+    let router_a = find(&spans, "invoke", "intent.parse").unwrap();
+    assert_eq!(router_a.trace_id, trace_id, "the router continues the caller's trace");
+    assert_eq!(
+        router_a.parent, caller_span,
+        "the router's span is a child of the caller's"
+    );
+    assert_eq!(router_a.kind, SpanKind::Server as i32);
+    for (key, value) in [
+        ("request_id", "req-trace-1"),
+        ("session_id", "sess-trace-1"),
+        ("caller", "demo_user"),
+        ("capability.version", "1.0.0"),
+        ("policy", "weighted_round_robin"),
+        ("trace_id", trace_id),
+    ] {
+        assert_eq!(
+            router_a.attributes.get(key).map(String::as_str),
+            Some(value),
+            "{key} on {router_a:?}"
+        );
+    }
+    let agent_a = find(&spans, "agent.invoke", "intent.parse").unwrap();
+    let attempt_a = parent_of(&agent_a);
+    assert_eq!(
+        attempt_a.name, "attempt",
+        "agent A's span is a child of the router's attempt"
+    );
+    assert_eq!(attempt_a.kind, SpanKind::Client as i32);
+    assert_eq!(
+        attempt_a.parent, router_a.span_id,
+        "the attempt is a child of the router's invoke"
+    );
+    assert_eq!(attempt_a.attributes["agent_id"], "intent_parser-1");
+    assert_eq!(attempt_a.attributes["outcome"], "succeeded");
+    assert_eq!(attempt_a.attributes["attempt"], "1");
+    assert!(attempt_a.attributes["server.address"].starts_with("http://127.0.0.1:"));
+    assert_eq!(agent_a.attributes["request_id"], "req-trace-1");
+    assert_eq!(agent_a.attributes["agent_id"], "intent_parser-1");
+    assert_eq!(agent_a.kind, SpanKind::Server as i32);
+    assert!(
+        spans
+            .iter()
+            .any(|span| span.name == "select" && span.parent == router_a.span_id),
+        "instance selection is a span under the router's invoke"
+    );
+
+    // Hop 2: agent A → router → agent B, in the same trace.
+    let router_b = find(&spans, "invoke", "order.query").unwrap();
+    assert_eq!(
+        router_b.parent, agent_a.span_id,
+        "agent A's call is the parent of the router's second span"
+    );
+    assert_eq!(router_b.attributes["caller"], "intent_parser");
+    assert_eq!(
+        router_b.attributes["session_id"], "sess-trace-1",
+        "the session travels with the call"
+    );
+    assert_eq!(router_b.attributes["capability.version"], "1.2.0");
+    let agent_b = find(&spans, "agent.invoke", "order.query").unwrap();
+    let attempt_b = parent_of(&agent_b);
+    assert_eq!(attempt_b.parent, router_b.span_id);
+    assert!(attempt_b.attributes["agent_id"].starts_with("order_query-"));
+    assert_eq!(agent_b.attributes["agent_id"], attempt_b.attributes["agent_id"]);
+
+    for span in [&router_a, attempt_a, &agent_a, &router_b, attempt_b, &agent_b] {
+        assert_eq!(span.trace_id, trace_id, "one trace: {span:?}");
+    }
+    assert!(receiver
+        .services
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|name| name == "agent-reach-test"));
+    stack.shutdown().await;
+}
