@@ -37,6 +37,9 @@ struct Args {
     /// wrk threads.
     #[arg(long, default_value_t = 1)]
     wrk_threads: u32,
+    /// Router request threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    router_threads: usize,
     /// Connection counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "32,1")]
     connections: Vec<u32>,
@@ -340,6 +343,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             path_text(&acl),
             "--auth-hs256-secret-file".into(),
             path_text(&secret),
+            "--threads".into(),
+            args.router_threads.to_string(),
         ],
     )?;
     let token = agent_reach_access::token::issue_hs256(CALLER, SECRET.as_bytes(), Duration::from_secs(86_400))
@@ -404,6 +409,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             let warm = Args {
                 duration_s: 2,
                 wrk_threads: args.wrk_threads,
+                router_threads: args.router_threads,
                 connections: vec![],
             };
             let _ = run_wrk(&script, url, connections, &warm);

@@ -52,6 +52,9 @@ pub struct RouterArgs {
     /// Idle keep-alive connections kept per instance.
     #[arg(long, env = "AGENT_REACH_POOL_IDLE_PER_INSTANCE", default_value_t = 64)]
     pub pool_idle_per_instance: usize,
+    /// Request-serving threads (one single-threaded runtime each); 0 means one per CPU core.
+    #[arg(long, env = "AGENT_REACH_ROUTER_THREADS", default_value_t = 0)]
+    pub threads: usize,
     /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
     #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
     pub max_staleness_s: u64,
@@ -83,6 +86,8 @@ pub struct Tuning {
     pub max_inflight_per_instance: u32,
     pub pool_idle_per_instance: usize,
     pub max_staleness: Duration,
+    /// Request-serving threads of `run` (0: one per core).
+    pub threads: usize,
 }
 
 impl Default for Tuning {
@@ -98,6 +103,7 @@ impl Default for Tuning {
             max_inflight_per_instance: 1024,
             pool_idle_per_instance: 64,
             max_staleness: Duration::from_secs(60),
+            threads: 0,
         }
     }
 }
@@ -198,6 +204,7 @@ impl RouterArgs {
                 max_inflight_per_instance: self.max_inflight_per_instance,
                 pool_idle_per_instance: self.pool_idle_per_instance,
                 max_staleness: Duration::from_secs(self.max_staleness_s),
+                threads: self.threads,
             },
         })
     }

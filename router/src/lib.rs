@@ -77,7 +77,10 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
     let service = build(&settings).await?;
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = match settings.tuning.threads {
+        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        threads => threads,
+    };
     tracing::info!(
         message = "Router listening.", address = %settings.listen, registry = %settings.registry, threads
     );
