@@ -51,10 +51,20 @@ fn text_map(fields: crate::model::Fields) -> HashMap<String, String> {
     fields.into_iter().collect()
 }
 
+/// Joins the caller's trace: the SDK sends W3C `traceparent` in gRPC metadata.
+fn continue_trace<T>(request: &Request<T>) {
+    let traceparent = request
+        .metadata()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok());
+    agent_reach_telemetry::propagation::set_parent(&tracing::Span::current(), traceparent);
+}
+
 #[tonic::async_trait]
 impl pb::contexts_server::Contexts for GrpcContext {
     #[tracing::instrument(name = "grpc.Create", skip_all)]
     async fn create(&self, request: Request<pb::CreateRequest>) -> Result<Response<pb::CreateResponse>, Status> {
+        continue_trace(&request);
         let caller = self.caller(&request).map_err(|error| error.to_status())?;
         let request = request.into_inner();
         let result = async {
@@ -77,6 +87,7 @@ impl pb::contexts_server::Contexts for GrpcContext {
 
     #[tracing::instrument(name = "grpc.Get", skip_all)]
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        continue_trace(&request);
         let caller = self.caller(&request).map_err(|error| error.to_status())?;
         let request = request.into_inner();
         let fields = Some(request.fields).filter(|names| !names.is_empty());
@@ -96,6 +107,7 @@ impl pb::contexts_server::Contexts for GrpcContext {
 
     #[tracing::instrument(name = "grpc.Patch", skip_all)]
     async fn patch(&self, request: Request<pb::PatchRequest>) -> Result<Response<pb::PatchResponse>, Status> {
+        continue_trace(&request);
         let caller = self.caller(&request).map_err(|error| error.to_status())?;
         let request = request.into_inner();
         let result = async {
@@ -117,6 +129,7 @@ impl pb::contexts_server::Contexts for GrpcContext {
 
     #[tracing::instrument(name = "grpc.Close", skip_all)]
     async fn close(&self, request: Request<pb::CloseRequest>) -> Result<Response<pb::CloseResponse>, Status> {
+        continue_trace(&request);
         let caller = self.caller(&request).map_err(|error| error.to_status())?;
         let request = request.into_inner();
         self.service

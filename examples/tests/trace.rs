@@ -261,6 +261,42 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         "instance selection is a span under the router's invoke"
     );
 
+    // Agent A's context write (gRPC metadata) joins the trace under its span.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let spans = loop {
+        let spans = receiver.spans();
+        if spans
+            .iter()
+            .any(|span| span.name == "grpc.Patch" && span.parent == agent_a.span_id)
+        {
+            break spans;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no context span under agent A; got {spans:#?}"
+        );
+        let flushing = provider.clone();
+        tokio::task::spawn_blocking(move || flushing.force_flush())
+            .await
+            .unwrap();
+    };
+    let by_id: HashMap<&str, &Received> = spans.iter().map(|span| (span.span_id.as_str(), span)).collect();
+    let parent_of = |span: &Received| {
+        *by_id
+            .get(span.parent.as_str())
+            .unwrap_or_else(|| panic!("parent of {span:?} was not exported"))
+    };
+    let patch = spans
+        .iter()
+        .find(|span| span.name == "grpc.Patch" && span.parent == agent_a.span_id)
+        .unwrap();
+    assert!(
+        spans
+            .iter()
+            .any(|span| span.name == "context.patch" && span.parent == patch.span_id),
+        "the context operation is a span under the gRPC call"
+    );
+
     // Hop 2: agent A → router → agent B, in the same trace.
     let router_b = find(&spans, "invoke", "order.query").unwrap();
     assert_eq!(
