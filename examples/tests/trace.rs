@@ -119,10 +119,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         service_name: "agent-reach-test".to_string(),
     };
     let provider = otlp::tracer_provider(&settings).unwrap();
-    tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("info"))
-        .with(otlp::layer(&provider))
-        .init();
+    tracing_subscriber::registry().with(otlp::layer(&provider)).init();
 
     // Agent A (intent_parser) calls agent B (order_query), which calls on; the
     // first two hops are what this test checks.

@@ -234,7 +234,7 @@ impl RouterService {
         loop {
             let attempt = tried.len() as u32 + 1;
             let picked_at = Instant::now();
-            let picked = tracing::info_span!("select", policy = policy.as_str(), attempt)
+            let picked = tracing::debug_span!("select", policy = policy.as_str(), attempt)
                 .in_scope(|| select::pick(group, policy, session_id.as_deref(), &tried, &limits));
             self.metrics
                 .selection_seconds
@@ -263,7 +263,8 @@ impl RouterService {
                 }
             };
             // A client span per attempt; the agent's span becomes its child through `traceparent`.
-            let attempt_span = tracing::info_span!(
+            // `debug`: free unless spans are exported (the OTLP layer takes our debug spans).
+            let attempt_span = tracing::debug_span!(
                 "attempt",
                 otel.kind = "client",
                 agent_id = %instance.agent_id,

@@ -68,19 +68,17 @@ impl Drop for TelemetryGuard {
 /// OTLP span export when [`otlp::Settings::from_env`] finds an endpoint.
 /// Must run inside a Tokio runtime (the exporter's batch task).
 pub fn init(options: &Options) -> anyhow::Result<TelemetryGuard> {
+    // Per-layer filters: `RUST_LOG` decides what is logged, not what is traced.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&options.default_filter));
     let fmt = match options.format {
         LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
         LogFormat::Json => logs::json_layer(std::io::stderr).boxed(),
-    };
+    }
+    .with_filter(filter);
     let settings = otlp::Settings::from_env(&options.service_name)?;
     let provider = settings.as_ref().map(otlp::tracer_provider).transpose()?;
     let otel = provider.as_ref().map(otlp::layer);
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(otel)
-        .try_init()?;
+    tracing_subscriber::registry().with(fmt).with(otel).try_init()?;
     if let (Some(settings), Some(_)) = (&settings, &provider) {
         tracing::info!(message = "Exporting spans over OTLP.", endpoint = %settings.endpoint, service = %settings.service_name);
     }

@@ -19,9 +19,11 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::trace::{Tracer, TracerProvider};
 use opentelemetry_sdk::Resource;
-use tracing::Subscriber;
+use tracing::{Level, Subscriber};
 use tracing_opentelemetry::OpenTelemetryLayer;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
 
 /// Set once an OpenTelemetry layer exists: propagation helpers do nothing
 /// (and allocate nothing) before that.
@@ -95,12 +97,25 @@ pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
         .build())
 }
 
-/// The `tracing` layer turning spans into OpenTelemetry spans of `provider`.
-pub fn layer<S>(provider: &TracerProvider) -> OpenTelemetryLayer<S, Tracer>
+/// The `tracing` layer turning spans into OpenTelemetry spans of `provider`,
+/// with its own filter: every `info` span, and our crates' `debug` spans too
+/// (the router's per-attempt and selection spans are `debug`, so they cost
+/// nothing unless spans are exported or debug logs are on).
+pub fn layer<S>(provider: &TracerProvider) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     ACTIVE.store(true, Ordering::Relaxed);
+    let spans = Targets::new()
+        .with_default(Level::INFO)
+        .with_target("agent_reach", Level::DEBUG);
+    otel_layer::<S>(provider).with_filter(spans)
+}
+
+fn otel_layer<S>(provider: &TracerProvider) -> OpenTelemetryLayer<S, Tracer>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("agent-reach"))
         .with_tracked_inactivity(false)
