@@ -349,6 +349,50 @@ async fn retries_are_bounded_and_spread() {
     assert!(busy.hits() <= 3);
 }
 
+// Routable statuses: `overloaded` only when nothing else is left, `draining` never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_decide_who_gets_traffic() {
+    let cluster = Cluster::start().await;
+    let ready = cluster.agent(AgentSpec::new("sr-1", 1, Behaviour::Echo));
+    let mut spec = AgentSpec::new("so-1", 1000, Behaviour::Echo);
+    spec.status = "overloaded".into();
+    let overloaded = cluster.agent(spec);
+    cluster.wait_for_instances(&["so-1", "sr-1"]).await;
+    for n in 0..20 {
+        let (status, body) = cluster.invoke(order(&format!("SO-{n}"))).await;
+        assert_eq!((status, agent_of(&body)), (200, "sr-1".to_string()), "{body}");
+    }
+    assert_eq!(
+        overloaded.hits(),
+        0,
+        "overloaded gets nothing while a ready instance exists"
+    );
+
+    // The ready one drains: the overloaded one is all that is left, so it gets the traffic.
+    set_status(&cluster.registry.url(), &ready, "draining").await;
+    let drained = eventually(Duration::from_secs(10), || {
+        let cluster = &cluster;
+        async move { agent_of(&cluster.invoke(order("SO-1")).await.1) == "so-1" }
+    })
+    .await;
+    assert!(drained, "traffic never moved off the draining instance");
+    let before = ready.hits();
+    for n in 0..20 {
+        let (status, body) = cluster.invoke(order(&format!("SO-{n}"))).await;
+        assert_eq!((status, agent_of(&body)), (200, "so-1".to_string()), "{body}");
+    }
+    assert_eq!(ready.hits(), before, "a draining instance gets no new request");
+
+    // Draining too: nothing routable.
+    set_status(&cluster.registry.url(), &overloaded, "draining").await;
+    let none = eventually(Duration::from_secs(10), || {
+        let cluster = &cluster;
+        async move { code_of(&cluster.invoke(order("SO-1")).await.1) == "NO_AVAILABLE_INSTANCE" }
+    })
+    .await;
+    assert!(none, "with every instance draining the answer is NO_AVAILABLE_INSTANCE");
+}
+
 // 6. A hanging agent: DEADLINE_EXCEEDED at the deadline, and the agent got the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_agent_meets_the_deadline() {

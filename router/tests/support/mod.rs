@@ -236,6 +236,7 @@ pub struct Agent {
     process: Process,
     pub agent_id: String,
     pub addr: SocketAddr,
+    pub lease: i64,
     pub seen: Arc<Seen>,
     pub release: Arc<Notify>,
 }
@@ -286,7 +287,7 @@ impl Agent {
         let registry = registry.to_string();
         let agent_id = spec.agent_id.clone();
         let (state_seen, state_release) = (seen.clone(), release.clone());
-        let (process, addr) = Process::spawn(move || async move {
+        let (process, (addr, lease)) = Process::spawn(move || async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("agent bind");
             let addr = listener.local_addr().expect("addr");
             let state = Arc::new(AgentState {
@@ -301,12 +302,13 @@ impl Agent {
             tokio::spawn(async move { axum::serve(listener, app).await });
             let lease = register(&registry, &spec, addr).await;
             tokio::spawn(heartbeat(registry, spec.agent_id.clone(), lease, spec.ttl_s));
-            addr
+            (addr, lease)
         });
         Self {
             process,
             agent_id,
             addr,
+            lease,
             seen,
             release,
         }
@@ -367,6 +369,18 @@ async fn heartbeat(registry: String, agent_id: String, lease: i64, ttl_s: u32) {
             .send()
             .await;
     }
+}
+
+/// Reports a new status with a heartbeat, as an agent does when it gets busy or drains.
+pub async fn set_status(registry: &str, agent: &Agent, status: &str) {
+    let response = reqwest::Client::new()
+        .put(format!("{registry}/v1/agents/{}/heartbeat", agent.agent_id))
+        .bearer_auth(token(&agent_name(&agent.agent_id)))
+        .json(&json!({ "lease_id": agent.lease, "status": status }))
+        .send()
+        .await
+        .expect("heartbeat");
+    assert!(response.status().is_success(), "status change: {}", response.status());
 }
 
 /// Graceful deregistration through the registry.
