@@ -12,6 +12,13 @@
 //! and wrk from the distribution's packages (`scripts/setup.sh`). Prints
 //! req/s and p50/p99 per target and the verdict against the target: router
 //! req/s ≥ HAProxy's, and the router's added p50 at 1 connection ≤ HAProxy's.
+//!
+//! `--tracing` (issue 7, acceptance point 5) adds two routers in the same run,
+//! set up as the `agent-reach router` binary sets itself up (logs at `info`):
+//! one with tracing disabled (no OTLP endpoint) and one exporting spans over
+//! OTLP to an in-process receiver at 10 % sampling. Verdicts: disabled costs
+//! nothing measurable against the bare router; enabled keeps ≥ 90 % of the
+//! disabled router's req/s.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -43,7 +50,13 @@ struct Args {
     /// Connection counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "32,1")]
     connections: Vec<u32>,
+    /// Also measure routers with tracing disabled and with OTLP export at 10 % sampling.
+    #[arg(long)]
+    tracing: bool,
 }
+
+/// Set on router children that log (and trace, when `OTEL_*` ask) like `agent-reach router`.
+const BENCH_TELEMETRY: &str = "AGENT_REACH_BENCH_TELEMETRY";
 
 #[derive(Debug, Parser)]
 struct ServeRegistry {
@@ -72,10 +85,15 @@ fn free_addr() -> SocketAddr {
 }
 
 fn spawn_self(mode: &str, args: &[String]) -> anyhow::Result<ChildGuard> {
+    spawn_self_with_env(mode, args, &[])
+}
+
+fn spawn_self_with_env(mode: &str, args: &[String], env: &[(&str, String)]) -> anyhow::Result<ChildGuard> {
     let exe = std::env::current_exe()?;
     let child = Command::new(exe)
         .arg(mode)
         .args(args)
+        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -275,7 +293,17 @@ fn main() -> anyhow::Result<()> {
         argv.remove(1);
         let serve = ServeRouter::parse_from(argv);
         let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(agent_reach_router::run(serve.router, std::future::pending()));
+        return runtime.block_on(async {
+            let _telemetry = match std::env::var_os(BENCH_TELEMETRY) {
+                Some(_) => Some(agent_reach_telemetry::init(&agent_reach_telemetry::Options {
+                    format: agent_reach_telemetry::LogFormat::Text,
+                    default_filter: "info".to_string(),
+                    service_name: "agent-reach-router".to_string(),
+                })?),
+                None => None,
+            };
+            agent_reach_router::run(serve.router, std::future::pending()).await
+        });
     }
     let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -378,6 +406,54 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     })
     .await?;
 
+    // `--tracing`: the same router, logging as the binary does, without and with OTLP export.
+    let mut tracing_routers = Vec::new();
+    let mut span_sink = None;
+    if args.tracing {
+        let sink = tracing_sink::start().await?;
+        for (name, otlp) in [
+            ("router untraced", None),
+            ("router otel 10%", Some(sink.endpoint.clone())),
+        ] {
+            let addr = free_addr();
+            let mut env = vec![(BENCH_TELEMETRY, "1".to_string())];
+            if let Some(endpoint) = otlp {
+                env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
+                env.push(("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".to_string()));
+                env.push(("OTEL_TRACES_SAMPLER_ARG", "0.1".to_string()));
+            }
+            let child = spawn_self_with_env(
+                SERVE_ROUTER,
+                &[
+                    "--listen".into(),
+                    addr.to_string(),
+                    "--registry".into(),
+                    registry.clone(),
+                    "--acl".into(),
+                    path_text(&acl),
+                    "--auth-hs256-secret-file".into(),
+                    path_text(&secret),
+                    "--threads".into(),
+                    args.router_threads.to_string(),
+                ],
+                &env,
+            )?;
+            let url = format!("http://{addr}/v1/invoke");
+            wait_for(name, Duration::from_secs(20), async || {
+                client
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .body(envelope.clone())
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            })
+            .await?;
+            tracing_routers.push((name, url, child));
+        }
+        span_sink = Some(sink);
+    }
+
     let script = dir.path().join("post.lua");
     std::fs::write(
         &script,
@@ -386,11 +462,14 @@ async fn bench(args: Args) -> anyhow::Result<()> {
              wrk.headers[\"Authorization\"] = \"Bearer {token}\"\n"
         ),
     )?;
-    let targets = [
+    let mut targets = vec![
         ("direct agent", format!("http://{}/invoke", agents[0].0), None),
         ("router", router_url.clone(), Some(_router.0.id())),
         ("haproxy", haproxy_url.clone(), Some(_haproxy.0.id())),
     ];
+    for (name, url, child) in &tracing_routers {
+        targets.push((name, url.clone(), Some(child.0.id())));
+    }
     println!(
         "router-bench: 3 agents (weights 3:2:1), wrk {} thread(s), {} s per run, {} cores",
         args.wrk_threads,
@@ -411,6 +490,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 wrk_threads: args.wrk_threads,
                 router_threads: args.router_threads,
                 connections: vec![],
+                tracing: false,
             };
             let _ = run_wrk(&script, url, connections, &warm);
             let cpu_before = pid.map(cpu_seconds);
@@ -453,6 +533,98 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             );
         }
     }
+    for &connections in &args.connections {
+        let get = |name: &str| results.get(&(name.to_string(), connections));
+        if let (Some(bare), Some(untraced), Some(traced)) =
+            (get("router"), get("router untraced"), get("router otel 10%"))
+        {
+            let disabled = untraced.requests_per_s / bare.requests_per_s - 1.0;
+            let enabled = traced.requests_per_s / untraced.requests_per_s - 1.0;
+            println!(
+                "{connections:>2} conn: tracing disabled {:.0} req/s vs bare router {:.0} req/s ({:+.1} %) -> {}",
+                untraced.requests_per_s,
+                bare.requests_per_s,
+                disabled * 100.0,
+                // wrk run-to-run noise on a shared machine is a few per cent.
+                if disabled >= -0.03 {
+                    "MET (within noise)"
+                } else {
+                    "NOT MET"
+                }
+            );
+            println!(
+                "{connections:>2} conn: tracing at 10 % {:.0} req/s vs disabled {:.0} req/s ({:+.1} %) -> {}",
+                traced.requests_per_s,
+                untraced.requests_per_s,
+                enabled * 100.0,
+                if enabled >= -0.10 { "MET" } else { "NOT MET" }
+            );
+        }
+    }
+    if let Some(sink) = &span_sink {
+        println!("OTLP receiver got {} spans", sink.spans());
+    }
     drop(etcd);
     Ok(())
+}
+
+/// An OTLP/gRPC trace receiver that counts spans and drops them: the
+/// exporting router pays for real export, the bench keeps nothing.
+mod tracing_sink {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+    use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+
+    pub struct Sink {
+        pub endpoint: String,
+        count: Arc<AtomicU64>,
+    }
+
+    impl Sink {
+        pub fn spans(&self) -> u64 {
+            self.count.load(Ordering::Relaxed)
+        }
+    }
+
+    struct Counter(Arc<AtomicU64>);
+
+    #[tonic::async_trait]
+    impl TraceService for Counter {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let spans: usize = request
+                .get_ref()
+                .resource_spans
+                .iter()
+                .flat_map(|resource| resource.scope_spans.iter())
+                .map(|scope| scope.spans.len())
+                .sum();
+            self.0.fetch_add(spans as u64, Ordering::Relaxed);
+            Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }))
+        }
+    }
+
+    pub async fn start() -> anyhow::Result<Sink> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let count = Arc::new(AtomicU64::new(0));
+        let service = TraceServiceServer::new(Counter(count.clone()));
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                eprintln!("OTLP receiver stopped: {error}");
+            }
+        });
+        Ok(Sink { endpoint, count })
+    }
 }
