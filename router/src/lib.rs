@@ -98,6 +98,9 @@ pub async fn serve_per_core(
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // SO_REUSEPORT would let a second router on the same port share it silently;
+    // an exclusive probe bind fails with "address in use" instead, as operators expect.
+    drop(std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut workers = Vec::with_capacity(threads);
     for index in 0..threads.max(1) {

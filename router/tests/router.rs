@@ -850,6 +850,9 @@ async fn per_core_server_serves_and_stops() {
             .unwrap();
         assert_eq!(response.status(), 200);
     }
+    // A second server on the same port is refused, not silently sharing it.
+    let second = agent_reach_router::serve_per_core(addr, 1, cluster.router.clone(), async {}).await;
+    assert!(second.is_err(), "a second router bound the same port");
     stop.send(()).unwrap();
     let finished = tokio::time::timeout(Duration::from_secs(10), server).await;
     assert!(
