@@ -184,6 +184,10 @@ pub struct SnapshotBuilder {
     /// Compiled input schemas by schema text.
     validators: HashMap<String, Arc<jsonschema::Validator>>,
     capability_metrics: HashMap<String, CapabilityMetrics>,
+    /// The groups of the last snapshot, so smooth WRR continues its cycle across
+    /// rebuilds instead of restarting it (a restart always favours the heaviest
+    /// instance first, which frequent status changes would turn into a skew).
+    previous_groups: HashMap<(String, semver::Version), Arc<VersionGroup>>,
 }
 
 impl SnapshotBuilder {
@@ -195,6 +199,7 @@ impl SnapshotBuilder {
             states: HashMap::new(),
             validators: HashMap::new(),
             capability_metrics: HashMap::new(),
+            previous_groups: HashMap::new(),
         }
     }
 
@@ -296,14 +301,14 @@ impl SnapshotBuilder {
                 if let Some(validator) = &validator {
                     live_validators.insert(schema_text.clone(), validator.clone());
                 }
-                let count = instances.len();
+                let carried = self.carried_wrr(&name, &version, &instances);
                 groups.push(Arc::new(VersionGroup {
                     version_text: version.to_string(),
                     version,
                     timeout,
                     validator,
                     instances,
-                    wrr_current: Mutex::new(vec![0; count]),
+                    wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),
                 }));
             }
@@ -322,6 +327,15 @@ impl SnapshotBuilder {
             );
         }
         self.validators = live_validators;
+        self.previous_groups = capabilities
+            .values()
+            .flat_map(|capability: &Capability| {
+                capability
+                    .versions
+                    .iter()
+                    .map(|group| ((capability.name.clone(), group.version.clone()), group.clone()))
+            })
+            .collect();
         self.metrics.snapshot_revision.set(self.revision);
         self.metrics.snapshot_instances.set(self.instances.len() as i64);
         Snapshot {
@@ -329,6 +343,29 @@ impl SnapshotBuilder {
             capabilities,
             instance_count: self.instances.len(),
         }
+    }
+
+    /// Smooth WRR's current weights for a rebuilt group: each instance keeps its
+    /// value from the previous snapshot; newcomers start at 0.
+    fn carried_wrr(&self, name: &str, version: &semver::Version, instances: &[Arc<Instance>]) -> Vec<i64> {
+        let Some(previous) = self.previous_groups.get(&(name.to_string(), version.clone())) else {
+            return vec![0; instances.len()];
+        };
+        let current = previous
+            .wrr_current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        instances
+            .iter()
+            .map(|instance| {
+                previous
+                    .instances
+                    .iter()
+                    .position(|old| old.agent_id == instance.agent_id)
+                    .and_then(|index| current.get(index).copied())
+                    .unwrap_or(0)
+            })
+            .collect()
     }
 
     /// The compiled validator for a schema text, compiled only when new.
@@ -392,6 +429,51 @@ mod tests {
             revision,
             kind: Some(kind),
         }
+    }
+
+    #[test]
+    fn smooth_wrr_continues_across_rebuilds() {
+        use pb::watch_event::Kind;
+        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
+        let mut heavy = instance("h1", "1.0.0", "");
+        heavy.weight = 3;
+        builder.apply(event(
+            1,
+            Kind::Snapshot(pb::Snapshot {
+                instances: vec![heavy, instance("l1", "1.0.0", "")],
+                reset: false,
+            }),
+        ));
+        let first = builder.build();
+        let group = first.capabilities["order.query"].versions[0].clone();
+        let candidates: Vec<crate::select::Candidate> = group
+            .instances
+            .iter()
+            .enumerate()
+            .map(|(index, instance)| crate::select::Candidate {
+                index,
+                weight: i64::from(instance.weight),
+            })
+            .collect();
+        crate::select::wrr::pick(&group, &candidates);
+        let before: HashMap<String, i64> = group
+            .instances
+            .iter()
+            .zip(group.wrr_current.lock().unwrap().iter())
+            .map(|(instance, current)| (instance.agent_id.clone(), *current))
+            .collect();
+        assert!(before.values().any(|current| *current != 0));
+        // An unrelated change rebuilds the snapshot; the cycle goes on where it was.
+        builder.apply(event(2, Kind::Updated(instance("l1", "1.0.0", ""))));
+        let second = builder.build();
+        let rebuilt = &second.capabilities["order.query"].versions[0];
+        let after: HashMap<String, i64> = rebuilt
+            .instances
+            .iter()
+            .zip(rebuilt.wrr_current.lock().unwrap().iter())
+            .map(|(instance, current)| (instance.agent_id.clone(), *current))
+            .collect();
+        assert_eq!(before, after);
     }
 
     #[test]
