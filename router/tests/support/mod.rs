@@ -211,7 +211,8 @@ impl AgentSpec {
             weight,
             version: "1.0.0".to_string(),
             status: "ready".to_string(),
-            ttl_s: 3,
+            // Long enough that a loaded CI machine never loses a healthy agent's lease.
+            ttl_s: 10,
             behaviour,
         }
     }
