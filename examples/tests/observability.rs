@@ -317,7 +317,7 @@ async fn register_ghost(stack: &Stack) {
         .bearer_auth(stack.token("order_query", Duration::from_secs(600)).unwrap())
         .json(&json!({
             "agent_id": "order_query-ghost", "name": "order_query", "endpoint": format!("http://{closed}"),
-            "weight": 10, "ttl_s": 3, "status": "ready",
+            "weight": 10, "ttl_s": 10, "status": "ready",
             "capabilities": [{"name": "order.query", "version": "1.2.0"}]
         }))
         .send()

@@ -121,8 +121,12 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     );
     let incoming = headers.get("traceparent").and_then(|value| value.to_str().ok());
     agent_reach_telemetry::propagation::set_parent(&span, incoming);
-    let trace = match agent_reach_telemetry::propagation::trace_id(&span) {
-        Some(trace_id) => TraceContext { trace_id, ..trace },
+    let trace = match agent_reach_telemetry::propagation::trace_state(&span) {
+        Some((trace_id, sampled)) => TraceContext {
+            trace_id,
+            sampled,
+            ..trace
+        },
         None => trace,
     };
     span.record("trace_id", trace.trace_id.as_str());

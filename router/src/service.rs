@@ -223,6 +223,9 @@ impl RouterService {
         let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
         let fallback_traceparent = trace.forward_header();
+        // Selection and attempt spans only for traces that are kept: building an
+        // unsampled OpenTelemetry span costs as much as a sampled one.
+        let detailed = trace.sampled || !agent_reach_telemetry::propagation::exporting();
         let limits = SelectionLimits {
             breaker: &self.breaker,
             max_inflight: self.tuning.max_inflight_per_instance,
@@ -234,8 +237,12 @@ impl RouterService {
         loop {
             let attempt = tried.len() as u32 + 1;
             let picked_at = Instant::now();
-            let picked = tracing::debug_span!("select", policy = policy.as_str(), attempt)
-                .in_scope(|| select::pick(group, policy, session_id.as_deref(), &tried, &limits));
+            let select_span = if detailed {
+                tracing::debug_span!("select", policy = policy.as_str(), attempt)
+            } else {
+                tracing::Span::none()
+            };
+            let picked = select_span.in_scope(|| select::pick(group, policy, session_id.as_deref(), &tried, &limits));
             self.metrics
                 .selection_seconds
                 .observe(picked_at.elapsed().as_secs_f64());
@@ -264,15 +271,19 @@ impl RouterService {
             };
             // A client span per attempt; the agent's span becomes its child through `traceparent`.
             // `debug`: free unless spans are exported (the OTLP layer takes our debug spans).
-            let attempt_span = tracing::debug_span!(
-                "attempt",
-                otel.kind = "client",
-                agent_id = %instance.agent_id,
-                attempt,
-                server.address = %instance.endpoint,
-                outcome = tracing::field::Empty,
-                retry.reason = tracing::field::Empty,
-            );
+            let attempt_span = if detailed {
+                tracing::debug_span!(
+                    "attempt",
+                    otel.kind = "client",
+                    agent_id = %instance.agent_id,
+                    attempt,
+                    server.address = %instance.endpoint,
+                    outcome = tracing::field::Empty,
+                    retry.reason = tracing::field::Empty,
+                )
+            } else {
+                tracing::Span::none()
+            };
             let traceparent = agent_reach_telemetry::propagation::traceparent(&attempt_span)
                 .and_then(|text| HeaderValue::from_str(&text).ok());
             let headers = ForwardHeaders {

@@ -56,6 +56,11 @@ pub fn traceparent(span: &Span) -> Option<String> {
 
 /// The OpenTelemetry trace id of `span` (32 hex digits), when it has one.
 pub fn trace_id(span: &Span) -> Option<String> {
+    trace_state(span).map(|(trace_id, _)| trace_id)
+}
+
+/// The OpenTelemetry trace id of `span` and whether its trace is sampled.
+pub fn trace_state(span: &Span) -> Option<(String, bool)> {
     if !active() {
         return None;
     }
@@ -63,5 +68,11 @@ pub fn trace_id(span: &Span) -> Option<String> {
     let span_context = context.span().span_context().clone();
     span_context
         .is_valid()
-        .then(|| format!("{:032x}", span_context.trace_id()))
+        .then(|| (format!("{:032x}", span_context.trace_id()), span_context.is_sampled()))
+}
+
+/// Whether spans are exported at all (an OpenTelemetry layer is installed).
+/// Callers skip optional detail spans of unsampled traces only when this holds.
+pub fn exporting() -> bool {
+    active()
 }
