@@ -1,0 +1,161 @@
+//! Tasks and their state machine: `pending → running → succeeded | failed |
+//! canceled`, with `retrying` between attempts. Every transition is checked
+//! here, in [`State::may_become`], and nowhere else (the store's scripts are
+//! given the allowed predecessors computed from it).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Pending,
+    Running,
+    Retrying,
+    Succeeded,
+    Failed,
+    Canceled,
+}
+
+impl State {
+    pub const ALL: [State; 6] = [
+        State::Pending,
+        State::Running,
+        State::Retrying,
+        State::Succeeded,
+        State::Failed,
+        State::Canceled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Retrying => "retrying",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == text)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, State::Succeeded | State::Failed | State::Canceled)
+    }
+
+    /// The one transition table.
+    pub fn may_become(self, next: State) -> bool {
+        use State::*;
+        matches!(
+            (self, next),
+            (Pending, Running)
+                | (Pending, Canceled)
+                | (Running, Succeeded)
+                | (Running, Failed)
+                | (Running, Retrying)
+                | (Running, Canceled)
+                | (Retrying, Running)
+                | (Retrying, Failed)
+                | (Retrying, Canceled)
+        )
+    }
+
+    /// Every state `next` may be reached from.
+    pub fn predecessors(next: State) -> Vec<State> {
+        Self::ALL.into_iter().filter(|state| state.may_become(next)).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
+/// Where a finished task's result envelope is POSTed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Callback {
+    pub url: String,
+    /// Names a signing secret configured on the router; never the secret itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Transition {
+    pub state: State,
+    pub at_ms: u64,
+}
+
+/// A task as stored: the invoke envelope to deliver and everything learned since.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub task_id: String,
+    /// The idempotency key: resubmitting it returns this task.
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub caller: String,
+    pub capability: String,
+    pub priority: Priority,
+    pub state: State,
+    /// The invoke envelope (DESIGN §3) as submitted.
+    pub envelope: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<Callback>,
+    pub attempts: u32,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// Every state the task entered, in order, with its time.
+    pub transitions: Vec<Transition>,
+    /// The result envelope once the task ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_table() {
+        assert!(State::Pending.may_become(State::Running));
+        assert!(State::Running.may_become(State::Retrying));
+        assert!(State::Retrying.may_become(State::Running));
+        assert!(
+            !State::Succeeded.may_become(State::Running),
+            "terminal states are final"
+        );
+        assert!(
+            !State::Pending.may_become(State::Succeeded),
+            "a task runs before it ends"
+        );
+        assert!(!State::Canceled.may_become(State::Canceled));
+        assert_eq!(
+            State::predecessors(State::Canceled),
+            [State::Pending, State::Running, State::Retrying]
+        );
+        assert!(State::ALL
+            .iter()
+            .all(|state| State::parse(state.as_str()) == Some(*state)));
+    }
+}

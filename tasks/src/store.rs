@@ -1,0 +1,688 @@
+//! Durable tasks on Redis.
+//!
+//! Layout under `{prefix}:{tenant}`:
+//! - `task:{id}` — hash: `spec` (immutable JSON: envelope, caller, callback …),
+//!   `state`, `attempts`, `updated_at_ms`, `transitions` (JSON lines), `result`.
+//! - `task_req:{caller}:{request_id}` — the idempotency key → task id.
+//! - `queue:{priority}` — a stream per priority, consumer group `workers`.
+//!   An entry is acknowledged only by the script that records the task's
+//!   outcome, so a worker that dies mid-task leaves it pending for another
+//!   worker to reclaim; nothing is acknowledged on receipt.
+//! - `results:{session_id}` — finished tasks of a session, in order, for callers
+//!   that reconnect (`GET /v1/sessions/{id}/results?after=CURSOR`).
+//! - `dead_letters` — callbacks that could not be delivered, with their result.
+//!
+//! Every multi-key change is one Lua script; the allowed predecessor states
+//! come from [`State::predecessors`], the one transition table.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script, Value as RedisValue};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+use crate::model::{Callback, Priority, State, Task, Transition};
+
+const GROUP: &str = "workers";
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum TaskStoreError {
+    #[error("task store (Redis) unavailable: {0}")]
+    Unavailable(String),
+    #[error("no task `{0}`")]
+    NotFound(String),
+    #[error("task is `{current}`; it cannot become `{wanted}`")]
+    Refused { current: String, wanted: String },
+    #[error("corrupt task record: {0}")]
+    Corrupt(String),
+}
+
+fn unavailable(error: redis::RedisError) -> TaskStoreError {
+    TaskStoreError::Unavailable(error.to_string())
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What a submission carries; the store adds ids, state and times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    pub request_id: String,
+    pub session_id: Option<String>,
+    pub caller: String,
+    pub capability: String,
+    pub priority: Priority,
+    pub envelope: Value,
+    pub callback: Option<Callback>,
+}
+
+/// The immutable part of a task, stored once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Spec {
+    task_id: String,
+    request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session_id: Option<String>,
+    caller: String,
+    capability: String,
+    priority: Priority,
+    envelope: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    callback: Option<Callback>,
+    created_at_ms: u64,
+}
+
+/// The answer to a submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Submitted {
+    Created(String),
+    /// The request id was seen before: this is the existing task.
+    Existing(String),
+}
+
+impl Submitted {
+    pub fn task_id(&self) -> &str {
+        match self {
+            Submitted::Created(id) | Submitted::Existing(id) => id,
+        }
+    }
+}
+
+/// A queue entry a worker took; acknowledged when its outcome is recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub task: Task,
+    pub(crate) queue: String,
+    pub(crate) entry_id: String,
+}
+
+/// One finished task in a session's result stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionResult {
+    /// Pass as `after` to read only later results.
+    pub cursor: String,
+    pub task_id: String,
+    pub state: State,
+    pub result: Option<Value>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `{prefix}:{tenant}` starts every key.
+    pub prefix: String,
+    pub tenant: String,
+    /// How long finished tasks, their idempotency keys and session results are kept.
+    pub retention: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            prefix: "agent-reach".to_string(),
+            tenant: "default".to_string(),
+            retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+pub struct TaskStore {
+    client: redis::Client,
+    connection: OnceCell<ConnectionManager>,
+    namespace: String,
+    retention_s: u64,
+    submit: Script,
+    transition: Script,
+    finish: Script,
+}
+
+const SUBMIT: &str = r#"
+-- KEYS: 1 idempotency key, 2 task hash, 3 queue
+-- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms
+local existing = redis.call('GET', KEYS[1])
+if existing then return {0, existing} end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'state', 'pending', 'attempts', 0, 'updated_at_ms', ARGV[4],
+  'transitions', '{"state":"pending","at_ms":' .. ARGV[4] .. '}\n')
+redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[1])
+return {1, ARGV[1]}
+"#;
+
+const TRANSITION: &str = r#"
+-- KEYS: 1 task hash
+-- ARGV: 1 new state, 2 now ms, 3 attempts increment, 4.. allowed predecessor states
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+local allowed = false
+for i = 4, #ARGV do if current == ARGV[i] then allowed = true end end
+if not allowed then return {'refused', current} end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'attempts', ARGV[3])
+redis.call('HSET', KEYS[1], 'transitions',
+  (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"' .. ARGV[1] .. '","at_ms":' .. ARGV[2] .. '}\n')
+return {'ok', current}
+"#;
+
+const FINISH: &str = r#"
+-- Records a terminal outcome, acknowledges the queue entry, appends to the
+-- session's results and starts the retention clock, all at once.
+-- KEYS: 1 task hash, 2 queue, 3 session results stream, 4 idempotency key
+-- ARGV: 1 terminal state, 2 now ms, 3 result JSON, 4 queue entry id ('' = none),
+--       5 group, 6 retention s, 7 task id, 8 has session ('1'/'0'), 9.. allowed predecessors
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+local allowed = false
+for i = 9, #ARGV do if current == ARGV[i] then allowed = true end end
+if not allowed then
+  if ARGV[4] ~= '' then redis.call('XACK', KEYS[2], ARGV[5], ARGV[4]) end
+  return {'refused', current}
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2], 'result', ARGV[3])
+redis.call('HSET', KEYS[1], 'transitions',
+  (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"' .. ARGV[1] .. '","at_ms":' .. ARGV[2] .. '}\n')
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('EXPIRE', KEYS[4], ARGV[6])
+if ARGV[4] ~= '' then redis.call('XACK', KEYS[2], ARGV[5], ARGV[4]) end
+if ARGV[8] == '1' then
+  redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[7], 'state', ARGV[1])
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
+end
+return {'ok', current}
+"#;
+
+fn state_args(next: State) -> Vec<&'static str> {
+    State::predecessors(next).into_iter().map(State::as_str).collect()
+}
+
+impl TaskStore {
+    /// Connects lazily; calls fail with `Unavailable` while Redis is down and
+    /// succeed again once it is back.
+    pub fn new(url: &str, config: &StoreConfig) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|error| format!("invalid Redis URL `{url}`: {error}"))?;
+        Ok(Self {
+            client,
+            connection: OnceCell::new(),
+            namespace: format!("{}:{}", config.prefix, config.tenant),
+            retention_s: config.retention.as_secs().max(1),
+            submit: Script::new(SUBMIT),
+            transition: Script::new(TRANSITION),
+            finish: Script::new(FINISH),
+        })
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, TaskStoreError> {
+        let connection = self
+            .connection
+            .get_or_try_init(|| async {
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(Duration::from_secs(2))
+                    .set_response_timeout(Duration::from_secs(5))
+                    .set_number_of_retries(2);
+                ConnectionManager::new_with_config(self.client.clone(), config).await
+            })
+            .await
+            .map_err(unavailable)?;
+        Ok(connection.clone())
+    }
+
+    fn task_key(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}", self.namespace)
+    }
+
+    fn request_key(&self, caller: &str, request_id: &str) -> String {
+        format!("{}:task_req:{caller}:{request_id}", self.namespace)
+    }
+
+    fn queue_key(&self, priority: Priority) -> String {
+        format!("{}:queue:{}", self.namespace, priority.as_str())
+    }
+
+    fn results_key(&self, session_id: &str) -> String {
+        format!("{}:results:{session_id}", self.namespace)
+    }
+
+    fn dead_letter_key(&self) -> String {
+        format!("{}:dead_letters", self.namespace)
+    }
+
+    /// Creates the consumer groups (idempotent). Call once at start-up.
+    pub async fn prepare(&self) -> Result<(), TaskStoreError> {
+        let mut connection = self.connection().await?;
+        for priority in Priority::ALL {
+            let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(self.queue_key(priority))
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut connection)
+                .await;
+            match created {
+                Ok(()) => {}
+                Err(error) if error.code() == Some("BUSYGROUP") => {}
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the task and queues it, atomically; a repeated request id from
+    /// the same caller returns the existing task instead.
+    pub async fn submit(&self, task: NewTask) -> Result<Submitted, TaskStoreError> {
+        let task_id = format!("t_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>());
+        let spec = Spec {
+            task_id: task_id.clone(),
+            request_id: task.request_id.clone(),
+            session_id: task.session_id,
+            caller: task.caller.clone(),
+            capability: task.capability,
+            priority: task.priority,
+            envelope: task.envelope,
+            callback: task.callback,
+            created_at_ms: now_ms(),
+        };
+        let spec_json = serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+        let mut connection = self.connection().await?;
+        let (created, id): (i64, String) = self
+            .submit
+            .key(self.request_key(&task.caller, &task.request_id))
+            .key(self.task_key(&task_id))
+            .key(self.queue_key(task.priority))
+            .arg(&task_id)
+            .arg(spec_json)
+            .arg(self.retention_s)
+            .arg(spec.created_at_ms)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        Ok(if created == 1 {
+            Submitted::Created(id)
+        } else {
+            Submitted::Existing(id)
+        })
+    }
+
+    pub async fn get(&self, task_id: &str) -> Result<Task, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let fields: std::collections::HashMap<String, String> =
+            connection.hgetall(self.task_key(task_id)).await.map_err(unavailable)?;
+        if fields.is_empty() {
+            return Err(TaskStoreError::NotFound(task_id.to_string()));
+        }
+        assemble(fields)
+    }
+
+    /// Moves a task to `next` if the transition table allows it from its current state.
+    pub async fn transition(&self, task_id: &str, next: State) -> Result<State, TaskStoreError> {
+        let attempts = if next == State::Running { 1 } else { 0 };
+        let mut connection = self.connection().await?;
+        let answer: Vec<String> = self
+            .transition
+            .key(self.task_key(task_id))
+            .arg(next.as_str())
+            .arg(now_ms())
+            .arg(attempts)
+            .arg(state_args(next))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        script_answer(answer, task_id, next)
+    }
+
+    /// Records a terminal outcome (and acknowledges the queue entry when given).
+    async fn record_end(
+        &self,
+        task: &Task,
+        state: State,
+        result: &Value,
+        entry: Option<(&str, &str)>,
+    ) -> Result<State, TaskStoreError> {
+        let (queue, entry_id) = entry.unwrap_or((&task.task_id, ""));
+        let session = task.session_id.as_deref();
+        let mut connection = self.connection().await?;
+        let answer: Vec<String> = self
+            .finish
+            .key(self.task_key(&task.task_id))
+            .key(queue)
+            .key(self.results_key(session.unwrap_or("-")))
+            .key(self.request_key(&task.caller, &task.request_id))
+            .arg(state.as_str())
+            .arg(now_ms())
+            .arg(result.to_string())
+            .arg(entry_id)
+            .arg(GROUP)
+            .arg(self.retention_s)
+            .arg(&task.task_id)
+            .arg(if session.is_some() { "1" } else { "0" })
+            .arg(state_args(state))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        script_answer(answer, &task.task_id, state)
+    }
+
+    /// A worker's task ended: record it and acknowledge its queue entry.
+    /// A task canceled meanwhile stays canceled (`Refused`), and its entry is
+    /// acknowledged all the same.
+    pub async fn finish(&self, claimed: &Claimed, state: State, result: &Value) -> Result<State, TaskStoreError> {
+        self.record_end(&claimed.task, state, result, Some((&claimed.queue, &claimed.entry_id)))
+            .await
+    }
+
+    /// Cancels a task that has not ended; a pending one is never delivered.
+    pub async fn cancel(&self, task_id: &str, result: &Value) -> Result<State, TaskStoreError> {
+        let task = self.get(task_id).await?;
+        self.record_end(&task, State::Canceled, result, None).await
+    }
+
+    /// Takes up to `count` new entries, high priority first. Every fourth call
+    /// looks at the low queue first, so a steady stream of high-priority work
+    /// cannot starve it. Canceled tasks are acknowledged and skipped.
+    pub async fn claim(&self, consumer: &str, count: usize, round: u64) -> Result<Vec<Claimed>, TaskStoreError> {
+        let order = if round % 4 == 3 {
+            [Priority::Low, Priority::High, Priority::Normal]
+        } else {
+            [Priority::High, Priority::Normal, Priority::Low]
+        };
+        let mut connection = self.connection().await?;
+        let mut claimed = Vec::new();
+        for priority in order {
+            let wanted = count.saturating_sub(claimed.len());
+            if wanted == 0 {
+                break;
+            }
+            let queue = self.queue_key(priority);
+            let reply: RedisValue = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(consumer)
+                .arg("COUNT")
+                .arg(wanted)
+                .arg("STREAMS")
+                .arg(&queue)
+                .arg(">")
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            for (entry_id, task_id) in stream_entries(&reply) {
+                self.take(&mut claimed, &queue, entry_id, &task_id).await?;
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Takes over entries another worker took more than `min_idle` ago and
+    /// never acknowledged (it died): the work is not lost.
+    pub async fn reclaim(
+        &self,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<Claimed>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let mut claimed = Vec::new();
+        for priority in Priority::ALL {
+            let queue = self.queue_key(priority);
+            let reply: RedisValue = redis::cmd("XAUTOCLAIM")
+                .arg(&queue)
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX))
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(count)
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            // [next-cursor, [[id, [field, value]], ...], deleted-ids]
+            if let RedisValue::Array(parts) = &reply {
+                if let Some(entries) = parts.get(1) {
+                    for (entry_id, task_id) in entry_list(entries) {
+                        self.take(&mut claimed, &queue, entry_id, &task_id).await?;
+                    }
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn take(
+        &self,
+        claimed: &mut Vec<Claimed>,
+        queue: &str,
+        entry_id: String,
+        task_id: &str,
+    ) -> Result<(), TaskStoreError> {
+        match self.get(task_id).await {
+            Ok(task) if !task.state.is_terminal() => claimed.push(Claimed {
+                task,
+                queue: queue.to_string(),
+                entry_id,
+            }),
+            // Canceled (or finished) meanwhile, or expired: nothing to deliver.
+            Ok(_) | Err(TaskStoreError::NotFound(_)) => self.ack(queue, &entry_id).await?,
+            Err(error) => return Err(error),
+        }
+        Ok(())
+    }
+
+    async fn ack(&self, queue: &str, entry_id: &str) -> Result<(), TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let _: i64 = redis::cmd("XACK")
+            .arg(queue)
+            .arg(GROUP)
+            .arg(entry_id)
+            .query_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Finished tasks of a session after `after` (exclusive; `None` = from the start).
+    pub async fn session_results(
+        &self,
+        session_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<SessionResult>, TaskStoreError> {
+        let start = after.map_or_else(|| "-".to_string(), |cursor| format!("({cursor}"));
+        let mut connection = self.connection().await?;
+        let reply: RedisValue = redis::cmd("XRANGE")
+            .arg(self.results_key(session_id))
+            .arg(start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::new();
+        for (cursor, fields) in entry_fields(&reply) {
+            let task_id = fields.get("task_id").cloned().unwrap_or_default();
+            let state = fields
+                .get("state")
+                .and_then(|state| State::parse(state))
+                .ok_or_else(|| TaskStoreError::Corrupt(format!("session result {cursor} has no state")))?;
+            let result = match self.get(&task_id).await {
+                Ok(task) => task.result,
+                Err(TaskStoreError::NotFound(_)) => None,
+                Err(error) => return Err(error),
+            };
+            out.push(SessionResult {
+                cursor,
+                task_id,
+                state,
+                result,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Parks an undeliverable callback with its result; nothing is lost.
+    pub async fn dead_letter(&self, task: &Task, url: &str, error: &str) -> Result<(), TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let result = task.result.as_ref().map(Value::to_string).unwrap_or_default();
+        let _: String = redis::cmd("XADD")
+            .arg(self.dead_letter_key())
+            .arg("*")
+            .arg("task_id")
+            .arg(&task.task_id)
+            .arg("url")
+            .arg(url)
+            .arg("error")
+            .arg(error)
+            .arg("result")
+            .arg(result)
+            .query_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Dead-lettered callbacks as (task id, result JSON), oldest first.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<(String, String)>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let reply: RedisValue = redis::cmd("XRANGE")
+            .arg(self.dead_letter_key())
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        Ok(entry_fields(&reply)
+            .into_iter()
+            .map(|(_, fields)| {
+                (
+                    fields.get("task_id").cloned().unwrap_or_default(),
+                    fields.get("result").cloned().unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+}
+
+fn script_answer(answer: Vec<String>, task_id: &str, wanted: State) -> Result<State, TaskStoreError> {
+    let previous = |text: Option<&String>| {
+        text.and_then(|text| State::parse(text))
+            .ok_or_else(|| TaskStoreError::Corrupt(format!("task {task_id} has an unknown state")))
+    };
+    match answer.first().map(String::as_str) {
+        Some("ok") => previous(answer.get(1)),
+        Some("refused") => Err(TaskStoreError::Refused {
+            current: answer.get(1).cloned().unwrap_or_default(),
+            wanted: wanted.as_str().to_string(),
+        }),
+        Some("missing") => Err(TaskStoreError::NotFound(task_id.to_string())),
+        other => Err(TaskStoreError::Corrupt(format!("unexpected script answer {other:?}"))),
+    }
+}
+
+fn assemble(fields: std::collections::HashMap<String, String>) -> Result<Task, TaskStoreError> {
+    let corrupt = |what: &str| TaskStoreError::Corrupt(what.to_string());
+    let spec: Spec = serde_json::from_str(fields.get("spec").ok_or_else(|| corrupt("no spec"))?)
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    let state = fields
+        .get("state")
+        .and_then(|state| State::parse(state))
+        .ok_or_else(|| corrupt("unknown state"))?;
+    let number = |name: &str| {
+        fields
+            .get(name)
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let transitions = fields
+        .get("transitions")
+        .map(|lines| {
+            lines
+                .lines()
+                .filter(|line| !line.is_empty())
+                .map(serde_json::from_str::<Transition>)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?
+        .unwrap_or_default();
+    let result = fields
+        .get("result")
+        .map(|text| serde_json::from_str::<Value>(text))
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    Ok(Task {
+        task_id: spec.task_id,
+        request_id: spec.request_id,
+        session_id: spec.session_id,
+        caller: spec.caller,
+        capability: spec.capability,
+        priority: spec.priority,
+        state,
+        envelope: spec.envelope,
+        callback: spec.callback,
+        attempts: u32::try_from(number("attempts")).unwrap_or(u32::MAX),
+        created_at_ms: spec.created_at_ms,
+        updated_at_ms: number("updated_at_ms"),
+        transitions,
+        result,
+    })
+}
+
+// === Stream replies ===
+
+fn text(value: &RedisValue) -> Option<String> {
+    match value {
+        RedisValue::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        RedisValue::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// `[[id, [field, value, ...]], ...]` → (id, fields).
+fn entry_fields(entries: &RedisValue) -> Vec<(String, std::collections::HashMap<String, String>)> {
+    let RedisValue::Array(entries) = entries else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let RedisValue::Array(parts) = entry else { return None };
+            let id = text(parts.first()?)?;
+            let mut fields = std::collections::HashMap::new();
+            if let Some(RedisValue::Array(pairs)) = parts.get(1) {
+                for pair in pairs.chunks(2) {
+                    if let (Some(name), Some(value)) = (pair.first().and_then(text), pair.get(1).and_then(text)) {
+                        fields.insert(name, value);
+                    }
+                }
+            }
+            Some((id, fields))
+        })
+        .collect()
+}
+
+/// Entries of one stream as (id, task id).
+fn entry_list(entries: &RedisValue) -> Vec<(String, String)> {
+    entry_fields(entries)
+        .into_iter()
+        .filter_map(|(id, fields)| fields.get("task_id").cloned().map(|task_id| (id, task_id)))
+        .collect()
+}
+
+/// An XREADGROUP reply `[[stream, entries]]` (or nil) → (id, task id).
+fn stream_entries(reply: &RedisValue) -> Vec<(String, String)> {
+    let RedisValue::Array(streams) = reply else {
+        return Vec::new();
+    };
+    streams
+        .iter()
+        .flat_map(|stream| match stream {
+            RedisValue::Array(parts) => parts.get(1).map(entry_list).unwrap_or_default(),
+            _ => Vec::new(),
+        })
+        .collect()
+}

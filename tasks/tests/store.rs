@@ -1,0 +1,332 @@
+//! The task store and callbacks against a real Redis (testkit).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
+use agent_reach_tasks::{
+    Callback, CallbackConfig, Deliverer, NewTask, Priority, State, StoreConfig, Submitted, TaskStore, TaskStoreError,
+};
+use agent_reach_testkit::Redis;
+use serde_json::{json, Value};
+
+fn store(redis: &Redis) -> TaskStore {
+    TaskStore::new(&redis.url(), &StoreConfig::default()).unwrap()
+}
+
+fn task(request_id: &str, priority: Priority, session: Option<&str>) -> NewTask {
+    NewTask {
+        request_id: request_id.to_string(),
+        session_id: session.map(str::to_string),
+        caller: "tester".to_string(),
+        capability: "demo.echo".to_string(),
+        priority,
+        envelope: json!({"capability": "demo.echo", "request_id": request_id, "payload": {"list": [], "map": {}}}),
+        callback: None,
+    }
+}
+
+fn succeeded(text: &str) -> Value {
+    json!({"status": "succeeded", "output": {"text": text}})
+}
+
+#[tokio::test]
+async fn submission_is_durable_idempotent_and_runs_through_the_state_machine() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+
+    let first = store.submit(task("req-1", Priority::Normal, Some("s1"))).await.unwrap();
+    let again = store.submit(task("req-1", Priority::Normal, Some("s1"))).await.unwrap();
+    assert!(matches!(first, Submitted::Created(_)));
+    assert_eq!(
+        again,
+        Submitted::Existing(first.task_id().to_string()),
+        "same request id → same task"
+    );
+
+    let pending = store.get(first.task_id()).await.unwrap();
+    assert_eq!(pending.state, State::Pending);
+    assert_eq!(
+        pending.envelope["payload"],
+        json!({"list": [], "map": {}}),
+        "envelope kept byte-faithful"
+    );
+
+    let claimed = store.claim("worker-a", 10, 0).await.unwrap();
+    assert_eq!(claimed.len(), 1, "one queue entry for one task");
+    assert_eq!(
+        store.transition(first.task_id(), State::Running).await.unwrap(),
+        State::Pending
+    );
+    assert!(matches!(
+        store.transition(first.task_id(), State::Pending).await,
+        Err(TaskStoreError::Refused { .. })
+    ));
+    store
+        .finish(&claimed[0], State::Succeeded, &succeeded("done"))
+        .await
+        .unwrap();
+
+    let done = store.get(first.task_id()).await.unwrap();
+    assert_eq!(done.state, State::Succeeded);
+    assert_eq!(done.attempts, 1);
+    assert_eq!(done.result, Some(succeeded("done")));
+    let states: Vec<State> = done.transitions.iter().map(|transition| transition.state).collect();
+    assert_eq!(states, [State::Pending, State::Running, State::Succeeded]);
+    assert!(done.transitions.windows(2).all(|pair| pair[0].at_ms <= pair[1].at_ms));
+    // Finished: acknowledged (nothing left to reclaim) and on the retention clock.
+    assert!(store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap().is_empty());
+    let mut connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(format!("agent-reach:default:task:{}", first.task_id()))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 24 * 3600, "ttl {ttl}");
+}
+
+#[tokio::test]
+async fn a_dead_workers_task_is_reclaimed_not_lost() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    let submitted = store.submit(task("req-2", Priority::Normal, None)).await.unwrap();
+    let taken = store.claim("worker-dies", 10, 0).await.unwrap();
+    store.transition(submitted.task_id(), State::Running).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    drop(taken); // the worker dies before recording an outcome
+
+    assert!(
+        store.claim("worker-b", 10, 0).await.unwrap().is_empty(),
+        "not handed out twice as new work"
+    );
+    let reclaimed = store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap();
+    assert_eq!(reclaimed.len(), 1);
+    assert_eq!(reclaimed[0].task.task_id, submitted.task_id());
+    store.transition(submitted.task_id(), State::Retrying).await.unwrap();
+    store.transition(submitted.task_id(), State::Running).await.unwrap();
+    store
+        .finish(&reclaimed[0], State::Succeeded, &succeeded("late"))
+        .await
+        .unwrap();
+    let done = store.get(submitted.task_id()).await.unwrap();
+    assert_eq!((done.state, done.attempts), (State::Succeeded, 2));
+}
+
+#[tokio::test]
+async fn cancel_pending_is_never_delivered_and_cancel_running_sticks() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    let canceled = json!({"status": "failed", "error": {"code": "CANCELED"}});
+
+    let pending = store.submit(task("req-3", Priority::Normal, None)).await.unwrap();
+    store.cancel(pending.task_id(), &canceled).await.unwrap();
+    assert!(
+        store.claim("worker", 10, 0).await.unwrap().is_empty(),
+        "a canceled task is never delivered"
+    );
+    assert_eq!(store.get(pending.task_id()).await.unwrap().state, State::Canceled);
+
+    let running = store.submit(task("req-4", Priority::Normal, None)).await.unwrap();
+    let claimed = store.claim("worker", 10, 0).await.unwrap();
+    store.transition(running.task_id(), State::Running).await.unwrap();
+    store.cancel(running.task_id(), &canceled).await.unwrap();
+    let late = store
+        .finish(&claimed[0], State::Succeeded, &succeeded("too late"))
+        .await;
+    assert!(matches!(late, Err(TaskStoreError::Refused { .. })));
+    assert_eq!(store.get(running.task_id()).await.unwrap().state, State::Canceled);
+    assert!(matches!(
+        store.cancel(running.task_id(), &canceled).await,
+        Err(TaskStoreError::Refused { .. })
+    ));
+    assert!(matches!(store.get("t_nope").await, Err(TaskStoreError::NotFound(_))));
+}
+
+#[tokio::test]
+async fn high_priority_first_without_starving_low() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    for index in 0..4 {
+        store
+            .submit(task(&format!("low-{index}"), Priority::Low, None))
+            .await
+            .unwrap();
+    }
+    for index in 0..4 {
+        store
+            .submit(task(&format!("high-{index}"), Priority::High, None))
+            .await
+            .unwrap();
+    }
+    let first = store.claim("worker", 2, 0).await.unwrap();
+    assert!(first.iter().all(|claimed| claimed.task.priority == Priority::High));
+    let fourth_round = store.claim("worker", 1, 3).await.unwrap();
+    assert_eq!(
+        fourth_round[0].task.priority,
+        Priority::Low,
+        "every fourth claim looks at low first"
+    );
+}
+
+#[tokio::test]
+async fn a_reconnecting_session_reads_each_unconsumed_result_once() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    for index in 0..3 {
+        store
+            .submit(task(&format!("s-{index}"), Priority::Normal, Some("sess")))
+            .await
+            .unwrap();
+    }
+    for claimed in store.claim("worker", 10, 0).await.unwrap() {
+        store.transition(&claimed.task.task_id, State::Running).await.unwrap();
+        let text = claimed.task.request_id.clone();
+        store
+            .finish(&claimed, State::Succeeded, &succeeded(&text))
+            .await
+            .unwrap();
+    }
+    let all = store.session_results("sess", None, 100).await.unwrap();
+    assert_eq!(all.len(), 3);
+    // The caller consumed the first two, disconnected, and comes back.
+    let rest = store.session_results("sess", Some(&all[1].cursor), 100).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].task_id, all[2].task_id);
+    assert_eq!(rest[0].result, Some(succeeded("s-2")));
+    assert!(store
+        .session_results("sess", Some(&rest[0].cursor), 100)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
+    let mut redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    redis.kill();
+    assert!(matches!(
+        store.submit(task("req-x", Priority::Normal, None)).await,
+        Err(TaskStoreError::Unavailable(_))
+    ));
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if store.prepare().await.is_ok() && store.submit(task("req-y", Priority::Normal, None)).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the store never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a callback receiver saw: when, the signature header, the body.
+type Calls = Arc<Mutex<Vec<(Instant, String, Vec<u8>)>>>;
+
+/// A callback receiver that fails its first `failures` calls.
+async fn receiver(failures: usize) -> (String, Calls) {
+    let seen: Calls = Arc::default();
+    let calls = seen.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let calls = calls.clone();
+            async move {
+                let signature = headers
+                    .get(SIGNATURE_HEADER)
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let mut calls = calls.lock().unwrap();
+                calls.push((Instant::now(), signature, body.to_vec()));
+                if calls.len() <= failures {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+async fn finished_task_with_callback(store: &TaskStore, request_id: &str, url: &str) -> agent_reach_tasks::Task {
+    let mut new = task(request_id, Priority::Normal, None);
+    new.callback = Some(Callback {
+        url: url.to_string(),
+        secret_ref: None,
+    });
+    let submitted = store.submit(new).await.unwrap();
+    let claimed = store.claim("worker", 10, 0).await.unwrap();
+    store.transition(submitted.task_id(), State::Running).await.unwrap();
+    store
+        .finish(&claimed[0], State::Succeeded, &succeeded(request_id))
+        .await
+        .unwrap();
+    store.get(submitted.task_id()).await.unwrap()
+}
+
+fn deliverer() -> Deliverer {
+    let mut config = CallbackConfig::new(b"callback-secret".to_vec());
+    config.allow_private_targets = true; // the receiver is on loopback
+                                         // The production schedule is 2, 4, 8, 16 s; the same doubling, scaled down.
+    config.schedule = [200, 400, 800, 1600].map(Duration::from_millis).to_vec();
+    Deliverer::new(config).unwrap()
+}
+
+#[tokio::test]
+async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+
+    // Down for three attempts → delivered on the fourth, gaps doubling.
+    let (url, seen) = receiver(3).await;
+    let task = finished_task_with_callback(&store, "cb-1", &url).await;
+    let (attempts, delivered) = deliverer().deliver(&store, &task).await;
+    assert_eq!((attempts, delivered), (4, true));
+    let calls = seen.lock().unwrap().clone();
+    assert_eq!(calls.len(), 4);
+    let gaps: Vec<u128> = calls
+        .windows(2)
+        .map(|pair| (pair[1].0 - pair[0].0).as_millis())
+        .collect();
+    for (gap, expected) in gaps.iter().zip([200u128, 400, 800]) {
+        assert!(*gap >= expected && *gap < expected + 400, "gaps {gaps:?}");
+    }
+    let (_, signature, body) = calls.last().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        verify(b"callback-secret", signature, body, now, Duration::from_secs(300)),
+        "signature verifies"
+    );
+    let sent: Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(sent, succeeded("cb-1"), "the result envelope is the body");
+
+    // Down for all five → one dead letter holding the result; nothing lost.
+    let (url, seen) = receiver(usize::MAX).await;
+    let task = finished_task_with_callback(&store, "cb-2", &url).await;
+    let (attempts, delivered) = deliverer().deliver(&store, &task).await;
+    assert_eq!((attempts, delivered), (5, false));
+    assert_eq!(seen.lock().unwrap().len(), 5);
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].0, task.task_id);
+    assert_eq!(serde_json::from_str::<Value>(&dead[0].1).unwrap(), succeeded("cb-2"));
+}
