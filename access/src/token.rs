@@ -122,10 +122,40 @@ struct Claims {
     iat: Option<u64>,
 }
 
+/// How long a verified token is trusted without checking it again.
+const CACHE_TTL_MS: u64 = 1000;
+/// Entries per thread before the cache is cleared (bounds memory under token churn).
+const CACHE_CAPACITY: usize = 4096;
+
+static NEXT_AUTHENTICATOR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct Verified {
+    authenticator: usize,
+    caller: Caller,
+    valid_until_ms: u64,
+}
+
+thread_local! {
+    /// Recently verified tokens: a caller sends the same token on every
+    /// request, and re-checking its signature, base64 and claims each time is
+    /// repeated work. Per thread, so lookups take no lock; failures are never
+    /// cached; an entry never outlives its token's expiry.
+    static VERIFIED: std::cell::RefCell<std::collections::HashMap<String, Verified>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Verifies bearer tokens. Cheap to clone-share behind an `Arc`; verification
 /// takes no lock.
 pub struct Authenticator {
     key: Option<(DecodingKey, Validation)>,
+    /// Tells apart authenticators sharing a thread (tests run several services in one process).
+    id: usize,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -146,7 +176,10 @@ impl Authenticator {
                     message = "AUTHENTICATION IS DISABLED (--insecure-no-auth): every request is trusted \
                                and the ACL is not enforced. Never run this in production."
                 );
-                Ok(Self { key: None })
+                Ok(Self {
+                    key: None,
+                    id: NEXT_AUTHENTICATOR.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                })
             }
             AuthConfig::Hs256SecretFile(path) => {
                 let secret = read_key_file(path)?;
@@ -187,6 +220,7 @@ impl Authenticator {
         validation.set_required_spec_claims(&["exp", "sub"]);
         Self {
             key: Some((key, validation)),
+            id: NEXT_AUTHENTICATOR.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -212,15 +246,41 @@ impl Authenticator {
         if token.is_empty() {
             return Err(AuthError::Missing);
         }
-        verify_token(token, key, validation)
+        let now = now_ms();
+        let cached = VERIFIED.with(|cache| {
+            cache.borrow().get(token).and_then(|entry| {
+                (entry.authenticator == self.id && entry.valid_until_ms > now).then(|| entry.caller.clone())
+            })
+        });
+        if let Some(caller) = cached {
+            return Ok(caller);
+        }
+        let (caller, expires_at_s) = verify_token(token, key, validation)?;
+        let valid_until_ms = (now + CACHE_TTL_MS).min(expires_at_s.saturating_add(LEEWAY_S).saturating_mul(1000));
+        VERIFIED.with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
+            }
+            cache.insert(
+                token.to_string(),
+                Verified {
+                    authenticator: self.id,
+                    caller: caller.clone(),
+                    valid_until_ms,
+                },
+            );
+        });
+        Ok(caller)
     }
 }
 
-fn verify_token(token: &str, key: &DecodingKey, validation: &Validation) -> Result<Caller, AuthError> {
+/// The verified caller and the token's `exp` (epoch seconds).
+fn verify_token(token: &str, key: &DecodingKey, validation: &Validation) -> Result<(Caller, u64), AuthError> {
     use jsonwebtoken::errors::ErrorKind;
     match jsonwebtoken::decode::<Claims>(token, key, validation) {
         Ok(data) if data.claims.sub.is_empty() => Err(AuthError::Invalid("empty `sub`".to_string())),
-        Ok(data) => Ok(Caller::Agent(data.claims.sub)),
+        Ok(data) => Ok((Caller::Agent(data.claims.sub), data.claims.exp)),
         Err(error) => Err(match error.kind() {
             ErrorKind::InvalidSignature => AuthError::BadSignature,
             ErrorKind::ExpiredSignature => AuthError::Expired,
@@ -311,6 +371,31 @@ mod tests {
         assert_eq!(auth.verify_header(Some(&bearer(&other))), Err(AuthError::BadSignature));
         let expired = issue_hs256_at("x", SECRET, 1_000, 2_000).unwrap();
         assert_eq!(auth.verify_header(Some(&bearer(&expired))), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn verified_tokens_are_cached_per_authenticator_and_failures_never() {
+        let auth = Authenticator::hs256(SECRET);
+        let other = Authenticator::hs256(b"another-secret-another-secret-xx");
+        let token = issue_hs256("order_query", SECRET, Duration::from_secs(60)).unwrap();
+        assert!(auth.verify_header(Some(&bearer(&token))).is_ok());
+        assert!(
+            auth.verify_header(Some(&bearer(&token))).is_ok(),
+            "served from the cache"
+        );
+        assert_eq!(
+            other.verify_header(Some(&bearer(&token))),
+            Err(AuthError::BadSignature),
+            "another authenticator's cache entry is not reused"
+        );
+        let forged = issue_hs256(
+            "order_query",
+            b"another-secret-another-secret-xx",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(auth.verify_header(Some(&bearer(&forged))), Err(AuthError::BadSignature));
+        assert_eq!(auth.verify_header(Some(&bearer(&forged))), Err(AuthError::BadSignature));
     }
 
     #[test]
