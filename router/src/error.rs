@@ -22,10 +22,11 @@ pub enum Code {
     NoAvailableInstance,
     DeadlineExceeded,
     NotFound,
+    MethodNotAllowed,
 }
 
 impl Code {
-    pub const ALL: [Code; 13] = [
+    pub const ALL: [Code; 14] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -39,6 +40,7 @@ impl Code {
         Code::NoAvailableInstance,
         Code::DeadlineExceeded,
         Code::NotFound,
+        Code::MethodNotAllowed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,6 +58,7 @@ impl Code {
             Code::NoAvailableInstance => "NO_AVAILABLE_INSTANCE",
             Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Code::NotFound => "NOT_FOUND",
+            Code::MethodNotAllowed => "METHOD_NOT_ALLOWED",
         }
     }
 
@@ -73,6 +76,7 @@ impl Code {
             Code::AgentError | Code::AllRetriesExhausted => StatusCode::BAD_GATEWAY,
             Code::NoAvailableInstance => StatusCode::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::trace::{self, TraceContext};
 
 pub fn routes(service: Arc<RouterService>) -> Router {
     Router::new()
-        .route("/v1/invoke", post(invoke))
+        .route("/v1/invoke", post(invoke).fallback(method_not_allowed))
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -224,14 +224,28 @@ async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
         .into_response()
 }
 
-async fn not_found(headers: HeaderMap) -> Response {
-    let _ = headers;
+async fn not_found() -> Response {
+    refused(RouterError::new(
+        Code::NotFound,
+        "no such route; see GET /v1/openapi.json",
+    ))
+}
+
+async fn method_not_allowed() -> Response {
+    refused(RouterError::new(
+        Code::MethodNotAllowed,
+        "use POST for /v1/invoke; see GET /v1/openapi.json",
+    ))
+}
+
+/// A failed envelope for a request that never reached the pipeline.
+fn refused(error: RouterError) -> Response {
     failed(
         Known {
             request_id: trace::new_request_id(),
             capability: None,
             started: Instant::now(),
         },
-        RouterError::new(Code::NotFound, "no such route; see GET /v1/openapi.json").into(),
+        error.into(),
     )
 }

@@ -599,6 +599,10 @@ async fn bad_envelopes_get_stable_codes() {
         (status, body["error"]["details"]["field"].clone()),
         (400, json!("nope"))
     );
+    let response = cluster.client.get(cluster.url("/v1/invoke")).send().await.unwrap();
+    assert_eq!(response.status(), 405);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(code_of(&body), "METHOD_NOT_ALLOWED");
     let response = cluster.client.get(cluster.url("/v1/elsewhere")).send().await.unwrap();
     assert_eq!(response.status(), 404);
     let body: Value = response.json().await.unwrap();
