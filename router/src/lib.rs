@@ -11,7 +11,6 @@
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
 
-pub mod auth;
 pub mod breaker;
 pub mod clock;
 pub mod config;

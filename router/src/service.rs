@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
 
-use crate::auth::CachingAuthenticator;
 use agent_reach_proto::envelope::{AgentErrorBody, AgentOutput, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
@@ -35,7 +34,8 @@ pub struct RouterService {
     breaker: BreakerConfig,
     snapshot: Arc<SnapshotHandle>,
     acl: AclHandle,
-    auth: CachingAuthenticator,
+    /// Verifies tokens; verified ones are cached per thread by `access`.
+    auth: Authenticator,
     forwarder: Forwarder,
     budget: RetryBudget,
     metrics: Metrics,
@@ -93,7 +93,7 @@ impl RouterService {
             tuning,
             snapshot,
             acl,
-            auth: CachingAuthenticator::new(auth),
+            auth,
             metrics,
         }
     }
