@@ -312,6 +312,15 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     assert!(attempt_b.attributes["agent_id"].starts_with("order_query-"));
     assert_eq!(agent_b.attributes["agent_id"], attempt_b.attributes["agent_id"]);
 
+    // Registration: the SDK's span is the parent of the registry's, over gRPC metadata.
+    let registrations: Vec<&Received> = spans.iter().filter(|span| span.name == "grpc.Register").collect();
+    assert!(
+        registrations.iter().any(|register| by_id
+            .get(register.parent.as_str())
+            .is_some_and(|parent| parent.name == "agent.register" && parent.trace_id == register.trace_id)),
+        "registry spans are children of the SDK's agent.register spans: {registrations:#?}"
+    );
+
     for span in [&router_a, attempt_a, &agent_a, &router_b, attempt_b, &agent_b] {
         assert_eq!(span.trace_id, trace_id, "one trace: {span:?}");
     }

@@ -132,10 +132,20 @@ fn error_to_pb(error: &RegistryError) -> pb::Error {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// Joins the caller's trace: the SDK sends W3C `traceparent` in gRPC metadata.
+fn continue_trace<T>(request: &Request<T>) {
+    let traceparent = request
+        .metadata()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok());
+    agent_reach_telemetry::propagation::set_parent(&tracing::Span::current(), traceparent);
+}
+
 #[tonic::async_trait]
 impl pb::registry_server::Registry for GrpcRegistry {
     #[tracing::instrument(name = "grpc.Register", skip_all)]
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+        continue_trace(&request);
         let caller = self.caller(&request)?;
         let request = register_from_pb(request.into_inner()).map_err(|error| error.to_status())?;
         let registered = self

@@ -20,6 +20,7 @@ use agent_reach_proto::registry::registry_client::RegistryClient;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch, Notify};
 use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument;
 
 use crate::ctx::Links;
 use crate::dedup::Dedup;
@@ -142,6 +143,11 @@ impl Shared {
         let mut request = tonic::Request::new(message);
         if let Ok(value) = format!("Bearer {}", self.links.token).parse() {
             request.metadata_mut().insert("authorization", value);
+        }
+        // W3C trace context in gRPC metadata: the registry's span joins the current trace.
+        let traceparent = agent_reach_telemetry::propagation::traceparent(&tracing::Span::current());
+        if let Some(value) = traceparent.and_then(|text| text.parse().ok()) {
+            request.metadata_mut().insert("traceparent", value);
         }
         request
     }
@@ -509,7 +515,9 @@ async fn lifecycle(
         }
         if !registered {
             let mut client = registry.clone();
-            match client.register(shared.authed(register_request(&shared, bound))).await {
+            let span = tracing::info_span!("agent.register", otel.kind = "client", agent_id = %shared.config.agent_id);
+            let request = span.in_scope(|| shared.authed(register_request(&shared, bound)));
+            match client.register(request).instrument(span).await {
                 Ok(answer) => {
                     let answer = answer.into_inner();
                     shared.lease_id.store(answer.lease_id, Ordering::Release);
