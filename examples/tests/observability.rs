@@ -397,8 +397,10 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
     register_ghost(&stack).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(traffic(stack.clone(), stop.clone()));
-    // A harmless edit: every service reloads its policy.
-    std::fs::write(&acl, format!("{EXAMPLE_ACL}\n# reviewed\n")).unwrap();
+    // A harmless edit, written atomically (a reader never sees half a file): every service reloads its policy.
+    let edited = workdir.path().join("acl.yaml.new");
+    std::fs::write(&edited, format!("{EXAMPLE_ACL}\n# reviewed\n")).unwrap();
+    std::fs::rename(&edited, &acl).unwrap();
 
     // Everything the doc lists has appeared (retries and reloads come a moment later).
     let doc = documented();
