@@ -34,83 +34,10 @@ pub fn routes(service: Arc<ContextService>) -> Router {
 
 // === Body parsing ===
 
-/// Reads at most `limit` bytes and parses JSON, mapping each failure to its code.
+/// Reads at most `limit` bytes and parses JSON; each failure gets its own code
+/// and the field at fault (see `agent_reach_edge`).
 pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, ContextError> {
-    let too_large = || {
-        ContextError::new(
-            Code::PayloadTooLarge,
-            format!("request body exceeds this service's limit of {limit} bytes"),
-        )
-    };
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > limit) {
-        return Err(too_large());
-    }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
-        let is_limit =
-            std::error::Error::source(&error).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
-        if is_limit {
-            too_large()
-        } else {
-            ContextError::new(Code::MalformedJson, format!("cannot read the request body: {error}"))
-        }
-    })?;
-    parse_json(&bytes)
-}
-
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ContextError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
-    let value = match parsed {
-        Ok(value) => value,
-        Err(error) => {
-            let path = error.path().to_string();
-            let inner = error.into_inner();
-            let message = inner.to_string();
-            let code = match inner.classify() {
-                serde_json::error::Category::Syntax
-                | serde_json::error::Category::Eof
-                | serde_json::error::Category::Io => Code::MalformedJson,
-                serde_json::error::Category::Data if message.starts_with("unknown field") => Code::UnknownField,
-                serde_json::error::Category::Data if message.starts_with("missing field") => Code::MissingField,
-                serde_json::error::Category::Data => Code::InvalidFieldType,
-            };
-            // `.` is the root and `?` an unknown position (syntax errors): no field to name.
-            let field = if path == "." || path == "?" || code == Code::MalformedJson {
-                None
-            } else {
-                Some(path)
-            };
-            let field = match (code, field) {
-                // serde reports a missing field at its parent; name it instead. (An
-                // unknown field's path already ends with its name.)
-                (Code::MissingField, parent) => {
-                    let name = message.split('`').nth(1).unwrap_or_default();
-                    Some(match parent {
-                        Some(parent) => format!("{parent}.{name}"),
-                        None => name.to_string(),
-                    })
-                }
-                (_, field) => field,
-            };
-            return Err(ContextError {
-                code,
-                message: format!("invalid request body: {message}"),
-                field,
-                details: None,
-            });
-        }
-    };
-    deserializer.end().map_err(|error| {
-        ContextError::new(
-            Code::MalformedJson,
-            format!("trailing data after the JSON body: {error}"),
-        )
-    })?;
-    Ok(value)
+    Ok(agent_reach_edge::parse_body(headers, body, limit).await?)
 }
 
 // === Conversions (edge) ===

@@ -116,9 +116,7 @@ impl Code {
     }
 }
 
-/// gRPC metadata keys carrying the stable code and the field at fault.
-pub const CODE_METADATA: &str = "x-agent-reach-code";
-pub const FIELD_METADATA: &str = "x-agent-reach-field";
+pub use agent_reach_edge::{CODE_METADATA, FIELD_METADATA};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegistryError {
@@ -181,14 +179,31 @@ impl RegistryError {
     }
 
     pub fn to_status(&self) -> tonic::Status {
-        let mut status = tonic::Status::new(self.code.grpc_code(), self.to_string());
-        if let Ok(value) = self.code.as_str().parse() {
-            status.metadata_mut().insert(CODE_METADATA, value);
+        agent_reach_edge::grpc_status(
+            self.code.grpc_code(),
+            self.code.as_str(),
+            self.to_string(),
+            self.field.as_deref(),
+        )
+    }
+}
+
+impl From<agent_reach_edge::BodyProblem> for RegistryError {
+    fn from(problem: agent_reach_edge::BodyProblem) -> Self {
+        use agent_reach_edge::BodyProblem;
+        let code = match &problem {
+            BodyProblem::TooLarge { .. } => Code::PayloadTooLarge,
+            BodyProblem::Malformed { .. } => Code::MalformedJson,
+            BodyProblem::UnknownField { .. } => Code::UnknownField,
+            BodyProblem::MissingField { .. } => Code::MissingField,
+            BodyProblem::WrongType { .. } => Code::InvalidFieldType,
+        };
+        Self {
+            code,
+            message: problem.message(),
+            field: problem.field().map(str::to_string),
+            details: None,
         }
-        if let Some(Ok(value)) = self.field.as_deref().map(str::parse) {
-            status.metadata_mut().insert(FIELD_METADATA, value);
-        }
-        status
     }
 }
 

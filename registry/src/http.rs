@@ -37,103 +37,14 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
 
 // === Body parsing ===
 
-/// A body over the limit is read and discarded up to this multiple of the
-/// limit before answering 413, so the client sees the answer instead of a
-/// connection reset; anything larger is refused without reading it.
-const DRAIN_FACTOR: usize = 8;
-
-/// Reads at most `limit` bytes and parses JSON, mapping each failure to its code.
+/// Reads at most `limit` bytes and parses JSON; each failure gets its own code
+/// and the field at fault (see `agent_reach_edge`).
 pub async fn parse_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
 ) -> Result<T, RegistryError> {
-    let bytes = read_limited(headers, body, limit).await?;
-    parse_json(&bytes)
-}
-
-async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Vec<u8>, RegistryError> {
-    use futures::StreamExt;
-    let too_large = || {
-        RegistryError::new(
-            Code::PayloadTooLarge,
-            format!("request body exceeds this registry's limit of {limit} bytes"),
-        )
-    };
-    let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > drain_cap) {
-        return Err(too_large());
-    }
-    let mut stream = body.into_data_stream();
-    let mut bytes = Vec::new();
-    let mut excess = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|error| {
-            RegistryError::new(Code::MalformedJson, format!("cannot read the request body: {error}"))
-        })?;
-        if excess == 0 && bytes.len() + chunk.len() <= limit {
-            bytes.extend_from_slice(&chunk);
-        } else {
-            excess += chunk.len();
-            if bytes.len() + excess > drain_cap {
-                break;
-            }
-        }
-    }
-    if excess > 0 {
-        return Err(too_large());
-    }
-    Ok(bytes)
-}
-
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RegistryError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
-    let value = match parsed {
-        Ok(value) => value,
-        Err(error) => {
-            let path = error.path().to_string();
-            let inner = error.into_inner();
-            let message = inner.to_string();
-            let code = match inner.classify() {
-                serde_json::error::Category::Syntax
-                | serde_json::error::Category::Eof
-                | serde_json::error::Category::Io => Code::MalformedJson,
-                serde_json::error::Category::Data if message.starts_with("unknown field") => Code::UnknownField,
-                serde_json::error::Category::Data if message.starts_with("missing field") => Code::MissingField,
-                serde_json::error::Category::Data => Code::InvalidFieldType,
-            };
-            let field = if path == "." { None } else { Some(path) };
-            let field = match (code, field) {
-                // serde reports a missing field at its parent; name the field itself.
-                (Code::MissingField, parent) => {
-                    let name = message.split('`').nth(1).unwrap_or_default();
-                    Some(match parent {
-                        Some(parent) => format!("{parent}.{name}"),
-                        None => name.to_string(),
-                    })
-                }
-                (_, field) => field,
-            };
-            return Err(RegistryError {
-                code,
-                message: format!("invalid request body: {message}"),
-                field,
-                details: None,
-            });
-        }
-    };
-    deserializer.end().map_err(|error| {
-        RegistryError::new(
-            Code::MalformedJson,
-            format!("trailing data after the JSON body: {error}"),
-        )
-    })?;
-    Ok(value)
+    Ok(agent_reach_edge::parse_body(headers, body, limit).await?)
 }
 
 // === Conversions (edge) ===

@@ -1,0 +1,213 @@
+//! The edge every Agent-Reach service shares: request bodies read with a
+//! bound, JSON parsed so each failure names its kind and the field at fault,
+//! and gRPC statuses carrying the stable code and field as metadata.
+//!
+//! Each service maps [`BodyProblem`] onto its own error type and codes; this
+//! crate decides nothing about HTTP statuses.
+
+use axum::body::Body;
+use futures::StreamExt;
+use http::HeaderMap;
+use serde::de::DeserializeOwned;
+
+/// gRPC metadata keys carrying the stable code and the field at fault.
+pub const CODE_METADATA: &str = "x-agent-reach-code";
+pub const FIELD_METADATA: &str = "x-agent-reach-field";
+
+/// A body over the limit is read and discarded up to this multiple of the
+/// limit before the service answers, so the client sees the answer instead of
+/// a connection reset; anything larger is refused without reading it.
+const DRAIN_FACTOR: usize = 8;
+
+/// Why a request body was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyProblem {
+    TooLarge {
+        limit: usize,
+    },
+    /// Not JSON at all, cut short, unreadable, or followed by trailing data.
+    Malformed {
+        message: String,
+    },
+    UnknownField {
+        field: String,
+        message: String,
+    },
+    MissingField {
+        field: String,
+        message: String,
+    },
+    /// A value of the wrong type or shape; `field` is `None` at the root.
+    WrongType {
+        field: Option<String>,
+        message: String,
+    },
+}
+
+impl BodyProblem {
+    /// A message for a person.
+    pub fn message(&self) -> String {
+        match self {
+            BodyProblem::TooLarge { limit } => format!("request body exceeds this service's limit of {limit} bytes"),
+            BodyProblem::Malformed { message }
+            | BodyProblem::UnknownField { message, .. }
+            | BodyProblem::MissingField { message, .. }
+            | BodyProblem::WrongType { message, .. } => format!("invalid request body: {message}"),
+        }
+    }
+
+    /// The field at fault, as a dotted path (`capabilities[1].version`).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            BodyProblem::UnknownField { field, .. } | BodyProblem::MissingField { field, .. } => Some(field),
+            BodyProblem::WrongType { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// Reads at most `limit` bytes of `body`.
+pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Vec<u8>, BodyProblem> {
+    let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > drain_cap) {
+        return Err(BodyProblem::TooLarge { limit });
+    }
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    let mut excess = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| BodyProblem::Malformed {
+            message: format!("cannot read the request body: {error}"),
+        })?;
+        if excess == 0 && bytes.len() + chunk.len() <= limit {
+            bytes.extend_from_slice(&chunk);
+        } else {
+            excess += chunk.len();
+            if bytes.len() + excess > drain_cap {
+                break;
+            }
+        }
+    }
+    if excess > 0 {
+        return Err(BodyProblem::TooLarge { limit });
+    }
+    Ok(bytes)
+}
+
+/// Reads at most `limit` bytes and parses them as JSON.
+pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, BodyProblem> {
+    let bytes = read_limited(headers, body, limit).await?;
+    parse_json(&bytes)
+}
+
+/// Parses JSON, classifying a failure and naming the field at fault.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyProblem> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
+    let value = match parsed {
+        Ok(value) => value,
+        Err(error) => {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            let message = inner.to_string();
+            // `.` is the root and `?` an unknown position: no field to name.
+            let at = (path != "." && path != "?").then_some(path);
+            return Err(match inner.classify() {
+                serde_json::error::Category::Syntax
+                | serde_json::error::Category::Eof
+                | serde_json::error::Category::Io => BodyProblem::Malformed { message },
+                // An unknown field's path already ends with its name.
+                serde_json::error::Category::Data if message.starts_with("unknown field") => {
+                    BodyProblem::UnknownField {
+                        field: at.unwrap_or_default(),
+                        message,
+                    }
+                }
+                // A missing field is reported at its parent: name the field itself.
+                serde_json::error::Category::Data if message.starts_with("missing field") => {
+                    let name = message.split('`').nth(1).unwrap_or_default();
+                    let field = match at {
+                        Some(parent) => format!("{parent}.{name}"),
+                        None => name.to_string(),
+                    };
+                    BodyProblem::MissingField { field, message }
+                }
+                serde_json::error::Category::Data => BodyProblem::WrongType { field: at, message },
+            });
+        }
+    };
+    deserializer.end().map_err(|error| BodyProblem::Malformed {
+        message: format!("trailing data after the JSON body: {error}"),
+    })?;
+    Ok(value)
+}
+
+/// A gRPC status whose metadata carries the stable code and the field at fault.
+pub fn grpc_status(code: tonic::Code, stable_code: &str, message: String, field: Option<&str>) -> tonic::Status {
+    let mut status = tonic::Status::new(code, message);
+    if let Ok(value) = stable_code.parse() {
+        status.metadata_mut().insert(CODE_METADATA, value);
+    }
+    if let Some(Ok(value)) = field.map(str::parse) {
+        status.metadata_mut().insert(FIELD_METADATA, value);
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // read through Debug only
+    struct Outer {
+        name: String,
+        items: Vec<Inner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        weight: u32,
+    }
+
+    #[test]
+    fn each_failure_has_its_kind_and_field() {
+        let problem = |text: &str| parse_json::<Outer>(text.as_bytes()).unwrap_err();
+        assert!(matches!(problem("{\"name\":"), BodyProblem::Malformed { .. }));
+        assert!(matches!(
+            problem(r#"{"name":"a","items":[]} {}"#),
+            BodyProblem::Malformed { .. }
+        ));
+        assert_eq!(problem(r#"{"name":"a","items":[],"extra":1}"#).field(), Some("extra"));
+        assert_eq!(problem(r#"{"name":"a"}"#).field(), Some("items"));
+        assert_eq!(problem(r#"{"name":"a","items":[{}]}"#).field(), Some("items[0].weight"));
+        assert_eq!(
+            problem(r#"{"name":"a","items":[{"weight":"x"}]}"#).field(),
+            Some("items[0].weight")
+        );
+        assert!(matches!(problem("[]"), BodyProblem::WrongType { field: None, .. }));
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_limit_are_too_large() {
+        let headers = HeaderMap::new();
+        let read = read_limited(&headers, Body::from(vec![b'x'; 2048]), 1024).await;
+        assert_eq!(read, Err(BodyProblem::TooLarge { limit: 1024 }));
+        let read = read_limited(&headers, Body::from("{}"), 1024).await;
+        assert_eq!(read, Ok(b"{}".to_vec()));
+    }
+
+    #[test]
+    fn grpc_metadata_carries_code_and_field() {
+        let status = grpc_status(tonic::Code::InvalidArgument, "INVALID_TTL", "bad".into(), Some("ttl_s"));
+        assert_eq!(status.metadata().get(CODE_METADATA).unwrap(), "INVALID_TTL");
+        assert_eq!(status.metadata().get(FIELD_METADATA).unwrap(), "ttl_s");
+    }
+}
