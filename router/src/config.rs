@@ -58,6 +58,32 @@ pub struct RouterArgs {
     /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
     #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
     pub max_staleness_s: u64,
+    /// Redis for durable asynchronous tasks (`/v1/tasks`); without it the slow path is off.
+    #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
+    pub redis: Option<String>,
+    /// File with the default secret that signs task callbacks (required with --redis).
+    #[arg(long, env = "AGENT_REACH_CALLBACK_SECRET_FILE", value_name = "PATH")]
+    pub callback_secret_file: Option<PathBuf>,
+    /// A named callback signing secret, `NAME=PATH` (a callback's `secret_ref`); repeatable.
+    #[arg(
+        long = "callback-secret",
+        env = "AGENT_REACH_CALLBACK_SECRETS",
+        value_delimiter = ',',
+        value_name = "NAME=PATH"
+    )]
+    pub callback_secrets: Vec<String>,
+    /// DEVELOPMENT ONLY: allow callbacks to loopback and private addresses.
+    #[arg(long, env = "AGENT_REACH_ALLOW_PRIVATE_CALLBACKS")]
+    pub allow_private_callbacks: bool,
+    /// Tasks this router delivers at once.
+    #[arg(long, env = "AGENT_REACH_TASK_WORKERS", default_value_t = 64)]
+    pub task_workers: usize,
+    /// How long finished tasks and their results are kept, in seconds.
+    #[arg(long, env = "AGENT_REACH_TASK_RETENTION_S", default_value_t = 24 * 3600)]
+    pub task_retention_s: u64,
+    /// A task claimed by a router that has not finished it after this many seconds is taken over.
+    #[arg(long, env = "AGENT_REACH_TASK_RECLAIM_AFTER_S", default_value_t = 120)]
+    pub task_reclaim_after_s: u64,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -116,6 +142,8 @@ pub struct Settings {
     pub acl: PathBuf,
     pub auth: AuthConfig,
     pub tuning: Tuning,
+    /// The slow path (`/v1/tasks`), when configured.
+    pub tasks: Option<crate::tasks::TasksSettings>,
 }
 
 impl Settings {
@@ -133,11 +161,69 @@ impl Settings {
             acl,
             auth,
             tuning: Tuning::default(),
+            tasks: None,
         }
     }
 }
 
 impl RouterArgs {
+    fn tasks_settings(&self, problems: &mut Vec<String>) -> Option<crate::tasks::TasksSettings> {
+        let redis = self.redis.clone()?;
+        if !(redis.starts_with("redis://") || redis.starts_with("rediss://")) {
+            problems.push(format!("--redis `{redis}` must start with redis:// or rediss://"));
+        }
+        let read_secret = |path: &std::path::Path, problems: &mut Vec<String>| match std::fs::read(path) {
+            Ok(secret) if secret.trim_ascii().len() >= 32 => Some(secret.trim_ascii().to_vec()),
+            Ok(_) => {
+                problems.push(format!(
+                    "callback secret {} must hold at least 32 bytes",
+                    path.display()
+                ));
+                None
+            }
+            Err(error) => {
+                problems.push(format!("cannot read callback secret {}: {error}", path.display()));
+                None
+            }
+        };
+        let default_secret = match &self.callback_secret_file {
+            Some(path) => read_secret(path, problems).unwrap_or_default(),
+            None => {
+                problems.push("--redis needs --callback-secret-file PATH (signs task callbacks)".to_string());
+                Vec::new()
+            }
+        };
+        let mut callbacks = agent_reach_tasks::CallbackConfig::new(default_secret);
+        for entry in &self.callback_secrets {
+            match entry.split_once('=') {
+                Some((name, path)) if !name.is_empty() => {
+                    if let Some(secret) = read_secret(std::path::Path::new(path), problems) {
+                        callbacks.secrets.insert(name.to_string(), secret);
+                    }
+                }
+                _ => problems.push(format!("--callback-secret `{entry}` must be NAME=PATH")),
+            }
+        }
+        callbacks.allow_private_targets = self.allow_private_callbacks;
+        if self.allow_private_callbacks {
+            tracing::warn!(message = "Task callbacks to loopback and private addresses are ALLOWED. Development only.");
+        }
+        if self.task_workers == 0 {
+            problems.push("--task-workers must be at least 1".to_string());
+        }
+        Some(crate::tasks::TasksSettings {
+            redis,
+            store: agent_reach_tasks::StoreConfig {
+                retention: Duration::from_secs(self.task_retention_s.max(60)),
+                ..Default::default()
+            },
+            callbacks,
+            workers: self.task_workers,
+            reclaim_after: Duration::from_secs(self.task_reclaim_after_s.max(1)),
+            max_task_attempts: 3,
+        })
+    }
+
     pub fn validate(&self) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
         if !(self.registry.starts_with("http://") || self.registry.starts_with("https://")) {
@@ -184,10 +270,12 @@ impl RouterArgs {
                 RegistryCredential::None
             }
         };
+        let tasks = self.tasks_settings(&mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
         Ok(Settings {
+            tasks,
             listen: self.listen,
             registry: self.registry.clone(),
             registry_credential,

@@ -23,10 +23,16 @@ pub enum Code {
     DeadlineExceeded,
     NotFound,
     MethodNotAllowed,
+    TasksDisabled,
+    TaskNotFound,
+    TaskConflict,
+    TaskStoreUnavailable,
+    InvalidCallback,
+    Canceled,
 }
 
 impl Code {
-    pub const ALL: [Code; 14] = [
+    pub const ALL: [Code; 20] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -41,6 +47,12 @@ impl Code {
         Code::DeadlineExceeded,
         Code::NotFound,
         Code::MethodNotAllowed,
+        Code::TasksDisabled,
+        Code::TaskNotFound,
+        Code::TaskConflict,
+        Code::TaskStoreUnavailable,
+        Code::InvalidCallback,
+        Code::Canceled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +71,12 @@ impl Code {
             Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Code::NotFound => "NOT_FOUND",
             Code::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            Code::TasksDisabled => "TASKS_DISABLED",
+            Code::TaskNotFound => "TASK_NOT_FOUND",
+            Code::TaskConflict => "TASK_CONFLICT",
+            Code::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
+            Code::InvalidCallback => "INVALID_CALLBACK",
+            Code::Canceled => "CANCELED",
         }
     }
 
@@ -77,6 +95,12 @@ impl Code {
             Code::NoAvailableInstance => StatusCode::SERVICE_UNAVAILABLE,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Code::TasksDisabled => StatusCode::NOT_IMPLEMENTED,
+            Code::TaskNotFound => StatusCode::NOT_FOUND,
+            Code::TaskConflict => StatusCode::CONFLICT,
+            Code::TaskStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::InvalidCallback => StatusCode::BAD_REQUEST,
+            Code::Canceled => StatusCode::CONFLICT,
         }
     }
 
@@ -84,7 +108,11 @@ impl Code {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Code::Overloaded | Code::AllRetriesExhausted | Code::NoAvailableInstance | Code::DeadlineExceeded
+            Code::Overloaded
+                | Code::AllRetriesExhausted
+                | Code::NoAvailableInstance
+                | Code::DeadlineExceeded
+                | Code::TaskStoreUnavailable
         )
     }
 }

@@ -26,6 +26,7 @@ pub fn routes(service: Arc<RouterService>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::tasks::routes())
         .fallback(not_found)
         .with_state(service)
 }

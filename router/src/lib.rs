@@ -25,6 +25,7 @@ pub mod retry;
 pub mod select;
 pub mod service;
 pub mod snapshot;
+pub mod tasks;
 pub mod trace;
 pub mod watch;
 
@@ -61,13 +62,20 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RouterService>> {
         snapshot.clone(),
         metrics.clone(),
     ));
-    Ok(Arc::new(RouterService::new(
-        settings.tuning.clone(),
-        snapshot,
-        acl,
-        auth,
-        metrics,
-    )))
+    let mut service = RouterService::new(settings.tuning.clone(), snapshot, acl, auth, metrics);
+    let tasks = match &settings.tasks {
+        Some(tasks) => Some(Arc::new(tasks::Tasks::new(tasks).map_err(anyhow::Error::msg)?)),
+        None => None,
+    };
+    if let Some(tasks) = &tasks {
+        service.set_tasks(tasks.clone());
+    }
+    let service = Arc::new(service);
+    if let Some(tasks) = tasks {
+        // The worker holds the service weakly: it stops when the router is dropped.
+        tokio::spawn(tasks::run_worker(Arc::downgrade(&service), tasks));
+    }
+    Ok(service)
 }
 
 /// Runs the router until `shutdown` resolves.

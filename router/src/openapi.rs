@@ -9,8 +9,12 @@ use serde_json::{json, Value};
 use crate::error::Code;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 5] = [
+pub const PATHS: [(&str, &str); 9] = [
     ("/v1/invoke", "post"),
+    ("/v1/tasks", "post"),
+    ("/v1/tasks/{task_id}", "get"),
+    ("/v1/tasks/{task_id}/cancel", "post"),
+    ("/v1/sessions/{session_id}/results", "get"),
     ("/v1/openapi.json", "get"),
     ("/healthz", "get"),
     ("/readyz", "get"),
@@ -113,6 +117,47 @@ fn build() -> Value {
                 }
             },
             "/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3 JSON" } } } },
+            "/v1/tasks": {
+                "post": {
+                    "summary": "Submit an asynchronous task: the invoke envelope plus an optional callback {url, secret_ref?}",
+                    "description": "202 {task_id, status: pending} once durably stored; a repeated request_id returns 200 with the existing task. Needs the router to run with --redis (else 501 TASKS_DISABLED).",
+                    "security": [{ "bearer": [] }],
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object" } } } },
+                    "responses": {
+                        "202": { "description": "stored and queued" },
+                        "200": { "description": "this request_id was submitted before: the existing task" },
+                        "default": { "description": "refused; body {error: {code, message, retryable}}" }
+                    }
+                }
+            },
+            "/v1/tasks/{task_id}": {
+                "get": {
+                    "summary": "A task's state, attempts, transitions and result",
+                    "security": [{ "bearer": [] }],
+                    "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "the task" }, "default": { "description": "error body" } }
+                }
+            },
+            "/v1/tasks/{task_id}/cancel": {
+                "post": {
+                    "summary": "Cancel a task that has not ended (a pending one is never delivered)",
+                    "security": [{ "bearer": [] }],
+                    "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "the canceled task" }, "default": { "description": "error body" } }
+                }
+            },
+            "/v1/sessions/{session_id}/results": {
+                "get": {
+                    "summary": "Finished tasks of a session after a cursor, for callers that reconnect",
+                    "security": [{ "bearer": [] }],
+                    "parameters": [
+                        { "name": "session_id", "in": "path", "required": true, "schema": { "type": "string" } },
+                        { "name": "after", "in": "query", "required": false, "schema": { "type": "string" } },
+                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer" } }
+                    ],
+                    "responses": { "200": { "description": "{session_id, results: [{cursor, task_id, status, result}], next_after}" } }
+                }
+            },
             "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } },
             "/readyz": { "get": {
                 "summary": "Readiness: a routing snapshot exists and is not too stale",

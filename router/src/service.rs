@@ -36,6 +36,8 @@ pub struct RouterService {
     acl: AclHandle,
     /// Verifies tokens; verified ones are cached per thread by `access`.
     auth: Authenticator,
+    /// The slow path, when the router runs with `--redis`.
+    tasks: Option<Arc<crate::tasks::Tasks>>,
     forwarder: Forwarder,
     budget: RetryBudget,
     metrics: Metrics,
@@ -94,6 +96,7 @@ impl RouterService {
             snapshot,
             acl,
             auth,
+            tasks: None,
             metrics,
         }
     }
@@ -108,6 +111,20 @@ impl RouterService {
 
     pub fn snapshot(&self) -> &SnapshotHandle {
         &self.snapshot
+    }
+
+    /// Enables the slow path (before the service is shared).
+    pub fn set_tasks(&mut self, tasks: Arc<crate::tasks::Tasks>) {
+        self.tasks = Some(tasks);
+    }
+
+    pub fn tasks(&self) -> Option<&Arc<crate::tasks::Tasks>> {
+        self.tasks.as_ref()
+    }
+
+    /// May `caller` call `capability` under the current policy?
+    pub fn acl_allows(&self, caller: &str, capability: &str) -> bool {
+        self.acl.current().may_call(caller, capability)
     }
 
     pub fn authenticate(&self, header: Option<&HeaderValue>) -> Result<Caller, RouterError> {

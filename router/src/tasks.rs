@@ -1,0 +1,493 @@
+//! The slow path on the router (issue 6, first part): `POST /v1/tasks`,
+//! `GET /v1/tasks/{id}`, `POST /v1/tasks/{id}/cancel`,
+//! `GET /v1/sessions/{id}/results?after=CURSOR`, and the worker that delivers
+//! queued tasks through the same pipeline as `/v1/invoke` (ACL, schema,
+//! selection, retries, breakers) and sends signed callbacks.
+//!
+//! Durability lives in `agent_reach_tasks`: a task is answered `202` only
+//! once stored; its queue entry is acknowledged only when its outcome is
+//! recorded; entries of a router that died are reclaimed by another.
+//! Enabled by `--redis`; without it these routes answer 501 `TASKS_DISABLED`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_reach_access::Caller;
+use agent_reach_proto::envelope::{Priority as EnvelopePriority, ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_tasks::{
+    Callback, CallbackConfig, Claimed, Deliverer, NewTask, Priority, State, StoreConfig, Submitted, TaskStore,
+    TaskStoreError,
+};
+use axum::body::Body;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use crate::envelope;
+use crate::error::{Code, RouterError};
+use crate::service::RouterService;
+use crate::trace::{self, TraceContext};
+
+/// How the slow path runs.
+#[derive(Debug, Clone)]
+pub struct TasksSettings {
+    pub redis: String,
+    pub store: StoreConfig,
+    pub callbacks: CallbackConfig,
+    /// Tasks delivered at once by this router.
+    pub workers: usize,
+    /// A claimed task not finished after this long is taken over (its router died).
+    pub reclaim_after: Duration,
+    /// Deliveries of one task when the capability is unavailable (503-like outcomes).
+    pub max_task_attempts: u32,
+}
+
+pub struct Tasks {
+    store: TaskStore,
+    deliverer: Deliverer,
+    settings: TasksSettings,
+}
+
+impl Tasks {
+    pub fn new(settings: &TasksSettings) -> Result<Self, String> {
+        Ok(Self {
+            store: TaskStore::new(&settings.redis, &settings.store)?,
+            deliverer: Deliverer::new(settings.callbacks.clone())?,
+            settings: settings.clone(),
+        })
+    }
+
+    pub fn store(&self) -> &TaskStore {
+        &self.store
+    }
+}
+
+fn store_error(error: TaskStoreError) -> RouterError {
+    match error {
+        TaskStoreError::NotFound(id) => RouterError::new(Code::TaskNotFound, format!("no task `{id}` (or it expired)")),
+        TaskStoreError::Refused { current, wanted } => RouterError::new(
+            Code::TaskConflict,
+            format!("the task is `{current}` and cannot become `{wanted}`"),
+        ),
+        TaskStoreError::Unavailable(why) => RouterError::new(
+            Code::TaskStoreUnavailable,
+            format!("the task store (Redis) is unreachable: {why}; retry shortly"),
+        ),
+        TaskStoreError::Corrupt(why) => {
+            RouterError::new(Code::TaskStoreUnavailable, format!("corrupt task record: {why}"))
+        }
+    }
+}
+
+fn error_response(error: RouterError) -> Response {
+    (error.status(), Json(json!({ "error": error.to_envelope_error() }))).into_response()
+}
+
+fn enabled(service: &RouterService) -> Result<&Arc<Tasks>, RouterError> {
+    service.tasks().ok_or_else(|| {
+        RouterError::new(
+            Code::TasksDisabled,
+            "asynchronous tasks are not enabled on this router (start it with --redis URL)",
+        )
+    })
+}
+
+pub fn routes() -> Router<Arc<RouterService>> {
+    Router::new()
+        .route("/v1/tasks", post(submit))
+        .route("/v1/tasks/:task_id", get(status))
+        .route("/v1/tasks/:task_id/cancel", post(cancel))
+        .route("/v1/sessions/:session_id/results", get(session_results))
+}
+
+/// Public view of a task.
+fn view(task: &agent_reach_tasks::Task) -> Value {
+    json!({
+        "task_id": task.task_id,
+        "request_id": task.request_id,
+        "session_id": task.session_id,
+        "capability": task.capability,
+        "priority": task.priority.as_str(),
+        "status": task.state.as_str(),
+        "attempts": task.attempts,
+        "created_at": task.created_at_ms,
+        "updated_at": task.updated_at_ms,
+        "transitions": task.transitions.iter().map(|transition| json!({
+            "status": transition.state.as_str(), "at": transition.at_ms
+        })).collect::<Vec<_>>(),
+        "result": task.result,
+    })
+}
+
+fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
+    match caller {
+        Caller::Agent(name) if name != &task.caller => Err(RouterError::new(
+            Code::TaskNotFound,
+            format!("no task `{}` for caller `{name}`", task.task_id),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[tracing::instrument(name = "tasks.submit", skip_all)]
+async fn submit(AxumState(service): AxumState<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+    match try_submit(&service, &headers, body).await {
+        Ok(response) => response,
+        Err(error) => error_response(error),
+    }
+}
+
+async fn try_submit(service: &RouterService, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
+    let tasks = enabled(service)?;
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let bytes = envelope::read_body(headers, body, service.tuning().max_body_bytes).await?;
+    // The task request is the invoke envelope plus `callback`.
+    let mut value: Value = serde_json::from_slice(&bytes)
+        .map_err(|error| RouterError::new(Code::InvalidEnvelope, format!("the body is not JSON: {error}")))?;
+    let callback = match value.as_object_mut().and_then(|object| object.remove("callback")) {
+        None | Some(Value::Null) => None,
+        Some(raw) => Some(serde_json::from_value::<Callback>(raw).map_err(|error| {
+            RouterError::new(
+                Code::InvalidCallback,
+                format!("`callback`: {error} (expected {{url, secret_ref?}})"),
+            )
+            .with_details(json!({ "field": "callback" }))
+        })?),
+    };
+    let mut request = envelope::parse(value.to_string().as_bytes())?;
+    let request_id = request
+        .request_id
+        .clone()
+        .filter(|id| !id.is_empty() && id.len() <= 128)
+        .unwrap_or_else(trace::new_request_id);
+    request.request_id = Some(request_id.clone());
+    let checked = envelope::check(request)?;
+    if let Caller::Agent(name) = &caller {
+        if !service.acl_allows(name, &checked.request.capability) {
+            return Err(RouterError::new(
+                Code::Forbidden,
+                format!(
+                    "caller `{name}` may not call `{}` (acl.yaml permissions)",
+                    checked.request.capability
+                ),
+            ));
+        }
+    }
+    if let Some(callback) = &callback {
+        tasks.deliverer.check(callback).await.map_err(|error| {
+            RouterError::new(Code::InvalidCallback, error.to_string()).with_details(json!({ "reason": error.code() }))
+        })?;
+    }
+    let priority = match checked.request.priority.unwrap_or_default() {
+        EnvelopePriority::High => Priority::High,
+        EnvelopePriority::Normal => Priority::Normal,
+        EnvelopePriority::Low => Priority::Low,
+    };
+    let envelope_value = serde_json::to_value(&checked.request)
+        .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
+    let submitted = tasks
+        .store
+        .submit(NewTask {
+            request_id,
+            session_id: checked.request.session_id.clone(),
+            caller: caller.name().unwrap_or("anonymous").to_string(),
+            capability: checked.request.capability.clone(),
+            priority,
+            envelope: envelope_value,
+            callback,
+        })
+        .await
+        .map_err(store_error)?;
+    Ok(match submitted {
+        Submitted::Created(task_id) => (
+            StatusCode::ACCEPTED,
+            Json(json!({ "task_id": task_id, "status": "pending" })),
+        )
+            .into_response(),
+        Submitted::Existing(task_id) => {
+            let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+            (
+                StatusCode::OK,
+                Json(json!({ "task_id": task_id, "status": task.state.as_str(), "duplicate": true })),
+            )
+                .into_response()
+        }
+    })
+}
+
+#[tracing::instrument(name = "tasks.status", skip_all)]
+async fn status(
+    AxumState(service): AxumState<Arc<RouterService>>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = async {
+        let tasks = enabled(&service)?;
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        owner_check(&caller, &task)?;
+        Ok::<_, RouterError>(Json(view(&task)).into_response())
+    }
+    .await;
+    outcome.unwrap_or_else(error_response)
+}
+
+#[tracing::instrument(name = "tasks.cancel", skip_all)]
+async fn cancel(
+    AxumState(service): AxumState<Arc<RouterService>>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = async {
+        let tasks = enabled(&service)?;
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        owner_check(&caller, &task)?;
+        let result = failed_envelope(
+            &task,
+            &RouterError::new(Code::Canceled, "the caller canceled the task"),
+            task.attempts,
+        );
+        tasks.store.cancel(&task_id, &result).await.map_err(store_error)?;
+        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        Ok::<_, RouterError>(Json(view(&task)).into_response())
+    }
+    .await;
+    outcome.unwrap_or_else(error_response)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultsQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[tracing::instrument(name = "tasks.session_results", skip_all)]
+async fn session_results(
+    AxumState(service): AxumState<Arc<RouterService>>,
+    Path(session_id): Path<String>,
+    query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = async {
+        let tasks = enabled(&service)?;
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let Query(query) = query.map_err(|rejection| {
+            RouterError::new(
+                Code::InvalidEnvelope,
+                format!("invalid query: {}", rejection.body_text()),
+            )
+        })?;
+        let limit = query.limit.unwrap_or(100).clamp(1, 1000);
+        let mut results = Vec::new();
+        let mut cursor = query.after.clone();
+        for entry in tasks
+            .store
+            .session_results(&session_id, query.after.as_deref(), limit)
+            .await
+            .map_err(store_error)?
+        {
+            cursor = Some(entry.cursor.clone());
+            // A session's results belong to the callers that submitted them.
+            if let (Caller::Agent(name), Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
+                if &task.caller != name {
+                    continue;
+                }
+            }
+            results.push(json!({
+                "cursor": entry.cursor, "task_id": entry.task_id, "status": entry.state.as_str(), "result": entry.result
+            }));
+        }
+        Ok::<_, RouterError>(
+            Json(json!({ "session_id": session_id, "results": results, "next_after": cursor })).into_response(),
+        )
+    }
+    .await;
+    outcome.unwrap_or_else(error_response)
+}
+
+// === Delivery ===
+
+fn failed_envelope(task: &agent_reach_tasks::Task, error: &RouterError, attempts: u32) -> Value {
+    let envelope = ResultEnvelope {
+        version: ENVELOPE_VERSION.to_string(),
+        request_id: task.request_id.clone(),
+        status: ResultStatus::Failed,
+        capability: Some(task.capability.clone()),
+        capability_version: None,
+        agent_id: None,
+        attempts,
+        duration_ms: 0,
+        output: None,
+        error: Some(error.to_envelope_error()),
+    };
+    serde_json::to_value(envelope).unwrap_or(Value::Null)
+}
+
+/// Claims queued tasks and delivers them, `workers` at a time, until the
+/// router is dropped; reclaims tasks of routers that died.
+pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Tasks>) {
+    let consumer = format!("router-{:016x}", rand::random::<u64>());
+    let slots = Arc::new(Semaphore::new(tasks.settings.workers.max(1)));
+    let mut round = 0u64;
+    let mut last_reclaim = Instant::now();
+    let mut prepared = false;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(service) = service.upgrade() else { return };
+        if !prepared {
+            match tasks.store.prepare().await {
+                Ok(()) => prepared = true,
+                Err(error) => {
+                    tracing::warn!(message = "Task store unavailable; retrying.", %error);
+                    drop(service);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        let free = slots.available_permits();
+        if free == 0 {
+            drop(service);
+            // Wait for a delivery to finish.
+            if let Ok(permit) = slots.clone().acquire_owned().await {
+                drop(permit);
+            }
+            continue;
+        }
+        let claimed = if last_reclaim.elapsed() >= tasks.settings.reclaim_after / 2 {
+            last_reclaim = Instant::now();
+            tasks.store.reclaim(&consumer, tasks.settings.reclaim_after, free).await
+        } else {
+            round += 1;
+            tasks.store.claim(&consumer, free, round).await
+        };
+        match claimed {
+            Ok(claimed) if claimed.is_empty() => {
+                drop(service);
+                // Idle: poll again shortly.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(claimed) => {
+                backoff = Duration::from_millis(100);
+                for task in claimed {
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (service, tasks) = (service.clone(), tasks.clone());
+                    tokio::spawn(async move {
+                        deliver(&service, &tasks, task).await;
+                        drop(permit);
+                    });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(message = "Claiming tasks failed; retrying.", %error);
+                drop(service);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+#[tracing::instrument(name = "tasks.deliver", skip_all, fields(task_id = %claimed.task.task_id))]
+async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
+    let task = &claimed.task;
+    let caller = match task.caller.as_str() {
+        "anonymous" => Caller::Unauthenticated,
+        name => Caller::Agent(name.to_string()),
+    };
+    let mut attempts = 0u32;
+    let result = loop {
+        // A reclaimed task (its router died) or a retried one passes through `retrying`.
+        if attempts > 0 || claimed.task.state != State::Pending {
+            let _ = tasks.store.transition(&task.task_id, State::Retrying).await;
+        }
+        if let Err(error) = tasks.store.transition(&task.task_id, State::Running).await {
+            // Canceled meanwhile: record nothing new, release the queue entry.
+            tracing::info!(message = "Task not delivered.", task_id = %task.task_id, %error);
+            let _ = tasks.store.finish(&claimed, State::Canceled, &Value::Null).await;
+            return;
+        }
+        attempts += 1;
+        let started = Instant::now();
+        let outcome = match envelope::parse(task.envelope.to_string().as_bytes()).and_then(envelope::check) {
+            Ok(checked) => {
+                let trace = TraceContext::from_header(None);
+                service.invoke(&caller, checked, &task.request_id, &trace).await
+            }
+            Err(error) => Err(error.into()),
+        };
+        match outcome {
+            Ok(success) => {
+                break ResultEnvelope {
+                    version: ENVELOPE_VERSION.to_string(),
+                    request_id: task.request_id.clone(),
+                    status: ResultStatus::Succeeded,
+                    capability: Some(task.capability.clone()),
+                    capability_version: Some(success.capability_version),
+                    agent_id: Some(success.agent_id),
+                    attempts: success.attempts,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    output: Some(success.output),
+                    error: None,
+                }
+            }
+            Err(failure) => {
+                let retry = failure.error.code.is_retryable()
+                    && failure.error.code != Code::DeadlineExceeded
+                    && attempts < tasks.settings.max_task_attempts;
+                if retry {
+                    tokio::time::sleep(Duration::from_millis(200 * 2u64.pow(attempts))).await;
+                    continue;
+                }
+                break ResultEnvelope {
+                    version: ENVELOPE_VERSION.to_string(),
+                    request_id: task.request_id.clone(),
+                    status: ResultStatus::Failed,
+                    capability: Some(task.capability.clone()),
+                    capability_version: failure.capability_version,
+                    agent_id: failure.agent_id,
+                    attempts: failure.attempts,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    output: None,
+                    error: Some(failure.error.to_envelope_error()),
+                };
+            }
+        }
+    };
+    let state = match result.status {
+        ResultStatus::Succeeded => State::Succeeded,
+        ResultStatus::Failed => State::Failed,
+    };
+    let result = serde_json::to_value(&result).unwrap_or(Value::Null);
+    match tasks.store.finish(&claimed, state, &result).await {
+        Ok(_) => {}
+        Err(TaskStoreError::Refused { current, .. }) => {
+            tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);
+            return;
+        }
+        Err(error) => {
+            // Not acknowledged: another router reclaims and delivers it again
+            // (agents dedup by request_id).
+            tracing::warn!(message = "Recording a task outcome failed; it will be reclaimed.", task_id = %task.task_id, %error);
+            return;
+        }
+    }
+    if task.callback.is_some() {
+        match tasks.store.get(&task.task_id).await {
+            Ok(finished) => {
+                tasks.deliverer.deliver(&tasks.store, &finished).await;
+            }
+            Err(error) => tracing::warn!(message = "Cannot load a finished task for its callback.", %error),
+        }
+    }
+}

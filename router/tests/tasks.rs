@@ -1,0 +1,267 @@
+//! The slow path through the router: real Redis (tasks), real etcd and
+//! registry, real HTTP agents (router test support).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
+use serde_json::{json, Value};
+use support::{eventually, token, AgentSpec, Behaviour, Cluster, CALLER};
+
+/// Callbacks a receiver got: signature header and body.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+const CALLBACK_SECRET: &[u8] = b"callback-secret-0123456789abcdef-0123";
+
+async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
+    let url = redis.url();
+    Cluster::start_with(move |settings| {
+        let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+        callbacks.allow_private_targets = true; // receivers run on loopback
+        callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
+        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+            redis: url,
+            store: agent_reach_tasks::StoreConfig::default(),
+            callbacks,
+            workers: 16,
+            reclaim_after: Duration::from_secs(30),
+            max_task_attempts: 3,
+        });
+    })
+    .await
+}
+
+async fn post(cluster: &Cluster, path: &str, body: Value) -> (u16, Value) {
+    let response = cluster
+        .client
+        .post(cluster.url(path))
+        .bearer_auth(token(CALLER))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+async fn get(cluster: &Cluster, path: &str) -> (u16, Value) {
+    let response = cluster
+        .client
+        .get(cluster.url(path))
+        .bearer_auth(token(CALLER))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+async fn wait_terminal(cluster: &Cluster, task_id: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, task) = get(cluster, &format!("/v1/tasks/{task_id}")).await;
+        if matches!(task["status"].as_str(), Some("succeeded" | "failed" | "canceled")) {
+            return task;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "task never ended: {task}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_stored_delivered_once_and_idempotent() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+    let agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+
+    let envelope = json!({"capability": "order.query", "request_id": "task-req-1", "session_id": "sess-1",
+                          "payload": {"order_id": "SO-1"}});
+    let (status, submitted) = post(&cluster, "/v1/tasks", envelope.clone()).await;
+    assert_eq!(
+        (status, submitted["status"].as_str()),
+        (202, Some("pending")),
+        "{submitted}"
+    );
+    let task_id = submitted["task_id"].as_str().unwrap().to_string();
+    // The same request id again: the same task, not a second one.
+    let (status, again) = post(&cluster, "/v1/tasks", envelope).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["task_id"], task_id);
+
+    let task = wait_terminal(&cluster, &task_id).await;
+    assert_eq!(task["status"], "succeeded", "{task}");
+    assert_eq!(task["result"]["status"], "succeeded");
+    assert_eq!(task["result"]["agent_id"], "echo-1");
+    let states: Vec<&str> = task["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|transition| transition["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["pending", "running", "succeeded"]);
+    assert_eq!(agent.hits(), 1, "delivered exactly once");
+
+    // A caller that reconnects pulls the session's results after its cursor.
+    let (_, pulled) = get(&cluster, "/v1/sessions/sess-1/results").await;
+    let results = pulled["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["task_id"], task_id);
+    let cursor = results[0]["cursor"].as_str().unwrap();
+    let (_, rest) = get(&cluster, &format!("/v1/sessions/sess-1/results?after={cursor}")).await;
+    assert!(rest["results"].as_array().unwrap().is_empty(), "each result once");
+
+    // Another caller cannot see the task.
+    let foreign = cluster
+        .client
+        .get(cluster.url(&format!("/v1/tasks/{task_id}")))
+        .bearer_auth(token("someone_else"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_submissions_get_stable_codes() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+    let (status, body) = post(&cluster, "/v1/tasks", json!({"payload": {}})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_ENVELOPE")),
+        "{body}"
+    );
+    let (status, body) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {}, "callback": {"url": "ftp://x"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_CALLBACK")),
+        "{body}"
+    );
+    let (status, body) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {}, "callback": {"url": "http://127.0.0.1:1/", "secret_ref": "nope"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_CALLBACK")),
+        "{body}"
+    );
+    let (status, body) = get(&cluster, "/v1/tasks/t_unknown").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("TASK_NOT_FOUND")));
+    let unauthenticated = cluster
+        .client
+        .post(cluster.url("/v1/tasks"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthenticated.status(), 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_a_running_task_and_callbacks_are_signed() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+
+    // Cancel while the agent is working on it: the task ends `canceled`.
+    let hanging = cluster.agent(AgentSpec::new("slow-1", 1, Behaviour::Hang));
+    cluster.wait_for_instances(&["slow-1"]).await;
+    let (_, submitted) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "timeout_ms": 20_000, "payload": {"order_id": "SO-2"}}),
+    )
+    .await;
+    let task_id = submitted["task_id"].as_str().unwrap().to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            get(&cluster, &format!("/v1/tasks/{task_id}")).await.1["status"] == "running"
+        })
+        .await
+    );
+    let (status, canceled) = post(&cluster, &format!("/v1/tasks/{task_id}/cancel"), json!({})).await;
+    assert_eq!(
+        (status, canceled["status"].as_str()),
+        (200, Some("canceled")),
+        "{canceled}"
+    );
+    hanging.release.notify_waiters();
+    let (status, again) = post(&cluster, &format!("/v1/tasks/{task_id}/cancel"), json!({})).await;
+    assert_eq!((status, again["error"]["code"].as_str()), (409, Some("TASK_CONFLICT")));
+    support::deregister(&cluster.registry.url(), "slow-1").await;
+
+    // A finished task's result is POSTed to its callback, signed.
+    let _echo = cluster.agent(AgentSpec::new("echo-2", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-2"]).await;
+    let received: Received = Arc::default();
+    let sink = received.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let sink = sink.clone();
+            async move {
+                let signature = headers
+                    .get(SIGNATURE_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                sink.lock().unwrap().push((signature.to_string(), body.to_vec()));
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (_, submitted) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {"order_id": "SO-3"}, "callback": {"url": hook}}),
+    )
+    .await;
+    let task_id = submitted["task_id"].as_str().unwrap().to_string();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            !received.lock().unwrap().is_empty()
+        })
+        .await
+    );
+    let (signature, body) = received.lock().unwrap()[0].clone();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(verify(
+        CALLBACK_SECRET,
+        &signature,
+        &body,
+        now,
+        Duration::from_secs(300)
+    ));
+    let delivered: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(delivered["status"], "succeeded");
+    assert_eq!(wait_terminal(&cluster, &task_id).await["result"], delivered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_the_task_routes_say_so() {
+    let cluster = Cluster::start().await;
+    let (status, body) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (501, Some("TASKS_DISABLED")),
+        "{body}"
+    );
+}
