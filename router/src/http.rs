@@ -108,18 +108,25 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     let session_id = checked.request.session_id.clone().unwrap_or_default();
     // Every log line about this request carries trace_id, request_id and session_id (DESIGN §6).
     // With OTLP export on, the span is an OpenTelemetry server span continuing the caller's trace.
+    // Span attributes only traces need are recorded only while exporting: log lines
+    // keep the four ids, and disabled tracing formats nothing more than before.
     let span = tracing::info_span!(
         "invoke",
-        otel.kind = "server",
+        otel.kind = tracing::field::Empty,
         trace_id = tracing::field::Empty,
         request_id = %request_id,
         session_id = %session_id,
         capability = %checked.request.capability,
         capability.version = tracing::field::Empty,
-        caller = caller.name().unwrap_or(""),
-        policy = checked.policy.as_str(),
+        caller = tracing::field::Empty,
+        policy = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
+    if agent_reach_telemetry::propagation::exporting() {
+        span.record("otel.kind", "server");
+        span.record("caller", caller.name().unwrap_or(""));
+        span.record("policy", checked.policy.as_str());
+    }
     let incoming = headers.get("traceparent").and_then(|value| value.to_str().ok());
     agent_reach_telemetry::propagation::set_parent(&span, incoming);
     let trace = match agent_reach_telemetry::propagation::trace_state(&span) {
@@ -136,7 +143,9 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
         .instrument(span.clone())
         .await;
     if let Err(failure) = &outcome {
-        span.record("error.type", failure.error.code.as_str());
+        if agent_reach_telemetry::propagation::exporting() {
+            span.record("error.type", failure.error.code.as_str());
+        }
     }
     match outcome {
         Ok(success) => {

@@ -191,7 +191,9 @@ impl RouterService {
         trace: &TraceContext,
     ) -> Result<Success, Failure> {
         let group = resolve_version(capability, version_req)?;
-        tracing::Span::current().record("capability.version", group.version_text.as_str());
+        if agent_reach_telemetry::propagation::exporting() {
+            tracing::Span::current().record("capability.version", group.version_text.as_str());
+        }
         let version = Some(group.version_text.clone());
         let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| Failure {
             error,
