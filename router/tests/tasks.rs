@@ -4,6 +4,8 @@
 mod support;
 
 use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
 use std::time::Duration;
 
 use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
@@ -264,4 +266,122 @@ async fn without_redis_the_task_routes_say_so() {
         (501, Some("TASKS_DISABLED")),
         "{body}"
     );
+}
+
+/// A router with the slow path on its own runtime, so the test can kill it
+/// outright (every task, connection and delivery in flight dropped).
+fn killable_router(cluster: &Cluster, redis: &str, reclaim_after: Duration) -> (support::Process, String) {
+    let mut settings = agent_reach_router::Settings::new(
+        "127.0.0.1:0".parse().unwrap(),
+        cluster.registry.url(),
+        agent_reach_access::AuthConfig::Hs256SecretFile(cluster.secret_path.clone()),
+        cluster.acl_path.clone(),
+    );
+    let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+    callbacks.allow_private_targets = true;
+    settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+        redis: redis.to_string(),
+        store: agent_reach_tasks::StoreConfig::default(),
+        callbacks,
+        workers: 16,
+        reclaim_after,
+        max_task_attempts: 3,
+    });
+    support::Process::spawn(move || async move {
+        let router = agent_reach_router::build(&settings).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(agent_reach_router::serve(listener, router, std::future::pending()));
+        url
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_router_loses_no_task() {
+    const TASKS: usize = 1000;
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = Cluster::start().await;
+    let agents = [
+        cluster.agent(AgentSpec::new("echo-a", 1, Behaviour::Slow(Duration::from_millis(20)))),
+        cluster.agent(AgentSpec::new("echo-b", 1, Behaviour::Slow(Duration::from_millis(20)))),
+    ];
+    cluster.wait_for_instances(&["echo-a", "echo-b"]).await;
+    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    let finished = || async {
+        store
+            .session_results("durable", None, TASKS + 10)
+            .await
+            .map_or(0, |r| r.len())
+    };
+
+    let (mut first, first_url) = killable_router(&cluster, &redis.url(), Duration::from_secs(30));
+    let client = reqwest::Client::new();
+    // Submitted through the API, 32 at a time: far faster than 16 workers on 20 ms tasks drain them.
+    let submissions = futures::stream::iter(0..TASKS)
+        .map(|index| {
+            let (client, url) = (client.clone(), first_url.clone());
+            async move {
+                let response = client
+                    .post(format!("{url}/v1/tasks"))
+                    .bearer_auth(token(CALLER))
+                    .json(
+                        &json!({"capability": "order.query", "request_id": format!("durable-{index}"),
+                                  "session_id": "durable", "payload": {"order_id": format!("SO-{index}")}}),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 202);
+                let body: Value = response.json().await.unwrap();
+                body["task_id"].as_str().unwrap().to_string()
+            }
+        })
+        .buffer_unordered(32);
+    let task_ids: Vec<String> = submissions.collect().await;
+    assert!(eventually(Duration::from_secs(30), || async { finished().await >= TASKS / 5 }).await);
+    first.kill(); // kill -9: deliveries in flight vanish, nothing is acknowledged for them
+
+    // The tasks a dying router was delivering are the only ones that may run twice.
+    let mut in_flight = std::collections::HashSet::new();
+    for task_id in &task_ids {
+        let task = store.get(task_id).await.unwrap();
+        if matches!(
+            task.state,
+            agent_reach_tasks::State::Running | agent_reach_tasks::State::Retrying
+        ) {
+            in_flight.insert(task.request_id.clone());
+        }
+    }
+    let before_restart = finished().await;
+    assert!(before_restart < TASKS, "the kill came too late to mean anything");
+    eprintln!(
+        "router killed with {before_restart} of {TASKS} tasks finished, {} in flight",
+        in_flight.len()
+    );
+
+    let (_second, _second_url) = killable_router(&cluster, &redis.url(), Duration::from_millis(500));
+    assert!(
+        eventually(Duration::from_secs(60), || async { finished().await >= TASKS }).await,
+        "only {} of {TASKS} tasks ended after the restart",
+        finished().await
+    );
+    for task_id in &task_ids {
+        let task = store.get(task_id).await.unwrap();
+        assert_eq!(task.state, agent_reach_tasks::State::Succeeded, "{task:?}");
+    }
+    let mut deliveries = std::collections::HashMap::<String, usize>::new();
+    for agent in &agents {
+        for (request_id, count) in agent.seen.by_request.lock().unwrap().iter() {
+            *deliveries.entry(request_id.clone()).or_default() += count;
+        }
+    }
+    for index in 0..TASKS {
+        let request_id = format!("durable-{index}");
+        let count = deliveries.get(&request_id).copied().unwrap_or(0);
+        assert!(count >= 1, "{request_id} never reached an agent");
+        assert!(
+            count == 1 || in_flight.contains(&request_id),
+            "{request_id} ran {count} times but was not in flight at the kill"
+        );
+    }
 }

@@ -193,6 +193,8 @@ pub enum Behaviour {
     Unavailable,
     /// Answers 429 (overloaded: try another instance).
     TooMany,
+    /// Echoes after working for a while.
+    Slow(Duration),
 }
 
 pub struct AgentSpec {
@@ -222,6 +224,8 @@ impl AgentSpec {
 #[derive(Default)]
 pub struct Seen {
     pub hits: AtomicUsize,
+    /// Deliveries per request id (tests of "each task ran once").
+    pub by_request: Mutex<std::collections::HashMap<String, usize>>,
     pub last_envelope: Mutex<Option<Value>>,
     pub last_traceparent: Mutex<Option<String>>,
 }
@@ -245,6 +249,15 @@ pub struct Agent {
 async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     state.seen.hits.fetch_add(1, Ordering::SeqCst);
     let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if let Some(request_id) = envelope["request_id"].as_str() {
+        *state
+            .seen
+            .by_request
+            .lock()
+            .unwrap()
+            .entry(request_id.to_string())
+            .or_default() += 1;
+    }
     *state.seen.last_envelope.lock().unwrap() = Some(envelope.clone());
     *state.seen.last_traceparent.lock().unwrap() = headers
         .get("traceparent")
@@ -266,6 +279,10 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
                 _ = tokio::time::sleep(Duration::from_secs(60)) => {}
             }
             axum::Json(json!({ "output": { "agent_id": state.agent_id } })).into_response()
+        }
+        Behaviour::Slow(work) => {
+            tokio::time::sleep(work).await;
+            axum::Json(json!({ "output": { "agent_id": state.agent_id, "echo": envelope["payload"] } })).into_response()
         }
         Behaviour::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
