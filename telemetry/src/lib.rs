@@ -12,6 +12,7 @@ pub mod logs;
 pub mod otlp;
 pub mod propagation;
 
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -69,12 +70,21 @@ impl Drop for TelemetryGuard {
 /// Must run inside a Tokio runtime (the exporter's batch task).
 pub fn init(options: &Options) -> anyhow::Result<TelemetryGuard> {
     // Per-layer filters: `RUST_LOG` decides what is logged, not what is traced.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&options.default_filter));
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|text| !text.trim().is_empty())
+        .unwrap_or_else(|| options.default_filter.clone());
     let fmt = match options.format {
         LogFormat::Text => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).boxed(),
         LogFormat::Json => logs::json_layer(std::io::stderr).boxed(),
-    }
-    .with_filter(filter);
+    };
+    // Plain `target=level` directives use `Targets`: `EnvFilter` takes a lock on
+    // every span enter and exit, which the router's request path would pay per poll.
+    // Span-field directives (`[span{field=value}]`) still get `EnvFilter`.
+    let fmt = match directives.parse::<Targets>() {
+        Ok(targets) => fmt.with_filter(targets).boxed(),
+        Err(_) => fmt.with_filter(EnvFilter::new(&directives)).boxed(),
+    };
     let settings = otlp::Settings::from_env(&options.service_name)?;
     let provider = settings.as_ref().map(otlp::tracer_provider).transpose()?;
     let otel = provider.as_ref().map(otlp::layer);
