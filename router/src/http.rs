@@ -22,6 +22,7 @@ use crate::trace::{self, TraceContext};
 pub fn routes(service: Arc<RouterService>) -> Router {
     Router::new()
         .route("/v1/invoke", post(invoke).fallback(method_not_allowed))
+        .route("/v1/broadcast", post(broadcast).fallback(method_not_allowed))
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -172,6 +173,66 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
                 attempts = failure.attempts
             );
             failed(known, failure)
+        }
+    }
+}
+
+/// `POST /v1/broadcast`: the invoke envelope delivered to every routable
+/// instance at once; 200 with one outcome per instance, or the failed result
+/// envelope when the request itself is refused.
+async fn broadcast(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let trace = TraceContext::from_header(headers.get("traceparent"));
+    let mut known = Known {
+        request_id: trace::new_request_id(),
+        capability: None,
+        started,
+    };
+    let caller = match service.authenticate(headers.get(http::header::AUTHORIZATION)) {
+        Ok(caller) => caller,
+        Err(error) => return failed(known, error.into()),
+    };
+    let checked = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
+        Ok(bytes) => envelope::parse(&bytes).and_then(|request| {
+            if let Some(id) = request
+                .request_id
+                .clone()
+                .filter(|id| !id.is_empty() && id.len() <= 128)
+            {
+                known.request_id = id;
+            }
+            known.capability = Some(request.capability.clone());
+            envelope::check(request)
+        }),
+        Err(error) => Err(error),
+    };
+    let checked = match checked {
+        Ok(checked) => checked,
+        Err(error) => return failed(known, error.into()),
+    };
+    let request_id = known.request_id.clone();
+    match service.broadcast(&caller, checked, &request_id, &trace).await {
+        Err(failure) => failed(known, failure),
+        Ok(outcomes) => {
+            let outcomes: Vec<serde_json::Value> = outcomes
+                .into_iter()
+                .map(|(agent_id, outcome)| match outcome {
+                    Ok(success) => serde_json::json!({
+                        "agent_id": agent_id, "status": "succeeded", "output": success.output
+                    }),
+                    Err(failure) => serde_json::json!({
+                        "agent_id": agent_id, "status": "failed", "error": failure.error.to_envelope_error()
+                    }),
+                })
+                .collect();
+            let body = serde_json::json!({
+                "version": ENVELOPE_VERSION,
+                "request_id": request_id,
+                "capability": known.capability,
+                "duration_ms": started.elapsed().as_millis() as u64,
+                "outcomes": outcomes,
+            });
+            (StatusCode::OK, axum::Json(body)).into_response()
         }
     }
 }

@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 use crate::error::Code;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 9] = [
+pub const PATHS: [(&str, &str); 10] = [
     ("/v1/invoke", "post"),
+    ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
     ("/v1/tasks/{task_id}", "get"),
     ("/v1/tasks/{task_id}/cancel", "post"),
@@ -117,6 +118,18 @@ fn build() -> Value {
                 }
             },
             "/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3 JSON" } } } },
+            "/v1/broadcast": {
+                "post": {
+                    "summary": "Deliver one envelope to every routable instance of a capability (fan-out)",
+                    "description": "Same envelope and checks as /v1/invoke. 200 {request_id, capability, duration_ms, outcomes: [{agent_id, status, output | error}]}; a refused request answers the failed result envelope.",
+                    "security": [{ "bearer": [] }],
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/InvokeRequest" } } } },
+                    "responses": {
+                        "200": { "description": "one outcome per instance" },
+                        "default": failed("refused: a failed result envelope with a stable code")
+                    }
+                }
+            },
             "/v1/tasks": {
                 "post": {
                     "summary": "Submit an asynchronous task: the invoke envelope plus an optional callback {url, secret_ref?}",

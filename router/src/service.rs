@@ -203,15 +203,7 @@ impl RouterService {
         };
         check_schema(group, &request.payload).map_err(|error| fail(error, None, 0))?;
 
-        // The absolute deadline: the envelope's, else its timeout, else the capability's, else ours.
-        let deadline_ms = request.deadline.unwrap_or_else(|| {
-            let budget = request
-                .timeout_ms
-                .map(Duration::from_millis)
-                .or(group.timeout)
-                .unwrap_or(self.tuning.default_timeout);
-            clock::epoch_ms().saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
-        });
+        let deadline_ms = self.deadline_ms(&request, group);
         let deadline = clock::instant_for_epoch_ms(deadline_ms);
         if Instant::now() >= deadline {
             return Err(fail(
@@ -385,6 +377,143 @@ impl RouterService {
             self.metrics.retries.with_label_values(&[reason.as_str()]).inc();
             tokio::time::sleep(pause).await;
         }
+    }
+}
+
+impl RouterService {
+    /// The absolute deadline: the envelope's, else its timeout, else the capability's, else ours.
+    fn deadline_ms(&self, request: &InvokeRequest, group: &VersionGroup) -> u64 {
+        request.deadline.unwrap_or_else(|| {
+            let budget = request
+                .timeout_ms
+                .map(Duration::from_millis)
+                .or(group.timeout)
+                .unwrap_or(self.tuning.default_timeout);
+            clock::epoch_ms().saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
+        })
+    }
+
+    /// Fan-out: delivers one envelope to every routable (`ready`/`busy`)
+    /// instance of the resolved version at once and returns each instance's
+    /// outcome. Same checks as [`RouterService::invoke`] (ACL, version,
+    /// schema, deadline); no retries, since every instance is its own target.
+    pub async fn broadcast(
+        &self,
+        caller: &Caller,
+        checked: CheckedRequest,
+        request_id: &str,
+        trace: &TraceContext,
+    ) -> Result<Vec<(String, Result<Success, Failure>)>, Failure> {
+        let CheckedRequest {
+            request, version_req, ..
+        } = checked;
+        if let Caller::Agent(name) = caller {
+            if !self.acl_allows(name, &request.capability) {
+                return Err(RouterError::new(
+                    Code::Forbidden,
+                    format!(
+                        "caller `{name}` may not call `{}` (acl.yaml permissions)",
+                        request.capability
+                    ),
+                )
+                .into());
+            }
+        }
+        let snapshot = self.snapshot.load_full();
+        let capability = resolve_capability(&snapshot, &request.capability)?;
+        let group = resolve_version(capability, version_req.as_ref())?;
+        let version = group.version_text.clone();
+        check_schema(group, &request.payload).map_err(|error| Failure {
+            error,
+            capability_version: Some(version.clone()),
+            agent_id: None,
+            attempts: 0,
+        })?;
+        let targets: Vec<_> = group
+            .instances
+            .iter()
+            .filter(|instance| {
+                matches!(
+                    instance.status,
+                    crate::snapshot::Status::Ready | crate::snapshot::Status::Busy
+                )
+            })
+            .cloned()
+            .collect();
+        if targets.is_empty() {
+            return Err(Failure {
+                error: no_instance(capability, group),
+                capability_version: Some(version),
+                agent_id: None,
+                attempts: 0,
+            });
+        }
+        let deadline_ms = self.deadline_ms(&request, group);
+        let deadline = clock::instant_for_epoch_ms(deadline_ms);
+        let envelope = ForwardedEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: request_id.to_string(),
+            session_id: request.session_id,
+            context_id: request.context_id,
+            capability: capability.name.clone(),
+            capability_version: version.clone(),
+            source: caller.name().map(str::to_string),
+            priority: request.priority.unwrap_or_default(),
+            deadline: deadline_ms,
+            attempt: 1,
+            payload: request.payload,
+        };
+        let body = Bytes::from(serde_json::to_vec(&envelope).map_err(|error| {
+            Failure::from(RouterError::new(
+                Code::InvalidEnvelope,
+                format!("payload cannot be forwarded: {error}"),
+            ))
+        })?);
+        let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
+        let traceparent = trace.forward_header();
+        let deliveries = targets.into_iter().map(|instance| {
+            let body = body.clone();
+            let (request_id_header, traceparent, version) = (&request_id_header, &traceparent, &version);
+            async move {
+                let headers = ForwardHeaders {
+                    traceparent,
+                    request_id: request_id_header,
+                };
+                let started = Instant::now();
+                let result = {
+                    let _inflight = instance.state.start_request();
+                    self.forwarder.send(&instance.uri, body, &headers, deadline).await
+                };
+                let (observation, outcome) = classify(result, started.elapsed());
+                log_transition(instance.state.observe(observation, &self.breaker), &instance.agent_id);
+                let agent_id = instance.agent_id.clone();
+                let outcome = match outcome {
+                    Outcome::Done(output) => Ok(Success {
+                        capability_version: version.clone(),
+                        agent_id: agent_id.clone(),
+                        attempts: 1,
+                        output,
+                    }),
+                    Outcome::Fatal(error) => Err(Failure {
+                        error,
+                        capability_version: Some(version.clone()),
+                        agent_id: Some(agent_id.clone()),
+                        attempts: 1,
+                    }),
+                    Outcome::Retryable(reason, detail) => Err(Failure {
+                        error: RouterError::new(
+                            Code::AllRetriesExhausted,
+                            format!("the instance was unavailable ({}): {detail}", reason.as_str()),
+                        ),
+                        capability_version: Some(version.clone()),
+                        agent_id: Some(agent_id.clone()),
+                        attempts: 1,
+                    }),
+                };
+                (agent_id, outcome)
+            }
+        });
+        Ok(futures::future::join_all(deliveries).await)
     }
 }
 

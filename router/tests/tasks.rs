@@ -385,3 +385,68 @@ async fn a_killed_router_loses_no_task() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_reaches_every_instance() {
+    let cluster = Cluster::start().await;
+    let agents = [
+        cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo)),
+        cluster.agent(AgentSpec::new("echo-2", 2, Behaviour::Echo)),
+        cluster.agent(AgentSpec::new("broken-3", 1, Behaviour::BusinessError)),
+    ];
+    cluster.wait_for_instances(&["broken-3", "echo-1", "echo-2"]).await;
+    let (status, body) = post(
+        &cluster,
+        "/v1/broadcast",
+        json!({"capability": "order.query", "request_id": "fan-1", "payload": {"order_id": "SO-9"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let mut outcomes: Vec<(String, String)> = body["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|outcome| {
+            (
+                outcome["agent_id"].as_str().unwrap().to_string(),
+                outcome["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            ("broken-3".to_string(), "failed".to_string()),
+            ("echo-1".to_string(), "succeeded".to_string()),
+            ("echo-2".to_string(), "succeeded".to_string())
+        ]
+    );
+    assert!(
+        agents.iter().all(|agent| agent.hits() == 1),
+        "each instance got it exactly once"
+    );
+    // The same checks as invoke: a schema violation refuses the whole broadcast.
+    let (status, body) = post(
+        &cluster,
+        "/v1/broadcast",
+        json!({"capability": "order.query", "payload": {}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("SCHEMA_MISMATCH")),
+        "{body}"
+    );
+    let (status, body) = post(
+        &cluster,
+        "/v1/broadcast",
+        json!({"capability": "nothing.here", "payload": {}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("CAPABILITY_NOT_FOUND")),
+        "{body}"
+    );
+}
