@@ -9,12 +9,13 @@ use serde_json::{json, Value};
 use crate::error::Code;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 10] = [
+pub const PATHS: [(&str, &str); 11] = [
     ("/v1/invoke", "post"),
     ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
     ("/v1/tasks/{task_id}", "get"),
     ("/v1/tasks/{task_id}/cancel", "post"),
+    ("/v1/tasks/{task_id}/events", "get"),
     ("/v1/sessions/{session_id}/results", "get"),
     ("/v1/openapi.json", "get"),
     ("/healthz", "get"),
@@ -157,6 +158,14 @@ fn build() -> Value {
                     "security": [{ "bearer": [] }],
                     "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
                     "responses": { "200": { "description": "the canceled task" }, "default": { "description": "error body" } }
+                }
+            },
+            "/v1/tasks/{task_id}/events": {
+                "get": {
+                    "summary": "Server-sent events: one `state` event per state the task enters; the last carries the result",
+                    "security": [{ "bearer": [] }],
+                    "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                    "responses": { "200": { "description": "text/event-stream" }, "default": { "description": "error body" } }
                 }
             },
             "/v1/sessions/{session_id}/results": {

@@ -102,6 +102,7 @@ pub fn routes() -> Router<Arc<RouterService>> {
         .route("/v1/tasks", post(submit))
         .route("/v1/tasks/:task_id", get(status))
         .route("/v1/tasks/:task_id/cancel", post(cancel))
+        .route("/v1/tasks/:task_id/events", get(events))
         .route("/v1/sessions/:session_id/results", get(session_results))
 }
 
@@ -256,6 +257,55 @@ async fn cancel(
         tasks.store.cancel(&task_id, &result).await.map_err(store_error)?;
         let task = tasks.store.get(&task_id).await.map_err(store_error)?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
+    }
+    .await;
+    outcome.unwrap_or_else(error_response)
+}
+
+/// How often an events stream looks for a state change.
+const EVENTS_POLL: Duration = Duration::from_millis(100);
+
+/// `GET /v1/tasks/{id}/events`: server-sent events, one `state` event per
+/// state the task enters (with its time), the last carrying the result; the
+/// stream ends when the task does.
+#[tracing::instrument(name = "tasks.events", skip_all)]
+async fn events(
+    AxumState(service): AxumState<Arc<RouterService>>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let outcome = async {
+        let tasks = enabled(&service)?.clone();
+        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        owner_check(&caller, &task)?;
+        // (tasks, id, transitions already sent, finished)
+        let stream = futures::stream::unfold((tasks, task_id, 0usize, false), |(tasks, task_id, sent, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let task = match tasks.store.get(&task_id).await {
+                    Ok(task) => task,
+                    Err(error) => {
+                        let event = Event::default().event("error").data(store_error(error).message);
+                        return Some((Ok::<_, std::convert::Infallible>(event), (tasks, task_id, sent, true)));
+                    }
+                };
+                if let Some(transition) = task.transitions.get(sent) {
+                    let last = sent + 1 == task.transitions.len() && task.state.is_terminal();
+                    let mut data = json!({ "task_id": task.task_id, "status": transition.state.as_str(), "at": transition.at_ms });
+                    if last {
+                        data["result"] = task.result.clone().unwrap_or(Value::Null);
+                    }
+                    let event = Event::default().event("state").data(data.to_string());
+                    return Some((Ok(event), (tasks, task_id, sent + 1, last)));
+                }
+                tokio::time::sleep(EVENTS_POLL).await;
+            }
+        });
+        Ok::<_, RouterError>(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
     }
     .await;
     outcome.unwrap_or_else(error_response)

@@ -450,3 +450,39 @@ async fn broadcast_reaches_every_instance() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_events_stream_every_state_until_the_end() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+    let _agent = cluster.agent(AgentSpec::new("slow-1", 1, Behaviour::Slow(Duration::from_millis(300))));
+    cluster.wait_for_instances(&["slow-1"]).await;
+    let (_, submitted) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {"order_id": "SO-7"}}),
+    )
+    .await;
+    let task_id = submitted["task_id"].as_str().unwrap();
+    let response = cluster
+        .client
+        .get(cluster.url(&format!("/v1/tasks/{task_id}/events")))
+        .bearer_auth(token(CALLER))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // The stream ends by itself once the task has ended.
+    let text = tokio::time::timeout(Duration::from_secs(15), response.text())
+        .await
+        .unwrap()
+        .unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|data| serde_json::from_str(data.trim()).unwrap())
+        .collect();
+    let states: Vec<&str> = events.iter().map(|event| event["status"].as_str().unwrap()).collect();
+    assert_eq!(states, ["pending", "running", "succeeded"], "{text}");
+    assert_eq!(events[2]["result"]["status"], "succeeded");
+}
