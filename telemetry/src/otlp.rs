@@ -118,8 +118,11 @@ where
 {
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("agent-reach"))
+        // Busy/idle times, thread and source-location attributes cost allocations
+        // on every span and answer no question about a call.
         .with_tracked_inactivity(false)
         .with_threads(false)
+        .with_location(false)
 }
 
 #[cfg(test)]
