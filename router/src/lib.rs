@@ -62,11 +62,13 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RouterService>> {
         snapshot.clone(),
         metrics.clone(),
     ));
-    let mut service = RouterService::new(settings.tuning.clone(), snapshot, acl, auth, metrics);
     let tasks = match &settings.tasks {
-        Some(tasks) => Some(Arc::new(tasks::Tasks::new(tasks).map_err(anyhow::Error::msg)?)),
+        Some(tasks) => Some(Arc::new(
+            tasks::Tasks::new(tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
+        )),
         None => None,
     };
+    let mut service = RouterService::new(settings.tuning.clone(), snapshot, acl, auth, metrics);
     if let Some(tasks) = &tasks {
         service.set_tasks(tasks.clone());
     }

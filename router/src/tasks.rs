@@ -51,15 +51,109 @@ pub struct Tasks {
     store: TaskStore,
     deliverer: Deliverer,
     settings: TasksSettings,
+    metrics: TaskMetrics,
+}
+
+/// `agent_reach_tasks_*`, registered only on routers with the slow path on.
+struct TaskMetrics {
+    submitted: prometheus::IntCounterVec,
+    finished: prometheus::IntCounterVec,
+    backlog: prometheus::IntGaugeVec,
+    dead_letters: prometheus::IntGauge,
+    callback_failures: prometheus::IntCounter,
+    state_seconds: prometheus::HistogramVec,
+}
+
+impl TaskMetrics {
+    fn register(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+        let submitted = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_tasks_submitted_total",
+                "Tasks accepted (stored), by priority.",
+            ),
+            &["priority"],
+        )?;
+        let finished = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_tasks_finished_total",
+                "Tasks ended by this router, by outcome.",
+            ),
+            &["outcome"],
+        )?;
+        let backlog = IntGaugeVec::new(
+            Opts::new(
+                "agent_reach_tasks_backlog",
+                "Tasks waiting to be delivered, by capability and priority (the earliest sign of a slowing agent).",
+            ),
+            &["capability", "priority"],
+        )?;
+        let dead_letters = IntGauge::new(
+            "agent_reach_tasks_dead_letters",
+            "Callbacks parked in the dead-letter stream.",
+        )?;
+        let callback_failures = IntCounter::new(
+            "agent_reach_tasks_callback_failures_total",
+            "Callback attempts that failed (each is retried on the schedule, then dead-lettered).",
+        )?;
+        let state_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "agent_reach_tasks_state_seconds",
+                "Time tasks spent in a state before leaving it.",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0]),
+            &["state"],
+        )?;
+        registry.register(Box::new(submitted.clone()))?;
+        registry.register(Box::new(finished.clone()))?;
+        registry.register(Box::new(backlog.clone()))?;
+        registry.register(Box::new(dead_letters.clone()))?;
+        registry.register(Box::new(callback_failures.clone()))?;
+        registry.register(Box::new(state_seconds.clone()))?;
+        Ok(Self {
+            submitted,
+            finished,
+            backlog,
+            dead_letters,
+            callback_failures,
+            state_seconds,
+        })
+    }
+
+    /// Time spent in each state, from a finished task's transitions.
+    fn observe_states(&self, task: &agent_reach_tasks::Task) {
+        for pair in task.transitions.windows(2) {
+            let seconds = pair[1].at_ms.saturating_sub(pair[0].at_ms) as f64 / 1000.0;
+            self.state_seconds
+                .with_label_values(&[pair[0].state.as_str()])
+                .observe(seconds);
+        }
+    }
 }
 
 impl Tasks {
-    pub fn new(settings: &TasksSettings) -> Result<Self, String> {
+    pub fn new(settings: &TasksSettings, registry: &prometheus::Registry) -> Result<Self, String> {
         Ok(Self {
             store: TaskStore::new(&settings.redis, &settings.store)?,
             deliverer: Deliverer::new(settings.callbacks.clone())?,
             settings: settings.clone(),
+            metrics: TaskMetrics::register(registry).map_err(|error| format!("task metrics: {error}"))?,
         })
+    }
+
+    /// Refreshes the gauges read from the store (backlog, dead letters).
+    async fn refresh_gauges(&self) {
+        if let Ok(backlog) = self.store.backlog().await {
+            for ((capability, priority), count) in backlog {
+                self.metrics
+                    .backlog
+                    .with_label_values(&[&capability, priority.as_str()])
+                    .set(count);
+            }
+        }
+        if let Ok(count) = self.store.dead_letter_count().await {
+            self.metrics.dead_letters.set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn store(&self) -> &TaskStore {
@@ -204,6 +298,9 @@ async fn try_submit(service: &RouterService, headers: &HeaderMap, body: Body) ->
         })
         .await
         .map_err(store_error)?;
+    if matches!(submitted, Submitted::Created(_)) {
+        tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
+    }
     Ok(match submitted {
         Submitted::Created(task_id) => (
             StatusCode::ACCEPTED,
@@ -387,6 +484,7 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
     let slots = Arc::new(Semaphore::new(tasks.settings.workers.max(1)));
     let mut round = 0u64;
     let mut last_reclaim = Instant::now();
+    let mut last_gauges = Instant::now();
     let mut prepared = false;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -402,6 +500,10 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
                     continue;
                 }
             }
+        }
+        if last_gauges.elapsed() >= Duration::from_secs(2) {
+            last_gauges = Instant::now();
+            tasks.refresh_gauges().await;
         }
         let free = slots.available_permits();
         if free == 0 {
@@ -520,7 +622,9 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
     };
     let result = serde_json::to_value(&result).unwrap_or(Value::Null);
     match tasks.store.finish(&claimed, state, &result).await {
-        Ok(_) => {}
+        Ok(_) => {
+            tasks.metrics.finished.with_label_values(&[state.as_str()]).inc();
+        }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);
             return;
@@ -532,12 +636,18 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
             return;
         }
     }
-    if task.callback.is_some() {
-        match tasks.store.get(&task.task_id).await {
-            Ok(finished) => {
-                tasks.deliverer.deliver(&tasks.store, &finished).await;
+    match tasks.store.get(&task.task_id).await {
+        Ok(finished) => {
+            tasks.metrics.observe_states(&finished);
+            if finished.callback.is_some() {
+                let (attempts, delivered) = tasks.deliverer.deliver(&tasks.store, &finished).await;
+                let failures = attempts.saturating_sub(usize::from(delivered));
+                tasks
+                    .metrics
+                    .callback_failures
+                    .inc_by(u64::try_from(failures).unwrap_or(0));
             }
-            Err(error) => tracing::warn!(message = "Cannot load a finished task for its callback.", %error),
         }
+        Err(error) => tracing::warn!(message = "Cannot load a finished task.", task_id = %task.task_id, %error),
     }
 }

@@ -113,6 +113,27 @@ async fn tasks_are_stored_delivered_once_and_idempotent() {
     let (_, rest) = get(&cluster, &format!("/v1/sessions/sess-1/results?after={cursor}")).await;
     assert!(rest["results"].as_array().unwrap().is_empty(), "each result once");
 
+    // The slow path's metrics count what happened.
+    let metrics = cluster.metrics().await;
+    for expected in [
+        "agent_reach_tasks_submitted_total{priority=\"normal\"} 1",
+        "agent_reach_tasks_finished_total{outcome=\"succeeded\"} 1",
+        "agent_reach_tasks_state_seconds_count{state=\"pending\"} 1",
+        "agent_reach_tasks_state_seconds_count{state=\"running\"} 1",
+    ] {
+        assert!(metrics.contains(expected), "missing `{expected}` in\n{metrics}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            cluster
+                .metrics()
+                .await
+                .contains("agent_reach_tasks_backlog{capability=\"order.query\",priority=\"normal\"} 0")
+        })
+        .await,
+        "backlog gauge not refreshed"
+    );
+
     // Another caller cannot see the task.
     let foreign = cluster
         .client

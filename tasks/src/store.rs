@@ -141,25 +141,30 @@ pub struct TaskStore {
 }
 
 const SUBMIT: &str = r#"
--- KEYS: 1 idempotency key, 2 task hash, 3 queue
--- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms
+-- KEYS: 1 idempotency key, 2 task hash, 3 queue, 4 backlog hash
+-- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms, 5 backlog field (capability|priority)
 local existing = redis.call('GET', KEYS[1])
 if existing then return {0, existing} end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'state', 'pending', 'attempts', 0, 'updated_at_ms', ARGV[4],
-  'transitions', '{"state":"pending","at_ms":' .. ARGV[4] .. '}\n')
+  'transitions', '{"state":"pending","at_ms":' .. ARGV[4] .. '}\n', 'backlog', ARGV[5])
+redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
 redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[1])
 return {1, ARGV[1]}
 "#;
 
 const TRANSITION: &str = r#"
--- KEYS: 1 task hash
+-- KEYS: 1 task hash, 2 backlog hash
 -- ARGV: 1 new state, 2 now ms, 3 attempts increment, 4.. allowed predecessor states
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
 local allowed = false
 for i = 4, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then return {'refused', current} end
+if current == 'pending' then
+  local field = redis.call('HGET', KEYS[1], 'backlog')
+  if field then redis.call('HINCRBY', KEYS[2], field, -1) end
+end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'attempts', ARGV[3])
 redis.call('HSET', KEYS[1], 'transitions',
@@ -170,7 +175,7 @@ return {'ok', current}
 const FINISH: &str = r#"
 -- Records a terminal outcome, acknowledges the queue entry, appends to the
 -- session's results and starts the retention clock, all at once.
--- KEYS: 1 task hash, 2 queue, 3 session results stream, 4 idempotency key
+-- KEYS: 1 task hash, 2 queue, 3 session results stream, 4 idempotency key, 5 backlog hash
 -- ARGV: 1 terminal state, 2 now ms, 3 result JSON, 4 queue entry id ('' = none),
 --       5 group, 6 retention s, 7 task id, 8 has session ('1'/'0'), 9.. allowed predecessors
 local current = redis.call('HGET', KEYS[1], 'state')
@@ -180,6 +185,10 @@ for i = 9, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then
   if ARGV[4] ~= '' then redis.call('XACK', KEYS[2], ARGV[5], ARGV[4]) end
   return {'refused', current}
+end
+if current == 'pending' then
+  local field = redis.call('HGET', KEYS[1], 'backlog')
+  if field then redis.call('HINCRBY', KEYS[5], field, -1) end
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2], 'result', ARGV[3])
 redis.call('HSET', KEYS[1], 'transitions',
@@ -245,6 +254,10 @@ impl TaskStore {
         format!("{}:results:{session_id}", self.namespace)
     }
 
+    fn backlog_key(&self) -> String {
+        format!("{}:backlog", self.namespace)
+    }
+
     fn dead_letter_key(&self) -> String {
         format!("{}:dead_letters", self.namespace)
     }
@@ -292,10 +305,12 @@ impl TaskStore {
             .key(self.request_key(&task.caller, &task.request_id))
             .key(self.task_key(&task_id))
             .key(self.queue_key(task.priority))
+            .key(self.backlog_key())
             .arg(&task_id)
             .arg(spec_json)
             .arg(self.retention_s)
             .arg(spec.created_at_ms)
+            .arg(format!("{}|{}", spec.capability, task.priority.as_str()))
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;
@@ -323,6 +338,7 @@ impl TaskStore {
         let answer: Vec<String> = self
             .transition
             .key(self.task_key(task_id))
+            .key(self.backlog_key())
             .arg(next.as_str())
             .arg(now_ms())
             .arg(attempts)
@@ -350,6 +366,7 @@ impl TaskStore {
             .key(queue)
             .key(self.results_key(session.unwrap_or("-")))
             .key(self.request_key(&task.caller, &task.request_id))
+            .key(self.backlog_key())
             .arg(state.as_str())
             .arg(now_ms())
             .arg(result.to_string())
@@ -541,6 +558,35 @@ impl TaskStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    /// Tasks waiting to be delivered, as ((capability, priority), count).
+    pub async fn backlog(&self) -> Result<Vec<((String, Priority), i64)>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let counts: std::collections::HashMap<String, i64> =
+            connection.hgetall(self.backlog_key()).await.map_err(unavailable)?;
+        let mut out = Vec::new();
+        for (field, count) in counts {
+            let Some((capability, priority)) = field.rsplit_once('|') else {
+                continue;
+            };
+            let Some(priority) = Priority::ALL.into_iter().find(|known| known.as_str() == priority) else {
+                continue;
+            };
+            out.push(((capability.to_string(), priority), count.max(0)));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Entries in the dead-letter stream.
+    pub async fn dead_letter_count(&self) -> Result<u64, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        redis::cmd("XLEN")
+            .arg(self.dead_letter_key())
+            .query_async(&mut connection)
+            .await
+            .map_err(unavailable)
     }
 
     /// Dead-lettered callbacks as (task id, result JSON), oldest first.

@@ -330,3 +330,32 @@ async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered() {
     assert_eq!(dead[0].0, task.task_id);
     assert_eq!(serde_json::from_str::<Value>(&dead[0].1).unwrap(), succeeded("cb-2"));
 }
+
+#[tokio::test]
+async fn backlog_counts_waiting_tasks_by_capability_and_priority() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    let first = store.submit(task("b-1", Priority::Normal, None)).await.unwrap();
+    store.submit(task("b-2", Priority::Normal, None)).await.unwrap();
+    store.submit(task("b-3", Priority::High, None)).await.unwrap();
+    store.submit(task("b-3", Priority::High, None)).await.unwrap(); // a repeat adds nothing
+    let backlog = store.backlog().await.unwrap();
+    assert_eq!(
+        backlog,
+        [
+            (("demo.echo".to_string(), Priority::High), 1),
+            (("demo.echo".to_string(), Priority::Normal), 2)
+        ]
+    );
+    store
+        .cancel(first.task_id(), &json!({"status": "failed"}))
+        .await
+        .unwrap();
+    for claimed in store.claim("worker", 10, 0).await.unwrap() {
+        store.transition(&claimed.task.task_id, State::Running).await.unwrap();
+    }
+    let backlog = store.backlog().await.unwrap();
+    assert!(backlog.iter().all(|(_, count)| *count == 0), "{backlog:?}");
+    assert_eq!(store.dead_letter_count().await.unwrap(), 0);
+}
