@@ -81,7 +81,11 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
         Ok(caller) => caller,
         Err(error) => {
             known.request_id = trace::new_request_id();
-            tracing::info!(message = "Unauthenticated call refused.", trace_id = %trace.trace_id, %error);
+            // The body is not read for unauthenticated callers: the ids are the trace's and a fresh one.
+            tracing::info!(
+                message = "Unauthenticated call refused.",
+                trace_id = %trace.trace_id, request_id = %known.request_id, session_id = "", %error
+            );
             return failed(known, error.into());
         }
     };
