@@ -128,5 +128,24 @@ async fn a_failed_request_logs_trace_request_and_session_ids_on_every_line() {
         assert_eq!(line["trace_id"], trace_id, "{line}");
         assert_eq!(line["session_id"], "sess-logs-1", "{line}");
     }
+
+    // Refused before the body is read: still all three keys (a fresh request id, no session).
+    let refused = client
+        .post(format!("{}/v1/invoke", stack.router))
+        .bearer_auth("not-a-token")
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .json(&json!({"capability": "ghost.echo", "payload": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    let lines = buffer.lines();
+    let line = lines
+        .iter()
+        .find(|line| line["message"] == "Unauthenticated call refused.")
+        .unwrap_or_else(|| panic!("no refusal line among {lines:#?}"));
+    assert_eq!(line["trace_id"], trace_id);
+    assert!(line["request_id"].as_str().is_some_and(|id| !id.is_empty()), "{line}");
+    assert_eq!(line["session_id"], "");
     stack.shutdown().await;
 }
