@@ -250,6 +250,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     assert!(attempt_a.attributes["server.address"].starts_with("http://127.0.0.1:"));
     assert_eq!(agent_a.attributes["request_id"], "req-trace-1");
     assert_eq!(agent_a.attributes["agent_id"], "intent_parser-1");
+    assert_eq!(agent_a.attributes["http.response.status_code"], "200");
     assert_eq!(agent_a.kind, SpanKind::Server as i32);
     assert!(
         spans

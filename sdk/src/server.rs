@@ -73,7 +73,7 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         capability.version = tracing::field::Empty,
         agent_id = %shared.config.agent_id,
         attempt = tracing::field::Empty,
-        error.type = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
     );
     agent_reach_telemetry::propagation::set_parent(&span, traceparent.as_deref());
     let trace_id = agent_reach_telemetry::propagation::trace_id(&span).or_else(|| {
@@ -181,9 +181,7 @@ async fn serve(shared: Arc<Shared>, traceparent: Option<String>, body: Bytes) ->
         })
         .map(Clone::clone)
         .await;
-    if answer.status >= 400 {
-        span.record("error.type", answer.status);
-    }
+    span.record("http.response.status_code", answer.status);
     respond(answer)
 }
 
