@@ -119,16 +119,6 @@ impl TaskMetrics {
             state_seconds,
         })
     }
-
-    /// Time spent in each state, from a finished task's transitions.
-    fn observe_states(&self, task: &agent_reach_tasks::Task) {
-        for pair in task.transitions.windows(2) {
-            let seconds = pair[1].at_ms.saturating_sub(pair[0].at_ms) as f64 / 1000.0;
-            self.state_seconds
-                .with_label_values(&[pair[0].state.as_str()])
-                .observe(seconds);
-        }
-    }
 }
 
 impl Tasks {
@@ -542,6 +532,8 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
             }
             Err(error) => {
                 tracing::warn!(message = "Claiming tasks failed; retrying.", %error);
+                // A Redis that restarted empty has lost the consumer groups too.
+                prepared = false;
                 drop(service);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -558,11 +550,13 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
         name => Caller::Agent(name.to_string()),
     };
     let mut attempts = 0u32;
+    let mut running_since_ms;
     let result = loop {
         // A reclaimed task (its router died) or a retried one passes through `retrying`.
         if attempts > 0 || claimed.task.state != State::Pending {
             let _ = tasks.store.transition(&task.task_id, State::Retrying).await;
         }
+        running_since_ms = agent_reach_tasks::store::now_ms();
         if let Err(error) = tasks.store.transition(&task.task_id, State::Running).await {
             // Canceled meanwhile: record nothing new, release the queue entry.
             tracing::info!(message = "Task not delivered.", task_id = %task.task_id, %error);
@@ -636,17 +630,33 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
             return;
         }
     }
+    // Time in each state, from what this delivery saw (no extra read).
+    let ended_ms = agent_reach_tasks::store::now_ms();
+    if let Some(queued) = task.transitions.last() {
+        let waited = running_since_ms.saturating_sub(queued.at_ms) as f64 / 1000.0;
+        tasks
+            .metrics
+            .state_seconds
+            .with_label_values(&[queued.state.as_str()])
+            .observe(waited);
+    }
+    let ran = ended_ms.saturating_sub(running_since_ms) as f64 / 1000.0;
+    tasks
+        .metrics
+        .state_seconds
+        .with_label_values(&[State::Running.as_str()])
+        .observe(ran);
+    if task.callback.is_none() {
+        return;
+    }
     match tasks.store.get(&task.task_id).await {
         Ok(finished) => {
-            tasks.metrics.observe_states(&finished);
-            if finished.callback.is_some() {
-                let (attempts, delivered) = tasks.deliverer.deliver(&tasks.store, &finished).await;
-                let failures = attempts.saturating_sub(usize::from(delivered));
-                tasks
-                    .metrics
-                    .callback_failures
-                    .inc_by(u64::try_from(failures).unwrap_or(0));
-            }
+            let (attempts, delivered) = tasks.deliverer.deliver(&tasks.store, &finished).await;
+            let failures = attempts.saturating_sub(usize::from(delivered));
+            tasks
+                .metrics
+                .callback_failures
+                .inc_by(u64::try_from(failures).unwrap_or(0));
         }
         Err(error) => tracing::warn!(message = "Cannot load a finished task.", task_id = %task.task_id, %error),
     }

@@ -425,9 +425,7 @@ impl TaskStore {
                 .query_async(&mut connection)
                 .await
                 .map_err(unavailable)?;
-            for (entry_id, task_id) in stream_entries(&reply) {
-                self.take(&mut claimed, &queue, entry_id, &task_id).await?;
-            }
+            self.take_all(&mut claimed, &queue, stream_entries(&reply)).await?;
         }
         Ok(claimed)
     }
@@ -458,31 +456,46 @@ impl TaskStore {
             // [next-cursor, [[id, [field, value]], ...], deleted-ids]
             if let RedisValue::Array(parts) = &reply {
                 if let Some(entries) = parts.get(1) {
-                    for (entry_id, task_id) in entry_list(entries) {
-                        self.take(&mut claimed, &queue, entry_id, &task_id).await?;
-                    }
+                    self.take_all(&mut claimed, &queue, entry_list(entries)).await?;
                 }
             }
         }
         Ok(claimed)
     }
 
-    async fn take(
+    /// Loads the tasks of queue entries in one round trip; entries whose task
+    /// ended (canceled) or expired are acknowledged and skipped.
+    async fn take_all(
         &self,
         claimed: &mut Vec<Claimed>,
         queue: &str,
-        entry_id: String,
-        task_id: &str,
+        entries: Vec<(String, String)>,
     ) -> Result<(), TaskStoreError> {
-        match self.get(task_id).await {
-            Ok(task) if !task.state.is_terminal() => claimed.push(Claimed {
-                task,
-                queue: queue.to_string(),
-                entry_id,
-            }),
-            // Canceled (or finished) meanwhile, or expired: nothing to deliver.
-            Ok(_) | Err(TaskStoreError::NotFound(_)) => self.ack(queue, &entry_id).await?,
-            Err(error) => return Err(error),
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (_, task_id) in &entries {
+            pipe.hgetall(self.task_key(task_id));
+        }
+        let mut connection = self.connection().await?;
+        let records: Vec<std::collections::HashMap<String, String>> =
+            pipe.query_async(&mut connection).await.map_err(unavailable)?;
+        for ((entry_id, _), fields) in entries.into_iter().zip(records) {
+            let task = if fields.is_empty() {
+                None
+            } else {
+                Some(assemble(fields)?)
+            };
+            match task {
+                Some(task) if !task.state.is_terminal() => claimed.push(Claimed {
+                    task,
+                    queue: queue.to_string(),
+                    entry_id,
+                }),
+                // Canceled (or finished) meanwhile, or expired: nothing to deliver.
+                _ => self.ack(queue, &entry_id).await?,
+            }
         }
         Ok(())
     }
