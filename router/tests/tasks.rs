@@ -507,3 +507,102 @@ async fn task_events_stream_every_state_until_the_end() {
     assert_eq!(states, ["pending", "running", "succeeded"], "{text}");
     assert_eq!(events[2]["result"]["status"], "succeeded");
 }
+
+/// A callback receiver answering 503 to its first `failures` calls; records when each call came.
+async fn flaky_receiver(failures: usize) -> (String, Arc<Mutex<Vec<std::time::Instant>>>) {
+    let calls: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let seen = calls.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                let mut seen = seen.lock().unwrap();
+                seen.push(std::time::Instant::now());
+                if seen.len() <= failures {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, calls)
+}
+
+/// The production schedule, end to end: retries after about 2, 4 and 8 s;
+/// after five failures the result is dead-lettered, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_follow_the_2_4_8_16_schedule_then_dead_letter() {
+    let redis = agent_reach_testkit::Redis::start();
+    let url = redis.url();
+    let cluster = Cluster::start_with(move |settings| {
+        let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+        callbacks.allow_private_targets = true; // receivers run on loopback
+        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+            redis: url,
+            store: agent_reach_tasks::StoreConfig::default(),
+            callbacks, // the default schedule: 2, 4, 8, 16 s
+            workers: 16,
+            reclaim_after: Duration::from_secs(120),
+            max_task_attempts: 3,
+        });
+    })
+    .await;
+    let _echo = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+
+    let (down_three, calls_three) = flaky_receiver(3).await;
+    let (down_always, calls_always) = flaky_receiver(usize::MAX).await;
+    let (_, recovering) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {"order_id": "SO-1"}, "callback": {"url": down_three}}),
+    )
+    .await;
+    let (_, doomed) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {"order_id": "SO-2"}, "callback": {"url": down_always}}),
+    )
+    .await;
+
+    assert!(
+        eventually(Duration::from_secs(25), || async {
+            calls_three.lock().unwrap().len() >= 4
+        })
+        .await
+    );
+    let at = calls_three.lock().unwrap().clone();
+    assert_eq!(at.len(), 4, "delivered on the fourth attempt, then no more");
+    let gaps: Vec<f64> = at.windows(2).map(|pair| (pair[1] - pair[0]).as_secs_f64()).collect();
+    for (gap, expected) in gaps.iter().zip([2.0, 4.0, 8.0]) {
+        assert!((expected..expected + 1.0).contains(gap), "gaps {gaps:?}");
+    }
+
+    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(40), || async {
+            store.dead_letters(10).await.is_ok_and(|dead| !dead.is_empty())
+        })
+        .await,
+        "no dead letter after five failed attempts"
+    );
+    assert_eq!(calls_always.lock().unwrap().len(), 5);
+    let dead = store.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "one dead letter, for the doomed task only");
+    assert_eq!(dead[0].0, doomed["task_id"].as_str().unwrap());
+    let held: Value = serde_json::from_str(&dead[0].1).unwrap();
+    assert_eq!(held["status"], "succeeded", "the dead letter holds the result");
+    assert_eq!(
+        wait_terminal(&cluster, recovering["task_id"].as_str().unwrap()).await["status"],
+        "succeeded"
+    );
+    assert!(cluster
+        .metrics()
+        .await
+        .contains("agent_reach_tasks_callback_failures_total 8"));
+}
