@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         workers: args.workers,
         reclaim_after: Duration::from_secs(120),
         max_task_attempts: 3,
+        tag_limits: Vec::new(),
     });
     let router = agent_reach_router::build(&settings).await?;
     let router_addr = serve_on_free_port(|listener| async move {

@@ -81,6 +81,15 @@ pub struct RouterArgs {
     /// How long finished tasks and their results are kept, in seconds.
     #[arg(long, env = "AGENT_REACH_TASK_RETENTION_S", default_value_t = 24 * 3600)]
     pub task_retention_s: u64,
+    /// Limit concurrent tasks for capabilities served only by instances with a tag,
+    /// `KEY=VALUE:LIMIT` (e.g. class=bulk:5); the rest wait, high priority first. Repeatable.
+    #[arg(
+        long = "task-tag-limit",
+        env = "AGENT_REACH_TASK_TAG_LIMITS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE:N"
+    )]
+    pub task_tag_limits: Vec<String>,
     /// A task claimed by a router that has not finished it after this many seconds is taken over.
     #[arg(long, env = "AGENT_REACH_TASK_RECLAIM_AFTER_S", default_value_t = 120)]
     pub task_reclaim_after_s: u64,
@@ -221,6 +230,15 @@ impl RouterArgs {
             workers: self.task_workers,
             reclaim_after: Duration::from_secs(self.task_reclaim_after_s.max(1)),
             max_task_attempts: 3,
+            tag_limits: self
+                .task_tag_limits
+                .iter()
+                .filter_map(|text| {
+                    crate::tasks::TagLimit::parse(text)
+                        .map_err(|why| problems.push(format!("--task-tag-limit: {why}")))
+                        .ok()
+                })
+                .collect(),
         })
     }
 

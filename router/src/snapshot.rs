@@ -52,6 +52,8 @@ pub struct Instance {
     pub uri: http::Uri,
     pub weight: u32,
     pub status: Status,
+    /// The instance's tags (e.g. `class: bulk`), for per-tag task limits.
+    pub tags: std::collections::BTreeMap<String, String>,
     pub state: Arc<InstanceState>,
 }
 
@@ -271,6 +273,11 @@ impl SnapshotBuilder {
                 uri,
                 weight: record.weight.max(1),
                 status: Status::parse(&record.status),
+                tags: record
+                    .tags
+                    .iter()
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect(),
                 state,
             });
             for descriptor in &record.capabilities {

@@ -45,6 +45,137 @@ pub struct TasksSettings {
     pub reclaim_after: Duration,
     /// Deliveries of one task when the capability is unavailable (503-like outcomes).
     pub max_task_attempts: u32,
+    /// At most `limit` tasks at once for capabilities whose instances all carry
+    /// tag `key: value` (e.g. `class: bulk` → 5); the rest wait, high priority first.
+    pub tag_limits: Vec<TagLimit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagLimit {
+    pub key: String,
+    pub value: String,
+    pub limit: usize,
+}
+
+impl TagLimit {
+    /// Parses `KEY=VALUE:LIMIT`, e.g. `class=bulk:5`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let invalid = || format!("`{text}` is not KEY=VALUE:LIMIT (e.g. class=bulk:5)");
+        let (tag, limit) = text.rsplit_once(':').ok_or_else(invalid)?;
+        let (key, value) = tag.split_once('=').ok_or_else(invalid)?;
+        let limit: usize = limit.parse().map_err(|_| invalid())?;
+        if key.is_empty() || value.is_empty() || limit == 0 {
+            return Err(invalid());
+        }
+        Ok(Self {
+            key: key.to_string(),
+            value: value.to_string(),
+            limit,
+        })
+    }
+}
+
+// === Per-tag gates ===
+
+/// Bounds concurrent deliveries for one tag; waiters are served high
+/// priority first, then in arrival order, so queued low-priority work is
+/// overtaken but still runs.
+struct TagGate {
+    limit: usize,
+    state: std::sync::Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    in_use: usize,
+    sequence: u64,
+    waiting: std::collections::BinaryHeap<Waiter>,
+}
+
+struct Waiter {
+    rank: (u8, std::cmp::Reverse<u64>),
+    wake: tokio::sync::oneshot::Sender<()>,
+}
+
+impl PartialEq for Waiter {
+    fn eq(&self, other: &Self) -> bool {
+        self.rank == other.rank
+    }
+}
+impl Eq for Waiter {}
+impl PartialOrd for Waiter {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Waiter {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank.cmp(&other.rank)
+    }
+}
+
+fn urgency(priority: Priority) -> u8 {
+    match priority {
+        Priority::High => 2,
+        Priority::Normal => 1,
+        Priority::Low => 0,
+    }
+}
+
+/// Holds one of a gate's places; gives it to the next waiter when dropped.
+struct GatePass(Arc<TagGate>);
+
+impl Drop for GatePass {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+impl TagGate {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            state: std::sync::Mutex::new(GateState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Every update completes before the guard drops; a poisoned lock holds consistent counts.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn enter(self: &Arc<Self>, priority: Priority) -> GatePass {
+        let waiting = {
+            let mut state = self.lock();
+            if state.in_use < self.limit {
+                state.in_use += 1;
+                None
+            } else {
+                let (wake, woken) = tokio::sync::oneshot::channel();
+                state.sequence += 1;
+                let rank = (urgency(priority), std::cmp::Reverse(state.sequence));
+                state.waiting.push(Waiter { rank, wake });
+                Some(woken)
+            }
+        };
+        if let Some(woken) = waiting {
+            // The place is handed over by `release`; the sender is never dropped unsent
+            // while the gate lives, and the gate outlives its passes.
+            let _ = woken.await;
+        }
+        GatePass(self.clone())
+    }
+
+    fn release(&self) {
+        let mut state = self.lock();
+        while let Some(next) = state.waiting.pop() {
+            // Hand the place over directly; a waiter that went away passes it on.
+            if next.wake.send(()).is_ok() {
+                return;
+            }
+        }
+        state.in_use = state.in_use.saturating_sub(1);
+    }
 }
 
 pub struct Tasks {
@@ -52,6 +183,9 @@ pub struct Tasks {
     deliverer: Deliverer,
     settings: TasksSettings,
     metrics: TaskMetrics,
+    gates: Vec<(TagLimit, Arc<TagGate>)>,
+    /// Claimed tasks waiting at a tag gate; claiming pauses when too many are held in memory.
+    gated: std::sync::atomic::AtomicUsize,
 }
 
 /// `agent_reach_tasks_*`, registered only on routers with the slow path on.
@@ -128,6 +262,33 @@ impl Tasks {
             deliverer: Deliverer::new(settings.callbacks.clone())?,
             settings: settings.clone(),
             metrics: TaskMetrics::register(registry).map_err(|error| format!("task metrics: {error}"))?,
+            gates: settings
+                .tag_limits
+                .iter()
+                .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
+                .collect(),
+            gated: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The gate for a capability whose routable instances all carry a limited tag.
+    fn gate_for(&self, service: &RouterService, capability: &str) -> Option<Arc<TagGate>> {
+        if self.gates.is_empty() {
+            return None;
+        }
+        let snapshot = service.snapshot().load_full();
+        let capability = crate::service::resolve_capability(&snapshot, capability).ok()?;
+        let instances: Vec<_> = capability
+            .versions
+            .iter()
+            .flat_map(|group| group.instances.iter())
+            .collect();
+        self.gates.iter().find_map(|(limit, gate)| {
+            let tagged = !instances.is_empty()
+                && instances
+                    .iter()
+                    .all(|instance| instance.tags.get(&limit.key).is_some_and(|value| value == &limit.value));
+            tagged.then(|| gate.clone())
         })
     }
 
@@ -495,6 +656,12 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
             last_gauges = Instant::now();
             tasks.refresh_gauges().await;
         }
+        // Bound what waits in memory at tag gates (it stays durable in Redis meanwhile).
+        if tasks.gated.load(std::sync::atomic::Ordering::Acquire) >= tasks.settings.workers.max(1) * 4 {
+            drop(service);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
         let free = slots.available_permits();
         if free == 0 {
             drop(service);
@@ -520,6 +687,20 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
             Ok(claimed) => {
                 backoff = Duration::from_millis(100);
                 for task in claimed {
+                    if let Some(gate) = tasks.gate_for(&service, &task.task.capability) {
+                        // Limited by its tag's gate, not by the general slots: it waits
+                        // (still pending, still in the stream's pending list) without
+                        // holding back other capabilities.
+                        let (service, tasks) = (service.clone(), tasks.clone());
+                        tasks.gated.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                        tokio::spawn(async move {
+                            let pass = gate.enter(task.task.priority).await;
+                            deliver(&service, &tasks, task).await;
+                            drop(pass);
+                            tasks.gated.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        });
+                        continue;
+                    }
                     let Ok(permit) = slots.clone().acquire_owned().await else {
                         return;
                     };
@@ -659,5 +840,54 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
                 .inc_by(u64::try_from(failures).unwrap_or(0));
         }
         Err(error) => tracing::warn!(message = "Cannot load a finished task.", task_id = %task.task_id, %error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tag_limits_parse() {
+        assert_eq!(
+            TagLimit::parse("class=bulk:5"),
+            Ok(TagLimit {
+                key: "class".into(),
+                value: "bulk".into(),
+                limit: 5
+            })
+        );
+        for bad in ["class=bulk", "bulk:5", "class=bulk:0", "=x:1", "class=:2"] {
+            assert!(TagLimit::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn gate_admits_up_to_its_limit_then_high_priority_first() {
+        let gate = Arc::new(TagGate::new(1));
+        let held = gate.enter(Priority::Normal).await;
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        for (name, priority) in [
+            ("low", Priority::Low),
+            ("high", Priority::High),
+            ("normal", Priority::Normal),
+        ] {
+            let (entering, order) = (gate.clone(), order.clone());
+            waiting.push(tokio::spawn(async move {
+                let _pass = entering.enter(priority).await;
+                order.lock().unwrap().push(name);
+            }));
+            // Let each waiter queue up before the next arrives.
+            while gate.lock().waiting.len() < waiting.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(held);
+        for task in waiting {
+            task.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["high", "normal", "low"]);
+        assert_eq!(gate.lock().in_use, 0);
     }
 }

@@ -30,6 +30,7 @@ async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
             workers: 16,
             reclaim_after: Duration::from_secs(30),
             max_task_attempts: 3,
+            tag_limits: Vec::new(),
         });
     })
     .await
@@ -307,6 +308,7 @@ fn killable_router(cluster: &Cluster, redis: &str, reclaim_after: Duration) -> (
         workers: 16,
         reclaim_after,
         max_task_attempts: 3,
+        tag_limits: Vec::new(),
     });
     support::Process::spawn(move || async move {
         let router = agent_reach_router::build(&settings).await.unwrap();
@@ -549,6 +551,7 @@ async fn callbacks_follow_the_2_4_8_16_schedule_then_dead_letter() {
             workers: 16,
             reclaim_after: Duration::from_secs(120),
             max_task_attempts: 3,
+            tag_limits: Vec::new(),
         });
     })
     .await;
@@ -605,4 +608,108 @@ async fn callbacks_follow_the_2_4_8_16_schedule_then_dead_letter() {
         .metrics()
         .await
         .contains("agent_reach_tasks_callback_failures_total 8"));
+}
+
+/// Issue 6, acceptance 5: a capability served only by `class: bulk`
+/// instances runs at most its limit at once; queued work waits, high
+/// priority overtakes low, and low still completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
+    let redis = agent_reach_testkit::Redis::start();
+    let url = redis.url();
+    let cluster = Cluster::start_with(move |settings| {
+        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+            redis: url,
+            store: agent_reach_tasks::StoreConfig::default(),
+            callbacks: agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec()),
+            workers: 16,
+            reclaim_after: Duration::from_secs(120),
+            max_task_attempts: 3,
+            tag_limits: vec![agent_reach_router::tasks::TagLimit::parse("class=bulk:2").unwrap()],
+        });
+    })
+    .await;
+    let mut specs = Vec::new();
+    for id in ["bulk-1", "bulk-2"] {
+        let mut spec = AgentSpec::new(id, 1, Behaviour::Slow(Duration::from_millis(150)));
+        spec.tags = json!({"class": "bulk"});
+        specs.push(spec);
+    }
+    let agents: Vec<_> = specs.into_iter().map(|spec| cluster.agent(spec)).collect();
+    cluster.wait_for_instances(&["bulk-1", "bulk-2"]).await;
+
+    let submit = |priority: &'static str, index: usize| {
+        let cluster = &cluster;
+        async move {
+            let (status, body) = post(
+                cluster,
+                "/v1/tasks",
+                json!({"capability": "order.query", "priority": priority, "session_id": "bulk",
+                       "request_id": format!("{priority}-{index}"), "payload": {"order_id": format!("SO-{index}")}}),
+            )
+            .await;
+            assert_eq!(status, 202, "{body}");
+        }
+    };
+    for index in 0..12 {
+        submit("low", index).await;
+    }
+    // The low tasks are queued behind the limit of 2; now the urgent ones arrive.
+    for index in 0..3 {
+        submit("high", index).await;
+    }
+    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            store
+                .session_results("bulk", None, 100)
+                .await
+                .is_ok_and(|results| results.len() == 15)
+        })
+        .await,
+        "not every task completed"
+    );
+    let order: Vec<String> = store
+        .session_results("bulk", None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|result| {
+            assert_eq!(result.state, agent_reach_tasks::State::Succeeded);
+            result.result.unwrap()["request_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let last_high = order.iter().rposition(|id| id.starts_with("high")).unwrap();
+    let lows_after = order[last_high + 1..].iter().filter(|id| id.starts_with("low")).count();
+    assert!(
+        lows_after >= 5,
+        "high priority did not overtake queued low work: {order:?}"
+    );
+    assert_eq!(
+        agents.iter().map(|agent| agent.hits()).sum::<usize>(),
+        15,
+        "each delivered once"
+    );
+    // Never more than the limit running at once, from the recorded transitions.
+    let mut edges = Vec::new();
+    for result in store.session_results("bulk", None, 100).await.unwrap() {
+        let task = store.get(&result.task_id).await.unwrap();
+        let at = |state: agent_reach_tasks::State| {
+            task.transitions
+                .iter()
+                .find(|t| t.state == state)
+                .map(|t| t.at_ms)
+                .unwrap()
+        };
+        edges.push((at(agent_reach_tasks::State::Running), 1i32));
+        edges.push((at(agent_reach_tasks::State::Succeeded), -1i32));
+    }
+    edges.sort();
+    let mut running = 0;
+    let mut most = 0;
+    for (_, change) in edges {
+        running += change;
+        most = most.max(running);
+    }
+    assert!(most <= 2, "{most} bulk tasks ran at once; the limit is 2");
 }

@@ -204,6 +204,7 @@ pub struct AgentSpec {
     pub status: String,
     pub ttl_s: u32,
     pub behaviour: Behaviour,
+    pub tags: Value,
 }
 
 impl AgentSpec {
@@ -216,6 +217,7 @@ impl AgentSpec {
             // Long enough that a loaded CI machine never loses a healthy agent's lease.
             ttl_s: 10,
             behaviour,
+            tags: json!({}),
         }
     }
 }
@@ -354,6 +356,7 @@ async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
         "weight": spec.weight,
         "ttl_s": spec.ttl_s,
         "status": spec.status,
+        "tags": spec.tags,
         "capabilities": [{
             "name": CAPABILITY,
             "version": spec.version,
