@@ -184,8 +184,41 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
 /// `POST /v1/broadcast`: the invoke envelope delivered to every routable
 /// instance at once; 200 with one outcome per instance, or the failed result
 /// envelope when the request itself is refused.
-async fn broadcast(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BroadcastQuery {
+    /// `true`: answer at once with a parent task and a child task per instance.
+    #[serde(rename = "async")]
+    asynchronous: Option<bool>,
+}
+
+async fn broadcast(
+    State(service): State<Arc<RouterService>>,
+    query: Result<axum::extract::Query<BroadcastQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
+    match query {
+        Ok(axum::extract::Query(BroadcastQuery {
+            asynchronous: Some(true),
+        })) => {
+            return crate::tasks::submit_broadcast(&service, &headers, body).await;
+        }
+        Ok(_) => {}
+        Err(rejection) => {
+            let known = Known {
+                request_id: trace::new_request_id(),
+                capability: None,
+                started,
+            };
+            let error = RouterError::new(
+                Code::InvalidEnvelope,
+                format!("invalid query: {}", rejection.body_text()),
+            );
+            return failed(known, error.into());
+        }
+    }
     let trace = TraceContext::from_header(headers.get("traceparent"));
     let mut known = Known {
         request_id: trace::new_request_id(),
@@ -215,7 +248,7 @@ async fn broadcast(State(service): State<Arc<RouterService>>, headers: HeaderMap
         Err(error) => return failed(known, error.into()),
     };
     let request_id = known.request_id.clone();
-    match service.broadcast(&caller, checked, &request_id, &trace).await {
+    match service.broadcast(&caller, checked, &request_id, &trace, None).await {
         Err(failure) => failed(known, failure),
         Ok(outcomes) => {
             let outcomes: Vec<serde_json::Value> = outcomes

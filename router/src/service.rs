@@ -394,8 +394,8 @@ impl RouterService {
     }
 
     /// Fan-out: delivers one envelope to every routable (`ready`/`busy`)
-    /// instance of the resolved version at once and returns each instance's
-    /// outcome. Same checks as [`RouterService::invoke`] (ACL, version,
+    /// instance of the resolved version at once (or only to `only`, one child
+    /// of an asynchronous broadcast) and returns each instance's outcome. Same checks as [`RouterService::invoke`] (ACL, version,
     /// schema, deadline); no retries, since every instance is its own target.
     pub async fn broadcast(
         &self,
@@ -403,6 +403,7 @@ impl RouterService {
         checked: CheckedRequest,
         request_id: &str,
         trace: &TraceContext,
+        only: Option<&str>,
     ) -> Result<Vec<(String, Result<Success, Failure>)>, Failure> {
         let CheckedRequest {
             request, version_req, ..
@@ -438,6 +439,7 @@ impl RouterService {
                     crate::snapshot::Status::Ready | crate::snapshot::Status::Busy
                 )
             })
+            .filter(|instance| only.is_none_or(|agent_id| instance.agent_id == agent_id))
             .cloned()
             .collect();
         if targets.is_empty() {

@@ -388,8 +388,37 @@ async fn submit(AxumState(service): AxumState<Arc<RouterService>>, headers: Head
     }
 }
 
-async fn try_submit(service: &RouterService, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
-    let tasks = enabled(service)?;
+/// A parsed and checked task request: the invoke envelope plus `callback`.
+struct TaskRequest {
+    caller: Caller,
+    checked: envelope::CheckedRequest,
+    callback: Option<Callback>,
+    request_id: String,
+    priority: Priority,
+    envelope: Value,
+}
+
+impl TaskRequest {
+    fn new_task(&self) -> NewTask {
+        NewTask {
+            request_id: self.request_id.clone(),
+            session_id: self.checked.request.session_id.clone(),
+            caller: self.caller.name().unwrap_or("anonymous").to_string(),
+            capability: self.checked.request.capability.clone(),
+            priority: self.priority,
+            envelope: self.envelope.clone(),
+            callback: self.callback.clone(),
+            ..NewTask::default()
+        }
+    }
+}
+
+async fn read_task_request(
+    service: &RouterService,
+    tasks: &Tasks,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<TaskRequest, RouterError> {
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     let bytes = envelope::read_body(headers, body, service.tuning().max_body_bytes).await?;
     // The task request is the invoke envelope plus `callback`.
@@ -434,21 +463,23 @@ async fn try_submit(service: &RouterService, headers: &HeaderMap, body: Body) ->
         EnvelopePriority::Normal => Priority::Normal,
         EnvelopePriority::Low => Priority::Low,
     };
-    let envelope_value = serde_json::to_value(&checked.request)
+    let envelope = serde_json::to_value(&checked.request)
         .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
-    let submitted = tasks
-        .store
-        .submit(NewTask {
-            request_id,
-            session_id: checked.request.session_id.clone(),
-            caller: caller.name().unwrap_or("anonymous").to_string(),
-            capability: checked.request.capability.clone(),
-            priority,
-            envelope: envelope_value,
-            callback,
-        })
-        .await
-        .map_err(store_error)?;
+    Ok(TaskRequest {
+        caller,
+        checked,
+        callback,
+        request_id,
+        priority,
+        envelope,
+    })
+}
+
+async fn try_submit(service: &RouterService, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
+    let tasks = enabled(service)?;
+    let request = read_task_request(service, tasks, headers, body).await?;
+    let priority = request.priority;
+    let submitted = tasks.store.submit(request.new_task()).await.map_err(store_error)?;
     if matches!(submitted, Submitted::Created(_)) {
         tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
     }
@@ -467,6 +498,134 @@ async fn try_submit(service: &RouterService, headers: &HeaderMap, body: Body) ->
                 .into_response()
         }
     })
+}
+
+/// `POST /v1/broadcast?async=true`: a parent task (stored, not queued) and a
+/// child task per routable instance, each delivered to its instance only;
+/// the parent ends when every child has, with every outcome as its output.
+#[tracing::instrument(name = "tasks.broadcast", skip_all)]
+pub async fn submit_broadcast(service: &RouterService, headers: &HeaderMap, body: Body) -> Response {
+    match try_submit_broadcast(service, headers, body).await {
+        Ok(response) => response,
+        Err(error) => error_response(error),
+    }
+}
+
+async fn try_submit_broadcast(
+    service: &RouterService,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, RouterError> {
+    let tasks = enabled(service)?;
+    let request = read_task_request(service, tasks, headers, body).await?;
+    let snapshot = service.snapshot().load_full();
+    let capability = crate::service::resolve_capability(&snapshot, &request.checked.request.capability)?;
+    let group = crate::service::resolve_version(capability, request.checked.version_req.as_ref())?;
+    let targets: Vec<String> = group
+        .instances
+        .iter()
+        .filter(|instance| {
+            matches!(
+                instance.status,
+                crate::snapshot::Status::Ready | crate::snapshot::Status::Busy
+            )
+        })
+        .map(|instance| instance.agent_id.clone())
+        .collect();
+    if targets.is_empty() {
+        return Err(RouterError::new(
+            Code::NoAvailableInstance,
+            format!("no routable instance of `{}` to broadcast to", capability.name),
+        ));
+    }
+    let parent = tasks
+        .store
+        .submit(NewTask {
+            children: targets.clone(),
+            hold: true,
+            ..request.new_task()
+        })
+        .await
+        .map_err(store_error)?;
+    let parent_id = parent.task_id().to_string();
+    // The parent runs while its children do, from before the first child can end
+    // (a resubmission finds it running or ended: the refusal is expected).
+    let _ = tasks.store.transition(&parent_id, State::Running).await;
+    // Children are idempotent too: a resubmission after a crash completes the set.
+    let parent_task = tasks.store.get(&parent_id).await.map_err(store_error)?;
+    let mut children = Vec::new();
+    for agent_id in &parent_task.children {
+        let child_request_id = format!("{}@{agent_id}", request.request_id);
+        let mut envelope = request.envelope.clone();
+        envelope["request_id"] = json!(child_request_id);
+        let child = tasks
+            .store
+            .submit(NewTask {
+                request_id: child_request_id,
+                envelope,
+                callback: None,
+                target_agent: Some(agent_id.clone()),
+                parent: Some(parent_id.clone()),
+                ..request.new_task()
+            })
+            .await
+            .map_err(store_error)?;
+        children.push(json!({ "agent_id": agent_id, "task_id": child.task_id() }));
+    }
+    let parent_task = tasks.store.get(&parent_id).await.map_err(store_error)?;
+    let status = if matches!(parent, Submitted::Created(_)) {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({ "task_id": parent_id, "status": parent_task.state.as_str(), "children": children })),
+    )
+        .into_response())
+}
+
+/// Ends a broadcast parent once all its children have ended.
+async fn complete_parent(tasks: &Tasks, parent_id: &str) {
+    let Ok(parent) = tasks.store.get(parent_id).await else {
+        return;
+    };
+    if parent.state.is_terminal() {
+        return;
+    }
+    let mut outcomes = Vec::new();
+    for agent_id in &parent.children {
+        let request_id = format!("{}@{agent_id}", parent.request_id);
+        let Ok(Some(child_id)) = tasks.store.find(&parent.caller, &request_id).await else {
+            return;
+        };
+        let Ok(child) = tasks.store.get(&child_id).await else {
+            return;
+        };
+        if !child.state.is_terminal() {
+            return; // not all done yet; the last child to end completes the parent
+        }
+        outcomes.push(json!({
+            "agent_id": agent_id, "task_id": child.task_id, "status": child.state.as_str(), "result": child.result
+        }));
+    }
+    let result = json!({
+        "version": ENVELOPE_VERSION,
+        "request_id": parent.request_id,
+        "status": "succeeded",
+        "capability": parent.capability,
+        "attempts": 1,
+        "duration_ms": agent_reach_tasks::store::now_ms().saturating_sub(parent.created_at_ms),
+        "output": { "outcomes": outcomes },
+    });
+    // Two children ending at once may both get here: the second is refused, harmlessly.
+    if tasks.store.complete(parent_id, State::Succeeded, &result).await.is_ok() {
+        tasks
+            .metrics
+            .finished
+            .with_label_values(&[State::Succeeded.as_str()])
+            .inc();
+    }
 }
 
 #[tracing::instrument(name = "tasks.status", skip_all)]
@@ -640,6 +799,13 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(service) = service.upgrade() else { return };
+        // No delivery before the first routing snapshot: a router that just
+        // started would otherwise fail tasks for capabilities it cannot see yet.
+        if !service.snapshot().is_synced() {
+            drop(service);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
         if !prepared {
             match tasks.store.prepare().await {
                 Ok(()) => prepared = true,
@@ -749,7 +915,19 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
         let outcome = match envelope::parse(task.envelope.to_string().as_bytes()).and_then(envelope::check) {
             Ok(checked) => {
                 let trace = TraceContext::from_header(None);
-                service.invoke(&caller, checked, &task.request_id, &trace).await
+                match &task.target_agent {
+                    // A broadcast child: its one instance, or nothing.
+                    Some(agent_id) => match service
+                        .broadcast(&caller, checked, &task.request_id, &trace, Some(agent_id))
+                        .await
+                    {
+                        Ok(mut outcomes) => outcomes.pop().map(|(_, outcome)| outcome).unwrap_or_else(|| {
+                            Err(RouterError::new(Code::NoAvailableInstance, format!("`{agent_id}` is gone")).into())
+                        }),
+                        Err(failure) => Err(failure),
+                    },
+                    None => service.invoke(&caller, checked, &task.request_id, &trace).await,
+                }
             }
             Err(error) => Err(error.into()),
         };
@@ -799,6 +977,9 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
     match tasks.store.finish(&claimed, state, &result).await {
         Ok(_) => {
             tasks.metrics.finished.with_label_values(&[state.as_str()]).inc();
+            if let Some(parent) = &task.parent {
+                complete_parent(tasks, parent).await;
+            }
         }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);

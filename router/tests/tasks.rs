@@ -713,3 +713,55 @@ async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
     }
     assert!(most <= 2, "{most} bulk tasks ran at once; the limit is 2");
 }
+
+/// Issue 6: asynchronous broadcast, a parent task with a child per instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_broadcast_is_a_parent_with_a_child_per_instance() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+    let agents = [
+        cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo)),
+        cluster.agent(AgentSpec::new("echo-2", 1, Behaviour::Echo)),
+        cluster.agent(AgentSpec::new("broken-3", 1, Behaviour::BusinessError)),
+    ];
+    cluster.wait_for_instances(&["broken-3", "echo-1", "echo-2"]).await;
+    let envelope = json!({"capability": "order.query", "request_id": "fan-async", "payload": {"order_id": "SO-5"}});
+    let (status, parent) = post(&cluster, "/v1/broadcast?async=true", envelope.clone()).await;
+    assert_eq!(status, 202, "{parent}");
+    assert_eq!(parent["children"].as_array().unwrap().len(), 3);
+    let (status, again) = post(&cluster, "/v1/broadcast?async=true", envelope).await;
+    assert_eq!(status, 200, "a resubmission returns the same parent: {again}");
+    assert_eq!(again["task_id"], parent["task_id"]);
+
+    let done = wait_terminal(&cluster, parent["task_id"].as_str().unwrap()).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let mut outcomes: Vec<(String, String)> = done["result"]["output"]["outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|outcome| {
+            (
+                outcome["agent_id"].as_str().unwrap().to_string(),
+                outcome["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            ("broken-3".to_string(), "failed".to_string()),
+            ("echo-1".to_string(), "succeeded".to_string()),
+            ("echo-2".to_string(), "succeeded".to_string())
+        ]
+    );
+    assert!(
+        agents.iter().all(|agent| agent.hits() == 1),
+        "each instance exactly once"
+    );
+    let (status, body) = post(&cluster, "/v1/broadcast?async=maybe", json!({})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_ENVELOPE"))
+    );
+}

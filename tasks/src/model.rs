@@ -122,6 +122,15 @@ pub struct Task {
     pub envelope: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<Callback>,
+    /// Deliver to this instance only (a broadcast child).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_agent: Option<String>,
+    /// The broadcast parent this task reports to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// For a broadcast parent: the instances its children target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
     pub attempts: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,

@@ -50,7 +50,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// What a submission carries; the store adds ids, state and times.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct NewTask {
     pub request_id: String,
     pub session_id: Option<String>,
@@ -59,6 +59,14 @@ pub struct NewTask {
     pub priority: Priority,
     pub envelope: Value,
     pub callback: Option<Callback>,
+    /// Deliver to this instance only (a broadcast child).
+    pub target_agent: Option<String>,
+    /// The broadcast parent this task reports to.
+    pub parent: Option<String>,
+    /// For a broadcast parent: the instances its children target.
+    pub children: Vec<String>,
+    /// Store without queueing: a broadcast parent, ended by its children.
+    pub hold: bool,
 }
 
 /// The immutable part of a task, stored once.
@@ -74,6 +82,12 @@ struct Spec {
     envelope: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     callback: Option<Callback>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target_agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    children: Vec<String>,
     created_at_ms: u64,
 }
 
@@ -142,14 +156,18 @@ pub struct TaskStore {
 
 const SUBMIT: &str = r#"
 -- KEYS: 1 idempotency key, 2 task hash, 3 queue, 4 backlog hash
--- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms, 5 backlog field (capability|priority)
+-- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms, 5 backlog field (capability|priority),
+--       6 queue it ('1'/'0': a held broadcast parent is stored only)
 local existing = redis.call('GET', KEYS[1])
 if existing then return {0, existing} end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'state', 'pending', 'attempts', 0, 'updated_at_ms', ARGV[4],
-  'transitions', '{"state":"pending","at_ms":' .. ARGV[4] .. '}\n', 'backlog', ARGV[5])
-redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
-redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[1])
+  'transitions', '{"state":"pending","at_ms":' .. ARGV[4] .. '}\n')
+if ARGV[6] == '1' then
+  redis.call('HSET', KEYS[2], 'backlog', ARGV[5])
+  redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
+  redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[1])
+end
 return {1, ARGV[1]}
 "#;
 
@@ -296,6 +314,9 @@ impl TaskStore {
             priority: task.priority,
             envelope: task.envelope,
             callback: task.callback,
+            target_agent: task.target_agent,
+            parent: task.parent,
+            children: task.children,
             created_at_ms: now_ms(),
         };
         let spec_json = serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
@@ -311,6 +332,7 @@ impl TaskStore {
             .arg(self.retention_s)
             .arg(spec.created_at_ms)
             .arg(format!("{}|{}", spec.capability, task.priority.as_str()))
+            .arg(if task.hold { "0" } else { "1" })
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;
@@ -392,8 +414,19 @@ impl TaskStore {
 
     /// Cancels a task that has not ended; a pending one is never delivered.
     pub async fn cancel(&self, task_id: &str, result: &Value) -> Result<State, TaskStoreError> {
+        self.complete(task_id, State::Canceled, result).await
+    }
+
+    /// Ends a task that has no queue entry of its own (a broadcast parent).
+    pub async fn complete(&self, task_id: &str, state: State, result: &Value) -> Result<State, TaskStoreError> {
         let task = self.get(task_id).await?;
-        self.record_end(&task, State::Canceled, result, None).await
+        self.record_end(&task, state, result, None).await
+    }
+
+    /// The task a caller submitted under `request_id`, if it is still kept.
+    pub async fn find(&self, caller: &str, request_id: &str) -> Result<Option<String>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        connection.get(self.request_key(caller, request_id)).await.map_err(unavailable)
     }
 
     /// Takes up to `count` new entries, high priority first. Every fourth call
@@ -683,6 +716,9 @@ fn assemble(fields: std::collections::HashMap<String, String>) -> Result<Task, T
         state,
         envelope: spec.envelope,
         callback: spec.callback,
+        target_agent: spec.target_agent,
+        parent: spec.parent,
+        children: spec.children,
         attempts: u32::try_from(number("attempts")).unwrap_or(u32::MAX),
         created_at_ms: spec.created_at_ms,
         updated_at_ms: number("updated_at_ms"),

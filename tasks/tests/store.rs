@@ -22,7 +22,7 @@ fn task(request_id: &str, priority: Priority, session: Option<&str>) -> NewTask 
         capability: "demo.echo".to_string(),
         priority,
         envelope: json!({"capability": "demo.echo", "request_id": request_id, "payload": {"list": [], "map": {}}}),
-        callback: None,
+        ..NewTask::default()
     }
 }
 
