@@ -75,6 +75,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RouterService>> {
     let service = Arc::new(service);
     if let Some(tasks) = tasks {
         // The worker holds the service weakly: it stops when the router is dropped.
+        tokio::spawn(tasks::run_callbacks(Arc::downgrade(&tasks)));
         tokio::spawn(tasks::run_worker(Arc::downgrade(&service), tasks));
     }
     Ok(service)

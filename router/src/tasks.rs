@@ -889,6 +889,89 @@ pub async fn run_worker(service: std::sync::Weak<RouterService>, tasks: Arc<Task
     }
 }
 
+/// How long a router holds a due callback before another may take it over.
+const CALLBACK_LEASE: Duration = Duration::from_secs(60);
+
+/// Sends due callbacks from the durable schedule until the router is dropped:
+/// one attempt each, then the next attempt is scheduled (2, 4, 8, 16 s by
+/// default) or, after the last, the result goes to the dead-letter stream.
+/// Any router may send any callback, so a restart loses none.
+pub async fn run_callbacks(tasks: std::sync::Weak<Tasks>) {
+    loop {
+        let Some(tasks) = tasks.upgrade() else { return };
+        let lease_until = agent_reach_tasks::store::now_ms() + CALLBACK_LEASE.as_millis() as u64;
+        let due = match tasks.store.claim_due_callbacks(lease_until, 64).await {
+            Ok(due) => due,
+            Err(error) => {
+                tracing::debug!(message = "Cannot read the callback schedule; retrying.", %error);
+                drop(tasks);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        if due.is_empty() {
+            drop(tasks);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let sends = due.into_iter().map(|task_id| {
+            let tasks = tasks.clone();
+            async move { send_callback(&tasks, &task_id).await }
+        });
+        futures::future::join_all(sends).await;
+    }
+}
+
+async fn send_callback(tasks: &Tasks, task_id: &str) {
+    let task = match tasks.store.get(task_id).await {
+        Ok(task) => task,
+        Err(TaskStoreError::NotFound(_)) => {
+            // Expired with its retention: nothing left to send.
+            let _ = tasks.store.reschedule_callback(task_id, None).await;
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(message = "Cannot load a task for its callback; it stays scheduled.", task_id, %error);
+            return;
+        }
+    };
+    let Some(callback) = &task.callback else {
+        let _ = tasks.store.reschedule_callback(task_id, None).await;
+        return;
+    };
+    let Ok(attempt) = tasks.store.count_callback_attempt(task_id).await else {
+        return;
+    };
+    let body = task.result.as_ref().map(Value::to_string).unwrap_or_default();
+    let next = match tasks.deliverer.attempt(callback, task_id, &body).await {
+        Ok(()) => None,
+        Err(error) => {
+            tasks.metrics.callback_failures.inc();
+            let schedule = tasks.deliverer.schedule();
+            match schedule.get(usize::try_from(attempt).unwrap_or(usize::MAX).saturating_sub(1)) {
+                Some(wait) => {
+                    tracing::warn!(message = "Callback attempt failed; scheduled again.", task_id, attempt, %error);
+                    Some(agent_reach_tasks::store::now_ms() + wait.as_millis() as u64)
+                }
+                None => {
+                    tracing::error!(
+                        message = "Callback undeliverable; result moved to the dead-letter stream.",
+                        task_id, attempts = attempt, url = %callback.url, %error
+                    );
+                    if let Err(store_error) = tasks.store.dead_letter(&task, &callback.url, &error).await {
+                        tracing::error!(message = "Dead-lettering failed; the callback stays scheduled.", task_id, error = %store_error);
+                        return;
+                    }
+                    None
+                }
+            }
+        }
+    };
+    if let Err(error) = tasks.store.reschedule_callback(task_id, next).await {
+        tracing::warn!(message = "Cannot reschedule a callback; its lease will bring it back.", task_id, %error);
+    }
+}
+
 #[tracing::instrument(name = "tasks.deliver", skip_all, fields(task_id = %claimed.task.task_id))]
 async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
     let task = &claimed.task;
@@ -1008,20 +1091,7 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
         .state_seconds
         .with_label_values(&[State::Running.as_str()])
         .observe(ran);
-    if task.callback.is_none() {
-        return;
-    }
-    match tasks.store.get(&task.task_id).await {
-        Ok(finished) => {
-            let (attempts, delivered) = tasks.deliverer.deliver(&tasks.store, &finished).await;
-            let failures = attempts.saturating_sub(usize::from(delivered));
-            tasks
-                .metrics
-                .callback_failures
-                .inc_by(u64::try_from(failures).unwrap_or(0));
-        }
-        Err(error) => tracing::warn!(message = "Cannot load a finished task.", task_id = %task.task_id, %error),
-    }
+    // A callback, if any, was scheduled durably with the outcome; `run_callbacks` sends it.
 }
 
 #[cfg(test)]

@@ -765,3 +765,43 @@ async fn async_broadcast_is_a_parent_with_a_child_per_instance() {
         (400, Some("INVALID_ENVELOPE"))
     );
 }
+
+/// Callbacks are scheduled in Redis, not in a router's memory: a router that
+/// dies between attempts leaves the next one to another router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_survives_its_router() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = Cluster::start().await;
+    let _echo = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+    let (hook, calls) = flaky_receiver(1).await;
+
+    let (mut first, first_url) = killable_router(&cluster, &redis.url(), Duration::from_secs(30));
+    let response = cluster
+        .client
+        .post(format!("{first_url}/v1/tasks"))
+        .bearer_auth(token(CALLER))
+        .json(&json!({"capability": "order.query", "payload": {"order_id": "SO-8"}, "callback": {"url": hook}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    // The first attempt fails; the next is due 2 s later. The router dies meanwhile.
+    assert!(eventually(Duration::from_secs(15), || async { calls.lock().unwrap().len() == 1 }).await);
+    first.kill();
+
+    let (_second, _) = killable_router(&cluster, &redis.url(), Duration::from_secs(30));
+    assert!(
+        eventually(Duration::from_secs(15), || async { calls.lock().unwrap().len() >= 2 }).await,
+        "the new router never sent the scheduled callback"
+    );
+    let at = calls.lock().unwrap().clone();
+    let gap = (at[1] - at[0]).as_secs_f64();
+    assert!(
+        (2.0..4.0).contains(&gap),
+        "second attempt after {gap} s, not on the 2 s schedule"
+    );
+    // Delivered: nothing more is sent.
+    let settled = eventually(Duration::from_secs(5), || async { calls.lock().unwrap().len() > 2 }).await;
+    assert!(!settled, "a delivered callback was sent again");
+}

@@ -235,7 +235,13 @@ impl Deliverer {
         (attempts, false)
     }
 
-    async fn attempt(&self, callback: &Callback, task_id: &str, body: &str) -> Result<(), String> {
+    /// The waits between attempts (attempts = waits + 1).
+    pub fn schedule(&self) -> &[Duration] {
+        &self.config.schedule
+    }
+
+    /// One delivery attempt: signed POST of `body` to the callback's URL.
+    pub async fn attempt(&self, callback: &Callback, task_id: &str, body: &str) -> Result<(), String> {
         let secret = self.secret(callback).map_err(|error| error.to_string())?;
         self.check_target(&callback.url)
             .await

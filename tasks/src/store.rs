@@ -152,6 +152,7 @@ pub struct TaskStore {
     submit: Script,
     transition: Script,
     finish: Script,
+    claim_callbacks: Script,
 }
 
 const SUBMIT: &str = r#"
@@ -169,6 +170,15 @@ if ARGV[6] == '1' then
   redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[1])
 end
 return {1, ARGV[1]}
+"#;
+
+const CLAIM_CALLBACKS: &str = r#"
+-- Takes callbacks that are due and pushes their due time out by a lease, so
+-- one router delivers each; if it dies, the lease runs out and another does.
+-- KEYS: 1 callback schedule; ARGV: 1 now ms, 2 lease until ms, 3 limit
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], id) end
+return due
 "#;
 
 const TRANSITION: &str = r#"
@@ -193,17 +203,20 @@ return {'ok', current}
 const FINISH: &str = r#"
 -- Records a terminal outcome, acknowledges the queue entry, appends to the
 -- session's results and starts the retention clock, all at once.
--- KEYS: 1 task hash, 2 queue, 3 session results stream, 4 idempotency key, 5 backlog hash
+-- KEYS: 1 task hash, 2 queue, 3 session results stream, 4 idempotency key, 5 backlog hash,
+--       6 callback schedule (sorted set: task id by due time)
 -- ARGV: 1 terminal state, 2 now ms, 3 result JSON, 4 queue entry id ('' = none),
---       5 group, 6 retention s, 7 task id, 8 has session ('1'/'0'), 9.. allowed predecessors
+--       5 group, 6 retention s, 7 task id, 8 has session ('1'/'0'), 9 has callback ('1'/'0'),
+--       10.. allowed predecessors
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
 local allowed = false
-for i = 9, #ARGV do if current == ARGV[i] then allowed = true end end
+for i = 10, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then
   if ARGV[4] ~= '' then redis.call('XACK', KEYS[2], ARGV[5], ARGV[4]) end
   return {'refused', current}
 end
+if ARGV[9] == '1' then redis.call('ZADD', KEYS[6], ARGV[2], ARGV[7]) end
 if current == 'pending' then
   local field = redis.call('HGET', KEYS[1], 'backlog')
   if field then redis.call('HINCRBY', KEYS[5], field, -1) end
@@ -238,6 +251,7 @@ impl TaskStore {
             submit: Script::new(SUBMIT),
             transition: Script::new(TRANSITION),
             finish: Script::new(FINISH),
+            claim_callbacks: Script::new(CLAIM_CALLBACKS),
         })
     }
 
@@ -270,6 +284,10 @@ impl TaskStore {
 
     fn results_key(&self, session_id: &str) -> String {
         format!("{}:results:{session_id}", self.namespace)
+    }
+
+    fn callbacks_key(&self) -> String {
+        format!("{}:callbacks", self.namespace)
     }
 
     fn backlog_key(&self) -> String {
@@ -389,6 +407,7 @@ impl TaskStore {
             .key(self.results_key(session.unwrap_or("-")))
             .key(self.request_key(&task.caller, &task.request_id))
             .key(self.backlog_key())
+            .key(self.callbacks_key())
             .arg(state.as_str())
             .arg(now_ms())
             .arg(result.to_string())
@@ -397,6 +416,8 @@ impl TaskStore {
             .arg(self.retention_s)
             .arg(&task.task_id)
             .arg(if session.is_some() { "1" } else { "0" })
+            // A callback is scheduled with the outcome, durably: any router delivers it.
+            .arg(if task.callback.is_some() && state != State::Canceled { "1" } else { "0" })
             .arg(state_args(state))
             .invoke_async(&mut connection)
             .await
@@ -623,6 +644,38 @@ impl TaskStore {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Callbacks due now (at most `limit`), each leased to the caller until `lease_until_ms`.
+    pub async fn claim_due_callbacks(&self, lease_until_ms: u64, limit: usize) -> Result<Vec<String>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        self.claim_callbacks
+            .key(self.callbacks_key())
+            .arg(now_ms())
+            .arg(lease_until_ms)
+            .arg(limit.max(1))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Counts one more callback attempt for `task_id`; returns the count.
+    pub async fn count_callback_attempt(&self, task_id: &str) -> Result<u32, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let count: i64 = connection
+            .hincr(self.task_key(task_id), "callback_attempts", 1)
+            .await
+            .map_err(unavailable)?;
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
+    }
+
+    /// Schedules the next callback attempt, or (`None`) drops it: delivered or dead-lettered.
+    pub async fn reschedule_callback(&self, task_id: &str, due_ms: Option<u64>) -> Result<(), TaskStoreError> {
+        let mut connection = self.connection().await?;
+        match due_ms {
+            Some(due) => connection.zadd(self.callbacks_key(), task_id, due).await.map_err(unavailable),
+            None => connection.zrem(self.callbacks_key(), task_id).await.map_err(unavailable),
+        }
     }
 
     /// Entries in the dead-letter stream.
