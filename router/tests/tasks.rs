@@ -805,3 +805,89 @@ async fn a_callback_survives_its_router() {
     let settled = eventually(Duration::from_secs(5), || async { calls.lock().unwrap().len() > 2 }).await;
     assert!(!settled, "a delivered callback was sent again");
 }
+
+/// Issue 6, acceptance 4 through the router: a task canceled while still
+/// pending (queued behind a busy bulk limit) never reaches an agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canceled_pending_task_is_never_delivered() {
+    let redis = agent_reach_testkit::Redis::start();
+    let url = redis.url();
+    let cluster = Cluster::start_with(move |settings| {
+        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+            redis: url,
+            store: agent_reach_tasks::StoreConfig::default(),
+            callbacks: agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec()),
+            workers: 16,
+            reclaim_after: Duration::from_secs(120),
+            max_task_attempts: 3,
+            tag_limits: vec![agent_reach_router::tasks::TagLimit::parse("class=bulk:1").unwrap()],
+        });
+    })
+    .await;
+    let mut spec = AgentSpec::new("bulk-1", 1, Behaviour::Hang);
+    spec.tags = json!({"class": "bulk"});
+    let agent = cluster.agent(spec);
+    cluster.wait_for_instances(&["bulk-1"]).await;
+
+    let submit = |request_id: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let (status, body) = post(
+                cluster,
+                "/v1/tasks",
+                json!({"capability": "order.query", "request_id": request_id, "timeout_ms": 20_000,
+                       "payload": {"order_id": "SO-1"}}),
+            )
+            .await;
+            assert_eq!(status, 202, "{body}");
+            body["task_id"].as_str().unwrap().to_string()
+        }
+    };
+    let busy = submit("first").await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            get(&cluster, &format!("/v1/tasks/{busy}")).await.1["status"] == "running"
+        })
+        .await
+    );
+    // The second waits behind the limit of 1, still pending.
+    let waiting = submit("second").await;
+    let (status, canceled) = post(&cluster, &format!("/v1/tasks/{waiting}/cancel"), json!({})).await;
+    assert_eq!(
+        (status, canceled["status"].as_str()),
+        (200, Some("canceled")),
+        "{canceled}"
+    );
+    let transitions: Vec<&str> = canceled["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|transition| transition["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(transitions, ["pending", "canceled"], "it never ran");
+
+    // The first finishes; the gate opens; the canceled task is released unrun.
+    agent.release.notify_waiters();
+    assert_eq!(wait_terminal(&cluster, &busy).await["status"], "succeeded");
+    let third = submit("third").await;
+    agent.release.notify_waiters();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while get(&cluster, &format!("/v1/tasks/{third}")).await.1["status"] != "succeeded" {
+        agent.release.notify_waiters();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gate never admitted the next task"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let delivered = agent.seen.by_request.lock().unwrap().clone();
+    assert!(
+        !delivered.contains_key("second"),
+        "a canceled pending task reached the agent: {delivered:?}"
+    );
+    assert_eq!(delivered.get("first"), Some(&1));
+    assert_eq!(
+        get(&cluster, &format!("/v1/tasks/{waiting}")).await.1["status"],
+        "canceled"
+    );
+}
