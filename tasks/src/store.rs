@@ -417,7 +417,11 @@ impl TaskStore {
             .arg(&task.task_id)
             .arg(if session.is_some() { "1" } else { "0" })
             // A callback is scheduled with the outcome, durably: any router delivers it.
-            .arg(if task.callback.is_some() && state != State::Canceled { "1" } else { "0" })
+            .arg(if task.callback.is_some() && state != State::Canceled {
+                "1"
+            } else {
+                "0"
+            })
             .arg(state_args(state))
             .invoke_async(&mut connection)
             .await
@@ -447,7 +451,10 @@ impl TaskStore {
     /// The task a caller submitted under `request_id`, if it is still kept.
     pub async fn find(&self, caller: &str, request_id: &str) -> Result<Option<String>, TaskStoreError> {
         let mut connection = self.connection().await?;
-        connection.get(self.request_key(caller, request_id)).await.map_err(unavailable)
+        connection
+            .get(self.request_key(caller, request_id))
+            .await
+            .map_err(unavailable)
     }
 
     /// Takes up to `count` new entries, high priority first. Every fourth call
@@ -673,8 +680,14 @@ impl TaskStore {
     pub async fn reschedule_callback(&self, task_id: &str, due_ms: Option<u64>) -> Result<(), TaskStoreError> {
         let mut connection = self.connection().await?;
         match due_ms {
-            Some(due) => connection.zadd(self.callbacks_key(), task_id, due).await.map_err(unavailable),
-            None => connection.zrem(self.callbacks_key(), task_id).await.map_err(unavailable),
+            Some(due) => connection
+                .zadd(self.callbacks_key(), task_id, due)
+                .await
+                .map_err(unavailable),
+            None => connection
+                .zrem(self.callbacks_key(), task_id)
+                .await
+                .map_err(unavailable),
         }
     }
 
