@@ -923,52 +923,16 @@ pub async fn run_callbacks(tasks: std::sync::Weak<Tasks>) {
 }
 
 async fn send_callback(tasks: &Tasks, task_id: &str) {
-    let task = match tasks.store.get(task_id).await {
-        Ok(task) => task,
-        Err(TaskStoreError::NotFound(_)) => {
-            // Expired with its retention: nothing left to send.
-            let _ = tasks.store.reschedule_callback(task_id, None).await;
-            return;
-        }
-        Err(error) => {
-            tracing::warn!(message = "Cannot load a task for its callback; it stays scheduled.", task_id, %error);
-            return;
-        }
-    };
-    let Some(callback) = &task.callback else {
-        let _ = tasks.store.reschedule_callback(task_id, None).await;
-        return;
-    };
-    let Ok(attempt) = tasks.store.count_callback_attempt(task_id).await else {
-        return;
-    };
-    let body = task.result.as_ref().map(Value::to_string).unwrap_or_default();
-    let next = match tasks.deliverer.attempt(callback, task_id, &body).await {
-        Ok(()) => None,
-        Err(error) => {
+    match tasks.deliverer.send_due(&tasks.store, task_id).await {
+        Ok(
+            agent_reach_tasks::CallbackOutcome::Retrying { .. }
+            | agent_reach_tasks::CallbackOutcome::DeadLettered { .. },
+        ) => {
             tasks.metrics.callback_failures.inc();
-            let schedule = tasks.deliverer.schedule();
-            match schedule.get(usize::try_from(attempt).unwrap_or(usize::MAX).saturating_sub(1)) {
-                Some(wait) => {
-                    tracing::warn!(message = "Callback attempt failed; scheduled again.", task_id, attempt, %error);
-                    Some(agent_reach_tasks::store::now_ms() + wait.as_millis() as u64)
-                }
-                None => {
-                    tracing::error!(
-                        message = "Callback undeliverable; result moved to the dead-letter stream.",
-                        task_id, attempts = attempt, url = %callback.url, %error
-                    );
-                    if let Err(store_error) = tasks.store.dead_letter(&task, &callback.url, &error).await {
-                        tracing::error!(message = "Dead-lettering failed; the callback stays scheduled.", task_id, error = %store_error);
-                        return;
-                    }
-                    None
-                }
-            }
         }
-    };
-    if let Err(error) = tasks.store.reschedule_callback(task_id, next).await {
-        tracing::warn!(message = "Cannot reschedule a callback; its lease will bring it back.", task_id, %error);
+        Ok(_) => {}
+        // The callback stays scheduled; its lease brings it back.
+        Err(error) => tracing::warn!(message = "Callback not sent; it stays scheduled.", task_id, %error),
     }
 }
 

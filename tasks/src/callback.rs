@@ -1,6 +1,7 @@
 //! Callbacks: a finished task's result envelope POSTed to the caller's URL,
 //! signed, retried on a schedule (by default after 2, 4, 8 and 16 s: five
-//! attempts), then parked in the dead-letter stream — never dropped.
+//! attempts), then parked in the dead-letter stream — never dropped. The
+//! schedule lives in Redis (see `store`), so any router sends any callback.
 //!
 //! Signature (header `X-Agent-Reach-Signature`): `t=<unix seconds>,v1=<hex>`
 //! where `<hex>` is HMAC-SHA256 over `"<t>.<body>"` with the secret named by
@@ -14,8 +15,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::model::{Callback, Task};
-use crate::store::TaskStore;
+use serde_json::Value;
+
+use crate::model::Callback;
+use crate::store::{now_ms, TaskStore, TaskStoreError};
 
 pub const SIGNATURE_HEADER: &str = "x-agent-reach-signature";
 pub const TASK_HEADER: &str = "x-agent-reach-task-id";
@@ -133,6 +136,25 @@ fn unix_now() -> u64 {
         .map_or(0, |elapsed| elapsed.as_secs())
 }
 
+/// What one call of [`Deliverer::send_due`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackOutcome {
+    Delivered {
+        attempt: u32,
+    },
+    /// This attempt failed; the next is scheduled at `due_ms`.
+    Retrying {
+        attempt: u32,
+        due_ms: u64,
+    },
+    /// The last attempt failed; the result is in the dead-letter stream.
+    DeadLettered {
+        attempts: u32,
+    },
+    /// Nothing to send (the task expired or has no callback).
+    Dropped,
+}
+
 pub struct Deliverer {
     config: CallbackConfig,
     http: reqwest::Client,
@@ -192,47 +214,52 @@ impl Deliverer {
         Ok(())
     }
 
-    /// Delivers `task.result` to its callback, retrying on the schedule; after
-    /// the last attempt the result goes to the dead-letter stream. Returns the
-    /// number of attempts made and whether it was delivered.
-    pub async fn deliver(&self, store: &TaskStore, task: &Task) -> (usize, bool) {
-        let Some(callback) = &task.callback else {
-            return (0, true);
+    /// Makes one attempt at a due callback from the durable schedule and
+    /// records what comes next: done, the next attempt (after 2, 4, 8, 16 s by
+    /// default), or the dead-letter stream after the last. Any router may call
+    /// this for any scheduled task; the schedule's lease keeps it to one.
+    pub async fn send_due(&self, store: &TaskStore, task_id: &str) -> Result<CallbackOutcome, TaskStoreError> {
+        let task = match store.get(task_id).await {
+            Ok(task) => task,
+            // Expired with its retention: nothing left to send.
+            Err(TaskStoreError::NotFound(_)) => {
+                store.reschedule_callback(task_id, None).await?;
+                return Ok(CallbackOutcome::Dropped);
+            }
+            Err(error) => return Err(error),
         };
-        let body = task
-            .result
-            .as_ref()
-            .map(|result| result.to_string())
-            .unwrap_or_default();
-        let mut last_error = String::new();
-        let attempts = self.config.schedule.len() + 1;
-        for attempt in 0..attempts {
-            if attempt > 0 {
-                tokio::time::sleep(self.config.schedule[attempt - 1]).await;
-            }
-            match self.attempt(callback, &task.task_id, &body).await {
-                Ok(()) => return (attempt + 1, true),
-                Err(error) => {
-                    tracing::warn!(
-                        message = "Callback attempt failed.",
-                        task_id = %task.task_id,
-                        attempt = attempt + 1,
-                        %error
-                    );
-                    last_error = error;
+        let Some(callback) = &task.callback else {
+            store.reschedule_callback(task_id, None).await?;
+            return Ok(CallbackOutcome::Dropped);
+        };
+        let attempt = store.count_callback_attempt(task_id).await?;
+        let body = task.result.as_ref().map(Value::to_string).unwrap_or_default();
+        let outcome = match self.attempt(callback, task_id, &body).await {
+            Ok(()) => CallbackOutcome::Delivered { attempt },
+            Err(error) => match self
+                .config
+                .schedule
+                .get(usize::try_from(attempt).unwrap_or(usize::MAX).saturating_sub(1))
+            {
+                Some(wait) => {
+                    tracing::warn!(message = "Callback attempt failed; scheduled again.", task_id, attempt, %error);
+                    let due_ms = now_ms() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+                    store.reschedule_callback(task_id, Some(due_ms)).await?;
+                    return Ok(CallbackOutcome::Retrying { attempt, due_ms });
                 }
-            }
-        }
-        tracing::error!(
-            message = "Callback undeliverable; result moved to the dead-letter stream.",
-            task_id = %task.task_id,
-            url = %callback.url,
-            error = %last_error
-        );
-        if let Err(error) = store.dead_letter(task, &callback.url, &last_error).await {
-            tracing::error!(message = "Dead-lettering failed; the result stays readable on the task.", task_id = %task.task_id, %error);
-        }
-        (attempts, false)
+                None => {
+                    tracing::error!(
+                        message = "Callback undeliverable; result moved to the dead-letter stream.",
+                        task_id, attempts = attempt, url = %callback.url, %error
+                    );
+                    // If this fails the callback stays scheduled and is tried again.
+                    store.dead_letter(&task, &callback.url, &error).await?;
+                    CallbackOutcome::DeadLettered { attempts: attempt }
+                }
+            },
+        };
+        store.reschedule_callback(task_id, None).await?;
+        Ok(outcome)
     }
 
     /// The waits between attempts (attempts = waits + 1).

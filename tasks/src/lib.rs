@@ -14,6 +14,6 @@ pub mod callback;
 pub mod model;
 pub mod store;
 
-pub use callback::{CallbackConfig, CallbackError, Deliverer};
+pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
 pub use model::{Callback, Priority, State, Task, Transition};
 pub use store::{Claimed, NewTask, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError};

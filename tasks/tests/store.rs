@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
 use agent_reach_tasks::{
-    Callback, CallbackConfig, Deliverer, NewTask, Priority, State, StoreConfig, Submitted, TaskStore, TaskStoreError,
+    Callback, CallbackConfig, CallbackOutcome, Deliverer, NewTask, Priority, State, StoreConfig, Submitted, TaskStore,
+    TaskStoreError,
 };
 use agent_reach_testkit::Redis;
 use serde_json::{json, Value};
@@ -281,10 +282,34 @@ async fn finished_task_with_callback(store: &TaskStore, request_id: &str, url: &
 
 fn deliverer() -> Deliverer {
     let mut config = CallbackConfig::new(b"callback-secret".to_vec());
-    config.allow_private_targets = true; // the receiver is on loopback
-                                         // The production schedule is 2, 4, 8, 16 s; the same doubling, scaled down.
+    // The receiver is on loopback.
+    config.allow_private_targets = true;
+    // The production schedule is 2, 4, 8, 16 s; the same doubling, scaled down.
     config.schedule = [200, 400, 800, 1600].map(Duration::from_millis).to_vec();
     Deliverer::new(config).unwrap()
+}
+
+/// Works the durable callback schedule the way a router does until `task_id`
+/// leaves it; returns the outcomes in order.
+async fn send_until_done(store: &TaskStore, deliverer: &Deliverer, task_id: &str) -> Vec<CallbackOutcome> {
+    let mut outcomes = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let lease_until = agent_reach_tasks::store::now_ms() + 60_000;
+        for due in store.claim_due_callbacks(lease_until, 10).await.unwrap() {
+            assert_eq!(due, task_id);
+            let outcome = deliverer.send_due(store, &due).await.unwrap();
+            outcomes.push(outcome);
+            if !matches!(outcome, CallbackOutcome::Retrying { .. }) {
+                return outcomes;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the callback never left the schedule: {outcomes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
@@ -296,8 +321,9 @@ async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered() {
     // Down for three attempts → delivered on the fourth, gaps doubling.
     let (url, seen) = receiver(3).await;
     let task = finished_task_with_callback(&store, "cb-1", &url).await;
-    let (attempts, delivered) = deliverer().deliver(&store, &task).await;
-    assert_eq!((attempts, delivered), (4, true));
+    let outcomes = send_until_done(&store, &deliverer(), &task.task_id).await;
+    assert_eq!(outcomes.len(), 4);
+    assert_eq!(outcomes[3], CallbackOutcome::Delivered { attempt: 4 });
     let calls = seen.lock().unwrap().clone();
     assert_eq!(calls.len(), 4);
     let gaps: Vec<u128> = calls
@@ -322,8 +348,8 @@ async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered() {
     // Down for all five → one dead letter holding the result; nothing lost.
     let (url, seen) = receiver(usize::MAX).await;
     let task = finished_task_with_callback(&store, "cb-2", &url).await;
-    let (attempts, delivered) = deliverer().deliver(&store, &task).await;
-    assert_eq!((attempts, delivered), (5, false));
+    let outcomes = send_until_done(&store, &deliverer(), &task.task_id).await;
+    assert_eq!(outcomes.last(), Some(&CallbackOutcome::DeadLettered { attempts: 5 }));
     assert_eq!(seen.lock().unwrap().len(), 5);
     let dead = store.dead_letters(10).await.unwrap();
     assert_eq!(dead.len(), 1);
