@@ -2,6 +2,9 @@
 //! `docs/metrics.md`; the alert rules pass `promtool`; and a real Prometheus
 //! scraping the running stack after traffic (successes, failures, retries, an
 //! ACL reload) answers every PromQL expression of the dashboards and alerts.
+//! A second router runs the slow path on real Redis and is given task
+//! traffic (successes, failures, a callback that ends as a dead letter), so
+//! the task metrics and their dashboard are held to the same contract.
 //!
 //! Rule for alert expressions: the whole expression must be valid, and the
 //! expression without its final threshold comparison (`< 0.99`, `> 0.5`, `== 0`)
@@ -18,7 +21,8 @@ use std::time::Duration;
 
 use agent_reach_examples::stack::{Stack, StackOptions};
 use agent_reach_examples::{scenario_instances, EXAMPLE_ACL};
-use agent_reach_testkit::{promtool, Prometheus};
+use agent_reach_testkit::{promtool, Prometheus, Redis};
+use clap::Parser;
 use serde_json::{json, Value};
 
 const CAPABILITIES: [&str; 4] = ["intent.parse", "order.query", "shipping.rules", "reply.write"];
@@ -38,7 +42,7 @@ struct Family {
     labels: BTreeSet<String>,
 }
 
-/// The doc's tables by section: `every`, `registry`, `router`, `context`.
+/// The doc's tables by section: `every`, `registry`, `router`, `context`, `tasks`.
 fn documented() -> BTreeMap<String, BTreeMap<String, Family>> {
     let text = std::fs::read_to_string(repo().join("docs/metrics.md")).unwrap();
     let mut sections: BTreeMap<String, BTreeMap<String, Family>> = BTreeMap::new();
@@ -50,6 +54,7 @@ fn documented() -> BTreeMap<String, BTreeMap<String, Family>> {
                 "Registry" => "registry",
                 "Router" => "router",
                 "Context service" => "context",
+                "Tasks" => "tasks",
                 _ => "",
             }
             .to_string();
@@ -129,8 +134,8 @@ fn dashboard_expressions() -> Vec<(String, String)> {
         .collect();
     files.sort();
     assert!(
-        files.len() >= 3,
-        "router, registry and context dashboards expected in {dir:?}"
+        files.len() >= 4,
+        "router, registry, context and tasks dashboards expected in {dir:?}"
     );
     for file in files {
         let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -326,6 +331,116 @@ async fn register_ghost(stack: &Stack) {
     assert_eq!(response.status().as_u16(), 201, "{}", response.text().await.unwrap());
 }
 
+// === The slow path ===
+
+/// Signs the callbacks of the router with the slow path (at least 32 bytes).
+const CALLBACK_SECRET: &str = "observability-callback-secret-0123456789abcdef";
+
+/// `agent-reach router`'s flags, parsed as the binary parses them.
+#[derive(Parser)]
+struct RouterFlags {
+    #[command(flatten)]
+    router: agent_reach_router::RouterArgs,
+}
+
+/// A second router, configured like `agent-reach router --redis …` on the
+/// stack's registry, secret and policy: only a router with the slow path
+/// serves the task metrics. Returns its URL and its server.
+async fn start_tasks_router(stack: &Stack, redis: &Redis, dir: &Path) -> (String, tokio::task::JoinHandle<()>) {
+    let secret = dir.join("callback.secret");
+    std::fs::write(&secret, CALLBACK_SECRET).unwrap();
+    let path = |path: &Path| path.display().to_string();
+    let flags = RouterFlags::try_parse_from([
+        "router".to_string(),
+        "--registry".to_string(),
+        stack.registry.clone(),
+        "--acl".to_string(),
+        path(&stack.acl),
+        "--auth-hs256-secret-file".to_string(),
+        path(&stack.secret_file),
+        "--redis".to_string(),
+        redis.url(),
+        "--callback-secret-file".to_string(),
+        path(&secret),
+        // The test's callback target is on loopback.
+        "--allow-private-callbacks".to_string(),
+    ])
+    .unwrap();
+    let mut settings = flags
+        .router
+        .validate()
+        .unwrap_or_else(|problems| panic!("router flags refused: {problems:?}"));
+    // The flags keep the production 2/4/8/16 s schedule; a short one dead-letters within the test.
+    settings.tasks.as_mut().unwrap().callbacks.schedule = vec![Duration::from_millis(100), Duration::from_millis(200)];
+    let router = agent_reach_router::build(&settings).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        agent_reach_router::serve(listener, router, std::future::pending())
+            .await
+            .unwrap();
+    });
+    (url, server)
+}
+
+async fn submit_task(client: &reqwest::Client, router: &str, token: &str, task: &Value) {
+    let response = client
+        .post(format!("{router}/v1/tasks"))
+        .bearer_auth(token)
+        .json(task)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    assert_eq!(status, 202, "{task} → {}", response.text().await.unwrap());
+}
+
+/// Tasks until stopped, at every priority: the worked example's question
+/// (succeeds) and a payload its schema refuses (a task's payload is checked
+/// when it is delivered, so the task fails).
+async fn task_traffic(stack: Arc<Stack>, router: String, stop: Arc<AtomicBool>) {
+    let client = reqwest::Client::new();
+    let user = stack.token("demo_user", Duration::from_secs(600)).unwrap();
+    let mut pace = tokio::time::interval(Duration::from_millis(200));
+    for priority in ["high", "normal", "low"].into_iter().cycle() {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        pace.tick().await;
+        let created: Value = client
+            .post(format!("{}/v1/contexts", stack.context))
+            .bearer_auth(&user)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let tasks = [
+            json!({"capability": "intent.parse", "context_id": created["context_id"], "priority": priority,
+                "timeout_ms": 10_000, "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}),
+            json!({"capability": "intent.parse", "priority": priority, "payload": {"text": 42}}),
+        ];
+        for task in &tasks {
+            submit_task(&client, &router, &user, task).await;
+        }
+    }
+}
+
+/// A task whose callback target refuses connections: each attempt counts as a
+/// callback failure and, after the last, the result is dead-lettered.
+async fn submit_doomed_callback(stack: &Stack, router: &str) {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let user = stack.token("demo_user", Duration::from_secs(600)).unwrap();
+    let task = json!({"capability": "intent.parse", "payload": {"text": 42},
+        "callback": {"url": format!("http://{closed}/hook")}});
+    submit_task(&reqwest::Client::new(), router, &user, &task).await;
+}
+
 async fn get_text(url: &str) -> String {
     reqwest::get(url).await.unwrap().text().await.unwrap()
 }
@@ -382,12 +497,15 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
         .wait_until_routable(&CAPABILITIES, Duration::from_secs(20))
         .await
         .unwrap();
+    let redis = Redis::start();
+    let (tasks_router, tasks_server) = start_tasks_router(&stack, &redis, workdir.path()).await;
     let stack = Arc::new(stack);
     let host = |url: &str| url.trim_start_matches("http://").to_string();
+    // Both routers are replicas of one job, as in production.
     let mut prometheus = Prometheus::start(
         &[
             ("agent-reach-registry", vec![host(&stack.registry)]),
-            ("agent-reach-router", vec![host(&stack.router)]),
+            ("agent-reach-router", vec![host(&stack.router), host(&tasks_router)]),
             ("agent-reach-context", vec![host(&stack.context)]),
         ],
         Duration::from_secs(1),
@@ -397,21 +515,34 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
     register_ghost(&stack).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = tokio::spawn(traffic(stack.clone(), stop.clone()));
+    submit_doomed_callback(&stack, &tasks_router).await;
+    let task_load = tokio::spawn(task_traffic(stack.clone(), tasks_router.clone(), stop.clone()));
     // A harmless edit, written atomically (a reader never sees half a file): every service reloads its policy.
     let edited = workdir.path().join("acl.yaml.new");
     std::fs::write(&edited, format!("{EXAMPLE_ACL}\n# reviewed\n")).unwrap();
     std::fs::rename(&edited, &acl).unwrap();
 
     // Everything the doc lists has appeared (retries and reloads come a moment later).
+    // Each service: the doc sections it must serve in full, and those it may serve
+    // part of. The tasks router sees only task traffic and never retries, so it
+    // need not serve every family of the router's table; what it serves must match.
     let doc = documented();
     let services = [
-        ("registry", stack.registry.clone()),
-        ("router", stack.router.clone()),
-        ("context", stack.context.clone()),
+        ("registry", stack.registry.clone(), vec!["every", "registry"], vec![]),
+        ("router", stack.router.clone(), vec!["every", "router"], vec![]),
+        ("context", stack.context.clone(), vec!["every", "context"], vec![]),
+        (
+            "router with tasks",
+            tasks_router.clone(),
+            vec!["every", "tasks"],
+            vec!["router"],
+        ),
     ];
-    for (service, url) in &services {
-        let mut expected = doc["every"].clone();
-        expected.extend(doc[*service].clone());
+    for (service, url, required, partial) in &services {
+        let section = |name: &&str| doc[*name].clone();
+        let expected: BTreeMap<String, Family> = required.iter().flat_map(section).collect();
+        let mut allowed = expected.clone();
+        allowed.extend(partial.iter().flat_map(section));
         let metrics_url = format!("{url}/metrics");
         wait_for(
             &format!("every documented {service} metric"),
@@ -428,9 +559,9 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
                 name.starts_with("agent_reach_"),
                 "{service}: `{name}` lacks the agent_reach_ prefix"
             );
-            let documented = expected
+            let documented = allowed
                 .get(name)
-                .unwrap_or_else(|| panic!("{service} serves `{name}`, which docs/metrics.md does not list"));
+                .unwrap_or_else(|| panic!("{service} serves `{name}`, which docs/metrics.md does not list for it"));
             assert_eq!(documented, family, "{service}: `{name}` differs from docs/metrics.md");
         }
         for name in expected.keys() {
@@ -441,14 +572,14 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
         }
     }
 
-    // Prometheus has scraped all three after the traffic started.
-    wait_for("three healthy scrape targets", Duration::from_secs(30), async || {
+    // Prometheus has scraped all four after the traffic started.
+    wait_for("four healthy scrape targets", Duration::from_secs(30), async || {
         let answer = query(&prom, "up == 1").await;
-        samples(&answer, "up").len() == 3
+        samples(&answer, "up").len() == 4
     })
     .await;
     wait_for(
-        "routed traffic, retries and ACL reloads in Prometheus",
+        "routed traffic, retries, ACL reloads and tasks in Prometheus",
         Duration::from_secs(60),
         async || {
             let checks = [
@@ -457,8 +588,14 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
                 "sum(rate(agent_reach_router_requests_total{outcome=\"succeeded\"}[1m])) > 0",
                 "sum(rate(agent_reach_router_requests_total{outcome=\"FORBIDDEN\"}[1m])) > 0",
                 "agent_reach_router_retries_total{reason=\"connect\"} > 0",
-                "count(agent_reach_acl_reloads_total{outcome=\"ok\"}) == 3",
+                "count(agent_reach_acl_reloads_total{outcome=\"ok\"}) == 4",
                 "sum(rate(agent_reach_context_operations_total[1m])) > 0",
+                "sum(rate(agent_reach_tasks_finished_total{outcome=\"succeeded\"}[1m])) > 0",
+                "sum(rate(agent_reach_tasks_finished_total{outcome=\"failed\"}[1m])) > 0",
+                "sum(rate(agent_reach_tasks_state_seconds_count[1m])) > 0",
+                "count(agent_reach_tasks_backlog) > 0",
+                "agent_reach_tasks_callback_failures_total > 0",
+                "agent_reach_tasks_dead_letters > 0",
             ];
             for check in checks {
                 if samples(&query(&prom, check).await, check).is_empty() {
@@ -530,6 +667,8 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
 
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
+    task_load.await.unwrap();
+    tasks_server.abort();
     prometheus.kill();
     if let Ok(stack) = Arc::try_unwrap(stack) {
         stack.shutdown().await;
