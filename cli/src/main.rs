@@ -3,6 +3,11 @@
 //! Every flag can also be set with an `AGENT_REACH_*` environment variable
 //! (see `--help` of each subcommand).
 
+/// mimalloc: under load glibc malloc (with its arena
+/// locks) took 15-20 % of the router's and context service's CPU.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -59,6 +59,10 @@ pub struct ContextArgs {
     /// Bound on every Redis call; past it the request answers 503 CONTEXT_STORE_UNAVAILABLE.
     #[arg(long, env = "AGENT_REACH_CONTEXT_REDIS_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub redis_timeout: Duration,
+    /// Request-serving threads (one single-threaded runtime each, with its own
+    /// Redis connection); 0 means one per CPU core.
+    #[arg(long, env = "AGENT_REACH_CONTEXT_THREADS", default_value_t = 0)]
+    pub threads: usize,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -77,10 +81,12 @@ pub enum StoreChoice {
 }
 
 /// Everything [`crate::build`] needs. `agent-reach dev` builds one directly:
-/// `Settings { listen, store: StoreChoice::Embedded, acl, auth, service: ContextConfig::default() }`.
+/// `Settings { listen, threads: 1, store: StoreChoice::Embedded, acl, auth, service: ContextConfig::default() }`.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: SocketAddr,
+    /// Request-serving threads of [`crate::run`] (0: one per core).
+    pub threads: usize,
     pub store: StoreChoice,
     pub acl: PathBuf,
     pub auth: AuthConfig,
@@ -174,6 +180,7 @@ impl ContextArgs {
         }
         Ok(Settings {
             listen: self.listen,
+            threads: self.threads,
             store,
             acl: self.acl.clone(),
             auth,

@@ -75,11 +75,11 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid context configuration:\n  - {}", problems.join("\n  - ")))?;
     let service = build(&settings).await?;
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    tracing::info!(message = "Context service listening.", address = %settings.listen);
-    serve(listener, service, shutdown).await
+    let threads = agent_reach_edge::serve::thread_count(settings.threads);
+    tracing::info!(message = "Context service listening.", address = %settings.listen, threads);
+    // One single-threaded runtime per thread: each request and its Redis call
+    // (on that thread's own connection) stay on one thread.
+    agent_reach_edge::serve::per_core("context", settings.listen, threads, app(service), shutdown).await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).

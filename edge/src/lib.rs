@@ -3,7 +3,10 @@
 //! and gRPC statuses carrying the stable code and field as metadata.
 //!
 //! Each service maps [`BodyProblem`] onto its own error type and codes; this
-//! crate decides nothing about HTTP statuses.
+//! crate decides nothing about HTTP statuses. [`serve::per_core`] runs a
+//! service's app on one single-threaded runtime per core.
+
+pub mod serve;
 
 use axum::body::Body;
 use futures::StreamExt;

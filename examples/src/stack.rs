@@ -102,6 +102,8 @@ impl Stack {
         // Context service.
         let context_settings = agent_reach_context::Settings {
             listen: options.context_listen,
+            // `serve` below runs on this runtime; `threads` is for `run` only.
+            threads: 1,
             store: match &options.redis {
                 None => agent_reach_context::StoreChoice::Embedded,
                 Some(url) => agent_reach_context::StoreChoice::Redis {

@@ -87,83 +87,25 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
     let service = build(&settings).await?;
-    let threads = match settings.tuning.threads {
-        0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        threads => threads,
-    };
+    let threads = agent_reach_edge::serve::thread_count(settings.tuning.threads);
     tracing::info!(
         message = "Router listening.", address = %settings.listen, registry = %settings.registry, threads
     );
     serve_per_core(settings.listen, threads, service, shutdown).await
 }
 
-/// Serves on `threads` threads, each a single-threaded runtime with its own
-/// `SO_REUSEPORT` listener on `addr`: a request, its forwarded call and its
-/// answer stay on one thread (no cross-thread wake-ups, no work stealing), the
-/// way event-loop proxies such as HAProxy and nginx run. Background work (the
-/// registry watch, ACL reload) stays on the caller's runtime.
+/// Serves on `threads` threads (0: one per core), each a single-threaded
+/// runtime with its own `SO_REUSEPORT` listener on `addr` (see
+/// [`agent_reach_edge::serve::per_core`]): a request, its forwarded call and its
+/// answer stay on one thread. Background work (the registry watch, ACL reload)
+/// stays on the caller's runtime.
 pub async fn serve_per_core(
     addr: std::net::SocketAddr,
     threads: usize,
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // SO_REUSEPORT would let a second router on the same port share it silently;
-    // an exclusive probe bind fails with "address in use" instead, as operators expect.
-    drop(std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?);
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut workers = Vec::with_capacity(threads);
-    for index in 0..threads.max(1) {
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()
-        } else {
-            tokio::net::TcpSocket::new_v6()
-        }
-        .context("creating a listening socket")?;
-        socket.set_reuseaddr(true).context("SO_REUSEADDR")?;
-        socket.set_reuseport(true).context("SO_REUSEPORT")?;
-        socket.bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
-        let listener = socket
-            .listen(1024)
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let std_listener = listener.into_std().context("detaching the listener")?;
-        let service = service.clone();
-        let mut stopped = stopped.clone();
-        let worker = std::thread::Builder::new()
-            .name(format!("router-worker-{index}"))
-            .spawn(move || -> anyhow::Result<()> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .context("building a worker runtime")?;
-                runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(std_listener).context("attaching the listener")?;
-                    let until_stopped = async move {
-                        let _ = stopped.wait_for(|stop| *stop).await;
-                    };
-                    axum::serve(listener, app(service))
-                        .tcp_nodelay(true)
-                        .with_graceful_shutdown(until_stopped)
-                        .await
-                        .context("router server failed")
-                })
-            })
-            .context("spawning a router worker thread")?;
-        workers.push(worker);
-    }
-    shutdown.await;
-    let _ = stop.send(true);
-    tokio::task::spawn_blocking(move || {
-        for worker in workers {
-            match worker.join() {
-                Ok(result) => result?,
-                Err(_) => anyhow::bail!("a router worker thread panicked"),
-            }
-        }
-        Ok(())
-    })
-    .await
-    .context("joining router workers")?
+    agent_reach_edge::serve::per_core("router", addr, threads, app(service), shutdown).await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).

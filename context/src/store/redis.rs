@@ -4,8 +4,9 @@
 //! - `{prefix}:{tenant}:ctx:{context_id}`: one hash per context. User fields hold
 //!   JSON text under their own names; the reserved entries start with `_` (which
 //!   no field name can): `_version`, `_tier`, `_owner`, `_bytes` (running total of
-//!   name and value bytes, so limits need no full read). The hash carries the
-//!   tier's TTL, refreshed by every write.
+//!   name and value bytes, so limits need no full read), `_expires` (epoch ms at
+//!   which the TTL ends, so a read needs no PTTL). The hash carries the tier's
+//!   TTL, refreshed by every write.
 //! - `{prefix}:{tenant}:deadlines`: a sorted set, member = context id, score = the
 //!   epoch ms at which the context dies if nobody touches it: `now + min(idle
 //!   timeout, remaining TTL)` after a write, `now + idle timeout` after a read.
@@ -18,10 +19,16 @@
 //! deadline uses the service's clock, so clock skew shifts an idle deadline by at
 //! most the skew.
 //!
-//! The connection is a `ConnectionManager` (it reconnects by itself after Redis
-//! restarts), created lazily so the service starts and answers 503 while Redis
-//! is down; every call is bounded by a timeout.
+//! Connections are `ConnectionManager`s (they reconnect by themselves after
+//! Redis restarts), one per serving thread, created lazily on that thread so
+//! the service starts and answers 503 while Redis is down. A request on a
+//! per-core worker runtime talks to Redis through a connection driven by that
+//! same thread: no cross-thread wake-ups on the hot path. Every call is bounded
+//! by a timeout.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -32,14 +39,24 @@ use super::{ContextStore, StoreError};
 use crate::model::{CloseAs, NewContext, Patch, Selection, Snapshot, StorePolicy, SweepReport, Tier, Written};
 
 /// Reserved hash entries (not user fields).
-const RESERVED: [&str; 4] = ["_version", "_tier", "_owner", "_bytes"];
+const RESERVED: [&str; 5] = ["_version", "_tier", "_owner", "_bytes", "_expires"];
+/// The reserved entries a read returns (`_bytes` is for writes only).
+const READ_RESERVED: [&str; 4] = ["_version", "_tier", "_owner", "_expires"];
 /// Index entries removed per sweep script call (keeps each script short).
 const SWEEP_BATCH: usize = 500;
 
-/// Shared by every script: Redis' clock in milliseconds.
-const NOW: &str = r"
+/// Shared by every script: Redis' clock in milliseconds, and variadic calls
+/// split so no `unpack` exceeds Lua's stack (1,000 arguments per call; even,
+/// so name/value pairs stay together).
+const PRELUDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function each_chunk(command, key, list, into)
+  for i = 1, #list, 1000 do
+    local answer = redis.call(command, key, unpack(list, i, math.min(i + 999, #list)))
+    if into then for k = 1, #answer do into[#into + 1] = answer[k] end end
+  end
+end
 ";
 
 /// KEYS: ctx, deadlines. ARGV: id, tier, owner, ttl_ms, idle_ms, max_fields, max_bytes, name, value, ...
@@ -48,11 +65,17 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 local count = (#ARGV - 7) / 2
 if count > tonumber(ARGV[6]) then return {'too_many_fields', count} end
 local bytes = 0
-for i = 8, #ARGV, 2 do bytes = bytes + #ARGV[i] + #ARGV[i + 1] end
+local writes = {}
+for i = 8, #ARGV, 2 do
+  bytes = bytes + #ARGV[i] + #ARGV[i + 1]
+  writes[#writes + 1] = ARGV[i]
+  writes[#writes + 1] = ARGV[i + 1]
+end
 if bytes > tonumber(ARGV[7]) then return {'too_large', bytes} end
-redis.call('HSET', KEYS[1], '_version', 1, '_tier', ARGV[2], '_owner', ARGV[3], '_bytes', bytes)
-for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 local ttl = tonumber(ARGV[4])
+local reserved = {'_version', 1, '_tier', ARGV[2], '_owner', ARGV[3], '_bytes', bytes, '_expires', now + ttl}
+for k = 1, #reserved do writes[#writes + 1] = reserved[k] end
+each_chunk('HSET', KEYS[1], writes)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now + math.min(ttl, tonumber(ARGV[5])), ARGV[1])
 return {'ok', 1, now + ttl}
@@ -61,39 +84,61 @@ return {'ok', 1, now + ttl}
 /// KEYS: ctx, deadlines. ARGV: id, if_version ('' = none), default_ttl_ms, one_shot_ttl_ms,
 /// idle_ms, max_fields, max_bytes, set_count, (name, value) * set_count, deleted names...
 ///
-/// Field values are never empty (JSON text), so `HSTRLEN == 0` means "absent".
+/// Five Redis calls for a patch that adds no field (TIME, one HMGET of the
+/// reserved entries and every touched field, one HSET, PEXPIRE, ZADD), plus HLEN
+/// when fields are added and HDEL when some are deleted: each `redis.call` costs
+/// Redis about as much as a client command, and this script is the write path.
 const PATCH: &str = r"
-local current = redis.call('HMGET', KEYS[1], '_version', '_tier', '_bytes')
+local first_delete = 9 + 2 * tonumber(ARGV[8])
+local names = {'_version', '_tier', '_bytes'}
+for i = 9, #ARGV do
+  if i < first_delete then
+    if (i - 9) % 2 == 0 then names[#names + 1] = ARGV[i] end
+  else
+    names[#names + 1] = ARGV[i]
+  end
+end
+local current = {}
+each_chunk('HMGET', KEYS[1], names, current)
 if not current[1] then return {'not_found'} end
 local version = tonumber(current[1])
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {'conflict', version} end
-local count = redis.call('HLEN', KEYS[1]) - 4
 local bytes = tonumber(current[3])
-local first_delete = 9 + 2 * tonumber(ARGV[8])
+local added, removed, at = 0, 0, 4
+local writes, deletes = {}, {}
 for i = 9, first_delete - 1, 2 do
-  local old = redis.call('HSTRLEN', KEYS[1], ARGV[i])
-  if old == 0 then
-    count = count + 1
-    bytes = bytes + #ARGV[i] + #ARGV[i + 1]
+  local old = current[at]
+  at = at + 1
+  if old then
+    bytes = bytes + #ARGV[i + 1] - #old
   else
-    bytes = bytes + #ARGV[i + 1] - old
+    added = added + 1
+    bytes = bytes + #ARGV[i] + #ARGV[i + 1]
   end
+  writes[#writes + 1] = ARGV[i]
+  writes[#writes + 1] = ARGV[i + 1]
 end
 for i = first_delete, #ARGV do
-  local old = redis.call('HSTRLEN', KEYS[1], ARGV[i])
-  if old > 0 then
-    count = count - 1
-    bytes = bytes - #ARGV[i] - old
+  local old = current[at]
+  at = at + 1
+  if old then
+    removed = removed + 1
+    bytes = bytes - #ARGV[i] - #old
   end
+  deletes[#deletes + 1] = ARGV[i]
 end
-if count > tonumber(ARGV[6]) then return {'too_many_fields', count} end
+if added > 0 then
+  local count = redis.call('HLEN', KEYS[1]) - 5 + added - removed
+  if count > tonumber(ARGV[6]) then return {'too_many_fields', count} end
+end
 if bytes > tonumber(ARGV[7]) then return {'too_large', bytes} end
-for i = 9, first_delete - 1, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-for i = first_delete, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
-version = version + 1
-redis.call('HSET', KEYS[1], '_version', version, '_bytes', bytes)
 local ttl = tonumber(ARGV[3])
 if current[2] == 'one_shot' then ttl = tonumber(ARGV[4]) end
+version = version + 1
+local reserved = {'_version', version, '_bytes', bytes, '_expires', now + ttl}
+for k = 1, #reserved do writes[#writes + 1] = reserved[k] end
+each_chunk('HSET', KEYS[1], writes)
+if #deletes > 0 then each_chunk('HDEL', KEYS[1], deletes) end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now + math.min(ttl, tonumber(ARGV[5])), ARGV[1])
 return {'ok', version, now + ttl}
@@ -158,7 +203,7 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let with_now = |body: &str| Script::new(&format!("{NOW}{body}"));
+        let with_now = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         Self {
             create: with_now(CREATE),
             patch: with_now(PATCH),
@@ -169,9 +214,23 @@ impl Scripts {
     }
 }
 
+/// One thread's connection to one store's Redis, made on first use.
+type Slot = Arc<OnceCell<ConnectionManager>>;
+
+/// Distinguishes stores sharing a thread (several services in one test process).
+static NEXT_STORE_ID: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's connection per store: (store id, the store's liveness, slot).
+    /// Entries of dropped stores are pruned when a new entry is added.
+    static CONNECTIONS: RefCell<Vec<(usize, Weak<()>, Slot)>> = const { RefCell::new(Vec::new()) };
+}
+
 pub struct RedisStore {
     client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    id: usize,
+    /// Dropped with the store; thread-local slots holding a `Weak` to it are then stale.
+    alive: Arc<()>,
     timeout: Duration,
     context_prefix: String,
     deadlines: String,
@@ -266,7 +325,8 @@ impl RedisStore {
         let client = redis::Client::open(url).map_err(|error| format!("invalid Redis URL `{url}`: {error}"))?;
         Ok(Self {
             client,
-            connection: OnceCell::new(),
+            id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
             timeout,
             context_prefix: namespace.context_prefix(),
             deadlines: namespace.deadlines(),
@@ -279,6 +339,20 @@ impl RedisStore {
         format!("{}{id}", self.context_prefix)
     }
 
+    /// This thread's connection slot for this store.
+    fn slot(&self) -> Slot {
+        CONNECTIONS.with(|connections| {
+            let mut connections = connections.borrow_mut();
+            if let Some((_, _, slot)) = connections.iter().find(|(id, _, _)| *id == self.id) {
+                return slot.clone();
+            }
+            connections.retain(|(_, alive, _)| alive.strong_count() > 0);
+            let slot = Slot::default();
+            connections.push((self.id, Arc::downgrade(&self.alive), slot.clone()));
+            slot
+        })
+    }
+
     async fn connection(&self) -> Result<ConnectionManager, StoreError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.timeout)
@@ -288,7 +362,7 @@ impl RedisStore {
             .set_number_of_retries(2)
             .set_factor(50)
             .set_max_delay(500);
-        self.connection
+        self.slot()
             .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config))
             .await
             .cloned()
@@ -372,10 +446,9 @@ impl ContextStore for RedisStore {
         let key = self.key(id);
         let deadline = now_ms().saturating_add(millis(self.policy.idle_timeout) as i64);
         let mut pipe = redis::pipe();
-        pipe.cmd("PTTL").arg(&key);
         match selection {
             Selection::All => pipe.cmd("HGETALL").arg(&key),
-            Selection::Only(names) => pipe.cmd("HMGET").arg(&key).arg(&RESERVED[..3]).arg(names),
+            Selection::Only(names) => pipe.cmd("HMGET").arg(&key).arg(&READ_RESERVED).arg(names),
         };
         pipe.cmd("ZADD")
             .arg(&self.deadlines)
@@ -385,29 +458,23 @@ impl ContextStore for RedisStore {
             .ignore();
         let call = async {
             let mut connection = self.connection().await?;
-            pipe.query_async::<(i64, Vec<Value>)>(&mut connection)
+            pipe.query_async::<(Vec<Value>,)>(&mut connection)
                 .await
                 .map_err(classify)
         };
-        let (pttl, data) = tokio::time::timeout(self.timeout, call)
+        let (data,) = tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))??;
-        if pttl == -2 || data.is_empty() {
+        if data.is_empty() {
             return Ok(None);
         }
-        // -1 (no TTL) cannot happen for hashes this service wrote; report the idle horizon.
-        let remaining = if pttl >= 0 {
-            pttl
-        } else {
-            millis(self.policy.idle_timeout) as i64
-        };
         let pairs: Vec<(String, String)> = match selection {
             Selection::All => data
                 .chunks_exact(2)
                 .map(|pair| Ok((text(&pair[0])?, text(&pair[1])?)))
                 .collect::<Result<_, StoreError>>()?,
             Selection::Only(names) => {
-                let requested = RESERVED[..3].iter().copied().chain(names.iter().map(String::as_str));
+                let requested = READ_RESERVED.iter().copied().chain(names.iter().map(String::as_str));
                 requested
                     .zip(&data)
                     .filter(|(_, value)| !matches!(value, Value::Nil))
@@ -419,7 +486,7 @@ impl ContextStore for RedisStore {
             version: 0,
             tier: Tier::Default,
             owner: String::new(),
-            expires_at_ms: now_ms().saturating_add(remaining),
+            expires_at_ms: 0,
             fields: Default::default(),
         };
         for (name, value) in pairs {
@@ -433,6 +500,11 @@ impl ContextStore for RedisStore {
                     snapshot.tier = Tier::parse(&value).ok_or_else(|| StoreError::Corrupt(format!("tier `{value}`")))?
                 }
                 "_owner" => snapshot.owner = value,
+                "_expires" => {
+                    snapshot.expires_at_ms = value
+                        .parse()
+                        .map_err(|_| StoreError::Corrupt(format!("expiry `{value}`")))?
+                }
                 _ if RESERVED.contains(&name.as_str()) => {}
                 _ => {
                     snapshot.fields.insert(name, value);
@@ -440,7 +512,7 @@ impl ContextStore for RedisStore {
             }
         }
         if snapshot.version == 0 {
-            // The hash vanished between PTTL and the read (closed or expired just then).
+            // Not a context this service wrote (every write sets `_version`).
             return Ok(None);
         }
         Ok(Some(snapshot))

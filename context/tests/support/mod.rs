@@ -86,6 +86,7 @@ impl Harness {
         std::fs::write(&acl_path, ACL).unwrap();
         let settings = Settings {
             listen: "127.0.0.1:0".parse().unwrap(),
+            threads: 1,
             store,
             acl: acl_path.clone(),
             auth: AuthConfig::Hs256SecretFile(secret_path),
