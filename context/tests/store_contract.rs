@@ -168,6 +168,15 @@ async fn patches_are_versioned(subject: Subject) {
     assert_unchanged(&store.get("p", &Selection::All).await.unwrap().unwrap(), &snapshot);
     // Unconditional patches always apply.
     assert_eq!(store.patch("p", &set(&[("a", "5")], None)).await.unwrap().version, 3);
+    // One field set and one deleted in the same patch.
+    let mixed = Patch {
+        set: fields(&[("a", "6")]),
+        delete: vec!["c".into()],
+        if_version: Some(3),
+    };
+    assert_eq!(store.patch("p", &mixed).await.unwrap().version, 4);
+    let snapshot = store.get("p", &Selection::All).await.unwrap().unwrap();
+    assert_eq!(snapshot.fields, fields(&[("a", "6")]));
     assert_eq!(
         store.patch("missing", &set(&[("a", "1")], None)).await,
         Err(StoreError::NotFound)

@@ -9,6 +9,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod resp;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::{Namespace, RedisStore};
