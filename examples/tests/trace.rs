@@ -113,6 +113,10 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
             .unwrap();
     });
 
+    // Half of the traces that start at the router are kept; a caller's decision is followed.
+    // (The SDK reads these when the provider is built; this is the only test in this process.)
+    std::env::set_var("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
+    std::env::set_var("OTEL_TRACES_SAMPLER_ARG", "0.5");
     // What `agent-reach` does when OTEL_EXPORTER_OTLP_ENDPOINT is set.
     let settings = otlp::Settings {
         endpoint,
@@ -331,5 +335,74 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         .unwrap()
         .iter()
         .all(|name| name == "agent-reach-test"));
+
+    // Head sampling. A caller's unsampled trace stays unsampled at every hop; a
+    // trace starting at the router is kept or dropped as a whole, decided once on
+    // its trace id before any span is built.
+    let call = |request_id: String, traceparent: Option<String>| {
+        let mut request = client
+            .post(format!("{}/v1/invoke", stack.router))
+            .bearer_auth(&user)
+            .json(&json!({"capability": "intent.parse", "request_id": request_id, "context_id": context_id,
+                          "timeout_ms": 10_000, "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        async move {
+            let answer: Value = request.send().await.unwrap().json().await.unwrap();
+            assert_eq!(answer["status"], "succeeded", "{answer}");
+        }
+    };
+    let unsampled_trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    call(
+        "req-unsampled".to_string(),
+        Some(format!("00-{unsampled_trace}-{caller_span}-00")),
+    )
+    .await;
+    const ROOTS: usize = 16;
+    for index in 0..ROOTS {
+        call(format!("req-root-{index}"), None).await;
+    }
+    // Every span of those calls ended before its answer was sent; export them all.
+    let flushing = provider.clone();
+    tokio::task::spawn_blocking(move || flushing.force_flush())
+        .await
+        .unwrap();
+    let spans = receiver.spans();
+    assert!(
+        spans.iter().all(|span| span.trace_id != unsampled_trace),
+        "a trace the caller did not sample was exported"
+    );
+    let with_request = |name: &str, request_id: &str| {
+        spans
+            .iter()
+            .find(|span| span.name == name && span.attributes.get("request_id").map(String::as_str) == Some(request_id))
+            .cloned()
+    };
+    let mut kept = 0;
+    for index in 0..ROOTS {
+        let request_id = format!("req-root-{index}");
+        match (
+            with_request("invoke", &request_id),
+            with_request("agent.invoke", &request_id),
+        ) {
+            (Some(router), Some(agent)) => {
+                kept += 1;
+                assert_eq!(router.parent, "", "a trace started by the router has it as root");
+                assert_eq!(
+                    router.attributes["trace_id"], router.trace_id,
+                    "the span has the trace id the router decided on"
+                );
+                assert_eq!(agent.trace_id, router.trace_id, "one trace for {request_id}");
+            }
+            (None, None) => {}
+            (router, agent) => panic!("{request_id} was half sampled: router {router:?}, agent {agent:?}"),
+        }
+    }
+    // 16 fair coin flips: all alike has a 1 in 32,768 chance.
+    assert!(
+        0 < kept && kept < ROOTS,
+        "{kept} of {ROOTS} root traces kept at ratio 0.5"
+    );
     stack.shutdown().await;
 }

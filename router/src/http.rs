@@ -111,46 +111,61 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     };
     let request_id = known.request_id.clone();
     let session_id = checked.request.session_id.clone().unwrap_or_default();
-    // Every log line about this request carries trace_id, request_id and session_id (DESIGN §6).
-    // With OTLP export on, the span is an OpenTelemetry server span continuing the caller's trace.
-    // Span attributes only traces need are recorded only while exporting: log lines
-    // keep the four ids, and disabled tracing formats nothing more than before.
-    let span = tracing::info_span!(
-        "invoke",
-        otel.kind = tracing::field::Empty,
-        trace_id = tracing::field::Empty,
-        request_id = %request_id,
-        session_id = %session_id,
-        capability = %checked.request.capability,
-        capability.version = tracing::field::Empty,
-        caller = tracing::field::Empty,
-        policy = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    );
-    if agent_reach_telemetry::propagation::exporting() {
-        span.record("otel.kind", "server");
-        span.record("caller", caller.name().unwrap_or(""));
-        span.record("policy", checked.policy.as_str());
-    }
+    // Every request-scoped log line carries trace_id, request_id and session_id as
+    // fields of its own (DESIGN §6): logs need no span. A span exists only for a
+    // request the configured sampler keeps, decided before any span is built, so
+    // with tracing off, or for a request left out of the sample, the request path
+    // builds no span at all.
     let incoming = headers.get("traceparent").and_then(|value| value.to_str().ok());
-    agent_reach_telemetry::propagation::set_parent(&span, incoming);
-    let trace = match agent_reach_telemetry::propagation::trace_state(&span) {
-        Some((trace_id, sampled)) => TraceContext {
-            trace_id,
-            sampled,
-            ..trace
-        },
-        None => trace,
+    let (span, trace) = match agent_reach_telemetry::propagation::head_sample(incoming, &trace.trace_id) {
+        Some(true) => {
+            let make_span = || {
+                tracing::info_span!(
+                    "invoke",
+                    otel.kind = "server",
+                    trace_id = tracing::field::Empty,
+                    request_id = %request_id,
+                    session_id = %session_id,
+                    capability = %checked.request.capability,
+                    capability.version = tracing::field::Empty,
+                    caller = caller.name().unwrap_or(""),
+                    policy = checked.policy.as_str(),
+                    error.type = tracing::field::Empty,
+                )
+            };
+            let span = if trace.continued {
+                make_span()
+            } else {
+                agent_reach_telemetry::propagation::root_span_with_trace_id(&trace.trace_id, make_span)
+            };
+            agent_reach_telemetry::propagation::set_parent(&span, incoming);
+            let trace = match agent_reach_telemetry::propagation::trace_state(&span) {
+                Some((trace_id, sampled)) => TraceContext {
+                    trace_id,
+                    sampled,
+                    ..trace
+                },
+                None => trace,
+            };
+            span.record("trace_id", trace.trace_id.as_str());
+            (span, trace)
+        }
+        // Spans are exported but this request is not in the sample: the next hop learns so.
+        Some(false) => (
+            tracing::Span::none(),
+            TraceContext {
+                sampled: false,
+                ..trace
+            },
+        ),
+        None => (tracing::Span::none(), trace),
     };
-    span.record("trace_id", trace.trace_id.as_str());
     let outcome = service
         .invoke(&caller, checked, &request_id, &trace)
         .instrument(span.clone())
         .await;
     if let Err(failure) = &outcome {
-        if agent_reach_telemetry::propagation::exporting() {
-            span.record("error.type", failure.error.code.as_str());
-        }
+        span.record("error.type", failure.error.code.as_str());
     }
     match outcome {
         Ok(success) => {

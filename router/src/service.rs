@@ -315,7 +315,7 @@ impl RouterService {
 
             let (observation, outcome) = classify(result, elapsed);
             let transition = instance.state.observe(observation, &self.breaker);
-            log_transition(transition, &agent_id);
+            log_transition(transition, &agent_id, trace, request_id);
             attempt_span.record(
                 "outcome",
                 match &outcome {
@@ -346,7 +346,11 @@ impl RouterService {
                     reason
                 }
             };
-            tracing::debug!(message = "Attempt failed; may retry.", request_id, %agent_id, attempt, reason = reason.as_str());
+            tracing::debug!(
+                message = "Attempt failed; may retry.",
+                trace_id = %trace.trace_id, request_id, session_id = session_id.as_deref().unwrap_or(""),
+                %agent_id, attempt, reason = reason.as_str()
+            );
             if attempt >= self.tuning.max_attempts {
                 return Err(fail(exhausted(&failures), Some(agent_id), attempt));
             }
@@ -487,7 +491,12 @@ impl RouterService {
                     self.forwarder.send(&instance.uri, body, &headers, deadline).await
                 };
                 let (observation, outcome) = classify(result, started.elapsed());
-                log_transition(instance.state.observe(observation, &self.breaker), &instance.agent_id);
+                log_transition(
+                    instance.state.observe(observation, &self.breaker),
+                    &instance.agent_id,
+                    trace,
+                    request_id,
+                );
                 let agent_id = instance.agent_id.clone();
                 let outcome = match outcome {
                     Outcome::Done(output) => Ok(Success {
@@ -591,10 +600,12 @@ fn classify(result: AttemptResult, elapsed: Duration) -> (Observation, Outcome) 
     }
 }
 
-fn log_transition(transition: Transition, agent_id: &str) {
+/// Logs a breaker transition with the ids of the request whose outcome caused it.
+fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
+    let trace_id = trace.trace_id.as_str();
     match transition {
-        Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id),
-        Transition::Closed => tracing::info!(message = "Circuit breaker closed.", agent_id),
+        Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id, trace_id, request_id),
+        Transition::Closed => tracing::info!(message = "Circuit breaker closed.", agent_id, trace_id, request_id),
         Transition::None => {}
     }
 }

@@ -9,6 +9,8 @@ pub struct TraceContext {
     pub trace_id: String,
     pub span_id: String,
     pub sampled: bool,
+    /// The trace came from a valid `traceparent` (else the router started it).
+    pub continued: bool,
 }
 
 impl TraceContext {
@@ -20,12 +22,14 @@ impl TraceContext {
                 trace_id,
                 span_id,
                 sampled: flags & 1 == 1,
+                continued: true,
             };
         }
         Self {
             trace_id: random_hex(16),
             span_id,
             sampled: true,
+            continued: false,
         }
     }
 

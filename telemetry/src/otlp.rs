@@ -11,13 +11,15 @@
 //! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | e.g. `parentbased_traceidratio` and `0.1` |
 //! | `OTEL_TRACES_EXPORTER=none`, `OTEL_SDK_DISABLED=true` | export off |
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context};
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::trace::{Tracer, TracerProvider};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Tracer, TracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing::{Level, Subscriber};
 use tracing_opentelemetry::OpenTelemetryLayer;
@@ -31,6 +33,40 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
+}
+
+/// The tracer of the installed layer: its sampler takes head-sampling
+/// decisions before any span exists (`propagation::head_sample`).
+static TRACER: OnceLock<Tracer> = OnceLock::new();
+
+pub(crate) fn tracer() -> Option<&'static Tracer> {
+    TRACER.get()
+}
+
+thread_local! {
+    /// A trace id the next root span on this thread takes (`propagation::root_span_with_trace_id`).
+    static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+}
+
+pub(crate) fn preset_trace_id(trace_id: Option<TraceId>) {
+    NEXT_TRACE_ID.with(|next| next.set(trace_id));
+}
+
+/// Random ids, except a root span's trace id when one was preset on this
+/// thread: a service that sampled a request by its trace id before creating
+/// any span then creates the span with that very id, so the SDK's sampler,
+/// asked again, agrees.
+#[derive(Debug, Default)]
+struct PresetIds(RandomIdGenerator);
+
+impl IdGenerator for PresetIds {
+    fn new_trace_id(&self) -> TraceId {
+        NEXT_TRACE_ID.with(Cell::take).unwrap_or_else(|| self.0.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.0.new_span_id()
+    }
 }
 
 /// Where and as whom spans are exported.
@@ -93,6 +129,7 @@ pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
     )]));
     Ok(TracerProvider::builder()
         .with_batch_exporter(exporter, opentelemetry_sdk::runtime::Tokio)
+        .with_id_generator(PresetIds::default())
         .with_resource(resource)
         .build())
 }
@@ -105,6 +142,7 @@ pub fn layer<S>(provider: &TracerProvider) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
+    let _ = TRACER.set(provider.tracer("agent-reach"));
     ACTIVE.store(true, Ordering::Relaxed);
     let spans = Targets::new()
         .with_default(Level::INFO)
