@@ -8,6 +8,7 @@
 //! - [`propagation`] reads and writes W3C `traceparent` headers for spans, so
 //!   the router and the SDK continue the caller's trace across hops.
 
+mod bursts;
 pub mod logs;
 pub mod otlp;
 pub mod propagation;

@@ -128,7 +128,10 @@ pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
         settings.service_name.clone(),
     )]));
     Ok(TracerProvider::builder()
-        .with_batch_exporter(exporter, opentelemetry_sdk::runtime::Tokio)
+        // The SDK's batch processor behind per-thread bursts (see `bursts`).
+        .with_span_processor(crate::bursts::Bursts::new(
+            opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build(),
+        ))
         .with_id_generator(PresetIds::default())
         .with_resource(resource)
         .build())
