@@ -1,20 +1,35 @@
 //! Forwarding one attempt to one instance over a pooled keep-alive HTTP/1.1
-//! client, bounded by the request's absolute deadline, and classifying what
+//! connection, bounded by the request's absolute deadline, and classifying what
 //! came back. The decision to retry is the caller's (`invoke`).
+//!
+//! The client is the router's own, not hyper's: a request takes an idle
+//! connection from its thread's pool, writes the request in one syscall, reads
+//! the answer itself and puts the connection back, all in the request's task.
+//! (hyper's pooled client drives each connection from a separate task, so every
+//! call crossed two channels and two extra task wake-ups; profiled, that was
+//! the largest single cost of forwarding.) Agents answer with `Content-Length`
+//! or chunked bodies, or close the connection after the body.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderValue, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// Largest agent answer the router reads (an answer is a JSON envelope, not a stream).
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+/// Largest status line plus headers of an answer.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most headers an answer may carry.
+const MAX_HEADERS: usize = 64;
+/// An idle pooled connection older than this is closed instead of reused.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on making a connection (the deadline bounds it too).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What one attempt produced.
 #[derive(Debug)]
@@ -35,21 +50,36 @@ pub struct ForwardHeaders<'a> {
     pub request_id: &'a HeaderValue,
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+struct Idle {
+    stream: TcpStream,
+    since: Instant,
+}
 
 /// Distinguishes forwarders sharing a thread (several routers in one test process).
 static NEXT_FORWARDER_ID: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
-    /// One client (and so one connection pool) per forwarder per thread: a pooled
-    /// connection is driven by a task on the thread that opened it, so a request
-    /// never hops threads to reach its connection, and threads share no pool lock.
-    static CLIENTS: RefCell<Vec<(usize, HttpClient)>> = const { RefCell::new(Vec::new()) };
+    /// Idle connections per forwarder per thread, by instance authority: a
+    /// request never hops threads to reach its connection, and threads share no pool lock.
+    static POOLS: RefCell<Vec<(usize, HashMap<String, Vec<Idle>>)>> = const { RefCell::new(Vec::new()) };
 }
 
 pub struct Forwarder {
     id: usize,
     idle_per_instance: usize,
+}
+
+/// How an exchange on one connection ended.
+enum Exchange {
+    Done {
+        status: StatusCode,
+        body: Bytes,
+        reusable: bool,
+    },
+    /// Failed before the first byte of an answer: on a reused connection this is
+    /// the agent having closed it while idle, and a fresh connection is tried.
+    FailedBeforeAnswer(String),
+    Broken(String),
 }
 
 impl Forwarder {
@@ -60,26 +90,38 @@ impl Forwarder {
         }
     }
 
-    fn build_client(&self) -> HttpClient {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(self.idle_per_instance)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector)
+    fn take_idle(&self, authority: &str) -> Option<TcpStream> {
+        POOLS.with(|pools| {
+            let mut pools = pools.borrow_mut();
+            let (_, pool) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
+            let idle = pool.get_mut(authority)?;
+            // The most recently used first; older ones past the idle timeout are closed.
+            while let Some(connection) = idle.pop() {
+                if connection.since.elapsed() < IDLE_TIMEOUT {
+                    return Some(connection.stream);
+                }
+            }
+            None
+        })
     }
 
-    /// This thread's client for this forwarder (a cheap handle clone).
-    fn client(&self) -> HttpClient {
-        CLIENTS.with(|clients| {
-            let mut clients = clients.borrow_mut();
-            if let Some((_, client)) = clients.iter().find(|(id, _)| *id == self.id) {
-                return client.clone();
+    fn put_idle(&self, authority: &str, stream: TcpStream) {
+        POOLS.with(|pools| {
+            let mut pools = pools.borrow_mut();
+            let at = match pools.iter().position(|(id, _)| *id == self.id) {
+                Some(at) => at,
+                None => {
+                    pools.push((self.id, HashMap::new()));
+                    pools.len() - 1
+                }
+            };
+            let idle = pools[at].1.entry(authority.to_string()).or_default();
+            if idle.len() < self.idle_per_instance {
+                idle.push(Idle {
+                    stream,
+                    since: Instant::now(),
+                });
             }
-            let client = self.build_client();
-            clients.push((self.id, client.clone()));
-            client
         })
     }
 
@@ -91,33 +133,373 @@ impl Forwarder {
         headers: &ForwardHeaders<'_>,
         deadline: Instant,
     ) -> AttemptResult {
-        let request = Request::post(uri.clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header("traceparent", headers.traceparent.clone())
-            .header("x-request-id", headers.request_id.clone())
-            .body(Full::new(body));
-        let request = match request {
-            Ok(request) => request,
-            Err(error) => return AttemptResult::ConnectFailed(format!("cannot build the request: {error}")),
+        let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
+            return AttemptResult::ConnectFailed(format!("the endpoint `{uri}` has no host"));
         };
-        let exchange = async {
-            let response = match self.client().request(request).await {
-                Ok(response) => response,
-                Err(error) if error.is_connect() => return AttemptResult::ConnectFailed(error.to_string()),
-                Err(error) => return AttemptResult::Broken(error.to_string()),
-            };
-            let status = response.status();
-            match Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await {
-                Ok(collected) => AttemptResult::Answered {
-                    status,
-                    body: collected.to_bytes(),
-                },
-                Err(error) => AttemptResult::Broken(format!("reading the answer failed: {error}")),
+        if uri.scheme_str().is_some_and(|scheme| scheme != "http") {
+            return AttemptResult::ConnectFailed(format!("the endpoint `{uri}` is not plain http://"));
+        }
+        let path = uri.path_and_query().map_or("/", |path| path.as_str());
+        let request = encode_request(authority, path, &body, headers);
+        let attempt = async {
+            if let Some(stream) = self.take_idle(authority) {
+                // A reused connection is not probed first (that costs a syscall per call):
+                // if the agent closed it while idle, the exchange fails before any answer
+                // byte and the request goes out once more on a fresh connection. Agents
+                // deduplicate by request id (DESIGN §3), as for any retry.
+                match exchange(stream, &request).await {
+                    (Exchange::FailedBeforeAnswer(_), _) => {}
+                    (done, stream) => return self.finish(authority, done, stream),
+                }
             }
+            let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    return AttemptResult::ConnectFailed(format!("cannot connect to {authority}: {error}"))
+                }
+                Err(_) => {
+                    return AttemptResult::ConnectFailed(format!(
+                        "cannot connect to {authority} within {} s",
+                        CONNECT_TIMEOUT.as_secs()
+                    ))
+                }
+            };
+            // Small requests and answers: Nagle would only add delay.
+            let _ = stream.set_nodelay(true);
+            let (done, stream) = exchange(stream, &request).await;
+            self.finish(authority, done, stream)
         };
-        match tokio::time::timeout_at(deadline.into(), exchange).await {
+        match tokio::time::timeout_at(deadline.into(), attempt).await {
             Ok(result) => result,
             Err(_) => AttemptResult::TimedOut,
         }
+    }
+
+    fn finish(&self, authority: &str, done: Exchange, stream: Option<TcpStream>) -> AttemptResult {
+        match done {
+            Exchange::Done { status, body, reusable } => {
+                if let (true, Some(stream)) = (reusable, stream) {
+                    self.put_idle(authority, stream);
+                }
+                AttemptResult::Answered { status, body }
+            }
+            Exchange::FailedBeforeAnswer(why) | Exchange::Broken(why) => AttemptResult::Broken(why),
+        }
+    }
+}
+
+fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHeaders<'_>) -> Vec<u8> {
+    let mut request = Vec::with_capacity(256 + body.len());
+    request.extend_from_slice(b"POST ");
+    request.extend_from_slice(path.as_bytes());
+    request.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    request.extend_from_slice(authority.as_bytes());
+    request.extend_from_slice(b"\r\ncontent-type: application/json\r\ntraceparent: ");
+    request.extend_from_slice(headers.traceparent.as_bytes());
+    request.extend_from_slice(b"\r\nx-request-id: ");
+    request.extend_from_slice(headers.request_id.as_bytes());
+    request.extend_from_slice(b"\r\ncontent-length: ");
+    request.extend_from_slice(body.len().to_string().as_bytes());
+    request.extend_from_slice(b"\r\n\r\n");
+    request.extend_from_slice(body);
+    request
+}
+
+/// Writes `request` and reads one answer. The stream comes back when the
+/// connection may be reused or retried on.
+async fn exchange(mut stream: TcpStream, request: &[u8]) -> (Exchange, Option<TcpStream>) {
+    if let Err(error) = stream.write_all(request).await {
+        return (
+            Exchange::FailedBeforeAnswer(format!("sending the request failed: {error}")),
+            None,
+        );
+    }
+    let mut input = BytesMut::with_capacity(8 * 1024);
+    // The head: status line and headers (skipping any 1xx interim answers).
+    let (status, framing, keep_alive) = loop {
+        let parsed = {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut headers);
+            match response.parse(&input) {
+                Ok(httparse::Status::Complete(length)) => Some(head_of(&response).map(|head| (head, length))),
+                Ok(httparse::Status::Partial) => None,
+                Err(error) => Some(Err(format!("the agent's answer is not HTTP/1.1: {error}"))),
+            }
+        };
+        match parsed {
+            Some(Ok(((status, framing, keep_alive), length))) => {
+                input.advance(length);
+                if status.is_informational() {
+                    continue;
+                }
+                break (status, framing, keep_alive);
+            }
+            Some(Err(why)) => return (Exchange::Broken(why), None),
+            None if input.len() > MAX_HEAD_BYTES => {
+                return (
+                    Exchange::Broken("the agent's answer headers are too large".to_string()),
+                    None,
+                )
+            }
+            None => match stream.read_buf(&mut input).await {
+                Ok(0) if input.is_empty() => {
+                    return (
+                        Exchange::FailedBeforeAnswer("the agent closed the connection without answering".to_string()),
+                        None,
+                    )
+                }
+                Ok(0) => return (Exchange::Broken("the answer was cut short".to_string()), None),
+                Ok(_) => {}
+                Err(error) if input.is_empty() => {
+                    return (
+                        Exchange::FailedBeforeAnswer(format!("reading the answer failed: {error}")),
+                        None,
+                    )
+                }
+                Err(error) => return (Exchange::Broken(format!("reading the answer failed: {error}")), None),
+            },
+        }
+    };
+    let body = match framing {
+        Framing::Length(length) => read_exactly(&mut stream, &mut input, length).await,
+        Framing::Chunked => read_chunked(&mut stream, &mut input).await,
+        Framing::UntilClose => read_to_close(&mut stream, &mut input).await,
+    };
+    match body {
+        Ok(body) => {
+            // Bytes beyond the body would be an answer nobody asked for: do not reuse.
+            let reusable = keep_alive && framing != Framing::UntilClose && input.is_empty();
+            (Exchange::Done { status, body, reusable }, reusable.then_some(stream))
+        }
+        Err(why) => (Exchange::Broken(why), None),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    UntilClose,
+}
+
+/// Status, body framing and whether the connection stays open, from a parsed head.
+fn head_of(response: &httparse::Response<'_, '_>) -> Result<(StatusCode, Framing, bool), String> {
+    let status = response
+        .code
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| "the agent's answer has no valid status".to_string())?;
+    let mut framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        Framing::Length(0)
+    } else {
+        Framing::UntilClose
+    };
+    let mut keep_alive = response.version == Some(1);
+    for header in response.headers.iter() {
+        if header.name.eq_ignore_ascii_case("content-length") && framing != Framing::Chunked {
+            let length = std::str::from_utf8(header.value)
+                .ok()
+                .and_then(|text| text.trim().parse::<usize>().ok())
+                .ok_or_else(|| "the agent's answer has an invalid Content-Length".to_string())?;
+            if length > MAX_ANSWER_BYTES {
+                return Err(format!("the agent's answer is larger than {MAX_ANSWER_BYTES} bytes"));
+            }
+            framing = Framing::Length(length);
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            let value = String::from_utf8_lossy(header.value).to_ascii_lowercase();
+            if value.trim().ends_with("chunked") {
+                framing = Framing::Chunked;
+            }
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            let value = String::from_utf8_lossy(header.value).to_ascii_lowercase();
+            if value.contains("close") {
+                keep_alive = false;
+            } else if value.contains("keep-alive") {
+                keep_alive = true;
+            }
+        }
+    }
+    Ok((status, framing, keep_alive))
+}
+
+async fn fill(stream: &mut TcpStream, input: &mut BytesMut) -> Result<(), String> {
+    match stream.read_buf(input).await {
+        Ok(0) => Err("the answer was cut short".to_string()),
+        Ok(_) => Ok(()),
+        Err(error) => Err(format!("reading the answer failed: {error}")),
+    }
+}
+
+async fn read_exactly(stream: &mut TcpStream, input: &mut BytesMut, length: usize) -> Result<Bytes, String> {
+    if input.capacity() < length {
+        input.reserve(length - input.len());
+    }
+    while input.len() < length {
+        fill(stream, input).await?;
+    }
+    Ok(input.split_to(length).freeze())
+}
+
+async fn read_to_close(stream: &mut TcpStream, input: &mut BytesMut) -> Result<Bytes, String> {
+    loop {
+        if input.len() > MAX_ANSWER_BYTES {
+            return Err(format!("the agent's answer is larger than {MAX_ANSWER_BYTES} bytes"));
+        }
+        match stream.read_buf(input).await {
+            Ok(0) => return Ok(input.split().freeze()),
+            Ok(_) => {}
+            Err(error) => return Err(format!("reading the answer failed: {error}")),
+        }
+    }
+}
+
+/// Decodes a chunked body (chunk extensions and trailers are skipped).
+async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> Result<Bytes, String> {
+    let mut body = BytesMut::new();
+    loop {
+        let line = read_line(stream, input).await?;
+        let size_text = line.split(|&byte| byte == b';').next().unwrap_or_default();
+        let size = std::str::from_utf8(size_text)
+            .ok()
+            .and_then(|text| usize::from_str_radix(text.trim(), 16).ok())
+            .ok_or_else(|| "the agent's answer has an invalid chunk size".to_string())?;
+        if size == 0 {
+            // Trailers, up to the empty line.
+            while !read_line(stream, input).await?.is_empty() {}
+            return Ok(body.freeze());
+        }
+        if body.len() + size > MAX_ANSWER_BYTES {
+            return Err(format!("the agent's answer is larger than {MAX_ANSWER_BYTES} bytes"));
+        }
+        while input.len() < size + 2 {
+            fill(stream, input).await?;
+        }
+        body.extend_from_slice(&input[..size]);
+        if &input[size..size + 2] != b"\r\n" {
+            return Err("the agent's answer has a malformed chunk".to_string());
+        }
+        input.advance(size + 2);
+    }
+}
+
+/// One CRLF-terminated line, without the CRLF.
+async fn read_line(stream: &mut TcpStream, input: &mut BytesMut) -> Result<Vec<u8>, String> {
+    loop {
+        if let Some(end) = input.windows(2).position(|pair| pair == b"\r\n") {
+            let line = input[..end].to_vec();
+            input.advance(end + 2);
+            return Ok(line);
+        }
+        if input.len() > MAX_HEAD_BYTES {
+            return Err("the agent's answer has an overlong chunk line".to_string());
+        }
+        fill(stream, input).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// An "agent" answering each accepted connection's requests with `answers`, in order.
+    async fn agent(answers: Vec<&'static [u8]>) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            for answer in answers {
+                let mut request = vec![0u8; 64 * 1024];
+                let _ = stream.read(&mut request).await.unwrap();
+                stream.write_all(answer).await.unwrap();
+            }
+        });
+        addr
+    }
+
+    async fn send(forwarder: &Forwarder, addr: std::net::SocketAddr) -> AttemptResult {
+        let uri: http::Uri = format!("http://{addr}/invoke").parse().unwrap();
+        let traceparent = HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        let request_id = HeaderValue::from_static("r1");
+        let headers = ForwardHeaders {
+            traceparent: &traceparent,
+            request_id: &request_id,
+        };
+        forwarder
+            .send(
+                &uri,
+                Bytes::from_static(b"{}"),
+                &headers,
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+    }
+
+    fn answered(result: AttemptResult) -> (StatusCode, Bytes) {
+        match result {
+            AttemptResult::Answered { status, body } => (status, body),
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn reads_length_chunked_and_until_close_answers_and_reuses_connections() {
+        let forwarder = Forwarder::new(4);
+        // One connection serves both: the second request reuses it.
+        let addr = agent(vec![
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{\"a\":1}",
+            b"HTTP/1.1 422 Unprocessable Entity\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"b\r\n4;ext=1\r\n\":2}\r\n0\r\nx-trailer: 1\r\n\r\n",
+        ])
+        .await;
+        assert_eq!(
+            answered(send(&forwarder, addr).await),
+            (StatusCode::OK, Bytes::from_static(b"{\"a\":1}"))
+        );
+        assert_eq!(
+            answered(send(&forwarder, addr).await),
+            (StatusCode::UNPROCESSABLE_ENTITY, Bytes::from_static(b"{\"b\":2}"))
+        );
+        let addr = agent(vec![b"HTTP/1.0 200 OK\r\n\r\n{\"c\":3}"]).await;
+        // (The agent task drops the stream after its last answer: EOF ends the body.)
+        assert_eq!(
+            answered(send(&forwarder, addr).await),
+            (StatusCode::OK, Bytes::from_static(b"{\"c\":3}"))
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pooled_connection_the_agent_closed_is_replaced_by_a_fresh_one() {
+        let forwarder = Forwarder::new(4);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            // First connection: one answer, then closed. Second: one answer.
+            for _ in 0..2 {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut request = vec![0u8; 64 * 1024];
+                let _ = stream.read(&mut request).await.unwrap();
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+            }
+        });
+        assert_eq!(answered(send(&forwarder, addr).await).0, StatusCode::OK);
+        assert_eq!(answered(send(&forwarder, addr).await).0, StatusCode::OK);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn failures_are_classified() {
+        let forwarder = Forwarder::new(4);
+        // Nothing listens: the agent never saw the request.
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        assert!(matches!(
+            send(&forwarder, closed).await,
+            AttemptResult::ConnectFailed(_)
+        ));
+        // Garbage and cut-short answers break the attempt.
+        let addr = agent(vec![b"SMTP ready\r\n\r\n"]).await;
+        assert!(matches!(send(&forwarder, addr).await, AttemptResult::Broken(_)));
+        let addr = agent(vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"]).await;
+        assert!(matches!(send(&forwarder, addr).await, AttemptResult::Broken(_)));
     }
 }
