@@ -58,10 +58,13 @@ struct Idle {
 /// Distinguishes forwarders sharing a thread (several routers in one test process).
 static NEXT_FORWARDER_ID: AtomicUsize = AtomicUsize::new(0);
 
+/// One forwarder's idle connections on one thread, by instance authority.
+type Pool = HashMap<String, Vec<Idle>>;
+
 thread_local! {
-    /// Idle connections per forwarder per thread, by instance authority: a
-    /// request never hops threads to reach its connection, and threads share no pool lock.
-    static POOLS: RefCell<Vec<(usize, HashMap<String, Vec<Idle>>)>> = const { RefCell::new(Vec::new()) };
+    /// Idle connections per forwarder per thread: a request never hops threads
+    /// to reach its connection, and threads share no pool lock.
+    static POOLS: RefCell<Vec<(usize, Pool)>> = const { RefCell::new(Vec::new()) };
 }
 
 pub struct Forwarder {
