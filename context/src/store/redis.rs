@@ -392,12 +392,28 @@ impl RedisStore {
         })
     }
 
-    /// Sends `pipeline` on this thread's connection within the call timeout.
+    /// Sends `pipeline` on this thread's connection within the call timeout. A
+    /// connection that let a call time out is dropped (the next call opens a
+    /// fresh one), so a Redis lost without a reset (a partition, a hung host)
+    /// is recovered from when it answers again.
     async fn send(&self, pipeline: Pipeline) -> Result<Vec<Reply>, StoreError> {
-        tokio::time::timeout(self.timeout, self.connection().send(pipeline))
-            .await
-            .map_err(|_| unavailable(format!("no answer within {} ms", self.timeout.as_millis())))?
-            .map_err(unavailable)
+        let connection = self.connection();
+        match tokio::time::timeout(self.timeout, connection.send(pipeline)).await {
+            Ok(answer) => answer.map_err(unavailable),
+            Err(_) => {
+                self.forget(&connection);
+                Err(unavailable(format!("no answer within {} ms", self.timeout.as_millis())))
+            }
+        }
+    }
+
+    /// Drops this thread's `connection` for this store (if it is still the current one).
+    fn forget(&self, connection: &resp::Connection) {
+        CONNECTIONS.with(|connections| {
+            connections
+                .borrow_mut()
+                .retain(|(id, _, current)| !(*id == self.id && current.same_as(connection)));
+        });
     }
 
     /// Runs `script` with `keys_and_args` (the key count first) within the call
@@ -688,6 +704,37 @@ mod tests {
         let script_bug = Reply::Error("ERR user_script:1: Script attempted to access nonexistent global".into());
         assert!(matches!(checked(script_bug), Err(StoreError::Corrupt(_))));
         assert_eq!(checked(Reply::Int(1)), Ok(Reply::Int(1)));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_that_lets_a_call_time_out_is_replaced() {
+        // A peer that accepts and never answers: a Redis lost without a reset.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", silent.local_addr().unwrap());
+        let accepted = tokio::spawn(async move {
+            let mut held = Vec::new();
+            loop {
+                let (stream, _) = silent.accept().await.unwrap();
+                held.push(stream);
+            }
+        });
+        let namespace = Namespace {
+            prefix: "t".into(),
+            tenant: "t".into(),
+        };
+        let store = RedisStore::new(&url, &namespace, StorePolicy::default(), Duration::from_millis(100)).unwrap();
+        let current = |store: &RedisStore| {
+            CONNECTIONS.with(|connections| {
+                connections
+                    .borrow()
+                    .iter()
+                    .find(|(id, _, _)| *id == store.id)
+                    .map(|(_, _, connection)| connection.clone())
+            })
+        };
+        assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))));
+        assert!(current(&store).is_none(), "the silent connection was dropped");
+        accepted.abort();
     }
 
     #[test]

@@ -210,6 +210,11 @@ impl Connection {
         self.requests.is_closed()
     }
 
+    /// Both handles lead to the same connection.
+    pub fn same_as(&self, other: &Connection) -> bool {
+        self.requests.same_channel(&other.requests)
+    }
+
     /// Sends `pipeline` and waits for all its replies. `Err` means the
     /// connection failed (the commands may or may not have run); error replies
     /// are `Ok` values ([`Reply::Error`]).
@@ -311,25 +316,22 @@ struct Waiting {
     answer: oneshot::Sender<Result<Vec<Reply>, String>>,
 }
 
-/// Runs one connection until every handle is gone and every answer is
-/// delivered (`Ok`), or it breaks (`Err`, after failing what was waiting).
+/// Runs one connection until every handle is gone (`Ok`), or it breaks (`Err`,
+/// after failing what was waiting). Every asker holds a handle while it waits,
+/// so once all are gone, replies still due have nobody to go to: the connection
+/// closes at once (an owner drops a connection whose replies stopped coming).
 async fn serve(stream: TcpStream, queue: &mut mpsc::UnboundedReceiver<Request>) -> Result<(), String> {
     let (mut reader, mut writer) = stream.into_split();
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut output: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut written = 0;
     let mut input = BytesMut::with_capacity(16 * 1024);
-    let mut open = true;
     let result = loop {
-        if !open && waiting.is_empty() && output.is_empty() {
-            break Ok(());
-        }
         tokio::select! {
             biased;
-            request = queue.recv(), if open && output.is_empty() => {
+            request = queue.recv(), if output.is_empty() => {
                 let Some(request) = request else {
-                    open = false;
-                    continue;
+                    break Ok(());
                 };
                 // Everything queued now goes out in one write.
                 let mut next = Some(request);
