@@ -32,7 +32,23 @@ pub fn routes(service: Arc<RouterService>) -> Router {
         .with_state(service)
 }
 
-fn json_response(status: StatusCode, envelope: &ResultEnvelope) -> Response {
+/// The succeeded result envelope (DESIGN §3), field for field as
+/// [`ResultEnvelope`] serialises, with the agent's output written as it came.
+#[derive(serde::Serialize)]
+struct Succeeded<'a> {
+    version: &'a str,
+    request_id: &'a str,
+    status: ResultStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capability: Option<&'a str>,
+    capability_version: &'a str,
+    agent_id: &'a str,
+    attempts: u32,
+    duration_ms: u64,
+    output: Option<&'a serde_json::value::RawValue>,
+}
+
+fn json_response(status: StatusCode, envelope: &impl serde::Serialize) -> Response {
     match serde_json::to_vec(envelope) {
         Ok(body) => (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response(),
         // Serialising plain strings and JSON values does not fail; answer something valid anyway.
@@ -169,17 +185,16 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     }
     match outcome {
         Ok(success) => {
-            let envelope = ResultEnvelope {
-                version: ENVELOPE_VERSION.to_string(),
-                request_id,
+            let envelope = Succeeded {
+                version: ENVELOPE_VERSION,
+                request_id: &request_id,
                 status: ResultStatus::Succeeded,
-                capability: known.capability,
-                capability_version: Some(success.capability_version),
-                agent_id: Some(success.agent_id),
+                capability: known.capability.as_deref(),
+                capability_version: &success.capability_version,
+                agent_id: &success.agent_id,
                 attempts: success.attempts,
                 duration_ms: started.elapsed().as_millis() as u64,
-                output: Some(success.output),
-                error: None,
+                output: success.output.as_deref(),
             };
             json_response(StatusCode::OK, &envelope)
         }
@@ -194,6 +209,26 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
             failed(known, failure)
         }
     }
+}
+
+/// One instance's answer to a broadcast; outputs are written as the agents sent them.
+#[derive(serde::Serialize)]
+struct InstanceOutcome {
+    agent_id: String,
+    status: ResultStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<Option<Box<serde_json::value::RawValue>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<agent_reach_proto::envelope::EnvelopeError>,
+}
+
+#[derive(serde::Serialize)]
+struct BroadcastAnswer<'a> {
+    version: &'a str,
+    request_id: &'a str,
+    capability: Option<&'a str>,
+    duration_ms: u64,
+    outcomes: Vec<InstanceOutcome>,
 }
 
 /// `POST /v1/broadcast`: the invoke envelope delivered to every routable
@@ -266,25 +301,31 @@ async fn broadcast(
     match service.broadcast(&caller, checked, &request_id, &trace, None).await {
         Err(failure) => failed(known, failure),
         Ok(outcomes) => {
-            let outcomes: Vec<serde_json::Value> = outcomes
+            let outcomes: Vec<InstanceOutcome> = outcomes
                 .into_iter()
                 .map(|(agent_id, outcome)| match outcome {
-                    Ok(success) => serde_json::json!({
-                        "agent_id": agent_id, "status": "succeeded", "output": success.output
-                    }),
-                    Err(failure) => serde_json::json!({
-                        "agent_id": agent_id, "status": "failed", "error": failure.error.to_envelope_error()
-                    }),
+                    Ok(success) => InstanceOutcome {
+                        agent_id,
+                        status: ResultStatus::Succeeded,
+                        output: Some(success.output),
+                        error: None,
+                    },
+                    Err(failure) => InstanceOutcome {
+                        agent_id,
+                        status: ResultStatus::Failed,
+                        output: None,
+                        error: Some(failure.error.to_envelope_error()),
+                    },
                 })
                 .collect();
-            let body = serde_json::json!({
-                "version": ENVELOPE_VERSION,
-                "request_id": request_id,
-                "capability": known.capability,
-                "duration_ms": started.elapsed().as_millis() as u64,
-                "outcomes": outcomes,
-            });
-            (StatusCode::OK, axum::Json(body)).into_response()
+            let body = BroadcastAnswer {
+                version: ENVELOPE_VERSION,
+                request_id: &request_id,
+                capability: known.capability.as_deref(),
+                duration_ms: started.elapsed().as_millis() as u64,
+                outcomes,
+            };
+            json_response(StatusCode::OK, &body)
         }
     }
 }
@@ -371,4 +412,49 @@ fn refused(error: RouterError) -> Response {
         },
         error.into(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_succeeded_envelope_is_written_as_result_envelope_writes_it_with_the_output_verbatim() {
+        let output =
+            serde_json::value::RawValue::from_string(r#"{"big":12345678901234567890123,"x":1.50}"#.into()).unwrap();
+        let written = serde_json::to_string(&Succeeded {
+            version: ENVELOPE_VERSION,
+            request_id: "r-1",
+            status: ResultStatus::Succeeded,
+            capability: Some("order.query"),
+            capability_version: "1.2.0",
+            agent_id: "order_query-1",
+            attempts: 2,
+            duration_ms: 7,
+            output: Some(&output),
+        })
+        .unwrap();
+        // Digits a JSON value would round away stay as the agent sent them.
+        assert!(
+            written.contains(r#""output":{"big":12345678901234567890123,"x":1.50}"#),
+            "{written}"
+        );
+        let parsed: ResultEnvelope = serde_json::from_str(&written).unwrap();
+        let expected = ResultEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: "r-1".into(),
+            status: ResultStatus::Succeeded,
+            capability: Some("order.query".into()),
+            capability_version: Some("1.2.0".into()),
+            agent_id: Some("order_query-1".into()),
+            attempts: 2,
+            duration_ms: 7,
+            output: parsed.output.clone(),
+            error: None,
+        };
+        assert_eq!(parsed, expected);
+        let reference = serde_json::to_value(&expected).unwrap();
+        let ours: serde_json::Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(ours, reference, "same fields, same names");
+    }
 }

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
 
-use agent_reach_proto::envelope::{AgentErrorBody, AgentOutput, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
+use agent_reach_proto::envelope::{AgentErrorBody, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tracing::Instrument;
 
@@ -48,7 +49,33 @@ pub struct Success {
     pub capability_version: String,
     pub agent_id: String,
     pub attempts: u32,
-    pub output: Value,
+    /// The agent's `output`, exactly as it sent it (`None`: absent, i.e. `null`):
+    /// checked to be JSON, passed on without being rebuilt (no parse-and-reserialise
+    /// per call, and numbers keep their digits).
+    pub output: Option<Box<RawValue>>,
+}
+
+impl Success {
+    /// The output as a JSON value (for stores that keep values). Fails only for
+    /// numbers a JSON value cannot hold (e.g. `1e400`).
+    pub fn output_value(&self) -> Result<Value, RouterError> {
+        let Some(output) = &self.output else {
+            return Ok(Value::Null);
+        };
+        serde_json::from_str(output.get()).map_err(|error| {
+            RouterError::new(
+                Code::AgentError,
+                format!("the agent's output cannot be kept as a JSON value: {error}"),
+            )
+        })
+    }
+}
+
+/// An agent's 2xx answer, `{"output": ...}` (absent: `null`), the output left as raw JSON.
+#[derive(serde::Deserialize)]
+struct AgentAnswer {
+    #[serde(default)]
+    output: Option<Box<RawValue>>,
 }
 
 /// A failed call: the error plus what is known for the result envelope.
@@ -529,7 +556,7 @@ impl RouterService {
 }
 
 enum Outcome {
-    Done(Value),
+    Done(Option<Box<RawValue>>),
     Fatal(RouterError),
     Retryable(RetryReason, String),
 }
@@ -538,7 +565,7 @@ enum Outcome {
 fn classify(result: AttemptResult, elapsed: Duration) -> (Observation, Outcome) {
     match result {
         AttemptResult::Answered { status, body } if status.is_success() => {
-            match serde_json::from_slice::<AgentOutput>(&body) {
+            match serde_json::from_slice::<AgentAnswer>(&body) {
                 Ok(answer) => (Observation::Healthy(elapsed), Outcome::Done(answer.output)),
                 Err(error) => (
                     Observation::Failed,

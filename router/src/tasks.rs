@@ -978,8 +978,18 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
             }
             Err(error) => Err(error.into()),
         };
+        // Task results are stored as JSON values (rare outputs a value cannot hold fail the task).
+        let outcome = outcome.and_then(|success| match success.output_value() {
+            Ok(output) => Ok((success, output)),
+            Err(error) => Err(crate::service::Failure {
+                error,
+                capability_version: Some(success.capability_version),
+                agent_id: Some(success.agent_id),
+                attempts: success.attempts,
+            }),
+        });
         match outcome {
-            Ok(success) => {
+            Ok((success, output)) => {
                 break ResultEnvelope {
                     version: ENVELOPE_VERSION.to_string(),
                     request_id: task.request_id.clone(),
@@ -989,7 +999,7 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
                     agent_id: Some(success.agent_id),
                     attempts: success.attempts,
                     duration_ms: started.elapsed().as_millis() as u64,
-                    output: Some(success.output),
+                    output: Some(output),
                     error: None,
                 }
             }
