@@ -59,7 +59,23 @@ struct Idle {
 static NEXT_FORWARDER_ID: AtomicUsize = AtomicUsize::new(0);
 
 /// One forwarder's idle connections on one thread, by instance authority.
-type Pool = HashMap<String, Vec<Idle>>;
+#[derive(Default)]
+struct Pool {
+    idle: HashMap<String, Vec<Idle>>,
+    last_sweep: Option<Instant>,
+}
+
+impl Pool {
+    /// Closes connections idle past the timeout and forgets instances with none
+    /// left, so instances that went away do not keep sockets open.
+    fn sweep(&mut self, now: Instant) {
+        self.idle.retain(|_, connections| {
+            connections.retain(|connection| now.duration_since(connection.since) < IDLE_TIMEOUT);
+            !connections.is_empty()
+        });
+        self.last_sweep = Some(now);
+    }
+}
 
 thread_local! {
     /// Idle connections per forwarder per thread: a request never hops threads
@@ -97,7 +113,7 @@ impl Forwarder {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let (_, pool) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
-            let idle = pool.get_mut(authority)?;
+            let idle = pool.idle.get_mut(authority)?;
             // The most recently used first; older ones past the idle timeout are closed.
             while let Some(connection) = idle.pop() {
                 if connection.since.elapsed() < IDLE_TIMEOUT {
@@ -114,16 +130,21 @@ impl Forwarder {
             let at = match pools.iter().position(|(id, _)| *id == self.id) {
                 Some(at) => at,
                 None => {
-                    pools.push((self.id, HashMap::new()));
+                    pools.push((self.id, Pool::default()));
                     pools.len() - 1
                 }
             };
-            let idle = pools[at].1.entry(authority.to_string()).or_default();
+            let pool = &mut pools[at].1;
+            let now = Instant::now();
+            if pool
+                .last_sweep
+                .is_none_or(|last| now.duration_since(last) >= IDLE_TIMEOUT / 4)
+            {
+                pool.sweep(now);
+            }
+            let idle = pool.idle.entry(authority.to_string()).or_default();
             if idle.len() < self.idle_per_instance {
-                idle.push(Idle {
-                    stream,
-                    since: Instant::now(),
-                });
+                idle.push(Idle { stream, since: now });
             }
         })
     }
@@ -488,6 +509,38 @@ mod tests {
         });
         assert_eq!(answered(send(&forwarder, addr).await).0, StatusCode::OK);
         assert_eq!(answered(send(&forwarder, addr).await).0, StatusCode::OK);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sweep_closes_connections_idle_past_the_timeout_and_forgets_gone_instances() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connect = || TcpStream::connect(addr);
+        let start = Instant::now();
+        let mut pool = Pool::default();
+        pool.idle.insert(
+            "gone:1".into(),
+            vec![Idle {
+                stream: connect().await.unwrap(),
+                since: start,
+            }],
+        );
+        pool.idle.insert(
+            "live:1".into(),
+            vec![
+                Idle {
+                    stream: connect().await.unwrap(),
+                    since: start,
+                },
+                Idle {
+                    stream: connect().await.unwrap(),
+                    since: start + IDLE_TIMEOUT / 2,
+                },
+            ],
+        );
+        pool.sweep(start + IDLE_TIMEOUT);
+        assert!(!pool.idle.contains_key("gone:1"));
+        assert_eq!(pool.idle["live:1"].len(), 1);
     }
 
     #[tokio::test(flavor = "current_thread")]
