@@ -1,7 +1,9 @@
 //! `agent-reach dev`: the whole system in one process (see [`crate::stack`]),
 //! printing URLs, a token and a ready-to-paste `curl`.
 
+use std::fmt::Write as _;
 use std::future::Future;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,39 +57,57 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()> + Send + 'sta
         (false, true) => "etcd, embedded context store",
         (true, false) => "embedded registry store, Redis",
     };
-    println!("Agent-Reach dev is running ({stores}, authentication on).");
-    println!();
-    println!("  registry   {}   (gRPC and HTTP/JSON)", stack.registry);
-    println!("  router     {}", stack.router);
-    println!("  context    {}", stack.context);
-    println!("  acl        {}", stack.acl.display());
-    println!("  secret     {}", stack.secret_file.display());
+    // One write, and a closed stdout (`agent-reach dev | head`, a test that read
+    // what it needed) does not stop the stack: `println!` would panic on EPIPE.
+    let mut banner = String::new();
+    let _ = writeln!(banner, "Agent-Reach dev is running ({stores}, authentication on).");
+    let _ = writeln!(banner);
+    let _ = writeln!(banner, "  registry   {}   (gRPC and HTTP/JSON)", stack.registry);
+    let _ = writeln!(banner, "  router     {}", stack.router);
+    let _ = writeln!(banner, "  context    {}", stack.context);
+    let _ = writeln!(banner, "  acl        {}", stack.acl.display());
+    let _ = writeln!(banner, "  secret     {}", stack.secret_file.display());
     for agent in &stack.agents {
-        println!("  agent      {:<18} http://{}", agent.agent_id(), agent.local_addr());
+        let _ = writeln!(
+            banner,
+            "  agent      {:<18} http://{}",
+            agent.agent_id(),
+            agent.local_addr()
+        );
     }
-    println!();
-    println!("A token for caller `demo_user` (24 h):");
-    println!("  export TOKEN={token}");
-    println!(
+    let _ = writeln!(banner);
+    let _ = writeln!(banner, "A token for caller `demo_user` (24 h):");
+    let _ = writeln!(banner, "  export TOKEN={token}");
+    let _ = writeln!(
+        banner,
         "More tokens: cargo run -p agent-reach-cli -- token issue --name NAME --secret-file {}",
         stack.secret_file.display()
     );
-    println!();
-    println!("Ask the example agents whether an order ships today (a context first, then the call):");
-    println!(
+    let _ = writeln!(banner);
+    let _ = writeln!(
+        banner,
+        "Ask the example agents whether an order ships today (a context first, then the call):"
+    );
+    let _ = writeln!(
+        banner,
         "  CTX=$(curl -s -X POST {}/v1/contexts -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{}}' | sed 's/.*\"context_id\":\"\\([^\"]*\\)\".*/\\1/')",
         stack.context
     );
-    println!(
+    let _ = writeln!(
+        banner,
         "  curl -s {}/v1/invoke -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' \\\n    -d '{{\"capability\":\"intent.parse\",\"context_id\":\"'$CTX'\",\"payload\":{{\"user_id\":\"u_123\",\"text\":\"Can my order SO-2024001 ship today?\"}}}}'",
         stack.router
     );
-    println!(
+    let _ = writeln!(
+        banner,
         "  curl -s {}/v1/capabilities -H \"Authorization: Bearer $TOKEN\"",
         stack.registry
     );
-    println!();
-    println!("Ctrl-C stops everything.");
+    let _ = writeln!(banner);
+    let _ = writeln!(banner, "Ctrl-C stops everything.");
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(banner.as_bytes()).and_then(|()| stdout.flush());
+    drop(stdout);
     shutdown.await;
     stack.shutdown().await;
     Ok(())
