@@ -12,6 +12,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -142,9 +143,14 @@ impl Forwarder {
             {
                 pool.sweep(now);
             }
-            let idle = pool.idle.entry(authority.to_string()).or_default();
-            if idle.len() < self.idle_per_instance {
-                idle.push(Idle { stream, since: now });
+            // No key allocation on the hot path: only an instance's first connection adds one.
+            match pool.idle.get_mut(authority) {
+                Some(idle) if idle.len() >= self.idle_per_instance => {}
+                Some(idle) => idle.push(Idle { stream, since: now }),
+                None => {
+                    pool.idle
+                        .insert(authority.to_string(), vec![Idle { stream, since: now }]);
+                }
             }
         })
     }
@@ -223,7 +229,8 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
     request.extend_from_slice(b"\r\nx-request-id: ");
     request.extend_from_slice(headers.request_id.as_bytes());
     request.extend_from_slice(b"\r\ncontent-length: ");
-    request.extend_from_slice(body.len().to_string().as_bytes());
+    // Writing into a Vec cannot fail.
+    let _ = write!(request, "{}", body.len());
     request.extend_from_slice(b"\r\n\r\n");
     request.extend_from_slice(body);
     request

@@ -293,7 +293,7 @@ impl Answer {
             return Err(StoreError::Corrupt("script answered an empty array".to_string()));
         }
         let rest = items.split_off(1);
-        let status = items[0].text().map_err(StoreError::Corrupt)?;
+        let status = text(items.remove(0))?;
         Ok(Self { status, rest })
     }
 
@@ -466,8 +466,8 @@ fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
-fn text(reply: &Reply) -> Result<String, StoreError> {
-    reply.text().map_err(StoreError::Corrupt)
+fn text(reply: Reply) -> Result<String, StoreError> {
+    reply.into_text().map_err(StoreError::Corrupt)
 }
 
 #[async_trait::async_trait]
@@ -534,14 +534,18 @@ impl ContextStore for RedisStore {
             return Ok(None);
         }
         let pairs: Vec<(String, String)> = match selection {
-            Selection::All => data
-                .chunks_exact(2)
-                .map(|pair| Ok((text(&pair[0])?, text(&pair[1])?)))
-                .collect::<Result<_, StoreError>>()?,
+            Selection::All => {
+                let mut replies = data.into_iter();
+                let mut pairs = Vec::with_capacity(replies.len() / 2);
+                while let (Some(name), Some(value)) = (replies.next(), replies.next()) {
+                    pairs.push((text(name)?, text(value)?));
+                }
+                pairs
+            }
             Selection::Only(names) => {
                 let requested = READ_RESERVED.iter().copied().chain(names.iter().map(String::as_str));
                 requested
-                    .zip(&data)
+                    .zip(data)
                     .filter(|(_, value)| !matches!(value, Reply::Nil))
                     .map(|(name, value)| Ok((name.to_string(), text(value)?)))
                     .collect::<Result<_, StoreError>>()?

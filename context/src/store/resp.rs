@@ -34,11 +34,11 @@ pub enum Reply {
 }
 
 impl Reply {
-    /// A bulk or status reply as text.
-    pub fn text(&self) -> Result<String, String> {
+    /// A bulk or status reply as text, without copying its bytes.
+    pub fn into_text(self) -> Result<String, String> {
         match self {
-            Reply::Bulk(bytes) => String::from_utf8(bytes.clone()).map_err(|_| "a reply is not UTF-8".to_string()),
-            Reply::Status(text) => Ok(text.clone()),
+            Reply::Bulk(bytes) => String::from_utf8(bytes).map_err(|_| "a reply is not UTF-8".to_string()),
+            Reply::Status(text) => Ok(text),
             other => Err(format!("expected text, got {other:?}")),
         }
     }
@@ -47,10 +47,11 @@ impl Reply {
     pub fn int(&self) -> Result<i64, String> {
         match self {
             Reply::Int(value) => Ok(*value),
-            Reply::Bulk(_) | Reply::Status(_) => {
-                let text = self.text()?;
+            Reply::Bulk(bytes) => {
+                let text = String::from_utf8_lossy(bytes);
                 text.parse().map_err(|_| format!("expected an integer, got `{text}`"))
             }
+            Reply::Status(text) => text.parse().map_err(|_| format!("expected an integer, got `{text}`")),
             other => Err(format!("expected an integer, got {other:?}")),
         }
     }
@@ -98,8 +99,13 @@ fn encode_bytes(bytes: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
+fn push_decimal(out: &mut Vec<u8>, value: u64) {
     let mut digits = [0u8; 20];
+    out.extend_from_slice(decimal(value, &mut digits));
+}
+
+/// `value` in decimal, written at the end of `digits` (20 digits hold any u64).
+fn decimal(mut value: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     loop {
         at -= 1;
@@ -109,7 +115,7 @@ fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
             break;
         }
     }
-    out.extend_from_slice(&digits[at..]);
+    &digits[at..]
 }
 
 impl Arg for &str {
@@ -126,9 +132,8 @@ impl Arg for &String {
 
 impl Arg for u64 {
     fn encode(&self, out: &mut Vec<u8>) {
-        let mut text = Vec::with_capacity(20);
-        push_decimal(&mut text, *self);
-        encode_bytes(&text, out);
+        let mut digits = [0u8; 20];
+        encode_bytes(decimal(*self, &mut digits), out);
     }
 }
 
