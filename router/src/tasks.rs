@@ -370,6 +370,20 @@ fn view(task: &agent_reach_tasks::Task) -> Value {
     })
 }
 
+/// The task `task_id` of an authenticated caller allowed to see it: the common
+/// start of the status, cancel and events handlers.
+async fn owned_task<'a>(
+    service: &'a RouterService,
+    headers: &HeaderMap,
+    task_id: &str,
+) -> Result<(&'a Arc<Tasks>, agent_reach_tasks::Task), RouterError> {
+    let tasks = enabled(service)?;
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let task = tasks.store.get(task_id).await.map_err(store_error)?;
+    owner_check(&caller, &task)?;
+    Ok((tasks, task))
+}
+
 fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
     match caller {
         Caller::Agent(name) if name != &task.caller => Err(RouterError::new(
@@ -635,10 +649,7 @@ async fn status(
     headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let tasks = enabled(&service)?;
-        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
-        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
-        owner_check(&caller, &task)?;
+        let (_, task) = owned_task(&service, &headers, &task_id).await?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }
     .await;
@@ -652,10 +663,7 @@ async fn cancel(
     headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let tasks = enabled(&service)?;
-        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
-        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
-        owner_check(&caller, &task)?;
+        let (tasks, task) = owned_task(&service, &headers, &task_id).await?;
         let result = failed_envelope(
             &task,
             &RouterError::new(Code::Canceled, "the caller canceled the task"),
@@ -683,10 +691,8 @@ async fn events(
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let outcome = async {
-        let tasks = enabled(&service)?.clone();
-        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
-        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
-        owner_check(&caller, &task)?;
+        let (tasks, _) = owned_task(&service, &headers, &task_id).await?;
+        let tasks = tasks.clone();
         // (tasks, id, transitions already sent, finished)
         let stream = futures::stream::unfold((tasks, task_id, 0usize, false), |(tasks, task_id, sent, done)| async move {
             if done {

@@ -425,26 +425,7 @@ async fn broadcast_reaches_every_instance() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let mut outcomes: Vec<(String, String)> = body["outcomes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|outcome| {
-            (
-                outcome["agent_id"].as_str().unwrap().to_string(),
-                outcome["status"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    outcomes.sort();
-    assert_eq!(
-        outcomes,
-        [
-            ("broken-3".to_string(), "failed".to_string()),
-            ("echo-1".to_string(), "succeeded".to_string()),
-            ("echo-2".to_string(), "succeeded".to_string())
-        ]
-    );
+    assert_two_succeeded_one_failed(&body["outcomes"]);
     assert!(
         agents.iter().all(|agent| agent.hits() == 1),
         "each instance got it exactly once"
@@ -735,26 +716,7 @@ async fn async_broadcast_is_a_parent_with_a_child_per_instance() {
 
     let done = wait_terminal(&cluster, parent["task_id"].as_str().unwrap()).await;
     assert_eq!(done["status"], "succeeded", "{done}");
-    let mut outcomes: Vec<(String, String)> = done["result"]["output"]["outcomes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|outcome| {
-            (
-                outcome["agent_id"].as_str().unwrap().to_string(),
-                outcome["status"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    outcomes.sort();
-    assert_eq!(
-        outcomes,
-        [
-            ("broken-3".to_string(), "failed".to_string()),
-            ("echo-1".to_string(), "succeeded".to_string()),
-            ("echo-2".to_string(), "succeeded".to_string())
-        ]
-    );
+    assert_two_succeeded_one_failed(&done["result"]["output"]["outcomes"]);
     assert!(
         agents.iter().all(|agent| agent.hits() == 1),
         "each instance exactly once"
@@ -889,5 +851,25 @@ async fn a_canceled_pending_task_is_never_delivered() {
     assert_eq!(
         get(&cluster, &format!("/v1/tasks/{waiting}")).await.1["status"],
         "canceled"
+    );
+}
+
+/// The broadcast outcomes of the two echo agents and the broken one, by instance.
+fn assert_two_succeeded_one_failed(outcomes: &Value) {
+    let mut outcomes: Vec<(&str, &str)> = outcomes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|outcome| {
+            (
+                outcome["agent_id"].as_str().unwrap(),
+                outcome["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [("broken-3", "failed"), ("echo-1", "succeeded"), ("echo-2", "succeeded")]
     );
 }
