@@ -12,6 +12,8 @@
 //! and wrk from the distribution's packages (`scripts/setup.sh`). Prints
 //! req/s and p50/p99 per target and the verdict against the target: router
 //! req/s ≥ HAProxy's, and the router's added p50 at 1 connection ≤ HAProxy's.
+//! Each target is measured in `--rounds` interleaved rounds (default 3) and
+//! judged on its median round.
 //!
 //! `--tracing` (issue 7, acceptance point 5) adds two routers in the same run,
 //! set up as the `agent-reach router` binary sets itself up (logs at `info`):
@@ -40,12 +42,17 @@ const SERVE_ROUTER: &str = "__serve-router";
 const CAPABILITY: &str = "bench.echo";
 const CALLER: &str = "bench_caller";
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(about = "Router benchmark: direct agent vs router vs HAProxy, wrk at 32 and 1 connections.")]
 struct Args {
     /// Seconds each wrk run lasts.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 6)]
     duration_s: u64,
+    /// Rounds: every target is measured this many times, the rounds interleaved,
+    /// and judged on its median round (a single run on a shared 2-core box
+    /// swings by ±5 %, enough to flip a verdict).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
     /// wrk threads.
     #[arg(long, default_value_t = 1)]
     wrk_threads: u32,
@@ -189,11 +196,24 @@ async fn register(
 
 // === wrk ===
 
+#[derive(Debug, Clone)]
 struct WrkResult {
     requests_per_s: f64,
     p50_us: f64,
     p99_us: f64,
     errors: String,
+    /// CPU seconds the proxy spent per request (µs), for proxies.
+    cpu_per_request_us: Option<f64>,
+}
+
+fn print_row(name: &str, connections: u32, round: &str, result: &WrkResult) {
+    let cpu = result
+        .cpu_per_request_us
+        .map_or_else(|| "-".to_string(), |us| format!("{us:.1}us"));
+    println!(
+        "{:<16} {:>6} {:>6} {:>12.0} {:>8.0}us {:>8.0}us {:>14}  {}",
+        name, connections, round, result.requests_per_s, result.p50_us, result.p99_us, cpu, result.errors
+    );
 }
 
 fn parse_latency_us(text: &str) -> Option<f64> {
@@ -227,6 +247,7 @@ fn run_wrk(script: &Path, url: &str, connections: u32, args: &Args) -> anyhow::R
         p50_us: f64::NAN,
         p99_us: f64::NAN,
         errors: String::new(),
+        cpu_per_request_us: None,
     };
     for line in text.lines() {
         let trimmed = line.trim();
@@ -483,35 +504,41 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     );
     println!("router: authentication (HS256), ACL and schema validation on\n");
     println!(
-        "{:<14} {:>6} {:>12} {:>10} {:>10} {:>14}  errors",
-        "target", "conns", "req/s", "p50", "p99", "proxy CPU/req"
+        "{:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>14}  errors",
+        "target", "conns", "round", "req/s", "p50", "p99", "proxy CPU/req"
     );
-    let mut results = std::collections::HashMap::new();
+    // Every round of every target, then each target's median round.
+    let mut rounds: std::collections::HashMap<(String, u32), Vec<WrkResult>> = std::collections::HashMap::new();
     for &connections in &args.connections {
-        for (name, url, pid) in &targets {
-            // A short warm-up fills connection pools.
-            let warm = Args {
-                duration_s: 2,
-                wrk_threads: args.wrk_threads,
-                router_threads: args.router_threads,
-                connections: vec![],
-                tracing: false,
-            };
-            let _ = run_wrk(&script, url, connections, &warm);
-            let cpu_before = pid.map(cpu_seconds);
-            let result = run_wrk(&script, url, connections, &args)?;
-            let cpu_per_request = match (pid, cpu_before) {
-                (Some(pid), Some(before)) => {
+        for round in 1..=args.rounds.max(1) {
+            for (name, url, pid) in &targets {
+                // A short warm-up fills connection pools.
+                let warm = Args {
+                    duration_s: 2,
+                    ..args.clone()
+                };
+                let _ = run_wrk(&script, url, connections, &warm);
+                let cpu_before = pid.map(cpu_seconds);
+                let mut result = run_wrk(&script, url, connections, &args)?;
+                if let (Some(pid), Some(before)) = (pid, cpu_before) {
                     let requests = result.requests_per_s * args.duration_s as f64;
-                    format!("{:.1}us", (cpu_seconds(*pid) - before) * 1e6 / requests)
+                    result.cpu_per_request_us = Some((cpu_seconds(*pid) - before) * 1e6 / requests);
                 }
-                _ => "-".to_string(),
-            };
-            println!(
-                "{:<14} {:>6} {:>12.0} {:>8.0}us {:>8.0}us {:>14}  {}",
-                name, connections, result.requests_per_s, result.p50_us, result.p99_us, cpu_per_request, result.errors
-            );
-            results.insert((name.to_string(), connections), result);
+                print_row(name, connections, &round.to_string(), &result);
+                rounds.entry((name.to_string(), connections)).or_default().push(result);
+            }
+        }
+    }
+    let mut results = std::collections::HashMap::new();
+    println!("\nmedian of {} round(s):", args.rounds.max(1));
+    for &connections in &args.connections {
+        for (name, _, _) in &targets {
+            if let Some(runs) = rounds.get_mut(&(name.to_string(), connections)) {
+                runs.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
+                let median = runs[runs.len() / 2].clone();
+                print_row(name, connections, "median", &median);
+                results.insert((name.to_string(), connections), median);
+            }
         }
     }
     println!();

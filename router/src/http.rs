@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_telemetry::spans::{self, Head, KeyValue};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use tracing::Instrument;
 
 use crate::envelope;
 use crate::error::{Code, RouterError};
@@ -133,55 +133,31 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
     // with tracing off, or for a request left out of the sample, the request path
     // builds no span at all.
     let incoming = headers.get("traceparent").and_then(|value| value.to_str().ok());
-    let (span, trace) = match agent_reach_telemetry::propagation::head_sample(incoming, &trace.trace_id) {
-        Some(true) => {
-            let make_span = || {
-                tracing::info_span!(
-                    "invoke",
-                    otel.kind = "server",
-                    trace_id = tracing::field::Empty,
-                    request_id = %request_id,
-                    session_id = %session_id,
-                    capability = %checked.request.capability,
-                    capability.version = tracing::field::Empty,
-                    caller = caller.name().unwrap_or(""),
-                    policy = checked.policy.as_str(),
-                    error.type = tracing::field::Empty,
-                )
-            };
-            let span = if trace.continued {
-                make_span()
-            } else {
-                agent_reach_telemetry::propagation::root_span_with_trace_id(&trace.trace_id, make_span)
-            };
-            agent_reach_telemetry::propagation::set_parent(&span, incoming);
-            let trace = match agent_reach_telemetry::propagation::trace_state(&span) {
-                Some((trace_id, sampled)) => TraceContext {
-                    trace_id,
-                    sampled,
-                    ..trace
-                },
-                None => trace,
-            };
-            span.record("trace_id", trace.trace_id.as_str());
-            (span, trace)
-        }
+    let head = spans::start_request("invoke", incoming, &trace.trace_id, || {
+        vec![
+            KeyValue::new("trace_id", trace.trace_id.clone()),
+            KeyValue::new("request_id", request_id.clone()),
+            KeyValue::new("session_id", session_id.clone()),
+            KeyValue::new("capability", checked.request.capability.clone()),
+            KeyValue::new("caller", caller.name().unwrap_or("").to_string()),
+            KeyValue::new("policy", checked.policy.as_str()),
+        ]
+    });
+    let trace = match head {
+        Head::Sampled(span) => TraceContext {
+            span: Some(span),
+            ..trace
+        },
         // Spans are exported but this request is not in the sample: the next hop learns so.
-        Some(false) => (
-            tracing::Span::none(),
-            TraceContext {
-                sampled: false,
-                ..trace
-            },
-        ),
-        None => (tracing::Span::none(), trace),
+        Head::NotSampled => TraceContext {
+            sampled: false,
+            ..trace
+        },
+        Head::Off => trace,
     };
-    let outcome = service
-        .invoke(&caller, checked, &request_id, &trace)
-        .instrument(span.clone())
-        .await;
-    if let Err(failure) = &outcome {
-        span.record("error.type", failure.error.code.as_str());
+    let outcome = service.invoke(&caller, checked, &request_id, &trace).await;
+    if let (Err(failure), Some(span)) = (&outcome, &trace.span) {
+        span.fail(failure.error.code.as_str());
     }
     match outcome {
         Ok(success) => {

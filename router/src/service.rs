@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use agent_reach_access::{AclHandle, Authenticator, Caller};
 
 use agent_reach_proto::envelope::{AgentErrorBody, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
+use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use tracing::Instrument;
 
 use crate::breaker::{BreakerConfig, Transition};
 use crate::clock;
@@ -218,8 +218,8 @@ impl RouterService {
         trace: &TraceContext,
     ) -> Result<Success, Failure> {
         let group = resolve_version(capability, version_req)?;
-        if agent_reach_telemetry::propagation::exporting() {
-            tracing::Span::current().record("capability.version", group.version_text.as_str());
+        if let Some(span) = &trace.span {
+            span.set(KeyValue::new("capability.version", group.version_text.clone()));
         }
         let version = Some(group.version_text.clone());
         let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| Failure {
@@ -261,9 +261,14 @@ impl RouterService {
         let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
         let fallback_traceparent = trace.forward_header();
-        // Selection and attempt spans only for traces that are kept: building an
-        // unsampled OpenTelemetry span costs as much as a sampled one.
-        let detailed = trace.sampled || !agent_reach_telemetry::propagation::exporting();
+        // Selection and attempt spans only for traces that are kept (an unsampled
+        // span costs as much as a sampled one): under the request's span, or under
+        // the `tracing` span this runs in (a task's delivery) when that one is sampled.
+        let parent_span = match &trace.span {
+            Some(span) => Some(span.clone()),
+            None if trace.sampled => spans::current(),
+            None => None,
+        };
         let limits = SelectionLimits {
             breaker: &self.breaker,
             max_inflight: self.tuning.max_inflight_per_instance,
@@ -275,12 +280,18 @@ impl RouterService {
         loop {
             let attempt = tried.len() as u32 + 1;
             let picked_at = Instant::now();
-            let select_span = if detailed {
-                tracing::debug_span!("select", policy = policy.as_str(), attempt)
-            } else {
-                tracing::Span::none()
-            };
-            let picked = select_span.in_scope(|| select::pick(group, policy, session_id.as_deref(), &tried, &limits));
+            let select_span = parent_span.as_ref().map(|span| {
+                span.child(
+                    "select",
+                    SpanKind::Internal,
+                    vec![
+                        KeyValue::new("policy", policy.as_str()),
+                        KeyValue::new("attempt", i64::from(attempt)),
+                    ],
+                )
+            });
+            let picked = select::pick(group, policy, session_id.as_deref(), &tried, &limits);
+            drop(select_span);
             self.metrics
                 .selection_seconds
                 .observe(picked_at.elapsed().as_secs_f64());
@@ -308,22 +319,20 @@ impl RouterService {
                 }
             };
             // A client span per attempt; the agent's span becomes its child through `traceparent`.
-            // `debug`: free unless spans are exported (the OTLP layer takes our debug spans).
-            let attempt_span = if detailed {
-                tracing::debug_span!(
+            let mut attempt_span = parent_span.as_ref().map(|span| {
+                span.child(
                     "attempt",
-                    otel.kind = "client",
-                    agent_id = %instance.agent_id,
-                    attempt,
-                    server.address = %instance.endpoint,
-                    outcome = tracing::field::Empty,
-                    retry.reason = tracing::field::Empty,
+                    SpanKind::Client,
+                    vec![
+                        KeyValue::new("agent_id", instance.agent_id.clone()),
+                        KeyValue::new("attempt", i64::from(attempt)),
+                        KeyValue::new("server.address", instance.endpoint.clone()),
+                    ],
                 )
-            } else {
-                tracing::Span::none()
-            };
-            let traceparent = agent_reach_telemetry::propagation::traceparent(&attempt_span)
-                .and_then(|text| HeaderValue::from_str(&text).ok());
+            });
+            let traceparent = attempt_span
+                .as_ref()
+                .and_then(|span| HeaderValue::from_str(&span.traceparent()).ok());
             let headers = ForwardHeaders {
                 traceparent: traceparent.as_ref().unwrap_or(&fallback_traceparent),
                 request_id: &request_id_header,
@@ -331,10 +340,7 @@ impl RouterService {
             let started = Instant::now();
             let result = {
                 let _inflight = instance.state.start_request();
-                self.forwarder
-                    .send(&instance.uri, body, &headers, deadline)
-                    .instrument(attempt_span.clone())
-                    .await
+                self.forwarder.send(&instance.uri, body, &headers, deadline).await
             };
             let elapsed = started.elapsed();
             capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
@@ -343,17 +349,20 @@ impl RouterService {
             let (observation, outcome) = classify(result, elapsed);
             let transition = instance.state.observe(observation, &self.breaker);
             log_transition(transition, &agent_id, trace, request_id);
-            attempt_span.record(
-                "outcome",
-                match &outcome {
-                    Outcome::Done(_) => "succeeded",
-                    Outcome::Fatal(_) => "failed",
-                    Outcome::Retryable(..) => "retryable",
-                },
-            );
-            if let Outcome::Retryable(reason, _) = &outcome {
-                attempt_span.record("retry.reason", reason.as_str());
+            if let Some(span) = &mut attempt_span {
+                span.set(KeyValue::new(
+                    "outcome",
+                    match &outcome {
+                        Outcome::Done(_) => "succeeded",
+                        Outcome::Fatal(_) => "failed",
+                        Outcome::Retryable(..) => "retryable",
+                    },
+                ));
+                if let Outcome::Retryable(reason, _) = &outcome {
+                    span.set(KeyValue::new("retry.reason", reason.as_str()));
+                }
             }
+            drop(attempt_span);
             let reason = match outcome {
                 Outcome::Done(output) => {
                     return Ok(Success {

@@ -1,6 +1,7 @@
 //! W3C trace context: continue the caller's `traceparent` (same trace id, the
 //! router as the new parent span) or start a trace, and generate request ids.
 
+use agent_reach_telemetry::spans::RequestSpan;
 use http::HeaderValue;
 use rand::Rng;
 
@@ -9,8 +10,9 @@ pub struct TraceContext {
     pub trace_id: String,
     pub span_id: String,
     pub sampled: bool,
-    /// The trace came from a valid `traceparent` (else the router started it).
-    pub continued: bool,
+    /// The request's exported span, when spans are exported and the trace is
+    /// sampled: selection and attempt spans start under it.
+    pub span: Option<RequestSpan>,
 }
 
 impl TraceContext {
@@ -22,27 +24,33 @@ impl TraceContext {
                 trace_id,
                 span_id,
                 sampled: flags & 1 == 1,
-                continued: true,
+                span: None,
             };
         }
         Self {
             trace_id: random_hex(16),
             span_id,
             sampled: true,
-            continued: false,
+            span: None,
         }
     }
 
     /// The `traceparent` sent to the agent: this trace, the router's span as parent.
     pub fn forward_header(&self) -> HeaderValue {
-        let text = format!(
-            "00-{}-{}-{}",
-            self.trace_id,
-            self.span_id,
-            if self.sampled { "01" } else { "00" }
-        );
-        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+        let mut text = [0_u8; 55];
+        text[..3].copy_from_slice(b"00-");
+        text[3..35].copy_from_slice(&ascii_or_zeros::<32>(&self.trace_id));
+        text[35] = b'-';
+        text[36..52].copy_from_slice(&ascii_or_zeros::<16>(&self.span_id));
+        text[52..].copy_from_slice(if self.sampled { b"-01" } else { b"-00" });
+        HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
+}
+
+/// `id` as exactly `N` bytes: ids made here and ids parsed by [`parse`] have
+/// their length already; anything else becomes zeros, which the next hop rejects.
+fn ascii_or_zeros<const N: usize>(id: &str) -> [u8; N] {
+    <[u8; N]>::try_from(id.as_bytes()).unwrap_or([b'0'; N])
 }
 
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>` → (trace id, flags).
@@ -59,16 +67,18 @@ fn parse(text: &str) -> Option<(String, u8)> {
     Some((trace_id.to_ascii_lowercase(), u8::from_str_radix(flags, 16).ok()?))
 }
 
+/// `bytes` random bytes (at most 16) as lowercase hex.
 fn random_hex(bytes: usize) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut rng = rand::thread_rng();
-    let mut text = String::with_capacity(bytes * 2);
-    for _ in 0..bytes {
-        let byte: u8 = rng.gen();
-        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    let bytes = bytes.min(16);
+    let random: u128 = rand::thread_rng().gen();
+    let mut text = [0_u8; 32];
+    for (index, pair) in text.chunks_exact_mut(2).take(bytes).enumerate() {
+        let byte = (random >> (index * 8)) as u8;
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0x0f)];
     }
-    text
+    text[..bytes * 2].iter().map(|&digit| char::from(digit)).collect()
 }
 
 /// A fresh request id (16 hex characters) for envelopes that bring none.
@@ -89,7 +99,19 @@ mod tests {
         let forwarded = forwarded.to_str().unwrap();
         assert!(forwarded.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
         assert!(!forwarded.contains("00f067aa0ba902b7"));
+        assert_eq!(forwarded.len(), 55);
+        assert!(forwarded.ends_with("-01"));
+        assert_eq!(context.span_id.len(), 16);
         let fresh = TraceContext::from_header(Some(&HeaderValue::from_static("garbage")));
         assert_eq!(fresh.trace_id.len(), 32);
+        assert!(fresh
+            .trace_id
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(fresh.trace_id, TraceContext::from_header(None).trace_id);
+        let unsampled = TraceContext::from_header(Some(&HeaderValue::from_static(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        )));
+        assert!(unsampled.forward_header().to_str().unwrap().ends_with("-00"));
     }
 }

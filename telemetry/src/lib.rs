@@ -7,11 +7,14 @@
 //!   spans over OTLP when the standard `OTEL_*` variables ask for it (`otlp.rs`).
 //! - [`propagation`] reads and writes W3C `traceparent` headers for spans, so
 //!   the router and the SDK continue the caller's trace across hops.
+//! - [`spans`] builds request-path spans straight on the OpenTelemetry SDK
+//!   (the router's invoke, selection and attempt spans), without `tracing`.
 
 mod bursts;
 pub mod logs;
 pub mod otlp;
 pub mod propagation;
+pub mod spans;
 
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;

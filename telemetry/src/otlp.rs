@@ -11,15 +11,15 @@
 //! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | e.g. `parentbased_traceidratio` and `0.1` |
 //! | `OTEL_TRACES_EXPORTER=none`, `OTEL_SDK_DISABLED=true` | export off |
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Tracer, TracerProvider};
+use opentelemetry_sdk::export::trace::SpanExporter as _;
+use opentelemetry_sdk::trace::{SpanProcessor as _, Tracer, TracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing::{Level, Subscriber};
 use tracing_opentelemetry::OpenTelemetryLayer;
@@ -33,40 +33,6 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
-}
-
-/// The tracer of the installed layer: its sampler takes head-sampling
-/// decisions before any span exists (`propagation::head_sample`).
-static TRACER: OnceLock<Tracer> = OnceLock::new();
-
-pub(crate) fn tracer() -> Option<&'static Tracer> {
-    TRACER.get()
-}
-
-thread_local! {
-    /// A trace id the next root span on this thread takes (`propagation::root_span_with_trace_id`).
-    static NEXT_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
-}
-
-pub(crate) fn preset_trace_id(trace_id: Option<TraceId>) {
-    NEXT_TRACE_ID.with(|next| next.set(trace_id));
-}
-
-/// Random ids, except a root span's trace id when one was preset on this
-/// thread: a service that sampled a request by its trace id before creating
-/// any span then creates the span with that very id, so the SDK's sampler,
-/// asked again, agrees.
-#[derive(Debug, Default)]
-struct PresetIds(RandomIdGenerator);
-
-impl IdGenerator for PresetIds {
-    fn new_trace_id(&self) -> TraceId {
-        NEXT_TRACE_ID.with(Cell::take).unwrap_or_else(|| self.0.new_trace_id())
-    }
-
-    fn new_span_id(&self) -> SpanId {
-        self.0.new_span_id()
-    }
 }
 
 /// Where and as whom spans are exported.
@@ -118,7 +84,7 @@ impl Settings {
 /// from `OTEL_TRACES_SAMPLER` (the SDK's default configuration reads it).
 /// Must be called inside a Tokio runtime.
 pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(settings.endpoint.clone())
         .build()
@@ -127,14 +93,24 @@ pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
         "service.name",
         settings.service_name.clone(),
     )]));
-    Ok(TracerProvider::builder()
-        // The SDK's batch processor behind per-thread bursts (see `bursts`).
-        .with_span_processor(crate::bursts::Bursts::new(
-            opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build(),
-        ))
-        .with_id_generator(PresetIds::default())
+    // Given to the exporter here: the provider hands it to its processors, but
+    // the bursts processor is shared with the span recorder by then.
+    exporter.set_resource(&resource);
+    // The SDK's batch processor behind per-thread bursts (see `bursts`).
+    let bursts = crate::bursts::Bursts::new(
+        opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build(),
+    );
+    let recorded = bursts.clone();
+    let provider = TracerProvider::builder()
+        .with_span_processor(bursts)
         .with_resource(resource)
-        .build())
+        .build();
+    // Request-path spans recorded without `tracing` go to the same processor (see `spans`).
+    crate::spans::install(crate::spans::Recorder::new(
+        provider.tracer("agent-reach"),
+        Arc::new(move |span| recorded.on_end(span)),
+    ));
+    Ok(provider)
 }
 
 /// The `tracing` layer turning spans into OpenTelemetry spans of `provider`,
@@ -145,7 +121,6 @@ pub fn layer<S>(provider: &TracerProvider) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let _ = TRACER.set(provider.tracer("agent-reach"));
     ACTIVE.store(true, Ordering::Relaxed);
     let spans = Targets::new()
         .with_default(Level::INFO)

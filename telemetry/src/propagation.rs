@@ -4,15 +4,15 @@
 //! their own ids, so disabled tracing costs a relaxed atomic load.
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::{SamplingDecision, SpanKind, TraceContextExt, TraceId};
+use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::otlp::{active, preset_trace_id, tracer};
+use crate::otlp::active;
 
 /// A carrier holding just the `traceparent` value.
-struct TraceParent<'a>(&'a str);
+pub(crate) struct TraceParent<'a>(pub(crate) &'a str);
 
 impl Extractor for TraceParent<'_> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -71,40 +71,6 @@ pub fn trace_state(span: &Span) -> Option<(String, bool)> {
         .then(|| (format!("{:032x}", span_context.trace_id()), span_context.is_sampled()))
 }
 
-/// The configured sampler's (`OTEL_TRACES_SAMPLER`) decision for a request
-/// entering a service, taken before any span exists so that a request left out
-/// of the sample pays for no OpenTelemetry span at all: asked about `trace_id`
-/// (the caller's, or the one the service generated) with the caller's
-/// `traceparent`, when valid, as the parent. `None` when spans are not exported.
-///
-/// A root request (no valid `traceparent`) decided in must then create its span
-/// with [`root_span_with_trace_id`], so the span carries the trace id decided on.
-pub fn head_sample(traceparent: Option<&str>, trace_id: &str) -> Option<bool> {
-    let tracer = tracer().filter(|_| active())?;
-    let parent = traceparent
-        .map(|header| TraceContextPropagator::new().extract(&TraceParent(header)))
-        .filter(|context| context.span().span_context().is_valid())
-        .unwrap_or_default();
-    let trace_id = if parent.span().span_context().is_valid() {
-        parent.span().span_context().trace_id()
-    } else {
-        TraceId::from_hex(trace_id).ok()?
-    };
-    let result = tracer
-        .should_sample()
-        .should_sample(Some(&parent), trace_id, "invoke", &SpanKind::Server, &[], &[]);
-    Some(!matches!(result.decision, SamplingDecision::Drop))
-}
-
-/// Runs `make_span` so that a root span it creates gets `trace_id` (32 hex
-/// digits) instead of a random one; later spans are unaffected.
-pub fn root_span_with_trace_id(trace_id: &str, make_span: impl FnOnce() -> Span) -> Span {
-    preset_trace_id(TraceId::from_hex(trace_id).ok());
-    let span = make_span();
-    preset_trace_id(None);
-    span
-}
-
 /// Whether spans are exported at all (an OpenTelemetry layer is installed).
 /// Callers skip optional detail spans of unsampled traces only when this holds.
 pub fn exporting() -> bool {
@@ -118,8 +84,10 @@ mod tests {
     use super::*;
     use crate::otlp;
 
-    #[tokio::test]
-    async fn a_root_span_takes_the_trace_id_sampled_on_and_a_caller_decision_is_followed() {
+    // Multi-threaded: dropping the provider at the end flushes, and blocks until
+    // the batch task (on another worker) answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_span_continues_the_callers_trace_and_names_itself_as_the_next_parent() {
         // Nothing listens there; spans are only built, never delivered.
         let settings = otlp::Settings {
             endpoint: "http://127.0.0.1:9".to_string(),
@@ -128,19 +96,23 @@ mod tests {
         let provider = otlp::tracer_provider(&settings).unwrap();
         let subscriber = tracing_subscriber::registry().with(otlp::layer(&provider));
         tracing::subscriber::with_default(subscriber, || {
-            let decided = "4bf92f3577b34da6a3ce929d0e0e4736";
-            // The default sampler (parentbased_always_on) keeps roots ...
-            assert_eq!(head_sample(None, decided), Some(true));
-            let span = root_span_with_trace_id(decided, || tracing::info_span!("invoke"));
-            assert_eq!(trace_state(&span), Some((decided.to_string(), true)));
-            // ... and only the first root span takes the preset id.
-            let next = tracing::info_span!("other");
-            assert_ne!(trace_id(&next).as_deref(), Some(decided));
-            // A caller's unsampled trace stays unsampled.
-            let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
-            assert_eq!(head_sample(Some(unsampled), "ignored"), Some(false));
-            let sampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-            assert_eq!(head_sample(Some(sampled), "ignored"), Some(true));
+            let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+            let span = tracing::info_span!("agent.invoke");
+            set_parent(&span, Some(caller));
+            assert_eq!(
+                trace_state(&span),
+                Some(("4bf92f3577b34da6a3ce929d0e0e4736".to_string(), true))
+            );
+            let next = traceparent(&span).unwrap();
+            assert!(next.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"), "{next}");
+            assert!(
+                !next.contains("00f067aa0ba902b7"),
+                "the span itself is the next parent: {next}"
+            );
+            // A header that is not a traceparent leaves the span a root of its own.
+            let root = tracing::info_span!("agent.invoke");
+            set_parent(&root, Some("garbage"));
+            assert_ne!(trace_id(&root).as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
         });
     }
 }
