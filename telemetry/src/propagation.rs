@@ -71,12 +71,6 @@ pub fn trace_state(span: &Span) -> Option<(String, bool)> {
         .then(|| (format!("{:032x}", span_context.trace_id()), span_context.is_sampled()))
 }
 
-/// Whether spans are exported at all (an OpenTelemetry layer is installed).
-/// Callers skip optional detail spans of unsampled traces only when this holds.
-pub fn exporting() -> bool {
-    active()
-}
-
 #[cfg(test)]
 mod tests {
     use tracing_subscriber::layer::SubscriberExt;
