@@ -21,6 +21,8 @@
 //! OTLP to an in-process receiver at 10 % sampling. Verdicts: disabled costs
 //! nothing measurable against the bare router; enabled keeps ≥ 90 % of the
 //! disabled router's req/s.
+//! `ROUTER_BENCH_SAMPLING=1.0` (any ratio) replaces the 10 %, to see what one
+//! sampled request costs.
 
 /// mimalloc, as in the `agent-reach` binary: under load glibc malloc (with its arena
 /// locks) took 15-20 % of the router's and context service's CPU.
@@ -446,7 +448,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             if let Some(endpoint) = otlp {
                 env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
                 env.push(("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".to_string()));
-                env.push(("OTEL_TRACES_SAMPLER_ARG", "0.1".to_string()));
+                // The 10 %; other ratios (e.g. 1.0) show what one sampled request costs.
+                let ratio = std::env::var("ROUTER_BENCH_SAMPLING").unwrap_or_else(|_| "0.1".to_string());
+                env.push(("OTEL_TRACES_SAMPLER_ARG", ratio));
             }
             let child = spawn_self_with_env(
                 SERVE_ROUTER,

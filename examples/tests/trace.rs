@@ -118,10 +118,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     std::env::set_var("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
     std::env::set_var("OTEL_TRACES_SAMPLER_ARG", "0.5");
     // What `agent-reach` does when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    let settings = otlp::Settings {
-        endpoint,
-        service_name: "agent-reach-test".to_string(),
-    };
+    let settings = otlp::Settings::new(endpoint, "agent-reach-test");
     let provider = otlp::tracer_provider(&settings).unwrap();
     tracing_subscriber::registry().with(otlp::layer(&provider)).init();
 

@@ -11,6 +11,7 @@
 //!   (the router's invoke, selection and attempt spans), without `tracing`.
 
 mod bursts;
+mod export;
 pub mod logs;
 pub mod otlp;
 pub mod propagation;

@@ -5,7 +5,8 @@
 //! |---|---|
 //! | `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT` | where to send spans (`http://collector:4317`); export is off when neither is set |
 //! | `OTEL_EXPORTER_OTLP_PROTOCOL`, `..._TRACES_PROTOCOL` | must be `grpc` (the default) when set |
-//! | `OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_EXPORTER_OTLP_HEADERS` | read by the exporter |
+//! | `OTEL_EXPORTER_OTLP_TIMEOUT`, `..._TRACES_TIMEOUT` | per export call, milliseconds (default 10000) |
+//! | `OTEL_EXPORTER_OTLP_HEADERS`, `..._TRACES_HEADERS` | `key=value,...` (percent-encoded values) sent as gRPC metadata |
 //! | `OTEL_SERVICE_NAME` | `service.name` (default: the subcommand, e.g. `agent-reach-router`) |
 //! | `OTEL_RESOURCE_ATTRIBUTES` | extra resource attributes |
 //! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | e.g. `parentbased_traceidratio` and `0.1` |
@@ -13,11 +14,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::export::trace::SpanExporter as _;
 use opentelemetry_sdk::trace::{SpanProcessor as _, Tracer, TracerProvider};
 use opentelemetry_sdk::Resource;
@@ -40,9 +41,23 @@ pub(crate) fn active() -> bool {
 pub struct Settings {
     pub endpoint: String,
     pub service_name: String,
+    /// gRPC metadata sent with every export (`OTEL_EXPORTER_OTLP_HEADERS`).
+    pub headers: Vec<(String, String)>,
+    /// Per export call (`OTEL_EXPORTER_OTLP_TIMEOUT`, milliseconds; 10 s).
+    pub timeout: Duration,
 }
 
 impl Settings {
+    /// Export to `endpoint` as `service_name`, no headers, the default timeout.
+    pub fn new(endpoint: impl Into<String>, service_name: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            service_name: service_name.into(),
+            headers: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
     /// From the `OTEL_*` variables; `None` when export is not asked for.
     pub fn from_env(default_service_name: &str) -> anyhow::Result<Option<Self>> {
         Self::from_lookup(default_service_name, |name| std::env::var(name).ok())
@@ -76,18 +91,79 @@ impl Settings {
             }
         }
         let service_name = set("OTEL_SERVICE_NAME").unwrap_or_else(|| default_service_name.to_string());
-        Ok(Some(Self { endpoint, service_name }))
+        // The signal-specific variables win, header by header.
+        let mut headers: Vec<(String, String)> = Vec::new();
+        for name in ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"] {
+            for (key, value) in parse_headers(name, set(name).as_deref().unwrap_or(""))? {
+                headers.retain(|(other, _)| !other.eq_ignore_ascii_case(&key));
+                headers.push((key, value));
+            }
+        }
+        let timeout = match set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+            .map(|value| ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", value))
+            .or_else(|| set("OTEL_EXPORTER_OTLP_TIMEOUT").map(|value| ("OTEL_EXPORTER_OTLP_TIMEOUT", value)))
+        {
+            Some((name, value)) => match value.parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => bail!("{name}={value} is not a timeout; give milliseconds, e.g. 10000"),
+            },
+            None => DEFAULT_TIMEOUT,
+        };
+        Ok(Some(Self {
+            endpoint,
+            service_name,
+            headers,
+            timeout,
+        }))
     }
+}
+
+/// The OTLP default export timeout.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `key=value,key2=value2` (values percent-encoded, as the OTLP exporter
+/// specification says) → pairs; an entry without a key or `=` is an error.
+fn parse_headers(name: &str, text: &str) -> anyhow::Result<Vec<(String, String)>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| match entry.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_string(), percent_decode(value.trim()))),
+            _ => bail!("{name}: `{entry}` is not `key=value`"),
+        })
+        .collect()
+}
+
+/// `%XX` escapes decoded; text that is not a valid escape is kept as is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| bytes.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                index += 3;
+            }
+            None => {
+                out.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| text.to_string())
 }
 
 /// A tracer provider exporting in batches over OTLP/gRPC. The sampler comes
 /// from `OTEL_TRACES_SAMPLER` (the SDK's default configuration reads it).
 /// Must be called inside a Tokio runtime.
 pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(settings.endpoint.clone())
-        .build()
+    let mut exporter = crate::export::Exporter::new(&settings.endpoint, &settings.headers, settings.timeout)
         .with_context(|| format!("cannot set up the OTLP exporter for {}", settings.endpoint))?;
     let resource = Resource::default().merge(&Resource::new([KeyValue::new(
         "service.name",
@@ -193,5 +269,38 @@ mod tests {
         ])
         .unwrap_err();
         assert!(error.to_string().contains("grpc"), "{error}");
+    }
+
+    #[test]
+    fn headers_and_timeout_come_from_the_otlp_variables() {
+        let on = settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=one, tenant=t%201"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "API-KEY=two"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            on.headers,
+            [
+                ("tenant".to_string(), "t 1".to_string()),
+                ("API-KEY".to_string(), "two".to_string())
+            ]
+        );
+        assert_eq!(on.timeout, Duration::from_millis(2500));
+        let default = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(default, Settings::new("http://a:4317", "agent-reach-router"));
+        for (name, value, named) in [
+            ("OTEL_EXPORTER_OTLP_HEADERS", "novalue", "novalue"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "=x", "=x"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "soon", "soon"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "0", "OTEL_EXPORTER_OTLP_TIMEOUT"),
+        ] {
+            let error = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"), (name, value)]).unwrap_err();
+            assert!(error.to_string().contains(named), "{error}");
+        }
     }
 }

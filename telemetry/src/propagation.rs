@@ -83,10 +83,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_span_continues_the_callers_trace_and_names_itself_as_the_next_parent() {
         // Nothing listens there; spans are only built, never delivered.
-        let settings = otlp::Settings {
-            endpoint: "http://127.0.0.1:9".to_string(),
-            service_name: "propagation-test".to_string(),
-        };
+        let settings = otlp::Settings::new("http://127.0.0.1:9", "propagation-test");
         let provider = otlp::tracer_provider(&settings).unwrap();
         let subscriber = tracing_subscriber::registry().with(otlp::layer(&provider));
         tracing::subscriber::with_default(subscriber, || {
