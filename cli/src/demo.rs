@@ -30,7 +30,7 @@ const CAPABILITIES: [&str; 4] = ["intent.parse", "order.query", "shipping.rules"
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    println!("Starting registry, router, context service and 6 example agents (embedded stores) ...");
+    outln!("Starting registry, router, context service and 6 example agents (embedded stores) ...");
     let stack = Stack::start(StackOptions {
         registry_listen: any_port,
         router_listen: any_port,
@@ -54,13 +54,17 @@ async fn scenario(stack: &Stack, args: &DemoArgs) -> anyhow::Result<()> {
     let token = stack.token("demo_user", Duration::from_secs(600))?;
 
     let (answer, envelope, trace_id) = ask(stack, &client, &token, &args.user, &args.question).await?;
-    println!();
-    println!("Q: {}  (user {})", args.question, args.user);
-    println!("trace {trace_id}");
-    println!();
-    println!(
+    outln!();
+    outln!("Q: {}  (user {})", args.question, args.user);
+    outln!("trace {trace_id}");
+    outln!();
+    outln!(
         "  {:<3} {:<15} {:<18} {:>8} {:>9}  trace id",
-        "hop", "capability", "instance", "attempts", "latency"
+        "hop",
+        "capability",
+        "instance",
+        "attempts",
+        "latency"
     );
     let first = agent_reach_examples::Hop {
         capability: "intent.parse".to_string(),
@@ -70,7 +74,7 @@ async fn scenario(stack: &Stack, args: &DemoArgs) -> anyhow::Result<()> {
         trace_id: answer.trace_id.clone(),
     };
     for (index, hop) in std::iter::once(&first).chain(answer.trace.iter()).enumerate() {
-        println!(
+        outln!(
             "  {:<3} {:<15} {:<18} {:>8} {:>6} ms  {}",
             index + 1,
             hop.capability,
@@ -80,8 +84,8 @@ async fn scenario(stack: &Stack, args: &DemoArgs) -> anyhow::Result<()> {
             hop.trace_id
         );
     }
-    println!();
-    println!("A: {}", answer.reply);
+    outln!();
+    outln!("A: {}", answer.reply);
 
     if args.spread > 0 {
         let mut served: BTreeMap<String, usize> = BTreeMap::new();
@@ -92,10 +96,10 @@ async fn scenario(stack: &Stack, args: &DemoArgs) -> anyhow::Result<()> {
                 *served.entry(hop.agent_id.clone()).or_default() += 1;
             }
         }
-        println!();
-        println!("{} more questions; order.query served by (weights 3:2:1):", args.spread);
+        outln!();
+        outln!("{} more questions; order.query served by (weights 3:2:1):", args.spread);
         for (agent, count) in served {
-            println!("  {agent:<18} {count}");
+            outln!("  {agent:<18} {count}");
         }
     }
     Ok(())

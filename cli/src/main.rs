@@ -14,6 +14,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+#[macro_use]
+mod out;
 mod demo;
 mod dev;
 mod ops;
@@ -197,7 +199,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
             let token = agent_reach_access::token::issue_hs256(&name, &secret, ttl).map_err(anyhow::Error::msg)?;
-            println!("{token}");
+            outln!("{token}");
             Ok(())
         }
     }

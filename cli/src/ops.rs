@@ -110,7 +110,7 @@ impl Connection {
 }
 
 fn print_json(value: &Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
@@ -129,9 +129,13 @@ pub async fn agents(connection: &Connection, command: AgentsCommand) -> anyhow::
             if connection.json {
                 return print_json(&list);
             }
-            println!(
+            outln!(
                 "{:<24} {:<16} {:<11} {:>6}  {:<32} capabilities",
-                "AGENT_ID", "NAME", "STATUS", "WEIGHT", "ENDPOINT"
+                "AGENT_ID",
+                "NAME",
+                "STATUS",
+                "WEIGHT",
+                "ENDPOINT"
             );
             for agent in list["agents"].as_array().into_iter().flatten() {
                 let capabilities: Vec<String> = agent["capabilities"]
@@ -140,7 +144,7 @@ pub async fn agents(connection: &Connection, command: AgentsCommand) -> anyhow::
                     .flatten()
                     .map(|capability| format!("{}@{}", text(&capability["name"]), text(&capability["version"])))
                     .collect();
-                println!(
+                outln!(
                     "{:<24} {:<16} {:<11} {:>6}  {:<32} {}",
                     text(&agent["agent_id"]),
                     text(&agent["name"]),
@@ -170,7 +174,7 @@ pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand)
             if connection.json {
                 return print_json(&list);
             }
-            println!("{:<28} {:>9} {:>9}  versions", "CAPABILITY", "INSTANCES", "ROUTABLE");
+            outln!("{:<28} {:>9} {:>9}  versions", "CAPABILITY", "INSTANCES", "ROUTABLE");
             for capability in list["capabilities"].as_array().into_iter().flatten() {
                 let versions: Vec<String> = capability["versions"]
                     .as_array()
@@ -178,7 +182,7 @@ pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand)
                     .flatten()
                     .map(text)
                     .collect();
-                println!(
+                outln!(
                     "{:<28} {:>9} {:>9}  {}",
                     text(&capability["name"]),
                     text(&capability["instances"]),
@@ -198,15 +202,15 @@ pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand)
             if connection.json {
                 return print_json(&resolved);
             }
-            println!(
+            outln!(
                 "{} {}  (available: {})",
                 name,
                 text(&resolved["version"]),
                 resolved["available_versions"]
             );
-            println!("{:<24} {:<11} {:>6}  ENDPOINT", "AGENT_ID", "STATUS", "WEIGHT");
+            outln!("{:<24} {:<11} {:>6}  ENDPOINT", "AGENT_ID", "STATUS", "WEIGHT");
             for instance in resolved["instances"].as_array().into_iter().flatten() {
-                println!(
+                outln!(
                     "{:<24} {:<11} {:>6}  {}",
                     text(&instance["agent_id"]),
                     text(&instance["status"]),
@@ -253,7 +257,7 @@ pub async fn invoke(connection: &Connection, args: InvokeArgs) -> anyhow::Result
     if connection.json {
         print_json(&result)?;
     } else if result["status"] == "succeeded" {
-        println!(
+        outln!(
             "succeeded: {} {} on {} ({} attempt(s), {} ms)",
             text(&result["capability"]),
             text(&result["capability_version"]),
@@ -261,9 +265,9 @@ pub async fn invoke(connection: &Connection, args: InvokeArgs) -> anyhow::Result
             text(&result["attempts"]),
             text(&result["duration_ms"])
         );
-        println!("{}", serde_json::to_string_pretty(&result["output"])?);
+        outln!("{}", serde_json::to_string_pretty(&result["output"])?);
     } else {
-        println!(
+        outln!(
             "failed: {} — {}",
             text(&result["error"]["code"]),
             text(&result["error"]["message"])
@@ -281,11 +285,12 @@ pub fn acl_check(args: &AclCheckArgs, json: bool) -> anyhow::Result<()> {
     if json {
         print_json(&serde_json::json!({ "caller": args.caller, "capability": args.capability, "allowed": allowed }))?;
     } else if allowed {
-        println!("allowed: `{}` may call `{}`", args.caller, args.capability);
+        outln!("allowed: `{}` may call `{}`", args.caller, args.capability);
     } else {
-        println!(
+        outln!(
             "denied: no `permissions` rule lets `{}` call `{}`",
-            args.caller, args.capability
+            args.caller,
+            args.capability
         );
     }
     if !allowed {

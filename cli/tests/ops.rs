@@ -268,6 +268,33 @@ fn invoke_token_and_acl_commands() {
 }
 
 #[test]
+fn a_reader_that_goes_away_ends_a_command_quietly() {
+    // `agent-reach acl check ... | head -0`: the pipe's reading end is closed
+    // before the command writes its verdict.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/acl.yaml");
+    let output = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
+        .args([
+            "acl",
+            "check",
+            "--acl",
+            policy,
+            "--caller",
+            "intent_parser",
+            "--capability",
+            "order.query",
+        ])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
 fn bad_arguments_are_usage_errors() {
     for args in [
         vec![],
