@@ -7,6 +7,19 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// The example stack's policy, and a check it allows.
+const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/acl.yaml");
+const ALLOWED_CHECK: [&str; 8] = [
+    "acl",
+    "check",
+    "--acl",
+    POLICY,
+    "--caller",
+    "intent_parser",
+    "--capability",
+    "order.query",
+];
+
 struct Dev {
     child: std::process::Child,
     registry: String,
@@ -219,20 +232,7 @@ fn invoke_token_and_acl_commands() {
     );
     assert_eq!(no_secret.status.code(), Some(1));
 
-    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/acl.yaml");
-    let allowed = run(
-        None,
-        &[
-            "acl",
-            "check",
-            "--acl",
-            policy,
-            "--caller",
-            "intent_parser",
-            "--capability",
-            "order.query",
-        ],
-    );
+    let allowed = run(None, &ALLOWED_CHECK);
     assert_eq!(allowed.status.code(), Some(0));
     assert!(stdout(&allowed).starts_with("allowed"));
     let denied = run(
@@ -241,7 +241,7 @@ fn invoke_token_and_acl_commands() {
             "acl",
             "check",
             "--acl",
-            policy,
+            POLICY,
             "--caller",
             "demo_user",
             "--capability",
@@ -256,7 +256,7 @@ fn invoke_token_and_acl_commands() {
             "acl",
             "check",
             "--acl",
-            policy,
+            POLICY,
             "--caller",
             "demo_user",
             "--capability",
@@ -273,18 +273,8 @@ fn a_reader_that_goes_away_ends_a_command_quietly() {
     // before the command writes its verdict.
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let policy = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/acl.yaml");
     let output = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
-        .args([
-            "acl",
-            "check",
-            "--acl",
-            policy,
-            "--caller",
-            "intent_parser",
-            "--capability",
-            "order.query",
-        ])
+        .args(ALLOWED_CHECK)
         .stdout(writer)
         .stderr(Stdio::piped())
         .output()
