@@ -95,16 +95,23 @@ impl<P: SpanProcessor + 'static> Bursts<P> {
         }
     }
 
-    fn buffer(&self) -> Buffer {
+    /// Adds `span` to this thread's buffer (registering the buffer on the
+    /// thread's first span); a full buffer is taken out and returned.
+    fn push(&self, span: SpanData) -> Option<Vec<SpanData>> {
         LOCAL.with(|local| {
             let mut local = local.borrow_mut();
-            if let Some((_, buffer)) = local.iter().find(|(id, _)| *id == self.id) {
-                return buffer.clone();
-            }
-            let buffer = Buffer::default();
-            lock(&self.shared.buffers).push(buffer.clone());
-            local.push((self.id, buffer.clone()));
-            buffer
+            let index = match local.iter().position(|(id, _)| *id == self.id) {
+                Some(index) => index,
+                None => {
+                    let buffer = Buffer::default();
+                    lock(&self.shared.buffers).push(buffer.clone());
+                    local.push((self.id, buffer));
+                    local.len() - 1
+                }
+            };
+            let mut spans = lock(&local[index].1);
+            spans.push(span);
+            (spans.len() >= BURST).then(|| std::mem::take(&mut *spans))
         })
     }
 
@@ -136,13 +143,7 @@ impl<P: SpanProcessor + 'static> SpanProcessor for Bursts<P> {
 
     fn on_end(&self, span: SpanData) {
         self.start_drainer();
-        let buffer = self.buffer();
-        let full = {
-            let mut spans = lock(&buffer);
-            spans.push(span);
-            (spans.len() >= BURST).then(|| std::mem::take(&mut *spans))
-        };
-        if let Some(spans) = full {
+        if let Some(spans) = self.push(span) {
             self.shared.pass_on(spans);
         }
     }

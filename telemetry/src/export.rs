@@ -122,6 +122,10 @@ fn request(batch: Vec<SpanData>, resource: &ResourceAttributesWithSchema) -> Exp
 mod tests {
     use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
     use opentelemetry::KeyValue;
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
     use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
 
     use super::*;
@@ -170,6 +174,55 @@ mod tests {
                 .unwrap();
             assert_eq!(scope, twin);
         }
+    }
+
+    /// An OTLP receiver keeping each export's metadata and span count.
+    #[derive(Clone, Default)]
+    struct Receiver(Arc<Mutex<Vec<(MetadataMap, usize)>>>);
+
+    #[tonic::async_trait]
+    impl TraceService for Receiver {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let spans = request.get_ref().resource_spans[0].scope_spans[0].spans.len();
+            self.0.lock().unwrap().push((request.metadata().clone(), spans));
+            Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_goes_out_as_one_call_with_the_configured_headers_and_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let receiver = Receiver::default();
+        let service = TraceServiceServer::new(receiver.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        let mut exporter = Exporter::new(
+            &endpoint,
+            &[("X-Tenant".to_string(), "team a".to_string())],
+            Duration::from_millis(2500),
+        )
+        .unwrap();
+        exporter
+            .export(vec![span("agent-reach", 2), span("agent-reach", 3)])
+            .await
+            .unwrap();
+        let calls = receiver.0.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1, "one call per batch");
+        let (metadata, spans) = &calls[0];
+        assert_eq!(*spans, 2);
+        assert_eq!(metadata.get("x-tenant").unwrap(), "team a");
+        assert_eq!(metadata.get("grpc-timeout").unwrap(), "2500000u");
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::otlp::active;
 
 /// A carrier holding just the `traceparent` value.
-pub(crate) struct TraceParent<'a>(pub(crate) &'a str);
+struct TraceParent<'a>(&'a str);
 
 impl Extractor for TraceParent<'_> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -30,10 +30,15 @@ pub fn set_parent(span: &Span, traceparent: Option<&str>) {
     let Some(header) = traceparent.filter(|_| active()) else {
         return;
     };
-    let context = TraceContextPropagator::new().extract(&TraceParent(header));
-    if context.span().span_context().is_valid() {
+    if let Some(context) = remote_parent(header) {
         span.set_parent(context);
     }
+}
+
+/// The remote span a `traceparent` header names, when the header is valid.
+pub(crate) fn remote_parent(header: &str) -> Option<opentelemetry::Context> {
+    Some(TraceContextPropagator::new().extract(&TraceParent(header)))
+        .filter(|context| context.span().span_context().is_valid())
 }
 
 /// The `traceparent` naming `span` as the parent of the next hop, when spans

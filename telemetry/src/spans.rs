@@ -26,18 +26,16 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::SystemTime;
 
-use opentelemetry::propagation::TextMapPropagator;
 pub use opentelemetry::trace::SpanKind;
 use opentelemetry::trace::{SamplingDecision, SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId};
 use opentelemetry::InstrumentationScope;
 pub use opentelemetry::KeyValue;
 use opentelemetry_sdk::export::trace::SpanData;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Tracer};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::otlp::active;
-use crate::propagation::TraceParent;
+use crate::propagation::remote_parent;
 
 /// Where ended spans go: the span processor of the service's tracer provider.
 pub type Deliver = Arc<dyn Fn(SpanData) + Send + Sync>;
@@ -152,10 +150,7 @@ impl Recorder {
         trace_id: &str,
         attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Head {
-        let parent = traceparent
-            .map(|header| TraceContextPropagator::new().extract(&TraceParent(header)))
-            .filter(|context| context.span().span_context().is_valid())
-            .unwrap_or_default();
+        let parent = traceparent.and_then(remote_parent).unwrap_or_default();
         let parent_context = parent.span().span_context().clone();
         let trace_id = if parent_context.is_valid() {
             parent_context.trace_id()
@@ -231,11 +226,6 @@ impl Recorder {
 }
 
 impl RequestSpan {
-    /// The trace id (32 lowercase hex digits).
-    pub fn trace_id(&self) -> String {
-        format!("{:032x}", self.span_context.trace_id())
-    }
-
     /// Adds an attribute (no effect on a parent that is not ours).
     pub fn set(&self, attribute: KeyValue) {
         self.update(|data| data.attributes.push(attribute));
@@ -342,7 +332,7 @@ mod tests {
         else {
             panic!("the sampler keeps roots");
         };
-        assert_eq!(root.trace_id(), decided);
+        assert_eq!(format!("{:032x}", root.span_context.trace_id()), decided);
         let mut child = root.child("attempt", SpanKind::Client, vec![KeyValue::new("attempt", 1_i64)]);
         let header = child.traceparent();
         assert!(header.starts_with(&format!("00-{decided}-")), "{header}");
@@ -384,7 +374,10 @@ mod tests {
         let Head::Sampled(continued) = recorder.start_request("invoke", Some(caller), "ignored", Vec::new) else {
             panic!("a sampled caller's trace is kept");
         };
-        assert_eq!(continued.trace_id(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(
+            format!("{:032x}", continued.span_context.trace_id()),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
         drop(continued);
         assert_eq!(
             format!("{:016x}", ended.lock().unwrap()[0].parent_span_id),
