@@ -121,11 +121,15 @@ impl<P: SpanProcessor + 'static> Bursts<P> {
             let shared: Weak<Shared<P>> = Arc::downgrade(&self.shared);
             let started = std::thread::Builder::new()
                 .name("span-drainer".to_string())
-                .spawn(move || loop {
-                    std::thread::sleep(DRAIN_INTERVAL);
-                    match shared.upgrade() {
-                        Some(shared) => shared.drain(),
-                        None => return,
+                .spawn(move || {
+                    // Background work like the export it feeds: never preempt a serving thread.
+                    crate::background::run_in_background();
+                    loop {
+                        std::thread::sleep(DRAIN_INTERVAL);
+                        match shared.upgrade() {
+                            Some(shared) => shared.drain(),
+                            None => return,
+                        }
                     }
                 });
             if let Err(error) = started {

@@ -10,6 +10,7 @@
 //! - [`spans`] builds request-path spans straight on the OpenTelemetry SDK
 //!   (the router's invoke, selection and attempt spans), without `tracing`.
 
+mod background;
 mod bursts;
 mod export;
 pub mod logs;
@@ -72,7 +73,6 @@ impl Drop for TelemetryGuard {
 
 /// Installs the global subscriber: logs to stderr in `options.format`, and
 /// OTLP span export when [`otlp::Settings::from_env`] finds an endpoint.
-/// Must run inside a Tokio runtime (the exporter's batch task).
 pub fn init(options: &Options) -> anyhow::Result<TelemetryGuard> {
     // Per-layer filters: `RUST_LOG` decides what is logged, not what is traced.
     let directives = std::env::var("RUST_LOG")

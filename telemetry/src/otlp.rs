@@ -161,21 +161,23 @@ fn percent_decode(text: &str) -> String {
 
 /// A tracer provider exporting in batches over OTLP/gRPC. The sampler comes
 /// from `OTEL_TRACES_SAMPLER` (the SDK's default configuration reads it).
-/// Must be called inside a Tokio runtime.
+/// Export runs on a thread of its own (see `background`); no runtime is needed.
 pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
-    let mut exporter = crate::export::Exporter::new(&settings.endpoint, &settings.headers, settings.timeout)
-        .with_context(|| format!("cannot set up the OTLP exporter for {}", settings.endpoint))?;
     let resource = Resource::default().merge(&Resource::new([KeyValue::new(
         "service.name",
         settings.service_name.clone(),
     )]));
-    // Given to the exporter here: the provider hands it to its processors, but
-    // the bursts processor is shared with the span recorder by then.
-    exporter.set_resource(&resource);
-    // The SDK's batch processor behind per-thread bursts (see `bursts`).
-    let bursts = crate::bursts::Bursts::new(
-        opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build(),
-    );
+    // The SDK's batch processor and our exporter on a thread of their own (see
+    // `background`), behind per-thread bursts (see `bursts`).
+    let batch = crate::background::OnThread::start(|| {
+        let mut exporter = crate::export::Exporter::new(&settings.endpoint, &settings.headers, settings.timeout)
+            .with_context(|| format!("cannot set up the OTLP exporter for {}", settings.endpoint))?;
+        // Given to the exporter here: the provider hands it to its processors, but
+        // the bursts processor is shared with the span recorder by then.
+        exporter.set_resource(&resource);
+        Ok(opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build())
+    })?;
+    let bursts = crate::bursts::Bursts::new(batch);
     let recorded = bursts.clone();
     let provider = TracerProvider::builder()
         .with_span_processor(bursts)
