@@ -12,8 +12,8 @@
 //! and wrk from the distribution's packages (`scripts/setup.sh`). Prints
 //! req/s and p50/p99 per target and the verdict against the target: router
 //! req/s ≥ HAProxy's, and the router's added p50 at 1 connection ≤ HAProxy's.
-//! Each target is measured in `--rounds` interleaved rounds (default 3) and
-//! judged on its median round.
+//! Each target is measured in `--rounds` interleaved rounds (default 3, 5 with
+//! `--tracing`) and judged on its median round.
 //!
 //! `--tracing` (issue 7, acceptance point 5) adds two routers in the same run,
 //! set up as the `agent-reach router` binary sets itself up (logs at `info`):
@@ -52,9 +52,10 @@ struct Args {
     duration_s: u64,
     /// Rounds: every target is measured this many times, the rounds interleaved,
     /// and judged on its median round (a single run on a shared 2-core box
-    /// swings by ±5 %, enough to flip a verdict).
-    #[arg(long, default_value_t = 3)]
-    rounds: u32,
+    /// swings by ±5 %, enough to flip a verdict). Default 3, or 5 with
+    /// `--tracing`, whose verdict compares two routers within a few per cent.
+    #[arg(long)]
+    rounds: Option<u32>,
     /// wrk threads.
     #[arg(long, default_value_t = 1)]
     wrk_threads: u32,
@@ -523,10 +524,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "{:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>14} {:>12}  errors",
         "target", "conns", "round", "req/s", "p50", "p99", "proxy CPU/req", "agents CPU/req"
     );
+    let round_count = args.rounds.unwrap_or(if args.tracing { 5 } else { 3 }).max(1);
     // Every round of every target, then each target's median round.
     let mut rounds: std::collections::HashMap<(String, u32), Vec<WrkResult>> = std::collections::HashMap::new();
     for &connections in &args.connections {
-        for round in 1..=args.rounds.max(1) {
+        for round in 1..=round_count {
             for (name, url, pid) in &targets {
                 // A short warm-up fills connection pools.
                 let warm = Args {
@@ -548,7 +550,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         }
     }
     let mut results = std::collections::HashMap::new();
-    println!("\nmedian of {} round(s):", args.rounds.max(1));
+    println!("\nmedian of {round_count} round(s):");
     for &connections in &args.connections {
         for (name, _, _) in &targets {
             if let Some(runs) = rounds.get_mut(&(name.to_string(), connections)) {
