@@ -26,7 +26,8 @@ pub struct DemoArgs {
     spread: usize,
 }
 
-const CAPABILITIES: [&str; 4] = ["intent.parse", "order.query", "shipping.rules", "reply.write"];
+/// The example scenario's capabilities (what `dev` and `demo` wait for).
+pub(crate) const CAPABILITIES: [&str; 4] = ["intent.parse", "order.query", "shipping.rules", "reply.write"];
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));

@@ -50,6 +50,17 @@ pub async fn run(args: DevArgs, shutdown: impl Future<Output = ()> + Send + 'sta
         },
     })
     .await?;
+    // The banner's commands must work the moment they are printed: wait until
+    // the router's snapshot has every example capability (it follows the registry
+    // through its watch, a moment after the agents register).
+    if !args.no_agents {
+        if let Err(error) = stack
+            .wait_until_routable(&crate::demo::CAPABILITIES, Duration::from_secs(15))
+            .await
+        {
+            tracing::warn!(message = "The example agents are not routable yet; calls may fail until they are.", %error);
+        }
+    }
     let token = stack.token("demo_user", Duration::from_secs(86_400))?;
     let stores = match (args.etcd.is_empty(), args.redis.is_none()) {
         (true, true) => "embedded stores",

@@ -8,110 +8,22 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_reach_examples::stack::{Stack, StackOptions};
 use agent_reach_examples::{scenario_instances, InstanceSpec};
 use agent_reach_telemetry::otlp;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use agent_reach_testkit::otlp::{Received, Receiver};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use serde_json::{json, Value};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// One received span, decoded for assertions.
-#[derive(Debug, Clone)]
-struct Received {
-    name: String,
-    trace_id: String,
-    span_id: String,
-    parent: String,
-    kind: i32,
-    attributes: HashMap<String, String>,
-}
-
-/// The OTLP trace service: keeps every span it is sent.
-#[derive(Clone, Default)]
-struct Receiver {
-    spans: Arc<Mutex<Vec<Received>>>,
-    services: Arc<Mutex<Vec<String>>>,
-}
-
-fn text(value: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
-    match value.as_ref().and_then(|value| value.value.as_ref()) {
-        Some(AnyValue::StringValue(text)) => text.clone(),
-        Some(AnyValue::IntValue(number)) => number.to_string(),
-        Some(AnyValue::BoolValue(flag)) => flag.to_string(),
-        Some(AnyValue::DoubleValue(number)) => number.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-#[async_trait::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        for resource_spans in request.into_inner().resource_spans {
-            if let Some(resource) = &resource_spans.resource {
-                for attribute in &resource.attributes {
-                    if attribute.key == "service.name" {
-                        self.services.lock().unwrap().push(text(&attribute.value));
-                    }
-                }
-            }
-            for scope in resource_spans.scope_spans {
-                for span in scope.spans {
-                    let attributes = span
-                        .attributes
-                        .iter()
-                        .map(|attribute| (attribute.key.clone(), text(&attribute.value)))
-                        .collect();
-                    self.spans.lock().unwrap().push(Received {
-                        name: span.name,
-                        trace_id: hex(&span.trace_id),
-                        span_id: hex(&span.span_id),
-                        parent: hex(&span.parent_span_id),
-                        kind: span.kind,
-                        attributes,
-                    });
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-impl Receiver {
-    fn spans(&self) -> Vec<Received> {
-        self.spans.lock().unwrap().clone()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     // The receiver: a real OTLP/gRPC server on loopback.
-    let receiver = Receiver::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let service = TraceServiceServer::new(receiver.clone());
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint().to_string();
 
     // Half of the traces that start at the router are kept; a caller's decision is followed.
     // (The SDK reads these when the provider is built; this is the only test in this process.)
@@ -337,12 +249,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     for span in [&router_a, attempt_a, &agent_a, &router_b, attempt_b, &agent_b] {
         assert_eq!(span.trace_id, trace_id, "one trace: {span:?}");
     }
-    assert!(receiver
-        .services
-        .lock()
-        .unwrap()
-        .iter()
-        .all(|name| name == "agent-reach-test"));
+    assert!(receiver.services().iter().all(|name| name == "agent-reach-test"));
 
     // Head sampling. A caller's unsampled trace stays unsampled at every hop; a
     // trace starting at the router is kept or dropped as a whole, decided once on

@@ -10,31 +10,10 @@ use std::time::Duration;
 
 use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
 use serde_json::{json, Value};
-use support::{eventually, token, AgentSpec, Behaviour, Cluster, CALLER};
+use support::{cluster_with_tasks, eventually, token, AgentSpec, Behaviour, Cluster, CALLBACK_SECRET, CALLER};
 
 /// Callbacks a receiver got: signature header and body.
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
-
-const CALLBACK_SECRET: &[u8] = b"callback-secret-0123456789abcdef-0123";
-
-async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
-    let url = redis.url();
-    Cluster::start_with(move |settings| {
-        let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
-        callbacks.allow_private_targets = true; // receivers run on loopback
-        callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
-        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
-            redis: url,
-            store: agent_reach_tasks::StoreConfig::default(),
-            callbacks,
-            workers: 16,
-            reclaim_after: Duration::from_secs(30),
-            max_task_attempts: 3,
-            tag_limits: Vec::new(),
-        });
-    })
-    .await
-}
 
 async fn post(cluster: &Cluster, path: &str, body: Value) -> (u16, Value) {
     let response = cluster

@@ -4,6 +4,12 @@
 //!
 //! A missing binary fails with a message naming the package and the setup
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
+//!
+//! With the `otlp` feature, [`otlp::Receiver`] is a real OTLP/gRPC trace
+//! receiver in-process, for tests of exported spans.
+
+#[cfg(feature = "otlp")]
+pub mod otlp;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

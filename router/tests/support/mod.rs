@@ -528,6 +528,29 @@ impl Cluster {
     }
 }
 
+pub const CALLBACK_SECRET: &[u8] = b"callback-secret-0123456789abcdef-0123";
+
+/// A cluster whose router takes tasks (`/v1/tasks`) on `redis`, with fast
+/// callback retries and loopback callback targets allowed.
+pub async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
+    let url = redis.url();
+    Cluster::start_with(move |settings| {
+        let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+        callbacks.allow_private_targets = true; // receivers run on loopback
+        callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
+        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+            redis: url,
+            store: agent_reach_tasks::StoreConfig::default(),
+            callbacks,
+            workers: 16,
+            reclaim_after: Duration::from_secs(30),
+            max_task_attempts: 3,
+            tag_limits: Vec::new(),
+        });
+    })
+    .await
+}
+
 pub fn order(payload_id: &str) -> Value {
     json!({ "capability": CAPABILITY, "payload": { "order_id": payload_id } })
 }

@@ -1,0 +1,134 @@
+//! A real OTLP/gRPC trace receiver on loopback (feature `otlp`): the
+//! collector stand-in for tests that check exported spans end to end. It
+//! implements the OTLP trace service with the generated server, keeps every
+//! span it is sent (decoded for assertions) and the `service.name` of each
+//! resource.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+
+/// One received span, decoded for assertions (ids in lowercase hex, every
+/// attribute value as text).
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub name: String,
+    pub trace_id: String,
+    pub span_id: String,
+    /// Empty for a root span.
+    pub parent: String,
+    pub kind: i32,
+    pub attributes: HashMap<String, String>,
+}
+
+/// A running receiver; it serves until the test's runtime ends.
+#[derive(Clone, Default)]
+pub struct Receiver {
+    spans: Arc<Mutex<Vec<Received>>>,
+    services: Arc<Mutex<Vec<String>>>,
+    endpoint: String,
+}
+
+impl Receiver {
+    /// Starts a receiver on a free loopback port (inside a Tokio runtime).
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|error| panic!("cannot bind a loopback port for the OTLP receiver: {error}"));
+        let endpoint = match listener.local_addr() {
+            Ok(addr) => format!("http://{addr}"),
+            Err(error) => panic!("OTLP receiver address: {error}"),
+        };
+        let receiver = Receiver {
+            endpoint,
+            ..Receiver::default()
+        };
+        let service = TraceServiceServer::new(receiver.clone());
+        tokio::spawn(async move {
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+            {
+                eprintln!("OTLP receiver stopped: {error}");
+            }
+        });
+        receiver
+    }
+
+    /// `http://127.0.0.1:PORT`, for `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Every span received so far, in arrival order.
+    pub fn spans(&self) -> Vec<Received> {
+        self.spans.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The `service.name` of every resource received so far.
+    pub fn services(&self) -> Vec<String> {
+        self.services.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+fn text(value: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.as_ref().and_then(|value| value.value.as_ref()) {
+        Some(AnyValue::StringValue(text)) => text.clone(),
+        Some(AnyValue::IntValue(number)) => number.to_string(),
+        Some(AnyValue::BoolValue(flag)) => flag.to_string(),
+        Some(AnyValue::DoubleValue(number)) => number.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        for resource_spans in request.into_inner().resource_spans {
+            if let Some(resource) = &resource_spans.resource {
+                for attribute in &resource.attributes {
+                    if attribute.key == "service.name" {
+                        self.services
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(text(&attribute.value));
+                    }
+                }
+            }
+            for scope in resource_spans.scope_spans {
+                for span in scope.spans {
+                    let attributes = span
+                        .attributes
+                        .iter()
+                        .map(|attribute| (attribute.key.clone(), text(&attribute.value)))
+                        .collect();
+                    self.spans
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(Received {
+                            name: span.name,
+                            trace_id: hex(&span.trace_id),
+                            span_id: hex(&span.span_id),
+                            parent: hex(&span.parent_span_id),
+                            kind: span.kind,
+                            attributes,
+                        });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
