@@ -34,8 +34,9 @@ pub(crate) fn run_in_background() {
         let result = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
         if result != 0 {
             eprintln!(
-                "agent-reach telemetry: cannot schedule the span export thread as SCHED_BATCH \
-                 (it may preempt serving threads): {}",
+                "agent-reach telemetry: cannot schedule thread `{}` as SCHED_BATCH \
+                 (its wake-ups may preempt serving threads): {}",
+                std::thread::current().name().unwrap_or("unnamed"),
                 std::io::Error::last_os_error()
             );
         }
