@@ -78,7 +78,9 @@ fn random_hex(bytes: usize) -> String {
         pair[0] = DIGITS[usize::from(byte >> 4)];
         pair[1] = DIGITS[usize::from(byte & 0x0f)];
     }
-    text[..bytes * 2].iter().map(|&digit| char::from(digit)).collect()
+    // Hex digits are ASCII: the lossy conversion never replaces anything and
+    // copies once (collecting chars pushed them one by one, per request).
+    String::from_utf8_lossy(&text[..bytes * 2]).into_owned()
 }
 
 /// A fresh request id (16 hex characters) for envelopes that bring none.

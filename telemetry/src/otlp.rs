@@ -134,29 +134,12 @@ fn parse_headers(name: &str, text: &str) -> anyhow::Result<Vec<(String, String)>
         .collect()
 }
 
-/// `%XX` escapes decoded; text that is not a valid escape is kept as is.
+/// `%XX` escapes decoded; text that is not a valid escape is kept as is, and
+/// so is the whole value when the decoded bytes are not UTF-8.
 fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let escaped = (bytes[index] == b'%')
-            .then(|| bytes.get(index + 1..index + 3))
-            .flatten()
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(byte) => {
-                out.push(byte);
-                index += 3;
-            }
-            None => {
-                out.push(bytes[index]);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap_or_else(|_| text.to_string())
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map_or_else(|_| text.to_string(), |decoded| decoded.into_owned())
 }
 
 /// A tracer provider exporting in batches over OTLP/gRPC. The sampler comes

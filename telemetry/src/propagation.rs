@@ -49,14 +49,17 @@ pub fn traceparent(span: &Span) -> Option<String> {
     }
     let context = span.context();
     let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| {
-        format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            span_context.trace_id(),
-            span_context.span_id(),
-            span_context.trace_flags().to_u8()
-        )
-    })
+    span_context.is_valid().then(|| header(&span_context))
+}
+
+/// The W3C `traceparent` value naming `span_context` as the parent.
+pub(crate) fn header(span_context: &opentelemetry::trace::SpanContext) -> String {
+    format!(
+        "00-{:032x}-{:016x}-{:02x}",
+        span_context.trace_id(),
+        span_context.span_id(),
+        span_context.trace_flags().to_u8()
+    )
 }
 
 /// The OpenTelemetry trace id of `span` (32 hex digits), when it has one.

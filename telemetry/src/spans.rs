@@ -286,14 +286,11 @@ impl ChildSpan {
 
     /// The `traceparent` naming this span as the parent of the next hop.
     pub fn traceparent(&self) -> String {
-        match &self.data {
-            Some(data) => format!(
-                "00-{:032x}-{:016x}-01",
-                data.span_context.trace_id(),
-                data.span_context.span_id()
-            ),
-            None => String::new(),
-        }
+        // `data` is only taken when the span is dropped.
+        self.data
+            .as_ref()
+            .map(|data| crate::propagation::header(&data.span_context))
+            .unwrap_or_default()
     }
 }
 

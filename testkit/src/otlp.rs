@@ -1,8 +1,8 @@
 //! A real OTLP/gRPC trace receiver on loopback (feature `otlp`): the
 //! collector stand-in for tests that check exported spans end to end. It
 //! implements the OTLP trace service with the generated server, keeps every
-//! span it is sent (decoded for assertions) and the `service.name` of each
-//! resource.
+//! span it is sent (decoded for assertions), the `service.name` of each
+//! resource, and each call's gRPC metadata and span count.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,11 +24,21 @@ pub struct Received {
     pub attributes: HashMap<String, String>,
 }
 
+/// One `Export` call as it arrived.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The call's gRPC metadata (exporter headers, `grpc-timeout`).
+    pub metadata: tonic::metadata::MetadataMap,
+    /// How many spans it carried.
+    pub spans: usize,
+}
+
 /// A running receiver; it serves until the test's runtime ends.
 #[derive(Clone, Default)]
 pub struct Receiver {
     spans: Arc<Mutex<Vec<Received>>>,
     services: Arc<Mutex<Vec<String>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
     endpoint: String,
 }
 
@@ -69,6 +79,11 @@ impl Receiver {
         self.spans.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// Every `Export` call received so far, in arrival order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// The `service.name` of every resource received so far.
     pub fn services(&self) -> Vec<String> {
         self.services.lock().unwrap_or_else(PoisonError::into_inner).clone()
@@ -95,6 +110,8 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let metadata = request.metadata().clone();
+        let mut count = 0;
         for resource_spans in request.into_inner().resource_spans {
             if let Some(resource) = &resource_spans.resource {
                 for attribute in &resource.attributes {
@@ -107,6 +124,7 @@ impl TraceService for Receiver {
                 }
             }
             for scope in resource_spans.scope_spans {
+                count += scope.spans.len();
                 for span in scope.spans {
                     let attributes = span
                         .attributes
@@ -127,6 +145,10 @@ impl TraceService for Receiver {
                 }
             }
         }
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Call { metadata, spans: count });
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
