@@ -558,6 +558,48 @@ async fn redis_outage_answers_503_and_recovers_without_restart() {
 }
 
 #[tokio::test]
+async fn a_redis_that_stops_answering_gives_503_at_the_timeout_and_recovers() {
+    // The harness bounds Redis calls at 500 ms; the connection checks every 50 ms.
+    let h = Harness::redis(test_config()).await;
+    assert_eq!(h.create("intent_parser", json!({"context_id": "kept"})).await.0, 201);
+    h.redis.as_ref().unwrap().freeze();
+
+    // Several calls wait on the silent connection at once: each gets its 503, none hangs.
+    let started = Instant::now();
+    let calls = futures::future::join_all((0..4).map(|_| h.get("intent_parser", "kept")));
+    let answers = tokio::time::timeout(Duration::from_secs(10), calls)
+        .await
+        .expect("calls to a silent Redis hung past the timeout");
+    let waited = started.elapsed();
+    for (status, error) in answers {
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (503, Some("CONTEXT_STORE_UNAVAILABLE")),
+            "{error}"
+        );
+    }
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
+        "503 must come at the Redis timeout (500 ms), came after {waited:?}"
+    );
+    assert!(
+        h.metric(r#"agent_reach_context_operations_total{op="get",outcome="unavailable"}"#)
+            .await
+            >= 4.0
+    );
+
+    // Redis answers again (nothing was lost: it was only frozen); the same service recovers.
+    h.redis.as_ref().unwrap().thaw();
+    let recovered = eventually(Duration::from_secs(15), || async {
+        h.get("intent_parser", "kept").await.0 == 200
+    })
+    .await;
+    assert!(recovered, "the service did not recover after Redis answered again");
+    let (status, view) = h.patch("intent_parser", "kept", json!({"set": {"n": 1}})).await;
+    assert_eq!((status, view["version"].as_u64()), (200, Some(2)), "{view}");
+}
+
+#[tokio::test]
 async fn starts_while_redis_is_down_and_connects_when_it_comes_up() {
     let mut redis = agent_reach_testkit::Redis::start();
     redis.kill();

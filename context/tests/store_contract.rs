@@ -183,6 +183,41 @@ async fn patches_are_versioned(subject: Subject) {
     );
 }
 
+/// Writes close together share one TTL refresh (`StorePolicy::refresh_granularity`:
+/// 1 s for a TTL of 100 s or more); a later write moves the expiry again.
+async fn writes_refresh_the_ttl_within_the_granularity(subject: Subject) {
+    let store = subject.store;
+    let policy = StorePolicy::default();
+    let ttl = policy.default_ttl.as_millis() as i64;
+    let granularity = policy.refresh_granularity(Tier::Default).as_millis() as i64;
+    assert_eq!(granularity, 1_000);
+    let created = store.create("r", &new_context(Tier::Default, &[])).await.unwrap();
+    let refreshed_at = created.expires_at_ms - ttl;
+
+    // A few ms later (so an exact refresh would show), well within the granularity.
+    assert!(eventually(Duration::from_secs(1), || async { now_ms() > refreshed_at + 20 }).await);
+    let before = now_ms();
+    let burst = store.patch("r", &set(&[("a", "1")], None)).await.unwrap();
+    assert!(before + ttl - granularity <= burst.expires_at_ms);
+    assert_eq!(
+        burst.expires_at_ms, created.expires_at_ms,
+        "a write right after the last refresh shares it"
+    );
+
+    // Past the granularity: the write refreshes again.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            now_ms() > refreshed_at + granularity + 20
+        })
+        .await
+    );
+    let before = now_ms();
+    let later = store.patch("r", &set(&[("a", "2")], None)).await.unwrap();
+    assert!(later.expires_at_ms >= before + ttl && later.expires_at_ms > burst.expires_at_ms);
+    let snapshot = store.get("r", &Selection::Only(vec![])).await.unwrap().unwrap();
+    assert_eq!((snapshot.version, snapshot.expires_at_ms), (3, later.expires_at_ms));
+}
+
 async fn limits_are_atomic(subject: Subject) {
     let store = subject.store;
     // max_fields 3, max_context_bytes 20 (names + values).
@@ -436,6 +471,7 @@ contract! {
     limits_are_atomic => general(),
     close_respects_ownership => StorePolicy::default(),
     tiers_expire_and_writes_extend_life => short_tiers(),
+    writes_refresh_the_ttl_within_the_granularity => StorePolicy::default(),
     sweeper_removes_idle_keeps_active => short_idle(),
     concurrent_sweeps_remove_each_context_once => short_idle(),
     conditional_writers_lose_no_update => StorePolicy::default(),

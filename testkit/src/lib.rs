@@ -306,6 +306,29 @@ impl Redis {
         }
     }
 
+    /// Freezes Redis (SIGSTOP): its connections stay open but nothing is
+    /// answered, as with a hung host or a network partition. [`Redis::thaw`]
+    /// resumes it; dropping a frozen Redis still kills it.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen Redis run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let Some(process) = &self.process else {
+            panic!("redis-server is not running");
+        };
+        let pid = libc::pid_t::try_from(process.child.id()).unwrap_or_else(|_| panic!("pid out of range"));
+        // SAFETY: kill(2) with a pid this Redis guard spawned and has not reaped.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            panic!("cannot signal redis-server: {}", std::io::Error::last_os_error());
+        }
+    }
+
     /// Starts Redis again on the same port (data is not kept: no persistence).
     pub fn restart(&mut self) {
         self.kill();

@@ -172,8 +172,13 @@ impl ContextStore for MemoryStore {
         let ttl = millis(self.policy.ttl(entry.tier));
         entry.version += 1;
         entry.bytes = bytes;
-        entry.expires_at_ms = now + ttl;
-        entry.deadline_ms = now + ttl.min(millis(self.policy.idle_timeout));
+        // Within the refresh granularity of the last refresh the expiry stays,
+        // as in the Redis store (`StorePolicy::refresh_granularity`).
+        let granularity = millis(self.policy.refresh_granularity(entry.tier));
+        if (now + ttl - entry.expires_at_ms).abs() >= granularity {
+            entry.expires_at_ms = now + ttl;
+            entry.deadline_ms = now + ttl.min(millis(self.policy.idle_timeout));
+        }
         Ok(Written {
             version: entry.version,
             expires_at_ms: entry.expires_at_ms,
