@@ -17,8 +17,8 @@
 //! unanswered command has waited longer than [`Target::reply_timeout`], Redis
 //! is taken as lost (a partition, a hung host) and the connection fails like a
 //! broken one. One coarse check timer per connection instead of one timer per
-//! call: registering a Tokio timer per request woke the runtime's driver
-//! (an `eventfd` write and an extra turn of the event loop) on most requests.
+//! call: registering a Tokio timer per request woke the runtime's I/O driver
+//! (an `eventfd` write) on most requests (tokio-rs/tokio#5207).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
