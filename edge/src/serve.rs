@@ -9,6 +9,9 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 
+/// What tells a worker's server to stop: it resolves once shutdown begins.
+pub type Stopped = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// Serves `app` on `threads` threads (0: one per core) until `shutdown`
 /// resolves, then lets every worker finish its open requests and joins them.
 /// `name` names the threads (`{name}-worker-{i}`) and the errors. Background
@@ -20,6 +23,33 @@ pub async fn per_core(
     app: axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let serve = move |listener: tokio::net::TcpListener, stopped: Stopped| {
+        let app = app.clone();
+        async move {
+            axum::serve(listener, app)
+                .tcp_nodelay(true)
+                .with_graceful_shutdown(stopped)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    per_core_with(name, addr, threads, serve, shutdown).await
+}
+
+/// [`per_core`] with a server of the caller's: on each worker thread, `serve`
+/// gets that thread's listener and a future that resolves when shutdown
+/// begins, and must return once it has finished its open requests.
+pub async fn per_core_with<F, Fut>(
+    name: &str,
+    addr: SocketAddr,
+    threads: usize,
+    serve: F,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()>
+where
+    F: Fn(tokio::net::TcpListener, Stopped) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
     let threads = thread_count(threads);
     // SO_REUSEPORT would let a second server on the same port share it silently;
     // an exclusive probe bind fails with "address in use" instead, as operators expect.
@@ -28,7 +58,7 @@ pub async fn per_core(
     let mut workers = Vec::with_capacity(threads);
     for index in 0..threads {
         let listener = reuseport_listener(addr)?;
-        let app = app.clone();
+        let serve = serve.clone();
         let mut stopped = stopped.clone();
         let label = name.to_string();
         let worker = std::thread::Builder::new()
@@ -40,12 +70,10 @@ pub async fn per_core(
                     .context("building a worker runtime")?;
                 runtime.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).context("attaching the listener")?;
-                    let until_stopped = async move {
+                    let until_stopped: Stopped = Box::pin(async move {
                         let _ = stopped.wait_for(|stop| *stop).await;
-                    };
-                    axum::serve(listener, app)
-                        .tcp_nodelay(true)
-                        .with_graceful_shutdown(until_stopped)
+                    });
+                    serve(listener, until_stopped)
                         .await
                         .with_context(|| format!("{label} server failed"))
                 })

@@ -84,7 +84,7 @@ fn failed(known: Known, failure: Failure) -> Response {
     json_response(failure.error.status(), &envelope)
 }
 
-async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
     let trace = TraceContext::from_header(headers.get("traceparent"));
     let mut known = Known {

@@ -17,6 +17,7 @@ pub mod config;
 pub mod envelope;
 pub mod error;
 pub mod forward;
+pub mod front;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -96,27 +97,35 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
 
 /// Serves on `threads` threads (0: one per core), each a single-threaded
 /// runtime with its own `SO_REUSEPORT` listener on `addr` (see
-/// [`agent_reach_edge::serve::per_core`]): a request, its forwarded call and its
-/// answer stay on one thread. Background work (the registry watch, ACL reload)
-/// stays on the caller's runtime.
+/// [`agent_reach_edge::serve::per_core_with`]) behind the router's front door
+/// ([`front`]): a request, its forwarded call and its answer stay on one
+/// thread. Background work (the registry watch, ACL reload) stays on the
+/// caller's runtime.
 pub async fn serve_per_core(
     addr: std::net::SocketAddr,
     threads: usize,
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    agent_reach_edge::serve::per_core("router", addr, threads, app(service), shutdown).await
+    let serve = move |listener: tokio::net::TcpListener, stopped: agent_reach_edge::serve::Stopped| {
+        let service = service.clone();
+        async move {
+            front::serve(listener, service, stopped)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    agent_reach_edge::serve::per_core_with("router", addr, threads, serve, shutdown).await
 }
 
-/// Serves `service` on an already bound listener (tests bind port 0).
+/// Serves `service` on an already bound listener, behind the same front door
+/// (tests bind port 0).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, app(service))
-        .tcp_nodelay(true)
-        .with_graceful_shutdown(shutdown)
+    front::serve(listener, service, shutdown)
         .await
         .context("router server failed")
 }

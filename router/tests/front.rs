@@ -1,0 +1,314 @@
+//! The router's front door on the wire (`router/src/front.rs`): plain
+//! `POST /v1/invoke` requests take the router's own HTTP/1.1 loop, anything
+//! else is handed, mid-connection if need be, to hyper. Raw TCP against a real
+//! router, registry (on real etcd) and HTTP agent; every other router test
+//! goes through the same front door with a real HTTP client.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One parsed answer.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// Reads the next answer from `stream` (`input` keeps what is read past it);
+/// `None` when the connection ends before one.
+async fn read_answer(stream: &mut TcpStream, input: &mut Vec<u8>) -> Option<Answer> {
+    loop {
+        let mut raw = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut raw);
+        if let httparse::Status::Complete(head) = response.parse(input).expect("a valid HTTP answer") {
+            let headers: Vec<(String, String)> = response
+                .headers
+                .iter()
+                .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).into_owned()))
+                .collect();
+            let status = response.code.expect("status");
+            let length: usize = headers
+                .iter()
+                .find(|(key, _)| key.eq_ignore_ascii_case("content-length"))
+                .map(|(_, value)| value.parse().expect("content-length"))
+                .expect("answers carry a content-length");
+            while input.len() < head + length {
+                let mut chunk = [0u8; 8192];
+                let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+                    .await
+                    .expect("the answer's body came")
+                    .expect("read");
+                assert!(read > 0, "the connection ended inside an answer");
+                input.extend_from_slice(&chunk[..read]);
+            }
+            let body = input[head..head + length].to_vec();
+            input.drain(..head + length);
+            return Some(Answer { status, headers, body });
+        }
+        let mut chunk = [0u8; 8192];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .expect("an answer came")
+            .expect("read");
+        if read == 0 {
+            return None;
+        }
+        input.extend_from_slice(&chunk[..read]);
+    }
+}
+
+/// Whether the router closes `stream` (reads to the end within 10 s).
+async fn closes(stream: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await,
+        Ok(Ok(_))
+    )
+}
+
+fn invoke_request(request_id: &str, extra_headers: &str) -> String {
+    let body = serde_json::json!({
+        "capability": CAPABILITY,
+        "request_id": request_id,
+        "payload": { "order_id": request_id },
+    })
+    .to_string();
+    format!(
+        "POST /v1/invoke HTTP/1.1\r\nhost: router\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n{extra_headers}\r\n{body}",
+        token(CALLER),
+        body.len()
+    )
+}
+
+async fn cluster_with_an_agent() -> (Cluster, Agent) {
+    let cluster = Cluster::start().await;
+    let agent = cluster.agent(AgentSpec::new("front-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["front-1"]).await;
+    (cluster, agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_pipelined_and_split_requests_are_answered_in_order() {
+    let (cluster, _agent) = cluster_with_an_agent().await;
+    let mut stream = TcpStream::connect(cluster.router_addr).await.unwrap();
+    let mut input = Vec::new();
+
+    // Two requests in one write: two answers, in order.
+    let pipelined = format!("{}{}", invoke_request("r-1", ""), invoke_request("r-2", ""));
+    stream.write_all(pipelined.as_bytes()).await.unwrap();
+    for id in ["r-1", "r-2"] {
+        let answer = read_answer(&mut stream, &mut input).await.expect("an answer");
+        assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+        let envelope = answer.json();
+        assert_eq!(
+            (envelope["request_id"].as_str(), envelope["status"].as_str()),
+            (Some(id), Some("succeeded"))
+        );
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        assert!(answer.header("date").is_some_and(|date| date.ends_with(" GMT")));
+    }
+
+    // One request written byte by byte in pieces (head and body split).
+    let request = invoke_request("r-3", "");
+    let (head, body) = request.split_at(request.find("\r\n\r\n").unwrap() + 2);
+    for piece in [&head[..10], &head[10..], &body[..3], &body[3..]] {
+        stream.write_all(piece.as_bytes()).await.unwrap();
+        stream.flush().await.unwrap();
+        tokio::task::yield_now().await;
+    }
+    let answer = read_answer(&mut stream, &mut input).await.expect("an answer");
+    assert_eq!(
+        (answer.status, answer.json()["request_id"].as_str()),
+        (200, Some("r-3"))
+    );
+
+    // Errors are result envelopes on this path too: no token, then a bad body.
+    let unauthenticated =
+        invoke_request("r-4", "").replace(&format!("authorization: Bearer {}\r\n", token(CALLER)), "");
+    stream.write_all(unauthenticated.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut stream, &mut input).await.expect("an answer");
+    assert_eq!(
+        (answer.status, answer.json()["error"]["code"].as_str()),
+        (401, Some("UNAUTHENTICATED"))
+    );
+    let malformed = format!(
+        "POST /v1/invoke HTTP/1.1\r\nhost: router\r\nauthorization: Bearer {}\r\ncontent-length: 5\r\n\r\n{{\"a\":",
+        token(CALLER)
+    );
+    stream.write_all(malformed.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut stream, &mut input).await.expect("an answer");
+    assert_eq!(
+        (answer.status, answer.json()["error"]["code"].as_str()),
+        (400, Some("INVALID_ENVELOPE"))
+    );
+
+    // The same connection still serves the next plain request.
+    stream.write_all(invoke_request("r-5", "").as_bytes()).await.unwrap();
+    let answer = read_answer(&mut stream, &mut input).await.expect("an answer");
+    assert_eq!(
+        (answer.status, answer.json()["request_id"].as_str()),
+        (200, Some("r-5"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_requests_are_served_by_hyper_mid_connection() {
+    let (cluster, _agent) = cluster_with_an_agent().await;
+    let mut stream = TcpStream::connect(cluster.router_addr).await.unwrap();
+    let mut input = Vec::new();
+
+    // A plain invoke, then another route on the same connection, then invokes again.
+    stream.write_all(invoke_request("h-1", "").as_bytes()).await.unwrap();
+    assert_eq!(read_answer(&mut stream, &mut input).await.unwrap().status, 200);
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: router\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut stream, &mut input).await.unwrap().status, 200);
+    stream.write_all(invoke_request("h-2", "").as_bytes()).await.unwrap();
+    let answer = read_answer(&mut stream, &mut input).await.unwrap();
+    assert_eq!(
+        (answer.status, answer.json()["request_id"].as_str()),
+        (200, Some("h-2"))
+    );
+
+    // A chunked body (hyper's framing) is read whole and routed.
+    let body =
+        serde_json::json!({"capability": CAPABILITY, "request_id": "h-3", "payload": {"order_id": "h-3"}}).to_string();
+    let (first, second) = body.split_at(10);
+    let chunked = format!(
+        "POST /v1/invoke HTTP/1.1\r\nhost: router\r\nauthorization: Bearer {}\r\ntransfer-encoding: chunked\r\n\r\n\
+         {:x}\r\n{first}\r\n{:x}\r\n{second}\r\n0\r\n\r\n",
+        token(CALLER),
+        first.len(),
+        second.len()
+    );
+    stream.write_all(chunked.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut stream, &mut input).await.unwrap();
+    assert_eq!(
+        (answer.status, answer.json()["request_id"].as_str()),
+        (200, Some("h-3"))
+    );
+
+    // A body over the limit is refused with its code, without reading it.
+    let mut fresh = TcpStream::connect(cluster.router_addr).await.unwrap();
+    let oversized = format!(
+        "POST /v1/invoke HTTP/1.1\r\nhost: router\r\nauthorization: Bearer {}\r\ncontent-length: {}\r\n\r\n{{",
+        token(CALLER),
+        64 * 1024 * 1024
+    );
+    fresh.write_all(oversized.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut fresh, &mut Vec::new()).await.unwrap();
+    assert_eq!(
+        (answer.status, answer.json()["error"]["code"].as_str()),
+        (413, Some("PAYLOAD_TOO_LARGE"))
+    );
+
+    // `Connection: close` is honoured: answered, then closed.
+    let mut closing = TcpStream::connect(cluster.router_addr).await.unwrap();
+    closing
+        .write_all(invoke_request("h-4", "connection: close\r\n").as_bytes())
+        .await
+        .unwrap();
+    let answer = read_answer(&mut closing, &mut Vec::new()).await.unwrap();
+    assert_eq!(
+        (answer.status, answer.json()["request_id"].as_str()),
+        (200, Some("h-4"))
+    );
+    assert!(
+        closes(&mut closing).await,
+        "the router kept a `Connection: close` connection open"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_is_refused_and_nothing_is_smuggled() {
+    let (cluster, agent) = cluster_with_an_agent().await;
+    // Content-Length and Transfer-Encoding together: the classic smuggling
+    // request. Whatever follows must not be taken as a second request.
+    let smuggled = invoke_request("s-2", "");
+    let attack = format!(
+        "POST /v1/invoke HTTP/1.1\r\nhost: router\r\nauthorization: Bearer {}\r\ncontent-length: 4\r\n\
+         transfer-encoding: chunked\r\n\r\n0\r\n\r\n{smuggled}",
+        token(CALLER)
+    );
+    let mut stream = TcpStream::connect(cluster.router_addr).await.unwrap();
+    stream.write_all(attack.as_bytes()).await.unwrap();
+    let mut input = Vec::new();
+    let first = read_answer(&mut stream, &mut input).await;
+    if let Some(first) = &first {
+        assert_ne!(first.status, 200, "an ambiguous request was routed");
+    }
+    assert!(
+        closes(&mut stream).await,
+        "the connection must close after an ambiguous request"
+    );
+    assert!(
+        read_answer(&mut stream, &mut input).await.is_none(),
+        "a second (smuggled) request was answered"
+    );
+    assert_eq!(agent.hits(), 0, "the agent saw a request");
+
+    // Two Content-Length headers: refused too.
+    let doubled = invoke_request("s-3", "content-length: 7\r\n");
+    let mut stream = TcpStream::connect(cluster.router_addr).await.unwrap();
+    stream.write_all(doubled.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut stream, &mut Vec::new()).await;
+    assert!(answer.is_none_or(|answer| answer.status == 400));
+    assert_eq!(agent.hits(), 0, "the agent saw a request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_and_finishes() {
+    let (cluster, _agent) = cluster_with_an_agent().await;
+    // A second front door on the same router, with a shutdown of our own.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(agent_reach_router::serve(listener, cluster.router.clone(), async {
+        let _ = stopped.await;
+    }));
+    let mut fast = TcpStream::connect(addr).await.unwrap();
+    fast.write_all(invoke_request("d-1", "").as_bytes()).await.unwrap();
+    assert_eq!(read_answer(&mut fast, &mut Vec::new()).await.unwrap().status, 200);
+    let mut handed = TcpStream::connect(addr).await.unwrap();
+    handed
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: router\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut handed, &mut Vec::new()).await.unwrap().status, 200);
+
+    stop.send(()).unwrap();
+    let finished = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(
+        matches!(finished, Ok(Ok(Ok(())))),
+        "the server did not finish after shutdown: {finished:?}"
+    );
+    assert!(closes(&mut fast).await, "an idle fast-path connection stayed open");
+    assert!(closes(&mut handed).await, "an idle hyper connection stayed open");
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
+}
