@@ -96,14 +96,14 @@ async fn create(State(service): State<Arc<ContextService>>, headers: HeaderMap, 
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ReadQuery {
+pub(crate) struct ReadQuery {
     /// Comma-separated field names.
     fields: Option<String>,
 }
 
-async fn read(
+pub(crate) async fn read(
     State(service): State<Arc<ContextService>>,
     Path(context_id): Path<String>,
     query: Result<Query<ReadQuery>, axum::extract::rejection::QueryRejection>,
@@ -124,7 +124,7 @@ async fn read(
     Ok(Json(view(context_id, snapshot)?))
 }
 
-async fn patch(
+pub(crate) async fn patch(
     State(service): State<Arc<ContextService>>,
     Path(context_id): Path<String>,
     headers: HeaderMap,

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod error;
+pub mod front;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
@@ -79,7 +80,15 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
     tracing::info!(message = "Context service listening.", address = %settings.listen, threads);
     // One single-threaded runtime per thread: each request and its Redis call
     // (on that thread's own connection) stay on one thread.
-    agent_reach_edge::serve::per_core("context", settings.listen, threads, app(service), shutdown).await
+    let serve = move |listener: tokio::net::TcpListener, stopped: agent_reach_edge::serve::Stopped| {
+        let service = service.clone();
+        async move {
+            front::serve(listener, service, stopped)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    agent_reach_edge::serve::per_core_with("context", settings.listen, threads, serve, shutdown).await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).
@@ -88,11 +97,10 @@ pub async fn serve(
     service: Arc<ContextService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // No Nagle: a gRPC answer is several HTTP/2 frames, and delaying the last
-    // one behind the client's delayed ACK costs ~40 ms per call.
-    axum::serve(listener, app(service))
-        .tcp_nodelay(true)
-        .with_graceful_shutdown(shutdown)
+    // The front door sets TCP_NODELAY on every connection: a gRPC answer is
+    // several HTTP/2 frames, and delaying the last one behind the client's
+    // delayed ACK costs ~40 ms per call.
+    front::serve(listener, service, shutdown)
         .await
         .context("context server failed")
 }

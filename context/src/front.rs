@@ -1,0 +1,111 @@
+//! The context service's hot routes for the edge's front door
+//! ([`agent_reach_edge::front`]): `GET` and `PATCH /v1/contexts/{id}` (no
+//! query, an id of plain context-id characters, so nothing to decode) take the
+//! front door's own HTTP/1.1 loop and the same handlers as the axum routes;
+//! everything else, gRPC included, goes to hyper and the axum routes.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::response::IntoResponse;
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::net::TcpListener;
+
+use crate::http::ReadQuery;
+use crate::service::ContextService;
+
+#[derive(Clone)]
+struct Contexts(Arc<ContextService>);
+
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Read(String),
+    Patch(String),
+}
+
+/// `GET` or `PATCH /v1/contexts/{id}` with an id of context-id characters
+/// only (A-Z a-z 0-9 _ - . :; so no percent-escape to decode) and no query.
+fn route(method: &str, target: &str) -> Option<Route> {
+    let id = target.strip_prefix("/v1/contexts/")?;
+    let plain = |byte: u8| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-' | b'.' | b':');
+    if id.is_empty() || !id.bytes().all(plain) {
+        return None;
+    }
+    match method {
+        "GET" => Some(Route::Read(id.to_string())),
+        "PATCH" => Some(Route::Patch(id.to_string())),
+        _ => None,
+    }
+}
+
+impl agent_reach_edge::front::HotRoutes for Contexts {
+    type Route = Route;
+
+    fn route(&self, method: &str, target: &str) -> Option<Route> {
+        route(method, target)
+    }
+
+    fn call(
+        &self,
+        route: Route,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> impl Future<Output = axum::response::Response> + Send {
+        let service = self.0.clone();
+        async move {
+            match route {
+                Route::Read(id) => {
+                    let query = Ok(Query(ReadQuery::default()));
+                    crate::http::read(State(service), Path(id), query, headers)
+                        .await
+                        .into_response()
+                }
+                Route::Patch(id) => crate::http::patch(State(service), Path(id), headers, Body::from(body))
+                    .await
+                    .into_response(),
+            }
+        }
+    }
+}
+
+/// Serves the context service (HTTP and gRPC) on `listener` until `shutdown`
+/// resolves, then lets open requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    service: Arc<ContextService>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let app = crate::app(service.clone());
+    let limit = service.config().max_body_bytes;
+    agent_reach_edge::front::serve(listener, Contexts(service), app, limit, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_context_reads_and_patches_are_hot() {
+        assert_eq!(
+            route("GET", "/v1/contexts/s-1:a.b_C"),
+            Some(Route::Read("s-1:a.b_C".into()))
+        );
+        assert_eq!(route("PATCH", "/v1/contexts/s-1"), Some(Route::Patch("s-1".into())));
+        for (method, target) in [
+            ("DELETE", "/v1/contexts/s-1"),
+            ("POST", "/v1/contexts"),
+            ("GET", "/v1/contexts/"),
+            ("GET", "/v1/contexts/s-1?fields=a,b"),
+            ("GET", "/v1/contexts/s%2D1"),
+            ("GET", "/v1/contexts/a/b"),
+            ("GET", "/healthz"),
+            ("POST", "/agent_reach.context.v1.Contexts/Get"),
+        ] {
+            assert_eq!(route(method, target), None, "{method} {target} is hyper's");
+        }
+    }
+}

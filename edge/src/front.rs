@@ -1,0 +1,509 @@
+//! A front door for a service's hot requests: its own HTTP/1.1 loop for the
+//! few requests a service names ([`HotRoutes`]), and hyper (through the
+//! service's axum routes) for everything else.
+//!
+//! Why: profiled under load, hyper's server dispatch, axum's routing and
+//! extractors and the tower layers between them cost ~5 µs of the router's
+//! ~21 µs of CPU per routed request, more than the whole request path of
+//! HAProxy's HTTP layer. This loop reads a request head, parses it with
+//! `httparse` (the parser hyper uses), reads its body, calls the same handler
+//! the axum route calls, and writes the answer in one write; a keep-alive
+//! connection loops, pipelined requests included.
+//!
+//! Only a plain request takes this path: HTTP/1.1, a method and path the
+//! service's [`HotRoutes::route`] takes, at most one `Content-Length` (digits
+//! only, within the body limit; none means no body), every header name and
+//! value valid, and no `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection`
+//! header. Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
+//! malformed or oversized head, a body over the limit) hands the connection,
+//! with every byte already read, to hyper, which serves it from that request on
+//! exactly as it serves any connection. So framing ambiguities (request
+//! smuggling: both `Content-Length` and `Transfer-Encoding`, repeated lengths)
+//! are never resolved here; hyper refuses them as it always does.
+//!
+//! Shutdown is graceful like `axum::serve`'s: no new connections, an idle
+//! connection closes, a request in progress is answered, then its connection
+//! closes.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// The requests a service's front door answers itself.
+pub trait HotRoutes: Clone + Send + Sync + 'static {
+    /// What `route` found: which handler, with what it took from the path.
+    type Route: Send + 'static;
+
+    /// The route for `method` and `target` (path and query, as sent), or
+    /// `None` to leave the request to hyper and the axum routes. Take only
+    /// what the axum route would answer identically (e.g. no percent-escapes
+    /// to decode, no query to parse).
+    fn route(&self, method: &str, target: &str) -> Option<Self::Route>;
+
+    /// Answers a request `route` took, as the axum route would.
+    fn call(
+        &self,
+        route: Self::Route,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> impl Future<Output = axum::response::Response> + Send;
+}
+
+/// Most headers a request on the fast path may carry (more: hyper serves it).
+const MAX_HEADERS: usize = 32;
+/// Largest request head the fast path waits for (larger: hyper serves it).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Room made in the input buffer before each read.
+const READ_RESERVE: usize = 8 * 1024;
+/// Largest buffer a connection keeps between requests.
+const KEPT_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Serves `hot` and, for every other request, `app` on `listener` until
+/// `shutdown` resolves, then lets open requests finish (see the module notes).
+/// `body_limit` bounds the bodies the front door reads itself (larger ones go
+/// to `app`, which refuses them with its own answer).
+pub async fn serve<H: HotRoutes>(
+    listener: TcpListener,
+    hot: H,
+    app: axum::Router,
+    body_limit: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    // Connections watch `signal` (closed once shutdown begins) and hold `open`
+    // (the loop waits until every clone is gone).
+    let (signal, signal_receiver) = watch::channel(());
+    let signal = Arc::new(signal);
+    tokio::spawn(async move {
+        shutdown.await;
+        drop(signal_receiver);
+    });
+    let (open, open_receiver) = watch::channel(());
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    accept_failed(error).await;
+                    continue;
+                }
+            },
+            _ = signal.closed() => break,
+        };
+        // No Nagle: an answer goes out in one write and must not wait for an ACK.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(message = "Cannot set TCP_NODELAY on a connection.", %error);
+        }
+        let connection = Connection {
+            hot: hot.clone(),
+            app: app.clone(),
+            body_limit,
+            signal: signal.clone(),
+        };
+        let open = open_receiver.clone();
+        tokio::spawn(async move {
+            connection.run(stream).await;
+            drop(open);
+        });
+    }
+    drop(open_receiver);
+    drop(listener);
+    open.closed().await;
+    Ok(())
+}
+
+/// As `axum::serve`: a connection reset before it was accepted is nothing;
+/// anything else (out of file descriptors) is logged and accepting pauses a
+/// second so the process does not spin.
+async fn accept_failed(error: io::Error) {
+    if matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(message = "Cannot accept a connection; pausing 1 s.", %error);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+struct Connection<H> {
+    hot: H,
+    app: axum::Router,
+    body_limit: usize,
+    signal: Arc<watch::Sender<()>>,
+}
+
+/// A request on the fast path: its route, its head's length, its body's and its headers.
+struct Hot<R> {
+    route: R,
+    head_len: usize,
+    body_len: usize,
+    headers: HeaderMap,
+}
+
+/// What the bytes at the start of the input buffer are.
+enum Head<R> {
+    /// A plain request of a hot route (see the module notes).
+    Hot(Hot<R>),
+    /// A complete or malformed head the fast path does not take: hyper's.
+    Other,
+    /// Not a whole head yet.
+    Partial,
+}
+
+impl<H: HotRoutes> Connection<H> {
+    async fn run(self, mut stream: TcpStream) {
+        let mut input = BytesMut::with_capacity(READ_RESERVE);
+        let mut output = Vec::with_capacity(1024);
+        loop {
+            let request = loop {
+                match parse_head(&input, &self.hot, self.body_limit) {
+                    Head::Hot(request) => break request,
+                    Head::Other => return self.hand_over(stream, input).await,
+                    Head::Partial if input.len() > MAX_HEAD_BYTES => return self.hand_over(stream, input).await,
+                    Head::Partial => {
+                        // Between requests, shutdown closes the idle connection.
+                        let read = if input.is_empty() {
+                            tokio::select! {
+                                read = read_more(&mut stream, &mut input) => read,
+                                _ = self.signal.closed() => return,
+                            }
+                        } else {
+                            read_more(&mut stream, &mut input).await
+                        };
+                        if !read {
+                            return;
+                        }
+                    }
+                }
+            };
+            input.reserve((request.head_len + request.body_len).saturating_sub(input.len()));
+            while input.len() < request.head_len + request.body_len {
+                if !read_more(&mut stream, &mut input).await {
+                    return;
+                }
+            }
+            input.advance(request.head_len);
+            let body = input.split_to(request.body_len).freeze();
+            let response = self.hot.call(request.route, request.headers, body).await;
+            let Some(answer) = encode_response(response, &mut output).await else {
+                return;
+            };
+            if stream.write_all(answer).await.is_err() {
+                return;
+            }
+            if self.signal.is_closed() {
+                return;
+            }
+            // A large request or answer does not keep its buffer for the connection's life.
+            if output.capacity() > KEPT_BUFFER_BYTES {
+                output = Vec::with_capacity(1024);
+            }
+            if input.is_empty() && input.capacity() > KEPT_BUFFER_BYTES {
+                input = BytesMut::with_capacity(READ_RESERVE);
+            }
+        }
+    }
+
+    /// Serves the rest of the connection with hyper, replaying `input` first.
+    async fn hand_over(self, stream: TcpStream, input: BytesMut) {
+        let io = hyper_util::rt::TokioIo::new(Replay {
+            read: input.freeze(),
+            stream,
+        });
+        let service = hyper_util::service::TowerToHyperService::new(self.app);
+        let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        let connection = builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(connection);
+        let mut signalled = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(message = "Connection ended with an error.", %error);
+                    }
+                    return;
+                }
+                _ = self.signal.closed(), if !signalled => {
+                    signalled = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// Reads more of the connection into `input`; `false` once it has ended or failed.
+async fn read_more(stream: &mut TcpStream, input: &mut BytesMut) -> bool {
+    input.reserve(READ_RESERVE);
+    matches!(stream.read_buf(input).await, Ok(read) if read > 0)
+}
+
+/// Classifies the head at the start of `input` (see [`Head`]).
+fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Route> {
+    if input.is_empty() {
+        return Head::Partial;
+    }
+    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut raw);
+    let head_len = match request.parse(input) {
+        Ok(httparse::Status::Complete(head_len)) => head_len,
+        Ok(httparse::Status::Partial) => return Head::Partial,
+        Err(_) => return Head::Other,
+    };
+    if request.version != Some(1) {
+        return Head::Other;
+    }
+    let (Some(method), Some(target)) = (request.method, request.path) else {
+        return Head::Other;
+    };
+    let Some(route) = hot.route(method, target) else {
+        return Head::Other;
+    };
+    let mut headers = HeaderMap::with_capacity(request.headers.len());
+    let mut body_len: Option<usize> = None;
+    for header in request.headers.iter() {
+        let Ok(name) = HeaderName::from_bytes(header.name.as_bytes()) else {
+            return Head::Other;
+        };
+        if name == http::header::CONTENT_LENGTH {
+            match (body_len, content_length(header.value)) {
+                (None, Some(length)) if length <= limit => body_len = Some(length),
+                _ => return Head::Other,
+            }
+        } else if name == http::header::TRANSFER_ENCODING
+            || name == http::header::EXPECT
+            || name == http::header::UPGRADE
+            || name == http::header::CONNECTION
+        {
+            return Head::Other;
+        }
+        let Ok(value) = HeaderValue::from_bytes(header.value) else {
+            return Head::Other;
+        };
+        headers.append(name, value);
+    }
+    // No `Content-Length` (and no `Transfer-Encoding`): no body (RFC 9112 §6.3).
+    Head::Hot(Hot {
+        route,
+        head_len,
+        body_len: body_len.unwrap_or(0),
+        headers,
+    })
+}
+
+/// A `Content-Length` value: one to nineteen ASCII digits, nothing else.
+fn content_length(value: &[u8]) -> Option<usize> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    value.iter().try_fold(0usize, |total, digit| {
+        total.checked_mul(10)?.checked_add(usize::from(digit - b'0'))
+    })
+}
+
+/// Writes `response` as an HTTP/1.1 answer into `output` (status line, the
+/// handler's headers, `date`, `content-length`, body); `None` if its body
+/// cannot be read (it is always a complete buffer here).
+async fn encode_response(response: axum::response::Response, output: &mut Vec<u8>) -> Option<&[u8]> {
+    let (parts, body) = response.into_parts();
+    let body: Bytes = axum::body::to_bytes(body, usize::MAX).await.ok()?;
+    output.clear();
+    output.extend_from_slice(b"HTTP/1.1 ");
+    output.extend_from_slice(parts.status.as_str().as_bytes());
+    output.push(b' ');
+    output.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    output.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        if name == http::header::CONTENT_LENGTH || name == http::header::DATE || name == http::header::CONNECTION {
+            continue;
+        }
+        output.extend_from_slice(name.as_str().as_bytes());
+        output.extend_from_slice(b": ");
+        output.extend_from_slice(value.as_bytes());
+        output.extend_from_slice(b"\r\n");
+    }
+    output.extend_from_slice(b"date: ");
+    with_date(|date| output.extend_from_slice(date));
+    output.extend_from_slice(b"\r\ncontent-length: ");
+    output.extend_from_slice(itoa_usize(body.len(), &mut [0u8; 20]));
+    output.extend_from_slice(b"\r\n\r\n");
+    output.extend_from_slice(&body);
+    Some(output)
+}
+
+/// `value` in decimal, written at the end of `digits`.
+fn itoa_usize(mut value: usize, digits: &mut [u8; 20]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            return &digits[at..];
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's `date` header value and the second it was made for.
+    static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Calls `write` with the IMF-fixdate of now (RFC 9110 §5.6.7), formatted
+/// once a second per thread, as hyper does.
+fn with_date(write: impl FnOnce(&[u8])) {
+    let now = SystemTime::now();
+    let second = now
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_secs())
+        .unwrap_or_default();
+    DATE.with(|date| {
+        let mut date = date.borrow_mut();
+        if date.0 != second {
+            *date = (second, httpdate::fmt_http_date(now));
+        }
+        write(date.1.as_bytes());
+    });
+}
+
+/// A connection handed to hyper: the bytes already read come first.
+struct Replay {
+    read: Bytes,
+    stream: TcpStream,
+}
+
+impl AsyncRead for Replay {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if !self.read.is_empty() {
+            let count = self.read.len().min(buf.remaining());
+            buf.put_slice(&self.read[..count]);
+            self.read.advance(count);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Replay {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `POST /v1/invoke` only, as the router's front door.
+    #[derive(Clone)]
+    struct Invoke;
+
+    impl HotRoutes for Invoke {
+        type Route = ();
+
+        fn route(&self, method: &str, target: &str) -> Option<()> {
+            (method == "POST" && target == "/v1/invoke").then_some(())
+        }
+
+        async fn call(&self, _: (), _: HeaderMap, _: Bytes) -> axum::response::Response {
+            axum::response::Response::default()
+        }
+    }
+
+    fn head(text: &str) -> Head<()> {
+        parse_head(text.as_bytes(), &Invoke, 1024)
+    }
+
+    #[test]
+    fn only_plain_requests_of_hot_routes_take_the_fast_path() {
+        let plain = "POST /v1/invoke HTTP/1.1\r\nhost: r\r\ncontent-length: 2\r\nauthorization: Bearer t\r\n\r\n{}";
+        let Head::Hot(request) = head(plain) else {
+            panic!("a plain invoke is the fast path's");
+        };
+        assert_eq!((request.head_len, request.body_len), (plain.len() - 2, 2));
+        assert_eq!(request.headers["authorization"], "Bearer t");
+        assert!(matches!(
+            head("POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\n"),
+            Head::Partial
+        ));
+        assert!(matches!(head(""), Head::Partial));
+        // Whitespace around a field value is not part of it (RFC 9110 §5.5).
+        let spaced = head("POST /v1/invoke HTTP/1.1\r\ncontent-length:  2 \r\n\r\n");
+        assert!(matches!(spaced, Head::Hot(Hot { body_len: 2, .. })));
+        // Neither length nor chunking: no body.
+        let bodiless = head("POST /v1/invoke HTTP/1.1\r\nhost: r\r\n\r\n");
+        assert!(matches!(bodiless, Head::Hot(Hot { body_len: 0, .. })));
+
+        for other in [
+            "GET /healthz HTTP/1.1\r\n\r\n",
+            "POST /v1/invoke?x=1 HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/invoke HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: +2\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 4096\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nupgrade: h2c\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nx: a\x01b\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\nbad header\r\n\r\n",
+        ] {
+            assert!(matches!(head(other), Head::Other), "{other:?} must be hyper's");
+        }
+        let many: String = (0..MAX_HEADERS + 1).map(|i| format!("x-{i}: v\r\n")).collect();
+        let crowded = format!("POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\n{many}\r\n");
+        assert!(matches!(head(&crowded), Head::Other));
+    }
+
+    #[test]
+    fn content_lengths_are_plain_digits() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"1048576"), Some(1_048_576));
+        for bad in [&b""[..], b"-1", b"1e3", b" 1", b"0x10", b"99999999999999999999"] {
+            assert_eq!(content_length(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn dates_are_imf_fixdates() {
+        let mut seen = String::new();
+        with_date(|date| seen = String::from_utf8_lossy(date).into_owned());
+        assert!(httpdate::parse_http_date(&seen).is_ok(), "{seen}");
+        assert!(seen.ends_with(" GMT") && seen.len() == 29, "{seen}");
+        assert_eq!(itoa_usize(0, &mut [0; 20]), b"0");
+        assert_eq!(itoa_usize(1_234_567, &mut [0; 20]), b"1234567");
+    }
+}
