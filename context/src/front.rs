@@ -18,11 +18,13 @@ use tokio::net::TcpListener;
 use crate::http::ReadQuery;
 use crate::service::ContextService;
 
+/// `GET` and `PATCH /v1/contexts/{id}`, answered by [`crate::http::read`] and [`crate::http::patch`].
 #[derive(Clone)]
-struct Contexts(Arc<ContextService>);
+pub(crate) struct Contexts(Arc<ContextService>);
 
+/// Which handler, with the context id from the path.
 #[derive(Debug, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Read(String),
     Patch(String),
 }
@@ -79,9 +81,15 @@ pub async fn serve(
     service: Arc<ContextService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    let (hot, app, limit) = door(service);
+    agent_reach_edge::front::serve(listener, hot, app, limit, shutdown).await
+}
+
+/// The front door's parts: the hot routes, the axum routes for the rest, the body limit.
+pub(crate) fn door(service: Arc<ContextService>) -> (Contexts, axum::Router, usize) {
     let app = crate::app(service.clone());
     let limit = service.config().max_body_bytes;
-    agent_reach_edge::front::serve(listener, Contexts(service), app, limit, shutdown).await
+    (Contexts(service), app, limit)
 }
 
 #[cfg(test)]

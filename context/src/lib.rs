@@ -80,15 +80,8 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
     tracing::info!(message = "Context service listening.", address = %settings.listen, threads);
     // One single-threaded runtime per thread: each request and its Redis call
     // (on that thread's own connection) stay on one thread.
-    let serve = move |listener: tokio::net::TcpListener, stopped: agent_reach_edge::serve::Stopped| {
-        let service = service.clone();
-        async move {
-            front::serve(listener, service, stopped)
-                .await
-                .map_err(anyhow::Error::from)
-        }
-    };
-    agent_reach_edge::serve::per_core_with("context", settings.listen, threads, serve, shutdown).await
+    let (hot, app, limit) = front::door(service);
+    agent_reach_edge::front::per_core("context", settings.listen, threads, hot, app, limit, shutdown).await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).

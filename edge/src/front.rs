@@ -121,6 +121,29 @@ pub async fn serve<H: HotRoutes>(
     Ok(())
 }
 
+/// [`serve`] on `threads` threads (0: one per core), each a single-threaded
+/// runtime with its own `SO_REUSEPORT` listener on `addr` (see
+/// [`crate::serve::per_core_with`]), until `shutdown` resolves.
+pub async fn per_core<H: HotRoutes>(
+    name: &str,
+    addr: std::net::SocketAddr,
+    threads: usize,
+    hot: H,
+    app: axum::Router,
+    body_limit: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let serve = move |listener: TcpListener, stopped: crate::serve::Stopped| {
+        let (hot, app) = (hot.clone(), app.clone());
+        async move {
+            serve(listener, hot, app, body_limit, stopped)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    crate::serve::per_core_with(name, addr, threads, serve, shutdown).await
+}
+
 /// As `axum::serve`: a connection reset before it was accepted is nothing;
 /// anything else (out of file descriptors) is logged and accepting pauses a
 /// second so the process does not spin.
@@ -335,23 +358,10 @@ async fn encode_response(response: axum::response::Response, output: &mut Vec<u8
     output.extend_from_slice(b"date: ");
     with_date(|date| output.extend_from_slice(date));
     output.extend_from_slice(b"\r\ncontent-length: ");
-    output.extend_from_slice(itoa_usize(body.len(), &mut [0u8; 20]));
+    output.extend_from_slice(crate::decimal(body.len() as u64, &mut [0u8; 20]));
     output.extend_from_slice(b"\r\n\r\n");
     output.extend_from_slice(&body);
     Some(output)
-}
-
-/// `value` in decimal, written at the end of `digits`.
-fn itoa_usize(mut value: usize, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            return &digits[at..];
-        }
-    }
 }
 
 thread_local! {
@@ -503,7 +513,8 @@ mod tests {
         with_date(|date| seen = String::from_utf8_lossy(date).into_owned());
         assert!(httpdate::parse_http_date(&seen).is_ok(), "{seen}");
         assert!(seen.ends_with(" GMT") && seen.len() == 29, "{seen}");
-        assert_eq!(itoa_usize(0, &mut [0; 20]), b"0");
-        assert_eq!(itoa_usize(1_234_567, &mut [0; 20]), b"1234567");
+        assert_eq!(crate::decimal(0, &mut [0; 20]), b"0");
+        assert_eq!(crate::decimal(1_234_567, &mut [0; 20]), b"1234567");
+        assert_eq!(crate::decimal(u64::MAX, &mut [0; 20]), u64::MAX.to_string().as_bytes());
     }
 }

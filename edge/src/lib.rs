@@ -15,6 +15,21 @@ use futures::StreamExt;
 use http::HeaderMap;
 use serde::de::DeserializeOwned;
 
+/// `value` in decimal, written at the end of `digits` (20 digits hold any
+/// u64), without a formatter: lengths and counts on the wire (HTTP
+/// `content-length`, RESP).
+pub fn decimal(mut value: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            return &digits[at..];
+        }
+    }
+}
+
 /// gRPC metadata keys carrying the stable code and the field at fault.
 pub const CODE_METADATA: &str = "x-agent-reach-code";
 pub const FIELD_METADATA: &str = "x-agent-reach-field";

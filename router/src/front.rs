@@ -18,7 +18,7 @@ use crate::service::RouterService;
 
 /// `POST /v1/invoke`, answered by [`crate::http::invoke`].
 #[derive(Clone)]
-struct Invoke(Arc<RouterService>);
+pub(crate) struct Invoke(Arc<RouterService>);
 
 impl agent_reach_edge::front::HotRoutes for Invoke {
     type Route = ();
@@ -39,7 +39,13 @@ pub async fn serve(
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    let (hot, app, limit) = door(service);
+    agent_reach_edge::front::serve(listener, hot, app, limit, shutdown).await
+}
+
+/// The front door's parts: the hot route, the axum routes for the rest, the body limit.
+pub(crate) fn door(service: Arc<RouterService>) -> (Invoke, axum::Router, usize) {
     let app = crate::app(service.clone());
     let limit = service.tuning().max_body_bytes;
-    agent_reach_edge::front::serve(listener, Invoke(service), app, limit, shutdown).await
+    (Invoke(service), app, limit)
 }

@@ -107,15 +107,8 @@ pub async fn serve_per_core(
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let serve = move |listener: tokio::net::TcpListener, stopped: agent_reach_edge::serve::Stopped| {
-        let service = service.clone();
-        async move {
-            front::serve(listener, service, stopped)
-                .await
-                .map_err(anyhow::Error::from)
-        }
-    };
-    agent_reach_edge::serve::per_core_with("router", addr, threads, serve, shutdown).await
+    let (hot, app, limit) = front::door(service);
+    agent_reach_edge::front::per_core("router", addr, threads, hot, app, limit, shutdown).await
 }
 
 /// Serves `service` on an already bound listener, behind the same front door

@@ -23,6 +23,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use agent_reach_edge::decimal;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -109,20 +110,6 @@ fn encode_bytes(bytes: &[u8], out: &mut Vec<u8>) {
 fn push_decimal(out: &mut Vec<u8>, value: u64) {
     let mut digits = [0u8; 20];
     out.extend_from_slice(decimal(value, &mut digits));
-}
-
-/// `value` in decimal, written at the end of `digits` (20 digits hold any u64).
-fn decimal(mut value: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    &digits[at..]
 }
 
 impl Arg for &str {
