@@ -5,15 +5,14 @@
 //! everything else, gRPC included, goes to hyper and the axum routes.
 
 use std::future::Future;
-use std::io;
 use std::sync::Arc;
 
+use agent_reach_edge::front::Door;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::HeaderMap;
-use tokio::net::TcpListener;
 
 use crate::http::ReadQuery;
 use crate::service::ContextService;
@@ -74,22 +73,13 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
     }
 }
 
-/// Serves the context service (HTTP and gRPC) on `listener` until `shutdown`
-/// resolves, then lets open requests finish.
-pub async fn serve(
-    listener: TcpListener,
-    service: Arc<ContextService>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    let (hot, app, limit) = door(service);
-    agent_reach_edge::front::serve(listener, hot, app, limit, shutdown).await
-}
-
-/// The front door's parts: the hot routes, the axum routes for the rest, the body limit.
-pub(crate) fn door(service: Arc<ContextService>) -> (Contexts, axum::Router, usize) {
-    let app = crate::app(service.clone());
-    let limit = service.config().max_body_bytes;
-    (Contexts(service), app, limit)
+/// The front door: the hot routes, the axum routes for the rest, the body limit.
+pub(crate) fn door(service: Arc<ContextService>) -> Door<Contexts> {
+    Door {
+        app: crate::app(service.clone()),
+        body_limit: service.config().max_body_bytes,
+        hot: Contexts(service),
+    }
 }
 
 #[cfg(test)]

@@ -80,8 +80,9 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
     tracing::info!(message = "Context service listening.", address = %settings.listen, threads);
     // One single-threaded runtime per thread: each request and its Redis call
     // (on that thread's own connection) stay on one thread.
-    let (hot, app, limit) = front::door(service);
-    agent_reach_edge::front::per_core("context", settings.listen, threads, hot, app, limit, shutdown).await
+    front::door(service)
+        .per_core("context", settings.listen, threads, shutdown)
+        .await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).
@@ -93,7 +94,8 @@ pub async fn serve(
     // The front door sets TCP_NODELAY on every connection: a gRPC answer is
     // several HTTP/2 frames, and delaying the last one behind the client's
     // delayed ACK costs ~40 ms per call.
-    front::serve(listener, service, shutdown)
+    front::door(service)
+        .serve(listener, shutdown)
         .await
         .context("context server failed")
 }

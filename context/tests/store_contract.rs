@@ -184,38 +184,41 @@ async fn patches_are_versioned(subject: Subject) {
 }
 
 /// Writes close together share one TTL refresh (`StorePolicy::refresh_granularity`:
-/// 1 s for a TTL of 100 s or more); a later write moves the expiry again.
+/// a hundredth of the tier's TTL, at most 1 s; both sides of that rule are
+/// checked); a later write moves the expiry again.
 async fn writes_refresh_the_ttl_within_the_granularity(subject: Subject) {
     let store = subject.store;
-    let policy = StorePolicy::default();
-    let ttl = policy.default_ttl.as_millis() as i64;
-    let granularity = policy.refresh_granularity(Tier::Default).as_millis() as i64;
-    assert_eq!(granularity, 1_000);
-    let created = store.create("r", &new_context(Tier::Default, &[])).await.unwrap();
-    let refreshed_at = created.expires_at_ms - ttl;
+    let policy = fifty_second_one_shot();
+    for (id, tier, expected) in [("r", Tier::Default, 1_000), ("s", Tier::OneShot, 500)] {
+        let ttl = policy.ttl(tier).as_millis() as i64;
+        let granularity = policy.refresh_granularity(tier).as_millis() as i64;
+        assert_eq!(granularity, expected);
+        let created = store.create(id, &new_context(tier, &[])).await.unwrap();
+        let refreshed_at = created.expires_at_ms - ttl;
 
-    // A few ms later (so an exact refresh would show), well within the granularity.
-    assert!(eventually(Duration::from_secs(1), || async { now_ms() > refreshed_at + 20 }).await);
-    let before = now_ms();
-    let burst = store.patch("r", &set(&[("a", "1")], None)).await.unwrap();
-    assert!(before + ttl - granularity <= burst.expires_at_ms);
-    assert_eq!(
-        burst.expires_at_ms, created.expires_at_ms,
-        "a write right after the last refresh shares it"
-    );
+        // A few ms later (so an exact refresh would show), well within the granularity.
+        assert!(eventually(Duration::from_secs(1), || async { now_ms() > refreshed_at + 20 }).await);
+        let before = now_ms();
+        let burst = store.patch(id, &set(&[("a", "1")], None)).await.unwrap();
+        assert!(before + ttl - granularity <= burst.expires_at_ms);
+        assert_eq!(
+            burst.expires_at_ms, created.expires_at_ms,
+            "{tier:?}: a write right after the last refresh shares it"
+        );
 
-    // Past the granularity: the write refreshes again.
-    assert!(
-        eventually(Duration::from_secs(3), || async {
-            now_ms() > refreshed_at + granularity + 20
-        })
-        .await
-    );
-    let before = now_ms();
-    let later = store.patch("r", &set(&[("a", "2")], None)).await.unwrap();
-    assert!(later.expires_at_ms >= before + ttl && later.expires_at_ms > burst.expires_at_ms);
-    let snapshot = store.get("r", &Selection::Only(vec![])).await.unwrap().unwrap();
-    assert_eq!((snapshot.version, snapshot.expires_at_ms), (3, later.expires_at_ms));
+        // Past the granularity: the write refreshes again.
+        assert!(
+            eventually(Duration::from_secs(3), || async {
+                now_ms() > refreshed_at + granularity + 20
+            })
+            .await
+        );
+        let before = now_ms();
+        let later = store.patch(id, &set(&[("a", "2")], None)).await.unwrap();
+        assert!(later.expires_at_ms >= before + ttl && later.expires_at_ms > burst.expires_at_ms);
+        let snapshot = store.get(id, &Selection::Only(vec![])).await.unwrap().unwrap();
+        assert_eq!((snapshot.version, snapshot.expires_at_ms), (3, later.expires_at_ms));
+    }
 }
 
 async fn limits_are_atomic(subject: Subject) {
@@ -445,6 +448,14 @@ fn short_tiers() -> StorePolicy {
     }
 }
 
+/// A one_shot TTL whose refresh granularity (a hundredth: 500 ms) is under the 1 s cap.
+fn fifty_second_one_shot() -> StorePolicy {
+    StorePolicy {
+        one_shot_ttl: Duration::from_secs(50),
+        ..StorePolicy::default()
+    }
+}
+
 fn short_idle() -> StorePolicy {
     StorePolicy {
         idle_timeout: Duration::from_millis(300),
@@ -471,7 +482,7 @@ contract! {
     limits_are_atomic => general(),
     close_respects_ownership => StorePolicy::default(),
     tiers_expire_and_writes_extend_life => short_tiers(),
-    writes_refresh_the_ttl_within_the_granularity => StorePolicy::default(),
+    writes_refresh_the_ttl_within_the_granularity => fifty_second_one_shot(),
     sweeper_removes_idle_keeps_active => short_idle(),
     concurrent_sweeps_remove_each_context_once => short_idle(),
     conditional_writers_lose_no_update => StorePolicy::default(),

@@ -68,80 +68,80 @@ const READ_RESERVE: usize = 8 * 1024;
 /// Largest buffer a connection keeps between requests.
 const KEPT_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Serves `hot` and, for every other request, `app` on `listener` until
-/// `shutdown` resolves, then lets open requests finish (see the module notes).
-/// `body_limit` bounds the bodies the front door reads itself (larger ones go
-/// to `app`, which refuses them with its own answer).
-pub async fn serve<H: HotRoutes>(
-    listener: TcpListener,
-    hot: H,
-    app: axum::Router,
-    body_limit: usize,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    // Connections watch `signal` (closed once shutdown begins) and hold `open`
-    // (the loop waits until every clone is gone).
-    let (signal, signal_receiver) = watch::channel(());
-    let signal = Arc::new(signal);
-    tokio::spawn(async move {
-        shutdown.await;
-        drop(signal_receiver);
-    });
-    let (open, open_receiver) = watch::channel(());
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    accept_failed(error).await;
-                    continue;
-                }
-            },
-            _ = signal.closed() => break,
-        };
-        // No Nagle: an answer goes out in one write and must not wait for an ACK.
-        if let Err(error) = stream.set_nodelay(true) {
-            tracing::debug!(message = "Cannot set TCP_NODELAY on a connection.", %error);
-        }
-        let connection = Connection {
-            hot: hot.clone(),
-            app: app.clone(),
-            body_limit,
-            signal: signal.clone(),
-        };
-        let open = open_receiver.clone();
-        tokio::spawn(async move {
-            connection.run(stream).await;
-            drop(open);
-        });
-    }
-    drop(open_receiver);
-    drop(listener);
-    open.closed().await;
-    Ok(())
+/// A service's front door: its hot routes, its axum routes for every other
+/// request, and the largest body the door reads itself (a larger one goes to
+/// `app`, which refuses it with the service's own answer).
+#[derive(Clone)]
+pub struct Door<H> {
+    pub hot: H,
+    pub app: axum::Router,
+    pub body_limit: usize,
 }
 
-/// [`serve`] on `threads` threads (0: one per core), each a single-threaded
-/// runtime with its own `SO_REUSEPORT` listener on `addr` (see
-/// [`crate::serve::per_core_with`]), until `shutdown` resolves.
-pub async fn per_core<H: HotRoutes>(
-    name: &str,
-    addr: std::net::SocketAddr,
-    threads: usize,
-    hot: H,
-    app: axum::Router,
-    body_limit: usize,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let serve = move |listener: TcpListener, stopped: crate::serve::Stopped| {
-        let (hot, app) = (hot.clone(), app.clone());
-        async move {
-            serve(listener, hot, app, body_limit, stopped)
-                .await
-                .map_err(anyhow::Error::from)
+impl<H: HotRoutes> Door<H> {
+    /// Serves on `listener` until `shutdown` resolves, then lets open
+    /// requests finish (see the module notes).
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<()> {
+        // Connections watch `signal` (closed once shutdown begins) and hold `open`
+        // (the loop waits until every clone is gone).
+        let (signal, signal_receiver) = watch::channel(());
+        let signal = Arc::new(signal);
+        tokio::spawn(async move {
+            shutdown.await;
+            drop(signal_receiver);
+        });
+        let (open, open_receiver) = watch::channel(());
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        accept_failed(error).await;
+                        continue;
+                    }
+                },
+                _ = signal.closed() => break,
+            };
+            // No Nagle: an answer goes out in one write and must not wait for an ACK.
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(message = "Cannot set TCP_NODELAY on a connection.", %error);
+            }
+            let connection = Connection {
+                door: self.clone(),
+                signal: signal.clone(),
+            };
+            let open = open_receiver.clone();
+            tokio::spawn(async move {
+                connection.run(stream).await;
+                drop(open);
+            });
         }
-    };
-    crate::serve::per_core_with(name, addr, threads, serve, shutdown).await
+        drop(open_receiver);
+        drop(listener);
+        open.closed().await;
+        Ok(())
+    }
+
+    /// [`Door::serve`] on `threads` threads (0: one per core), each a
+    /// single-threaded runtime with its own `SO_REUSEPORT` listener on `addr`
+    /// (see [`crate::serve::per_core`]), until `shutdown` resolves.
+    pub async fn per_core(
+        self,
+        name: &str,
+        addr: std::net::SocketAddr,
+        threads: usize,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let serve = move |listener: TcpListener, stopped: crate::serve::Stopped| {
+            let door = self.clone();
+            async move { door.serve(listener, stopped).await.map_err(anyhow::Error::from) }
+        };
+        crate::serve::per_core(name, addr, threads, serve, shutdown).await
+    }
 }
 
 /// As `axum::serve`: a connection reset before it was accepted is nothing;
@@ -159,9 +159,7 @@ async fn accept_failed(error: io::Error) {
 }
 
 struct Connection<H> {
-    hot: H,
-    app: axum::Router,
-    body_limit: usize,
+    door: Door<H>,
     signal: Arc<watch::Sender<()>>,
 }
 
@@ -189,7 +187,7 @@ impl<H: HotRoutes> Connection<H> {
         let mut output = Vec::with_capacity(1024);
         loop {
             let request = loop {
-                match parse_head(&input, &self.hot, self.body_limit) {
+                match parse_head(&input, &self.door.hot, self.door.body_limit) {
                     Head::Hot(request) => break request,
                     Head::Other => return self.hand_over(stream, input).await,
                     Head::Partial if input.len() > MAX_HEAD_BYTES => return self.hand_over(stream, input).await,
@@ -217,7 +215,7 @@ impl<H: HotRoutes> Connection<H> {
             }
             input.advance(request.head_len);
             let body = input.split_to(request.body_len).freeze();
-            let response = self.hot.call(request.route, request.headers, body).await;
+            let response = self.door.hot.call(request.route, request.headers, body).await;
             let Some(answer) = encode_response(response, &mut output).await else {
                 return;
             };
@@ -243,7 +241,7 @@ impl<H: HotRoutes> Connection<H> {
             read: input.freeze(),
             stream,
         });
-        let service = hyper_util::service::TowerToHyperService::new(self.app);
+        let service = hyper_util::service::TowerToHyperService::new(self.door.app);
         let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);

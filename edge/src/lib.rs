@@ -4,8 +4,9 @@
 //!
 //! Each service maps [`BodyProblem`] onto its own error type and codes; this
 //! crate decides nothing about HTTP statuses. [`serve::per_core`] runs a
-//! service's app on one single-threaded runtime per core; [`front`] serves a
-//! service's hot requests without hyper's and axum's per-request machinery.
+//! service on one single-threaded runtime per core; [`front`] serves a
+//! service's hot requests without hyper's and axum's per-request machinery
+//! and the rest with its axum routes.
 
 pub mod front;
 pub mod serve;

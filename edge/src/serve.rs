@@ -1,4 +1,4 @@
-//! Serving an axum app the way event-loop proxies (HAProxy, nginx) run: one
+//! Serving a service the way event-loop proxies (HAProxy, nginx) run: one
 //! single-threaded runtime per thread, each with its own `SO_REUSEPORT`
 //! listener on the same address. A request, the calls it makes (a forwarded
 //! invoke, a Redis command on a per-thread connection) and its answer stay on
@@ -12,34 +12,14 @@ use anyhow::Context;
 /// What tells a worker's server to stop: it resolves once shutdown begins.
 pub type Stopped = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Serves `app` on `threads` threads (0: one per core) until `shutdown`
-/// resolves, then lets every worker finish its open requests and joins them.
-/// `name` names the threads (`{name}-worker-{i}`) and the errors. Background
-/// work (watches, sweepers, reloads) stays on the caller's runtime.
-pub async fn per_core(
-    name: &str,
-    addr: SocketAddr,
-    threads: usize,
-    app: axum::Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let serve = move |listener: tokio::net::TcpListener, stopped: Stopped| {
-        let app = app.clone();
-        async move {
-            axum::serve(listener, app)
-                .tcp_nodelay(true)
-                .with_graceful_shutdown(stopped)
-                .await
-                .map_err(anyhow::Error::from)
-        }
-    };
-    per_core_with(name, addr, threads, serve, shutdown).await
-}
-
-/// [`per_core`] with a server of the caller's: on each worker thread, `serve`
-/// gets that thread's listener and a future that resolves when shutdown
-/// begins, and must return once it has finished its open requests.
-pub async fn per_core_with<F, Fut>(
+/// Runs a server on `threads` threads (0: one per core) until `shutdown`
+/// resolves, then lets every worker finish its open requests and joins them:
+/// on each worker thread, `serve` gets that thread's listener and a future
+/// that resolves when shutdown begins, and must return once it has finished
+/// its open requests. `name` names the threads (`{name}-worker-{i}`) and the
+/// errors. Background work (watches, sweepers, reloads) stays on the caller's
+/// runtime.
+pub async fn per_core<F, Fut>(
     name: &str,
     addr: SocketAddr,
     threads: usize,

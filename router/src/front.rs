@@ -5,14 +5,13 @@
 //! goes to hyper and the axum routes.
 
 use std::future::Future;
-use std::io;
 use std::sync::Arc;
 
+use agent_reach_edge::front::Door;
 use axum::body::Body;
 use axum::extract::State;
 use bytes::Bytes;
 use http::HeaderMap;
-use tokio::net::TcpListener;
 
 use crate::service::RouterService;
 
@@ -32,20 +31,11 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
     }
 }
 
-/// Serves the router on `listener` until `shutdown` resolves, then lets open
-/// requests finish.
-pub async fn serve(
-    listener: TcpListener,
-    service: Arc<RouterService>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    let (hot, app, limit) = door(service);
-    agent_reach_edge::front::serve(listener, hot, app, limit, shutdown).await
-}
-
-/// The front door's parts: the hot route, the axum routes for the rest, the body limit.
-pub(crate) fn door(service: Arc<RouterService>) -> (Invoke, axum::Router, usize) {
-    let app = crate::app(service.clone());
-    let limit = service.tuning().max_body_bytes;
-    (Invoke(service), app, limit)
+/// The front door: the hot route, the axum routes for the rest, the body limit.
+pub(crate) fn door(service: Arc<RouterService>) -> Door<Invoke> {
+    Door {
+        app: crate::app(service.clone()),
+        body_limit: service.tuning().max_body_bytes,
+        hot: Invoke(service),
+    }
 }

@@ -97,7 +97,7 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
 
 /// Serves on `threads` threads (0: one per core), each a single-threaded
 /// runtime with its own `SO_REUSEPORT` listener on `addr` (see
-/// [`agent_reach_edge::serve::per_core_with`]) behind the router's front door
+/// [`agent_reach_edge::serve::per_core`]) behind the router's front door
 /// ([`front`]): a request, its forwarded call and its answer stay on one
 /// thread. Background work (the registry watch, ACL reload) stays on the
 /// caller's runtime.
@@ -107,8 +107,7 @@ pub async fn serve_per_core(
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (hot, app, limit) = front::door(service);
-    agent_reach_edge::front::per_core("router", addr, threads, hot, app, limit, shutdown).await
+    front::door(service).per_core("router", addr, threads, shutdown).await
 }
 
 /// Serves `service` on an already bound listener, behind the same front door
@@ -118,7 +117,8 @@ pub async fn serve(
     service: Arc<RouterService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    front::serve(listener, service, shutdown)
+    front::door(service)
+        .serve(listener, shutdown)
         .await
         .context("router server failed")
 }

@@ -10,33 +10,12 @@ use std::time::Duration;
 
 use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
 use serde_json::{json, Value};
-use support::{cluster_with_tasks, eventually, token, AgentSpec, Behaviour, Cluster, CALLBACK_SECRET, CALLER};
+use support::{
+    cluster_with_tasks, eventually, get, post, token, AgentSpec, Behaviour, Cluster, CALLBACK_SECRET, CALLER,
+};
 
 /// Callbacks a receiver got: signature header and body.
 type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
-
-async fn post(cluster: &Cluster, path: &str, body: Value) -> (u16, Value) {
-    let response = cluster
-        .client
-        .post(cluster.url(path))
-        .bearer_auth(token(CALLER))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
-}
-
-async fn get(cluster: &Cluster, path: &str) -> (u16, Value) {
-    let response = cluster
-        .client
-        .get(cluster.url(path))
-        .bearer_auth(token(CALLER))
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
-}
 
 async fn wait_terminal(cluster: &Cluster, task_id: &str) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);

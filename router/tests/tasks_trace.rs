@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use agent_reach_telemetry::otlp;
 use agent_reach_testkit::otlp::{Received, Receiver};
-use serde_json::{json, Value};
-use support::{cluster_with_tasks, token, AgentSpec, Behaviour, CALLER};
+use serde_json::json;
+use support::{cluster_with_tasks, post, AgentSpec, Behaviour};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -33,17 +33,7 @@ async fn a_task_delivery_is_the_parent_of_its_selection_and_attempt_spans() {
 
     let envelope = json!({"capability": "order.query", "request_id": "traced-task-1", "session_id": "sess-t",
                           "payload": {"order_id": "SO-1"}});
-    let submitted: Value = cluster
-        .client
-        .post(cluster.url("/v1/tasks"))
-        .bearer_auth(token(CALLER))
-        .json(&envelope)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, submitted) = post(&cluster, "/v1/tasks", envelope).await;
     let task_id = submitted["task_id"].as_str().unwrap().to_string();
 
     // Flush until the delivery's span and its children have arrived (bounded).

@@ -375,6 +375,14 @@ async fn reregisters_after_lease_loss_and_drains_on_shutdown() {
         .await,
         "the agent did not re-register by itself"
     );
+    // The router follows the registry through its watch, a moment later.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            invoke(&stack, "demo.echo", json!({"text": "back"})).await.0 == 200
+        })
+        .await,
+        "the router never routed to the re-registered agent"
+    );
 
     // Shutdown: draining at once (no new traffic), in-flight work finishes, then gone.
     let slow = tokio::spawn({

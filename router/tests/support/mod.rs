@@ -528,6 +528,31 @@ impl Cluster {
     }
 }
 
+/// POSTs `body` to `path` as `CALLER`; returns (status, JSON answer).
+pub async fn post(cluster: &Cluster, path: &str, body: Value) -> (u16, Value) {
+    let response = cluster
+        .client
+        .post(cluster.url(path))
+        .bearer_auth(token(CALLER))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// GETs `path` as `CALLER`; returns (status, JSON answer).
+pub async fn get(cluster: &Cluster, path: &str) -> (u16, Value) {
+    let response = cluster
+        .client
+        .get(cluster.url(path))
+        .bearer_auth(token(CALLER))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
 pub const CALLBACK_SECRET: &[u8] = b"callback-secret-0123456789abcdef-0123";
 
 /// A cluster whose router takes tasks (`/v1/tasks`) on `redis`, with fast
