@@ -1,7 +1,37 @@
 //! The context service's Prometheus metrics (`agent_reach_context_*`), in a
 //! per-service registry so several services can share one process (`dev`).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// The operations the service counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Create,
+    Get,
+    Patch,
+    Close,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::Create, Op::Get, Op::Patch, Op::Close];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Create => "create",
+            Op::Get => "get",
+            Op::Patch => "patch",
+            Op::Close => "close",
+        }
+    }
+}
+
+/// One operation's series for the common outcome, resolved once: looking a
+/// labelled series up takes a hash and a read lock shared by every thread.
+#[derive(Clone)]
+pub struct OpSeries {
+    pub ok: IntCounter,
+    pub seconds: Histogram,
+}
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -13,6 +43,8 @@ pub struct Metrics {
     pub version_conflicts: IntCounter,
     pub sweeper_removals: IntCounterVec,
     pub sweeps: IntCounterVec,
+    /// `operations{op, outcome="ok"}` and `operation_seconds{op}`, by [`Op`].
+    series: [OpSeries; 4],
 }
 
 impl Metrics {
@@ -66,7 +98,12 @@ impl Metrics {
         for reason in ["idle", "expired"] {
             sweeper_removals.with_label_values(&[reason]).inc_by(0);
         }
+        let series = Op::ALL.map(|op| OpSeries {
+            ok: operations.with_label_values(&[op.as_str(), "ok"]),
+            seconds: operation_seconds.with_label_values(&[op.as_str()]),
+        });
         Ok(Self {
+            series,
             registry,
             live_contexts,
             operations,
@@ -75,6 +112,11 @@ impl Metrics {
             sweeper_removals,
             sweeps,
         })
+    }
+
+    /// `op`'s pre-resolved series.
+    pub fn series(&self, op: Op) -> &OpSeries {
+        &self.series[op as usize]
     }
 
     /// The text exposition format for `/metrics`.

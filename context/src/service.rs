@@ -20,7 +20,7 @@ use rand::RngCore;
 use serde_json::Value;
 
 use crate::error::{Code, ContextError};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Op};
 use crate::model::{CloseAs, NewContext, Patch, Selection, Snapshot, StorePolicy, SweepReport, Tier, Written};
 use crate::store::ContextStore;
 use crate::validate::{self, Limits};
@@ -160,16 +160,18 @@ impl ContextService {
     }
 
     /// Counts the outcome and the time of one operation.
-    fn observe<T>(&self, op: &str, started: Instant, result: &Result<T, ContextError>) {
-        let outcome = match result {
-            Ok(_) => "ok",
-            Err(error) => error.code.outcome(),
-        };
-        self.metrics.operations.with_label_values(&[op, outcome]).inc();
-        self.metrics
-            .operation_seconds
-            .with_label_values(&[op])
-            .observe(started.elapsed().as_secs_f64());
+    fn observe<T>(&self, op: Op, started: Instant, result: &Result<T, ContextError>) {
+        let series = self.metrics.series(op);
+        series.seconds.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(_) => series.ok.inc(),
+            Err(error) => self
+                .metrics
+                .operations
+                .with_label_values(&[op.as_str(), error.code.outcome()])
+                .inc(),
+        }
+        let op = op.as_str();
         match result {
             Err(error) if error.code == Code::VersionConflict => self.metrics.version_conflicts.inc(),
             Err(error) if error.code == Code::ContextStoreUnavailable => {
@@ -186,7 +188,7 @@ impl ContextService {
     pub async fn create(&self, caller: &Caller, input: CreateInput) -> Result<Created, ContextError> {
         let started = Instant::now();
         let result = self.create_inner(caller, input).await;
-        self.observe("create", started, &result);
+        self.observe(Op::Create, started, &result);
         result
     }
 
@@ -243,7 +245,7 @@ impl ContextService {
         tracing::Span::current().record("context_id", context_id);
         let started = Instant::now();
         let result = self.get_inner(caller, context_id, fields).await;
-        self.observe("get", started, &result);
+        self.observe(Op::Get, started, &result);
         result
     }
 
@@ -300,7 +302,7 @@ impl ContextService {
         tracing::Span::current().record("context_id", context_id);
         let started = Instant::now();
         let result = self.patch_inner(caller, context_id, input).await;
-        self.observe("patch", started, &result);
+        self.observe(Op::Patch, started, &result);
         result
     }
 
@@ -355,7 +357,7 @@ impl ContextService {
                 .map_err(|error| ContextError::from_store(error, context_id))
         }
         .await;
-        self.observe("close", started, &result);
+        self.observe(Op::Close, started, &result);
         result
     }
 

@@ -42,17 +42,22 @@ pub fn context_id(text: &str) -> Result<(), ContextError> {
 /// so every name can be matched by a whitelist pattern, and no name can collide with
 /// the store's reserved `_`-prefixed entries.
 pub fn field_name(name: &str, path: &str) -> Result<(), ContextError> {
+    field_name_at(name, || path.to_string())
+}
+
+/// [`field_name`], with the path built only for an error (the common case allocates nothing).
+fn field_name_at(name: &str, path: impl FnOnce() -> String) -> Result<(), ContextError> {
     if name.len() > MAX_NAME_LEN {
         return Err(ContextError::field(
             Code::InvalidFieldName,
-            path,
+            path(),
             format!("field names are at most {MAX_NAME_LEN} bytes"),
         ));
     }
     agent_reach_access::acl::check_dotted(name).map_err(|why| {
         ContextError::field(
             Code::InvalidFieldName,
-            path,
+            path(),
             format!("`{name}` is not a field name ({why}); use lowercase dotted words like `order.status`"),
         )
     })
@@ -73,13 +78,20 @@ pub fn fields(values: BTreeMap<String, Value>, limits: &Limits, section: &str) -
     }
     let mut out = Fields::new();
     for (name, value) in values {
-        let path = format!("{section}.{name}");
-        field_name(&name, &path)?;
-        let text = value.to_string();
+        let path = || format!("{section}.{name}");
+        field_name_at(&name, path)?;
+        // The compact JSON text, written directly (`Display` goes through the formatter).
+        let text = serde_json::to_string(&value).map_err(|error| {
+            ContextError::field(
+                Code::InvalidFieldValue,
+                path(),
+                format!("the value cannot be stored: {error}"),
+            )
+        })?;
         if text.len() > limits.max_field_bytes {
             return Err(ContextError::field(
                 Code::FieldTooLarge,
-                path,
+                path(),
                 format!(
                     "the value is {} bytes of JSON; a field holds at most {}",
                     text.len(),

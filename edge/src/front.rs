@@ -185,6 +185,11 @@ impl<H: HotRoutes> Connection<H> {
     async fn run(self, mut stream: TcpStream) {
         let mut input = BytesMut::with_capacity(READ_RESERVE);
         let mut output = Vec::with_capacity(1024);
+        // One shutdown waiter for the connection's life: registering a fresh one
+        // for every idle wait cost a lock and an unlink per request.
+        let signal = self.signal.clone();
+        let closed = signal.closed();
+        tokio::pin!(closed);
         loop {
             let request = loop {
                 match parse_head(&input, &self.door.hot, self.door.body_limit) {
@@ -196,7 +201,7 @@ impl<H: HotRoutes> Connection<H> {
                         let read = if input.is_empty() {
                             tokio::select! {
                                 read = read_more(&mut stream, &mut input) => read,
-                                _ = self.signal.closed() => return,
+                                _ = &mut closed => return,
                             }
                         } else {
                             read_more(&mut stream, &mut input).await

@@ -127,6 +127,11 @@ pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, li
 
 /// Parses JSON, classifying a failure and naming the field at fault.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyProblem> {
+    // The common case, a valid body, parses once without tracking the path
+    // (a wrapper around every value visited); a failure parses again to name the field.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut deserializer);
     let value = match parsed {

@@ -29,6 +29,10 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 const MAX_HEADERS: usize = 64;
 /// An idle pooled connection older than this is closed instead of reused.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A fresh connection's read buffer (it grows for larger answers).
+const READ_BUFFER_BYTES: usize = 4 * 1024;
+/// Largest read buffer an idle connection keeps.
+const KEPT_BUFFER_BYTES: usize = 64 * 1024;
 /// Bound on making a connection (the deadline bounds it too).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -53,6 +57,8 @@ pub struct ForwardHeaders<'a> {
 
 struct Idle {
     stream: TcpStream,
+    /// The connection's read buffer, kept for its next answer.
+    input: BytesMut,
     since: Instant,
 }
 
@@ -110,7 +116,7 @@ impl Forwarder {
         }
     }
 
-    fn take_idle(&self, authority: &str) -> Option<TcpStream> {
+    fn take_idle(&self, authority: &str) -> Option<(TcpStream, BytesMut)> {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let (_, pool) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
@@ -118,14 +124,14 @@ impl Forwarder {
             // The most recently used first; older ones past the idle timeout are closed.
             while let Some(connection) = idle.pop() {
                 if connection.since.elapsed() < IDLE_TIMEOUT {
-                    return Some(connection.stream);
+                    return Some((connection.stream, connection.input));
                 }
             }
             None
         })
     }
 
-    fn put_idle(&self, authority: &str, stream: TcpStream) {
+    fn put_idle(&self, authority: &str, stream: TcpStream, input: BytesMut) {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let at = match pools.iter().position(|(id, _)| *id == self.id) {
@@ -146,10 +152,20 @@ impl Forwarder {
             // No key allocation on the hot path: only an instance's first connection adds one.
             match pool.idle.get_mut(authority) {
                 Some(idle) if idle.len() >= self.idle_per_instance => {}
-                Some(idle) => idle.push(Idle { stream, since: now }),
+                Some(idle) => idle.push(Idle {
+                    stream,
+                    input,
+                    since: now,
+                }),
                 None => {
-                    pool.idle
-                        .insert(authority.to_string(), vec![Idle { stream, since: now }]);
+                    pool.idle.insert(
+                        authority.to_string(),
+                        vec![Idle {
+                            stream,
+                            input,
+                            since: now,
+                        }],
+                    );
                 }
             }
         })
@@ -172,12 +188,12 @@ impl Forwarder {
         let path = uri.path_and_query().map_or("/", |path| path.as_str());
         let request = encode_request(authority, path, &body, headers);
         let attempt = async {
-            if let Some(stream) = self.take_idle(authority) {
+            if let Some((stream, input)) = self.take_idle(authority) {
                 // A reused connection is not probed first (that costs a syscall per call):
                 // if the agent closed it while idle, the exchange fails before any answer
                 // byte and the request goes out once more on a fresh connection. Agents
                 // deduplicate by request id (DESIGN §3), as for any retry.
-                match exchange(stream, &request).await {
+                match exchange(stream, input, &request).await {
                     (Exchange::FailedBeforeAnswer(_), _) => {}
                     (done, stream) => return self.finish(authority, done, stream),
                 }
@@ -196,7 +212,7 @@ impl Forwarder {
             };
             // Small requests and answers: Nagle would only add delay.
             let _ = stream.set_nodelay(true);
-            let (done, stream) = exchange(stream, &request).await;
+            let (done, stream) = exchange(stream, BytesMut::with_capacity(READ_BUFFER_BYTES), &request).await;
             self.finish(authority, done, stream)
         };
         match tokio::time::timeout_at(deadline.into(), attempt).await {
@@ -205,11 +221,11 @@ impl Forwarder {
         }
     }
 
-    fn finish(&self, authority: &str, done: Exchange, stream: Option<TcpStream>) -> AttemptResult {
+    fn finish(&self, authority: &str, done: Exchange, kept: Option<(TcpStream, BytesMut)>) -> AttemptResult {
         match done {
             Exchange::Done { status, body, reusable } => {
-                if let (true, Some(stream)) = (reusable, stream) {
-                    self.put_idle(authority, stream);
+                if let (true, Some((stream, input))) = (reusable, kept) {
+                    self.put_idle(authority, stream, input);
                 }
                 AttemptResult::Answered { status, body }
             }
@@ -236,16 +252,20 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
     request
 }
 
-/// Writes `request` and reads one answer. The stream comes back when the
+/// Writes `request` and reads one answer into `input` (empty; the
+/// connection's buffer). The stream and buffer come back when the
 /// connection may be reused or retried on.
-async fn exchange(mut stream: TcpStream, request: &[u8]) -> (Exchange, Option<TcpStream>) {
+async fn exchange(
+    mut stream: TcpStream,
+    mut input: BytesMut,
+    request: &[u8],
+) -> (Exchange, Option<(TcpStream, BytesMut)>) {
     if let Err(error) = stream.write_all(request).await {
         return (
             Exchange::FailedBeforeAnswer(format!("sending the request failed: {error}")),
             None,
         );
     }
-    let mut input = BytesMut::with_capacity(8 * 1024);
     // The head: status line and headers (skipping any 1xx interim answers).
     let (status, framing, keep_alive) = loop {
         let parsed = {
@@ -300,7 +320,15 @@ async fn exchange(mut stream: TcpStream, request: &[u8]) -> (Exchange, Option<Tc
         Ok(body) => {
             // Bytes beyond the body would be an answer nobody asked for: do not reuse.
             let reusable = keep_alive && framing != Framing::UntilClose && input.is_empty();
-            (Exchange::Done { status, body, reusable }, reusable.then_some(stream))
+            // The body was split off the buffer; once it is dropped, the next
+            // answer reuses the allocation. A large buffer is not kept.
+            if input.capacity() > KEPT_BUFFER_BYTES {
+                input = BytesMut::with_capacity(READ_BUFFER_BYTES);
+            }
+            (
+                Exchange::Done { status, body, reusable },
+                reusable.then_some((stream, input)),
+            )
         }
         Err(why) => (Exchange::Broken(why), None),
     }
@@ -529,6 +557,7 @@ mod tests {
             "gone:1".into(),
             vec![Idle {
                 stream: connect().await.unwrap(),
+                input: BytesMut::new(),
                 since: start,
             }],
         );
@@ -537,10 +566,12 @@ mod tests {
             vec![
                 Idle {
                     stream: connect().await.unwrap(),
+                    input: BytesMut::new(),
                     since: start,
                 },
                 Idle {
                     stream: connect().await.unwrap(),
+                    input: BytesMut::new(),
                     since: start + IDLE_TIMEOUT / 2,
                 },
             ],

@@ -389,7 +389,10 @@ impl RedisStore {
     }
 
     fn key(&self, id: &str) -> String {
-        format!("{}{id}", self.context_prefix)
+        let mut key = String::with_capacity(self.context_prefix.len() + id.len());
+        key.push_str(&self.context_prefix);
+        key.push_str(id);
+        key
     }
 
     /// This thread's connection to this store's Redis (a new one when there
@@ -423,9 +426,10 @@ impl RedisStore {
     /// timeout: `EVALSHA`, then `EVAL` once if Redis does not have the script
     /// (after a restart or `SCRIPT FLUSH`).
     async fn run(&self, script: &Script, keys_and_args: &Args) -> Result<Answer, StoreError> {
-        let mut by_sha = Args::new();
+        // Sized up front: the command is copied twice more on its way out.
+        let mut by_sha = Args::with_capacity(64 + keys_and_args.encoded_len());
         by_sha.arg("EVALSHA").arg(&script.sha).extend(keys_and_args);
-        let mut pipeline = Pipeline::new();
+        let mut pipeline = Pipeline::with_capacity(16 + by_sha.encoded_len());
         pipeline.command(&by_sha);
         let mut reply = single(self.send(pipeline).await?)?;
         if matches!(&reply, Reply::Error(message) if message.starts_with("NOSCRIPT")) {

@@ -74,10 +74,20 @@ pub struct Args {
 
 impl Args {
     pub fn new() -> Self {
+        Self::with_capacity(512)
+    }
+
+    /// Room for `bytes` of encoded arguments before growing.
+    pub fn with_capacity(bytes: usize) -> Self {
         Self {
             count: 0,
-            body: Vec::with_capacity(128),
+            body: Vec::with_capacity(bytes),
         }
+    }
+
+    /// The encoded arguments' length.
+    pub fn encoded_len(&self) -> usize {
+        self.body.len()
     }
 
     pub fn arg(&mut self, value: impl Arg) -> &mut Self {
@@ -158,6 +168,14 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Room for `bytes` of commands before growing.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            commands: 0,
+        }
     }
 
     /// Adds the command `args` (its first argument is the command name).
