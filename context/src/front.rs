@@ -7,17 +7,16 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_edge::front::Door;
-use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use agent_reach_edge::front::{Answer, Door};
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::http::ReadQuery;
+use crate::error::{Code, ContextError};
+use crate::http::{PatchBody, ReadQuery};
 use crate::service::ContextService;
 
-/// `GET` and `PATCH /v1/contexts/{id}`, answered by [`crate::http::read`] and [`crate::http::patch`].
+/// `GET` and `PATCH /v1/contexts/{id}`, answered by [`crate::http::read_view`] and [`crate::http::patch_written`].
 #[derive(Clone)]
 pub(crate) struct Contexts(Arc<ContextService>);
 
@@ -50,30 +49,34 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
         route(method, target)
     }
 
-    fn call(
-        &self,
-        route: Route,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> impl Future<Output = axum::response::Response> + Send {
+    fn call(&self, route: Route, headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send {
         let service = self.0.clone();
         async move {
             match route {
-                Route::Read(id) => {
-                    let query = Ok(Query(ReadQuery::default()));
-                    crate::http::read(State(service), Path(id), query, headers)
-                        .await
-                        .into_response()
+                Route::Read(id) => json(crate::http::read_view(&service, id, ReadQuery::default(), &headers).await),
+                Route::Patch(id) => {
+                    json(crate::http::patch_written(&service, id, &headers, PatchBody::Read(body)).await)
                 }
-                Route::Patch(id) => crate::http::patch(State(service), Path(id), headers, Body::from(body))
-                    .await
-                    .into_response(),
             }
         }
     }
 }
 
-/// The front door: the hot routes, the axum routes for the rest, the body limit.
+/// A success as the front door's JSON answer (200), a failure as its error response.
+fn json(result: Result<impl serde::Serialize, ContextError>) -> Answer {
+    let serialized = result.and_then(|value| {
+        serde_json::to_vec(&value)
+            .map_err(|error| ContextError::new(Code::Internal, format!("the answer could not be encoded: {error}")))
+    });
+    match serialized {
+        Ok(body) => Answer::Json {
+            status: http::StatusCode::OK,
+            body,
+        },
+        Err(error) => Answer::from(error.into_response()),
+    }
+}
+
 pub(crate) fn door(service: Arc<ContextService>) -> Door<Contexts> {
     Door {
         app: crate::app(service.clone()),

@@ -109,10 +109,20 @@ pub(crate) async fn read(
     query: Result<Query<ReadQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Json<wire::ContextView>, ContextError> {
-    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     let Query(query) = query.map_err(|rejection| {
         ContextError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
     })?;
+    Ok(Json(read_view(&service, context_id, query, &headers).await?))
+}
+
+/// `GET /v1/contexts/{id}` after the query is parsed, for the axum route and the front door.
+pub(crate) async fn read_view(
+    service: &ContextService,
+    context_id: String,
+    query: ReadQuery,
+    headers: &HeaderMap,
+) -> Result<wire::ContextView, ContextError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     let fields = query.fields.map(|text| {
         text.split(',')
             .map(str::trim)
@@ -121,7 +131,7 @@ pub(crate) async fn read(
             .collect()
     });
     let snapshot = service.get(&caller, &context_id, fields).await?;
-    Ok(Json(view(context_id, snapshot)?))
+    view(context_id, snapshot)
 }
 
 pub(crate) async fn patch(
@@ -130,19 +140,40 @@ pub(crate) async fn patch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<wire::PatchContextResponse>, ContextError> {
+    Ok(Json(
+        patch_written(&service, context_id, &headers, PatchBody::Stream(body)).await?,
+    ))
+}
+
+/// A patch's body: still to be read (hyper), or read within the body limit (the front door).
+pub(crate) enum PatchBody {
+    Stream(Body),
+    Read(bytes::Bytes),
+}
+
+/// `PATCH /v1/contexts/{id}`, for the axum route and the front door.
+pub(crate) async fn patch_written(
+    service: &ContextService,
+    context_id: String,
+    headers: &HeaderMap,
+    body: PatchBody,
+) -> Result<wire::PatchContextResponse, ContextError> {
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
-    let request: wire::PatchContextRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let request: wire::PatchContextRequest = match body {
+        PatchBody::Stream(body) => parse_body(headers, body, service.config().max_body_bytes).await?,
+        PatchBody::Read(bytes) => agent_reach_edge::parse_json(&bytes)?,
+    };
     let input = PatchInput {
         set: request.set,
         delete: request.delete,
         if_version: request.if_version,
     };
     let written = service.patch(&caller, &context_id, input).await?;
-    Ok(Json(wire::PatchContextResponse {
+    Ok(wire::PatchContextResponse {
         context_id,
         version: written.version,
         expires_at: written.expires_at_ms,
-    }))
+    })
 }
 
 async fn close(

@@ -51,12 +51,36 @@ pub trait HotRoutes: Clone + Send + Sync + 'static {
     fn route(&self, method: &str, target: &str) -> Option<Self::Route>;
 
     /// Answers a request `route` took, as the axum route would.
-    fn call(
-        &self,
-        route: Self::Route,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> impl Future<Output = axum::response::Response> + Send;
+    fn call(&self, route: Self::Route, headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send;
+}
+
+/// A hot route's answer: a JSON body the front door writes as it is, or any
+/// axum response (its body collected first).
+pub enum Answer {
+    /// `status`, `content-type: application/json` and `body`: no response
+    /// object, header map or body stream built for the common answer.
+    Json {
+        status: http::StatusCode,
+        body: Vec<u8>,
+    },
+    Response(axum::response::Response),
+}
+
+impl From<axum::response::Response> for Answer {
+    fn from(response: axum::response::Response) -> Self {
+        Answer::Response(response)
+    }
+}
+
+impl axum::response::IntoResponse for Answer {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            Answer::Json { status, body } => {
+                (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Answer::Response(response) => response,
+        }
+    }
 }
 
 /// Most headers a request on the fast path may carry (more: hyper serves it).
@@ -337,18 +361,21 @@ fn content_length(value: &[u8]) -> Option<usize> {
     })
 }
 
-/// Writes `response` as an HTTP/1.1 answer into `output` (status line, the
+/// Writes `answer` as an HTTP/1.1 answer into `output` (status line, the
 /// handler's headers, `date`, `content-length`, body); `None` if its body
 /// cannot be read (it is always a complete buffer here).
-async fn encode_response(response: axum::response::Response, output: &mut Vec<u8>) -> Option<&[u8]> {
+async fn encode_response(answer: Answer, output: &mut Vec<u8>) -> Option<&[u8]> {
+    let response = match answer {
+        Answer::Json { status, body } => {
+            status_line(status, output);
+            output.extend_from_slice(b"content-type: application/json\r\n");
+            return Some(finish_answer(&body, output));
+        }
+        Answer::Response(response) => response,
+    };
     let (parts, body) = response.into_parts();
     let body: Bytes = axum::body::to_bytes(body, usize::MAX).await.ok()?;
-    output.clear();
-    output.extend_from_slice(b"HTTP/1.1 ");
-    output.extend_from_slice(parts.status.as_str().as_bytes());
-    output.push(b' ');
-    output.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
-    output.extend_from_slice(b"\r\n");
+    status_line(parts.status, output);
     for (name, value) in &parts.headers {
         if name == http::header::CONTENT_LENGTH || name == http::header::DATE || name == http::header::CONNECTION {
             continue;
@@ -358,13 +385,28 @@ async fn encode_response(response: axum::response::Response, output: &mut Vec<u8
         output.extend_from_slice(value.as_bytes());
         output.extend_from_slice(b"\r\n");
     }
+    Some(finish_answer(&body, output))
+}
+
+/// Starts `output` afresh with the status line.
+fn status_line(status: http::StatusCode, output: &mut Vec<u8>) {
+    output.clear();
+    output.extend_from_slice(b"HTTP/1.1 ");
+    output.extend_from_slice(status.as_str().as_bytes());
+    output.push(b' ');
+    output.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    output.extend_from_slice(b"\r\n");
+}
+
+/// Ends the head (`date`, `content-length`) and appends `body`.
+fn finish_answer<'a>(body: &[u8], output: &'a mut Vec<u8>) -> &'a [u8] {
     output.extend_from_slice(b"date: ");
     with_date(|date| output.extend_from_slice(date));
     output.extend_from_slice(b"\r\ncontent-length: ");
     output.extend_from_slice(crate::decimal(body.len() as u64, &mut [0u8; 20]));
     output.extend_from_slice(b"\r\n\r\n");
-    output.extend_from_slice(&body);
-    Some(output)
+    output.extend_from_slice(body);
+    output
 }
 
 thread_local! {
@@ -448,8 +490,8 @@ mod tests {
             (method == "POST" && target == "/v1/invoke").then_some(())
         }
 
-        async fn call(&self, _: (), _: HeaderMap, _: Bytes) -> axum::response::Response {
-            axum::response::Response::default()
+        async fn call(&self, _: (), _: HeaderMap, _: Bytes) -> Answer {
+            Answer::Response(axum::response::Response::default())
         }
     }
 

@@ -7,15 +7,14 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_edge::front::Door;
-use axum::body::Body;
-use axum::extract::State;
+use agent_reach_edge::front::{Answer, Door};
 use bytes::Bytes;
 use http::HeaderMap;
 
+use crate::http::InvokeBody;
 use crate::service::RouterService;
 
-/// `POST /v1/invoke`, answered by [`crate::http::invoke`].
+/// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`].
 #[derive(Clone)]
 pub(crate) struct Invoke(Arc<RouterService>);
 
@@ -26,8 +25,9 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
         (method == "POST" && target == "/v1/invoke").then_some(())
     }
 
-    fn call(&self, _: (), headers: HeaderMap, body: Bytes) -> impl Future<Output = axum::response::Response> + Send {
-        crate::http::invoke(State(self.0.clone()), headers, Body::from(body))
+    fn call(&self, _: (), headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send {
+        let service = self.0.clone();
+        async move { crate::http::answer_invoke(&service, &headers, InvokeBody::Read(body)).await }
     }
 }
 

@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+use agent_reach_edge::front::Answer;
+
 use crate::envelope;
 use crate::error::{Code, RouterError};
 use crate::service::{Failure, RouterService};
@@ -48,17 +50,19 @@ struct Succeeded<'a> {
     output: Option<&'a serde_json::value::RawValue>,
 }
 
-fn json_response(status: StatusCode, envelope: &impl serde::Serialize) -> Response {
+fn json_answer(status: StatusCode, envelope: &impl serde::Serialize) -> Answer {
     match serde_json::to_vec(envelope) {
-        Ok(body) => (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(body) => Answer::Json { status, body },
         // Serialising plain strings and JSON values does not fail; answer something valid anyway.
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(http::header::CONTENT_TYPE, "application/json")],
-            r#"{"version":"1.0","request_id":"","status":"failed","attempts":0,"duration_ms":0,"error":{"code":"INTERNAL","message":"result could not be encoded","retryable":true}}"#,
-        )
-            .into_response(),
+        Err(_) => Answer::Json {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: br#"{"version":"1.0","request_id":"","status":"failed","attempts":0,"duration_ms":0,"error":{"code":"INTERNAL","message":"result could not be encoded","retryable":true}}"#.to_vec(),
+        },
     }
+}
+
+fn json_response(status: StatusCode, envelope: &impl serde::Serialize) -> Response {
+    json_answer(status, envelope).into_response()
 }
 
 /// What is known about a request when its result envelope is written.
@@ -69,6 +73,10 @@ struct Known {
 }
 
 fn failed(known: Known, failure: Failure) -> Response {
+    failed_answer(known, failure).into_response()
+}
+
+fn failed_answer(known: Known, failure: Failure) -> Answer {
     let envelope = ResultEnvelope {
         version: ENVELOPE_VERSION.to_string(),
         request_id: known.request_id,
@@ -81,10 +89,23 @@ fn failed(known: Known, failure: Failure) -> Response {
         output: None,
         error: Some(failure.error.to_envelope_error()),
     };
-    json_response(failure.error.status(), &envelope)
+    json_answer(failure.error.status(), &envelope)
 }
 
-pub(crate) async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+/// An invoke's body: still to be read (hyper), or read within the body limit (the front door).
+pub(crate) enum InvokeBody {
+    Stream(Body),
+    Read(bytes::Bytes),
+}
+
+async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+    answer_invoke(&service, &headers, InvokeBody::Stream(body))
+        .await
+        .into_response()
+}
+
+/// `POST /v1/invoke`, for the axum route and the front door alike.
+pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, body: InvokeBody) -> Answer {
     let started = Instant::now();
     let trace = TraceContext::from_header(headers.get("traceparent"));
     let mut known = Known {
@@ -102,13 +123,14 @@ pub(crate) async fn invoke(State(service): State<Arc<RouterService>>, headers: H
                 message = "Unauthenticated call refused.",
                 trace_id = %trace.trace_id, request_id = %known.request_id, session_id = "", %error
             );
-            return failed(known, error.into());
+            return failed_answer(known, error.into());
         }
     };
-    let parsed = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
-        Ok(bytes) => envelope::parse(&bytes),
-        Err(error) => Err(error),
+    let read = match body {
+        InvokeBody::Stream(body) => envelope::read_body(headers, body, service.tuning().max_body_bytes).await,
+        InvokeBody::Read(bytes) => Ok(bytes),
     };
+    let parsed = read.and_then(|bytes| envelope::parse(&bytes));
     // Keep the caller's request id even when a later check fails.
     let checked = parsed.and_then(|request| {
         known.request_id = request.request_id.clone().unwrap_or_default();
@@ -122,7 +144,7 @@ pub(crate) async fn invoke(State(service): State<Arc<RouterService>>, headers: H
         Ok(checked) => checked,
         Err(error) => {
             service.metrics().record_rejected(error.code);
-            return failed(known, error.into());
+            return failed_answer(known, error.into());
         }
     };
     let request_id = known.request_id.clone();
@@ -172,7 +194,7 @@ pub(crate) async fn invoke(State(service): State<Arc<RouterService>>, headers: H
                 duration_ms: started.elapsed().as_millis() as u64,
                 output: success.output.as_deref(),
             };
-            json_response(StatusCode::OK, &envelope)
+            json_answer(StatusCode::OK, &envelope)
         }
         Err(failure) => {
             tracing::info!(
@@ -182,7 +204,7 @@ pub(crate) async fn invoke(State(service): State<Arc<RouterService>>, headers: H
                 code = failure.error.code.as_str(), error = %failure.error.message,
                 attempts = failure.attempts
             );
-            failed(known, failure)
+            failed_answer(known, failure)
         }
     }
 }
