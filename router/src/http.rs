@@ -147,7 +147,8 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
             return failed_answer(known, error.into());
         }
     };
-    let request_id = known.request_id.clone();
+    // Taken back into `known` if the call fails.
+    let request_id = std::mem::take(&mut known.request_id);
     let session_id = checked.request.session_id.clone().unwrap_or_default();
     // Every request-scoped log line carries trace_id, request_id and session_id as
     // fields of its own (DESIGN §6): logs need no span. A span exists only for a
@@ -197,9 +198,10 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
             json_answer(StatusCode::OK, &envelope)
         }
         Err(failure) => {
+            known.request_id = request_id;
             tracing::info!(
                 message = "Invocation failed.",
-                trace_id = %trace.trace_id, request_id = %request_id, session_id = %session_id,
+                trace_id = %trace.trace_id, request_id = %known.request_id, session_id = %session_id,
                 capability = known.capability.as_deref().unwrap_or(""),
                 code = failure.error.code.as_str(), error = %failure.error.message,
                 attempts = failure.attempts

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
 
-use agent_reach_proto::envelope::{AgentErrorBody, ForwardedEnvelope, InvokeRequest, ENVELOPE_VERSION};
+use agent_reach_proto::envelope::{AgentErrorBody, InvokeRequest, ENVELOPE_VERSION};
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
@@ -69,6 +69,27 @@ impl Success {
             )
         })
     }
+}
+
+/// [`ForwardedEnvelope`] as the router writes it, borrowing what it already
+/// holds instead of copying six strings and the payload per call; serialises
+/// to the same JSON (a test keeps the two equal).
+#[derive(serde::Serialize)]
+struct Forwarded<'a> {
+    version: &'a str,
+    request_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<&'a str>,
+    capability: &'a str,
+    capability_version: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'a str>,
+    priority: agent_reach_proto::envelope::Priority,
+    deadline: u64,
+    attempt: u32,
+    payload: &'a Value,
 }
 
 /// An agent's 2xx answer, `{"output": ...}` (absent: `null`), the output left as raw JSON.
@@ -221,10 +242,9 @@ impl RouterService {
         if let Some(span) = &trace.span {
             span.set(KeyValue::new("capability.version", group.version_text.clone()));
         }
-        let version = Some(group.version_text.clone());
         let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| Failure {
             error,
-            capability_version: version.clone(),
+            capability_version: Some(group.version_text.clone()),
             agent_id,
             attempts,
         };
@@ -245,18 +265,18 @@ impl RouterService {
         }
 
         self.budget.deposit();
-        let mut envelope = ForwardedEnvelope {
-            version: ENVELOPE_VERSION.to_string(),
-            request_id: request_id.to_string(),
-            session_id: request.session_id,
-            context_id: request.context_id,
-            capability: capability.name.clone(),
-            capability_version: group.version_text.clone(),
-            source: caller.name().map(str::to_string),
+        let mut envelope = Forwarded {
+            version: ENVELOPE_VERSION,
+            request_id,
+            session_id: request.session_id.as_deref(),
+            context_id: request.context_id.as_deref(),
+            capability: &capability.name,
+            capability_version: &group.version_text,
+            source: caller.name(),
             priority: request.priority.unwrap_or_default(),
             deadline: deadline_ms,
             attempt: 0,
-            payload: request.payload,
+            payload: &request.payload,
         };
         let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
@@ -275,7 +295,7 @@ impl RouterService {
         };
         let mut tried: Vec<usize> = Vec::with_capacity(self.tuning.max_attempts as usize);
         let mut failures: Vec<LastFailure> = Vec::new();
-        let session_id = envelope.session_id.clone();
+        let session_id = envelope.session_id;
 
         loop {
             let attempt = tried.len() as u32 + 1;
@@ -290,7 +310,7 @@ impl RouterService {
                     ],
                 )
             });
-            let picked = select::pick(group, policy, session_id.as_deref(), &tried, &limits);
+            let picked = select::pick(group, policy, session_id, &tried, &limits);
             drop(select_span);
             self.metrics
                 .selection_seconds
@@ -384,7 +404,7 @@ impl RouterService {
             };
             tracing::debug!(
                 message = "Attempt failed; may retry.",
-                trace_id = %trace.trace_id, request_id, session_id = session_id.as_deref().unwrap_or(""),
+                trace_id = %trace.trace_id, request_id, session_id = session_id.unwrap_or(""),
                 %agent_id, attempt, reason = reason.as_str()
             );
             if attempt >= self.tuning.max_attempts {
@@ -492,18 +512,18 @@ impl RouterService {
         }
         let deadline_ms = self.deadline_ms(&request, group);
         let deadline = clock::instant_for_epoch_ms(deadline_ms);
-        let envelope = ForwardedEnvelope {
-            version: ENVELOPE_VERSION.to_string(),
-            request_id: request_id.to_string(),
-            session_id: request.session_id,
-            context_id: request.context_id,
-            capability: capability.name.clone(),
-            capability_version: version.clone(),
-            source: caller.name().map(str::to_string),
+        let envelope = Forwarded {
+            version: ENVELOPE_VERSION,
+            request_id,
+            session_id: request.session_id.as_deref(),
+            context_id: request.context_id.as_deref(),
+            capability: &capability.name,
+            capability_version: &version,
+            source: caller.name(),
             priority: request.priority.unwrap_or_default(),
             deadline: deadline_ms,
             attempt: 1,
-            payload: request.payload,
+            payload: &request.payload,
         };
         let body = Bytes::from(serde_json::to_vec(&envelope).map_err(|error| {
             Failure::from(RouterError::new(
@@ -766,4 +786,48 @@ pub fn check_schema(group: &VersionGroup, payload: &Value) -> Result<(), RouterE
         ),
     )
     .with_details(json!({ "errors": errors, "total": total })))
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach_proto::envelope::ForwardedEnvelope;
+
+    use super::*;
+
+    /// The borrowed envelope the router writes is the agents' `ForwardedEnvelope`, byte for byte.
+    #[test]
+    fn the_forwarded_envelope_is_written_as_the_contract_type() {
+        let payload = json!({ "order_id": "SO-1", "lines": [1, 2.5, "x\"y"] });
+        for (session_id, context_id, source) in [(Some("s-1"), Some("c-1"), Some("caller")), (None, None, None)] {
+            let borrowed = Forwarded {
+                version: ENVELOPE_VERSION,
+                request_id: "req-1",
+                session_id,
+                context_id,
+                capability: "order.query",
+                capability_version: "1.2.0",
+                source,
+                priority: agent_reach_proto::envelope::Priority::High,
+                deadline: 1_700_000_000_123,
+                attempt: 2,
+                payload: &payload,
+            };
+            let owned = ForwardedEnvelope {
+                version: ENVELOPE_VERSION.to_string(),
+                request_id: "req-1".to_string(),
+                session_id: session_id.map(str::to_string),
+                context_id: context_id.map(str::to_string),
+                capability: "order.query".to_string(),
+                capability_version: "1.2.0".to_string(),
+                source: source.map(str::to_string),
+                priority: agent_reach_proto::envelope::Priority::High,
+                deadline: 1_700_000_000_123,
+                attempt: 2,
+                payload: payload.clone(),
+            };
+            let written = serde_json::to_string(&borrowed).unwrap();
+            assert_eq!(written, serde_json::to_string(&owned).unwrap());
+            assert_eq!(serde_json::from_str::<ForwardedEnvelope>(&written).unwrap(), owned);
+        }
+    }
 }
