@@ -87,6 +87,21 @@ async fn round_trip_over_http() {
     let metrics = h.metrics().await;
     assert!(metrics.contains(r#"agent_reach_context_operations_total{op="patch",outcome="ok"} 1"#));
     assert!(metrics.contains("agent_reach_context_operation_seconds_bucket"));
+
+    // The front door's own answers (plain GET and PATCH) carry the JSON content type.
+    let id = created["context_id"].as_str().unwrap();
+    let bearer = format!("Bearer {}", token("intent_parser"));
+    for request in [
+        h.http.get(h.url(&format!("/v1/contexts/{id}"))),
+        h.http
+            .patch(h.url(&format!("/v1/contexts/{id}")))
+            .header("content-type", "application/json")
+            .body(r#"{"set":{"n":1}}"#),
+    ] {
+        let answer = request.header("authorization", &bearer).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.headers()["content-type"], "application/json");
+    }
 }
 
 #[tokio::test]
