@@ -25,18 +25,39 @@ pub fn epoch_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The monotonic instant matching an absolute epoch-ms deadline, so timers are
-/// immune to wall-clock steps while the request runs.
-pub fn instant_for_epoch_ms(deadline_ms: u64) -> Instant {
-    let now_epoch = epoch_ms();
-    let now = Instant::now();
-    if deadline_ms >= now_epoch {
-        // A deadline centuries away must not overflow `Instant`; a year is "never" here.
-        let wait = Duration::from_millis(deadline_ms - now_epoch).min(MAX_WAIT);
-        now.checked_add(wait).unwrap_or(now)
-    } else {
-        now
+/// Both clocks read once: a request's "now", so its deadline, the check that
+/// it has not passed and its first timings cost two clock reads, not six.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub epoch_ms: u64,
+    pub instant: Instant,
+}
+
+impl Now {
+    pub fn read() -> Self {
+        Self {
+            epoch_ms: epoch_ms(),
+            instant: Instant::now(),
+        }
     }
+
+    /// The monotonic instant matching an absolute epoch-ms deadline, so timers
+    /// are immune to wall-clock steps while the request runs (`instant` for a
+    /// deadline already past).
+    pub fn instant_for(&self, deadline_ms: u64) -> Instant {
+        if deadline_ms >= self.epoch_ms {
+            // A deadline centuries away must not overflow `Instant`; a year is "never" here.
+            let wait = Duration::from_millis(deadline_ms - self.epoch_ms).min(MAX_WAIT);
+            self.instant.checked_add(wait).unwrap_or(self.instant)
+        } else {
+            self.instant
+        }
+    }
+}
+
+/// [`Now::instant_for`] as of now.
+pub fn instant_for_epoch_ms(deadline_ms: u64) -> Instant {
+    Now::read().instant_for(deadline_ms)
 }
 
 #[cfg(test)]

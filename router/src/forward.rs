@@ -116,14 +116,15 @@ impl Forwarder {
         }
     }
 
-    fn take_idle(&self, authority: &str) -> Option<(TcpStream, BytesMut)> {
+    /// An idle connection to `authority` younger than the idle timeout at `now`.
+    fn take_idle(&self, authority: &str, now: Instant) -> Option<(TcpStream, BytesMut)> {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let (_, pool) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
             let idle = pool.idle.get_mut(authority)?;
             // The most recently used first; older ones past the idle timeout are closed.
             while let Some(connection) = idle.pop() {
-                if connection.since.elapsed() < IDLE_TIMEOUT {
+                if now.saturating_duration_since(connection.since) < IDLE_TIMEOUT {
                     return Some((connection.stream, connection.input));
                 }
             }
@@ -171,13 +172,14 @@ impl Forwarder {
         })
     }
 
-    /// POSTs `body` to `uri`, giving up at `deadline`.
+    /// POSTs `body` to `uri`, giving up at `deadline`; `now` is the attempt's start.
     pub async fn send(
         &self,
         uri: &http::Uri,
         body: Bytes,
         headers: &ForwardHeaders<'_>,
         deadline: Instant,
+        now: Instant,
     ) -> AttemptResult {
         let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
             return AttemptResult::ConnectFailed(format!("the endpoint `{uri}` has no host"));
@@ -188,7 +190,7 @@ impl Forwarder {
         let path = uri.path_and_query().map_or("/", |path| path.as_str());
         let request = encode_request(authority, path, &body, headers);
         let attempt = async {
-            if let Some((stream, input)) = self.take_idle(authority) {
+            if let Some((stream, input)) = self.take_idle(authority, now) {
                 // A reused connection is not probed first (that costs a syscall per call):
                 // if the agent closed it while idle, the exchange fails before any answer
                 // byte and the request goes out once more on a fresh connection. Agents
@@ -489,6 +491,7 @@ mod tests {
                 Bytes::from_static(b"{}"),
                 &headers,
                 Instant::now() + Duration::from_secs(5),
+                Instant::now(),
             )
             .await
     }

@@ -250,9 +250,10 @@ impl RouterService {
         };
         check_schema(group, &request.payload).map_err(|error| fail(error, None, 0))?;
 
-        let deadline_ms = self.deadline_ms(&request, group);
-        let deadline = clock::instant_for_epoch_ms(deadline_ms);
-        if Instant::now() >= deadline {
+        let now = clock::Now::read();
+        let deadline_ms = self.deadline_ms(&request, group, now.epoch_ms);
+        let deadline = now.instant_for(deadline_ms);
+        if deadline_ms <= now.epoch_ms {
             return Err(fail(
                 RouterError::new(
                     Code::DeadlineExceeded,
@@ -299,7 +300,8 @@ impl RouterService {
 
         loop {
             let attempt = tried.len() as u32 + 1;
-            let picked_at = Instant::now();
+            // The first pick starts at the request's `now`; a retry's after its pause.
+            let picked_at = if attempt == 1 { now.instant } else { Instant::now() };
             let select_span = parent_span.as_ref().map(|span| {
                 span.child(
                     "select",
@@ -314,7 +316,7 @@ impl RouterService {
             drop(select_span);
             self.metrics
                 .selection_seconds
-                .observe(picked_at.elapsed().as_secs_f64());
+                .observe(Instant::now().saturating_duration_since(picked_at).as_secs_f64());
             let Some((index, instance)) = picked else {
                 return Err(if failures.is_empty() {
                     fail(no_instance(capability, group), None, 0)
@@ -360,7 +362,9 @@ impl RouterService {
             let started = Instant::now();
             let result = {
                 let _inflight = instance.state.start_request();
-                self.forwarder.send(&instance.uri, body, &headers, deadline).await
+                self.forwarder
+                    .send(&instance.uri, body, &headers, deadline, started)
+                    .await
             };
             let elapsed = started.elapsed();
             capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
@@ -442,14 +446,14 @@ impl RouterService {
 
 impl RouterService {
     /// The absolute deadline: the envelope's, else its timeout, else the capability's, else ours.
-    fn deadline_ms(&self, request: &InvokeRequest, group: &VersionGroup) -> u64 {
+    fn deadline_ms(&self, request: &InvokeRequest, group: &VersionGroup, now_epoch_ms: u64) -> u64 {
         request.deadline.unwrap_or_else(|| {
             let budget = request
                 .timeout_ms
                 .map(Duration::from_millis)
                 .or(group.timeout)
                 .unwrap_or(self.tuning.default_timeout);
-            clock::epoch_ms().saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
+            now_epoch_ms.saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
         })
     }
 
@@ -510,8 +514,9 @@ impl RouterService {
                 attempts: 0,
             });
         }
-        let deadline_ms = self.deadline_ms(&request, group);
-        let deadline = clock::instant_for_epoch_ms(deadline_ms);
+        let now = clock::Now::read();
+        let deadline_ms = self.deadline_ms(&request, group, now.epoch_ms);
+        let deadline = now.instant_for(deadline_ms);
         let envelope = Forwarded {
             version: ENVELOPE_VERSION,
             request_id,
@@ -544,7 +549,9 @@ impl RouterService {
                 let started = Instant::now();
                 let result = {
                     let _inflight = instance.state.start_request();
-                    self.forwarder.send(&instance.uri, body, &headers, deadline).await
+                    self.forwarder
+                        .send(&instance.uri, body, &headers, deadline, Instant::now())
+                        .await
                 };
                 let (observation, outcome) = classify(result, started.elapsed());
                 log_transition(
