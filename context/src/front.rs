@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::error::{Code, ContextError};
-use crate::http::{PatchBody, ReadQuery};
+use crate::http::ReadQuery;
 use crate::service::ContextService;
 
 /// `GET` and `PATCH /v1/contexts/{id}`, answered by [`crate::http::read_view`] and [`crate::http::patch_written`].
@@ -54,9 +54,9 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
         async move {
             match route {
                 Route::Read(id) => json(crate::http::read_view(&service, id, ReadQuery::default(), &headers).await),
-                Route::Patch(id) => {
-                    json(crate::http::patch_written(&service, id, &headers, PatchBody::Read(body)).await)
-                }
+                Route::Patch(id) => json(
+                    crate::http::patch_written(&service, id, &headers, agent_reach_edge::RequestBody::Read(body)).await,
+                ),
             }
         }
     }
@@ -64,17 +64,11 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
 
 /// A success as the front door's JSON answer (200), a failure as its error response.
 fn json(result: Result<impl serde::Serialize, ContextError>) -> Answer {
-    let serialized = result.and_then(|value| {
-        serde_json::to_vec(&value)
+    let answer = result.and_then(|value| {
+        Answer::json(http::StatusCode::OK, &value)
             .map_err(|error| ContextError::new(Code::Internal, format!("the answer could not be encoded: {error}")))
     });
-    match serialized {
-        Ok(body) => Answer::Json {
-            status: http::StatusCode::OK,
-            body,
-        },
-        Err(error) => Answer::from(error.into_response()),
-    }
+    answer.unwrap_or_else(|error| Answer::from(error.into_response()))
 }
 
 pub(crate) fn door(service: Arc<ContextService>) -> Door<Contexts> {

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use agent_reach_edge::RequestBody;
 use agent_reach_proto::context_http as wire;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -141,14 +142,8 @@ pub(crate) async fn patch(
     body: Body,
 ) -> Result<Json<wire::PatchContextResponse>, ContextError> {
     Ok(Json(
-        patch_written(&service, context_id, &headers, PatchBody::Stream(body)).await?,
+        patch_written(&service, context_id, &headers, RequestBody::Unread(body)).await?,
     ))
-}
-
-/// A patch's body: still to be read (hyper), or read within the body limit (the front door).
-pub(crate) enum PatchBody {
-    Stream(Body),
-    Read(bytes::Bytes),
 }
 
 /// `PATCH /v1/contexts/{id}`, for the axum route and the front door.
@@ -156,13 +151,10 @@ pub(crate) async fn patch_written(
     service: &ContextService,
     context_id: String,
     headers: &HeaderMap,
-    body: PatchBody,
+    body: RequestBody,
 ) -> Result<wire::PatchContextResponse, ContextError> {
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
-    let request: wire::PatchContextRequest = match body {
-        PatchBody::Stream(body) => parse_body(headers, body, service.config().max_body_bytes).await?,
-        PatchBody::Read(bytes) => agent_reach_edge::parse_json(&bytes)?,
-    };
+    let request: wire::PatchContextRequest = body.parse_json(headers, service.config().max_body_bytes).await?;
     let input = PatchInput {
         set: request.set,
         delete: request.delete,

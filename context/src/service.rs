@@ -269,7 +269,7 @@ impl ContextService {
                 }
                 let mut unique = BTreeSet::new();
                 for (index, name) in names.iter().enumerate() {
-                    validate::field_name(name, &format!("fields[{index}]"))?;
+                    validate::field_name(name, || format!("fields[{index}]"))?;
                     if !access.may_read(&acl, name) {
                         return Err(ContextError::field(
                             Code::Forbidden,

@@ -41,12 +41,8 @@ pub fn context_id(text: &str) -> Result<(), ContextError> {
 /// Field names follow the ACL's dotted-name rules (`[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*`),
 /// so every name can be matched by a whitelist pattern, and no name can collide with
 /// the store's reserved `_`-prefixed entries.
-pub fn field_name(name: &str, path: &str) -> Result<(), ContextError> {
-    field_name_at(name, || path.to_string())
-}
-
-/// [`field_name`], with the path built only for an error (the common case allocates nothing).
-fn field_name_at(name: &str, path: impl FnOnce() -> String) -> Result<(), ContextError> {
+/// `path` names the field in an error; it is built only then.
+pub fn field_name(name: &str, path: impl FnOnce() -> String) -> Result<(), ContextError> {
     if name.len() > MAX_NAME_LEN {
         return Err(ContextError::field(
             Code::InvalidFieldName,
@@ -79,7 +75,7 @@ pub fn fields(values: BTreeMap<String, Value>, limits: &Limits, section: &str) -
     let mut out = Fields::new();
     for (name, value) in values {
         let path = || format!("{section}.{name}");
-        field_name_at(&name, path)?;
+        field_name(&name, path)?;
         // The compact JSON text, written directly (`Display` goes through the formatter).
         let text = serde_json::to_string(&value).map_err(|error| {
             ContextError::field(
@@ -119,19 +115,19 @@ pub fn deletions(names: Vec<String>, set: &Fields, limits: &Limits) -> Result<Ve
     }
     let mut seen = BTreeSet::new();
     for (index, name) in names.iter().enumerate() {
-        let path = format!("delete[{index}]");
-        field_name(name, &path)?;
+        let path = || format!("delete[{index}]");
+        field_name(name, path)?;
         if set.contains_key(name) {
             return Err(ContextError::field(
                 Code::ConflictingPatch,
-                path,
+                path(),
                 format!("`{name}` is both set and deleted by this patch"),
             ));
         }
         if !seen.insert(name.as_str()) {
             return Err(ContextError::field(
                 Code::ConflictingPatch,
-                path,
+                path(),
                 format!("`{name}` is listed twice"),
             ));
         }
@@ -160,10 +156,10 @@ mod tests {
 
     #[test]
     fn field_names_follow_acl_rules() {
-        assert!(field_name("order.status", "f").is_ok());
-        assert!(field_name("user_id", "f").is_ok());
+        assert!(field_name("order.status", || "f".into()).is_ok());
+        assert!(field_name("user_id", || "f".into()).is_ok());
         for bad in ["", "_version", "Order", "a..b", "a b", "é"] {
-            let error = field_name(bad, "set.x").unwrap_err();
+            let error = field_name(bad, || "set.x".into()).unwrap_err();
             assert_eq!(error.code, Code::InvalidFieldName, "{bad}");
             assert_eq!(error.field.as_deref(), Some("set.x"));
         }

@@ -66,6 +66,16 @@ pub enum Answer {
     Response(axum::response::Response),
 }
 
+impl Answer {
+    /// `value` as a JSON answer with `status`.
+    pub fn json(status: http::StatusCode, value: &impl serde::Serialize) -> serde_json::Result<Self> {
+        Ok(Answer::Json {
+            status,
+            body: serde_json::to_vec(value)?,
+        })
+    }
+}
+
 impl From<axum::response::Response> for Answer {
     fn from(response: axum::response::Response) -> Self {
         Answer::Response(response)

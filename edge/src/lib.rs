@@ -119,6 +119,25 @@ pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Resu
     Ok(bytes)
 }
 
+/// A request body as a handler gets it: still to be read (hyper and the axum
+/// routes), or already read within the body limit (the front door). Handlers
+/// take it instead of reading first, so they choose when the body is read
+/// (after authentication).
+pub enum RequestBody {
+    Unread(Body),
+    Read(bytes::Bytes),
+}
+
+impl RequestBody {
+    /// The body parsed as JSON, read with `limit` first if it is still unread.
+    pub async fn parse_json<T: DeserializeOwned>(self, headers: &HeaderMap, limit: usize) -> Result<T, BodyProblem> {
+        match self {
+            RequestBody::Unread(body) => parse_body(headers, body, limit).await,
+            RequestBody::Read(bytes) => parse_json(&bytes),
+        }
+    }
+}
+
 /// Reads at most `limit` bytes and parses them as JSON.
 pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, BodyProblem> {
     let bytes = read_limited(headers, body, limit).await?;

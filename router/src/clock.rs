@@ -55,19 +55,18 @@ impl Now {
     }
 }
 
-/// [`Now::instant_for`] as of now.
-pub fn instant_for_epoch_ms(deadline_ms: u64) -> Instant {
-    Now::read().instant_for(deadline_ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn far_and_past_deadlines_do_not_overflow() {
-        let far = instant_for_epoch_ms(u64::MAX);
-        assert!(far > Instant::now() + Duration::from_secs(3600));
-        assert!(instant_for_epoch_ms(0) <= Instant::now());
+        let now = Now::read();
+        assert!(now.instant_for(u64::MAX) > now.instant + Duration::from_secs(3600));
+        assert_eq!(now.instant_for(0), now.instant);
+        assert_eq!(
+            now.instant_for(now.epoch_ms + 1500),
+            now.instant + Duration::from_millis(1500)
+        );
     }
 }

@@ -11,7 +11,6 @@ use agent_reach_edge::front::{Answer, Door};
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::http::InvokeBody;
 use crate::service::RouterService;
 
 /// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`].
@@ -27,7 +26,7 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
 
     fn call(&self, _: (), headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send {
         let service = self.0.clone();
-        async move { crate::http::answer_invoke(&service, &headers, InvokeBody::Read(body)).await }
+        async move { crate::http::answer_invoke(&service, &headers, agent_reach_edge::RequestBody::Read(body)).await }
     }
 }
 

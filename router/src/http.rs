@@ -15,6 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use agent_reach_edge::front::Answer;
+use agent_reach_edge::RequestBody;
 
 use crate::envelope;
 use crate::error::{Code, RouterError};
@@ -51,14 +52,11 @@ struct Succeeded<'a> {
 }
 
 fn json_answer(status: StatusCode, envelope: &impl serde::Serialize) -> Answer {
-    match serde_json::to_vec(envelope) {
-        Ok(body) => Answer::Json { status, body },
-        // Serialising plain strings and JSON values does not fail; answer something valid anyway.
-        Err(_) => Answer::Json {
+    // Serialising plain strings and JSON values does not fail; answer something valid anyway.
+    Answer::json(status, envelope).unwrap_or_else(|_| Answer::Json {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             body: br#"{"version":"1.0","request_id":"","status":"failed","attempts":0,"duration_ms":0,"error":{"code":"INTERNAL","message":"result could not be encoded","retryable":true}}"#.to_vec(),
-        },
-    }
+    })
 }
 
 fn json_response(status: StatusCode, envelope: &impl serde::Serialize) -> Response {
@@ -92,20 +90,14 @@ fn failed_answer(known: Known, failure: Failure) -> Answer {
     json_answer(failure.error.status(), &envelope)
 }
 
-/// An invoke's body: still to be read (hyper), or read within the body limit (the front door).
-pub(crate) enum InvokeBody {
-    Stream(Body),
-    Read(bytes::Bytes),
-}
-
 async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
-    answer_invoke(&service, &headers, InvokeBody::Stream(body))
+    answer_invoke(&service, &headers, RequestBody::Unread(body))
         .await
         .into_response()
 }
 
 /// `POST /v1/invoke`, for the axum route and the front door alike.
-pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, body: InvokeBody) -> Answer {
+pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, body: RequestBody) -> Answer {
     let started = Instant::now();
     let trace = TraceContext::from_header(headers.get("traceparent"));
     let mut known = Known {
@@ -127,8 +119,8 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
         }
     };
     let read = match body {
-        InvokeBody::Stream(body) => envelope::read_body(headers, body, service.tuning().max_body_bytes).await,
-        InvokeBody::Read(bytes) => Ok(bytes),
+        RequestBody::Unread(body) => envelope::read_body(headers, body, service.tuning().max_body_bytes).await,
+        RequestBody::Read(bytes) => Ok(bytes),
     };
     let parsed = read.and_then(|bytes| envelope::parse(&bytes));
     // Keep the caller's request id even when a later check fails.
