@@ -166,6 +166,12 @@ async fn patches_are_versioned(subject: Subject) {
         Err(StoreError::VersionConflict { current: 2 })
     );
     assert_unchanged(&store.get("p", &Selection::All).await.unwrap().unwrap(), &snapshot);
+    // The same for a one-field patch (a script of its own in Redis).
+    assert_eq!(
+        store.patch("p", &set(&[("a", "99")], Some(1))).await,
+        Err(StoreError::VersionConflict { current: 2 })
+    );
+    assert_unchanged(&store.get("p", &Selection::All).await.unwrap().unwrap(), &snapshot);
     // Unconditional patches always apply.
     assert_eq!(store.patch("p", &set(&[("a", "5")], None)).await.unwrap().version, 3);
     // One field set and one deleted in the same patch.
@@ -205,6 +211,9 @@ async fn writes_refresh_the_ttl_within_the_granularity(subject: Subject) {
             burst.expires_at_ms, created.expires_at_ms,
             "{tier:?}: a write right after the last refresh shares it"
         );
+        // So does a patch of several fields (in Redis, the general script).
+        let wide = store.patch(id, &set(&[("a", "1"), ("b", "1")], None)).await.unwrap();
+        assert_eq!((wide.version, wide.expires_at_ms), (3, created.expires_at_ms));
 
         // Past the granularity: the write refreshes again.
         assert!(
@@ -217,7 +226,17 @@ async fn writes_refresh_the_ttl_within_the_granularity(subject: Subject) {
         let later = store.patch(id, &set(&[("a", "2")], None)).await.unwrap();
         assert!(later.expires_at_ms >= before + ttl && later.expires_at_ms > burst.expires_at_ms);
         let snapshot = store.get(id, &Selection::Only(vec![])).await.unwrap().unwrap();
-        assert_eq!((snapshot.version, snapshot.expires_at_ms), (3, later.expires_at_ms));
+        assert_eq!((snapshot.version, snapshot.expires_at_ms), (4, later.expires_at_ms));
+        // And the general script refreshes past the granularity too.
+        assert!(
+            eventually(Duration::from_secs(3), || async {
+                now_ms() > later.expires_at_ms - ttl + granularity + 20
+            })
+            .await
+        );
+        let before = now_ms();
+        let wide = store.patch(id, &set(&[("a", "3"), ("b", "3")], None)).await.unwrap();
+        assert!(wide.expires_at_ms >= before + ttl && wide.expires_at_ms > later.expires_at_ms);
     }
 }
 
@@ -289,6 +308,30 @@ async fn limits_are_atomic(subject: Subject) {
         store.patch("l", &set(&[("a", "1234567890123456")], None)).await,
         Err(StoreError::TooLarge { would_have: 21, .. })
     ));
+    // One field at a time meets the same checks (Redis runs a script of its own
+    // for a one-field patch): a fourth field is refused before its size is...
+    let full = store.get("l", &Selection::All).await.unwrap().unwrap();
+    assert_eq!(
+        store.patch("l", &set(&[("e", "")], None)).await,
+        Err(StoreError::TooManyFields {
+            limit: 3,
+            would_have: 4
+        })
+    );
+    // ...and a same-size overwrite (which leaves the byte count as it was) keeps it exact.
+    store.patch("l", &set(&[("a", "abcdefghijklmno")], None)).await.unwrap();
+    assert!(matches!(
+        store.patch("l", &set(&[("c", "12")], None)).await,
+        Err(StoreError::TooLarge { would_have: 21, .. })
+    ));
+    store.patch("l", &set(&[("c", "")], None)).await.unwrap();
+    store.patch("l", &set(&[("d", "12")], None)).await.unwrap();
+    let after = store.get("l", &Selection::All).await.unwrap().unwrap();
+    assert_eq!(after.version, full.version + 3);
+    assert_eq!(
+        after.fields,
+        fields(&[("a", "abcdefghijklmno"), ("c", ""), ("d", "12")])
+    );
 }
 
 async fn close_respects_ownership(subject: Subject) {
