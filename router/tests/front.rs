@@ -170,6 +170,16 @@ async fn keep_alive_pipelined_and_split_requests_are_answered_in_order() {
         (answer.status, answer.json()["request_id"].as_str()),
         (200, Some("r-5"))
     );
+
+    // Pipelined requests each get their own headers (header values are slices
+    // of the read buffer): a good token, then a forged one, then a good one.
+    let forged = invoke_request("r-7", "").replace(&token(CALLER), &format!("{}x", token(CALLER)));
+    let pipelined = format!("{}{forged}{}", invoke_request("r-6", ""), invoke_request("r-8", ""));
+    stream.write_all(pipelined.as_bytes()).await.unwrap();
+    for (id, status) in [("r-6", 200), ("r-7", 401), ("r-8", 200)] {
+        let answer = read_answer(&mut stream, &mut input).await.expect("an answer");
+        assert_eq!(answer.status, status, "{id}: {}", String::from_utf8_lossy(&answer.body));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
