@@ -115,7 +115,14 @@ impl Breaker {
     }
 
     pub fn on_success(&self) -> Transition {
-        self.consecutive_failures.store(0, Ordering::Release);
+        // Every request ends here: read before writing, so a healthy instance's
+        // breaker stays a shared cache line instead of bouncing between cores.
+        if self.consecutive_failures.load(Ordering::Acquire) != 0 {
+            self.consecutive_failures.store(0, Ordering::Release);
+        }
+        if self.state.load(Ordering::Acquire) == BreakerState::Closed.as_u8() {
+            return Transition::None;
+        }
         let previous = self.state.swap(BreakerState::Closed.as_u8(), Ordering::AcqRel);
         if previous == BreakerState::Closed.as_u8() {
             Transition::None

@@ -372,7 +372,7 @@ async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
         .metrics()
         .snapshot_staleness_seconds
         .set(staleness.as_secs() as i64);
-    crate::health::publish_health_scores(&service.snapshot().load(), staleness, service.tuning().max_staleness);
+    crate::health::publish_instance_gauges(&service.snapshot().load(), staleness, service.tuning().max_staleness);
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         service.metrics().render(),

@@ -64,8 +64,9 @@ impl CapabilityMetrics {
 #[derive(Clone)]
 pub struct InstanceMetrics {
     pub breaker_state: IntGauge,
+    /// Requests in flight, refreshed on each scrape (`health::publish_instance_gauges`).
     pub inflight: IntGauge,
-    /// The 0–100 health score, refreshed on each scrape (`health::publish_health_scores`).
+    /// The 0–100 health score, refreshed on each scrape (`health::publish_instance_gauges`).
     pub health_score: IntGauge,
 }
 

@@ -102,6 +102,11 @@ impl RetryBudget {
 
     fn add(&self, amount: i64) {
         let cap = MAX_SAVED_RETRIES * TOKEN;
+        // Every request deposits: once the budget is full (no retries lately),
+        // read only, so the counter is not a cache line written from every core.
+        if self.balance.load(Ordering::Acquire) >= cap {
+            return;
+        }
         let _ = self
             .balance
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |balance| {

@@ -171,11 +171,21 @@ async fn least_connections_avoids_the_busy_instance() {
         }
     }
     assert!(slow.hits() <= 1, "the busy instance got {} requests", slow.hits());
+    // The in-flight gauge (set when scraped) shows the held call.
+    let held = slow.hits();
+    let metrics = cluster.metrics().await;
+    let gauge = format!("agent_reach_router_inflight{{agent_id=\"slow-1\"}} {held}");
+    assert!(metrics.contains(&gauge), "{gauge} missing:\n{metrics}");
     slow.release.notify_waiters();
     for call in pending {
         answered.push(call.await.unwrap());
     }
     assert_eq!(answered.len(), 30);
+    let metrics = cluster.metrics().await;
+    for agent in ["slow-1", "fast-1", "fast-2"] {
+        let gauge = format!("agent_reach_router_inflight{{agent_id=\"{agent}\"}} 0");
+        assert!(metrics.contains(&gauge), "{gauge} missing:\n{metrics}");
+    }
     assert!(
         answered.iter().all(|body| body["status"] == "succeeded"),
         "{answered:?}"
