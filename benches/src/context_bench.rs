@@ -49,6 +49,10 @@ struct Args {
     /// Requests per redis-benchmark run.
     #[arg(long, default_value_t = 200_000)]
     redis_requests: u64,
+    /// Interleaved rounds of the judged comparison (raw Redis, then wrk through
+    /// the service); the verdict is on the median round's ratio.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -221,40 +225,62 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     let mut hset = vec!["HSET", "bench:raw"];
     hset.extend(field_args.iter().map(String::as_str).take(2));
-    let hset_rps = raw(&hset)?;
     let mut fill = vec!["HSET", "bench:raw"];
     fill.extend(field_args.iter().map(String::as_str));
-    Command::new(agent_reach_testkit::find_binary("redis-cli", "redis-tools"))
-        .args(["-p", &port])
-        .args(&fill)
-        .output()?;
-    let hgetall_rps = raw(&["HGETALL", "bench:raw"])?;
     // Like for like with redis-benchmark (a C client): the same clients from
     // wrk, a C load generator, so the box's two cores are not spent on a
-    // heavier client than the raw Redis run had.
-    let mut wrk_results = Vec::new();
-    for op in [Op::Get, Op::Patch] {
-        let before = (process_cpu_s(service_pid), redis_cpu_s(&port), children_cpu_s());
-        let (rate, ops) = wrk_phase(op, &args, &base, &token, dir.path())?;
-        let service_cpu = (process_cpu_s(service_pid) - before.0) * 1e6 / ops.max(1) as f64;
-        let redis_cpu = (redis_cpu_s(&port) - before.1) * 1e6 / ops.max(1) as f64;
-        let wrk_cpu = (children_cpu_s() - before.2) * 1e6 / ops.max(1) as f64;
-        println!(
-            "  service {op:?} over HTTP, wrk load: {rate:.0} ops/s \
-             (CPU per op: service {service_cpu:.1} µs, wrk {wrk_cpu:.1} µs, Redis {redis_cpu:.1} µs)"
-        );
-        wrk_results.push((op, rate));
+    // heavier client than the raw Redis run had. Raw and service runs are
+    // interleaved round by round, and each round's ratio compares runs a few
+    // seconds apart: the shared box's speed drifts by more than ±5 % between
+    // minutes, enough to flip a verdict taken from one pair of runs.
+    let mut hset_rps = 0.0;
+    let mut hgetall_rps = 0.0;
+    let mut ratios: Vec<(Op, Vec<f64>)> = vec![(Op::Get, Vec::new()), (Op::Patch, Vec::new())];
+    for round in 1..=args.rounds.max(1) {
+        println!("  round {round}:");
+        hset_rps = raw(&hset)?;
+        Command::new(agent_reach_testkit::find_binary("redis-cli", "redis-tools"))
+            .args(["-p", &port])
+            .args(&fill)
+            .output()?;
+        hgetall_rps = raw(&["HGETALL", "bench:raw"])?;
+        for (op, round_ratios) in &mut ratios {
+            let op = *op;
+            let before = (process_cpu_s(service_pid), redis_cpu_s(&port), children_cpu_s());
+            let (rate, ops) = wrk_phase(op, &args, &base, &token, dir.path())?;
+            let service_cpu = (process_cpu_s(service_pid) - before.0) * 1e6 / ops.max(1) as f64;
+            let redis_cpu = (redis_cpu_s(&port) - before.1) * 1e6 / ops.max(1) as f64;
+            let wrk_cpu = (children_cpu_s() - before.2) * 1e6 / ops.max(1) as f64;
+            let (raw_name, raw_rps) = match op {
+                Op::Get => ("HGETALL", hgetall_rps),
+                Op::Patch => ("HSET", hset_rps),
+            };
+            let ratio = 100.0 * rate / raw_rps;
+            println!(
+                "  service {op:?} over HTTP, wrk load: {rate:.0} ops/s = {ratio:.1} % of raw {raw_name} \
+                 (CPU per op: service {service_cpu:.1} µs, wrk {wrk_cpu:.1} µs, Redis {redis_cpu:.1} µs)"
+            );
+            round_ratios.push(ratio);
+        }
     }
     println!();
-    for (op, rate) in wrk_results {
-        let (raw_name, raw_rps) = match op {
-            Op::Get => ("HGETALL", hgetall_rps),
-            Op::Patch => ("HSET", hset_rps),
+    for (op, mut round_ratios) in ratios {
+        let raw_name = match op {
+            Op::Get => "HGETALL",
+            Op::Patch => "HSET",
         };
-        let ratio = 100.0 * rate / raw_rps;
-        let verdict = if ratio >= 50.0 { "meets" } else { "MISSES" };
-        println!("  {op:?} over HTTP (wrk, like redis-benchmark a C client): {ratio:.0} % of raw {raw_name} ({verdict} the 50 % target)");
+        round_ratios.sort_by(f64::total_cmp);
+        let median = round_ratios[round_ratios.len() / 2];
+        let verdict = if median >= 50.0 { "meets" } else { "MISSES" };
+        let all: Vec<String> = round_ratios.iter().map(|ratio| format!("{ratio:.1}")).collect();
+        println!(
+            "  {op:?} over HTTP (wrk, like redis-benchmark a C client): median {median:.1} % of raw {raw_name} \
+             (rounds: {} %) ({verdict} the 50 % target)",
+            all.join(", ")
+        );
     }
+    // The Rust clients (reqwest, tonic) against the last round's raw numbers:
+    // heavier than redis-benchmark, shown for what an SDK caller sees.
     for (op, transport, rate) in results {
         let (raw_name, raw_rps) = match op {
             Op::Get => ("HGETALL", hgetall_rps),
