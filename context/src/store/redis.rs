@@ -84,7 +84,7 @@ return {'ok', 1, now + ttl}
 /// touched field, one HSET; HLEN only when fields are added; `_bytes` written
 /// only when it changed; time from the service (see the module notes). The
 /// store's policy (TTLs, idle timeout, limits) is written into the script text
-/// when the store is made (`PatchScripts::new`), so a call carries only what
+/// when the store is made ([`bake_policy`]), so a call carries only what
 /// changes: every argument costs Redis a Lua string and every number it
 /// writes a `%.17g` conversion. The common patch, one field set and none
 /// deleted, has a script of its own without loops or tables ([`PATCH_ONE`]).
@@ -101,8 +101,8 @@ return {'ok', 1, now + ttl}
 /// it, and reads only move it later).
 ///
 /// KEYS: ctx, deadlines. ARGV: id, if_version ('' = none), now_ms, name, value.
-/// Policy placeholders: see [`PatchScripts::new`].
-const PATCH_ONE: &str = r"
+const PATCH_ONE: [&str; 3] = [
+    r"
 local key, name, value = KEYS[1], ARGV[4], ARGV[5]
 local current = redis.call('HMGET', key, '_version', '_tier', '_bytes', '_expires', name)
 local version = current[1]
@@ -119,14 +119,10 @@ else
   local count = redis.call('HLEN', key) - 4
   if count > $MAX_FIELDS then return {'too_many_fields', count} end
 end
-if bytes > $MAX_BYTES then return {'too_large', bytes} end
-local ttl, granularity, idle = $DEFAULT_TTL, $DEFAULT_GRANULARITY, $DEFAULT_IDLE
-if current[2] == 'one_shot' then ttl, granularity, idle = $ONE_SHOT_TTL, $ONE_SHOT_GRANULARITY, $ONE_SHOT_IDLE end
-local now = tonumber(ARGV[3])
-local expires = now + ttl
-local kept = tonumber(current[4])
-version = version + 1
-if kept and expires - kept < granularity and kept - expires < granularity then
+",
+    PATCH_DECIDE,
+    r"
+if fresh then
   if bytes == kept_bytes then
     redis.call('HSET', key, name, value, '_version', version)
   else
@@ -138,12 +134,29 @@ redis.call('HSET', key, name, value, '_version', version, '_bytes', bytes, '_exp
 redis.call('PEXPIRE', key, ttl)
 redis.call('ZADD', KEYS[2], now + idle, ARGV[1])
 return {'ok', version, expires}
+",
+];
+
+/// Both patch scripts, once `current` holds `_version`, `_tier`, `_bytes` and
+/// `_expires`, `version` the current version and `bytes` the new total: the
+/// size limit, the tier's times, whether the last refresh still holds, the
+/// new version.
+const PATCH_DECIDE: &str = r"
+if bytes > $MAX_BYTES then return {'too_large', bytes} end
+local ttl, granularity, idle = $DEFAULT_TTL, $DEFAULT_GRANULARITY, $DEFAULT_IDLE
+if current[2] == 'one_shot' then ttl, granularity, idle = $ONE_SHOT_TTL, $ONE_SHOT_GRANULARITY, $ONE_SHOT_IDLE end
+local now = tonumber(ARGV[3])
+local expires = now + ttl
+local kept = tonumber(current[4])
+local fresh = kept and expires - kept < granularity and kept - expires < granularity
+version = version + 1
 ";
 
 /// Any other patch (several fields set, or any deleted); the same rules as
 /// [`PATCH_ONE`]. KEYS: ctx, deadlines. ARGV: id, if_version ('' = none),
 /// now_ms, set_count, (name, value) * set_count, deleted names...
-const PATCH: &str = r"
+const PATCH: [&str; 3] = [
+    r"
 local key = KEYS[1]
 local n = #ARGV
 local first_delete = 5 + 2 * tonumber(ARGV[4])
@@ -184,14 +197,9 @@ if added > 0 then
   local count = redis.call('HLEN', key) - 5 + added - removed
   if count > $MAX_FIELDS then return {'too_many_fields', count} end
 end
-if bytes > $MAX_BYTES then return {'too_large', bytes} end
-local ttl, granularity, idle = $DEFAULT_TTL, $DEFAULT_GRANULARITY, $DEFAULT_IDLE
-if current[2] == 'one_shot' then ttl, granularity, idle = $ONE_SHOT_TTL, $ONE_SHOT_GRANULARITY, $ONE_SHOT_IDLE end
-local now = tonumber(ARGV[3])
-local expires = now + ttl
-local kept = tonumber(current[4])
-local fresh = kept and expires - kept < granularity and kept - expires < granularity
-version = version + 1
+",
+    PATCH_DECIDE,
+    r"
 if fresh then expires = kept end
 local writes = {}
 for i = 5, first_delete - 1 do writes[#writes + 1] = ARGV[i] end
@@ -209,7 +217,8 @@ if not fresh then
   redis.call('ZADD', KEYS[2], now + idle, ARGV[1])
 end
 return {'ok', version, expires}
-";
+",
+];
 
 /// KEYS: ctx, deadlines. ARGV: id, required owner ('' = anyone).
 const CLOSE: &str = r"
@@ -286,7 +295,7 @@ struct Scripts {
 impl Scripts {
     fn new(policy: &StorePolicy) -> Self {
         let with_now = |body: &str| Script::new(format!("{PRELUDE}{body}"));
-        let with_policy = |body: &str| Script::new(bake_policy(body, policy));
+        let with_policy = |parts: [&str; 3]| Script::new(bake_policy(&parts.concat(), policy));
         Self {
             create: with_now(CREATE),
             patch_one: with_policy(PATCH_ONE),
@@ -753,6 +762,26 @@ impl ContextStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patch_scripts_carry_the_whole_policy() {
+        let policy = StorePolicy {
+            default_ttl: Duration::from_secs(1800),
+            one_shot_ttl: Duration::from_millis(150),
+            idle_timeout: Duration::from_secs(600),
+            max_fields: 7,
+            max_context_bytes: 4096,
+        };
+        for parts in [PATCH_ONE, PATCH] {
+            let text = bake_policy(&parts.concat(), &policy);
+            assert!(!text.contains('$'), "a placeholder is left in:\n{text}");
+            // Default tier: 30 min, refresh within 1 s (the cap), idle deadline 10 min;
+            // one_shot: 150 ms, within 1 ms (a hundredth, in whole ms), its TTL before the idle timeout.
+            assert!(text.contains("local ttl, granularity, idle = 1800000, 1000, 600000"));
+            assert!(text.contains("ttl, granularity, idle = 150, 1, 150 end"));
+            assert!(text.contains("if count > 7 then") && text.contains("if bytes > 4096 then"));
+        }
+    }
 
     #[test]
     fn script_answers_map_to_store_errors() {
