@@ -349,7 +349,7 @@ impl ContextService {
             let who = match caller {
                 Caller::Unauthenticated => CloseAs::Anyone,
                 Caller::Agent(name) if self.acl.current().may_write_field(name, "*") => CloseAs::Anyone,
-                Caller::Agent(name) => CloseAs::Owner(name.clone()),
+                Caller::Agent(name) => CloseAs::Owner(name.to_string()),
             };
             self.store
                 .close(context_id, &who)

@@ -121,7 +121,7 @@ impl RegistryService {
     fn authorize_identity(caller: &Caller, name: &str) -> Result<(), RegistryError> {
         match caller {
             Caller::Unauthenticated => Ok(()),
-            Caller::Agent(sub) if sub == name => Ok(()),
+            Caller::Agent(sub) if **sub == *name => Ok(()),
             Caller::Agent(sub) => Err(RegistryError::field(
                 Code::Forbidden,
                 "name",

@@ -202,7 +202,7 @@ impl RouterService {
                         request.capability
                     ),
                 )
-                .with_details(json!({ "caller": name, "capability": request.capability }))
+                .with_details(json!({ "caller": &**name, "capability": request.capability }))
                 .into());
             }
         }

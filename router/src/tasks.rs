@@ -386,7 +386,7 @@ async fn owned_task<'a>(
 
 fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
     match caller {
-        Caller::Agent(name) if name != &task.caller => Err(RouterError::new(
+        Caller::Agent(name) if **name != *task.caller => Err(RouterError::new(
             Code::TaskNotFound,
             format!("no task `{}` for caller `{name}`", task.task_id),
         )),
@@ -759,7 +759,7 @@ async fn session_results(
             cursor = Some(entry.cursor.clone());
             // A session's results belong to the callers that submitted them.
             if let (Caller::Agent(name), Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
-                if &task.caller != name {
+                if *task.caller != **name {
                     continue;
                 }
             }
@@ -947,7 +947,7 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
     let task = &claimed.task;
     let caller = match task.caller.as_str() {
         "anonymous" => Caller::Unauthenticated,
-        name => Caller::Agent(name.to_string()),
+        name => Caller::Agent(name.into()),
     };
     let mut attempts = 0u32;
     let mut running_since_ms;
