@@ -12,7 +12,10 @@
 //! fixed time each of the 32 clients loops GET (every field) and, in a second
 //! phase, PATCH (one field, which runs the full Lua write script), over HTTP
 //! and over gRPC. Prints ops/s for each, the raw Redis numbers, and each ratio
-//! against the 50 % target, with the CPU each party spent per operation.
+//! against the 50 % target, with the CPU each party spent per operation. The
+//! judged comparison (raw `redis-benchmark`, then `wrk` through the service)
+//! runs in interleaved rounds (`--rounds`, default 3) and is judged on the
+//! median round's ratio.
 
 /// mimalloc, as in the `agent-reach` binary: under load glibc malloc (with its arena
 /// locks) took 15-20 % of the router's and context service's CPU.
