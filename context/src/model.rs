@@ -114,6 +114,13 @@ impl StorePolicy {
     pub fn refresh_granularity(&self, tier: Tier) -> Duration {
         (self.ttl(tier) / 100).min(Duration::from_secs(1))
     }
+
+    /// How long after a write (create, or a patch that refreshes) a context
+    /// is left alone before the sweeper may remove it: the idle timeout, or
+    /// the tier's TTL if that ends first.
+    pub fn idle_deadline_after_write(&self, tier: Tier) -> Duration {
+        self.ttl(tier).min(self.idle_timeout)
+    }
 }
 
 impl Default for StorePolicy {

@@ -150,23 +150,17 @@ impl Forwarder {
             {
                 pool.sweep(now);
             }
+            let connection = Idle {
+                stream,
+                input,
+                since: now,
+            };
             // No key allocation on the hot path: only an instance's first connection adds one.
             match pool.idle.get_mut(authority) {
                 Some(idle) if idle.len() >= self.idle_per_instance => {}
-                Some(idle) => idle.push(Idle {
-                    stream,
-                    input,
-                    since: now,
-                }),
+                Some(idle) => idle.push(connection),
                 None => {
-                    pool.idle.insert(
-                        authority.to_string(),
-                        vec![Idle {
-                            stream,
-                            input,
-                            since: now,
-                        }],
-                    );
+                    pool.idle.insert(authority.to_string(), vec![connection]);
                 }
             }
         })

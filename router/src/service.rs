@@ -92,6 +92,32 @@ struct Forwarded<'a> {
     payload: &'a Value,
 }
 
+impl<'a> Forwarded<'a> {
+    /// What the router forwards of `request` for `capability` at `capability_version`.
+    fn new(
+        request: &'a InvokeRequest,
+        request_id: &'a str,
+        (capability, capability_version): (&'a str, &'a str),
+        caller: &'a Caller,
+        deadline: u64,
+        attempt: u32,
+    ) -> Self {
+        Self {
+            version: ENVELOPE_VERSION,
+            request_id,
+            session_id: request.session_id.as_deref(),
+            context_id: request.context_id.as_deref(),
+            capability,
+            capability_version,
+            source: caller.name(),
+            priority: request.priority.unwrap_or_default(),
+            deadline,
+            attempt,
+            payload: &request.payload,
+        }
+    }
+}
+
 /// An agent's 2xx answer, `{"output": ...}` (absent: `null`), the output left as raw JSON.
 #[derive(serde::Deserialize)]
 struct AgentAnswer {
@@ -266,19 +292,14 @@ impl RouterService {
         }
 
         self.budget.deposit();
-        let mut envelope = Forwarded {
-            version: ENVELOPE_VERSION,
+        let mut envelope = Forwarded::new(
+            &request,
             request_id,
-            session_id: request.session_id.as_deref(),
-            context_id: request.context_id.as_deref(),
-            capability: &capability.name,
-            capability_version: &group.version_text,
-            source: caller.name(),
-            priority: request.priority.unwrap_or_default(),
-            deadline: deadline_ms,
-            attempt: 0,
-            payload: &request.payload,
-        };
+            (&capability.name, &group.version_text),
+            caller,
+            deadline_ms,
+            0,
+        );
         let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
         let fallback_traceparent = trace.forward_header();
@@ -517,19 +538,14 @@ impl RouterService {
         let now = clock::Now::read();
         let deadline_ms = self.deadline_ms(&request, group, now.epoch_ms);
         let deadline = now.instant_for(deadline_ms);
-        let envelope = Forwarded {
-            version: ENVELOPE_VERSION,
+        let envelope = Forwarded::new(
+            &request,
             request_id,
-            session_id: request.session_id.as_deref(),
-            context_id: request.context_id.as_deref(),
-            capability: &capability.name,
-            capability_version: &version,
-            source: caller.name(),
-            priority: request.priority.unwrap_or_default(),
-            deadline: deadline_ms,
-            attempt: 1,
-            payload: &request.payload,
-        };
+            (&capability.name, &version),
+            caller,
+            deadline_ms,
+            1,
+        );
         let body = Bytes::from(serde_json::to_vec(&envelope).map_err(|error| {
             Failure::from(RouterError::new(
                 Code::InvalidEnvelope,

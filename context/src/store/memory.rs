@@ -93,7 +93,7 @@ impl ContextStore for MemoryStore {
             fields: context.fields.clone(),
             bytes,
             expires_at_ms: now + ttl,
-            deadline_ms: now + ttl.min(millis(self.policy.idle_timeout)),
+            deadline_ms: now + millis(self.policy.idle_deadline_after_write(context.tier)),
         };
         map.insert(id.to_string(), entry);
         Ok(Written {
@@ -177,7 +177,7 @@ impl ContextStore for MemoryStore {
         let granularity = millis(self.policy.refresh_granularity(entry.tier));
         if (now + ttl - entry.expires_at_ms).abs() >= granularity {
             entry.expires_at_ms = now + ttl;
-            entry.deadline_ms = now + ttl.min(millis(self.policy.idle_timeout));
+            entry.deadline_ms = now + millis(self.policy.idle_deadline_after_write(entry.tier));
         }
         Ok(Written {
             version: entry.version,

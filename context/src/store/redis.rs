@@ -58,7 +58,8 @@ local function each_chunk(command, key, list, into)
 end
 ";
 
-/// KEYS: ctx, deadlines. ARGV: id, tier, owner, ttl_ms, idle_ms, max_fields, max_bytes, name, value, ...
+/// KEYS: ctx, deadlines. ARGV: id, tier, owner, ttl_ms, idle deadline after a write (ms),
+/// max_fields, max_bytes, name, value, ...
 const CREATE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 local count = (#ARGV - 7) / 2
@@ -76,7 +77,7 @@ local reserved = {'_version', 1, '_tier', ARGV[2], '_owner', ARGV[3], '_bytes', 
 for k = 1, #reserved do writes[#writes + 1] = reserved[k] end
 each_chunk('HSET', KEYS[1], writes)
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('ZADD', KEYS[2], now + math.min(ttl, tonumber(ARGV[5])), ARGV[1])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[1])
 return {'ok', 1, now + ttl}
 ";
 
@@ -312,11 +313,10 @@ impl Scripts {
 /// policies load different scripts (the SHA follows the text); each runs its own.
 fn bake_policy(body: &str, policy: &StorePolicy) -> String {
     let per_tier = |tier: Tier| {
-        let ttl = millis(policy.ttl(tier));
         (
-            ttl,
+            millis(policy.ttl(tier)),
             millis(policy.refresh_granularity(tier)),
-            ttl.min(millis(policy.idle_timeout)),
+            millis(policy.idle_deadline_after_write(tier)),
         )
     };
     let (default_ttl, default_granularity, default_idle) = per_tier(Tier::Default);
@@ -569,7 +569,7 @@ impl ContextStore for RedisStore {
             .arg(context.tier.as_str())
             .arg(&context.owner)
             .arg(millis(ttl))
-            .arg(millis(self.policy.idle_timeout))
+            .arg(millis(self.policy.idle_deadline_after_write(context.tier)))
             .arg(self.policy.max_fields)
             .arg(self.policy.max_context_bytes);
         for (name, value) in &context.fields {
