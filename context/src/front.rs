@@ -7,10 +7,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_edge::front::{Answer, Door};
+use agent_reach_edge::front::{Answer, Door, Headers};
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use http::HeaderMap;
 
 use crate::error::{Code, ContextError};
 use crate::http::ReadQuery;
@@ -49,9 +48,15 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
         route(method, target)
     }
 
-    fn call(&self, route: Route, headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send {
+    fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
         let service = self.0.clone();
         async move {
+            // The handlers are axum's, written for a header map.
+            let Some(headers) = headers.header_map() else {
+                // Unreachable: the front door checks every field as a header map does.
+                let error = ContextError::new(Code::Internal, "a request header could not be read");
+                return Answer::from(error.into_response());
+            };
             match route {
                 Route::Read(id) => json(crate::http::read_view(&service, id, ReadQuery::default(), &headers).await),
                 Route::Patch(id) => json(

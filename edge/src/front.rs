@@ -35,6 +35,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::HeaderLookup;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -51,7 +53,7 @@ pub trait HotRoutes: Clone + Send + Sync + 'static {
     fn route(&self, method: &str, target: &str) -> Option<Self::Route>;
 
     /// Answers a request `route` took, as the axum route would.
-    fn call(&self, route: Self::Route, headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send;
+    fn call(&self, route: Self::Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send;
 }
 
 /// A hot route's answer: a JSON body the front door writes as it is, or any
@@ -197,30 +199,81 @@ struct Connection<H> {
     signal: Arc<watch::Sender<()>>,
 }
 
-/// A request on the fast path: its route, its head's length, its body's and its
-/// headers (each value's place in the head: values are slices of the head's
-/// bytes, not copies, as hyper makes them).
-struct Hot<R> {
-    route: R,
-    head_len: usize,
-    body_len: usize,
-    headers: Vec<(HeaderName, std::ops::Range<usize>)>,
+/// A hot request's header fields: each name and value is a place in the
+/// request's head, so nothing is copied or allocated per field (hyper slices
+/// its values the same way) and no `HeaderName` is built for a lookup.
+pub struct Headers {
+    head: Bytes,
+    fields: [Field; MAX_HEADERS],
+    count: usize,
 }
 
-impl<R> Hot<R> {
-    /// The header map over `head` (this request's head bytes); `None` only if a
-    /// value `parse_head` accepted were invalid, which its check rules out.
-    fn header_map(&mut self, head: &Bytes) -> Option<HeaderMap> {
-        let mut map = HeaderMap::with_capacity(self.headers.len());
-        for (name, place) in self.headers.drain(..) {
-            let value = HeaderValue::from_maybe_shared(head.slice(place)).ok()?;
+/// One field's name and value as `start..end` places in the head.
+#[derive(Clone, Copy, Default)]
+struct Field {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+impl Field {
+    fn name<'a>(&self, head: &'a [u8]) -> &'a [u8] {
+        &head[self.name.0 as usize..self.name.1 as usize]
+    }
+
+    fn value<'a>(&self, head: &'a [u8]) -> &'a [u8] {
+        &head[self.value.0 as usize..self.value.1 as usize]
+    }
+}
+
+impl Headers {
+    /// The fields as a header map, for handlers written for axum. `None` only
+    /// if a field `parse_head` accepted were invalid, which httparse rules out
+    /// (it accepts only token names, and values of `HeaderValue`'s bytes).
+    pub fn header_map(&self) -> Option<HeaderMap> {
+        let mut map = HeaderMap::with_capacity(self.count);
+        for field in &self.fields[..self.count] {
+            let name = HeaderName::from_bytes(field.name(&self.head)).ok()?;
+            let value =
+                HeaderValue::from_maybe_shared(self.head.slice(field.value.0 as usize..field.value.1 as usize)).ok()?;
             map.append(name, value);
         }
         Some(map)
     }
+
+    /// How many fields the request carried.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// No fields at all.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+impl HeaderLookup for Headers {
+    fn value(&self, name: &str) -> Option<&[u8]> {
+        self.fields[..self.count]
+            .iter()
+            .find(|field| field.name(&self.head).eq_ignore_ascii_case(name.as_bytes()))
+            .map(|field| field.value(&self.head))
+    }
+}
+
+/// A request on the fast path: its route, its head's length, its body's and
+/// its header fields (places in the head, see [`Headers`]).
+struct Hot<R> {
+    route: R,
+    head_len: usize,
+    body_len: usize,
+    fields: [Field; MAX_HEADERS],
+    count: usize,
 }
 
 /// What the bytes at the start of the input buffer are.
+// Returned once per request and consumed at once: boxing `Hot` would put back
+// the allocation per request its inline field array avoids.
+#[allow(clippy::large_enum_variant)]
 enum Head<R> {
     /// A plain request of a hot route (see the module notes).
     Hot(Hot<R>),
@@ -240,7 +293,7 @@ impl<H: HotRoutes> Connection<H> {
         let closed = signal.closed();
         tokio::pin!(closed);
         loop {
-            let mut request = loop {
+            let request = loop {
                 match parse_head(&input, &self.door.hot, self.door.body_limit) {
                     Head::Hot(request) => break request,
                     Head::Other => return self.hand_over(stream, input).await,
@@ -269,9 +322,10 @@ impl<H: HotRoutes> Connection<H> {
                     return;
                 }
             }
-            let head = input.split_to(request.head_len).freeze();
-            let Some(headers) = request.header_map(&head) else {
-                return;
+            let headers = Headers {
+                head: input.split_to(request.head_len).freeze(),
+                fields: request.fields,
+                count: request.count,
             };
             let body = input.split_to(request.body_len).freeze();
             let response = self.door.hot.call(request.route, headers, body).await;
@@ -340,7 +394,8 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
         Ok(httparse::Status::Partial) => return Head::Partial,
         Err(_) => return Head::Other,
     };
-    if request.version != Some(1) {
+    // An oversized head is hyper's (as a partial one is), whatever one read brought.
+    if head_len > MAX_HEAD_BYTES || request.version != Some(1) {
         return Head::Other;
     }
     let (Some(method), Some(target)) = (request.method, request.path) else {
@@ -349,42 +404,46 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
     let Some(route) = hot.route(method, target) else {
         return Head::Other;
     };
-    let mut headers = Vec::with_capacity(request.headers.len());
+    let mut fields = [Field::default(); MAX_HEADERS];
+    let mut count = 0;
     let mut body_len: Option<usize> = None;
+    // httparse accepts in a value exactly the bytes `HeaderValue` accepts (tab,
+    // 0x20-0x7E, 0x80-0xFF; hyper builds its values unchecked on that basis),
+    // so a field map built later cannot fail. Its names and values are slices
+    // of `input`: their offsets are their places in the head.
+    let place = |part: &[u8]| {
+        let start = part.as_ptr() as usize - input.as_ptr() as usize;
+        // Within the head, at most `MAX_HEAD_BYTES` (checked above): far below u32::MAX.
+        (start as u32, (start + part.len()) as u32)
+    };
     for header in request.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(header.name.as_bytes()) else {
-            return Head::Other;
-        };
-        if name == http::header::CONTENT_LENGTH {
+        // httparse accepts only token characters in names: any case, compared as such.
+        let name = header.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
             match (body_len, content_length(header.value)) {
                 (None, Some(length)) if length <= limit => body_len = Some(length),
                 _ => return Head::Other,
             }
-        } else if name == http::header::TRANSFER_ENCODING
-            || name == http::header::EXPECT
-            || name == http::header::UPGRADE
-            || name == http::header::CONNECTION
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"expect")
+            || name.eq_ignore_ascii_case(b"upgrade")
+            || name.eq_ignore_ascii_case(b"connection")
         {
             return Head::Other;
         }
-        // `HeaderValue`'s rule, checked here so building the value later cannot fail.
-        if !header
-            .value
-            .iter()
-            .all(|&byte| byte >= 32 && byte != 127 || byte == b'\t')
-        {
-            return Head::Other;
-        }
-        // httparse's values are slices of `input`: the offset is their place in the head.
-        let start = header.value.as_ptr() as usize - input.as_ptr() as usize;
-        headers.push((name, start..start + header.value.len()));
+        fields[count] = Field {
+            name: place(name),
+            value: place(header.value),
+        };
+        count += 1;
     }
     // No `Content-Length` (and no `Transfer-Encoding`): no body (RFC 9112 §6.3).
     Head::Hot(Hot {
         route,
         head_len,
         body_len: body_len.unwrap_or(0),
-        headers,
+        fields,
+        count,
     })
 }
 
@@ -527,7 +586,7 @@ mod tests {
             (method == "POST" && target == "/v1/invoke").then_some(())
         }
 
-        async fn call(&self, _: (), _: HeaderMap, _: Bytes) -> Answer {
+        async fn call(&self, _: (), _: Headers, _: Bytes) -> Answer {
             Answer::Response(axum::response::Response::default())
         }
     }
@@ -539,17 +598,34 @@ mod tests {
     #[test]
     fn only_plain_requests_of_hot_routes_take_the_fast_path() {
         let plain = "POST /v1/invoke HTTP/1.1\r\nhost: r\r\ncontent-length: 2\r\nauthorization: Bearer t\r\n\r\n{}";
-        let Head::Hot(mut request) = head(plain) else {
+        let Head::Hot(request) = head(plain) else {
             panic!("a plain invoke is the fast path's");
         };
         assert_eq!((request.head_len, request.body_len), (plain.len() - 2, 2));
-        // Header values are the head's own bytes, sliced.
-        let bytes = Bytes::copy_from_slice(&plain.as_bytes()[..request.head_len]);
-        let headers = request.header_map(&bytes).expect("valid values");
-        assert_eq!(headers["authorization"], "Bearer t");
-        assert_eq!(headers["host"], "r");
+        // Header names and values are the head's own bytes, sliced; names match in any case.
+        let headers = Headers {
+            head: Bytes::copy_from_slice(&plain.as_bytes()[..request.head_len]),
+            fields: request.fields,
+            count: request.count,
+        };
+        assert_eq!(headers.value("authorization"), Some(&b"Bearer t"[..]));
+        assert_eq!(headers.value("Authorization"), Some(&b"Bearer t"[..]));
+        assert_eq!(headers.value("traceparent"), None);
         assert_eq!(headers.len(), 3);
-        // A value with a control byte is not the fast path's (hyper refuses it).
+        let map = headers.header_map().expect("valid fields");
+        assert_eq!(map["authorization"], "Bearer t");
+        assert_eq!(map["host"], "r");
+        assert_eq!(map.len(), 3);
+        let upper = head("POST /v1/invoke HTTP/1.1\r\nContent-Length: 2\r\nHost: r\r\n\r\n");
+        assert!(matches!(
+            upper,
+            Head::Hot(Hot {
+                body_len: 2,
+                count: 2,
+                ..
+            })
+        ));
+        // A value with a control byte is not the fast path's (httparse refuses it, as does hyper).
         assert!(matches!(
             head("POST /v1/invoke HTTP/1.1\r\nx-a: a\x01b\r\n\r\n"),
             Head::Other
@@ -572,6 +648,7 @@ mod tests {
             "POST /v1/invoke HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: +2\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: 4096\r\n\r\n",

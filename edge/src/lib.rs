@@ -31,6 +31,19 @@ pub fn decimal(mut value: u64, digits: &mut [u8; 20]) -> &[u8] {
     }
 }
 
+/// Request header values by name (lowercase ASCII), from hyper's header map
+/// or the front door's [`front::Headers`], so one handler serves both.
+pub trait HeaderLookup {
+    /// The first value of the field `name`, as sent.
+    fn value(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl HeaderLookup for HeaderMap {
+    fn value(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(http::HeaderValue::as_bytes)
+    }
+}
+
 /// gRPC metadata keys carrying the stable code and the field at fault.
 pub const CODE_METADATA: &str = "x-agent-reach-code";
 pub const FIELD_METADATA: &str = "x-agent-reach-field";

@@ -3,9 +3,9 @@
 //! Everything fails as `INVALID_ENVELOPE` (400) except an oversized body
 //! (`PAYLOAD_TOO_LARGE`, 413).
 
+use agent_reach_edge::HeaderLookup;
 use agent_reach_proto::envelope::{InvokeRequest, TargetPolicy, ENVELOPE_VERSION};
 use axum::body::Body;
-use http::HeaderMap;
 use serde_json::json;
 
 use crate::error::{Code, RouterError};
@@ -26,7 +26,7 @@ fn invalid(field: &str, message: impl Into<String>) -> RouterError {
 const DRAIN_FACTOR: usize = 8;
 
 /// Reads at most `limit` bytes of body.
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<bytes::Bytes, RouterError> {
+pub async fn read_body(headers: &impl HeaderLookup, body: Body, limit: usize) -> Result<bytes::Bytes, RouterError> {
     use http_body_util::BodyExt;
 
     let too_large = || {
@@ -38,8 +38,8 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     };
     let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
     let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
+        .value("content-length")
+        .and_then(|value| std::str::from_utf8(value).ok())
         .and_then(|value| value.parse::<usize>().ok());
     if declared.is_some_and(|length| length > drain_cap) {
         return Err(too_large());

@@ -11,7 +11,6 @@
 //! or chunked bodies, or close the connection after the body.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -68,7 +67,8 @@ static NEXT_FORWARDER_ID: AtomicUsize = AtomicUsize::new(0);
 /// One forwarder's idle connections on one thread, by instance authority.
 #[derive(Default)]
 struct Pool {
-    idle: HashMap<String, Vec<Idle>>,
+    /// aHash: this map is looked up twice per forwarded request.
+    idle: ahash::AHashMap<String, Vec<Idle>>,
     last_sweep: Option<Instant>,
 }
 
@@ -132,7 +132,10 @@ impl Forwarder {
         })
     }
 
-    fn put_idle(&self, authority: &str, stream: TcpStream, input: BytesMut) {
+    /// Pools a connection whose attempt started at `now`: it counts as idle
+    /// from then (no clock read per request), so it retires at most the
+    /// attempt's duration early.
+    fn put_idle(&self, authority: &str, stream: TcpStream, input: BytesMut, now: Instant) {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let at = match pools.iter().position(|(id, _)| *id == self.id) {
@@ -143,7 +146,6 @@ impl Forwarder {
                 }
             };
             let pool = &mut pools[at].1;
-            let now = Instant::now();
             if pool
                 .last_sweep
                 .is_none_or(|last| now.duration_since(last) >= IDLE_TIMEOUT / 4)
@@ -191,7 +193,7 @@ impl Forwarder {
                 // deduplicate by request id (DESIGN §3), as for any retry.
                 match exchange(stream, input, &request).await {
                     (Exchange::FailedBeforeAnswer(_), _) => {}
-                    (done, stream) => return self.finish(authority, done, stream),
+                    (done, stream) => return self.finish(authority, done, stream, now),
                 }
             }
             let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority)).await {
@@ -209,7 +211,7 @@ impl Forwarder {
             // Small requests and answers: Nagle would only add delay.
             let _ = stream.set_nodelay(true);
             let (done, stream) = exchange(stream, BytesMut::with_capacity(READ_BUFFER_BYTES), &request).await;
-            self.finish(authority, done, stream)
+            self.finish(authority, done, stream, now)
         };
         match tokio::time::timeout_at(deadline.into(), attempt).await {
             Ok(result) => result,
@@ -217,11 +219,17 @@ impl Forwarder {
         }
     }
 
-    fn finish(&self, authority: &str, done: Exchange, kept: Option<(TcpStream, BytesMut)>) -> AttemptResult {
+    fn finish(
+        &self,
+        authority: &str,
+        done: Exchange,
+        kept: Option<(TcpStream, BytesMut)>,
+        now: Instant,
+    ) -> AttemptResult {
         match done {
             Exchange::Done { status, body, reusable } => {
                 if let (true, Some((stream, input))) = (reusable, kept) {
-                    self.put_idle(authority, stream, input);
+                    self.put_idle(authority, stream, input, now);
                 }
                 AttemptResult::Answered { status, body }
             }

@@ -7,9 +7,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_edge::front::{Answer, Door};
+use agent_reach_edge::front::{Answer, Door, Headers};
 use bytes::Bytes;
-use http::HeaderMap;
 
 use crate::service::RouterService;
 
@@ -24,9 +23,10 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
         (method == "POST" && target == "/v1/invoke").then_some(())
     }
 
-    fn call(&self, _: (), headers: HeaderMap, body: Bytes) -> impl Future<Output = Answer> + Send {
-        let service = self.0.clone();
-        async move { crate::http::answer_invoke(&service, &headers, agent_reach_edge::RequestBody::Read(body)).await }
+    fn call(&self, _: (), headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
+        // Borrowed for the call: the connection holds the door (and so the service) throughout.
+        let service = &self.0;
+        async move { crate::http::answer_invoke(service, &headers, agent_reach_edge::RequestBody::Read(body)).await }
     }
 }
 

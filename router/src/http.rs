@@ -15,8 +15,9 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use agent_reach_edge::front::Answer;
-use agent_reach_edge::RequestBody;
+use agent_reach_edge::{HeaderLookup, RequestBody};
 
+use crate::clock;
 use crate::envelope;
 use crate::error::{Code, RouterError};
 use crate::service::{Failure, RouterService};
@@ -36,19 +37,36 @@ pub fn routes(service: Arc<RouterService>) -> Router {
 }
 
 /// The succeeded result envelope (DESIGN §3), field for field as
-/// [`ResultEnvelope`] serialises, with the agent's output written as it came.
-#[derive(serde::Serialize)]
+/// [`ResultEnvelope`] serialises, with the agent's output written as it came
+/// (`null` when it sent none).
 struct Succeeded<'a> {
     version: &'a str,
     request_id: &'a str,
-    status: ResultStatus,
-    #[serde(skip_serializing_if = "Option::is_none")]
     capability: Option<&'a str>,
     capability_version: &'a str,
     agent_id: &'a str,
     attempts: u32,
     duration_ms: u64,
     output: Option<&'a serde_json::value::RawValue>,
+}
+
+impl Succeeded<'_> {
+    fn to_vec(&self) -> Vec<u8> {
+        let output = self.output.map(serde_json::value::RawValue::get);
+        let mut out = Vec::with_capacity(192 + output.map_or(4, str::len));
+        let mut object = crate::json::Object::start(&mut out);
+        object.str("version", self.version);
+        object.str("request_id", self.request_id);
+        object.str("status", "succeeded");
+        object.opt_str("capability", self.capability);
+        object.str("capability_version", self.capability_version);
+        object.str("agent_id", self.agent_id);
+        object.u64("attempts", u64::from(self.attempts));
+        object.u64("duration_ms", self.duration_ms);
+        object.raw("output", output);
+        object.end();
+        out
+    }
 }
 
 fn json_answer(status: StatusCode, envelope: &impl serde::Serialize) -> Answer {
@@ -97,16 +115,18 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
 }
 
 /// `POST /v1/invoke`, for the axum route and the front door alike.
-pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, body: RequestBody) -> Answer {
-    let started = Instant::now();
-    let trace = TraceContext::from_header(headers.get("traceparent"));
+pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl HeaderLookup, body: RequestBody) -> Answer {
+    // The request's one clock reading: its duration, its token's expiry check and its deadline count from here.
+    let received = clock::Now::read();
+    let started = received.instant;
+    let trace = TraceContext::from_header(headers.value("traceparent"));
     let mut known = Known {
         request_id: String::new(),
         capability: None,
         started,
     };
     // Authenticate first: an unauthenticated caller learns nothing, not even parse errors.
-    let caller = match service.authenticate(headers.get(http::header::AUTHORIZATION)) {
+    let caller = match service.authenticate_at(headers, received.epoch_ms) {
         Ok(caller) => caller,
         Err(error) => {
             known.request_id = trace::new_request_id();
@@ -147,10 +167,12 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
     // request the configured sampler keeps, decided before any span is built, so
     // with tracing off, or for a request left out of the sample, the request path
     // builds no span at all.
-    let incoming = headers.get("traceparent").and_then(|value| value.to_str().ok());
+    let incoming = headers
+        .value("traceparent")
+        .and_then(|value| std::str::from_utf8(value).ok());
     let head = spans::start_request("invoke", incoming, &trace.trace_id, || {
         vec![
-            KeyValue::new("trace_id", trace.trace_id.clone()),
+            KeyValue::new("trace_id", trace.trace_id.to_string()),
             KeyValue::new("request_id", request_id.clone()),
             KeyValue::new("session_id", session_id.clone()),
             KeyValue::new("capability", checked.request.capability.clone()),
@@ -170,7 +192,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
         },
         Head::Off => trace,
     };
-    let outcome = service.invoke(&caller, checked, &request_id, &trace).await;
+    let outcome = service.invoke(&caller, checked, &request_id, &trace, received).await;
     if let (Err(failure), Some(span)) = (&outcome, &trace.span) {
         span.fail(failure.error.code.as_str());
     }
@@ -179,7 +201,6 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
             let envelope = Succeeded {
                 version: ENVELOPE_VERSION,
                 request_id: &request_id,
-                status: ResultStatus::Succeeded,
                 capability: known.capability.as_deref(),
                 capability_version: &success.capability_version,
                 agent_id: &success.agent_id,
@@ -187,7 +208,10 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &HeaderMap, 
                 duration_ms: started.elapsed().as_millis() as u64,
                 output: success.output.as_deref(),
             };
-            json_answer(StatusCode::OK, &envelope)
+            Answer::Json {
+                status: StatusCode::OK,
+                body: envelope.to_vec(),
+            }
         }
         Err(failure) => {
             known.request_id = request_id;
@@ -261,13 +285,13 @@ async fn broadcast(
             return failed(known, error.into());
         }
     }
-    let trace = TraceContext::from_header(headers.get("traceparent"));
+    let trace = TraceContext::from_header(headers.value("traceparent"));
     let mut known = Known {
         request_id: trace::new_request_id(),
         capability: None,
         started,
     };
-    let caller = match service.authenticate(headers.get(http::header::AUTHORIZATION)) {
+    let caller = match service.authenticate(&headers) {
         Ok(caller) => caller,
         Err(error) => return failed(known, error.into()),
     };
@@ -414,17 +438,19 @@ mod tests {
     fn a_succeeded_envelope_is_written_as_result_envelope_writes_it_with_the_output_verbatim() {
         let output =
             serde_json::value::RawValue::from_string(r#"{"big":12345678901234567890123,"x":1.50}"#.into()).unwrap();
-        let written = serde_json::to_string(&Succeeded {
-            version: ENVELOPE_VERSION,
-            request_id: "r-1",
-            status: ResultStatus::Succeeded,
-            capability: Some("order.query"),
-            capability_version: "1.2.0",
-            agent_id: "order_query-1",
-            attempts: 2,
-            duration_ms: 7,
-            output: Some(&output),
-        })
+        let written = String::from_utf8(
+            Succeeded {
+                version: ENVELOPE_VERSION,
+                request_id: "r-1",
+                capability: Some("order.query"),
+                capability_version: "1.2.0",
+                agent_id: "order_query-1",
+                attempts: 2,
+                duration_ms: 7,
+                output: Some(&output),
+            }
+            .to_vec(),
+        )
         .unwrap();
         // Digits a JSON value would round away stay as the agent sent them.
         assert!(
@@ -448,5 +474,34 @@ mod tests {
         let reference = serde_json::to_value(&expected).unwrap();
         let ours: serde_json::Value = serde_json::from_str(&written).unwrap();
         assert_eq!(ours, reference, "same fields, same names");
+
+        // No output is `null`; strings are escaped; no capability, no field; byte for byte as serde writes.
+        let written = Succeeded {
+            version: ENVELOPE_VERSION,
+            request_id: "r\"\\1",
+            capability: None,
+            capability_version: "1.0.0",
+            agent_id: "a\u{1}",
+            attempts: 1,
+            duration_ms: 0,
+            output: None,
+        }
+        .to_vec();
+        let reference = ResultEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: "r\"\\1".into(),
+            status: ResultStatus::Succeeded,
+            capability: None,
+            capability_version: Some("1.0.0".into()),
+            agent_id: Some("a\u{1}".into()),
+            attempts: 1,
+            duration_ms: 0,
+            output: Some(serde_json::Value::Null),
+            error: None,
+        };
+        assert_eq!(
+            String::from_utf8(written).unwrap(),
+            serde_json::to_string(&reference).unwrap()
+        );
     }
 }

@@ -4,11 +4,12 @@
 //! Labelled children are resolved when a snapshot is built and cached on the
 //! capability or instance, so the request path never looks a label up.
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-};
+use std::sync::Arc;
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::error::Code;
+use crate::histogram::{Histogram, HistogramFamily};
 
 /// The `outcome` label values: `succeeded` then every error code.
 pub const OUTCOMES: usize = 1 + Code::ALL.len();
@@ -31,8 +32,9 @@ fn outcome_label(index: usize) -> &'static str {
 pub struct Metrics {
     pub registry: Registry,
     requests: IntCounterVec,
-    forward_seconds: HistogramVec,
-    pub selection_seconds: Histogram,
+    /// Observed per request: per-thread shards (see [`crate::histogram`]).
+    forward_seconds: HistogramFamily,
+    pub selection_seconds: Arc<Histogram>,
     pub retries: IntCounterVec,
     pub retry_budget_exhausted: IntCounter,
     breaker_state: IntGaugeVec,
@@ -49,7 +51,7 @@ pub struct Metrics {
 #[derive(Clone)]
 pub struct CapabilityMetrics {
     requests: Vec<IntCounter>,
-    pub forward_seconds: Histogram,
+    pub forward_seconds: Arc<Histogram>,
 }
 
 impl CapabilityMetrics {
@@ -80,23 +82,21 @@ impl Metrics {
             ),
             &["capability", "outcome"],
         )?;
-        let forward_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "agent_reach_router_forward_duration_seconds",
-                "Time from forwarding an attempt to an agent until its answer, by capability.",
-            )
-            .buckets(vec![
+        let forward_seconds = HistogramFamily::new(
+            "agent_reach_router_forward_duration_seconds",
+            "Time from forwarding an attempt to an agent until its answer, by capability.",
+            Some("capability"),
+            &[
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            ]),
-            &["capability"],
+            ],
         )?;
-        let selection_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "agent_reach_router_selection_wait_seconds",
-                "Time spent finding an instance for an attempt (alert above 1 s).",
-            )
-            .buckets(vec![0.00001, 0.0001, 0.001, 0.01, 0.1, 1.0]),
+        let selection_family = HistogramFamily::new(
+            "agent_reach_router_selection_wait_seconds",
+            "Time spent finding an instance for an attempt (alert above 1 s).",
+            None,
+            &[0.00001, 0.0001, 0.001, 0.01, 0.1, 1.0],
         )?;
+        let selection_seconds = selection_family.child("");
         let retries = IntCounterVec::new(
             Opts::new(
                 "agent_reach_router_retries_total",
@@ -148,7 +148,7 @@ impl Metrics {
         )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(forward_seconds.clone()))?;
-        registry.register(Box::new(selection_seconds.clone()))?;
+        registry.register(Box::new(selection_family))?;
         registry.register(Box::new(retries.clone()))?;
         registry.register(Box::new(retry_budget_exhausted.clone()))?;
         registry.register(Box::new(breaker_state.clone()))?;
@@ -183,7 +183,7 @@ impl Metrics {
             requests: (0..OUTCOMES)
                 .map(|index| self.requests.with_label_values(&[capability, outcome_label(index)]))
                 .collect(),
-            forward_seconds: self.forward_seconds.with_label_values(&[capability]),
+            forward_seconds: self.forward_seconds.child(capability),
         }
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
+use agent_reach_edge::HeaderLookup;
 
 use agent_reach_proto::envelope::{AgentErrorBody, InvokeRequest, ENVELOPE_VERSION};
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
@@ -72,19 +73,15 @@ impl Success {
 }
 
 /// [`ForwardedEnvelope`] as the router writes it, borrowing what it already
-/// holds instead of copying six strings and the payload per call; serialises
-/// to the same JSON (a test keeps the two equal).
-#[derive(serde::Serialize)]
+/// holds instead of copying six strings and the payload per call; written as
+/// the same JSON (a test keeps the two equal).
 struct Forwarded<'a> {
     version: &'a str,
     request_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     session_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     context_id: Option<&'a str>,
     capability: &'a str,
     capability_version: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
     source: Option<&'a str>,
     priority: agent_reach_proto::envelope::Priority,
     deadline: u64,
@@ -115,6 +112,34 @@ impl<'a> Forwarded<'a> {
             attempt,
             payload: &request.payload,
         }
+    }
+
+    /// The envelope's JSON, field for field as [`ForwardedEnvelope`] serialises.
+    fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+        use agent_reach_proto::envelope::Priority;
+
+        let mut out = Vec::with_capacity(256);
+        let mut object = crate::json::Object::start(&mut out);
+        object.str("version", self.version);
+        object.str("request_id", self.request_id);
+        object.opt_str("session_id", self.session_id);
+        object.opt_str("context_id", self.context_id);
+        object.str("capability", self.capability);
+        object.str("capability_version", self.capability_version);
+        object.opt_str("source", self.source);
+        object.str(
+            "priority",
+            match self.priority {
+                Priority::High => "high",
+                Priority::Normal => "normal",
+                Priority::Low => "low",
+            },
+        );
+        object.u64("deadline", self.deadline);
+        object.u64("attempt", u64::from(self.attempt));
+        object.value("payload", self.payload)?;
+        object.end();
+        Ok(out)
     }
 }
 
@@ -201,17 +226,27 @@ impl RouterService {
         self.acl.current().may_call(caller, capability)
     }
 
-    pub fn authenticate(&self, header: Option<&HeaderValue>) -> Result<Caller, RouterError> {
-        self.auth.verify_header(header).map_err(RouterError::from)
+    /// The caller the request's `authorization` header names.
+    pub fn authenticate(&self, headers: &impl HeaderLookup) -> Result<Caller, RouterError> {
+        self.authenticate_at(headers, clock::epoch_ms())
     }
 
-    /// Runs one checked request to completion.
+    /// [`RouterService::authenticate`] at `epoch_ms`, the request's clock reading.
+    pub fn authenticate_at(&self, headers: &impl HeaderLookup, epoch_ms: u64) -> Result<Caller, RouterError> {
+        self.auth
+            .verify_value_at(headers.value("authorization"), epoch_ms)
+            .map_err(RouterError::from)
+    }
+
+    /// Runs one checked request to completion; `received` is when it arrived
+    /// (its deadline counts from then).
     pub async fn invoke(
         &self,
         caller: &Caller,
         checked: CheckedRequest,
         request_id: &str,
         trace: &TraceContext,
+        received: clock::Now,
     ) -> Result<Success, Failure> {
         let CheckedRequest {
             request,
@@ -245,6 +280,7 @@ impl RouterService {
                 request,
                 request_id,
                 trace,
+                received,
             )
             .await;
         capability
@@ -263,6 +299,7 @@ impl RouterService {
         request: InvokeRequest,
         request_id: &str,
         trace: &TraceContext,
+        now: clock::Now,
     ) -> Result<Success, Failure> {
         let group = resolve_version(capability, version_req)?;
         if let Some(span) = &trace.span {
@@ -276,7 +313,6 @@ impl RouterService {
         };
         check_schema(group, &request.payload).map_err(|error| fail(error, None, 0))?;
 
-        let now = clock::Now::read();
         let deadline_ms = self.deadline_ms(&request, group, now.epoch_ms);
         let deadline = now.instant_for(deadline_ms);
         if deadline_ms <= now.epoch_ms {
@@ -335,9 +371,11 @@ impl RouterService {
             });
             let picked = select::pick(group, policy, session_id, &tried, &limits);
             drop(select_span);
+            // Selection ends and the attempt starts at one clock reading.
+            let started = Instant::now();
             self.metrics
                 .selection_seconds
-                .observe(Instant::now().saturating_duration_since(picked_at).as_secs_f64());
+                .observe(started.saturating_duration_since(picked_at).as_secs_f64());
             let Some((index, instance)) = picked else {
                 return Err(if failures.is_empty() {
                     fail(no_instance(capability, group), None, 0)
@@ -351,7 +389,7 @@ impl RouterService {
             };
             tried.push(index);
             envelope.attempt = attempt;
-            let body = match serde_json::to_vec(&envelope) {
+            let body = match envelope.to_vec() {
                 Ok(body) => Bytes::from(body),
                 Err(error) => {
                     return Err(fail(
@@ -380,7 +418,6 @@ impl RouterService {
                 traceparent: traceparent.as_ref().unwrap_or(&fallback_traceparent),
                 request_id: &request_id_header,
             };
-            let started = Instant::now();
             let result = {
                 let _inflight = instance.state.start_request();
                 self.forwarder
@@ -546,7 +583,7 @@ impl RouterService {
             deadline_ms,
             1,
         );
-        let body = Bytes::from(serde_json::to_vec(&envelope).map_err(|error| {
+        let body = Bytes::from(envelope.to_vec().map_err(|error| {
             Failure::from(RouterError::new(
                 Code::InvalidEnvelope,
                 format!("payload cannot be forwarded: {error}"),
@@ -813,7 +850,7 @@ pub fn check_schema(group: &VersionGroup, payload: &Value) -> Result<(), RouterE
 
 #[cfg(test)]
 mod tests {
-    use agent_reach_proto::envelope::ForwardedEnvelope;
+    use agent_reach_proto::envelope::{ForwardedEnvelope, Priority};
 
     use super::*;
 
@@ -821,34 +858,39 @@ mod tests {
     #[test]
     fn the_forwarded_envelope_is_written_as_the_contract_type() {
         let payload = json!({ "order_id": "SO-1", "lines": [1, 2.5, "x\"y"] });
-        for (session_id, context_id, source) in [(Some("s-1"), Some("c-1"), Some("caller")), (None, None, None)] {
+        let cases = [
+            (Some("s-1"), Some("c-1"), Some("caller"), "req-1", Priority::High),
+            (None, None, None, "req\"\\2", Priority::Normal),
+            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low),
+        ];
+        for (session_id, context_id, source, request_id, priority) in cases {
             let borrowed = Forwarded {
                 version: ENVELOPE_VERSION,
-                request_id: "req-1",
+                request_id,
                 session_id,
                 context_id,
                 capability: "order.query",
                 capability_version: "1.2.0",
                 source,
-                priority: agent_reach_proto::envelope::Priority::High,
+                priority,
                 deadline: 1_700_000_000_123,
                 attempt: 2,
                 payload: &payload,
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
-                request_id: "req-1".to_string(),
+                request_id: request_id.to_string(),
                 session_id: session_id.map(str::to_string),
                 context_id: context_id.map(str::to_string),
                 capability: "order.query".to_string(),
                 capability_version: "1.2.0".to_string(),
                 source: source.map(str::to_string),
-                priority: agent_reach_proto::envelope::Priority::High,
+                priority,
                 deadline: 1_700_000_000_123,
                 attempt: 2,
                 payload: payload.clone(),
             };
-            let written = serde_json::to_string(&borrowed).unwrap();
+            let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());
             assert_eq!(serde_json::from_str::<ForwardedEnvelope>(&written).unwrap(), owned);
         }

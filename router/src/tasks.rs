@@ -28,6 +28,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
+use crate::clock;
 use crate::envelope;
 use crate::error::{Code, RouterError};
 use crate::service::RouterService;
@@ -378,7 +379,7 @@ async fn owned_task<'a>(
     task_id: &str,
 ) -> Result<(&'a Arc<Tasks>, agent_reach_tasks::Task), RouterError> {
     let tasks = enabled(service)?;
-    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let caller = service.authenticate(headers)?;
     let task = tasks.store.get(task_id).await.map_err(store_error)?;
     owner_check(&caller, &task)?;
     Ok((tasks, task))
@@ -433,7 +434,7 @@ async fn read_task_request(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<TaskRequest, RouterError> {
-    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let caller = service.authenticate(headers)?;
     let bytes = envelope::read_body(headers, body, service.tuning().max_body_bytes).await?;
     // The task request is the invoke envelope plus `callback`.
     let mut value: Value = serde_json::from_slice(&bytes)
@@ -740,7 +741,7 @@ async fn session_results(
 ) -> Response {
     let outcome = async {
         let tasks = enabled(&service)?;
-        let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+        let caller = service.authenticate(&headers)?;
         let Query(query) = query.map_err(|rejection| {
             RouterError::new(
                 Code::InvalidEnvelope,
@@ -979,7 +980,11 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
                         }),
                         Err(failure) => Err(failure),
                     },
-                    None => service.invoke(&caller, checked, &task.request_id, &trace).await,
+                    None => {
+                        service
+                            .invoke(&caller, checked, &task.request_id, &trace, clock::Now::read())
+                            .await
+                    }
                 }
             }
             Err(error) => Err(error.into()),

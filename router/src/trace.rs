@@ -1,14 +1,93 @@
 //! W3C trace context: continue the caller's `traceparent` (same trace id, the
 //! router as the new parent span) or start a trace, and generate request ids.
 
+use std::cell::Cell;
+
 use agent_reach_telemetry::spans::RequestSpan;
 use http::HeaderValue;
 use rand::Rng;
 
+/// An id of `N` lowercase hex digits (trace ids 32, span and request ids 16),
+/// held inline: made or copied per request without an allocation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct HexId<const N: usize>([u8; N]);
+
+impl<const N: usize> HexId<N> {
+    /// A fresh random id (never all zeros, which W3C trace context forbids).
+    fn random() -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0_u8; N];
+        let mut bits = 0_u64;
+        for (index, digit) in text.iter_mut().enumerate() {
+            if index % 16 == 0 {
+                bits = next_random();
+            }
+            *digit = DIGITS[(bits & 0x0f) as usize];
+            bits >>= 4;
+        }
+        if text.iter().all(|&digit| digit == b'0') {
+            text[N - 1] = b'1';
+        }
+        Self(text)
+    }
+
+    /// `text` as an id: exactly `N` ASCII hex digits (lowercased).
+    fn parse(text: &str) -> Option<Self> {
+        let bytes = <[u8; N]>::try_from(text.as_bytes()).ok()?;
+        bytes
+            .iter()
+            .all(u8::is_ascii_hexdigit)
+            .then(|| Self(bytes.map(|byte| byte.to_ascii_lowercase())))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever stored (`random`, `parse`): always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl<const N: usize> std::ops::Deref for HexId<N> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl<const N: usize> std::fmt::Display for HexId<N> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for HexId<N> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), formatter)
+    }
+}
+
+thread_local! {
+    /// This thread's wyrand state, seeded once from the OS-seeded `thread_rng`.
+    static STATE: Cell<u64> = Cell::new(rand::thread_rng().gen());
+}
+
+/// 64 random bits from wyrand: ids need to be unique and unguessable enough
+/// to not collide, not secret (callers may choose their own request ids), so
+/// a statistically strong, fast generator is enough; `thread_rng` (ChaCha)
+/// cost ~1 % of the router's CPU for three ids per request.
+fn next_random() -> u64 {
+    STATE.with(|state| {
+        let seed = state.get().wrapping_add(0xa076_1d64_78bd_642f);
+        state.set(seed);
+        let product = u128::from(seed) * u128::from(seed ^ 0xe703_7ed1_a0b4_28db);
+        (product as u64) ^ ((product >> 64) as u64)
+    })
+}
+
 #[derive(Debug, Clone)]
 pub struct TraceContext {
-    pub trace_id: String,
-    pub span_id: String,
+    pub trace_id: HexId<32>,
+    pub span_id: HexId<16>,
     pub sampled: bool,
     /// The request's exported span, when spans are exported and the trace is
     /// sampled: selection and attempt spans start under it.
@@ -16,10 +95,10 @@ pub struct TraceContext {
 }
 
 impl TraceContext {
-    /// From an incoming `traceparent` header, or a fresh trace when absent or invalid.
-    pub fn from_header(header: Option<&HeaderValue>) -> Self {
-        let span_id = random_hex(8);
-        if let Some((trace_id, flags)) = header.and_then(|value| value.to_str().ok()).and_then(parse) {
+    /// From an incoming `traceparent` header value, or a fresh trace when absent or invalid.
+    pub fn from_header(header: Option<&[u8]>) -> Self {
+        let span_id = HexId::random();
+        if let Some((trace_id, flags)) = header.and_then(|value| std::str::from_utf8(value).ok()).and_then(parse) {
             return Self {
                 trace_id,
                 span_id,
@@ -28,7 +107,7 @@ impl TraceContext {
             };
         }
         Self {
-            trace_id: random_hex(16),
+            trace_id: HexId::random(),
             span_id,
             sampled: true,
             span: None,
@@ -39,53 +118,32 @@ impl TraceContext {
     pub fn forward_header(&self) -> HeaderValue {
         let mut text = [0_u8; 55];
         text[..3].copy_from_slice(b"00-");
-        text[3..35].copy_from_slice(&ascii_or_zeros::<32>(&self.trace_id));
+        text[3..35].copy_from_slice(&self.trace_id.0);
         text[35] = b'-';
-        text[36..52].copy_from_slice(&ascii_or_zeros::<16>(&self.span_id));
+        text[36..52].copy_from_slice(&self.span_id.0);
         text[52..].copy_from_slice(if self.sampled { b"-01" } else { b"-00" });
         HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 }
 
-/// `id` as exactly `N` bytes: ids made here and ids parsed by [`parse`] have
-/// their length already; anything else becomes zeros, which the next hop rejects.
-fn ascii_or_zeros<const N: usize>(id: &str) -> [u8; N] {
-    <[u8; N]>::try_from(id.as_bytes()).unwrap_or([b'0'; N])
-}
-
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>` → (trace id, flags).
-fn parse(text: &str) -> Option<(String, u8)> {
+fn parse(text: &str) -> Option<(HexId<32>, u8)> {
     let mut parts = text.trim().split('-');
     let (version, trace_id, parent_id, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let hex = |part: &str, len: usize| part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit());
-    if version != "00" || !hex(trace_id, 32) || !hex(parent_id, 16) || !hex(flags, 2) {
+    let trace_id = HexId::<32>::parse(trace_id)?;
+    let parent_id = HexId::<16>::parse(parent_id)?;
+    if version != "00" || flags.len() != 2 || !flags.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    if trace_id.bytes().all(|b| b == b'0') || parent_id.bytes().all(|b| b == b'0') {
+    if trace_id.0.iter().all(|&b| b == b'0') || parent_id.0.iter().all(|&b| b == b'0') {
         return None;
     }
-    Some((trace_id.to_ascii_lowercase(), u8::from_str_radix(flags, 16).ok()?))
-}
-
-/// `bytes` random bytes (at most 16) as lowercase hex.
-fn random_hex(bytes: usize) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let bytes = bytes.min(16);
-    let random: u128 = rand::thread_rng().gen();
-    let mut text = [0_u8; 32];
-    for (index, pair) in text.chunks_exact_mut(2).take(bytes).enumerate() {
-        let byte = (random >> (index * 8)) as u8;
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0x0f)];
-    }
-    // Hex digits are ASCII: the lossy conversion never replaces anything and
-    // copies once (collecting chars pushed them one by one, per request).
-    String::from_utf8_lossy(&text[..bytes * 2]).into_owned()
+    Some((trace_id, u8::from_str_radix(flags, 16).ok()?))
 }
 
 /// A fresh request id (16 hex characters) for envelopes that bring none.
 pub fn new_request_id() -> String {
-    random_hex(8)
+    HexId::<16>::random().as_str().to_string()
 }
 
 #[cfg(test)]
@@ -95,8 +153,8 @@ mod tests {
     #[test]
     fn continues_a_valid_trace_and_starts_one_otherwise() {
         let incoming = HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
-        let context = TraceContext::from_header(Some(&incoming));
-        assert_eq!(context.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        let context = TraceContext::from_header(Some(incoming.as_bytes()));
+        assert_eq!(context.trace_id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
         let forwarded = context.forward_header();
         let forwarded = forwarded.to_str().unwrap();
         assert!(forwarded.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
@@ -104,16 +162,35 @@ mod tests {
         assert_eq!(forwarded.len(), 55);
         assert!(forwarded.ends_with("-01"));
         assert_eq!(context.span_id.len(), 16);
-        let fresh = TraceContext::from_header(Some(&HeaderValue::from_static("garbage")));
+        let fresh = TraceContext::from_header(Some(b"garbage"));
         assert_eq!(fresh.trace_id.len(), 32);
         assert!(fresh
             .trace_id
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_ne!(fresh.trace_id, TraceContext::from_header(None).trace_id);
-        let unsampled = TraceContext::from_header(Some(&HeaderValue::from_static(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
-        )));
+        let unsampled = TraceContext::from_header(Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
         assert!(unsampled.forward_header().to_str().unwrap().ends_with("-00"));
+        // Upper-case ids are taken lower-cased; signs, short ids and zero ids are not ids.
+        let upper = TraceContext::from_header(Some(b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"));
+        assert_eq!(upper.trace_id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        for bad in [
+            &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-+1"[..],
+            b"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            let context = TraceContext::from_header(Some(bad));
+            assert_ne!(context.trace_id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            assert_ne!(context.trace_id.as_str(), "0".repeat(32));
+        }
+        // Fresh ids differ and use every hex digit in every place.
+        let ids: Vec<HexId<16>> = (0..2000).map(|_| HexId::random()).collect();
+        let distinct: std::collections::HashSet<&str> = ids.iter().map(|id| id.as_str()).collect();
+        assert_eq!(distinct.len(), ids.len());
+        for place in 0..16 {
+            let digits: std::collections::HashSet<u8> = ids.iter().map(|id| id.0[place]).collect();
+            assert_eq!(digits.len(), 16, "place {place}");
+        }
     }
 }

@@ -10,8 +10,6 @@ pub mod hash;
 pub mod least_conn;
 pub mod wrr;
 
-use std::sync::Arc;
-
 use agent_reach_proto::envelope::TargetPolicy;
 
 use crate::breaker::BreakerConfig;
@@ -33,13 +31,13 @@ pub struct Candidate {
 /// Picks an instance for one attempt, skipping `tried` (indices of earlier
 /// attempts) when any other instance can take it. Claims the half-open probe
 /// of a breaker when it picks an instance whose breaker just expired.
-pub fn pick(
-    group: &VersionGroup,
+pub fn pick<'a>(
+    group: &'a VersionGroup,
     policy: TargetPolicy,
     session_id: Option<&str>,
     tried: &[usize],
     limits: &SelectionLimits<'_>,
-) -> Option<(usize, Arc<Instance>)> {
+) -> Option<(usize, &'a Instance)> {
     let mut refused: Vec<usize> = Vec::new();
     // Each loop refuses one more instance; the group is finite.
     for _ in 0..=group.instances.len() {
@@ -55,7 +53,7 @@ pub fn pick(
         let instance = &group.instances[chosen];
         if instance.state.breaker.try_acquire(limits.breaker) {
             instance.state.sync_breaker_metric();
-            return Some((chosen, instance.clone()));
+            return Some((chosen, instance));
         }
         // Another request claimed this instance's half-open probe first.
         refused.push(chosen);
