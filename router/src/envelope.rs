@@ -123,6 +123,17 @@ pub fn parse(bytes: &[u8]) -> Result<InvokeRequest, RouterError> {
 
 /// Checks what the types alone cannot.
 pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
+    let (version_req, policy) = check_fields(&request)?;
+    Ok(CheckedRequest {
+        request,
+        version_req,
+        policy,
+    })
+}
+
+/// [`check`] without taking the request: the requirement and policy it
+/// parses, or the first field at fault.
+pub fn check_fields(request: &InvokeRequest) -> Result<(Option<semver::VersionReq>, TargetPolicy), RouterError> {
     if let Some(version) = &request.version {
         if version != ENVELOPE_VERSION {
             return Err(invalid(
@@ -161,11 +172,7 @@ pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
             "target_policy `consistent_hash` is keyed by session_id; send one",
         ));
     }
-    Ok(CheckedRequest {
-        request,
-        version_req,
-        policy,
-    })
+    Ok((version_req, policy))
 }
 
 #[cfg(test)]

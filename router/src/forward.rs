@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -50,8 +50,22 @@ pub enum AttemptResult {
 
 /// Headers the router sets on every forwarded request.
 pub struct ForwardHeaders<'a> {
-    pub traceparent: &'a HeaderValue,
-    pub request_id: &'a HeaderValue,
+    /// A valid header value (see [`header_value_or_dash`]).
+    pub traceparent: &'a [u8],
+    /// A valid header value (see [`header_value_or_dash`]).
+    pub request_id: &'a [u8],
+}
+
+/// `value` if it is a valid header value as written here (tab or visible
+/// ASCII and spaces), else `-`. Request ids are checked printable ASCII at the
+/// edge and generated ones are hex, so this only guards the writer.
+pub fn header_value_or_dash(value: &str) -> &[u8] {
+    let valid = value.bytes().all(|byte| byte == b'\t' || (0x20..0x7f).contains(&byte));
+    if valid {
+        value.as_bytes()
+    } else {
+        b"-"
+    }
 }
 
 struct Idle {
@@ -245,9 +259,9 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
     request.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     request.extend_from_slice(authority.as_bytes());
     request.extend_from_slice(b"\r\ncontent-type: application/json\r\ntraceparent: ");
-    request.extend_from_slice(headers.traceparent.as_bytes());
+    request.extend_from_slice(headers.traceparent);
     request.extend_from_slice(b"\r\nx-request-id: ");
-    request.extend_from_slice(headers.request_id.as_bytes());
+    request.extend_from_slice(headers.request_id);
     request.extend_from_slice(b"\r\ncontent-length: ");
     // Writing into a Vec cannot fail.
     let _ = write!(request, "{}", body.len());
@@ -481,12 +495,11 @@ mod tests {
 
     async fn send(forwarder: &Forwarder, addr: std::net::SocketAddr) -> AttemptResult {
         let uri: http::Uri = format!("http://{addr}/invoke").parse().unwrap();
-        let traceparent = HeaderValue::from_static("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
-        let request_id = HeaderValue::from_static("r1");
         let headers = ForwardHeaders {
-            traceparent: &traceparent,
-            request_id: &request_id,
+            traceparent: b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            request_id: header_value_or_dash("r1"),
         };
+        assert_eq!(header_value_or_dash("a\nb"), b"-");
         forwarder
             .send(
                 &uri,

@@ -18,7 +18,7 @@ use agent_reach_edge::front::Answer;
 use agent_reach_edge::{HeaderLookup, RequestBody};
 
 use crate::clock;
-use crate::envelope;
+use crate::envelope::{self, CheckedRequest};
 use crate::error::{Code, RouterError};
 use crate::service::{Failure, RouterService};
 use crate::trace::{self, TraceContext};
@@ -142,26 +142,42 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
         RequestBody::Unread(body) => envelope::read_body(headers, body, service.tuning().max_body_bytes).await,
         RequestBody::Read(bytes) => Ok(bytes),
     };
-    let parsed = read.and_then(|bytes| envelope::parse(&bytes));
-    // Keep the caller's request id even when a later check fails.
-    let checked = parsed.and_then(|request| {
-        known.request_id = request.request_id.clone().unwrap_or_default();
-        known.capability = Some(request.capability.clone());
-        envelope::check(request)
-    });
-    if known.request_id.is_empty() || known.request_id.len() > 128 {
-        known.request_id = trace::new_request_id();
-    }
-    let checked = match checked {
-        Ok(checked) => checked,
+    let request = match read.and_then(|bytes| envelope::parse(&bytes)) {
+        Ok(request) => request,
         Err(error) => {
+            known.request_id = trace::new_request_id();
             service.metrics().record_rejected(error.code);
             return failed_answer(known, error.into());
         }
     };
-    // Taken back into `known` if the call fails.
-    let request_id = std::mem::take(&mut known.request_id);
-    let session_id = checked.request.session_id.clone().unwrap_or_default();
+    let (version_req, policy) = match envelope::check_fields(&request) {
+        Ok(checks) => checks,
+        Err(error) => {
+            // Keep the caller's request id (when usable) and capability in the answer.
+            known.request_id = request
+                .request_id
+                .filter(|id| !id.is_empty() && id.len() <= 128)
+                .unwrap_or_else(trace::new_request_id);
+            known.capability = Some(request.capability);
+            service.metrics().record_rejected(error.code);
+            return failed_answer(known, error.into());
+        }
+    };
+    let checked = CheckedRequest {
+        request,
+        version_req,
+        policy,
+    };
+    // The caller's id (checked: 1-128 printable characters) or a fresh one, inline.
+    let fresh_id;
+    let request_id: &str = match checked.request.request_id.as_deref() {
+        Some(id) => id,
+        None => {
+            fresh_id = trace::HexId::<16>::random();
+            &fresh_id
+        }
+    };
+    let session_id = checked.request.session_id.as_deref().unwrap_or("");
     // Every request-scoped log line carries trace_id, request_id and session_id as
     // fields of its own (DESIGN §6): logs need no span. A span exists only for a
     // request the configured sampler keeps, decided before any span is built, so
@@ -173,8 +189,8 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
     let head = spans::start_request("invoke", incoming, &trace.trace_id, || {
         vec![
             KeyValue::new("trace_id", trace.trace_id.to_string()),
-            KeyValue::new("request_id", request_id.clone()),
-            KeyValue::new("session_id", session_id.clone()),
+            KeyValue::new("request_id", request_id.to_string()),
+            KeyValue::new("session_id", session_id.to_string()),
             KeyValue::new("capability", checked.request.capability.clone()),
             KeyValue::new("caller", caller.name().unwrap_or("").to_string()),
             KeyValue::new("policy", checked.policy.as_str()),
@@ -192,7 +208,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
         },
         Head::Off => trace,
     };
-    let outcome = service.invoke(&caller, checked, &request_id, &trace, received).await;
+    let outcome = service.invoke(&caller, &checked, request_id, &trace, received).await;
     if let (Err(failure), Some(span)) = (&outcome, &trace.span) {
         span.fail(failure.error.code.as_str());
     }
@@ -200,8 +216,8 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
         Ok(success) => {
             let envelope = Succeeded {
                 version: ENVELOPE_VERSION,
-                request_id: &request_id,
-                capability: known.capability.as_deref(),
+                request_id,
+                capability: Some(&checked.request.capability),
                 capability_version: &success.capability_version,
                 agent_id: &success.agent_id,
                 attempts: success.attempts,
@@ -214,7 +230,8 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
             }
         }
         Err(failure) => {
-            known.request_id = request_id;
+            known.request_id = request_id.to_string();
+            known.capability = Some(checked.request.capability.clone());
             tracing::info!(
                 message = "Invocation failed.",
                 trace_id = %trace.trace_id, request_id = %known.request_id, session_id = %session_id,

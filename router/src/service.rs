@@ -11,7 +11,7 @@ use agent_reach_edge::HeaderLookup;
 use agent_reach_proto::envelope::{AgentErrorBody, InvokeRequest, ENVELOPE_VERSION};
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -20,7 +20,7 @@ use crate::clock;
 use crate::config::Tuning;
 use crate::envelope::CheckedRequest;
 use crate::error::{Code, RouterError};
-use crate::forward::{AttemptResult, ForwardHeaders, Forwarder};
+use crate::forward::{header_value_or_dash, AttemptResult, ForwardHeaders, Forwarder};
 use crate::health::Observation;
 use crate::metrics::Metrics;
 use crate::retry::{self, RetryBudget, RetryReason};
@@ -243,7 +243,7 @@ impl RouterService {
     pub async fn invoke(
         &self,
         caller: &Caller,
-        checked: CheckedRequest,
+        checked: &CheckedRequest,
         request_id: &str,
         trace: &TraceContext,
         received: clock::Now,
@@ -263,7 +263,7 @@ impl RouterService {
                         request.capability
                     ),
                 )
-                .with_details(json!({ "caller": &**name, "capability": request.capability }))
+                .with_details(json!({ "caller": &**name, "capability": &request.capability }))
                 .into());
             }
         }
@@ -276,7 +276,7 @@ impl RouterService {
                 caller,
                 capability,
                 version_req.as_ref(),
-                policy,
+                *policy,
                 request,
                 request_id,
                 trace,
@@ -296,7 +296,7 @@ impl RouterService {
         capability: &Capability,
         version_req: Option<&semver::VersionReq>,
         policy: agent_reach_proto::envelope::TargetPolicy,
-        request: InvokeRequest,
+        request: &InvokeRequest,
         request_id: &str,
         trace: &TraceContext,
         now: clock::Now,
@@ -313,7 +313,7 @@ impl RouterService {
         };
         check_schema(group, &request.payload).map_err(|error| fail(error, None, 0))?;
 
-        let deadline_ms = self.deadline_ms(&request, group, now.epoch_ms);
+        let deadline_ms = self.deadline_ms(request, group, now.epoch_ms);
         let deadline = now.instant_for(deadline_ms);
         if deadline_ms <= now.epoch_ms {
             return Err(fail(
@@ -329,14 +329,14 @@ impl RouterService {
 
         self.budget.deposit();
         let mut envelope = Forwarded::new(
-            &request,
+            request,
             request_id,
             (&capability.name, &group.version_text),
             caller,
             deadline_ms,
             0,
         );
-        let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
+        let request_id_header = header_value_or_dash(request_id);
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
         let fallback_traceparent = trace.forward_header();
         // Selection and attempt spans only for traces that are kept (an unsampled
@@ -351,7 +351,8 @@ impl RouterService {
             breaker: &self.breaker,
             max_inflight: self.tuning.max_inflight_per_instance,
         };
-        let mut tried: Vec<usize> = Vec::with_capacity(self.tuning.max_attempts as usize);
+        // At most `max_attempts` (<= 10): inline, no allocation per request.
+        let mut tried: smallvec::SmallVec<[usize; 10]> = smallvec::SmallVec::new();
         let mut failures: Vec<LastFailure> = Vec::new();
         let session_id = envelope.session_id;
 
@@ -411,12 +412,12 @@ impl RouterService {
                     ],
                 )
             });
-            let traceparent = attempt_span
-                .as_ref()
-                .and_then(|span| HeaderValue::from_str(&span.traceparent()).ok());
+            let traceparent = attempt_span.as_ref().map(|span| span.traceparent());
             let headers = ForwardHeaders {
-                traceparent: traceparent.as_ref().unwrap_or(&fallback_traceparent),
-                request_id: &request_id_header,
+                traceparent: traceparent
+                    .as_deref()
+                    .map_or(&fallback_traceparent[..], |text| header_value_or_dash(text)),
+                request_id: request_id_header,
             };
             let result = {
                 let _inflight = instance.state.start_request();
@@ -589,11 +590,11 @@ impl RouterService {
                 format!("payload cannot be forwarded: {error}"),
             ))
         })?);
-        let request_id_header = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("-"));
+        let request_id_header = header_value_or_dash(request_id);
         let traceparent = trace.forward_header();
         let deliveries = targets.into_iter().map(|instance| {
             let body = body.clone();
-            let (request_id_header, traceparent, version) = (&request_id_header, &traceparent, &version);
+            let (traceparent, version) = (&traceparent, &version);
             async move {
                 let headers = ForwardHeaders {
                     traceparent,

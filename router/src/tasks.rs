@@ -982,7 +982,7 @@ async fn deliver(service: &RouterService, tasks: &Tasks, claimed: Claimed) {
                     },
                     None => {
                         service
-                            .invoke(&caller, checked, &task.request_id, &trace, clock::Now::read())
+                            .invoke(&caller, &checked, &task.request_id, &trace, clock::Now::read())
                             .await
                     }
                 }

@@ -61,13 +61,11 @@ pub fn pick<'a>(
     None
 }
 
+/// Candidates, inline up to a group of 8 instances (no allocation per pick).
+type Candidates = smallvec::SmallVec<[Candidate; 8]>;
+
 /// Routable instances in the best available tier, with effective weights.
-fn candidates(
-    group: &VersionGroup,
-    tried: &[usize],
-    refused: &[usize],
-    limits: &SelectionLimits<'_>,
-) -> Vec<Candidate> {
+fn candidates(group: &VersionGroup, tried: &[usize], refused: &[usize], limits: &SelectionLimits<'_>) -> Candidates {
     let usable = |index: usize, instance: &Instance| {
         !refused.contains(&index)
             && instance.state.breaker.is_available(limits.breaker)
@@ -80,7 +78,7 @@ fn candidates(
         .filter(|ewma| *ewma > 0)
         .min()
         .unwrap_or(0);
-    let tier = |statuses: &[Status], skip_tried: bool| -> Vec<Candidate> {
+    let tier = |statuses: &[Status], skip_tried: bool| -> Candidates {
         group
             .instances
             .iter()
@@ -109,5 +107,5 @@ fn candidates(
             break;
         }
     }
-    Vec::new()
+    Candidates::new()
 }
