@@ -59,7 +59,9 @@ struct Args {
     /// wrk threads.
     #[arg(long, default_value_t = 1)]
     wrk_threads: u32,
-    /// Router request threads (0: one per core).
+    /// Request threads of each proxy: the router's `--threads` and HAProxy's
+    /// `nbthread` alike, so neither gets more threads than the other (0: one
+    /// per core).
     #[arg(long, default_value_t = 0)]
     router_threads: usize,
     /// Connection counts to measure.
@@ -288,13 +290,18 @@ fn run_wrk(script: &Path, url: &str, connections: u32, args: &Args) -> anyhow::R
 
 // === HAProxy ===
 
-fn start_haproxy(dir: &Path, listen: SocketAddr, agents: &[(SocketAddr, u32)]) -> anyhow::Result<ChildGuard> {
+fn start_haproxy(
+    dir: &Path,
+    listen: SocketAddr,
+    agents: &[(SocketAddr, u32)],
+    threads: usize,
+) -> anyhow::Result<ChildGuard> {
     let mut servers = String::new();
     for (index, (addr, weight)) in agents.iter().enumerate() {
         servers.push_str(&format!("    server a{index} {addr} weight {weight}\n"));
     }
     let config = format!(
-        "global\n    maxconn 4000\n    nbthread 2\n\ndefaults\n    mode http\n    option http-keep-alive\n    \
+        "global\n    maxconn 4000\n    nbthread {threads}\n\ndefaults\n    mode http\n    option http-keep-alive\n    \
          timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\nfrontend fe\n    bind {listen}\n    \
          default_backend be\n\nbackend be\n    balance roundrobin\n    http-reuse always\n{servers}"
     );
@@ -435,7 +442,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     .await?;
 
     let haproxy_addr = free_addr();
-    let _haproxy = start_haproxy(dir.path(), haproxy_addr, &agents)?;
+    let proxy_threads = match args.router_threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        threads => threads,
+    };
+    let _haproxy = start_haproxy(dir.path(), haproxy_addr, &agents, proxy_threads)?;
     let haproxy_url = format!("http://{haproxy_addr}/invoke");
     wait_for("haproxy", Duration::from_secs(10), async || {
         client

@@ -66,7 +66,7 @@ impl<'a> Object<'a> {
 /// `text` as a JSON string, escaped as serde_json escapes it (only `"`, `\`
 /// and control characters below 0x20).
 pub(crate) fn string(out: &mut Vec<u8>, text: &str) {
-    if text.bytes().all(|byte| byte >= 0x20 && byte != b'"' && byte != b'\\') {
+    if !needs_escape(text.as_bytes()) {
         out.push(b'"');
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
@@ -74,6 +74,29 @@ pub(crate) fn string(out: &mut Vec<u8>, text: &str) {
         // Writing a string into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, text);
     }
+}
+
+/// Whether any byte is `"`, `\` or below 0x20: eight bytes at a time
+/// (the classic "has zero byte" word tricks), the tail byte by byte.
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // A byte of `word` below `n` (n <= 0x80) sets its high bit here; a byte equal to `b` does in `zero(word ^ b * ONES)`.
+    let below = |word: u64, n: u64| word.wrapping_sub(ONES * n) & !word & HIGHS;
+    let zero = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0_u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        if below(word, 0x20) | zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\'))) != 0 {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&byte| byte < 0x20 || byte == b'"' || byte == b'\\')
 }
 
 #[cfg(test)]
@@ -100,6 +123,23 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn escapes_are_found_wherever_they_are() {
+        let plain = "abcdefghijklmnopqrstuvwxyz-0123456789.ABC~\u{7f}é€";
+        assert!(!needs_escape(plain.as_bytes()));
+        for special in ['"', '\\', '\n', '\u{0}', '\u{1f}'] {
+            for at in 0..=plain.len().min(40) {
+                if !plain.is_char_boundary(at) {
+                    continue;
+                }
+                let text = format!("{}{special}{}", &plain[..at], &plain[at..]);
+                assert!(needs_escape(text.as_bytes()), "{text:?}");
+            }
+        }
+        // Bytes just beside the special ones are plain.
+        assert!(!needs_escape(&[0x20, b'!', b'#', b'[', b']', 0x80, 0xff, 0x20, 0x21]));
     }
 
     #[test]

@@ -336,7 +336,6 @@ impl RouterService {
             deadline_ms,
             0,
         );
-        let request_id_header = header_value_or_dash(request_id);
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
         let fallback_traceparent = trace.forward_header();
         // Selection and attempt spans only for traces that are kept (an unsampled
@@ -417,7 +416,6 @@ impl RouterService {
                 traceparent: traceparent
                     .as_deref()
                     .map_or(&fallback_traceparent[..], |text| header_value_or_dash(text)),
-                request_id: request_id_header,
             };
             let result = {
                 let _inflight = instance.state.start_request();
@@ -590,16 +588,12 @@ impl RouterService {
                 format!("payload cannot be forwarded: {error}"),
             ))
         })?);
-        let request_id_header = header_value_or_dash(request_id);
         let traceparent = trace.forward_header();
         let deliveries = targets.into_iter().map(|instance| {
             let body = body.clone();
             let (traceparent, version) = (&traceparent, &version);
             async move {
-                let headers = ForwardHeaders {
-                    traceparent,
-                    request_id: request_id_header,
-                };
+                let headers = ForwardHeaders { traceparent };
                 let started = Instant::now();
                 let result = {
                     let _inflight = instance.state.start_request();
