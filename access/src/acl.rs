@@ -6,7 +6,8 @@
 //! lock) and [`AclHandle::spawn_reloader`] hot-reloads it: a broken edit keeps
 //! the last good policy and is reported by a log line and a metric.
 
-use std::collections::HashMap;
+// aHash: the permissions maps are looked up on every routed request.
+use ahash::AHashMap as HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

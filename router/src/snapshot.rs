@@ -81,7 +81,8 @@ pub struct Capability {
 
 pub struct Snapshot {
     pub revision: i64,
-    pub capabilities: HashMap<String, Capability>,
+    /// aHash: looked up on every routed request.
+    pub capabilities: ahash::AHashMap<String, Capability>,
     pub instance_count: usize,
 }
 
@@ -89,7 +90,7 @@ impl Snapshot {
     pub fn empty() -> Self {
         Self {
             revision: 0,
-            capabilities: HashMap::new(),
+            capabilities: ahash::AHashMap::new(),
             instance_count: 0,
         }
     }
@@ -300,7 +301,7 @@ impl SnapshotBuilder {
         }
         self.states = live_states;
 
-        let mut capabilities = HashMap::with_capacity(by_capability.len());
+        let mut capabilities = ahash::AHashMap::with_capacity(by_capability.len());
         for (name, versions) in by_capability {
             let mut groups = Vec::with_capacity(versions.len());
             for (version, (timeout, schema_text, instances)) in versions.into_iter().rev() {
