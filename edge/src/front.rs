@@ -204,8 +204,19 @@ struct Connection<H> {
 /// its values the same way) and no `HeaderName` is built for a lookup.
 pub struct Headers {
     head: Bytes,
-    fields: [Field; MAX_HEADERS],
+    fields: Fields,
+}
+
+/// A request's header fields in order, inline (at most `MAX_HEADERS`, as httparse parses).
+struct Fields {
+    at: [Field; MAX_HEADERS],
     count: usize,
+}
+
+impl Fields {
+    fn as_slice(&self) -> &[Field] {
+        &self.at[..self.count]
+    }
 }
 
 /// One field's name and value as `start..end` places in the head.
@@ -230,8 +241,9 @@ impl Headers {
     /// if a field `parse_head` accepted were invalid, which httparse rules out
     /// (it accepts only token names, and values of `HeaderValue`'s bytes).
     pub fn header_map(&self) -> Option<HeaderMap> {
-        let mut map = HeaderMap::with_capacity(self.count);
-        for field in &self.fields[..self.count] {
+        let fields = self.fields.as_slice();
+        let mut map = HeaderMap::with_capacity(fields.len());
+        for field in fields {
             let name = HeaderName::from_bytes(field.name(&self.head)).ok()?;
             let value =
                 HeaderValue::from_maybe_shared(self.head.slice(field.value.0 as usize..field.value.1 as usize)).ok()?;
@@ -239,21 +251,12 @@ impl Headers {
         }
         Some(map)
     }
-
-    /// How many fields the request carried.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    /// No fields at all.
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
 }
 
 impl HeaderLookup for Headers {
     fn value(&self, name: &str) -> Option<&[u8]> {
-        self.fields[..self.count]
+        self.fields
+            .as_slice()
             .iter()
             .find(|field| field.name(&self.head).eq_ignore_ascii_case(name.as_bytes()))
             .map(|field| field.value(&self.head))
@@ -266,8 +269,7 @@ struct Hot<R> {
     route: R,
     head_len: usize,
     body_len: usize,
-    fields: [Field; MAX_HEADERS],
-    count: usize,
+    fields: Fields,
 }
 
 /// What the bytes at the start of the input buffer are.
@@ -325,7 +327,6 @@ impl<H: HotRoutes> Connection<H> {
             let headers = Headers {
                 head: input.split_to(request.head_len).freeze(),
                 fields: request.fields,
-                count: request.count,
             };
             let body = input.split_to(request.body_len).freeze();
             let response = self.door.hot.call(request.route, headers, body).await;
@@ -404,8 +405,10 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
     let Some(route) = hot.route(method, target) else {
         return Head::Other;
     };
-    let mut fields = [Field::default(); MAX_HEADERS];
-    let mut count = 0;
+    let mut fields = Fields {
+        at: [Field::default(); MAX_HEADERS],
+        count: 0,
+    };
     let mut body_len: Option<usize> = None;
     // httparse accepts in a value exactly the bytes `HeaderValue` accepts (tab,
     // 0x20-0x7E, 0x80-0xFF; hyper builds its values unchecked on that basis),
@@ -431,11 +434,12 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
         {
             return Head::Other;
         }
-        fields[count] = Field {
+        // httparse parsed at most `MAX_HEADERS` fields: there is room for each.
+        fields.at[fields.count] = Field {
             name: place(name),
             value: place(header.value),
         };
-        count += 1;
+        fields.count += 1;
     }
     // No `Content-Length` (and no `Transfer-Encoding`): no body (RFC 9112 §6.3).
     Head::Hot(Hot {
@@ -443,7 +447,6 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
         head_len,
         body_len: body_len.unwrap_or(0),
         fields,
-        count,
     })
 }
 
@@ -606,12 +609,11 @@ mod tests {
         let headers = Headers {
             head: Bytes::copy_from_slice(&plain.as_bytes()[..request.head_len]),
             fields: request.fields,
-            count: request.count,
         };
         assert_eq!(headers.value("authorization"), Some(&b"Bearer t"[..]));
         assert_eq!(headers.value("Authorization"), Some(&b"Bearer t"[..]));
         assert_eq!(headers.value("traceparent"), None);
-        assert_eq!(headers.len(), 3);
+        assert_eq!(headers.fields.as_slice().len(), 3);
         let map = headers.header_map().expect("valid fields");
         assert_eq!(map["authorization"], "Bearer t");
         assert_eq!(map["host"], "r");
@@ -621,7 +623,7 @@ mod tests {
             upper,
             Head::Hot(Hot {
                 body_len: 2,
-                count: 2,
+                fields: Fields { count: 2, .. },
                 ..
             })
         ));
