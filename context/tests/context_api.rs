@@ -337,18 +337,28 @@ async fn tiers_expire_as_configured() {
 
 #[tokio::test]
 async fn a_write_extends_life() {
-    let h = Harness::redis(short_lived()).await;
+    // Its own times, wider than `short_lived`'s: the context must outlive three
+    // TTLs on writes alone, and a loaded test machine can pause this thread for
+    // a few hundred milliseconds between two writes. A failure reports the gap.
+    let mut config = test_config();
+    config.policy.one_shot_ttl = Duration::from_millis(1500);
+    config.policy.idle_timeout = Duration::from_secs(3);
+    config.sweep_interval = Duration::from_millis(100);
+    let h = Harness::redis(config).await;
     assert_eq!(
         h.create("intent_parser", json!({"context_id": "kept", "tier": "one_shot"}))
             .await
             .0,
         201
     );
-    // Patch every 200 ms for 2 s, more than three one_shot TTLs: it must stay alive.
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
+    // Patch every 200 ms for 5 s, more than three one_shot TTLs: it must stay alive.
+    let started = Instant::now();
+    let mut last_write = started;
+    while started.elapsed() < Duration::from_secs(5) {
         let (status, answer) = h.patch("intent_parser", "kept", json!({"set": {"tick": 1}})).await;
-        assert_eq!(status, 200, "{answer}");
+        let gap = last_write.elapsed();
+        assert_eq!(status, 200, "{gap:?} after the last write: {answer}");
+        last_write = Instant::now();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(h.get("intent_parser", "kept").await.0, 200);
