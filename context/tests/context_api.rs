@@ -295,7 +295,8 @@ fn short_lived() -> ContextConfig {
     let mut config = test_config();
     config.policy.default_ttl = Duration::from_millis(2500);
     config.policy.one_shot_ttl = Duration::from_millis(600);
-    config.policy.idle_timeout = Duration::from_millis(800);
+    // Idle well above a pause of the test thread between two reads.
+    config.policy.idle_timeout = Duration::from_millis(1500);
     config.sweep_interval = Duration::from_millis(100);
     config
 }
@@ -371,7 +372,7 @@ async fn sweeper_removes_idle_contexts_and_keeps_active_ones() {
     assert_eq!(h.create("intent_parser", json!({"context_id": "busy"})).await.0, 201);
     let idle_metric = r#"agent_reach_context_sweeper_removals_total{reason="idle"}"#;
     // Only `busy` is read; `idle` is not touched (a read would count as activity).
-    let swept = eventually(Duration::from_secs(2), || async {
+    let swept = eventually(Duration::from_secs(4), || async {
         assert_eq!(h.get("intent_parser", "busy").await.0, 200);
         h.metric(idle_metric).await >= 1.0
     })
