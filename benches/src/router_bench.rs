@@ -560,6 +560,37 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    // Each round ran the router and HAProxy back to back, so a pair shares the
+    // box's phase: how often the router was ahead says more than one median
+    // when the two are close.
+    println!();
+    for &connections in &args.connections {
+        let get = |name: &str| rounds.get(&(name.to_string(), connections));
+        if let (Some(router), Some(haproxy)) = (get("router"), get("haproxy")) {
+            let pairs: Vec<_> = router.iter().zip(haproxy).collect();
+            let ahead = pairs
+                .iter()
+                .filter(|(router, haproxy)| router.requests_per_s >= haproxy.requests_per_s)
+                .count();
+            let leaner = pairs
+                .iter()
+                .filter(|(router, haproxy)| {
+                    matches!((router.cpu_per_request_us, haproxy.cpu_per_request_us), (Some(r), Some(h)) if r < h)
+                })
+                .count();
+            let mut ratios: Vec<f64> = pairs
+                .iter()
+                .map(|(router, haproxy)| router.requests_per_s / haproxy.requests_per_s - 1.0)
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "{connections:>2} conn, round by round: router req/s >= haproxy's in {ahead} of {} (median {:+.1} %), \
+                 less CPU per request in {leaner}",
+                pairs.len(),
+                ratios[ratios.len() / 2] * 100.0,
+            );
+        }
+    }
     let mut results = std::collections::HashMap::new();
     println!("\nmedian of {round_count} round(s):");
     for &connections in &args.connections {
