@@ -74,9 +74,9 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&acl, ACL)?;
     let any: SocketAddr = "127.0.0.1:0".parse()?;
 
-    let registry = agent_reach_registry::build(&agent_reach_registry::config::Settings {
+    let registry = agent_reach_registry::build(&agent_reach_registry::Settings {
         listen: any,
-        store: agent_reach_registry::config::StoreChoice::Embedded,
+        store: agent_reach_registry::StoreChoice::Embedded,
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
         service: agent_reach_registry::RegistryConfig::default(),
@@ -92,7 +92,7 @@ async fn main() -> anyhow::Result<()> {
         agent_reach_router::Settings::new(any, registry_url.clone(), AuthConfig::Hs256SecretFile(secret), acl);
     let mut callbacks = agent_reach_tasks::CallbackConfig::new(SECRET.as_bytes().to_vec());
     callbacks.allow_private_targets = true;
-    settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+    settings.tasks = Some(agent_reach_router::TasksSettings {
         redis: redis.url(),
         store: agent_reach_tasks::StoreConfig::default(),
         callbacks,

@@ -1,8 +1,8 @@
-//! The context service's one error type: a stable code, a message a person can
-//! act on, the field at fault, and the mapping to HTTP status and gRPC code.
+//! The context service's stable codes, their HTTP statuses and gRPC codes, and
+//! how store answers map onto them; the error itself (message, field,
+//! details, body, statuses) is the edge's shared [`ApiError`].
 
-use agent_reach_proto::http::{ErrorBody, ErrorDetail};
-use axum::response::{IntoResponse, Response};
+use agent_reach_edge::{ApiError, BodyProblem, ErrorCode};
 use http::StatusCode;
 
 use crate::store::StoreError;
@@ -35,8 +35,10 @@ pub enum Code {
     Internal,
 }
 
-impl Code {
-    pub fn as_str(self) -> &'static str {
+impl ErrorCode for Code {
+    const UNAUTHENTICATED: Self = Code::Unauthenticated;
+
+    fn as_str(self) -> &'static str {
         match self {
             Code::MalformedJson => "MALFORMED_JSON",
             Code::MissingField => "MISSING_FIELD",
@@ -64,7 +66,7 @@ impl Code {
         }
     }
 
-    pub fn http_status(self) -> StatusCode {
+    fn http_status(self) -> StatusCode {
         match self {
             Code::PayloadTooLarge | Code::FieldTooLarge | Code::TooManyFields | Code::ContextTooLarge => {
                 StatusCode::PAYLOAD_TOO_LARGE
@@ -79,7 +81,7 @@ impl Code {
         }
     }
 
-    pub fn grpc_code(self) -> tonic::Code {
+    fn grpc_code(self) -> tonic::Code {
         match self {
             Code::PayloadTooLarge | Code::FieldTooLarge | Code::TooManyFields | Code::ContextTooLarge => {
                 tonic::Code::ResourceExhausted
@@ -97,6 +99,18 @@ impl Code {
         }
     }
 
+    fn for_body(problem: &BodyProblem) -> Self {
+        match problem {
+            BodyProblem::TooLarge { .. } => Code::PayloadTooLarge,
+            BodyProblem::Malformed { .. } => Code::MalformedJson,
+            BodyProblem::UnknownField { .. } => Code::UnknownField,
+            BodyProblem::MissingField { .. } => Code::MissingField,
+            BodyProblem::WrongType { .. } => Code::InvalidFieldType,
+        }
+    }
+}
+
+impl Code {
     /// A short label for the operations metric.
     pub fn outcome(self) -> &'static str {
         match self {
@@ -110,148 +124,58 @@ impl Code {
     }
 }
 
-pub use agent_reach_edge::{CODE_METADATA, FIELD_METADATA};
+/// Every error the context service answers with.
+pub type ContextError = ApiError<Code>;
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ContextError {
-    pub code: Code,
-    pub message: String,
-    pub field: Option<String>,
-    pub details: Option<serde_json::Value>,
+/// No context `context_id`.
+pub fn not_found(context_id: &str) -> ContextError {
+    ContextError::new(
+        Code::ContextNotFound,
+        format!("no context `{context_id}` (never created, closed, expired or swept as idle)"),
+    )
 }
 
-impl std::fmt::Display for ContextError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code.as_str(), self.message)?;
-        if let Some(field) = &self.field {
-            write!(f, " (field `{field}`)")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ContextError {}
-
-impl ContextError {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            field: None,
-            details: None,
-        }
-    }
-
-    pub fn field(code: Code, field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: Some(field.into()),
-            ..Self::new(code, message)
-        }
-    }
-
-    pub fn with_details(mut self, details: serde_json::Value) -> Self {
-        self.details = Some(details);
-        self
-    }
-
-    pub fn not_found(context_id: &str) -> Self {
-        Self::new(
-            Code::ContextNotFound,
-            format!("no context `{context_id}` (never created, closed, expired or swept as idle)"),
+/// Maps a store answer for `context_id` to the API's codes.
+pub fn from_store(error: StoreError, context_id: &str) -> ContextError {
+    match error {
+        StoreError::NotFound => not_found(context_id),
+        StoreError::Exists => ContextError::field(
+            Code::ContextExists,
+            "context_id",
+            format!("context `{context_id}` already exists; pick another id or omit it"),
+        ),
+        StoreError::VersionConflict { current } => ContextError::field(
+            Code::VersionConflict,
+            "if_version",
+            format!("context `{context_id}` is at version {current}; re-read it and retry your patch"),
         )
-    }
-
-    pub fn body(&self) -> ErrorBody {
-        ErrorBody {
-            error: ErrorDetail {
-                code: self.code.as_str().to_string(),
-                message: self.message.clone(),
-                field: self.field.clone(),
-                details: self.details.clone(),
-            },
-        }
-    }
-
-    pub fn to_status(&self) -> tonic::Status {
-        agent_reach_edge::grpc_status(
-            self.code.grpc_code(),
-            self.code.as_str(),
-            self.to_string(),
-            self.field.as_deref(),
+        .with_details(serde_json::json!({ "current_version": current })),
+        StoreError::TooManyFields { limit, would_have } => ContextError::new(
+            Code::TooManyFields,
+            format!("the context would hold {would_have} fields; the limit is {limit}"),
         )
-    }
-
-    /// Maps a store answer for `context_id` to the API's codes.
-    pub fn from_store(error: StoreError, context_id: &str) -> Self {
-        match error {
-            StoreError::NotFound => Self::not_found(context_id),
-            StoreError::Exists => Self::field(
-                Code::ContextExists,
-                "context_id",
-                format!("context `{context_id}` already exists; pick another id or omit it"),
-            ),
-            StoreError::VersionConflict { current } => Self::field(
-                Code::VersionConflict,
-                "if_version",
-                format!("context `{context_id}` is at version {current}; re-read it and retry your patch"),
-            )
-            .with_details(serde_json::json!({ "current_version": current })),
-            StoreError::TooManyFields { limit, would_have } => Self::new(
-                Code::TooManyFields,
-                format!("the context would hold {would_have} fields; the limit is {limit}"),
-            )
-            .with_details(serde_json::json!({ "limit": limit, "would_have": would_have })),
-            StoreError::TooLarge { limit, would_have } => Self::new(
-                Code::ContextTooLarge,
-                format!("the context would hold {would_have} bytes of names and values; the limit is {limit}"),
-            )
-            .with_details(serde_json::json!({ "limit": limit, "would_have": would_have })),
-            StoreError::NotOwner => Self::new(
-                Code::Forbidden,
-                format!("only the agent that created `{context_id}` (or one with `write: [\"*\"]`) may close it"),
-            ),
-            StoreError::Unavailable(why) => Self::new(
-                Code::ContextStoreUnavailable,
-                format!("the context store (Redis) is unreachable: {why}; retry shortly"),
-            ),
-            StoreError::Corrupt(why) => Self::new(Code::Internal, format!("unexpected store answer: {why}")),
-        }
-    }
-}
-
-impl From<agent_reach_edge::BodyProblem> for ContextError {
-    fn from(problem: agent_reach_edge::BodyProblem) -> Self {
-        use agent_reach_edge::BodyProblem;
-        let code = match &problem {
-            BodyProblem::TooLarge { .. } => Code::PayloadTooLarge,
-            BodyProblem::Malformed { .. } => Code::MalformedJson,
-            BodyProblem::UnknownField { .. } => Code::UnknownField,
-            BodyProblem::MissingField { .. } => Code::MissingField,
-            BodyProblem::WrongType { .. } => Code::InvalidFieldType,
-        };
-        Self {
-            code,
-            message: problem.message(),
-            field: problem.field().map(str::to_string),
-            details: None,
-        }
-    }
-}
-
-impl From<agent_reach_access::AuthError> for ContextError {
-    fn from(error: agent_reach_access::AuthError) -> Self {
-        Self::new(Code::Unauthenticated, error.to_string())
-    }
-}
-
-impl IntoResponse for ContextError {
-    fn into_response(self) -> Response {
-        (self.code.http_status(), axum::Json(self.body())).into_response()
+        .with_details(serde_json::json!({ "limit": limit, "would_have": would_have })),
+        StoreError::TooLarge { limit, would_have } => ContextError::new(
+            Code::ContextTooLarge,
+            format!("the context would hold {would_have} bytes of names and values; the limit is {limit}"),
+        )
+        .with_details(serde_json::json!({ "limit": limit, "would_have": would_have })),
+        StoreError::NotOwner => ContextError::new(
+            Code::Forbidden,
+            format!("only the agent that created `{context_id}` (or one with `write: [\"*\"]`) may close it"),
+        ),
+        StoreError::Unavailable(why) => ContextError::new(
+            Code::ContextStoreUnavailable,
+            format!("the context store (Redis) is unreachable: {why}; retry shortly"),
+        ),
+        StoreError::Corrupt(why) => ContextError::new(Code::Internal, format!("unexpected store answer: {why}")),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use agent_reach_edge::{CODE_METADATA, FIELD_METADATA};
+
     use super::*;
 
     #[test]

@@ -2,21 +2,26 @@
 //! with tiered TTLs, an idle sweeper and field-level read/write whitelists.
 //!
 //! - [`store`]: the store trait, its Redis and embedded implementations.
-//! - [`service`]: create / get / patch / close and the access rule, transport-free.
-//! - [`validate`]: request checks with stable codes; [`error`]: the one error type.
-//! - [`http`] and [`grpc`]: the two faces of one port; [`app`] joins them.
-//! - [`config`]: flags into [`config::Settings`]; [`metrics`]: `agent_reach_context_*`.
+//! - `service`: create / get / patch / close and the access rule, transport-free.
+//! - `validate`: request checks with stable codes; `error`: the one error type.
+//! - `http` and `grpc`: the two faces of one port; [`app`] joins them.
+//! - `config`: flags into `config::Settings`; `metrics`: `agent_reach_context_*`.
+//!
+//! The crate's front is small: [`build`], [`app`], [`serve`], [`run`], the
+//! flags ([`ContextArgs`]) and settings ([`Settings`], [`ContextConfig`]),
+//! and the [`store`] seam (with its [`model`]) the contract suite holds every
+//! store to.
 
-pub mod config;
-pub mod error;
-pub mod front;
-pub mod grpc;
-pub mod http;
-pub mod metrics;
+mod config;
+mod error;
+mod front;
+mod grpc;
+mod http;
+mod metrics;
 pub mod model;
-pub mod service;
+mod service;
 pub mod store;
-pub mod validate;
+mod validate;
 
 use std::future::Future;
 use std::sync::Arc;

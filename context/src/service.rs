@@ -19,7 +19,7 @@ use agent_reach_access::{Acl, AclHandle, Authenticator, Caller};
 use rand::RngCore;
 use serde_json::Value;
 
-use crate::error::{Code, ContextError};
+use crate::error::{from_store, not_found, Code, ContextError};
 use crate::metrics::{Metrics, Op};
 use crate::model::{CloseAs, NewContext, Patch, Selection, Snapshot, StorePolicy, SweepReport, Tier, Written};
 use crate::store::ContextStore;
@@ -226,7 +226,7 @@ impl ContextService {
             .store
             .create(&context_id, &context)
             .await
-            .map_err(|error| ContextError::from_store(error, &context_id))?;
+            .map_err(|error| from_store(error, &context_id))?;
         Ok(Created {
             context_id,
             tier,
@@ -291,8 +291,8 @@ impl ContextService {
             .store
             .get(context_id, &selection)
             .await
-            .map_err(|error| ContextError::from_store(error, context_id))?
-            .ok_or_else(|| ContextError::not_found(context_id))?;
+            .map_err(|error| from_store(error, context_id))?
+            .ok_or_else(|| not_found(context_id))?;
         snapshot.fields.retain(|name, _| access.may_read(&acl, name));
         Ok(snapshot)
     }
@@ -337,7 +337,7 @@ impl ContextService {
         self.store
             .patch(context_id, &patch)
             .await
-            .map_err(|error| ContextError::from_store(error, context_id))
+            .map_err(|error| from_store(error, context_id))
     }
 
     #[tracing::instrument(name = "context.close", skip_all, fields(context_id, caller = caller.name()))]
@@ -354,7 +354,7 @@ impl ContextService {
             self.store
                 .close(context_id, &who)
                 .await
-                .map_err(|error| ContextError::from_store(error, context_id))
+                .map_err(|error| from_store(error, context_id))
         }
         .await;
         self.observe(Op::Close, started, &result);
@@ -370,7 +370,7 @@ impl ContextService {
             Ok((report, live))
         }
         .await
-        .map_err(|error| ContextError::from_store(error, ""));
+        .map_err(|error| from_store(error, ""));
         match result {
             Ok((report, live)) => {
                 self.metrics.sweeps.with_label_values(&["ok"]).inc();

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach_context::model::{CloseAs, Fields, NewContext, Patch, Selection, Snapshot, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, MemoryStore, Namespace, RedisStore, StoreError};
-use agent_reach_testkit::Redis;
+use agent_reach_testkit::{eventually, Redis};
 
 /// A store under test, keeping its backing process alive.
 struct Subject {
@@ -61,24 +61,6 @@ fn set(pairs: &[(&str, &str)], if_version: Option<u64>) -> Patch {
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-/// Polls `condition` (an async store check) every 20 ms for at most `within`.
-async fn eventually<F, Fut>(within: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Same content, and an expiry that did not move (reads compute it to the ms).

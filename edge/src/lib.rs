@@ -8,11 +8,13 @@
 //! service's hot requests without hyper's and axum's per-request machinery
 //! and the rest with its axum routes.
 
+pub mod error;
 pub mod front;
 pub mod serve;
 
+pub use error::{ApiError, ErrorCode};
+
 use axum::body::Body;
-use futures::StreamExt;
 use http::HeaderMap;
 use serde::de::DeserializeOwned;
 
@@ -100,36 +102,56 @@ impl BodyProblem {
     }
 }
 
-/// Reads at most `limit` bytes of `body`.
-pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Vec<u8>, BodyProblem> {
+/// Reads at most `limit` bytes of `body`. Most bodies arrive as one chunk,
+/// which is kept as it came (no copy).
+pub async fn read_limited(headers: &impl HeaderLookup, body: Body, limit: usize) -> Result<bytes::Bytes, BodyProblem> {
+    use http_body_util::BodyExt;
+
     let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
     let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
+        .value("content-length")
+        .and_then(|value| std::str::from_utf8(value).ok())
         .and_then(|value| value.parse::<usize>().ok());
     if declared.is_some_and(|length| length > drain_cap) {
         return Err(BodyProblem::TooLarge { limit });
     }
-    let mut stream = body.into_data_stream();
-    let mut bytes = Vec::new();
-    let mut excess = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|error| BodyProblem::Malformed {
+    let mut body = body;
+    let mut first: Option<bytes::Bytes> = None;
+    let mut more: Vec<u8> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| BodyProblem::Malformed {
             message: format!("cannot read the request body: {error}"),
         })?;
-        if excess == 0 && bytes.len() + chunk.len() <= limit {
-            bytes.extend_from_slice(&chunk);
-        } else {
-            excess += chunk.len();
-            if bytes.len() + excess > drain_cap {
-                break;
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
+        total += chunk.len();
+        if total > drain_cap {
+            break;
+        }
+        if total > limit {
+            // Over the limit: drained (up to the cap) so the client sees the answer, not kept.
+            continue;
+        }
+        match &first {
+            None => first = Some(chunk),
+            Some(head) => {
+                if more.is_empty() {
+                    more.extend_from_slice(head);
+                }
+                more.extend_from_slice(&chunk);
             }
         }
     }
-    if excess > 0 {
+    if total > limit {
         return Err(BodyProblem::TooLarge { limit });
     }
-    Ok(bytes)
+    Ok(if more.is_empty() {
+        first.unwrap_or_default()
+    } else {
+        bytes::Bytes::from(more)
+    })
 }
 
 /// A request body as a handler gets it: still to be read (hyper and the axum
@@ -142,17 +164,30 @@ pub enum RequestBody {
 }
 
 impl RequestBody {
-    /// The body parsed as JSON, read with `limit` first if it is still unread.
-    pub async fn parse_json<T: DeserializeOwned>(self, headers: &HeaderMap, limit: usize) -> Result<T, BodyProblem> {
+    /// The body's bytes, read with `limit` first if it is still unread.
+    pub async fn read(self, headers: &impl HeaderLookup, limit: usize) -> Result<bytes::Bytes, BodyProblem> {
         match self {
-            RequestBody::Unread(body) => parse_body(headers, body, limit).await,
-            RequestBody::Read(bytes) => parse_json(&bytes),
+            RequestBody::Unread(body) => read_limited(headers, body, limit).await,
+            RequestBody::Read(bytes) => Ok(bytes),
         }
+    }
+
+    /// The body parsed as JSON, read with `limit` first if it is still unread.
+    pub async fn parse_json<T: DeserializeOwned>(
+        self,
+        headers: &impl HeaderLookup,
+        limit: usize,
+    ) -> Result<T, BodyProblem> {
+        parse_json(&self.read(headers, limit).await?)
     }
 }
 
 /// Reads at most `limit` bytes and parses them as JSON.
-pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, BodyProblem> {
+pub async fn parse_body<T: DeserializeOwned>(
+    headers: &impl HeaderLookup,
+    body: Body,
+    limit: usize,
+) -> Result<T, BodyProblem> {
     let bytes = read_limited(headers, body, limit).await?;
     parse_json(&bytes)
 }
@@ -259,7 +294,7 @@ mod tests {
         let read = read_limited(&headers, Body::from(vec![b'x'; 2048]), 1024).await;
         assert_eq!(read, Err(BodyProblem::TooLarge { limit: 1024 }));
         let read = read_limited(&headers, Body::from("{}"), 1024).await;
-        assert_eq!(read, Ok(b"{}".to_vec()));
+        assert_eq!(read, Ok(bytes::Bytes::from_static(b"{}")));
     }
 
     #[test]

@@ -79,12 +79,12 @@ impl Stack {
         let mut servers = Vec::new();
 
         // Registry.
-        let registry_settings = agent_reach_registry::config::Settings {
+        let registry_settings = agent_reach_registry::Settings {
             listen: options.registry_listen,
             store: if options.etcd.is_empty() {
-                agent_reach_registry::config::StoreChoice::Embedded
+                agent_reach_registry::StoreChoice::Embedded
             } else {
-                agent_reach_registry::config::StoreChoice::Etcd(options.etcd.clone())
+                agent_reach_registry::StoreChoice::Etcd(options.etcd.clone())
             },
             acl: acl.clone(),
             auth: auth.clone(),
@@ -108,7 +108,7 @@ impl Stack {
                 None => agent_reach_context::StoreChoice::Embedded,
                 Some(url) => agent_reach_context::StoreChoice::Redis {
                     url: url.clone(),
-                    namespace: agent_reach_context::store::redis::Namespace {
+                    namespace: agent_reach_context::store::Namespace {
                         prefix: "agent-reach".to_string(),
                         tenant: "default".to_string(),
                     },
@@ -117,7 +117,7 @@ impl Stack {
             },
             acl: acl.clone(),
             auth: auth.clone(),
-            service: agent_reach_context::service::ContextConfig::default(),
+            service: agent_reach_context::ContextConfig::default(),
         };
         let context = agent_reach_context::build(&context_settings).await?;
         let (listener, context_addr) = bind(options.context_listen, "--context-listen").await?;

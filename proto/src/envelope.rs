@@ -69,14 +69,7 @@ impl TargetPolicy {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    High,
-    #[default]
-    Normal,
-    Low,
-}
+pub use crate::vocabulary::Priority;
 
 // === Router → agent ===
 

@@ -4,6 +4,9 @@
 pub mod context_http;
 pub mod envelope;
 pub mod http;
+pub mod vocabulary;
+
+pub use vocabulary::{Priority, Status, UnknownStatus};
 
 /// The registry's gRPC API (`proto/registry.proto`).
 pub mod registry {

@@ -1,8 +1,8 @@
-//! The registry's one error type: a stable code, a message a person can act
-//! on, the field at fault, and the mapping to HTTP status and gRPC code.
+//! The registry's stable codes and their HTTP statuses and gRPC codes; the
+//! error itself (message, field, details, body, statuses) is the edge's
+//! shared [`ApiError`].
 
-use agent_reach_proto::http::{ErrorBody, ErrorDetail};
-use axum::response::{IntoResponse, Response};
+use agent_reach_edge::{ApiError, BodyProblem, ErrorCode};
 use http::StatusCode;
 
 use crate::store::StoreError;
@@ -44,8 +44,10 @@ pub enum Code {
     Internal,
 }
 
-impl Code {
-    pub fn as_str(self) -> &'static str {
+impl ErrorCode for Code {
+    const UNAUTHENTICATED: Self = Code::Unauthenticated;
+
+    fn as_str(self) -> &'static str {
         match self {
             Code::MalformedJson => "MALFORMED_JSON",
             Code::MissingField => "MISSING_FIELD",
@@ -82,7 +84,7 @@ impl Code {
         }
     }
 
-    pub fn http_status(self) -> StatusCode {
+    fn http_status(self) -> StatusCode {
         match self {
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -99,7 +101,7 @@ impl Code {
         }
     }
 
-    pub fn grpc_code(self) -> tonic::Code {
+    fn grpc_code(self) -> tonic::Code {
         match self.http_status() {
             StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::ResourceExhausted,
             StatusCode::UNAUTHORIZED => tonic::Code::Unauthenticated,
@@ -114,97 +116,27 @@ impl Code {
             _ => tonic::Code::InvalidArgument,
         }
     }
-}
 
-pub use agent_reach_edge::{CODE_METADATA, FIELD_METADATA};
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RegistryError {
-    pub code: Code,
-    pub message: String,
-    pub field: Option<String>,
-    pub details: Option<serde_json::Value>,
-}
-
-impl std::fmt::Display for RegistryError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code.as_str(), self.message)?;
-        if let Some(field) = &self.field {
-            write!(f, " (field `{field}`)")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for RegistryError {}
-
-impl RegistryError {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            field: None,
-            details: None,
-        }
-    }
-
-    pub fn field(code: Code, field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: Some(field.into()),
-            ..Self::new(code, message)
-        }
-    }
-
-    pub fn with_details(mut self, details: serde_json::Value) -> Self {
-        self.details = Some(details);
-        self
-    }
-
-    pub fn lease_expired(agent_id: &str) -> Self {
-        Self::new(
-            Code::LeaseExpired,
-            format!("the lease of `{agent_id}` is gone (expired, revoked or replaced); register again"),
-        )
-    }
-
-    pub fn body(&self) -> ErrorBody {
-        ErrorBody {
-            error: ErrorDetail {
-                code: self.code.as_str().to_string(),
-                message: self.message.clone(),
-                field: self.field.clone(),
-                details: self.details.clone(),
-            },
-        }
-    }
-
-    pub fn to_status(&self) -> tonic::Status {
-        agent_reach_edge::grpc_status(
-            self.code.grpc_code(),
-            self.code.as_str(),
-            self.to_string(),
-            self.field.as_deref(),
-        )
-    }
-}
-
-impl From<agent_reach_edge::BodyProblem> for RegistryError {
-    fn from(problem: agent_reach_edge::BodyProblem) -> Self {
-        use agent_reach_edge::BodyProblem;
-        let code = match &problem {
+    fn for_body(problem: &BodyProblem) -> Self {
+        match problem {
             BodyProblem::TooLarge { .. } => Code::PayloadTooLarge,
             BodyProblem::Malformed { .. } => Code::MalformedJson,
             BodyProblem::UnknownField { .. } => Code::UnknownField,
             BodyProblem::MissingField { .. } => Code::MissingField,
             BodyProblem::WrongType { .. } => Code::InvalidFieldType,
-        };
-        Self {
-            code,
-            message: problem.message(),
-            field: problem.field().map(str::to_string),
-            details: None,
         }
     }
+}
+
+/// Every error the registry answers with.
+pub type RegistryError = ApiError<Code>;
+
+/// A heartbeat or deregistration for a lease that no longer exists.
+pub fn lease_expired(agent_id: &str) -> RegistryError {
+    RegistryError::new(
+        Code::LeaseExpired,
+        format!("the lease of `{agent_id}` is gone (expired, revoked or replaced); register again"),
+    )
 }
 
 impl From<StoreError> for RegistryError {
@@ -217,17 +149,5 @@ impl From<StoreError> for RegistryError {
             StoreError::Conflict => Self::new(Code::Conflict, "a concurrent change won; retry"),
             other => Self::new(Code::Internal, other.to_string()),
         }
-    }
-}
-
-impl From<agent_reach_access::AuthError> for RegistryError {
-    fn from(error: agent_reach_access::AuthError) -> Self {
-        Self::new(Code::Unauthenticated, error.to_string())
-    }
-}
-
-impl IntoResponse for RegistryError {
-    fn into_response(self) -> Response {
-        (self.code.http_status(), axum::Json(self.body())).into_response()
     }
 }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use agent_reach_edge::ErrorCode as _;
 use agent_reach_proto::http as wire;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};

@@ -2,21 +2,25 @@
 //! keep it alive with heartbeats, and routers watch the result.
 //!
 //! - [`store`]: the etcd-shaped store trait, its etcd and embedded implementations.
-//! - [`catalog`]: the in-memory view every read is served from, fed by a store watch.
-//! - [`service`]: register / heartbeat / deregister / resolve, transport-free.
-//! - [`validate`]: registration checks with stable codes; [`error`]: the one error type.
-//! - [`http`] and [`grpc`]: the two faces of one port; [`app`] joins them.
+//! - `catalog`: the in-memory view every read is served from, fed by a store watch.
+//! - `service`: register / heartbeat / deregister / resolve, transport-free.
+//! - `validate`: registration checks with stable codes; `error`: the one error type.
+//! - `http` and `grpc`: the two faces of one port; [`app`] joins them.
+//!
+//! The crate's front is small: [`build`], [`app`], [`serve`], [`run`], the
+//! flags ([`RegistryArgs`]) and settings ([`Settings`], [`RegistryConfig`]),
+//! and the [`store`] seam the contract suite holds every store to.
 
-pub mod catalog;
-pub mod config;
-pub mod error;
-pub mod grpc;
-pub mod http;
-pub mod metrics;
-pub mod model;
-pub mod service;
+mod catalog;
+mod config;
+mod error;
+mod grpc;
+mod http;
+mod metrics;
+mod model;
+mod service;
 pub mod store;
-pub mod validate;
+mod validate;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,8 +30,9 @@ use agent_reach_proto::registry::registry_server::RegistryServer;
 use anyhow::Context;
 use tonic::server::NamedService;
 
-pub use config::RegistryArgs;
+pub use config::{RegistryArgs, Settings, StoreChoice};
 pub use service::{RegistryConfig, RegistryService};
+pub use validate::TtlBounds;
 
 /// The whole API on one router: HTTP/JSON routes plus the gRPC service
 /// (requests with `content-type: application/grpc` arrive on its path).
@@ -41,7 +46,7 @@ pub fn app(service: Arc<RegistryService>) -> axum::Router {
 }
 
 /// Builds the store, policy, authenticator and service from validated settings.
-pub async fn build(settings: &config::Settings) -> anyhow::Result<Arc<RegistryService>> {
+pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RegistryService>> {
     let metrics = metrics::Metrics::new().context("registering metrics")?;
     let store: Arc<dyn store::Store> = match &settings.store {
         config::StoreChoice::Etcd(endpoints) => {

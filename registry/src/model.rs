@@ -6,56 +6,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Status lifecycle: `starting → ready ↔ busy/overloaded → draining`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Starting,
-    Ready,
-    Busy,
-    Overloaded,
-    Draining,
-}
-
-impl Status {
-    pub const ALL: [Status; 5] = [
-        Status::Starting,
-        Status::Ready,
-        Status::Busy,
-        Status::Overloaded,
-        Status::Draining,
-    ];
-
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|status| status.as_str() == text)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Starting => "starting",
-            Status::Ready => "ready",
-            Status::Busy => "busy",
-            Status::Overloaded => "overloaded",
-            Status::Draining => "draining",
-        }
-    }
-
-    /// Resolve returns only these; `overloaded` is a last resort chosen by the router.
-    pub fn is_routable(self) -> bool {
-        matches!(self, Status::Ready | Status::Busy)
-    }
-
-    /// Whether a heartbeat may move an instance from `self` to `next`.
-    /// Nothing goes back to `starting`, and `draining` is final: a draining
-    /// instance leaves by deregistering (or re-registering as a new life).
-    pub fn can_become(self, next: Status) -> bool {
-        match (self, next) {
-            (current, next) if current == next => true,
-            (Status::Draining, _) | (_, Status::Starting) => false,
-            _ => true,
-        }
-    }
-}
+/// The status lifecycle is the shared vocabulary's (`starting → ready ↔
+/// busy/overloaded → draining`), defined once in `proto`.
+pub use agent_reach_proto::Status;
 
 /// One capability offered by an instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,21 +73,5 @@ impl Keys {
 
     pub fn agent_id_of<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(self.agents_prefix.as_str())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lifecycle_transitions() {
-        assert!(Status::Starting.can_become(Status::Ready));
-        assert!(Status::Ready.can_become(Status::Busy));
-        assert!(Status::Overloaded.can_become(Status::Ready));
-        assert!(Status::Ready.can_become(Status::Draining));
-        assert!(!Status::Ready.can_become(Status::Starting));
-        assert!(!Status::Draining.can_become(Status::Ready));
-        assert!(Status::Busy.is_routable() && !Status::Overloaded.is_routable() && !Status::Starting.is_routable());
     }
 }

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
+use agent_reach_edge::ErrorCode as _;
 use agent_reach_proto::http::RegisterRequest;
 
 use crate::catalog::{decode, Catalog, Entry, Resolution};
-use crate::error::{Code, RegistryError};
+use crate::error::{self, Code, RegistryError};
 use crate::metrics::Metrics;
 use crate::model::{Instance, Keys, Status};
 use crate::store::{Condition, Put, Store, StoreError};
@@ -264,13 +265,13 @@ impl RegistryService {
             // Not (yet) in this catalog, or an older lease: ask the store.
             _ => match self.current_entry_from_store(agent_id).await? {
                 Some(entry) if entry.instance.lease_id == lease_id => entry,
-                _ => return Err(RegistryError::lease_expired(agent_id)),
+                _ => return Err(error::lease_expired(agent_id)),
             },
         };
         Self::authorize_identity(caller, &entry.instance.name)?;
         let ttl = match self.store.keep_alive(lease_id).await {
             Ok(ttl) => ttl,
-            Err(StoreError::LeaseNotFound(_)) => return Err(RegistryError::lease_expired(agent_id)),
+            Err(StoreError::LeaseNotFound(_)) => return Err(error::lease_expired(agent_id)),
             Err(error) => return Err(error.into()),
         };
         let current = entry.instance.status;
@@ -293,10 +294,10 @@ impl RegistryService {
                         Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
                             entry = match self.current_entry_from_store(agent_id).await? {
                                 Some(fresh) if fresh.instance.lease_id == lease_id => fresh,
-                                _ => return Err(RegistryError::lease_expired(agent_id)),
+                                _ => return Err(error::lease_expired(agent_id)),
                             };
                         }
-                        Err(StoreError::LeaseNotFound(_)) => return Err(RegistryError::lease_expired(agent_id)),
+                        Err(StoreError::LeaseNotFound(_)) => return Err(error::lease_expired(agent_id)),
                         Err(error) => return Err(error.into()),
                     }
                 }

@@ -134,7 +134,7 @@ pub fn agent_id(agent_id: &str) -> Result<(), RegistryError> {
 }
 
 pub fn status(text: &str, field: &str) -> Result<Status, RegistryError> {
-    Status::parse(text).ok_or_else(|| {
+    Status::parse(text).map_err(|_| {
         RegistryError::field(
             Code::InvalidStatus,
             field,
@@ -287,6 +287,8 @@ fn json_schema(schema: &Value, field: &str) -> Result<(), RegistryError> {
 
 #[cfg(test)]
 mod tests {
+    use agent_reach_edge::ErrorCode as _;
+
     use super::*;
     use serde_json::json;
 

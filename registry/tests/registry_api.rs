@@ -6,8 +6,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use agent_reach_proto::registry as pb;
-use agent_reach_registry::config::StoreChoice;
 use agent_reach_registry::store::{EtcdStore, Store};
+use agent_reach_registry::StoreChoice;
 use agent_reach_testkit::Etcd;
 use futures::StreamExt;
 use serde_json::json;

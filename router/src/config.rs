@@ -1,13 +1,18 @@
 //! Command-line flags of `agent-reach router` (DESIGN §7), each also read from
 //! an `AGENT_REACH_*` environment variable, validated into [`Settings`] with
-//! every problem reported at once. `Settings::new` builds the same thing in
-//! code (tests, `agent-reach dev`).
+//! every problem reported at once (the slow path's flags are its own,
+//! [`TaskArgs`]). `Settings::new` builds the same thing in code (tests,
+//! `agent-reach dev`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use agent_reach_access::{AuthArgs, AuthConfig};
+
+use crate::service::Tuning;
+use crate::tasks::{TaskArgs, TasksSettings};
+use crate::watch::RegistryCredential;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RouterArgs {
@@ -58,89 +63,10 @@ pub struct RouterArgs {
     /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
     #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
     pub max_staleness_s: u64,
-    /// Redis for durable asynchronous tasks (`/v1/tasks`); without it the slow path is off.
-    #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
-    pub redis: Option<String>,
-    /// File with the default secret that signs task callbacks (required with --redis).
-    #[arg(long, env = "AGENT_REACH_CALLBACK_SECRET_FILE", value_name = "PATH")]
-    pub callback_secret_file: Option<PathBuf>,
-    /// A named callback signing secret, `NAME=PATH` (a callback's `secret_ref`); repeatable.
-    #[arg(
-        long = "callback-secret",
-        env = "AGENT_REACH_CALLBACK_SECRETS",
-        value_delimiter = ',',
-        value_name = "NAME=PATH"
-    )]
-    pub callback_secrets: Vec<String>,
-    /// DEVELOPMENT ONLY: allow callbacks to loopback and private addresses.
-    #[arg(long, env = "AGENT_REACH_ALLOW_PRIVATE_CALLBACKS")]
-    pub allow_private_callbacks: bool,
-    /// Tasks this router delivers at once.
-    #[arg(long, env = "AGENT_REACH_TASK_WORKERS", default_value_t = 64)]
-    pub task_workers: usize,
-    /// How long finished tasks and their results are kept, in seconds.
-    #[arg(long, env = "AGENT_REACH_TASK_RETENTION_S", default_value_t = 24 * 3600)]
-    pub task_retention_s: u64,
-    /// Limit concurrent tasks for capabilities served only by instances with a tag,
-    /// `KEY=VALUE:LIMIT` (e.g. class=bulk:5); the rest wait, high priority first. Repeatable.
-    #[arg(
-        long = "task-tag-limit",
-        env = "AGENT_REACH_TASK_TAG_LIMITS",
-        value_delimiter = ',',
-        value_name = "KEY=VALUE:N"
-    )]
-    pub task_tag_limits: Vec<String>,
-    /// A task claimed by a router that has not finished it after this many seconds is taken over.
-    #[arg(long, env = "AGENT_REACH_TASK_RECLAIM_AFTER_S", default_value_t = 120)]
-    pub task_reclaim_after_s: u64,
+    #[command(flatten)]
+    pub tasks: TaskArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
-}
-
-/// How the router proves itself to the registry's Watch.
-#[derive(Debug, Clone)]
-pub enum RegistryCredential {
-    /// A token read from this file at every (re)connect.
-    TokenFile(PathBuf),
-    /// Sign a short-lived token with the shared HS256 secret in this file.
-    SignWithSecret(PathBuf),
-    /// Send nothing (the registry runs with `--insecure-no-auth`).
-    None,
-}
-
-/// Retry, breaker and pool tuning; [`Default`] gives the documented defaults.
-#[derive(Debug, Clone)]
-pub struct Tuning {
-    pub max_body_bytes: usize,
-    pub default_timeout: Duration,
-    pub max_attempts: u32,
-    pub retry_budget_percent: u32,
-    pub retry_budget_floor: u32,
-    pub breaker_failures: u32,
-    pub breaker_open: Duration,
-    pub max_inflight_per_instance: u32,
-    pub pool_idle_per_instance: usize,
-    pub max_staleness: Duration,
-    /// Request-serving threads of `run` (0: one per core).
-    pub threads: usize,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 1024 * 1024,
-            default_timeout: Duration::from_secs(30),
-            max_attempts: 3,
-            retry_budget_percent: 20,
-            retry_budget_floor: 10,
-            breaker_failures: 5,
-            breaker_open: Duration::from_secs(30),
-            max_inflight_per_instance: 1024,
-            pool_idle_per_instance: 64,
-            max_staleness: Duration::from_secs(60),
-            threads: 0,
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -152,7 +78,7 @@ pub struct Settings {
     pub auth: AuthConfig,
     pub tuning: Tuning,
     /// The slow path (`/v1/tasks`), when configured.
-    pub tasks: Option<crate::tasks::TasksSettings>,
+    pub tasks: Option<TasksSettings>,
 }
 
 impl Settings {
@@ -176,72 +102,6 @@ impl Settings {
 }
 
 impl RouterArgs {
-    fn tasks_settings(&self, problems: &mut Vec<String>) -> Option<crate::tasks::TasksSettings> {
-        let redis = self.redis.clone()?;
-        if !(redis.starts_with("redis://") || redis.starts_with("rediss://")) {
-            problems.push(format!("--redis `{redis}` must start with redis:// or rediss://"));
-        }
-        let read_secret = |path: &std::path::Path, problems: &mut Vec<String>| match std::fs::read(path) {
-            Ok(secret) if secret.trim_ascii().len() >= 32 => Some(secret.trim_ascii().to_vec()),
-            Ok(_) => {
-                problems.push(format!(
-                    "callback secret {} must hold at least 32 bytes",
-                    path.display()
-                ));
-                None
-            }
-            Err(error) => {
-                problems.push(format!("cannot read callback secret {}: {error}", path.display()));
-                None
-            }
-        };
-        let default_secret = match &self.callback_secret_file {
-            Some(path) => read_secret(path, problems).unwrap_or_default(),
-            None => {
-                problems.push("--redis needs --callback-secret-file PATH (signs task callbacks)".to_string());
-                Vec::new()
-            }
-        };
-        let mut callbacks = agent_reach_tasks::CallbackConfig::new(default_secret);
-        for entry in &self.callback_secrets {
-            match entry.split_once('=') {
-                Some((name, path)) if !name.is_empty() => {
-                    if let Some(secret) = read_secret(std::path::Path::new(path), problems) {
-                        callbacks.secrets.insert(name.to_string(), secret);
-                    }
-                }
-                _ => problems.push(format!("--callback-secret `{entry}` must be NAME=PATH")),
-            }
-        }
-        callbacks.allow_private_targets = self.allow_private_callbacks;
-        if self.allow_private_callbacks {
-            tracing::warn!(message = "Task callbacks to loopback and private addresses are ALLOWED. Development only.");
-        }
-        if self.task_workers == 0 {
-            problems.push("--task-workers must be at least 1".to_string());
-        }
-        Some(crate::tasks::TasksSettings {
-            redis,
-            store: agent_reach_tasks::StoreConfig {
-                retention: Duration::from_secs(self.task_retention_s.max(60)),
-                ..Default::default()
-            },
-            callbacks,
-            workers: self.task_workers,
-            reclaim_after: Duration::from_secs(self.task_reclaim_after_s.max(1)),
-            max_task_attempts: 3,
-            tag_limits: self
-                .task_tag_limits
-                .iter()
-                .filter_map(|text| {
-                    crate::tasks::TagLimit::parse(text)
-                        .map_err(|why| problems.push(format!("--task-tag-limit: {why}")))
-                        .ok()
-                })
-                .collect(),
-        })
-    }
-
     pub fn validate(&self) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
         if !(self.registry.starts_with("http://") || self.registry.starts_with("https://")) {
@@ -288,7 +148,7 @@ impl RouterArgs {
                 RegistryCredential::None
             }
         };
-        let tasks = self.tasks_settings(&mut problems);
+        let tasks = self.tasks.settings(&mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }

@@ -6,7 +6,6 @@
 use agent_reach_edge::HeaderLookup;
 use agent_reach_proto::envelope::{InvokeRequest, TargetPolicy, ENVELOPE_VERSION};
 use axum::body::Body;
-use serde_json::json;
 
 use crate::error::{Code, RouterError};
 
@@ -18,107 +17,23 @@ pub struct CheckedRequest {
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RouterError {
-    RouterError::new(Code::InvalidEnvelope, message).with_details(json!({ "field": field }))
+    RouterError::field(Code::InvalidEnvelope, field, message)
 }
 
-/// Bodies over the limit are still read (and discarded) up to this many times
-/// the limit, so the client gets its 413 instead of a reset while still sending.
-const DRAIN_FACTOR: usize = 8;
-
-/// Reads at most `limit` bytes of body.
+/// Reads at most `limit` bytes of body (more: `PAYLOAD_TOO_LARGE`).
 pub async fn read_body(headers: &impl HeaderLookup, body: Body, limit: usize) -> Result<bytes::Bytes, RouterError> {
-    use http_body_util::BodyExt;
-
-    let too_large = || {
-        RouterError::new(
-            Code::PayloadTooLarge,
-            format!("request body exceeds this router's limit of {limit} bytes"),
-        )
-        .with_details(json!({ "limit_bytes": limit }))
-    };
-    let drain_cap = limit.saturating_mul(DRAIN_FACTOR);
-    let declared = headers
-        .value("content-length")
-        .and_then(|value| std::str::from_utf8(value).ok())
-        .and_then(|value| value.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > drain_cap) {
-        return Err(too_large());
-    }
-    let mut body = body;
-    // Most bodies arrive as one chunk: keep it without copying.
-    let mut first: Option<bytes::Bytes> = None;
-    let mut more: Vec<u8> = Vec::new();
-    let mut total = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| {
-            RouterError::new(Code::InvalidEnvelope, format!("cannot read the request body: {error}"))
-        })?;
-        let Ok(chunk) = frame.into_data() else {
-            continue;
-        };
-        total += chunk.len();
-        if total > drain_cap {
-            break;
-        }
-        if total > limit {
-            continue;
-        }
-        match &first {
-            None => first = Some(chunk),
-            Some(head) => {
-                if more.is_empty() {
-                    more.extend_from_slice(head);
-                }
-                more.extend_from_slice(&chunk);
-            }
-        }
-    }
-    if total > limit {
-        return Err(too_large());
-    }
-    Ok(if more.is_empty() {
-        first.unwrap_or_default()
-    } else {
-        bytes::Bytes::from(more)
-    })
+    Ok(agent_reach_edge::read_limited(headers, body, limit).await?)
 }
 
 /// Parses JSON into the envelope, naming the field at fault.
 pub fn parse(bytes: &[u8]) -> Result<InvokeRequest, RouterError> {
-    // The happy path parses once, without path tracking; only a failure is
-    // parsed again to name the field.
-    if let Ok(request) = serde_json::from_slice::<InvokeRequest>(bytes) {
-        return Ok(request);
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed: Result<InvokeRequest, _> = serde_path_to_error::deserialize(&mut deserializer);
-    let request = parsed.map_err(|error| {
-        let path = error.path().to_string();
-        let inner = error.into_inner();
-        let message = inner.to_string();
-        let field = if message.starts_with("unknown field") || message.starts_with("missing field") {
-            // serde reports these at the parent; name the field itself.
-            let name = message.split('`').nth(1).unwrap_or_default().to_string();
-            if path == "." || path == name {
-                name
-            } else if path.ends_with(&format!(".{name}")) {
-                path
-            } else {
-                format!("{path}.{name}")
-            }
-        } else {
-            path
-        };
-        let kind = match inner.classify() {
-            serde_json::error::Category::Data => "invalid envelope",
-            _ => "malformed JSON",
-        };
-        invalid(&field, format!("{kind}: {message} (field `{field}`)"))
-    })?;
-    deserializer
-        .end()
-        .map_err(|error| invalid(".", format!("trailing data after the JSON envelope: {error}")))?;
-    Ok(request)
+    agent_reach_edge::parse_json(bytes).map_err(|problem| {
+        let field = problem.field().unwrap_or(".").to_string();
+        RouterError {
+            field: Some(field),
+            ..problem.into()
+        }
+    })
 }
 
 /// Checks what the types alone cannot.
@@ -181,7 +96,10 @@ mod tests {
 
     fn field_of(error: RouterError) -> String {
         assert_eq!(error.code, Code::InvalidEnvelope);
-        error.details.unwrap()["field"].as_str().unwrap().to_string()
+        error.envelope_error().details.unwrap()["field"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     #[test]

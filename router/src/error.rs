@@ -1,10 +1,10 @@
-//! The router's one error type: a stable code of DESIGN §3, a message a person
-//! can act on, optional details, the HTTP status, and whether a later retry
-//! by the caller may succeed. Rendered as a failed result envelope by `http`.
+//! The router's stable codes (DESIGN §3), their HTTP statuses and whether a
+//! later retry by the caller may succeed. The error itself is the edge's
+//! shared [`ApiError`]; the router renders every failure, on every route, as
+//! a failed result envelope (`http::failed_answer`).
 
-use agent_reach_proto::envelope::EnvelopeError;
+use agent_reach_edge::{ApiError, BodyProblem, ErrorCode};
 use http::StatusCode;
-use serde_json::Value;
 
 /// Stable codes. The string forms are part of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,10 +29,11 @@ pub enum Code {
     TaskStoreUnavailable,
     InvalidCallback,
     Canceled,
+    InvalidQuery,
 }
 
 impl Code {
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 21] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -53,9 +54,14 @@ impl Code {
         Code::TaskStoreUnavailable,
         Code::InvalidCallback,
         Code::Canceled,
+        Code::InvalidQuery,
     ];
+}
 
-    pub fn as_str(self) -> &'static str {
+impl ErrorCode for Code {
+    const UNAUTHENTICATED: Self = Code::Unauthenticated;
+
+    fn as_str(self) -> &'static str {
         match self {
             Code::InvalidEnvelope => "INVALID_ENVELOPE",
             Code::Unauthenticated => "UNAUTHENTICATED",
@@ -77,12 +83,13 @@ impl Code {
             Code::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
             Code::InvalidCallback => "INVALID_CALLBACK",
             Code::Canceled => "CANCELED",
+            Code::InvalidQuery => "INVALID_QUERY",
         }
     }
 
     /// The status for this code. `AGENT_ERROR` carries the agent's own status
-    /// instead (see [`RouterError::status`]); 502 is only its fallback.
-    pub fn http_status(self) -> StatusCode {
+    /// instead (a passthrough, see [`ApiError::status`]); 502 is only its fallback.
+    fn http_status(self) -> StatusCode {
         match self {
             Code::InvalidEnvelope => StatusCode::BAD_REQUEST,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -101,11 +108,12 @@ impl Code {
             Code::TaskStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::InvalidCallback => StatusCode::BAD_REQUEST,
             Code::Canceled => StatusCode::CONFLICT,
+            Code::InvalidQuery => StatusCode::BAD_REQUEST,
         }
     }
 
     /// May the caller succeed by sending the same request again later?
-    pub fn is_retryable(self) -> bool {
+    fn is_retryable(self) -> bool {
         matches!(
             self,
             Code::Overloaded
@@ -115,60 +123,17 @@ impl Code {
                 | Code::TaskStoreUnavailable
         )
     }
-}
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct RouterError {
-    pub code: Code,
-    pub message: String,
-    pub details: Option<Value>,
-    /// Only for `AGENT_ERROR`: the agent's own HTTP status, passed through.
-    pub agent_status: Option<StatusCode>,
-}
-
-impl std::fmt::Display for RouterError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code.as_str(), self.message)
-    }
-}
-
-impl std::error::Error for RouterError {}
-
-impl RouterError {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            details: None,
-            agent_status: None,
-        }
-    }
-
-    pub fn with_details(mut self, details: Value) -> Self {
-        self.details = Some(details);
-        self
-    }
-
-    pub fn status(&self) -> StatusCode {
-        self.agent_status.unwrap_or_else(|| self.code.http_status())
-    }
-
-    pub fn to_envelope_error(&self) -> EnvelopeError {
-        EnvelopeError {
-            code: self.code.as_str().to_string(),
-            message: self.message.clone(),
-            retryable: self.code.is_retryable(),
-            details: self.details.clone(),
+    fn for_body(problem: &BodyProblem) -> Self {
+        match problem {
+            BodyProblem::TooLarge { .. } => Code::PayloadTooLarge,
+            _ => Code::InvalidEnvelope,
         }
     }
 }
 
-impl From<agent_reach_access::AuthError> for RouterError {
-    fn from(error: agent_reach_access::AuthError) -> Self {
-        Self::new(Code::Unauthenticated, error.to_string())
-            .with_details(serde_json::json!({ "reason": error.reason() }))
-    }
-}
+/// Every error the router answers with.
+pub type RouterError = ApiError<Code>;
 
 #[cfg(test)]
 mod tests {
@@ -180,11 +145,9 @@ mod tests {
         assert_eq!(names.len(), Code::ALL.len());
         assert_eq!(Code::SchemaMismatch.http_status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(Code::DeadlineExceeded.http_status(), StatusCode::GATEWAY_TIMEOUT);
-        let agent = RouterError {
-            agent_status: Some(StatusCode::UNPROCESSABLE_ENTITY),
-            ..RouterError::new(Code::AgentError, "no such order")
-        };
+        let agent =
+            RouterError::new(Code::AgentError, "no such order").with_passthrough(StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(agent.status(), StatusCode::UNPROCESSABLE_ENTITY);
-        assert!(!agent.to_envelope_error().retryable);
+        assert!(!agent.envelope_error().retryable);
     }
 }

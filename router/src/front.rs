@@ -30,10 +30,10 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
     }
 }
 
-/// The front door: the hot route, the axum routes for the rest, the body limit.
-pub(crate) fn door(service: Arc<RouterService>) -> Door<Invoke> {
+/// The front door: the hot route (`service`), the axum routes for the rest (`app`), the body limit.
+pub(crate) fn door(app: axum::Router, service: Arc<RouterService>) -> Door<Invoke> {
     Door {
-        app: crate::app(service.clone()),
+        app,
         body_limit: service.tuning().max_body_bytes,
         hot: Invoke(service),
     }

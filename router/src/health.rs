@@ -4,13 +4,13 @@
 //! by step (as nginx restores `effective_weight`), so a recovering instance
 //! gets traffic back gradually. Atomics only.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use agent_reach_proto::Status;
+
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Transition};
 use crate::metrics::InstanceMetrics;
-use crate::snapshot::{Snapshot, Status};
 
 /// Full health, in permille.
 const FULL: u32 = 1000;
@@ -75,7 +75,7 @@ impl InstanceState {
     }
 
     /// Counts one request in flight until the guard drops (the gauge follows
-    /// on each scrape, [`publish_instance_gauges`], not per request).
+    /// on each scrape, `Snapshot::publish_instance_gauges`, not per request).
     pub fn start_request(&self) -> InflightGuard<'_> {
         self.inflight.fetch_add(1, Ordering::Relaxed);
         InflightGuard { state: self }
@@ -147,6 +147,12 @@ impl InstanceState {
         });
     }
 
+    /// Sets the scrape-time gauges: the health score and the requests in flight.
+    pub fn publish(&self, score: i64) {
+        self.metrics.0.health_score.set(score);
+        self.metrics.0.inflight.set(i64::from(self.inflight()));
+    }
+
     /// Exposes the breaker state after a half-open claim.
     pub fn sync_breaker_metric(&self) {
         self.metrics.0.breaker_state.set(self.breaker.state().gauge_value());
@@ -168,61 +174,10 @@ pub fn latency_factor(ewma_us: u64, fastest_ewma_us: u64) -> u64 {
 
 // === Health score ===
 
-/// Publishes every instance's 0–100 health score (the seeds' console score:
-/// heartbeat freshness, error rate and latency in one number) and its requests
-/// in flight. Called when `/metrics` is scraped, never on the request path
-/// (a gauge updated per request was two more shared writes per request).
-///
-/// `score = 100 × freshness × health × latency`, each factor in [0, 1]:
-/// - freshness: the registry keeps an instance only while its heartbeats renew
-///   its lease, so an instance in a connected snapshot is fresh; its reported
-///   status scales it (`ready` 1, `busy` 0.8, `overloaded` 0.5, `starting` and
-///   `draining` 0), and once the registry watch is lost it decays linearly to 0
-///   over `max_staleness`;
-/// - health: the passive health factor, halved by every failure, restored by successes;
-/// - latency: [`latency_factor`] against the fastest instance of the same capability version.
-///
-/// A product, so any one bad dimension pulls the score down. An instance in
-/// several groups keeps its lowest score.
-pub fn publish_instance_gauges(snapshot: &Snapshot, staleness: Duration, max_staleness: Duration) {
-    let stale_permille = if max_staleness.is_zero() {
-        1000
-    } else {
-        (staleness.as_millis() * 1000 / max_staleness.as_millis()).min(1000) as u64
-    };
-    let mut scores: HashMap<&str, (i64, &InstanceState)> = HashMap::new();
-    let groups = snapshot
-        .capabilities
-        .values()
-        .flat_map(|capability| capability.versions.iter());
-    for group in groups {
-        let fastest = group
-            .instances
-            .iter()
-            .map(|instance| instance.state.ewma_us())
-            .filter(|ewma| *ewma > 0)
-            .min()
-            .unwrap_or(0);
-        for instance in &group.instances {
-            let freshness = status_permille(instance.status) * (1000 - stale_permille) / 1000;
-            let score = health_score(
-                freshness,
-                u64::from(instance.state.health_permille()),
-                latency_factor(instance.state.ewma_us(), fastest),
-            );
-            let entry = scores
-                .entry(instance.agent_id.as_str())
-                .or_insert((score, &instance.state));
-            entry.0 = entry.0.min(score);
-        }
-    }
-    for (score, state) in scores.into_values() {
-        state.metrics.0.health_score.set(score);
-        state.metrics.0.inflight.set(i64::from(state.inflight()));
-    }
-}
-
-fn status_permille(status: Status) -> u64 {
+/// How much an instance's reported status counts towards its health score
+/// (the score's freshness factor, see `Snapshot::publish_instance_gauges`),
+/// in permille: `ready` 1, `busy` 0.8, `overloaded` 0.5, `starting` and `draining` 0.
+pub fn status_permille(status: Status) -> u64 {
     match status {
         Status::Ready => 1000,
         Status::Busy => 800,

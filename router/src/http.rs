@@ -1,11 +1,12 @@
-//! The HTTP/JSON face: `POST /v1/invoke`, `GET /v1/openapi.json`, `/healthz`,
-//! `/readyz`, `/metrics`. Every failure is a failed result envelope with a
-//! stable code; no handler answers a bare string error.
+//! The fast path's HTTP/JSON face: `POST /v1/invoke`, the synchronous
+//! `/v1/broadcast`, `GET /v1/openapi.json`, `/healthz`, `/readyz`, `/metrics`,
+//! and the answers for unknown routes and methods. Every failure is a failed
+//! result envelope with a stable code ([`crate::answer`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_proto::envelope::{ResultStatus, ENVELOPE_VERSION};
 use agent_reach_telemetry::spans::{self, Head, KeyValue};
 use axum::body::Body;
 use axum::extract::State;
@@ -17,95 +18,24 @@ use axum::Router;
 use agent_reach_edge::front::Answer;
 use agent_reach_edge::{HeaderLookup, RequestBody};
 
+use crate::answer::{failed, failed_answer, json_response, method_not_allowed, not_found, Known};
 use crate::clock;
 use crate::envelope::{self, CheckedRequest};
-use crate::error::{Code, RouterError};
-use crate::service::{Failure, RouterService};
+use crate::json::Succeeded;
+use crate::service::RouterService;
 use crate::trace::{self, TraceContext};
+use agent_reach_edge::ErrorCode as _;
 
+/// The fast path's routes; the slow path's and `/v1/broadcast` are added by `app`.
 pub fn routes(service: Arc<RouterService>) -> Router {
     Router::new()
         .route("/v1/invoke", post(invoke).fallback(method_not_allowed))
-        .route("/v1/broadcast", post(broadcast).fallback(method_not_allowed))
-        .route("/v1/openapi.json", get(openapi))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .merge(crate::tasks::routes())
+        .route("/v1/openapi.json", get(openapi).fallback(method_not_allowed))
+        .route("/healthz", get(healthz).fallback(method_not_allowed))
+        .route("/readyz", get(readyz).fallback(method_not_allowed))
+        .route("/metrics", get(metrics).fallback(method_not_allowed))
         .fallback(not_found)
         .with_state(service)
-}
-
-/// The succeeded result envelope (DESIGN §3), field for field as
-/// [`ResultEnvelope`] serialises, with the agent's output written as it came
-/// (`null` when it sent none).
-struct Succeeded<'a> {
-    version: &'a str,
-    request_id: &'a str,
-    capability: Option<&'a str>,
-    capability_version: &'a str,
-    agent_id: &'a str,
-    attempts: u32,
-    duration_ms: u64,
-    output: Option<&'a serde_json::value::RawValue>,
-}
-
-impl Succeeded<'_> {
-    fn to_vec(&self) -> Vec<u8> {
-        let output = self.output.map(serde_json::value::RawValue::get);
-        let mut out = Vec::with_capacity(192 + output.map_or(4, str::len));
-        let mut object = crate::json::Object::start(&mut out);
-        object.str("version", self.version);
-        object.str("request_id", self.request_id);
-        object.str("status", "succeeded");
-        object.opt_str("capability", self.capability);
-        object.str("capability_version", self.capability_version);
-        object.str("agent_id", self.agent_id);
-        object.u64("attempts", u64::from(self.attempts));
-        object.u64("duration_ms", self.duration_ms);
-        object.raw("output", output);
-        object.end();
-        out
-    }
-}
-
-fn json_answer(status: StatusCode, envelope: &impl serde::Serialize) -> Answer {
-    // Serialising plain strings and JSON values does not fail; answer something valid anyway.
-    Answer::json(status, envelope).unwrap_or_else(|_| Answer::Json {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            body: br#"{"version":"1.0","request_id":"","status":"failed","attempts":0,"duration_ms":0,"error":{"code":"INTERNAL","message":"result could not be encoded","retryable":true}}"#.to_vec(),
-    })
-}
-
-fn json_response(status: StatusCode, envelope: &impl serde::Serialize) -> Response {
-    json_answer(status, envelope).into_response()
-}
-
-/// What is known about a request when its result envelope is written.
-struct Known {
-    request_id: String,
-    capability: Option<String>,
-    started: Instant,
-}
-
-fn failed(known: Known, failure: Failure) -> Response {
-    failed_answer(known, failure).into_response()
-}
-
-fn failed_answer(known: Known, failure: Failure) -> Answer {
-    let envelope = ResultEnvelope {
-        version: ENVELOPE_VERSION.to_string(),
-        request_id: known.request_id,
-        status: ResultStatus::Failed,
-        capability: known.capability,
-        capability_version: failure.capability_version,
-        agent_id: failure.agent_id,
-        attempts: failure.attempts,
-        duration_ms: known.started.elapsed().as_millis() as u64,
-        output: None,
-        error: Some(failure.error.to_envelope_error()),
-    };
-    json_answer(failure.error.status(), &envelope)
 }
 
 async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
@@ -264,55 +194,17 @@ struct BroadcastAnswer<'a> {
     outcomes: Vec<InstanceOutcome>,
 }
 
-/// `POST /v1/broadcast`: the invoke envelope delivered to every routable
-/// instance at once; 200 with one outcome per instance, or the failed result
-/// envelope when the request itself is refused.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BroadcastQuery {
-    /// `true`: answer at once with a parent task and a child task per instance.
-    #[serde(rename = "async")]
-    asynchronous: Option<bool>,
-}
-
-async fn broadcast(
-    State(service): State<Arc<RouterService>>,
-    query: Result<axum::extract::Query<BroadcastQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let started = Instant::now();
-    match query {
-        Ok(axum::extract::Query(BroadcastQuery {
-            asynchronous: Some(true),
-        })) => {
-            return crate::tasks::submit_broadcast(&service, &headers, body).await;
-        }
-        Ok(_) => {}
-        Err(rejection) => {
-            let known = Known {
-                request_id: trace::new_request_id(),
-                capability: None,
-                started,
-            };
-            let error = RouterError::new(
-                Code::InvalidEnvelope,
-                format!("invalid query: {}", rejection.body_text()),
-            );
-            return failed(known, error.into());
-        }
-    }
+/// `POST /v1/broadcast` (synchronous): the invoke envelope delivered to every
+/// routable instance at once; 200 with one outcome per instance, or the
+/// failed result envelope when the request itself is refused.
+pub async fn broadcast(service: &RouterService, headers: &HeaderMap, body: Body, started: Instant) -> Response {
     let trace = TraceContext::from_header(headers.value("traceparent"));
-    let mut known = Known {
-        request_id: trace::new_request_id(),
-        capability: None,
-        started,
-    };
-    let caller = match service.authenticate(&headers) {
+    let mut known = Known::fresh(started);
+    let caller = match service.authenticate(headers) {
         Ok(caller) => caller,
         Err(error) => return failed(known, error.into()),
     };
-    let checked = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
+    let checked = match envelope::read_body(headers, body, service.tuning().max_body_bytes).await {
         Ok(bytes) => envelope::parse(&bytes).and_then(|request| {
             if let Some(id) = request
                 .request_id
@@ -347,7 +239,7 @@ async fn broadcast(
                         agent_id,
                         status: ResultStatus::Failed,
                         output: None,
-                        error: Some(failure.error.to_envelope_error()),
+                        error: Some(failure.error.envelope_error()),
                     },
                 })
                 .collect();
@@ -396,11 +288,16 @@ async fn readyz(State(service): State<Arc<RouterService>>) -> Response {
         )
             .into_response();
     }
+    let current = snapshot.load();
+    let routing = format!(
+        "snapshot revision {}, {} instance(s)",
+        current.revision, current.instance_count
+    );
     let text = if snapshot.is_connected() {
-        "ready\n".to_string()
+        format!("ready ({routing})\n")
     } else {
         format!(
-            "ready (registry unreachable for {} s; serving the last snapshot)\n",
+            "ready ({routing}; registry unreachable for {} s, serving the last snapshot)\n",
             staleness.as_secs()
         )
     };
@@ -413,112 +310,13 @@ async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
         .metrics()
         .snapshot_staleness_seconds
         .set(staleness.as_secs() as i64);
-    crate::health::publish_instance_gauges(&service.snapshot().load(), staleness, service.tuning().max_staleness);
+    service
+        .snapshot()
+        .load()
+        .publish_instance_gauges(staleness, service.tuning().max_staleness);
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         service.metrics().render(),
     )
         .into_response()
-}
-
-async fn not_found() -> Response {
-    refused(RouterError::new(
-        Code::NotFound,
-        "no such route; see GET /v1/openapi.json",
-    ))
-}
-
-async fn method_not_allowed() -> Response {
-    refused(RouterError::new(
-        Code::MethodNotAllowed,
-        "use POST for /v1/invoke; see GET /v1/openapi.json",
-    ))
-}
-
-/// A failed envelope for a request that never reached the pipeline.
-fn refused(error: RouterError) -> Response {
-    failed(
-        Known {
-            request_id: trace::new_request_id(),
-            capability: None,
-            started: Instant::now(),
-        },
-        error.into(),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_succeeded_envelope_is_written_as_result_envelope_writes_it_with_the_output_verbatim() {
-        let output =
-            serde_json::value::RawValue::from_string(r#"{"big":12345678901234567890123,"x":1.50}"#.into()).unwrap();
-        let written = String::from_utf8(
-            Succeeded {
-                version: ENVELOPE_VERSION,
-                request_id: "r-1",
-                capability: Some("order.query"),
-                capability_version: "1.2.0",
-                agent_id: "order_query-1",
-                attempts: 2,
-                duration_ms: 7,
-                output: Some(&output),
-            }
-            .to_vec(),
-        )
-        .unwrap();
-        // Digits a JSON value would round away stay as the agent sent them.
-        assert!(
-            written.contains(r#""output":{"big":12345678901234567890123,"x":1.50}"#),
-            "{written}"
-        );
-        let parsed: ResultEnvelope = serde_json::from_str(&written).unwrap();
-        let expected = ResultEnvelope {
-            version: ENVELOPE_VERSION.to_string(),
-            request_id: "r-1".into(),
-            status: ResultStatus::Succeeded,
-            capability: Some("order.query".into()),
-            capability_version: Some("1.2.0".into()),
-            agent_id: Some("order_query-1".into()),
-            attempts: 2,
-            duration_ms: 7,
-            output: parsed.output.clone(),
-            error: None,
-        };
-        assert_eq!(parsed, expected);
-        let reference = serde_json::to_value(&expected).unwrap();
-        let ours: serde_json::Value = serde_json::from_str(&written).unwrap();
-        assert_eq!(ours, reference, "same fields, same names");
-
-        // No output is `null`; strings are escaped; no capability, no field; byte for byte as serde writes.
-        let written = Succeeded {
-            version: ENVELOPE_VERSION,
-            request_id: "r\"\\1",
-            capability: None,
-            capability_version: "1.0.0",
-            agent_id: "a\u{1}",
-            attempts: 1,
-            duration_ms: 0,
-            output: None,
-        }
-        .to_vec();
-        let reference = ResultEnvelope {
-            version: ENVELOPE_VERSION.to_string(),
-            request_id: "r\"\\1".into(),
-            status: ResultStatus::Succeeded,
-            capability: None,
-            capability_version: Some("1.0.0".into()),
-            agent_id: Some("a\u{1}".into()),
-            attempts: 1,
-            duration_ms: 0,
-            output: Some(serde_json::Value::Null),
-            error: None,
-        };
-        assert_eq!(
-            String::from_utf8(written).unwrap(),
-            serde_json::to_string(&reference).unwrap()
-        );
-    }
 }

@@ -1,8 +1,14 @@
-//! The router's own envelopes written field by field: literal keys, strings
+//! The router's own envelopes written field by field (the forwarded envelope,
+//! [`Forwarded`], and the succeeded result envelope, [`Succeeded`]): literal keys, strings
 //! escaped exactly as serde_json escapes them, nested values (payloads) by
 //! serde_json. Derived `Serialize` went through serde's field machinery per
 //! field and per request (~3 % of the router's CPU for the forwarded and
 //! result envelopes); tests keep each writer byte-equal to the contract type.
+
+use agent_reach_access::Caller;
+use agent_reach_proto::envelope::{InvokeRequest, Priority, ENVELOPE_VERSION};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 /// A JSON object being written into a buffer.
 pub(crate) struct Object<'a> {
@@ -63,6 +69,101 @@ impl<'a> Object<'a> {
     }
 }
 
+/// [`ForwardedEnvelope`] as the router writes it, borrowing what it already
+/// holds instead of copying six strings and the payload per call; written as
+/// the same JSON (a test keeps the two equal).
+pub(crate) struct Forwarded<'a> {
+    pub(crate) version: &'a str,
+    pub(crate) request_id: &'a str,
+    pub(crate) session_id: Option<&'a str>,
+    pub(crate) context_id: Option<&'a str>,
+    pub(crate) capability: &'a str,
+    pub(crate) capability_version: &'a str,
+    pub(crate) source: Option<&'a str>,
+    pub(crate) priority: Priority,
+    pub(crate) deadline: u64,
+    pub(crate) attempt: u32,
+    pub(crate) payload: &'a Value,
+}
+
+impl<'a> Forwarded<'a> {
+    /// What the router forwards of `request` for `capability` at `capability_version`.
+    pub(crate) fn new(
+        request: &'a InvokeRequest,
+        request_id: &'a str,
+        (capability, capability_version): (&'a str, &'a str),
+        caller: &'a Caller,
+        deadline: u64,
+        attempt: u32,
+    ) -> Self {
+        Self {
+            version: ENVELOPE_VERSION,
+            request_id,
+            session_id: request.session_id.as_deref(),
+            context_id: request.context_id.as_deref(),
+            capability,
+            capability_version,
+            source: caller.name(),
+            priority: request.priority.unwrap_or_default(),
+            deadline,
+            attempt,
+            payload: &request.payload,
+        }
+    }
+
+    /// The envelope's JSON, field for field as [`ForwardedEnvelope`] serialises.
+    pub(crate) fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(256);
+        let mut object = Object::start(&mut out);
+        object.str("version", self.version);
+        object.str("request_id", self.request_id);
+        object.opt_str("session_id", self.session_id);
+        object.opt_str("context_id", self.context_id);
+        object.str("capability", self.capability);
+        object.str("capability_version", self.capability_version);
+        object.opt_str("source", self.source);
+        object.str("priority", self.priority.as_str());
+        object.u64("deadline", self.deadline);
+        object.u64("attempt", u64::from(self.attempt));
+        object.value("payload", self.payload)?;
+        object.end();
+        Ok(out)
+    }
+}
+
+/// The succeeded result envelope (DESIGN §3), field for field as
+/// [`ResultEnvelope`] serialises, with the agent's output written as it came
+/// (`null` when it sent none).
+pub(crate) struct Succeeded<'a> {
+    pub(crate) version: &'a str,
+    pub(crate) request_id: &'a str,
+    pub(crate) capability: Option<&'a str>,
+    pub(crate) capability_version: &'a str,
+    pub(crate) agent_id: &'a str,
+    pub(crate) attempts: u32,
+    pub(crate) duration_ms: u64,
+    pub(crate) output: Option<&'a RawValue>,
+}
+
+impl Succeeded<'_> {
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        let output = self.output.map(RawValue::get);
+        let mut out = Vec::with_capacity(192 + output.map_or(4, str::len));
+        let mut object = Object::start(&mut out);
+        object.str("version", self.version);
+        object.str("request_id", self.request_id);
+        object.str("status", "succeeded");
+        object.opt_str("capability", self.capability);
+        object.str("capability_version", self.capability_version);
+        object.str("agent_id", self.agent_id);
+        object.u64("attempts", u64::from(self.attempts));
+        object.u64("duration_ms", self.duration_ms);
+        object.raw("output", output);
+        object.end();
+        out
+    }
+}
+
 /// `text` as a JSON string, escaped as serde_json escapes it (only `"`, `\`
 /// and control characters below 0x20).
 pub(crate) fn string(out: &mut Vec<u8>, text: &str) {
@@ -101,6 +202,9 @@ fn needs_escape(bytes: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use agent_reach_proto::envelope::{ForwardedEnvelope, ResultEnvelope, ResultStatus};
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -164,5 +268,118 @@ mod tests {
         let mut empty = Vec::new();
         Object::start(&mut empty).end();
         assert_eq!(empty, b"{}");
+    }
+
+    /// The borrowed envelope the router writes is the agents' `ForwardedEnvelope`, byte for byte.
+    #[test]
+    fn the_forwarded_envelope_is_written_as_the_contract_type() {
+        let payload = json!({ "order_id": "SO-1", "lines": [1, 2.5, "x\"y"] });
+        let cases = [
+            (Some("s-1"), Some("c-1"), Some("caller"), "req-1", Priority::High),
+            (None, None, None, "req\"\\2", Priority::Normal),
+            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low),
+        ];
+        for (session_id, context_id, source, request_id, priority) in cases {
+            let borrowed = Forwarded {
+                version: ENVELOPE_VERSION,
+                request_id,
+                session_id,
+                context_id,
+                capability: "order.query",
+                capability_version: "1.2.0",
+                source,
+                priority,
+                deadline: 1_700_000_000_123,
+                attempt: 2,
+                payload: &payload,
+            };
+            let owned = ForwardedEnvelope {
+                version: ENVELOPE_VERSION.to_string(),
+                request_id: request_id.to_string(),
+                session_id: session_id.map(str::to_string),
+                context_id: context_id.map(str::to_string),
+                capability: "order.query".to_string(),
+                capability_version: "1.2.0".to_string(),
+                source: source.map(str::to_string),
+                priority,
+                deadline: 1_700_000_000_123,
+                attempt: 2,
+                payload: payload.clone(),
+            };
+            let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
+            assert_eq!(written, serde_json::to_string(&owned).unwrap());
+            assert_eq!(serde_json::from_str::<ForwardedEnvelope>(&written).unwrap(), owned);
+        }
+    }
+
+    #[test]
+    fn a_succeeded_envelope_is_written_as_result_envelope_writes_it_with_the_output_verbatim() {
+        let output =
+            serde_json::value::RawValue::from_string(r#"{"big":12345678901234567890123,"x":1.50}"#.into()).unwrap();
+        let written = String::from_utf8(
+            Succeeded {
+                version: ENVELOPE_VERSION,
+                request_id: "r-1",
+                capability: Some("order.query"),
+                capability_version: "1.2.0",
+                agent_id: "order_query-1",
+                attempts: 2,
+                duration_ms: 7,
+                output: Some(&output),
+            }
+            .to_vec(),
+        )
+        .unwrap();
+        // Digits a JSON value would round away stay as the agent sent them.
+        assert!(
+            written.contains(r#""output":{"big":12345678901234567890123,"x":1.50}"#),
+            "{written}"
+        );
+        let parsed: ResultEnvelope = serde_json::from_str(&written).unwrap();
+        let expected = ResultEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: "r-1".into(),
+            status: ResultStatus::Succeeded,
+            capability: Some("order.query".into()),
+            capability_version: Some("1.2.0".into()),
+            agent_id: Some("order_query-1".into()),
+            attempts: 2,
+            duration_ms: 7,
+            output: parsed.output.clone(),
+            error: None,
+        };
+        assert_eq!(parsed, expected);
+        let reference = serde_json::to_value(&expected).unwrap();
+        let ours: serde_json::Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(ours, reference, "same fields, same names");
+
+        // No output is `null`; strings are escaped; no capability, no field; byte for byte as serde writes.
+        let written = Succeeded {
+            version: ENVELOPE_VERSION,
+            request_id: "r\"\\1",
+            capability: None,
+            capability_version: "1.0.0",
+            agent_id: "a\u{1}",
+            attempts: 1,
+            duration_ms: 0,
+            output: None,
+        }
+        .to_vec();
+        let reference = ResultEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: "r\"\\1".into(),
+            status: ResultStatus::Succeeded,
+            capability: None,
+            capability_version: Some("1.0.0".into()),
+            agent_id: Some("a\u{1}".into()),
+            attempts: 1,
+            duration_ms: 0,
+            output: Some(serde_json::Value::Null),
+            error: None,
+        };
+        assert_eq!(
+            String::from_utf8(written).unwrap(),
+            serde_json::to_string(&reference).unwrap()
+        );
     }
 }

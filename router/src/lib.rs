@@ -1,36 +1,43 @@
 //! The router (DESIGN §3): turns "I need `order.query`" into a reliable call to
 //! a healthy instance, and every failure into a stable answer.
 //!
-//! - [`watch`] feeds the immutable [`snapshot`] from the registry's Watch stream.
-//! - [`envelope`] parses and checks the request envelope at the edge.
-//! - [`service`] runs the pipeline: ACL, version resolve, schema check, then
-//!   [`select`] (WRR, least connections, consistent hash) over [`health`]- and
-//!   [`breaker`]-aware candidates, [`forward`] with the deadline, [`retry`] rules.
-//! - [`error`] holds the stable codes; [`http`] and [`openapi`] are the API.
+//! The fast path: [`watch`] feeds the immutable [`snapshot`] from the
+//! registry's Watch stream; a front door ([`http`], [`front`]) authenticates
+//! and parses the envelope ([`envelope`]); [`service`] admits the call
+//! ([`admission`]: ACL, capability, version, schema, deadline), then
+//! [`select`]s among routable instances ([`health`]- and [`breaker`]-aware),
+//! [`forward`]s with the deadline and classifies the [`outcome`], retrying by
+//! the [`retry`] rules; every failure answers one shape ([`answer`]).
+//! The slow path ([`tasks`]) sits beside it and uses it; [`app`] composes the
+//! routes of both. This file is the crate's front: build, serve, run.
 //!
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
 
-pub mod breaker;
-pub mod clock;
-pub mod config;
-pub mod envelope;
-pub mod error;
-pub mod forward;
-pub mod front;
-pub mod health;
-pub mod histogram;
-pub mod http;
+mod admission;
+mod answer;
+mod app;
+mod breaker;
+mod clock;
+mod config;
+mod envelope;
+mod error;
+mod forward;
+mod front;
+mod health;
+mod histogram;
+mod http;
 mod json;
-pub mod metrics;
-pub mod openapi;
-pub mod retry;
-pub mod select;
-pub mod service;
-pub mod snapshot;
-pub mod tasks;
-pub mod trace;
-pub mod watch;
+mod metrics;
+mod openapi;
+mod outcome;
+mod retry;
+mod select;
+mod service;
+mod snapshot;
+mod tasks;
+mod trace;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -38,17 +45,49 @@ use std::sync::Arc;
 use agent_reach_access::{AclHandle, Authenticator};
 use anyhow::Context;
 
-pub use config::{RouterArgs, Settings, Tuning};
-pub use service::RouterService;
+pub use config::{RouterArgs, Settings};
+pub use service::Tuning;
+pub use tasks::{TagLimit, TaskArgs, TasksSettings};
+pub use watch::RegistryCredential;
 
-/// The whole API as one axum router (tests drive it in-process).
-pub fn app(service: Arc<RouterService>) -> axum::Router {
-    http::routes(service)
+use service::RouterService;
+use tasks::TaskService;
+
+/// A built router: the fast path and, with `--redis`, the slow path beside
+/// it. Cheap to clone; the background work (the registry watch, the task
+/// worker) stops once every clone and every server using it is gone.
+#[derive(Clone)]
+pub struct Router {
+    service: Arc<RouterService>,
+    tasks: Option<Arc<TaskService>>,
 }
 
-/// Builds the policy, authenticator and service, and starts the registry
-/// watch that feeds the snapshot (it stops when the service is dropped).
-pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RouterService>> {
+impl Router {
+    /// The whole API as one axum router (tests drive it in-process).
+    pub fn app(&self) -> axum::Router {
+        app::routes(self.service.clone(), self.tasks.clone())
+    }
+
+    /// The front door serving this router: its hot route and every other route.
+    fn door(&self) -> agent_reach_edge::front::Door<front::Invoke> {
+        front::door(self.app(), self.service.clone())
+    }
+
+    /// The instances the router can currently route to, by id (tests and diagnostics).
+    pub fn routed_agent_ids(&self) -> Vec<String> {
+        self.service.snapshot().load().agent_ids()
+    }
+}
+
+/// Every path of the OpenAPI description with its method (tests compare it with the routes).
+pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
+    &openapi::PATHS
+}
+
+/// Builds the policy, authenticator and service, starts the registry watch
+/// that feeds the snapshot and, with `--redis`, the slow path's worker and
+/// callback sender.
+pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     let metrics = metrics::Metrics::new().context("registering metrics")?;
     let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
     let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
@@ -67,21 +106,21 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RouterService>> {
     ));
     let tasks = match &settings.tasks {
         Some(tasks) => Some(Arc::new(
-            tasks::Tasks::new(tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
+            TaskService::new(tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
         )),
         None => None,
     };
-    let mut service = RouterService::new(settings.tuning.clone(), snapshot, acl, auth, metrics);
+    let service = Arc::new(RouterService::new(
+        settings.tuning.clone(),
+        snapshot,
+        acl,
+        auth,
+        metrics,
+    ));
     if let Some(tasks) = &tasks {
-        service.set_tasks(tasks.clone());
+        tasks.start(&service);
     }
-    let service = Arc::new(service);
-    if let Some(tasks) = tasks {
-        // The worker holds the service weakly: it stops when the router is dropped.
-        tokio::spawn(tasks::run_callbacks(Arc::downgrade(&tasks)));
-        tokio::spawn(tasks::run_worker(Arc::downgrade(&service), tasks));
-    }
-    Ok(service)
+    Ok(Router { service, tasks })
 }
 
 /// Runs the router until `shutdown` resolves.
@@ -89,37 +128,38 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
     let settings = args
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
-    let service = build(&settings).await?;
+    let router = build(&settings).await?;
     let threads = agent_reach_edge::serve::thread_count(settings.tuning.threads);
     tracing::info!(
         message = "Router listening.", address = %settings.listen, registry = %settings.registry, threads
     );
-    serve_per_core(settings.listen, threads, service, shutdown).await
+    serve_per_core(settings.listen, threads, router, shutdown).await
 }
 
 /// Serves on `threads` threads (0: one per core), each a single-threaded
 /// runtime with its own `SO_REUSEPORT` listener on `addr` (see
 /// [`agent_reach_edge::serve::per_core`]) behind the router's front door
 /// ([`front`]): a request, its forwarded call and its answer stay on one
-/// thread. Background work (the registry watch, ACL reload) stays on the
-/// caller's runtime.
+/// thread. Background work (the registry watch, ACL reload, the task
+/// worker) stays on the caller's runtime.
 pub async fn serve_per_core(
     addr: std::net::SocketAddr,
     threads: usize,
-    service: Arc<RouterService>,
+    router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    front::door(service).per_core("router", addr, threads, shutdown).await
+    router.door().per_core("router", addr, threads, shutdown).await
 }
 
-/// Serves `service` on an already bound listener, behind the same front door
+/// Serves `router` on an already bound listener, behind the same front door
 /// (tests bind port 0).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    service: Arc<RouterService>,
+    router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    front::door(service)
+    router
+        .door()
         .serve(listener, shutdown)
         .await
         .context("router server failed")

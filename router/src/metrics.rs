@@ -10,6 +10,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registr
 
 use crate::error::Code;
 use crate::histogram::{Histogram, HistogramFamily};
+use agent_reach_edge::ErrorCode as _;
 
 /// The `outcome` label values: `succeeded` then every error code.
 pub const OUTCOMES: usize = 1 + Code::ALL.len();
@@ -66,9 +67,9 @@ impl CapabilityMetrics {
 #[derive(Clone)]
 pub struct InstanceMetrics {
     pub breaker_state: IntGauge,
-    /// Requests in flight, refreshed on each scrape (`health::publish_instance_gauges`).
+    /// Requests in flight, refreshed on each scrape (`Snapshot::publish_instance_gauges`).
     pub inflight: IntGauge,
-    /// The 0–100 health score, refreshed on each scrape (`health::publish_instance_gauges`).
+    /// The 0–100 health score, refreshed on each scrape (`Snapshot::publish_instance_gauges`).
     pub health_score: IntGauge,
 }
 

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use serde_json::{json, Value};
 
 use crate::error::Code;
+use agent_reach_edge::ErrorCode as _;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
 pub const PATHS: [(&str, &str); 11] = [
@@ -28,13 +29,195 @@ pub fn document() -> &'static Value {
     DOCUMENT.get_or_init(build)
 }
 
+/// A failure answer: the failed result envelope (every route's one shape).
+fn failed(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ResultEnvelope" } } }
+    })
+}
+
+fn ok(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } }
+    })
+}
+
+fn text(description: &str) -> Value {
+    json!({ "description": description, "content": { "text/plain": { "schema": { "type": "string" } } } })
+}
+
+/// Failures every authenticated route can answer.
+fn authenticated(mut responses: serde_json::Map<String, Value>) -> Value {
+    responses.insert(
+        "401".into(),
+        failed("UNAUTHENTICATED: no, a malformed, expired or forged bearer token."),
+    );
+    responses.insert("405".into(), failed("METHOD_NOT_ALLOWED."));
+    Value::Object(responses)
+}
+
+/// Failures of the task routes (the slow path).
+fn task_failures(responses: &mut serde_json::Map<String, Value>) {
+    responses.insert(
+        "501".into(),
+        failed("TASKS_DISABLED: this router runs without --redis."),
+    );
+    responses.insert(
+        "503".into(),
+        failed("TASK_STORE_UNAVAILABLE: Redis is unreachable; retry shortly."),
+    );
+}
+
+fn map(entries: Vec<(&str, Value)>) -> serde_json::Map<String, Value> {
+    entries
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect()
+}
+
+fn task_id_parameter() -> Value {
+    json!([{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }])
+}
+
 fn build() -> Value {
     let codes: Vec<&str> = Code::ALL.iter().map(|code| code.as_str()).collect();
-    let failed = |description: &str| {
-        json!({
-            "description": description,
-            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ResultEnvelope" } } }
-        })
+    let envelope_failures = || {
+        vec![
+            ("400", failed("INVALID_ENVELOPE (details.field names the field).")),
+            ("403", failed("FORBIDDEN (details name caller and capability).")),
+            (
+                "404",
+                failed("CAPABILITY_NOT_FOUND or VERSION_NOT_FOUND (details.available lists versions)."),
+            ),
+            ("413", failed("PAYLOAD_TOO_LARGE (details.limit_bytes).")),
+        ]
+    };
+    let mut invoke = map(envelope_failures());
+    invoke.extend(map(vec![
+        (
+            "200",
+            ok(
+                "Succeeded: `status` is `succeeded` and `output` holds the agent's answer.",
+                "ResultEnvelope",
+            ),
+        ),
+        (
+            "422",
+            failed("SCHEMA_MISMATCH (details.errors[].pointer), or an agent's own 422 as AGENT_ERROR."),
+        ),
+        ("429", failed("OVERLOADED: every instance tried answered 429.")),
+        (
+            "502",
+            failed("ALL_RETRIES_EXHAUSTED, or AGENT_ERROR without a status of its own."),
+        ),
+        ("503", failed("NO_AVAILABLE_INSTANCE.")),
+        ("504", failed("DEADLINE_EXCEEDED.")),
+        (
+            "default",
+            failed("AGENT_ERROR: the agent's business error, its status passed through."),
+        ),
+    ]));
+    let mut broadcast = map(envelope_failures());
+    broadcast.extend(map(vec![
+        (
+            "200",
+            ok(
+                "Synchronous: one outcome per instance; asynchronous: this request_id was submitted before.",
+                "BroadcastAnswer",
+            ),
+        ),
+        (
+            "202",
+            ok(
+                "Asynchronous (`?async=true`): the parent task and a child task per instance, stored.",
+                "BroadcastTask",
+            ),
+        ),
+        ("422", failed("SCHEMA_MISMATCH.")),
+        (
+            "501",
+            failed("TASKS_DISABLED: `?async=true` on a router without --redis."),
+        ),
+        (
+            "503",
+            failed("NO_AVAILABLE_INSTANCE, or TASK_STORE_UNAVAILABLE (asynchronous)."),
+        ),
+        ("504", failed("DEADLINE_EXCEEDED: the deadline had passed.")),
+    ]));
+    broadcast.insert("400".into(), failed("INVALID_ENVELOPE, INVALID_CALLBACK, or INVALID_QUERY (an unknown query parameter or a non-boolean `async`)."));
+    let mut submit = map(vec![
+        ("202", ok("Stored and queued.", "TaskAccepted")),
+        (
+            "200",
+            ok(
+                "This request_id was submitted before: the existing task.",
+                "TaskAccepted",
+            ),
+        ),
+        (
+            "400",
+            failed("INVALID_ENVELOPE (details.field) or INVALID_CALLBACK (details.reason)."),
+        ),
+        ("403", failed("FORBIDDEN: the caller may not call the capability.")),
+        ("413", failed("PAYLOAD_TOO_LARGE.")),
+    ]);
+    task_failures(&mut submit);
+    let mut status = map(vec![
+        ("200", ok("The task.", "Task")),
+        ("404", failed("TASK_NOT_FOUND (or another caller's task).")),
+    ]);
+    task_failures(&mut status);
+    let mut cancel = map(vec![
+        ("200", ok("The canceled task.", "Task")),
+        ("404", failed("TASK_NOT_FOUND.")),
+        ("409", failed("TASK_CONFLICT: the task has already ended.")),
+    ]);
+    task_failures(&mut cancel);
+    let mut events = map(vec![
+        (
+            "200",
+            json!({ "description": "Server-sent events: one `state` event per state; the last carries the result.", "content": { "text/event-stream": { "schema": { "type": "string" } } } }),
+        ),
+        ("404", failed("TASK_NOT_FOUND.")),
+    ]);
+    task_failures(&mut events);
+    let mut results = map(vec![
+        (
+            "200",
+            ok("The session's finished tasks after the cursor.", "SessionResults"),
+        ),
+        (
+            "400",
+            failed("INVALID_QUERY: an unknown query parameter, or `limit`/`after` of the wrong type."),
+        ),
+    ]);
+    task_failures(&mut results);
+    let invoke_properties = json!({
+        "version": { "type": "string", "enum": ["1.0"] },
+        "request_id": { "type": "string", "maxLength": 128, "description": "Idempotency key; generated when absent." },
+        "session_id": { "type": "string", "description": "Key of consistent_hash." },
+        "context_id": { "type": "string" },
+        "capability": { "type": "string", "pattern": "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$" },
+        "capability_version": { "type": "string", "description": "Semver requirement; absent means the highest version." },
+        "target_policy": { "type": "string", "enum": ["weighted_round_robin", "least_connections", "consistent_hash"] },
+        "priority": { "type": "string", "enum": ["high", "normal", "low"] },
+        "timeout_ms": { "type": "integer", "minimum": 1 },
+        "deadline": { "type": "integer", "description": "Absolute epoch milliseconds; wins over timeout_ms." },
+        "payload": { "description": "Checked against the capability's input schema." }
+    });
+    let mut task_properties = invoke_properties.clone();
+    task_properties["callback"] = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["url"],
+        "properties": { "url": { "type": "string" }, "secret_ref": { "type": "string" } }
+    });
+    let operational = |responses: Vec<(&str, Value)>| {
+        let mut responses = map(responses);
+        responses.insert("405".into(), failed("METHOD_NOT_ALLOWED."));
+        Value::Object(responses)
     };
     json!({
         "openapi": "3.0.3",
@@ -42,7 +225,8 @@ fn build() -> Value {
             "title": "Agent-Reach router",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Call a capability by name: authenticated (bearer JWT), authorised (acl.yaml), \
-                            schema-checked, routed to a healthy instance, retried on unavailability."
+                            schema-checked, routed to a healthy instance, retried on unavailability. \
+                            Every failure of every route answers the failed ResultEnvelope with a stable code."
         },
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer", "bearerFormat": "JWT" } },
@@ -51,19 +235,14 @@ fn build() -> Value {
                     "type": "object",
                     "additionalProperties": false,
                     "required": ["capability"],
-                    "properties": {
-                        "version": { "type": "string", "enum": ["1.0"] },
-                        "request_id": { "type": "string", "maxLength": 128, "description": "Idempotency key; generated when absent." },
-                        "session_id": { "type": "string", "description": "Key of consistent_hash." },
-                        "context_id": { "type": "string" },
-                        "capability": { "type": "string", "pattern": "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$" },
-                        "capability_version": { "type": "string", "description": "Semver requirement; absent means the highest version." },
-                        "target_policy": { "type": "string", "enum": ["weighted_round_robin", "least_connections", "consistent_hash"] },
-                        "priority": { "type": "string", "enum": ["high", "normal", "low"] },
-                        "timeout_ms": { "type": "integer", "minimum": 1 },
-                        "deadline": { "type": "integer", "description": "Absolute epoch milliseconds; wins over timeout_ms." },
-                        "payload": { "description": "Checked against the capability's input schema." }
-                    }
+                    "properties": invoke_properties
+                },
+                "TaskRequest": {
+                    "description": "The invoke envelope plus an optional callback.",
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["capability"],
+                    "properties": task_properties
                 },
                 "ResultEnvelope": {
                     "type": "object",
@@ -90,6 +269,87 @@ fn build() -> Value {
                         "retryable": { "type": "boolean" },
                         "details": { "type": "object" }
                     }
+                },
+                "BroadcastAnswer": {
+                    "type": "object",
+                    "required": ["version", "request_id", "duration_ms", "outcomes"],
+                    "properties": {
+                        "version": { "type": "string" },
+                        "request_id": { "type": "string" },
+                        "capability": { "type": "string" },
+                        "duration_ms": { "type": "integer" },
+                        "outcomes": { "type": "array", "items": {
+                            "type": "object",
+                            "required": ["agent_id", "status"],
+                            "properties": {
+                                "agent_id": { "type": "string" },
+                                "status": { "type": "string", "enum": ["succeeded", "failed"] },
+                                "output": {},
+                                "error": { "$ref": "#/components/schemas/EnvelopeError" }
+                            }
+                        } }
+                    }
+                },
+                "BroadcastTask": {
+                    "type": "object",
+                    "required": ["task_id", "status", "children"],
+                    "properties": {
+                        "task_id": { "type": "string" },
+                        "status": { "type": "string" },
+                        "children": { "type": "array", "items": {
+                            "type": "object",
+                            "required": ["agent_id", "task_id"],
+                            "properties": { "agent_id": { "type": "string" }, "task_id": { "type": "string" } }
+                        } }
+                    }
+                },
+                "TaskAccepted": {
+                    "type": "object",
+                    "required": ["task_id", "status"],
+                    "properties": {
+                        "task_id": { "type": "string" },
+                        "status": { "type": "string" },
+                        "duplicate": { "type": "boolean" }
+                    }
+                },
+                "Task": {
+                    "type": "object",
+                    "required": ["task_id", "request_id", "capability", "priority", "status", "attempts", "created_at", "updated_at", "transitions"],
+                    "properties": {
+                        "task_id": { "type": "string" },
+                        "request_id": { "type": "string" },
+                        "session_id": { "type": "string", "nullable": true },
+                        "capability": { "type": "string" },
+                        "priority": { "type": "string", "enum": ["high", "normal", "low"] },
+                        "status": { "type": "string", "enum": ["pending", "running", "retrying", "succeeded", "failed", "canceled"] },
+                        "attempts": { "type": "integer" },
+                        "created_at": { "type": "integer" },
+                        "updated_at": { "type": "integer" },
+                        "transitions": { "type": "array", "items": {
+                            "type": "object",
+                            "required": ["status", "at"],
+                            "properties": { "status": { "type": "string" }, "at": { "type": "integer" } }
+                        } },
+                        "result": { "description": "The result envelope once the task has ended (null before)." }
+                    }
+                },
+                "SessionResults": {
+                    "type": "object",
+                    "required": ["session_id", "results"],
+                    "properties": {
+                        "session_id": { "type": "string" },
+                        "results": { "type": "array", "items": {
+                            "type": "object",
+                            "required": ["cursor", "task_id", "status"],
+                            "properties": {
+                                "cursor": { "type": "string" },
+                                "task_id": { "type": "string" },
+                                "status": { "type": "string" },
+                                "result": {}
+                            }
+                        } },
+                        "next_after": { "type": "string", "nullable": true, "description": "Pass as `after` to continue." }
+                    }
                 }
             }
         },
@@ -102,70 +362,50 @@ fn build() -> Value {
                         "required": true,
                         "content": { "application/json": { "schema": { "$ref": "#/components/schemas/InvokeRequest" } } }
                     },
-                    "responses": {
-                        "200": failed("Succeeded: `status` is `succeeded` and `output` holds the agent's answer."),
-                        "400": failed("INVALID_ENVELOPE (details.field names the field)."),
-                        "401": failed("UNAUTHENTICATED."),
-                        "403": failed("FORBIDDEN (details name caller and capability)."),
-                        "404": failed("CAPABILITY_NOT_FOUND or VERSION_NOT_FOUND (details.available lists versions)."),
-                        "413": failed("PAYLOAD_TOO_LARGE."),
-                        "422": failed("SCHEMA_MISMATCH (details.errors[].pointer), or an agent's own 422 as AGENT_ERROR."),
-                        "429": failed("OVERLOADED: every instance tried answered 429."),
-                        "502": failed("ALL_RETRIES_EXHAUSTED, or AGENT_ERROR without a status of its own."),
-                        "503": failed("NO_AVAILABLE_INSTANCE."),
-                        "504": failed("DEADLINE_EXCEEDED."),
-                        "default": failed("AGENT_ERROR: the agent's business error, its status passed through.")
-                    }
+                    "responses": authenticated(invoke)
                 }
             },
-            "/v1/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3 JSON" } } } },
             "/v1/broadcast": {
                 "post": {
                     "summary": "Deliver one envelope to every routable instance of a capability (fan-out)",
-                    "description": "Same envelope and checks as /v1/invoke. 200 {request_id, capability, duration_ms, outcomes: [{agent_id, status, output | error}]}; a refused request answers the failed result envelope.",
+                    "description": "Same envelope and checks as /v1/invoke. `?async=true` stores a parent task and a child task per routable instance instead (needs --redis).",
                     "security": [{ "bearer": [] }],
-                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/InvokeRequest" } } } },
-                    "responses": {
-                        "200": { "description": "one outcome per instance" },
-                        "default": failed("refused: a failed result envelope with a stable code")
-                    }
+                    "parameters": [{ "name": "async", "in": "query", "required": false, "schema": { "type": "boolean" } }],
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskRequest" } } } },
+                    "responses": authenticated(broadcast)
                 }
             },
             "/v1/tasks": {
                 "post": {
                     "summary": "Submit an asynchronous task: the invoke envelope plus an optional callback {url, secret_ref?}",
-                    "description": "202 {task_id, status: pending} once durably stored; a repeated request_id returns 200 with the existing task. Needs the router to run with --redis (else 501 TASKS_DISABLED).",
+                    "description": "202 once durably stored; a repeated request_id answers 200 with the existing task. Needs the router to run with --redis.",
                     "security": [{ "bearer": [] }],
-                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object" } } } },
-                    "responses": {
-                        "202": { "description": "stored and queued" },
-                        "200": { "description": "this request_id was submitted before: the existing task" },
-                        "default": { "description": "refused; body {error: {code, message, retryable}}" }
-                    }
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskRequest" } } } },
+                    "responses": authenticated(submit)
                 }
             },
             "/v1/tasks/{task_id}": {
                 "get": {
                     "summary": "A task's state, attempts, transitions and result",
                     "security": [{ "bearer": [] }],
-                    "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
-                    "responses": { "200": { "description": "the task" }, "default": { "description": "error body" } }
+                    "parameters": task_id_parameter(),
+                    "responses": authenticated(status)
                 }
             },
             "/v1/tasks/{task_id}/cancel": {
                 "post": {
                     "summary": "Cancel a task that has not ended (a pending one is never delivered)",
                     "security": [{ "bearer": [] }],
-                    "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
-                    "responses": { "200": { "description": "the canceled task" }, "default": { "description": "error body" } }
+                    "parameters": task_id_parameter(),
+                    "responses": authenticated(cancel)
                 }
             },
             "/v1/tasks/{task_id}/events": {
                 "get": {
                     "summary": "Server-sent events: one `state` event per state the task enters; the last carries the result",
                     "security": [{ "bearer": [] }],
-                    "parameters": [{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }],
-                    "responses": { "200": { "description": "text/event-stream" }, "default": { "description": "error body" } }
+                    "parameters": task_id_parameter(),
+                    "responses": authenticated(events)
                 }
             },
             "/v1/sessions/{session_id}/results": {
@@ -175,17 +415,18 @@ fn build() -> Value {
                     "parameters": [
                         { "name": "session_id", "in": "path", "required": true, "schema": { "type": "string" } },
                         { "name": "after", "in": "query", "required": false, "schema": { "type": "string" } },
-                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer" } }
+                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 }, "description": "At most this many results (clamped to 1..=1000; default 100)." }
                     ],
-                    "responses": { "200": { "description": "{session_id, results: [{cursor, task_id, status, result}], next_after}" } }
+                    "responses": authenticated(results)
                 }
             },
-            "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } },
+            "/v1/openapi.json": { "get": { "summary": "This document", "responses": operational(vec![("200", json!({ "description": "OpenAPI 3 JSON", "content": { "application/json": { "schema": { "type": "object" } } } }))]) } },
+            "/healthz": { "get": { "summary": "Liveness", "responses": operational(vec![("200", text("ok"))]) } },
             "/readyz": { "get": {
                 "summary": "Readiness: a routing snapshot exists and is not too stale",
-                "responses": { "200": { "description": "ready" }, "503": { "description": "no snapshot, or registry lost too long" } }
+                "responses": operational(vec![("200", text("ready, with the snapshot's revision and size")), ("503", text("no snapshot yet, or the registry lost for longer than --max-staleness-s"))])
             } },
-            "/metrics": { "get": { "summary": "Prometheus metrics", "responses": { "200": { "description": "text exposition format" } } } }
+            "/metrics": { "get": { "summary": "Prometheus metrics", "responses": operational(vec![("200", text("Prometheus text exposition format"))]) } }
         }
     })
 }

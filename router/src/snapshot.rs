@@ -16,37 +16,16 @@ use std::time::Duration;
 use agent_reach_proto::registry as pb;
 use arc_swap::ArcSwap;
 
+use agent_reach_proto::Status;
+
 use crate::clock;
-use crate::health::InstanceState;
+use crate::health::{health_score, latency_factor, status_permille, InstanceState};
 use crate::metrics::{CapabilityMetrics, Metrics};
-
-/// Instance status as the registry reports it (DESIGN §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Starting,
-    Ready,
-    Busy,
-    Overloaded,
-    Draining,
-}
-
-impl Status {
-    pub fn parse(text: &str) -> Self {
-        match text {
-            "ready" => Status::Ready,
-            "busy" => Status::Busy,
-            "overloaded" => Status::Overloaded,
-            "draining" => Status::Draining,
-            _ => Status::Starting,
-        }
-    }
-}
 
 /// One instance as routing needs it.
 #[derive(Debug)]
 pub struct Instance {
     pub agent_id: String,
-    pub name: String,
     pub endpoint: String,
     /// `endpoint` parsed once.
     pub uri: http::Uri,
@@ -92,6 +71,59 @@ impl Snapshot {
             revision: 0,
             capabilities: ahash::AHashMap::new(),
             instance_count: 0,
+        }
+    }
+
+    /// Publishes every instance's 0–100 health score (the seeds' console score:
+    /// heartbeat freshness, error rate and latency in one number) and its requests
+    /// in flight. Called when `/metrics` is scraped, never on the request path
+    /// (a gauge updated per request was two more shared writes per request).
+    ///
+    /// `score = 100 × freshness × health × latency`, each factor in [0, 1]:
+    /// - freshness: the registry keeps an instance only while its heartbeats renew
+    ///   its lease, so an instance in a connected snapshot is fresh; its reported
+    ///   status scales it (`ready` 1, `busy` 0.8, `overloaded` 0.5, `starting` and
+    ///   `draining` 0), and once the registry watch is lost it decays linearly to 0
+    ///   over `max_staleness`;
+    /// - health: the passive health factor, halved by every failure, restored by successes;
+    /// - latency: [`latency_factor`] against the fastest instance of the same capability version.
+    ///
+    /// A product, so any one bad dimension pulls the score down. An instance in
+    /// several groups keeps its lowest score.
+    pub fn publish_instance_gauges(&self, staleness: Duration, max_staleness: Duration) {
+        let stale_permille = if max_staleness.is_zero() {
+            1000
+        } else {
+            (staleness.as_millis() * 1000 / max_staleness.as_millis()).min(1000) as u64
+        };
+        let mut scores: HashMap<&str, (i64, &InstanceState)> = HashMap::new();
+        let groups = self
+            .capabilities
+            .values()
+            .flat_map(|capability| capability.versions.iter());
+        for group in groups {
+            let fastest = group
+                .instances
+                .iter()
+                .map(|instance| instance.state.ewma_us())
+                .filter(|ewma| *ewma > 0)
+                .min()
+                .unwrap_or(0);
+            for instance in &group.instances {
+                let freshness = status_permille(instance.status) * (1000 - stale_permille) / 1000;
+                let score = health_score(
+                    freshness,
+                    u64::from(instance.state.health_permille()),
+                    latency_factor(instance.state.ewma_us(), fastest),
+                );
+                let entry = scores
+                    .entry(instance.agent_id.as_str())
+                    .or_insert((score, &instance.state));
+                entry.0 = entry.0.min(score);
+            }
+        }
+        for (score, state) in scores.into_values() {
+            state.publish(score);
         }
     }
 
@@ -261,6 +293,18 @@ impl SnapshotBuilder {
                     continue;
                 }
             };
+            let status = match Status::parse(&record.status) {
+                Ok(status) => status,
+                Err(error) => {
+                    // A registry newer than this router may know more words; until
+                    // the router does, the instance takes no traffic from it.
+                    tracing::warn!(
+                        message = "Instance reports a status this router does not know; not routable.",
+                        agent_id = %record.agent_id, %error
+                    );
+                    continue;
+                }
+            };
             let state = self
                 .states
                 .get(&record.agent_id)
@@ -269,11 +313,10 @@ impl SnapshotBuilder {
             live_states.insert(record.agent_id.clone(), state.clone());
             let instance = Arc::new(Instance {
                 agent_id: record.agent_id.clone(),
-                name: record.name.clone(),
                 endpoint: record.endpoint.clone(),
                 uri,
                 weight: record.weight.max(1),
-                status: Status::parse(&record.status),
+                status,
                 tags: record
                     .tags
                     .iter()
@@ -405,6 +448,7 @@ impl SnapshotBuilder {
     }
 
     /// How many distinct schemas are compiled (tests: compile-once).
+    #[cfg(test)]
     pub fn compiled_schemas(&self) -> usize {
         self.validators.len()
     }

@@ -3,6 +3,7 @@
 //! task reconnects with jittered exponential backoff and resumes from the last
 //! applied revision (a `reset` snapshot replaces everything).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +13,19 @@ use futures::FutureExt;
 use rand::Rng;
 use tonic::transport::Endpoint;
 
-use crate::config::RegistryCredential;
 use crate::metrics::Metrics;
 use crate::snapshot::{SnapshotBuilder, SnapshotHandle};
+
+/// How the router proves itself to the registry's Watch.
+#[derive(Debug, Clone)]
+pub enum RegistryCredential {
+    /// A token read from this file at every (re)connect.
+    TokenFile(PathBuf),
+    /// Sign a short-lived token with the shared HS256 secret in this file.
+    SignWithSecret(PathBuf),
+    /// Send nothing (the registry runs with `--insecure-no-auth`).
+    None,
+}
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

@@ -254,12 +254,7 @@ async fn killed_instance_costs_no_request() {
             if metrics.contains("agent_reach_router_breaker_state{agent_id=\"kc-1\"} 2") {
                 breaker_opened.store(true, Ordering::SeqCst);
             }
-            !cluster
-                .router
-                .snapshot()
-                .load()
-                .agent_ids()
-                .contains(&"kc-1".to_string())
+            !cluster.router.routed_agent_ids().contains(&"kc-1".to_string())
         }
     })
     .await;
@@ -710,7 +705,7 @@ async fn routing_survives_registry_loss() {
     let ready = cluster.client.get(cluster.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200, "a fresh-enough snapshot keeps the router ready");
 
-    cluster.registry = Registry::start(
+    cluster.registry = start_registry(
         &cluster.etcd.endpoint(),
         &cluster.secret_path,
         &cluster.acl_path,
@@ -741,8 +736,8 @@ async fn openapi_document_is_true() {
     let document: Value = response.json().await.unwrap();
     assert!(document["openapi"].as_str().unwrap().starts_with("3."));
     let paths = document["paths"].as_object().unwrap();
-    assert_eq!(paths.len(), agent_reach_router::openapi::PATHS.len());
-    for (path, method) in agent_reach_router::openapi::PATHS {
+    assert_eq!(paths.len(), agent_reach_router::openapi_paths().len());
+    for &(path, method) in agent_reach_router::openapi_paths() {
         assert!(paths[path].get(method).is_some(), "{method} {path} documented");
         let request = match method {
             "get" => cluster.client.get(cluster.url(path)),

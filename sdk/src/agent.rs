@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,140 +18,14 @@ use agent_reach_proto::context::contexts_client::ContextsClient;
 use agent_reach_proto::registry as pb;
 use agent_reach_proto::registry::registry_client::RegistryClient;
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
 use tracing::Instrument;
 
 use crate::ctx::Links;
-use crate::dedup::Dedup;
 use crate::error::StartError;
 use crate::handler::{Handler, IntoHandler};
-
-/// What the agent tells the registry about itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Starting,
-    Ready,
-    Busy,
-    Draining,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Starting => "starting",
-            Status::Ready => "ready",
-            Status::Busy => "busy",
-            Status::Draining => "draining",
-        }
-    }
-
-    fn from_u8(value: u8) -> Self {
-        match value {
-            1 => Status::Ready,
-            2 => Status::Busy,
-            3 => Status::Draining,
-            _ => Status::Starting,
-        }
-    }
-
-    fn to_u8(self) -> u8 {
-        match self {
-            Status::Starting => 0,
-            Status::Ready => 1,
-            Status::Busy => 2,
-            Status::Draining => 3,
-        }
-    }
-}
-
-/// Settings of one agent instance; see [`AgentBuilder`].
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) name: String,
-    pub(crate) agent_id: String,
-    pub(crate) listen: SocketAddr,
-    pub(crate) endpoint: Option<String>,
-    pub(crate) registry: String,
-    pub(crate) weight: u32,
-    pub(crate) ttl_s: u32,
-    pub(crate) tags: BTreeMap<String, String>,
-    pub(crate) max_concurrency: usize,
-    pub(crate) drain_timeout: Duration,
-}
-
-/// State shared by the server, the lifecycle task and the [`Agent`] handle.
-pub(crate) struct Shared {
-    pub(crate) config: Config,
-    pub(crate) handlers: Vec<Handler>,
-    pub(crate) links: Arc<Links>,
-    pub(crate) dedup: Dedup,
-    pub(crate) inflight: AtomicUsize,
-    status: AtomicU8,
-    /// Milliseconds since `started` of the last acknowledged heartbeat (0 = none).
-    last_heartbeat: AtomicU64,
-    started: Instant,
-    lease_id: AtomicI64,
-    status_changed: Notify,
-}
-
-impl Shared {
-    pub(crate) fn status(&self) -> Status {
-        Status::from_u8(self.status.load(Ordering::Acquire))
-    }
-
-    fn set_status(&self, status: Status) {
-        self.status.store(status.to_u8(), Ordering::Release);
-        self.status_changed.notify_one();
-    }
-
-    pub(crate) fn handler(&self, capability: &str, version: &str) -> Option<&Handler> {
-        self.handlers
-            .iter()
-            .find(|handler| handler.descriptor.capability == capability && handler.descriptor.version == version)
-            .or_else(|| {
-                self.handlers
-                    .iter()
-                    .find(|handler| handler.descriptor.capability == capability)
-            })
-    }
-
-    pub(crate) fn last_heartbeat_age(&self) -> Option<Duration> {
-        match self.last_heartbeat.load(Ordering::Acquire) {
-            0 => None,
-            at => Some(self.started.elapsed().saturating_sub(Duration::from_millis(at))),
-        }
-    }
-
-    fn heartbeat_acknowledged(&self) {
-        let at = u64::try_from(self.started.elapsed().as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        self.last_heartbeat.store(at, Ordering::Release);
-    }
-
-    fn endpoint(&self, bound: SocketAddr) -> String {
-        let base = self
-            .config
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| format!("http://{bound}"));
-        format!("{}/invoke", base.trim_end_matches('/'))
-    }
-
-    fn authed<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        if let Ok(value) = format!("Bearer {}", self.links.token).parse() {
-            request.metadata_mut().insert("authorization", value);
-        }
-        // W3C trace context in gRPC metadata: the registry's span joins the current trace.
-        let traceparent = agent_reach_telemetry::propagation::traceparent(&tracing::Span::current());
-        if let Some(value) = traceparent.and_then(|text| text.parse().ok()) {
-            request.metadata_mut().insert("traceparent", value);
-        }
-        request
-    }
-}
+use crate::state::{Config, Shared, Status};
 
 /// Builds an agent: identity, where it listens and is reached, which services
 /// it talks to, and its handlers.
@@ -292,23 +166,13 @@ impl AgentBuilder {
             address: self.config.listen.to_string(),
             error,
         })?;
-        let shared = Arc::new(Shared {
-            links: Arc::new(Links {
-                http: reqwest::Client::new(),
-                router: self.router,
-                context,
-                token,
-            }),
-            handlers: self.handlers,
-            dedup: Dedup::new(10_000, Duration::from_secs(600)),
-            inflight: AtomicUsize::new(0),
-            status: AtomicU8::new(Status::Starting.to_u8()),
-            last_heartbeat: AtomicU64::new(0),
-            started: Instant::now(),
-            lease_id: AtomicI64::new(0),
-            status_changed: Notify::new(),
-            config: self.config,
-        });
+        let links = Links {
+            http: reqwest::Client::new(),
+            router: self.router,
+            context,
+            token,
+        };
+        let shared = Arc::new(Shared::new(self.config, self.handlers, links));
         let (stop_serving, serving_stopped) = watch::channel(false);
         let app = crate::server::routes(shared.clone());
         let server = tokio::spawn(async move {

@@ -40,9 +40,11 @@ mod dedup;
 mod error;
 mod handler;
 mod server;
+mod state;
 
-pub use agent::{Agent, AgentBuilder, Status};
+pub use agent::{Agent, AgentBuilder};
 pub use agent_reach_sdk_macros::handler;
 pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, Ctx};
 pub use error::{CallError, HandlerError, StartError};
 pub use handler::{Descriptor, Handler, IntoHandler};
+pub use state::Status;

@@ -16,9 +16,9 @@ use futures::FutureExt;
 use serde_json::json;
 use tracing::Instrument;
 
-use crate::agent::{Shared, Status};
 use crate::ctx::{now_ms, Ctx};
 use crate::dedup::Answer;
+use crate::state::{Shared, Status};
 use crate::HandlerError;
 
 pub(crate) fn routes(shared: Arc<Shared>) -> Router {
@@ -106,7 +106,7 @@ async fn serve(shared: Arc<Shared>, traceparent: Option<String>, body: Bytes) ->
     span.record("capability.version", envelope.capability_version.as_str());
     span.record("attempt", envelope.attempt);
     match shared.status() {
-        Status::Ready | Status::Busy => {}
+        Status::Ready | Status::Busy | Status::Overloaded => {}
         Status::Starting => return respond(error_answer(503, "NOT_READY", "the agent is still initialising")),
         Status::Draining => return respond(error_answer(503, "DRAINING", "the agent is shutting down")),
     }

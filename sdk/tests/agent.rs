@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agent_reach_access::AuthConfig;
 use agent_reach_sdk::{handler, Agent, Ctx, Handler, HandlerError};
-use agent_reach_testkit::Etcd;
+use agent_reach_testkit::{eventually, Etcd, RegistryProcess};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -97,13 +97,13 @@ async fn stack() -> Stack {
     let acl = dir.path().join("acl.yaml");
     std::fs::write(&acl, ACL).unwrap();
 
-    let registry_settings = agent_reach_registry::config::Settings {
+    let registry_settings = agent_reach_registry::Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
-        store: agent_reach_registry::config::StoreChoice::Etcd(vec![etcd.endpoint()]),
+        store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
         service: agent_reach_registry::RegistryConfig {
-            ttl: agent_reach_registry::validate::TtlBounds {
+            ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
                 max_s: 300,
                 default_s: 15,
@@ -135,21 +135,6 @@ async fn stack() -> Stack {
         router: format!("http://{router_addr}"),
         tasks: vec![registry_task, router_task],
     }
-}
-
-async fn eventually<F, Fut>(timeout: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if condition().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }
 
 async fn invoke(stack: &Stack, capability: &str, payload: Value) -> (u16, Value) {
@@ -426,59 +411,6 @@ fn descriptor_schemas_are_the_types_schemas() {
     assert_eq!(descriptor.version, "1.0.0");
 }
 
-/// A registry on its own runtime thread: `kill` ends every task and
-/// connection, as a killed process would; it can start again on the same port.
-struct RegistryProcess {
-    addr: SocketAddr,
-    kill: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RegistryProcess {
-    async fn start(settings: agent_reach_registry::config::Settings) -> Self {
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let service = agent_reach_registry::build(&settings).await.unwrap();
-                let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
-                let _ = ready_tx.send(listener.local_addr().unwrap());
-                tokio::select! {
-                    _ = agent_reach_registry::serve(listener, service, std::future::pending()) => {}
-                    _ = killed => {}
-                }
-            });
-            runtime.shutdown_background();
-        });
-        let addr = ready_rx.await.unwrap();
-        Self {
-            addr,
-            kill: Some(kill),
-            thread: Some(thread),
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(kill) = self.kill.take() {
-            let _ = kill.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap();
-        }
-    }
-}
-
-impl Drop for RegistryProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reregisters_by_itself_after_a_registry_restart() {
     use agent_reach_registry::store::Store;
@@ -488,13 +420,13 @@ async fn reregisters_by_itself_after_a_registry_restart() {
     std::fs::write(&secret, SECRET).unwrap();
     let acl = dir.path().join("acl.yaml");
     std::fs::write(&acl, ACL).unwrap();
-    let settings = |listen: SocketAddr| agent_reach_registry::config::Settings {
+    let settings = |listen: SocketAddr| agent_reach_registry::Settings {
         listen,
-        store: agent_reach_registry::config::StoreChoice::Etcd(vec![etcd.endpoint()]),
+        store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
         service: agent_reach_registry::RegistryConfig {
-            ttl: agent_reach_registry::validate::TtlBounds {
+            ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
                 max_s: 300,
                 default_s: 15,
@@ -502,7 +434,7 @@ async fn reregisters_by_itself_after_a_registry_restart() {
             ..Default::default()
         },
     };
-    let mut registry = RegistryProcess::start(settings("127.0.0.1:0".parse().unwrap())).await;
+    let mut registry = RegistryProcess::start(settings("127.0.0.1:0".parse().unwrap()));
     let registry_url = format!("http://{}", registry.addr);
     let agent = Agent::builder("echo_agent", "echo-3")
         .registry(&registry_url)
@@ -534,7 +466,7 @@ async fn reregisters_by_itself_after_a_registry_restart() {
         "the lease never expired"
     );
     // ... and comes back on the same address: the agent registers again by itself.
-    let _registry = RegistryProcess::start(settings(registry.addr)).await;
+    let _registry = RegistryProcess::start(settings(registry.addr));
     assert!(
         eventually(Duration::from_secs(15), is_ready).await,
         "the agent did not re-register after the registry came back"

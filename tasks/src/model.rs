@@ -69,26 +69,8 @@ impl State {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    High,
-    #[default]
-    Normal,
-    Low,
-}
-
-impl Priority {
-    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::High => "high",
-            Priority::Normal => "normal",
-            Priority::Low => "low",
-        }
-    }
-}
+/// A task's priority is the call's (one vocabulary, defined in `proto`).
+pub use agent_reach_proto::Priority;
 
 /// Where a finished task's result envelope is POSTed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,6 @@
 //! | `OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG` | e.g. `parentbased_traceidratio` and `0.1` |
 //! | `OTEL_TRACES_EXPORTER=none`, `OTEL_SDK_DISABLED=true` | export off |
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,14 +26,6 @@ use tracing_opentelemetry::OpenTelemetryLayer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
-
-/// Set once an OpenTelemetry layer exists: propagation helpers do nothing
-/// (and allocate nothing) before that.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-
-pub(crate) fn active() -> bool {
-    ACTIVE.load(Ordering::Relaxed)
-}
 
 /// Where and as whom spans are exported.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +173,7 @@ pub fn layer<S>(provider: &TracerProvider) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    ACTIVE.store(true, Ordering::Relaxed);
+    crate::propagation::enable();
     let spans = Targets::new()
         .with_default(Level::INFO)
         .with_target("agent_reach", Level::DEBUG);

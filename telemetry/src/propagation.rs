@@ -3,13 +3,27 @@
 //! (no OTLP endpoint) every function returns at once and callers fall back to
 //! their own ids, so disabled tracing costs a relaxed atomic load.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::otlp::active;
+/// Set once an OpenTelemetry layer exists ([`enable`], called by
+/// `otlp::layer`): before that, propagation and the request-path spans do
+/// nothing (and allocate nothing).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// Turns trace context on for the rest of the process (an OpenTelemetry layer now exists).
+pub(crate) fn enable() {
+    ACTIVE.store(true, Ordering::Relaxed);
+}
 
 /// A carrier holding just the `traceparent` value.
 struct TraceParent<'a>(&'a str);

@@ -34,8 +34,7 @@ use opentelemetry_sdk::export::trace::SpanData;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Tracer};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::otlp::active;
-use crate::propagation::remote_parent;
+use crate::propagation::{active, remote_parent};
 
 /// Where ended spans go: the span processor of the service's tracer provider.
 pub type Deliver = Arc<dyn Fn(SpanData) + Send + Sync>;

@@ -6,10 +6,18 @@
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
 //!
 //! With the `otlp` feature, [`otlp::Receiver`] is a real OTLP/gRPC trace
-//! receiver in-process, for tests of exported spans.
+//! receiver in-process, for tests of exported spans. With the `services`
+//! feature: [`eventually`] (poll a condition with a bound), [`hs256_token`],
+//! [`Isolated`] (a service on its own runtime, killable like a process) and
+//! [`RegistryProcess`] (the real registry run that way).
 
 #[cfg(feature = "otlp")]
 pub mod otlp;
+#[cfg(feature = "services")]
+mod services;
+
+#[cfg(feature = "services")]
+pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -80,6 +88,12 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+/// Whether `GET path` on `addr` answers 200.
+pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    exchange(addr, request.as_bytes()).is_some_and(|answer| answer.starts_with("HTTP/1.1 200"))
 }
 
 /// A running child process that is killed (and reaped) on drop.

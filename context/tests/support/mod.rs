@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agent_reach_access::AuthConfig;
-use agent_reach_context::config::{Settings, StoreChoice};
 use agent_reach_context::store::Namespace;
 use agent_reach_context::ContextConfig;
+use agent_reach_context::{Settings, StoreChoice};
 use agent_reach_proto::context::contexts_client::ContextsClient;
 use agent_reach_testkit::Redis;
 use serde_json::Value;
@@ -43,7 +43,7 @@ pub struct Harness {
 }
 
 pub fn token(name: &str) -> String {
-    agent_reach_access::token::issue_hs256(name, SECRET.as_bytes(), Duration::from_secs(3600)).unwrap()
+    agent_reach_testkit::hs256_token(name, SECRET.as_bytes())
 }
 
 /// Limits small enough to hit in tests.
@@ -189,20 +189,4 @@ pub fn grpc_code(status: &tonic::Status) -> String {
         .to_string()
 }
 
-/// Polls `condition` every 20 ms for at most `within`.
-pub async fn eventually<F, Fut>(within: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use agent_reach_testkit::eventually;

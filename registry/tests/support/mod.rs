@@ -5,13 +5,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use agent_reach_access::AuthConfig;
 use agent_reach_proto::registry::registry_client::RegistryClient;
-use agent_reach_registry::config::{Settings, StoreChoice};
-use agent_reach_registry::validate::TtlBounds;
 use agent_reach_registry::RegistryConfig;
+use agent_reach_registry::TtlBounds;
+use agent_reach_registry::{Settings, StoreChoice};
+use agent_reach_testkit::RegistryProcess;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
 
@@ -26,13 +26,13 @@ providers:
     provides: [shipping.rules]
 "#;
 
-/// A registry on its own runtime thread, so that [`TestRegistry::kill`]
-/// ends it the way a killed process ends: every task and connection dies.
+/// A registry on its own runtime thread ([`RegistryProcess`]), so that
+/// [`TestRegistry::kill`] ends it the way a killed process ends: every task
+/// and connection dies.
 pub struct TestRegistry {
     pub addr: SocketAddr,
     pub acl_path: PathBuf,
-    kill: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
-    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    process: std::sync::Mutex<RegistryProcess>,
     _dir: Arc<tempfile::TempDir>,
     http: reqwest::Client,
 }
@@ -68,56 +68,22 @@ impl TestRegistry {
                 max_body_bytes: 1024 * 1024,
             },
         };
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let service = agent_reach_registry::build(&settings).await.unwrap();
-                let listener = tokio::net::TcpListener::bind(settings.listen).await.unwrap();
-                let _ = ready_tx.send(listener.local_addr().unwrap());
-                tokio::select! {
-                    served = agent_reach_registry::serve(listener, service, std::future::pending()) => served.unwrap(),
-                    _ = kill_rx => {}
-                }
-            });
-            // Dropping the runtime's tasks closes every connection at once.
-            runtime.shutdown_background();
-        });
-        let addr = ready_rx.await.expect("registry thread failed to start");
-        let registry = Self {
-            addr,
+        let process = RegistryProcess::start(settings);
+        Self {
+            addr: process.addr,
             acl_path,
-            kill: std::sync::Mutex::new(Some(kill_tx)),
-            thread: std::sync::Mutex::new(Some(thread)),
+            process: std::sync::Mutex::new(process),
             _dir: dir,
             http: reqwest::Client::new(),
-        };
-        let ready = wait_for(Duration::from_secs(10), || async {
-            registry
-                .http
-                .get(registry.url("/readyz"))
-                .send()
-                .await
-                .is_ok_and(|response| response.status() == 200)
-        })
-        .await;
-        assert!(ready, "registry did not become ready");
-        registry
+        }
     }
 
     /// Stops abruptly, as a killed process would: every connection drops.
     pub fn kill(&self) {
-        if let Some(kill) = self.kill.lock().unwrap().take() {
-            let _ = kill.send(());
-        }
-        if let Some(thread) = self.thread.lock().unwrap().take() {
-            thread.join().unwrap();
-        }
+        self.process
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .kill();
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -125,7 +91,7 @@ impl TestRegistry {
     }
 
     pub fn token(name: &str) -> String {
-        agent_reach_access::token::issue_hs256(name, SECRET.as_bytes(), Duration::from_secs(3600)).unwrap()
+        agent_reach_testkit::hs256_token(name, SECRET.as_bytes())
     }
 
     pub async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
@@ -208,23 +174,7 @@ async fn into_parts(response: reqwest::Response) -> (u16, Value) {
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
-/// Polls `condition` every 10 ms until it holds or `timeout` passes.
-pub async fn wait_for<F, Fut>(timeout: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+pub use agent_reach_testkit::eventually as wait_for;
 
 /// A registration body for `order_query` offering `order.query` 1.2.0.
 pub fn registration(agent_id: &str, ttl_s: u32) -> Value {

@@ -1,10 +1,8 @@
-//! Instance selection: which instances may take a request now (status,
-//! breaker, in-flight bound, not tried yet), then one of three policies picks
-//! among them. Policies only see indices and effective weights, so they are
-//! small pure-ish functions tested on their own.
-//!
-//! Routable statuses (DESIGN §2): `ready` and `busy`; `overloaded` only when
-//! nothing else is left; `starting` and `draining` never.
+//! Instance selection: which instances may take a request now ([`routable`]:
+//! status, breaker, in-flight bound), which of those a retry prefers (not
+//! tried yet), then one of three policies picks among them. Policies only see
+//! indices and effective weights, so they are small pure-ish functions tested
+//! on their own.
 
 pub mod hash;
 pub mod least_conn;
@@ -12,13 +10,40 @@ pub mod wrr;
 
 use agent_reach_proto::envelope::TargetPolicy;
 
+use agent_reach_proto::Status;
+
 use crate::breaker::BreakerConfig;
-use crate::snapshot::{Instance, Status, VersionGroup};
+use crate::snapshot::{Instance, VersionGroup};
 
 /// What the selector needs to know besides the group.
 pub struct SelectionLimits<'a> {
     pub breaker: &'a BreakerConfig,
     pub max_inflight: u32,
+}
+
+/// How readily an instance takes a request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routable {
+    /// `ready` or `busy`: ordinary traffic.
+    Yes,
+    /// `overloaded`: only when no instance is [`Routable::Yes`].
+    LastResort,
+}
+
+/// The one definition of "routable" (DESIGN §2, §3), used by selection,
+/// broadcast and task fan-out alike: the instance's reported status (`ready`
+/// and `busy` take traffic, `overloaded` only as a last resort, `starting` and
+/// `draining` never), its circuit breaker (closed, or open long enough for a
+/// probe) and its in-flight bound. `None`: it takes nothing now.
+pub fn routable(instance: &Instance, limits: &SelectionLimits<'_>) -> Option<Routable> {
+    let by_status = match instance.status {
+        Status::Ready | Status::Busy => Routable::Yes,
+        Status::Overloaded => Routable::LastResort,
+        Status::Starting | Status::Draining => return None,
+    };
+    let can_take =
+        instance.state.breaker.is_available(limits.breaker) && instance.state.inflight() < limits.max_inflight;
+    can_take.then_some(by_status)
 }
 
 /// A candidate the policies choose among: its index in the group and effective weight.
@@ -66,11 +91,6 @@ type Candidates = smallvec::SmallVec<[Candidate; 8]>;
 
 /// Routable instances in the best available tier, with effective weights.
 fn candidates(group: &VersionGroup, tried: &[usize], refused: &[usize], limits: &SelectionLimits<'_>) -> Candidates {
-    let usable = |index: usize, instance: &Instance| {
-        !refused.contains(&index)
-            && instance.state.breaker.is_available(limits.breaker)
-            && instance.state.inflight() < limits.max_inflight
-    };
     let fastest = group
         .instances
         .iter()
@@ -78,14 +98,14 @@ fn candidates(group: &VersionGroup, tried: &[usize], refused: &[usize], limits: 
         .filter(|ewma| *ewma > 0)
         .min()
         .unwrap_or(0);
-    let tier = |statuses: &[Status], skip_tried: bool| -> Candidates {
+    let tier = |wanted: Routable, skip_tried: bool| -> Candidates {
         group
             .instances
             .iter()
             .enumerate()
             .filter(|(index, instance)| {
-                statuses.contains(&instance.status)
-                    && usable(*index, instance)
+                routable(instance, limits) == Some(wanted)
+                    && !refused.contains(index)
                     && !(skip_tried && tried.contains(index))
             })
             .map(|(index, instance)| Candidate {
@@ -97,8 +117,8 @@ fn candidates(group: &VersionGroup, tried: &[usize], refused: &[usize], limits: 
     // Prefer untried routable instances, then overloaded ones, then (a retry with
     // nothing else left) the tried ones again.
     for skip_tried in [true, false] {
-        for statuses in [&[Status::Ready, Status::Busy][..], &[Status::Overloaded][..]] {
-            let found = tier(statuses, skip_tried);
+        for wanted in [Routable::Yes, Routable::LastResort] {
+            let found = tier(wanted, skip_tried);
             if !found.is_empty() {
                 return found;
             }

@@ -5,15 +5,14 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent_reach_access::AuthConfig;
-use agent_reach_router::RouterService;
+use agent_reach_router::Router;
 use agent_reach_testkit::Etcd;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -44,7 +43,7 @@ pub fn order_schema() -> Value {
 }
 
 pub fn token(name: &str) -> String {
-    agent_reach_access::token::issue_hs256(name, SECRET, Duration::from_secs(3600)).expect("token")
+    agent_reach_testkit::hs256_token(name, SECRET)
 }
 
 pub fn epoch_ms() -> u64 {
@@ -54,76 +53,7 @@ pub fn epoch_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// Polls `condition` every 10 ms until it holds or `timeout` passes.
-pub async fn eventually<F, Fut>(timeout: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-// === Isolated "processes" ===
-
-/// Something running on its own runtime and thread; `kill` drops it all at once.
-pub struct Process {
-    kill: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Process {
-    pub fn spawn<R, Fut>(start: impl FnOnce() -> Fut + Send + 'static) -> (Self, R)
-    where
-        R: Send + 'static,
-        Fut: Future<Output = R> + 'static,
-    {
-        let (info_tx, info_rx) = std::sync::mpsc::channel();
-        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            let info = runtime.block_on(start());
-            let _ = info_tx.send(info);
-            let _ = runtime.block_on(kill_rx);
-            runtime.shutdown_background();
-        });
-        let info = info_rx.recv().expect("isolated process failed to start");
-        (
-            Self {
-                kill: Some(kill_tx),
-                thread: Some(thread),
-            },
-            info,
-        )
-    }
-
-    pub fn kill(&mut self) {
-        if let Some(kill) = self.kill.take() {
-            let _ = kill.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+pub use agent_reach_testkit::{eventually, Isolated as Process};
 
 // === Registry ===
 
@@ -133,50 +63,29 @@ struct RegistryCli {
     args: agent_reach_registry::RegistryArgs,
 }
 
-pub struct Registry {
-    process: Process,
-    pub addr: SocketAddr,
-}
+/// The real registry, isolated (killable like a process).
+pub type Registry = agent_reach_testkit::RegistryProcess;
 
-impl Registry {
-    pub fn start(etcd: &str, secret: &Path, acl: &Path, addr: Option<SocketAddr>) -> Self {
-        use clap::Parser;
-        let listen = addr
-            .map(|addr| addr.to_string())
-            .unwrap_or_else(|| "127.0.0.1:0".to_string());
-        let cli = RegistryCli::parse_from([
-            "registry",
-            "--listen",
-            &listen,
-            "--etcd",
-            etcd,
-            "--acl",
-            acl.to_str().expect("utf-8 path"),
-            "--auth-hs256-secret-file",
-            secret.to_str().expect("utf-8 path"),
-            "--min-ttl-s",
-            "2",
-        ]);
-        let settings = cli.args.validate().expect("registry settings");
-        let (process, addr) = Process::spawn(move || async move {
-            let service = agent_reach_registry::build(&settings).await.expect("registry build");
-            let listener = tokio::net::TcpListener::bind(settings.listen)
-                .await
-                .expect("registry bind");
-            let addr = listener.local_addr().expect("addr");
-            tokio::spawn(agent_reach_registry::serve(listener, service, std::future::pending()));
-            addr
-        });
-        Self { process, addr }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
+/// Starts the registry on `etcd` with the tests' secret and ACL files (on `addr`, or a free port).
+pub fn start_registry(etcd: &str, secret: &Path, acl: &Path, addr: Option<SocketAddr>) -> Registry {
+    use clap::Parser;
+    let listen = addr
+        .map(|addr| addr.to_string())
+        .unwrap_or_else(|| "127.0.0.1:0".to_string());
+    let cli = RegistryCli::parse_from([
+        "registry",
+        "--listen",
+        &listen,
+        "--etcd",
+        etcd,
+        "--acl",
+        acl.to_str().expect("utf-8 path"),
+        "--auth-hs256-secret-file",
+        secret.to_str().expect("utf-8 path"),
+        "--min-ttl-s",
+        "2",
+    ]);
+    Registry::start(cli.args.validate().expect("registry settings"))
 }
 
 // === Test agents ===
@@ -420,7 +329,7 @@ pub async fn deregister(registry: &str, agent_id: &str) {
 pub struct Cluster {
     pub etcd: Etcd,
     pub registry: Registry,
-    pub router: Arc<RouterService>,
+    pub router: Router,
     pub router_addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub acl_path: PathBuf,
@@ -441,7 +350,7 @@ impl Cluster {
         std::fs::write(&secret_path, SECRET).expect("secret");
         let acl_path = dir.path().join("acl.yaml");
         std::fs::write(&acl_path, ACL).expect("acl");
-        let registry = Registry::start(&etcd.endpoint(), &secret_path, &acl_path, None);
+        let registry = start_registry(&etcd.endpoint(), &secret_path, &acl_path, None);
         let mut settings = agent_reach_router::Settings::new(
             "127.0.0.1:0".parse().expect("addr"),
             registry.url(),
@@ -486,13 +395,13 @@ impl Cluster {
         let ok = eventually(Duration::from_secs(20), || {
             let router = router.clone();
             let expected = expected.clone();
-            async move { router.snapshot().load().agent_ids() == expected }
+            async move { router.routed_agent_ids() == expected }
         })
         .await;
         assert!(
             ok,
             "router snapshot never became {expected:?}; it is {:?}",
-            self.router.snapshot().load().agent_ids()
+            self.router.routed_agent_ids()
         );
     }
 
@@ -563,7 +472,7 @@ pub async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
         let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
         callbacks.allow_private_targets = true; // receivers run on loopback
         callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
-        settings.tasks = Some(agent_reach_router::tasks::TasksSettings {
+        settings.tasks = Some(agent_reach_router::TasksSettings {
             redis: url,
             store: agent_reach_tasks::StoreConfig::default(),
             callbacks,

@@ -1,0 +1,204 @@
+//! Admission: the one gate every front door passes a call through before it
+//! is routed (`/v1/invoke`, `/v1/broadcast`, the task worker, and the A2A and
+//! MCP adapters to come): the caller may call the capability (ACL), the
+//! capability and a version matching the requirement exist in the snapshot,
+//! the payload matches that version's compiled input schema, and the deadline
+//! (the envelope's, else its timeout, else the capability's, else the
+//! router's) has not passed. Nothing here touches a store or compiles a schema.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_reach_access::{AclHandle, Caller};
+use agent_reach_proto::envelope::InvokeRequest;
+use serde_json::{json, Value};
+
+use crate::clock;
+use crate::error::{Code, RouterError};
+use crate::outcome::Failure;
+use crate::snapshot::{Capability, Snapshot, VersionGroup};
+
+/// Schema violations reported per request at most (the rest are counted).
+const MAX_SCHEMA_ERRORS: usize = 20;
+
+/// The policy half of the router: who may call what, and the default deadline.
+pub struct Admission {
+    acl: AclHandle,
+    default_timeout: Duration,
+}
+
+/// A call the router accepted: what it routes to and until when.
+pub struct Admitted<'s> {
+    pub capability: &'s Capability,
+    /// The version the call goes to.
+    pub group: &'s Arc<VersionGroup>,
+    /// The absolute deadline, epoch milliseconds (forwarded to the agent).
+    pub deadline_ms: u64,
+    /// The same deadline on the monotonic clock.
+    pub deadline: Instant,
+}
+
+/// A call admission refused: the failure to answer, and the capability when
+/// it was resolved (its metrics count the refusal).
+pub struct Refused<'s> {
+    /// Boxed to keep `admit`'s result small on the admitted path.
+    pub failure: Box<Failure>,
+    pub capability: Option<&'s Capability>,
+}
+
+impl Admission {
+    pub fn new(acl: AclHandle, default_timeout: Duration) -> Self {
+        Self { acl, default_timeout }
+    }
+
+    /// May `caller` call `capability` under the current `acl.yaml`? The one
+    /// place that decides it. An unauthenticated caller exists only when
+    /// authentication is switched off, and then the ACL is not enforced.
+    pub fn authorize(&self, caller: &Caller, capability: &str) -> Result<(), RouterError> {
+        let Caller::Agent(name) = caller else {
+            return Ok(());
+        };
+        if self.acl.current().may_call(name, capability) {
+            return Ok(());
+        }
+        Err(RouterError::new(
+            Code::Forbidden,
+            format!("caller `{name}` may not call `{capability}` (acl.yaml permissions)"),
+        )
+        .with_details(json!({ "caller": &**name, "capability": capability })))
+    }
+
+    /// Admits `request` (its version requirement already parsed) at `now`
+    /// against `snapshot`: ACL, capability, version, schema, deadline.
+    pub fn admit<'s>(
+        &self,
+        caller: &Caller,
+        request: &InvokeRequest,
+        version_req: Option<&semver::VersionReq>,
+        snapshot: &'s Snapshot,
+        now: clock::Now,
+    ) -> Result<Admitted<'s>, Refused<'s>> {
+        let refused = |error: RouterError, capability| Refused {
+            failure: Box::new(error.into()),
+            capability,
+        };
+        self.authorize(caller, &request.capability)
+            .map_err(|error| refused(error, None))?;
+        let capability = resolve_capability(snapshot, &request.capability).map_err(|error| refused(error, None))?;
+        let group = resolve_version(capability, version_req).map_err(|error| refused(error, Some(capability)))?;
+        let in_version = |error: RouterError| Refused {
+            failure: Box::new(Failure {
+                capability_version: Some(group.version_text.clone()),
+                ..error.into()
+            }),
+            capability: Some(capability),
+        };
+        check_schema(group, &request.payload).map_err(in_version)?;
+        let deadline_ms = self.deadline_ms(request, group, now.epoch_ms);
+        if deadline_ms <= now.epoch_ms {
+            return Err(in_version(
+                RouterError::new(
+                    Code::DeadlineExceeded,
+                    "the deadline had passed before the call started",
+                )
+                .with_details(json!({ "deadline": deadline_ms })),
+            ));
+        }
+        Ok(Admitted {
+            capability,
+            group,
+            deadline_ms,
+            deadline: now.instant_for(deadline_ms),
+        })
+    }
+
+    /// The absolute deadline: the envelope's, else its timeout, else the capability's, else ours.
+    fn deadline_ms(&self, request: &InvokeRequest, group: &VersionGroup, now_epoch_ms: u64) -> u64 {
+        request.deadline.unwrap_or_else(|| {
+            let budget = request
+                .timeout_ms
+                .map(Duration::from_millis)
+                .or(group.timeout)
+                .unwrap_or(self.default_timeout);
+            now_epoch_ms.saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
+        })
+    }
+}
+
+pub(crate) fn resolve_capability<'a>(snapshot: &'a Snapshot, name: &str) -> Result<&'a Capability, RouterError> {
+    snapshot.capabilities.get(name).ok_or_else(|| {
+        RouterError::new(Code::CapabilityNotFound, format!("no agent offers capability `{name}`"))
+            .with_details(json!({ "capability": name }))
+    })
+}
+
+/// The highest version matching `requirement` (or the highest overall).
+pub(crate) fn resolve_version<'a>(
+    capability: &'a Capability,
+    requirement: Option<&semver::VersionReq>,
+) -> Result<&'a Arc<VersionGroup>, RouterError> {
+    let found = match requirement {
+        None => capability.versions.first(),
+        Some(requirement) => capability
+            .versions
+            .iter()
+            .find(|group| requirement.matches(&group.version)),
+    };
+    found.ok_or_else(|| {
+        let available: Vec<&str> = capability
+            .versions
+            .iter()
+            .map(|group| group.version_text.as_str())
+            .collect();
+        let requested = requirement.map(ToString::to_string).unwrap_or_default();
+        RouterError::new(
+            Code::VersionNotFound,
+            format!(
+                "no version of `{}` matches `{requested}`; available: {}",
+                capability.name,
+                available.join(", ")
+            ),
+        )
+        .with_details(json!({ "capability": capability.name, "requested": requested, "available": available }))
+    })
+}
+
+/// Validates the payload with the version's compiled input schema.
+fn check_schema(group: &VersionGroup, payload: &Value) -> Result<(), RouterError> {
+    let Some(validator) = &group.validator else {
+        return Ok(());
+    };
+    if validator.is_valid(payload) {
+        return Ok(());
+    }
+    let mut errors = Vec::new();
+    let mut total = 0usize;
+    for error in validator.iter_errors(payload) {
+        total += 1;
+        if errors.len() < MAX_SCHEMA_ERRORS {
+            errors.push(json!({
+                "pointer": error.instance_path.to_string(),
+                "message": error.to_string(),
+            }));
+        }
+    }
+    let first = errors
+        .first()
+        .and_then(|error| error["pointer"].as_str())
+        .map(|pointer| {
+            if pointer.is_empty() {
+                "/".to_string()
+            } else {
+                pointer.to_string()
+            }
+        })
+        .unwrap_or_default();
+    Err(RouterError::new(
+        Code::SchemaMismatch,
+        format!(
+            "payload does not match the input schema of {} ({total} problem(s), first at `{first}`)",
+            group.version_text
+        ),
+    )
+    .with_details(json!({ "errors": errors, "total": total })))
+}

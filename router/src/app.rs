@@ -1,0 +1,66 @@
+//! The router's whole HTTP API, composed: the fast path's routes
+//! ([`crate::http`]), the slow path's beside them ([`crate::tasks`]), and
+//! `/v1/broadcast`, which answers on either path (`?async=true` makes it a
+//! task). Neither path's routes know the other's.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::post;
+
+use crate::answer::{method_not_allowed, refused};
+use crate::error::{Code, RouterError};
+use crate::service::RouterService;
+use crate::tasks::{self, TaskApi, TaskService};
+
+/// `POST /v1/broadcast`'s query.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BroadcastQuery {
+    /// `true`: answer at once with a parent task and a child task per instance.
+    #[serde(rename = "async")]
+    asynchronous: Option<bool>,
+}
+
+#[derive(Clone)]
+struct Both {
+    service: Arc<RouterService>,
+    tasks: TaskApi,
+}
+
+/// Every route of the router.
+pub fn routes(service: Arc<RouterService>, tasks: Option<Arc<TaskService>>) -> axum::Router {
+    let task_api = TaskApi::new(service.clone(), tasks);
+    let broadcast_route = axum::Router::new()
+        .route("/v1/broadcast", post(broadcast).fallback(method_not_allowed))
+        .with_state(Both {
+            service: service.clone(),
+            tasks: task_api.clone(),
+        });
+    crate::http::routes(service)
+        .merge(tasks::routes(task_api))
+        .merge(broadcast_route)
+}
+
+async fn broadcast(
+    State(both): State<Both>,
+    query: Result<Query<BroadcastQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    match query {
+        Ok(Query(BroadcastQuery {
+            asynchronous: Some(true),
+        })) => tasks::submit_broadcast(&both.tasks, &headers, body).await,
+        Ok(_) => crate::http::broadcast(&both.service, &headers, body, started).await,
+        Err(rejection) => refused(RouterError::new(
+            Code::InvalidQuery,
+            format!("invalid query: {}", rejection.body_text()),
+        )),
+    }
+}

@@ -1,0 +1,191 @@
+//! What one call came to: [`Success`] or [`Failure`] for the result envelope,
+//! and how an attempt's raw result ([`AttemptResult`]) is classified into a
+//! health observation and what the router does next (done, fatal, retry
+//! elsewhere), with the errors that explain an exhausted or unroutable call.
+
+use std::time::Duration;
+
+use agent_reach_proto::envelope::AgentErrorBody;
+use http::StatusCode;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::error::{Code, RouterError};
+use crate::forward::AttemptResult;
+use crate::health::Observation;
+use crate::retry::RetryReason;
+use crate::snapshot::{Capability, VersionGroup};
+
+/// A successful call, for the result envelope.
+pub struct Success {
+    pub capability_version: String,
+    pub agent_id: String,
+    pub attempts: u32,
+    /// The agent's `output`, exactly as it sent it (`None`: absent, i.e. `null`):
+    /// checked to be JSON, passed on without being rebuilt (no parse-and-reserialise
+    /// per call, and numbers keep their digits).
+    pub output: Option<Box<RawValue>>,
+}
+
+impl Success {
+    /// The output as a JSON value (for stores that keep values). Fails only for
+    /// numbers a JSON value cannot hold (e.g. `1e400`).
+    pub fn output_value(&self) -> Result<Value, RouterError> {
+        let Some(output) = &self.output else {
+            return Ok(Value::Null);
+        };
+        serde_json::from_str(output.get()).map_err(|error| {
+            RouterError::new(
+                Code::AgentError,
+                format!("the agent's output cannot be kept as a JSON value: {error}"),
+            )
+        })
+    }
+}
+
+/// An agent's 2xx answer, `{"output": ...}` (absent: `null`), the output left as raw JSON.
+#[derive(serde::Deserialize)]
+pub(crate) struct AgentAnswer {
+    #[serde(default)]
+    output: Option<Box<RawValue>>,
+}
+
+/// A failed call: the error plus what is known for the result envelope.
+pub struct Failure {
+    pub error: RouterError,
+    pub capability_version: Option<String>,
+    pub agent_id: Option<String>,
+    pub attempts: u32,
+}
+
+impl From<RouterError> for Failure {
+    fn from(error: RouterError) -> Self {
+        Self {
+            error,
+            capability_version: None,
+            agent_id: None,
+            attempts: 0,
+        }
+    }
+}
+
+/// The last retryable failure seen, to explain an exhausted call.
+pub(crate) struct LastFailure {
+    pub reason: RetryReason,
+    pub agent_id: String,
+    pub detail: String,
+}
+
+pub(crate) enum Outcome {
+    Done(Option<Box<RawValue>>),
+    Fatal(RouterError),
+    Retryable(RetryReason, String),
+}
+
+/// Maps one attempt's result to its health observation and what the router does next.
+pub(crate) fn classify(result: AttemptResult, elapsed: Duration) -> (Observation, Outcome) {
+    match result {
+        AttemptResult::Answered { status, body } if status.is_success() => {
+            match serde_json::from_slice::<AgentAnswer>(&body) {
+                Ok(answer) => (Observation::Healthy(elapsed), Outcome::Done(answer.output)),
+                Err(error) => (
+                    Observation::Failed,
+                    Outcome::Fatal(
+                        RouterError::new(
+                            Code::AgentError,
+                            format!("the agent answered {status} without a valid `{{\"output\": ...}}` body: {error}"),
+                        )
+                        .with_details(json!({ "agent_status": status.as_u16() }))
+                        .with_passthrough(StatusCode::BAD_GATEWAY),
+                    ),
+                ),
+            }
+        }
+        AttemptResult::Answered { status, body } => {
+            let agent = serde_json::from_slice::<AgentErrorBody>(&body)
+                .ok()
+                .map(|body| body.error);
+            let detail = agent
+                .as_ref()
+                .map(|error| format!("{} {}: {}", status.as_u16(), error.code, error.message))
+                .unwrap_or_else(|| format!("{}", status.as_u16()));
+            match status {
+                StatusCode::SERVICE_UNAVAILABLE => (
+                    Observation::Failed,
+                    Outcome::Retryable(RetryReason::Unavailable, detail),
+                ),
+                StatusCode::TOO_MANY_REQUESTS => {
+                    (Observation::Busy, Outcome::Retryable(RetryReason::Overloaded, detail))
+                }
+                _ => {
+                    // The agent's own business answer: passed through, never retried.
+                    let observation = if status.is_server_error() {
+                        Observation::Failed
+                    } else {
+                        Observation::Healthy(elapsed)
+                    };
+                    let (code, message) = agent
+                        .map(|error| (error.code, error.message))
+                        .unwrap_or_else(|| (String::new(), format!("the agent answered {status}")));
+                    let error = RouterError::new(Code::AgentError, message)
+                        .with_details(json!({ "agent_status": status.as_u16(), "agent_code": code }))
+                        .with_passthrough(status);
+                    (observation, Outcome::Fatal(error))
+                }
+            }
+        }
+        AttemptResult::ConnectFailed(why) => (Observation::Failed, Outcome::Retryable(RetryReason::Connect, why)),
+        AttemptResult::Broken(why) => (Observation::Failed, Outcome::Retryable(RetryReason::Reset, why)),
+        AttemptResult::TimedOut => (
+            Observation::Failed,
+            Outcome::Fatal(RouterError::new(
+                Code::DeadlineExceeded,
+                "the agent did not answer before the deadline",
+            )),
+        ),
+    }
+}
+
+pub(crate) fn attempts_details(failures: &[LastFailure]) -> Value {
+    json!({
+        "attempts": failures
+            .iter()
+            .map(|failure| json!({
+                "agent_id": failure.agent_id,
+                "reason": failure.reason.as_str(),
+                "detail": failure.detail,
+            }))
+            .collect::<Vec<_>>()
+    })
+}
+
+/// Every attempt failed retryably: `OVERLOADED` when every instance said 429, else `ALL_RETRIES_EXHAUSTED`.
+pub(crate) fn exhausted(failures: &[LastFailure]) -> RouterError {
+    let all_busy = !failures.is_empty() && failures.iter().all(|failure| failure.reason == RetryReason::Overloaded);
+    let (code, message) = if all_busy {
+        (
+            Code::Overloaded,
+            format!("every instance tried ({}) is overloaded (429)", failures.len()),
+        )
+    } else {
+        (
+            Code::AllRetriesExhausted,
+            format!("{} attempt(s) failed on unavailable instances", failures.len()),
+        )
+    };
+    RouterError::new(code, message).with_details(attempts_details(failures))
+}
+
+pub(crate) fn no_instance(capability: &Capability, group: &VersionGroup) -> RouterError {
+    RouterError::new(
+        Code::NoAvailableInstance,
+        format!(
+            "no instance of `{}` {} can take a request now ({} registered; none ready, busy or overloaded \
+             with a closed circuit)",
+            capability.name,
+            group.version_text,
+            group.instances.len()
+        ),
+    )
+    .with_details(json!({ "capability": capability.name, "version": group.version_text }))
+}

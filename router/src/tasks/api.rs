@@ -1,0 +1,426 @@
+//! The task API: `POST /v1/tasks` (the invoke envelope plus `callback`),
+//! `GET /v1/tasks/{id}`, `POST /v1/tasks/{id}/cancel`,
+//! `GET /v1/tasks/{id}/events` (server-sent events),
+//! `GET /v1/sessions/{id}/results?after=CURSOR&limit=N`, and the asynchronous
+//! `/v1/broadcast?async=true` (a parent task and a child per routable
+//! instance). Failures answer the router's one shape, the failed result
+//! envelope ([`crate::answer`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_access::Caller;
+use agent_reach_tasks::{Callback, NewTask, Priority, State, Submitted};
+use axum::body::Body;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{failed_envelope, store_error, TaskService};
+use crate::answer::{method_not_allowed, refused};
+use crate::clock;
+use crate::envelope;
+use crate::error::{Code, RouterError};
+use crate::select::{self, Routable};
+use crate::service::RouterService;
+use crate::trace;
+
+/// What the task routes share: the router (authentication, admission, the
+/// snapshot) and the slow path, when this router has one.
+#[derive(Clone)]
+pub struct TaskApi {
+    service: Arc<RouterService>,
+    tasks: Option<Arc<TaskService>>,
+}
+
+impl TaskApi {
+    pub fn new(service: Arc<RouterService>, tasks: Option<Arc<TaskService>>) -> Self {
+        Self { service, tasks }
+    }
+
+    fn enabled(&self) -> Result<&Arc<TaskService>, RouterError> {
+        self.tasks.as_ref().ok_or_else(|| {
+            RouterError::new(
+                Code::TasksDisabled,
+                "asynchronous tasks are not enabled on this router (start it with --redis URL)",
+            )
+        })
+    }
+}
+
+/// The task routes (every one answers a method it does not take with 405
+/// `METHOD_NOT_ALLOWED`; `app` adds the router-wide fallback).
+pub fn routes(api: TaskApi) -> Router {
+    Router::new()
+        .route("/v1/tasks", post(submit).fallback(method_not_allowed))
+        .route("/v1/tasks/:task_id", get(status).fallback(method_not_allowed))
+        .route("/v1/tasks/:task_id/cancel", post(cancel).fallback(method_not_allowed))
+        .route("/v1/tasks/:task_id/events", get(events).fallback(method_not_allowed))
+        .route(
+            "/v1/sessions/:session_id/results",
+            get(session_results).fallback(method_not_allowed),
+        )
+        .with_state(api)
+}
+
+/// Public view of a task.
+fn view(task: &agent_reach_tasks::Task) -> Value {
+    json!({
+        "task_id": task.task_id,
+        "request_id": task.request_id,
+        "session_id": task.session_id,
+        "capability": task.capability,
+        "priority": task.priority.as_str(),
+        "status": task.state.as_str(),
+        "attempts": task.attempts,
+        "created_at": task.created_at_ms,
+        "updated_at": task.updated_at_ms,
+        "transitions": task.transitions.iter().map(|transition| json!({
+            "status": transition.state.as_str(), "at": transition.at_ms
+        })).collect::<Vec<_>>(),
+        "result": task.result,
+    })
+}
+
+/// The task `task_id` of an authenticated caller allowed to see it: the common
+/// start of the status, cancel and events handlers.
+async fn owned_task<'a>(
+    api: &'a TaskApi,
+    headers: &HeaderMap,
+    task_id: &str,
+) -> Result<(&'a Arc<TaskService>, agent_reach_tasks::Task), RouterError> {
+    let tasks = api.enabled()?;
+    let caller = api.service.authenticate(headers)?;
+    let task = tasks.store.get(task_id).await.map_err(store_error)?;
+    owner_check(&caller, &task)?;
+    Ok((tasks, task))
+}
+
+fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
+    match caller {
+        Caller::Agent(name) if **name != *task.caller => Err(RouterError::new(
+            Code::TaskNotFound,
+            format!("no task `{}` for caller `{name}`", task.task_id),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[tracing::instrument(name = "tasks.submit", skip_all)]
+async fn submit(AxumState(api): AxumState<TaskApi>, headers: HeaderMap, body: Body) -> Response {
+    match try_submit(&api, &headers, body).await {
+        Ok(response) => response,
+        Err(error) => refused(error),
+    }
+}
+
+/// A parsed and checked task request: the invoke envelope plus `callback`.
+struct TaskRequest {
+    caller: Caller,
+    checked: envelope::CheckedRequest,
+    callback: Option<Callback>,
+    request_id: String,
+    priority: Priority,
+    envelope: Value,
+}
+
+impl TaskRequest {
+    fn new_task(&self) -> NewTask {
+        NewTask {
+            request_id: self.request_id.clone(),
+            session_id: self.checked.request.session_id.clone(),
+            caller: self.caller.name().unwrap_or("anonymous").to_string(),
+            capability: self.checked.request.capability.clone(),
+            priority: self.priority,
+            envelope: self.envelope.clone(),
+            callback: self.callback.clone(),
+            ..NewTask::default()
+        }
+    }
+}
+
+async fn read_task_request(
+    service: &RouterService,
+    tasks: &TaskService,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<TaskRequest, RouterError> {
+    let caller = service.authenticate(headers)?;
+    let bytes = envelope::read_body(headers, body, service.tuning().max_body_bytes).await?;
+    // The task request is the invoke envelope plus `callback`.
+    let mut value: Value = serde_json::from_slice(&bytes)
+        .map_err(|error| RouterError::new(Code::InvalidEnvelope, format!("the body is not JSON: {error}")))?;
+    let callback = match value.as_object_mut().and_then(|object| object.remove("callback")) {
+        None | Some(Value::Null) => None,
+        Some(raw) => Some(serde_json::from_value::<Callback>(raw).map_err(|error| {
+            RouterError::new(
+                Code::InvalidCallback,
+                format!("`callback`: {error} (expected {{url, secret_ref?}})"),
+            )
+            .with_details(json!({ "field": "callback" }))
+        })?),
+    };
+    let mut request = envelope::parse(value.to_string().as_bytes())?;
+    let request_id = request
+        .request_id
+        .clone()
+        .filter(|id| !id.is_empty() && id.len() <= 128)
+        .unwrap_or_else(trace::new_request_id);
+    request.request_id = Some(request_id.clone());
+    let checked = envelope::check(request)?;
+    // Refused at once when the caller may not call it; the rest of admission
+    // (capability, version, schema, deadline) runs when the task is delivered.
+    service.admission().authorize(&caller, &checked.request.capability)?;
+    if let Some(callback) = &callback {
+        tasks.deliverer.check(callback).await.map_err(|error| {
+            RouterError::new(Code::InvalidCallback, error.to_string()).with_details(json!({ "reason": error.code() }))
+        })?;
+    }
+    let priority = checked.request.priority.unwrap_or_default();
+    let envelope = serde_json::to_value(&checked.request)
+        .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
+    Ok(TaskRequest {
+        caller,
+        checked,
+        callback,
+        request_id,
+        priority,
+        envelope,
+    })
+}
+
+async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
+    let tasks = api.enabled()?;
+    let request = read_task_request(&api.service, tasks, headers, body).await?;
+    let priority = request.priority;
+    let submitted = tasks.store.submit(request.new_task()).await.map_err(store_error)?;
+    if matches!(submitted, Submitted::Created(_)) {
+        tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
+    }
+    Ok(match submitted {
+        Submitted::Created(task_id) => (
+            StatusCode::ACCEPTED,
+            Json(json!({ "task_id": task_id, "status": "pending" })),
+        )
+            .into_response(),
+        Submitted::Existing(task_id) => {
+            let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+            (
+                StatusCode::OK,
+                Json(json!({ "task_id": task_id, "status": task.state.as_str(), "duplicate": true })),
+            )
+                .into_response()
+        }
+    })
+}
+
+/// `POST /v1/broadcast?async=true`: a parent task (stored, not queued) and a
+/// child task per routable instance, each delivered to its instance only;
+/// the parent ends when every child has, with every outcome as its output.
+#[tracing::instrument(name = "tasks.broadcast", skip_all)]
+pub async fn submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) -> Response {
+    match try_submit_broadcast(api, headers, body).await {
+        Ok(response) => response,
+        Err(error) => refused(error),
+    }
+}
+
+async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
+    let tasks = api.enabled()?;
+    let service = &api.service;
+    let request = read_task_request(service, tasks, headers, body).await?;
+    let snapshot = service.snapshot().load_full();
+    // Admitted as a synchronous broadcast is; each child is admitted again when delivered.
+    let admitted = service
+        .admission()
+        .admit(
+            &request.caller,
+            &request.checked.request,
+            request.checked.version_req.as_ref(),
+            &snapshot,
+            clock::Now::read(),
+        )
+        .map_err(|refused| refused.failure.error)?;
+    let (capability, group) = (admitted.capability, admitted.group);
+    let limits = service.limits();
+    let targets: Vec<String> = group
+        .instances
+        .iter()
+        .filter(|instance| select::routable(instance, &limits) == Some(Routable::Yes))
+        .map(|instance| instance.agent_id.clone())
+        .collect();
+    if targets.is_empty() {
+        return Err(RouterError::new(
+            Code::NoAvailableInstance,
+            format!("no routable instance of `{}` to broadcast to", capability.name),
+        ));
+    }
+    let parent = tasks
+        .store
+        .submit(NewTask {
+            children: targets.clone(),
+            hold: true,
+            ..request.new_task()
+        })
+        .await
+        .map_err(store_error)?;
+    let parent_id = parent.task_id().to_string();
+    // The parent runs while its children do, from before the first child can end
+    // (a resubmission finds it running or ended: the refusal is expected).
+    let _ = tasks.store.transition(&parent_id, State::Running).await;
+    // Children are idempotent too: a resubmission after a crash completes the set.
+    let parent_task = tasks.store.get(&parent_id).await.map_err(store_error)?;
+    let mut children = Vec::new();
+    for agent_id in &parent_task.children {
+        let child_request_id = format!("{}@{agent_id}", request.request_id);
+        let mut envelope = request.envelope.clone();
+        envelope["request_id"] = json!(child_request_id);
+        let child = tasks
+            .store
+            .submit(NewTask {
+                request_id: child_request_id,
+                envelope,
+                callback: None,
+                target_agent: Some(agent_id.clone()),
+                parent: Some(parent_id.clone()),
+                ..request.new_task()
+            })
+            .await
+            .map_err(store_error)?;
+        children.push(json!({ "agent_id": agent_id, "task_id": child.task_id() }));
+    }
+    let parent_task = tasks.store.get(&parent_id).await.map_err(store_error)?;
+    let status = if matches!(parent, Submitted::Created(_)) {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({ "task_id": parent_id, "status": parent_task.state.as_str(), "children": children })),
+    )
+        .into_response())
+}
+
+/// Ends a broadcast parent once all its children have ended.
+#[tracing::instrument(name = "tasks.status", skip_all)]
+async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+    let outcome = async {
+        let (_, task) = owned_task(&api, &headers, &task_id).await?;
+        Ok::<_, RouterError>(Json(view(&task)).into_response())
+    }
+    .await;
+    outcome.unwrap_or_else(refused)
+}
+
+#[tracing::instrument(name = "tasks.cancel", skip_all)]
+async fn cancel(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+    let outcome = async {
+        let (tasks, task) = owned_task(&api, &headers, &task_id).await?;
+        let result = failed_envelope(
+            &task,
+            &RouterError::new(Code::Canceled, "the caller canceled the task"),
+            task.attempts,
+        );
+        tasks.store.cancel(&task_id, &result).await.map_err(store_error)?;
+        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        Ok::<_, RouterError>(Json(view(&task)).into_response())
+    }
+    .await;
+    outcome.unwrap_or_else(refused)
+}
+
+/// How often an events stream looks for a state change.
+const EVENTS_POLL: Duration = Duration::from_millis(100);
+
+/// `GET /v1/tasks/{id}/events`: server-sent events, one `state` event per
+/// state the task enters (with its time), the last carrying the result; the
+/// stream ends when the task does.
+#[tracing::instrument(name = "tasks.events", skip_all)]
+async fn events(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let outcome = async {
+        let (tasks, _) = owned_task(&api, &headers, &task_id).await?;
+        let tasks = tasks.clone();
+        // (tasks, id, transitions already sent, finished)
+        let stream = futures::stream::unfold((tasks, task_id, 0usize, false), |(tasks, task_id, sent, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let task = match tasks.store.get(&task_id).await {
+                    Ok(task) => task,
+                    Err(error) => {
+                        let event = Event::default().event("error").data(store_error(error).message);
+                        return Some((Ok::<_, std::convert::Infallible>(event), (tasks, task_id, sent, true)));
+                    }
+                };
+                if let Some(transition) = task.transitions.get(sent) {
+                    let last = sent + 1 == task.transitions.len() && task.state.is_terminal();
+                    let mut data = json!({ "task_id": task.task_id, "status": transition.state.as_str(), "at": transition.at_ms });
+                    if last {
+                        data["result"] = task.result.clone().unwrap_or(Value::Null);
+                    }
+                    let event = Event::default().event("state").data(data.to_string());
+                    return Some((Ok(event), (tasks, task_id, sent + 1, last)));
+                }
+                tokio::time::sleep(EVENTS_POLL).await;
+            }
+        });
+        Ok::<_, RouterError>(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+    }
+    .await;
+    outcome.unwrap_or_else(refused)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultsQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[tracing::instrument(name = "tasks.session_results", skip_all)]
+async fn session_results(
+    AxumState(api): AxumState<TaskApi>,
+    Path(session_id): Path<String>,
+    query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = async {
+        let tasks = api.enabled()?;
+        let caller = api.service.authenticate(&headers)?;
+        let Query(query) = query.map_err(|rejection| {
+            RouterError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
+        })?;
+        let limit = query.limit.unwrap_or(100).clamp(1, 1000);
+        let mut results = Vec::new();
+        let mut cursor = query.after.clone();
+        for entry in tasks
+            .store
+            .session_results(&session_id, query.after.as_deref(), limit)
+            .await
+            .map_err(store_error)?
+        {
+            cursor = Some(entry.cursor.clone());
+            // A session's results belong to the callers that submitted them.
+            if let (Caller::Agent(name), Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
+                if *task.caller != **name {
+                    continue;
+                }
+            }
+            results.push(json!({
+                "cursor": entry.cursor, "task_id": entry.task_id, "status": entry.state.as_str(), "result": entry.result
+            }));
+        }
+        Ok::<_, RouterError>(
+            Json(json!({ "session_id": session_id, "results": results, "next_after": cursor })).into_response(),
+        )
+    }
+    .await;
+    outcome.unwrap_or_else(refused)
+}

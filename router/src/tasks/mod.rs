@@ -1,0 +1,140 @@
+//! The slow path, beside the fast path (issue 6): durable asynchronous tasks
+//! on Redis (`--redis`). [`api`] serves `POST /v1/tasks`, a task's status,
+//! cancel and events, a session's results and the asynchronous broadcast;
+//! [`worker`] claims queued tasks and delivers each through the router's one
+//! admission and attempt loop ([`RouterService::invoke`] / `broadcast`),
+//! bounded by per-tag gates ([`gate`]); [`callbacks`] sends the signed
+//! callbacks the store schedules. It uses the fast path; the fast path never
+//! uses it.
+//!
+//! Durability lives in `agent_reach_tasks`: a task is answered `202` only
+//! once stored; its queue entry is acknowledged only when its outcome is
+//! recorded; entries of a router that died are reclaimed by another.
+//! Without `--redis` the routes answer 501 `TASKS_DISABLED`.
+
+mod api;
+mod callbacks;
+mod gate;
+mod metrics;
+mod settings;
+mod worker;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_tasks::{Deliverer, TaskStore, TaskStoreError};
+use serde_json::Value;
+
+pub use api::{routes, submit_broadcast, TaskApi};
+pub use settings::{TagLimit, TaskArgs, TasksSettings};
+
+use crate::error::{Code, RouterError};
+use crate::service::RouterService;
+use crate::snapshot::Snapshot;
+use gate::TagGate;
+use metrics::TaskMetrics;
+
+/// The slow path's own state: the store, the callback sender, its settings,
+/// metrics and gates. The router's fast path holds none of it.
+pub struct TaskService {
+    store: TaskStore,
+    deliverer: Deliverer,
+    settings: TasksSettings,
+    metrics: TaskMetrics,
+    gates: Vec<(TagLimit, Arc<TagGate>)>,
+    /// Claimed tasks waiting at a tag gate; claiming pauses when too many are held in memory.
+    gated: AtomicUsize,
+}
+
+impl TaskService {
+    pub fn new(settings: &TasksSettings, registry: &prometheus::Registry) -> Result<Self, String> {
+        Ok(Self {
+            store: TaskStore::new(&settings.redis, &settings.store)?,
+            deliverer: Deliverer::new(settings.callbacks.clone())?,
+            settings: settings.clone(),
+            metrics: TaskMetrics::register(registry).map_err(|error| format!("task metrics: {error}"))?,
+            gates: settings
+                .tag_limits
+                .iter()
+                .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
+                .collect(),
+            gated: AtomicUsize::new(0),
+        })
+    }
+
+    /// Starts the worker and the callback sender. The worker holds `service`
+    /// weakly and both stop once the router is dropped.
+    pub fn start(self: &Arc<Self>, service: &Arc<RouterService>) {
+        tokio::spawn(callbacks::run(Arc::downgrade(self)));
+        tokio::spawn(worker::run(Arc::downgrade(service), self.clone()));
+    }
+
+    /// The gate for a capability whose instances all carry a limited tag.
+    fn gate_for(&self, snapshot: &Snapshot, capability: &str) -> Option<Arc<TagGate>> {
+        if self.gates.is_empty() {
+            return None;
+        }
+        let capability = snapshot.capabilities.get(capability)?;
+        let instances: Vec<_> = capability
+            .versions
+            .iter()
+            .flat_map(|group| group.instances.iter())
+            .collect();
+        self.gates.iter().find_map(|(limit, gate)| {
+            let tagged = !instances.is_empty()
+                && instances
+                    .iter()
+                    .all(|instance| instance.tags.get(&limit.key).is_some_and(|value| value == &limit.value));
+            tagged.then(|| gate.clone())
+        })
+    }
+
+    /// Refreshes the gauges read from the store (backlog, dead letters).
+    async fn refresh_gauges(&self) {
+        if let Ok(backlog) = self.store.backlog().await {
+            for ((capability, priority), count) in backlog {
+                self.metrics
+                    .backlog
+                    .with_label_values(&[&capability, priority.as_str()])
+                    .set(count);
+            }
+        }
+        if let Ok(count) = self.store.dead_letter_count().await {
+            self.metrics.dead_letters.set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+fn store_error(error: TaskStoreError) -> RouterError {
+    match error {
+        TaskStoreError::NotFound(id) => RouterError::new(Code::TaskNotFound, format!("no task `{id}` (or it expired)")),
+        TaskStoreError::Refused { current, wanted } => RouterError::new(
+            Code::TaskConflict,
+            format!("the task is `{current}` and cannot become `{wanted}`"),
+        ),
+        TaskStoreError::Unavailable(why) => RouterError::new(
+            Code::TaskStoreUnavailable,
+            format!("the task store (Redis) is unreachable: {why}; retry shortly"),
+        ),
+        TaskStoreError::Corrupt(why) => {
+            RouterError::new(Code::TaskStoreUnavailable, format!("corrupt task record: {why}"))
+        }
+    }
+}
+
+fn failed_envelope(task: &agent_reach_tasks::Task, error: &RouterError, attempts: u32) -> Value {
+    let envelope = ResultEnvelope {
+        version: ENVELOPE_VERSION.to_string(),
+        request_id: task.request_id.clone(),
+        status: ResultStatus::Failed,
+        capability: Some(task.capability.clone()),
+        capability_version: None,
+        agent_id: None,
+        attempts,
+        duration_ms: 0,
+        output: None,
+        error: Some(error.envelope_error()),
+    };
+    serde_json::to_value(envelope).unwrap_or(Value::Null)
+}

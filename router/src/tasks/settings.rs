@@ -1,0 +1,179 @@
+//! How the slow path runs: its flags (`--redis`, callback secrets, workers,
+//! retention, tag limits, reclaim), validated into [`TasksSettings`] with every
+//! problem reported at once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent_reach_tasks::{CallbackConfig, StoreConfig};
+
+/// The slow path's flags, part of `agent-reach router` (each also read from an
+/// `AGENT_REACH_*` environment variable).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TaskArgs {
+    /// Redis for durable asynchronous tasks (`/v1/tasks`); without it the slow path is off.
+    #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
+    pub redis: Option<String>,
+    /// File with the default secret that signs task callbacks (required with --redis).
+    #[arg(long, env = "AGENT_REACH_CALLBACK_SECRET_FILE", value_name = "PATH")]
+    pub callback_secret_file: Option<PathBuf>,
+    /// A named callback signing secret, `NAME=PATH` (a callback's `secret_ref`); repeatable.
+    #[arg(
+        long = "callback-secret",
+        env = "AGENT_REACH_CALLBACK_SECRETS",
+        value_delimiter = ',',
+        value_name = "NAME=PATH"
+    )]
+    pub callback_secrets: Vec<String>,
+    /// DEVELOPMENT ONLY: allow callbacks to loopback and private addresses.
+    #[arg(long, env = "AGENT_REACH_ALLOW_PRIVATE_CALLBACKS")]
+    pub allow_private_callbacks: bool,
+    /// Tasks this router delivers at once.
+    #[arg(long, env = "AGENT_REACH_TASK_WORKERS", default_value_t = 64)]
+    pub task_workers: usize,
+    /// How long finished tasks and their results are kept, in seconds.
+    #[arg(long, env = "AGENT_REACH_TASK_RETENTION_S", default_value_t = 24 * 3600)]
+    pub task_retention_s: u64,
+    /// Limit concurrent tasks for capabilities served only by instances with a tag,
+    /// `KEY=VALUE:LIMIT` (e.g. class=bulk:5); the rest wait, high priority first. Repeatable.
+    #[arg(
+        long = "task-tag-limit",
+        env = "AGENT_REACH_TASK_TAG_LIMITS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE:N"
+    )]
+    pub task_tag_limits: Vec<String>,
+    /// A task claimed by a router that has not finished it after this many seconds is taken over.
+    #[arg(long, env = "AGENT_REACH_TASK_RECLAIM_AFTER_S", default_value_t = 120)]
+    pub task_reclaim_after_s: u64,
+}
+
+impl TaskArgs {
+    /// The slow path's settings (`None` without `--redis`); problems are added to `problems`.
+    pub fn settings(&self, problems: &mut Vec<String>) -> Option<TasksSettings> {
+        let redis = self.redis.clone()?;
+        if !(redis.starts_with("redis://") || redis.starts_with("rediss://")) {
+            problems.push(format!("--redis `{redis}` must start with redis:// or rediss://"));
+        }
+        let read_secret = |path: &std::path::Path, problems: &mut Vec<String>| match std::fs::read(path) {
+            Ok(secret) if secret.trim_ascii().len() >= 32 => Some(secret.trim_ascii().to_vec()),
+            Ok(_) => {
+                problems.push(format!(
+                    "callback secret {} must hold at least 32 bytes",
+                    path.display()
+                ));
+                None
+            }
+            Err(error) => {
+                problems.push(format!("cannot read callback secret {}: {error}", path.display()));
+                None
+            }
+        };
+        let default_secret = match &self.callback_secret_file {
+            Some(path) => read_secret(path, problems).unwrap_or_default(),
+            None => {
+                problems.push("--redis needs --callback-secret-file PATH (signs task callbacks)".to_string());
+                Vec::new()
+            }
+        };
+        let mut callbacks = CallbackConfig::new(default_secret);
+        for entry in &self.callback_secrets {
+            match entry.split_once('=') {
+                Some((name, path)) if !name.is_empty() => {
+                    if let Some(secret) = read_secret(std::path::Path::new(path), problems) {
+                        callbacks.secrets.insert(name.to_string(), secret);
+                    }
+                }
+                _ => problems.push(format!("--callback-secret `{entry}` must be NAME=PATH")),
+            }
+        }
+        callbacks.allow_private_targets = self.allow_private_callbacks;
+        if self.allow_private_callbacks {
+            tracing::warn!(message = "Task callbacks to loopback and private addresses are ALLOWED. Development only.");
+        }
+        if self.task_workers == 0 {
+            problems.push("--task-workers must be at least 1".to_string());
+        }
+        Some(TasksSettings {
+            redis,
+            store: StoreConfig {
+                retention: Duration::from_secs(self.task_retention_s.max(60)),
+                ..Default::default()
+            },
+            callbacks,
+            workers: self.task_workers,
+            reclaim_after: Duration::from_secs(self.task_reclaim_after_s.max(1)),
+            max_task_attempts: 3,
+            tag_limits: self
+                .task_tag_limits
+                .iter()
+                .filter_map(|text| {
+                    TagLimit::parse(text)
+                        .map_err(|why| problems.push(format!("--task-tag-limit: {why}")))
+                        .ok()
+                })
+                .collect(),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TasksSettings {
+    pub redis: String,
+    pub store: StoreConfig,
+    pub callbacks: CallbackConfig,
+    /// Tasks delivered at once by this router.
+    pub workers: usize,
+    /// A claimed task not finished after this long is taken over (its router died).
+    pub reclaim_after: Duration,
+    /// Deliveries of one task when the capability is unavailable (503-like outcomes).
+    pub max_task_attempts: u32,
+    /// At most `limit` tasks at once for capabilities whose instances all carry
+    /// tag `key: value` (e.g. `class: bulk` → 5); the rest wait, high priority first.
+    pub tag_limits: Vec<TagLimit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagLimit {
+    pub key: String,
+    pub value: String,
+    pub limit: usize,
+}
+
+impl TagLimit {
+    /// Parses `KEY=VALUE:LIMIT`, e.g. `class=bulk:5`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let invalid = || format!("`{text}` is not KEY=VALUE:LIMIT (e.g. class=bulk:5)");
+        let (tag, limit) = text.rsplit_once(':').ok_or_else(invalid)?;
+        let (key, value) = tag.split_once('=').ok_or_else(invalid)?;
+        let limit: usize = limit.parse().map_err(|_| invalid())?;
+        if key.is_empty() || value.is_empty() || limit == 0 {
+            return Err(invalid());
+        }
+        Ok(Self {
+            key: key.to_string(),
+            value: value.to_string(),
+            limit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tag_limits_parse() {
+        assert_eq!(
+            TagLimit::parse("class=bulk:5"),
+            Ok(TagLimit {
+                key: "class".into(),
+                value: "bulk".into(),
+                limit: 5
+            })
+        );
+        for bad in ["class=bulk", "bulk:5", "class=bulk:0", "=x:1", "class=:2"] {
+            assert!(TagLimit::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The worker: claims queued tasks and delivers each through the router's
+//! one admission and attempt loop, `workers` at a time (or through its tag's
+//! gate), records the outcome, completes broadcast parents, and reclaims the
+//! tasks of routers that died.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use agent_reach_access::Caller;
+use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_tasks::{Claimed, State, TaskStoreError};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use agent_reach_edge::ErrorCode as _;
+
+use super::TaskService;
+use crate::clock;
+use crate::envelope;
+use crate::error::{Code, RouterError};
+use crate::outcome::Failure;
+use crate::service::RouterService;
+use crate::trace::TraceContext;
+
+/// Claims queued tasks and delivers them, `workers` at a time, until the
+/// router is dropped; reclaims tasks of routers that died.
+pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
+    let consumer = format!("router-{:016x}", rand::random::<u64>());
+    let slots = Arc::new(Semaphore::new(tasks.settings.workers.max(1)));
+    let mut round = 0u64;
+    let mut last_reclaim = Instant::now();
+    let mut last_gauges = Instant::now();
+    let mut prepared = false;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(service) = service.upgrade() else { return };
+        // No delivery before the first routing snapshot: a router that just
+        // started would otherwise fail tasks for capabilities it cannot see yet.
+        if !service.snapshot().is_synced() {
+            drop(service);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        if !prepared {
+            match tasks.store.prepare().await {
+                Ok(()) => prepared = true,
+                Err(error) => {
+                    tracing::warn!(message = "Task store unavailable; retrying.", %error);
+                    drop(service);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            }
+        }
+        if last_gauges.elapsed() >= Duration::from_secs(2) {
+            last_gauges = Instant::now();
+            tasks.refresh_gauges().await;
+        }
+        // Bound what waits in memory at tag gates (it stays durable in Redis meanwhile).
+        if tasks.gated.load(Ordering::Acquire) >= tasks.settings.workers.max(1) * 4 {
+            drop(service);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        let free = slots.available_permits();
+        if free == 0 {
+            drop(service);
+            // Wait for a delivery to finish.
+            if let Ok(permit) = slots.clone().acquire_owned().await {
+                drop(permit);
+            }
+            continue;
+        }
+        let claimed = if last_reclaim.elapsed() >= tasks.settings.reclaim_after / 2 {
+            last_reclaim = Instant::now();
+            tasks.store.reclaim(&consumer, tasks.settings.reclaim_after, free).await
+        } else {
+            round += 1;
+            tasks.store.claim(&consumer, free, round).await
+        };
+        match claimed {
+            Ok(claimed) if claimed.is_empty() => {
+                drop(service);
+                // Idle: poll again shortly.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(claimed) => {
+                backoff = Duration::from_millis(100);
+                for task in claimed {
+                    if let Some(gate) = tasks.gate_for(&service.snapshot().load(), &task.task.capability) {
+                        // Limited by its tag's gate, not by the general slots: it waits
+                        // (still pending, still in the stream's pending list) without
+                        // holding back other capabilities.
+                        let (service, tasks) = (service.clone(), tasks.clone());
+                        tasks.gated.fetch_add(1, Ordering::AcqRel);
+                        tokio::spawn(async move {
+                            let pass = gate.enter(task.task.priority).await;
+                            deliver(&service, &tasks, task).await;
+                            drop(pass);
+                            tasks.gated.fetch_sub(1, Ordering::AcqRel);
+                        });
+                        continue;
+                    }
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (service, tasks) = (service.clone(), tasks.clone());
+                    tokio::spawn(async move {
+                        deliver(&service, &tasks, task).await;
+                        drop(permit);
+                    });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(message = "Claiming tasks failed; retrying.", %error);
+                // A Redis that restarted empty has lost the consumer groups too.
+                prepared = false;
+                drop(service);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// How long a router holds a due callback before another may take it over.
+
+#[tracing::instrument(name = "tasks.deliver", skip_all, fields(task_id = %claimed.task.task_id))]
+async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed) {
+    let task = &claimed.task;
+    let caller = match task.caller.as_str() {
+        "anonymous" => Caller::Unauthenticated,
+        name => Caller::Agent(name.into()),
+    };
+    let mut attempts = 0u32;
+    let mut running_since_ms;
+    let result = loop {
+        // A reclaimed task (its router died) or a retried one passes through `retrying`.
+        if attempts > 0 || claimed.task.state != State::Pending {
+            let _ = tasks.store.transition(&task.task_id, State::Retrying).await;
+        }
+        running_since_ms = agent_reach_tasks::store::now_ms();
+        if let Err(error) = tasks.store.transition(&task.task_id, State::Running).await {
+            // Canceled meanwhile: record nothing new, release the queue entry.
+            tracing::info!(message = "Task not delivered.", task_id = %task.task_id, %error);
+            let _ = tasks.store.finish(&claimed, State::Canceled, &Value::Null).await;
+            return;
+        }
+        attempts += 1;
+        let started = Instant::now();
+        let outcome = match envelope::parse(task.envelope.to_string().as_bytes()).and_then(envelope::check) {
+            Ok(checked) => {
+                let trace = TraceContext::from_header(None);
+                match &task.target_agent {
+                    // A broadcast child: its one instance, or nothing.
+                    Some(agent_id) => match service
+                        .broadcast(&caller, checked, &task.request_id, &trace, Some(agent_id))
+                        .await
+                    {
+                        Ok(mut outcomes) => outcomes.pop().map(|(_, outcome)| outcome).unwrap_or_else(|| {
+                            Err(RouterError::new(Code::NoAvailableInstance, format!("`{agent_id}` is gone")).into())
+                        }),
+                        Err(failure) => Err(failure),
+                    },
+                    None => {
+                        service
+                            .invoke(&caller, &checked, &task.request_id, &trace, clock::Now::read())
+                            .await
+                    }
+                }
+            }
+            Err(error) => Err(error.into()),
+        };
+        // Task results are stored as JSON values (rare outputs a value cannot hold fail the task).
+        let outcome = outcome.and_then(|success| match success.output_value() {
+            Ok(output) => Ok((success, output)),
+            Err(error) => Err(Failure {
+                error,
+                capability_version: Some(success.capability_version),
+                agent_id: Some(success.agent_id),
+                attempts: success.attempts,
+            }),
+        });
+        match outcome {
+            Ok((success, output)) => {
+                break ResultEnvelope {
+                    version: ENVELOPE_VERSION.to_string(),
+                    request_id: task.request_id.clone(),
+                    status: ResultStatus::Succeeded,
+                    capability: Some(task.capability.clone()),
+                    capability_version: Some(success.capability_version),
+                    agent_id: Some(success.agent_id),
+                    attempts: success.attempts,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    output: Some(output),
+                    error: None,
+                }
+            }
+            Err(failure) => {
+                let retry = failure.error.code.is_retryable()
+                    && failure.error.code != Code::DeadlineExceeded
+                    && attempts < tasks.settings.max_task_attempts;
+                if retry {
+                    tokio::time::sleep(Duration::from_millis(200 * 2u64.pow(attempts))).await;
+                    continue;
+                }
+                break ResultEnvelope {
+                    version: ENVELOPE_VERSION.to_string(),
+                    request_id: task.request_id.clone(),
+                    status: ResultStatus::Failed,
+                    capability: Some(task.capability.clone()),
+                    capability_version: failure.capability_version,
+                    agent_id: failure.agent_id,
+                    attempts: failure.attempts,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    output: None,
+                    error: Some(failure.error.envelope_error()),
+                };
+            }
+        }
+    };
+    let state = match result.status {
+        ResultStatus::Succeeded => State::Succeeded,
+        ResultStatus::Failed => State::Failed,
+    };
+    let result = serde_json::to_value(&result).unwrap_or(Value::Null);
+    match tasks.store.finish(&claimed, state, &result).await {
+        Ok(_) => {
+            tasks.metrics.finished.with_label_values(&[state.as_str()]).inc();
+            if let Some(parent) = &task.parent {
+                complete_parent(tasks, parent).await;
+            }
+        }
+        Err(TaskStoreError::Refused { current, .. }) => {
+            tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);
+            return;
+        }
+        Err(error) => {
+            // Not acknowledged: another router reclaims and delivers it again
+            // (agents dedup by request_id).
+            tracing::warn!(message = "Recording a task outcome failed; it will be reclaimed.", task_id = %task.task_id, %error);
+            return;
+        }
+    }
+    // Time in each state, from what this delivery saw (no extra read).
+    let ended_ms = agent_reach_tasks::store::now_ms();
+    if let Some(queued) = task.transitions.last() {
+        let waited = running_since_ms.saturating_sub(queued.at_ms) as f64 / 1000.0;
+        tasks
+            .metrics
+            .state_seconds
+            .with_label_values(&[queued.state.as_str()])
+            .observe(waited);
+    }
+    let ran = ended_ms.saturating_sub(running_since_ms) as f64 / 1000.0;
+    tasks
+        .metrics
+        .state_seconds
+        .with_label_values(&[State::Running.as_str()])
+        .observe(ran);
+    // A callback, if any, was scheduled durably with the outcome; `run_callbacks` sends it.
+}
+
+pub(super) async fn complete_parent(tasks: &TaskService, parent_id: &str) {
+    let Ok(parent) = tasks.store.get(parent_id).await else {
+        return;
+    };
+    if parent.state.is_terminal() {
+        return;
+    }
+    let mut outcomes = Vec::new();
+    for agent_id in &parent.children {
+        let request_id = format!("{}@{agent_id}", parent.request_id);
+        let Ok(Some(child_id)) = tasks.store.find(&parent.caller, &request_id).await else {
+            return;
+        };
+        let Ok(child) = tasks.store.get(&child_id).await else {
+            return;
+        };
+        if !child.state.is_terminal() {
+            return; // not all done yet; the last child to end completes the parent
+        }
+        outcomes.push(json!({
+            "agent_id": agent_id, "task_id": child.task_id, "status": child.state.as_str(), "result": child.result
+        }));
+    }
+    let result = json!({
+        "version": ENVELOPE_VERSION,
+        "request_id": parent.request_id,
+        "status": "succeeded",
+        "capability": parent.capability,
+        "attempts": 1,
+        "duration_ms": agent_reach_tasks::store::now_ms().saturating_sub(parent.created_at_ms),
+        "output": { "outcomes": outcomes },
+    });
+    // Two children ending at once may both get here: the second is refused, harmlessly.
+    if tasks.store.complete(parent_id, State::Succeeded, &result).await.is_ok() {
+        tasks
+            .metrics
+            .finished
+            .with_label_values(&[State::Succeeded.as_str()])
+            .inc();
+    }
+}
