@@ -115,12 +115,18 @@ async fn reload_follows_the_configmap_symlink_flip() {
         handle.current().may_call("bob", "order.query")
     })
     .await;
-    assert!(!handle.current().may_call("alice", "order.query"), "the old policy is gone");
+    assert!(
+        !handle.current().may_call("alice", "order.query"),
+        "the old policy is gone"
+    );
     assert!(metric(&metrics, "agent_reach_acl_reloads_total{outcome=\"ok\"} 1"));
 
     // And again: the watcher does not hold on to the first flip's directory.
     volume.publish(FIRST);
-    wait_for("a second flip applies", || handle.current().may_call("alice", "order.query")).await;
+    wait_for("a second flip applies", || {
+        handle.current().may_call("alice", "order.query")
+    })
+    .await;
     assert!(!handle.current().may_call("bob", "order.query"));
 }
 
@@ -143,7 +149,10 @@ async fn a_broken_configmap_update_keeps_the_last_good_policy() {
 
     // The fix, published the same way, applies and clears the alarm.
     volume.publish(SECOND);
-    wait_for("the fixed policy applies", || handle.current().may_call("bob", "order.query")).await;
+    wait_for("the fixed policy applies", || {
+        handle.current().may_call("bob", "order.query")
+    })
+    .await;
     assert!(metric(&metrics, "agent_reach_acl_file_valid 1"));
     assert!(!handle.current().may_call("alice", "order.query"));
 }
