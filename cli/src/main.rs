@@ -18,6 +18,8 @@ use clap::{Parser, Subcommand};
 mod out;
 mod demo;
 mod dev;
+#[cfg(test)]
+mod manifests;
 mod ops;
 
 #[derive(Debug, Parser)]

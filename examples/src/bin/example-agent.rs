@@ -166,4 +166,44 @@ mod tests {
         assert_eq!(args.endpoint.as_deref(), Some("http://order-query-1:9101"));
         assert!(parse(&["--agent", "order_query", "--token", "t", "--listen", "nowhere"]).is_err());
     }
+
+    /// The Compose file runs the example agents with these flags: they must parse.
+    #[test]
+    fn compose_commands_parse() {
+        for name in ["AGENT_REACH_TOKEN", "AGENT_REACH_TOKEN_FILE"] {
+            assert!(std::env::var_os(name).is_none(), "unset {name} to run this test");
+        }
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/compose/docker-compose.yml");
+        let mut file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        file.apply_merge().unwrap();
+        let mut agents = Vec::new();
+        for (name, service) in file["services"].as_mapping().unwrap() {
+            if service["build"]["target"].as_str() != Some("example-agent") {
+                continue;
+            }
+            let command: Vec<&str> = service["command"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|arg| arg.as_str().unwrap())
+                .collect();
+            let args = parse(&command).unwrap_or_else(|error| panic!("{path} service {name:?}: {error}"));
+            assert!(AGENT_NAMES.contains(&args.agent.as_str()), "{name:?}: unknown agent");
+            assert!(args.token_file.is_some() && args.endpoint.is_some(), "{name:?}");
+            agents.push(args.agent);
+        }
+        agents.sort();
+        assert_eq!(
+            agents,
+            [
+                "intent_parser",
+                "order_query",
+                "order_query",
+                "order_query",
+                "reply_writer",
+                "shipping_rules"
+            ],
+            "the scenario's instances"
+        );
+    }
 }
