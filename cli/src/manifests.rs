@@ -181,3 +181,13 @@ fn a_wrong_flag_or_variable_is_caught() {
         vec![("AGENT_REACH_ETCD".to_string(), "http://etcd:2379".to_string())]
     ));
 }
+
+#[test]
+fn every_deployed_policy_is_valid() {
+    for path in ["compose/acl/acl.yaml", "k8s/base/acl.yaml"] {
+        let path = deploy_dir().join(path);
+        if let Err(error) = agent_reach_access::Acl::load(&path) {
+            panic!("{error}");
+        }
+    }
+}
