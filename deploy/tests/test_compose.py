@@ -7,6 +7,7 @@ commands, as processes on loopback)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -154,3 +155,33 @@ def test_init_secrets_script_passes_shellcheck() -> None:
         [shellcheck, str(COMPOSE_DIR / "init-secrets.sh")], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_prometheus_config_and_rules_check_out(tmp_path: Path) -> None:
+    """promtool reads the Compose Prometheus config with the rules mounted beside it."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool not found: run scripts/setup.sh (installs prometheus)"
+    shutil.copy(COMPOSE_DIR / "prometheus.yml", tmp_path / "prometheus.yml")
+    shutil.copy(ROOT / "deploy" / "prometheus" / "alerts.yml", tmp_path / "alerts.yml")
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def etcd_flags() -> set[str]:
+    etcd = shutil.which("etcd") or "/usr/bin/etcd"
+    help_text = subprocess.run([etcd, "--help"], capture_output=True, text=True, check=False)
+    return set(re.findall(r"^\s+(--[a-z-]+)", help_text.stdout + help_text.stderr, re.MULTILINE))
+
+
+def test_etcd_flags_exist() -> None:
+    """The etcd flags of the Compose file and the StatefulSet are etcd's
+    (checked against the distribution's etcd; the images run 3.5)."""
+    known = etcd_flags()
+    assert "--listen-client-urls" in known, "cannot read etcd --help"
+    used = [arg.split("=", 1)[0] for arg in services()["etcd"]["command"][1:]]
+    statefulset = (ROOT / "deploy" / "k8s" / "base" / "etcd.yaml").read_text(encoding="utf-8")
+    used += re.findall(r"^\s+- (--[a-z-]+)=", statefulset, re.MULTILINE)
+    assert len(used) > 15
+    assert not [flag for flag in used if flag not in known], f"etcd has no {set(used) - known}"
