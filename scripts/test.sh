@@ -14,5 +14,25 @@ cargo test --workspace --all-targets --locked 2>&1 | tee "$log"
 # --all-targets leaves out documentation examples; they are tests too.
 cargo test --workspace --doc --locked 2>&1 | tee -a "$log"
 
-# One closing line for the whole run (cargo prints one per test binary).
-awk '/^test result:/ { passed += $4; failed += $6 } END { printf "%d passed, %d failed\n", passed, failed }' "$log"
+# The deploy checks: Kubernetes manifests render and validate, the Compose
+# file and the Dockerfile check out (deploy/tests/; tools in .venv, kubectl
+# from the machine or .venv/bin).
+export PATH="$PWD/.venv/bin:$PATH"
+ruff check deploy/tests
+ruff format --check deploy/tests
+mypy --strict deploy/tests
+python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log"
+
+# One closing line for the whole run (cargo prints one per test binary, pytest
+# one summary: "38 passed, 1 skipped in 12.16s").
+awk '
+  /^test result:/ { passed += $4; failed += $6 }
+  /^[0-9]+ (passed|failed|skipped)/ && / in [0-9.]+s/ {
+    for (i = 2; i <= NF; i++) {
+      if ($i ~ /^passed/) passed += $(i - 1)
+      if ($i ~ /^failed/) failed += $(i - 1)
+      if ($i ~ /^skipped/) skipped += $(i - 1)
+    }
+  }
+  END { printf "%d passed, %d failed, %d skipped\n", passed, failed, skipped }
+' "$log"

@@ -18,6 +18,8 @@ use clap::{Parser, Subcommand};
 mod out;
 mod demo;
 mod dev;
+#[cfg(test)]
+mod manifests;
 mod ops;
 
 #[derive(Debug, Parser)]
@@ -74,6 +76,8 @@ enum Command {
         #[command(subcommand)]
         command: AclCommand,
     },
+    /// Exit 0 when URL answers 2xx (container health checks: the runtime image has no curl).
+    Healthcheck(ops::HealthcheckArgs),
     /// Issue and inspect tokens.
     Token {
         #[command(subcommand)]
@@ -191,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Agents { command, connection } => ops::agents(&connection, command).await,
         Command::Capabilities { command, connection } => ops::capabilities(&connection, command).await,
         Command::Invoke { args, connection } => ops::invoke(&connection, args).await,
+        Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },
         } => ops::acl_check(&args, json),

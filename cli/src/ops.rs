@@ -2,6 +2,7 @@
 //! for scripts.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::Value;
@@ -81,6 +82,16 @@ pub struct AclCheckArgs {
     pub caller: String,
     #[arg(long)]
     pub capability: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct HealthcheckArgs {
+    /// The service's health URL, e.g. http://127.0.0.1:7500/healthz.
+    #[arg(env = "AGENT_REACH_HEALTHCHECK_URL")]
+    pub url: String,
+    /// Give up after this many milliseconds (a hung service is unhealthy).
+    #[arg(long, default_value_t = 2000)]
+    pub timeout_ms: u64,
 }
 
 impl Connection {
@@ -276,6 +287,31 @@ pub async fn invoke(connection: &Connection, args: InvokeArgs) -> anyhow::Result
     if result["status"] != "succeeded" {
         anyhow::bail!("the call failed");
     }
+    Ok(())
+}
+
+/// `GET url`: success on 2xx, otherwise an error naming the status (exit 1).
+/// Container images run this as their health check, so it needs no shell.
+pub async fn healthcheck(args: &HealthcheckArgs) -> anyhow::Result<()> {
+    if !(args.url.starts_with("http://") || args.url.starts_with("https://")) {
+        anyhow::bail!("URL `{}` must start with http:// or https://", args.url);
+    }
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(args.timeout_ms.max(1)))
+        .build()
+        .context("building the HTTP client")?;
+    let response = client
+        .get(&args.url)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {} within {} ms", args.url, args.timeout_ms))?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        let body: String = body.chars().take(200).collect();
+        anyhow::bail!("{} answered {status}: {body}", args.url);
+    }
+    outln!("healthy: {} answered {status}", args.url);
     Ok(())
 }
 

@@ -88,7 +88,10 @@ fn dev() -> Dev {
 
 fn run(dev: Option<&Dev>, args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_agent-reach"));
-    command.args(args).env_remove("AGENT_REACH_TOKEN");
+    command
+        .args(args)
+        .env_remove("AGENT_REACH_TOKEN")
+        .env_remove("AGENT_REACH_HEALTHCHECK_URL");
     if let Some(dev) = dev {
         command
             .env("AGENT_REACH_REGISTRY", &dev.registry)
@@ -163,6 +166,38 @@ fn agents_and_capabilities_commands() {
     let unmatched = run(Some(&dev), &["capabilities", "show", "order.query", "--version", "^9"]);
     assert_eq!(unmatched.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unmatched.stderr).contains("VERSION_NOT_FOUND"));
+
+    // The container health check: 2xx is healthy, anything else exits 1 and says why.
+    let healthz = format!("{}/healthz", dev.router);
+    let healthy = run(None, &["healthcheck", &healthz]);
+    assert!(healthy.status.success(), "{}", String::from_utf8_lossy(&healthy.stderr));
+    assert!(stdout(&healthy).starts_with("healthy:"), "{}", stdout(&healthy));
+    let from_env = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
+        .arg("healthcheck")
+        .env("AGENT_REACH_HEALTHCHECK_URL", format!("{}/healthz", dev.registry))
+        .output()
+        .unwrap();
+    assert!(
+        from_env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_env.stderr)
+    );
+    let not_found = run(None, &["healthcheck", &format!("{}/no-such-path", dev.router)]);
+    assert_eq!(not_found.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&not_found.stderr).contains("404"));
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let closed = format!("http://127.0.0.1:{port}/healthz");
+    let unreachable = run(None, &["healthcheck", &closed, "--timeout-ms", "500"]);
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unreachable.stderr).contains("cannot reach"));
+    let no_scheme = run(None, &["healthcheck", "127.0.0.1:7500/healthz"]);
+    assert_eq!(no_scheme.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_scheme.stderr).contains("must start with http://"));
 
     // Without a token: a clear error, not a panic.
     let anonymous = run(None, &["agents", "ls", "--registry", &dev.registry]);
@@ -291,6 +326,7 @@ fn bad_arguments_are_usage_errors() {
         vec!["frobnicate"],
         vec!["agents", "frobnicate"],
         vec!["invoke"],
+        vec!["healthcheck"],
         vec!["acl", "check", "--caller", "x"],
         vec!["token", "issue", "--name", "x", "--secret-file", "s", "--ttl", "3y"],
         vec!["registry", "--listen", "not-an-address"],

@@ -262,9 +262,44 @@ pub struct Services {
     pub context: String,
 }
 
+/// Where an instance listens and the URL the router reaches it at.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub listen: std::net::SocketAddr,
+    /// Externally reachable base URL; `None` registers the bound address,
+    /// which is right only when the router runs on the same host.
+    pub endpoint: Option<String>,
+}
+
+impl Default for Placement {
+    /// A free loopback port, registered as is (one host: `dev`, tests).
+    fn default() -> Self {
+        Self {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            endpoint: None,
+        }
+    }
+}
+
 /// Starts one instance, ready for traffic. `token` must be a JWT whose `sub` is `spec.name`.
 pub async fn start_instance(spec: &InstanceSpec, services: &Services, token: String) -> Result<Agent, StartError> {
-    let builder = Agent::builder(spec.name, &spec.agent_id)
+    start_instance_at(spec, services, token, &Placement::default()).await
+}
+
+/// [`start_instance`] listening and reachable where `placement` says
+/// (containers: `0.0.0.0:PORT`, reached by the service's DNS name).
+pub async fn start_instance_at(
+    spec: &InstanceSpec,
+    services: &Services,
+    token: String,
+    placement: &Placement,
+) -> Result<Agent, StartError> {
+    let builder = Agent::builder(spec.name, &spec.agent_id).listen(placement.listen);
+    let builder = match &placement.endpoint {
+        Some(endpoint) => builder.endpoint(endpoint),
+        None => builder,
+    };
+    let builder = builder
         .registry(&services.registry)
         .router(&services.router)
         .context_service(&services.context)
