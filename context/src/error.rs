@@ -31,12 +31,14 @@ pub enum Code {
     ContextExists,
     VersionConflict,
     NotFound,
+    MethodNotAllowed,
     ContextStoreUnavailable,
     Internal,
 }
 
 impl ErrorCode for Code {
     const UNAUTHENTICATED: Self = Code::Unauthenticated;
+    const METHOD_NOT_ALLOWED: Self = Code::MethodNotAllowed;
 
     fn as_str(self) -> &'static str {
         match self {
@@ -61,6 +63,7 @@ impl ErrorCode for Code {
             Code::ContextExists => "CONTEXT_EXISTS",
             Code::VersionConflict => "VERSION_CONFLICT",
             Code::NotFound => "NOT_FOUND",
+            Code::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Code::ContextStoreUnavailable => "CONTEXT_STORE_UNAVAILABLE",
             Code::Internal => "INTERNAL",
         }
@@ -76,6 +79,7 @@ impl ErrorCode for Code {
             Code::ContextNotFound | Code::NotFound => StatusCode::NOT_FOUND,
             Code::ContextExists | Code::VersionConflict => StatusCode::CONFLICT,
             Code::ContextStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         }

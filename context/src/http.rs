@@ -19,16 +19,24 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::{Code, ContextError};
+
+/// `405 METHOD_NOT_ALLOWED` with the context service's error body.
+async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
+    agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
+}
 use crate::model::Snapshot;
 use crate::service::{ContextService, CreateInput, PatchInput};
 
 pub fn routes(service: Arc<ContextService>) -> Router {
     Router::new()
-        .route("/v1/contexts", post(create))
-        .route("/v1/contexts/:context_id", get(read).patch(patch).delete(close))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/v1/contexts", post(create).fallback(method_not_allowed))
+        .route(
+            "/v1/contexts/:context_id",
+            get(read).patch(patch).delete(close).fallback(method_not_allowed),
+        )
+        .route("/healthz", get(healthz).fallback(method_not_allowed))
+        .route("/readyz", get(readyz).fallback(method_not_allowed))
+        .route("/metrics", get(metrics).fallback(method_not_allowed))
         .fallback(not_found)
         .with_state(service)
 }

@@ -1,7 +1,7 @@
 //! Create / get / patch / close, transport-free: authentication, the access
 //! rule, request validation, then one store call. HTTP and gRPC both call here.
 //!
-//! The access rule (README "Context service"):
+//! The access rule (DESIGN §4.3):
 //! - every request needs a valid token (unless `--insecure-no-auth`, which trusts all);
 //! - reads return only the fields the caller's `context:` `read` patterns match; an
 //!   agent without an entry reads no fields (it still sees version and expiry, so it

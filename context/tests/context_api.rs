@@ -819,6 +819,19 @@ async fn bad_input_gets_its_code_and_writes_nothing() {
     assert_eq!((status, error["error"]["code"].as_str()), (400, Some("INVALID_QUERY")));
     let (status, error) = h.call("intent_parser", Method::GET, "/v2/nothing", None).await;
     assert_eq!((status, error["error"]["code"].as_str()), (404, Some("NOT_FOUND")));
+    for (method, path) in [
+        (Method::PUT, "/v1/contexts/b"),
+        (Method::GET, "/v1/contexts"),
+        (Method::DELETE, "/metrics"),
+    ] {
+        let (status, error) = h.call("intent_parser", method.clone(), path, None).await;
+        assert_eq!(
+            (status, error["error"]["code"].as_str()),
+            (405, Some("METHOD_NOT_ALLOWED")),
+            "{method} {path}: {error}"
+        );
+    }
+    assert_eq!(unchanged(h.get("intent_parser", "b").await.1), before);
 
     // gRPC: a value that is not JSON text.
     let mut client = h.grpc().await;

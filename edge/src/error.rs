@@ -18,6 +18,9 @@ pub trait ErrorCode: Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static 
     /// The code for a missing, expired or invalid credential.
     const UNAUTHENTICATED: Self;
 
+    /// The code for a route asked with a method it does not take.
+    const METHOD_NOT_ALLOWED: Self;
+
     fn as_str(self) -> &'static str;
 
     fn http_status(self) -> StatusCode;
@@ -174,6 +177,16 @@ impl<C: ErrorCode> From<AuthError> for ApiError<C> {
     }
 }
 
+/// The answer for a route asked with a method it does not take (`405` with
+/// the service's code, naming the method and the path): a route's fallback.
+pub async fn method_not_allowed<C: ErrorCode>(method: http::Method, uri: http::Uri) -> Response {
+    ApiError::new(
+        C::METHOD_NOT_ALLOWED,
+        format!("`{method}` is not allowed on `{}`", uri.path()),
+    )
+    .into_response()
+}
+
 impl<C: ErrorCode> IntoResponse for ApiError<C> {
     fn into_response(self) -> Response {
         (self.status(), axum::Json(self.body())).into_response()
@@ -194,6 +207,7 @@ mod tests {
 
     impl ErrorCode for Code {
         const UNAUTHENTICATED: Self = Code::Denied;
+        const METHOD_NOT_ALLOWED: Self = Code::Bad;
 
         fn as_str(self) -> &'static str {
             match self {

@@ -40,12 +40,14 @@ pub enum Code {
     InvalidStatusTransition,
     Conflict,
     NotFound,
+    MethodNotAllowed,
     StoreUnavailable,
     Internal,
 }
 
 impl ErrorCode for Code {
     const UNAUTHENTICATED: Self = Code::Unauthenticated;
+    const METHOD_NOT_ALLOWED: Self = Code::MethodNotAllowed;
 
     fn as_str(self) -> &'static str {
         match self {
@@ -79,6 +81,7 @@ impl ErrorCode for Code {
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
             Code::NotFound => "NOT_FOUND",
+            Code::MethodNotAllowed => "METHOD_NOT_ALLOWED",
             Code::StoreUnavailable => "STORE_UNAVAILABLE",
             Code::Internal => "INTERNAL",
         }
@@ -96,6 +99,7 @@ impl ErrorCode for Code {
             | Code::NotFound => StatusCode::NOT_FOUND,
             Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict => StatusCode::CONFLICT,
             Code::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             _ => StatusCode::BAD_REQUEST,
         }

@@ -18,20 +18,37 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::{Code, RegistryError};
+
+/// `405 METHOD_NOT_ALLOWED` with the registry's error body.
+async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
+    agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
+}
 use crate::model::{Capability, Instance};
 use crate::service::RegistryService;
 use crate::validate;
 
 pub fn routes(service: Arc<RegistryService>) -> Router {
     Router::new()
-        .route("/v1/agents", get(list_agents).post(register))
-        .route("/v1/agents/:agent_id", get(get_agent).delete(deregister))
-        .route("/v1/agents/:agent_id/heartbeat", put(heartbeat))
-        .route("/v1/capabilities", get(list_capabilities))
-        .route("/v1/capabilities/:name", get(resolve_capability))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route(
+            "/v1/agents",
+            get(list_agents).post(register).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/agents/:agent_id",
+            get(get_agent).delete(deregister).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/agents/:agent_id/heartbeat",
+            put(heartbeat).fallback(method_not_allowed),
+        )
+        .route("/v1/capabilities", get(list_capabilities).fallback(method_not_allowed))
+        .route(
+            "/v1/capabilities/:name",
+            get(resolve_capability).fallback(method_not_allowed),
+        )
+        .route("/healthz", get(healthz).fallback(method_not_allowed))
+        .route("/readyz", get(readyz).fallback(method_not_allowed))
+        .route("/metrics", get(metrics).fallback(method_not_allowed))
         .fallback(not_found)
         .with_state(service)
 }

@@ -10,7 +10,7 @@ use agent_reach_registry::store::{EtcdStore, Store};
 use agent_reach_registry::StoreChoice;
 use agent_reach_testkit::Etcd;
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use support::{authed, registration, wait_for, TestRegistry};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -867,6 +867,23 @@ async fn operational_endpoints_answer() {
     }
     let (status, body) = registry.get("/v1/nope", &order_token()).await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("NOT_FOUND")));
+    // A route asked with a method it does not take names the method, with a stable code.
+    for (method, path) in [
+        (reqwest::Method::PATCH, "/v1/agents"),
+        (reqwest::Method::POST, "/v1/agents/oq-1/heartbeat"),
+        (reqwest::Method::DELETE, "/v1/capabilities/order.query"),
+        (reqwest::Method::POST, "/healthz"),
+    ] {
+        let response = reqwest::Client::new()
+            .request(method.clone(), registry.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method} {path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "METHOD_NOT_ALLOWED", "{method} {path}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(path), "{body}");
+    }
     // etcd down → not ready, and writes answer STORE_UNAVAILABLE; back → ready again.
     etcd.kill();
     assert!(

@@ -60,6 +60,7 @@ impl Code {
 
 impl ErrorCode for Code {
     const UNAUTHENTICATED: Self = Code::Unauthenticated;
+    const METHOD_NOT_ALLOWED: Self = Code::MethodNotAllowed;
 
     fn as_str(self) -> &'static str {
         match self {

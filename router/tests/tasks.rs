@@ -108,6 +108,41 @@ async fn tasks_are_stored_delivered_once_and_idempotent() {
 async fn bad_submissions_get_stable_codes() {
     let redis = agent_reach_testkit::Redis::start();
     let cluster = cluster_with_tasks(&redis).await;
+    // Every failure of every task route is the failed result envelope, with its code.
+    let (status, body) = get(&cluster, "/v1/sessions/s-1/results?limit=0&x=1").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_QUERY")),
+        "{body}"
+    );
+    assert_eq!(body["status"], "failed", "{body}");
+    let (status, body) = get(&cluster, "/v1/tasks/no-such-task").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("TASK_NOT_FOUND")),
+        "{body}"
+    );
+    assert_eq!(body["status"], "failed", "{body}");
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/tasks"),
+        (reqwest::Method::DELETE, "/v1/tasks/t-1"),
+        (reqwest::Method::GET, "/v1/tasks/t-1/cancel"),
+        (reqwest::Method::POST, "/v1/sessions/s-1/results"),
+        (reqwest::Method::GET, "/v1/broadcast"),
+        (reqwest::Method::PUT, "/metrics"),
+    ] {
+        let response = cluster
+            .client
+            .request(method.clone(), cluster.url(path))
+            .bearer_auth(token(CALLER))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method} {path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "METHOD_NOT_ALLOWED", "{method} {path}: {body}");
+        assert_eq!(body["status"], "failed", "{body}");
+    }
     let (status, body) = post(&cluster, "/v1/tasks", json!({"payload": {}})).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
