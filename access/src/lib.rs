@@ -5,7 +5,9 @@
 //! file, so the rules and their parsing live here once.
 
 pub mod acl;
+pub mod assertion;
 pub mod token;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
+pub use assertion::{AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
 pub use token::{AuthArgs, AuthConfig, AuthError, Authenticator, Caller};

@@ -366,6 +366,14 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let secret = dir.path().join("hs256.secret");
     std::fs::write(&secret, SECRET)?;
+    // The key that signs the assertion every forwarded call carries (the bench's agents do not check it).
+    let assertion_key = dir.path().join("assertion.pem");
+    std::fs::write(
+        &assertion_key,
+        agent_reach_access::AssertionKey::generate()
+            .map_err(anyhow::Error::msg)?
+            .1,
+    )?;
     let acl = dir.path().join("acl.yaml");
     std::fs::write(
         &acl,
@@ -419,6 +427,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             path_text(&acl),
             "--auth-hs256-secret-file".into(),
             path_text(&secret),
+            "--assertion-key".into(),
+            path_text(&assertion_key),
             "--threads".into(),
             args.router_threads.to_string(),
         ],
@@ -487,6 +497,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                     path_text(&acl),
                     "--auth-hs256-secret-file".into(),
                     path_text(&secret),
+                    "--assertion-key".into(),
+                    path_text(&assertion_key),
                     "--threads".into(),
                     args.router_threads.to_string(),
                 ],

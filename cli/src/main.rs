@@ -83,6 +83,27 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// The router's assertion keys (Ed25519): make one, or print the JWKS agents verify with.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Write a new Ed25519 private key (PKCS#8 PEM, mode 0600) for `router --assertion-key`; prints its key id.
+    Generate {
+        /// Where to write the key; an existing file is never overwritten.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Print the JWKS document publishing the public halves of KEY files (for agents given a keys file).
+    Jwks {
+        /// Private key files, as the router reads them.
+        #[arg(required = true)]
+        keys: Vec<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -199,6 +220,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Acl {
             command: AclCommand::Check { args, json },
         } => ops::acl_check(&args, json),
+        Command::Keys { command } => keys(command),
         Command::Token {
             command: TokenCommand::Issue { name, secret_file, ttl },
         } => {
@@ -209,6 +231,41 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     .context("agent-reach failed")
+}
+
+fn keys(command: KeysCommand) -> anyhow::Result<()> {
+    use agent_reach_access::AssertionKey;
+    match command {
+        KeysCommand::Generate { out } => {
+            let (key, pem) = AssertionKey::generate().map_err(anyhow::Error::msg)?;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                options.mode(0o600);
+            }
+            let mut file = options
+                .open(&out)
+                .with_context(|| format!("cannot create {} (an existing key is never overwritten)", out.display()))?;
+            std::io::Write::write_all(&mut file, pem.as_bytes())
+                .with_context(|| format!("writing {}", out.display()))?;
+            outln!("{}", key.kid());
+            Ok(())
+        }
+        KeysCommand::Jwks { keys } => {
+            let mut loaded = Vec::new();
+            for path in &keys {
+                let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+                loaded.push(
+                    AssertionKey::from_pkcs8_pem(&pem)
+                        .map_err(|error| anyhow::anyhow!("{}: {error}", path.display()))?,
+                );
+            }
+            outln!("{}", agent_reach_access::assertion::jwks(&loaded));
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 #
 #   first run     hs256.secret (signs and verifies every token), callback.secret
 #                 (signs task callbacks), grafana-admin.password: 32 random bytes
-#                 each, hex; kept on the volume across restarts
+#                 each, hex; assertion.pem (the router's Ed25519 key that signs
+#                 the assertion every forwarded call carries); kept on the
+#                 volume across restarts
 #   every run     a fresh token per example agent and for the demo caller,
 #                 NAME.token, valid $TOKEN_TTL (default 30d)
 #
@@ -35,6 +37,15 @@ secret() {
 secret hs256.secret
 secret callback.secret
 secret grafana-admin.password
+
+if [ -s "$dir/assertion.pem" ]; then
+  echo "secrets: keeping assertion.pem"
+else
+  rm -f "$dir/assertion.pem.tmp"
+  agent-reach keys generate --out "$dir/assertion.pem.tmp" >/dev/null
+  mv "$dir/assertion.pem.tmp" "$dir/assertion.pem"
+  echo "secrets: generated assertion.pem"
+fi
 
 for name in $names; do
   agent-reach token issue --name "$name" --secret-file "$dir/hs256.secret" --ttl "$ttl" >"$dir/$name.token.tmp"

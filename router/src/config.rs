@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use agent_reach_access::{AuthArgs, AuthConfig};
 
+use crate::assertion::{AssertionSettings, SigningKey};
 use crate::service::Tuning;
 use crate::tasks::{TaskArgs, TasksSettings};
 use crate::watch::RegistryCredential;
@@ -63,6 +64,26 @@ pub struct RouterArgs {
     /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
     #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
     pub max_staleness_s: u64,
+    /// The Ed25519 private key (PKCS#8 PEM) that signs the assertion every forwarded call
+    /// carries (`agent-reach keys generate --out PATH` makes one). Reloaded when it changes;
+    /// every router replica must hold the same keys.
+    #[arg(long, env = "AGENT_REACH_ASSERTION_KEY", value_name = "PATH")]
+    pub assertion_key: Option<PathBuf>,
+    /// A key published beside the signing key in `/.well-known/jwks.json` (the next key
+    /// before a rotation, the previous one after); repeatable.
+    #[arg(
+        long = "assertion-published-key",
+        env = "AGENT_REACH_ASSERTION_PUBLISHED_KEYS",
+        value_delimiter = ',',
+        value_name = "PATH"
+    )]
+    pub assertion_published_keys: Vec<PathBuf>,
+    /// The `iss` claim of the router's assertions (agents expect it).
+    #[arg(long, env = "AGENT_REACH_ASSERTION_ISSUER", default_value = agent_reach_access::assertion::DEFAULT_ISSUER)]
+    pub assertion_issuer: String,
+    /// The longest life of an assertion, in seconds (never past the call's deadline).
+    #[arg(long, env = "AGENT_REACH_ASSERTION_TTL_S", default_value_t = 10)]
+    pub assertion_ttl_s: u64,
     #[command(flatten)]
     pub tasks: TaskArgs,
     #[command(flatten)]
@@ -77,6 +98,8 @@ pub struct Settings {
     pub acl: PathBuf,
     pub auth: AuthConfig,
     pub tuning: Tuning,
+    /// How forwarded calls are vouched for.
+    pub assertion: AssertionSettings,
     /// The slow path (`/v1/tasks`), when configured.
     pub tasks: Option<TasksSettings>,
 }
@@ -96,6 +119,7 @@ impl Settings {
             acl,
             auth,
             tuning: Tuning::default(),
+            assertion: AssertionSettings::default(),
             tasks: None,
         }
     }
@@ -148,12 +172,38 @@ impl RouterArgs {
                 RegistryCredential::None
             }
         };
+        let assertion = match &self.assertion_key {
+            Some(path) => AssertionSettings {
+                signing: SigningKey::File(path.clone()),
+                published: self.assertion_published_keys.clone(),
+                issuer: self.assertion_issuer.clone(),
+                ttl: Duration::from_secs(self.assertion_ttl_s),
+            },
+            None => {
+                problems.push(
+                    "--assertion-key PATH is required: the Ed25519 key that signs forwarded calls \
+                     (make one with `agent-reach keys generate --out PATH`)"
+                        .to_string(),
+                );
+                AssertionSettings::default()
+            }
+        };
+        if !(1..=300).contains(&self.assertion_ttl_s) {
+            problems.push(format!(
+                "--assertion-ttl-s {} must be within 1..=300",
+                self.assertion_ttl_s
+            ));
+        }
+        if self.assertion_issuer.trim().is_empty() {
+            problems.push("--assertion-issuer must not be empty".to_string());
+        }
         let tasks = self.tasks.settings(&mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
         Ok(Settings {
             tasks,
+            assertion,
             listen: self.listen,
             registry: self.registry.clone(),
             registry_credential,

@@ -30,10 +30,11 @@ pub enum Code {
     InvalidCallback,
     Canceled,
     InvalidQuery,
+    AssertionFailed,
 }
 
 impl Code {
-    pub const ALL: [Code; 21] = [
+    pub const ALL: [Code; 22] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -55,6 +56,7 @@ impl Code {
         Code::InvalidCallback,
         Code::Canceled,
         Code::InvalidQuery,
+        Code::AssertionFailed,
     ];
 }
 
@@ -85,6 +87,7 @@ impl ErrorCode for Code {
             Code::InvalidCallback => "INVALID_CALLBACK",
             Code::Canceled => "CANCELED",
             Code::InvalidQuery => "INVALID_QUERY",
+            Code::AssertionFailed => "ASSERTION_FAILED",
         }
     }
 
@@ -110,6 +113,7 @@ impl ErrorCode for Code {
             Code::InvalidCallback => StatusCode::BAD_REQUEST,
             Code::Canceled => StatusCode::CONFLICT,
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
+            Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

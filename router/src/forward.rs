@@ -53,6 +53,8 @@ pub enum AttemptResult {
 pub struct ForwardHeaders<'a> {
     /// A valid header value (see [`header_value_or_dash`]).
     pub traceparent: &'a [u8],
+    /// The router's assertion for this attempt, `Bearer <jwt>` (base64url and dots only).
+    pub authorization: &'a [u8],
 }
 
 /// `value` if it is a valid header value as written here (tab or visible
@@ -259,6 +261,8 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
     request.extend_from_slice(authority.as_bytes());
     request.extend_from_slice(b"\r\ncontent-type: application/json\r\ntraceparent: ");
     request.extend_from_slice(headers.traceparent);
+    request.extend_from_slice(b"\r\nauthorization: ");
+    request.extend_from_slice(headers.authorization);
     request.extend_from_slice(b"\r\ncontent-length: ");
     request.extend_from_slice(agent_reach_edge::decimal(body.len() as u64, &mut [0; 20]));
     request.extend_from_slice(b"\r\n\r\n");
@@ -493,6 +497,7 @@ mod tests {
         let uri: http::Uri = format!("http://{addr}/invoke").parse().unwrap();
         let headers = ForwardHeaders {
             traceparent: b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            authorization: b"Bearer test",
         };
         assert_eq!(header_value_or_dash("a\nb"), b"-");
         forwarder

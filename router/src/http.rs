@@ -31,6 +31,7 @@ pub fn routes(service: Arc<RouterService>) -> Router {
     Router::new()
         .route("/v1/invoke", post(invoke).fallback(method_not_allowed))
         .route("/v1/openapi.json", get(openapi).fallback(method_not_allowed))
+        .route("/.well-known/jwks.json", get(jwks).fallback(method_not_allowed))
         .route("/healthz", get(healthz).fallback(method_not_allowed))
         .route("/readyz", get(readyz).fallback(method_not_allowed))
         .route("/metrics", get(metrics).fallback(method_not_allowed))
@@ -259,6 +260,19 @@ async fn openapi() -> Response {
     (
         [(http::header::CONTENT_TYPE, "application/json")],
         crate::openapi::document().to_string(),
+    )
+        .into_response()
+}
+
+/// The public keys that verify the router's assertions (RFC 7517), signing key first.
+async fn jwks(State(service): State<Arc<RouterService>>) -> Response {
+    (
+        [
+            (http::header::CONTENT_TYPE, "application/jwk-set+json"),
+            // Agents refresh on an unknown key id anyway; a minute keeps rotations quick.
+            (http::header::CACHE_CONTROL, "max-age=60"),
+        ],
+        service.assertions().jwks(),
     )
         .into_response()
 }

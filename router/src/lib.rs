@@ -17,6 +17,7 @@
 mod admission;
 mod answer;
 mod app;
+mod assertion;
 mod breaker;
 mod clock;
 mod config;
@@ -45,6 +46,7 @@ use std::sync::Arc;
 use agent_reach_access::{AclHandle, Authenticator};
 use anyhow::Context;
 
+pub use assertion::{AssertionSettings, SigningKey};
 pub use config::{RouterArgs, Settings};
 pub use service::Tuning;
 pub use tasks::{TagLimit, TaskArgs, TasksSettings};
@@ -110,11 +112,15 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         )),
         None => None,
     };
+    let assertions =
+        assertion::Assertions::load(settings.assertion.clone(), &metrics.registry).map_err(anyhow::Error::msg)?;
+    assertions.watch();
     let service = Arc::new(RouterService::new(
         settings.tuning.clone(),
         snapshot,
         acl,
         auth,
+        assertions,
         metrics,
     ));
     if let Some(tasks) = &tasks {

@@ -10,7 +10,7 @@ use crate::error::Code;
 use agent_reach_edge::ErrorCode as _;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 11] = [
+pub const PATHS: [(&str, &str); 12] = [
     ("/v1/invoke", "post"),
     ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
@@ -19,6 +19,7 @@ pub const PATHS: [(&str, &str); 11] = [
     ("/v1/tasks/{task_id}/events", "get"),
     ("/v1/sessions/{session_id}/results", "get"),
     ("/v1/openapi.json", "get"),
+    ("/.well-known/jwks.json", "get"),
     ("/healthz", "get"),
     ("/readyz", "get"),
     ("/metrics", "get"),
@@ -421,6 +422,10 @@ fn build() -> Value {
                 }
             },
             "/v1/openapi.json": { "get": { "summary": "This document", "responses": operational(vec![("200", json!({ "description": "OpenAPI 3 JSON", "content": { "application/json": { "schema": { "type": "object" } } } }))]) } },
+            "/.well-known/jwks.json": { "get": {
+                "summary": "The public keys (RFC 7517 JWKS, Ed25519) that verify the assertion the router puts on every forwarded call; the signing key first, then the published ones",
+                "responses": operational(vec![("200", json!({ "description": "JWKS", "content": { "application/jwk-set+json": { "schema": { "type": "object", "required": ["keys"], "properties": { "keys": { "type": "array" } } } } } }))])
+            } },
             "/healthz": { "get": { "summary": "Liveness", "responses": operational(vec![("200", text("ok"))]) } },
             "/readyz": { "get": {
                 "summary": "Readiness: a routing snapshot exists and is not too stale",

@@ -14,6 +14,7 @@ use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
 
 use crate::admission::{Admission, Admitted, Refused};
+use crate::assertion::Assertions;
 use crate::breaker::{BreakerConfig, Transition};
 use crate::clock;
 use crate::envelope::CheckedRequest;
@@ -67,6 +68,8 @@ pub struct RouterService {
     breaker: BreakerConfig,
     snapshot: Arc<SnapshotHandle>,
     admission: Admission,
+    /// Signs the assertion every forwarded attempt carries.
+    assertions: Arc<Assertions>,
     /// Verifies tokens; verified ones are cached per thread by `access`.
     auth: Authenticator,
     forwarder: Forwarder,
@@ -83,6 +86,7 @@ impl RouterService {
         snapshot: Arc<SnapshotHandle>,
         acl: AclHandle,
         auth: Authenticator,
+        assertions: Arc<Assertions>,
         metrics: Metrics,
     ) -> Self {
         Self {
@@ -96,6 +100,7 @@ impl RouterService {
             tuning,
             snapshot,
             auth,
+            assertions,
             metrics,
         }
     }
@@ -114,6 +119,10 @@ impl RouterService {
 
     pub fn admission(&self) -> &Admission {
         &self.admission
+    }
+
+    pub fn assertions(&self) -> &Assertions {
+        &self.assertions
     }
 
     /// What `select` and `broadcast` need to tell whether an instance can take a request.
@@ -264,6 +273,14 @@ impl RouterService {
             };
             tried.push(index);
             envelope.attempt = attempt;
+            let authorization =
+                match self
+                    .assertions
+                    .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
+                {
+                    Ok(header) => header,
+                    Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt - 1)),
+                };
             let body = match envelope.to_vec() {
                 Ok(body) => Bytes::from(body),
                 Err(error) => {
@@ -291,6 +308,7 @@ impl RouterService {
                 traceparent: traceparent
                     .as_deref()
                     .map_or(&fallback_traceparent[..], |text| header_value_or_dash(text)),
+                authorization: authorization.as_bytes(),
             };
             let result = {
                 let _inflight = instance.state.start_request();
@@ -446,13 +464,31 @@ impl RouterService {
             let body = body.clone();
             let (traceparent, version) = (&traceparent, &version);
             async move {
-                let headers = ForwardHeaders { traceparent };
+                let authorization =
+                    self.assertions
+                        .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms);
                 let started = Instant::now();
-                let result = {
-                    let _inflight = instance.state.start_request();
-                    self.forwarder
-                        .send(&instance.uri, body, &headers, deadline, Instant::now())
-                        .await
+                let result = match &authorization {
+                    Ok(authorization) => {
+                        let headers = ForwardHeaders {
+                            traceparent,
+                            authorization: authorization.as_bytes(),
+                        };
+                        let _inflight = instance.state.start_request();
+                        self.forwarder
+                            .send(&instance.uri, body, &headers, deadline, Instant::now())
+                            .await
+                    }
+                    Err(error) => {
+                        let agent_id = instance.agent_id.clone();
+                        let failure = Failure {
+                            error: error.clone(),
+                            capability_version: Some(version.clone()),
+                            agent_id: Some(agent_id.clone()),
+                            attempts: 0,
+                        };
+                        return (agent_id, Err(failure));
+                    }
                 };
                 let (observation, outcome) = classify(result, started.elapsed());
                 log_transition(

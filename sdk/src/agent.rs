@@ -26,6 +26,7 @@ use crate::ctx::Links;
 use crate::error::StartError;
 use crate::handler::{Handler, IntoHandler};
 use crate::state::{Config, Shared, Status};
+use crate::verify::{KeySource, Keys};
 
 /// Builds an agent: identity, where it listens and is reached, which services
 /// it talks to, and its handlers.
@@ -53,6 +54,9 @@ pub struct AgentBuilder {
     context: Option<String>,
     token: Option<String>,
     handlers: Vec<Handler>,
+    keys: Option<KeySource>,
+    issuer: String,
+    accept_unverified: bool,
 }
 
 impl AgentBuilder {
@@ -127,6 +131,33 @@ impl AgentBuilder {
         self
     }
 
+    /// Where the router's assertion keys are published (default: the router's
+    /// `/.well-known/jwks.json`).
+    pub fn assertion_keys_url(mut self, url: &str) -> Self {
+        self.keys = Some(KeySource::Url(url.to_string()));
+        self
+    }
+
+    /// A JWKS file holding the router's assertion keys, instead of fetching them.
+    pub fn assertion_keys_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.keys = Some(KeySource::File(path.into()));
+        self
+    }
+
+    /// The issuer the router's assertions must name (default `agent-reach-router`).
+    pub fn assertion_issuer(mut self, issuer: &str) -> Self {
+        self.issuer = issuer.to_string();
+        self
+    }
+
+    /// DEVELOPMENT ONLY: serve calls without the router's assertion (anyone
+    /// who reaches the endpoint can call the agent as anyone). Also set by
+    /// `AGENT_REACH_INSECURE_ACCEPT_UNVERIFIED=1`. Logs a loud warning.
+    pub fn insecure_accept_unverified_calls(mut self) -> Self {
+        self.accept_unverified = true;
+        self
+    }
+
     /// Starts serving and registering (as `starting`); call
     /// [`Agent::mark_ready`] once the agent's own initialisation is done.
     pub async fn start(self) -> Result<Agent, StartError> {
@@ -166,13 +197,38 @@ impl AgentBuilder {
             address: self.config.listen.to_string(),
             error,
         })?;
+        let http = reqwest::Client::new();
+        let keys = if self.accept_unverified || crate::verify::insecure_from_env() {
+            tracing::warn!(
+                message = "ASSERTION VERIFICATION IS OFF: this agent serves calls that did not come through \
+                           the router, from anyone who reaches its endpoint, as anyone. Development only.",
+                agent_id = %self.config.agent_id
+            );
+            None
+        } else {
+            let source = match (self.keys, &self.router) {
+                (Some(source), _) => source,
+                (None, Some(router)) => {
+                    KeySource::Url(format!("{}/.well-known/jwks.json", router.trim_end_matches('/')))
+                }
+                (None, None) => {
+                    return Err(StartError::Config(
+                        "the agent verifies the router's assertions but knows no keys: call .router(URL) \
+                         (its keys are fetched from URL/.well-known/jwks.json) or .assertion_keys_file(PATH), \
+                         or, for development only, .insecure_accept_unverified_calls()"
+                            .to_string(),
+                    ))
+                }
+            };
+            Some(Keys::start(source, self.issuer, http.clone()))
+        };
         let links = Links {
-            http: reqwest::Client::new(),
+            http,
             router: self.router,
             context,
             token,
         };
-        let shared = Arc::new(Shared::new(self.config, self.handlers, links));
+        let shared = Arc::new(Shared::new(self.config, keys, self.handlers, links));
         let (stop_serving, serving_stopped) = watch::channel(false);
         let app = crate::server::routes(shared.clone());
         let server = tokio::spawn(async move {
@@ -232,6 +288,9 @@ impl Agent {
             context: None,
             token: None,
             handlers: Vec::new(),
+            keys: None,
+            issuer: agent_reach_access::assertion::DEFAULT_ISSUER.to_string(),
+            accept_unverified: false,
         }
     }
 

@@ -41,6 +41,7 @@ mod error;
 mod handler;
 mod server;
 mod state;
+mod verify;
 
 pub use agent::{Agent, AgentBuilder};
 pub use agent_reach_sdk_macros::handler;
@@ -48,3 +49,4 @@ pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, Ctx};
 pub use error::{CallError, HandlerError, StartError};
 pub use handler::{Descriptor, Handler, IntoHandler};
 pub use state::Status;
+pub use verify::INSECURE_ACCEPT_UNVERIFIED_ENV;

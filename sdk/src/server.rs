@@ -16,6 +16,8 @@ use futures::FutureExt;
 use serde_json::json;
 use tracing::Instrument;
 
+use agent_reach_access::assertion::{AssertionClaims, AssertionError};
+
 use crate::ctx::{now_ms, Ctx};
 use crate::dedup::Answer;
 use crate::state::{Shared, Status};
@@ -85,10 +87,44 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     if let Some(trace_id) = &trace_id {
         span.record("trace_id", trace_id.as_str());
     }
-    serve(shared, traceparent, body).instrument(span).await
+    let assertion = match &shared.keys {
+        None => None,
+        Some(keys) => {
+            let header = headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes());
+            match keys.verify(header, &shared.config.agent_id).await {
+                Ok(claims) => Some(claims),
+                Err(error) => return span.in_scope(|| refuse(&error)),
+            }
+        }
+    };
+    serve(shared, traceparent, assertion, body).instrument(span).await
 }
 
-async fn serve(shared: Arc<Shared>, traceparent: Option<String>, body: Bytes) -> Response {
+/// 401 `UNAUTHENTICATED` for a call the router did not vouch for (logged
+/// without the assertion itself).
+fn refuse(error: &AssertionError) -> Response {
+    tracing::warn!(message = "Call refused: no valid router assertion.", reason = error.reason(), %error);
+    let body = json!({
+        "error": {
+            "code": "UNAUTHENTICATED",
+            "message": error.to_string(),
+            "details": { "reason": error.reason() },
+        }
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(http::header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    traceparent: Option<String>,
+    assertion: Option<Arc<AssertionClaims>>,
+    body: Bytes,
+) -> Response {
     let envelope: ForwardedEnvelope = match serde_json::from_slice(&body) {
         Ok(envelope) => envelope,
         Err(error) => {
@@ -99,6 +135,11 @@ async fn serve(shared: Arc<Shared>, traceparent: Option<String>, body: Bytes) ->
             ))
         }
     };
+    if let Some(claims) = &assertion {
+        if let Err(error) = crate::verify::matches_envelope(claims, envelope.source.as_deref(), &envelope.capability) {
+            return refuse(&error);
+        }
+    }
     let span = tracing::Span::current();
     span.record("request_id", envelope.request_id.as_str());
     span.record("session_id", envelope.session_id.as_deref().unwrap_or(""));

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use crate::ctx::Links;
 use crate::dedup::Dedup;
 use crate::handler::Handler;
+use crate::verify::Keys;
 
 /// What the agent tells the registry about itself: the shared vocabulary.
 pub use agent_reach_proto::Status;
@@ -46,6 +47,8 @@ pub(crate) struct Config {
 /// State shared by the server, the lifecycle task and the [`Agent`] handle.
 pub(crate) struct Shared {
     pub(crate) config: Config,
+    /// Checks that a delivery came through the router (`None`: the development switch is on).
+    pub(crate) keys: Option<Arc<Keys>>,
     pub(crate) handlers: Vec<Handler>,
     pub(crate) links: Arc<Links>,
     pub(crate) dedup: Dedup,
@@ -60,9 +63,10 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// A new agent's state: `starting`, no lease yet, nothing in flight.
-    pub(crate) fn new(config: Config, handlers: Vec<Handler>, links: Links) -> Self {
+    pub(crate) fn new(config: Config, keys: Option<Arc<Keys>>, handlers: Vec<Handler>, links: Links) -> Self {
         Self {
             config,
+            keys,
             handlers,
             links: Arc::new(links),
             dedup: Dedup::new(10_000, Duration::from_secs(600)),

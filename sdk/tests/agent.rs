@@ -39,6 +39,9 @@ struct Echo {
 struct Echoed {
     text: String,
     deadline_ms: u64,
+    /// The caller the router verified (the envelope's `source`, which the agent checks against the assertion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
 }
 
 /// Echo the text back.
@@ -53,6 +56,7 @@ async fn echo(ctx: Ctx, input: Echo) -> Result<Echoed, HandlerError> {
     Ok(Echoed {
         text: input.text,
         deadline_ms: ctx.deadline_ms(),
+        source: ctx.source().map(str::to_string),
     })
 }
 
@@ -227,6 +231,8 @@ async fn handlers_register_with_derived_schemas_and_serve_after_ready() {
     assert_eq!(status, 200, "{result}");
     assert_eq!(result["output"]["text"], "hello");
     assert_eq!(result["agent_id"], "echo-1");
+    // Through the router, with its assertion verified, as the caller the router verified.
+    assert_eq!(result["output"]["source"], "tester", "{result}");
 
     // A business error passes through as AGENT_ERROR with the handler's code.
     let (status, result) = invoke(&stack, "demo.echo", json!({"text": "refuse"})).await;
@@ -262,9 +268,12 @@ async fn inbound_dedups_by_request_id_and_refuses_expired_work() {
             Ok::<_, HandlerError>(counted.fetch_add(1, Ordering::SeqCst) + 1)
         }
     });
+    // The router's keys, as a file: this test plays the router and signs its own assertions.
+    let keys = TestKeys::new();
     let agent = Agent::builder("echo_agent", "count-1")
         .registry(&stack.registry)
         .token(token("echo_agent"))
+        .assertion_keys_file(&keys.jwks)
         .handler(slow)
         .start()
         .await
@@ -274,14 +283,20 @@ async fn inbound_dedups_by_request_id_and_refuses_expired_work() {
     let far = agent_reach_sdk_test_now() + 60_000;
     let envelope = |request_id: &str, deadline: u64| {
         json!({"version": "1.0", "request_id": request_id, "capability": "demo.count", "capability_version": "1.0.0",
-               "priority": "normal", "deadline": deadline, "attempt": 1, "payload": {}})
+               "source": "tester", "priority": "normal", "deadline": deadline, "attempt": 1, "payload": {}})
     };
+    let assertion = keys.assertion("tester", "count-1", "demo.count", 60);
     let client = reqwest::Client::new();
     let send = |body: Value| {
-        let client = client.clone();
-        let url = url.clone();
+        let (client, url, assertion) = (client.clone(), url.clone(), assertion.clone());
         async move {
-            let response = client.post(url).json(&body).send().await.unwrap();
+            let response = client
+                .post(url)
+                .bearer_auth(assertion)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
             (response.status().as_u16(), response.json::<Value>().await.unwrap())
         }
     };
@@ -322,6 +337,157 @@ async fn inbound_dedups_by_request_id_and_refuses_expired_work() {
         .unwrap();
     assert_eq!(health["status"], "ready");
     agent.shutdown().await;
+}
+
+/// Issue 20: an agent serves only calls the router vouched for, for itself,
+/// unexpired, from the caller named in the envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_a_valid_router_assertion_are_refused() {
+    let stack = stack().await;
+    let keys = TestKeys::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let count = Handler::new("demo.count", "1.0.0", move |_ctx: Ctx, _input: Value| {
+        let counted = counted.clone();
+        async move { Ok::<_, HandlerError>(counted.fetch_add(1, Ordering::SeqCst) + 1) }
+    });
+    let agent = Agent::builder("echo_agent", "guarded-1")
+        .registry(&stack.registry)
+        .token(token("echo_agent"))
+        .assertion_keys_file(&keys.jwks)
+        .handler(count)
+        .start()
+        .await
+        .unwrap();
+    agent.mark_ready();
+    let url = format!("http://{}/invoke", agent.local_addr());
+    let envelope = |source: &str, capability: &str| {
+        json!({"version": "1.0", "request_id": format!("r-{}", rand_suffix()), "capability": capability,
+               "capability_version": "1.0.0", "source": source, "priority": "normal",
+               "deadline": agent_reach_sdk_test_now() + 60_000, "attempt": 1, "payload": {}})
+    };
+    let client = reqwest::Client::new();
+    let send = |assertion: Option<String>, body: Value| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut request = client.post(url).json(&body);
+            if let Some(assertion) = assertion {
+                request = request.bearer_auth(assertion);
+            }
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+        }
+    };
+    let (other_key, _) = agent_reach_access::AssertionKey::generate().unwrap();
+    let forged_signature = {
+        let claims = keys.claims("tester", "guarded-1", "demo.count", 60);
+        other_key.sign(&claims).unwrap()
+    };
+    let cases = [
+        (
+            "a forged envelope posted straight to the agent",
+            None,
+            envelope("tester", "demo.count"),
+            "missing",
+        ),
+        (
+            "an assertion issued for another agent",
+            Some(keys.assertion("tester", "order_query-1", "demo.count", 60)),
+            envelope("tester", "demo.count"),
+            "wrong_audience",
+        ),
+        (
+            "an expired assertion",
+            Some(keys.assertion("tester", "guarded-1", "demo.count", -120)),
+            envelope("tester", "demo.count"),
+            "expired",
+        ),
+        (
+            "a key the router does not publish",
+            Some(forged_signature),
+            envelope("tester", "demo.count"),
+            "unknown_key",
+        ),
+        (
+            "an envelope whose source is not the asserted caller",
+            Some(keys.assertion("tester", "guarded-1", "demo.count", 60)),
+            envelope("admin", "demo.count"),
+            "source_mismatch",
+        ),
+        (
+            "an assertion for another capability",
+            Some(keys.assertion("tester", "guarded-1", "demo.other", 60)),
+            envelope("tester", "demo.count"),
+            "capability_mismatch",
+        ),
+        (
+            "not a bearer token",
+            Some("x".into()),
+            envelope("tester", "demo.count"),
+            "malformed",
+        ),
+    ];
+    for (what, assertion, body, reason) in cases {
+        let (status, answer) = send(assertion, body).await;
+        assert_eq!(status, 401, "{what}: {answer}");
+        assert_eq!(answer["error"]["code"], "UNAUTHENTICATED", "{what}: {answer}");
+        assert_eq!(answer["error"]["details"]["reason"], reason, "{what}: {answer}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "no refused call reached the handler");
+    let (status, answer) = send(
+        Some(keys.assertion("tester", "guarded-1", "demo.count", 60)),
+        envelope("tester", "demo.count"),
+    )
+    .await;
+    assert_eq!((status, &answer["output"]), (200, &json!(1)), "{answer}");
+    agent.shutdown().await;
+}
+
+fn rand_suffix() -> u64 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::SeqCst) as u64
+}
+
+/// A router key of the test's own: its JWKS file for agents, and assertions signed with it.
+struct TestKeys {
+    key: agent_reach_access::AssertionKey,
+    jwks: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestKeys {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (key, _) = agent_reach_access::AssertionKey::generate().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, agent_reach_access::assertion::jwks([&key]).to_string()).unwrap();
+        Self { key, jwks, _dir: dir }
+    }
+
+    fn claims(
+        &self,
+        caller: &str,
+        agent_id: &str,
+        capability: &str,
+        life_s: i64,
+    ) -> agent_reach_access::AssertionClaims {
+        let now = (agent_reach_sdk_test_now() / 1000) as i64;
+        agent_reach_access::AssertionClaims {
+            iss: agent_reach_access::assertion::DEFAULT_ISSUER.into(),
+            sub: caller.into(),
+            aud: agent_id.into(),
+            cap: capability.into(),
+            tenant: "default".into(),
+            iat: (now - 1) as u64,
+            exp: (now + life_s) as u64,
+        }
+    }
+
+    fn assertion(&self, caller: &str, agent_id: &str, capability: &str, life_s: i64) -> String {
+        self.key
+            .sign(&self.claims(caller, agent_id, capability, life_s))
+            .unwrap()
+    }
 }
 
 fn agent_reach_sdk_test_now() -> u64 {
@@ -436,9 +602,11 @@ async fn reregisters_by_itself_after_a_registry_restart() {
     };
     let mut registry = RegistryProcess::start(settings("127.0.0.1:0".parse().unwrap()));
     let registry_url = format!("http://{}", registry.addr);
+    let keys = TestKeys::new();
     let agent = Agent::builder("echo_agent", "echo-3")
         .registry(&registry_url)
         .token(token("echo_agent"))
+        .assertion_keys_file(&keys.jwks)
         .ttl_s(2)
         .handler(echo)
         .start()

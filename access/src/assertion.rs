@@ -1,0 +1,419 @@
+//! Hop assertions (DESIGN §8): the router vouches for every call it
+//! forwards with a short-lived JWT signed with Ed25519 (`EdDSA`) naming the
+//! verified caller (`sub`), the target instance (`aud`: its `agent_id`), the
+//! capability (`cap`), the tenant, `iat` and `exp` (never past the call's
+//! deadline). Agents verify it against the router's published public keys, a
+//! JWKS document (RFC 7517, `GET /.well-known/jwks.json`), so an agent
+//! reached straight over the network, or called with another agent's
+//! assertion, or with an expired one, refuses the call.
+//!
+//! Keys are identified by their RFC 7638 thumbprint (`kid`), so a router, a
+//! key file and an agent's cache agree on a key's name without naming it.
+
+use std::collections::HashMap;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+/// The issuer the router signs as unless configured otherwise.
+pub const DEFAULT_ISSUER: &str = "agent-reach-router";
+
+/// Seconds of clock skew tolerated between router and agent on `exp`.
+pub const LEEWAY_S: u64 = 5;
+
+/// What an assertion says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssertionClaims {
+    pub iss: String,
+    /// The verified caller; empty only when the router runs without authentication.
+    pub sub: String,
+    /// The `agent_id` of the instance the call was forwarded to.
+    pub aud: String,
+    /// The capability called.
+    pub cap: String,
+    pub tenant: String,
+    pub iat: u64,
+    pub exp: u64,
+}
+
+// === Signing ===
+
+/// An Ed25519 key pair that signs assertions and publishes its public half.
+pub struct AssertionKey {
+    kid: String,
+    public: [u8; 32],
+    encoding: EncodingKey,
+}
+
+impl std::fmt::Debug for AssertionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("AssertionKey").field("kid", &self.kid).finish()
+    }
+}
+
+impl AssertionKey {
+    /// A key from an Ed25519 private key in PKCS#8 PEM (`-----BEGIN PRIVATE
+    /// KEY-----`, as `openssl genpkey -algorithm ed25519` and
+    /// `agent-reach keys generate` write it).
+    pub fn from_pkcs8_pem(pem: &[u8]) -> Result<Self, String> {
+        let parsed = pem::parse(pem).map_err(|error| format!("not a PEM file: {error}"))?;
+        if parsed.tag() != "PRIVATE KEY" {
+            return Err(format!(
+                "expected an Ed25519 `PRIVATE KEY` (PKCS#8) PEM block, found `{}`",
+                parsed.tag()
+            ));
+        }
+        Self::from_pkcs8_der(parsed.contents())
+    }
+
+    fn from_pkcs8_der(der: &[u8]) -> Result<Self, String> {
+        use ring::signature::KeyPair as _;
+        let pair = ring::signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(der)
+            .map_err(|error| format!("not an Ed25519 private key (PKCS#8): {error}"))?;
+        let public: [u8; 32] = pair
+            .public_key()
+            .as_ref()
+            .try_into()
+            .map_err(|_| "an Ed25519 public key is not 32 bytes".to_string())?;
+        Ok(Self {
+            kid: thumbprint(&public),
+            public,
+            encoding: EncodingKey::from_ed_der(der),
+        })
+    }
+
+    /// A fresh key and its PKCS#8 PEM (development, `agent-reach keys generate`).
+    pub fn generate() -> Result<(Self, String), String> {
+        let rng = ring::rand::SystemRandom::new();
+        let document = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
+            .map_err(|error| format!("cannot generate an Ed25519 key: {error}"))?;
+        let pem = pem::encode(&pem::Pem::new("PRIVATE KEY", document.as_ref().to_vec()));
+        Ok((Self::from_pkcs8_der(document.as_ref())?, pem))
+    }
+
+    /// The key's id: its RFC 7638 JWK thumbprint.
+    pub fn kid(&self) -> &str {
+        &self.kid
+    }
+
+    /// The public key as a JWK (`kty` `OKP`, `crv` `Ed25519`).
+    pub fn jwk(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kty": "OKP",
+            "crv": "Ed25519",
+            "x": URL_SAFE_NO_PAD.encode(self.public),
+            "kid": self.kid,
+            "alg": "EdDSA",
+            "use": "sig",
+        })
+    }
+
+    /// The signed JWT for `claims`.
+    pub fn sign(&self, claims: &AssertionClaims) -> Result<String, String> {
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(self.kid.clone());
+        jsonwebtoken::encode(&header, claims, &self.encoding).map_err(|error| format!("cannot sign: {error}"))
+    }
+}
+
+/// RFC 7638: base64url(SHA-256 of the JWK's required members, in order).
+fn thumbprint(public: &[u8; 32]) -> String {
+    let canonical = format!(
+        r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#,
+        URL_SAFE_NO_PAD.encode(public)
+    );
+    URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(canonical.as_bytes()))
+}
+
+/// The JWKS document publishing `keys` (signing key first).
+pub fn jwks<'a>(keys: impl IntoIterator<Item = &'a AssertionKey>) -> serde_json::Value {
+    serde_json::json!({ "keys": keys.into_iter().map(AssertionKey::jwk).collect::<Vec<_>>() })
+}
+
+// === Verifying ===
+
+/// Why an assertion was refused: each is 401 `UNAUTHENTICATED` with this reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssertionError {
+    #[error("no router assertion: calls must come through the router (`Authorization: Bearer <assertion>`)")]
+    Missing,
+    #[error("malformed assertion: {0}")]
+    Malformed(String),
+    #[error("the assertion is signed with key `{0}`, which the router does not publish")]
+    UnknownKey(String),
+    #[error("the assertion's signature does not verify")]
+    BadSignature,
+    #[error("the assertion is for `{got}`, not for this agent (`{expected}`)")]
+    WrongAudience { expected: String, got: String },
+    #[error("the assertion was issued by `{got}`, not by `{expected}`")]
+    WrongIssuer { expected: String, got: String },
+    #[error("the assertion has expired")]
+    Expired,
+    #[error("the envelope's `source` (`{source_field}`) is not the asserted caller (`{asserted}`)")]
+    SourceMismatch { source_field: String, asserted: String },
+    #[error("the envelope calls `{envelope}`, but the assertion is for `{asserted}`")]
+    CapabilityMismatch { envelope: String, asserted: String },
+}
+
+impl AssertionError {
+    /// A short label for the error's `details.reason`, metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AssertionError::Missing => "missing",
+            AssertionError::Malformed(_) => "malformed",
+            AssertionError::UnknownKey(_) => "unknown_key",
+            AssertionError::BadSignature => "bad_signature",
+            AssertionError::WrongAudience { .. } => "wrong_audience",
+            AssertionError::WrongIssuer { .. } => "wrong_issuer",
+            AssertionError::Expired => "expired",
+            AssertionError::SourceMismatch { .. } => "source_mismatch",
+            AssertionError::CapabilityMismatch { .. } => "capability_mismatch",
+        }
+    }
+}
+
+/// A JWKS document as served (only the members we read).
+#[derive(Debug, Deserialize)]
+struct JwkSet {
+    keys: Vec<Jwk>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Jwk {
+    kty: String,
+    #[serde(default)]
+    crv: Option<String>,
+    #[serde(default)]
+    x: Option<String>,
+    #[serde(default)]
+    kid: Option<String>,
+}
+
+/// Verifies assertions against a set of published keys. Immutable: a
+/// refreshed JWKS builds a new verifier.
+pub struct AssertionVerifier {
+    keys: HashMap<String, DecodingKey>,
+    issuer: String,
+}
+
+impl std::fmt::Debug for AssertionVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut kids: Vec<&String> = self.keys.keys().collect();
+        kids.sort();
+        f.debug_struct("AssertionVerifier")
+            .field("kids", &kids)
+            .field("issuer", &self.issuer)
+            .finish()
+    }
+}
+
+impl AssertionVerifier {
+    /// A verifier for the Ed25519 keys of a JWKS document (other key types
+    /// are skipped); a document without one is an error.
+    pub fn from_jwks(document: &[u8], issuer: &str) -> Result<Self, String> {
+        let set: JwkSet = serde_json::from_slice(document).map_err(|error| format!("not a JWKS document: {error}"))?;
+        let mut keys = HashMap::new();
+        for jwk in set.keys {
+            if jwk.kty != "OKP" || jwk.crv.as_deref() != Some("Ed25519") {
+                continue;
+            }
+            let x = jwk.x.ok_or("an Ed25519 JWK without `x`")?;
+            let public: [u8; 32] = URL_SAFE_NO_PAD
+                .decode(x.as_bytes())
+                .map_err(|error| format!("JWK `x` is not base64url: {error}"))?
+                .try_into()
+                .map_err(|_| "JWK `x` is not a 32-byte Ed25519 public key".to_string())?;
+            let kid = jwk.kid.unwrap_or_else(|| thumbprint(&public));
+            keys.insert(kid, DecodingKey::from_ed_der(&public));
+        }
+        if keys.is_empty() {
+            return Err("the JWKS document holds no Ed25519 key".to_string());
+        }
+        Ok(Self {
+            keys,
+            issuer: issuer.to_string(),
+        })
+    }
+
+    /// Whether the verifier knows the key `kid`.
+    pub fn knows(&self, kid: &str) -> bool {
+        self.keys.contains_key(kid)
+    }
+
+    /// The `kid` an assertion names, without verifying anything (to decide
+    /// whether to refresh the keys first).
+    pub fn key_id(token: &str) -> Result<String, AssertionError> {
+        jsonwebtoken::decode_header(token)
+            .map_err(|error| AssertionError::Malformed(error.to_string()))?
+            .kid
+            .ok_or_else(|| AssertionError::Malformed("the assertion names no key (`kid`)".to_string()))
+    }
+
+    /// Verifies an `Authorization` header value for the agent `audience`.
+    pub fn verify_header(&self, header: Option<&[u8]>, audience: &str) -> Result<AssertionClaims, AssertionError> {
+        self.verify(bearer(header)?, audience)
+    }
+
+    /// Verifies `token` for the agent `audience`.
+    pub fn verify(&self, token: &str, audience: &str) -> Result<AssertionClaims, AssertionError> {
+        use jsonwebtoken::errors::ErrorKind;
+        let kid = Self::key_id(token)?;
+        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.leeway = LEEWAY_S;
+        validation.set_required_spec_claims(&["exp", "iat", "sub", "aud", "iss"]);
+        // Audience and issuer are compared below, to say what was expected.
+        validation.validate_aud = false;
+        let claims = match jsonwebtoken::decode::<AssertionClaims>(token, key, &validation) {
+            Ok(data) => data.claims,
+            Err(error) => {
+                return Err(match error.kind() {
+                    ErrorKind::InvalidSignature => AssertionError::BadSignature,
+                    ErrorKind::ExpiredSignature => AssertionError::Expired,
+                    _ => AssertionError::Malformed(error.to_string()),
+                })
+            }
+        };
+        if claims.aud != audience {
+            return Err(AssertionError::WrongAudience {
+                expected: audience.to_string(),
+                got: claims.aud,
+            });
+        }
+        if claims.iss != self.issuer {
+            return Err(AssertionError::WrongIssuer {
+                expected: self.issuer.clone(),
+                got: claims.iss,
+            });
+        }
+        Ok(claims)
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value.
+pub fn bearer(header: Option<&[u8]>) -> Result<&str, AssertionError> {
+    let header = header.ok_or(AssertionError::Missing)?;
+    let value = std::str::from_utf8(header)
+        .ok()
+        .filter(|value| value.is_ascii())
+        .ok_or_else(|| AssertionError::Malformed("the authorization header is not ASCII".to_string()))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or_else(|| AssertionError::Malformed("expected `Bearer <assertion>`".to_string()))?
+        .trim();
+    if token.is_empty() {
+        return Err(AssertionError::Missing);
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn claims(aud: &str, exp: u64) -> AssertionClaims {
+        AssertionClaims {
+            iss: DEFAULT_ISSUER.into(),
+            sub: "intent_parser".into(),
+            aud: aud.into(),
+            cap: "order.query".into(),
+            tenant: "default".into(),
+            iat: now(),
+            exp,
+        }
+    }
+
+    #[test]
+    fn a_signed_assertion_verifies_for_its_audience_only() {
+        let (key, pem) = AssertionKey::generate().unwrap();
+        let reloaded = AssertionKey::from_pkcs8_pem(pem.as_bytes()).unwrap();
+        assert_eq!(reloaded.kid(), key.kid(), "the kid is the key's thumbprint");
+        let document = serde_json::to_vec(&jwks([&key])).unwrap();
+        let verifier = AssertionVerifier::from_jwks(&document, DEFAULT_ISSUER).unwrap();
+        let token = key.sign(&claims("order_query-1", now() + 60)).unwrap();
+        let header = format!("Bearer {token}");
+        let verified = verifier
+            .verify_header(Some(header.as_bytes()), "order_query-1")
+            .unwrap();
+        assert_eq!(verified, claims("order_query-1", verified.exp));
+        assert_eq!(
+            verifier.verify(&token, "order_query-2").unwrap_err().reason(),
+            "wrong_audience"
+        );
+    }
+
+    #[test]
+    fn each_refusal_has_its_reason() {
+        let (key, _) = AssertionKey::generate().unwrap();
+        let (other, _) = AssertionKey::generate().unwrap();
+        let verifier =
+            AssertionVerifier::from_jwks(&serde_json::to_vec(&jwks([&key])).unwrap(), DEFAULT_ISSUER).unwrap();
+        assert_eq!(verifier.verify_header(None, "a").unwrap_err().reason(), "missing");
+        assert_eq!(
+            verifier.verify_header(Some(b"Basic x"), "a").unwrap_err().reason(),
+            "malformed"
+        );
+        assert_eq!(verifier.verify("not.a.jwt", "a").unwrap_err().reason(), "malformed");
+        let expired = key.sign(&claims("a", now() - 3600)).unwrap();
+        assert_eq!(verifier.verify(&expired, "a").unwrap_err().reason(), "expired");
+        let unknown = other.sign(&claims("a", now() + 60)).unwrap();
+        assert_eq!(verifier.verify(&unknown, "a").unwrap_err().reason(), "unknown_key");
+        // A signature by another key under this key's id.
+        let mut forged_claims = claims("a", now() + 60);
+        forged_claims.sub = "admin".into();
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(key.kid().to_string());
+        let forged = jsonwebtoken::encode(&header, &forged_claims, &other.encoding).unwrap();
+        assert_eq!(verifier.verify(&forged, "a").unwrap_err().reason(), "bad_signature");
+        let mut foreign = claims("a", now() + 60);
+        foreign.iss = "someone-else".into();
+        let foreign = key.sign(&foreign).unwrap();
+        assert_eq!(verifier.verify(&foreign, "a").unwrap_err().reason(), "wrong_issuer");
+    }
+
+    #[test]
+    fn two_published_keys_both_verify_during_a_rotation() {
+        let (old, _) = AssertionKey::generate().unwrap();
+        let (new, _) = AssertionKey::generate().unwrap();
+        let verifier =
+            AssertionVerifier::from_jwks(&serde_json::to_vec(&jwks([&new, &old])).unwrap(), DEFAULT_ISSUER).unwrap();
+        for key in [&old, &new] {
+            let token = key.sign(&claims("a", now() + 60)).unwrap();
+            assert!(verifier.verify(&token, "a").is_ok());
+            assert!(verifier.knows(&AssertionVerifier::key_id(&token).unwrap()));
+        }
+    }
+
+    #[test]
+    fn bad_key_material_is_refused_with_a_reason() {
+        assert!(AssertionKey::from_pkcs8_pem(b"nonsense").is_err());
+        let rsa_like = pem::encode(&pem::Pem::new("PUBLIC KEY", vec![1, 2, 3]));
+        assert!(AssertionKey::from_pkcs8_pem(rsa_like.as_bytes())
+            .unwrap_err()
+            .contains("PRIVATE KEY"));
+        assert!(AssertionVerifier::from_jwks(br#"{"keys":[]}"#, DEFAULT_ISSUER).is_err());
+        assert!(AssertionVerifier::from_jwks(br#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"AAAA"}]}"#, "i").is_err());
+        assert!(AssertionVerifier::from_jwks(b"[]", DEFAULT_ISSUER).is_err());
+    }
+
+    #[test]
+    fn key_debug_output_holds_no_secret() {
+        let (key, pem) = AssertionKey::generate().unwrap();
+        let printed = format!("{key:?}");
+        assert!(printed.contains(key.kid()));
+        let body: String = pem.lines().filter(|line| !line.starts_with("-----")).collect();
+        assert!(!printed.contains(&body));
+    }
+}

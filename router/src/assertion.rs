@@ -1,0 +1,442 @@
+//! The router vouches for every call it forwards (DESIGN §8): each forwarded
+//! request carries `Authorization: Bearer <assertion>`, an EdDSA JWT naming
+//! the verified caller, the target instance, the capability, the tenant and
+//! an expiry that is short and never past the call's deadline; the keys that
+//! verify it are published at `GET /.well-known/jwks.json`.
+//!
+//! Keys come from files (`--assertion-key`, the signing key, and
+//! `--assertion-published-key`, keys published beside it: the next key before
+//! a rotation, the previous one after), polled every second and swapped
+//! atomically when they change, so a rotation is: publish the new key on every
+//! router, then make it the signing key, then drop the old one. A broken edit
+//! keeps the last good keys and is logged.
+//!
+//! Signing costs tens of microseconds, so each serving thread keeps the
+//! assertion it issued per (caller, instance, capability) and reuses it while
+//! it has at least half its life left and does not outlive the call's
+//! deadline. No lock on the request path: a per-thread map and one atomic read.
+
+use std::cell::RefCell;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_reach_access::assertion::{jwks, AssertionClaims, AssertionKey};
+use agent_reach_access::Caller;
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+
+use crate::error::{Code, RouterError};
+
+/// Where the signing key comes from.
+#[derive(Debug, Clone)]
+pub enum SigningKey {
+    /// A PKCS#8 PEM file, reloaded when it changes.
+    File(PathBuf),
+    /// A key held in memory.
+    Key(Arc<AssertionKey>),
+    /// A fresh key made when the router is built, held in memory (tests,
+    /// `agent-reach dev`: one router; replicas must share key files).
+    Generate,
+}
+
+/// How the router signs its assertions.
+#[derive(Debug, Clone)]
+pub struct AssertionSettings {
+    pub signing: SigningKey,
+    /// Keys published beside the signing key (PKCS#8 PEM files).
+    pub published: Vec<PathBuf>,
+    /// The `iss` claim agents expect.
+    pub issuer: String,
+    /// The longest life of an assertion.
+    pub ttl: Duration,
+}
+
+impl Default for AssertionSettings {
+    /// A key generated when the router is built, the default issuer, 10 s of life.
+    fn default() -> Self {
+        Self {
+            signing: SigningKey::Generate,
+            published: Vec::new(),
+            issuer: agent_reach_access::assertion::DEFAULT_ISSUER.to_string(),
+            ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The keys in use: the signing key, the published ones, the JWKS document.
+struct KeySet {
+    signing: Arc<AssertionKey>,
+    published: Vec<AssertionKey>,
+    jwks: Bytes,
+}
+
+/// Tells apart the key sets (and routers) a thread's cached assertions were signed under.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
+/// Issues assertions and publishes their keys.
+pub struct Assertions {
+    keys: ArcSwap<KeySet>,
+    /// The generation of `keys`, read on every request (a cheaper check than the swap).
+    generation: AtomicU64,
+    settings: AssertionSettings,
+    /// The last key files read, to notice a change.
+    read: std::sync::Mutex<Vec<Vec<u8>>>,
+    keys_valid: prometheus::IntGauge,
+}
+
+struct Cached {
+    generation: u64,
+    caller: Option<Arc<str>>,
+    agent_id: Box<str>,
+    capability: Box<str>,
+    /// `Bearer <jwt>`.
+    header: Arc<str>,
+    issued_ms: u64,
+    expires_ms: u64,
+}
+
+/// Entries per thread before the cache is cleared (bounds memory under churn).
+const CACHE_CAPACITY: usize = 4096;
+
+thread_local! {
+    static CACHE: RefCell<ahash::AHashMap<u64, Cached>> = RefCell::new(ahash::AHashMap::new());
+    /// One hasher per thread: the map is keyed by this hash of (caller, instance, capability).
+    static HASHER: ahash::RandomState = ahash::RandomState::new();
+}
+
+impl Assertions {
+    /// Loads the keys the settings name; errors name the file.
+    pub fn load(mut settings: AssertionSettings, registry: &prometheus::Registry) -> Result<Arc<Self>, String> {
+        if let SigningKey::Generate = settings.signing {
+            settings.signing = SigningKey::Key(Arc::new(AssertionKey::generate()?.0));
+        }
+        let keys_valid = prometheus::IntGauge::new(
+            "agent_reach_router_assertion_keys_valid",
+            "1 while the assertion key files last read were valid (a broken edit keeps the last good keys).",
+        )
+        .map_err(|error| error.to_string())?;
+        registry
+            .register(Box::new(keys_valid.clone()))
+            .map_err(|error| error.to_string())?;
+        let (files, set) = read_keys(&settings)?;
+        keys_valid.set(1);
+        let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+        let assertions = Arc::new(Self {
+            keys: ArcSwap::from_pointee(set),
+            generation: AtomicU64::new(generation),
+            settings,
+            read: std::sync::Mutex::new(files),
+            keys_valid,
+        });
+        tracing::info!(
+            message = "Assertion keys loaded.",
+            signing_kid = assertions.keys.load().signing.kid(),
+            published = assertions.keys.load().published.len()
+        );
+        Ok(assertions)
+    }
+
+    /// Polls the key files every second until the router is dropped.
+    pub fn watch(self: &Arc<Self>) {
+        let has_files = matches!(self.settings.signing, SigningKey::File(_)) || !self.settings.published.is_empty();
+        if !has_files {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(assertions) = weak.upgrade() else { return };
+                assertions.reload();
+            }
+        });
+    }
+
+    /// Reads the key files again and swaps the keys when they changed.
+    pub fn reload(&self) {
+        let mut read = self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let files = match read_files(&self.settings) {
+            Ok(files) => files,
+            Err(error) => {
+                self.keys_valid.set(0);
+                tracing::error!(message = "Cannot read the assertion keys; keeping the last good ones.", %error);
+                return;
+            }
+        };
+        if files == *read {
+            return;
+        }
+        match keys_from(&self.settings, &files) {
+            Ok(set) => {
+                let signing = set.signing.kid().to_string();
+                self.keys.store(Arc::new(set));
+                self.generation
+                    .store(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed), Ordering::Release);
+                self.keys_valid.set(1);
+                *read = files;
+                tracing::info!(message = "Assertion keys reloaded.", signing_kid = %signing);
+            }
+            Err(error) => {
+                self.keys_valid.set(0);
+                tracing::error!(message = "Assertion key files are invalid; keeping the last good keys.", %error);
+            }
+        }
+    }
+
+    /// `GET /.well-known/jwks.json`: the signing key first, then the published ones.
+    pub fn jwks(&self) -> Bytes {
+        self.keys.load().jwks.clone()
+    }
+
+    /// The `authorization` value for one forwarded attempt: `caller`'s call of
+    /// `capability` on `agent_id`, expiring at most at `deadline_ms`.
+    pub fn header(
+        &self,
+        caller: &Caller,
+        agent_id: &str,
+        capability: &str,
+        deadline_ms: u64,
+        now_ms: u64,
+    ) -> Result<Arc<str>, RouterError> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let caller_name = match caller {
+            Caller::Agent(name) => Some(name),
+            Caller::Unauthenticated => None,
+        };
+        let key = HASHER.with(|state| {
+            let mut hasher = state.build_hasher();
+            caller_name.map(|name| &**name).hash(&mut hasher);
+            agent_id.hash(&mut hasher);
+            capability.hash(&mut hasher);
+            hasher.finish()
+        });
+        let ttl_ms = u64::try_from(self.settings.ttl.as_millis()).unwrap_or(u64::MAX);
+        let reusable = CACHE.with(|cache| {
+            let cache = cache.borrow();
+            let entry = cache.get(&key)?;
+            let same = entry.generation == generation
+                && entry.caller.as_deref() == caller_name.map(|name| &**name)
+                && &*entry.agent_id == agent_id
+                && &*entry.capability == capability;
+            // At least half its life left, and never past this call's deadline.
+            let fresh = now_ms < entry.issued_ms + ttl_ms / 2 && entry.expires_ms <= deadline_ms;
+            (same && fresh).then(|| entry.header.clone())
+        });
+        if let Some(header) = reusable {
+            return Ok(header);
+        }
+        let expires_ms = now_ms.saturating_add(ttl_ms).min(deadline_ms);
+        let claims = AssertionClaims {
+            iss: self.settings.issuer.clone(),
+            sub: caller_name.map(|name| name.to_string()).unwrap_or_default(),
+            aud: agent_id.to_string(),
+            cap: capability.to_string(),
+            tenant: "default".to_string(),
+            iat: now_ms / 1000,
+            // JWT times are seconds; round down so the assertion never outlives the deadline.
+            exp: expires_ms / 1000,
+        };
+        let token = self
+            .keys
+            .load()
+            .signing
+            .sign(&claims)
+            .map_err(|error| RouterError::new(Code::AssertionFailed, error))?;
+        let header: Arc<str> = format!("Bearer {token}").into();
+        // Only full-life assertions are worth keeping: one cut short by a
+        // near deadline would serve no later call.
+        if expires_ms == now_ms.saturating_add(ttl_ms) {
+            CACHE.with(|cache| {
+                let mut cache = cache.borrow_mut();
+                if cache.len() >= CACHE_CAPACITY {
+                    cache.clear();
+                }
+                cache.insert(
+                    key,
+                    Cached {
+                        generation,
+                        caller: caller_name.cloned(),
+                        agent_id: agent_id.into(),
+                        capability: capability.into(),
+                        header: header.clone(),
+                        issued_ms: now_ms,
+                        expires_ms,
+                    },
+                );
+            });
+        }
+        Ok(header)
+    }
+}
+
+/// The key files' bytes, signing key first.
+fn read_files(settings: &AssertionSettings) -> Result<Vec<Vec<u8>>, String> {
+    let read = |path: &PathBuf| {
+        std::fs::read(path).map_err(|error| format!("cannot read assertion key {}: {error}", path.display()))
+    };
+    let mut files = Vec::with_capacity(1 + settings.published.len());
+    if let SigningKey::File(path) = &settings.signing {
+        files.push(read(path)?);
+    }
+    for path in &settings.published {
+        files.push(read(path)?);
+    }
+    Ok(files)
+}
+
+fn keys_from(settings: &AssertionSettings, files: &[Vec<u8>]) -> Result<KeySet, String> {
+    let mut files = files.iter();
+    let signing = match &settings.signing {
+        SigningKey::Key(key) => key.clone(),
+        SigningKey::Generate => return Err("the signing key was not generated before use".to_string()),
+        SigningKey::File(path) => {
+            let pem = files.next().ok_or("the signing key file was not read")?;
+            Arc::new(AssertionKey::from_pkcs8_pem(pem).map_err(|error| format!("{}: {error}", path.display()))?)
+        }
+    };
+    let mut published = Vec::new();
+    for (path, pem) in settings.published.iter().zip(files) {
+        let key = AssertionKey::from_pkcs8_pem(pem).map_err(|error| format!("{}: {error}", path.display()))?;
+        if key.kid() != signing.kid() && published.iter().all(|known: &AssertionKey| known.kid() != key.kid()) {
+            published.push(key);
+        }
+    }
+    let document = jwks(std::iter::once(&*signing).chain(published.iter()));
+    let jwks = Bytes::from(serde_json::to_vec(&document).map_err(|error| error.to_string())?);
+    Ok(KeySet {
+        signing,
+        published,
+        jwks,
+    })
+}
+
+fn read_keys(settings: &AssertionSettings) -> Result<(Vec<Vec<u8>>, KeySet), String> {
+    let files = read_files(settings)?;
+    let set = keys_from(settings, &files)?;
+    Ok((files, set))
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach_access::assertion::{AssertionVerifier, DEFAULT_ISSUER};
+
+    use super::*;
+
+    fn settings_in(dir: &std::path::Path) -> AssertionSettings {
+        AssertionSettings {
+            signing: SigningKey::File(dir.join("signing.pem")),
+            published: vec![dir.join("next.pem")],
+            issuer: DEFAULT_ISSUER.into(),
+            ttl: Duration::from_secs(10),
+        }
+    }
+
+    fn write_key(path: &std::path::Path) -> String {
+        let (key, pem) = AssertionKey::generate().unwrap();
+        std::fs::write(path, pem).unwrap();
+        key.kid().to_string()
+    }
+
+    fn verifier(assertions: &Assertions) -> AssertionVerifier {
+        AssertionVerifier::from_jwks(&assertions.jwks(), DEFAULT_ISSUER).unwrap()
+    }
+
+    #[test]
+    fn assertions_are_cached_per_call_target_and_never_outlive_the_deadline() {
+        let assertions = Assertions::load(AssertionSettings::default(), &prometheus::Registry::new()).unwrap();
+        let caller = Caller::Agent("intent_parser".into());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let far = now + 60_000;
+        let first = assertions.header(&caller, "a-1", "order.query", far, now).unwrap();
+        let again = assertions
+            .header(&caller, "a-1", "order.query", far, now + 1000)
+            .unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "reused while fresh");
+        let other_agent = assertions.header(&caller, "a-2", "order.query", far, now).unwrap();
+        assert_ne!(first, other_agent, "one per instance");
+        // Half its life gone: a new one.
+        let later = assertions
+            .header(&caller, "a-1", "order.query", far, now + 6000)
+            .unwrap();
+        assert_ne!(first, later);
+        // A call whose deadline is sooner than the cached expiry gets one of its own, cut to the deadline.
+        let short = assertions
+            .header(&caller, "a-1", "order.query", now + 2500, now + 6000)
+            .unwrap();
+        assert_ne!(short, later);
+        let token = short.strip_prefix("Bearer ").unwrap();
+        let claims = verifier(&assertions).verify(token, "a-1").unwrap();
+        assert!(claims.exp * 1000 <= now + 2500, "exp {} past the deadline", claims.exp);
+        assert_eq!(
+            (claims.sub.as_str(), claims.aud.as_str(), claims.cap.as_str()),
+            ("intent_parser", "a-1", "order.query")
+        );
+    }
+
+    #[test]
+    fn a_rotation_publishes_both_keys_and_switches_the_signer() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = write_key(&dir.path().join("signing.pem"));
+        let second = write_key(&dir.path().join("next.pem"));
+        let assertions = Assertions::load(settings_in(dir.path()), &prometheus::Registry::new()).unwrap();
+        let published = verifier(&assertions);
+        assert!(published.knows(&first) && published.knows(&second));
+        let caller = Caller::Agent("c".into());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let before = assertions.header(&caller, "a", "x.y", now + 60_000, now).unwrap();
+        assert_eq!(
+            AssertionVerifier::key_id(before.strip_prefix("Bearer ").unwrap()).unwrap(),
+            first
+        );
+        // Swap: the next key signs, the old one stays published.
+        let signing = std::fs::read(dir.path().join("signing.pem")).unwrap();
+        let next = std::fs::read(dir.path().join("next.pem")).unwrap();
+        std::fs::write(dir.path().join("signing.pem"), next).unwrap();
+        std::fs::write(dir.path().join("next.pem"), signing).unwrap();
+        assertions.reload();
+        let after = assertions.header(&caller, "a", "x.y", now + 60_000, now).unwrap();
+        assert_eq!(
+            AssertionVerifier::key_id(after.strip_prefix("Bearer ").unwrap()).unwrap(),
+            second
+        );
+        let published = verifier(&assertions);
+        assert!(published.knows(&first) && published.knows(&second));
+        assert!(published.verify(before.strip_prefix("Bearer ").unwrap(), "a").is_ok());
+        assert!(published.verify(after.strip_prefix("Bearer ").unwrap(), "a").is_ok());
+        // A broken edit keeps the last good keys.
+        std::fs::write(dir.path().join("signing.pem"), "garbage").unwrap();
+        assertions.reload();
+        assert_eq!(assertions.keys_valid.get(), 0);
+        let still = assertions.header(&caller, "b", "x.y", now + 60_000, now).unwrap();
+        assert_eq!(
+            AssertionVerifier::key_id(still.strip_prefix("Bearer ").unwrap()).unwrap(),
+            second
+        );
+    }
+
+    #[test]
+    fn missing_or_bad_key_files_are_refused_at_start_with_their_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = Assertions::load(settings_in(dir.path()), &prometheus::Registry::new())
+            .err()
+            .unwrap();
+        assert!(error.contains("signing.pem"), "{error}");
+        std::fs::write(dir.path().join("signing.pem"), "not a key").unwrap();
+        std::fs::write(dir.path().join("next.pem"), "not a key").unwrap();
+        let error = Assertions::load(settings_in(dir.path()), &prometheus::Registry::new())
+            .err()
+            .unwrap();
+        assert!(error.contains("signing.pem"), "{error}");
+    }
+}
