@@ -1,0 +1,46 @@
+"""Request deduplication by ``request_id``: a repeat gets the first answer, a
+concurrent repeat waits for it. Bounded in size and age (as the Rust SDK's)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A finished answer: HTTP status and JSON body."""
+
+    status: int
+    body: bytes
+
+
+class Dedup:
+    """request_id → the future of its answer, oldest first."""
+
+    def __init__(self, capacity: int = 10_000, ttl_s: float = 600.0) -> None:
+        self.capacity = max(1, capacity)
+        self.ttl_s = ttl_s
+        self._slots: OrderedDict[str, tuple[float, asyncio.Future[Answer]]] = OrderedDict()
+
+    def slot(self, request_id: str) -> tuple[asyncio.Future[Answer], bool]:
+        """The answer's future for ``request_id`` and whether this call created it (then it must set it)."""
+        now = time.monotonic()
+        slots = self._slots
+        while slots:
+            oldest_id, (inserted, _) = next(iter(slots.items()))
+            if now - inserted < self.ttl_s and len(slots) < self.capacity:
+                break
+            del slots[oldest_id]
+        existing = slots.get(request_id)
+        if existing is not None:
+            return existing[1], False
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        slots[request_id] = (now, future)
+        return future, True
+
+    def forget(self, request_id: str) -> None:
+        """Drops a slot whose delivery ended without an answer worth repeating."""
+        self._slots.pop(request_id, None)

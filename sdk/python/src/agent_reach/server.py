@@ -1,0 +1,407 @@
+"""The inbound side: the agent contract over ASGI (DESIGN §3, §8).
+
+``POST /invoke`` takes the router's forwarded envelope and answers ``200 {"output": ...}``
+or ``{"error": {"code", "message", "details"?}}``; ``GET /healthz`` reports real
+readiness; ``GET /metrics`` the agent's own numbers. Per delivery, in this order:
+verify the router's assertion → decode the envelope → ``source``/``cap`` against the
+assertion → ready? → deadline passed? → which handler → a repeat (dedup by
+``request_id``)? → room (concurrency limit)? → validate the payload → run the handler
+(until the deadline; an exception becomes an error answer, the agent keeps serving)
+→ validate and encode the output.
+
+``/invoke`` is served by a plain ASGI function rather than a Starlette endpoint: it is
+the hot path and Starlette's request and response objects cost more than the work.
+The other routes and the lifespan are a small Starlette app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from . import logs, tracing
+from .assertion import Assertion, AssertionRefused, Verifier
+from .ctx import Ctx, Links, now_ms
+from .dedup import Answer, Dedup
+from .errors import AgentReachError, HandlerError
+from .handlers import Handler, validation_details
+from .logs import logger
+from .metrics import Metrics
+from .status import Status, StatusTracker
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+@dataclass
+class AgentState:
+    """Everything a delivery needs, shared by the server, the lifecycle and the ``Agent``."""
+
+    agent_id: str
+    handlers: list[Handler]
+    links: Links
+    verifier: Verifier | None
+    max_concurrency: int
+    max_body_bytes: int
+    ttl_s: int
+    status: StatusTracker
+    dedup: Dedup = field(default_factory=Dedup)
+    metrics: Metrics = field(default_factory=Metrics)
+    inflight: int = 0
+    #: Set whenever the reported status may have changed (the lifecycle sends a heartbeat).
+    status_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set while nothing is in flight (drain waits on it).
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    last_status: Status = Status.STARTING
+    #: time.monotonic() of the last heartbeat the registry acknowledged (None: never).
+    last_heartbeat: float | None = None
+    _by_key: dict[tuple[str, str], Handler] = field(default_factory=dict)
+    _by_capability: dict[str, Handler] = field(default_factory=dict)
+    _thread_limiter: anyio.CapacityLimiter | None = None
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+        for handler in self.handlers:
+            descriptor = handler.descriptor
+            self._by_key[(descriptor.capability, descriptor.version)] = handler
+            self._by_capability.setdefault(descriptor.capability, handler)
+
+    def handler(self, capability: str, version: str) -> Handler | None:
+        return self._by_key.get((capability, version)) or self._by_capability.get(capability)
+
+    def current_status(self) -> Status:
+        return self.status.current(self.inflight)
+
+    def note_status(self) -> None:
+        """Tells the lifecycle when the status to report changed."""
+        status = self.status.current(self.inflight)
+        if status is not self.last_status:
+            self.last_status = status
+            self.status_changed.set()
+
+    def heartbeat_fresh(self) -> bool:
+        return self.last_heartbeat is not None and time.monotonic() - self.last_heartbeat < self.ttl_s
+
+    def thread_limiter(self) -> anyio.CapacityLimiter:
+        # Sync handlers run in worker threads: as many as the agent takes deliveries.
+        if self._thread_limiter is None:
+            self._thread_limiter = anyio.CapacityLimiter(self.max_concurrency)
+        return self._thread_limiter
+
+
+def _error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> Answer:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        error["details"] = details
+    return Answer(status, json.dumps({"error": error}).encode())
+
+
+def _unauthenticated(refused: AssertionRefused) -> Answer:
+    return _error(401, "UNAUTHENTICATED", refused.message, {"reason": refused.reason})
+
+
+# === /invoke ===
+
+
+async def serve_invoke(state: AgentState, authorization: str | None, traceparent: str | None, body: bytes) -> Answer:
+    """One delivery, from the raw request to the answer."""
+    assertion: Assertion | None = None
+    if state.verifier is not None:
+        try:
+            assertion = await state.verifier.verify(authorization)
+        except AssertionRefused as refused:
+            logger.info("Delivery refused: %s", refused.message, extra={"reason": refused.reason})
+            return _unauthenticated(refused)
+    try:
+        envelope = json.loads(body)
+        request_id = envelope["request_id"]
+        capability = envelope["capability"]
+        version = envelope["capability_version"]
+        deadline = envelope["deadline"]
+        attempt = envelope.get("attempt", 1)
+        payload = envelope.get("payload")
+        session_id = envelope.get("session_id")
+        context_id = envelope.get("context_id")
+        source = envelope.get("source")
+        if not (
+            isinstance(request_id, str)
+            and isinstance(capability, str)
+            and isinstance(version, str)
+            and isinstance(deadline, int)
+            and isinstance(attempt, int)
+            and (session_id is None or isinstance(session_id, str))
+            and (context_id is None or isinstance(context_id, str))
+            and (source is None or isinstance(source, str))
+        ):
+            raise TypeError("a field has the wrong type")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        detail = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+        return _error(400, "INVALID_ENVELOPE", f"cannot decode the forwarded envelope: {detail}")
+    if assertion is not None:
+        if source != assertion.caller:
+            return _unauthenticated(
+                AssertionRefused(
+                    "source_mismatch",
+                    f"the envelope's source {source!r} is not the caller the router vouched for ({assertion.caller!r})",
+                )
+            )
+        if capability != assertion.capability:
+            return _unauthenticated(
+                AssertionRefused(
+                    "capability_mismatch",
+                    f"the envelope asks for `{capability}` but the assertion is for `{assertion.capability}`",
+                )
+            )
+    phase = state.status.phase
+    if phase is Status.STARTING:
+        return _error(503, "NOT_READY", "the agent is still initialising")
+    if phase is Status.DRAINING:
+        return _error(503, "DRAINING", "the agent is shutting down")
+    if now_ms() >= deadline:
+        return _error(504, "DEADLINE_EXCEEDED", "the request's deadline passed before it arrived")
+    handler = state.handler(capability, version)
+    if handler is None:
+        return _error(404, "CAPABILITY_NOT_FOUND", f"this agent does not serve `{capability}` {version}")
+    # Keyed by caller too: one caller's request id never answers another's request.
+    dedup_key = f"{source or ''}\x00{request_id}"
+    future, first = state.dedup.slot(dedup_key)
+    if not first:
+        return await asyncio.shield(future)
+    # "Not now" answers are not kept: a later delivery may find room.
+    if state.inflight >= state.max_concurrency:
+        state.dedup.forget(dedup_key)
+        future.cancel()
+        return _error(503, "OVERLOADED", "the agent is at its concurrency limit")
+    ctx = Ctx(
+        request_id=request_id,
+        session_id=session_id,
+        context_id=context_id,
+        source=source,
+        capability=capability,
+        capability_version=version,
+        deadline_ms=deadline,
+        attempt=attempt,
+        traceparent=traceparent,
+        tenant=assertion.tenant if assertion is not None else None,
+        links=state.links,
+    )
+    state.inflight += 1
+    state.idle.clear()
+    state.note_status()
+    started = time.perf_counter()
+    answer = _error(500, "HANDLER_PANICKED", "the delivery ended without an answer")
+    try:
+        answer = await _run(state, handler, ctx, payload)
+    finally:
+        state.inflight -= 1
+        if state.inflight == 0:
+            state.idle.set()
+        state.note_status()
+        future.set_result(answer)
+        state.metrics.observe(capability, _code_of(answer), time.perf_counter() - started)
+    return answer
+
+
+def _code_of(answer: Answer) -> str:
+    if answer.status == 200:
+        return "OK"
+    try:
+        return str(json.loads(answer.body)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return "UNKNOWN"
+
+
+async def _run(state: AgentState, handler: Handler, ctx: Ctx, payload: Any) -> Answer:
+    try:
+        value = handler.validate_input(payload)
+    except ValidationError as error:
+        problems = validation_details(error)
+        first = problems[0]["pointer"] or "/" if problems else "/"
+        return _error(
+            422,
+            "SCHEMA_MISMATCH",
+            f"payload does not match the input of `{handler.descriptor.capability}` "
+            f"({len(problems)} problem(s), first at `{first}`)",
+            {"errors": problems, "total": len(problems)},
+        )
+    fields = logs.bind(ctx.trace_id or "", ctx.request_id, ctx.session_id or "")
+    try:
+        with tracing.server_span(
+            ctx.traceparent,
+            {"capability": ctx.capability, "request_id": ctx.request_id, "agent_id": state.agent_id},
+        ):
+            output = await _call(state, handler, ctx, value)
+    except _DeadlinePassed:
+        return _error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline")
+    except HandlerError as error:
+        return _error(error.status, error.code, error.message)
+    except AgentReachError as error:
+        # A failed call onwards: the caller learns the code at its origin.
+        return _error(503 if error.retryable else 502, error.code, error.message)
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - isolation: the agent keeps serving
+        logger.exception("Handler raised; the agent keeps serving.", extra={"handler": handler.name})
+        return _error(500, "HANDLER_PANICKED", f"the handler raised {type(error).__name__}: {error}")
+    finally:
+        logs.unbind(fields)
+    try:
+        encoded = handler.encode_output(output)
+    except (ValidationError, ValueError, TypeError) as error:
+        logger.error("Handler output does not match its type.", extra={"handler": handler.name, "error": str(error)})
+        return _error(500, "INVALID_OUTPUT", f"the handler's output does not match its declared type: {error}")
+    return Answer(200, b'{"output":' + encoded + b"}")
+
+
+class _DeadlinePassed(Exception):
+    pass
+
+
+async def _call(state: AgentState, handler: Handler, ctx: Ctx, value: Any) -> Any:
+    remaining = (ctx.deadline_ms - now_ms()) / 1000
+    arguments = handler.arguments(value, ctx)
+    timeout = asyncio.timeout(remaining)
+    try:
+        async with timeout:
+            if handler.is_async:
+                return await handler.function(*arguments)
+            # A thread cannot be stopped: past the deadline its answer is dropped.
+            return await anyio.to_thread.run_sync(
+                lambda: handler.function(*arguments), abandon_on_cancel=True, limiter=state.thread_limiter()
+            )
+    except TimeoutError:
+        if timeout.expired():
+            raise _DeadlinePassed from None
+        raise
+
+
+# === ASGI ===
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None when it exceeds ``limit`` bytes."""
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body if len(body) <= limit else None
+    chunks = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": answer.status,
+            "headers": [*_JSON_HEADERS, (b"content-length", str(len(answer.body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+class AgentApp:
+    """The agent's ASGI application: mount it into FastAPI/Starlette or serve it as is.
+
+    ``lifespan`` starts and stops the agent (registration, heartbeats, drain) when
+    the host server runs this app's lifespan; a host app with its own lifespan calls
+    ``agent.lifespan`` from it instead (see ``Agent.lifespan``).
+    """
+
+    def __init__(self, state_of: Callable[[], AgentState | None], other: Starlette) -> None:
+        self._state_of = state_of
+        self._other = other
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and _route_path(scope) == "/invoke":
+            state = self._state_of()
+            if state is None:
+                await _send(send, _error(503, "NOT_READY", "the agent has not started"))
+                return
+            authorization = traceparent = None
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                elif name == b"traceparent":
+                    traceparent = value.decode("latin-1")
+            body = await _read_body(receive, state.max_body_bytes)
+            if body is None:
+                answer = _error(413, "PAYLOAD_TOO_LARGE", f"the envelope exceeds {state.max_body_bytes} bytes")
+            else:
+                answer = await serve_invoke(state, authorization, traceparent, body)
+            await _send(send, answer)
+            return
+        await self._other(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :]
+    return path
+
+
+def other_routes(state_of: Callable[[], AgentState | None], lifespan: Any) -> Starlette:
+    """``/healthz``, ``/metrics`` and the lifespan, as a Starlette app."""
+
+    async def healthz(request: Request) -> Response:
+        state = state_of()
+        if state is None:
+            return JSONResponse({"status": "stopped", "healthy": False}, status_code=503)
+        status = state.current_status()
+        age = None if state.last_heartbeat is None else int((time.monotonic() - state.last_heartbeat) * 1000)
+        healthy = (
+            status in (Status.READY, Status.BUSY) and state.heartbeat_fresh() and state.inflight < state.max_concurrency
+        )
+        body = {
+            "status": str(status),
+            "inflight": state.inflight,
+            "max_concurrency": state.max_concurrency,
+            "last_heartbeat_ms_ago": age,
+            "healthy": healthy,
+        }
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    async def metrics(request: Request) -> Response:
+        state = state_of()
+        if state is None:
+            return PlainTextResponse("", status_code=503)
+        text = state.metrics.render(state.inflight, str(state.current_status()))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    async def not_found(request: Request) -> Response:
+        return JSONResponse(
+            {"error": {"code": "NOT_FOUND", "message": "agent routes: POST /invoke, GET /healthz, GET /metrics"}},
+            status_code=404,
+        )
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+        ],
+        lifespan=lifespan,
+    )
