@@ -259,12 +259,13 @@ class Agent:
             signals()
             await self._finish(running)
 
-    def start(self, *, timeout_s: float = 30.0) -> None:
+    def start(self, *, timeout_s: float = 30.0, handle_signals: bool = True) -> None:
         """Starts serving and registering (as ``starting``) from a background thread and
         returns; call :meth:`mark_ready` once the agent's own initialisation is done.
 
-        SIGTERM/SIGINT (when called from the main thread) drain and stop it; the
-        process stays up while it serves. :meth:`wait` blocks until it has stopped.
+        SIGTERM/SIGINT (when called from the main thread, unless ``handle_signals`` is
+        False) drain and stop it; the process stays up while it serves. :meth:`wait`
+        blocks until it has stopped.
         """
         if self._thread is not None:
             raise RuntimeError("the agent is already started")
@@ -279,7 +280,7 @@ class Agent:
             self._thread.join()
             self._thread = None
             raise self._start_error
-        if threading.current_thread() is threading.main_thread():
+        if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.request_stop())
 
