@@ -499,13 +499,14 @@ class Agent:
         state = running.state
         state.status.phase = Status.DRAINING
         state.note_status()
+        logger.info("Draining.", extra={"agent_id": self.agent_id, "inflight": state.inflight})
         await running.lifecycle.announce_draining()
-        if state.inflight:
-            logger.info("Draining: waiting for in-flight deliveries.", extra={"inflight": state.inflight})
-            try:
-                await asyncio.wait_for(state.idle.wait(), timeout=self.drain_timeout_s)
-            except TimeoutError:
-                logger.warning("Drain timeout: deregistering with work in flight.", extra={"inflight": state.inflight})
+        try:
+            await asyncio.wait_for(state.idle.wait(), timeout=self.drain_timeout_s)
+        except TimeoutError:
+            logger.warning("Drain timeout: deregistering with work in flight.", extra={"inflight": state.inflight})
+        else:
+            logger.info("Drained: no delivery in flight.", extra={"agent_id": self.agent_id, "inflight": state.inflight})
         await running.lifecycle.stop()
         await running.lifecycle.deregister()
         if running.server is not None and running.serving is not None:
