@@ -65,7 +65,9 @@ def test_valid_and_refused_assertions() -> None:
     assert refusal(verifier, "Basic abc") == "malformed"
     assert refusal(verifier, "Bearer not-a-jwt") == "malformed"
     assert refusal(verifier, f"Bearer {key.assertion(audience='someone_else-1')}") == "wrong_audience"
-    assert refusal(verifier, f"Bearer {key.assertion(audience=AUDIENCE, issued_at=int(time.time()) - 120)}") == "expired"
+    assert (
+        refusal(verifier, f"Bearer {key.assertion(audience=AUDIENCE, issued_at=int(time.time()) - 120)}") == "expired"
+    )
     assert refusal(verifier, f"Bearer {stranger.assertion(audience=AUDIENCE)}") == "bad_signature"
     assert refusal(verifier, f"Bearer {SigningKey('k9').assertion(audience=AUDIENCE)}") == "unknown_key"
     assert refusal(verifier, f"Bearer {key.assertion(audience=AUDIENCE, issuer='mallory')}") == "wrong_issuer"
@@ -182,7 +184,8 @@ def test_jwks_url_refreshes_periodically(jwks_server: Callable[..., JwksServer])
             await source.start(http)
             server.document = jwks(second)
             deadline = time.monotonic() + 10
-            while source.get("second") is None and time.monotonic() < deadline:
+            # A bounded poll of a condition, as everywhere in the tests.
+            while source.get("second") is None and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
             assert source.get("second") is not None
             assert source.get("first") is None
@@ -272,7 +275,10 @@ def test_a_running_agent_refuses_forged_and_mismatched_deliveries(
     assert ok.json()["output"] == {"source": "tester", "tenant": "default"}
     assert reason(deliver(None)) == "missing"
     assert reason(deliver(f"Bearer {key.assertion(audience='someone_else-1')}")) == "wrong_audience"
-    assert reason(deliver(f"Bearer {key.assertion(audience=agent.agent_id, issued_at=int(time.time()) - 120)}")) == "expired"
+    assert (
+        reason(deliver(f"Bearer {key.assertion(audience=agent.agent_id, issued_at=int(time.time()) - 120)}"))
+        == "expired"
+    )
     assert reason(deliver(f"Bearer {SigningKey('router-1').assertion(audience=agent.agent_id)}")) == "bad_signature"
     # A forged envelope: a real assertion for `tester`, the envelope claiming someone else.
     assert reason(deliver(f"Bearer {good}", source="order_query")) == "source_mismatch"

@@ -77,10 +77,13 @@ def test_tasks_and_results_by_session(stack: Stack, start_agent: Callable[..., A
     async def scenario() -> None:
         async with AsyncClient(router=stack.router.url, token=stack.token("tester")) as client:
             session = f"session-{time.monotonic_ns()}"
-            accepted = await client.submit_task("test.task", {"name": "a"}, session_id=session, request_id=f"{session}-1")
+            accepted = await client.submit_task(
+                "test.task", {"name": "a"}, session_id=session, request_id=f"{session}-1"
+            )
             assert accepted.status == "pending"
             again = await client.submit_task("test.task", {"name": "a"}, session_id=session, request_id=f"{session}-1")
-            assert again.duplicate and again.task_id == accepted.task_id
+            assert again.duplicate
+            assert again.task_id == accepted.task_id
             view = await client.wait_task(accepted.task_id, timeout_s=20)
             assert view.status == "succeeded"
             assert view.output() == {"done": "a"}

@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
-
 import jsonschema
 import pytest
 from pydantic import BaseModel
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from agent_reach import Agent, ConfigError, Ctx, HandlerDefinitionError
 
@@ -175,7 +174,7 @@ def test_duplicate_capability_versions_are_refused() -> None:
     def second(payload: str) -> str:
         return payload
 
-    with pytest.raises(HandlerDefinitionError, match="already handles `test.dup` 1.0.0"):
+    with pytest.raises(HandlerDefinitionError, match=r"already handles `test\.dup` 1\.0\.0"):
 
         @a.handler("test.dup", version="1.0.0")
         def third(payload: str) -> str:

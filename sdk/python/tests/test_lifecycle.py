@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +73,7 @@ def test_sigterm_drains_with_zero_failed_calls_under_load(stack: Stack, tmp_path
 
     leaving, staying = worker("py_agent-leaving"), worker("py_agent-staying")
     try:
-        for process, agent_id in ((leaving, "py_agent-leaving"), (staying, "py_agent-staying")):
+        for _process, agent_id in ((leaving, "py_agent-leaving"), (staying, "py_agent-staying")):
             wait_until(lambda a=agent_id: stack.routable("test.work", a), 20, f"{agent_id} routable")
         served: Counter[str] = Counter()
         failures: list[str] = []

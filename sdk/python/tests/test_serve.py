@@ -135,7 +135,10 @@ def test_a_repeated_request_id_gets_the_first_answer(
     # Concurrent repeats wait for the first delivery instead of running again.
     release.clear()
     answers: list[httpx.Response] = []
-    callers = [threading.Thread(target=lambda: answers.append(invoke("test.count", {}, request_id="dedup-2"))) for _ in range(3)]
+    callers = [
+        threading.Thread(target=lambda: answers.append(invoke("test.count", {}, request_id="dedup-2")))
+        for _ in range(3)
+    ]
     for caller in callers:
         caller.start()
     wait_until(lambda: "dedup-2" in runs, 10, "the first delivery running")
@@ -202,9 +205,7 @@ def test_handler_errors_and_exceptions(
     assert invoke("test.fail", {"how": "business"}).status_code == 404
 
 
-def test_concurrency_limit_answers_503_and_load_is_reported(
-    stack: Stack, start_agent: Callable[..., Agent]
-) -> None:
+def test_concurrency_limit_answers_503_and_load_is_reported(stack: Stack, start_agent: Callable[..., Agent]) -> None:
     # until the router signs assertions (issue 20)
     agent = make_agent(stack, insecure_accept_unverified=True, max_concurrency=2)
     release = threading.Event()
@@ -239,7 +240,9 @@ def test_concurrency_limit_answers_503_and_load_is_reported(
     wait_until(lambda: (stack.instance(agent.agent_id) or {}).get("status") == "ready", 10, "ready")
 
 
-def test_health_and_metrics(stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]) -> None:
+def test_health_and_metrics(
+    stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]
+) -> None:
     agent = start_agent(echo_agent(stack))
     for _ in range(3):
         assert invoke("test.echo", {"order_id": "SO-1"}).status_code == 200
@@ -269,6 +272,8 @@ def test_registration_refused_names_the_handler(stack: Stack) -> None:
     with pytest.raises(RegistrationRefused) as refused:
         agent.start(handle_signals=False)
     assert refused.value.code == "FORBIDDEN"
-    assert refused.value.handler is not None and refused.value.handler.endswith("not_allowed")
-    assert "handler `" in str(refused.value) and "secret.thing" in str(refused.value)
+    assert refused.value.handler is not None
+    assert refused.value.handler.endswith("not_allowed")
+    assert "handler `" in str(refused.value)
+    assert "secret.thing" in str(refused.value)
     assert agent.local_address is None  # nothing left serving

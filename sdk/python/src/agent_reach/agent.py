@@ -53,9 +53,11 @@ class Agent:
 
     Every link defaults to the environment variable the Rust example agents read:
     ``AGENT_REACH_REGISTRY``, ``AGENT_REACH_ROUTER``, ``AGENT_REACH_CONTEXT``,
-    ``AGENT_REACH_TOKEN``. ``endpoint`` is the externally reachable base URL the router
-    calls (``{endpoint}/invoke``); it defaults to the bound address, which is right only
-    when router and agent share a host: set it in production.
+    ``AGENT_REACH_TOKEN``; ``listen`` (``HOST:PORT``, default ``127.0.0.1:0``, a free port)
+    and ``endpoint`` to ``AGENT_REACH_LISTEN`` and ``AGENT_REACH_ENDPOINT``. ``endpoint``
+    is the externally reachable base URL the router calls (``{endpoint}/invoke``); it
+    defaults to the bound address, which is right only when router and agent share a
+    host: set it in production.
 
     The router's hop assertion is verified by default, with keys from
     ``{router}/.well-known/jwks.json`` (or ``jwks_url``, or a ``jwks_file``).
@@ -69,7 +71,7 @@ class Agent:
         *,
         agent_id: str | None = None,
         endpoint: str | None = None,
-        listen: str = "127.0.0.1:0",
+        listen: str | None = None,
         registry: str | None = None,
         router: str | None = None,
         context: str | None = None,
@@ -89,7 +91,7 @@ class Agent:
         self.name = name
         self.agent_id = agent_id or f"{name}-{os.urandom(2).hex()}"
         self.endpoint = endpoint or os.environ.get("AGENT_REACH_ENDPOINT") or None
-        self.listen = listen
+        self.listen = listen or os.environ.get("AGENT_REACH_LISTEN") or "127.0.0.1:0"
         self.registry = registry or os.environ.get("AGENT_REACH_REGISTRY") or None
         self.router = router or os.environ.get("AGENT_REACH_ROUTER") or None
         self.context = context or os.environ.get("AGENT_REACH_CONTEXT") or None
@@ -506,7 +508,9 @@ class Agent:
         except TimeoutError:
             logger.warning("Drain timeout: deregistering with work in flight.", extra={"inflight": state.inflight})
         else:
-            logger.info("Drained: no delivery in flight.", extra={"agent_id": self.agent_id, "inflight": state.inflight})
+            logger.info(
+                "Drained: no delivery in flight.", extra={"agent_id": self.agent_id, "inflight": state.inflight}
+            )
         await running.lifecycle.stop()
         await running.lifecycle.deregister()
         if running.server is not None and running.serving is not None:

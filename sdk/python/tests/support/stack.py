@@ -289,13 +289,22 @@ class Stack:
         try:
             self.etcd = self._keep(Etcd(self.directory))
             self.redis = self._keep(Redis(self.directory))
-            auth = ["--acl", str(self.directory / "acl.yaml"), "--auth-hs256-secret-file", str(self.directory / "hs256.secret")]
+            auth = [
+                "--acl",
+                str(self.directory / "acl.yaml"),
+                "--auth-hs256-secret-file",
+                str(self.directory / "hs256.secret"),
+            ]
             self.registry = self._keep(
                 Service("registry", ["--etcd", self.etcd.url, "--min-ttl-s", "2", *auth], self.directory)
             )
             self.context = self._keep(Service("context", ["--redis", self.redis.url, *auth], self.directory))
             router_args = ["--registry", self.registry.url, "--redis", self.redis.url]
-            router_args += ["--callback-secret-file", str(self.directory / "callback.secret"), "--allow-private-callbacks"]
+            router_args += [
+                "--callback-secret-file",
+                str(self.directory / "callback.secret"),
+                "--allow-private-callbacks",
+            ]
             self.router = self._keep(Service("router", [*router_args, *auth], self.directory))
         except BaseException:
             self.stop()
