@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
-# Installs what the tests and benches need from the distribution's packages,
-# only when missing. Idempotent; run as root (or with sudo available).
+# Installs what the tests and benches need, only when missing. Idempotent; run as
+# root (or with sudo available) on a fresh machine.
+# From the distribution's packages:
 #   etcd-server   registry store (tests spawn their own etcd on free ports)
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
+#   python3, python3-venv   the Python SDK's checks and tests (when no Python >= 3.11 with venv is found)
+# From PyPI, into .venv at the repository root (ignored by git):
+#   the Python SDK (editable) and its pinned test dependencies (sdk/python/requirements-test.txt)
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# A Python >= 3.11 that can make virtualenvs (ensurepip), or nothing.
+find_python() {
+  local candidate
+  for candidate in python3 python3.13 python3.12 python3.11 /usr/bin/python3; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+      && "$candidate" -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
 
 need=()
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need+=(etcd-server)
@@ -14,18 +32,37 @@ command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+find_python >/dev/null || need+=(python3 python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then
-  echo "setup: everything needed is installed"
-  exit 0
+  echo "setup: every system package needed is installed"
+else
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  echo "setup: installing ${need[*]}"
+  $sudo apt-get update -qq
+  # Services the packages would start are not used: tests start their own on free loopback ports.
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "setup: need root (or sudo) to install: ${need[*]}" >&2; exit 1; }
-  sudo="sudo"
+# The Python SDK's virtualenv: made once, reinstalled only when the pins or the package metadata change.
+python="$(find_python)" || { echo "setup: no Python >= 3.11 with venv after installing python3-venv" >&2; exit 1; }
+requirements=sdk/python/requirements-test.txt
+stamp=.venv/.agent-reach-setup
+wanted="$(cat "$requirements" sdk/python/pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $python"
+  "$python" -m venv .venv
 fi
-echo "setup: installing ${need[*]}"
-$sudo apt-get update -qq
-# Services the packages would start are not used: tests start their own on free loopback ports.
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  echo "setup: installing the Python SDK's pinned test dependencies into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r "$requirements"
+  # No build isolation: the pinned setuptools above builds the package, nothing unpinned is fetched.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e sdk/python
+  echo "$wanted" > "$stamp"
+else
+  echo "setup: .venv is up to date"
+fi
