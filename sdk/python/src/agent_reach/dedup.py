@@ -29,14 +29,15 @@ class Dedup:
         """The answer's future for ``request_id`` and whether this call created it (then it must set it)."""
         now = time.monotonic()
         slots = self._slots
+        existing = slots.get(request_id)
+        if existing is not None:
+            return existing[1], False
+        # Oldest first: drop what is too old or beyond capacity (mostly one per insert, amortised).
         while slots:
             oldest_id, (inserted, _) = next(iter(slots.items()))
             if now - inserted < self.ttl_s and len(slots) < self.capacity:
                 break
             del slots[oldest_id]
-        existing = slots.get(request_id)
-        if existing is not None:
-            return existing[1], False
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         slots[request_id] = (now, future)
         return future, True

@@ -112,6 +112,10 @@ def _error(status: int, code: str, message: str, details: dict[str, Any] | None 
     return Answer(status, json.dumps({"error": error}).encode())
 
 
+#: What waiters on a delivery get if it ended without an answer (its task was cancelled).
+_NO_ANSWER = _error(500, "HANDLER_PANICKED", "the delivery ended without an answer")
+
+
 def _unauthenticated(refused: AssertionRefused) -> Answer:
     return _error(401, "UNAUTHENTICATED", refused.message, {"reason": refused.reason})
 
@@ -205,7 +209,7 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
     state.idle.clear()
     state.note_status()
     started = time.perf_counter()
-    answer = _error(500, "HANDLER_PANICKED", "the delivery ended without an answer")
+    answer = _NO_ANSWER
     try:
         answer = await _run(state, handler, ctx, payload)
     finally:
@@ -242,10 +246,13 @@ async def _run(state: AgentState, handler: Handler, ctx: Ctx, payload: Any) -> A
         )
     fields = logs.bind(ctx.trace_id or "", ctx.request_id, ctx.session_id or "")
     try:
-        with tracing.server_span(
-            ctx.traceparent,
-            {"capability": ctx.capability, "request_id": ctx.request_id, "agent_id": state.agent_id},
-        ):
+        if tracing.otel_active():
+            with tracing.server_span(
+                ctx.traceparent,
+                {"capability": ctx.capability, "request_id": ctx.request_id, "agent_id": state.agent_id},
+            ):
+                output = await _call(state, handler, ctx, value)
+        else:
             output = await _call(state, handler, ctx, value)
     except _DeadlinePassed:
         return _error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline")

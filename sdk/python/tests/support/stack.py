@@ -61,11 +61,15 @@ def find_binary(name: str, package: str) -> str:
 
 
 def cargo_binary(name: str, package: str) -> str:
-    """A binary of this workspace, built with `cargo build -p PACKAGE` (debug)."""
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
-    path = target / "debug" / name
+    """A binary of this workspace: in ``$AGENT_REACH_BIN_DIR`` when set (the bench points it
+    at a release build), else the debug build in the cargo target directory."""
+    directory = os.environ.get("AGENT_REACH_BIN_DIR")
+    if directory:
+        path = Path(directory) / name
+    else:
+        path = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug" / name
     if not path.is_file():
-        raise RuntimeError(f"{path} is missing: run `cargo build -p {package}` (scripts/test.sh does)")
+        raise RuntimeError(f"{path} is missing: run `cargo build -p {package}` (`cargo test`, and so scripts/test.sh, does)")
     return str(path)
 
 
