@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 import uvicorn
 
-from . import logs
+from . import logs, tracing
 from .assertion import DEFAULT_ISSUER, INSECURE_ENV, JwksFile, JwksUrl, KeySource, Verifier, insecure_from_env
 from .contexts import Contexts
 from .ctx import Links
@@ -441,6 +441,7 @@ class Agent:
             ttl_s=self.ttl_s,
             status=StatusTracker(self.max_concurrency, self.load_thresholds),
         )
+        state.spans = tracing.otel_active()
         if self._pending_ready:
             state.status.phase = Status.READY
         state.status.reported = self._pending_load

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 
@@ -23,7 +22,8 @@ class Dedup:
     def __init__(self, capacity: int = 10_000, ttl_s: float = 600.0) -> None:
         self.capacity = max(1, capacity)
         self.ttl_s = ttl_s
-        self._slots: OrderedDict[str, tuple[float, asyncio.Future[Answer]]] = OrderedDict()
+        # A plain dict keeps insertion order: its first key is the oldest.
+        self._slots: dict[str, tuple[float, asyncio.Future[Answer]]] = {}
 
     def slot(self, request_id: str) -> tuple[asyncio.Future[Answer], bool]:
         """The answer's future for ``request_id`` and whether this call created it (then it must set it)."""
@@ -34,8 +34,8 @@ class Dedup:
             return existing[1], False
         # Oldest first: drop what is too old or beyond capacity (mostly one per insert, amortised).
         while slots:
-            oldest_id, (inserted, _) = next(iter(slots.items()))
-            if now - inserted < self.ttl_s and len(slots) < self.capacity:
+            oldest_id = next(iter(slots))
+            if now - slots[oldest_id][0] < self.ttl_s and len(slots) < self.capacity:
                 break
             del slots[oldest_id]
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()

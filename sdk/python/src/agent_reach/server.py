@@ -69,6 +69,8 @@ class AgentState:
     #: Set while nothing is in flight (drain waits on it).
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_status: Status = Status.STARTING
+    #: Whether OpenTelemetry was configured when the agent started (then deliveries are spans).
+    spans: bool = False
     #: time.monotonic() of the last heartbeat the registry acknowledged (None: never).
     last_heartbeat: float | None = None
     _by_key: dict[tuple[str, str], Handler] = field(default_factory=dict)
@@ -246,7 +248,7 @@ async def _run(state: AgentState, handler: Handler, ctx: Ctx, payload: Any) -> A
         )
     fields = logs.bind(ctx.trace_id or "", ctx.request_id, ctx.session_id or "")
     try:
-        if tracing.otel_active():
+        if state.spans:
             with tracing.server_span(
                 ctx.traceparent,
                 {"capability": ctx.capability, "request_id": ctx.request_id, "agent_id": state.agent_id},
@@ -278,22 +280,41 @@ class _DeadlinePassed(Exception):
     pass
 
 
+class _Deadline:
+    """Cancels the delivery's task at its deadline: one timer, cheaper than ``asyncio.timeout``
+    (this is on every delivery's path), with the same un-cancel on expiry."""
+
+    __slots__ = ("expired", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.expired = False
+
+    def __call__(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+
 async def _call(state: AgentState, handler: Handler, ctx: Ctx, value: Any) -> Any:
-    remaining = (ctx.deadline_ms - now_ms()) / 1000
     arguments = handler.arguments(value, ctx)
-    timeout = asyncio.timeout(remaining)
+    task = asyncio.current_task()
+    assert task is not None, "deliveries run in a task"
+    loop = asyncio.get_running_loop()
+    deadline = _Deadline(task)
+    timer = loop.call_at(loop.time() + (ctx.deadline_ms - now_ms()) / 1000, deadline)
     try:
-        async with timeout:
-            if handler.is_async:
-                return await handler.function(*arguments)
-            # A thread cannot be stopped: past the deadline its answer is dropped.
-            return await anyio.to_thread.run_sync(
-                lambda: handler.function(*arguments), abandon_on_cancel=True, limiter=state.thread_limiter()
-            )
-    except TimeoutError:
-        if timeout.expired():
+        if handler.is_async:
+            return await handler.function(*arguments)
+        # A thread cannot be stopped: past the deadline its answer is dropped.
+        return await anyio.to_thread.run_sync(
+            lambda: handler.function(*arguments), abandon_on_cancel=True, limiter=state.thread_limiter()
+        )
+    except asyncio.CancelledError:
+        if deadline.expired and task.uncancel() == 0:
             raise _DeadlinePassed from None
         raise
+    finally:
+        timer.cancel()
 
 
 # === ASGI ===

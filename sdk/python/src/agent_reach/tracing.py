@@ -16,6 +16,13 @@ from collections.abc import Iterator
 from typing import Any
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_ZERO_TRACE = "0" * 32
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_lower_hex(text: str) -> bool:
+    return _HEX.issuperset(text)
+
 
 try:  # OpenTelemetry is optional: no hard dependency.
     from opentelemetry import context as otel_context
@@ -33,6 +40,11 @@ def trace_id_of(traceparent: str | None) -> str | None:
     """The trace id of a valid ``traceparent`` header, else None."""
     if not traceparent:
         return None
+    # The common case, checked cheaply: version 00, 55 characters, lowercase hex ids.
+    if len(traceparent) == 55 and traceparent.startswith("00-") and traceparent[35] == "-":
+        trace = traceparent[3:35]
+        if trace != _ZERO_TRACE and _is_lower_hex(trace):
+            return trace
     match = _TRACEPARENT.match(traceparent.strip())
     if match is None or match.group(2) == "0" * 32:
         return None

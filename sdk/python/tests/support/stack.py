@@ -69,7 +69,7 @@ def cargo_binary(name: str, package: str) -> str:
     else:
         path = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "debug" / name
     if not path.is_file():
-        raise RuntimeError(f"{path} is missing: run `cargo build -p {package}` (`cargo test`, and so scripts/test.sh, does)")
+        raise RuntimeError(f"{path} is missing: run `cargo build -p {package}` (`cargo test` builds it too)")
     return str(path)
 
 
