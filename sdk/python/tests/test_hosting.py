@@ -3,6 +3,7 @@ out with and without OpenTelemetry, and request fields on log records."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -50,6 +51,35 @@ def test_mounted_in_a_host_app_with_its_lifespan(stack: Stack, invoke: Callable[
         server.should_exit = True
         thread.join(30)
     assert stack.instance(agent.agent_id) is None  # the host's shutdown drained and deregistered it
+
+
+def test_run_with_a_host_app_drains_first(stack: Stack, invoke: Callable[..., httpx.Response]) -> None:
+    port = free_port()
+    # until the router signs assertions (issue 20)
+    agent = make_agent(
+        stack,
+        agent_id="py_agent-hosted",
+        listen=f"127.0.0.1:{port}",
+        endpoint=f"http://127.0.0.1:{port}/agent",
+        insecure_accept_unverified=True,
+    )
+
+    @agent.handler("test.hosted")
+    async def hosted(payload: str) -> str:
+        return payload[::-1]
+
+    # The host's lifespan names the agent's too: `run(app=...)` manages it, the lifespan defers.
+    app = Starlette(routes=[Mount("/agent", app=agent.asgi)], lifespan=agent.lifespan)
+    thread = threading.Thread(target=lambda: asyncio.run(agent.serve(app)), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: stack.routable("test.hosted", agent.agent_id), 20, "the hosted agent routable")
+        assert invoke("test.hosted", "abc").json()["output"] == "cba"
+    finally:
+        agent.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert stack.instance(agent.agent_id) is None
 
 
 def test_trace_context_and_log_fields(stack: Stack, start_agent: Callable[..., Agent]) -> None:

@@ -343,6 +343,9 @@ class Agent:
         ``endpoint`` must be given (the host's address is not known here). The agent is
         marked ready after its ``on_start`` hooks.
         """
+        if self._state is not None:  # run(app=host)/serve(app=host) already manage the lifecycle
+            yield
+            return
         running = await self._begin(None, host_managed=True)
         try:
             for hook in self._on_start:
@@ -357,9 +360,6 @@ class Agent:
     @contextlib.asynccontextmanager
     async def _asgi_lifespan(self, app: Any) -> AsyncIterator[None]:
         # Served standalone by a server that runs this app's lifespan (`uvicorn module:agent.asgi`).
-        if self._state is not None:  # started by run/serve/start, which manage the lifecycle
-            yield
-            return
         async with self.lifespan(app):
             yield
 
