@@ -19,7 +19,7 @@ cargo test --workspace --doc --locked 2>&1 | tee -a "$log"
 # agent-reach and example-agent binaries, which `cargo test` above built (cargo builds a
 # package's binaries for its integration tests) and the tests find in the target directory.
 venv="$PWD/.venv/bin"
-(cd sdk/python && "$venv/ruff" check . && "$venv/ruff" format --check . && "$venv/mypy")
+(cd sdk/python && "$venv/ruff" check . ../../benches/python && "$venv/ruff" format --check . ../../benches/python && "$venv/mypy")
 set +e
 (cd sdk/python && "$venv/python" -m pytest -q -p no:cacheprovider) 2>&1 | tee "$pylog"
 pytest_status=${PIPESTATUS[0]}

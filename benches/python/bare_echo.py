@@ -29,7 +29,10 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body += message.get("body", b"")
     envelope = json.loads(body)
     answer = json.dumps({"output": envelope["payload"]}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(answer)).encode()),
+    ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": answer})
 
@@ -42,26 +45,40 @@ async def keep_registered(port: int) -> None:
             "endpoint": f"http://127.0.0.1:{port}/invoke",
             "ttl_s": 15,
             "status": "ready",
-            "capabilities": [{"name": os.environ.get("BENCH_CAPABILITY", "test.echo_bare"), "version": "1.0.0"}],
+            "capabilities": [
+                {
+                    "name": os.environ.get("BENCH_CAPABILITY", "test.echo_bare"),
+                    "version": "1.0.0",
+                }
+            ],
         }
         answer = (await http.post(f"{REGISTRY}/v1/agents", json=registration, headers=HEADERS)).json()
         try:
             while True:
                 await asyncio.sleep(answer["heartbeat_interval_s"])
                 await http.put(
-                    f"{REGISTRY}/v1/agents/{AGENT_ID}/heartbeat", json={"lease_id": answer["lease_id"]}, headers=HEADERS
+                    f"{REGISTRY}/v1/agents/{AGENT_ID}/heartbeat",
+                    json={"lease_id": answer["lease_id"]},
+                    headers=HEADERS,
                 )
         finally:
             await http.delete(f"{REGISTRY}/v1/agents/{AGENT_ID}", headers=HEADERS)
 
 
 async def main() -> None:
-    sock = socket.socket()
+    # As the SDK binds (and as uvicorn does): IPPROTO_TCP, so asyncio turns Nagle off.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     sock.setblocking(False)
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     registered = asyncio.create_task(keep_registered(sock.getsockname()[1]))
     try:

@@ -277,3 +277,24 @@ def test_registration_refused_names_the_handler(stack: Stack) -> None:
     assert "handler `" in str(refused.value)
     assert "secret.thing" in str(refused.value)
     assert agent.local_address is None  # nothing left serving
+
+
+def test_answers_are_not_held_back_by_nagle(stack: Stack, start_agent: Callable[..., Agent]) -> None:
+    """Regression: the agent's own listening socket once lacked `proto=IPPROTO_TCP`, so asyncio
+    left Nagle on and every answer after a connection's first waited ~40 ms for the router's
+    delayed ACK (found by benches/python). Checked on the accepted connection itself."""
+    import socket
+
+    agent = start_agent(echo_agent(stack))
+    with httpx.Client() as client:
+        address = agent.local_address
+        assert address is not None
+        assert client.get(f"http://{address[0]}:{address[1]}/healthz").status_code == 200
+        running = agent._running  # the uvicorn server behind the agent (internal, on purpose)
+        assert running is not None
+        assert running.server is not None
+        connections = list(running.server.server_state.connections)
+        assert connections
+        for connection in connections:
+            sock = connection.transport.get_extra_info("socket")  # type: ignore[attr-defined]
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

@@ -20,40 +20,44 @@ import logging
 import time
 from typing import Any
 
+from .tracing import trace_id_of
+
 logger = logging.getLogger("agent_reach")
 
-#: (trace_id, request_id, session_id) of the delivery being served, empty outside one.
-_FIELDS: contextvars.ContextVar[tuple[str, str, str]] = contextvars.ContextVar(
-    "agent_reach_request_fields", default=("", "", "")
+#: (traceparent, request_id, session_id) of the delivery being served, None outside one.
+#: The trace id is taken from the traceparent only when a record is written.
+_FIELDS: contextvars.ContextVar[tuple[str | None, str, str | None]] = contextvars.ContextVar(
+    "agent_reach_request_fields", default=(None, "", None)
 )
 
-FIELD_NAMES = ("trace_id", "request_id", "session_id")
+Token = contextvars.Token[tuple[str | None, str, str | None]]
 
 
-def bind(trace_id: str, request_id: str, session_id: str) -> contextvars.Token[tuple[str, str, str]]:
+def bind(traceparent: str | None, request_id: str, session_id: str | None) -> Token:
     """Sets the fields for the current context; pass the token to :func:`unbind`."""
-    return _FIELDS.set((trace_id, request_id, session_id))
+    return _FIELDS.set((traceparent, request_id, session_id))
 
 
-def unbind(token: contextvars.Token[tuple[str, str, str]]) -> None:
+def unbind(token: Token) -> None:
     _FIELDS.reset(token)
 
 
 def current() -> dict[str, str]:
     """The fields of the delivery being served (empty strings outside one)."""
-    return dict(zip(FIELD_NAMES, _FIELDS.get(), strict=True))
+    traceparent, request_id, session_id = _FIELDS.get()
+    return {"trace_id": trace_id_of(traceparent) or "", "request_id": request_id, "session_id": session_id or ""}
 
 
 class RequestFields(logging.Filter):
     """Adds ``trace_id``, ``request_id`` and ``session_id`` to every record it sees."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        trace_id, request_id, session_id = _FIELDS.get()
+        traceparent, request_id, session_id = _FIELDS.get()
         # A record may carry its own (e.g. a log line written after the delivery ended).
         if not getattr(record, "request_id", ""):
-            record.trace_id = trace_id
+            record.trace_id = trace_id_of(traceparent) or ""
             record.request_id = request_id
-            record.session_id = session_id
+            record.session_id = session_id or ""
         return True
 
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .dedup import Answer
 
 BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STATUSES = ("starting", "ready", "busy", "overloaded", "draining")
@@ -22,8 +26,8 @@ class Metrics:
         # capability → (bucket counts, count, sum)
         self._durations: dict[str, list[float]] = {}
 
-    def observe(self, capability: str, code: str, seconds: float) -> None:
-        self.requests[(capability, code)] += 1
+    def observe(self, capability: str, answer: Answer, seconds: float) -> None:
+        self.requests[(capability, answer.code)] += 1
         histogram = self._durations.get(capability)
         if histogram is None:
             # len(BUCKETS) bucket counts (non-cumulative), then count, then sum.

@@ -47,8 +47,8 @@ class StatusTracker:
         self.phase = Status.STARTING
         self.reported: Status | None = None
         # In-flight counts at which each automatic status begins.
-        self._busy_at = max(1, round(max_concurrency * thresholds.busy))
-        self._overloaded_at = max(self._busy_at, round(max_concurrency * thresholds.overloaded))
+        self.busy_at = max(1, round(max_concurrency * thresholds.busy))
+        self._overloaded_at = max(self.busy_at, round(max_concurrency * thresholds.overloaded))
 
     def current(self, inflight: int) -> Status:
         if self.phase is not Status.READY:
@@ -57,7 +57,7 @@ class StatusTracker:
             Status.OVERLOADED
             if inflight >= self._overloaded_at
             else Status.BUSY
-            if inflight >= self._busy_at
+            if inflight >= self.busy_at
             else Status.READY
         )
         if self.reported is None or _LOAD_RANK[automatic] >= _LOAD_RANK[self.reported]:
