@@ -12,6 +12,7 @@ Failures raise the typed errors of :mod:`agent_reach.errors`::
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import time
@@ -164,6 +165,7 @@ class _Base:
             raise ConfigError(problems)
         self.router = router.rstrip("/") if router else None
         self.context_url = context.rstrip("/") if context else None
+        self._token = token or ""
         self._auth = {"authorization": f"Bearer {token}"}
         self.timeout_s = timeout_s
 
@@ -193,9 +195,7 @@ class AsyncClient(_Base):
         self._owns_http = http is None
         #: The context service's API (``create``, ``get``, ``patch``, ``close``), if ``context=`` was given.
         self.contexts: Contexts | None = (
-            Contexts(self._http, self.context_url, self._auth["authorization"][len("Bearer ") :])
-            if self.context_url
-            else None
+            Contexts(self._http, self.context_url, self._token) if self.context_url else None
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -294,8 +294,6 @@ class AsyncClient(_Base):
 
     async def wait_task(self, task_id: str, *, timeout_s: float = 60.0, poll_s: float = 0.1) -> TaskView:
         """Polls the task until it ends (bounded by ``timeout_s``; raises ``TimeoutError`` past it)."""
-        import asyncio
-
         deadline = time.monotonic() + timeout_s
         while True:
             view = await self.task(task_id)

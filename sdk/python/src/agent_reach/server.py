@@ -246,6 +246,10 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
         if state.inflight + 1 >= status.busy_at or state.last_status is not Status.READY:
             state.note_status()
         future.set_result(answer)
+        if answer is _NO_ANSWER:
+            # Cancelled from outside (e.g. the server stopping): waiting repeats get the 500,
+            # but a later delivery of the same request runs again rather than inheriting it.
+            state.dedup.forget(dedup_key)
         state.metrics.observe(capability, answer, time.perf_counter() - started)
     return answer
 
