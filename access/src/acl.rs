@@ -30,6 +30,23 @@ struct RawAcl {
     providers: Vec<RawProvider>,
     #[serde(default)]
     context: Vec<RawContext>,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+    /// Callers who may use the console and the operator API.
+    #[serde(default)]
+    operators: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    caller: String,
+    #[serde(default)]
+    rate_per_s: Option<f64>,
+    #[serde(default)]
+    burst: Option<u32>,
+    #[serde(default)]
+    concurrency: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -116,6 +133,18 @@ fn any_matches(patterns: &[Pattern], name: &str) -> bool {
     patterns.iter().any(|pattern| pattern.matches(name))
 }
 
+// === Limits ===
+
+/// How much one caller may ask of one router (DESIGN §8): a token bucket of
+/// `burst` requests refilled at `rate_per_s`, and at most `concurrency` calls
+/// in flight. Each caller has its own bucket; an absent field is no limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    pub rate_per_s: Option<f64>,
+    pub burst: u32,
+    pub concurrency: Option<u32>,
+}
+
 // === Policy ===
 
 /// A validated policy. Rules keyed by agent name; `*` as a name applies to every agent.
@@ -125,6 +154,8 @@ pub struct Acl {
     providers: HashMap<String, Vec<Pattern>>,
     context_read: HashMap<String, Vec<Pattern>>,
     context_write: HashMap<String, Vec<Pattern>>,
+    limits: HashMap<String, Limit>,
+    operators: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +215,50 @@ impl Acl {
             add("context", &rule.agent, &rule.read, &mut acl.context_read);
             add("context", &rule.agent, &rule.write, &mut acl.context_write);
         }
+        for rule in &raw.limits {
+            let who = rule.caller.as_str();
+            if who != "*" {
+                if let Err(why) = check_agent_name(who) {
+                    problems.push(format!("limits: caller `{who}`: {why}"));
+                }
+            }
+            if let Some(rate) = rule.rate_per_s {
+                if !(rate.is_finite() && rate > 0.0) {
+                    problems.push(format!(
+                        "limits of `{who}`: rate_per_s must be a positive number, not {rate}"
+                    ));
+                }
+            }
+            if rule.burst == Some(0) {
+                problems.push(format!("limits of `{who}`: burst must be at least 1"));
+            }
+            if rule.burst.is_some() && rule.rate_per_s.is_none() {
+                problems.push(format!("limits of `{who}`: burst needs rate_per_s"));
+            }
+            if rule.concurrency == Some(0) {
+                problems.push(format!("limits of `{who}`: concurrency must be at least 1"));
+            }
+            if rule.rate_per_s.is_none() && rule.concurrency.is_none() {
+                problems.push(format!("limits of `{who}`: give rate_per_s, concurrency or both"));
+            }
+            let limit = Limit {
+                rate_per_s: rule.rate_per_s,
+                // A burst of one second's worth unless told otherwise.
+                burst: rule
+                    .burst
+                    .unwrap_or_else(|| rule.rate_per_s.map_or(1, |rate| rate.ceil().max(1.0) as u32)),
+                concurrency: rule.concurrency,
+            };
+            if acl.limits.insert(who.to_string(), limit).is_some() {
+                problems.push(format!("limits: caller `{who}` is listed twice"));
+            }
+        }
+        for operator in &raw.operators {
+            if let Err(why) = check_agent_name(operator) {
+                problems.push(format!("operators: `{operator}`: {why}"));
+            }
+            acl.operators.push(operator.clone());
+        }
         if problems.is_empty() {
             Ok(acl)
         } else {
@@ -215,6 +290,21 @@ impl Acl {
     /// A `write: ["*"]` entry also lets the agent close contexts it did not create.
     pub fn may_write_field(&self, agent: &str, field: &str) -> bool {
         Self::allowed(&self.context_write, agent, field)
+    }
+
+    /// The limits that apply to `caller`: its own entry, else the `*` entry.
+    pub fn limit_for(&self, caller: &str) -> Option<&Limit> {
+        self.limits.get(caller).or_else(|| self.limits.get("*"))
+    }
+
+    /// Whether any limit is configured (the request path skips the lookups otherwise).
+    pub fn has_limits(&self) -> bool {
+        !self.limits.is_empty()
+    }
+
+    /// May `caller` use the console and the operator API?
+    pub fn is_operator(&self, caller: &str) -> bool {
+        self.operators.iter().any(|operator| operator == caller)
     }
 
     /// Whether the policy names `agent` in its context whitelist at all.
@@ -412,6 +502,44 @@ context:
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(Acl::parse("version: 1\nunknown: []\n").is_err());
         assert!(Acl::parse("not: [valid").is_err());
+    }
+
+    #[test]
+    fn limits_and_operators_parse_and_refuse_nonsense() {
+        let acl = Acl::parse(
+            "version: 1\nlimits:\n  - caller: \"*\"\n    rate_per_s: 2.5\n  - caller: bulk\n    rate_per_s: 100\n    burst: 10\n    concurrency: 4\n  - caller: chatty\n    concurrency: 2\noperators: [alice]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            acl.limit_for("bulk"),
+            Some(&Limit {
+                rate_per_s: Some(100.0),
+                burst: 10,
+                concurrency: Some(4)
+            })
+        );
+        assert_eq!(
+            acl.limit_for("anyone"),
+            Some(&Limit {
+                rate_per_s: Some(2.5),
+                burst: 3,
+                concurrency: None
+            }),
+            "the `*` entry, a burst of one second's worth"
+        );
+        assert_eq!(acl.limit_for("chatty").unwrap().rate_per_s, None);
+        assert!(acl.has_limits());
+        assert!(acl.is_operator("alice") && !acl.is_operator("bob"));
+        assert!(!Acl::parse(SAMPLE).unwrap().has_limits());
+        let problems = Acl::parse(
+            "version: 1\nlimits:\n  - caller: a\n    rate_per_s: -1\n  - caller: b\n    burst: 5\n  - caller: c\n    concurrency: 0\n  - caller: d\n  - caller: Bad Name\n    concurrency: 1\noperators: [\"Not OK\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 7, "{problems:?}");
+        assert!(
+            Acl::parse("version: 1\nlimits:\n  - caller: a\n    rate: 3\n").is_err(),
+            "unknown field"
+        );
     }
 
     #[tokio::test]

@@ -38,6 +38,8 @@ pub struct Stack {
     pub context: String,
     pub acl: PathBuf,
     pub secret_file: PathBuf,
+    /// The router's assertion key (every router of this stack must sign with it).
+    pub assertion_key_file: PathBuf,
     secret: Vec<u8>,
     servers: Vec<tokio::task::JoinHandle<()>>,
     pub agents: Vec<Agent>,
@@ -67,6 +69,9 @@ impl Stack {
             .into_bytes();
         let secret_file = workdir.path().join("hs256.secret");
         std::fs::write(&secret_file, &secret).context("writing the dev secret")?;
+        let assertion_key_file = workdir.path().join("assertion.pem");
+        let (_, assertion_pem) = agent_reach_access::AssertionKey::generate().map_err(anyhow::Error::msg)?;
+        std::fs::write(&assertion_key_file, assertion_pem).context("writing the dev assertion key")?;
         let acl = match &options.acl {
             Some(path) => path.clone(),
             None => {
@@ -129,8 +134,9 @@ impl Stack {
         let context_url = format!("http://{context_addr}");
 
         // Router.
-        let router_settings =
+        let mut router_settings =
             agent_reach_router::Settings::new(options.router_listen, registry_url.clone(), auth, acl.clone());
+        router_settings.assertion.signing = agent_reach_router::SigningKey::File(assertion_key_file.clone());
         let router = agent_reach_router::build(&router_settings).await?;
         let (listener, router_addr) = bind(options.router_listen, "--router-listen").await?;
         servers.push(tokio::spawn(async move {
@@ -146,6 +152,7 @@ impl Stack {
             context: context_url,
             acl,
             secret_file,
+            assertion_key_file,
             secret,
             servers,
             agents: Vec::new(),

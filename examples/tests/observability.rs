@@ -349,6 +349,8 @@ struct RouterFlags {
 async fn start_tasks_router(stack: &Stack, redis: &Redis, dir: &Path) -> (String, tokio::task::JoinHandle<()>) {
     let secret = dir.join("callback.secret");
     std::fs::write(&secret, CALLBACK_SECRET).unwrap();
+    // The stack's own key: the agents verify against the stack router's published keys.
+    let assertion_key = stack.assertion_key_file.clone();
     let path = |path: &Path| path.display().to_string();
     let flags = RouterFlags::try_parse_from([
         "router".to_string(),
@@ -364,6 +366,8 @@ async fn start_tasks_router(stack: &Stack, redis: &Redis, dir: &Path) -> (String
         path(&secret),
         // The test's callback target is on loopback.
         "--allow-private-callbacks".to_string(),
+        "--assertion-key".to_string(),
+        path(&assertion_key),
     ])
     .unwrap();
     let mut settings = flags

@@ -4,27 +4,41 @@
 //! capability and a version matching the requirement exist in the snapshot,
 //! the payload matches that version's compiled input schema, and the deadline
 //! (the envelope's, else its timeout, else the capability's, else the
-//! router's) has not passed. Nothing here touches a store or compiles a schema.
+//! router's) has not passed; and the caller is within its limits
+//! ([`crate::limits`]). Nothing here touches a store or compiles a schema.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_reach_access::{AclHandle, Caller};
+use agent_reach_access::{Acl, AclHandle, Caller};
 use agent_reach_proto::envelope::InvokeRequest;
 use serde_json::{json, Value};
 
 use crate::clock;
 use crate::error::{Code, RouterError};
+use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
 use crate::snapshot::{Capability, Snapshot, VersionGroup};
 
 /// Schema violations reported per request at most (the rest are counted).
 const MAX_SCHEMA_ERRORS: usize = 20;
 
-/// The policy half of the router: who may call what, and the default deadline.
+/// The policy half of the router: who may call what, how much, and the default deadline.
 pub struct Admission {
     acl: AclHandle,
+    limiter: Limiter,
     default_timeout: Duration,
+}
+
+/// How a call enters the router, which decides how its caller's limits apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A caller's own request (invoke, broadcast): it spends a token and takes
+    /// a place in flight, or is refused 429 `RATE_LIMITED`.
+    Call,
+    /// A task's delivery: its submission spent the token, and the worker holds
+    /// its place in flight ([`Admission::enter_delivery`]).
+    Delivery,
 }
 
 /// A call the router accepted: what it routes to and until when.
@@ -36,6 +50,8 @@ pub struct Admitted<'s> {
     pub deadline_ms: u64,
     /// The same deadline on the monotonic clock.
     pub deadline: Instant,
+    /// The caller's place in flight (a call's; a delivery's is held by the worker).
+    pub permit: Permit,
 }
 
 /// A call admission refused: the failure to answer, and the capability when
@@ -47,18 +63,50 @@ pub struct Refused<'s> {
 }
 
 impl Admission {
-    pub fn new(acl: AclHandle, default_timeout: Duration) -> Self {
-        Self { acl, default_timeout }
+    pub fn new(acl: AclHandle, limiter: Limiter, default_timeout: Duration) -> Self {
+        Self {
+            acl,
+            limiter,
+            default_timeout,
+        }
+    }
+
+    /// A task submission by `caller`: spends one of its tokens (429 `RATE_LIMITED` when none is left).
+    pub fn limit_submission(&self, caller: &Caller) -> Result<(), RouterError> {
+        let Caller::Agent(name) = caller else {
+            return Ok(());
+        };
+        let acl = self.acl.current();
+        if !acl.has_limits() {
+            return Ok(());
+        }
+        self.limiter.admit_submission(name, acl.limit_for(name))
+    }
+
+    /// A task delivery on behalf of `caller`: waits for a place among its calls in flight.
+    pub async fn enter_delivery(&self, caller: &Caller) -> Permit {
+        let Caller::Agent(name) = caller else {
+            return Permit::unlimited();
+        };
+        let limit = {
+            let acl = self.acl.current();
+            acl.limit_for(name).copied()
+        };
+        self.limiter.enter_delivery(name, limit.as_ref()).await
     }
 
     /// May `caller` call `capability` under the current `acl.yaml`? The one
     /// place that decides it. An unauthenticated caller exists only when
     /// authentication is switched off, and then the ACL is not enforced.
     pub fn authorize(&self, caller: &Caller, capability: &str) -> Result<(), RouterError> {
+        self.authorize_with(&self.acl.current(), caller, capability)
+    }
+
+    fn authorize_with(&self, acl: &Acl, caller: &Caller, capability: &str) -> Result<(), RouterError> {
         let Caller::Agent(name) = caller else {
             return Ok(());
         };
-        if self.acl.current().may_call(name, capability) {
+        if acl.may_call(name, capability) {
             return Ok(());
         }
         Err(RouterError::new(
@@ -73,6 +121,7 @@ impl Admission {
     pub fn admit<'s>(
         &self,
         caller: &Caller,
+        entry: Entry,
         request: &InvokeRequest,
         version_req: Option<&semver::VersionReq>,
         snapshot: &'s Snapshot,
@@ -82,8 +131,19 @@ impl Admission {
             failure: Box::new(error.into()),
             capability,
         };
-        self.authorize(caller, &request.capability)
-            .map_err(|error| refused(error, None))?;
+        let permit = {
+            // One policy load for the ACL and the limits.
+            let acl = self.acl.current();
+            self.authorize_with(&acl, caller, &request.capability)
+                .map_err(|error| refused(error, None))?;
+            match (caller, entry) {
+                (Caller::Agent(name), Entry::Call) if acl.has_limits() => self
+                    .limiter
+                    .admit_call(name, acl.limit_for(name))
+                    .map_err(|error| refused(error, None))?,
+                _ => Permit::unlimited(),
+            }
+        };
         let capability = resolve_capability(snapshot, &request.capability).map_err(|error| refused(error, None))?;
         let group = resolve_version(capability, version_req).map_err(|error| refused(error, Some(capability)))?;
         let in_version = |error: RouterError| Refused {
@@ -109,6 +169,7 @@ impl Admission {
             group,
             deadline_ms,
             deadline: now.instant_for(deadline_ms),
+            permit,
         })
     }
 

@@ -48,8 +48,12 @@ pub fn json_response(status: StatusCode, envelope: &impl serde::Serialize) -> Re
     json_answer(status, envelope).into_response()
 }
 
-/// The failed result envelope for `failure` of the request `known`.
+/// The failed result envelope for `failure` of the request `known`; a
+/// `RATE_LIMITED` answer says when to come back (`Retry-After`).
 pub fn failed_answer(known: Known, failure: Failure) -> Answer {
+    let retry_after = (failure.error.code == Code::RateLimited)
+        .then(|| failure.error.details.as_ref()?.get("retry_after_s")?.as_u64())
+        .flatten();
     let envelope = ResultEnvelope {
         version: ENVELOPE_VERSION.to_string(),
         request_id: known.request_id,
@@ -62,7 +66,17 @@ pub fn failed_answer(known: Known, failure: Failure) -> Answer {
         output: None,
         error: Some(failure.error.envelope_error()),
     };
-    json_answer(failure.error.status(), &envelope)
+    let answer = json_answer(failure.error.status(), &envelope);
+    match retry_after {
+        Some(seconds) => {
+            let mut response = answer.into_response();
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
+            Answer::Response(response)
+        }
+        None => answer,
+    }
 }
 
 pub fn failed(known: Known, failure: Failure) -> Response {

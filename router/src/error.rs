@@ -31,10 +31,11 @@ pub enum Code {
     Canceled,
     InvalidQuery,
     AssertionFailed,
+    RateLimited,
 }
 
 impl Code {
-    pub const ALL: [Code; 22] = [
+    pub const ALL: [Code; 23] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -57,6 +58,7 @@ impl Code {
         Code::Canceled,
         Code::InvalidQuery,
         Code::AssertionFailed,
+        Code::RateLimited,
     ];
 }
 
@@ -88,6 +90,7 @@ impl ErrorCode for Code {
             Code::Canceled => "CANCELED",
             Code::InvalidQuery => "INVALID_QUERY",
             Code::AssertionFailed => "ASSERTION_FAILED",
+            Code::RateLimited => "RATE_LIMITED",
         }
     }
 
@@ -114,6 +117,7 @@ impl ErrorCode for Code {
             Code::Canceled => StatusCode::CONFLICT,
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -122,6 +126,7 @@ impl ErrorCode for Code {
         matches!(
             self,
             Code::Overloaded
+                | Code::RateLimited
                 | Code::AllRetriesExhausted
                 | Code::NoAvailableInstance
                 | Code::DeadlineExceeded

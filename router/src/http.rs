@@ -18,6 +18,7 @@ use axum::Router;
 use agent_reach_edge::front::Answer;
 use agent_reach_edge::{HeaderLookup, RequestBody};
 
+use crate::admission::Entry;
 use crate::answer::{failed, failed_answer, json_response, method_not_allowed, not_found, Known};
 use crate::clock;
 use crate::envelope::{self, CheckedRequest};
@@ -139,7 +140,9 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
         },
         Head::Off => trace,
     };
-    let outcome = service.invoke(&caller, &checked, request_id, &trace, received).await;
+    let outcome = service
+        .invoke(&caller, Entry::Call, &checked, request_id, &trace, received)
+        .await;
     if let (Err(failure), Some(span)) = (&outcome, &trace.span) {
         span.fail(failure.error.code.as_str());
     }
@@ -224,7 +227,10 @@ pub async fn broadcast(service: &RouterService, headers: &HeaderMap, body: Body,
         Err(error) => return failed(known, error.into()),
     };
     let request_id = known.request_id.clone();
-    match service.broadcast(&caller, checked, &request_id, &trace, None).await {
+    match service
+        .broadcast(&caller, Entry::Call, checked, &request_id, &trace, None)
+        .await
+    {
         Err(failure) => failed(known, failure),
         Ok(outcomes) => {
             let outcomes: Vec<InstanceOutcome> = outcomes

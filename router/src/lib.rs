@@ -29,6 +29,7 @@ mod health;
 mod histogram;
 mod http;
 mod json;
+mod limits;
 mod metrics;
 mod openapi;
 mod outcome;
@@ -121,6 +122,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         acl,
         auth,
         assertions,
+        limits::Limiter::new(&metrics.registry).context("registering metrics")?,
         metrics,
     ));
     if let Some(tasks) = &tasks {

@@ -108,7 +108,7 @@ fn build() -> Value {
             "422",
             failed("SCHEMA_MISMATCH (details.errors[].pointer), or an agent's own 422 as AGENT_ERROR."),
         ),
-        ("429", failed("OVERLOADED: every instance tried answered 429.")),
+        ("429", failed("OVERLOADED: every instance tried answered 429; or RATE_LIMITED: the caller is over its acl.yaml limits (Retry-After says when to come back).")),
         (
             "502",
             failed("ALL_RETRIES_EXHAUSTED, or AGENT_ERROR without a status of its own."),
@@ -163,6 +163,10 @@ fn build() -> Value {
         ),
         ("403", failed("FORBIDDEN: the caller may not call the capability.")),
         ("413", failed("PAYLOAD_TOO_LARGE.")),
+        (
+            "429",
+            failed("RATE_LIMITED: the caller is over its acl.yaml limits (Retry-After)."),
+        ),
     ]);
     task_failures(&mut submit);
     let mut status = map(vec![

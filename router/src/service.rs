@@ -13,7 +13,7 @@ use agent_reach_edge::HeaderLookup;
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
 
-use crate::admission::{Admission, Admitted, Refused};
+use crate::admission::{Admission, Admitted, Entry, Refused};
 use crate::assertion::Assertions;
 use crate::breaker::{BreakerConfig, Transition};
 use crate::clock;
@@ -21,6 +21,7 @@ use crate::envelope::CheckedRequest;
 use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, ForwardHeaders, Forwarder};
 use crate::json::Forwarded;
+use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome, Success};
 use crate::retry::{self, RetryBudget};
@@ -87,6 +88,7 @@ impl RouterService {
         acl: AclHandle,
         auth: Authenticator,
         assertions: Arc<Assertions>,
+        limiter: Limiter,
         metrics: Metrics,
     ) -> Self {
         Self {
@@ -96,7 +98,7 @@ impl RouterService {
             },
             forwarder: Forwarder::new(tuning.pool_idle_per_instance),
             budget: RetryBudget::new(tuning.retry_budget_percent, tuning.retry_budget_floor),
-            admission: Admission::new(acl, tuning.default_timeout),
+            admission: Admission::new(acl, limiter, tuning.default_timeout),
             tuning,
             snapshot,
             auth,
@@ -150,6 +152,7 @@ impl RouterService {
     pub async fn invoke(
         &self,
         caller: &Caller,
+        entry: Entry,
         checked: &CheckedRequest,
         request_id: &str,
         trace: &TraceContext,
@@ -158,6 +161,7 @@ impl RouterService {
         let snapshot = self.snapshot.load_full();
         let admitted = match self.admission.admit(
             caller,
+            entry,
             &checked.request,
             checked.version_req.as_ref(),
             &snapshot,
@@ -204,6 +208,7 @@ impl RouterService {
             group,
             deadline_ms,
             deadline,
+            ..
         } = *admitted;
         if let Some(span) = &trace.span {
             span.set(KeyValue::new("capability.version", group.version_text.clone()));
@@ -402,6 +407,7 @@ impl RouterService {
     pub async fn broadcast(
         &self,
         caller: &Caller,
+        entry: Entry,
         checked: CheckedRequest,
         request_id: &str,
         trace: &TraceContext,
@@ -417,9 +423,10 @@ impl RouterService {
             group,
             deadline_ms,
             deadline,
+            permit: _permit,
         } = self
             .admission
-            .admit(caller, &request, version_req.as_ref(), &snapshot, now)
+            .admit(caller, entry, &request, version_req.as_ref(), &snapshot, now)
             .map_err(|refused| *refused.failure)?;
         let version = group.version_text.clone();
         let limits = self.limits();

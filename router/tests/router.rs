@@ -675,6 +675,82 @@ async fn authentication_and_acl() {
     assert_eq!(status, 200);
 }
 
+// Issue 20: a caller over its limits gets 429 RATE_LIMITED with Retry-After;
+// other callers are unaffected; the limits follow edits of acl.yaml.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runaway_callers_are_limited_and_others_are_not() {
+    let cluster = Cluster::start().await;
+    let _agent = cluster.agent(AgentSpec::new("rl-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["rl-1"]).await;
+    let limited = ACL.replace(
+        "permissions:\n",
+        "limits:\n  - caller: tester\n    rate_per_s: 0.5\n    burst: 3\npermissions:\n  - caller: calm\n    allow: [\"*\"]\n",
+    );
+    std::fs::write(&cluster.acl_path, limited).unwrap();
+    // The edit is in force once the burst runs out.
+    let statuses = std::sync::Mutex::new(Vec::new());
+    let applied = eventually(Duration::from_secs(5), || {
+        let (cluster, statuses) = (&cluster, &statuses);
+        async move {
+            let (status, body) = cluster.invoke(order("SO-1")).await;
+            statuses.lock().unwrap().push(status);
+            status == 429 && code_of(&body) == "RATE_LIMITED"
+        }
+    })
+    .await;
+    assert!(applied, "no 429 after the limits were written: {statuses:?}");
+    let response = cluster
+        .client
+        .post(cluster.url("/v1/invoke"))
+        .bearer_auth(token(CALLER))
+        .json(&order("SO-2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["details"]["limit"], "rate", "{body}");
+    assert_eq!(body["error"]["details"]["caller"], CALLER);
+    assert_eq!(body["error"]["retryable"], true);
+    // Another caller is not limited by tester's bucket.
+    for n in 0..10 {
+        let (status, body) = cluster.invoke_as(Some(&token("calm")), order(&format!("SO-{n}"))).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let metrics = cluster.metrics().await;
+    assert!(
+        metrics.contains("agent_reach_router_rate_limited_total{caller=\"tester\",limit=\"rate\"}"),
+        "{metrics}"
+    );
+    // A concurrency limit: the second call while one hangs is refused.
+    let hang = ACL.replace(
+        "permissions:\n",
+        "limits:\n  - caller: tester\n    concurrency: 1\npermissions:\n",
+    );
+    std::fs::write(&cluster.acl_path, hang).unwrap();
+    let _slow = cluster.agent(AgentSpec::new("rl-2", 1, Behaviour::Slow(Duration::from_millis(1500))));
+    cluster.wait_for_instances(&["rl-1", "rl-2"]).await;
+    let unlimited_again = eventually(Duration::from_secs(5), || {
+        let cluster = &cluster;
+        async move { cluster.invoke(order("SO-3")).await.0 == 200 }
+    })
+    .await;
+    assert!(unlimited_again, "the rate limit was lifted by the edit");
+    let slow_calls = (0..4).map(|n| {
+        let cluster = &cluster;
+        async move { cluster.invoke(order(&format!("SO-c{n}"))).await }
+    });
+    let answers = futures::future::join_all(slow_calls).await;
+    let refused = answers
+        .iter()
+        .filter(|(status, body)| *status == 429 && body["error"]["details"]["limit"] == "concurrency")
+        .count();
+    assert!(refused >= 1, "four concurrent calls under concurrency 1: {answers:?}");
+    assert!(answers.iter().any(|(status, _)| *status == 200), "{answers:?}");
+}
+
 // 10. Registry loss: routing continues from the snapshot; when it is back, new
 //     registrations appear (the watch resumes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

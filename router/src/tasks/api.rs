@@ -21,6 +21,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{failed_envelope, store_error, TaskService};
+use crate::admission::Entry;
 use crate::answer::{method_not_allowed, refused};
 use crate::clock;
 use crate::envelope;
@@ -175,6 +176,7 @@ async fn read_task_request(
     // Refused at once when the caller may not call it; the rest of admission
     // (capability, version, schema, deadline) runs when the task is delivered.
     service.admission().authorize(&caller, &checked.request.capability)?;
+    service.admission().limit_submission(&caller)?;
     if let Some(callback) = &callback {
         tasks.deliverer.check(callback).await.map_err(|error| {
             RouterError::new(Code::InvalidCallback, error.to_string()).with_details(json!({ "reason": error.code() }))
@@ -239,6 +241,8 @@ async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) ->
         .admission()
         .admit(
             &request.caller,
+            // The submission spent the caller's token above; nothing is in flight yet.
+            Entry::Delivery,
             &request.checked.request,
             request.checked.version_req.as_ref(),
             &snapshot,

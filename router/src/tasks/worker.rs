@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 use agent_reach_edge::ErrorCode as _;
 
 use super::TaskService;
+use crate::admission::Entry;
 use crate::clock;
 use crate::envelope;
 use crate::error::{Code, RouterError};
@@ -125,8 +126,6 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
     }
 }
 
-/// How long a router holds a due callback before another may take it over.
-
 #[tracing::instrument(name = "tasks.deliver", skip_all, fields(task_id = %claimed.task.task_id))]
 async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed) {
     let task = &claimed.task;
@@ -137,6 +136,9 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
     let mut attempts = 0u32;
     let mut running_since_ms;
     let result = loop {
+        // The caller's limits: a delivery waits for a place among its calls in flight
+        // (its submission already spent a token).
+        let _permit = service.admission().enter_delivery(&caller).await;
         // A reclaimed task (its router died) or a retried one passes through `retrying`.
         if attempts > 0 || claimed.task.state != State::Pending {
             let _ = tasks.store.transition(&task.task_id, State::Retrying).await;
@@ -156,7 +158,14 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
                     Some(agent_id) => match service
-                        .broadcast(&caller, checked, &task.request_id, &trace, Some(agent_id))
+                        .broadcast(
+                            &caller,
+                            Entry::Delivery,
+                            checked,
+                            &task.request_id,
+                            &trace,
+                            Some(agent_id),
+                        )
                         .await
                     {
                         Ok(mut outcomes) => outcomes.pop().map(|(_, outcome)| outcome).unwrap_or_else(|| {
@@ -166,7 +175,14 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
                     },
                     None => {
                         service
-                            .invoke(&caller, &checked, &task.request_id, &trace, clock::Now::read())
+                            .invoke(
+                                &caller,
+                                Entry::Delivery,
+                                &checked,
+                                &task.request_id,
+                                &trace,
+                                clock::Now::read(),
+                            )
                             .await
                     }
                 }

@@ -1,0 +1,349 @@
+//! Limits on runaway callers (DESIGN §8): AI agents loop, so each caller has
+//! a token bucket (`rate_per_s`, `burst`) and a bound on calls in flight
+//! (`concurrency`) from `acl.yaml`'s `limits:` section, hot-reloaded with the
+//! rest of the file. One [`Limiter`] per router serves the synchronous path
+//! (a call over a limit is 429 `RATE_LIMITED` with `Retry-After`) and the
+//! slow path (a submission spends a token; a delivery waits for a
+//! concurrency place instead of failing the task it already accepted).
+//!
+//! No global lock on the request path: a bucket is found through a per-thread
+//! cache (the shared table is locked only when a thread meets a caller for
+//! the first time, or after the caller's limit changed), its tokens are
+//! behind that one caller's lock (held for a few arithmetic operations, as
+//! smooth WRR's per-group lock is) and its in-flight count is an atomic.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agent_reach_access::acl::Limit;
+use tokio::sync::Notify;
+
+use crate::error::{Code, RouterError};
+
+/// One caller's bucket and in-flight count.
+#[derive(Debug)]
+pub struct Bucket {
+    limit: Limit,
+    /// (tokens, microseconds since the limiter's start when they were last refilled).
+    tokens: Mutex<(f64, u64)>,
+    inflight: AtomicU32,
+    freed: Notify,
+}
+
+/// Why a call was refused, and when to come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Rate { retry_after: Duration },
+    Concurrency,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Rate { .. } => "rate",
+            Refusal::Concurrency => "concurrency",
+        }
+    }
+
+    /// Whole seconds, at least one, for the `Retry-After` header.
+    pub fn retry_after_s(self) -> u64 {
+        match self {
+            Refusal::Rate { retry_after } => retry_after.as_secs_f64().ceil().max(1.0) as u64,
+            Refusal::Concurrency => 1,
+        }
+    }
+}
+
+/// A call in flight for its caller; dropping it frees the place.
+#[derive(Debug)]
+pub struct Permit {
+    bucket: Option<Arc<Bucket>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(bucket) = self.bucket.take() {
+            if bucket.limit.concurrency.is_some() {
+                bucket.inflight.fetch_sub(1, Ordering::AcqRel);
+                bucket.freed.notify_one();
+            }
+        }
+    }
+}
+
+impl Permit {
+    /// A permit for a caller without limits.
+    pub fn unlimited() -> Self {
+        Self { bucket: None }
+    }
+}
+
+impl Bucket {
+    fn new(limit: Limit, now_us: u64) -> Self {
+        Self {
+            tokens: Mutex::new((f64::from(limit.burst), now_us)),
+            inflight: AtomicU32::new(0),
+            freed: Notify::new(),
+            limit,
+        }
+    }
+
+    /// Spends one token, refilling first; `Err` says how long until one is there.
+    fn spend(&self, now_us: u64) -> Result<(), Duration> {
+        let Some(rate) = self.limit.rate_per_s else {
+            return Ok(());
+        };
+        // Every update completes before the guard drops; a poisoned lock holds a consistent pair.
+        let mut state = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (tokens, refilled_us) = *state;
+        let elapsed_s = now_us.saturating_sub(refilled_us) as f64 / 1e6;
+        let tokens = (tokens + elapsed_s * rate).min(f64::from(self.limit.burst));
+        *state = (tokens, now_us.max(refilled_us));
+        if tokens < 1.0 {
+            return Err(Duration::from_secs_f64((1.0 - tokens) / rate));
+        }
+        state.0 = tokens - 1.0;
+        Ok(())
+    }
+
+    /// Takes a place in flight when one is free.
+    fn try_enter(&self) -> bool {
+        let Some(bound) = self.limit.concurrency else {
+            return true;
+        };
+        self.inflight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |inflight| {
+                (inflight < bound).then_some(inflight + 1)
+            })
+            .is_ok()
+    }
+}
+
+/// A thread's view of the buckets: (limiter id, caller) → bucket.
+type ThreadBuckets = ahash::AHashMap<(u64, Arc<str>), Arc<Bucket>>;
+
+thread_local! {
+    static BUCKETS: RefCell<ThreadBuckets> = RefCell::new(ThreadBuckets::new());
+}
+
+/// Buckets a thread keeps before clearing its view (bounds memory under caller churn).
+const THREAD_CAPACITY: usize = 4096;
+
+static NEXT_LIMITER: AtomicU64 = AtomicU64::new(1);
+
+/// Every caller's bucket on this router.
+pub struct Limiter {
+    id: u64,
+    started: Instant,
+    buckets: Mutex<ahash::AHashMap<Arc<str>, Arc<Bucket>>>,
+    refused: prometheus::IntCounterVec,
+}
+
+impl Limiter {
+    pub fn new(registry: &prometheus::Registry) -> Result<Self, prometheus::Error> {
+        let refused = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "agent_reach_router_rate_limited_total",
+                "Calls refused 429 RATE_LIMITED, by caller and the limit that refused them (rate, concurrency).",
+            ),
+            &["caller", "limit"],
+        )?;
+        registry.register(Box::new(refused.clone()))?;
+        Ok(Self {
+            id: NEXT_LIMITER.fetch_add(1, Ordering::Relaxed),
+            started: Instant::now(),
+            buckets: Mutex::new(ahash::AHashMap::new()),
+            refused,
+        })
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// `caller`'s bucket for `limit`, made anew when the limit changed.
+    fn bucket(&self, caller: &Arc<str>, limit: &Limit) -> Arc<Bucket> {
+        let key = (self.id, caller.clone());
+        let cached = BUCKETS.with(|buckets| buckets.borrow().get(&key).cloned());
+        if let Some(bucket) = cached.filter(|bucket| bucket.limit == *limit) {
+            return bucket;
+        }
+        let bucket = {
+            let mut buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match buckets.get(caller) {
+                Some(bucket) if bucket.limit == *limit => bucket.clone(),
+                _ => {
+                    let bucket = Arc::new(Bucket::new(*limit, self.now_us()));
+                    buckets.insert(caller.clone(), bucket.clone());
+                    bucket
+                }
+            }
+        };
+        BUCKETS.with(|buckets| {
+            let mut buckets = buckets.borrow_mut();
+            if buckets.len() >= THREAD_CAPACITY {
+                buckets.clear();
+            }
+            buckets.insert(key, bucket.clone());
+        });
+        bucket
+    }
+
+    /// A synchronous call: spends a token and takes a place in flight, or
+    /// refuses with 429 `RATE_LIMITED`.
+    pub fn admit_call(&self, caller: &Arc<str>, limit: Option<&Limit>) -> Result<Permit, RouterError> {
+        let Some(limit) = limit else {
+            return Ok(Permit::unlimited());
+        };
+        let bucket = self.bucket(caller, limit);
+        if let Err(retry_after) = bucket.spend(self.now_us()) {
+            return Err(self.refuse(caller, limit, Refusal::Rate { retry_after }));
+        }
+        if !bucket.try_enter() {
+            return Err(self.refuse(caller, limit, Refusal::Concurrency));
+        }
+        Ok(Permit { bucket: Some(bucket) })
+    }
+
+    /// A task submission: spends a token (its delivery counts in flight later).
+    pub fn admit_submission(&self, caller: &Arc<str>, limit: Option<&Limit>) -> Result<(), RouterError> {
+        let Some(limit) = limit else {
+            return Ok(());
+        };
+        self.bucket(caller, limit)
+            .spend(self.now_us())
+            .map_err(|retry_after| self.refuse(caller, limit, Refusal::Rate { retry_after }))
+    }
+
+    /// A task delivery: waits for a place in flight (the task is already
+    /// accepted; refusing it would only fail it).
+    pub async fn enter_delivery(&self, caller: &Arc<str>, limit: Option<&Limit>) -> Permit {
+        let Some(limit) = limit else {
+            return Permit::unlimited();
+        };
+        let bucket = self.bucket(caller, limit);
+        loop {
+            {
+                let freed = bucket.freed.notified();
+                if !bucket.try_enter() {
+                    // A bounded wait: a place freed by a bucket replaced meanwhile wakes nobody.
+                    let _ = tokio::time::timeout(Duration::from_millis(200), freed).await;
+                    continue;
+                }
+            }
+            return Permit { bucket: Some(bucket) };
+        }
+    }
+
+    fn refuse(&self, caller: &str, limit: &Limit, refusal: Refusal) -> RouterError {
+        self.refused.with_label_values(&[caller, refusal.as_str()]).inc();
+        let message = match refusal {
+            Refusal::Rate { .. } => format!(
+                "caller `{caller}` is over its rate limit ({} requests/s, burst {}; acl.yaml limits); retry after {} s",
+                limit.rate_per_s.unwrap_or_default(),
+                limit.burst,
+                refusal.retry_after_s()
+            ),
+            Refusal::Concurrency => format!(
+                "caller `{caller}` has {} calls in flight, its limit (acl.yaml limits); retry when one ends",
+                limit.concurrency.unwrap_or_default()
+            ),
+        };
+        RouterError::new(Code::RateLimited, message).with_details(serde_json::json!({
+            "caller": caller,
+            "limit": refusal.as_str(),
+            "retry_after_s": refusal.retry_after_s(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(rate: Option<f64>, burst: u32, concurrency: Option<u32>) -> Limit {
+        Limit {
+            rate_per_s: rate,
+            burst,
+            concurrency,
+        }
+    }
+
+    #[test]
+    fn a_bucket_allows_its_burst_then_refills_at_its_rate() {
+        let bucket = Bucket::new(limit(Some(10.0), 3, None), 0);
+        for _ in 0..3 {
+            assert!(bucket.spend(0).is_ok());
+        }
+        let wait = bucket.spend(0).unwrap_err();
+        assert!(
+            wait <= Duration::from_millis(100) && wait > Duration::from_millis(90),
+            "{wait:?}"
+        );
+        assert!(bucket.spend(50_000).is_err(), "half a token after 50 ms");
+        assert!(bucket.spend(100_000).is_ok(), "one token after 100 ms");
+        // Never more than the burst, however long it waited.
+        for _ in 0..3 {
+            assert!(bucket.spend(60_000_000).is_ok());
+        }
+        assert!(bucket.spend(60_000_000).is_err());
+    }
+
+    #[test]
+    fn concurrency_is_bounded_and_freed_by_dropping_the_permit() {
+        let limiter = Limiter::new(&prometheus::Registry::new()).unwrap();
+        let caller: Arc<str> = "chatty".into();
+        let bound = limit(None, 1, Some(2));
+        let first = limiter.admit_call(&caller, Some(&bound)).unwrap();
+        let _second = limiter.admit_call(&caller, Some(&bound)).unwrap();
+        let refused = limiter.admit_call(&caller, Some(&bound)).unwrap_err();
+        assert_eq!(refused.code, Code::RateLimited);
+        assert_eq!(refused.details.as_ref().unwrap()["limit"], "concurrency");
+        drop(first);
+        assert!(limiter.admit_call(&caller, Some(&bound)).is_ok());
+        // Another caller has its own bucket.
+        assert!(limiter.admit_call(&"calm".into(), Some(&bound)).is_ok());
+        // No limit, no refusal.
+        assert!(limiter.admit_call(&caller, None).is_ok());
+    }
+
+    #[test]
+    fn a_changed_limit_gets_a_fresh_bucket() {
+        let limiter = Limiter::new(&prometheus::Registry::new()).unwrap();
+        let caller: Arc<str> = "bulk".into();
+        let strict = limit(Some(1.0), 1, None);
+        assert!(limiter.admit_call(&caller, Some(&strict)).is_ok());
+        let refused = limiter.admit_call(&caller, Some(&strict)).unwrap_err();
+        assert_eq!(refused.details.as_ref().unwrap()["limit"], "rate");
+        assert!(refused.details.as_ref().unwrap()["retry_after_s"].as_u64().unwrap() >= 1);
+        let relaxed = limit(Some(1000.0), 100, None);
+        assert!(limiter.admit_call(&caller, Some(&relaxed)).is_ok());
+        assert!(limiter.admit_submission(&caller, Some(&relaxed)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_delivery_waits_for_a_place_instead_of_failing() {
+        let limiter = Arc::new(Limiter::new(&prometheus::Registry::new()).unwrap());
+        let caller: Arc<str> = "slow".into();
+        let bound = limit(None, 1, Some(1));
+        let held = limiter.admit_call(&caller, Some(&bound)).unwrap();
+        let waiting = {
+            let (limiter, caller) = (limiter.clone(), caller.clone());
+            tokio::spawn(async move { limiter.enter_delivery(&caller, Some(&bound)).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "no place yet");
+        drop(held);
+        let permit = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            limiter.admit_call(&caller, Some(&bound)).is_err(),
+            "the delivery holds the place"
+        );
+        drop(permit);
+    }
+}
