@@ -11,6 +11,7 @@ use agent_reach_access::{AuthArgs, AuthConfig};
 use crate::model::StorePolicy;
 use crate::service::ContextConfig;
 use crate::store::Namespace;
+use crate::validate::CredentialFields;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ContextArgs {
@@ -63,6 +64,15 @@ pub struct ContextArgs {
     /// Redis connection); 0 means one per CPU core.
     #[arg(long, env = "AGENT_REACH_CONTEXT_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Field names refused as credentials (CREDENTIAL_FIELD): a name whose last words are one
+    /// of these (`user.password`, `github_token`); comma separated; `none` refuses nothing.
+    #[arg(
+        long = "credential-fields",
+        env = "AGENT_REACH_CONTEXT_CREDENTIAL_FIELDS",
+        value_delimiter = ',',
+        default_value = "password,secret,token,api_key,authorization"
+    )]
+    pub credential_fields: Vec<String>,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -113,6 +123,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 impl ContextArgs {
     pub fn validate(&self) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
+        let patterns: Vec<&String> = self
+            .credential_fields
+            .iter()
+            .filter(|pattern| pattern.as_str() != "none")
+            .collect();
+        let credential_fields = CredentialFields::new(&patterns).unwrap_or_else(|why| {
+            problems.push(format!("--credential-fields: {why}"));
+            CredentialFields::default()
+        });
         let namespace = Namespace {
             prefix: self.key_prefix.clone(),
             tenant: self.tenant.clone(),
@@ -195,6 +214,7 @@ impl ContextArgs {
                 max_field_bytes: self.max_field_bytes,
                 max_body_bytes: self.max_body_bytes,
                 sweep_interval: self.sweep_interval,
+                credential_fields,
             },
         })
     }

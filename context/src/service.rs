@@ -23,7 +23,7 @@ use crate::error::{from_store, not_found, Code, ContextError};
 use crate::metrics::{Metrics, Op};
 use crate::model::{CloseAs, NewContext, Patch, Selection, Snapshot, StorePolicy, SweepReport, Tier, Written};
 use crate::store::ContextStore;
-use crate::validate::{self, Limits};
+use crate::validate::{self, CredentialFields, Limits};
 
 /// Service settings; the defaults are the documented flag defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,8 @@ pub struct ContextConfig {
     /// Largest accepted request body (HTTP) or message (gRPC).
     pub max_body_bytes: usize,
     pub sweep_interval: Duration,
+    /// Field names refused as credentials (`CREDENTIAL_FIELD`).
+    pub credential_fields: CredentialFields,
 }
 
 impl Default for ContextConfig {
@@ -43,6 +45,7 @@ impl Default for ContextConfig {
             max_field_bytes: 16 * 1024,
             max_body_bytes: 1024 * 1024,
             sweep_interval: Duration::from_secs(30),
+            credential_fields: CredentialFields::default(),
         }
     }
 }
@@ -212,6 +215,7 @@ impl ContextService {
             })?,
         };
         let fields = validate::fields(input.fields, &self.config.limits(), "fields")?;
+        self.config.credential_fields.check(fields.keys(), "fields")?;
         let access = Access::of(caller);
         let acl = self.acl.current();
         if let Some(name) = fields.keys().find(|name| !access.may_write(&acl, name)) {
@@ -316,6 +320,7 @@ impl ContextService {
         }
         let limits = self.config.limits();
         let set = validate::fields(input.set, &limits, "set")?;
+        self.config.credential_fields.check(set.keys(), "set")?;
         let delete = validate::deletions(input.delete, &set, &limits)?;
         let access = Access::of(caller);
         let acl = self.acl.current();

@@ -395,7 +395,7 @@ async fn seed(h: &Harness, id: &str) {
     let (status, body) = h
         .create(
             "intent_parser",
-            json!({"context_id": id, "fields": {"user_id": "u-1", "intent": "track", "order_status": "paid", "secret": "s3cr3t"}}),
+            json!({"context_id": id, "fields": {"user_id": "u-1", "intent": "track", "order_status": "paid", "internal": "staff only"}}),
         )
         .await;
     assert_eq!(status, 201, "{body}");
@@ -413,7 +413,7 @@ async fn readers_see_only_their_whitelisted_fields() {
         json!({"user_id": "u-1", "intent": "track", "order_status": "paid"})
     );
     let (status, error) = h
-        .call("reply_writer", Method::GET, "/v1/contexts/w?fields=secret", None)
+        .call("reply_writer", Method::GET, "/v1/contexts/w?fields=internal", None)
         .await;
     assert_eq!((status, error["error"]["code"].as_str()), (403, Some("FORBIDDEN")));
     assert_eq!(error["error"]["field"], "fields[0]");
@@ -432,7 +432,7 @@ async fn readers_see_only_their_whitelisted_fields() {
     for (agent, expected) in [
         ("reply_writer", vec!["intent", "order_status", "user_id"]),
         ("stranger", vec![]),
-        ("intent_parser", vec!["intent", "order_status", "secret", "user_id"]),
+        ("intent_parser", vec!["intent", "internal", "order_status", "user_id"]),
     ] {
         let got = client
             .get(grpc_request(
@@ -454,7 +454,7 @@ async fn readers_see_only_their_whitelisted_fields() {
             "reply_writer",
             pb::GetRequest {
                 context_id: "w".into(),
-                fields: vec!["secret".into()],
+                fields: vec!["internal".into()],
             },
         ))
         .await
@@ -679,6 +679,12 @@ async fn bad_input_gets_its_code_and_writes_nothing() {
         ("{not json".into(), 400, "MALFORMED_JSON", None),
         (r#"{"set": {"n": 1}} trailing"#.into(), 400, "MALFORMED_JSON", None),
         (
+            r#"{"set": {"api_key": "sk-live-123"}}"#.into(),
+            400,
+            "CREDENTIAL_FIELD",
+            Some("set.api_key"),
+        ),
+        (
             r#"{"set": {"n": 1}, "if_verison": 1}"#.into(),
             400,
             "UNKNOWN_FIELD",
@@ -795,6 +801,12 @@ async fn bad_input_gets_its_code_and_writes_nothing() {
             Some("context_id"),
         ),
         (r#"{"ttl": 5}"#.into(), 400, "UNKNOWN_FIELD", Some("ttl")),
+        (
+            r#"{"fields": {"db.admin_password": "hunter2"}}"#.into(),
+            400,
+            "CREDENTIAL_FIELD",
+            Some("fields.db.admin_password"),
+        ),
     ];
     for (body, status, code, field) in &create_cases {
         let (got, error) = raw(&h, Method::POST, "/v1/contexts", body).await;

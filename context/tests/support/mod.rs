@@ -26,7 +26,7 @@ version: 1
 context:
   - agent: intent_parser
     read: ["*"]
-    write: [user_id, intent, order_status, secret, log, n, big, counter.*, f0, f1, f2, f3, f4, f5, f6, f7, f8, tick]
+    write: [user_id, intent, order_status, internal, api_key, log, n, big, counter.*, f0, f1, f2, f3, f4, f5, f6, f7, f8, tick]
   - agent: reply_writer
     read: [user_id, intent, order_status]
   - agent: admin
