@@ -278,7 +278,7 @@ fn json_schema(schema: &Value, field: &str) -> Result<(), RegistryError> {
     jsonschema::draft202012::meta::validate(schema).map_err(|error| {
         invalid(format!(
             "not a valid JSON Schema (draft 2020-12): {error} at `{}`",
-            error.instance_path
+            error.instance_path()
         ))
     })?;
     jsonschema::draft202012::new(schema).map_err(|error| invalid(format!("schema does not compile: {error}")))?;
@@ -351,5 +351,24 @@ mod tests {
             }),
             ("DUPLICATE_CAPABILITY", Some("capabilities[1].name".into()))
         );
+    }
+
+    #[test]
+    fn local_refs_compile_and_remote_refs_are_refused_unfetched() {
+        let mut request = valid();
+        request.capabilities[0].input_schema = Some(json!({
+            "$defs": {"id": {"type": "string"}},
+            "type": "object",
+            "properties": {"order_id": {"$ref": "#/$defs/id"}}
+        }));
+        registration(request, TtlBounds::default()).unwrap();
+        // jsonschema is built without its HTTP and file resolvers: a remote
+        // document is never fetched, so the schema does not compile.
+        let mut request = valid();
+        request.capabilities[0].input_schema = Some(json!({"$ref": "https://schemas.example.invalid/order.json"}));
+        let error = registration(request, TtlBounds::default()).unwrap_err();
+        assert_eq!(error.code.as_str(), "INVALID_SCHEMA");
+        assert_eq!(error.field.as_deref(), Some("capabilities[0].input_schema"));
+        assert!(error.message.contains("does not compile"), "{}", error.message);
     }
 }

@@ -238,7 +238,7 @@ fn check_schema(group: &VersionGroup, payload: &Value) -> Result<(), RouterError
         total += 1;
         if errors.len() < MAX_SCHEMA_ERRORS {
             errors.push(json!({
-                "pointer": error.instance_path.to_string(),
+                "pointer": error.instance_path().to_string(),
                 "message": error.to_string(),
             }));
         }
