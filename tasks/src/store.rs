@@ -260,8 +260,8 @@ impl TaskStore {
             .connection
             .get_or_try_init(|| async {
                 let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Duration::from_secs(2))
-                    .set_response_timeout(Duration::from_secs(5))
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(Duration::from_secs(5)))
                     .set_number_of_retries(2);
                 ConnectionManager::new_with_config(self.client.clone(), config).await
             })

@@ -442,7 +442,7 @@ impl RedisStore {
     pub fn new(url: &str, namespace: &Namespace, policy: StorePolicy, timeout: Duration) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|error| format!("invalid Redis URL `{url}`: {error}"))?;
         let info = client.get_connection_info();
-        let redis::ConnectionAddr::Tcp(host, port) = &info.addr else {
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
             return Err(format!(
                 "unsupported Redis URL `{url}`: the context service speaks plain TCP (redis://HOST:PORT[/DB])"
             ));
@@ -450,9 +450,9 @@ impl RedisStore {
         let target = resp::Target {
             host: host.clone(),
             port: *port,
-            db: info.redis.db,
-            username: info.redis.username.clone(),
-            password: info.redis.password.clone(),
+            db: info.redis_settings().db(),
+            username: info.redis_settings().username().map(str::to_string),
+            password: info.redis_settings().password().map(str::to_string),
             connect_timeout: timeout,
             reply_timeout: timeout,
         };
