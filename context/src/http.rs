@@ -31,7 +31,7 @@ pub fn routes(service: Arc<ContextService>) -> Router {
     Router::new()
         .route("/v1/contexts", post(create).fallback(method_not_allowed))
         .route(
-            "/v1/contexts/:context_id",
+            "/v1/contexts/{context_id}",
             get(read).patch(patch).delete(close).fallback(method_not_allowed),
         )
         .route("/healthz", get(healthz).fallback(method_not_allowed))

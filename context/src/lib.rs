@@ -41,7 +41,10 @@ pub fn app(service: Arc<ContextService>) -> axum::Router {
     let grpc = ContextsServer::new(grpc::GrpcContext::new(service.clone()))
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
-    let path = format!("/{}/*rest", <ContextsServer<grpc::GrpcContext> as NamedService>::NAME);
+    let path = format!(
+        "/{}/{{*rest}}",
+        <ContextsServer<grpc::GrpcContext> as NamedService>::NAME
+    );
     http::routes(service).route_service(&path, grpc)
 }
 

@@ -34,16 +34,16 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
             get(list_agents).post(register).fallback(method_not_allowed),
         )
         .route(
-            "/v1/agents/:agent_id",
+            "/v1/agents/{agent_id}",
             get(get_agent).delete(deregister).fallback(method_not_allowed),
         )
         .route(
-            "/v1/agents/:agent_id/heartbeat",
+            "/v1/agents/{agent_id}/heartbeat",
             put(heartbeat).fallback(method_not_allowed),
         )
         .route("/v1/capabilities", get(list_capabilities).fallback(method_not_allowed))
         .route(
-            "/v1/capabilities/:name",
+            "/v1/capabilities/{name}",
             get(resolve_capability).fallback(method_not_allowed),
         )
         .route("/healthz", get(healthz).fallback(method_not_allowed))

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use agent_reach_access::{AclHandle, Authenticator};
 use agent_reach_proto::registry::registry_server::RegistryServer;
 use anyhow::Context;
+use axum::serve::ListenerExt as _;
 use tonic::server::NamedService;
 
 pub use config::{RegistryArgs, Settings, StoreChoice};
@@ -41,7 +42,10 @@ pub fn app(service: Arc<RegistryService>) -> axum::Router {
     let grpc = RegistryServer::new(grpc::GrpcRegistry::new(service.clone()))
         .max_decoding_message_size(limit)
         .max_encoding_message_size(usize::MAX);
-    let path = format!("/{}/*rest", <RegistryServer<grpc::GrpcRegistry> as NamedService>::NAME);
+    let path = format!(
+        "/{}/{{*rest}}",
+        <RegistryServer<grpc::GrpcRegistry> as NamedService>::NAME
+    );
     http::routes(service).route_service(&path, grpc)
 }
 
@@ -92,8 +96,13 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     // No Nagle: a gRPC answer is several HTTP/2 frames, and holding the last
     // one behind the peer's delayed ACK costs ~40 ms per call.
+    let listener = listener.tap_io(|connection| {
+        if let Err(error) = connection.set_nodelay(true) {
+            // Only latency suffers: the connection is still served.
+            tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
+        }
+    });
     axum::serve(listener, app(service))
-        .tcp_nodelay(true)
         .with_graceful_shutdown(shutdown)
         .await
         .context("registry server failed")

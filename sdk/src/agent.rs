@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use agent_reach_proto::context::contexts_client::ContextsClient;
 use agent_reach_proto::registry as pb;
 use agent_reach_proto::registry::registry_client::RegistryClient;
+use axum::serve::ListenerExt as _;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
@@ -237,7 +238,13 @@ impl AgentBuilder {
                 let _ = stopped.wait_for(|stop| *stop).await;
             };
             // No Nagle: answers must not wait for the router's delayed ACK.
-            let serving = axum::serve(listener, app).tcp_nodelay(true);
+            let listener = listener.tap_io(|connection| {
+                if let Err(error) = connection.set_nodelay(true) {
+                    // Only latency suffers: the connection is still served.
+                    tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
+                }
+            });
+            let serving = axum::serve(listener, app);
             if let Err(error) = serving.with_graceful_shutdown(shutdown).await {
                 tracing::error!(message = "Agent server failed.", %error);
             }

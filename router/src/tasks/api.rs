@@ -58,11 +58,11 @@ impl TaskApi {
 pub fn routes(api: TaskApi) -> Router {
     Router::new()
         .route("/v1/tasks", post(submit).fallback(method_not_allowed))
-        .route("/v1/tasks/:task_id", get(status).fallback(method_not_allowed))
-        .route("/v1/tasks/:task_id/cancel", post(cancel).fallback(method_not_allowed))
-        .route("/v1/tasks/:task_id/events", get(events).fallback(method_not_allowed))
+        .route("/v1/tasks/{task_id}", get(status).fallback(method_not_allowed))
+        .route("/v1/tasks/{task_id}/cancel", post(cancel).fallback(method_not_allowed))
+        .route("/v1/tasks/{task_id}/events", get(events).fallback(method_not_allowed))
         .route(
-            "/v1/sessions/:session_id/results",
+            "/v1/sessions/{session_id}/results",
             get(session_results).fallback(method_not_allowed),
         )
         .with_state(api)
