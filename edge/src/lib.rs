@@ -220,6 +220,18 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyProblem> {
                         message,
                     }
                 }
+                // A field given twice (or under two of its names) is reported at its parent too.
+                serde_json::error::Category::Data if message.starts_with("duplicate field") => {
+                    let name = message.split('`').nth(1).unwrap_or_default();
+                    let field = match at {
+                        Some(parent) => format!("{parent}.{name}"),
+                        None => name.to_string(),
+                    };
+                    BodyProblem::WrongType {
+                        field: Some(field),
+                        message,
+                    }
+                }
                 // A missing field is reported at its parent: name the field itself.
                 serde_json::error::Category::Data if message.starts_with("missing field") => {
                     let name = message.split('`').nth(1).unwrap_or_default();
@@ -286,6 +298,7 @@ mod tests {
             Some("items[0].weight")
         );
         assert!(matches!(problem("[]"), BodyProblem::WrongType { field: None, .. }));
+        assert_eq!(problem(r#"{"name":"a","name":"b","items":[]}"#).field(), Some("name"));
     }
 
     #[tokio::test]

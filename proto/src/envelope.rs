@@ -14,6 +14,13 @@ pub const ENVELOPE_VERSION: &str = "1.0";
 // === Caller → router ===
 
 /// `POST /v1/invoke` body.
+///
+/// The seeds' own envelope is accepted as an alias form (DESIGN §3.2):
+/// `msg_id` for `request_id`, `agent_capability` for `capability` (and a
+/// `cap:` prefix on it), `timeout: {value, unit}` for `timeout_ms`,
+/// `weighted_random` for `weighted_round_robin`, `trace_id` (honoured when no
+/// `traceparent` header is sent), and `source` (accepted, ignored: the caller
+/// is who its token says). Every other unknown field is refused.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct InvokeRequest {
@@ -21,7 +28,7 @@ pub struct InvokeRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// Idempotency key and trace handle; generated when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, alias = "msg_id", skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
     /// Keys `consistent_hash` so a conversation stays on one instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -29,6 +36,7 @@ pub struct InvokeRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_id: Option<String>,
     /// Lowercase dotted capability name, e.g. `order.query`.
+    #[serde(alias = "agent_capability")]
     pub capability: String,
     /// A semver requirement (`^1.2`); absent means the highest registered version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,16 +51,51 @@ pub struct InvokeRequest {
     /// Absolute epoch milliseconds; wins over `timeout_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<u64>,
+    /// The seeds' `timeout: {value, unit}`, folded into `timeout_ms` by the router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Timeout>,
+    /// The seeds' `trace_id`: continues that trace when no `traceparent` header came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// The seeds' `source`: accepted and ignored (the caller is who its token says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     #[serde(default)]
     pub payload: Value,
+}
+
+/// A relative timeout in the seeds' form: `{"value": 15, "unit": "s"}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeout {
+    pub value: u64,
+    /// `ms`, `s`, `m` (and their long names); milliseconds when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+}
+
+impl Timeout {
+    /// The timeout in milliseconds, or why the unit is not one.
+    pub fn as_millis(&self) -> Result<u64, String> {
+        let factor = match self.unit.as_deref().unwrap_or("ms") {
+            "ms" | "millis" | "milliseconds" => 1,
+            "s" | "sec" | "secs" | "seconds" => 1000,
+            "m" | "min" | "mins" | "minutes" => 60_000,
+            other => return Err(format!("unit `{other}` is not one of ms, s, m")),
+        };
+        self.value
+            .checked_mul(factor)
+            .ok_or_else(|| format!("{} {} is too long", self.value, self.unit.as_deref().unwrap_or("ms")))
+    }
 }
 
 /// How the router picks an instance among the routable ones.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum TargetPolicy {
-    /// Smooth weighted round-robin (nginx's algorithm).
+    /// Smooth weighted round-robin (nginx's algorithm); the seeds' `weighted_random` is this.
     #[default]
+    #[serde(alias = "weighted_random")]
     WeightedRoundRobin,
     LeastConnections,
     /// Keyed by `session_id`.

@@ -25,15 +25,39 @@ pub async fn read_body(headers: &impl HeaderLookup, body: Body, limit: usize) ->
     Ok(agent_reach_edge::read_limited(headers, body, limit).await?)
 }
 
-/// Parses JSON into the envelope, naming the field at fault.
+/// Parses JSON into the envelope, naming the field at fault, and folds the
+/// seeds' alias forms into the canonical fields (DESIGN §3.2).
 pub fn parse(bytes: &[u8]) -> Result<InvokeRequest, RouterError> {
-    agent_reach_edge::parse_json(bytes).map_err(|problem| {
+    let mut request: InvokeRequest = agent_reach_edge::parse_json(bytes).map_err(|problem| {
         let field = problem.field().unwrap_or(".").to_string();
         RouterError {
             field: Some(field),
             ..problem.into()
         }
-    })
+    })?;
+    canonical(&mut request)?;
+    Ok(request)
+}
+
+/// The seeds' envelope in the router's words: `cap:` dropped from the
+/// capability, `timeout {value, unit}` as `timeout_ms`, `source` forgotten
+/// (identity comes from the token). `msg_id`, `agent_capability` and
+/// `weighted_random` are serde aliases; `trace_id` is read by the front door.
+fn canonical(request: &mut InvokeRequest) -> Result<(), RouterError> {
+    if let Some(name) = request.capability.strip_prefix("cap:") {
+        request.capability = name.to_string();
+    }
+    if let Some(timeout) = request.timeout.take() {
+        if request.timeout_ms.is_some() {
+            return Err(invalid("timeout", "give `timeout_ms` or `timeout`, not both"));
+        }
+        let millis = timeout
+            .as_millis()
+            .map_err(|why| invalid("timeout", format!("`timeout`: {why}")))?;
+        request.timeout_ms = Some(millis);
+    }
+    request.source = None;
+    Ok(())
 }
 
 /// Checks what the types alone cannot.
@@ -118,6 +142,46 @@ mod tests {
             "extra"
         );
         assert_eq!(parse(b"{not json").unwrap_err().code, Code::InvalidEnvelope);
+    }
+
+    #[test]
+    fn the_seeds_envelope_is_an_alias_form() {
+        let seeds = br#"{"version": "1.0", "msg_id": "msg_8a7f3c92", "session_id": "session_001",
+            "trace_id": "trace_6e2b1d", "agent_capability": "cap:text_summarize", "source": "agent_002",
+            "target_policy": "weighted_random", "timeout": {"value": 15, "unit": "s"},
+            "deadline": 1710000000000, "payload": {"text": "..."}}"#;
+        let request = parse(seeds).unwrap();
+        assert_eq!(request.request_id.as_deref(), Some("msg_8a7f3c92"));
+        assert_eq!(request.capability, "text_summarize");
+        assert_eq!(request.target_policy, Some(TargetPolicy::WeightedRoundRobin));
+        assert_eq!(request.timeout_ms, Some(15_000));
+        assert_eq!(request.timeout, None);
+        assert_eq!(request.trace_id.as_deref(), Some("trace_6e2b1d"));
+        assert_eq!(request.source, None, "a caller's source is never believed");
+        assert!(check(request).is_ok());
+        let plain = parse(br#"{"capability": "cap:text_summarize", "timeout": {"value": 250}}"#).unwrap();
+        assert_eq!(
+            (plain.capability.as_str(), plain.timeout_ms),
+            ("text_summarize", Some(250))
+        );
+        // Two names for one field, a timeout twice, a bad unit: each names its field.
+        assert_eq!(
+            field_of(parse(br#"{"capability": "a", "msg_id": "x", "request_id": "y"}"#).unwrap_err()),
+            "request_id"
+        );
+        assert_eq!(
+            field_of(parse(br#"{"capability": "a", "timeout_ms": 5, "timeout": {"value": 1}}"#).unwrap_err()),
+            "timeout"
+        );
+        assert_eq!(
+            field_of(parse(br#"{"capability": "a", "timeout": {"value": 1, "unit": "fortnights"}}"#).unwrap_err()),
+            "timeout"
+        );
+        // Anything outside the aliases is still refused.
+        assert_eq!(
+            field_of(parse(br#"{"capability": "a", "callback_url": "x"}"#).unwrap_err()),
+            "callback_url"
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
     // The request's one clock reading: its duration, its token's expiry check and its deadline count from here.
     let received = clock::Now::read();
     let started = received.instant;
-    let trace = TraceContext::from_header(headers.value("traceparent"));
+    let mut trace = TraceContext::from_header(headers.value("traceparent"));
     let mut known = Known {
         request_id: String::new(),
         capability: None,
@@ -115,9 +115,16 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
     // request the configured sampler keeps, decided before any span is built, so
     // with tracing off, or for a request left out of the sample, the request path
     // builds no span at all.
-    let incoming = headers
+    let mut incoming = headers
         .value("traceparent")
         .and_then(|value| std::str::from_utf8(value).ok());
+    // The seeds' `trace_id`, honoured when no `traceparent` came.
+    let named;
+    if let (None, Some(trace_id)) = (incoming, checked.request.trace_id.as_deref()) {
+        trace = TraceContext::from_caller_trace_id(trace_id);
+        named = trace.as_incoming();
+        incoming = Some(&named);
+    }
     let head = spans::start_request("invoke", incoming, &trace.trace_id, || {
         vec![
             KeyValue::new("trace_id", trace.trace_id.to_string()),
@@ -227,6 +234,11 @@ pub async fn broadcast(service: &RouterService, headers: &HeaderMap, body: Body,
         Err(error) => return failed(known, error.into()),
     };
     let request_id = known.request_id.clone();
+    // The seeds' `trace_id`, honoured when no `traceparent` came.
+    let trace = match (headers.value("traceparent"), checked.request.trace_id.as_deref()) {
+        (None, Some(trace_id)) => TraceContext::from_caller_trace_id(trace_id),
+        _ => trace,
+    };
     match service
         .broadcast(&caller, Entry::Call, checked, &request_id, &trace, None)
         .await

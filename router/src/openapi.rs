@@ -210,6 +210,15 @@ fn build() -> Value {
         "priority": { "type": "string", "enum": ["high", "normal", "low"] },
         "timeout_ms": { "type": "integer", "minimum": 1 },
         "deadline": { "type": "integer", "description": "Absolute epoch milliseconds; wins over timeout_ms." },
+        "timeout": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["value"],
+            "properties": { "value": { "type": "integer", "minimum": 1 }, "unit": { "type": "string", "enum": ["ms", "millis", "milliseconds", "s", "sec", "secs", "seconds", "m", "min", "mins", "minutes"] } },
+            "description": "The seeds' form of timeout_ms (give one of the two)."
+        },
+        "trace_id": { "type": "string", "description": "The seeds' trace id: continues that trace when no traceparent header is sent (32 hex digits are the W3C id; any other text is hashed into one)." },
+        "source": { "type": "string", "description": "Accepted and ignored: the caller is who its token says." },
         "payload": { "description": "Checked against the capability's input schema." }
     });
     let mut task_properties = invoke_properties.clone();
@@ -238,6 +247,7 @@ fn build() -> Value {
             "schemas": {
                 "InvokeRequest": {
                     "type": "object",
+                    "description": "The seeds' envelope is accepted too: msg_id for request_id, agent_capability for capability (a cap: prefix is dropped), weighted_random for weighted_round_robin, timeout, trace_id, source.",
                     "additionalProperties": false,
                     "required": ["capability"],
                     "properties": invoke_properties

@@ -39,6 +39,27 @@ impl<const N: usize> HexId<N> {
             .then(|| Self(bytes.map(|byte| byte.to_ascii_lowercase())))
     }
 
+    /// A deterministic id for `text`: FNV-1a over it, as many 64-bit hashes
+    /// (each with its own offset) as the id needs, written in hex.
+    fn of_text(text: &str) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0_u8; N];
+        for (block, chunk) in digits.chunks_mut(16).enumerate() {
+            let mut hash = 0xcbf2_9ce4_8422_2325_u64 ^ (block as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for byte in text.bytes() {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+            for (index, digit) in chunk.iter_mut().enumerate() {
+                *digit = DIGITS[((hash >> (index * 4)) & 0x0f) as usize];
+            }
+        }
+        if digits.iter().all(|&digit| digit == b'0') {
+            digits[N - 1] = b'1';
+        }
+        Self(digits)
+    }
+
     pub fn as_str(&self) -> &str {
         // Only ASCII hex digits are ever stored (`random`, `parse`): always UTF-8.
         std::str::from_utf8(&self.0).unwrap_or_default()
@@ -111,6 +132,28 @@ impl TraceContext {
             sampled: true,
             span: None,
         }
+    }
+
+    /// A trace a caller named by an id of its own (the seeds' `trace_id`,
+    /// sent without a `traceparent`): 32 hex digits are a W3C trace id as
+    /// they are; any other text maps to one (two FNV-1a hashes of it), so every
+    /// hop that sees the same text joins the same trace.
+    pub fn from_caller_trace_id(text: &str) -> Self {
+        let trace_id = HexId::<32>::parse(text)
+            .filter(|id| !id.0.iter().all(|&b| b == b'0'))
+            .unwrap_or_else(|| HexId::<32>::of_text(text));
+        Self {
+            trace_id,
+            span_id: HexId::random(),
+            sampled: true,
+            span: None,
+        }
+    }
+
+    /// The `traceparent` the caller would have sent for this trace (its span
+    /// unknown: ours stands in), for span export to continue it.
+    pub fn as_incoming(&self) -> String {
+        format!("00-{}-{}-01", self.trace_id, self.span_id)
     }
 
     /// The `traceparent` sent to the agent: this trace, the router's span as
@@ -186,6 +229,20 @@ mod tests {
             assert_ne!(context.trace_id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
             assert_ne!(context.trace_id.as_str(), "0".repeat(32));
         }
+        // A caller's own trace id: hex ids as they are, other text hashed the same way every time.
+        let named = TraceContext::from_caller_trace_id("4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(named.trace_id.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let seeds = TraceContext::from_caller_trace_id("trace_6e2b1d");
+        assert_eq!(
+            seeds.trace_id,
+            TraceContext::from_caller_trace_id("trace_6e2b1d").trace_id
+        );
+        assert_ne!(
+            seeds.trace_id,
+            TraceContext::from_caller_trace_id("trace_6e2b1e").trace_id
+        );
+        assert_eq!(seeds.trace_id.len(), 32);
+        assert!(parse(&seeds.as_incoming()).is_some(), "a valid traceparent");
         // Fresh ids differ and use every hex digit in every place.
         let ids: Vec<HexId<16>> = (0..2000).map(|_| HexId::random()).collect();
         let distinct: std::collections::HashSet<&str> = ids.iter().map(|id| id.as_str()).collect();

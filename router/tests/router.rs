@@ -751,6 +751,52 @@ async fn runaway_callers_are_limited_and_others_are_not() {
     assert!(answers.iter().any(|(status, _)| *status == 200), "{answers:?}");
 }
 
+// Issue 21, point 6: a client written to the seeds' envelope is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_envelope_is_accepted_as_an_alias_form() {
+    let cluster = Cluster::start().await;
+    let agent = cluster.agent(AgentSpec::new("se-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["se-1"]).await;
+    let seeds = json!({
+        "version": "1.0", "msg_id": "msg_8a7f3c92", "session_id": "session_001", "trace_id": "trace_6e2b1d",
+        "agent_capability": format!("cap:{CAPABILITY}"), "source": "someone_else",
+        "target_policy": "weighted_random", "timeout": { "value": 15, "unit": "s" },
+        "payload": { "order_id": "SO-1" }
+    });
+    let (status, body) = cluster.invoke(seeds.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["request_id"], "msg_8a7f3c92");
+    assert_eq!(body["capability"], CAPABILITY);
+    let forwarded = agent.seen.last_envelope.lock().unwrap().clone().unwrap();
+    assert_eq!(forwarded["request_id"], "msg_8a7f3c92");
+    assert_eq!(
+        forwarded["source"], CALLER,
+        "the caller is who its token says, never its `source`"
+    );
+    let deadline = forwarded["deadline"].as_u64().unwrap();
+    let remaining = deadline.saturating_sub(epoch_ms());
+    assert!(
+        (10_000..=15_000).contains(&remaining),
+        "timeout {{15 s}} became the deadline: {remaining} ms left"
+    );
+    // The seeds' trace id continues one trace across calls (no traceparent sent).
+    let first = agent.seen.last_traceparent.lock().unwrap().clone().unwrap();
+    let mut again = seeds.clone();
+    again["msg_id"] = json!("msg-2");
+    let (status, _) = cluster.invoke(again).await;
+    assert_eq!(status, 200);
+    let second = agent.seen.last_traceparent.lock().unwrap().clone().unwrap();
+    assert_eq!(first.split('-').nth(1), second.split('-').nth(1), "{first} / {second}");
+    // Outside the aliases, unknown fields are still refused.
+    let (status, body) = cluster
+        .invoke(json!({ "capability": CAPABILITY, "callback_url": "x" }))
+        .await;
+    assert_eq!(
+        (status, body["error"]["details"]["field"].clone()),
+        (400, json!("callback_url"))
+    );
+}
+
 // 10. Registry loss: routing continues from the snapshot; when it is back, new
 //     registrations appear (the watch resumes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -835,6 +881,12 @@ async fn openapi_document_is_true() {
         priority: Some(Default::default()),
         timeout_ms: Some(1),
         deadline: Some(1),
+        timeout: Some(agent_reach_proto::envelope::Timeout {
+            value: 1,
+            unit: Some("s".into()),
+        }),
+        trace_id: Some("t".into()),
+        source: Some("ignored".into()),
         payload: json!({}),
     };
     let fields: std::collections::BTreeSet<String> = serde_json::to_value(&full)

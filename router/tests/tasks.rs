@@ -171,6 +171,21 @@ async fn bad_submissions_get_stable_codes() {
         (400, Some("INVALID_CALLBACK")),
         "{body}"
     );
+    let (status, body) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {}, "callback": {"type": "sms", "url": "http://127.0.0.1:1/"}}),
+    )
+    .await;
+    assert_eq!(
+        (
+            status,
+            body["error"]["code"].as_str(),
+            body["error"]["details"]["field"].as_str()
+        ),
+        (400, Some("INVALID_CALLBACK"), Some("callback.type")),
+        "{body}"
+    );
     let (status, body) = get(&cluster, "/v1/tasks/t_unknown").await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("TASK_NOT_FOUND")));
     let unauthenticated = cluster
@@ -240,7 +255,8 @@ async fn cancel_a_running_task_and_callbacks_are_signed() {
     let (_, submitted) = post(
         &cluster,
         "/v1/tasks",
-        json!({"capability": "order.query", "payload": {"order_id": "SO-3"}, "callback": {"url": hook}}),
+        // The seeds' callback form, `{type: "http", url}`.
+        json!({"capability": "order.query", "payload": {"order_id": "SO-3"}, "callback": {"type": "http", "url": hook}}),
     )
     .await;
     let task_id = submitted["task_id"].as_str().unwrap().to_string();

@@ -171,6 +171,9 @@ impl Ctx {
             priority: None,
             timeout_ms: None,
             deadline: Some(self.inner.deadline_ms),
+            timeout: None,
+            trace_id: None,
+            source: None,
             payload,
         };
         // The current span (the handler's, or one the handler opened) is the

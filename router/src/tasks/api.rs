@@ -157,13 +157,25 @@ async fn read_task_request(
         .map_err(|error| RouterError::new(Code::InvalidEnvelope, format!("the body is not JSON: {error}")))?;
     let callback = match value.as_object_mut().and_then(|object| object.remove("callback")) {
         None | Some(Value::Null) => None,
-        Some(raw) => Some(serde_json::from_value::<Callback>(raw).map_err(|error| {
-            RouterError::new(
-                Code::InvalidCallback,
-                format!("`callback`: {error} (expected {{url, secret_ref?}})"),
-            )
-            .with_details(json!({ "field": "callback" }))
-        })?),
+        Some(mut raw) => {
+            // The seeds' form `{type: "http", url}`: `http` is the only kind there is.
+            if let Some(kind) = raw.as_object_mut().and_then(|object| object.remove("type")) {
+                if kind != json!("http") {
+                    return Err(RouterError::field(
+                        Code::InvalidCallback,
+                        "callback.type",
+                        format!("callback type {kind} is not supported (only \"http\")"),
+                    ));
+                }
+            }
+            Some(serde_json::from_value::<Callback>(raw).map_err(|error| {
+                RouterError::field(
+                    Code::InvalidCallback,
+                    "callback",
+                    format!("`callback`: {error} (expected {{url, secret_ref?}})"),
+                )
+            })?)
+        }
     };
     let mut request = envelope::parse(value.to_string().as_bytes())?;
     let request_id = request

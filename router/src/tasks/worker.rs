@@ -154,7 +154,10 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
         let started = Instant::now();
         let outcome = match envelope::parse(task.envelope.to_string().as_bytes()).and_then(envelope::check) {
             Ok(checked) => {
-                let trace = TraceContext::from_header(None);
+                let trace = match checked.request.trace_id.as_deref() {
+                    Some(trace_id) => TraceContext::from_caller_trace_id(trace_id),
+                    None => TraceContext::from_header(None),
+                };
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
                     Some(agent_id) => match service
