@@ -65,6 +65,10 @@ pub struct CapabilitySpec {
     pub output_schema: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// `false`: the agent asks the router not to check its answers against
+    /// `output_schema` (they are checked when absent or `true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_output: Option<bool>,
 }
 
 /// `201` answer to `POST /v1/agents`.

@@ -64,6 +64,7 @@ pub fn capability_to_pb(capability: &Capability) -> pb::CapabilityDescriptor {
         input_schema_json: schema_to_text(capability.input_schema.as_ref()),
         output_schema_json: schema_to_text(capability.output_schema.as_ref()),
         timeout_ms: capability.timeout_ms.unwrap_or(0),
+        skip_output_check: !capability.check_output,
     }
 }
 
@@ -108,6 +109,7 @@ fn register_from_pb(request: pb::RegisterRequest) -> Result<wire::RegisterReques
             version: capability.version,
             description: Some(capability.description).filter(|text| !text.is_empty()),
             timeout_ms: Some(capability.timeout_ms).filter(|timeout| *timeout > 0),
+            check_output: capability.skip_output_check.then_some(false),
         });
     }
     Ok(wire::RegisterRequest {

@@ -75,6 +75,7 @@ pub fn capability_to_wire(capability: &Capability) -> wire::CapabilitySpec {
         input_schema: capability.input_schema.clone(),
         output_schema: capability.output_schema.clone(),
         timeout_ms: capability.timeout_ms,
+        check_output: (!capability.check_output).then_some(false),
     }
 }
 

@@ -23,6 +23,18 @@ pub struct Capability {
     pub output_schema: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Whether the router checks answers against `output_schema` (records
+    /// written before the switch existed lack it: checked).
+    #[serde(default = "checked", skip_serializing_if = "is_checked")]
+    pub check_output: bool,
+}
+
+fn checked() -> bool {
+    true
+}
+
+fn is_checked(check: &bool) -> bool {
+    *check
 }
 
 /// A registered instance: the value stored under `.../agents/{agent_id}`.

@@ -263,6 +263,7 @@ fn capabilities(specs: Vec<CapabilitySpec>) -> Result<Vec<Capability>, RegistryE
             input_schema: spec.input_schema,
             output_schema: spec.output_schema,
             timeout_ms: spec.timeout_ms,
+            check_output: spec.check_output.unwrap_or(true),
         });
     }
     Ok(out)

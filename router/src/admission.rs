@@ -14,19 +14,23 @@ use agent_reach_access::{Acl, AclHandle, Caller};
 use agent_reach_proto::envelope::InvokeRequest;
 use serde_json::{json, Value};
 
+use crate::breaker::BreakerConfig;
 use crate::clock;
 use crate::error::{Code, RouterError};
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
+use crate::schema;
+use crate::select::{self, Routable, SelectionLimits};
+use crate::service::Tuning;
 use crate::snapshot::{Capability, Snapshot, VersionGroup};
 
-/// Schema violations reported per request at most (the rest are counted).
-const MAX_SCHEMA_ERRORS: usize = 20;
-
-/// The policy half of the router: who may call what, how much, and the default deadline.
+/// The policy half of the router: who may call what, how much, which
+/// instances can take a call (for the choice of version), and the default deadline.
 pub struct Admission {
     acl: AclHandle,
     limiter: Limiter,
+    breaker: BreakerConfig,
+    max_inflight: u32,
     default_timeout: Duration,
 }
 
@@ -63,11 +67,24 @@ pub struct Refused<'s> {
 }
 
 impl Admission {
-    pub fn new(acl: AclHandle, limiter: Limiter, default_timeout: Duration) -> Self {
+    pub fn new(acl: AclHandle, limiter: Limiter, tuning: &Tuning) -> Self {
         Self {
             acl,
             limiter,
-            default_timeout,
+            breaker: BreakerConfig {
+                failures: tuning.breaker_failures,
+                open_for: tuning.breaker_open,
+            },
+            max_inflight: tuning.max_inflight_per_instance,
+            default_timeout: tuning.default_timeout,
+        }
+    }
+
+    /// What tells whether an instance can take a request (selection and broadcast use it too).
+    pub fn limits(&self) -> SelectionLimits<'_> {
+        SelectionLimits {
+            breaker: &self.breaker,
+            max_inflight: self.max_inflight,
         }
     }
 
@@ -145,7 +162,8 @@ impl Admission {
             }
         };
         let capability = resolve_capability(snapshot, &request.capability).map_err(|error| refused(error, None))?;
-        let group = resolve_version(capability, version_req).map_err(|error| refused(error, Some(capability)))?;
+        let group = resolve_version(capability, version_req, &self.limits())
+            .map_err(|error| refused(error, Some(capability)))?;
         let in_version = |error: RouterError| Refused {
             failure: Box::new(Failure {
                 capability_version: Some(group.version_text.clone()),
@@ -153,7 +171,7 @@ impl Admission {
             }),
             capability: Some(capability),
         };
-        check_schema(group, &request.payload).map_err(in_version)?;
+        schema::check_input(group, &request.payload).map_err(in_version)?;
         let deadline_ms = self.deadline_ms(request, group, now.epoch_ms);
         if deadline_ms <= now.epoch_ms {
             return Err(in_version(
@@ -193,26 +211,44 @@ pub(crate) fn resolve_capability<'a>(snapshot: &'a Snapshot, name: &str) -> Resu
     })
 }
 
-/// The highest version matching `requirement` (or the highest overall).
+/// The version a call goes to: the highest matching `requirement` (any,
+/// when absent) that has an instance able to take it now (the one definition
+/// of routable, [`select::routable`]), else the highest with an overloaded one
+/// (a last resort); so a v2 that is still `starting`, draining or
+/// breaker-open leaves unpinned calls on a ready v1 instead of failing them.
+/// No matching version at all is `VERSION_NOT_FOUND`; matching versions none
+/// of whose instances can take the call is `NO_AVAILABLE_INSTANCE`, naming
+/// each version and its instances' states.
 pub(crate) fn resolve_version<'a>(
     capability: &'a Capability,
     requirement: Option<&semver::VersionReq>,
+    limits: &SelectionLimits<'_>,
 ) -> Result<&'a Arc<VersionGroup>, RouterError> {
-    let found = match requirement {
-        None => capability.versions.first(),
-        Some(requirement) => capability
+    let matching = || {
+        capability
             .versions
             .iter()
-            .find(|group| requirement.matches(&group.version)),
+            .filter(move |group| requirement.is_none_or(|requirement| requirement.matches(&group.version)))
     };
-    found.ok_or_else(|| {
+    for wanted in [Routable::Yes, Routable::LastResort] {
+        let found = matching().find(|group| {
+            group
+                .instances
+                .iter()
+                .any(|instance| select::routable(instance, limits) == Some(wanted))
+        });
+        if let Some(group) = found {
+            return Ok(group);
+        }
+    }
+    let requested = requirement.map(ToString::to_string).unwrap_or_default();
+    if matching().next().is_none() {
         let available: Vec<&str> = capability
             .versions
             .iter()
             .map(|group| group.version_text.as_str())
             .collect();
-        let requested = requirement.map(ToString::to_string).unwrap_or_default();
-        RouterError::new(
+        return Err(RouterError::new(
             Code::VersionNotFound,
             format!(
                 "no version of `{}` matches `{requested}`; available: {}",
@@ -220,46 +256,50 @@ pub(crate) fn resolve_version<'a>(
                 available.join(", ")
             ),
         )
-        .with_details(json!({ "capability": capability.name, "requested": requested, "available": available }))
-    })
-}
-
-/// Validates the payload with the version's compiled input schema.
-fn check_schema(group: &VersionGroup, payload: &Value) -> Result<(), RouterError> {
-    let Some(validator) = &group.validator else {
-        return Ok(());
-    };
-    if validator.is_valid(payload) {
-        return Ok(());
+        .with_details(json!({ "capability": capability.name, "requested": requested, "available": available })));
     }
-    let mut errors = Vec::new();
-    let mut total = 0usize;
-    for error in validator.iter_errors(payload) {
-        total += 1;
-        if errors.len() < MAX_SCHEMA_ERRORS {
-            errors.push(json!({
-                "pointer": error.instance_path().to_string(),
-                "message": error.to_string(),
-            }));
-        }
-    }
-    let first = errors
-        .first()
-        .and_then(|error| error["pointer"].as_str())
-        .map(|pointer| {
-            if pointer.is_empty() {
-                "/".to_string()
-            } else {
-                pointer.to_string()
-            }
+    let versions: Vec<Value> = matching()
+        .map(|group| {
+            let instances: Vec<Value> = group
+                .instances
+                .iter()
+                .map(|instance| {
+                    json!({
+                        "agent_id": instance.agent_id,
+                        "status": instance.status.as_str(),
+                        "breaker": instance.state.breaker.state().as_str(),
+                        "inflight": instance.state.inflight(),
+                    })
+                })
+                .collect();
+            json!({ "version": group.version_text, "instances": instances })
         })
-        .unwrap_or_default();
+        .collect();
+    let summary: Vec<String> = matching()
+        .map(|group| {
+            let states: Vec<String> = group
+                .instances
+                .iter()
+                .map(|instance| {
+                    format!(
+                        "{} {}/{}",
+                        instance.agent_id,
+                        instance.status.as_str(),
+                        instance.state.breaker.state().as_str()
+                    )
+                })
+                .collect();
+            format!("{} [{}]", group.version_text, states.join(", "))
+        })
+        .collect();
     Err(RouterError::new(
-        Code::SchemaMismatch,
+        Code::NoAvailableInstance,
         format!(
-            "payload does not match the input schema of {} ({total} problem(s), first at `{first}`)",
-            group.version_text
+            "no instance of `{}` can take a request now (none ready or busy with a usable breaker and room; \
+             overloaded only as a last resort): {}",
+            capability.name,
+            summary.join("; ")
         ),
     )
-    .with_details(json!({ "errors": errors, "total": total })))
+    .with_details(json!({ "capability": capability.name, "requested": requested, "versions": versions })))
 }

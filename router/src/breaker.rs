@@ -16,6 +16,14 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+
     /// The value of the `agent_reach_router_breaker_state` gauge.
     pub fn gauge_value(self) -> i64 {
         match self {

@@ -32,10 +32,11 @@ pub enum Code {
     InvalidQuery,
     AssertionFailed,
     RateLimited,
+    OutputSchemaMismatch,
 }
 
 impl Code {
-    pub const ALL: [Code; 23] = [
+    pub const ALL: [Code; 24] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -59,6 +60,7 @@ impl Code {
         Code::InvalidQuery,
         Code::AssertionFailed,
         Code::RateLimited,
+        Code::OutputSchemaMismatch,
     ];
 }
 
@@ -91,6 +93,7 @@ impl ErrorCode for Code {
             Code::InvalidQuery => "INVALID_QUERY",
             Code::AssertionFailed => "ASSERTION_FAILED",
             Code::RateLimited => "RATE_LIMITED",
+            Code::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
         }
     }
 
@@ -118,6 +121,7 @@ impl ErrorCode for Code {
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Code::OutputSchemaMismatch => StatusCode::BAD_GATEWAY,
         }
     }
 

@@ -81,6 +81,11 @@ impl InstanceState {
         InflightGuard { state: self }
     }
 
+    /// Counts an answer that did not match the capability's output schema.
+    pub fn count_output_mismatch(&self) {
+        self.metrics.0.output_schema_mismatches.inc();
+    }
+
     pub fn health_permille(&self) -> u32 {
         self.health_permille.load(Ordering::Relaxed)
     }

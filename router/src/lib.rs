@@ -34,6 +34,7 @@ mod metrics;
 mod openapi;
 mod outcome;
 mod retry;
+mod schema;
 mod select;
 mod service;
 mod snapshot;

@@ -41,6 +41,7 @@ pub struct Metrics {
     breaker_state: IntGaugeVec,
     inflight: IntGaugeVec,
     health_score: IntGaugeVec,
+    output_schema_mismatches: IntCounterVec,
     pub snapshot_revision: IntGauge,
     pub snapshot_instances: IntGauge,
     pub snapshot_staleness_seconds: IntGauge,
@@ -71,6 +72,8 @@ pub struct InstanceMetrics {
     pub inflight: IntGauge,
     /// The 0–100 health score, refreshed on each scrape (`Snapshot::publish_instance_gauges`).
     pub health_score: IntGauge,
+    /// Answers refused because they did not match the output schema.
+    pub output_schema_mismatches: IntCounter,
 }
 
 impl Metrics {
@@ -127,6 +130,13 @@ impl Metrics {
             ),
             &["agent_id"],
         )?;
+        let output_schema_mismatches = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_router_output_schema_mismatches_total",
+                "Answers refused as OUTPUT_SCHEMA_MISMATCH per instance (the agent's answer shape changed).",
+            ),
+            &["agent_id"],
+        )?;
         let snapshot_revision = IntGauge::new(
             "agent_reach_router_snapshot_revision",
             "Registry revision the routing snapshot reflects.",
@@ -155,6 +165,7 @@ impl Metrics {
         registry.register(Box::new(breaker_state.clone()))?;
         registry.register(Box::new(inflight.clone()))?;
         registry.register(Box::new(health_score.clone()))?;
+        registry.register(Box::new(output_schema_mismatches.clone()))?;
         registry.register(Box::new(snapshot_revision.clone()))?;
         registry.register(Box::new(snapshot_instances.clone()))?;
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
@@ -170,6 +181,7 @@ impl Metrics {
             breaker_state,
             inflight,
             health_score,
+            output_schema_mismatches,
             snapshot_revision,
             snapshot_instances,
             snapshot_staleness_seconds,
@@ -193,6 +205,7 @@ impl Metrics {
             breaker_state: self.breaker_state.with_label_values(&[agent_id]),
             inflight: self.inflight.with_label_values(&[agent_id]),
             health_score: self.health_score.with_label_values(&[agent_id]),
+            output_schema_mismatches: self.output_schema_mismatches.with_label_values(&[agent_id]),
         }
     }
 
@@ -208,6 +221,7 @@ impl Metrics {
         let _ = self.breaker_state.remove_label_values(&[agent_id]);
         let _ = self.inflight.remove_label_values(&[agent_id]);
         let _ = self.health_score.remove_label_values(&[agent_id]);
+        let _ = self.output_schema_mismatches.remove_label_values(&[agent_id]);
     }
 
     /// The text exposition format for `/metrics`.

@@ -111,7 +111,7 @@ fn build() -> Value {
         ("429", failed("OVERLOADED: every instance tried answered 429; or RATE_LIMITED: the caller is over its acl.yaml limits (Retry-After says when to come back).")),
         (
             "502",
-            failed("ALL_RETRIES_EXHAUSTED, or AGENT_ERROR without a status of its own."),
+            failed("ALL_RETRIES_EXHAUSTED, OUTPUT_SCHEMA_MISMATCH (the answer broke the output schema; details.errors[].pointer, details.agent_id), or AGENT_ERROR without a status of its own."),
         ),
         ("503", failed("NO_AVAILABLE_INSTANCE.")),
         ("504", failed("DEADLINE_EXCEEDED.")),

@@ -25,6 +25,7 @@ use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome, Success};
 use crate::retry::{self, RetryBudget};
+use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
 use crate::trace::TraceContext;
@@ -98,7 +99,7 @@ impl RouterService {
             },
             forwarder: Forwarder::new(tuning.pool_idle_per_instance),
             budget: RetryBudget::new(tuning.retry_budget_percent, tuning.retry_budget_floor),
-            admission: Admission::new(acl, limiter, tuning.default_timeout),
+            admission: Admission::new(acl, limiter, &tuning),
             tuning,
             snapshot,
             auth,
@@ -129,10 +130,7 @@ impl RouterService {
 
     /// What `select` and `broadcast` need to tell whether an instance can take a request.
     pub(crate) fn limits(&self) -> SelectionLimits<'_> {
-        SelectionLimits {
-            breaker: &self.breaker,
-            max_inflight: self.tuning.max_inflight_per_instance,
-        }
+        self.admission.limits()
     }
 
     /// The caller the request's `authorization` header names.
@@ -344,12 +342,16 @@ impl RouterService {
             drop(attempt_span);
             let reason = match outcome {
                 Outcome::Done(output) => {
+                    if let Err(error) = schema::check_output(group, output.as_deref(), &agent_id) {
+                        instance.state.count_output_mismatch();
+                        return Err(fail(error, Some(agent_id), attempt));
+                    }
                     return Ok(Success {
                         capability_version: group.version_text.clone(),
                         agent_id,
                         attempts: attempt,
                         output,
-                    })
+                    });
                 }
                 Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt)),
                 Outcome::Retryable(reason, detail) => {
@@ -506,12 +508,23 @@ impl RouterService {
                 );
                 let agent_id = instance.agent_id.clone();
                 let outcome = match outcome {
-                    Outcome::Done(output) => Ok(Success {
-                        capability_version: version.clone(),
-                        agent_id: agent_id.clone(),
-                        attempts: 1,
-                        output,
-                    }),
+                    Outcome::Done(output) => match schema::check_output(group, output.as_deref(), &agent_id) {
+                        Ok(()) => Ok(Success {
+                            capability_version: version.clone(),
+                            agent_id: agent_id.clone(),
+                            attempts: 1,
+                            output,
+                        }),
+                        Err(error) => {
+                            instance.state.count_output_mismatch();
+                            Err(Failure {
+                                error,
+                                capability_version: Some(version.clone()),
+                                agent_id: Some(agent_id.clone()),
+                                attempts: 1,
+                            })
+                        }
+                    },
                     Outcome::Fatal(error) => Err(Failure {
                         error,
                         capability_version: Some(version.clone()),

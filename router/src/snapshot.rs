@@ -43,6 +43,8 @@ pub struct VersionGroup {
     /// The capability's own default deadline.
     pub timeout: Option<Duration>,
     pub validator: Option<Arc<jsonschema::Validator>>,
+    /// The compiled output schema, unless the agent asked for its answers to go unchecked.
+    pub output_validator: Option<Arc<jsonschema::Validator>>,
     pub instances: Vec<Arc<Instance>>,
     /// Smooth WRR's `current_weight` per instance. A lock per group, held for a
     /// few additions: nginx's per-upstream peer lock, not a global one.
@@ -210,6 +212,15 @@ impl SnapshotHandle {
 
 // === SnapshotBuilder ===
 
+/// One capability version as the first instance offering it describes it.
+struct Offer {
+    timeout: Option<Duration>,
+    input_schema: String,
+    /// `None`: answers go unchecked.
+    output_schema: Option<String>,
+    instances: Vec<Arc<Instance>>,
+}
+
 /// Applies registry Watch events and builds snapshots. Owned by the watch task.
 pub struct SnapshotBuilder {
     metrics: Metrics,
@@ -271,8 +282,8 @@ impl SnapshotBuilder {
     pub fn build(&mut self) -> Snapshot {
         let mut live_states = HashMap::with_capacity(self.instances.len());
         let mut live_validators = HashMap::new();
-        // capability → version → (descriptor timeout, schema text, instances)
-        type Versions = BTreeMap<semver::Version, (Option<Duration>, String, Vec<Arc<Instance>>)>;
+        // capability → version → what the first instance's descriptor says, and every instance
+        type Versions = BTreeMap<semver::Version, Offer>;
         let mut by_capability: BTreeMap<String, Versions> = BTreeMap::new();
         for record in self.instances.values() {
             let uri: http::Uri = match record.endpoint.parse::<http::Uri>() {
@@ -335,8 +346,14 @@ impl SnapshotBuilder {
                     .entry(descriptor.name.clone())
                     .or_default()
                     .entry(version)
-                    .or_insert_with(|| (timeout, descriptor.input_schema_json.clone(), Vec::new()));
-                entry.2.push(instance.clone());
+                    .or_insert_with(|| Offer {
+                        timeout,
+                        input_schema: descriptor.input_schema_json.clone(),
+                        // The agent may ask for its answers to go unchecked.
+                        output_schema: (!descriptor.skip_output_check).then(|| descriptor.output_schema_json.clone()),
+                        instances: Vec::new(),
+                    });
+                entry.instances.push(instance.clone());
             }
         }
         for gone in self.states.keys().filter(|id| !live_states.contains_key(*id)) {
@@ -347,10 +364,22 @@ impl SnapshotBuilder {
         let mut capabilities = ahash::AHashMap::with_capacity(by_capability.len());
         for (name, versions) in by_capability {
             let mut groups = Vec::with_capacity(versions.len());
-            for (version, (timeout, schema_text, instances)) in versions.into_iter().rev() {
-                let validator = self.validator(&schema_text, &name, &version);
+            for (version, offer) in versions.into_iter().rev() {
+                let Offer {
+                    timeout,
+                    input_schema,
+                    output_schema,
+                    instances,
+                } = offer;
+                let validator = self.validator(&input_schema, &name, &version, "input");
                 if let Some(validator) = &validator {
-                    live_validators.insert(schema_text.clone(), validator.clone());
+                    live_validators.insert(input_schema.clone(), validator.clone());
+                }
+                let output_validator = output_schema
+                    .as_deref()
+                    .and_then(|text| self.validator(text, &name, &version, "output"));
+                if let (Some(text), Some(validator)) = (&output_schema, &output_validator) {
+                    live_validators.insert(text.clone(), validator.clone());
                 }
                 let carried = self.carried_wrr(&name, &version, &instances);
                 groups.push(Arc::new(VersionGroup {
@@ -358,6 +387,7 @@ impl SnapshotBuilder {
                     version,
                     timeout,
                     validator,
+                    output_validator,
                     instances,
                     wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),
@@ -420,7 +450,13 @@ impl SnapshotBuilder {
     }
 
     /// The compiled validator for a schema text, compiled only when new.
-    fn validator(&mut self, text: &str, name: &str, version: &semver::Version) -> Option<Arc<jsonschema::Validator>> {
+    fn validator(
+        &mut self,
+        text: &str,
+        name: &str,
+        version: &semver::Version,
+        which: &str,
+    ) -> Option<Arc<jsonschema::Validator>> {
         if text.trim().is_empty() {
             return None;
         }
@@ -430,7 +466,7 @@ impl SnapshotBuilder {
         let schema: serde_json::Value = match serde_json::from_str(text) {
             Ok(schema) => schema,
             Err(error) => {
-                tracing::warn!(message = "Input schema is not JSON; payloads go unchecked.", capability = name, %version, %error);
+                tracing::warn!(message = "Schema is not JSON; this side goes unchecked.", schema = which, capability = name, %version, %error);
                 return None;
             }
         };
@@ -441,7 +477,7 @@ impl SnapshotBuilder {
                 Some(validator)
             }
             Err(error) => {
-                tracing::warn!(message = "Input schema does not compile; payloads go unchecked.", capability = name, %version, %error);
+                tracing::warn!(message = "Schema does not compile; this side goes unchecked.", schema = which, capability = name, %version, %error);
                 None
             }
         }

@@ -751,6 +751,183 @@ async fn runaway_callers_are_limited_and_others_are_not() {
     assert!(answers.iter().any(|(status, _)| *status == 200), "{answers:?}");
 }
 
+// Issue 21, point 1: a rolling upgrade never blackholes traffic. A v2 that is
+// still `starting`, is draining, or has an open breaker leaves unpinned calls
+// on the ready v1; the registry's resolution agrees; with no version able to
+// take a call the answer names the versions and their instances' states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpinned_calls_go_to_the_highest_version_that_can_take_them() {
+    let cluster = Cluster::start_with(|settings| {
+        settings.tuning.breaker_failures = 2;
+        settings.tuning.breaker_open = Duration::from_secs(3600);
+        settings.tuning.max_attempts = 1;
+    })
+    .await;
+    let _v1 = cluster.agent(AgentSpec::new("ru-1", 1, Behaviour::Echo));
+    let mut spec = AgentSpec::new("ru-2", 1, Behaviour::Echo);
+    spec.version = "2.0.0".into();
+    spec.status = "starting".into();
+    let v2 = cluster.agent(spec);
+    cluster.wait_for_instances(&["ru-1", "ru-2"]).await;
+    let version_of = |answer: &Value| answer["capability_version"].as_str().unwrap_or("").to_string();
+    let resolved = |registry: String| async move {
+        let body: Value = reqwest::Client::new()
+            .get(format!("{registry}/v1/capabilities/{CAPABILITY}"))
+            .bearer_auth(token(CALLER))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["version"].as_str().unwrap_or("").to_string()
+    };
+    // v2 starting: v1 serves, and the registry resolves v1 too.
+    for n in 0..5 {
+        let (status, body) = cluster.invoke(order(&format!("SO-{n}"))).await;
+        assert_eq!((status, version_of(&body)), (200, "1.0.0".to_string()), "{body}");
+    }
+    assert_eq!(resolved(cluster.registry.url()).await, "1.0.0");
+    // v2 ready: it takes the unpinned calls.
+    set_status(&cluster.registry.url(), &v2, "ready").await;
+    let upgraded = eventually(Duration::from_secs(5), || {
+        let cluster = &cluster;
+        async move { version_of(&cluster.invoke(order("SO-u")).await.1) == "2.0.0" }
+    })
+    .await;
+    assert!(upgraded, "a ready v2 takes unpinned calls");
+    assert_eq!(resolved(cluster.registry.url()).await, "2.0.0");
+    // v2 draining: back to v1 at once, no failed call.
+    set_status(&cluster.registry.url(), &v2, "draining").await;
+    let drained = eventually(Duration::from_secs(5), || {
+        let cluster = &cluster;
+        async move { version_of(&cluster.invoke(order("SO-d")).await.1) == "1.0.0" }
+    })
+    .await;
+    assert!(drained, "a draining v2 leaves unpinned calls to v1");
+    for n in 0..5 {
+        let (status, body) = cluster.invoke(order(&format!("SO-d{n}"))).await;
+        assert_eq!((status, version_of(&body)), (200, "1.0.0".to_string()), "{body}");
+    }
+    // A v2 whose breaker is open: v1 again.
+    let mut broken = AgentSpec::new("ru-3", 1, Behaviour::Unavailable);
+    broken.version = "3.0.0".into();
+    let _v3 = cluster.agent(broken);
+    cluster.wait_for_instances(&["ru-1", "ru-2", "ru-3"]).await;
+    let failed = AtomicUsize::new(0);
+    let opened = eventually(Duration::from_secs(10), || {
+        let (cluster, failed) = (&cluster, &failed);
+        async move {
+            let (status, body) = cluster.invoke(order("SO-b")).await;
+            if status != 200 {
+                failed.fetch_add(1, Ordering::SeqCst);
+            }
+            status == 200 && version_of(&body) == "1.0.0"
+        }
+    })
+    .await;
+    assert!(opened, "once v3's breaker opens, v1 serves");
+    let failed = failed.load(Ordering::SeqCst);
+    assert!(failed <= 2, "only the calls that opened the breaker failed: {failed}");
+    // Pinned to a version nothing can serve: NO_AVAILABLE_INSTANCE naming the versions and states.
+    let (status, body) = cluster
+        .invoke(json!({ "capability": CAPABILITY, "capability_version": ">=2", "payload": { "order_id": "SO-p" } }))
+        .await;
+    assert_eq!(
+        (status, code_of(&body)),
+        (503, "NO_AVAILABLE_INSTANCE".to_string()),
+        "{body}"
+    );
+    let versions = body["error"]["details"]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2, "{body}");
+    assert_eq!(versions[0]["version"], "3.0.0");
+    assert_eq!(versions[0]["instances"][0]["breaker"], "open");
+    assert_eq!(versions[1]["version"], "2.0.0");
+    assert_eq!(versions[1]["instances"][0]["status"], "draining");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("ru-2 draining"),
+        "{body}"
+    );
+    // Pinned to a version that does not exist at all: VERSION_NOT_FOUND, as before.
+    let (status, body) = cluster
+        .invoke(json!({ "capability": CAPABILITY, "capability_version": "^9", "payload": { "order_id": "SO-9" } }))
+        .await;
+    assert_eq!(
+        (status, code_of(&body)),
+        (404, "VERSION_NOT_FOUND".to_string()),
+        "{body}"
+    );
+}
+
+// Issue 21, point 4: an answer that does not match the capability's output
+// schema is a failed result naming the pointer, counted per instance, never
+// retried; an agent that asks for its answers to go unchecked is not checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_break_the_output_schema_are_refused() {
+    let cluster = Cluster::start().await;
+    // Echo answers {"agent_id": .., "echo": payload}.
+    let wants_total = json!({
+        "type": "object",
+        "required": ["total"],
+        "properties": { "total": { "type": "number" } }
+    });
+    let mut changed = AgentSpec::new("os-1", 1, Behaviour::Echo);
+    changed.output_schema = Some(wants_total.clone());
+    let changed = cluster.agent(changed);
+    let mut unchecked = AgentSpec::new("os-2", 1, Behaviour::Echo);
+    unchecked.version = "2.0.0".into();
+    unchecked.output_schema = Some(wants_total);
+    unchecked.check_output = Some(false);
+    let _unchecked = cluster.agent(unchecked);
+    let mut faithful = AgentSpec::new("os-3", 1, Behaviour::Echo);
+    faithful.version = "3.0.0".into();
+    faithful.output_schema = Some(json!({
+        "type": "object",
+        "required": ["agent_id", "echo"],
+        "properties": { "agent_id": { "type": "string" }, "echo": { "type": "object" } },
+        "additionalProperties": false
+    }));
+    let _faithful = cluster.agent(faithful);
+    cluster.wait_for_instances(&["os-1", "os-2", "os-3"]).await;
+    let pinned = |version: &str, id: &str| json!({ "capability": CAPABILITY, "capability_version": version, "payload": { "order_id": id } });
+
+    let (status, body) = cluster.invoke(pinned("=1.0.0", "OS-1")).await;
+    assert_eq!(
+        (status, code_of(&body)),
+        (502, "OUTPUT_SCHEMA_MISMATCH".to_string()),
+        "{body}"
+    );
+    let details = &body["error"]["details"];
+    assert_eq!(details["agent_id"], "os-1", "{body}");
+    assert_eq!(details["total"], 1, "{body}");
+    assert_eq!(details["errors"][0]["pointer"], "", "{body}");
+    assert!(
+        details["errors"][0]["message"].as_str().unwrap().contains("total"),
+        "{body}"
+    );
+    assert!(!body["error"]["retryable"].as_bool().unwrap(), "{body}");
+    assert_eq!(body["attempts"], 1, "not retried: {body}");
+    assert_eq!(changed.hits(), 1);
+    // The agent asked for no check: its answer passes as it is.
+    let (status, body) = cluster.invoke(pinned("=2.0.0", "OS-2")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["agent_id"], "os-2");
+    // A faithful answer passes the check.
+    let (status, body) = cluster.invoke(pinned("=3.0.0", "OS-3")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"]["echo"]["order_id"], "OS-3");
+    // Counted per instance.
+    let metrics = cluster.metrics().await;
+    assert!(
+        metrics.contains("agent_reach_router_output_schema_mismatches_total{agent_id=\"os-1\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("agent_reach_router_output_schema_mismatches_total{agent_id=\"os-3\"} 0"),
+        "{metrics}"
+    );
+}
+
 // Issue 21, point 6: a client written to the seeds' envelope is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seeds_envelope_is_accepted_as_an_alias_form() {

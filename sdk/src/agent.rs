@@ -416,6 +416,7 @@ fn register_request(shared: &Shared, bound: SocketAddr) -> pb::RegisterRequest {
                     input_schema_json: descriptor.input_schema.to_string(),
                     output_schema_json: descriptor.output_schema.to_string(),
                     timeout_ms: descriptor.timeout_ms.unwrap_or(0),
+                    skip_output_check: !descriptor.check_output,
                 }
             })
             .collect(),

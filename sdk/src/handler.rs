@@ -24,6 +24,8 @@ pub struct Descriptor {
     pub input_schema: Value,
     pub output_schema: Value,
     pub timeout_ms: Option<u64>,
+    /// Whether the router checks this handler's answers against `output_schema` (default yes).
+    pub check_output: bool,
 }
 
 /// A capability implementation: its descriptor and the type-erased function.
@@ -70,6 +72,7 @@ impl Handler {
             input_schema: schema_of::<I>(),
             output_schema: schema_of::<O>(),
             timeout_ms: None,
+            check_output: true,
         };
         let function = Arc::new(function);
         let invoke = move |ctx: Ctx, payload: Value| -> BoxFuture<Result<Value, HandlerError>> {
@@ -102,6 +105,14 @@ impl Handler {
     /// The capability's default deadline when a caller gives none.
     pub fn timeout_ms(mut self, timeout_ms: u64) -> Self {
         self.descriptor.timeout_ms = Some(timeout_ms);
+        self
+    }
+
+    /// Asks the router not to check answers against the output schema (for a
+    /// handler whose output type cannot describe all it sends; the default,
+    /// checked, catches an agent whose answers changed shape).
+    pub fn without_output_check(mut self) -> Self {
+        self.descriptor.check_output = false;
         self
     }
 

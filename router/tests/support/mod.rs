@@ -114,6 +114,10 @@ pub struct AgentSpec {
     pub ttl_s: u32,
     pub behaviour: Behaviour,
     pub tags: Value,
+    /// The capability's `output_schema` (none: answers are not described).
+    pub output_schema: Option<Value>,
+    /// The registration's `check_output` (none: left to the default, checked).
+    pub check_output: Option<bool>,
 }
 
 impl AgentSpec {
@@ -127,6 +131,8 @@ impl AgentSpec {
             ttl_s: 10,
             behaviour,
             tags: json!({}),
+            output_schema: None,
+            check_output: None,
         }
     }
 }
@@ -258,7 +264,7 @@ fn agent_name(agent_id: &str) -> String {
 }
 
 async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
-    let body = json!({
+    let mut body = json!({
         "agent_id": spec.agent_id,
         "name": agent_name(&spec.agent_id),
         "endpoint": format!("http://{addr}/invoke"),
@@ -273,6 +279,12 @@ async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
             "timeout_ms": 10_000
         }]
     });
+    if let Some(schema) = &spec.output_schema {
+        body["capabilities"][0]["output_schema"] = schema.clone();
+    }
+    if let Some(check) = spec.check_output {
+        body["capabilities"][0]["check_output"] = json!(check);
+    }
     let response = reqwest::Client::new()
         .post(format!("{registry}/v1/agents"))
         .bearer_auth(token(&agent_name(&spec.agent_id)))
