@@ -234,8 +234,8 @@ fn build() -> Value {
         "deadline": { "type": "integer", "minimum": 0, "description": "Absolute epoch milliseconds; wins over timeout_ms." },
         "payload": { "description": "Checked against the capability's input schema." }
     });
-    // One call a reader can copy (the router's tests serve `text.summarize`, so an
-    // OpenAPI fuzzer's example phase goes all the way to an agent).
+    // One call a reader can copy; the fuzz test (sdk/python/tests/test_router_api.py)
+    // serves `text.summarize`, so its example phase goes all the way to an agent.
     let example = json!({
         "capability": "text.summarize",
         "capability_version": "^1",
