@@ -45,6 +45,17 @@ fn ok(description: &str, schema: &str) -> Value {
     })
 }
 
+/// A stored task's answer, with the links to follow it (OpenAPI links: what a
+/// client, or a fuzzer's stateful phase, does next with `task_id`).
+fn accepted_task(description: &str) -> Value {
+    let mut answer = ok(description, "TaskAccepted");
+    let follow =
+        |operation: &str| json!({ "operationId": operation, "parameters": { "task_id": "$response.body#/task_id" } });
+    answer["links"] =
+        json!({ "status": follow("getTask"), "cancel": follow("cancelTask"), "events": follow("taskEvents") });
+    answer
+}
+
 fn text(description: &str) -> Value {
     json!({ "description": description, "content": { "text/plain": { "schema": { "type": "string" } } } })
 }
@@ -114,7 +125,10 @@ fn build() -> Value {
             failed("ALL_RETRIES_EXHAUSTED, OUTPUT_SCHEMA_MISMATCH (the answer broke the output schema; details.errors[].pointer, details.agent_id), or AGENT_ERROR without a status of its own."),
         ),
         ("503", failed("NO_AVAILABLE_INSTANCE.")),
-        ("504", failed("DEADLINE_EXCEEDED.")),
+        (
+            "504",
+            failed("DEADLINE_EXCEEDED; or an agent's own 504 as AGENT_ERROR (details.agent_code, e.g. DEADLINE_EXCEEDED when the agent saw the deadline pass first)."),
+        ),
         (
             "default",
             failed("AGENT_ERROR: the agent's business error, its status passed through."),
@@ -149,13 +163,10 @@ fn build() -> Value {
     ]));
     broadcast.insert("400".into(), failed("INVALID_ENVELOPE, INVALID_CALLBACK, or INVALID_QUERY (an unknown query parameter or a non-boolean `async`)."));
     let mut submit = map(vec![
-        ("202", ok("Stored and queued.", "TaskAccepted")),
+        ("202", accepted_task("Stored and queued.")),
         (
             "200",
-            ok(
-                "This request_id was submitted before: the existing task.",
-                "TaskAccepted",
-            ),
+            accepted_task("This request_id was submitted before: the existing task."),
         ),
         (
             "400",
@@ -183,7 +194,18 @@ fn build() -> Value {
     let mut events = map(vec![
         (
             "200",
-            json!({ "description": "Server-sent events: one `state` event per state; the last carries the result.", "content": { "text/event-stream": { "schema": { "type": "string" } } } }),
+            json!({
+                "description": "Server-sent events: one `state` event per state; the last carries the result.",
+                "content": { "text/event-stream": { "schema": {
+                    "description": "One event (the stream also carries keep-alive comments).",
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": { "type": "string", "enum": ["state"] },
+                        "data": { "type": "string", "description": "JSON: {task_id, status, at} and, on the last event, result (the result envelope)." }
+                    }
+                } } }
+            }),
         ),
         ("404", failed("TASK_NOT_FOUND.")),
     ]);
@@ -201,7 +223,7 @@ fn build() -> Value {
     task_failures(&mut results);
     let invoke_properties = json!({
         "version": { "type": "string", "enum": ["1.0"] },
-        "request_id": { "type": "string", "maxLength": 128, "description": "Idempotency key; generated when absent." },
+        "request_id": { "type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$", "description": "Idempotency key (printable ASCII, no spaces); generated when absent." },
         "session_id": { "type": "string", "description": "Key of consistent_hash." },
         "context_id": { "type": "string" },
         "capability": { "type": "string", "pattern": "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$" },
@@ -209,7 +231,7 @@ fn build() -> Value {
         "target_policy": { "type": "string", "enum": ["weighted_round_robin", "least_connections", "consistent_hash"] },
         "priority": { "type": "string", "enum": ["high", "normal", "low"] },
         "timeout_ms": { "type": "integer", "minimum": 1 },
-        "deadline": { "type": "integer", "description": "Absolute epoch milliseconds; wins over timeout_ms." },
+        "deadline": { "type": "integer", "minimum": 0, "description": "Absolute epoch milliseconds; wins over timeout_ms." },
         "timeout": {
             "type": "object",
             "additionalProperties": false,
@@ -221,12 +243,26 @@ fn build() -> Value {
         "source": { "type": "string", "description": "Accepted and ignored: the caller is who its token says." },
         "payload": { "description": "Checked against the capability's input schema." }
     });
+    // One call a reader can copy; the fuzz test (sdk/python/tests/test_router_api.py)
+    // serves `text.summarize`, so its example phase goes all the way to an agent.
+    let example = json!({
+        "capability": "text.summarize",
+        "capability_version": "^1",
+        "session_id": "session-ada",
+        "payload": { "text": "Can my order SO-2024001 ship today?" }
+    });
     let mut task_properties = invoke_properties.clone();
     task_properties["callback"] = json!({
         "type": "object",
+        "nullable": true,
+        "description": "POSTed the result when the task ends (signed); null or absent: no callback.",
         "additionalProperties": false,
         "required": ["url"],
-        "properties": { "url": { "type": "string" }, "secret_ref": { "type": "string" } }
+        "properties": {
+            "url": { "type": "string" },
+            "secret_ref": { "type": "string" },
+            "type": { "type": "string", "enum": ["http"], "description": "The seeds' form; only http." }
+        }
     });
     let operational = |responses: Vec<(&str, Value)>| {
         let mut responses = map(responses);
@@ -375,7 +411,7 @@ fn build() -> Value {
                     "security": [{ "bearer": [] }],
                     "requestBody": {
                         "required": true,
-                        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/InvokeRequest" } } }
+                        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/InvokeRequest" }, "example": example } }
                     },
                     "responses": authenticated(invoke)
                 }
@@ -386,7 +422,7 @@ fn build() -> Value {
                     "description": "Same envelope and checks as /v1/invoke. `?async=true` stores a parent task and a child task per routable instance instead (needs --redis).",
                     "security": [{ "bearer": [] }],
                     "parameters": [{ "name": "async", "in": "query", "required": false, "schema": { "type": "boolean" } }],
-                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskRequest" } } } },
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskRequest" }, "example": example } } },
                     "responses": authenticated(broadcast)
                 }
             },
@@ -395,13 +431,14 @@ fn build() -> Value {
                     "summary": "Submit an asynchronous task: the invoke envelope plus an optional callback {url, secret_ref?}",
                     "description": "202 once durably stored; a repeated request_id answers 200 with the existing task. Needs the router to run with --redis.",
                     "security": [{ "bearer": [] }],
-                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskRequest" } } } },
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskRequest" }, "example": example } } },
                     "responses": authenticated(submit)
                 }
             },
             "/v1/tasks/{task_id}": {
                 "get": {
                     "summary": "A task's state, attempts, transitions and result",
+                    "operationId": "getTask",
                     "security": [{ "bearer": [] }],
                     "parameters": task_id_parameter(),
                     "responses": authenticated(status)
@@ -410,6 +447,7 @@ fn build() -> Value {
             "/v1/tasks/{task_id}/cancel": {
                 "post": {
                     "summary": "Cancel a task that has not ended (a pending one is never delivered)",
+                    "operationId": "cancelTask",
                     "security": [{ "bearer": [] }],
                     "parameters": task_id_parameter(),
                     "responses": authenticated(cancel)
@@ -418,6 +456,7 @@ fn build() -> Value {
             "/v1/tasks/{task_id}/events": {
                 "get": {
                     "summary": "Server-sent events: one `state` event per state the task enters; the last carries the result",
+                    "operationId": "taskEvents",
                     "security": [{ "bearer": [] }],
                     "parameters": task_id_parameter(),
                     "responses": authenticated(events)
@@ -429,7 +468,7 @@ fn build() -> Value {
                     "security": [{ "bearer": [] }],
                     "parameters": [
                         { "name": "session_id", "in": "path", "required": true, "schema": { "type": "string" } },
-                        { "name": "after", "in": "query", "required": false, "schema": { "type": "string" } },
+                        { "name": "after", "in": "query", "required": false, "schema": { "type": "string", "pattern": "^[0-9]+-[0-9]+$" }, "description": "The `next_after` (or a result's `cursor`) of an earlier answer; anything else is 400 INVALID_QUERY." },
                         { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 }, "description": "At most this many results (clamped to 1..=1000; default 100)." }
                     ],
                     "responses": authenticated(results)

@@ -116,6 +116,31 @@ async fn bad_submissions_get_stable_codes() {
         "{body}"
     );
     assert_eq!(body["status"], "failed", "{body}");
+    // Regression (found by the OpenAPI fuzzer): a cursor that is not a stream id
+    // reached Redis and was answered 503 TASK_STORE_UNAVAILABLE.
+    for bad in [
+        "",
+        "0",
+        "x-1",
+        "1-",
+        "-1",
+        "+1-0",
+        "18446744073709551616-0",
+        "18446744073709551615-18446744073709551615",
+    ] {
+        let (status, body) = get(&cluster, &format!("/v1/sessions/s-1/results?after={bad}")).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("INVALID_QUERY")),
+            "after={bad}: {body}"
+        );
+    }
+    let (status, body) = get(&cluster, "/v1/sessions/s-1/results?after=0-0&limit=5").await;
+    assert_eq!(
+        (status, body["results"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{body}"
+    );
     let (status, body) = get(&cluster, "/v1/tasks/no-such-task").await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),

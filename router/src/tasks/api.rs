@@ -393,6 +393,22 @@ async fn events(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>,
     outcome.unwrap_or_else(refused)
 }
 
+/// Whether `after` is a session cursor as the router hands them out: a Redis
+/// stream id `MS-SEQ`, both decimal u64, and not the last possible one. Checked
+/// here because anything else reaches Redis as a malformed `XRANGE` (once
+/// answered 503 `TASK_STORE_UNAVAILABLE` for `?after=`).
+fn is_cursor(after: &str) -> bool {
+    let decimal = |part: &str| !part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit());
+    let Some((ms, seq)) = after.split_once('-') else {
+        return false;
+    };
+    if !decimal(ms) || !decimal(seq) {
+        return false;
+    }
+    // An exclusive start past the last id is a Redis error too.
+    matches!((ms.parse::<u64>(), seq.parse::<u64>()), (Ok(ms), Ok(seq)) if (ms, seq) != (u64::MAX, u64::MAX))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResultsQuery {
@@ -413,6 +429,12 @@ async fn session_results(
         let Query(query) = query.map_err(|rejection| {
             RouterError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
         })?;
+        if let Some(after) = query.after.as_deref().filter(|after| !is_cursor(after)) {
+            return Err(RouterError::new(
+                Code::InvalidQuery,
+                format!("invalid query: `after` is `{after}`; pass the `next_after` (or a result's `cursor`) of an earlier answer, e.g. `1700000000000-0`"),
+            ));
+        }
         let limit = query.limit.unwrap_or(100).clamp(1, 1000);
         let mut results = Vec::new();
         let mut cursor = query.after.clone();
@@ -439,4 +461,37 @@ async fn session_results(
     }
     .await;
     outcome.unwrap_or_else(refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_cursor;
+
+    #[test]
+    fn only_stream_ids_are_cursors() {
+        for good in [
+            "0-0",
+            "1700000000000-0",
+            "1700000000000-17",
+            "18446744073709551615-18446744073709551614",
+        ] {
+            assert!(is_cursor(good), "{good}");
+        }
+        for bad in [
+            "",
+            "0",
+            "-",
+            "1-",
+            "-1",
+            "x-1",
+            "1-x",
+            "+1-0",
+            "1-0-0",
+            " 1-0",
+            "18446744073709551616-0",
+            "18446744073709551615-18446744073709551615",
+        ] {
+            assert!(!is_cursor(bad), "{bad:?}");
+        }
+    }
 }

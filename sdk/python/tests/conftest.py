@@ -45,8 +45,8 @@ def start_agent(stack: Stack) -> Iterator[Callable[..., Agent]]:
 
 
 def make_agent(stack: Stack, name: str = "py_agent", **options: Any) -> Agent:
-    """An agent wired to the stack. Until the router signs assertions, in-process agents
-    served through the router accept unverified deliveries (see each test's marker)."""
+    """An agent wired to the stack; it verifies the router's assertions with the keys the
+    stack's router publishes (``{router}/.well-known/jwks.json``), as in production."""
     settings: dict[str, Any] = {
         "registry": stack.registry.url,
         "router": stack.router.url,

@@ -24,8 +24,6 @@ def test_a_rust_agent_calls_a_python_one_and_back_in_one_trace(stack: Stack, tmp
             processes.append(Process(argv, tmp_path / f"{name}.log"))
         env = {
             **stack.agent_env("shipping_rules"),
-            # until the router signs assertions (issue 20)
-            "AGENT_REACH_INSECURE_ACCEPT_UNVERIFIED": "1",
         }
         example = REPO / "sdk" / "python" / "examples" / "shipping_rules.py"
         processes.append(

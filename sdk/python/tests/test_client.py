@@ -31,8 +31,7 @@ from .support.stack import Stack
 
 
 def test_typed_errors_and_calls_between_agents(stack: Stack, start_agent: Callable[..., Agent]) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.double")
     async def double(payload: int) -> int:
@@ -65,8 +64,7 @@ def test_typed_errors_and_calls_between_agents(stack: Stack, start_agent: Callab
 
 
 def test_tasks_and_results_by_session(stack: Stack, start_agent: Callable[..., Agent]) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.task")
     async def task(payload: dict[str, str]) -> dict[str, str]:

@@ -18,8 +18,7 @@ from .support.stack import Stack
 def test_context_round_trip_from_handlers(
     stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]
 ) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.ctx.async")
     async def remember(payload: dict[str, str], ctx: Ctx) -> dict[str, Any]:
@@ -67,8 +66,7 @@ def test_context_round_trip_from_handlers(
 def test_a_request_without_context_id_gets_a_clear_error(
     stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]
 ) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.ctx.none")
     async def needs_context(payload: dict[str, str], ctx: Ctx) -> dict[str, str]:

@@ -30,8 +30,6 @@ def test_the_seeds_example_runs_as_written(stack: Stack, tmp_path: Path) -> None
         **stack.agent_env("summarizer"),
         "AGENT_REACH_LISTEN": f"127.0.0.1:{port}",
         "AGENT_REACH_ENDPOINT": f"http://127.0.0.1:{port}",
-        # until the router signs assertions (issue 20)
-        "AGENT_REACH_INSECURE_ACCEPT_UNVERIFIED": "1",
     }
     process = Process([sys.executable, str(script)], tmp_path / "seeds.log", env)
     try:

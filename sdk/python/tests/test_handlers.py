@@ -40,7 +40,7 @@ class Opaque:
 
 
 def agent() -> Agent:
-    return Agent("py_agent", insecure_accept_unverified=True)
+    return Agent("py_agent")
 
 
 def test_schemas_come_from_the_annotations_and_are_valid_2020_12() -> None:

@@ -26,10 +26,7 @@ from .support.stack import Stack, free_port, wait_until
 
 def test_mounted_in_a_host_app_with_its_lifespan(stack: Stack, invoke: Callable[..., httpx.Response]) -> None:
     port = free_port()
-    # until the router signs assertions (issue 20)
-    agent = make_agent(
-        stack, agent_id="py_agent-mounted", endpoint=f"http://127.0.0.1:{port}/agent", insecure_accept_unverified=True
-    )
+    agent = make_agent(stack, agent_id="py_agent-mounted", endpoint=f"http://127.0.0.1:{port}/agent")
 
     @agent.handler("test.mounted")
     async def mounted(payload: str) -> str:
@@ -55,13 +52,11 @@ def test_mounted_in_a_host_app_with_its_lifespan(stack: Stack, invoke: Callable[
 
 def test_run_with_a_host_app_drains_first(stack: Stack, invoke: Callable[..., httpx.Response]) -> None:
     port = free_port()
-    # until the router signs assertions (issue 20)
     agent = make_agent(
         stack,
         agent_id="py_agent-hosted",
         listen=f"127.0.0.1:{port}",
         endpoint=f"http://127.0.0.1:{port}/agent",
-        insecure_accept_unverified=True,
     )
 
     @agent.handler("test.hosted")
@@ -83,8 +78,7 @@ def test_run_with_a_host_app_drains_first(stack: Stack, invoke: Callable[..., ht
 
 
 def test_trace_context_and_log_fields(stack: Stack, start_agent: Callable[..., Agent]) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
     records: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):

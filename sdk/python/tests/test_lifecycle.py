@@ -21,8 +21,7 @@ HERE = Path(__file__).parent
 
 
 def ping_agent(stack: Stack, agent_id: str) -> Agent:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, agent_id=agent_id, insecure_accept_unverified=True)
+    agent = make_agent(stack, agent_id=agent_id)
 
     @agent.handler("test.ping")
     def ping(payload: dict[str, str]) -> dict[str, str]:
@@ -66,8 +65,6 @@ def test_sigterm_drains_with_zero_failed_calls_under_load(stack: Stack, tmp_path
         env = {
             **stack.agent_env("py_agent"),
             "WORKER_AGENT_ID": agent_id,
-            # until the router signs assertions (issue 20)
-            "AGENT_REACH_INSECURE_ACCEPT_UNVERIFIED": "1",
         }
         return Process([sys.executable, str(HERE / "agents" / "worker.py")], tmp_path / f"{agent_id}.log", env)
 

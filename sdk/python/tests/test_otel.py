@@ -26,8 +26,7 @@ def test_spans_continue_the_routers_trace(stack: Stack, start_agent: Callable[..
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
 
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.otel.inner")
     async def inner(payload: dict[str, Any], ctx: Ctx) -> str:

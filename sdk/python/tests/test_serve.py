@@ -32,8 +32,7 @@ class Echo(BaseModel):
 
 
 def echo_agent(stack: Stack, **options: Any) -> Agent:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True, **options)
+    agent = make_agent(stack, **options)
 
     @agent.handler("test.echo", version="1.2.0", timeout_ms=5000)
     async def echo(payload: Order, ctx: Ctx) -> Echo:
@@ -85,16 +84,19 @@ def test_schema_refusal_is_a_422_for_the_caller(
     assert error["code"] == "SCHEMA_MISMATCH"
     assert error["details"]["errors"][0]["pointer"] == "/order_id"
     # The agent validates on its own side too (constraints beyond the schema, direct callers).
-    direct = post_direct(agent, {"order_id": "SO"})
+    direct = post_direct(stack, agent, {"order_id": "SO"})
     assert direct.status_code == 422
     body = direct.json()["error"]
     assert body["code"] == "SCHEMA_MISMATCH"
     assert body["details"]["errors"][0]["pointer"] == "/order_id"
 
 
-def post_direct(agent: Agent, payload: Any, **fields: Any) -> httpx.Response:
+def post_direct(stack: Stack, agent: Agent, payload: Any, **fields: Any) -> httpx.Response:
+    """Posts an envelope straight to the agent, standing in for the router: with an
+    assertion signed by the stack's router key, for this agent, caller and capability."""
     address = agent.local_address
     assert address is not None
+    headers = fields.pop("headers", {})
     envelope = {
         "version": "1.0",
         "request_id": fields.pop("request_id", f"direct-{time.monotonic_ns()}"),
@@ -107,15 +109,15 @@ def post_direct(agent: Agent, payload: Any, **fields: Any) -> httpx.Response:
         "payload": payload,
     }
     envelope.update(fields)
-    headers = fields.pop("headers", {})
+    assertion = stack.assertion(audience=agent.agent_id, caller=envelope["source"], capability=envelope["capability"])
+    headers = {"authorization": f"Bearer {assertion}", **headers}
     return httpx.post(f"http://{address[0]}:{address[1]}/invoke", json=envelope, headers=headers, timeout=30)
 
 
 def test_a_repeated_request_id_gets_the_first_answer(
     stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]
 ) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
     runs: list[str] = []
     release = threading.Event()
 
@@ -152,8 +154,7 @@ def test_a_repeated_request_id_gets_the_first_answer(
 def test_work_past_its_deadline_is_refused(
     stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]
 ) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
     finished: list[str] = []
 
     @agent.handler("test.slow")
@@ -164,7 +165,7 @@ def test_work_past_its_deadline_is_refused(
 
     start_agent(agent)
     # Arrives after its deadline: refused before any work.
-    late = post_direct(agent, {"seconds": 0}, deadline=int(time.time() * 1000) - 1)
+    late = post_direct(stack, agent, {"seconds": 0}, deadline=int(time.time() * 1000) - 1)
     assert late.status_code == 504
     assert late.json()["error"]["code"] == "DEADLINE_EXCEEDED"
     # Runs out of time while working: stopped at the deadline.
@@ -179,8 +180,7 @@ def test_work_past_its_deadline_is_refused(
 def test_handler_errors_and_exceptions(
     stack: Stack, start_agent: Callable[..., Agent], invoke: Callable[..., httpx.Response]
 ) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.fail")
     def fail(payload: dict[str, str]) -> dict[str, str]:
@@ -206,8 +206,7 @@ def test_handler_errors_and_exceptions(
 
 
 def test_concurrency_limit_answers_503_and_load_is_reported(stack: Stack, start_agent: Callable[..., Agent]) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True, max_concurrency=2)
+    agent = make_agent(stack, max_concurrency=2)
     release = threading.Event()
 
     @agent.handler("test.block")
@@ -217,12 +216,12 @@ def test_concurrency_limit_answers_503_and_load_is_reported(stack: Stack, start_
 
     start_agent(agent)
     try:
-        holders = [threading.Thread(target=post_direct, args=(agent, {})) for _ in range(2)]
+        holders = [threading.Thread(target=post_direct, args=(stack, agent, {})) for _ in range(2)]
         for holder in holders:
             holder.start()
         wait_until(lambda: agent.inflight == 2, 10, "two deliveries in flight")
         # At the limit: "not now" (the router would try another instance) and overloaded.
-        refused = post_direct(agent, {})
+        refused = post_direct(stack, agent, {})
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "OVERLOADED"
         wait_until(lambda: (stack.instance(agent.agent_id) or {}).get("status") == "overloaded", 10, "overloaded")
@@ -258,8 +257,7 @@ def test_health_and_metrics(
 
 
 def test_registration_refused_names_the_handler(stack: Stack) -> None:
-    # until the router signs assertions (issue 20)
-    agent = make_agent(stack, insecure_accept_unverified=True)
+    agent = make_agent(stack)
 
     @agent.handler("test.fine")
     def fine(payload: str) -> str:

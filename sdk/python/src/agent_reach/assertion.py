@@ -10,14 +10,16 @@ against the envelope, ``source_mismatch`` (``source`` is not the assertion's ``s
 and ``capability_mismatch`` (``capability`` is not its ``cap``).
 
 Public keys come from the router's JWKS (``GET {router}/.well-known/jwks.json``, RFC
-7517; during a rotation it lists the current and the previous key): fetched at start,
-refreshed periodically and, rate-limited, whenever a token names an unknown ``kid``.
-Or from a JWKS file, read again when it changes on disk.
+7517; during a rotation it lists the current and the next or previous key): fetched at
+start, every minute and, rate-limited, whenever a token names an unknown ``kid`` (the
+same schedule as the Rust SDK, ``sdk/src/verify.rs``). Or from a JWKS file, read again
+when it changes on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -95,40 +97,69 @@ class KeySource(Protocol):
 
 
 class JwksUrl:
-    """Keys from a router's JWKS endpoint, cached; refreshed every ``refresh_s`` and,
-    at most once per ``min_refresh_s``, when a token names a key not in the cache."""
+    """Keys from a router's JWKS endpoint, cached; fetched again every ``refresh_s`` and
+    when a token names a key not in the cache (a rotation), as the Rust SDK does.
 
-    def __init__(self, url: str, *, refresh_s: float = 300.0, min_refresh_s: float = 10.0) -> None:
+    An unknown ``kid`` asks for a fetch at most once per ``min_refresh_s``; every delivery
+    asking meanwhile shares that fetch and waits at most ``refresh_wait_s`` for it, so a
+    rotation costs no call and a flood of made-up ``kid``s costs the router one fetch a
+    second."""
+
+    def __init__(
+        self, url: str, *, refresh_s: float = 60.0, min_refresh_s: float = 1.0, refresh_wait_s: float = 2.0
+    ) -> None:
         self.url = url
         self.refresh_s = refresh_s
         self.min_refresh_s = min_refresh_s
+        self.refresh_wait_s = refresh_wait_s
         self._keys: dict[str, Ed25519PublicKey] = {}
         self._http: httpx.AsyncClient | None = None
         self._last_fetch = -float("inf")
         self._lock = asyncio.Lock()
         self._periodic: asyncio.Task[None] | None = None
+        #: The fetch deliveries asked for that has not begun yet (it waits out ``min_refresh_s``).
+        self._asked: asyncio.Task[None] | None = None
+        #: Strong references to the fetches asked for (the event loop keeps only weak ones).
+        self._fetches: set[asyncio.Task[None]] = set()
 
     async def start(self, http: httpx.AsyncClient) -> None:
         self._http = http
-        await self._fetch()
+        async with self._lock:
+            await self._fetch()
         self._periodic = asyncio.create_task(self._refresh_periodically(), name="agent_reach.jwks")
 
     def get(self, kid: str) -> Ed25519PublicKey | None:
         return self._keys.get(kid)
 
     async def refresh_for(self, kid: str) -> Ed25519PublicKey | None:
-        async with self._lock:
-            # Another delivery may have fetched while this one waited.
-            if kid in self._keys:
-                return self._keys[kid]
-            if time.monotonic() - self._last_fetch < self.min_refresh_s:
+        if kid in self._keys:
+            return self._keys[kid]
+        if self._asked is None:
+            gap = self._last_fetch + self.min_refresh_s - time.monotonic()
+            if gap > self.refresh_wait_s:
+                # The next fetch allowed is further away than a delivery may wait.
                 return None
-            await self._fetch()
-            return self._keys.get(kid)
+            self._asked = asyncio.create_task(self._fetch_after(gap), name="agent_reach.jwks.asked")
+            self._fetches.add(self._asked)
+            self._asked.add_done_callback(self._fetches.discard)
+        # Shielded: a delivery giving up does not cancel the fetch others wait for.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._asked), self.refresh_wait_s)
+        return self._keys.get(kid)
 
     async def close(self) -> None:
-        if self._periodic is not None:
-            self._periodic.cancel()
+        for task in (self._periodic, *self._fetches):
+            if task is not None:
+                task.cancel()
+
+    async def _fetch_after(self, gap: float) -> None:
+        if gap > 0:
+            await asyncio.sleep(gap)
+        # From here on a delivery asking gets a fetch of its own: this one may begin before
+        # its key is published.
+        self._asked = None
+        async with self._lock:
+            await self._fetch()
 
     async def _fetch(self) -> None:
         assert self._http is not None, "start() first"

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .keys import SigningKey
 
 REPO = Path(__file__).resolve().parents[4]
 START_TIMEOUT_S = 30.0
@@ -290,13 +290,11 @@ class Stack:
         self.secret = secrets.token_hex(32).encode()
         (self.directory / "hs256.secret").write_bytes(self.secret)
         (self.directory / "callback.secret").write_bytes(secrets.token_hex(32).encode())
-        # The router's assertion key (Ed25519, PKCS#8 PEM), as `agent-reach keys generate` writes it.
-        self.assertion_key = Ed25519PrivateKey.generate()
-        (self.directory / "assertion.pem").write_bytes(
-            self.assertion_key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
+        # The router's assertion key (Ed25519, PKCS#8 PEM), as `agent-reach keys generate` writes it;
+        # tests that post straight to an agent sign their own assertions with it (`assertion`).
+        self.router_key = SigningKey()
+        self.assertion_key = self.router_key.private
+        (self.directory / "assertion.pem").write_bytes(self.router_key.pem())
         (self.directory / "acl.yaml").write_text(ACL)
         self.parts: list[Any] = []
         try:
@@ -320,6 +318,7 @@ class Stack:
                 "--assertion-key",
                 str(self.directory / "assertion.pem"),
             ]
+            self.auth = auth
             self.router = self._keep(Service("router", [*router_args, *auth], self.directory))
         except BaseException:
             self.stop()
@@ -332,6 +331,16 @@ class Stack:
     def token(self, name: str, ttl_s: int = 3600) -> str:
         now = int(time.time())
         return jwt.encode({"sub": name, "iat": now, "exp": now + ttl_s}, self.secret, algorithm="HS256")
+
+    def assertion(self, *, audience: str, caller: str = "tester", capability: str = "test.echo", **claims: Any) -> str:
+        """A hop assertion as the stack's router would sign it (its key, its ``kid``): for tests
+        that post straight to an agent, standing in for the router."""
+        return self.router_key.assertion(audience=audience, caller=caller, capability=capability, **claims)
+
+    def start_router(self, args: list[str]) -> Service:
+        """Another router on the same registry and ACL, authentication on, with ``args``
+        (e.g. its own assertion keys); the caller stops it."""
+        return Service("router", ["--registry", self.registry.url, *args, *self.auth], self.directory)
 
     def agent_env(self, name: str) -> dict[str, str]:
         """The environment an agent process reads its links from."""
