@@ -6,12 +6,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PROTOC").is_none() {
         std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
     }
-    tonic_build::configure()
+    tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .compile_protos(&["proto/registry.proto", "proto/context.proto"], &["proto"])?;
     // etcd's API: only the client is needed (the registry talks to etcd).
-    tonic_build::configure()
+    tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)
         .compile_protos(&["proto/etcd.proto"], &["proto"])?;

@@ -723,6 +723,14 @@ mod tracing_sink {
     #[derive(Debug, Default)]
     struct SpanCount(u64);
 
+    /// The error for a record longer than what is left of its message.
+    // prost 0.14.2 deprecated `DecodeError::new` and gives a hand-written
+    // `Message` no other way to build one.
+    #[allow(deprecated)]
+    fn overrun(what: &'static str) -> DecodeError {
+        DecodeError::new(what)
+    }
+
     /// Counts the length-delimited records at `path` (field numbers, outermost
     /// first) in `buf`, skipping everything else. (`dyn`: the nesting would
     /// otherwise instantiate this for ever deeper `Take` types.)
@@ -733,7 +741,7 @@ mod tracing_sink {
             if tag == path[0] && wire_type == WireType::LengthDelimited {
                 let len = decode_varint(&mut buf)? as usize;
                 if len > buf.remaining() {
-                    return Err(DecodeError::new("a record runs past its message"));
+                    return Err(overrun("a record runs past its message"));
                 }
                 let mut record = (&mut *buf).take(len);
                 found += match &path[1..] {
@@ -765,7 +773,7 @@ mod tracing_sink {
             if tag == 1 && wire_type == WireType::LengthDelimited {
                 let len = decode_varint(buf)? as usize;
                 if len > buf.remaining() {
-                    return Err(DecodeError::new("resource_spans runs past the request"));
+                    return Err(overrun("resource_spans runs past the request"));
                 }
                 let mut resource = buf.take(len);
                 self.0 += count(&mut resource, &[2, 2])?;
@@ -810,7 +818,7 @@ mod tracing_sink {
         B: Body + Send + 'static,
         B::Error: Into<StdError> + Send + 'static,
     {
-        type Response = http::Response<tonic::body::BoxBody>;
+        type Response = http::Response<tonic::body::Body>;
         type Error = Infallible;
         type Future = BoxFuture<Self::Response, Self::Error>;
 
@@ -824,7 +832,7 @@ mod tracing_sink {
                 if request.uri().path() != EXPORT_PATH {
                     return Ok(tonic::Status::unimplemented(request.uri().path().to_string()).into_http());
                 }
-                let codec = tonic::codec::ProstCodec::<ExportTraceServiceResponse, SpanCount>::default();
+                let codec = tonic_prost::ProstCodec::<ExportTraceServiceResponse, SpanCount>::default();
                 Ok(tonic::server::Grpc::new(codec).unary(counter, request).await)
             })
         }

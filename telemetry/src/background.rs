@@ -1,25 +1,32 @@
-//! Where span export runs: a thread of its own, out of the serving threads' way.
+//! Where span export runs: threads of their own, out of the serving threads' way.
 //!
 //! Exporting is background work (batching, protobuf encoding, a gRPC call per
 //! batch) that wakes up in bursts. On a box whose cores are all serving
 //! requests, each wake-up used to preempt a serving thread at once (the
 //! scheduler favours a task that has just woken); on the router bench at 10 %
 //! sampling the tracing router spent 2.6 us more CPU per request than the
-//! untraced one, about half of it those preemptions. So the export task runs
-//! on [`ExportThread`], a single-threaded runtime on a thread scheduled
-//! `SCHED_BATCH` on Linux: it still gets its fair share of CPU (nothing
-//! starves), but its wake-ups never preempt a running thread; it runs when a
-//! serving thread waits for I/O, which on a busy proxy is microseconds later.
-//! The span drainer thread (see `bursts`) runs the same way.
+//! untraced one, about half of it those preemptions. So every thread export
+//! runs on is scheduled `SCHED_BATCH` on Linux: it still gets its fair share of
+//! CPU (nothing starves), but its wake-ups never preempt a running thread; it
+//! runs when a serving thread waits for I/O, which on a busy proxy is
+//! microseconds later. Those threads are:
+//! - the SDK's batch processor thread, which collects ended spans, converts a
+//!   batch and blocks on its export; it lowers itself on its first export
+//!   ([`InBackground`]);
+//! - [`ExportThread`], a single-threaded runtime for the gRPC channel's
+//!   connection and request tasks (tonic needs a Tokio runtime);
+//! - the span drainer thread (see `bursts`).
 
+use std::cell::Cell;
+use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::Context as _;
-use opentelemetry::trace::TraceResult;
 use opentelemetry::Context;
-use opentelemetry_sdk::export::trace::SpanData;
-use opentelemetry_sdk::trace::{Span, SpanProcessor};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
 /// Lowers the calling thread to `SCHED_BATCH` (Linux; elsewhere nothing). A
@@ -43,9 +50,40 @@ pub(crate) fn run_in_background() {
     }
 }
 
-/// A thread running a single-threaded Tokio runtime for the span exporter and
-/// the batch processor's task. Stopped (and joined) by [`ExportThread::stop`]
-/// or on drop.
+thread_local! {
+    /// Whether [`InBackground`] has lowered this thread already.
+    static LOWERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A span exporter whose calling thread is lowered to `SCHED_BATCH` on its
+/// first export: the SDK's batch processor spawns its thread itself and calls
+/// `export` only on it.
+#[derive(Debug)]
+pub(crate) struct InBackground<E>(pub(crate) E);
+
+impl<E: SpanExporter> SpanExporter for InBackground<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        if !LOWERED.with(|lowered| lowered.replace(true)) {
+            run_in_background();
+        }
+        self.0.export(batch)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.0.set_resource(resource);
+    }
+}
+
+/// A thread running a single-threaded Tokio runtime for the span exporter's
+/// gRPC channel. Stopped (and joined) by [`ExportThread::stop`] or on drop.
 #[derive(Debug)]
 pub(crate) struct ExportThread {
     handle: tokio::runtime::Handle,
@@ -64,8 +102,8 @@ impl ExportThread {
             .name("span-export".to_string())
             .spawn(move || {
                 run_in_background();
-                // Runs the export task (spawned through `handle`) until stopped;
-                // a dropped sender stops it too.
+                // Runs the channel's tasks (spawned through `handle`) until
+                // stopped; a dropped sender stops it too.
                 let _ = runtime.block_on(stopped);
             })
             .context("spawning the span export thread")?;
@@ -75,8 +113,8 @@ impl ExportThread {
         })
     }
 
-    /// The runtime to build the exporter and the batch processor in (its tasks
-    /// and connections then live on this thread).
+    /// The runtime to build the exporter in (its channel's tasks and
+    /// connections then live on this thread).
     pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
         &self.handle
     }
@@ -102,8 +140,8 @@ impl Drop for ExportThread {
     }
 }
 
-/// A span processor (the SDK's batch processor) whose task runs on an
-/// [`ExportThread`]; shutting it down stops the thread too.
+/// A span processor (the SDK's batch processor) whose exporter's channel runs
+/// on an [`ExportThread`]; shutting it down stops the thread too.
 #[derive(Debug)]
 pub(crate) struct OnThread<P> {
     // Declared first: dropped (and so shut down by the provider) before the thread stops.
@@ -132,12 +170,13 @@ impl<P: SpanProcessor> SpanProcessor for OnThread<P> {
         self.inner.on_end(span);
     }
 
-    fn force_flush(&self) -> TraceResult<()> {
+    fn force_flush(&self) -> OTelSdkResult {
         self.inner.force_flush()
     }
 
-    fn shutdown(&self) -> TraceResult<()> {
-        let result = self.inner.shutdown();
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        // The processor exports what it still holds first, which needs the channel.
+        let result = self.inner.shutdown_with_timeout(timeout);
         self.thread.stop();
         result
     }
@@ -177,5 +216,68 @@ mod tests {
         }));
         assert!(rx.recv().is_err(), "a task ran after the export thread stopped");
         thread.stop(); // idempotent
+    }
+
+    /// The calling thread's scheduling policy and name.
+    type Caller = (i32, Option<String>);
+
+    /// Each export's [`Caller`].
+    #[derive(Debug, Default)]
+    struct Callers(std::sync::Arc<Mutex<Vec<Caller>>>);
+
+    impl SpanExporter for Callers {
+        fn export(&self, _: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+            #[cfg(target_os = "linux")]
+            // SAFETY: reads the calling thread's policy; no pointers involved.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            #[cfg(not(target_os = "linux"))]
+            let policy = 0;
+            let name = std::thread::current().name().map(str::to_string);
+            self.0.lock().unwrap().push((policy, name));
+            std::future::ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn the_batch_processors_own_thread_exports_in_the_background() {
+        let callers = Callers::default();
+        let seen = callers.0.clone();
+        let processor = opentelemetry_sdk::trace::BatchSpanProcessor::builder(InBackground(callers)).build();
+        let span_context = opentelemetry::trace::SpanContext::new(
+            opentelemetry::trace::TraceId::from(7_u128),
+            opentelemetry::trace::SpanId::from(2_u64),
+            opentelemetry::trace::TraceFlags::SAMPLED,
+            false,
+            Default::default(),
+        );
+        processor.on_end(SpanData {
+            span_context,
+            parent_span_id: opentelemetry::trace::SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: opentelemetry::trace::SpanKind::Internal,
+            name: "test".into(),
+            start_time: std::time::SystemTime::now(),
+            end_time: std::time::SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: opentelemetry::trace::Status::Unset,
+            instrumentation_scope: Default::default(),
+        });
+        processor.force_flush().unwrap();
+        processor.shutdown().unwrap();
+        let seen = seen.lock().unwrap();
+        let [(policy, name)] = &seen[..] else {
+            panic!("one export: {seen:?}");
+        };
+        assert_ne!(
+            name.as_deref(),
+            std::thread::current().name(),
+            "exported on the processor's thread"
+        );
+        #[cfg(target_os = "linux")]
+        assert_eq!(*policy, libc::SCHED_BATCH);
+        let _ = policy;
     }
 }

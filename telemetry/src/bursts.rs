@@ -1,26 +1,28 @@
 //! Hands ended spans to the SDK's batch processor in bursts, per thread.
 //!
-//! The batch processor takes each ended span through a channel to its export
-//! task on another thread, so every span ended on a serving thread wakes that
-//! task: measured on the router bench, those wake-ups (a futex and a context
-//! switch each) were most of what a sampled request cost. Here each thread
-//! collects its ended spans and passes them on [`BURST`] at a time, waking the
-//! export task once per burst; a drainer thread passes on what is left every
-//! [`DRAIN_INTERVAL`], and `force_flush`/`shutdown` pass on everything first.
+//! The batch processor takes each ended span through one channel, shared by
+//! every serving thread, to its export thread. In OpenTelemetry 0.27 every
+//! span sent there woke the export task: measured on the router bench, those
+//! wake-ups (a futex and a context switch each) were most of what a sampled
+//! request cost. (Since 0.28 the SDK's processor wakes its thread once per
+//! full batch instead; the channel is still shared.) Here each thread collects
+//! its ended spans and passes them on [`BURST`] at a time; a drainer thread
+//! passes on what is left every [`DRAIN_INTERVAL`], and
+//! `force_flush`/`shutdown` pass on everything first.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use opentelemetry::trace::TraceResult;
 use opentelemetry::Context;
-use opentelemetry_sdk::export::trace::SpanData;
-use opentelemetry_sdk::trace::{Span, SpanProcessor};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
 
-/// Spans a thread collects before passing them on: each burst wakes the
-/// export task once (an eventfd write and a context switch; at 32 spans per
-/// burst that wake-up was still ~1 % of the router's CPU at 10 % sampling).
-/// Well under the batch processor's queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048).
+/// Spans a thread collects before passing them on (with 0.27's processor each
+/// burst woke the export task once, an eventfd write and a context switch; at
+/// 32 spans per burst that wake-up was still ~1 % of the router's CPU at 10 %
+/// sampling). Well under the batch processor's queue
+/// (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048).
 const BURST: usize = 256;
 /// How long a span may wait in a thread's buffer when traffic is light.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(500);
@@ -152,14 +154,14 @@ impl<P: SpanProcessor + 'static> SpanProcessor for Bursts<P> {
         }
     }
 
-    fn force_flush(&self) -> TraceResult<()> {
+    fn force_flush(&self) -> OTelSdkResult {
         self.shared.drain();
         self.shared.inner.force_flush()
     }
 
-    fn shutdown(&self) -> TraceResult<()> {
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.shared.drain();
-        self.shared.inner.shutdown()
+        self.shared.inner.shutdown_with_timeout(timeout)
     }
 
     fn set_resource(&mut self, resource: &Resource) {
@@ -189,10 +191,10 @@ mod tests {
         fn on_end(&self, _: SpanData) {
             self.ended.fetch_add(1, Ordering::SeqCst);
         }
-        fn force_flush(&self) -> TraceResult<()> {
+        fn force_flush(&self) -> OTelSdkResult {
             Ok(())
         }
-        fn shutdown(&self) -> TraceResult<()> {
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
             Ok(())
         }
         fn set_resource(&mut self, _: &Resource) {
@@ -204,6 +206,7 @@ mod tests {
         SpanData {
             span_context: opentelemetry::trace::SpanContext::empty_context(),
             parent_span_id: opentelemetry::trace::SpanId::INVALID,
+            parent_span_is_remote: false,
             span_kind: opentelemetry::trace::SpanKind::Internal,
             name: "test".into(),
             start_time: std::time::SystemTime::now(),
@@ -224,7 +227,7 @@ mod tests {
             ended: ended.clone(),
             resource_set: false,
         });
-        processor.set_resource(&Resource::empty());
+        processor.set_resource(&Resource::builder_empty().build());
         assert!(processor.shared.inner.resource_set, "the resource reaches the exporter");
         for _ in 0..BURST - 1 {
             processor.on_end(span());

@@ -45,7 +45,7 @@ pub struct Options {
 /// Keeps the span exporter alive; flushes and shuts it down on drop.
 #[must_use = "dropping the guard stops span export"]
 pub struct TelemetryGuard {
-    provider: Option<opentelemetry_sdk::trace::TracerProvider>,
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
 
 impl TelemetryGuard {
@@ -59,10 +59,8 @@ impl Drop for TelemetryGuard {
     fn drop(&mut self) {
         if let Some(provider) = self.provider.take() {
             // Flush what the batch processor still holds; errors only mean spans are lost.
-            for result in provider.force_flush() {
-                if let Err(error) = result {
-                    eprintln!("telemetry: flushing spans failed: {error}");
-                }
+            if let Err(error) = provider.force_flush() {
+                eprintln!("telemetry: flushing spans failed: {error}");
             }
             if let Err(error) = provider.shutdown() {
                 eprintln!("telemetry: stopping the span exporter failed: {error}");

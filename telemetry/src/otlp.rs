@@ -17,9 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry::KeyValue;
-use opentelemetry_sdk::export::trace::SpanExporter as _;
-use opentelemetry_sdk::trace::{SpanProcessor as _, Tracer, TracerProvider};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanExporter as _, SpanProcessor as _};
 use opentelemetry_sdk::Resource;
 use tracing::{Level, Subscriber};
 use tracing_opentelemetry::OpenTelemetryLayer;
@@ -135,31 +133,36 @@ fn percent_decode(text: &str) -> String {
 
 /// A tracer provider exporting in batches over OTLP/gRPC. The sampler comes
 /// from `OTEL_TRACES_SAMPLER` (the SDK's default configuration reads it).
-/// Export runs on a thread of its own (see `background`); no runtime is needed.
-pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
-    let resource = Resource::default().merge(&Resource::new([KeyValue::new(
-        "service.name",
-        settings.service_name.clone(),
-    )]));
-    // The SDK's batch processor and our exporter on a thread of their own (see
-    // `background`), behind per-thread bursts (see `bursts`).
+/// Export runs on threads of its own (see `background`); no runtime is needed.
+pub fn tracer_provider(settings: &Settings) -> anyhow::Result<SdkTracerProvider> {
+    // The SDK's default detectors (`OTEL_RESOURCE_ATTRIBUTES`, `telemetry.sdk.*`), our service name last.
+    let resource = Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .build();
+    // The SDK's batch processor with our exporter, its channel on a thread of
+    // its own (see `background`), behind per-thread bursts (see `bursts`).
     let batch = crate::background::OnThread::start(|| {
         let mut exporter = crate::export::Exporter::new(&settings.endpoint, &settings.headers, settings.timeout)
             .with_context(|| format!("cannot set up the OTLP exporter for {}", settings.endpoint))?;
         // Given to the exporter here: the provider hands it to its processors, but
         // the bursts processor is shared with the span recorder by then.
         exporter.set_resource(&resource);
-        Ok(opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build())
+        let exporter = crate::background::InBackground(exporter);
+        Ok(opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build())
     })?;
     let bursts = crate::bursts::Bursts::new(batch);
     let recorded = bursts.clone();
-    let provider = TracerProvider::builder()
+    // The sampler the SDK would pick from `OTEL_TRACES_SAMPLER`, shared by the
+    // provider and the span recorder (the SDK no longer lends out its tracers' sampler).
+    let sampler = opentelemetry_sdk::trace::Config::default().sampler;
+    let provider = SdkTracerProvider::builder()
+        .with_sampler(sampler.clone())
         .with_span_processor(bursts)
         .with_resource(resource)
         .build();
     // Request-path spans recorded without `tracing` go to the same processor (see `spans`).
     crate::spans::install(crate::spans::Recorder::new(
-        provider.tracer("agent-reach"),
+        sampler,
         Arc::new(move |span| recorded.on_end(span)),
     ));
     Ok(provider)
@@ -169,7 +172,7 @@ pub fn tracer_provider(settings: &Settings) -> anyhow::Result<TracerProvider> {
 /// with its own filter: every `info` span, and our crates' `debug` spans too
 /// (the router's per-attempt and selection spans are `debug`, so they cost
 /// nothing unless spans are exported or debug logs are on).
-pub fn layer<S>(provider: &TracerProvider) -> impl Layer<S>
+pub fn layer<S>(provider: &SdkTracerProvider) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -180,17 +183,24 @@ where
     otel_layer::<S>(provider).with_filter(spans)
 }
 
-fn otel_layer<S>(provider: &TracerProvider) -> OpenTelemetryLayer<S, Tracer>
+fn otel_layer<S>(provider: &SdkTracerProvider) -> OpenTelemetryLayer<S, SdkTracer>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("agent-reach"))
-        // Busy/idle times, thread and source-location attributes cost allocations
-        // on every span and answer no question about a call.
+        // Busy/idle times and thread, target and source-location attributes
+        // cost work (most of them allocations) on every span and answer no
+        // question about a call.
         .with_tracked_inactivity(false)
         .with_threads(false)
+        .with_target(false)
         .with_location(false)
+        // Nothing here reads OpenTelemetry's current context (parents come from
+        // the `tracing` span tree, as before tracing-opentelemetry 0.32), so
+        // entering a span need not attach its context: a thread-local push and
+        // pop per poll of every instrumented future.
+        .with_context_activation(false)
 }
 
 #[cfg(test)]

@@ -45,7 +45,12 @@ pub fn set_parent(span: &Span, traceparent: Option<&str>) {
         return;
     };
     if let Some(context) = remote_parent(header) {
-        span.set_parent(context);
+        // Fails only for a span the layer does not record (filtered out) or
+        // one already started (its context read, e.g. by `traceparent`): a
+        // caller's bug worth a debug line, never a request's failure.
+        if let Err(error) = span.set_parent(context) {
+            tracing::debug!(message = "Span not continued from the caller's traceparent.", %error);
+        }
     }
 }
 

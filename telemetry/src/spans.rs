@@ -27,11 +27,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::SystemTime;
 
 pub use opentelemetry::trace::SpanKind;
-use opentelemetry::trace::{SamplingDecision, SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId};
+use opentelemetry::trace::{SpanContext, Status, TraceContextExt, TraceFlags, TraceId};
 use opentelemetry::InstrumentationScope;
 pub use opentelemetry::KeyValue;
-use opentelemetry_sdk::export::trace::SpanData;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Tracer};
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SamplingDecision, ShouldSample, SpanData};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::propagation::{active, remote_parent};
@@ -41,8 +40,8 @@ pub type Deliver = Arc<dyn Fn(SpanData) + Send + Sync>;
 
 /// Samples requests and records their spans for one tracer provider.
 pub struct Recorder {
-    /// Asked for its sampler only.
-    tracer: Tracer,
+    /// The service's tracer provider's sampler.
+    sampler: Box<dyn ShouldSample>,
     deliver: Deliver,
     scope: InstrumentationScope,
 }
@@ -125,10 +124,11 @@ pub fn current() -> Option<RequestSpan> {
 }
 
 impl Recorder {
-    /// A recorder asking `tracer`'s sampler and handing ended spans to `deliver`.
-    pub fn new(tracer: Tracer, deliver: Deliver) -> Self {
+    /// A recorder asking `sampler` (the one its tracer provider samples with)
+    /// and handing ended spans to `deliver`.
+    pub fn new(sampler: Box<dyn ShouldSample>, deliver: Deliver) -> Self {
         Self {
-            tracer,
+            sampler,
             deliver,
             scope: InstrumentationScope::builder("agent-reach").build(),
         }
@@ -160,10 +160,9 @@ impl Recorder {
                 .filter(|id| *id != TraceId::INVALID)
                 .unwrap_or_else(|| RandomIdGenerator::default().new_trace_id())
         };
-        let decision =
-            self.tracer
-                .should_sample()
-                .should_sample(Some(&parent), trace_id, name, &SpanKind::Server, &[], &[]);
+        let decision = self
+            .sampler
+            .should_sample(Some(&parent), trace_id, name, &SpanKind::Server, &[], &[]);
         if !matches!(decision.decision, SamplingDecision::RecordAndSample) {
             return Head::NotSampled;
         }
@@ -180,7 +179,7 @@ impl Recorder {
             name,
             SpanKind::Server,
             span_context.clone(),
-            parent_context.span_id(),
+            &parent_context,
             attributes,
         );
         Head::Sampled(RequestSpan {
@@ -198,13 +197,16 @@ impl Recorder {
         name: &'static str,
         kind: SpanKind,
         span_context: SpanContext,
-        parent_span_id: SpanId,
+        parent: &SpanContext,
         attributes: Vec<KeyValue>,
     ) -> SpanData {
         let now = SystemTime::now();
         SpanData {
             span_context,
-            parent_span_id,
+            // `SpanId::INVALID` (and not remote) for a root.
+            parent_span_id: parent.span_id(),
+            // A caller's span (from its `traceparent`) is remote; ours are not.
+            parent_span_is_remote: parent.is_remote(),
             span_kind: kind,
             name: Cow::Borrowed(name),
             start_time: now,
@@ -260,7 +262,7 @@ impl RequestSpan {
         ChildSpan {
             data: Some(
                 self.recorder
-                    .data(name, kind, span_context, self.span_context.span_id(), attributes),
+                    .data(name, kind, span_context, &self.span_context, attributes),
             ),
             recorder: self.recorder,
         }
@@ -303,19 +305,15 @@ impl Drop for ChildSpan {
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::{Sampler, TracerProvider};
+    use opentelemetry::trace::SpanId;
+    use opentelemetry_sdk::trace::Sampler;
 
     use super::*;
 
     fn recorder(sampler: Sampler) -> (&'static Recorder, Arc<Mutex<Vec<SpanData>>>) {
-        let provider = TracerProvider::builder().with_sampler(sampler).build();
         let ended = Arc::new(Mutex::new(Vec::new()));
         let sink = ended.clone();
-        let recorder = Recorder::new(
-            provider.tracer("test"),
-            Arc::new(move |span| sink.lock().unwrap().push(span)),
-        );
+        let recorder = Recorder::new(Box::new(sampler), Arc::new(move |span| sink.lock().unwrap().push(span)));
         (Box::leak(Box::new(recorder)), ended)
     }
 
@@ -350,6 +348,7 @@ mod tests {
         assert_eq!(invoke.name, "invoke");
         assert_eq!(invoke.span_kind, SpanKind::Server);
         assert_eq!(invoke.parent_span_id, SpanId::INVALID, "a root");
+        assert!(!invoke.parent_span_is_remote && !attempt.parent_span_is_remote);
         assert_eq!(format!("{:032x}", invoke.span_context.trace_id()), decided);
         assert_eq!(invoke.status, Status::error("AGENT_ERROR"));
         assert!(invoke.attributes.contains(&KeyValue::new("error.type", "AGENT_ERROR")));
@@ -378,6 +377,10 @@ mod tests {
         assert_eq!(
             format!("{:016x}", ended.lock().unwrap()[0].parent_span_id),
             "b7ad6b7169203331"
+        );
+        assert!(
+            ended.lock().unwrap()[0].parent_span_is_remote,
+            "the caller's span is remote"
         );
         let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
         assert!(matches!(
