@@ -27,7 +27,11 @@ fi
 target="$1"
 runs="${2:-1000000}"
 shift $(($# >= 2 ? 2 : 1))
-if [[ ! " ${targets[*]} " =~ " ${target} " ]]; then
+known=""
+for name in "${targets[@]}"; do
+  [ "$name" = "$target" ] && known=1
+done
+if [ -z "$known" ]; then
   echo "fuzz: unknown target \`$target\` (one of: ${targets[*]})" >&2
   exit 2
 fi

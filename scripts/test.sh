@@ -23,6 +23,15 @@ ruff format --check deploy/tests
 mypy --strict deploy/tests
 python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log"
 
+# === Fuzzing smoke (fuzz/, docs/fuzzing.md) ===
+# The smoke is part of the workspace's tests above: fuzz/tests/corpus.rs runs
+# every target on its seed corpus, every input that once crashed it and 3,000
+# seeded mutations, built as a plain test (a few seconds; building the
+# instrumented libFuzzer binaries takes 5-18 min on 2 cores, so CI does not).
+# Here only the long-run command is checked: it must still parse.
+bash -n scripts/fuzz.sh
+# === end of fuzzing smoke ===
+
 # One closing line for the whole run (cargo prints one per test binary, pytest
 # one summary: "38 passed, 1 skipped in 12.16s").
 awk '

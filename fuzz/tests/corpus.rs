@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Mutations per target: enough to reach past the seeds, few enough that the
 /// whole replay stays a few seconds in a debug build.
-const MUTATIONS: usize = 1500;
+const MUTATIONS: usize = 3000;
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
