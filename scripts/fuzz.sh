@@ -65,5 +65,7 @@ seeds=("fuzz/corpus/$target")
 # -timeout: an input taking 10 s is a hang, reported as a crash.
 # -max_len: inputs up to 8 KiB (heads, bodies and files bigger than that add
 # nothing the parsers do not see in smaller ones).
-exec cargo fuzz run -O -s "$sanitizer" --features libfuzzer "$target" "$work" "${seeds[@]}" -- \
+# cargo-fuzz's default build: optimised, with debug assertions and overflow
+# checks on (an overflow is a crash here, not a silent wrap).
+exec cargo fuzz run -s "$sanitizer" --features libfuzzer "$target" "$work" "${seeds[@]}" -- \
   -runs="$runs" -timeout=10 -max_len=8192 -rss_limit_mb=4096 -print_final_stats=1 "$@"

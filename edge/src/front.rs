@@ -17,9 +17,13 @@
 //! header. Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
 //! malformed or oversized head, a body over the limit) hands the connection,
 //! with every byte already read, to hyper, which serves it from that request on
-//! exactly as it serves any connection. So framing ambiguities (request
-//! smuggling: both `Content-Length` and `Transfer-Encoding`, repeated lengths)
-//! are never resolved here; hyper refuses them as it always does.
+//! exactly as it serves any connection (as HTTP/1.1 only once this loop has
+//! answered on it: the HTTP/2 preface opens a connection). So framing
+//! ambiguities (request smuggling: both `Content-Length` and
+//! `Transfer-Encoding`, repeated lengths) are never resolved here; hyper
+//! handles them as it always does (with both, the body is chunked and the
+//! connection closed after the answer; differing lengths are refused). The
+//! `front_door` fuzz target holds the door and hyper alone to the same framing.
 //!
 //! Shutdown is graceful like `axum::serve`'s: no new connections, an idle
 //! connection closes, a request in progress is answered, then its connection
