@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 #[macro_use]
 mod out;
 mod demo;
+mod canary;
 mod dev;
 #[cfg(test)]
 mod manifests;

@@ -62,17 +62,51 @@ impl Instance {
     }
 }
 
-/// Key layout (DESIGN §2): `/agent-reach/v1/{tenant}/agents/{agent_id}`.
+/// A capability's traffic split between versions for unpinned calls
+/// (DESIGN §2.9): the value stored under `.../splits/{capability}`, without a
+/// lease (it outlives every instance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Split {
+    pub capability: String,
+    /// Version → relative weight; at least one above 0.
+    pub weights: BTreeMap<semver::Version, u32>,
+    pub updated_at_ms: u64,
+    /// The operator who set it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
+/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}` and
+/// `/agent-reach/v1/{tenant}/splits/{capability}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
+    tenant_prefix: String,
     agents_prefix: String,
+    splits_prefix: String,
 }
 
 impl Keys {
     pub fn new(tenant: &str) -> Self {
+        let tenant_prefix = format!("/agent-reach/v1/{tenant}/");
         Self {
-            agents_prefix: format!("/agent-reach/v1/{tenant}/agents/"),
+            agents_prefix: format!("{tenant_prefix}agents/"),
+            splits_prefix: format!("{tenant_prefix}splits/"),
+            tenant_prefix,
         }
+    }
+
+    /// Every key of the tenant (agents and splits): what the catalog and the
+    /// `Watch` stream follow, in one ordered history.
+    pub fn tenant_prefix(&self) -> &str {
+        &self.tenant_prefix
+    }
+
+    pub fn split(&self, capability: &str) -> String {
+        format!("{}{capability}", self.splits_prefix)
+    }
+
+    pub fn capability_of_split<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.splits_prefix.as_str())
     }
 
     pub fn agents_prefix(&self) -> &str {

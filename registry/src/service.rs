@@ -17,9 +17,9 @@ use crate::validate::{self, TtlBounds};
 
 /// How long a write waits for this registry's catalog to reflect it before
 /// answering (read-your-writes); the write itself is already durable.
-const CATALOG_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const CATALOG_WAIT: Duration = Duration::from_secs(2);
 /// Attempts at a conditional write that lost a race.
-const WRITE_ATTEMPTS: usize = 3;
+pub(crate) const WRITE_ATTEMPTS: usize = 3;
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -65,7 +65,7 @@ pub struct RegistryService {
     metrics: Metrics,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
@@ -112,6 +112,11 @@ impl RegistryService {
 
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The live policy (the operator API checks `operators` in it).
+    pub(crate) fn acl(&self) -> &AclHandle {
+        &self.acl
     }
 
     pub fn authenticate(&self, header: Option<&http::HeaderValue>) -> Result<Caller, RegistryError> {
@@ -243,7 +248,7 @@ impl RegistryService {
 
     /// The catalog's entry, or the store's when this registry's catalog has
     /// not caught up yet (another registry just wrote it).
-    async fn current_entry(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
+    pub(crate) async fn current_entry(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
         if let Some(entry) = self.catalog.get(agent_id) {
             return Ok(Some(entry));
         }
@@ -313,7 +318,7 @@ impl RegistryService {
         })
     }
 
-    async fn current_entry_from_store(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
+    pub(crate) async fn current_entry_from_store(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
         let Some(kv) = self.store.get(&self.keys.agent(agent_id)).await? else {
             return Ok(None);
         };

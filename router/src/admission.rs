@@ -21,6 +21,7 @@ use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
 use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
+use crate::split;
 use crate::service::Tuning;
 use crate::snapshot::{Capability, Snapshot, VersionGroup};
 
@@ -134,7 +135,9 @@ impl Admission {
     }
 
     /// Admits `request` (its version requirement already parsed) at `now`
-    /// against `snapshot`: ACL, capability, version, schema, deadline.
+    /// against `snapshot`: ACL, capability, version, schema, deadline. The
+    /// version is the highest that can take the call ([`resolve_version`]):
+    /// for calls that reach every instance of one version (broadcast).
     pub fn admit<'s>(
         &self,
         caller: &Caller,
@@ -143,6 +146,40 @@ impl Admission {
         version_req: Option<&semver::VersionReq>,
         snapshot: &'s Snapshot,
         now: clock::Now,
+    ) -> Result<Admitted<'s>, Refused<'s>> {
+        let limits = self.limits();
+        self.admit_with(caller, entry, request, snapshot, now, |capability| {
+            resolve_version(capability, version_req, &limits)
+        })
+    }
+
+    /// [`Admission::admit`] for a call that goes to one instance (invoke, a
+    /// task's delivery): an unpinned call follows the capability's traffic
+    /// split ([`split::resolve`]).
+    pub fn admit_one<'s>(
+        &self,
+        caller: &Caller,
+        entry: Entry,
+        request: &InvokeRequest,
+        version_req: Option<&semver::VersionReq>,
+        snapshot: &'s Snapshot,
+        now: clock::Now,
+    ) -> Result<Admitted<'s>, Refused<'s>> {
+        let limits = self.limits();
+        self.admit_with(caller, entry, request, snapshot, now, |capability| {
+            split::resolve(capability, version_req, &limits)
+        })
+    }
+
+    /// Admission with `choose` picking the version among the capability's.
+    fn admit_with<'s>(
+        &self,
+        caller: &Caller,
+        entry: Entry,
+        request: &InvokeRequest,
+        snapshot: &'s Snapshot,
+        now: clock::Now,
+        choose: impl FnOnce(&'s Capability) -> Result<&'s Arc<VersionGroup>, RouterError>,
     ) -> Result<Admitted<'s>, Refused<'s>> {
         let refused = |error: RouterError, capability| Refused {
             failure: Box::new(error.into()),
@@ -162,8 +199,7 @@ impl Admission {
             }
         };
         let capability = resolve_capability(snapshot, &request.capability).map_err(|error| refused(error, None))?;
-        let group = resolve_version(capability, version_req, &self.limits())
-            .map_err(|error| refused(error, Some(capability)))?;
+        let group = choose(capability).map_err(|error| refused(error, Some(capability)))?;
         let in_version = |error: RouterError| Refused {
             failure: Box::new(Failure {
                 capability_version: Some(group.version_text.clone()),
@@ -182,6 +218,7 @@ impl Admission {
                 .with_details(json!({ "deadline": deadline_ms })),
             ));
         }
+        group.selections.inc();
         Ok(Admitted {
             capability,
             group,

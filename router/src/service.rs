@@ -157,7 +157,7 @@ impl RouterService {
         received: clock::Now,
     ) -> Result<Success, Failure> {
         let snapshot = self.snapshot.load_full();
-        let admitted = match self.admission.admit(
+        let admitted = match self.admission.admit_one(
             caller,
             entry,
             &checked.request,

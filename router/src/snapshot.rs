@@ -21,6 +21,7 @@ use agent_reach_proto::Status;
 use crate::clock;
 use crate::health::{health_score, latency_factor, status_permille, InstanceState};
 use crate::metrics::{CapabilityMetrics, Metrics};
+use crate::split::Split;
 
 /// One instance as routing needs it.
 #[derive(Debug)]
@@ -51,6 +52,8 @@ pub struct VersionGroup {
     pub wrr_current: Mutex<Vec<i64>>,
     /// Rotates the tie-break start of least-connections.
     pub rotation: AtomicUsize,
+    /// Calls admitted to this version (`agent_reach_router_version_selections_total`).
+    pub selections: prometheus::IntCounter,
 }
 
 pub struct Capability {
@@ -58,6 +61,8 @@ pub struct Capability {
     /// Highest version first.
     pub versions: Vec<Arc<VersionGroup>>,
     pub metrics: CapabilityMetrics,
+    /// The operator's traffic split between versions for unpinned calls, if any.
+    pub split: Option<Split>,
 }
 
 pub struct Snapshot {
@@ -234,6 +239,8 @@ pub struct SnapshotBuilder {
     /// rebuilds instead of restarting it (a restart always favours the heaviest
     /// instance first, which frequent status changes would turn into a skew).
     previous_groups: HashMap<(String, semver::Version), Arc<VersionGroup>>,
+    /// Traffic splits by capability, as the registry last sent them.
+    splits: BTreeMap<String, pb::CapabilitySplit>,
 }
 
 impl SnapshotBuilder {
@@ -246,6 +253,7 @@ impl SnapshotBuilder {
             validators: HashMap::new(),
             capability_metrics: HashMap::new(),
             previous_groups: HashMap::new(),
+            splits: BTreeMap::new(),
         }
     }
 
@@ -268,8 +276,18 @@ impl SnapshotBuilder {
                     .into_iter()
                     .map(|instance| (instance.agent_id.clone(), instance))
                     .collect();
+                self.splits = snapshot
+                    .splits
+                    .into_iter()
+                    .map(|split| (split.capability.clone(), split))
+                    .collect();
                 true
             }
+            Some(Kind::SplitSet(split)) => {
+                self.splits.insert(split.capability.clone(), split);
+                true
+            }
+            Some(Kind::SplitCleared(cleared)) => self.splits.remove(&cleared.capability).is_some(),
             Some(Kind::Added(instance)) | Some(Kind::Updated(instance)) => {
                 self.instances.insert(instance.agent_id.clone(), instance);
                 true
@@ -382,6 +400,7 @@ impl SnapshotBuilder {
                     live_validators.insert(text.clone(), validator.clone());
                 }
                 let carried = self.carried_wrr(&name, &version, &instances);
+                let selections = self.metrics.version_selections(&name, &version.to_string());
                 groups.push(Arc::new(VersionGroup {
                     version_text: version.to_string(),
                     version,
@@ -391,6 +410,7 @@ impl SnapshotBuilder {
                     instances,
                     wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),
+                    selections,
                 }));
             }
             let metrics = self
@@ -398,12 +418,14 @@ impl SnapshotBuilder {
                 .entry(name.clone())
                 .or_insert_with(|| self.metrics.capability(&name))
                 .clone();
+            let split = self.splits.get(&name).and_then(|record| Split::build(record, &groups));
             capabilities.insert(
                 name.clone(),
                 Capability {
                     name,
                     versions: groups,
                     metrics,
+                    split,
                 },
             );
         }
@@ -530,6 +552,7 @@ mod tests {
             Kind::Snapshot(pb::Snapshot {
                 instances: vec![heavy, instance("l1", "1.0.0", "")],
                 reset: false,
+                splits: Vec::new(),
             }),
         ));
         let first = builder.build();
@@ -574,6 +597,7 @@ mod tests {
             Kind::Snapshot(pb::Snapshot {
                 instances: vec![instance("a1", "1.0.0", schema), instance("a2", "1.2.0", schema)],
                 reset: false,
+                splits: Vec::new(),
             }),
         ));
         let first = builder.build();

@@ -24,6 +24,7 @@ providers:
     provides: [order.*]
   - agent: shipping_rules
     provides: [shipping.rules]
+operators: [ops]
 "#;
 
 /// A registry on its own runtime thread ([`RegistryProcess`]), so that

@@ -24,7 +24,7 @@ pub const SECRET: &[u8] = b"router-tests-0123456789abcdef-0123456789";
 pub const CALLER: &str = "tester";
 pub const CAPABILITY: &str = "order.query";
 
-/// Everyone may provide anything; `tester` may call anything.
+/// Everyone may provide anything; `tester` may call anything; `ops` is an operator.
 pub const ACL: &str = r#"version: 1
 permissions:
   - caller: tester
@@ -32,6 +32,7 @@ permissions:
 providers:
   - agent: "*"
     provides: ["*"]
+operators: [ops]
 "#;
 
 pub fn order_schema() -> Value {
