@@ -16,8 +16,8 @@ use clap::{Parser, Subcommand};
 
 #[macro_use]
 mod out;
-mod demo;
 mod canary;
+mod demo;
 mod dev;
 #[cfg(test)]
 mod manifests;

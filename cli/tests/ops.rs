@@ -403,14 +403,20 @@ fn split_and_weight_commands() {
     let none = run(Some(&dev), &["capabilities", "split", "order.query"]);
     assert!(none.status.success(), "{}", String::from_utf8_lossy(&none.stderr));
     assert!(stdout(&none).contains("no split"), "{}", stdout(&none));
-    let refused = run(Some(&dev), &["capabilities", "split", "order.query", "1.2.0=9", "2.0.0=1"]);
+    let refused = run(
+        Some(&dev),
+        &["capabilities", "split", "order.query", "1.2.0=9", "2.0.0=1"],
+    );
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("FORBIDDEN"));
 
     let set = as_ops(&["capabilities", "split", "order.query", "2.0.0=5", "1.2.0=95"]);
     assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
     let table = stdout(&set);
-    assert!(table.contains("2.0.0") && table.contains("5.0%") && table.contains("95.0%"), "{table}");
+    assert!(
+        table.contains("2.0.0") && table.contains("5.0%") && table.contains("95.0%"),
+        "{table}"
+    );
     let shown = json(&run(Some(&dev), &["capabilities", "split", "order.query", "--json"]));
     assert_eq!(shown["weights"], serde_json::json!({ "1.2.0": 95, "2.0.0": 5 }));
     assert_eq!(shown["updated_by"], "ops");
@@ -438,7 +444,10 @@ fn split_and_weight_commands() {
     let weighed = as_ops(&["agents", "weight", "order_query-3", "7"]);
     assert!(weighed.status.success(), "{}", String::from_utf8_lossy(&weighed.stderr));
     assert!(stdout(&weighed).contains("weight 7"), "{}", stdout(&weighed));
-    assert_eq!(json(&run(Some(&dev), &["agents", "show", "order_query-3"]))["weight"], 7);
+    assert_eq!(
+        json(&run(Some(&dev), &["agents", "show", "order_query-3"]))["weight"],
+        7
+    );
     let too_heavy = as_ops(&["agents", "weight", "order_query-3", "5000"]);
     assert_eq!(too_heavy.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&too_heavy.stderr).contains("INVALID_WEIGHT"));

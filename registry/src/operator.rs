@@ -202,7 +202,12 @@ impl RegistryService {
     /// routers pick it up from the `Watch` and the agent keeps heartbeating as
     /// before. The agent's next registration sets its own weight again.
     #[tracing::instrument(skip_all, fields(agent_id = %agent_id, weight = weight))]
-    pub async fn set_weight(&self, caller: &Caller, agent_id: &str, weight: u32) -> Result<Arc<Instance>, RegistryError> {
+    pub async fn set_weight(
+        &self,
+        caller: &Caller,
+        agent_id: &str,
+        weight: u32,
+    ) -> Result<Arc<Instance>, RegistryError> {
         validate::agent_id(agent_id)?;
         if !(1..=MAX_WEIGHT).contains(&weight) {
             return Err(RegistryError::field(
@@ -225,10 +230,7 @@ impl RegistryService {
                 }
                 // A heartbeat's status write (or another operator) won: re-read and retry.
                 Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
-                    entry = self
-                        .current_entry_from_store(agent_id)
-                        .await?
-                        .ok_or_else(not_found)?;
+                    entry = self.current_entry_from_store(agent_id).await?.ok_or_else(not_found)?;
                 }
                 // The lease ended meanwhile: the instance is gone.
                 Err(StoreError::LeaseNotFound(_)) => return Err(not_found()),

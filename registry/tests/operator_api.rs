@@ -70,7 +70,10 @@ async fn splits_are_stored_in_etcd_watched_and_cleared_by_operators() {
     for caller in ["order_query", "reader"] {
         let (status, body) = registry.put(SPLIT, &TestRegistry::token(caller), &canary).await;
         assert_eq!((status, code(&body)), (403, "FORBIDDEN"), "{caller}: {body}");
-        assert!(body["error"]["message"].as_str().unwrap().contains("operators"), "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("operators"),
+            "{body}"
+        );
     }
     let (status, body) = registry.put(SPLIT, &ops(), &canary).await;
     assert_eq!(status, 200, "{body}");
@@ -84,13 +87,13 @@ async fn splits_are_stored_in_etcd_watched_and_cleared_by_operators() {
     let Some(pb::watch_event::Kind::SplitSet(split)) = &event.kind else {
         panic!("expected a split_set event, got {event:?}");
     };
-    assert_eq!(
-        weights(split),
-        [("2.0.0".to_string(), 5), ("1.4.2".to_string(), 95)]
-    );
+    assert_eq!(weights(split), [("2.0.0".to_string(), 5), ("1.4.2".to_string(), 95)]);
     assert_eq!(split.updated_by, "ops");
     let (status, body) = registry.get(SPLIT, &TestRegistry::token("reader")).await;
-    assert_eq!((status, body["weights"].clone()), (200, json!({ "1.4.2": 95, "2.0.0": 5 })));
+    assert_eq!(
+        (status, body["weights"].clone()),
+        (200, json!({ "1.4.2": 95, "2.0.0": 5 }))
+    );
 
     // Stored in etcd under the tenant's key layout, without a lease.
     let store = EtcdStore::connect(&[etcd.endpoint()]).unwrap();
@@ -105,7 +108,10 @@ async fn splits_are_stored_in_etcd_watched_and_cleared_by_operators() {
 
     // Another registry (a fresh catalog) serves it from etcd, in its snapshot too.
     let sibling = registry.sibling(on(&etcd)).await;
-    let loaded = wait_for(Duration::from_secs(5), || async { sibling.get(SPLIT, &ops()).await.0 == 200 }).await;
+    let loaded = wait_for(Duration::from_secs(5), || async {
+        sibling.get(SPLIT, &ops()).await.0 == 200
+    })
+    .await;
     assert!(loaded, "a fresh registry loads the split from etcd");
     let (_, body) = sibling.get(SPLIT, &ops()).await;
     assert_eq!(body["weights"]["2.0.0"], json!(5), "{body}");
@@ -159,15 +165,55 @@ async fn bad_split_requests_get_stable_codes() {
     let cases: Vec<(Value, u16, &str, Option<&str>)> = vec![
         (json!({}), 400, "MISSING_FIELD", Some("weights")),
         (json!({ "weights": {} }), 400, "INVALID_SPLIT", Some("weights")),
-        (json!({ "weights": { "2.0.0": 0, "1.0.0": 0 } }), 400, "INVALID_SPLIT", Some("weights")),
-        (json!({ "weights": { "2.0": 5 } }), 400, "INVALID_VERSION", Some("weights.2.0")),
-        (json!({ "weights": { "v2.0.0": 5 } }), 400, "INVALID_VERSION", Some("weights.v2.0.0")),
-        (json!({ "weights": { "2.0.0": -1 } }), 400, "INVALID_SPLIT", Some("weights.2.0.0")),
-        (json!({ "weights": { "2.0.0": 2.5 } }), 400, "INVALID_SPLIT", Some("weights.2.0.0")),
-        (json!({ "weights": { "2.0.0": "5" } }), 400, "INVALID_SPLIT", Some("weights.2.0.0")),
-        (json!({ "weights": { "2.0.0": 10_001 } }), 400, "INVALID_SPLIT", Some("weights.2.0.0")),
+        (
+            json!({ "weights": { "2.0.0": 0, "1.0.0": 0 } }),
+            400,
+            "INVALID_SPLIT",
+            Some("weights"),
+        ),
+        (
+            json!({ "weights": { "2.0": 5 } }),
+            400,
+            "INVALID_VERSION",
+            Some("weights.2.0"),
+        ),
+        (
+            json!({ "weights": { "v2.0.0": 5 } }),
+            400,
+            "INVALID_VERSION",
+            Some("weights.v2.0.0"),
+        ),
+        (
+            json!({ "weights": { "2.0.0": -1 } }),
+            400,
+            "INVALID_SPLIT",
+            Some("weights.2.0.0"),
+        ),
+        (
+            json!({ "weights": { "2.0.0": 2.5 } }),
+            400,
+            "INVALID_SPLIT",
+            Some("weights.2.0.0"),
+        ),
+        (
+            json!({ "weights": { "2.0.0": "5" } }),
+            400,
+            "INVALID_SPLIT",
+            Some("weights.2.0.0"),
+        ),
+        (
+            json!({ "weights": { "2.0.0": 10_001 } }),
+            400,
+            "INVALID_SPLIT",
+            Some("weights.2.0.0"),
+        ),
         (json!({ "weights": [5, 95] }), 400, "INVALID_FIELD_TYPE", None),
-        (json!({ "weights": { "2.0.0": 5 }, "ratio": 1 }), 400, "UNKNOWN_FIELD", None),
+        (
+            json!({ "weights": { "2.0.0": 5 }, "ratio": 1 }),
+            400,
+            "UNKNOWN_FIELD",
+            None,
+        ),
     ];
     for (body, status, expected, field) in cases {
         let (got, answer) = registry.put(SPLIT, &ops(), &body).await;
@@ -182,7 +228,11 @@ async fn bad_split_requests_get_stable_codes() {
     assert_eq!((status, code(&body)), (400, "INVALID_SPLIT"), "{body}");
 
     let (status, body) = registry
-        .put("/v1/capabilities/Order.Query/split", &ops(), &json!({ "weights": { "1.0.0": 1 } }))
+        .put(
+            "/v1/capabilities/Order.Query/split",
+            &ops(),
+            &json!({ "weights": { "1.0.0": 1 } }),
+        )
         .await;
     assert_eq!((status, code(&body)), (400, "INVALID_CAPABILITY_NAME"), "{body}");
     let (status, body) = registry.get("/v1/capabilities/Order.Query/split", &ops()).await;
@@ -242,7 +292,11 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
 
     // Not an operator and not the agent: refused, nothing written.
     let (status, body) = registry
-        .put("/v1/agents/oq-w1/weight", &TestRegistry::token("reader"), &json!({ "weight": 9 }))
+        .put(
+            "/v1/agents/oq-w1/weight",
+            &TestRegistry::token("reader"),
+            &json!({ "weight": 9 }),
+        )
         .await;
     assert_eq!((status, code(&body)), (403, "FORBIDDEN"), "{body}");
 
@@ -251,7 +305,10 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         .put("/v1/agents/oq-w1/weight", &ops(), &json!({ "weight": 8 }))
         .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!((body["weight"].clone(), body["lease_id"].clone()), (json!(8), json!(lease)));
+    assert_eq!(
+        (body["weight"].clone(), body["lease_id"].clone()),
+        (json!(8), json!(lease))
+    );
     assert_eq!(body["registered_at_ms"], before["registered_at_ms"]);
     match next_event(&mut watch).await.kind {
         Some(pb::watch_event::Kind::Updated(instance)) => {
@@ -260,7 +317,11 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         other => panic!("expected an update, got {other:?}"),
     }
     let store = EtcdStore::connect(&[etcd.endpoint()]).unwrap();
-    let stored = store.get("/agent-reach/v1/default/agents/oq-w1").await.unwrap().unwrap();
+    let stored = store
+        .get("/agent-reach/v1/default/agents/oq-w1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(stored.lease, lease, "the record stays on the agent's lease");
 
     // Heartbeats (plain, and one that changes the status) keep the weight.
@@ -277,7 +338,10 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         .await;
     assert_eq!(status, 200);
     let (_, after) = registry.get("/v1/agents/oq-w1", &agent).await;
-    assert_eq!((after["weight"].clone(), after["status"].clone()), (json!(8), json!("busy")));
+    assert_eq!(
+        (after["weight"].clone(), after["status"].clone()),
+        (json!(8), json!("busy"))
+    );
 
     // The agent itself may change its own weight.
     let (status, body) = registry

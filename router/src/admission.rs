@@ -21,9 +21,9 @@ use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
 use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
-use crate::split;
 use crate::service::Tuning;
 use crate::snapshot::{Capability, Snapshot, VersionGroup};
+use crate::split;
 
 /// The policy half of the router: who may call what, how much, which
 /// instances can take a call (for the choice of version), and the default deadline.

@@ -52,7 +52,11 @@ impl Split {
 
     /// Draws a version by weight among the split's versions that have an
     /// instance able to take a call now; `None` when none has.
-    pub fn choose<'a>(&self, groups: &'a [Arc<VersionGroup>], limits: &SelectionLimits<'_>) -> Option<&'a Arc<VersionGroup>> {
+    pub fn choose<'a>(
+        &self,
+        groups: &'a [Arc<VersionGroup>],
+        limits: &SelectionLimits<'_>,
+    ) -> Option<&'a Arc<VersionGroup>> {
         let live: Shares = self
             .shares
             .iter()
@@ -187,7 +191,12 @@ mod tests {
         let snapshot = builder.build();
         let capability = &snapshot.capabilities["order.query"];
         // A version nobody offers takes no part; highest first.
-        let shares: Vec<_> = capability.split.as_ref().unwrap().shares(&capability.versions).collect();
+        let shares: Vec<_> = capability
+            .split
+            .as_ref()
+            .unwrap()
+            .shares(&capability.versions)
+            .collect();
         assert_eq!(shares, [("2.0.0", 5), ("1.4.2", 95)]);
         let counts = draws(capability, 20_000);
         let canary = counts.get("2.0.0").copied().unwrap_or(0) as f64;
@@ -200,7 +209,10 @@ mod tests {
             kind: Some(pb::watch_event::Kind::Updated(instance("a2", "2.0.0", "starting"))),
         });
         let snapshot = builder.build();
-        assert_eq!(draws(&snapshot.capabilities["order.query"], 500).get("1.4.2"), Some(&500));
+        assert_eq!(
+            draws(&snapshot.capabilities["order.query"], 500).get("1.4.2"),
+            Some(&500)
+        );
 
         // A split none of whose versions can take the call falls back to the highest that can.
         builder.apply(pb::WatchEvent {

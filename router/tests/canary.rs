@@ -57,8 +57,12 @@ async fn clear_split(cluster: &Cluster) {
 
 /// Waits until the router's snapshot applies `expected` as the split.
 async fn wait_for_split(cluster: &Cluster, expected: Option<Vec<(&str, u32)>>) {
-    let expected: Option<Vec<(String, u32)>> =
-        expected.map(|shares| shares.into_iter().map(|(version, weight)| (version.to_string(), weight)).collect());
+    let expected: Option<Vec<(String, u32)>> = expected.map(|shares| {
+        shares
+            .into_iter()
+            .map(|(version, weight)| (version.to_string(), weight))
+            .collect()
+    });
     let router = cluster.router.clone();
     let applied = eventually(Duration::from_secs(10), || {
         let (router, expected) = (router.clone(), expected.clone());
@@ -111,9 +115,8 @@ async fn spread(cluster: &Cluster, calls: usize, by_agent: bool) -> BTreeMap<Str
 
 /// The value of `agent_reach_router_version_selections_total` for `version`.
 fn selections(metrics: &str, version: &str) -> u64 {
-    let series = format!(
-        "agent_reach_router_version_selections_total{{capability=\"{CAPABILITY}\",version=\"{version}\"}}"
-    );
+    let series =
+        format!("agent_reach_router_version_selections_total{{capability=\"{CAPABILITY}\",version=\"{version}\"}}");
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(series.as_str()))
@@ -138,7 +141,10 @@ async fn a_split_divides_unpinned_calls_by_weight_and_clearing_it_restores_the_h
     let stable = counts.get("1.4.2").copied().unwrap_or(0);
     assert_eq!(canary + stable, 2000, "{counts:?}");
     // Binomial(2,000, 0.05): mean 100, sd ≈ 9.7; a ±5 sd bound fails once in millions of runs.
-    assert!((52..=148).contains(&canary), "5 % of 2,000 calls to the canary: {counts:?}");
+    assert!(
+        (52..=148).contains(&canary),
+        "5 % of 2,000 calls to the canary: {counts:?}"
+    );
     // One selection counted per call, per version.
     let after = cluster.metrics().await;
     assert_eq!(
@@ -158,7 +164,11 @@ async fn a_split_divides_unpinned_calls_by_weight_and_clearing_it_restores_the_h
             let (status, body) = cluster
                 .invoke(json!({ "capability": CAPABILITY, "capability_version": requirement, "payload": { "order_id": format!("SO-{n}") } }))
                 .await;
-            assert_eq!((status, version_of(&body)), (200, expected.to_string()), "{requirement}: {body}");
+            assert_eq!(
+                (status, version_of(&body)),
+                (200, expected.to_string()),
+                "{requirement}: {body}"
+            );
         }
     }
 
@@ -256,6 +266,9 @@ async fn a_live_weight_change_shifts_traffic_without_re_registration() {
     // The agent's next heartbeat (here one that changes its status) keeps it.
     set_status(&registry, &light, "busy").await;
     let body = agent(registry.clone()).await;
-    assert_eq!((body["weight"].clone(), body["status"].clone()), (json!(3), json!("busy")));
+    assert_eq!(
+        (body["weight"].clone(), body["status"].clone()),
+        (json!(3), json!("busy"))
+    );
     assert_eq!(cluster.router.routed_weight("cw-1"), Some(3));
 }

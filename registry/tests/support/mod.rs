@@ -19,12 +19,12 @@ pub const SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
 
 pub const ACL: &str = r#"
 version: 1
+operators: [ops]
 providers:
   - agent: order_query
     provides: [order.*]
   - agent: shipping_rules
     provides: [shipping.rules]
-operators: [ops]
 "#;
 
 /// A registry on its own runtime thread ([`RegistryProcess`]), so that

@@ -26,13 +26,13 @@ pub const CAPABILITY: &str = "order.query";
 
 /// Everyone may provide anything; `tester` may call anything; `ops` is an operator.
 pub const ACL: &str = r#"version: 1
+operators: [ops]
 permissions:
   - caller: tester
     allow: ["*"]
 providers:
   - agent: "*"
     provides: ["*"]
-operators: [ops]
 "#;
 
 pub fn order_schema() -> Value {
