@@ -109,10 +109,6 @@ impl Keys {
         key.strip_prefix(self.splits_prefix.as_str())
     }
 
-    pub fn agents_prefix(&self) -> &str {
-        &self.agents_prefix
-    }
-
     pub fn agent(&self, agent_id: &str) -> String {
         format!("{}{agent_id}", self.agents_prefix)
     }
