@@ -99,6 +99,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
         request,
         version_req,
         policy,
+        task_id: None,
     };
     // The caller's id (checked: 1-128 printable characters) or a fresh one, inline.
     let fresh_id;
