@@ -347,6 +347,7 @@ async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
         .snapshot()
         .load()
         .publish_instance_gauges(staleness, service.tuning().max_staleness);
+    service.publish_routable_instances();
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         service.metrics().render(),

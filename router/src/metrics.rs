@@ -42,6 +42,8 @@ pub struct Metrics {
     inflight: IntGaugeVec,
     health_score: IntGaugeVec,
     output_schema_mismatches: IntCounterVec,
+    /// Routable instances per capability, set at scrape time ([`crate::service::RouterService::publish_routable_instances`]).
+    pub routable_instances: IntGaugeVec,
     pub snapshot_revision: IntGauge,
     pub snapshot_instances: IntGauge,
     pub snapshot_staleness_seconds: IntGauge,
@@ -137,6 +139,13 @@ impl Metrics {
             ),
             &["agent_id"],
         )?;
+        let routable_instances = IntGaugeVec::new(
+            Opts::new(
+                "agent_reach_router_routable_instances",
+                "Instances of a capability (any version) this router can route to now: status, breaker and in-flight bound.",
+            ),
+            &["capability"],
+        )?;
         let snapshot_revision = IntGauge::new(
             "agent_reach_router_snapshot_revision",
             "Registry revision the routing snapshot reflects.",
@@ -166,6 +175,7 @@ impl Metrics {
         registry.register(Box::new(inflight.clone()))?;
         registry.register(Box::new(health_score.clone()))?;
         registry.register(Box::new(output_schema_mismatches.clone()))?;
+        registry.register(Box::new(routable_instances.clone()))?;
         registry.register(Box::new(snapshot_revision.clone()))?;
         registry.register(Box::new(snapshot_instances.clone()))?;
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
@@ -182,6 +192,7 @@ impl Metrics {
             inflight,
             health_score,
             output_schema_mismatches,
+            routable_instances,
             snapshot_revision,
             snapshot_instances,
             snapshot_staleness_seconds,

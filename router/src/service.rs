@@ -148,6 +148,29 @@ impl RouterService {
             .map_err(RouterError::from)
     }
 
+    /// Sets `agent_reach_router_routable_instances` from the snapshot, at
+    /// scrape time (never on the request path): per capability, the
+    /// instances selection could pick now (the one definition, [`select::routable`]).
+    pub fn publish_routable_instances(&self) {
+        let snapshot = self.snapshot.load();
+        let limits = self.limits();
+        let gauge = &self.metrics.routable_instances;
+        // Capabilities gone from the snapshot disappear from the scrape.
+        gauge.reset();
+        for (name, capability) in snapshot.capabilities.iter() {
+            let routable: std::collections::HashSet<&str> = capability
+                .versions
+                .iter()
+                .flat_map(|group| group.instances.iter())
+                .filter(|instance| select::routable(instance, &limits).is_some())
+                .map(|instance| instance.agent_id.as_str())
+                .collect();
+            gauge
+                .with_label_values(&[name.as_str()])
+                .set(i64::try_from(routable.len()).unwrap_or(i64::MAX));
+        }
+    }
+
     /// Runs one checked request to completion; `received` is when it arrived
     /// (its deadline counts from then).
     pub async fn invoke(
