@@ -95,13 +95,13 @@ pub struct HealthcheckArgs {
 }
 
 impl Connection {
-    fn token(&self) -> anyhow::Result<&str> {
+    pub(crate) fn token(&self) -> anyhow::Result<&str> {
         self.token
             .as_deref()
             .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")
     }
 
-    async fn get(&self, url: String) -> anyhow::Result<Value> {
+    pub(crate) async fn get(&self, url: String) -> anyhow::Result<Value> {
         let response = reqwest::Client::new()
             .get(&url)
             .bearer_auth(self.token()?)
@@ -120,12 +120,12 @@ impl Connection {
     }
 }
 
-fn print_json(value: &Value) -> anyhow::Result<()> {
+pub(crate) fn print_json(value: &Value) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
-fn text(value: &Value) -> String {
+pub(crate) fn text(value: &Value) -> String {
     match value {
         Value::String(text) => text.clone(),
         Value::Null => "-".to_string(),
