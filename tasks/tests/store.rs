@@ -407,15 +407,22 @@ async fn an_accepted_task_takes_one_report_from_its_agent() {
     let redis = Redis::start();
     let store = store(&redis);
     store.prepare().await.unwrap();
-    let id = store.submit(task("rep-1", Priority::Normal, Some("s-rep"))).await.unwrap();
+    let id = store
+        .submit(task("rep-1", Priority::Normal, Some("s-rep")))
+        .await
+        .unwrap();
     let claimed = store.claim("worker-a", 1, 0).await.unwrap().pop().unwrap();
     store.transition(id.task_id(), State::Running).await.unwrap();
     let report = json!({"output": {"text": "done"}});
     let result = succeeded("done");
     let running = store.get(id.task_id()).await.unwrap();
     assert_eq!(
-        store.report(&running, "echo", (State::Succeeded, &result), &report).await,
-        Err(TaskStoreError::NotAwaitingResult { current: "running".into() }),
+        store
+            .report(&running, "echo", (State::Succeeded, &result), &report)
+            .await,
+        Err(TaskStoreError::NotAwaitingResult {
+            current: "running".into()
+        }),
         "no 202 recorded yet"
     );
     let accepted = agent_reach_tasks::Accepted {
@@ -429,21 +436,29 @@ async fn an_accepted_task_takes_one_report_from_its_agent() {
     let running = store.get(id.task_id()).await.unwrap();
     assert_eq!(running.accepted.as_ref(), Some(&accepted));
     assert!(matches!(
-        store.report(&running, "intruder", (State::Succeeded, &result), &report).await,
+        store
+            .report(&running, "intruder", (State::Succeeded, &result), &report)
+            .await,
         Err(TaskStoreError::NotTheAgent { .. })
     ));
     assert_eq!(
-        store.report(&running, "echo", (State::Succeeded, &result), &report).await,
+        store
+            .report(&running, "echo", (State::Succeeded, &result), &report)
+            .await,
         Ok(agent_reach_tasks::Reported::Recorded(State::Succeeded))
     );
     assert_eq!(
-        store.report(&running, "echo", (State::Succeeded, &result), &report).await,
+        store
+            .report(&running, "echo", (State::Succeeded, &result), &report)
+            .await,
         Ok(agent_reach_tasks::Reported::Repeated(State::Succeeded)),
         "the same report again changes nothing"
     );
     let other = json!({"output": {"text": "changed my mind"}});
     assert!(matches!(
-        store.report(&running, "echo", (State::Succeeded, &succeeded("x")), &other).await,
+        store
+            .report(&running, "echo", (State::Succeeded, &succeeded("x")), &other)
+            .await,
         Err(TaskStoreError::ResultConflict { .. })
     ));
     let done = store.get(id.task_id()).await.unwrap();
