@@ -91,6 +91,7 @@ async fn a_handler_accepts_a_task_and_reports_its_result_later() {
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        listener_tls: None,
         service: agent_reach_registry::RegistryConfig {
             ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
