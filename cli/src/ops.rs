@@ -119,7 +119,7 @@ impl Connection {
             .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")
     }
 
-    async fn get(&self, url: String) -> anyhow::Result<Value> {
+    pub(crate) async fn get(&self, url: String) -> anyhow::Result<Value> {
         let response = reqwest::Client::new()
             .get(&url)
             .bearer_auth(self.token()?)

@@ -134,6 +134,21 @@ impl Admission {
         .with_details(json!({ "caller": &**name, "capability": capability })))
     }
 
+    /// May `caller` use the operator API (`operators:` in `acl.yaml`, DESIGN §8)?
+    pub fn authorize_operator(&self, caller: &Caller) -> Result<(), RouterError> {
+        let Caller::Agent(name) = caller else {
+            return Ok(());
+        };
+        if self.acl.current().is_operator(name) {
+            return Ok(());
+        }
+        Err(RouterError::new(
+            Code::Forbidden,
+            format!("caller `{name}` is not an operator (add it to `operators:` in acl.yaml)"),
+        )
+        .with_details(json!({ "caller": &**name, "reason": "not_an_operator" })))
+    }
+
     /// Admits `request` (its version requirement already parsed) at `now`
     /// against `snapshot`: ACL, capability, version, schema, deadline. The
     /// version is the highest that can take the call ([`resolve_version`]):

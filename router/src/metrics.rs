@@ -43,6 +43,8 @@ pub struct Metrics {
     health_score: IntGaugeVec,
     output_schema_mismatches: IntCounterVec,
     version_selections: IntCounterVec,
+    /// Routable instances per capability, set at scrape time ([`crate::service::RouterService::publish_routable_instances`]).
+    pub routable_instances: IntGaugeVec,
     pub snapshot_revision: IntGauge,
     pub snapshot_instances: IntGauge,
     pub snapshot_staleness_seconds: IntGauge,
@@ -145,6 +147,13 @@ impl Metrics {
             ),
             &["capability", "version"],
         )?;
+        let routable_instances = IntGaugeVec::new(
+            Opts::new(
+                "agent_reach_router_routable_instances",
+                "Instances of a capability (any version) this router can route to now: status, breaker and in-flight bound.",
+            ),
+            &["capability"],
+        )?;
         let snapshot_revision = IntGauge::new(
             "agent_reach_router_snapshot_revision",
             "Registry revision the routing snapshot reflects.",
@@ -175,6 +184,7 @@ impl Metrics {
         registry.register(Box::new(health_score.clone()))?;
         registry.register(Box::new(output_schema_mismatches.clone()))?;
         registry.register(Box::new(version_selections.clone()))?;
+        registry.register(Box::new(routable_instances.clone()))?;
         registry.register(Box::new(snapshot_revision.clone()))?;
         registry.register(Box::new(snapshot_instances.clone()))?;
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
@@ -192,6 +202,7 @@ impl Metrics {
             health_score,
             output_schema_mismatches,
             version_selections,
+            routable_instances,
             snapshot_revision,
             snapshot_instances,
             snapshot_staleness_seconds,

@@ -27,6 +27,8 @@ use crate::split::Split;
 #[derive(Debug)]
 pub struct Instance {
     pub agent_id: String,
+    /// The agent's name (its tokens' subject), e.g. who may report a task's result.
+    pub name: String,
     pub endpoint: String,
     /// `endpoint` parsed once.
     pub uri: http::Uri,
@@ -342,6 +344,7 @@ impl SnapshotBuilder {
             live_states.insert(record.agent_id.clone(), state.clone());
             let instance = Arc::new(Instance {
                 agent_id: record.agent_id.clone(),
+                name: record.name.clone(),
                 endpoint: record.endpoint.clone(),
                 uri,
                 weight: record.weight.max(1),

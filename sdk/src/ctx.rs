@@ -2,6 +2,7 @@
 //! left, and typed access to other capabilities and to the session context.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,8 +13,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use tonic::transport::Channel;
+use tracing::Instrument as _;
 
 use crate::error::CallError;
+use crate::HandlerError;
 
 /// Clients shared by every request of one agent.
 pub(crate) struct Links {
@@ -38,6 +41,8 @@ struct Inner {
     attempt: u32,
     traceparent: Option<String>,
     links: Arc<Links>,
+    /// Set on a task's delivery: what [`Ctx::accept_and_report`] reports under.
+    task_id: Option<String>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -84,8 +89,74 @@ impl Ctx {
                 attempt,
                 traceparent,
                 links,
+                task_id: None,
             }),
         }
+    }
+
+    /// This context for a task's delivery (`task_id` from the envelope).
+    pub(crate) fn for_task(mut self, task_id: Option<String>) -> Self {
+        // Called right after `new`, before the context is shared.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.task_id = task_id;
+        }
+        self
+    }
+
+    /// The task this delivery belongs to (`POST /v1/tasks`); `None` for a synchronous call.
+    pub fn task_id(&self) -> Option<&str> {
+        self.inner.task_id.as_deref()
+    }
+
+    /// Long work: on a task's delivery, answers `202 Accepted` at once (the
+    /// router releases the connection) and runs `work` in the background,
+    /// then reports its outcome with `POST /v1/tasks/{task_id}/result` as
+    /// this agent (retried until the deadline while the router is
+    /// unreachable). A synchronous call has no task to report to: `work`
+    /// simply runs and its output is the answer, so one handler serves both.
+    /// Return what it returns. Background work is not counted against
+    /// `max_concurrency` and is abandoned at the deadline (the router fails
+    /// the task then).
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError};
+    ///
+    /// #[handler(capability = "report.build", version = "1.0.0")]
+    /// async fn build(ctx: Ctx, month: String) -> Result<String, HandlerError> {
+    ///     ctx.accept_and_report(async move {
+    ///         // ... minutes of work ...
+    ///         Ok(format!("report for {month}"))
+    ///     })
+    ///     .await
+    /// }
+    /// ```
+    pub async fn accept_and_report<O, F>(&self, work: F) -> Result<O, HandlerError>
+    where
+        O: Serialize + Send + 'static,
+        F: Future<Output = Result<O, HandlerError>> + Send + 'static,
+    {
+        let (Some(task_id), Some(router)) = (self.task_id(), self.inner.links.router.as_deref()) else {
+            return work.await;
+        };
+        let report = crate::report::Report {
+            http: self.inner.links.http.clone(),
+            url: format!("{}/v1/tasks/{task_id}/result", router.trim_end_matches('/')),
+            token: self.inner.links.token.clone(),
+            deadline_ms: self.inner.deadline_ms,
+        };
+        let remaining = self.remaining();
+        tokio::spawn(
+            async move {
+                let outcome = match tokio::time::timeout(remaining, work).await {
+                    Ok(outcome) => outcome,
+                    // Nothing to report: the router fails the task at this same deadline.
+                    Err(_) => return,
+                };
+                report.send(outcome).await;
+            }
+            .instrument(tracing::Span::current()),
+        );
+        Err(HandlerError::accepted())
     }
 
     /// The idempotency key of this request.

@@ -50,6 +50,21 @@ impl HandlerError {
         Self::new("UNAVAILABLE", message).with_status(503)
     }
 
+    /// The answer [`Ctx::accept_and_report`](crate::Ctx::accept_and_report)
+    /// returns on a task's delivery: `202 Accepted`, the outcome reported later.
+    pub(crate) fn accepted() -> Self {
+        Self {
+            status: 202,
+            code: "ACCEPTED".to_string(),
+            message: "accepted; the result is reported to the router".to_string(),
+        }
+    }
+
+    /// Whether this is [`Ctx::accept_and_report`](crate::Ctx::accept_and_report)'s `202`.
+    pub(crate) fn is_accepted(&self) -> bool {
+        self.status == 202
+    }
+
     /// The input did not match the handler's type (HTTP 400).
     pub fn invalid_input(message: impl Into<String>) -> Self {
         Self::new("INVALID_INPUT", message).with_status(400)

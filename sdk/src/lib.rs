@@ -39,6 +39,7 @@ mod ctx;
 mod dedup;
 mod error;
 mod handler;
+mod report;
 mod server;
 mod state;
 mod verify;

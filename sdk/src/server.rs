@@ -189,7 +189,8 @@ async fn serve(
                 envelope.attempt,
                 traceparent,
                 shared.links.clone(),
-            );
+            )
+            .for_task(envelope.task_id.clone());
             let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
             // A spawned task isolates panics: the agent keeps serving.
             let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
@@ -227,6 +228,13 @@ async fn serve(
 }
 
 fn handler_error(error: &HandlerError) -> Answer {
+    if error.is_accepted() {
+        // Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
+        return Answer {
+            status: 202,
+            body: serde_json::to_vec(&json!({ "accepted": true })).unwrap_or_default(),
+        };
+    }
     error_answer(error.status, &error.code, error.message.clone())
 }
 

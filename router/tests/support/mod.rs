@@ -105,6 +105,8 @@ pub enum Behaviour {
     TooMany,
     /// Echoes after working for a while.
     Slow(Duration),
+    /// `202 Accepted`, empty body: the test reports the result as the agent.
+    Accept,
 }
 
 pub struct AgentSpec {
@@ -216,6 +218,7 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             tokio::time::sleep(work).await;
             axum::Json(json!({ "output": { "agent_id": state.agent_id, "echo": envelope["payload"] } })).into_response()
         }
+        Behaviour::Accept => StatusCode::ACCEPTED.into_response(),
         Behaviour::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({ "error": { "code": "BUSY", "message": "not now" } })),
@@ -295,7 +298,8 @@ impl Agent {
     }
 }
 
-fn agent_name(agent_id: &str) -> String {
+/// The agent's name (its tokens' subject): `echo-1` → `echo`.
+pub fn agent_name(agent_id: &str) -> String {
     agent_id.split('-').next().unwrap_or(agent_id).to_string()
 }
 
