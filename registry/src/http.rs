@@ -24,7 +24,7 @@ async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::respo
     agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
 }
 use crate::model::{Capability, Instance};
-use crate::service::RegistryService;
+use crate::service::{Heartbeat, RegistryService};
 use crate::validate;
 
 pub fn routes(service: Arc<RegistryService>) -> Router {
@@ -92,6 +92,7 @@ pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
         lease_id: instance.lease_id,
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
+        inflight: instance.inflight,
     }
 }
 
@@ -138,7 +139,17 @@ async fn heartbeat(
             .as_deref()
             .map(|text| validate::status(text, "status"))
             .transpose()?;
-        service.heartbeat(&caller, &agent_id, request.lease_id, status).await
+        service
+            .heartbeat(
+                &caller,
+                Heartbeat {
+                    agent_id: &agent_id,
+                    lease_id: request.lease_id,
+                    status,
+                    inflight: request.inflight,
+                },
+            )
+            .await
     }
     .await;
     service
