@@ -605,7 +605,7 @@ async fn keep_alive_session(
             agent_id: shared.config.agent_id.clone(),
             lease_id: shared.lease_id.load(Ordering::Acquire),
             status: status.as_str().to_string(),
-            inflight: Some(u32::try_from(shared.inflight.load(Ordering::Acquire)).unwrap_or(u32::MAX)),
+            inflight: Some(u32::try_from(shared.take_sustained_inflight()).unwrap_or(u32::MAX)),
         }
     };
     // Queue the first heartbeat before opening: the stream opens with its first answer.

@@ -11,6 +11,7 @@ use agent_reach_proto::envelope::ResultEnvelope;
 use agent_reach_proto::Priority;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::Value;
 use tonic::transport::Channel;
 
 use crate::call::{self, now_ms, CallOptions, Inherited, RouterLink};

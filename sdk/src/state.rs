@@ -119,6 +119,9 @@ pub(crate) struct Shared {
     pub(crate) links: Arc<Links>,
     pub(crate) dedup: Dedup,
     pub(crate) inflight: AtomicUsize,
+    /// The fewest deliveries in flight since the last heartbeat: what the
+    /// heartbeat reports ([`Shared::take_sustained_inflight`]).
+    sustained_inflight: AtomicUsize,
     /// Lifecycle phase: `starting`, `ready` or `draining`.
     phase: AtomicU8,
     /// [`Load`] the program reported (0 none, 1 busy, 2 overloaded).
@@ -147,6 +150,7 @@ impl Shared {
             links: Arc::new(links),
             dedup: Dedup::new(10_000, Duration::from_secs(600)),
             inflight: AtomicUsize::new(0),
+            sustained_inflight: AtomicUsize::new(0),
             phase: AtomicU8::new(status_index(Status::Starting)),
             reported_load: AtomicU8::new(0),
             automatic_load: AtomicU8::new(0),
@@ -216,10 +220,25 @@ impl Shared {
     /// Called as a delivery starts and ends: wakes the lifecycle when the
     /// in-flight count crossed a threshold (two atomics otherwise).
     pub(crate) fn inflight_changed(&self, inflight: usize) {
+        // Only a decrement can lower it (it never exceeds the count since the reset).
+        self.sustained_inflight.fetch_min(inflight, Ordering::AcqRel);
         let level = self.level_of(inflight);
         if self.automatic_load.swap(level, Ordering::AcqRel) != level {
             self.status_changed.notify_one();
         }
+    }
+
+    /// The in-flight count a heartbeat reports: the fewest in flight since
+    /// the previous heartbeat, and the count now for the next one. Not the
+    /// count at the instant: that samples whichever short call happens to be
+    /// running, and routers would steer away from an instance for a whole
+    /// heartbeat interval because of a call that ended a millisecond later
+    /// (their own calls they count themselves, DESIGN §3.4). The minimum is
+    /// the load that lasted the whole interval, which is what another router
+    /// cannot see.
+    pub(crate) fn take_sustained_inflight(&self) -> usize {
+        let now = self.inflight.load(Ordering::Acquire);
+        self.sustained_inflight.swap(now, Ordering::AcqRel).min(now)
     }
 
     pub(crate) fn handler(&self, capability: &str, version: &str) -> Option<&Handler> {

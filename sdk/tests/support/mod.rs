@@ -103,6 +103,8 @@ impl Stack {
         let registry_url = format!("http://{registry_addr}");
 
         let mut router_urls = Vec::new();
+        // Replicas share one signing key: agents verify every router's assertions with router 0's keys.
+        let signing = std::sync::Arc::new(agent_reach_access::assertion::AssertionKey::generate().unwrap().0);
         for _ in 0..routers {
             let mut settings = agent_reach_router::Settings::new(
                 "127.0.0.1:0".parse().unwrap(),
@@ -110,6 +112,7 @@ impl Stack {
                 auth.clone(),
                 acl.clone(),
             );
+            settings.assertion.signing = agent_reach_router::SigningKey::Key(signing.clone());
             let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
             callbacks.allow_private_targets = true;
             settings.tasks = Some(agent_reach_router::TasksSettings {
