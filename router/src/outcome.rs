@@ -117,6 +117,20 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration) -> (Observation
                 StatusCode::TOO_MANY_REQUESTS => {
                     (Observation::Busy, Outcome::Retryable(RetryReason::Overloaded, detail))
                 }
+                // The agent gave up at the call's own deadline a moment before
+                // this router's timer did (the SDKs enforce the envelope's
+                // deadline): the same outcome as a timeout here, so the same code.
+                StatusCode::GATEWAY_TIMEOUT
+                    if agent.as_ref().is_some_and(|error| error.code == "DEADLINE_EXCEEDED") =>
+                {
+                    (
+                        Observation::Failed,
+                        Outcome::Fatal(RouterError::new(
+                            Code::DeadlineExceeded,
+                            "the agent did not finish before the deadline",
+                        )),
+                    )
+                }
                 _ => {
                     // The agent's own business answer: passed through, never retried.
                     let observation = if status.is_server_error() {
