@@ -623,7 +623,10 @@ mod tests {
         assert_eq!(builder.revision(), 2);
         loaded.status = "busy".to_string();
         loaded.inflight = 10;
-        assert!(builder.apply(event(3, Kind::Updated(loaded))), "a status change rebuilds");
+        assert!(
+            builder.apply(event(3, Kind::Updated(loaded))),
+            "a status change rebuilds"
+        );
         let rebuilt = builder.build();
         let a1 = rebuilt.capabilities["order.query"].versions[0]
             .instances

@@ -631,7 +631,7 @@ async fn keep_alive_session(
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.tick().await; // the first heartbeat is already queued
-    // A load change that came too soon after the last report: sent at this instant.
+                         // A load change that came too soon after the last report: sent at this instant.
     let mut deferred: Option<Instant> = None;
     loop {
         let due = deferred.unwrap_or_else(Instant::now);

@@ -300,7 +300,10 @@ mod tests {
         assert_eq!(given.priority, Some(Priority::Low));
         assert_eq!(given.session_id.as_deref(), Some("s-2"));
         assert_eq!(given.request_id.as_deref(), Some("r-1"));
-        assert_eq!(given.deadline, inherited.deadline_ms, "a timeout never extends the caller's deadline");
+        assert_eq!(
+            given.deadline, inherited.deadline_ms,
+            "a timeout never extends the caller's deadline"
+        );
 
         let short = envelope(
             "a.b",

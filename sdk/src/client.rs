@@ -372,7 +372,10 @@ impl Client {
         } else {
             Err(CallError::new(
                 "TASK_NOT_DONE",
-                format!("the event stream of task `{task_id}` ended while it was {:?}", view.status),
+                format!(
+                    "the event stream of task `{task_id}` ended while it was {:?}",
+                    view.status
+                ),
             )
             .retryable())
         }
@@ -572,7 +575,8 @@ mod tests {
 
     #[test]
     fn frames_are_split_and_parsed() {
-        let stream = b": keep-alive\n\nevent: state\ndata: {\"task_id\":\"t_1\",\"status\":\"running\",\"at\":5}\n\nevent: st";
+        let stream =
+            b": keep-alive\n\nevent: state\ndata: {\"task_id\":\"t_1\",\"status\":\"running\",\"at\":5}\n\nevent: st";
         let end = frame_end(stream).unwrap();
         assert!(matches!(parse_frame(&stream[..end]), Frame::Other));
         let rest = &stream[end..];
@@ -583,7 +587,10 @@ mod tests {
         }
         assert_eq!(frame_end(&rest[end..]), None, "an unfinished frame waits for more");
         assert!(matches!(parse_frame(b"event: error\ndata: gone\n\n"), Frame::Error(error) if error.retryable));
-        assert!(matches!(parse_frame(b"event: state\ndata: nonsense\n\n"), Frame::Error(_)));
+        assert!(matches!(
+            parse_frame(b"event: state\ndata: nonsense\n\n"),
+            Frame::Error(_)
+        ));
     }
 
     #[test]
@@ -598,7 +605,10 @@ mod tests {
         assert!(verify_callback(&secret, &header, &body, window, now));
         assert!(!verify_callback(&secret, &header, b"{}", window, now));
         assert!(!verify_callback(&b"x".repeat(32), &header, &body, window, now));
-        assert!(!verify_callback(&secret, &header, &body, window, now + 3600), "a replay");
+        assert!(
+            !verify_callback(&secret, &header, &body, window, now + 3600),
+            "a replay"
+        );
         assert!(!verify_callback(&secret, "v1=zz", &body, window, now));
     }
 
@@ -612,7 +622,10 @@ mod tests {
     fn a_client_needs_a_router_url_and_a_token() {
         let error = Client::new("router:7500", " ").unwrap_err();
         assert_eq!(error.code, "INVALID_CLIENT_CONFIG");
-        assert!(error.message.contains("router:7500") && error.message.contains("no token"), "{error}");
+        assert!(
+            error.message.contains("router:7500") && error.message.contains("no token"),
+            "{error}"
+        );
         assert!(Client::new("http://127.0.0.1:7500/", "t").is_ok());
     }
 }

@@ -10,8 +10,8 @@ mod support;
 use std::time::Duration;
 
 use agent_reach_sdk::{
-    verify_callback, Agent, CallError, CallOptions, Callback, Client, Ctx, Handler, HandlerError, Priority, TargetPolicy,
-    TaskStatus,
+    verify_callback, Agent, CallError, CallOptions, Callback, Client, Ctx, Handler, HandlerError, Priority,
+    TargetPolicy, TaskStatus,
 };
 use agent_reach_testkit::eventually;
 use serde_json::{json, Value};
@@ -63,13 +63,13 @@ fn relay() -> Handler {
             options = options.version(requirement);
         }
         if let Some(policy) = input.get("policy") {
-            let policy: TargetPolicy =
-                serde_json::from_value(policy.clone()).map_err(|error| HandlerError::invalid_input(error.to_string()))?;
+            let policy: TargetPolicy = serde_json::from_value(policy.clone())
+                .map_err(|error| HandlerError::invalid_input(error.to_string()))?;
             options = options.policy(policy);
         }
         if let Some(priority) = input.get("priority") {
-            let priority: Priority =
-                serde_json::from_value(priority.clone()).map_err(|error| HandlerError::invalid_input(error.to_string()))?;
+            let priority: Priority = serde_json::from_value(priority.clone())
+                .map_err(|error| HandlerError::invalid_input(error.to_string()))?;
             options = options.priority(priority);
         }
         if let Some(ms) = input["timeout_ms"].as_u64() {
@@ -160,7 +160,11 @@ async fn a_handlers_calls_take_version_policy_priority_and_timeout() {
 
     // Version requirement: `^1` is served by 1.0.0, `=2.0.0` by 2.0.0, `^3` by nobody.
     let pinned = relayed(&stack, json!({"version": "^1"}), None).await;
-    assert_eq!((&pinned["version"], &pinned["output"]["version"]), (&json!("1.0.0"), &json!("1.0.0")), "{pinned}");
+    assert_eq!(
+        (&pinned["version"], &pinned["output"]["version"]),
+        (&json!("1.0.0"), &json!("1.0.0")),
+        "{pinned}"
+    );
     let exact = relayed(&stack, json!({"version": "=2.0.0"}), None).await;
     assert_eq!(exact["version"], "2.0.0", "{exact}");
     let missing = relayed(&stack, json!({"version": "^3"}), None).await;
@@ -176,7 +180,11 @@ async fn a_handlers_calls_take_version_policy_priority_and_timeout() {
 
     // Policy: `consistent_hash` reaches the router, which needs a session for it.
     let unkeyed = relayed(&stack, json!({"policy": "consistent_hash"}), None).await;
-    assert_eq!((&unkeyed["code"], &unkeyed["status"]), (&json!("INVALID_ENVELOPE"), &json!(400)), "{unkeyed}");
+    assert_eq!(
+        (&unkeyed["code"], &unkeyed["status"]),
+        (&json!("INVALID_ENVELOPE"), &json!(400)),
+        "{unkeyed}"
+    );
     let keyed = relayed(&stack, json!({"policy": "consistent_hash", "session_id": "s-7"}), None).await;
     let chosen = keyed["agent_id"].clone();
     assert!(chosen.is_string(), "{keyed}");
@@ -327,20 +335,35 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         .priority(Priority::High)
         .policy(TargetPolicy::LeastConnections)
         .timeout(Duration::from_secs(5));
-    let envelope = client.invoke_envelope("demo.version", json!({}), &options).await.unwrap();
+    let envelope = client
+        .invoke_envelope("demo.version", json!({}), &options)
+        .await
+        .unwrap();
     assert_eq!(envelope.capability_version.as_deref(), Some("1.0.0"));
     assert_eq!(envelope.output, Some(json!({"version": "1.0.0", "priority": "high"})));
     // Failures: the router's code and status.
     let missing = client.invoke::<Value>("demo.nothing", json!({})).await.unwrap_err();
-    assert_eq!((missing.code.as_str(), missing.status), ("CAPABILITY_NOT_FOUND", Some(404)), "{missing}");
+    assert_eq!(
+        (missing.code.as_str(), missing.status),
+        ("CAPABILITY_NOT_FOUND", Some(404)),
+        "{missing}"
+    );
     let timed_out = client
-        .invoke_with::<Value>("demo.hold", json!({}), &CallOptions::new().timeout(Duration::from_millis(300)))
+        .invoke_with::<Value>(
+            "demo.hold",
+            json!({}),
+            &CallOptions::new().timeout(Duration::from_millis(300)),
+        )
         .await
         .unwrap_err();
     assert_eq!(timed_out.code, "DEADLINE_EXCEEDED", "{timed_out}");
     let stranger = Client::new(stack.router(), "not-a-token").unwrap();
     let refused = stranger.invoke::<Value>("demo.echo", json!({})).await.unwrap_err();
-    assert_eq!((refused.code.as_str(), refused.status), ("UNAUTHENTICATED", Some(401)), "{refused}");
+    assert_eq!(
+        (refused.code.as_str(), refused.status),
+        ("UNAUTHENTICATED", Some(401)),
+        "{refused}"
+    );
 
     // A task with a callback: stored, delivered, POSTed back signed.
     let (hook, mut callbacks) = callback_receiver().await;
@@ -350,7 +373,10 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         .await
         .unwrap();
     assert_eq!((accepted.status, accepted.duplicate), (TaskStatus::Pending, false));
-    let done = client.wait_task(&accepted.task_id, Duration::from_secs(20)).await.unwrap();
+    let done = client
+        .wait_task(&accepted.task_id, Duration::from_secs(20))
+        .await
+        .unwrap();
     assert_eq!(done.status, TaskStatus::Succeeded);
     assert_eq!(done.output::<Value>().unwrap(), json!({"n": 2}));
     assert_eq!(done.session_id.as_deref(), Some("s-client"));
@@ -360,8 +386,20 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         .unwrap();
     assert_eq!(task_id, accepted.task_id);
     let window = Duration::from_secs(300);
-    assert!(verify_callback(support::CALLBACK_SECRET, &signature, &body, window, now_s()));
-    assert!(!verify_callback(b"another-secret-another-secret-0123", &signature, &body, window, now_s()));
+    assert!(verify_callback(
+        support::CALLBACK_SECRET,
+        &signature,
+        &body,
+        window,
+        now_s()
+    ));
+    assert!(!verify_callback(
+        b"another-secret-another-secret-0123",
+        &signature,
+        &body,
+        window,
+        now_s()
+    ));
     let delivered: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(delivered["output"], json!({"n": 2}));
 
@@ -370,7 +408,10 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         .submit_task("demo.echo", json!({"n": 2}), &session, None)
         .await
         .unwrap();
-    assert_eq!((repeated.task_id.as_str(), repeated.duplicate), (accepted.task_id.as_str(), true));
+    assert_eq!(
+        (repeated.task_id.as_str(), repeated.duplicate),
+        (accepted.task_id.as_str(), true)
+    );
 
     // Events of a task that never ends until canceled: the stream ends with `canceled`.
     let held = client
@@ -391,7 +432,10 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         tokio::spawn(async move {
             use futures::StreamExt;
             let events = client.task_events(&task_id).await.unwrap();
-            events.map(|event| event.map(|event| event.status)).collect::<Vec<_>>().await
+            events
+                .map(|event| event.map(|event| event.status))
+                .collect::<Vec<_>>()
+                .await
         })
     };
     let canceled = client.cancel_task(&held.task_id).await.unwrap();
@@ -404,9 +448,17 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
     let ended = client.wait_task(&held.task_id, Duration::from_secs(5)).await.unwrap();
     assert_eq!(ended.output::<Value>().unwrap_err().code, "CANCELED");
     let again = client.cancel_task(&held.task_id).await.unwrap_err();
-    assert_eq!((again.code.as_str(), again.status), ("TASK_CONFLICT", Some(409)), "{again}");
+    assert_eq!(
+        (again.code.as_str(), again.status),
+        ("TASK_CONFLICT", Some(409)),
+        "{again}"
+    );
     let unknown = client.task("t_000000000000000000000000").await.unwrap_err();
-    assert_eq!((unknown.code.as_str(), unknown.status), ("TASK_NOT_FOUND", Some(404)), "{unknown}");
+    assert_eq!(
+        (unknown.code.as_str(), unknown.status),
+        ("TASK_NOT_FOUND", Some(404)),
+        "{unknown}"
+    );
 
     // The session's finished tasks, in order, by cursor.
     let page = client.session_results("s-client", None, None).await.unwrap();
@@ -418,7 +470,10 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         .await
         .unwrap();
     assert_eq!(rest.results.len(), 1);
-    let bad = client.session_results("s-client", Some("nonsense"), None).await.unwrap_err();
+    let bad = client
+        .session_results("s-client", Some("nonsense"), None)
+        .await
+        .unwrap_err();
     assert_eq!((bad.code.as_str(), bad.status), ("INVALID_QUERY", Some(400)), "{bad}");
 
     open.send(true).unwrap();

@@ -306,8 +306,14 @@ async fn nonsensical_load_thresholds_are_refused_at_start() {
         .await;
     match refused {
         Err(StartError::Config(problem)) => {
-            assert!(problem.contains("load thresholds need 0 < busy (0.9) <= overloaded (0.5) <= 1"), "{problem}")
+            assert!(
+                problem.contains("load thresholds need 0 < busy (0.9) <= overloaded (0.5) <= 1"),
+                "{problem}"
+            )
         }
-        other => panic!("expected a configuration error, got {:?}", other.map(|agent| agent.agent_id().to_string())),
+        other => panic!(
+            "expected a configuration error, got {:?}",
+            other.map(|agent| agent.agent_id().to_string())
+        ),
     }
 }
