@@ -3,6 +3,8 @@
 //! cancel them, and read a session's results (DESIGN §3.2, §3.10). Every
 //! failure is a [`CallError`] carrying the router's stable code.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach_proto::envelope::ResultEnvelope;
@@ -12,7 +14,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use agent_reach_proto::context::contexts_client::ContextsClient;
+
 use crate::call::{self, CallOptions, Inherited, RouterLink};
+use crate::ctx::{ContextHandle, ContextTier, Links};
 use crate::error::CallError;
 
 /// Calls the router as the caller its token names.
@@ -40,6 +45,8 @@ use crate::error::CallError;
 pub struct Client {
     link: RouterLink,
     timeout: Duration,
+    /// The context service, once [`Client::context_service`] named one.
+    contexts: Option<Arc<Links>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -222,7 +229,71 @@ impl Client {
                 token,
             },
             timeout: Duration::from_secs(60),
+            contexts: None,
         })
+    }
+
+    /// The context service (gRPC, e.g. `http://context:7600`), for
+    /// [`Client::create_context`] and [`Client::context`]; connected on first use.
+    pub fn context_service(mut self, url: &str) -> Result<Self, CallError> {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|error| {
+                CallError::new(
+                    "INVALID_CLIENT_CONFIG",
+                    format!("the context service URL `{url}` is invalid: {error}"),
+                )
+            })?
+            .connect_timeout(Duration::from_secs(2))
+            .connect_lazy();
+        self.contexts = Some(Arc::new(Links {
+            router: None,
+            context: Some(ContextsClient::new(channel)),
+            token: self.link.token.clone(),
+        }));
+        Ok(self)
+    }
+
+    fn context_links(&self) -> Arc<Links> {
+        // Without a context service, a handle whose every call says so (NO_CONTEXT_SERVICE).
+        self.contexts.clone().unwrap_or_else(|| {
+            Arc::new(Links {
+                router: None,
+                context: None,
+                token: String::new(),
+            })
+        })
+    }
+
+    /// Creates a session context with `fields` (each within the caller's
+    /// `write` whitelist, DESIGN §4.3); pass its [`id`](ContextHandle::id) as
+    /// [`CallOptions::context_id`] so the agents of the conversation share it,
+    /// and [`close`](ContextHandle::close) it when the conversation ends.
+    ///
+    /// ```no_run
+    /// # async fn example(client: agent_reach_sdk::Client) -> Result<(), agent_reach_sdk::CallError> {
+    /// use agent_reach_sdk::{CallOptions, ContextTier};
+    /// use serde_json::{json, Value};
+    /// let context = client.create_context(ContextTier::Default, [("user_id", json!("ada"))]).await?;
+    /// let options = CallOptions::new().context_id(context.id().unwrap_or_default());
+    /// let answer: Value = client.invoke_with("intent.parse", json!({"text": "ship today?"}), &options).await?;
+    /// context.close().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_context<'a>(
+        &self,
+        tier: ContextTier,
+        fields: impl IntoIterator<Item = (&'a str, Value)>,
+    ) -> Result<ContextHandle, CallError> {
+        let fields: BTreeMap<String, String> = fields
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        ContextHandle::create(self.context_links(), tier, fields).await
+    }
+
+    /// The context `context_id`: read, patch or close it.
+    pub fn context(&self, context_id: &str) -> ContextHandle {
+        ContextHandle::new(self.context_links(), Some(context_id.to_string()))
     }
 
     /// How long a call without a timeout of its own waits for the router's

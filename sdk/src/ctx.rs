@@ -244,14 +244,66 @@ pub struct ContextSnapshot {
     pub fields: BTreeMap<String, Value>,
 }
 
+/// How long a new context lives after its last write (DESIGN §4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextTier {
+    /// The context service's `--default-ttl` (30 min).
+    #[default]
+    Default,
+    /// `--one-shot-ttl` (5 min): one request's worth of shared state.
+    OneShot,
+}
+
+impl ContextTier {
+    fn as_str(self) -> &'static str {
+        match self {
+            ContextTier::Default => "default",
+            ContextTier::OneShot => "one_shot",
+        }
+    }
+}
+
 impl ContextHandle {
-    fn parts(&self) -> Result<(ContextsClient<Channel>, String), CallError> {
-        let client = self.links.context.clone().ok_or_else(|| {
+    pub(crate) fn new(links: Arc<Links>, context_id: Option<String>) -> Self {
+        Self { links, context_id }
+    }
+
+    /// Creates a context with `fields` (each must match the caller's `write`
+    /// whitelist) and returns its handle; the service generates the id.
+    pub(crate) async fn create(
+        links: Arc<Links>,
+        tier: ContextTier,
+        fields: BTreeMap<String, String>,
+    ) -> Result<Self, CallError> {
+        let mut handle = Self::new(links, None);
+        let mut client = handle.client()?;
+        let request = handle.authed(ctxpb::CreateRequest {
+            context_id: String::new(),
+            tier: tier.as_str().to_string(),
+            fields_json: fields.into_iter().collect(),
+        })?;
+        let created = client.create(request).await.map_err(status_error)?.into_inner();
+        handle.context_id = Some(created.context_id);
+        Ok(handle)
+    }
+
+    /// The context's id (`None` when the request carried none): pass it as
+    /// a call's `context_id` so the agents serving it share the context.
+    pub fn id(&self) -> Option<&str> {
+        self.context_id.as_deref()
+    }
+
+    fn client(&self) -> Result<ContextsClient<Channel>, CallError> {
+        self.links.context.clone().ok_or_else(|| {
             CallError::new(
                 "NO_CONTEXT_SERVICE",
-                "this agent was built without a context service URL",
+                "built without a context service URL: call .context_service(URL)",
             )
-        })?;
+        })
+    }
+
+    fn parts(&self) -> Result<(ContextsClient<Channel>, String), CallError> {
+        let client = self.client()?;
         let id = self
             .context_id
             .clone()

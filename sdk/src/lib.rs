@@ -55,7 +55,7 @@ pub use client::{
     verify_callback, Callback, Client, SessionResult, SessionResults, TaskAccepted, TaskEvent, TaskStatus, TaskView,
     Transition,
 };
-pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, Ctx};
+pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, ContextTier, Ctx};
 pub use error::{CallError, HandlerError, RouterCode, StartError};
 pub use handler::{Descriptor, Handler, IntoHandler};
 pub use state::{Load, LoadThresholds, Status};

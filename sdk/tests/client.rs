@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use agent_reach_sdk::{
-    verify_callback, Agent, CallError, CallOptions, Callback, Client, Ctx, Handler, HandlerError, Priority,
+    verify_callback, Agent, CallError, CallOptions, Callback, Client, ContextTier, Ctx, Handler, HandlerError, Priority,
     TargetPolicy, TaskStatus,
 };
 use agent_reach_testkit::eventually;
@@ -475,6 +475,27 @@ async fn a_client_invokes_runs_tasks_with_callbacks_and_reads_session_results() 
         .await
         .unwrap_err();
     assert_eq!((bad.code.as_str(), bad.status), ("INVALID_QUERY", Some(400)), "{bad}");
+
+    // A session context of its own: created, shared with an agent, closed.
+    let without = client.context("ctx-none").get(&[]).await.unwrap_err();
+    assert_eq!(without.code, "NO_CONTEXT_SERVICE", "{without}");
+    let client = client.context_service(&stack.context).unwrap();
+    let context = client
+        .create_context(ContextTier::OneShot, [("topic", json!("refund"))])
+        .await
+        .unwrap();
+    let context_id = context.id().unwrap().to_string();
+    let version = context.patch().set("topic", "exchange").send().await.unwrap();
+    let seen = client.context(&context_id).get(&["topic"]).await.unwrap();
+    assert_eq!((seen.version, &seen.fields["topic"]), (version, &json!("exchange")));
+    let refused = client
+        .create_context(ContextTier::Default, [("budget", json!(1))])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code, "FORBIDDEN", "outside tester's write whitelist: {refused}");
+    context.close().await.unwrap();
+    let gone = client.context(&context_id).get(&[]).await.unwrap_err();
+    assert_eq!(gone.code, "CONTEXT_NOT_FOUND", "{gone}");
 
     open.send(true).unwrap();
     one.shutdown().await;
