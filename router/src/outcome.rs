@@ -132,7 +132,7 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
                     if agent.as_ref().is_some_and(|error| error.code == "DEADLINE_EXCEEDED") =>
                 {
                     (
-                        Observation::Failed,
+                        timed_out,
                         Outcome::Fatal(RouterError::new(
                             Code::DeadlineExceeded,
                             "the agent did not finish before the deadline",
