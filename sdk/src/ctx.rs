@@ -244,6 +244,15 @@ pub struct ContextSnapshot {
     pub fields: BTreeMap<String, Value>,
 }
 
+impl std::fmt::Debug for ContextHandle {
+    // Never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextHandle")
+            .field("context_id", &self.context_id)
+            .finish()
+    }
+}
+
 /// How long a new context lives after its last write (DESIGN §4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ContextTier {
