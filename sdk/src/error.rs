@@ -247,3 +247,36 @@ pub enum StartError {
     #[error("cannot listen on {address}: {error}")]
     Listen { address: String, error: std::io::Error },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RouterCode;
+
+    /// Every code of DESIGN §3.8's table is a [`RouterCode`], and every
+    /// `RouterCode` but `INTERNAL` (the router's last-resort answer, §3.7) is
+    /// in the table: the SDK's list cannot drift from the router's contract.
+    #[test]
+    fn router_codes_are_the_designs() {
+        let design = include_str!("../../docs/design.md");
+        let section = design
+            .split("### 3.8 Error codes")
+            .nth(1)
+            .and_then(|rest| rest.split("\n### ").next())
+            .unwrap();
+        let documented: Vec<&str> = section
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        assert!(documented.len() >= 20, "{documented:?}");
+        for code in &documented {
+            assert!(RouterCode::parse(code).is_some(), "{code} is not a RouterCode");
+        }
+        for code in RouterCode::ALL {
+            assert!(
+                code == RouterCode::Internal || documented.contains(&code.as_str()),
+                "{code} is not in DESIGN §3.8"
+            );
+        }
+    }
+}
