@@ -96,7 +96,8 @@ mod tests {
         assert!(!inflight_worth_writing(9, 10), "1 of 10 is under an eighth");
         assert!(inflight_worth_writing(9, 11));
         assert!(!inflight_worth_writing(100, 110));
-        assert!(inflight_worth_writing(100, 113));
+        assert!(!inflight_worth_writing(100, 113), "13 of 113 is under an eighth");
+        assert!(inflight_worth_writing(100, 115));
         assert!(inflight_worth_writing(100, 87));
         assert!(inflight_worth_writing(u32::MAX, 0));
     }
