@@ -10,8 +10,8 @@ mod support;
 use std::time::Duration;
 
 use agent_reach_sdk::{
-    verify_callback, Agent, CallError, CallOptions, Callback, Client, ContextTier, Ctx, Handler, HandlerError, Priority,
-    TargetPolicy, TaskStatus,
+    verify_callback, Agent, CallError, CallOptions, Callback, Client, ContextTier, Ctx, Handler, HandlerError,
+    Priority, TargetPolicy, TaskStatus,
 };
 use agent_reach_testkit::eventually;
 use serde_json::{json, Value};
