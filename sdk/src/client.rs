@@ -47,6 +47,9 @@ pub struct Client {
     timeout: Duration,
     /// The context service, once [`Client::context_service`] named one.
     contexts: Option<Arc<Links>>,
+    context_url: Option<String>,
+    /// The only CAs trusted for `https://` (`None`: the system's roots).
+    ca_file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Client {
@@ -230,21 +233,42 @@ impl Client {
             },
             timeout: Duration::from_secs(60),
             contexts: None,
+            context_url: None,
+            ca_file: None,
         })
+    }
+
+    /// Trusts only the CAs in `path` (PEM) for an `https://` router and
+    /// context service, instead of the system's roots (as
+    /// [`AgentBuilder::ca_file`](crate::AgentBuilder::ca_file)).
+    pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Result<Self, CallError> {
+        let path = path.into();
+        self.link.http = crate::agent::http_client(Some(&path))
+            .map_err(|error| CallError::new("INVALID_CLIENT_CONFIG", error.to_string()))?;
+        self.ca_file = Some(path);
+        match self.context_url.take() {
+            Some(url) => self.context_service(&url),
+            None => Ok(self),
+        }
     }
 
     /// The context service (gRPC, e.g. `http://context:7600`), for
     /// [`Client::create_context`] and [`Client::context`]; connected on first use.
     pub fn context_service(mut self, url: &str) -> Result<Self, CallError> {
-        let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        let trust = agent_reach_edge::tls::ClientFiles {
+            ca: self.ca_file.clone(),
+            identity: None,
+        };
+        let channel = agent_reach_edge::tls::grpc_endpoint(url, &trust)
             .map_err(|error| {
                 CallError::new(
                     "INVALID_CLIENT_CONFIG",
-                    format!("the context service URL `{url}` is invalid: {error}"),
+                    format!("the context service URL `{url}` is unusable: {error}"),
                 )
             })?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy();
+        self.context_url = Some(url.to_string());
         self.contexts = Some(Arc::new(Links {
             router: None,
             context: Some(ContextsClient::new(channel)),
@@ -698,5 +722,13 @@ mod tests {
             "{error}"
         );
         assert!(Client::new("http://127.0.0.1:7500/", "t").is_ok());
+    }
+
+    #[test]
+    fn an_unreadable_ca_file_is_named() {
+        let client = Client::new("https://127.0.0.1:7500", "t").unwrap();
+        let error = client.ca_file("/nonexistent/ca.pem").unwrap_err();
+        assert_eq!(error.code, "INVALID_CLIENT_CONFIG");
+        assert!(error.message.contains("/nonexistent/ca.pem"), "{error}");
     }
 }

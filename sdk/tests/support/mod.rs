@@ -85,6 +85,7 @@ impl Stack {
             store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
             acl: acl.clone(),
             auth: auth.clone(),
+            listener_tls: None,
             service: agent_reach_registry::RegistryConfig {
                 ttl: agent_reach_registry::TtlBounds {
                     min_s: 1,
@@ -146,6 +147,7 @@ impl Stack {
             },
             acl,
             auth,
+            listener_tls: None,
             service: agent_reach_context::ContextConfig::default(),
         };
         let context = agent_reach_context::build(&context_settings).await.unwrap();
