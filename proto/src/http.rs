@@ -115,6 +115,9 @@ pub struct AgentInstance {
     pub lease_id: i64,
     pub ttl_s: u32,
     pub registered_at_ms: u64,
+    /// Requests in flight the agent last reported, as stored (DESIGN §2.3; 0 when none).
+    #[serde(default)]
+    pub inflight: u32,
 }
 
 /// `GET /v1/agents`.

@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::catalog::{decode, decode_split};
 use crate::error::{Code, RegistryError};
 use crate::model::{Capability, Instance, Split};
-use crate::service::RegistryService;
+use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
 
@@ -81,6 +81,7 @@ pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
         lease_id: instance.lease_id,
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
+        inflight: instance.inflight,
     }
 }
 
@@ -205,9 +206,13 @@ impl pb::registry_server::Registry for GrpcRegistry {
                             .filter(|text| !text.is_empty())
                             .map(|text| validate::status(text, "status"))
                             .transpose()?;
-                        service
-                            .heartbeat(&caller, &heartbeat.agent_id, heartbeat.lease_id, status)
-                            .await
+                        let beat = Heartbeat {
+                            agent_id: &heartbeat.agent_id,
+                            lease_id: heartbeat.lease_id,
+                            status,
+                            inflight: heartbeat.inflight,
+                        };
+                        service.heartbeat(&caller, beat).await
                     }
                     .await;
                     service

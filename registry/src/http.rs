@@ -25,7 +25,7 @@ async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::respo
 }
 use crate::model::{Capability, Instance};
 use crate::operator;
-use crate::service::RegistryService;
+use crate::service::{Heartbeat, RegistryService};
 use crate::validate;
 
 pub fn routes(service: Arc<RegistryService>) -> Router {
@@ -104,6 +104,7 @@ pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
         lease_id: instance.lease_id,
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
+        inflight: instance.inflight,
     }
 }
 
@@ -150,7 +151,17 @@ async fn heartbeat(
             .as_deref()
             .map(|text| validate::status(text, "status"))
             .transpose()?;
-        service.heartbeat(&caller, &agent_id, request.lease_id, status).await
+        service
+            .heartbeat(
+                &caller,
+                Heartbeat {
+                    agent_id: &agent_id,
+                    lease_id: request.lease_id,
+                    status,
+                    inflight: request.inflight,
+                },
+            )
+            .await
     }
     .await;
     service

@@ -36,7 +36,7 @@ use anyhow::Context;
 use tonic::server::NamedService;
 
 pub use config::{RegistryArgs, Settings, StoreChoice};
-pub use service::{RegistryConfig, RegistryService};
+pub use service::{Heartbeat, RegistryConfig, RegistryService};
 pub use validate::TtlBounds;
 
 /// The whole API on one router: HTTP/JSON routes plus the gRPC service

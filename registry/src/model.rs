@@ -52,6 +52,27 @@ pub struct Instance {
     pub lease_id: i64,
     pub ttl_s: u32,
     pub registered_at_ms: u64,
+    /// Requests in flight the agent reported, as last written (DESIGN §2.3):
+    /// heartbeats rewrite it only when it moved meaningfully
+    /// ([`inflight_worth_writing`]). Absent in records written before it
+    /// existed, and while nothing was reported: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inflight: u32,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// Whether a heartbeat's in-flight count differs enough from the stored one
+/// to be worth an etcd write (and a watch event to every router): by at least
+/// an eighth of the larger of the two, so any change counts up to 8 in flight
+/// and the record follows a busy agent in steps of about 12 %. Without it,
+/// every heartbeat of a loaded agent would be a write; routers only compare
+/// instances' loads, which a 12 % step does not reorder much.
+pub fn inflight_worth_writing(stored: u32, reported: u32) -> bool {
+    let change = u64::from(stored.abs_diff(reported));
+    change > 0 && change * 8 >= u64::from(stored.max(reported))
 }
 
 impl Instance {
@@ -115,5 +136,25 @@ impl Keys {
 
     pub fn agent_id_of<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(self.agents_prefix.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inflight_worth_writing;
+
+    #[test]
+    fn inflight_is_written_when_it_moves_by_an_eighth() {
+        assert!(!inflight_worth_writing(0, 0));
+        assert!(inflight_worth_writing(0, 1));
+        assert!(inflight_worth_writing(7, 8), "small counts: every change");
+        assert!(inflight_worth_writing(8, 7));
+        assert!(!inflight_worth_writing(9, 10), "1 of 10 is under an eighth");
+        assert!(inflight_worth_writing(9, 11));
+        assert!(!inflight_worth_writing(100, 110));
+        assert!(!inflight_worth_writing(100, 113), "13 of 113 is under an eighth");
+        assert!(inflight_worth_writing(100, 115));
+        assert!(inflight_worth_writing(100, 87));
+        assert!(inflight_worth_writing(u32::MAX, 0));
     }
 }

@@ -11,7 +11,7 @@ use agent_reach_proto::http::RegisterRequest;
 use crate::catalog::{decode, Catalog, Entry, Resolution};
 use crate::error::{self, Code, RegistryError};
 use crate::metrics::Metrics;
-use crate::model::{Instance, Keys, Status};
+use crate::model::{inflight_worth_writing, Instance, Keys, Status};
 use crate::store::{Condition, Put, Store, StoreError};
 use crate::validate::{self, TtlBounds};
 
@@ -45,6 +45,17 @@ pub struct Registered {
     pub lease_id: i64,
     pub ttl_s: u32,
     pub heartbeat_interval_s: u32,
+}
+
+/// One heartbeat, as either transport received it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat<'a> {
+    pub agent_id: &'a str,
+    pub lease_id: i64,
+    /// `None`: unchanged.
+    pub status: Option<Status>,
+    /// Requests in flight now (`None`: not reported).
+    pub inflight: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,6 +207,7 @@ impl RegistryService {
                 lease_id: lease,
                 ttl_s: registration.ttl_s,
                 registered_at_ms: now_ms(),
+                inflight: 0,
             };
             let value = serde_json::to_vec(&instance)
                 .map_err(|error| RegistryError::new(Code::Internal, format!("cannot encode the record: {error}")))?;
@@ -257,14 +269,17 @@ impl RegistryService {
 
     // === Heartbeat ===
 
-    /// Renews the lease and, only when it changes, writes the new status.
-    pub async fn heartbeat(
-        &self,
-        caller: &Caller,
-        agent_id: &str,
-        lease_id: i64,
-        status: Option<Status>,
-    ) -> Result<HeartbeatAck, RegistryError> {
+    /// Renews the lease and writes the record only when something routers use
+    /// changed: the status, or the reported in-flight count by at least an
+    /// eighth ([`inflight_worth_writing`]); both in one write. A heartbeat
+    /// without either writes nothing.
+    pub async fn heartbeat(&self, caller: &Caller, beat: Heartbeat<'_>) -> Result<HeartbeatAck, RegistryError> {
+        let Heartbeat {
+            agent_id,
+            lease_id,
+            status,
+            inflight,
+        } = beat;
         let mut entry = match self.catalog.get(agent_id) {
             Some(entry) if entry.instance.lease_id == lease_id => entry,
             // Not (yet) in this catalog, or an older lease: ask the store.
@@ -280,41 +295,45 @@ impl RegistryService {
             Err(error) => return Err(error.into()),
         };
         let current = entry.instance.status;
-        let status = match status {
-            Some(next) if next != current => {
-                if !current.can_become(next) {
-                    return Err(RegistryError::field(
-                        Code::InvalidStatusTransition,
-                        "status",
-                        format!(
-                            "an instance cannot go from `{}` to `{}`",
-                            current.as_str(),
-                            next.as_str()
-                        ),
-                    ));
-                }
-                for attempt in 0..WRITE_ATTEMPTS {
-                    match self.write_status(&entry, next).await {
-                        Ok(()) => break,
-                        Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
-                            entry = match self.current_entry_from_store(agent_id).await? {
-                                Some(fresh) if fresh.instance.lease_id == lease_id => fresh,
-                                _ => return Err(error::lease_expired(agent_id)),
-                            };
-                        }
-                        Err(StoreError::LeaseNotFound(_)) => return Err(error::lease_expired(agent_id)),
-                        Err(error) => return Err(error.into()),
+        let next = status.unwrap_or(current);
+        if next != current && !current.can_become(next) {
+            return Err(RegistryError::field(
+                Code::InvalidStatusTransition,
+                "status",
+                format!(
+                    "an instance cannot go from `{}` to `{}`",
+                    current.as_str(),
+                    next.as_str()
+                ),
+            ));
+        }
+        let stored_inflight = entry.instance.inflight;
+        let inflight = inflight.filter(|reported| inflight_worth_writing(stored_inflight, *reported));
+        if next != current || inflight.is_some() {
+            for attempt in 0..WRITE_ATTEMPTS {
+                match self.write_record(&entry, next, inflight).await {
+                    Ok(()) => break,
+                    Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
+                        entry = match self.current_entry_from_store(agent_id).await? {
+                            Some(fresh) if fresh.instance.lease_id == lease_id => fresh,
+                            _ => return Err(error::lease_expired(agent_id)),
+                        };
                     }
+                    Err(StoreError::LeaseNotFound(_)) => return Err(error::lease_expired(agent_id)),
+                    Err(error) => return Err(error.into()),
                 }
-                next
             }
-            _ => current,
-        };
+            if next != current {
+                self.metrics.status_writes.inc();
+            } else {
+                self.metrics.inflight_writes.inc();
+            }
+        }
         Ok(HeartbeatAck {
             agent_id: agent_id.to_string(),
             lease_id,
             ttl_s: u32::try_from(ttl).unwrap_or(u32::MAX),
-            status,
+            status: next,
         })
     }
 
@@ -328,9 +347,14 @@ impl RegistryService {
         }))
     }
 
-    async fn write_status(&self, entry: &Entry, status: Status) -> Result<(), StoreError> {
+    /// Rewrites the record with `status` (and `inflight` when given), guarded by
+    /// the revision it was read at.
+    async fn write_record(&self, entry: &Entry, status: Status, inflight: Option<u32>) -> Result<(), StoreError> {
         let mut instance = Instance::clone(&entry.instance);
         instance.status = status;
+        if let Some(inflight) = inflight {
+            instance.inflight = inflight;
+        }
         let key = self.keys.agent(&instance.agent_id);
         let value = serde_json::to_vec(&instance).map_err(|error| StoreError::Unavailable(error.to_string()))?;
         let revision = self
@@ -348,7 +372,6 @@ impl RegistryService {
                 Vec::new(),
             )
             .await?;
-        self.metrics.status_writes.inc();
         self.catalog.wait_for(revision, CATALOG_WAIT).await;
         Ok(())
     }

@@ -143,6 +143,20 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
                 StatusCode::TOO_MANY_REQUESTS => {
                     (Observation::Busy, Outcome::Retryable(RetryReason::Overloaded, detail))
                 }
+                // The agent gave up at the call's own deadline a moment before
+                // this router's timer did (the SDKs enforce the envelope's
+                // deadline): the same outcome as a timeout here, so the same code.
+                StatusCode::GATEWAY_TIMEOUT
+                    if agent.as_ref().is_some_and(|error| error.code == "DEADLINE_EXCEEDED") =>
+                {
+                    (
+                        timed_out,
+                        Outcome::Fatal(RouterError::new(
+                            Code::DeadlineExceeded,
+                            "the agent did not finish before the deadline",
+                        )),
+                    )
+                }
                 _ => {
                     // The agent's own business answer: passed through, never retried.
                     let observation = if status == StatusCode::GATEWAY_TIMEOUT {

@@ -36,6 +36,9 @@ pub struct Instance {
     pub status: Status,
     /// The instance's tags (e.g. `class: bulk`), for per-tag task limits.
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Runtime state carried across snapshots, including the agent's reported
+    /// in-flight count (`state.reported_inflight()`), which a record change of
+    /// that count alone updates in place, without a rebuild.
     pub state: Arc<InstanceState>,
 }
 
@@ -290,6 +293,15 @@ impl SnapshotBuilder {
                 true
             }
             Some(Kind::SplitCleared(cleared)) => self.splits.remove(&cleared.capability).is_some(),
+            Some(Kind::Updated(instance)) if self.only_inflight_changed(&instance) => {
+                // The agent's load moved: a heartbeat's worth of news that routing
+                // reads through an atomic, not worth rebuilding every group for.
+                if let Some(state) = self.states.get(&instance.agent_id) {
+                    state.set_reported_inflight(instance.inflight);
+                }
+                self.instances.insert(instance.agent_id.clone(), instance);
+                false
+            }
             Some(Kind::Added(instance)) | Some(Kind::Updated(instance)) => {
                 self.instances.insert(instance.agent_id.clone(), instance);
                 true
@@ -297,6 +309,17 @@ impl SnapshotBuilder {
             Some(Kind::Removed(removed)) => self.instances.remove(&removed.agent_id).is_some(),
             None => false,
         }
+    }
+
+    /// Whether `update` differs from the record held only in its reported in-flight count.
+    fn only_inflight_changed(&self, update: &pb::AgentInstance) -> bool {
+        self.instances.get(&update.agent_id).is_some_and(|held| {
+            held.inflight != update.inflight
+                && pb::AgentInstance {
+                    inflight: update.inflight,
+                    ..held.clone()
+                } == *update
+        })
     }
 
     pub fn build(&mut self) -> Snapshot {
@@ -341,6 +364,7 @@ impl SnapshotBuilder {
                 .get(&record.agent_id)
                 .cloned()
                 .unwrap_or_else(|| Arc::new(InstanceState::new(self.metrics.instance(&record.agent_id))));
+            state.set_reported_inflight(record.inflight);
             live_states.insert(record.agent_id.clone(), state.clone());
             let instance = Arc::new(Instance {
                 agent_id: record.agent_id.clone(),
@@ -588,6 +612,55 @@ mod tests {
             .map(|(instance, current)| (instance.agent_id.clone(), *current))
             .collect();
         assert_eq!(before, after);
+    }
+
+    #[test]
+    fn a_reported_inflight_change_alone_updates_in_place() {
+        use pb::watch_event::Kind;
+        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
+        let mut loaded = instance("a1", "1.0.0", "");
+        loaded.inflight = 3;
+        builder.apply(event(
+            1,
+            Kind::Snapshot(pb::Snapshot {
+                instances: vec![loaded.clone(), instance("a2", "1.0.0", "")],
+                reset: false,
+            }),
+        ));
+        let snapshot = builder.build();
+        let group = &snapshot.capabilities["order.query"].versions[0];
+        let state = |id: &str| {
+            group
+                .instances
+                .iter()
+                .find(|instance| instance.agent_id == id)
+                .unwrap()
+                .state
+                .clone()
+        };
+        assert_eq!(state("a1").reported_inflight(), 3, "a snapshot carries the reports");
+        assert_eq!(state("a2").reported_inflight(), 0);
+        loaded.inflight = 9;
+        assert!(
+            !builder.apply(event(2, Kind::Updated(loaded.clone()))),
+            "only the load moved: no rebuild"
+        );
+        assert_eq!(state("a1").reported_inflight(), 9, "seen by the live snapshot at once");
+        assert_eq!(builder.revision(), 2);
+        loaded.status = "busy".to_string();
+        loaded.inflight = 10;
+        assert!(
+            builder.apply(event(3, Kind::Updated(loaded))),
+            "a status change rebuilds"
+        );
+        let rebuilt = builder.build();
+        let a1 = rebuilt.capabilities["order.query"].versions[0]
+            .instances
+            .iter()
+            .find(|instance| instance.agent_id == "a1")
+            .unwrap()
+            .clone();
+        assert_eq!((a1.status, a1.state.reported_inflight()), (Status::Busy, 10));
     }
 
     #[test]
