@@ -33,10 +33,12 @@ pub enum Code {
     AssertionFailed,
     RateLimited,
     OutputSchemaMismatch,
+    InvalidTaskResult,
+    DeadLetterNotFound,
 }
 
 impl Code {
-    pub const ALL: [Code; 24] = [
+    pub const ALL: [Code; 26] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -61,6 +63,8 @@ impl Code {
         Code::AssertionFailed,
         Code::RateLimited,
         Code::OutputSchemaMismatch,
+        Code::InvalidTaskResult,
+        Code::DeadLetterNotFound,
     ];
 }
 
@@ -94,6 +98,8 @@ impl ErrorCode for Code {
             Code::AssertionFailed => "ASSERTION_FAILED",
             Code::RateLimited => "RATE_LIMITED",
             Code::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
+            Code::InvalidTaskResult => "INVALID_TASK_RESULT",
+            Code::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
         }
     }
 
@@ -122,6 +128,8 @@ impl ErrorCode for Code {
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Code::OutputSchemaMismatch => StatusCode::BAD_GATEWAY,
+            Code::InvalidTaskResult => StatusCode::BAD_REQUEST,
+            Code::DeadLetterNotFound => StatusCode::NOT_FOUND,
         }
     }
 
