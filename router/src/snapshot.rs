@@ -625,6 +625,7 @@ mod tests {
             Kind::Snapshot(pb::Snapshot {
                 instances: vec![loaded.clone(), instance("a2", "1.0.0", "")],
                 reset: false,
+                splits: Vec::new(),
             }),
         ));
         let snapshot = builder.build();
