@@ -165,6 +165,8 @@ pub enum RouterCode {
     TasksDisabled,
     TaskNotFound,
     TaskConflict,
+    InvalidTaskResult,
+    DeadLetterNotFound,
     TaskStoreUnavailable,
     RateLimited,
     OutputSchemaMismatch,
@@ -175,7 +177,7 @@ pub enum RouterCode {
 }
 
 impl RouterCode {
-    pub const ALL: [RouterCode; 25] = [
+    pub const ALL: [RouterCode; 27] = [
         RouterCode::InvalidEnvelope,
         RouterCode::InvalidQuery,
         RouterCode::Unauthenticated,
@@ -194,6 +196,8 @@ impl RouterCode {
         RouterCode::TasksDisabled,
         RouterCode::TaskNotFound,
         RouterCode::TaskConflict,
+        RouterCode::InvalidTaskResult,
+        RouterCode::DeadLetterNotFound,
         RouterCode::TaskStoreUnavailable,
         RouterCode::RateLimited,
         RouterCode::OutputSchemaMismatch,
@@ -223,6 +227,8 @@ impl RouterCode {
             RouterCode::TasksDisabled => "TASKS_DISABLED",
             RouterCode::TaskNotFound => "TASK_NOT_FOUND",
             RouterCode::TaskConflict => "TASK_CONFLICT",
+            RouterCode::InvalidTaskResult => "INVALID_TASK_RESULT",
+            RouterCode::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
             RouterCode::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
             RouterCode::RateLimited => "RATE_LIMITED",
             RouterCode::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
