@@ -1,6 +1,6 @@
 //! Test support: spawns real `etcd`, `redis-server` and `prometheus` processes
 //! on free loopback ports with temporary data directories, waits until they
-//! answer, and kills them on drop.
+//! answer, and kills them on drop; [`EtcdCluster`] runs three etcd members.
 //!
 //! A missing binary fails with a message naming the package and the setup
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
@@ -11,6 +11,7 @@
 //! [`Isolated`] (a service on its own runtime, killable like a process) and
 //! [`RegistryProcess`] (the real registry run that way).
 
+mod etcd_cluster;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "services")]
@@ -19,6 +20,8 @@ mod services;
 #[cfg(feature = "services")]
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
+pub use etcd_cluster::EtcdCluster;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -26,7 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a server may take to become healthy.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 const SETUP_HINT: &str = "run `sudo scripts/setup.sh` (installs etcd-server, redis-server and prometheus)";
 
 /// A free TCP port on 127.0.0.1. Another process could take it before we
@@ -71,7 +74,7 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 
 /// Sends a raw request and returns the response text (used for health probes,
 /// so the kit needs no HTTP or Redis client).
-fn exchange(addr: SocketAddr, request: &[u8]) -> Option<String> {
+pub(crate) fn exchange(addr: SocketAddr, request: &[u8]) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
     stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     stream.write_all(request).ok()?;
@@ -97,7 +100,7 @@ pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
 }
 
 /// A running child process that is killed (and reaped) on drop.
-struct Guard {
+pub(crate) struct Guard {
     child: Child,
 }
 
@@ -128,7 +131,7 @@ impl Drop for Guard {
     }
 }
 
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
