@@ -135,3 +135,117 @@ impl Sentinels {
         Ok(answer.map(|(host, port)| HostPort { host, port }))
     }
 }
+
+// === Primary ===
+
+/// The primary's address as the Sentinels last said, followed in the
+/// background. Connections compare [`Primary::generation`] (one atomic load)
+/// with the one they were opened under and reopen when it moved, so a
+/// failover is followed without a restart and without a Sentinel round trip
+/// per request.
+pub struct Primary {
+    sentinels: Sentinels,
+    address: std::sync::RwLock<Option<HostPort>>,
+    generation: std::sync::atomic::AtomicU64,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Primary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Primary")
+            .field("sentinels", &self.sentinels)
+            .field("address", &self.address())
+            .finish()
+    }
+}
+
+/// How often the Sentinels are asked who the primary is. A failover takes
+/// the Sentinels `down-after-milliseconds` plus an election (seconds); this
+/// adds at most half a second to it.
+pub const FOLLOW_EVERY: Duration = Duration::from_millis(500);
+
+impl Primary {
+    /// `timeout` bounds each Sentinel's answer.
+    pub fn new(sentinels: Sentinels, timeout: Duration) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            sentinels,
+            address: std::sync::RwLock::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
+            timeout,
+        })
+    }
+
+    /// Moves whenever the primary's address changes.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The last known address, if any Sentinel has answered yet.
+    pub fn address(&self) -> Option<HostPort> {
+        self.address
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The service name the Sentinels monitor.
+    pub fn service(&self) -> &str {
+        self.sentinels.service()
+    }
+
+    /// Asks the Sentinels now and records the answer; returns it with its generation.
+    pub async fn refresh(&self) -> Result<(HostPort, u64), String> {
+        let found = self.sentinels.primary(self.timeout).await?;
+        let mut address = self.address.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if address.as_ref() != Some(&found) {
+            if let Some(before) = address.as_ref() {
+                tracing::warn!(
+                    message = "Redis primary changed (Sentinel failover); reconnecting.",
+                    service = %self.sentinels.service(),
+                    before = %before,
+                    now = %found,
+                );
+            }
+            *address = Some(found.clone());
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok((found, self.generation()))
+    }
+
+    /// The address to connect to: the known one, or the Sentinels' answer.
+    pub async fn current(&self) -> Result<(HostPort, u64), String> {
+        let generation = self.generation();
+        match self.address() {
+            Some(address) => Ok((address, generation)),
+            None => self.refresh().await,
+        }
+    }
+
+    /// Asks the Sentinels every [`FOLLOW_EVERY`] until the last other handle
+    /// is dropped. Needs a Tokio runtime.
+    pub fn follow(self: &std::sync::Arc<Self>) {
+        let weak = std::sync::Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(FOLLOW_EVERY);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let Some(primary) = weak.upgrade() else { return };
+                if let Err(error) = primary.refresh().await {
+                    tracing::warn!(message = "No Sentinel answered; keeping the last known primary.", %error);
+                }
+            }
+        });
+    }
+}
+
+/// Whether a `ROLE` reply's first element says `master`; the text to refuse with otherwise.
+pub fn check_role(address: &HostPort, role: &str) -> Result<(), String> {
+    if role == "master" {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing {address}: it is a {role} now (ROLE), not the primary; the Sentinels are asked again"
+        ))
+    }
+}

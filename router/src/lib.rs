@@ -143,7 +143,7 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
     let router = build(&settings).await?;
     let threads = agent_reach_edge::serve::thread_count(settings.tuning.threads);
     tracing::info!(
-        message = "Router listening.", address = %settings.listen, registry = %settings.registry, threads
+        message = "Router listening.", address = %settings.listen, registry = ?settings.registry, threads
     );
     serve_per_core(settings.listen, threads, router, shutdown).await
 }

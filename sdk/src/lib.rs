@@ -39,6 +39,7 @@ mod ctx;
 mod dedup;
 mod error;
 mod handler;
+mod registries;
 mod server;
 mod state;
 mod verify;

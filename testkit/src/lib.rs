@@ -1,6 +1,7 @@
 //! Test support: spawns real `etcd`, `redis-server` and `prometheus` processes
 //! on free loopback ports with temporary data directories, waits until they
-//! answer, and kills them on drop; [`EtcdCluster`] runs three etcd members.
+//! answer, and kills them on drop; [`EtcdCluster`] runs three etcd members, [`RedisSentinels`] a
+//! Redis primary, its replica and three Sentinels.
 //!
 //! A missing binary fails with a message naming the package and the setup
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
@@ -12,6 +13,7 @@
 //! [`RegistryProcess`] (the real registry run that way).
 
 mod etcd_cluster;
+mod redis_ha;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "services")]
@@ -21,6 +23,7 @@ mod services;
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
 pub use etcd_cluster::EtcdCluster;
+pub use redis_ha::RedisSentinels;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -12,8 +12,12 @@ use agent_reach_tasks::{CallbackConfig, StoreConfig};
 #[derive(Debug, Clone, clap::Args)]
 pub struct TaskArgs {
     /// Redis for durable asynchronous tasks (`/v1/tasks`); without it the slow path is off.
+    /// redis://, rediss:// (TLS), redis+sentinel://HOST:PORT,.../SERVICE or rediss+sentinel://.
     #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
     pub redis: Option<String>,
+    /// TLS files and `WAIT` for the task store's Redis.
+    #[command(flatten)]
+    pub redis_link: agent_reach_links::RedisLinkArgs,
     /// File with the default secret that signs task callbacks (required with --redis).
     #[arg(long, env = "AGENT_REACH_CALLBACK_SECRET_FILE", value_name = "PATH")]
     pub callback_secret_file: Option<PathBuf>,
@@ -52,9 +56,7 @@ impl TaskArgs {
     /// The slow path's settings (`None` without `--redis`); problems are added to `problems`.
     pub fn settings(&self, problems: &mut Vec<String>) -> Option<TasksSettings> {
         let redis = self.redis.clone()?;
-        if !(redis.starts_with("redis://") || redis.starts_with("rediss://")) {
-            problems.push(format!("--redis `{redis}` must start with redis:// or rediss://"));
-        }
+        let link = self.redis_link.link(&redis, problems);
         let read_secret = |path: &std::path::Path, problems: &mut Vec<String>| match std::fs::read(path) {
             Ok(secret) if secret.trim_ascii().len() >= 32 => Some(secret.trim_ascii().to_vec()),
             Ok(_) => {
@@ -98,6 +100,8 @@ impl TaskArgs {
             redis,
             store: StoreConfig {
                 retention: Duration::from_secs(self.task_retention_s.max(60)),
+                tls: link.as_ref().map(|link| link.tls.clone()).unwrap_or_default(),
+                wait: link.as_ref().and_then(|link| link.wait),
                 ..Default::default()
             },
             callbacks,
