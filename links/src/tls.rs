@@ -11,7 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// PEM files, as given on the command line, with their contents.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
     /// CA certificates trusted instead of the system's roots (PEM).
     pub ca: Option<(PathBuf, Vec<u8>)>,
@@ -19,7 +19,7 @@ pub struct TlsFiles {
     pub client: Option<ClientIdentity>,
 }
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientIdentity {
     pub cert_path: PathBuf,
     pub cert: Vec<u8>,

@@ -12,6 +12,7 @@
 //! [`Isolated`] (a service on its own runtime, killable like a process) and
 //! [`RegistryProcess`] (the real registry run that way).
 
+mod certs;
 mod etcd_cluster;
 mod redis_ha;
 #[cfg(feature = "otlp")]
@@ -22,6 +23,7 @@ mod services;
 #[cfg(feature = "services")]
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
+pub use certs::TestCerts;
 pub use etcd_cluster::EtcdCluster;
 pub use redis_ha::RedisSentinels;
 
@@ -148,11 +150,23 @@ pub struct Etcd {
     client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
+    /// Serve clients over https with these certificates, requiring a client certificate.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
 impl Etcd {
     /// Starts etcd and waits until `/health` reports healthy.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd serving clients over https only (the server certificate of
+    /// `certs`, client certificates required, signed by its CA).
+    pub fn start_tls(certs: &TestCerts) -> Self {
+        Self::start_with(Some((certs.ca(), certs.server_cert(), certs.server_key())))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {
         let binary = find_binary("etcd", "etcd-server");
         let dir = tempfile::Builder::new()
             .prefix("agent-reach-etcd-")
@@ -163,6 +177,7 @@ impl Etcd {
             client_port: 0,
             peer_port: 0,
             dir,
+            tls,
         };
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -179,9 +194,16 @@ impl Etcd {
     fn launch(&mut self, binary: &Path) -> Result<(), String> {
         let data = self.dir.path().join(format!("data-{}", self.client_port));
         let log = self.dir.path().join("etcd.log");
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut command = Command::new(binary);
+        if let Some((ca, cert, key)) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", cert.display()))
+                .arg(format!("--key-file={}", key.display()))
+                .arg(format!("--trusted-ca-file={}", ca.display()))
+                .arg("--client-cert-auth=true");
+        }
         command
             .arg("--name=testkit")
             .arg(format!("--data-dir={}", data.display()))
@@ -191,16 +213,22 @@ impl Etcd {
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=testkit={peer}"))
             .arg("--initial-cluster-state=new")
-            .arg("--log-level=warn")
+            .arg(if self.tls.is_some() { "--log-level=info" } else { "--log-level=warn" })
             // Fast elections for a single member.
             .arg("--heartbeat-interval=50")
             .arg("--election-timeout=500")
             .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
         let mut guard = Guard::spawn(&mut command, &log).map_err(|error| error.to_string())?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.client_port));
+        let tls = self.tls.is_some();
         let healthy = wait_until(START_TIMEOUT, || {
             if guard.exited().is_some() {
                 return true;
+            }
+            if tls {
+                // The kit speaks no TLS: etcd says when it serves (at info level).
+                return std::fs::read_to_string(&log)
+                    .is_ok_and(|text| text.contains("serving client requests on") || text.contains("serving client traffic securely"));
             }
             exchange(addr, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
                 .is_some_and(|answer| answer.contains("\"health\":\"true\""))
@@ -212,9 +240,10 @@ impl Etcd {
         Ok(())
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT` (`https://` when started with TLS)
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     pub fn client_port(&self) -> u16 {
@@ -256,11 +285,23 @@ pub struct Redis {
     process: Option<Guard>,
     port: u16,
     dir: tempfile::TempDir,
+    /// TLS only on `port` (CA, certificate, key), client certificates required.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
 impl Redis {
     /// Starts redis-server and waits until it answers PING.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts redis-server speaking TLS only (`--tls-port`, the server
+    /// certificate of `certs`, client certificates required).
+    pub fn start_tls(certs: &TestCerts) -> Self {
+        Self::start_with(Some((certs.ca(), certs.server_cert(), certs.server_key())))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {
         let binary = find_binary("redis-server", "redis-server");
         let dir = tempfile::Builder::new()
             .prefix("agent-reach-redis-")
@@ -270,6 +311,7 @@ impl Redis {
             process: None,
             port: 0,
             dir,
+            tls,
         };
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -285,9 +327,27 @@ impl Redis {
     fn launch(&mut self, binary: &Path) -> Result<(), String> {
         let log = self.dir.path().join("redis.log");
         let mut command = Command::new(binary);
+        match &self.tls {
+            Some((ca, cert, key)) => {
+                command
+                    .arg("--port")
+                    .arg("0")
+                    .arg("--tls-port")
+                    .arg(self.port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(cert)
+                    .arg("--tls-key-file")
+                    .arg(key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(ca)
+                    .arg("--tls-auth-clients")
+                    .arg("yes");
+            }
+            None => {
+                command.arg("--port").arg(self.port.to_string());
+            }
+        }
         command
-            .arg("--port")
-            .arg(self.port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
             .arg("--dir")
@@ -300,7 +360,13 @@ impl Redis {
             .arg("yes");
         let mut guard = Guard::spawn(&mut command, &log).map_err(|error| error.to_string())?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let tls = self.tls.is_some();
         let healthy = wait_until(START_TIMEOUT, || {
+            if tls {
+                // The kit speaks no TLS: Redis says when it serves.
+                return guard.exited().is_some()
+                    || std::fs::read_to_string(&log).is_ok_and(|text| text.contains("Ready to accept connections"));
+            }
             guard.exited().is_some() || exchange(addr, b"PING\r\n").is_some_and(|answer| answer.starts_with("+PONG"))
         });
         if guard.exited().is_some() || !healthy {
@@ -310,9 +376,10 @@ impl Redis {
         Ok(())
     }
 
-    /// `redis://127.0.0.1:PORT`
+    /// `redis://127.0.0.1:PORT` (`rediss://` when started with TLS)
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn port(&self) -> u16 {

@@ -59,6 +59,21 @@ pub struct EtcdTls {
     pub config: Option<ClientTlsConfig>,
 }
 
+impl EtcdTls {
+    /// The CA bundle (the system's roots without one) and the client identity.
+    pub fn from_files(files: &agent_reach_links::TlsFiles) -> Self {
+        let mut config = ClientTlsConfig::new();
+        config = match &files.ca {
+            Some((_, pem)) => config.ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+            None => config.with_native_roots(),
+        };
+        if let Some(client) = &files.client {
+            config = config.identity(tonic::transport::Identity::from_pem(&client.cert, &client.key));
+        }
+        Self { config: Some(config) }
+    }
+}
+
 impl EtcdStore {
     /// Connects lazily to the given endpoints (`http://host:port`); the
     /// registry starts even while etcd is down and `/readyz` says so.
@@ -120,7 +135,11 @@ impl Members {
                 .keep_alive_timeout(Duration::from_secs(3))
                 .keep_alive_while_idle(true);
             if url.starts_with("https://") {
-                let config = tls.config.clone().unwrap_or_default();
+                // Without files: the system's roots, verification on.
+                let config = tls
+                    .config
+                    .clone()
+                    .unwrap_or_else(|| ClientTlsConfig::new().with_native_roots());
                 endpoint = endpoint
                     .tls_config(config)
                     .map_err(|error| format!("etcd endpoint `{url}`: {error}"))?;
@@ -177,9 +196,14 @@ impl Members {
     {
         let deadline = Instant::now() + CALL_TIMEOUT;
         let mut tried_in_round = 0;
+        let mut last: Option<tonic::Status> = None;
         loop {
             let index = self.current();
             let left = deadline.saturating_duration_since(Instant::now());
+            if let (Some(status), true) = (&last, left < Duration::from_millis(20)) {
+                // No time left for a real attempt: report the last real failure.
+                return Err(give_up(status));
+            }
             let attempt = left.min(ATTEMPT_TIMEOUT);
             let status = match tokio::time::timeout(attempt, call(self.list[index].channel.clone())).await {
                 Ok(Ok(answer)) => return Ok((index, answer.into_inner())),
@@ -193,15 +217,9 @@ impl Members {
             };
             self.failed(index, &status);
             if Instant::now() >= deadline {
-                return Err(tonic::Status::new(
-                    status.code(),
-                    format!(
-                        "no etcd member answered within {} s (last: {})",
-                        CALL_TIMEOUT.as_secs(),
-                        describe(&status)
-                    ),
-                ));
+                return Err(give_up(&status));
             }
+            last = Some(status);
             tried_in_round += 1;
             if tried_in_round >= self.list.len() {
                 tried_in_round = 0;
@@ -209,6 +227,17 @@ impl Members {
             }
         }
     }
+}
+
+fn give_up(status: &tonic::Status) -> tonic::Status {
+    tonic::Status::new(
+        status.code(),
+        format!(
+            "no etcd member answered within {} s (last: {})",
+            CALL_TIMEOUT.as_secs(),
+            describe(status)
+        ),
+    )
 }
 
 /// Whether another member may succeed where this one failed: the member is
