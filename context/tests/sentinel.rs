@@ -48,6 +48,13 @@ async fn contexts_keep_being_served_across_a_sentinel_failover() {
     eprintln!("context writes resumed {recovered:?} after the primary's kill");
     // The promoted replica serves what was written before the failover, and
     // what is written now, through the same store.
-    assert!(store.get("before", &Selection::All).await.unwrap().is_some(), "a context written before the failover");
-    assert!(store.get(&format!("after-{attempt}"), &Selection::All).await.unwrap().is_some());
+    assert!(
+        store.get("before", &Selection::All).await.unwrap().is_some(),
+        "a context written before the failover"
+    );
+    assert!(store
+        .get(&format!("after-{attempt}"), &Selection::All)
+        .await
+        .unwrap()
+        .is_some());
 }

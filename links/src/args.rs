@@ -15,10 +15,20 @@ pub struct RedisLinkArgs {
     #[arg(long, env = "AGENT_REACH_REDIS_CA_FILE", value_name = "PATH")]
     pub redis_ca_file: Option<PathBuf>,
     /// Client certificate (PEM) presented over `rediss://` (Redis' `tls-auth-clients`).
-    #[arg(long, env = "AGENT_REACH_REDIS_CLIENT_CERT", value_name = "PATH", requires = "redis_client_key")]
+    #[arg(
+        long,
+        env = "AGENT_REACH_REDIS_CLIENT_CERT",
+        value_name = "PATH",
+        requires = "redis_client_key"
+    )]
     pub redis_client_cert: Option<PathBuf>,
     /// The client certificate's private key (PEM).
-    #[arg(long, env = "AGENT_REACH_REDIS_CLIENT_KEY", value_name = "PATH", requires = "redis_client_cert")]
+    #[arg(
+        long,
+        env = "AGENT_REACH_REDIS_CLIENT_KEY",
+        value_name = "PATH",
+        requires = "redis_client_cert"
+    )]
     pub redis_client_key: Option<PathBuf>,
     /// Acknowledge a write only once this many replicas have it (Redis `WAIT`), so it
     /// survives a failover; 0 = off. Costs one replication round trip per write.
@@ -126,7 +136,9 @@ mod tests {
         assert!(problems[1].contains("WAIT 0 waits forever"));
 
         let mut problems = Vec::new();
-        assert!(RedisLinkArgs::default().link("redis://a:1,b:2", &mut problems).is_none());
+        assert!(RedisLinkArgs::default()
+            .link("redis://a:1,b:2", &mut problems)
+            .is_none());
         assert!(problems[0].starts_with("--redis: invalid Redis URL"), "{problems:?}");
     }
 }

@@ -185,7 +185,11 @@ impl RedisUrl {
             let (service, db) = match segments.as_slice() {
                 [service] => (*service, 0),
                 [service, db] => (*service, parse_db(db)?),
-                [] => return Err(invalid("a Sentinel URL names the service: redis+sentinel://HOST:PORT,…/SERVICE")),
+                [] => {
+                    return Err(invalid(
+                        "a Sentinel URL names the service: redis+sentinel://HOST:PORT,…/SERVICE",
+                    ))
+                }
                 _ => return Err(invalid("the path is /SERVICE or /SERVICE/DB")),
             };
             let service = decode(service)?;
@@ -312,7 +316,13 @@ mod tests {
 
         let both = RedisUrl::parse("rediss+sentinel://a:1,b:2/svc?sentinel_auth=same").unwrap();
         assert!(both.tls && both.is_sentinel());
-        assert!(matches!(both.nodes, Nodes::Sentinel { auth: SentinelAuth::Same, .. }));
+        assert!(matches!(
+            both.nodes,
+            Nodes::Sentinel {
+                auth: SentinelAuth::Same,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -320,7 +330,10 @@ mod tests {
         let url = RedisUrl::parse("rediss+sentinel://app:hunter2@a:1,b:2/svc/1?sentinel_auth=same").unwrap();
         let shown = format!("{url} {url:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
-        assert_eq!(url.to_string(), "rediss+sentinel://app:***@a:1,b:2/svc/1?sentinel_auth=same");
+        assert_eq!(
+            url.to_string(),
+            "rediss+sentinel://app:***@a:1,b:2/svc/1?sentinel_auth=same"
+        );
         assert_eq!(redact("redis://:hunter2@h:1/0"), "redis://:***@h:1/0");
         let error = RedisUrl::parse("redis://:hunter2@h:notaport").unwrap_err();
         assert!(!error.contains("hunter2") && error.contains("notaport"), "{error}");
@@ -334,7 +347,10 @@ mod tests {
             ("redis://a:1,b:2", "several hosts need the Sentinel form"),
             ("redis+sentinel://a:1,b:2", "names the service"),
             ("redis+sentinel://a:1/svc/x", "`x` is not a database number"),
-            ("redis+sentinel://a:1/svc?sentinel_auth=maybe", "sentinel_auth is `none` or `same`"),
+            (
+                "redis+sentinel://a:1/svc?sentinel_auth=maybe",
+                "sentinel_auth is `none` or `same`",
+            ),
             ("redis://h:1?timeout=5", "unknown option `timeout=5`"),
             ("redis://h:0", "`0` is not a port"),
             ("redis://:1", "has no host"),

@@ -77,10 +77,7 @@ impl Sentinels {
                     self.preferred.store(index, Ordering::Relaxed);
                     return Ok(primary);
                 }
-                Ok(Ok(None)) => failures.push(format!(
-                    "{sentinel}: does not monitor a service `{}`",
-                    self.service
-                )),
+                Ok(Ok(None)) => failures.push(format!("{sentinel}: does not monitor a service `{}`", self.service)),
                 Ok(Err(why)) => failures.push(format!("{sentinel}: {why}")),
                 Err(_) => failures.push(format!("{sentinel}: no answer within {} ms", timeout.as_millis())),
             }

@@ -34,10 +34,7 @@ impl std::fmt::Debug for TlsFiles {
             .field("ca", &self.ca.as_ref().map(|(path, _)| path))
             .field(
                 "client",
-                &self
-                    .client
-                    .as_ref()
-                    .map(|client| (&client.cert_path, &client.key_path)),
+                &self.client.as_ref().map(|client| (&client.cert_path, &client.key_path)),
             )
             .finish()
     }
@@ -66,10 +63,7 @@ impl TlsFiles {
             if let Some(bytes) = read(path, &format!("{flag}-ca-file"), problems) {
                 match CertificateDer::pem_slice_iter(&bytes).collect::<Result<Vec<_>, _>>() {
                     Ok(certs) if !certs.is_empty() => files.ca = Some((path.to_path_buf(), bytes)),
-                    Ok(_) => problems.push(format!(
-                        "{flag}-ca-file {} holds no PEM certificate",
-                        path.display()
-                    )),
+                    Ok(_) => problems.push(format!("{flag}-ca-file {} holds no PEM certificate", path.display())),
                     Err(error) => problems.push(format!(
                         "{flag}-ca-file {} is not a PEM certificate bundle: {error}",
                         path.display()

@@ -32,9 +32,18 @@ fn order_token() -> String {
 
 /// One agent: heartbeats every TTL/3, again after 200 ms when one fails, as
 /// the SDK does.
-fn agent(base: String, agent_id: String, lease_id: i64, outcomes: Arc<Outcomes>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+fn agent(
+    base: String,
+    agent_id: String,
+    lease_id: i64,
+    outcomes: Arc<Outcomes>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(8)).build().unwrap();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(8))
+            .build()
+            .unwrap();
         let every = Duration::from_millis(u64::from(TTL_S) * 1000 / 3);
         while !stop.load(Ordering::SeqCst) {
             let answer = client
@@ -74,7 +83,10 @@ async fn register_until_accepted(registry: &TestRegistry, agent_id: &str) -> (i6
         }
         assert_eq!(status, 503, "{body}");
         assert_eq!(body["error"]["code"], "STORE_UNAVAILABLE", "{body}");
-        assert!(started.elapsed() < Duration::from_secs(15), "no registration accepted for 15 s: {body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no registration accepted for 15 s: {body}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -85,7 +97,11 @@ async fn hold(registry: &TestRegistry, expected: usize, outcomes: &Outcomes, pha
     while Instant::now() < until {
         let resolved = registry.resolved("order.query").await.len();
         assert_eq!(resolved, expected, "{phase}: instances resolvable");
-        assert_eq!(outcomes.lost.load(Ordering::SeqCst), 0, "{phase}: a heartbeat found its registration gone");
+        assert_eq!(
+            outcomes.lost.load(Ordering::SeqCst),
+            0,
+            "{phase}: a heartbeat found its registration gone"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -120,7 +136,13 @@ async fn losing_a_member_and_the_leader_loses_no_registration() {
     let follower = if leader == 0 { 1 } else { 0 };
     cluster.kill(follower);
     let (lease, took) = register_until_accepted(&registry, "oq-after-follower").await;
-    agents.push(agent(registry.url(""), "oq-after-follower".into(), lease, outcomes.clone(), stop.clone()));
+    agents.push(agent(
+        registry.url(""),
+        "oq-after-follower".into(),
+        lease,
+        outcomes.clone(),
+        stop.clone(),
+    ));
     hold(&registry, AGENTS + 1, &outcomes, "member lost").await;
     let after_follower = (
         outcomes.ok.load(Ordering::SeqCst),
@@ -132,7 +154,13 @@ async fn losing_a_member_and_the_leader_loses_no_registration() {
     let leader = cluster.leader().expect("the cluster has a leader again");
     cluster.kill(leader);
     let (lease, took) = register_until_accepted(&registry, "oq-after-leader").await;
-    agents.push(agent(registry.url(""), "oq-after-leader".into(), lease, outcomes.clone(), stop.clone()));
+    agents.push(agent(
+        registry.url(""),
+        "oq-after-leader".into(),
+        lease,
+        outcomes.clone(),
+        stop.clone(),
+    ));
     hold(&registry, AGENTS + 2, &outcomes, "leader lost").await;
     stop.store(true, Ordering::SeqCst);
     for agent in agents {

@@ -36,7 +36,9 @@ async fn registrations_go_to_etcd_over_verified_tls() {
     })
     .await;
     let token = TestRegistry::token("order_query");
-    let (status, body) = registry.post("/v1/agents", Some(&token), &registration("oq-tls", 15)).await;
+    let (status, body) = registry
+        .post("/v1/agents", Some(&token), &registration("oq-tls", 15))
+        .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(registry.resolved("order.query").await, ["oq-tls"]);
 
@@ -45,5 +47,8 @@ async fn registrations_go_to_etcd_over_verified_tls() {
     let untrusting = EtcdStore::connect_with(&[etcd.endpoint()], &EtcdTls::from_files(&files(&certs, false))).unwrap();
     let error = untrusting.ping().await.unwrap_err().to_string();
     let lowered = error.to_lowercase();
-    assert!(lowered.contains("certificate") || lowered.contains("unknownissuer"), "{error}");
+    assert!(
+        lowered.contains("certificate") || lowered.contains("unknownissuer"),
+        "{error}"
+    );
 }

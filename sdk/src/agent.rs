@@ -385,7 +385,9 @@ impl Agent {
                 Ok(Err(status)) => {
                     tracing::warn!(message = "Deregistration failed; the lease will expire unless another registry takes it.", registry = %url, error = %status)
                 }
-                Err(_) => tracing::warn!(message = "Deregistration timed out; the lease will expire unless another registry takes it.", registry = %url),
+                Err(_) => {
+                    tracing::warn!(message = "Deregistration timed out; the lease will expire unless another registry takes it.", registry = %url)
+                }
             }
             self.registry.failed();
         }
@@ -456,12 +458,7 @@ enum SessionEnd {
 
 /// Register, keep alive, re-register on `LEASE_EXPIRED` or after the registry
 /// comes back; with capped exponential backoff between failures.
-async fn lifecycle(
-    shared: Arc<Shared>,
-    registry: Arc<Registries>,
-    bound: SocketAddr,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn lifecycle(shared: Arc<Shared>, registry: Arc<Registries>, bound: SocketAddr, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(100);
     let mut registered = false;
     // Failures in a row: the next registry is tried at once until each

@@ -351,7 +351,10 @@ impl TaskStore {
             Link::Direct(client) => (0, client.clone()),
             Link::Sentinel { primary, url } => {
                 let (address, generation) = primary.current().await.map_err(TaskStoreError::Unavailable)?;
-                (generation, client_for(url, Some(&address), &self.tls).map_err(TaskStoreError::Unavailable)?)
+                (
+                    generation,
+                    client_for(url, Some(&address), &self.tls).map_err(TaskStoreError::Unavailable)?,
+                )
             }
         };
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -363,7 +366,10 @@ impl TaskStore {
             .map_err(unavailable)?;
         if let Link::Sentinel { primary, .. } = &self.link {
             // A Sentinel's answer can lag a failover: never write to a replica.
-            let role: Vec<RedisValue> = redis::cmd("ROLE").query_async(&mut connection).await.map_err(unavailable)?;
+            let role: Vec<RedisValue> = redis::cmd("ROLE")
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
             let role = match role.first() {
                 Some(RedisValue::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
                 Some(RedisValue::SimpleString(text)) => text.clone(),

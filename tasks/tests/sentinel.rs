@@ -80,7 +80,10 @@ async fn acknowledged_tasks_survive_a_sentinel_failover_with_wait() {
         if acknowledged.len() > before {
             break;
         }
-        assert!(resumed.elapsed() < Duration::from_secs(30), "no acknowledgement with the replica back");
+        assert!(
+            resumed.elapsed() < Duration::from_secs(30),
+            "no acknowledgement with the replica back"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     submit_some(20, &mut acknowledged, &mut refused).await;

@@ -42,7 +42,10 @@ async fn tasks_go_to_redis_over_verified_tls() {
         })
         .await
         .unwrap();
-    assert_eq!(store.get(submitted.task_id()).await.unwrap().task_id, submitted.task_id());
+    assert_eq!(
+        store.get(submitted.task_id()).await.unwrap().task_id,
+        submitted.task_id()
+    );
 
     // The system's roots do not include the test CA: refused, and said why.
     let untrusting = TaskStore::new(
@@ -54,5 +57,8 @@ async fn tasks_go_to_redis_over_verified_tls() {
     )
     .unwrap();
     let error = untrusting.prepare().await.unwrap_err().to_string().to_lowercase();
-    assert!(error.contains("certificate") || error.contains("unknownissuer"), "{error}");
+    assert!(
+        error.contains("certificate") || error.contains("unknownissuer"),
+        "{error}"
+    );
 }

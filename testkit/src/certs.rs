@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
 };
 
 /// PEM files of one test PKI. Removed on drop.
@@ -22,7 +23,9 @@ impl TestCerts {
             .unwrap_or_else(|error| panic!("cannot create a temp dir for certificates: {error}"));
         let fail = |error: rcgen::Error| -> ! { panic!("cannot generate test certificates: {error}") };
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|error| fail(error));
-        ca_params.distinguished_name.push(DnType::CommonName, "agent-reach test CA");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "agent-reach test CA");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_key = KeyPair::generate().unwrap_or_else(|error| fail(error));

@@ -47,7 +47,9 @@ impl EtcdCluster {
                 binary: binary.clone(),
                 dir,
             };
-            let spawned = (0..3).map(|index| cluster.spawn(index)).collect::<Result<Vec<()>, String>>();
+            let spawned = (0..3)
+                .map(|index| cluster.spawn(index))
+                .collect::<Result<Vec<()>, String>>();
             match spawned.and_then(|_| cluster.wait_healthy()) {
                 Ok(()) => return cluster,
                 Err(log) => last_log = log,
@@ -115,7 +117,11 @@ impl EtcdCluster {
             return Err(tail(&self.log(index)));
         }
         if !healthy {
-            return Err(running.iter().map(|index| tail(&self.log(*index))).collect::<Vec<_>>().join("\n---\n"));
+            return Err(running
+                .iter()
+                .map(|index| tail(&self.log(*index)))
+                .collect::<Vec<_>>()
+                .join("\n---\n"));
         }
         Ok(())
     }

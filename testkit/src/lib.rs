@@ -14,9 +14,9 @@
 
 mod certs;
 mod etcd_cluster;
-mod redis_ha;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+mod redis_ha;
 #[cfg(feature = "services")]
 mod services;
 
@@ -213,7 +213,11 @@ impl Etcd {
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=testkit={peer}"))
             .arg("--initial-cluster-state=new")
-            .arg(if self.tls.is_some() { "--log-level=info" } else { "--log-level=warn" })
+            .arg(if self.tls.is_some() {
+                "--log-level=info"
+            } else {
+                "--log-level=warn"
+            })
             // Fast elections for a single member.
             .arg("--heartbeat-interval=50")
             .arg("--election-timeout=500")
@@ -227,8 +231,9 @@ impl Etcd {
             }
             if tls {
                 // The kit speaks no TLS: etcd says when it serves (at info level).
-                return std::fs::read_to_string(&log)
-                    .is_ok_and(|text| text.contains("serving client requests on") || text.contains("serving client traffic securely"));
+                return std::fs::read_to_string(&log).is_ok_and(|text| {
+                    text.contains("serving client requests on") || text.contains("serving client traffic securely")
+                });
             }
             exchange(addr, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
                 .is_some_and(|answer| answer.contains("\"health\":\"true\""))

@@ -40,8 +40,18 @@ impl RedisSentinels {
                 .tempdir()
                 .unwrap_or_else(|error| panic!("cannot create a temp dir for redis: {error}"));
             let mut set = Self {
-                servers: (0..2).map(|_| Node { port: free_port(), process: None }).collect(),
-                sentinels: (0..3).map(|_| Node { port: free_port(), process: None }).collect(),
+                servers: (0..2)
+                    .map(|_| Node {
+                        port: free_port(),
+                        process: None,
+                    })
+                    .collect(),
+                sentinels: (0..3)
+                    .map(|_| Node {
+                        port: free_port(),
+                        process: None,
+                    })
+                    .collect(),
                 binary: binary.clone(),
                 dir,
             };
@@ -133,7 +143,11 @@ impl RedisSentinels {
 
     /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/agentreach`
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.sentinels.iter().map(|node| format!("127.0.0.1:{}", node.port)).collect();
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
         format!("redis+sentinel://{}/{SERVICE}", hosts.join(","))
     }
 
@@ -145,7 +159,10 @@ impl RedisSentinels {
     /// The port of the primary as the first answering Sentinel names it.
     pub fn primary_port(&self) -> Option<u16> {
         (0..3).find_map(|index| {
-            let answer = command(self.sentinel_addr(index), &format!("SENTINEL get-master-addr-by-name {SERVICE}"))?;
+            let answer = command(
+                self.sentinel_addr(index),
+                &format!("SENTINEL get-master-addr-by-name {SERVICE}"),
+            )?;
             // *2\r\n$9\r\n127.0.0.1\r\n$5\r\n63790\r\n
             answer.lines().nth(4).and_then(|port| port.trim().parse().ok())
         })

@@ -341,11 +341,14 @@ fn bake_policy(body: &str, policy: &StorePolicy) -> String {
 static NEXT_STORE_ID: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
-    /// This thread's connection per store: (store id, the store's liveness, connection).
+    /// This thread's connection per store ([`Slot`]).
     /// Entries of dropped stores are pruned when a new entry is added.
-    /// Per store: its liveness, the Sentinel generation the connection was opened under, the connection.
-    static CONNECTIONS: RefCell<Vec<(usize, Weak<()>, u64, resp::Connection)>> = const { RefCell::new(Vec::new()) };
+    static CONNECTIONS: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
 }
+
+/// A thread's connection for one store: the store's id and liveness, the
+/// Sentinel generation the connection was opened under (0 without), the connection.
+type Slot = (usize, Weak<()>, u64, resp::Connection);
 
 pub struct RedisStore {
     target: resp::Target,
@@ -452,8 +455,9 @@ impl RedisStore {
         let (host, port, primary) = match &parsed.nodes {
             agent_reach_links::Nodes::Direct(node) => (node.host.clone(), node.port, None),
             agent_reach_links::Nodes::Sentinel { .. } => {
-                let sentinels = agent_reach_links::Sentinels::from_url(&parsed, &agent_reach_links::TlsFiles::default())
-                    .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
+                let sentinels =
+                    agent_reach_links::Sentinels::from_url(&parsed, &agent_reach_links::TlsFiles::default())
+                        .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
                 let primary = agent_reach_links::Primary::new(sentinels, timeout);
                 // Follows failovers in the background (one Sentinel question
                 // per half second), so requests never ask the Sentinels.

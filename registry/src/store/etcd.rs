@@ -268,9 +268,10 @@ fn describe(status: &tonic::Status) -> String {
 
 fn require_leader<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert(REQUIRE_LEADER.0, tonic::metadata::MetadataValue::from_static(REQUIRE_LEADER.1));
+    request.metadata_mut().insert(
+        REQUIRE_LEADER.0,
+        tonic::metadata::MetadataValue::from_static(REQUIRE_LEADER.1),
+    );
     request
 }
 
@@ -333,7 +334,11 @@ impl Store for EtcdStore {
     async fn revoke_lease(&self, id: LeaseId) -> Result<Revision, StoreError> {
         let revoke = self
             .members
-            .call(|channel| async move { LeaseClient::new(channel).lease_revoke(pb::LeaseRevokeRequest { id }).await })
+            .call(|channel| async move {
+                LeaseClient::new(channel)
+                    .lease_revoke(pb::LeaseRevokeRequest { id })
+                    .await
+            })
             .await;
         match revoke {
             Ok(answer) => Ok(header_revision(answer.header)),
@@ -451,7 +456,9 @@ impl Store for EtcdStore {
                         .await
                         .map_err(|_| tonic::Status::internal("watch request channel closed"))?;
                     let mut responses = WatchClient::new(channel)
-                        .watch(require_leader(tokio_stream::wrappers::ReceiverStream::new(request_stream)))
+                        .watch(require_leader(tokio_stream::wrappers::ReceiverStream::new(
+                            request_stream,
+                        )))
                         .await?
                         .into_inner();
                     // The first answer confirms (or refuses) the watch.
@@ -490,7 +497,8 @@ impl Store for EtcdStore {
                                 }
                             } else {
                                 // "no leader" (the member lost the quorum) among others.
-                                let status = tonic::Status::unavailable(format!("watch canceled: {}", answer.cancel_reason));
+                                let status =
+                                    tonic::Status::unavailable(format!("watch canceled: {}", answer.cancel_reason));
                                 members.failed(index, &status);
                                 unavailable(status)
                             };
@@ -630,7 +638,7 @@ async fn run_keep_alive(members: Arc<Members>, mut requests: mpsc::Receiver<(Lea
         tracing::warn!(message = "etcd keep-alive stream failed; reopening.", member = %members.list[index].url, error = %describe(&status));
         members.failed(index, &status);
         failures += 1;
-        if failures % members.list.len() == 0 {
+        if failures.is_multiple_of(members.list.len()) {
             // Every member failed once: let an election finish.
             tokio::time::sleep(ROUND_PAUSE).await;
         }
