@@ -49,6 +49,8 @@ pub struct RegistryArgs {
     #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
     #[command(flatten)]
+    pub tls: agent_reach_edge::tls::ListenerArgs,
+    #[command(flatten)]
     pub auth: AuthArgs,
 }
 
@@ -70,6 +72,8 @@ pub struct Settings {
     pub store: StoreChoice,
     pub acl: PathBuf,
     pub auth: AuthConfig,
+    /// TLS on the listener; `None`: plain TCP.
+    pub listener_tls: Option<agent_reach_edge::tls::ServerFiles>,
     pub service: RegistryConfig,
 }
 
@@ -125,6 +129,7 @@ impl RegistryArgs {
             problems.push(why);
             AuthConfig::InsecureNoAuth
         });
+        let listener_tls = self.tls.files(&mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -133,6 +138,7 @@ impl RegistryArgs {
             store,
             acl: self.acl.clone(),
             auth,
+            listener_tls,
             service: RegistryConfig {
                 tenant: self.tenant.clone(),
                 ttl: TtlBounds {

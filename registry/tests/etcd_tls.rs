@@ -8,17 +8,18 @@ use agent_reach_links::TlsFiles;
 use agent_reach_registry::store::etcd::EtcdTls;
 use agent_reach_registry::store::{EtcdStore, Store};
 use agent_reach_registry::StoreChoice;
-use agent_reach_testkit::{Etcd, TestCerts};
+use agent_reach_testkit::pki::Pki;
+use agent_reach_testkit::Etcd;
 use support::{registration, TestRegistry};
 
-fn files(certs: &TestCerts, ca: bool) -> TlsFiles {
+fn files(pki: &Pki, ca: bool) -> TlsFiles {
     let mut problems = Vec::new();
-    let ca_file = certs.ca();
+    let client = pki.client("tester");
     let files = TlsFiles::read(
         "--etcd",
-        ca.then_some(ca_file.as_path()),
-        Some(&certs.client_cert()),
-        Some(&certs.client_key()),
+        ca.then_some(pki.ca_file.as_path()),
+        Some(&client.cert),
+        Some(&client.key),
         &mut problems,
     );
     assert!(problems.is_empty(), "{problems:?}");
@@ -27,12 +28,12 @@ fn files(certs: &TestCerts, ca: bool) -> TlsFiles {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_go_to_etcd_over_verified_tls() {
-    let certs = TestCerts::generate();
-    let etcd = Etcd::start_tls(&certs);
+    let pki = Pki::new("stores");
+    let etcd = Etcd::start_tls(&pki);
     assert!(etcd.endpoint().starts_with("https://"));
     let registry = TestRegistry::start(StoreChoice::EtcdTls {
         endpoints: vec![etcd.endpoint()],
-        tls: files(&certs, true),
+        tls: files(&pki, true),
     })
     .await;
     let token = TestRegistry::token("order_query");
@@ -44,7 +45,7 @@ async fn registrations_go_to_etcd_over_verified_tls() {
 
     // The same etcd with the system's roots only: the test CA is not
     // trusted, and the error says so.
-    let untrusting = EtcdStore::connect_with(&[etcd.endpoint()], &EtcdTls::from_files(&files(&certs, false))).unwrap();
+    let untrusting = EtcdStore::connect_with(&[etcd.endpoint()], &EtcdTls::from_files(&files(&pki, false))).unwrap();
     let error = untrusting.ping().await.unwrap_err().to_string();
     let lowered = error.to_lowercase();
     assert!(

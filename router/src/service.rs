@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_reach_access::{AclHandle, Authenticator, Caller};
+use agent_reach_access::{Authenticator, Caller};
 use agent_reach_edge::HeaderLookup;
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
@@ -21,7 +21,6 @@ use crate::envelope::CheckedRequest;
 use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, ForwardHeaders, Forwarder};
 use crate::json::Forwarded;
-use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome, Success};
 use crate::retry::{self, RetryBudget};
@@ -86,10 +85,10 @@ impl RouterService {
     pub fn new(
         tuning: Tuning,
         snapshot: Arc<SnapshotHandle>,
-        acl: AclHandle,
+        admission: Admission,
         auth: Authenticator,
         assertions: Arc<Assertions>,
-        limiter: Limiter,
+        forwarder: Forwarder,
         metrics: Metrics,
     ) -> Self {
         Self {
@@ -97,9 +96,9 @@ impl RouterService {
                 failures: tuning.breaker_failures,
                 open_for: tuning.breaker_open,
             },
-            forwarder: Forwarder::new(tuning.pool_idle_per_instance),
+            forwarder,
             budget: RetryBudget::new(tuning.retry_budget_percent, tuning.retry_budget_floor),
-            admission: Admission::new(acl, limiter, &tuning),
+            admission,
             tuning,
             snapshot,
             auth,
@@ -313,6 +312,7 @@ impl RouterService {
                     .map_or(&fallback_traceparent[..], |text| header_value_or_dash(text)),
                 authorization: authorization.as_bytes(),
             };
+            let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
             let result = {
                 let _inflight = instance.state.start_request();
                 self.forwarder
@@ -323,7 +323,7 @@ impl RouterService {
             capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
             let agent_id = instance.agent_id.clone();
 
-            let (observation, outcome) = classify(result, elapsed);
+            let (observation, outcome) = classify(result, elapsed, fair);
             let transition = instance.state.observe(observation, &self.breaker);
             log_transition(transition, &agent_id, trace, request_id);
             if let Some(span) = &mut attempt_span {
@@ -499,7 +499,8 @@ impl RouterService {
                         return (agent_id, Err(failure));
                     }
                 };
-                let (observation, outcome) = classify(result, started.elapsed());
+                let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
+                let (observation, outcome) = classify(result, started.elapsed(), fair);
                 log_transition(
                     instance.state.observe(observation, &self.breaker),
                     &instance.agent_id,

@@ -20,7 +20,7 @@ use agent_reach_proto::registry::registry_client::RegistryClient;
 use axum::serve::ListenerExt as _;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::Instrument;
 
 use crate::ctx::Links;
@@ -59,6 +59,10 @@ pub struct AgentBuilder {
     keys: Option<KeySource>,
     issuer: String,
     accept_unverified: bool,
+    /// The only CAs trusted for `https://` service URLs (none: the system's roots).
+    ca_file: Option<std::path::PathBuf>,
+    /// Serve the agent over TLS with these files.
+    tls: Option<agent_reach_edge::tls::ServerFiles>,
 }
 
 impl AgentBuilder {
@@ -142,6 +146,27 @@ impl AgentBuilder {
 
     /// Where the router's assertion keys are published (default: the router's
     /// `/.well-known/jwks.json`).
+    /// Trust only the CAs in this PEM file for `https://` registry, router
+    /// (calls and its JWKS) and context service URLs; default: the system's
+    /// roots. Verification is never off.
+    pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Serve the agent over TLS with this certificate chain and private key
+    /// (PEM files, reread every 10 s: a renewed pair applies to new
+    /// connections). The endpoint then defaults to `https://`; routers must
+    /// trust the certificate's CA (`--agent-ca-file`).
+    pub fn tls(mut self, cert: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = Some(agent_reach_edge::tls::ServerFiles {
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: None,
+        });
+        self
+    }
+
     pub fn assertion_keys_url(mut self, url: &str) -> Self {
         self.keys = Some(KeySource::Url(url.to_string()));
         self
@@ -169,7 +194,7 @@ impl AgentBuilder {
 
     /// Starts serving and registering (as `starting`); call
     /// [`Agent::mark_ready`] once the agent's own initialisation is done.
-    pub async fn start(self) -> Result<Agent, StartError> {
+    pub async fn start(mut self) -> Result<Agent, StartError> {
         let mut problems = Vec::new();
         if self.handlers.is_empty() {
             problems.push("no handler: add at least one with .handler(...)".to_string());
@@ -185,8 +210,12 @@ impl AgentBuilder {
         if !problems.is_empty() {
             return Err(StartError::Config(problems.join("; ")));
         }
+        let trust = agent_reach_edge::tls::ClientFiles {
+            ca: self.ca_file.clone(),
+            identity: None,
+        };
         let lazy = |url: &str| -> Result<Channel, StartError> {
-            Ok(Endpoint::from_shared(url.to_string())
+            Ok(agent_reach_edge::tls::grpc_endpoint(url, &trust)
                 .map_err(|error| StartError::Config(format!("invalid URL `{url}`: {error}")))?
                 .connect_timeout(Duration::from_secs(2))
                 .connect_lazy())
@@ -210,7 +239,12 @@ impl AgentBuilder {
             address: self.config.listen.to_string(),
             error,
         })?;
-        let http = reqwest::Client::new();
+        let http = http_client(self.ca_file.as_deref())?;
+        let tls = agent_reach_edge::tls::listener(self.tls.as_ref())
+            .map_err(|error| StartError::Config(format!("the agent's TLS: {error}")))?;
+        if tls.is_some() && self.config.endpoint.is_none() {
+            self.config.endpoint = Some(format!("https://{bound}"));
+        }
         let keys = if self.accept_unverified || crate::verify::insecure_from_env() {
             tracing::warn!(
                 message = "ASSERTION VERIFICATION IS OFF: this agent serves calls that did not come through \
@@ -249,15 +283,29 @@ impl AgentBuilder {
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             };
-            // No Nagle: answers must not wait for the router's delayed ACK.
-            let listener = listener.tap_io(|connection| {
-                if let Err(error) = connection.set_nodelay(true) {
-                    // Only latency suffers: the connection is still served.
-                    tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
+            let served = match tls {
+                None => {
+                    // No Nagle: answers must not wait for the router's delayed ACK.
+                    let listener = listener.tap_io(|connection| {
+                        if let Err(error) = connection.set_nodelay(true) {
+                            // Only latency suffers: the connection is still served.
+                            tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
+                        }
+                    });
+                    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
                 }
-            });
-            let serving = axum::serve(listener, app);
-            if let Err(error) = serving.with_graceful_shutdown(shutdown).await {
+                // TLS: the services' own front door (no hot routes: every request to `app`).
+                Some(tls) => {
+                    let door = agent_reach_edge::front::Door {
+                        hot: agent_reach_edge::front::NoHotRoutes,
+                        app,
+                        body_limit: 0,
+                        tls: Some(tls),
+                    };
+                    door.serve(listener, shutdown).await
+                }
+            };
+            if let Err(error) = served {
                 tracing::error!(message = "Agent server failed.", %error);
             }
         });
@@ -310,6 +358,8 @@ impl Agent {
             keys: None,
             issuer: agent_reach_access::assertion::DEFAULT_ISSUER.to_string(),
             accept_unverified: false,
+            ca_file: None,
+            tls: None,
         }
     }
 
@@ -600,4 +650,25 @@ async fn keep_alive_session(
             },
         }
     }
+}
+
+/// The HTTP client for the router and JWKS: trusting only `ca` when given.
+fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, StartError> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(path) = ca {
+        let pem = std::fs::read(path)
+            .map_err(|error| StartError::Config(format!("cannot read the CA file {}: {error}", path.display())))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|error| StartError::Config(format!("{}: not PEM certificates: {error}", path.display())))?;
+        if certificates.is_empty() {
+            return Err(StartError::Config(format!("{}: no certificate in it", path.display())));
+        }
+        builder = builder.tls_built_in_root_certs(false);
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|error| StartError::Config(format!("the HTTP client: {error}")))
 }

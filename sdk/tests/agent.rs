@@ -106,6 +106,7 @@ async fn stack() -> Stack {
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        listener_tls: None,
         service: agent_reach_registry::RegistryConfig {
             ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
@@ -591,6 +592,7 @@ async fn reregisters_by_itself_after_a_registry_restart() {
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        listener_tls: None,
         service: agent_reach_registry::RegistryConfig {
             ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
@@ -654,6 +656,7 @@ async fn agent_and_router_fail_over_to_the_second_registry() {
     std::fs::write(&acl, ACL).unwrap();
     let settings = || agent_reach_registry::Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
+        listener_tls: None,
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),

@@ -4,17 +4,18 @@
 
 use agent_reach_links::TlsFiles;
 use agent_reach_tasks::{NewTask, StoreConfig, TaskStore};
-use agent_reach_testkit::{Redis, TestCerts};
+use agent_reach_testkit::pki::Pki;
+use agent_reach_testkit::Redis;
 use serde_json::json;
 
-fn tls(certs: &TestCerts, ca: bool) -> TlsFiles {
+fn tls(pki: &Pki, ca: bool) -> TlsFiles {
     let mut problems = Vec::new();
-    let ca_file = certs.ca();
+    let client = pki.client("tester");
     let files = TlsFiles::read(
         "--redis",
-        ca.then_some(ca_file.as_path()),
-        Some(&certs.client_cert()),
-        Some(&certs.client_key()),
+        ca.then_some(pki.ca_file.as_path()),
+        Some(&client.cert),
+        Some(&client.key),
         &mut problems,
     );
     assert!(problems.is_empty(), "{problems:?}");
@@ -23,11 +24,11 @@ fn tls(certs: &TestCerts, ca: bool) -> TlsFiles {
 
 #[tokio::test]
 async fn tasks_go_to_redis_over_verified_tls() {
-    let certs = TestCerts::generate();
-    let redis = Redis::start_tls(&certs);
+    let pki = Pki::new("stores");
+    let redis = Redis::start_tls(&pki);
     assert!(redis.url().starts_with("rediss://"));
     let config = StoreConfig {
-        tls: tls(&certs, true),
+        tls: tls(&pki, true),
         ..StoreConfig::default()
     };
     let store = TaskStore::new(&redis.url(), &config).unwrap();
@@ -51,7 +52,7 @@ async fn tasks_go_to_redis_over_verified_tls() {
     let untrusting = TaskStore::new(
         &redis.url(),
         &StoreConfig {
-            tls: tls(&certs, false),
+            tls: tls(&pki, false),
             ..StoreConfig::default()
         },
     )

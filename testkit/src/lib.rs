@@ -10,12 +10,14 @@
 //! receiver in-process, for tests of exported spans. With the `services`
 //! feature: [`eventually`] (poll a condition with a bound), [`hs256_token`],
 //! [`Isolated`] (a service on its own runtime, killable like a process) and
-//! [`RegistryProcess`] (the real registry run that way).
+//! [`RegistryProcess`] (the real registry run that way). With `pki`,
+//! [`pki::Pki`] writes a test CA and certificates signed by it.
 
-mod certs;
 mod etcd_cluster;
 #[cfg(feature = "otlp")]
 pub mod otlp;
+#[cfg(feature = "pki")]
+pub mod pki;
 mod redis_ha;
 #[cfg(feature = "services")]
 mod services;
@@ -23,7 +25,6 @@ mod services;
 #[cfg(feature = "services")]
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
-pub use certs::TestCerts;
 pub use etcd_cluster::EtcdCluster;
 pub use redis_ha::RedisSentinels;
 
@@ -160,10 +161,12 @@ impl Etcd {
         Self::start_with(None)
     }
 
-    /// Starts etcd serving clients over https only (the server certificate of
-    /// `certs`, client certificates required, signed by its CA).
-    pub fn start_tls(certs: &TestCerts) -> Self {
-        Self::start_with(Some((certs.ca(), certs.server_cert(), certs.server_key())))
+    /// Starts etcd serving clients over https only (a server certificate from
+    /// `pki`, client certificates signed by its CA required).
+    #[cfg(feature = "pki")]
+    pub fn start_tls(pki: &pki::Pki) -> Self {
+        let server = pki.server("etcd");
+        Self::start_with(Some((pki.ca_file.clone(), server.cert, server.key)))
     }
 
     fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {
@@ -300,10 +303,12 @@ impl Redis {
         Self::start_with(None)
     }
 
-    /// Starts redis-server speaking TLS only (`--tls-port`, the server
-    /// certificate of `certs`, client certificates required).
-    pub fn start_tls(certs: &TestCerts) -> Self {
-        Self::start_with(Some((certs.ca(), certs.server_cert(), certs.server_key())))
+    /// Starts redis-server speaking TLS only (`--tls-port`, a server
+    /// certificate from `pki`, client certificates signed by its CA required).
+    #[cfg(feature = "pki")]
+    pub fn start_tls(pki: &pki::Pki) -> Self {
+        let server = pki.server("redis");
+        Self::start_with(Some((pki.ca_file.clone(), server.cert, server.key)))
     }
 
     fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {
