@@ -209,11 +209,25 @@ impl Members {
                 Ok(Ok(answer)) => return Ok((index, answer.into_inner())),
                 Ok(Err(status)) if !is_member_failure(&status) => return Err(status),
                 Ok(Err(status)) => status,
-                Err(_) => tonic::Status::deadline_exceeded(format!(
-                    "etcd member {} did not answer within {} ms",
-                    self.list[index].url,
-                    attempt.as_millis()
-                )),
+                Err(_) => {
+                    let status = tonic::Status::deadline_exceeded(format!(
+                        "etcd member {} did not answer within {} ms",
+                        self.list[index].url,
+                        attempt.as_millis()
+                    ));
+                    self.failed(index, &status);
+                    // An attempt cut short by the call's bound says less than
+                    // the failure before it (a refused certificate, say).
+                    let status = match last.take() {
+                        Some(earlier) if attempt < ATTEMPT_TIMEOUT => earlier,
+                        _ => status,
+                    };
+                    if Instant::now() >= deadline {
+                        return Err(give_up(&status));
+                    }
+                    last = Some(status);
+                    continue;
+                }
             };
             self.failed(index, &status);
             if Instant::now() >= deadline {
