@@ -27,6 +27,8 @@ pub enum Code {
     TaskNotFound,
     TaskConflict,
     TaskStoreUnavailable,
+    /// Redis is unreachable and the local task buffer is full (or cannot be written).
+    TaskBufferFull,
     InvalidCallback,
     Canceled,
     InvalidQuery,
@@ -36,7 +38,7 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 24] = [
+    pub const ALL: [Code; 25] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -55,6 +57,7 @@ impl Code {
         Code::TaskNotFound,
         Code::TaskConflict,
         Code::TaskStoreUnavailable,
+        Code::TaskBufferFull,
         Code::InvalidCallback,
         Code::Canceled,
         Code::InvalidQuery,
@@ -88,6 +91,7 @@ impl ErrorCode for Code {
             Code::TaskNotFound => "TASK_NOT_FOUND",
             Code::TaskConflict => "TASK_CONFLICT",
             Code::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
+            Code::TaskBufferFull => "TASK_BUFFER_FULL",
             Code::InvalidCallback => "INVALID_CALLBACK",
             Code::Canceled => "CANCELED",
             Code::InvalidQuery => "INVALID_QUERY",
@@ -116,6 +120,7 @@ impl ErrorCode for Code {
             Code::TaskNotFound => StatusCode::NOT_FOUND,
             Code::TaskConflict => StatusCode::CONFLICT,
             Code::TaskStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::TaskBufferFull => StatusCode::SERVICE_UNAVAILABLE,
             Code::InvalidCallback => StatusCode::BAD_REQUEST,
             Code::Canceled => StatusCode::CONFLICT,
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
@@ -135,6 +140,7 @@ impl ErrorCode for Code {
                 | Code::NoAvailableInstance
                 | Code::DeadlineExceeded
                 | Code::TaskStoreUnavailable
+                | Code::TaskBufferFull
         )
     }
 

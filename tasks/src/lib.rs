@@ -16,4 +16,6 @@ pub mod store;
 
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
 pub use model::{Callback, Priority, State, Task, Transition};
-pub use store::{Claimed, NewTask, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError};
+pub use store::{
+    new_task_id, Claimed, LocalBuffer, NewTask, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+};

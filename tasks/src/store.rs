@@ -42,6 +42,11 @@ fn unavailable(error: redis::RedisError) -> TaskStoreError {
     TaskStoreError::Unavailable(error.to_string())
 }
 
+/// A fresh task id (`t_` and 96 random bits in hex).
+pub fn new_task_id() -> String {
+    format!("t_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -49,7 +54,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// What a submission carries; the store adds ids, state and times.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct NewTask {
     pub request_id: String,
     pub session_id: Option<String>,
@@ -135,6 +140,16 @@ pub struct StoreConfig {
     pub tls: agent_reach_links::TlsFiles,
     /// Acknowledge a submission only once this many replicas have it (`WAIT`).
     pub wait: Option<agent_reach_links::Wait>,
+    /// Where the router keeps submissions while Redis is unreachable (its
+    /// `--task-buffer-dir`), and how many at most; `None`: answer 503 instead.
+    pub local_buffer: Option<LocalBuffer>,
+}
+
+/// The router's local buffer for submissions during a Redis outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalBuffer {
+    pub dir: std::path::PathBuf,
+    pub limit: usize,
 }
 
 impl Default for StoreConfig {
@@ -145,6 +160,7 @@ impl Default for StoreConfig {
             retention: Duration::from_secs(24 * 3600),
             tls: agent_reach_links::TlsFiles::default(),
             wait: None,
+            local_buffer: None,
         }
     }
 }
@@ -440,7 +456,13 @@ impl TaskStore {
     /// Stores the task and queues it, atomically; a repeated request id from
     /// the same caller returns the existing task instead.
     pub async fn submit(&self, task: NewTask) -> Result<Submitted, TaskStoreError> {
-        let task_id = format!("t_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>());
+        self.submit_with_id(task, &new_task_id()).await
+    }
+
+    /// [`TaskStore::submit`] under a task id chosen by the caller (the
+    /// router's local buffer gives ids out before Redis has the task).
+    pub async fn submit_with_id(&self, task: NewTask, task_id: &str) -> Result<Submitted, TaskStoreError> {
+        let task_id = task_id.to_string();
         let spec = Spec {
             task_id: task_id.clone(),
             request_id: task.request_id.clone(),

@@ -13,6 +13,7 @@
 //! Without `--redis` the routes answer 501 `TASKS_DISABLED`.
 
 mod api;
+mod buffer;
 mod callbacks;
 mod gate;
 mod metrics;
@@ -45,6 +46,8 @@ pub struct TaskService {
     gates: Vec<(TagLimit, Arc<TagGate>)>,
     /// Claimed tasks waiting at a tag gate; claiming pauses when too many are held in memory.
     gated: AtomicUsize,
+    /// Submissions kept locally while Redis is unreachable (`--task-buffer-dir`).
+    buffer: Option<Arc<buffer::TaskBuffer>>,
 }
 
 impl TaskService {
@@ -60,6 +63,10 @@ impl TaskService {
                 .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
                 .collect(),
             gated: AtomicUsize::new(0),
+            buffer: match &settings.store.local_buffer {
+                Some(local) => Some(buffer::TaskBuffer::open(&local.dir, local.limit, registry)?),
+                None => None,
+            },
         })
     }
 
@@ -67,6 +74,7 @@ impl TaskService {
     /// weakly and both stop once the router is dropped.
     pub fn start(self: &Arc<Self>, service: &Arc<RouterService>) {
         tokio::spawn(callbacks::run(Arc::downgrade(self)));
+        buffer::TaskBuffer::spawn_replay(Arc::downgrade(self));
         tokio::spawn(worker::run(Arc::downgrade(service), self.clone()));
     }
 
