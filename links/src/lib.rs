@@ -23,5 +23,5 @@ pub mod tls;
 
 pub use args::{RedisLink, RedisLinkArgs, Wait};
 pub use redis_url::{HostPort, Nodes, RedisUrl, SentinelAuth};
-pub use sentinel::{check_role, Primary, Sentinels};
+pub use sentinel::{Primary, Sentinels};
 pub use tls::{error_chain, TlsFiles};

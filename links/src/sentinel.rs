@@ -235,14 +235,3 @@ impl Primary {
         });
     }
 }
-
-/// Whether a `ROLE` reply's first element says `master`; the text to refuse with otherwise.
-pub fn check_role(address: &HostPort, role: &str) -> Result<(), String> {
-    if role == "master" {
-        Ok(())
-    } else {
-        Err(format!(
-            "refusing {address}: it is a {role} now (ROLE), not the primary; the Sentinels are asked again"
-        ))
-    }
-}

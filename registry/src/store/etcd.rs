@@ -99,11 +99,6 @@ impl EtcdStore {
             .await
             .map_err(unavailable)
     }
-
-    /// The endpoint calls go to now (tests, logs).
-    pub fn current_endpoint(&self) -> &str {
-        &self.members.list[self.members.current()].url
-    }
 }
 
 // === Members ===
