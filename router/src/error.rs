@@ -35,10 +35,12 @@ pub enum Code {
     AssertionFailed,
     RateLimited,
     OutputSchemaMismatch,
+    InvalidTaskResult,
+    DeadLetterNotFound,
 }
 
 impl Code {
-    pub const ALL: [Code; 25] = [
+    pub const ALL: [Code; 27] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -64,6 +66,8 @@ impl Code {
         Code::AssertionFailed,
         Code::RateLimited,
         Code::OutputSchemaMismatch,
+        Code::InvalidTaskResult,
+        Code::DeadLetterNotFound,
     ];
 }
 
@@ -98,6 +102,8 @@ impl ErrorCode for Code {
             Code::AssertionFailed => "ASSERTION_FAILED",
             Code::RateLimited => "RATE_LIMITED",
             Code::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
+            Code::InvalidTaskResult => "INVALID_TASK_RESULT",
+            Code::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
         }
     }
 
@@ -127,6 +133,8 @@ impl ErrorCode for Code {
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Code::OutputSchemaMismatch => StatusCode::BAD_GATEWAY,
+            Code::InvalidTaskResult => StatusCode::BAD_REQUEST,
+            Code::DeadLetterNotFound => StatusCode::NOT_FOUND,
         }
     }
 

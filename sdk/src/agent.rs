@@ -3,8 +3,10 @@
 //!
 //! Registration starts as `starting`: the router sends no traffic until
 //! [`Agent::mark_ready`]. Heartbeats ride one gRPC keep-alive stream and
-//! carry status and in-flight count; `LEASE_EXPIRED` or a registry outage
-//! leads to re-registration by itself. [`Agent::shutdown`] (or a signal in
+//! carry status and in-flight count, every TTL/3 and at once when the status
+//! to report changes (a load change at most every 500 ms, so a load hovering
+//! at a threshold is not a stream of registry writes); `LEASE_EXPIRED` or a
+//! registry outage leads to re-registration by itself. [`Agent::shutdown`] (or a signal in
 //! [`Agent::run_until_signal`]) reports `draining`, waits (bounded) for
 //! in-flight work, deregisters and stops serving.
 
@@ -23,11 +25,12 @@ use tokio::sync::{mpsc, watch};
 use tonic::transport::Channel;
 use tracing::Instrument;
 
+use crate::call::RouterLink;
 use crate::ctx::Links;
 use crate::error::StartError;
 use crate::handler::{Handler, IntoHandler};
 use crate::registries::Registries;
-use crate::state::{Config, Shared, Status};
+use crate::state::{Config, Load, LoadThresholds, Shared, Status};
 use crate::verify::{KeySource, Keys};
 
 /// Builds an agent: identity, where it listens and is reached, which services
@@ -127,9 +130,34 @@ impl AgentBuilder {
         self
     }
 
-    /// Requests served at once; beyond it the agent answers 503 (the router tries elsewhere).
+    /// Requests served at once (default 256); beyond it the agent answers 503
+    /// `OVERLOADED` (the router tries elsewhere).
     pub fn max_concurrency(mut self, limit: usize) -> Self {
         self.config.max_concurrency = limit.max(1);
+        self
+    }
+
+    /// When the SDK reports the agent `busy` and `overloaded` by itself, as
+    /// fractions of [`max_concurrency`](Self::max_concurrency) in flight
+    /// (default 0.75 and 0.95; routers prefer other instances over a busy one
+    /// and send an overloaded one traffic only as a last resort).
+    ///
+    /// ```no_run
+    /// # async fn example(handler: agent_reach_sdk::Handler) -> Result<(), Box<dyn std::error::Error>> {
+    /// use agent_reach_sdk::{Agent, LoadThresholds};
+    /// let agent = Agent::builder("summarizer", "summarizer-1")
+    ///     .registry("http://127.0.0.1:7400")
+    ///     .router("http://127.0.0.1:7500")
+    ///     .token(std::env::var("AGENT_REACH_TOKEN")?)
+    ///     .max_concurrency(8)
+    ///     .load_thresholds(LoadThresholds { busy: 0.5, overloaded: 1.0 }) // busy at 4, overloaded at 8
+    ///     .handler(handler)
+    ///     .start()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn load_thresholds(mut self, thresholds: LoadThresholds) -> Self {
+        self.config.load_thresholds = thresholds;
         self
     }
 
@@ -202,6 +230,9 @@ impl AgentBuilder {
         if self.config.registry.is_empty() {
             problems.push("no registry URL: call .registry(URL)".to_string());
         }
+        if let Some(problem) = self.config.load_thresholds.problem() {
+            problems.push(problem);
+        }
         let Some(token) = self.token else {
             return Err(StartError::Config(
                 "no token: call .token(JWT whose sub is the agent name)".to_string(),
@@ -270,8 +301,11 @@ impl AgentBuilder {
             Some(Keys::start(source, self.issuer, http.clone()))
         };
         let links = Links {
-            http,
-            router: self.router,
+            router: self.router.map(|router| RouterLink {
+                http,
+                router,
+                token: token.clone(),
+            }),
             context,
             token,
         };
@@ -349,6 +383,7 @@ impl Agent {
                 ttl_s: 15,
                 tags: BTreeMap::new(),
                 max_concurrency: 256,
+                load_thresholds: LoadThresholds::default(),
                 drain_timeout: Duration::from_secs(30),
             },
             router: None,
@@ -394,8 +429,39 @@ impl Agent {
     /// # }
     /// ```
     pub fn mark_ready(&self) {
-        if self.shared.status() == Status::Starting {
-            self.shared.set_status(Status::Ready);
+        if self.shared.phase() == Status::Starting {
+            self.shared.set_phase(Status::Ready);
+        }
+    }
+
+    /// Reports load the SDK cannot see (a full GPU queue, a rate-limited
+    /// upstream). The heavier of this and the SDK's own view (in-flight
+    /// deliveries against [`LoadThresholds`]) is what the registry and routers
+    /// see, sent at once; [`Agent::clear_load`] leaves it to the SDK again.
+    ///
+    /// ```no_run
+    /// # async fn example(agent: agent_reach_sdk::Agent) {
+    /// use agent_reach_sdk::{Load, Status};
+    /// agent.report_load(Load::Busy);
+    /// assert_eq!(agent.status(), Status::Busy);
+    /// agent.clear_load();
+    /// # }
+    /// ```
+    pub fn report_load(&self, load: Load) {
+        self.shared.report_load(Some(load));
+    }
+
+    /// Withdraws [`Agent::report_load`]: the SDK's own view of the load applies alone.
+    pub fn clear_load(&self) {
+        self.shared.report_load(None);
+    }
+
+    /// A handle that reports load from elsewhere (a handler, a monitoring
+    /// task), for as long as the agent runs, e.g. after
+    /// [`Agent::run_until_signal`] took the agent.
+    pub fn load_reporter(&self) -> LoadReporter {
+        LoadReporter {
+            shared: self.shared.clone(),
         }
     }
 
@@ -409,7 +475,7 @@ impl Agent {
     /// # }
     /// ```
     pub async fn shutdown(self) {
-        self.shared.set_status(Status::Draining);
+        self.shared.set_phase(Status::Draining);
         let drain_until = Instant::now() + self.shared.config.drain_timeout;
         while self.shared.inflight.load(Ordering::Acquire) > 0 && Instant::now() < drain_until {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -462,6 +528,32 @@ impl Agent {
         #[cfg(not(unix))]
         let _ = interrupt.await;
         self.shutdown().await;
+    }
+}
+
+/// Reports an agent's load from anywhere; see [`Agent::report_load`]. Cheap to clone.
+#[derive(Clone)]
+pub struct LoadReporter {
+    shared: Arc<Shared>,
+}
+
+impl LoadReporter {
+    /// As [`Agent::report_load`].
+    pub fn report(&self, load: Load) {
+        self.shared.report_load(Some(load));
+    }
+
+    /// As [`Agent::clear_load`].
+    pub fn clear(&self) {
+        self.shared.report_load(None);
+    }
+}
+
+impl std::fmt::Debug for LoadReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadReporter")
+            .field("agent_id", &self.shared.config.agent_id)
+            .finish()
     }
 }
 
@@ -586,6 +678,11 @@ async fn wait_or_stop(stop: &mut watch::Receiver<bool>, duration: Duration) -> b
     stopped || *stop.borrow()
 }
 
+/// Load-driven status changes go out at most this often (phase changes, ready
+/// and draining, at once), so a load hovering at a threshold is not a stream of
+/// registry and etcd writes. The Python SDK spaces them the same.
+const MIN_LOAD_REPORT_INTERVAL: Duration = Duration::from_millis(500);
+
 async fn keep_alive_session(
     shared: &Arc<Shared>,
     registry: &RegistryClient<Channel>,
@@ -593,14 +690,20 @@ async fn keep_alive_session(
 ) -> SessionEnd {
     let interval = Duration::from_secs(u64::from((shared.config.ttl_s / 3).max(1)));
     let (sender, receiver) = mpsc::channel(8);
-    let heartbeat = |shared: &Shared| pb::KeepAliveRequest {
-        agent_id: shared.config.agent_id.clone(),
-        lease_id: shared.lease_id.load(Ordering::Acquire),
-        status: shared.status().as_str().to_string(),
-        inflight: Some(u32::try_from(shared.inflight.load(Ordering::Acquire)).unwrap_or(u32::MAX)),
+    // What the last heartbeat said, and when, for spacing load changes.
+    let mut sent = (shared.phase(), shared.status(), Instant::now());
+    let heartbeat = |shared: &Shared, sent: &mut (Status, Status, Instant)| {
+        let status = shared.status();
+        *sent = (shared.phase(), status, Instant::now());
+        pb::KeepAliveRequest {
+            agent_id: shared.config.agent_id.clone(),
+            lease_id: shared.lease_id.load(Ordering::Acquire),
+            status: status.as_str().to_string(),
+            inflight: Some(u32::try_from(shared.take_sustained_inflight()).unwrap_or(u32::MAX)),
+        }
     };
     // Queue the first heartbeat before opening: the stream opens with its first answer.
-    if sender.try_send(heartbeat(shared)).is_err() {
+    if sender.try_send(heartbeat(shared, &mut sent)).is_err() {
         return SessionEnd::StreamBroken;
     }
     let mut client = registry.clone();
@@ -622,18 +725,41 @@ async fn keep_alive_session(
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.tick().await; // the first heartbeat is already queued
+                         // A load change that came too soon after the last report: sent at this instant.
+    let mut deferred: Option<Instant> = None;
     loop {
+        let due = deferred.unwrap_or_else(Instant::now);
         tokio::select! {
             // The flag only ever goes from false to true: any change means stop.
             _ = stop.changed() => return SessionEnd::Stop,
             _ = ticker.tick() => {
-                if sender.send(heartbeat(shared)).await.is_err() {
+                deferred = None;
+                if sender.send(heartbeat(shared, &mut sent)).await.is_err() {
+                    return SessionEnd::StreamBroken;
+                }
+            }
+            () = tokio::time::sleep_until(due.into()), if deferred.is_some() => {
+                deferred = None;
+                if shared.status() != sent.1 && sender.send(heartbeat(shared, &mut sent)).await.is_err() {
                     return SessionEnd::StreamBroken;
                 }
             }
             () = shared.status_changed.notified() => {
-                if sender.send(heartbeat(shared)).await.is_err() {
-                    return SessionEnd::StreamBroken;
+                let (phase, status) = (shared.phase(), shared.status());
+                if phase != sent.0 {
+                    deferred = None;
+                    if sender.send(heartbeat(shared, &mut sent)).await.is_err() {
+                        return SessionEnd::StreamBroken;
+                    }
+                } else if status != sent.1 && deferred.is_none() {
+                    let at = sent.2 + MIN_LOAD_REPORT_INTERVAL;
+                    if at <= Instant::now() {
+                        if sender.send(heartbeat(shared, &mut sent)).await.is_err() {
+                            return SessionEnd::StreamBroken;
+                        }
+                    } else {
+                        deferred = Some(at);
+                    }
                 }
             }
             answer = answers.next() => match answer {
@@ -653,7 +779,7 @@ async fn keep_alive_session(
 }
 
 /// The HTTP client for the router and JWKS: trusting only `ca` when given.
-fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, StartError> {
+pub(crate) fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, StartError> {
     let mut builder = reqwest::Client::builder();
     if let Some(path) = ca {
         let pem = std::fs::read(path)

@@ -216,6 +216,28 @@ async fn an_sdk_agent_works_with_tls_on_every_link() {
         .await
         .unwrap();
     assert_eq!(read["fields"]["seen"], "over tls", "{read}");
+
+    // The SDK's Client over the same https links, trusting the same CA.
+    let sdk_client = agent_reach_sdk::Client::new(&router_url, token("tester"))
+        .unwrap()
+        .ca_file(&pki.ca_file)
+        .unwrap()
+        .context_service(&context_url)
+        .unwrap();
+    let echoed: Value = sdk_client
+        .invoke("tls.echo", json!({ "text": "client" }))
+        .await
+        .unwrap();
+    assert_eq!(echoed, json!({ "text": "client" }));
+    let seen = sdk_client.context(&context_id).get(&["seen"]).await.unwrap();
+    assert_eq!(seen.fields["seen"], "over tls");
+    // Without the CA the router's certificate is not trusted: refused, never sent in the clear.
+    let untrusting = agent_reach_sdk::Client::new(&router_url, token("tester")).unwrap();
+    let refused = untrusting
+        .invoke::<Value>("tls.echo", json!({ "text": "x" }))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code, "ROUTER_UNREACHABLE", "{refused}");
     agent.shutdown().await;
 }
 

@@ -15,7 +15,8 @@ pub mod model;
 pub mod store;
 
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
-pub use model::{Callback, Priority, State, Task, Transition};
+pub use model::{Accepted, Callback, Priority, State, Task, Transition};
 pub use store::{
-    new_task_id, Claimed, LocalBuffer, NewTask, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+    new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, Reported, SessionResult, StoreConfig, Submitted, TaskStore,
+    TaskStoreError,
 };

@@ -40,6 +40,10 @@ from .handlers import Handler, validation_details
 from .logs import logger
 from .metrics import Metrics
 from .status import Status, StatusTracker
+from .wire import Priority
+
+#: The priorities an envelope may carry (absent: ``normal``).
+_PRIORITIES = frozenset(priority.value for priority in Priority)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,6 +68,8 @@ class AgentState:
     dedup: Dedup = field(default_factory=Dedup)
     metrics: Metrics = field(default_factory=Metrics)
     inflight: int = 0
+    #: The fewest deliveries in flight since the last heartbeat (what the next one reports).
+    sustained_inflight: int = 0
     #: Set whenever the reported status may have changed (the lifecycle sends a heartbeat).
     status_changed: asyncio.Event = field(default_factory=asyncio.Event)
     deadlines: Deadlines = field(default_factory=lambda: Deadlines())
@@ -87,6 +93,19 @@ class AgentState:
 
     def handler(self, capability: str, version: str) -> Handler | None:
         return self._by_key.get((capability, version)) or self._by_capability.get(capability)
+
+    def take_sustained_inflight(self) -> int:
+        """The in-flight count a heartbeat reports: the fewest in flight since the previous one.
+
+        Not the count at the instant, which samples whichever short call happens to be
+        running: routers would steer away from an idle agent for a whole heartbeat
+        interval because of a call that ended a millisecond later (they count their own
+        calls themselves, DESIGN §3.4). The minimum is the load that lasted the whole
+        interval, which is what another router cannot see. Same as the Rust SDK.
+        """
+        sustained = min(self.sustained_inflight, self.inflight)
+        self.sustained_inflight = self.inflight
+        return sustained
 
     def current_status(self) -> Status:
         return self.status.current(self.inflight)
@@ -150,6 +169,7 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
         session_id = envelope.get("session_id")
         context_id = envelope.get("context_id")
         source = envelope.get("source")
+        priority = envelope.get("priority", "normal")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -159,6 +179,7 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
             and (session_id is None or type(session_id) is str)
             and (context_id is None or type(context_id) is str)
             and (source is None or type(source) is str)
+            and priority in _PRIORITIES
         ):
             raise TypeError("a field has the wrong type")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -226,6 +247,7 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
                     capability_version=version,
                     deadline_ms=deadline,
                     attempt=attempt,
+                    priority=Priority(priority),
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
@@ -241,6 +263,7 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
     finally:
         logs.unbind(fields)
         state.inflight -= 1
+        state.sustained_inflight = min(state.sustained_inflight, state.inflight)
         if state.inflight == 0:
             state.idle.set()
         if state.inflight + 1 >= status.busy_at or state.last_status is not Status.READY:
