@@ -166,6 +166,9 @@ pub enum RouterCode {
     TaskNotFound,
     TaskConflict,
     TaskStoreUnavailable,
+    TaskBufferFull,
+    InvalidTaskResult,
+    DeadLetterNotFound,
     RateLimited,
     OutputSchemaMismatch,
     AssertionFailed,
@@ -175,7 +178,7 @@ pub enum RouterCode {
 }
 
 impl RouterCode {
-    pub const ALL: [RouterCode; 25] = [
+    pub const ALL: [RouterCode; 28] = [
         RouterCode::InvalidEnvelope,
         RouterCode::InvalidQuery,
         RouterCode::Unauthenticated,
@@ -195,6 +198,9 @@ impl RouterCode {
         RouterCode::TaskNotFound,
         RouterCode::TaskConflict,
         RouterCode::TaskStoreUnavailable,
+        RouterCode::TaskBufferFull,
+        RouterCode::InvalidTaskResult,
+        RouterCode::DeadLetterNotFound,
         RouterCode::RateLimited,
         RouterCode::OutputSchemaMismatch,
         RouterCode::AssertionFailed,
@@ -224,6 +230,9 @@ impl RouterCode {
             RouterCode::TaskNotFound => "TASK_NOT_FOUND",
             RouterCode::TaskConflict => "TASK_CONFLICT",
             RouterCode::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
+            RouterCode::TaskBufferFull => "TASK_BUFFER_FULL",
+            RouterCode::InvalidTaskResult => "INVALID_TASK_RESULT",
+            RouterCode::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
             RouterCode::RateLimited => "RATE_LIMITED",
             RouterCode::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
             RouterCode::AssertionFailed => "ASSERTION_FAILED",
