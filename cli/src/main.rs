@@ -40,6 +40,9 @@ enum LogFormat {
     Json,
 }
 
+// Parsed once at start-up: the size of the largest variant (the router's
+// flags) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the registry: agents register capabilities under etcd leases.

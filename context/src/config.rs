@@ -18,7 +18,8 @@ pub struct ContextArgs {
     /// Address serving gRPC and HTTP/JSON on one port.
     #[arg(long, env = "AGENT_REACH_CONTEXT_LISTEN", default_value = "127.0.0.1:7600")]
     pub listen: SocketAddr,
-    /// Redis URL (redis://HOST:PORT[/DB]).
+    /// Redis URL: redis://HOST:PORT[/DB], or redis+sentinel://HOST:PORT,HOST:PORT,.../SERVICE[/DB]
+    /// (the Sentinels name the primary; failovers are followed without a restart).
     #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
     pub redis: Option<String>,
     /// DEVELOPMENT ONLY: keep contexts in memory instead of Redis (lost on exit, not shared).
@@ -142,8 +143,12 @@ impl ContextArgs {
         };
         let store = match (&self.redis, self.embedded_store) {
             (Some(url), _) => {
-                if !url.starts_with("redis://") {
-                    problems.push(format!("--redis `{url}` must start with redis://"));
+                match agent_reach_links::RedisUrl::parse(url) {
+                    Ok(parsed) if parsed.tls => problems.push(format!(
+                        "--redis `{parsed}`: the context service speaks plain TCP (redis:// or redis+sentinel://)"
+                    )),
+                    Ok(_) => {}
+                    Err(why) => problems.push(format!("--redis: {why}")),
                 }
                 StoreChoice::Redis {
                     url: url.clone(),

@@ -18,6 +18,15 @@ pub struct RegistryArgs {
     /// etcd endpoints, comma separated (e.g. http://127.0.0.1:2379).
     #[arg(long, env = "AGENT_REACH_ETCD", value_delimiter = ',', value_name = "URL,...")]
     pub etcd: Vec<String>,
+    /// CA certificates (PEM) trusted for https:// etcd endpoints instead of the system's roots.
+    #[arg(long, env = "AGENT_REACH_ETCD_CA_FILE", value_name = "PATH")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd (`--client-cert-auth`).
+    #[arg(long, env = "AGENT_REACH_ETCD_CLIENT_CERT", value_name = "PATH")]
+    pub etcd_client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "AGENT_REACH_ETCD_CLIENT_KEY", value_name = "PATH")]
+    pub etcd_client_key: Option<PathBuf>,
     /// DEVELOPMENT ONLY: keep registrations in memory instead of etcd (lost on exit).
     #[arg(long, env = "AGENT_REACH_EMBEDDED_STORE", conflicts_with = "etcd")]
     pub embedded_store: bool,
@@ -49,6 +58,11 @@ pub struct RegistryArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreChoice {
     Etcd(Vec<String>),
+    /// etcd with TLS material for its https:// endpoints.
+    EtcdTls {
+        endpoints: Vec<String>,
+        tls: agent_reach_links::TlsFiles,
+    },
     Embedded,
 }
 
@@ -66,8 +80,22 @@ pub struct Settings {
 impl RegistryArgs {
     pub fn validate(&self) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
+        let tls = agent_reach_links::TlsFiles::read(
+            "--etcd",
+            self.etcd_ca_file.as_deref(),
+            self.etcd_client_cert.as_deref(),
+            self.etcd_client_key.as_deref(),
+            &mut problems,
+        );
+        if !tls.is_empty() && !self.etcd.iter().any(|url| url.starts_with("https://")) {
+            problems.push("--etcd-ca-file / --etcd-client-cert need an https:// etcd endpoint".to_string());
+        }
         let store = match (self.etcd.is_empty(), self.embedded_store) {
-            (false, _) => StoreChoice::Etcd(self.etcd.clone()),
+            (false, _) if tls.is_empty() => StoreChoice::Etcd(self.etcd.clone()),
+            (false, _) => StoreChoice::EtcdTls {
+                endpoints: self.etcd.clone(),
+                tls,
+            },
             (true, true) => StoreChoice::Embedded,
             (true, false) => {
                 problems.push("no store: pass --etcd URL[,URL...] (or --embedded-store for development)".to_string());

@@ -60,6 +60,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RegistryService>> 
         config::StoreChoice::Etcd(endpoints) => {
             Arc::new(store::EtcdStore::connect(endpoints).map_err(anyhow::Error::msg)?)
         }
+        config::StoreChoice::EtcdTls { endpoints, tls } => {
+            let tls = store::etcd::EtcdTls::from_files(tls);
+            Arc::new(store::EtcdStore::connect_with(endpoints, &tls).map_err(anyhow::Error::msg)?)
+        }
         config::StoreChoice::Embedded => {
             tracing::warn!(
                 message = "Registry uses the EMBEDDED in-memory store: registrations are lost on exit \

@@ -21,9 +21,16 @@ pub struct RouterArgs {
     /// Address serving the HTTP/JSON API (`POST /v1/invoke`, `/healthz`, `/readyz`, `/metrics`).
     #[arg(long, env = "AGENT_REACH_ROUTER_LISTEN", default_value = "127.0.0.1:7500")]
     pub listen: SocketAddr,
-    /// The registry whose Watch stream feeds the routing snapshot.
-    #[arg(long, env = "AGENT_REACH_REGISTRY", default_value = "http://127.0.0.1:7400")]
-    pub registry: String,
+    /// The registries whose Watch stream feeds the routing snapshot, comma separated:
+    /// one is watched at a time; when it fails the next one is, from the same revision.
+    #[arg(
+        long,
+        env = "AGENT_REACH_REGISTRY",
+        default_value = "http://127.0.0.1:7400",
+        value_delimiter = ',',
+        value_name = "URL,..."
+    )]
+    pub registry: Vec<String>,
     /// File holding the bearer token the router presents to the registry. Without it,
     /// the router signs its own short-lived token (sub `router`) with the HS256 secret
     /// given by --auth-hs256-secret-file; with --insecure-no-auth it sends none.
@@ -110,7 +117,8 @@ pub struct RouterArgs {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: SocketAddr,
-    pub registry: String,
+    /// Registry URLs, watched one at a time in this order (failover).
+    pub registry: Vec<String>,
     pub registry_credential: RegistryCredential,
     pub acl: PathBuf,
     pub auth: AuthConfig,
@@ -137,7 +145,7 @@ impl Settings {
         };
         Self {
             listen,
-            registry: registry.into(),
+            registry: vec![registry.into()],
             registry_credential,
             acl,
             auth,
@@ -154,11 +162,13 @@ impl Settings {
 impl RouterArgs {
     pub fn validate(&self) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
-        if !(self.registry.starts_with("http://") || self.registry.starts_with("https://")) {
-            problems.push(format!(
-                "--registry `{}` must start with http:// or https://",
-                self.registry
-            ));
+        if self.registry.is_empty() {
+            problems.push("--registry needs at least one URL".to_string());
+        }
+        for url in &self.registry {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                problems.push(format!("--registry `{url}` must start with http:// or https://"));
+            }
         }
         if self.max_body_bytes < 1024 {
             problems.push("--max-body-bytes must be at least 1024".to_string());

@@ -27,6 +27,8 @@ pub enum Code {
     TaskNotFound,
     TaskConflict,
     TaskStoreUnavailable,
+    /// Redis is unreachable and the local task buffer is full (or cannot be written).
+    TaskBufferFull,
     InvalidCallback,
     Canceled,
     InvalidQuery,
@@ -38,7 +40,7 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 26] = [
+    pub const ALL: [Code; 27] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -57,6 +59,7 @@ impl Code {
         Code::TaskNotFound,
         Code::TaskConflict,
         Code::TaskStoreUnavailable,
+        Code::TaskBufferFull,
         Code::InvalidCallback,
         Code::Canceled,
         Code::InvalidQuery,
@@ -92,6 +95,7 @@ impl ErrorCode for Code {
             Code::TaskNotFound => "TASK_NOT_FOUND",
             Code::TaskConflict => "TASK_CONFLICT",
             Code::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
+            Code::TaskBufferFull => "TASK_BUFFER_FULL",
             Code::InvalidCallback => "INVALID_CALLBACK",
             Code::Canceled => "CANCELED",
             Code::InvalidQuery => "INVALID_QUERY",
@@ -122,6 +126,7 @@ impl ErrorCode for Code {
             Code::TaskNotFound => StatusCode::NOT_FOUND,
             Code::TaskConflict => StatusCode::CONFLICT,
             Code::TaskStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::TaskBufferFull => StatusCode::SERVICE_UNAVAILABLE,
             Code::InvalidCallback => StatusCode::BAD_REQUEST,
             Code::Canceled => StatusCode::CONFLICT,
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
@@ -143,6 +148,7 @@ impl ErrorCode for Code {
                 | Code::NoAvailableInstance
                 | Code::DeadlineExceeded
                 | Code::TaskStoreUnavailable
+                | Code::TaskBufferFull
         )
     }
 

@@ -144,8 +144,9 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         Err(error) => return Err(anyhow::Error::new(error).context("TLS to agents")),
     };
     // The registry's TLS files are checked now, so a typo fails the start, not every reconnect.
-    agent_reach_edge::tls::grpc_endpoint(&settings.registry, &settings.registry_tls)
-        .context("the registry's address")?;
+    for registry in &settings.registry {
+        agent_reach_edge::tls::grpc_endpoint(registry, &settings.registry_tls).context("the registry's address")?;
+    }
     let snapshot = Arc::new(snapshot::SnapshotHandle::new());
     tokio::spawn(watch::run(
         settings.registry.clone(),
@@ -187,7 +188,7 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
     let router = build(&settings).await?;
     let threads = agent_reach_edge::serve::thread_count(settings.tuning.threads);
     tracing::info!(
-        message = "Router listening.", address = %settings.listen, registry = %settings.registry, threads
+        message = "Router listening.", address = %settings.listen, registry = ?settings.registry, threads
     );
     serve_per_core(settings.listen, threads, router, shutdown).await
 }

@@ -1,7 +1,9 @@
 //! Feeds the snapshot from the registry's gRPC `Watch`: a snapshot with its
 //! revision, then deltas. On any loss the last snapshot keeps serving; the
 //! task reconnects with jittered exponential backoff and resumes from the last
-//! applied revision (a `reset` snapshot replaces everything).
+//! applied revision (a `reset` snapshot replaces everything). With several
+//! registries, each failure moves to the next one: they serve one etcd, so a
+//! revision from one is a revision for all, and the first retry is at once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,20 +38,29 @@ pub const ROUTER_IDENTITY: &str = "router";
 
 /// Runs until the snapshot handle is dropped by everyone else (the service stopped).
 pub async fn run(
-    registry: String,
+    registries: Vec<String>,
     tls: ClientFiles,
     credential: RegistryCredential,
     handle: Arc<SnapshotHandle>,
     metrics: Metrics,
 ) {
+    if registries.is_empty() {
+        tracing::error!(message = "No registry URL given; the snapshot stays empty.");
+        return;
+    }
     let mut builder = SnapshotBuilder::new(metrics.clone());
     let mut backoff = MIN_BACKOFF;
+    let mut index = 0usize;
+    // Failures since a stream was last up: a full round of them backs off.
+    let mut failures = 0usize;
     loop {
         if Arc::strong_count(&handle) == 1 {
             return;
         }
+        let registry = &registries[index % registries.len()];
+        index += 1;
         metrics.watch_reconnects.inc();
-        match watch_once(&registry, &tls, &credential, &handle, &mut builder, &metrics).await {
+        match watch_once(registry, &tls, &credential, &handle, &mut builder, &metrics).await {
             Ok(()) => tracing::warn!(message = "Registry watch ended; reconnecting.", registry = %registry),
             Err(error) => tracing::warn!(
                 message = "Registry watch failed; serving the last snapshot and reconnecting.",
@@ -59,9 +70,16 @@ pub async fn run(
         if handle.is_connected() {
             // A stream that was up resets the backoff.
             backoff = MIN_BACKOFF;
+            failures = 0;
         }
         handle.set_connected(false);
         metrics.registry_connected.set(0);
+        failures += 1;
+        if failures < registries.len() {
+            // Another registry has not been tried since the loss: try it now.
+            continue;
+        }
+        failures = 0;
         let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
         tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);

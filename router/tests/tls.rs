@@ -298,7 +298,7 @@ async fn the_registry_over_tls_is_watched_over_grpc_with_tls() {
     let _agent = Agent::start(&registry, spec);
     let (router, addr) = cluster
         .another_router(|settings| {
-            settings.registry = registry.clone();
+            settings.registry = vec![registry.clone()];
             settings.registry_tls.ca = Some(pki.ca_file.clone());
         })
         .await;
@@ -310,7 +310,7 @@ async fn the_registry_over_tls_is_watched_over_grpc_with_tls() {
     // The same registry URL without the CA: the router refuses to trust it,
     // keeps retrying (loudly) and never learns the instance.
     let (untrusting, untrusting_addr) = cluster
-        .another_router(|settings| settings.registry = registry.clone())
+        .another_router(|settings| settings.registry = vec![registry.clone()])
         .await;
     let metrics_url = format!("http://{untrusting_addr}/metrics");
     let retried = eventually(Duration::from_secs(20), || {

@@ -29,6 +29,7 @@ use crate::call::RouterLink;
 use crate::ctx::Links;
 use crate::error::StartError;
 use crate::handler::{Handler, IntoHandler};
+use crate::registries::Registries;
 use crate::state::{Config, Load, LoadThresholds, Shared, Status};
 use crate::verify::{KeySource, Keys};
 
@@ -82,8 +83,15 @@ impl AgentBuilder {
         self
     }
 
+    /// The registry, or several separated by commas (`http://r1:7400,http://r2:7400`):
+    /// one is used at a time, and any failure moves to the next.
     pub fn registry(mut self, url: &str) -> Self {
-        self.config.registry = url.to_string();
+        self.config.registry = url
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(str::to_string)
+            .collect();
         self
     }
 
@@ -243,7 +251,11 @@ impl AgentBuilder {
                 .connect_timeout(Duration::from_secs(2))
                 .connect_lazy())
         };
-        let registry = RegistryClient::new(lazy(&self.config.registry)?);
+        let mut clients = Vec::with_capacity(self.config.registry.len());
+        for url in &self.config.registry {
+            clients.push((url.clone(), RegistryClient::new(lazy(url)?)));
+        }
+        let registry = Arc::new(Registries::new(clients));
         let context = match &self.context {
             Some(url) => Some(ContextsClient::new(lazy(url)?)),
             None => None,
@@ -348,7 +360,7 @@ impl AgentBuilder {
 /// A running agent.
 pub struct Agent {
     shared: Arc<Shared>,
-    registry: RegistryClient<Channel>,
+    registry: Arc<Registries>,
     bound: SocketAddr,
     server: tokio::task::JoinHandle<()>,
     lifecycle: tokio::task::JoinHandle<()>,
@@ -366,7 +378,7 @@ impl Agent {
                 agent_id: agent_id.to_string(),
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 endpoint: None,
-                registry: String::new(),
+                registry: Vec::new(),
                 weight: 1,
                 ttl_s: 15,
                 tags: BTreeMap::new(),
@@ -470,16 +482,30 @@ impl Agent {
         }
         let _ = self.stop_lifecycle.send(true);
         let _ = self.lifecycle.await;
-        let mut registry = self.registry.clone();
-        let request = self.shared.authed(pb::DeregisterRequest {
-            agent_id: self.shared.config.agent_id.clone(),
-        });
-        match tokio::time::timeout(Duration::from_secs(5), registry.deregister(request)).await {
-            Ok(Ok(_)) => tracing::info!(message = "Deregistered.", agent_id = %self.shared.config.agent_id),
-            Ok(Err(status)) => {
-                tracing::warn!(message = "Deregistration failed; the lease will expire.", error = %status)
+        // Each registry gets one try, the one in use first.
+        for _ in 0..self.registry.len() {
+            let (url, mut registry) = self.registry.current();
+            let url = url.to_string();
+            let request = self.shared.authed(pb::DeregisterRequest {
+                agent_id: self.shared.config.agent_id.clone(),
+            });
+            match tokio::time::timeout(Duration::from_secs(5), registry.deregister(request)).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(message = "Deregistered.", agent_id = %self.shared.config.agent_id);
+                    break;
+                }
+                Ok(Err(status)) if status.code() != tonic::Code::Unavailable => {
+                    tracing::warn!(message = "Deregistration failed; the lease will expire.", registry = %url, error = %status);
+                    break;
+                }
+                Ok(Err(status)) => {
+                    tracing::warn!(message = "Deregistration failed; the lease will expire unless another registry takes it.", registry = %url, error = %status)
+                }
+                Err(_) => {
+                    tracing::warn!(message = "Deregistration timed out; the lease will expire unless another registry takes it.", registry = %url)
+                }
             }
-            Err(_) => tracing::warn!(message = "Deregistration timed out; the lease will expire."),
+            self.registry.failed();
         }
         let _ = self.stop_serving.send(true);
         let _ = self.server.await;
@@ -574,20 +600,19 @@ enum SessionEnd {
 
 /// Register, keep alive, re-register on `LEASE_EXPIRED` or after the registry
 /// comes back; with capped exponential backoff between failures.
-async fn lifecycle(
-    shared: Arc<Shared>,
-    registry: RegistryClient<Channel>,
-    bound: SocketAddr,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn lifecycle(shared: Arc<Shared>, registry: Arc<Registries>, bound: SocketAddr, mut stop: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(100);
     let mut registered = false;
+    // Failures in a row: the next registry is tried at once until each
+    // failed once, then the backoff applies.
+    let mut failures = 0usize;
     loop {
         if *stop.borrow() {
             return;
         }
         if !registered {
-            let mut client = registry.clone();
+            let (url, mut client) = registry.current();
+            let url = url.to_string();
             let span = tracing::info_span!("agent.register", otel.kind = "client", agent_id = %shared.config.agent_id);
             let request = span.in_scope(|| shared.authed(register_request(&shared, bound)));
             match client.register(request).instrument(span).await {
@@ -597,10 +622,17 @@ async fn lifecycle(
                     shared.heartbeat_acknowledged();
                     registered = true;
                     backoff = Duration::from_millis(100);
-                    tracing::info!(message = "Registered.", agent_id = %shared.config.agent_id, lease_id = answer.lease_id);
+                    failures = 0;
+                    tracing::info!(message = "Registered.", agent_id = %shared.config.agent_id, lease_id = answer.lease_id, registry = %url);
                 }
                 Err(status) => {
-                    tracing::warn!(message = "Registration failed; retrying.", error = %status, retry_in = ?backoff);
+                    tracing::warn!(message = "Registration failed; retrying.", registry = %url, error = %status, retry_in = ?backoff);
+                    registry.failed();
+                    failures += 1;
+                    if failures < registry.len() {
+                        continue;
+                    }
+                    failures = 0;
                     if wait_or_stop(&mut stop, backoff).await {
                         return;
                     }
@@ -609,13 +641,25 @@ async fn lifecycle(
                 }
             }
         }
-        match keep_alive_session(&shared, &registry, &mut stop).await {
+        let (_, client) = registry.current();
+        match keep_alive_session(&shared, &client, &mut stop).await {
             SessionEnd::Stop => return,
             SessionEnd::LeaseExpired => {
                 tracing::warn!(message = "Lease expired; registering again.", agent_id = %shared.config.agent_id);
                 registered = false;
             }
             SessionEnd::StreamBroken => {
+                registry.failed();
+                let ttl = Duration::from_secs(u64::from(shared.config.ttl_s));
+                if shared.last_heartbeat_age().is_some_and(|age| age < ttl) {
+                    // The stream was serving: a fresh round of registries.
+                    failures = 0;
+                }
+                failures += 1;
+                if failures < registry.len() {
+                    continue;
+                }
+                failures = 0;
                 if wait_or_stop(&mut stop, backoff).await {
                     return;
                 }

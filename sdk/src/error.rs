@@ -165,9 +165,10 @@ pub enum RouterCode {
     TasksDisabled,
     TaskNotFound,
     TaskConflict,
+    TaskStoreUnavailable,
+    TaskBufferFull,
     InvalidTaskResult,
     DeadLetterNotFound,
-    TaskStoreUnavailable,
     RateLimited,
     OutputSchemaMismatch,
     AssertionFailed,
@@ -177,7 +178,7 @@ pub enum RouterCode {
 }
 
 impl RouterCode {
-    pub const ALL: [RouterCode; 27] = [
+    pub const ALL: [RouterCode; 28] = [
         RouterCode::InvalidEnvelope,
         RouterCode::InvalidQuery,
         RouterCode::Unauthenticated,
@@ -196,9 +197,10 @@ impl RouterCode {
         RouterCode::TasksDisabled,
         RouterCode::TaskNotFound,
         RouterCode::TaskConflict,
+        RouterCode::TaskStoreUnavailable,
+        RouterCode::TaskBufferFull,
         RouterCode::InvalidTaskResult,
         RouterCode::DeadLetterNotFound,
-        RouterCode::TaskStoreUnavailable,
         RouterCode::RateLimited,
         RouterCode::OutputSchemaMismatch,
         RouterCode::AssertionFailed,
@@ -227,9 +229,10 @@ impl RouterCode {
             RouterCode::TasksDisabled => "TASKS_DISABLED",
             RouterCode::TaskNotFound => "TASK_NOT_FOUND",
             RouterCode::TaskConflict => "TASK_CONFLICT",
+            RouterCode::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
+            RouterCode::TaskBufferFull => "TASK_BUFFER_FULL",
             RouterCode::InvalidTaskResult => "INVALID_TASK_RESULT",
             RouterCode::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
-            RouterCode::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
             RouterCode::RateLimited => "RATE_LIMITED",
             RouterCode::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
             RouterCode::AssertionFailed => "ASSERTION_FAILED",

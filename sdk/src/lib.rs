@@ -42,6 +42,7 @@ mod ctx;
 mod dedup;
 mod error;
 mod handler;
+mod registries;
 mod report;
 mod server;
 mod state;

@@ -41,7 +41,8 @@ pub(crate) struct Config {
     pub(crate) agent_id: String,
     pub(crate) listen: SocketAddr,
     pub(crate) endpoint: Option<String>,
-    pub(crate) registry: String,
+    /// Registry URLs, used one at a time in this order (failover).
+    pub(crate) registry: Vec<String>,
     pub(crate) weight: u32,
     pub(crate) ttl_s: u32,
     pub(crate) tags: BTreeMap<String, String>,

@@ -643,3 +643,107 @@ async fn reregisters_by_itself_after_a_registry_restart() {
     );
     agent.shutdown().await;
 }
+
+// Issue 23, point 5: agents and routers take several registries and fail over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_and_router_fail_over_to_the_second_registry() {
+    use agent_reach_registry::store::Store;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let acl = dir.path().join("acl.yaml");
+    std::fs::write(&acl, ACL).unwrap();
+    let settings = || agent_reach_registry::Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        listener_tls: None,
+        store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
+        acl: acl.clone(),
+        auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        service: agent_reach_registry::RegistryConfig {
+            ttl: agent_reach_registry::TtlBounds {
+                min_s: 1,
+                max_s: 300,
+                default_s: 15,
+            },
+            ..Default::default()
+        },
+    };
+    let mut first = RegistryProcess::start(settings());
+    let second = RegistryProcess::start(settings());
+    let both = format!("{},{}", first.url(), second.url());
+
+    let mut router_settings = agent_reach_router::Settings::new(
+        "127.0.0.1:0".parse().unwrap(),
+        first.url(),
+        AuthConfig::Hs256SecretFile(secret.clone()),
+        acl.clone(),
+    );
+    router_settings.registry = vec![first.url(), second.url()];
+    let router = agent_reach_router::build(&router_settings).await.unwrap();
+    let (router_addr, router_task) = serve_on_free_port(|listener| async move {
+        let _ = agent_reach_router::serve(listener, router, std::future::pending()).await;
+    })
+    .await;
+    let router_url = format!("http://{router_addr}");
+    let call = || async {
+        let response = reqwest::Client::new()
+            .post(format!("{router_url}/v1/invoke"))
+            .bearer_auth(token("tester"))
+            .json(&json!({ "capability": "demo.echo", "payload": {"text": "hi"}, "timeout_ms": 5000 }))
+            .send()
+            .await
+            .unwrap();
+        response.status().as_u16()
+    };
+
+    let start_agent = |agent_id: &'static str| {
+        let both = both.clone();
+        let router_url = router_url.clone();
+        async move {
+            let agent = Agent::builder("echo_agent", agent_id)
+                .registry(&both)
+                .router(&router_url)
+                .token(token("echo_agent"))
+                .ttl_s(2)
+                .handler(echo)
+                .start()
+                .await
+                .unwrap();
+            agent.mark_ready();
+            agent
+        }
+    };
+    let agent = start_agent("echo-a").await;
+    assert!(eventually(Duration::from_secs(10), || async { call().await == 200 }).await);
+    let store = agent_reach_registry::store::EtcdStore::connect(&[etcd.endpoint()]).unwrap();
+    let key = "/agent-reach/v1/default/agents/echo-a";
+    let lease = store.get(key).await.unwrap().expect("registered").lease;
+
+    // The registry both the agent and the router use dies.
+    first.kill();
+    // Three TTLs later the agent is still registered on the same lease: its
+    // heartbeats went to the second registry, no re-registration was needed.
+    let until = std::time::Instant::now() + Duration::from_secs(6);
+    while std::time::Instant::now() < until {
+        let record = store.get(key).await.unwrap();
+        assert_eq!(record.map(|kv| kv.lease), Some(lease), "the registration was lost");
+        assert_eq!(call().await, 200, "the router stopped routing to the agent");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The router follows the second registry: a deregistration reaches it,
+    // and so does a new agent's registration.
+    agent.shutdown().await;
+    assert!(
+        eventually(Duration::from_secs(5), || async { call().await != 200 }).await,
+        "the router never saw the deregistration"
+    );
+    let replacement = start_agent("echo-b").await;
+    assert!(
+        eventually(Duration::from_secs(10), || async { call().await == 200 }).await,
+        "the router never saw the new registration"
+    );
+    replacement.shutdown().await;
+    router_task.abort();
+}

@@ -28,7 +28,6 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RedisValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::OnceCell;
 
 use crate::model::{Accepted, Callback, Priority, State, Task, Transition};
 
@@ -61,6 +60,11 @@ fn unavailable(error: redis::RedisError) -> TaskStoreError {
     TaskStoreError::Unavailable(error.to_string())
 }
 
+/// A fresh task id (`t_` and 96 random bits in hex).
+pub fn new_task_id() -> String {
+    format!("t_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -68,7 +72,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// What a submission carries; the store adds ids, state and times.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct NewTask {
     pub request_id: String,
     pub session_id: Option<String>,
@@ -174,6 +178,20 @@ pub struct StoreConfig {
     pub tenant: String,
     /// How long finished tasks, their idempotency keys and session results are kept.
     pub retention: Duration,
+    /// CA bundle and client certificate for `rediss://` (the system's roots otherwise).
+    pub tls: agent_reach_links::TlsFiles,
+    /// Acknowledge a submission only once this many replicas have it (`WAIT`).
+    pub wait: Option<agent_reach_links::Wait>,
+    /// Where the router keeps submissions while Redis is unreachable (its
+    /// `--task-buffer-dir`), and how many at most; `None`: answer 503 instead.
+    pub local_buffer: Option<LocalBuffer>,
+}
+
+/// The router's local buffer for submissions during a Redis outage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalBuffer {
+    pub dir: std::path::PathBuf,
+    pub limit: usize,
 }
 
 impl Default for StoreConfig {
@@ -182,22 +200,81 @@ impl Default for StoreConfig {
             prefix: "agent-reach".to_string(),
             tenant: "default".to_string(),
             retention: Duration::from_secs(24 * 3600),
+            tls: agent_reach_links::TlsFiles::default(),
+            wait: None,
+            local_buffer: None,
         }
     }
 }
 
 pub struct TaskStore {
-    client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    link: Link,
+    /// The connection and the Sentinel generation it was opened under (0 without Sentinels).
+    connection: std::sync::Mutex<Option<(u64, ConnectionManager)>>,
+    wait: Option<agent_reach_links::Wait>,
     namespace: String,
     retention_s: u64,
     submit: Script,
     transition: Script,
     finish: Script,
     claim_callbacks: Script,
+    tls: agent_reach_links::TlsFiles,
     extend: Script,
     accept: Script,
     replay: Script,
+}
+
+/// Where the store connects.
+enum Link {
+    /// One server (`redis://`, `rediss://`).
+    Direct(redis::Client),
+    /// The primary the Sentinels name; `url` holds the credentials and database.
+    Sentinel {
+        primary: std::sync::Arc<agent_reach_links::Primary>,
+        url: agent_reach_links::RedisUrl,
+    },
+}
+
+/// A client for `url`'s server, or for `address` (the Sentinels' primary),
+/// over TLS when the URL says so (verification always on).
+fn client_for(
+    url: &agent_reach_links::RedisUrl,
+    address: Option<&agent_reach_links::HostPort>,
+    tls: &agent_reach_links::TlsFiles,
+) -> Result<redis::Client, String> {
+    let node = match (address, &url.nodes) {
+        (Some(address), _) => address.clone(),
+        (None, agent_reach_links::Nodes::Direct(node)) => node.clone(),
+        (None, agent_reach_links::Nodes::Sentinel { .. }) => {
+            return Err("a Sentinel URL needs the primary's address".to_string())
+        }
+    };
+    let addr = if url.tls {
+        redis::ConnectionAddr::TcpTls {
+            host: node.host.clone(),
+            port: node.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        redis::ConnectionAddr::Tcp(node.host.clone(), node.port)
+    };
+    let mut settings = redis::RedisConnectionInfo::default().set_db(url.db);
+    if let Some(username) = &url.username {
+        settings = settings.set_username(username);
+    }
+    if let Some(password) = &url.password {
+        settings = settings.set_password(password);
+    }
+    let info = redis::IntoConnectionInfo::into_connection_info(addr)
+        .map_err(|error| format!("Redis {node}: {error}"))?
+        .set_redis_settings(settings);
+    let client = if url.tls {
+        redis::Client::build_with_tls(info, tls.redis_certificates())
+    } else {
+        redis::Client::open(info)
+    };
+    client.map_err(|error| format!("Redis {node}: {}", agent_reach_links::error_chain(&error)))
 }
 
 const SUBMIT: &str = r#"
@@ -336,37 +413,94 @@ fn state_args(next: State) -> Vec<&'static str> {
 
 impl TaskStore {
     /// Connects lazily; calls fail with `Unavailable` while Redis is down and
-    /// succeed again once it is back.
+    /// succeed again once it is back. `url` is `redis://`, `rediss://`,
+    /// `redis+sentinel://` or `rediss+sentinel://` (DESIGN §7.8).
     pub fn new(url: &str, config: &StoreConfig) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|error| format!("invalid Redis URL `{url}`: {error}"))?;
+        let parsed = agent_reach_links::RedisUrl::parse(url)?;
+        let link = match agent_reach_links::Sentinels::from_url(&parsed, &config.tls) {
+            Some(sentinels) => {
+                let primary = agent_reach_links::Primary::new(sentinels, Duration::from_secs(2));
+                // Follows failovers in the background; requests never ask the Sentinels.
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    primary.follow();
+                }
+                Link::Sentinel { primary, url: parsed }
+            }
+            None => Link::Direct(client_for(&parsed, None, &config.tls)?),
+        };
         Ok(Self {
-            client,
-            connection: OnceCell::new(),
+            link,
+            connection: std::sync::Mutex::new(None),
+            wait: config.wait,
             namespace: format!("{}:{}", config.prefix, config.tenant),
             retention_s: config.retention.as_secs().max(1),
             submit: Script::new(SUBMIT),
             transition: Script::new(TRANSITION),
             finish: Script::new(FINISH),
             claim_callbacks: Script::new(CLAIM_CALLBACKS),
+            tls: config.tls.clone(),
             extend: Script::new(EXTEND),
             accept: Script::new(ACCEPT),
             replay: Script::new(REPLAY),
         })
     }
 
+    /// The connection to the primary: the one open, unless the Sentinels
+    /// have named another primary since it was opened (one atomic load).
     async fn connection(&self) -> Result<ConnectionManager, TaskStoreError> {
-        let connection = self
+        let wanted = match &self.link {
+            Link::Direct(_) => 0,
+            Link::Sentinel { primary, .. } => primary.generation(),
+        };
+        if let Some((generation, connection)) = self
             .connection
-            .get_or_try_init(|| async {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(2)))
-                    .set_response_timeout(Some(Duration::from_secs(5)))
-                    .set_number_of_retries(2);
-                ConnectionManager::new_with_config(self.client.clone(), config).await
-            })
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+        {
+            if *generation == wanted {
+                return Ok(connection.clone());
+            }
+        }
+        let (generation, client) = match &self.link {
+            Link::Direct(client) => (0, client.clone()),
+            Link::Sentinel { primary, url } => {
+                let (address, generation) = primary.current().await.map_err(TaskStoreError::Unavailable)?;
+                (
+                    generation,
+                    client_for(url, Some(&address), &self.tls).map_err(TaskStoreError::Unavailable)?,
+                )
+            }
+        };
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(2);
+        let mut connection = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(unavailable)?;
-        Ok(connection.clone())
+        if let Link::Sentinel { primary, .. } = &self.link {
+            // A Sentinel's answer can lag a failover: never write to a replica.
+            let role: Vec<RedisValue> = redis::cmd("ROLE")
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            let role = match role.first() {
+                Some(RedisValue::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                Some(RedisValue::SimpleString(text)) => text.clone(),
+                _ => "server with an unreadable ROLE".to_string(),
+            };
+            if role != "master" {
+                let _ = primary.refresh().await;
+                return Err(TaskStoreError::Unavailable(format!(
+                    "refusing a Redis that is a {role} now, not the primary of `{}`",
+                    primary.service()
+                )));
+            }
+        }
+        *self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            Some((generation, connection.clone()));
+        Ok(connection)
     }
 
     fn task_key(&self, task_id: &str) -> String {
@@ -421,7 +555,13 @@ impl TaskStore {
     /// Stores the task and queues it, atomically; a repeated request id from
     /// the same caller returns the existing task instead.
     pub async fn submit(&self, task: NewTask) -> Result<Submitted, TaskStoreError> {
-        let task_id = format!("t_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>());
+        self.submit_with_id(task, &new_task_id()).await
+    }
+
+    /// [`TaskStore::submit`] under a task id chosen by the caller (the
+    /// router's local buffer gives ids out before Redis has the task).
+    pub async fn submit_with_id(&self, task: NewTask, task_id: &str) -> Result<Submitted, TaskStoreError> {
+        let task_id = task_id.to_string();
         let spec = Spec {
             task_id: task_id.clone(),
             request_id: task.request_id.clone(),
@@ -453,6 +593,23 @@ impl TaskStore {
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;
+        if let Some(wait) = self.wait {
+            // On the same connection, so it waits for this submission's write.
+            let reached: i64 = redis::cmd("WAIT")
+                .arg(wait.replicas)
+                .arg(wait.timeout_ms())
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            if reached < i64::from(wait.replicas) {
+                return Err(TaskStoreError::Unavailable(format!(
+                    "the task reached {reached} of {} replicas within {} ms; it may survive a failover or not: \
+                     submit again with the same request_id (it is not created twice)",
+                    wait.replicas,
+                    wait.timeout_ms()
+                )));
+            }
+        }
         Ok(if created == 1 {
             Submitted::Created(id)
         } else {

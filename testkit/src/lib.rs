@@ -1,6 +1,7 @@
 //! Test support: spawns real `etcd`, `redis-server` and `prometheus` processes
 //! on free loopback ports with temporary data directories, waits until they
-//! answer, and kills them on drop.
+//! answer, and kills them on drop; [`EtcdCluster`] runs three etcd members, [`RedisSentinels`] a
+//! Redis primary, its replica and three Sentinels.
 //!
 //! A missing binary fails with a message naming the package and the setup
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
@@ -12,15 +13,20 @@
 //! [`RegistryProcess`] (the real registry run that way). With `pki`,
 //! [`pki::Pki`] writes a test CA and certificates signed by it.
 
+mod etcd_cluster;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "pki")]
 pub mod pki;
+mod redis_ha;
 #[cfg(feature = "services")]
 mod services;
 
 #[cfg(feature = "services")]
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
+
+pub use etcd_cluster::EtcdCluster;
+pub use redis_ha::RedisSentinels;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,7 +35,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a server may take to become healthy.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 const SETUP_HINT: &str = "run `sudo scripts/setup.sh` (installs etcd-server, redis-server and prometheus)";
 
 /// A free TCP port on 127.0.0.1. Another process could take it before we
@@ -74,7 +80,7 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 
 /// Sends a raw request and returns the response text (used for health probes,
 /// so the kit needs no HTTP or Redis client).
-fn exchange(addr: SocketAddr, request: &[u8]) -> Option<String> {
+pub(crate) fn exchange(addr: SocketAddr, request: &[u8]) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
     stream.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     stream.write_all(request).ok()?;
@@ -100,7 +106,7 @@ pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
 }
 
 /// A running child process that is killed (and reaped) on drop.
-struct Guard {
+pub(crate) struct Guard {
     child: Child,
 }
 
@@ -131,7 +137,7 @@ impl Drop for Guard {
     }
 }
 
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
@@ -145,11 +151,25 @@ pub struct Etcd {
     client_port: u16,
     peer_port: u16,
     dir: tempfile::TempDir,
+    /// Serve clients over https with these certificates, requiring a client certificate.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
 impl Etcd {
     /// Starts etcd and waits until `/health` reports healthy.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd serving clients over https only (a server certificate from
+    /// `pki`, client certificates signed by its CA required).
+    #[cfg(feature = "pki")]
+    pub fn start_tls(pki: &pki::Pki) -> Self {
+        let server = pki.server("etcd");
+        Self::start_with(Some((pki.ca_file.clone(), server.cert, server.key)))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {
         let binary = find_binary("etcd", "etcd-server");
         let dir = tempfile::Builder::new()
             .prefix("agent-reach-etcd-")
@@ -160,6 +180,7 @@ impl Etcd {
             client_port: 0,
             peer_port: 0,
             dir,
+            tls,
         };
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -176,9 +197,16 @@ impl Etcd {
     fn launch(&mut self, binary: &Path) -> Result<(), String> {
         let data = self.dir.path().join(format!("data-{}", self.client_port));
         let log = self.dir.path().join("etcd.log");
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut command = Command::new(binary);
+        if let Some((ca, cert, key)) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", cert.display()))
+                .arg(format!("--key-file={}", key.display()))
+                .arg(format!("--trusted-ca-file={}", ca.display()))
+                .arg("--client-cert-auth=true");
+        }
         command
             .arg("--name=testkit")
             .arg(format!("--data-dir={}", data.display()))
@@ -188,16 +216,27 @@ impl Etcd {
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=testkit={peer}"))
             .arg("--initial-cluster-state=new")
-            .arg("--log-level=warn")
+            .arg(if self.tls.is_some() {
+                "--log-level=info"
+            } else {
+                "--log-level=warn"
+            })
             // Fast elections for a single member.
             .arg("--heartbeat-interval=50")
             .arg("--election-timeout=500")
             .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
         let mut guard = Guard::spawn(&mut command, &log).map_err(|error| error.to_string())?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.client_port));
+        let tls = self.tls.is_some();
         let healthy = wait_until(START_TIMEOUT, || {
             if guard.exited().is_some() {
                 return true;
+            }
+            if tls {
+                // The kit speaks no TLS: etcd says when it serves (at info level).
+                return std::fs::read_to_string(&log).is_ok_and(|text| {
+                    text.contains("serving client requests on") || text.contains("serving client traffic securely")
+                });
             }
             exchange(addr, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
                 .is_some_and(|answer| answer.contains("\"health\":\"true\""))
@@ -209,9 +248,10 @@ impl Etcd {
         Ok(())
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT` (`https://` when started with TLS)
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     pub fn client_port(&self) -> u16 {
@@ -253,11 +293,25 @@ pub struct Redis {
     process: Option<Guard>,
     port: u16,
     dir: tempfile::TempDir,
+    /// TLS only on `port` (CA, certificate, key), client certificates required.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
 }
 
 impl Redis {
     /// Starts redis-server and waits until it answers PING.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts redis-server speaking TLS only (`--tls-port`, a server
+    /// certificate from `pki`, client certificates signed by its CA required).
+    #[cfg(feature = "pki")]
+    pub fn start_tls(pki: &pki::Pki) -> Self {
+        let server = pki.server("redis");
+        Self::start_with(Some((pki.ca_file.clone(), server.cert, server.key)))
+    }
+
+    fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {
         let binary = find_binary("redis-server", "redis-server");
         let dir = tempfile::Builder::new()
             .prefix("agent-reach-redis-")
@@ -267,6 +321,7 @@ impl Redis {
             process: None,
             port: 0,
             dir,
+            tls,
         };
         let mut last_log = String::new();
         for _ in 0..5 {
@@ -282,9 +337,27 @@ impl Redis {
     fn launch(&mut self, binary: &Path) -> Result<(), String> {
         let log = self.dir.path().join("redis.log");
         let mut command = Command::new(binary);
+        match &self.tls {
+            Some((ca, cert, key)) => {
+                command
+                    .arg("--port")
+                    .arg("0")
+                    .arg("--tls-port")
+                    .arg(self.port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(cert)
+                    .arg("--tls-key-file")
+                    .arg(key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(ca)
+                    .arg("--tls-auth-clients")
+                    .arg("yes");
+            }
+            None => {
+                command.arg("--port").arg(self.port.to_string());
+            }
+        }
         command
-            .arg("--port")
-            .arg(self.port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
             .arg("--dir")
@@ -297,7 +370,13 @@ impl Redis {
             .arg("yes");
         let mut guard = Guard::spawn(&mut command, &log).map_err(|error| error.to_string())?;
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let tls = self.tls.is_some();
         let healthy = wait_until(START_TIMEOUT, || {
+            if tls {
+                // The kit speaks no TLS: Redis says when it serves.
+                return guard.exited().is_some()
+                    || std::fs::read_to_string(&log).is_ok_and(|text| text.contains("Ready to accept connections"));
+            }
             guard.exited().is_some() || exchange(addr, b"PING\r\n").is_some_and(|answer| answer.starts_with("+PONG"))
         });
         if guard.exited().is_some() || !healthy {
@@ -307,9 +386,10 @@ impl Redis {
         Ok(())
     }
 
-    /// `redis://127.0.0.1:PORT`
+    /// `redis://127.0.0.1:PORT` (`rediss://` when started with TLS)
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn port(&self) -> u16 {

@@ -341,10 +341,14 @@ fn bake_policy(body: &str, policy: &StorePolicy) -> String {
 static NEXT_STORE_ID: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
-    /// This thread's connection per store: (store id, the store's liveness, connection).
+    /// This thread's connection per store ([`Slot`]).
     /// Entries of dropped stores are pruned when a new entry is added.
-    static CONNECTIONS: RefCell<Vec<(usize, Weak<()>, resp::Connection)>> = const { RefCell::new(Vec::new()) };
+    static CONNECTIONS: RefCell<Vec<Slot>> = const { RefCell::new(Vec::new()) };
 }
+
+/// A thread's connection for one store: the store's id and liveness, the
+/// Sentinel generation the connection was opened under (0 without), the connection.
+type Slot = (usize, Weak<()>, u64, resp::Connection);
 
 pub struct RedisStore {
     target: resp::Target,
@@ -440,19 +444,36 @@ impl Answer {
 impl RedisStore {
     /// Checks the URL; connects on first use (and reconnects by itself afterwards).
     pub fn new(url: &str, namespace: &Namespace, policy: StorePolicy, timeout: Duration) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|error| format!("invalid Redis URL `{url}`: {error}"))?;
-        let info = client.get_connection_info();
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+        let parsed = agent_reach_links::RedisUrl::parse(url)?;
+        if parsed.tls {
             return Err(format!(
-                "unsupported Redis URL `{url}`: the context service speaks plain TCP (redis://HOST:PORT[/DB])"
+                "unsupported Redis URL `{parsed}`: the context service speaks plain TCP \
+                 (redis://HOST:PORT[/DB] or redis+sentinel://HOST:PORT,.../SERVICE[/DB]); \
+                 put a TLS proxy beside it or use the task store's rediss:// support"
             ));
+        }
+        let (host, port, primary) = match &parsed.nodes {
+            agent_reach_links::Nodes::Direct(node) => (node.host.clone(), node.port, None),
+            agent_reach_links::Nodes::Sentinel { .. } => {
+                let sentinels =
+                    agent_reach_links::Sentinels::from_url(&parsed, &agent_reach_links::TlsFiles::default())
+                        .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
+                let primary = agent_reach_links::Primary::new(sentinels, timeout);
+                // Follows failovers in the background (one Sentinel question
+                // per half second), so requests never ask the Sentinels.
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    primary.follow();
+                }
+                (String::new(), 0, Some(primary))
+            }
         };
         let target = resp::Target {
-            host: host.clone(),
-            port: *port,
-            db: info.redis_settings().db(),
-            username: info.redis_settings().username().map(str::to_string),
-            password: info.redis_settings().password().map(str::to_string),
+            host,
+            port,
+            primary,
+            db: parsed.db,
+            username: parsed.username.clone(),
+            password: parsed.password.clone(),
             connect_timeout: timeout,
             reply_timeout: timeout,
         };
@@ -477,17 +498,19 @@ impl RedisStore {
     /// This thread's connection to this store's Redis (a new one when there
     /// is none yet or the last one broke).
     fn connection(&self) -> resp::Connection {
+        // One atomic load: a failover the Sentinels announced moves it.
+        let generation = self.target.primary.as_ref().map_or(0, |primary| primary.generation());
         CONNECTIONS.with(|connections| {
             let mut connections = connections.borrow_mut();
-            if let Some(at) = connections.iter().position(|(id, _, _)| *id == self.id) {
-                if !connections[at].2.is_closed() {
-                    return connections[at].2.clone();
+            if let Some(at) = connections.iter().position(|(id, _, _, _)| *id == self.id) {
+                if !connections[at].3.is_closed() && connections[at].2 == generation {
+                    return connections[at].3.clone();
                 }
                 connections.swap_remove(at);
             }
-            connections.retain(|(_, alive, _)| alive.strong_count() > 0);
+            connections.retain(|(_, alive, _, _)| alive.strong_count() > 0);
             let connection = resp::Connection::open(self.target.clone());
-            connections.push((self.id, Arc::downgrade(&self.alive), connection.clone()));
+            connections.push((self.id, Arc::downgrade(&self.alive), generation, connection.clone()));
             connection
         })
     }
@@ -846,8 +869,8 @@ mod tests {
                 connections
                     .borrow()
                     .iter()
-                    .find(|(id, _, _)| *id == store.id)
-                    .map(|(_, _, connection)| connection.clone())
+                    .find(|(id, _, _, _)| *id == store.id)
+                    .map(|(_, _, _, connection)| connection.clone())
             })
         };
         let silence = store.ping().await;

@@ -192,8 +192,12 @@ impl Pipeline {
 /// Where and how to connect.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// The server, when the URL names one (`redis://`); unused with `primary`.
     pub host: String,
     pub port: u16,
+    /// The primary the Sentinels name (`redis+sentinel://`): connect where it
+    /// is now, and refuse a server whose `ROLE` is not `master`.
+    pub primary: Option<std::sync::Arc<agent_reach_links::Primary>>,
     pub db: i64,
     pub username: Option<String>,
     pub password: Option<String>,
@@ -284,7 +288,10 @@ async fn drive(target: Target, mut queue: mpsc::UnboundedReceiver<Request>) {
 }
 
 async fn connect(target: &Target) -> Result<TcpStream, String> {
-    let address = format!("{}:{}", target.host, target.port);
+    let address = match &target.primary {
+        Some(primary) => primary.current().await?.0.to_string(),
+        None => format!("{}:{}", target.host, target.port),
+    };
     let mut stream = TcpStream::connect(&address)
         .await
         .map_err(|error| format!("cannot connect to Redis at {address}: {error}"))?;
@@ -301,6 +308,10 @@ async fn connect(target: &Target) -> Result<TcpStream, String> {
     if target.db != 0 {
         handshake.command(Args::new().arg("SELECT").arg(target.db));
     }
+    if target.primary.is_some() {
+        // A Sentinel's answer can lag a failover: check what the server says it is.
+        handshake.command(Args::new().arg("ROLE"));
+    }
     if handshake.commands > 0 {
         stream
             .write_all(&handshake.bytes)
@@ -311,9 +322,12 @@ async fn connect(target: &Target) -> Result<TcpStream, String> {
         while answered < handshake.commands {
             match parse(&input)? {
                 Some((Reply::Error(message), _)) => return Err(format!("Redis refused the handshake: {message}")),
-                Some((_, used)) => {
+                Some((reply, used)) => {
                     input.advance(used);
                     answered += 1;
+                    if let (Some(primary), true) = (&target.primary, answered == handshake.commands) {
+                        check_role(primary, &address, reply).await?;
+                    }
                 }
                 None => {
                     let read = stream
@@ -328,6 +342,25 @@ async fn connect(target: &Target) -> Result<TcpStream, String> {
         }
     }
     Ok(stream)
+}
+
+/// Refuses a server that is not the primary, and asks the Sentinels again.
+async fn check_role(primary: &agent_reach_links::Primary, address: &str, reply: Reply) -> Result<(), String> {
+    let role = match reply {
+        Reply::Array(items) => items.into_iter().next().and_then(|role| role.into_text().ok()),
+        _ => None,
+    }
+    .unwrap_or_else(|| "server with an unreadable ROLE".to_string());
+    if role == "master" {
+        return Ok(());
+    }
+    if let Err(error) = primary.refresh().await {
+        tracing::warn!(message = "No Sentinel answered after a demoted primary.", %error);
+    }
+    Err(format!(
+        "refusing Redis at {address}: it is a {role} now, not the primary of `{}`",
+        primary.service()
+    ))
 }
 
 /// A request whose replies are being collected.
@@ -393,11 +426,13 @@ async fn serve(
             read = reader.read_buf(&mut input) => {
                 match read {
                     Ok(0) => break Err("Redis closed the connection".to_string()),
-                    Ok(_) => {
-                        if let Err(why) = deliver(&mut input, &mut waiting) {
-                            break Err(why);
-                        }
-                    }
+                    Ok(_) => match deliver(&mut input, &mut waiting) {
+                        Err(why) => break Err(why),
+                        // The server was demoted under us: what it still answers
+                        // is stale, so reconnect (to the primary) instead.
+                        Ok(Delivered::Demoted) => break Err("Redis answered READONLY: it is a replica now".to_string()),
+                        Ok(Delivered::Fine) => {}
+                    },
                     Err(error) => break Err(format!("reading from Redis failed: {error}")),
                 }
             }
@@ -423,10 +458,20 @@ fn check_period(reply_timeout: Duration) -> Duration {
     (reply_timeout / 10).clamp(Duration::from_millis(1), Duration::from_millis(100))
 }
 
+enum Delivered {
+    Fine,
+    /// A `READONLY` error came back: the server is a replica now.
+    Demoted,
+}
+
 /// Parses every complete reply in `input` and hands it to the request it answers.
-fn deliver(input: &mut BytesMut, waiting: &mut VecDeque<Waiting>) -> Result<(), String> {
+fn deliver(input: &mut BytesMut, waiting: &mut VecDeque<Waiting>) -> Result<Delivered, String> {
+    let mut delivered = Delivered::Fine;
     while let Some((reply, used)) = parse(input)? {
         input.advance(used);
+        if matches!(&reply, Reply::Error(message) if message.starts_with("READONLY")) {
+            delivered = Delivered::Demoted;
+        }
         let Some(front) = waiting.front_mut() else {
             return Err("Redis sent a reply nobody asked for".to_string());
         };
@@ -438,7 +483,7 @@ fn deliver(input: &mut BytesMut, waiting: &mut VecDeque<Waiting>) -> Result<(), 
             }
         }
     }
-    Ok(())
+    Ok(delivered)
 }
 
 /// One complete reply at the start of `input` and the bytes it takes, `None`

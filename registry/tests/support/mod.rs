@@ -176,6 +176,7 @@ async fn into_parts(response: reqwest::Response) -> (u16, Value) {
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
+#[allow(unused_imports)] // each test binary uses a different subset
 pub use agent_reach_testkit::eventually as wait_for;
 
 /// A registration body for `order_query` offering `order.query` 1.2.0.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach_access::Caller;
-use agent_reach_tasks::{Callback, NewTask, Priority, State, Submitted};
+use agent_reach_tasks::{Callback, NewTask, Priority, State, Submitted, TaskStoreError};
 use axum::body::Body;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::{HeaderMap, StatusCode};
@@ -20,6 +20,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::buffer::{Buffered, TaskBuffer};
 use super::{failed_envelope, store_error, TaskService};
 use crate::admission::Entry;
 use crate::answer::{method_not_allowed, refused};
@@ -227,7 +228,19 @@ async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Re
     let tasks = api.enabled()?;
     let request = read_task_request(&api.service, tasks, headers, body).await?;
     let priority = request.priority;
-    let submitted = tasks.store.submit(request.new_task()).await.map_err(store_error)?;
+    let task = request.new_task();
+    let submitted = match &tasks.buffer {
+        // Behind what waits in the buffer: order holds, a resubmission finds its first copy.
+        Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task, priority).await,
+        Some(buffer) => match tasks.store.submit(task.clone()).await {
+            Err(TaskStoreError::Unavailable(why)) => {
+                tracing::warn!(message = "Task store unreachable; keeping the submission in the local buffer.", error = %why);
+                return buffered(tasks, buffer, task, priority).await;
+            }
+            other => other.map_err(store_error)?,
+        },
+        None => tasks.store.submit(task).await.map_err(store_error)?,
+    };
     if matches!(submitted, Submitted::Created(_)) {
         tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
     }
@@ -246,6 +259,35 @@ async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Re
                 .into_response()
         }
     })
+}
+
+/// Keeps a submission in the local buffer: 202 as from Redis, or 503
+/// `TASK_BUFFER_FULL`.
+async fn buffered(
+    tasks: &TaskService,
+    buffer: &Arc<TaskBuffer>,
+    task: NewTask,
+    priority: Priority,
+) -> Result<Response, RouterError> {
+    match buffer.push(agent_reach_tasks::new_task_id(), task).await {
+        Ok(Buffered::Created(task_id)) => {
+            tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({ "task_id": task_id, "status": "pending" })),
+            )
+                .into_response())
+        }
+        Ok(Buffered::Existing(task_id)) => Ok((
+            StatusCode::OK,
+            Json(json!({ "task_id": task_id, "status": "pending", "duplicate": true })),
+        )
+            .into_response()),
+        Err(error) => Err(RouterError::new(
+            Code::TaskBufferFull,
+            format!("the task store (Redis) is unreachable and {error}; retry shortly"),
+        )),
+    }
 }
 
 /// `POST /v1/broadcast?async=true`: a parent task (stored, not queued) and a
@@ -342,6 +384,19 @@ async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) ->
 #[tracing::instrument(name = "tasks.status", skip_all)]
 async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
     let outcome = async {
+        // Still in the local buffer (Redis unreachable): pending, as far as anyone can tell.
+        let buffered_for = api
+            .enabled()?
+            .buffer
+            .as_ref()
+            .and_then(|buffer| buffer.caller_of(&task_id));
+        if let Some(owner) = buffered_for {
+            let caller = api.service.authenticate(&headers)?;
+            if !matches!(&caller, Caller::Agent(name) if **name != *owner) {
+                let view = json!({ "task_id": task_id, "status": "pending", "buffered": true });
+                return Ok(Json(view).into_response());
+            }
+        }
         let (_, task) = owned_task(&api, &headers, &task_id).await?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }

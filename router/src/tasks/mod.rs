@@ -15,6 +15,7 @@
 //! Without `--redis` the routes answer 501 `TASKS_DISABLED`.
 
 mod api;
+mod buffer;
 mod callbacks;
 mod dead_letters;
 mod gate;
@@ -52,6 +53,8 @@ pub struct TaskService {
     gates: Vec<(TagLimit, Arc<TagGate>)>,
     /// Claimed tasks waiting at a tag gate; claiming pauses when too many are held in memory.
     gated: AtomicUsize,
+    /// Submissions kept locally while Redis is unreachable (`--task-buffer-dir`).
+    buffer: Option<Arc<buffer::TaskBuffer>>,
     /// Places for accepted (`202`) tasks awaiting their report outside the
     /// delivery slots; beyond them a task waits in its slot.
     awaiting: Arc<tokio::sync::Semaphore>,
@@ -70,6 +73,10 @@ impl TaskService {
                 .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
                 .collect(),
             gated: AtomicUsize::new(0),
+            buffer: match &settings.store.local_buffer {
+                Some(local) => Some(buffer::TaskBuffer::open(&local.dir, local.limit, registry)?),
+                None => None,
+            },
             awaiting: Arc::new(tokio::sync::Semaphore::new(
                 settings.workers.max(1) * AWAITING_PER_WORKER,
             )),
@@ -80,6 +87,7 @@ impl TaskService {
     /// weakly and both stop once the router is dropped.
     pub fn start(self: &Arc<Self>, service: &Arc<RouterService>) {
         tokio::spawn(callbacks::run(Arc::downgrade(self)));
+        buffer::TaskBuffer::spawn_replay(Arc::downgrade(self));
         tokio::spawn(worker::run(Arc::downgrade(service), self.clone()));
     }
 

@@ -12,8 +12,12 @@ use agent_reach_tasks::{CallbackConfig, StoreConfig};
 #[derive(Debug, Clone, clap::Args)]
 pub struct TaskArgs {
     /// Redis for durable asynchronous tasks (`/v1/tasks`); without it the slow path is off.
+    /// redis://, rediss:// (TLS), redis+sentinel://HOST:PORT,.../SERVICE or rediss+sentinel://.
     #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
     pub redis: Option<String>,
+    /// TLS files and `WAIT` for the task store's Redis.
+    #[command(flatten)]
+    pub redis_link: agent_reach_links::RedisLinkArgs,
     /// File with the default secret that signs task callbacks (required with --redis).
     #[arg(long, env = "AGENT_REACH_CALLBACK_SECRET_FILE", value_name = "PATH")]
     pub callback_secret_file: Option<PathBuf>,
@@ -43,6 +47,13 @@ pub struct TaskArgs {
         value_name = "KEY=VALUE:N"
     )]
     pub task_tag_limits: Vec<String>,
+    /// Keep task submissions in this directory (fsynced) while Redis is unreachable, answer
+    /// 202 and replay them in order when it is back; without it such submissions answer 503.
+    #[arg(long, env = "AGENT_REACH_TASK_BUFFER_DIR", value_name = "PATH")]
+    pub task_buffer_dir: Option<PathBuf>,
+    /// Most submissions the local buffer holds; beyond it, 503 TASK_BUFFER_FULL.
+    #[arg(long, env = "AGENT_REACH_TASK_BUFFER_MAX", default_value_t = 10_000)]
+    pub task_buffer_max: usize,
     /// A task claimed by a router that has not finished it after this many seconds is taken over.
     #[arg(long, env = "AGENT_REACH_TASK_RECLAIM_AFTER_S", default_value_t = 120)]
     pub task_reclaim_after_s: u64,
@@ -52,9 +63,7 @@ impl TaskArgs {
     /// The slow path's settings (`None` without `--redis`); problems are added to `problems`.
     pub fn settings(&self, problems: &mut Vec<String>) -> Option<TasksSettings> {
         let redis = self.redis.clone()?;
-        if !(redis.starts_with("redis://") || redis.starts_with("rediss://")) {
-            problems.push(format!("--redis `{redis}` must start with redis:// or rediss://"));
-        }
+        let link = self.redis_link.link(&redis, problems);
         let read_secret = |path: &std::path::Path, problems: &mut Vec<String>| match std::fs::read(path) {
             Ok(secret) if secret.trim_ascii().len() >= 32 => Some(secret.trim_ascii().to_vec()),
             Ok(_) => {
@@ -91,6 +100,9 @@ impl TaskArgs {
         if self.allow_private_callbacks {
             tracing::warn!(message = "Task callbacks to loopback and private addresses are ALLOWED. Development only.");
         }
+        if self.task_buffer_dir.is_some() && self.task_buffer_max == 0 {
+            problems.push("--task-buffer-max must be at least 1".to_string());
+        }
         if self.task_workers == 0 {
             problems.push("--task-workers must be at least 1".to_string());
         }
@@ -98,6 +110,12 @@ impl TaskArgs {
             redis,
             store: StoreConfig {
                 retention: Duration::from_secs(self.task_retention_s.max(60)),
+                tls: link.as_ref().map(|link| link.tls.clone()).unwrap_or_default(),
+                wait: link.as_ref().and_then(|link| link.wait),
+                local_buffer: self.task_buffer_dir.clone().map(|dir| agent_reach_tasks::LocalBuffer {
+                    dir,
+                    limit: self.task_buffer_max,
+                }),
                 ..Default::default()
             },
             callbacks,

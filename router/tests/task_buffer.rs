@@ -1,0 +1,111 @@
+//! Redis unreachable on the slow path (issue 23, point 6): the router keeps
+//! task submissions in its local buffer (fsynced), answers 202 as before,
+//! and replays them in order when Redis is back; beyond the bound, 503
+//! TASK_BUFFER_FULL. Against a real Redis, killed and started again.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{get, post, AgentSpec, Behaviour, Cluster};
+
+async fn wait_status(cluster: &Cluster, task_id: &str, wanted: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, task) = get(cluster, &format!("/v1/tasks/{task_id}")).await;
+        if task["status"] == wanted {
+            return task;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task {task_id} never became {wanted}: {task}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn envelope(request_id: &str) -> Value {
+    json!({"capability": "order.query", "request_id": request_id, "payload": {"order_id": request_id}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submissions_wait_in_the_local_buffer_while_redis_is_down() {
+    let mut redis = agent_reach_testkit::Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let buffer_dir = dir.path().to_path_buf();
+    let cluster = Cluster::start_with(move |settings| {
+        settings.tasks = Some(agent_reach_router::TasksSettings {
+            redis: url,
+            store: agent_reach_tasks::StoreConfig {
+                local_buffer: Some(agent_reach_tasks::LocalBuffer {
+                    dir: buffer_dir,
+                    limit: 3,
+                }),
+                ..agent_reach_tasks::StoreConfig::default()
+            },
+            callbacks: agent_reach_tasks::CallbackConfig::new(support::CALLBACK_SECRET.to_vec()),
+            workers: 4,
+            reclaim_after: Duration::from_secs(30),
+            max_task_attempts: 3,
+            tag_limits: Vec::new(),
+        });
+    })
+    .await;
+    let _agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+    let (status, first) = post(&cluster, "/v1/tasks", envelope("before")).await;
+    assert_eq!(status, 202, "{first}");
+    wait_status(&cluster, first["task_id"].as_str().unwrap(), "succeeded").await;
+
+    redis.kill();
+    let mut ids = Vec::new();
+    for request_id in ["during-1", "during-2", "during-3"] {
+        let (status, body) = post(&cluster, "/v1/tasks", envelope(request_id)).await;
+        assert_eq!((status, body["status"].as_str()), (202, Some("pending")), "{body}");
+        ids.push(body["task_id"].as_str().unwrap().to_string());
+    }
+    // A buffered task answers as pending; the same request id finds it.
+    let (status, view) = get(&cluster, &format!("/v1/tasks/{}", ids[0])).await;
+    assert_eq!(
+        (status, view["status"].as_str(), view["buffered"].as_bool()),
+        (200, Some("pending"), Some(true)),
+        "{view}"
+    );
+    let (status, again) = post(&cluster, "/v1/tasks", envelope("during-1")).await;
+    assert_eq!(
+        (status, again["task_id"].as_str()),
+        (200, Some(ids[0].as_str())),
+        "{again}"
+    );
+    // Beyond the bound: 503 with its stable code.
+    let (status, full) = post(&cluster, "/v1/tasks", envelope("during-4")).await;
+    assert_eq!(status, 503, "{full}");
+    assert_eq!(full["error"]["code"], "TASK_BUFFER_FULL", "{full}");
+    let metrics = cluster.metrics().await;
+    assert!(metrics.contains("agent_reach_task_buffer_depth 3"), "{metrics}");
+    assert!(
+        metrics.contains("agent_reach_task_buffer_total{outcome=\"refused\"} 1"),
+        "{metrics}"
+    );
+
+    // Redis is back (empty: no persistence in this test): every buffered
+    // task is replayed under the id it was given, in order, and delivered.
+    redis.restart();
+    let mut created = Vec::new();
+    for id in &ids {
+        let task = wait_status(&cluster, id, "succeeded").await;
+        created.push(task["created_at"].as_u64().unwrap_or_default());
+    }
+    assert!(
+        created.windows(2).all(|pair| pair[0] <= pair[1]),
+        "replayed out of order: {created:?}"
+    );
+    let metrics = cluster.metrics().await;
+    assert!(metrics.contains("agent_reach_task_buffer_depth 0"), "{metrics}");
+    assert!(
+        metrics.contains("agent_reach_task_buffer_total{outcome=\"replayed\"} 3"),
+        "{metrics}"
+    );
+}
