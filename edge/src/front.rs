@@ -13,8 +13,8 @@
 //! Only a plain request takes this path: HTTP/1.1, a method and path the
 //! service's [`HotRoutes::route`] takes, at most one `Content-Length` (digits
 //! only, within the body limit; none means no body), every header name and
-//! value valid, and no `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection`
-//! header. Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
+//! value valid, no `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection`
+//! header, and no `Accept` naming `text/event-stream` (a streamed answer). Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
 //! malformed or oversized head, a body over the limit) hands the connection,
 //! with every byte already read, to hyper, which serves it from that request on
 //! exactly as it serves any connection. So framing ambiguities (request
@@ -427,6 +427,10 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
                 (None, Some(length)) if length <= limit => body_len = Some(length),
                 _ => return Head::Other,
             }
+        } else if name.eq_ignore_ascii_case(b"accept") && asks_for_events(header.value) {
+            // A streamed answer: hyper writes it as it comes and notices a caller
+            // that went away; this loop writes whole answers only.
+            return Head::Other;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -448,6 +452,14 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
         body_len: body_len.unwrap_or(0),
         fields,
     })
+}
+
+/// Whether an `Accept` value names `text/event-stream` (server-sent events).
+fn asks_for_events(value: &[u8]) -> bool {
+    const EVENTS: &[u8] = b"text/event-stream";
+    value
+        .windows(EVENTS.len())
+        .any(|window| window.eq_ignore_ascii_case(EVENTS))
 }
 
 /// A `Content-Length` value: one to nineteen ASCII digits, nothing else.

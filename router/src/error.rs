@@ -33,10 +33,11 @@ pub enum Code {
     AssertionFailed,
     RateLimited,
     OutputSchemaMismatch,
+    StreamInterrupted,
 }
 
 impl Code {
-    pub const ALL: [Code; 24] = [
+    pub const ALL: [Code; 25] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -61,6 +62,7 @@ impl Code {
         Code::AssertionFailed,
         Code::RateLimited,
         Code::OutputSchemaMismatch,
+        Code::StreamInterrupted,
     ];
 }
 
@@ -94,6 +96,7 @@ impl ErrorCode for Code {
             Code::AssertionFailed => "ASSERTION_FAILED",
             Code::RateLimited => "RATE_LIMITED",
             Code::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
+            Code::StreamInterrupted => "STREAM_INTERRUPTED",
         }
     }
 
@@ -121,7 +124,7 @@ impl ErrorCode for Code {
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            Code::OutputSchemaMismatch => StatusCode::BAD_GATEWAY,
+            Code::OutputSchemaMismatch | Code::StreamInterrupted => StatusCode::BAD_GATEWAY,
         }
     }
 

@@ -38,6 +38,8 @@ mod schema;
 mod select;
 mod service;
 mod snapshot;
+mod sse;
+mod stream;
 mod tasks;
 mod trace;
 mod watch;

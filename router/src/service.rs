@@ -128,6 +128,15 @@ impl RouterService {
         &self.assertions
     }
 
+    /// The retry budget every attempt loop draws on (the streamed invoke's too).
+    pub(crate) fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+
+    pub(crate) fn breaker(&self) -> &BreakerConfig {
+        &self.breaker
+    }
+
     /// What `select` and `broadcast` need to tell whether an instance can take a request.
     pub(crate) fn limits(&self) -> SelectionLimits<'_> {
         self.admission.limits()
@@ -549,7 +558,7 @@ impl RouterService {
 }
 
 /// Logs a breaker transition with the ids of the request whose outcome caused it.
-fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
+pub(crate) fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
     let trace_id = trace.trace_id.as_str();
     match transition {
         Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id, trace_id, request_id),
