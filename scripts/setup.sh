@@ -11,6 +11,8 @@
 #   the Python SDK (editable) and its test dependencies (sdk/python/requirements-test.txt),
 #   the deploy checks' tools (deploy/tests/requirements.txt: kubernetes-validate, hadolint,
 #   shellcheck, ...), and kubectl when the machine has none
+# Nothing for fuzzing: the test suite's fuzz smoke is a plain test, and
+# scripts/fuzz.sh installs its pinned cargo-fuzz itself when it is run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -32,6 +32,15 @@ python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" ||
 (cd sdk/python && ruff check . ../../benches/python && ruff format --check . ../../benches/python && mypy)
 (cd sdk/python && python -m pytest -q -p no:cacheprovider -rs) 2>&1 | tee -a "$log" || status=1
 
+# === Fuzzing smoke (fuzz/, docs/fuzzing.md) ===
+# The smoke is part of the workspace's tests above: fuzz/tests/corpus.rs runs
+# every target on its seed corpus, every input that once crashed it and 3,000
+# seeded mutations, built as a plain test (a few seconds; building the
+# instrumented libFuzzer binaries takes 5-18 min on 2 cores, so CI does not).
+# Here only the long-run command is checked: it must still parse.
+bash -n scripts/fuzz.sh
+# === end of fuzzing smoke ===
+
 # One closing line for the whole run (cargo prints one per test binary, pytest
 # one summary per suite: "38 passed, 1 skipped in 12.16s"; a suite that crashed
 # or collected nothing still fails the run through `status`).

@@ -17,9 +17,13 @@
 //! header, and no `Accept` naming `text/event-stream` (a streamed answer). Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
 //! malformed or oversized head, a body over the limit) hands the connection,
 //! with every byte already read, to hyper, which serves it from that request on
-//! exactly as it serves any connection. So framing ambiguities (request
-//! smuggling: both `Content-Length` and `Transfer-Encoding`, repeated lengths)
-//! are never resolved here; hyper refuses them as it always does.
+//! exactly as it serves any connection (as HTTP/1.1 only once this loop has
+//! answered on it: the HTTP/2 preface opens a connection). So framing
+//! ambiguities (request smuggling: both `Content-Length` and
+//! `Transfer-Encoding`, repeated lengths) are never resolved here; hyper
+//! handles them as it always does (with both, the body is chunked and the
+//! connection closed after the answer; differing lengths are refused). The
+//! `front_door` fuzz target holds the door and hyper alone to the same framing.
 //!
 //! Shutdown is graceful like `axum::serve`'s: no new connections, an idle
 //! connection closes, a request in progress is answered, then its connection
@@ -38,7 +42,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::HeaderLookup;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// The requests a service's front door answers itself.
@@ -286,7 +290,9 @@ enum Head<R> {
 }
 
 impl<H: HotRoutes> Connection<H> {
-    async fn run(self, mut stream: TcpStream) {
+    // Generic over the stream only so the fuzz targets drive this very loop on
+    // an in-memory connection (`fuzzing`); the server runs it on `TcpStream`.
+    async fn run<S: Stream>(self, mut stream: S) {
         let mut input = BytesMut::with_capacity(READ_RESERVE);
         let mut output = Vec::with_capacity(1024);
         // One shutdown waiter for the connection's life: registering a fresh one
@@ -294,12 +300,15 @@ impl<H: HotRoutes> Connection<H> {
         let signal = self.signal.clone();
         let closed = signal.closed();
         tokio::pin!(closed);
+        let mut served = Served::Nothing;
         loop {
             let request = loop {
                 match parse_head(&input, &self.door.hot, self.door.body_limit) {
                     Head::Hot(request) => break request,
-                    Head::Other => return self.hand_over(stream, input).await,
-                    Head::Partial if input.len() > MAX_HEAD_BYTES => return self.hand_over(stream, input).await,
+                    Head::Other => return self.hand_over(stream, input, served).await,
+                    Head::Partial if input.len() > MAX_HEAD_BYTES => {
+                        return self.hand_over(stream, input, served).await
+                    }
                     Head::Partial => {
                         // Between requests, shutdown closes the idle connection.
                         let read = if input.is_empty() {
@@ -336,6 +345,7 @@ impl<H: HotRoutes> Connection<H> {
             if stream.write_all(answer).await.is_err() {
                 return;
             }
+            served = Served::Http1;
             if self.signal.is_closed() {
                 return;
             }
@@ -349,36 +359,81 @@ impl<H: HotRoutes> Connection<H> {
         }
     }
 
-    /// Serves the rest of the connection with hyper, replaying `input` first.
-    async fn hand_over(self, stream: TcpStream, input: BytesMut) {
+    /// Serves the rest of the connection with hyper, replaying `input` first:
+    /// HTTP/1.1, or HTTP/2 with prior knowledge if nothing was `served` yet.
+    async fn hand_over<S: Stream>(self, stream: S, input: BytesMut, served: Served) {
         let io = hyper_util::rt::TokioIo::new(Replay {
             read: input.freeze(),
             stream,
         });
         let service = hyper_util::service::TowerToHyperService::new(self.door.app);
-        let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-        let connection = builder.serve_connection_with_upgrades(io, service);
-        tokio::pin!(connection);
-        let mut signalled = false;
-        loop {
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(message = "Connection ended with an error.", %error);
-                    }
-                    return;
-                }
-                _ = self.signal.closed(), if !signalled => {
-                    signalled = true;
-                    connection.as_mut().graceful_shutdown();
-                }
+        match served {
+            Served::Nothing => {
+                let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                let connection = builder.serve_connection_with_upgrades(io, service);
+                finish(connection, &self.signal, |connection| connection.graceful_shutdown()).await;
+            }
+            // The HTTP/2 preface opens a connection (RFC 9113 §3.4); after
+            // HTTP/1.1 answers it is a malformed request, as hyper alone
+            // treats it (found by the `front_door` fuzz target).
+            Served::Http1 => {
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .with_upgrades();
+                finish(connection, &self.signal, |connection| connection.graceful_shutdown()).await;
             }
         }
     }
 }
 
+/// What a connection's own loop answered before it handed the connection to hyper.
+#[derive(Clone, Copy)]
+enum Served {
+    Nothing,
+    /// At least one HTTP/1.1 request.
+    Http1,
+}
+
+/// Runs a connection handed to hyper to its end; once shutdown begins, asks
+/// it (`graceful_shutdown`) to finish the request in progress and close.
+async fn finish<C, E>(connection: C, signal: &watch::Sender<()>, graceful_shutdown: fn(Pin<&mut C>))
+where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    tokio::pin!(connection);
+    let mut signalled = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(message = "Connection ended with an error.", %error);
+                }
+                return;
+            }
+            _ = signal.closed(), if !signalled => {
+                signalled = true;
+                graceful_shutdown(connection.as_mut());
+            }
+        }
+    }
+}
+
+/// Serves one connection as [`Door::serve`] serves each it accepts, never
+/// shut down: the fuzz targets' way in ([`crate::fuzzing`]) and this file's tests'.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) async fn serve_connection<H: HotRoutes, S: Stream>(door: Door<H>, stream: S) {
+    // Shutdown begins once every receiver is gone: this one lives as long as the connection.
+    let (signal, _receiver) = watch::channel(());
+    let connection = Connection {
+        door,
+        signal: Arc::new(signal),
+    };
+    connection.run(stream).await;
+}
+
 /// Reads more of the connection into `input`; `false` once it has ended or failed.
-async fn read_more(stream: &mut TcpStream, input: &mut BytesMut) -> bool {
+async fn read_more<S: Stream>(stream: &mut S, input: &mut BytesMut) -> bool {
     input.reserve(READ_RESERVE);
     matches!(stream.read_buf(input).await, Ok(read) if read > 0)
 }
@@ -542,13 +597,18 @@ fn with_date(write: impl FnOnce(&[u8])) {
     });
 }
 
+/// What a connection runs on: a `TcpStream` (an in-memory stream in the fuzz targets).
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for S {}
+
 /// A connection handed to hyper: the bytes already read come first.
-struct Replay {
+struct Replay<S> {
     read: Bytes,
-    stream: TcpStream,
+    stream: S,
 }
 
-impl AsyncRead for Replay {
+impl<S: Stream> AsyncRead for Replay<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if !self.read.is_empty() {
             let count = self.read.len().min(buf.remaining());
@@ -560,7 +620,7 @@ impl AsyncRead for Replay {
     }
 }
 
-impl AsyncWrite for Replay {
+impl<S: Stream> AsyncWrite for Replay<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
@@ -679,6 +739,49 @@ mod tests {
         let many: String = (0..MAX_HEADERS + 1).map(|i| format!("x-{i}: v\r\n")).collect();
         let crowded = format!("POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\n{many}\r\n");
         assert!(matches!(head(&crowded), Head::Other));
+    }
+
+    /// A connection whose first request took the fast path stays HTTP/1.1:
+    /// the HTTP/2 preface after it is a bad request, as hyper alone answers
+    /// it, and is never served as HTTP/2 (found by the `front_door` fuzz target).
+    #[tokio::test]
+    async fn after_a_fast_path_answer_the_connection_stays_http1() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let routed = Arc::new(AtomicUsize::new(0));
+        let counter = routed.clone();
+        let app = axum::Router::new().fallback(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { "routed" }
+        });
+        let door = Door {
+            hot: Invoke,
+            app,
+            body_limit: 1024,
+        };
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let served = tokio::spawn(serve_connection(door, server));
+        let mut input = b"POST /v1/invoke HTTP/1.1\r\nhost: r\r\ncontent-length: 2\r\n\r\n{}".to_vec();
+        // The preface, an empty SETTINGS frame, then HEADERS (POST, http, `/`) ending stream 1.
+        input.extend_from_slice(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        input.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 3, 1, 5, 0, 0, 0, 1, 0x83, 0x86, 0x84]);
+        client.write_all(&input).await.unwrap();
+        let mut output = Vec::new();
+        // hyper closes the connection after the bad request: the read ends.
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut output))
+            .await
+            .expect("the connection closes after the preface")
+            .unwrap();
+        served.await.unwrap();
+        // One answer, the fast path's; hyper closes on the preface without one (as it does alone).
+        let output = String::from_utf8_lossy(&output);
+        assert!(output.starts_with("HTTP/1.1 200 OK\r\n"), "{output}");
+        assert_eq!(output.matches("HTTP/").count(), 1, "{output}");
+        assert_eq!(
+            routed.load(Ordering::SeqCst),
+            0,
+            "a request after the preface was routed"
+        );
     }
 
     #[test]

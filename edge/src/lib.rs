@@ -10,6 +10,9 @@
 
 pub mod error;
 pub mod front;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod serve;
 
 pub use error::{ApiError, ErrorCode};
@@ -204,11 +207,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyProblem> {
     let value = match parsed {
         Ok(value) => value,
         Err(error) => {
-            let path = error.path().to_string();
+            // No segment is the root and a lone unknown one an unknown
+            // position: no field to name. Decided on the segments, not the
+            // path's text: a key named `.` or `?` is written the same way.
+            let segments: Vec<&serde_path_to_error::Segment> = error.path().iter().collect();
+            let nameless = matches!(segments.as_slice(), [] | [serde_path_to_error::Segment::Unknown]);
+            let at = (!nameless).then(|| error.path().to_string());
             let inner = error.into_inner();
             let message = inner.to_string();
-            // `.` is the root and `?` an unknown position: no field to name.
-            let at = (path != "." && path != "?").then_some(path);
             return Err(match inner.classify() {
                 serde_json::error::Category::Syntax
                 | serde_json::error::Category::Eof
@@ -299,6 +305,11 @@ mod tests {
         );
         assert!(matches!(problem("[]"), BodyProblem::WrongType { field: None, .. }));
         assert_eq!(problem(r#"{"name":"a","name":"b","items":[]}"#).field(), Some("name"));
+        // Keys spelt like the root (`.`) or an unknown place (`?`) are fields
+        // too (found by the `registration` fuzz target).
+        assert_eq!(problem(r#"{".":"a]-1"}"#).field(), Some("."));
+        assert_eq!(problem(r#"{"?":1}"#).field(), Some("?"));
+        assert_eq!(problem(r#"{"name":"a","items":[{".":1}]}"#).field(), Some("items[0].."));
     }
 
     #[tokio::test]

@@ -14,6 +14,9 @@
 mod catalog;
 mod config;
 mod error;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod grpc;
 mod http;
 mod metrics;

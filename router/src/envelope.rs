@@ -142,6 +142,9 @@ mod tests {
             "extra"
         );
         assert_eq!(parse(b"{not json").unwrap_err().code, Code::InvalidEnvelope);
+        // A key spelt like the root is named (it was `""`; found by the `invoke_envelope` fuzz target).
+        assert_eq!(field_of(parse(br#"{".":1}"#).unwrap_err()), ".");
+        assert!(parse(br#"{".":1}"#).unwrap_err().message.contains("unknown field `.`"));
     }
 
     #[test]

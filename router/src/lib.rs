@@ -25,6 +25,9 @@ mod envelope;
 mod error;
 mod forward;
 mod front;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 mod histogram;
 mod http;
