@@ -138,6 +138,8 @@ impl ErrorCode for Code {
                 | Code::NoAvailableInstance
                 | Code::DeadlineExceeded
                 | Code::TaskStoreUnavailable
+                // The router does not retry a stream it began relaying; the caller may call again.
+                | Code::StreamInterrupted
         )
     }
 
