@@ -298,6 +298,17 @@ async fn traffic(stack: Arc<Stack>, stop: Arc<AtomicBool>) {
                 .bytes()
                 .await;
         }
+        // A streamed invoke (the stream metrics); the demo agent answers JSON: one event, then the result.
+        let _ = client
+            .post(format!("{}/v1/invoke", stack.router))
+            .bearer_auth(&user)
+            .header("accept", "text/event-stream")
+            .json(&json!({"capability": "order.query", "payload": {"order_id": "SO-2024001"}}))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await;
         let _ = client
             .post(format!("{}/v1/invoke", stack.router))
             .bearer_auth("not-a-token")

@@ -62,8 +62,9 @@ pub struct StreamMetrics {
     pub duration_seconds: HistogramVec,
     /// Events relayed.
     pub events: IntCounterVec,
-    /// Streams whose caller went away before the end (the agent's request was cancelled).
-    pub disconnects: IntCounterVec,
+    /// Streams whose caller went away before the end (the agent's request
+    /// was cancelled). No label: present from the start, and rare.
+    pub disconnects: IntCounter,
 }
 
 impl StreamMetrics {
@@ -94,12 +95,9 @@ impl StreamMetrics {
             ),
             &["capability"],
         )?;
-        let disconnects = IntCounterVec::new(
-            Opts::new(
-                "agent_reach_router_stream_disconnects_total",
-                "Streamed invokes whose caller went away before the end (the agent's request was cancelled).",
-            ),
-            &["capability"],
+        let disconnects = IntCounter::new(
+            "agent_reach_router_stream_disconnects_total",
+            "Streamed invokes whose caller went away before the end (the agent's request was cancelled).",
         )?;
         registry.register(Box::new(first_event_seconds.clone()))?;
         registry.register(Box::new(duration_seconds.clone()))?;

@@ -129,7 +129,7 @@ impl EventStream {
                 first_event: metrics.first_event_seconds.with_label_values(&label),
                 duration: metrics.duration_seconds.with_label_values(&label),
                 events: metrics.events.with_label_values(&label),
-                disconnects: metrics.disconnects.with_label_values(&label),
+                disconnects: metrics.disconnects.clone(),
             },
             source,
             summary,

@@ -41,6 +41,7 @@ mod error;
 mod handler;
 mod server;
 mod state;
+mod stream;
 mod verify;
 
 pub use agent::{Agent, AgentBuilder};
