@@ -33,6 +33,7 @@ mod histogram;
 mod http;
 mod json;
 mod limits;
+mod mcp;
 mod metrics;
 mod openapi;
 mod outcome;

@@ -45,12 +45,23 @@ pub struct VersionGroup {
     pub validator: Option<Arc<jsonschema::Validator>>,
     /// The compiled output schema, unless the agent asked for its answers to go unchecked.
     pub output_validator: Option<Arc<jsonschema::Validator>>,
+    /// How the version describes itself (the MCP and A2A front doors advertise it).
+    pub described: Arc<Described>,
     pub instances: Vec<Arc<Instance>>,
     /// Smooth WRR's `current_weight` per instance. A lock per group, held for a
     /// few additions: nginx's per-upstream peer lock, not a global one.
     pub wrr_current: Mutex<Vec<i64>>,
     /// Rotates the tie-break start of least-connections.
     pub rotation: AtomicUsize,
+}
+
+/// A capability version's description and schemas as registered (JSON
+/// texts; empty means "any"), as the first instance offering it gave them.
+#[derive(Debug, Default)]
+pub struct Described {
+    pub description: String,
+    pub input_schema: String,
+    pub output_schema: String,
 }
 
 pub struct Capability {
@@ -218,6 +229,7 @@ struct Offer {
     input_schema: String,
     /// `None`: answers go unchecked.
     output_schema: Option<String>,
+    described: Arc<Described>,
     instances: Vec<Arc<Instance>>,
 }
 
@@ -351,6 +363,11 @@ impl SnapshotBuilder {
                         input_schema: descriptor.input_schema_json.clone(),
                         // The agent may ask for its answers to go unchecked.
                         output_schema: (!descriptor.skip_output_check).then(|| descriptor.output_schema_json.clone()),
+                        described: Arc::new(Described {
+                            description: descriptor.description.clone(),
+                            input_schema: descriptor.input_schema_json.clone(),
+                            output_schema: descriptor.output_schema_json.clone(),
+                        }),
                         instances: Vec::new(),
                     });
                 entry.instances.push(instance.clone());
@@ -369,6 +386,7 @@ impl SnapshotBuilder {
                     timeout,
                     input_schema,
                     output_schema,
+                    described,
                     instances,
                 } = offer;
                 let validator = self.validator(&input_schema, &name, &version, "input");
@@ -388,6 +406,7 @@ impl SnapshotBuilder {
                     timeout,
                     validator,
                     output_validator,
+                    described,
                     instances,
                     wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),
