@@ -84,6 +84,10 @@ pub struct RouterArgs {
     /// The longest life of an assertion, in seconds (never past the call's deadline).
     #[arg(long, env = "AGENT_REACH_ASSERTION_TTL_S", default_value_t = 10)]
     pub assertion_ttl_s: u64,
+    /// Also serve this capability's A2A agent card at the host root,
+    /// `/.well-known/agent-card.json` (its interface stays `/a2a/NAME`).
+    #[arg(long, env = "AGENT_REACH_A2A_ROOT_CAPABILITY", value_name = "NAME")]
+    pub a2a_root_capability: Option<String>,
     #[command(flatten)]
     pub tasks: TaskArgs,
     #[command(flatten)]
@@ -221,6 +225,7 @@ impl RouterArgs {
                 pool_idle_per_instance: self.pool_idle_per_instance,
                 max_staleness: Duration::from_secs(self.max_staleness_s),
                 threads: self.threads,
+                a2a_root_capability: self.a2a_root_capability.clone(),
             },
         })
     }

@@ -14,6 +14,7 @@
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
 
+mod a2a;
 mod admission;
 mod answer;
 mod app;

@@ -101,10 +101,9 @@ async fn mcp(State(service): State<Arc<RouterService>>, headers: HeaderMap, body
         Ok(caller) => caller,
         Err(error) => {
             let mut response = refused(StatusCode::UNAUTHORIZED, Value::Null, UNAUTHENTICATED, &error);
-            response.headers_mut().insert(
-                http::header::WWW_AUTHENTICATE,
-                http::HeaderValue::from_static("Bearer"),
-            );
+            response
+                .headers_mut()
+                .insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
             return response;
         }
     };
@@ -135,7 +134,12 @@ async fn mcp(State(service): State<Arc<RouterService>>, headers: HeaderMap, body
         Err(error) => {
             return answer(
                 StatusCode::BAD_REQUEST,
-                rpc_error(Value::Null, PARSE_ERROR, &format!("the body is not JSON: {error}"), None),
+                rpc_error(
+                    Value::Null,
+                    PARSE_ERROR,
+                    &format!("the body is not JSON: {error}"),
+                    None,
+                ),
             )
         }
     };
@@ -208,7 +212,10 @@ async fn mcp(State(service): State<Arc<RouterService>>, headers: HeaderMap, body
 
 /// The handshake: the client's revision when served, else our newest.
 fn initialize(params: &Value) -> Value {
-    let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
+    let asked = params
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let version = PROTOCOL_VERSIONS
         .iter()
         .find(|version| **version == asked)
@@ -348,7 +355,14 @@ async fn call_tool(
         Err(error) => return Ok(tool_error(&error)),
     };
     match service
-        .invoke(caller, crate::admission::Entry::Call, &checked, &request_id, &trace, received)
+        .invoke(
+            caller,
+            crate::admission::Entry::Call,
+            &checked,
+            &request_id,
+            &trace,
+            received,
+        )
         .await
     {
         Ok(success) => {

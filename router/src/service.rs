@@ -45,6 +45,9 @@ pub struct Tuning {
     pub max_staleness: Duration,
     /// Request-serving threads of `run` (0: one per core).
     pub threads: usize,
+    /// The capability whose A2A agent card is also served at the host root
+    /// (`/.well-known/agent-card.json`, `--a2a-root-capability`).
+    pub a2a_root_capability: Option<String>,
 }
 
 impl Default for Tuning {
@@ -61,6 +64,7 @@ impl Default for Tuning {
             pool_idle_per_instance: 64,
             max_staleness: Duration::from_secs(60),
             threads: 0,
+            a2a_root_capability: None,
         }
     }
 }

@@ -115,7 +115,9 @@ fn parse(raw: Bytes) -> Event {
     }
     Event {
         raw,
-        name: name.filter(|name| !name.is_empty()).unwrap_or_else(|| "message".to_string()),
+        name: name
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "message".to_string()),
         data: data.unwrap_or_default(),
     }
 }
@@ -151,12 +153,10 @@ pub fn data(data: &str) -> Bytes {
 /// Whether an `Accept` header asks for server-sent events.
 pub fn accepts_events(accept: Option<&[u8]>) -> bool {
     accept.is_some_and(|value| {
-        value
-            .split(|&byte| byte == b',')
-            .any(|item| {
-                let media = item.split(|&byte| byte == b';').next().unwrap_or_default();
-                media.trim_ascii().eq_ignore_ascii_case(b"text/event-stream")
-            })
+        value.split(|&byte| byte == b',').any(|item| {
+            let media = item.split(|&byte| byte == b';').next().unwrap_or_default();
+            media.trim_ascii().eq_ignore_ascii_case(b"text/event-stream")
+        })
     })
 }
 
@@ -168,7 +168,9 @@ mod tests {
     fn events_are_cut_as_they_complete_in_every_line_ending() {
         let mut splitter = EventSplitter::default();
         assert!(splitter.push(b"event: tok\ndata: {\"a\"").unwrap().is_empty());
-        let events = splitter.push(b":1}\n\ndata: x\r\ndata: y\r\n\r\n: ping\n\ndata: z\r").unwrap();
+        let events = splitter
+            .push(b":1}\n\ndata: x\r\ndata: y\r\n\r\n: ping\n\ndata: z\r")
+            .unwrap();
         assert_eq!(events.len(), 3);
         assert_eq!(events[0].name, "tok");
         assert_eq!(events[0].data, "{\"a\":1}");

@@ -143,11 +143,6 @@ impl EventStream {
         }
     }
 
-    /// What the stream is (capability, version, instance, attempts, events so far).
-    pub fn summary(&self) -> &Summary {
-        &self.summary
-    }
-
     /// The next event, or the end; `None` after the end.
     pub async fn next(&mut self) -> Option<Item> {
         if self.ended {
@@ -222,7 +217,10 @@ impl EventStream {
                         }
                     }
                     Some(Err(error)) => {
-                        return Item::End(Err(interrupted(&self.summary, format!("the connection broke: {error}"))))
+                        return Item::End(Err(interrupted(
+                            &self.summary,
+                            format!("the connection broke: {error}"),
+                        )))
                     }
                     None if splitter.pending() > 0 => {
                         return Item::End(Err(interrupted(
@@ -252,10 +250,10 @@ fn agent_error_event(event: &sse::Event, summary: &Summary) -> RouterError {
     let body: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
     let error = body.get("error").unwrap_or(&body);
     let agent_code = error.get("code").and_then(Value::as_str).unwrap_or("");
-    let message = error
-        .get("message")
-        .and_then(Value::as_str)
-        .map_or_else(|| format!("the agent ended its stream with an error: {}", event.data), str::to_string);
+    let message = error.get("message").and_then(Value::as_str).map_or_else(
+        || format!("the agent ended its stream with an error: {}", event.data),
+        str::to_string,
+    );
     RouterError::new(Code::AgentError, message).with_details(json!({
         "agent_code": agent_code, "agent_id": summary.agent_id, "events": summary.events,
     }))
@@ -284,7 +282,9 @@ impl Drop for AbortOnDrop {
 /// A connection to an agent for one stream: plain TCP (`http://` endpoints,
 /// as the forwarder serves). The one place stream connections are made: a
 /// TLS connector plugs in here, behind the same return type.
-async fn connect(uri: &http::Uri) -> Result<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static, String> {
+async fn connect(
+    uri: &http::Uri,
+) -> Result<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static, String> {
     let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
         return Err(format!("the endpoint `{uri}` has no host"));
     };
@@ -318,16 +318,21 @@ enum Attempted {
 }
 
 /// One attempt: POSTs `body` to `instance` asking for events, until its answer's head.
-async fn attempt(instance: &Instance, body: Bytes, traceparent: &[u8], authorization: &str, deadline: Instant) -> Attempted {
+async fn attempt(
+    instance: &Instance,
+    body: Bytes,
+    traceparent: &[u8],
+    authorization: &str,
+    deadline: Instant,
+) -> Attempted {
     let io = match connect(&instance.uri).await {
         Ok(io) => io,
         Err(why) => return Attempted::Other(AttemptResult::ConnectFailed(why)),
     };
-    let (mut sender, connection) =
-        match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
-            Ok(pair) => pair,
-            Err(error) => return Attempted::Other(AttemptResult::Broken(format!("HTTP/1.1 handshake failed: {error}"))),
-        };
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
+        Ok(pair) => pair,
+        Err(error) => return Attempted::Other(AttemptResult::Broken(format!("HTTP/1.1 handshake failed: {error}"))),
+    };
     let connection = AbortOnDrop(tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(message = "Stream connection to an agent ended with an error.", %error);
@@ -344,7 +349,11 @@ async fn attempt(instance: &Instance, body: Bytes, traceparent: &[u8], authoriza
         .body(http_body_util::Full::new(body));
     let request = match request {
         Ok(request) => request,
-        Err(error) => return Attempted::Other(AttemptResult::ConnectFailed(format!("cannot build the request: {error}"))),
+        Err(error) => {
+            return Attempted::Other(AttemptResult::ConnectFailed(format!(
+                "cannot build the request: {error}"
+            )))
+        }
     };
     let response = match sender.send_request(request).await {
         Ok(response) => response,
@@ -458,14 +467,16 @@ pub async fn open(
         tried.push(index);
         let instance = group.instances[index].clone();
         envelope.attempt = attempt_number;
-        let authorization =
-            match service
-                .assertions()
-                .header(caller, &instance.agent_id, &capability.name, deadline_ms, received.epoch_ms)
-            {
-                Ok(header) => header,
-                Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt_number - 1)),
-            };
+        let authorization = match service.assertions().header(
+            caller,
+            &instance.agent_id,
+            &capability.name,
+            deadline_ms,
+            received.epoch_ms,
+        ) {
+            Ok(header) => header,
+            Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt_number - 1)),
+        };
         let body = match envelope.to_vec() {
             Ok(body) => Bytes::from(body),
             Err(error) => {
@@ -495,9 +506,7 @@ pub async fn open(
                 connection,
                 sender,
             } => {
-                let transition = instance
-                    .state
-                    .observe(Observation::Healthy(elapsed), service.breaker());
+                let transition = instance.state.observe(Observation::Healthy(elapsed), service.breaker());
                 log_transition(transition, &agent_id, trace, request_id);
                 let source = Source::Events {
                     body,
@@ -626,9 +635,8 @@ pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum:
                     ),
                     Err(error) => sse::event(
                         "error",
-                        &serde_json::to_string(&error.envelope_error()).unwrap_or_else(|_| {
-                            format!("{{\"code\":\"{}\",\"message\":\"\"}}", error.code.as_str())
-                        }),
+                        &serde_json::to_string(&error.envelope_error())
+                            .unwrap_or_else(|_| format!("{{\"code\":\"{}\",\"message\":\"\"}}", error.code.as_str())),
                     ),
                 };
                 // Ended: nothing follows (the stream and the agent's connection are dropped).
@@ -643,7 +651,11 @@ pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum:
 /// and checked as `/v1/invoke` is (every refusal the same failed result
 /// envelope with its status), then [`open`]ed and [`relay`]ed. Failures before
 /// the agent committed are ordinary error envelopes; after, `event: error`.
-pub async fn answer(service: &RouterService, headers: &http::HeaderMap, body: axum::body::Body) -> axum::response::Response {
+pub async fn answer(
+    service: &RouterService,
+    headers: &http::HeaderMap,
+    body: axum::body::Body,
+) -> axum::response::Response {
     use agent_reach_edge::HeaderLookup;
     use axum::response::IntoResponse;
 

@@ -59,7 +59,11 @@ impl Events {
             match chunk {
                 Some(bytes) => self.buffer.push_str(std::str::from_utf8(&bytes).expect("utf-8 events")),
                 None => {
-                    assert!(self.buffer.trim().is_empty(), "stream ended inside an event: {:?}", self.buffer);
+                    assert!(
+                        self.buffer.trim().is_empty(),
+                        "stream ended inside an event: {:?}",
+                        self.buffer
+                    );
                     return None;
                 }
             }
@@ -84,7 +88,10 @@ async fn open_events(cluster: &Cluster, envelope: Value) -> Events {
     let response = stream(cluster, envelope).await;
     assert_eq!(response.status(), 200);
     assert_eq!(
-        response.headers().get("content-type").and_then(|value| value.to_str().ok()),
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|value| value.to_str().ok()),
         Some("text/event-stream")
     );
     Events {
@@ -112,8 +119,15 @@ async fn events_arrive_one_by_one_while_the_agent_holds_its_answer_then_the_resu
     // the router relays, it does not buffer.
     let first = events.next().await.expect("first event");
     assert_eq!((first.name.as_str(), first.json()), ("token", json!({ "n": 1 })));
-    assert_eq!(agent.seen.streams_finished.load(Ordering::SeqCst), 0, "agent still streaming");
-    assert_eq!(agent.seen.last_accept.lock().unwrap().as_deref(), Some("text/event-stream"));
+    assert_eq!(
+        agent.seen.streams_finished.load(Ordering::SeqCst),
+        0,
+        "agent still streaming"
+    );
+    assert_eq!(
+        agent.seen.last_accept.lock().unwrap().as_deref(),
+        Some("text/event-stream")
+    );
     agent.release.notify_one();
     let second = events.next().await.expect("second event");
     assert_eq!((second.name.as_str(), second.json()), ("token", json!({ "n": 2 })));
@@ -136,11 +150,17 @@ async fn events_arrive_one_by_one_while_the_agent_holds_its_answer_then_the_resu
         2.0
     );
     assert_eq!(
-        metric(&metrics, &format!("agent_reach_router_stream_first_event_seconds_count{label}")),
+        metric(
+            &metrics,
+            &format!("agent_reach_router_stream_first_event_seconds_count{label}")
+        ),
         1.0
     );
     assert_eq!(
-        metric(&metrics, &format!("agent_reach_router_stream_duration_seconds_count{label}")),
+        metric(
+            &metrics,
+            &format!("agent_reach_router_stream_duration_seconds_count{label}")
+        ),
         1.0
     );
 }
@@ -164,10 +184,7 @@ async fn a_caller_that_goes_away_cancels_the_agents_request() {
     assert_eq!(agent.seen.streams_finished.load(Ordering::SeqCst), 0);
     let metrics_have_it = eventually(Duration::from_secs(10), || async {
         let metrics = cluster.metrics().await;
-        metric(
-            &metrics,
-            "agent_reach_router_stream_disconnects_total",
-        ) == 1.0
+        metric(&metrics, "agent_reach_router_stream_disconnects_total") == 1.0
     })
     .await;
     assert!(metrics_have_it, "disconnect not counted");
@@ -210,7 +227,11 @@ async fn failures_after_the_first_event_arrive_as_error_events_and_are_not_retri
     assert_eq!(error["details"]["events"], 1);
     assert_eq!(error["retryable"], true, "the caller may call again: {error}");
     assert!(events.next().await.is_none());
-    assert_eq!((failing.hits(), breaking.hits()), (1, 1), "no retry after the first event");
+    assert_eq!(
+        (failing.hits(), breaking.hits()),
+        (1, 1),
+        "no retry after the first event"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

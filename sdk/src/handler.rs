@@ -138,7 +138,10 @@ impl Handler {
         // The item's `$defs` (named subschemas, `#/$defs/..` refs) and `$schema`
         // belong at the root of the array's schema.
         for key in ["$defs", "$schema"] {
-            if let Some(value) = output_schema["items"].as_object_mut().and_then(|items| items.remove(key)) {
+            if let Some(value) = output_schema["items"]
+                .as_object_mut()
+                .and_then(|items| items.remove(key))
+            {
                 output_schema[key] = value;
             }
         }

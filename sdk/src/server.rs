@@ -102,9 +102,13 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         .get(http::header::ACCEPT)
         .and_then(|value| value.to_str().ok())
         .is_some_and(|accept| {
-            accept
-                .split(',')
-                .any(|item| item.split(';').next().unwrap_or_default().trim().eq_ignore_ascii_case("text/event-stream"))
+            accept.split(',').any(|item| {
+                item.split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .eq_ignore_ascii_case("text/event-stream")
+            })
         });
     serve(shared, traceparent, assertion, body, wants_events)
         .instrument(span)

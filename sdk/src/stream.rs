@@ -101,7 +101,11 @@ pub(crate) async fn serve(
         Err(panic) => {
             let why = panic_text(panic.as_ref());
             tracing::error!(message = "Streaming handler panicked; the agent keeps serving.", panic = %why);
-            return respond(error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}")));
+            return respond(error_answer(
+                500,
+                "HANDLER_PANICKED",
+                format!("the handler panicked: {why}"),
+            ));
         }
     };
     let first = match pull(&mut items, deadline).instrument(span.clone()).await {
@@ -109,7 +113,11 @@ pub(crate) async fn serve(
         Pulled::Failed(error) => return respond(handler_error(&error)),
         Pulled::Panicked(why) => {
             tracing::error!(message = "Streaming handler panicked; the agent keeps serving.", panic = %why);
-            return respond(error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}")));
+            return respond(error_answer(
+                500,
+                "HANDLER_PANICKED",
+                format!("the handler panicked: {why}"),
+            ));
         }
         Pulled::Late => {
             return respond(error_answer(
@@ -158,9 +166,8 @@ pub(crate) async fn serve(
         }
     };
     tokio::spawn(feeding.instrument(span));
-    let body = axum::body::Body::from_stream(
-        tokio_stream::wrappers::ReceiverStream::new(receiver).map(Ok::<_, Infallible>),
-    );
+    let body =
+        axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(receiver).map(Ok::<_, Infallible>));
     (
         StatusCode::OK,
         [

@@ -74,41 +74,54 @@ impl Drop for CountDrop {
 /// after the first item, `refuse` before it, `hold` never ends; `collect…`
 /// does not wait at the gate.
 fn tokens(_ctx: Ctx, input: Prompt) -> impl futures::Stream<Item = Result<Token, HandlerError>> {
-    futures::stream::unfold((0usize, input.text, CountDrop { done: false }), |(step, text, mut watch)| async move {
-        if step == 0 {
-            if text == "refuse" {
-                watch.done = true;
-                return Some((Err(HandlerError::new("REFUSED", "not this prompt")), (usize::MAX, text, watch)));
+    futures::stream::unfold(
+        (0usize, input.text, CountDrop { done: false }),
+        |(step, text, mut watch)| async move {
+            if step == 0 {
+                if text == "refuse" {
+                    watch.done = true;
+                    return Some((
+                        Err(HandlerError::new("REFUSED", "not this prompt")),
+                        (usize::MAX, text, watch),
+                    ));
+                }
+                let first = Token {
+                    token: "first".to_string(),
+                };
+                return Some((Ok(first), (1, text, watch)));
             }
-            let first = Token { token: "first".to_string() };
-            return Some((Ok(first), (1, text, watch)));
-        }
-        if step == usize::MAX {
-            return None;
-        }
-        match text.as_str() {
-            "hold" => std::future::pending::<()>().await,
-            "fail" => {
-                watch.done = true;
-                return Some((Err(HandlerError::new("MODEL_FAILED", "the model gave up")), (usize::MAX, text, watch)));
+            if step == usize::MAX {
+                return None;
             }
-            _ => {}
-        }
-        if step == 1 && !text.starts_with("collect") {
-            gate().notified().await;
-        }
-        let words: Vec<&str> = text.split(' ').collect();
-        match words.get(step - 1) {
-            Some(word) => {
-                let item = Token { token: word.to_string() };
-                Some((Ok(item), (step + 1, text, watch)))
+            match text.as_str() {
+                "hold" => std::future::pending::<()>().await,
+                "fail" => {
+                    watch.done = true;
+                    return Some((
+                        Err(HandlerError::new("MODEL_FAILED", "the model gave up")),
+                        (usize::MAX, text, watch),
+                    ));
+                }
+                _ => {}
             }
-            None => {
-                watch.finish();
-                None
+            if step == 1 && !text.starts_with("collect") {
+                gate().notified().await;
             }
-        }
-    })
+            let words: Vec<&str> = text.split(' ').collect();
+            match words.get(step - 1) {
+                Some(word) => {
+                    let item = Token {
+                        token: word.to_string(),
+                    };
+                    Some((Ok(item), (step + 1, text, watch)))
+                }
+                None => {
+                    watch.finish();
+                    None
+                }
+            }
+        },
+    )
 }
 
 struct Stack {
@@ -184,7 +197,6 @@ async fn stack() -> Stack {
         tasks: vec![registry_task, router_task],
     }
 }
-
 
 /// Reads server-sent events from a response, one at a time.
 struct Events {
@@ -280,10 +292,19 @@ async fn streaming_handlers_stream_through_the_router() {
 
     // Streamed: the first item arrives while the handler waits at the gate.
     let mut events = open_events(&stack, "hello world").await;
-    assert_eq!(events.next().await, Some(("message".to_string(), json!({ "token": "first" }))));
+    assert_eq!(
+        events.next().await,
+        Some(("message".to_string(), json!({ "token": "first" })))
+    );
     gate().notify_one();
-    assert_eq!(events.next().await, Some(("message".to_string(), json!({ "token": "hello" }))));
-    assert_eq!(events.next().await, Some(("message".to_string(), json!({ "token": "world" }))));
+    assert_eq!(
+        events.next().await,
+        Some(("message".to_string(), json!({ "token": "hello" })))
+    );
+    assert_eq!(
+        events.next().await,
+        Some(("message".to_string(), json!({ "token": "world" })))
+    );
     let (name, result) = events.next().await.expect("result");
     assert_eq!(name, "result", "{result}");
     assert_eq!(result["agent_id"], "tokens-1");
@@ -311,7 +332,10 @@ async fn streaming_handlers_stream_through_the_router() {
     let mut events = open_events(&stack, "hold").await;
     assert_eq!(events.next().await.expect("first").1, json!({ "token": "first" }));
     drop(events);
-    let cancelled = eventually(Duration::from_secs(10), || async { CANCELLED.load(Ordering::SeqCst) > before }).await;
+    let cancelled = eventually(Duration::from_secs(10), || async {
+        CANCELLED.load(Ordering::SeqCst) > before
+    })
+    .await;
     assert!(cancelled, "the handler kept running after its caller left");
     agent.shutdown().await;
 }
