@@ -37,6 +37,9 @@ impl Event {
 #[derive(Default)]
 pub struct EventSplitter {
     buffer: BytesMut,
+    /// The last event ended on a `\r` at a chunk's end: a `\n` starting the
+    /// next chunk is the rest of that line break, not a line of its own.
+    after_cr: bool,
 }
 
 /// The stream broke the format beyond relaying.
@@ -46,11 +49,19 @@ pub struct TooLarge;
 impl EventSplitter {
     /// Adds `chunk` and returns every event it completed, in order.
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, TooLarge> {
+        let chunk = match (self.after_cr, chunk.first()) {
+            (true, Some(b'\n')) => &chunk[1..],
+            _ => chunk,
+        };
+        if !chunk.is_empty() {
+            self.after_cr = false;
+        }
         self.buffer.extend_from_slice(chunk);
         let mut events = Vec::new();
-        while let Some(end) = event_end(&self.buffer) {
+        while let Some((end, on_cr)) = event_end(&self.buffer) {
             let raw = self.buffer.split_to(end).freeze();
             events.push(parse(raw));
+            self.after_cr = on_cr && self.buffer.is_empty();
         }
         if self.buffer.len() > MAX_EVENT_BYTES {
             return Err(TooLarge);
@@ -65,22 +76,26 @@ impl EventSplitter {
 }
 
 /// The end (exclusive) of the first whole event in `buffer`: the blank line
-/// after it, in any of the format's line endings (`\n`, `\r\n`, `\r`).
-fn event_end(buffer: &[u8]) -> Option<usize> {
+/// after it, in any of the format's line endings (`\n`, `\r\n`, `\r`); and
+/// whether it ended on a `\r` at the buffer's end (a `\n` may follow).
+fn event_end(buffer: &[u8]) -> Option<(usize, bool)> {
     let mut at = 0;
     let mut line_start = 0;
     while at < buffer.len() {
         let (is_break, width) = match buffer[at] {
             b'\n' => (true, 1),
             b'\r' if buffer.get(at + 1) == Some(&b'\n') => (true, 2),
-            // A lone `\r` at the buffer's end may be the first half of `\r\n`: wait for more.
-            b'\r' if at + 1 == buffer.len() => return None,
+            // A `\r` at the buffer's end ending a blank line ends the event
+            // either way; otherwise it may be the first half of `\r\n`: wait.
+            b'\r' if at + 1 == buffer.len() => {
+                return (at == line_start && at > 0).then_some((at + 1, true));
+            }
             b'\r' => (true, 1),
             _ => (false, 1),
         };
         if is_break {
             if at == line_start && at > 0 {
-                return Some(at + width);
+                return Some((at + width, false));
             }
             line_start = at + width;
         }
@@ -177,11 +192,17 @@ mod tests {
         assert_eq!(&events[0].raw[..], b"event: tok\ndata: {\"a\":1}\n\n");
         assert_eq!((events[1].name.as_str(), events[1].data.as_str()), ("message", "x\ny"));
         assert!(events[2].is_comment_only());
-        // `\r` then `\r` is a blank line; a lone trailing `\r` waits for its `\n`.
+        // `\r` then `\r` is a blank line whether or not a `\n` follows; that
+        // `\n` is then the end of the same line, not an empty line of its own.
         let events = splitter.push(b"\r").unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].data, "z");
         assert_eq!(splitter.pending(), 0);
+        assert!(splitter.push(b"\ndata: w\n\n").unwrap()[0].data == "w");
+        assert_eq!(splitter.pending(), 0);
+        // A lone `\r` ending a non-blank line waits for more.
+        assert!(splitter.push(b"data: v\r").unwrap().is_empty());
+        assert_eq!(splitter.push(b"\n\n").unwrap()[0].data, "v");
     }
 
     #[test]
