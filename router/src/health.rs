@@ -55,7 +55,15 @@ pub enum Observation {
     Busy,
     /// Unreachable, reset, timed out, 503 or a 5xx: counts towards the breaker.
     Failed,
+    /// Ran out of a deadline shorter than this instance ever needs (see
+    /// [`InstanceState::fair_budget`]): the caller's choice, not the
+    /// instance's fault, so it changes neither health nor breaker. Otherwise
+    /// any caller could open every breaker with `timeout_ms: 1`.
+    Unjudged,
 }
+
+/// Slack on top of twice the smoothed latency before a timeout is the instance's fault.
+const FAIR_SLACK: Duration = Duration::from_millis(10);
 
 impl InstanceState {
     pub fn new(metrics: InstanceMetrics) -> Self {
@@ -126,11 +134,21 @@ impl InstanceState {
                 self.degrade();
                 self.breaker.on_failure(breaker)
             }
+            Observation::Unjudged => Transition::None,
         };
         if transition != Transition::None {
             self.metrics.0.breaker_state.set(self.breaker.state().gauge_value());
         }
         transition
+    }
+
+    /// Whether an attempt given `budget` was a fair test of this instance: at
+    /// least twice its smoothed latency plus 10 ms. A timeout (or an agent's
+    /// 504) within a fair budget counts towards the breaker; within a shorter
+    /// one it is [`Observation::Unjudged`]. An instance that never answered
+    /// has no latency yet, so any budget above the slack is fair.
+    pub fn fair_budget(&self, budget: Duration) -> bool {
+        budget >= Duration::from_micros(self.ewma_us().saturating_mul(2)) + FAIR_SLACK
     }
 
     fn degrade(&self) {

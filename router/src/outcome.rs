@@ -82,8 +82,16 @@ pub(crate) enum Outcome {
     Retryable(RetryReason, String),
 }
 
-/// Maps one attempt's result to its health observation and what the router does next.
-pub(crate) fn classify(result: AttemptResult, elapsed: Duration) -> (Observation, Outcome) {
+/// Maps one attempt's result to its health observation and what the router
+/// does next. `fair`: the attempt's budget was one the instance should have
+/// met ([`crate::health::InstanceState::fair_budget`]); a timeout or 504
+/// within an unfair one is [`Observation::Unjudged`].
+pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> (Observation, Outcome) {
+    let timed_out = if fair {
+        Observation::Failed
+    } else {
+        Observation::Unjudged
+    };
     match result {
         AttemptResult::Answered { status, body } if status.is_success() => {
             match serde_json::from_slice::<AgentAnswer>(&body) {
@@ -119,7 +127,9 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration) -> (Observation
                 }
                 _ => {
                     // The agent's own business answer: passed through, never retried.
-                    let observation = if status.is_server_error() {
+                    let observation = if status == StatusCode::GATEWAY_TIMEOUT {
+                        timed_out
+                    } else if status.is_server_error() {
                         Observation::Failed
                     } else {
                         Observation::Healthy(elapsed)
@@ -137,7 +147,7 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration) -> (Observation
         AttemptResult::ConnectFailed(why) => (Observation::Failed, Outcome::Retryable(RetryReason::Connect, why)),
         AttemptResult::Broken(why) => (Observation::Failed, Outcome::Retryable(RetryReason::Reset, why)),
         AttemptResult::TimedOut => (
-            Observation::Failed,
+            timed_out,
             Outcome::Fatal(RouterError::new(
                 Code::DeadlineExceeded,
                 "the agent did not answer before the deadline",

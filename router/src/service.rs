@@ -326,6 +326,7 @@ impl RouterService {
                     .map_or(&fallback_traceparent[..], |text| header_value_or_dash(text)),
                 authorization: authorization.as_bytes(),
             };
+            let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
             let result = {
                 let _inflight = instance.state.start_request();
                 self.forwarder
@@ -336,7 +337,7 @@ impl RouterService {
             capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
             let agent_id = instance.agent_id.clone();
 
-            let (observation, outcome) = classify(result, elapsed);
+            let (observation, outcome) = classify(result, elapsed, fair);
             let transition = instance.state.observe(observation, &self.breaker);
             log_transition(transition, &agent_id, trace, request_id);
             if let Some(span) = &mut attempt_span {
@@ -512,7 +513,8 @@ impl RouterService {
                         return (agent_id, Err(failure));
                     }
                 };
-                let (observation, outcome) = classify(result, started.elapsed());
+                let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
+                let (observation, outcome) = classify(result, started.elapsed(), fair);
                 log_transition(
                     instance.state.observe(observation, &self.breaker),
                     &instance.agent_id,

@@ -1178,3 +1178,79 @@ async fn per_core_server_serves_and_stops() {
         "server did not stop cleanly: {finished:?}"
     );
 }
+
+// A caller's own too-short deadline says nothing about the instance: timeouts
+// within a budget shorter than twice the instance's smoothed latency (plus
+// 10 ms) leave its breaker closed (found by the OpenAPI fuzzer: a burst of
+// `timeout_ms: 1` calls opened the only instance's breaker for everyone);
+// within a fair budget they open it, as DESIGN §3.4 says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_deadlines_an_instance_should_have_met_count_against_it() {
+    let cluster = Cluster::start_with(|settings| {
+        settings.tuning.breaker_failures = 2;
+        settings.tuning.breaker_open = Duration::from_secs(3600);
+        settings.tuning.max_attempts = 1;
+    })
+    .await;
+    let breaker = |metrics: &str, agent_id: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(&format!("agent_reach_router_breaker_state{{agent_id=\"{agent_id}\"}}")))
+            .and_then(|line| line.rsplit(' ').next())
+            .map(str::to_string)
+    };
+    // Two versions, each call pinned to one: the slow instance and the hanging one.
+    let _slow = cluster.agent(AgentSpec::new(
+        "fd-slow",
+        1,
+        Behaviour::Slow(Duration::from_millis(100)),
+    ));
+    let mut spec = AgentSpec::new("fd-hang", 1, Behaviour::Hang);
+    spec.version = "2.0.0".into();
+    let hang = cluster.agent(spec);
+    cluster.wait_for_instances(&["fd-slow", "fd-hang"]).await;
+    let pinned = |request: &str, version: &str, timeout_ms: Option<u64>| {
+        let mut call = order(request);
+        call["capability_version"] = json!(format!("={version}"));
+        if let Some(timeout_ms) = timeout_ms {
+            call["timeout_ms"] = json!(timeout_ms);
+        }
+        call
+    };
+    // One answer teaches the router the slow instance's latency (about 100 ms).
+    let (status, body) = cluster.invoke(pinned("SO-1", "1.0.0", None)).await;
+    assert_eq!(status, 200, "{body}");
+    for n in 0..5 {
+        let call = pinned(&format!("SO-short-{n}"), "1.0.0", Some(40));
+        let (status, body) = cluster.invoke(call).await;
+        assert_eq!(
+            (status, code_of(&body)),
+            (504, "DEADLINE_EXCEEDED".to_string()),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        breaker(&cluster.metrics().await, "fd-slow").as_deref(),
+        Some("0"),
+        "closed"
+    );
+    let (status, body) = cluster.invoke(pinned("SO-2", "1.0.0", None)).await;
+    assert_eq!(status, 200, "the instance still serves: {body}");
+
+    // The hanging instance, given budgets it should have met: two timeouts open it.
+    for n in 0..2 {
+        let call = pinned(&format!("SO-fair-{n}"), "2.0.0", Some(300));
+        let (status, body) = cluster.invoke(call).await;
+        assert_eq!(
+            (status, code_of(&body)),
+            (504, "DEADLINE_EXCEEDED".to_string()),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        breaker(&cluster.metrics().await, "fd-hang").as_deref(),
+        Some("2"),
+        "open"
+    );
+    hang.release.notify_waiters();
+}
