@@ -489,6 +489,8 @@ pub async fn open(
         };
         let inflight = instance.state.start_owned();
         let started = Instant::now();
+        // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
+        let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
         let attempted = match tokio::time::timeout_at(
             deadline.into(),
             attempt(&instance, body, &traceparent, &authorization, deadline),
@@ -535,7 +537,7 @@ pub async fn open(
         };
         drop(inflight);
         capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
-        let (observation, outcome) = classify(result, elapsed);
+        let (observation, outcome) = classify(result, elapsed, fair);
         log_transition(
             instance.state.observe(observation, service.breaker()),
             &agent_id,
