@@ -715,6 +715,8 @@ mod tests {
         // Neither length nor chunking: no body.
         let bodiless = head("POST /v1/invoke HTTP/1.1\r\nhost: r\r\n\r\n");
         assert!(matches!(bodiless, Head::Hot(Hot { body_len: 0, .. })));
+        let json = head("POST /v1/invoke HTTP/1.1\r\naccept: application/json\r\ncontent-length: 2\r\n\r\n{}");
+        assert!(matches!(json, Head::Hot(Hot { body_len: 2, .. })));
 
         for other in [
             "GET /healthz HTTP/1.1\r\n\r\n",
@@ -733,6 +735,9 @@ mod tests {
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nx: a\x01b\r\n\r\n",
             "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\nbad header\r\n\r\n",
+            // A streamed answer is hyper's to write.
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\naccept: text/event-stream\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nAccept: application/json, Text/Event-Stream\r\n\r\n",
         ] {
             assert!(matches!(head(other), Head::Other), "{other:?} must be hyper's");
         }
