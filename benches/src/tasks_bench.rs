@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
         service: agent_reach_registry::RegistryConfig::default(),
+        listener_tls: None,
     })
     .await?;
     let registry_addr = serve_on_free_port(|listener| async move {

@@ -74,6 +74,8 @@ pub struct ContextArgs {
     )]
     pub credential_fields: Vec<String>,
     #[command(flatten)]
+    pub tls: agent_reach_edge::tls::ListenerArgs,
+    #[command(flatten)]
     pub auth: AuthArgs,
 }
 
@@ -91,7 +93,7 @@ pub enum StoreChoice {
 }
 
 /// Everything [`crate::build`] needs. `agent-reach dev` builds one directly:
-/// `Settings { listen, threads: 1, store: StoreChoice::Embedded, acl, auth, service: ContextConfig::default() }`.
+/// `Settings { listen, threads: 1, store: StoreChoice::Embedded, acl, auth, listener_tls: None, service: ContextConfig::default() }`.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: SocketAddr,
@@ -100,6 +102,8 @@ pub struct Settings {
     pub store: StoreChoice,
     pub acl: PathBuf,
     pub auth: AuthConfig,
+    /// TLS on the listener; `None`: plain TCP.
+    pub listener_tls: Option<agent_reach_edge::tls::ServerFiles>,
     pub service: ContextConfig,
 }
 
@@ -194,6 +198,7 @@ impl ContextArgs {
             problems.push(why);
             AuthConfig::InsecureNoAuth
         });
+        let listener_tls = self.tls.files(&mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -203,6 +208,7 @@ impl ContextArgs {
             store,
             acl: self.acl.clone(),
             auth,
+            listener_tls,
             service: ContextConfig {
                 policy: StorePolicy {
                     default_ttl: self.default_ttl,

@@ -76,11 +76,12 @@ fn json(result: Result<impl serde::Serialize, ContextError>) -> Answer {
     answer.unwrap_or_else(|error| Answer::from(error.into_response()))
 }
 
-pub(crate) fn door(service: Arc<ContextService>) -> Door<Contexts> {
+pub(crate) fn door(service: Arc<ContextService>, tls: Option<agent_reach_edge::tls::ServerTls>) -> Door<Contexts> {
     Door {
         app: crate::app(service.clone()),
         body_limit: service.config().max_body_bytes,
         hot: Contexts(service),
+        tls,
     }
 }
 

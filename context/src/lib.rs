@@ -85,10 +85,11 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
         .map_err(|problems| anyhow::anyhow!("invalid context configuration:\n  - {}", problems.join("\n  - ")))?;
     let service = build(&settings).await?;
     let threads = agent_reach_edge::serve::thread_count(settings.threads);
-    tracing::info!(message = "Context service listening.", address = %settings.listen, threads);
+    let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
+    tracing::info!(message = "Context service listening.", address = %settings.listen, threads, tls = tls.is_some());
     // One single-threaded runtime per thread: each request and its Redis call
     // (on that thread's own connection) stay on one thread.
-    front::door(service)
+    front::door(service, tls)
         .per_core("context", settings.listen, threads, shutdown)
         .await
 }
@@ -99,10 +100,20 @@ pub async fn serve(
     service: Arc<ContextService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // The front door sets TCP_NODELAY on every connection: a gRPC answer is
-    // several HTTP/2 frames, and delaying the last one behind the client's
-    // delayed ACK costs ~40 ms per call.
-    front::door(service)
+    serve_tls(listener, service, None, shutdown).await
+}
+
+/// [`serve`], with TLS when `tls` is given (`h2` by ALPN for gRPC clients).
+/// The front door sets TCP_NODELAY on every connection: a gRPC answer is
+/// several HTTP/2 frames, and delaying the last one behind the client's
+/// delayed ACK costs ~40 ms per call.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    service: Arc<ContextService>,
+    tls: Option<agent_reach_edge::tls::ServerTls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    front::door(service, tls)
         .serve(listener, shutdown)
         .await
         .context("context server failed")

@@ -25,6 +25,10 @@
 //! connection closed after the answer; differing lengths are refused). The
 //! `front_door` fuzz target holds the door and hyper alone to the same framing.
 //!
+//! With TLS ([`Door::tls`]) each connection is first a TLS handshake
+//! (bounded by [`HANDSHAKE_TIMEOUT`]); `h2` is offered by ALPN, so gRPC and
+//! HTTP/2 clients reach hyper, and HTTP/1.1 requests take the same fast path.
+//!
 //! Shutdown is graceful like `axum::serve`'s: no new connections, an idle
 //! connection closes, a request in progress is answered, then its connection
 //! closes.
@@ -58,6 +62,23 @@ pub trait HotRoutes: Clone + Send + Sync + 'static {
 
     /// Answers a request `route` took, as the axum route would.
     fn call(&self, route: Self::Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send;
+}
+
+/// No hot routes: every request goes to the axum routes (a service that only
+/// wants the door's TLS and graceful shutdown, e.g. the registry).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoHotRoutes;
+
+impl HotRoutes for NoHotRoutes {
+    type Route = std::convert::Infallible;
+
+    fn route(&self, _: &str, _: &str) -> Option<Self::Route> {
+        None
+    }
+
+    async fn call(&self, route: Self::Route, _: Headers, _: Bytes) -> Answer {
+        match route {}
+    }
 }
 
 /// A hot route's answer: a JSON body the front door writes as it is, or any
@@ -116,7 +137,12 @@ pub struct Door<H> {
     pub hot: H,
     pub app: axum::Router,
     pub body_limit: usize,
+    /// Serve TLS with this configuration (reloaded by its own watcher); `None`: plain TCP.
+    pub tls: Option<crate::tls::ServerTls>,
 }
+
+/// The longest a client may take to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl<H: HotRoutes> Door<H> {
     /// Serves on `listener` until `shutdown` resolves, then lets open
@@ -155,10 +181,30 @@ impl<H: HotRoutes> Door<H> {
                 signal: signal.clone(),
             };
             let open = open_receiver.clone();
-            tokio::spawn(async move {
-                connection.run(stream).await;
-                drop(open);
-            });
+            match &self.tls {
+                None => {
+                    tokio::spawn(async move {
+                        connection.run(stream).await;
+                        drop(open);
+                    });
+                }
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
+                    tokio::spawn(async move {
+                        let peer = stream.peer_addr().ok();
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => connection.run(stream).await,
+                            // A client that cannot finish a handshake (a wrong CA, no client
+                            // certificate under mTLS, a port scan) is the client's problem.
+                            Ok(Err(error)) => {
+                                tracing::debug!(message = "TLS handshake failed.", peer = ?peer, %error)
+                            }
+                            Err(_) => tracing::debug!(message = "TLS handshake timed out.", peer = ?peer),
+                        }
+                        drop(open);
+                    });
+                }
+            }
         }
         drop(open_receiver);
         drop(listener);
@@ -342,7 +388,8 @@ impl<H: HotRoutes> Connection<H> {
             let Some(answer) = encode_response(response, &mut output).await else {
                 return;
             };
-            if stream.write_all(answer).await.is_err() {
+            // TLS buffers records: the flush sends them (a no-op on plain TCP).
+            if stream.write_all(answer).await.is_err() || stream.flush().await.is_err() {
                 return;
             }
             served = Served::Http1;
@@ -763,6 +810,7 @@ mod tests {
             hot: Invoke,
             app,
             body_limit: 1024,
+            tls: None,
         };
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         let served = tokio::spawn(serve_connection(door, server));

@@ -14,6 +14,7 @@ pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod serve;
+pub mod tls;
 
 pub use error::{ApiError, ErrorCode};
 

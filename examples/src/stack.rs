@@ -94,6 +94,7 @@ impl Stack {
             acl: acl.clone(),
             auth: auth.clone(),
             service: agent_reach_registry::RegistryConfig::default(),
+            listener_tls: None,
         };
         let registry = agent_reach_registry::build(&registry_settings).await?;
         let (listener, registry_addr) = bind(options.registry_listen, "--registry-listen").await?;
@@ -123,6 +124,7 @@ impl Stack {
             acl: acl.clone(),
             auth: auth.clone(),
             service: agent_reach_context::ContextConfig::default(),
+            listener_tls: None,
         };
         let context = agent_reach_context::build(&context_settings).await?;
         let (listener, context_addr) = bind(options.context_listen, "--context-listen").await?;

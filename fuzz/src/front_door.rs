@@ -186,6 +186,7 @@ async fn through_the_door(data: &[u8]) -> Vec<Seen> {
         hot: Invoke(seen.clone()),
         app: app(seen.clone()),
         body_limit: BODY_LIMIT,
+        tls: None,
     };
     let (near, far) = tokio::io::duplex(64 * 1024);
     tokio::join!(

@@ -40,6 +40,8 @@ pub struct RegistryArgs {
     #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
     #[command(flatten)]
+    pub tls: agent_reach_edge::tls::ListenerArgs,
+    #[command(flatten)]
     pub auth: AuthArgs,
 }
 
@@ -56,6 +58,8 @@ pub struct Settings {
     pub store: StoreChoice,
     pub acl: PathBuf,
     pub auth: AuthConfig,
+    /// TLS on the listener; `None`: plain TCP.
+    pub listener_tls: Option<agent_reach_edge::tls::ServerFiles>,
     pub service: RegistryConfig,
 }
 
@@ -97,6 +101,7 @@ impl RegistryArgs {
             problems.push(why);
             AuthConfig::InsecureNoAuth
         });
+        let listener_tls = self.tls.files(&mut problems);
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -105,6 +110,7 @@ impl RegistryArgs {
             store,
             acl: self.acl.clone(),
             auth,
+            listener_tls,
             service: RegistryConfig {
                 tenant: self.tenant.clone(),
                 ttl: TtlBounds {

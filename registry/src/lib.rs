@@ -31,7 +31,6 @@ use std::sync::Arc;
 use agent_reach_access::{AclHandle, Authenticator};
 use agent_reach_proto::registry::registry_server::RegistryServer;
 use anyhow::Context;
-use axum::serve::ListenerExt as _;
 use tonic::server::NamedService;
 
 pub use config::{RegistryArgs, Settings, StoreChoice};
@@ -87,8 +86,9 @@ pub async fn run(args: RegistryArgs, shutdown: impl Future<Output = ()> + Send +
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    tracing::info!(message = "Registry listening.", address = %settings.listen);
-    serve(listener, service, shutdown).await
+    let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
+    tracing::info!(message = "Registry listening.", address = %settings.listen, tls = tls.is_some());
+    serve_tls(listener, service, tls, shutdown).await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).
@@ -97,16 +97,24 @@ pub async fn serve(
     service: Arc<RegistryService>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    // No Nagle: a gRPC answer is several HTTP/2 frames, and holding the last
-    // one behind the peer's delayed ACK costs ~40 ms per call.
-    let listener = listener.tap_io(|connection| {
-        if let Err(error) = connection.set_nodelay(true) {
-            // Only latency suffers: the connection is still served.
-            tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
-        }
-    });
-    axum::serve(listener, app(service))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("registry server failed")
+    serve_tls(listener, service, None, shutdown).await
+}
+
+/// [`serve`], with TLS when `tls` is given (`h2` by ALPN for gRPC clients).
+/// The edge's front door sets TCP_NODELAY on every connection: a gRPC answer
+/// is several HTTP/2 frames, and holding the last one behind the peer's
+/// delayed ACK costs ~40 ms per call.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    service: Arc<RegistryService>,
+    tls: Option<agent_reach_edge::tls::ServerTls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let door = agent_reach_edge::front::Door {
+        hot: agent_reach_edge::front::NoHotRoutes,
+        body_limit: service.config().max_body_bytes,
+        app: app(service),
+        tls,
+    };
+    door.serve(listener, shutdown).await.context("registry server failed")
 }

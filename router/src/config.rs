@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agent_reach_access::{AuthArgs, AuthConfig};
+use agent_reach_edge::tls::{ClientFiles, ListenerArgs, ServerFiles};
 
 use crate::assertion::{AssertionSettings, SigningKey};
 use crate::service::Tuning;
@@ -84,6 +85,22 @@ pub struct RouterArgs {
     /// The longest life of an assertion, in seconds (never past the call's deadline).
     #[arg(long, env = "AGENT_REACH_ASSERTION_TTL_S", default_value_t = 10)]
     pub assertion_ttl_s: u64,
+    /// Trust only these CAs (PEM) for `https://` agents; default: the system's roots.
+    /// A self-signed agent is reached by putting its certificate here.
+    #[arg(long, env = "AGENT_REACH_AGENT_CA_FILE", value_name = "PATH")]
+    pub agent_ca_file: Option<PathBuf>,
+    /// The client certificate (PEM) the router presents to `https://` agents that
+    /// require mutual TLS; needs --agent-client-key-file.
+    #[arg(long, env = "AGENT_REACH_AGENT_CLIENT_CERT_FILE", value_name = "PATH")]
+    pub agent_client_cert_file: Option<PathBuf>,
+    /// The private key of --agent-client-cert-file (PEM).
+    #[arg(long, env = "AGENT_REACH_AGENT_CLIENT_KEY_FILE", value_name = "PATH")]
+    pub agent_client_key_file: Option<PathBuf>,
+    /// Trust only these CAs (PEM) for an `https://` --registry; default: the system's roots.
+    #[arg(long, env = "AGENT_REACH_REGISTRY_CA_FILE", value_name = "PATH")]
+    pub registry_ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: ListenerArgs,
     /// Also serve this capability's A2A agent card at the host root,
     /// `/.well-known/agent-card.json` (its interface stays `/a2a/NAME`).
     #[arg(long, env = "AGENT_REACH_A2A_ROOT_CAPABILITY", value_name = "NAME")]
@@ -106,6 +123,12 @@ pub struct Settings {
     pub assertion: AssertionSettings,
     /// The slow path (`/v1/tasks`), when configured.
     pub tasks: Option<TasksSettings>,
+    /// TLS on the listener; `None`: plain TCP.
+    pub listener_tls: Option<ServerFiles>,
+    /// How `https://` agents are verified (and the router's client certificate).
+    pub agent_tls: ClientFiles,
+    /// How an `https://` registry is verified.
+    pub registry_tls: ClientFiles,
 }
 
 impl Settings {
@@ -125,6 +148,9 @@ impl Settings {
             tuning: Tuning::default(),
             assertion: AssertionSettings::default(),
             tasks: None,
+            listener_tls: None,
+            agent_tls: ClientFiles::default(),
+            registry_tls: ClientFiles::default(),
         }
     }
 }
@@ -202,12 +228,30 @@ impl RouterArgs {
             problems.push("--assertion-issuer must not be empty".to_string());
         }
         let tasks = self.tasks.settings(&mut problems);
+        let listener_tls = self.tls.files(&mut problems);
+        let identity = match (&self.agent_client_cert_file, &self.agent_client_key_file) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => {
+                problems.push("--agent-client-cert-file and --agent-client-key-file go together".to_string());
+                None
+            }
+        };
         if !problems.is_empty() {
             return Err(problems);
         }
         Ok(Settings {
             tasks,
             assertion,
+            listener_tls,
+            agent_tls: ClientFiles {
+                ca: self.agent_ca_file.clone(),
+                identity,
+            },
+            registry_tls: ClientFiles {
+                ca: self.registry_ca_file.clone(),
+                identity: None,
+            },
             listen: self.listen,
             registry: self.registry.clone(),
             registry_credential,

@@ -9,6 +9,14 @@
 //! call crossed two channels and two extra task wake-ups; profiled, that was
 //! the largest single cost of forwarding.) Agents answer with `Content-Length`
 //! or chunked bodies, or close the connection after the body.
+//!
+//! `https://` endpoints are reached over TLS (rustls, verified against
+//! `--agent-ca-file` or the system's roots, with a client certificate when
+//! mutual TLS is configured); the handshake is part of making the connection,
+//! so a certificate the router does not trust fails the attempt as a connect
+//! failure (the instance never saw the request; it counts against its
+//! health and breaker and the call may go to another instance), and the
+//! reason is logged once per endpoint and reason.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,8 +24,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::StatusCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 /// Largest agent answer the router reads (an answer is a JSON envelope, not a stream).
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
@@ -69,8 +82,55 @@ pub fn header_value_or_dash(value: &str) -> &[u8] {
     }
 }
 
+/// A connection to an agent: plain TCP for `http://`, TLS over it for `https://`.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Stream {
+    fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// How the router reaches `https://` agents: a TLS configuration, or why there is none.
+pub type AgentTls = Result<Arc<rustls::ClientConfig>, String>;
+
 struct Idle {
-    stream: TcpStream,
+    stream: Stream,
     /// The connection's read buffer, kept for its next answer.
     input: BytesMut,
     since: Instant,
@@ -108,6 +168,9 @@ thread_local! {
 pub struct Forwarder {
     id: usize,
     idle_per_instance: usize,
+    tls: AgentTls,
+    /// (endpoint, reason) pairs already logged, so a bad certificate is one line, not one per call.
+    logged: std::sync::Mutex<ahash::AHashSet<(String, String)>>,
 }
 
 /// How an exchange on one connection ended.
@@ -124,22 +187,98 @@ enum Exchange {
 }
 
 impl Forwarder {
-    pub fn new(idle_per_instance: usize) -> Self {
+    pub fn new(idle_per_instance: usize, tls: AgentTls) -> Self {
         Self {
             id: NEXT_FORWARDER_ID.fetch_add(1, Ordering::Relaxed),
             idle_per_instance,
+            tls,
+            logged: std::sync::Mutex::default(),
         }
     }
 
+    /// Makes a connection to `authority`, with a TLS handshake for `https`.
+    async fn connect(&self, authority: &str, host: &str, https: bool) -> Result<Stream, String> {
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => return Err(format!("cannot connect to {authority}: {error}")),
+            Err(_) => {
+                return Err(format!(
+                    "cannot connect to {authority} within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            }
+        };
+        // Small requests and answers: Nagle would only add delay.
+        let _ = stream.set_nodelay(true);
+        if !https {
+            return Ok(Stream::Plain(stream));
+        }
+        let config = self.tls.as_ref().map_err(|why| self.log_tls(authority, why.clone()))?;
+        let name = rustls::pki_types::ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+            .map_err(|error| self.log_tls(authority, format!("`{host}` is not a TLS server name: {error}")))?
+            .to_owned();
+        let connector = tokio_rustls::TlsConnector::from(config.clone());
+        match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream)).await {
+            Ok(Ok(stream)) => Ok(Stream::Tls(Box::new(stream))),
+            Ok(Err(error)) => Err(self.log_tls(authority, format!("TLS handshake with {authority} failed: {error}"))),
+            Err(_) => Err(self.log_tls(
+                authority,
+                format!(
+                    "TLS handshake with {authority} took over {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// A fresh connection to `uri` for one streamed answer (`crate::stream`):
+    /// never pooled, since a stream holds it for its whole life, and made by
+    /// the same rules as every attempt's (TLS for `https://`, verified).
+    pub(crate) async fn connect_for_stream(
+        &self,
+        uri: &http::Uri,
+    ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, String> {
+        let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
+            return Err(format!("the endpoint `{uri}` has no host"));
+        };
+        let https = match uri.scheme_str() {
+            Some("http") | None => false,
+            Some("https") => true,
+            Some(other) => {
+                return Err(format!(
+                    "the endpoint `{uri}` is neither http:// nor https:// ({other})"
+                ))
+            }
+        };
+        self.connect(authority, uri.host().unwrap_or(authority), https).await
+    }
+
+    /// Logs a TLS failure once per endpoint and reason (a certificate the router does not
+    /// trust is an operator's problem to fix, not a line per call), and returns it.
+    fn log_tls(&self, authority: &str, why: String) -> String {
+        let mut logged = self.logged.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Bounded: an endpoint cycling through reasons cannot grow it without limit.
+        if logged.len() > 1024 {
+            logged.clear();
+        }
+        if logged.insert((authority.to_string(), why.clone())) {
+            tracing::warn!(message = "Cannot reach an https agent: TLS failed.", endpoint = authority, reason = %why);
+        }
+        why
+    }
+
     /// An idle connection to `authority` younger than the idle timeout at `now`.
-    fn take_idle(&self, authority: &str, now: Instant) -> Option<(TcpStream, BytesMut)> {
+    fn take_idle(&self, authority: &str, https: bool, now: Instant) -> Option<(Stream, BytesMut)> {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let (_, pool) = pools.iter_mut().find(|(id, _)| *id == self.id)?;
             let idle = pool.idle.get_mut(authority)?;
             // The most recently used first; older ones past the idle timeout are closed.
             while let Some(connection) = idle.pop() {
-                if now.saturating_duration_since(connection.since) < IDLE_TIMEOUT {
+                // The scheme is part of the connection: an endpoint re-registered from
+                // http:// to https:// (same authority) never reuses a plain one.
+                if now.saturating_duration_since(connection.since) < IDLE_TIMEOUT && connection.stream.is_tls() == https
+                {
                     return Some((connection.stream, connection.input));
                 }
             }
@@ -150,7 +289,7 @@ impl Forwarder {
     /// Pools a connection whose attempt started at `now`: it counts as idle
     /// from then (no clock read per request), so it retires at most the
     /// attempt's duration early.
-    fn put_idle(&self, authority: &str, stream: TcpStream, input: BytesMut, now: Instant) {
+    fn put_idle(&self, authority: &str, stream: Stream, input: BytesMut, now: Instant) {
         POOLS.with(|pools| {
             let mut pools = pools.borrow_mut();
             let at = match pools.iter().position(|(id, _)| *id == self.id) {
@@ -195,13 +334,19 @@ impl Forwarder {
         let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
             return AttemptResult::ConnectFailed(format!("the endpoint `{uri}` has no host"));
         };
-        if uri.scheme_str().is_some_and(|scheme| scheme != "http") {
-            return AttemptResult::ConnectFailed(format!("the endpoint `{uri}` is not plain http://"));
-        }
+        let https = match uri.scheme_str() {
+            Some("http") | None => false,
+            Some("https") => true,
+            Some(other) => {
+                return AttemptResult::ConnectFailed(format!(
+                    "the endpoint `{uri}` is neither http:// nor https:// ({other})"
+                ))
+            }
+        };
         let path = uri.path_and_query().map_or("/", |path| path.as_str());
         let request = encode_request(authority, path, &body, headers);
         let attempt = async {
-            if let Some((stream, input)) = self.take_idle(authority, now) {
+            if let Some((stream, input)) = self.take_idle(authority, https, now) {
                 // A reused connection is not probed first (that costs a syscall per call):
                 // if the agent closed it while idle, the exchange fails before any answer
                 // byte and the request goes out once more on a fresh connection. Agents
@@ -211,20 +356,10 @@ impl Forwarder {
                     (done, stream) => return self.finish(authority, done, stream, now),
                 }
             }
-            let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => {
-                    return AttemptResult::ConnectFailed(format!("cannot connect to {authority}: {error}"))
-                }
-                Err(_) => {
-                    return AttemptResult::ConnectFailed(format!(
-                        "cannot connect to {authority} within {} s",
-                        CONNECT_TIMEOUT.as_secs()
-                    ))
-                }
+            let stream = match self.connect(authority, uri.host().unwrap_or(authority), https).await {
+                Ok(stream) => stream,
+                Err(why) => return AttemptResult::ConnectFailed(why),
             };
-            // Small requests and answers: Nagle would only add delay.
-            let _ = stream.set_nodelay(true);
             let (done, stream) = exchange(stream, BytesMut::with_capacity(READ_BUFFER_BYTES), &request).await;
             self.finish(authority, done, stream, now)
         };
@@ -234,13 +369,7 @@ impl Forwarder {
         }
     }
 
-    fn finish(
-        &self,
-        authority: &str,
-        done: Exchange,
-        kept: Option<(TcpStream, BytesMut)>,
-        now: Instant,
-    ) -> AttemptResult {
+    fn finish(&self, authority: &str, done: Exchange, kept: Option<(Stream, BytesMut)>, now: Instant) -> AttemptResult {
         match done {
             Exchange::Done { status, body, reusable } => {
                 if let (true, Some((stream, input))) = (reusable, kept) {
@@ -273,12 +402,13 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
 /// Writes `request` and reads one answer into `input` (empty; the
 /// connection's buffer). The stream and buffer come back when the
 /// connection may be reused or retried on.
-async fn exchange(
-    mut stream: TcpStream,
-    mut input: BytesMut,
-    request: &[u8],
-) -> (Exchange, Option<(TcpStream, BytesMut)>) {
-    if let Err(error) = stream.write_all(request).await {
+async fn exchange(mut stream: Stream, mut input: BytesMut, request: &[u8]) -> (Exchange, Option<(Stream, BytesMut)>) {
+    // TLS buffers records: the flush sends them (a no-op on plain TCP).
+    let sent = match stream.write_all(request).await {
+        Ok(()) => stream.flush().await,
+        Err(error) => Err(error),
+    };
+    if let Err(error) = sent {
         return (
             Exchange::FailedBeforeAnswer(format!("sending the request failed: {error}")),
             None,
@@ -398,7 +528,7 @@ fn head_of(response: &httparse::Response<'_, '_>) -> Result<(StatusCode, Framing
     Ok((status, framing, keep_alive))
 }
 
-async fn fill(stream: &mut TcpStream, input: &mut BytesMut) -> Result<(), String> {
+async fn fill(stream: &mut Stream, input: &mut BytesMut) -> Result<(), String> {
     match stream.read_buf(input).await {
         Ok(0) => Err("the answer was cut short".to_string()),
         Ok(_) => Ok(()),
@@ -406,7 +536,7 @@ async fn fill(stream: &mut TcpStream, input: &mut BytesMut) -> Result<(), String
     }
 }
 
-async fn read_exactly(stream: &mut TcpStream, input: &mut BytesMut, length: usize) -> Result<Bytes, String> {
+async fn read_exactly(stream: &mut Stream, input: &mut BytesMut, length: usize) -> Result<Bytes, String> {
     if input.capacity() < length {
         input.reserve(length - input.len());
     }
@@ -416,7 +546,7 @@ async fn read_exactly(stream: &mut TcpStream, input: &mut BytesMut, length: usiz
     Ok(input.split_to(length).freeze())
 }
 
-async fn read_to_close(stream: &mut TcpStream, input: &mut BytesMut) -> Result<Bytes, String> {
+async fn read_to_close(stream: &mut Stream, input: &mut BytesMut) -> Result<Bytes, String> {
     loop {
         if input.len() > MAX_ANSWER_BYTES {
             return Err(format!("the agent's answer is larger than {MAX_ANSWER_BYTES} bytes"));
@@ -430,7 +560,7 @@ async fn read_to_close(stream: &mut TcpStream, input: &mut BytesMut) -> Result<B
 }
 
 /// Decodes a chunked body (chunk extensions and trailers are skipped).
-async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> Result<Bytes, String> {
+async fn read_chunked(stream: &mut Stream, input: &mut BytesMut) -> Result<Bytes, String> {
     let mut body = BytesMut::new();
     loop {
         let line = read_line(stream, input).await?;
@@ -459,7 +589,7 @@ async fn read_chunked(stream: &mut TcpStream, input: &mut BytesMut) -> Result<By
 }
 
 /// One CRLF-terminated line, without the CRLF.
-async fn read_line(stream: &mut TcpStream, input: &mut BytesMut) -> Result<Vec<u8>, String> {
+async fn read_line(stream: &mut Stream, input: &mut BytesMut) -> Result<Vec<u8>, String> {
     loop {
         if let Some(end) = input.windows(2).position(|pair| pair == b"\r\n") {
             let line = input[..end].to_vec();
@@ -520,7 +650,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn reads_length_chunked_and_until_close_answers_and_reuses_connections() {
-        let forwarder = Forwarder::new(4);
+        let forwarder = Forwarder::new(4, Err("no TLS in this test".to_string()));
         // One connection serves both: the second request reuses it.
         let addr = agent(vec![
             b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{\"a\":1}",
@@ -545,7 +675,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_pooled_connection_the_agent_closed_is_replaced_by_a_fresh_one() {
-        let forwarder = Forwarder::new(4);
+        let forwarder = Forwarder::new(4, Err("no TLS in this test".to_string()));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -574,7 +704,7 @@ mod tests {
         pool.idle.insert(
             "gone:1".into(),
             vec![Idle {
-                stream: connect().await.unwrap(),
+                stream: Stream::Plain(connect().await.unwrap()),
                 input: BytesMut::new(),
                 since: start,
             }],
@@ -583,12 +713,12 @@ mod tests {
             "live:1".into(),
             vec![
                 Idle {
-                    stream: connect().await.unwrap(),
+                    stream: Stream::Plain(connect().await.unwrap()),
                     input: BytesMut::new(),
                     since: start,
                 },
                 Idle {
-                    stream: connect().await.unwrap(),
+                    stream: Stream::Plain(connect().await.unwrap()),
                     input: BytesMut::new(),
                     since: start + IDLE_TIMEOUT / 2,
                 },
@@ -601,7 +731,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn failures_are_classified() {
-        let forwarder = Forwarder::new(4);
+        let forwarder = Forwarder::new(4, Err("no TLS in this test".to_string()));
         // Nothing listens: the agent never saw the request.
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         assert!(matches!(

@@ -31,10 +31,15 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
 }
 
 /// The front door: the hot route (`service`), the axum routes for the rest (`app`), the body limit.
-pub(crate) fn door(app: axum::Router, service: Arc<RouterService>) -> Door<Invoke> {
+pub(crate) fn door(
+    app: axum::Router,
+    service: Arc<RouterService>,
+    tls: Option<agent_reach_edge::tls::ServerTls>,
+) -> Door<Invoke> {
     Door {
         app,
         body_limit: service.tuning().max_body_bytes,
         hot: Invoke(service),
+        tls,
     }
 }

@@ -71,6 +71,7 @@ use tasks::TaskService;
 pub struct Router {
     service: Arc<RouterService>,
     tasks: Option<Arc<TaskService>>,
+    tls: Option<agent_reach_edge::tls::ServerTls>,
 }
 
 impl Router {
@@ -81,7 +82,7 @@ impl Router {
 
     /// The front door serving this router: its hot route and every other route.
     fn door(&self) -> agent_reach_edge::front::Door<front::Invoke> {
-        front::door(self.app(), self.service.clone())
+        front::door(self.app(), self.service.clone(), self.tls.clone())
     }
 
     /// The instances the router can currently route to, by id (tests and diagnostics).
@@ -108,9 +109,23 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
                        and the ACL is not enforced. Development only."
         );
     }
+    let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
+    // An agent CA file that cannot be read is a start-up error; no system roots only
+    // matter once an https:// agent is called (plain http:// agents need none).
+    let agent_tls = match agent_reach_edge::tls::client_config(&settings.agent_tls, &[b"http/1.1"]) {
+        Ok(config) => Ok(Arc::new(config)),
+        Err(error) if settings.agent_tls.ca.is_none() && settings.agent_tls.identity.is_none() => Err(format!(
+            "https:// agents cannot be verified: {error} (pass --agent-ca-file)"
+        )),
+        Err(error) => return Err(anyhow::Error::new(error).context("TLS to agents")),
+    };
+    // The registry's TLS files are checked now, so a typo fails the start, not every reconnect.
+    agent_reach_edge::tls::grpc_endpoint(&settings.registry, &settings.registry_tls)
+        .context("the registry's address")?;
     let snapshot = Arc::new(snapshot::SnapshotHandle::new());
     tokio::spawn(watch::run(
         settings.registry.clone(),
+        settings.registry_tls.clone(),
         settings.registry_credential.clone(),
         snapshot.clone(),
         metrics.clone(),
@@ -124,19 +139,20 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     let assertions =
         assertion::Assertions::load(settings.assertion.clone(), &metrics.registry).map_err(anyhow::Error::msg)?;
     assertions.watch();
+    let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
     let service = Arc::new(RouterService::new(
         settings.tuning.clone(),
         snapshot,
-        acl,
+        admission::Admission::new(acl, limiter, &settings.tuning),
         auth,
         assertions,
-        limits::Limiter::new(&metrics.registry).context("registering metrics")?,
+        forward::Forwarder::new(settings.tuning.pool_idle_per_instance, agent_tls),
         metrics,
     ));
     if let Some(tasks) = &tasks {
         tasks.start(&service);
     }
-    Ok(Router { service, tasks })
+    Ok(Router { service, tasks, tls })
 }
 
 /// Runs the router until `shutdown` resolves.

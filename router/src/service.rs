@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_reach_access::{AclHandle, Authenticator, Caller};
+use agent_reach_access::{Authenticator, Caller};
 use agent_reach_edge::HeaderLookup;
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
@@ -21,7 +21,6 @@ use crate::envelope::CheckedRequest;
 use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, ForwardHeaders, Forwarder};
 use crate::json::Forwarded;
-use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome, Success};
 use crate::retry::{self, RetryBudget};
@@ -90,10 +89,10 @@ impl RouterService {
     pub fn new(
         tuning: Tuning,
         snapshot: Arc<SnapshotHandle>,
-        acl: AclHandle,
+        admission: Admission,
         auth: Authenticator,
         assertions: Arc<Assertions>,
-        limiter: Limiter,
+        forwarder: Forwarder,
         metrics: Metrics,
     ) -> Self {
         Self {
@@ -101,9 +100,9 @@ impl RouterService {
                 failures: tuning.breaker_failures,
                 open_for: tuning.breaker_open,
             },
-            forwarder: Forwarder::new(tuning.pool_idle_per_instance),
+            forwarder,
             budget: RetryBudget::new(tuning.retry_budget_percent, tuning.retry_budget_floor),
-            admission: Admission::new(acl, limiter, &tuning),
+            admission,
             tuning,
             snapshot,
             auth,
@@ -135,6 +134,11 @@ impl RouterService {
     /// The retry budget every attempt loop draws on (the streamed invoke's too).
     pub(crate) fn budget(&self) -> &RetryBudget {
         &self.budget
+    }
+
+    /// The agent client (the streamed invoke makes its connections with it).
+    pub(crate) fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
     }
 
     pub(crate) fn breaker(&self) -> &BreakerConfig {

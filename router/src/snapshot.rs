@@ -299,11 +299,11 @@ impl SnapshotBuilder {
         let mut by_capability: BTreeMap<String, Versions> = BTreeMap::new();
         for record in self.instances.values() {
             let uri: http::Uri = match record.endpoint.parse::<http::Uri>() {
-                // The forwarder speaks plain HTTP/1.1 (DESIGN §2: protocol `http`).
-                Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => uri,
+                // The forwarder speaks HTTP/1.1, plain or over TLS (DESIGN §2: protocol `http`).
+                Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => uri,
                 Ok(_) => {
                     tracing::warn!(
-                        message = "Instance endpoint is not an http:// URL; not routable.",
+                        message = "Instance endpoint is not an http:// or https:// URL; not routable.",
                         agent_id = %record.agent_id, endpoint = %record.endpoint
                     );
                     continue;

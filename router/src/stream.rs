@@ -14,21 +14,19 @@
 //! The front doors render the events: `/v1/invoke` relays them unchanged
 //! ([`relay`]), the A2A adapter wraps them in its own stream responses.
 //!
-//! Streams do not use the pooled forwarder ([`crate::forward`]): a stream
+//! Streams do not use the forwarder's pool ([`crate::forward`]): a stream
 //! holds its connection for its whole life, so it gets one of its own from
-//! [`connect`], the one place an agent connection for a stream is made (and
-//! where TLS plugs in).
+//! the forwarder (the same TLS rules as every attempt).
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agent_reach_access::Caller;
 use agent_reach_edge::ErrorCode as _;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tokio::net::TcpStream;
 
 use crate::admission::{Admitted, Entry, Refused};
 use crate::clock;
@@ -48,8 +46,6 @@ use crate::snapshot::{Instance, VersionGroup};
 use crate::sse::{self, EventSplitter};
 use crate::trace::TraceContext;
 
-/// Bound on making a connection (the deadline bounds it too), as the forwarder's.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest whole (non-stream) answer read, as the forwarder's.
 const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
@@ -279,32 +275,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A connection to an agent for one stream: plain TCP (`http://` endpoints,
-/// as the forwarder serves). The one place stream connections are made: a
-/// TLS connector plugs in here, behind the same return type.
-async fn connect(
-    uri: &http::Uri,
-) -> Result<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static, String> {
-    let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
-        return Err(format!("the endpoint `{uri}` has no host"));
-    };
-    if uri.scheme_str().is_some_and(|scheme| scheme != "http") {
-        return Err(format!("the endpoint `{uri}` is not plain http://"));
-    }
-    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority)).await {
-        Ok(Ok(stream)) => {
-            // Events are small and must not wait for an ACK.
-            let _ = stream.set_nodelay(true);
-            Ok(stream)
-        }
-        Ok(Err(error)) => Err(format!("cannot connect to {authority}: {error}")),
-        Err(_) => Err(format!(
-            "cannot connect to {authority} within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        )),
-    }
-}
-
 /// What one streamed attempt came to, before the call is committed.
 enum Attempted {
     /// 2xx with `text/event-stream`: the call is committed to this instance.
@@ -319,13 +289,14 @@ enum Attempted {
 
 /// One attempt: POSTs `body` to `instance` asking for events, until its answer's head.
 async fn attempt(
+    service: &RouterService,
     instance: &Instance,
     body: Bytes,
     traceparent: &[u8],
     authorization: &str,
     deadline: Instant,
 ) -> Attempted {
-    let io = match connect(&instance.uri).await {
+    let io = match service.forwarder().connect_for_stream(&instance.uri).await {
         Ok(io) => io,
         Err(why) => return Attempted::Other(AttemptResult::ConnectFailed(why)),
     };
@@ -493,7 +464,7 @@ pub async fn open(
         let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
         let attempted = match tokio::time::timeout_at(
             deadline.into(),
-            attempt(&instance, body, &traceparent, &authorization, deadline),
+            attempt(service, &instance, body, &traceparent, &authorization, deadline),
         )
         .await
         {

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_reach_edge::tls::ClientFiles;
 use agent_reach_proto::registry::registry_client::RegistryClient;
 use agent_reach_proto::registry::WatchRequest;
 use futures::FutureExt;
 use rand::Rng;
-use tonic::transport::Endpoint;
 
 use crate::metrics::Metrics;
 use crate::snapshot::{SnapshotBuilder, SnapshotHandle};
@@ -35,7 +35,13 @@ const SELF_SIGNED_TTL: Duration = Duration::from_secs(3600);
 pub const ROUTER_IDENTITY: &str = "router";
 
 /// Runs until the snapshot handle is dropped by everyone else (the service stopped).
-pub async fn run(registry: String, credential: RegistryCredential, handle: Arc<SnapshotHandle>, metrics: Metrics) {
+pub async fn run(
+    registry: String,
+    tls: ClientFiles,
+    credential: RegistryCredential,
+    handle: Arc<SnapshotHandle>,
+    metrics: Metrics,
+) {
     let mut builder = SnapshotBuilder::new(metrics.clone());
     let mut backoff = MIN_BACKOFF;
     loop {
@@ -43,7 +49,7 @@ pub async fn run(registry: String, credential: RegistryCredential, handle: Arc<S
             return;
         }
         metrics.watch_reconnects.inc();
-        match watch_once(&registry, &credential, &handle, &mut builder, &metrics).await {
+        match watch_once(&registry, &tls, &credential, &handle, &mut builder, &metrics).await {
             Ok(()) => tracing::warn!(message = "Registry watch ended; reconnecting.", registry = %registry),
             Err(error) => tracing::warn!(
                 message = "Registry watch failed; serving the last snapshot and reconnecting.",
@@ -64,12 +70,14 @@ pub async fn run(registry: String, credential: RegistryCredential, handle: Arc<S
 
 async fn watch_once(
     registry: &str,
+    tls: &ClientFiles,
     credential: &RegistryCredential,
     handle: &SnapshotHandle,
     builder: &mut SnapshotBuilder,
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
-    let channel = Endpoint::from_shared(registry.to_string())?
+    // TLS for an https:// registry (its files are reread at every reconnect).
+    let channel = agent_reach_edge::tls::grpc_endpoint(registry, tls)?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))

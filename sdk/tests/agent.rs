@@ -106,6 +106,7 @@ async fn stack() -> Stack {
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        listener_tls: None,
         service: agent_reach_registry::RegistryConfig {
             ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
@@ -591,6 +592,7 @@ async fn reregisters_by_itself_after_a_registry_restart() {
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        listener_tls: None,
         service: agent_reach_registry::RegistryConfig {
             ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,

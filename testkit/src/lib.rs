@@ -9,10 +9,13 @@
 //! receiver in-process, for tests of exported spans. With the `services`
 //! feature: [`eventually`] (poll a condition with a bound), [`hs256_token`],
 //! [`Isolated`] (a service on its own runtime, killable like a process) and
-//! [`RegistryProcess`] (the real registry run that way).
+//! [`RegistryProcess`] (the real registry run that way). With `pki`,
+//! [`pki::Pki`] writes a test CA and certificates signed by it.
 
 #[cfg(feature = "otlp")]
 pub mod otlp;
+#[cfg(feature = "pki")]
+pub mod pki;
 #[cfg(feature = "services")]
 mod services;
 

@@ -90,6 +90,7 @@ impl Harness {
             store,
             acl: acl_path.clone(),
             auth: AuthConfig::Hs256SecretFile(secret_path),
+            listener_tls: None,
             service: config,
         };
         let service = agent_reach_context::build(&settings).await.unwrap();

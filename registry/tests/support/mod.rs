@@ -58,6 +58,7 @@ impl TestRegistry {
             store,
             acl: acl_path.clone(),
             auth: AuthConfig::Hs256SecretFile(secret_path),
+            listener_tls: None,
             service: RegistryConfig {
                 tenant: "default".into(),
                 ttl: TtlBounds {

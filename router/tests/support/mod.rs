@@ -125,6 +125,18 @@ pub struct AgentSpec {
     pub output_schema: Option<Value>,
     /// The registration's `check_output` (none: left to the default, checked).
     pub check_output: Option<bool>,
+    /// Serve `https://` with this certificate (none: plain `http://`).
+    pub tls: Option<AgentTls>,
+    /// Trust this CA for an `https://` registry (none: the system's roots).
+    pub registry_ca: Option<PathBuf>,
+}
+
+/// An agent's TLS: its certificate, and the CA its clients' certificates
+/// must chain to (mutual TLS) when set.
+#[derive(Clone)]
+pub struct AgentTls {
+    pub cert: agent_reach_testkit::pki::CertFiles,
+    pub client_ca: Option<PathBuf>,
 }
 
 impl AgentSpec {
@@ -140,6 +152,8 @@ impl AgentSpec {
             tags: json!({}),
             output_schema: None,
             check_output: None,
+            tls: None,
+            registry_ca: None,
         }
     }
 }
@@ -324,9 +338,30 @@ impl Agent {
             let app = axum::Router::new()
                 .route("/invoke", axum::routing::post(handle))
                 .with_state(state);
-            tokio::spawn(async move { axum::serve(listener, app).await });
-            let lease = register(&registry, &spec, addr).await;
-            tokio::spawn(heartbeat(registry, spec.agent_id.clone(), lease, spec.ttl_s));
+            match &spec.tls {
+                None => {
+                    tokio::spawn(async move { axum::serve(listener, app).await });
+                }
+                Some(tls) => {
+                    // The services' own TLS front door, with no hot routes.
+                    let tls = agent_reach_edge::tls::ServerTls::load(agent_reach_edge::tls::ServerFiles {
+                        cert: tls.cert.cert.clone(),
+                        key: tls.cert.key.clone(),
+                        client_ca: tls.client_ca.clone(),
+                    })
+                    .expect("agent TLS");
+                    let door = agent_reach_edge::front::Door {
+                        hot: agent_reach_edge::front::NoHotRoutes,
+                        app,
+                        body_limit: 1 << 20,
+                        tls: Some(tls),
+                    };
+                    tokio::spawn(door.serve(listener, std::future::pending()));
+                }
+            }
+            let client = registry_client(spec.registry_ca.as_deref());
+            let lease = register(&client, &registry, &spec, addr).await;
+            tokio::spawn(heartbeat(client, registry, spec.agent_id.clone(), lease, spec.ttl_s));
             (addr, lease)
         });
         Self {
@@ -353,11 +388,21 @@ fn agent_name(agent_id: &str) -> String {
     agent_id.split('-').next().unwrap_or(agent_id).to_string()
 }
 
-async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
+/// A client for the registry, trusting `ca` (PEM) when given.
+pub fn registry_client(ca: Option<&Path>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder();
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).expect("read CA");
+        builder = builder.add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("CA PEM"));
+    }
+    builder.build().expect("client")
+}
+
+async fn register(client: &reqwest::Client, registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
     let mut body = json!({
         "agent_id": spec.agent_id,
         "name": agent_name(&spec.agent_id),
-        "endpoint": format!("http://{addr}/invoke"),
+        "endpoint": format!("{}://{addr}/invoke", if spec.tls.is_some() { "https" } else { "http" }),
         "weight": spec.weight,
         "ttl_s": spec.ttl_s,
         "status": spec.status,
@@ -375,7 +420,7 @@ async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
     if let Some(check) = spec.check_output {
         body["capabilities"][0]["check_output"] = json!(check);
     }
-    let response = reqwest::Client::new()
+    let response = client
         .post(format!("{registry}/v1/agents"))
         .bearer_auth(token(&agent_name(&spec.agent_id)))
         .json(&body)
@@ -388,8 +433,7 @@ async fn register(registry: &str, spec: &AgentSpec, addr: SocketAddr) -> i64 {
     answer["lease_id"].as_i64().expect("lease_id")
 }
 
-async fn heartbeat(registry: String, agent_id: String, lease: i64, ttl_s: u32) {
-    let client = reqwest::Client::new();
+async fn heartbeat(client: reqwest::Client, registry: String, agent_id: String, lease: i64, ttl_s: u32) {
     let every = Duration::from_millis(u64::from(ttl_s) * 1000 / 3);
     loop {
         tokio::time::sleep(every).await;
@@ -487,6 +531,27 @@ impl Cluster {
 
     pub fn agent(&self, spec: AgentSpec) -> Agent {
         Agent::start(&self.registry.url(), spec)
+    }
+
+    /// Another router on this cluster's registry, ACL and secret, with
+    /// `tune` applied to its settings; answers it and its address.
+    pub async fn another_router(&self, tune: impl FnOnce(&mut agent_reach_router::Settings)) -> (Router, SocketAddr) {
+        let mut settings = agent_reach_router::Settings::new(
+            "127.0.0.1:0".parse().expect("addr"),
+            self.registry.url(),
+            AuthConfig::Hs256SecretFile(self.secret_path.clone()),
+            self.acl_path.clone(),
+        );
+        tune(&mut settings);
+        let router = agent_reach_router::build(&settings).await.expect("router build");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("router bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(agent_reach_router::serve(
+            listener,
+            router.clone(),
+            std::future::pending(),
+        ));
+        (router, addr)
     }
 
     /// Waits until the router's snapshot holds exactly `ids`.

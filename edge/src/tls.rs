@@ -1,0 +1,327 @@
+//! TLS for every link (rustls with ring; verification always on).
+//!
+//! Servers: [`ServerTls`] loads a certificate chain and key from PEM files
+//! (and, for mutual TLS, a CA whose client certificates it requires), offers
+//! `h2` and `http/1.1` by ALPN, and reloads the files when their contents
+//! change ([`ServerTls::watch`]), as Kubernetes rotates a mounted Secret: new
+//! connections get the new certificate, open ones keep theirs. A file that
+//! stops parsing is logged and the last good configuration kept, so a
+//! half-written rotation never takes a listener down.
+//!
+//! Clients: [`client_config`] trusts the system's roots, or only the PEM CA
+//! file given (e.g. `--agent-ca-file`), and may present a client certificate.
+//! There is no switch to skip verification: a self-signed agent is reached
+//! by putting its certificate (or its CA) in the CA file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+/// How often [`ServerTls::watch`] rereads the files (Kubernetes updates a
+/// mounted Secret within about a minute; a reread of two small files is cheap).
+pub const RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+/// A TLS problem a person can act on: which file, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
+/// The files a TLS listener is made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, every client must present a certificate this CA signed (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// A listener's TLS configuration, shared by every worker thread and swapped
+/// whole when its files change.
+#[derive(Clone)]
+pub struct ServerTls {
+    files: ServerFiles,
+    current: Arc<ArcSwap<ServerConfig>>,
+    /// The contents last loaded (to tell a change from a reread).
+    loaded: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Loads the files now: a service refuses to start on a listener it cannot serve.
+    pub fn load(files: ServerFiles) -> Result<Self, TlsError> {
+        let contents = read_all(&files)?;
+        let config = server_config(&files, &contents)?;
+        Ok(Self {
+            files,
+            current: Arc::new(ArcSwap::from_pointee(config)),
+            loaded: Arc::new(std::sync::Mutex::new(contents.concat())),
+        })
+    }
+
+    /// The acceptor for the next connection.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.current.load_full())
+    }
+
+    pub fn files(&self) -> &ServerFiles {
+        &self.files
+    }
+
+    /// Rereads the files; swaps the configuration when they changed and parse.
+    /// `Ok(true)`: reloaded; `Ok(false)`: unchanged; `Err`: changed but
+    /// unusable (the previous configuration stays).
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let contents = read_all(&self.files)?;
+        let joined = contents.concat();
+        let mut loaded = self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *loaded == joined {
+            return Ok(false);
+        }
+        let config = server_config(&self.files, &contents)?;
+        self.current.store(Arc::new(config));
+        *loaded = joined;
+        Ok(true)
+    }
+
+    /// Rereads the files every `every` until the task is dropped, logging each
+    /// reload and each unusable change (see the module notes).
+    pub async fn watch(self, every: Duration) {
+        let mut failing = false;
+        loop {
+            tokio::time::sleep(every).await;
+            match self.reload() {
+                Ok(true) => {
+                    failing = false;
+                    tracing::info!(message = "TLS certificate reloaded.", cert = %self.files.cert.display());
+                }
+                Ok(false) => failing = false,
+                Err(error) => {
+                    if !failing {
+                        tracing::error!(
+                            message = "TLS files changed but cannot be used; serving the previous certificate.",
+                            cert = %self.files.cert.display(),
+                            %error
+                        );
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+fn read_all(files: &ServerFiles) -> Result<Vec<Vec<u8>>, TlsError> {
+    let mut paths = vec![&files.cert, &files.key];
+    paths.extend(files.client_ca.as_ref());
+    paths.into_iter().map(|path| read(path)).collect()
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|error| TlsError(format!("cannot read `{}`: {error}", path.display())))
+}
+
+fn server_config(files: &ServerFiles, contents: &[Vec<u8>]) -> Result<ServerConfig, TlsError> {
+    let chain = certificates(&files.cert, &contents[0])?;
+    let key = private_key(&files.key, &contents[1])?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsError(format!("TLS protocol versions: {error}")))?;
+    let builder = match (&files.client_ca, contents.get(2)) {
+        (Some(path), Some(pem)) => {
+            let roots = Arc::new(roots_from(path, pem)?);
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+                .build()
+                .map_err(|error| TlsError(format!("client CA `{}`: {error}", path.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(chain, key).map_err(|error| {
+        TlsError(format!(
+            "`{}` and `{}` do not make a usable certificate: {error}",
+            files.cert.display(),
+            files.key.display()
+        ))
+    })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The files a TLS client is made from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientFiles {
+    /// Trust only these CAs (PEM, one or more); `None`: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// A client certificate chain and its key, for servers that require mTLS.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// A client configuration for `files` offering `alpn` (e.g. `http/1.1`).
+pub fn client_config(files: &ClientFiles, alpn: &[&[u8]]) -> Result<ClientConfig, TlsError> {
+    let roots = match &files.ca {
+        Some(path) => roots_from(path, &read(path)?)?,
+        None => system_roots()?,
+    };
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsError(format!("TLS protocol versions: {error}")))?
+        .with_root_certificates(roots);
+    let mut config = match &files.identity {
+        Some((cert, key)) => {
+            let chain = certificates(cert, &read(cert)?)?;
+            let private = private_key(key, &read(key)?)?;
+            builder.with_client_auth_cert(chain, private).map_err(|error| {
+                TlsError(format!(
+                    "`{}` and `{}` do not make a usable client certificate: {error}",
+                    cert.display(),
+                    key.display()
+                ))
+            })?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
+    Ok(config)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| TlsError(format!("`{}` is not a PEM certificate file: {error}", path.display())))?;
+    if chain.is_empty() {
+        return Err(TlsError(format!("`{}` holds no PEM certificate", path.display())));
+    }
+    Ok(chain)
+}
+
+fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|error| {
+        TlsError(format!(
+            "`{}` holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {error}",
+            path.display()
+        ))
+    })
+}
+
+fn roots_from(path: &Path, pem: &[u8]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for certificate in certificates(path, pem)? {
+        roots.add(certificate).map_err(|error| {
+            TlsError(format!(
+                "`{}` holds an unusable CA certificate: {error}",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(roots)
+}
+
+fn system_roots() -> Result<RootCertStore, TlsError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        return Err(TlsError(format!(
+            "no system CA certificates found ({} error(s) reading them); give a CA file",
+            found.errors.len()
+        )));
+    }
+    Ok(roots)
+}
+
+/// A service listener's TLS flags (every service takes the same three).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ListenerArgs {
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key-file. Reread every
+    /// 10 s: a rotated certificate is served to new connections without a restart.
+    #[arg(long, env = "AGENT_REACH_TLS_CERT_FILE", value_name = "PATH")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "AGENT_REACH_TLS_KEY_FILE", value_name = "PATH")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Require every client to present a certificate signed by this CA (mutual TLS).
+    #[arg(long, env = "AGENT_REACH_TLS_CLIENT_CA_FILE", value_name = "PATH")]
+    pub tls_client_ca_file: Option<PathBuf>,
+}
+
+impl ListenerArgs {
+    /// The listener's files, `None` for plain TCP; a half-given pair is a problem.
+    pub fn files(&self, problems: &mut Vec<String>) -> Option<ServerFiles> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(ServerFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca_file.clone(),
+            }),
+            (None, None) => {
+                if self.tls_client_ca_file.is_some() {
+                    problems.push("--tls-client-ca-file needs --tls-cert-file and --tls-key-file".to_string());
+                }
+                None
+            }
+            _ => {
+                problems.push("--tls-cert-file and --tls-key-file go together".to_string());
+                None
+            }
+        }
+    }
+}
+
+/// Loads a listener's TLS (a service's start-up check) and starts its reload
+/// watcher on the current runtime; `None` for plain TCP.
+pub fn listener(files: Option<&ServerFiles>) -> Result<Option<ServerTls>, TlsError> {
+    let Some(files) = files else {
+        return Ok(None);
+    };
+    let tls = ServerTls::load(files.clone())?;
+    tokio::spawn(tls.clone().watch(RELOAD_EVERY));
+    Ok(Some(tls))
+}
+
+/// gRPC's TLS for `files` (tonic's own rustls configuration, same roots and identity).
+pub fn grpc_client(files: &ClientFiles) -> Result<tonic::transport::ClientTlsConfig, TlsError> {
+    let mut config = tonic::transport::ClientTlsConfig::new();
+    config = match &files.ca {
+        Some(path) => {
+            let pem = read(path)?;
+            certificates(path, &pem)?;
+            config.ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        }
+        None => config.with_native_roots(),
+    };
+    if let Some((cert, key)) = &files.identity {
+        let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+        certificates(cert, &cert_pem)?;
+        private_key(key, &key_pem)?;
+        config = config.identity(tonic::transport::Identity::from_pem(cert_pem, key_pem));
+    }
+    Ok(config)
+}
+
+/// The gRPC endpoint for `url`: TLS by `files` when it is `https://`.
+pub fn grpc_endpoint(url: &str, files: &ClientFiles) -> Result<tonic::transport::Endpoint, TlsError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|error| TlsError(format!("`{url}` is not a usable URL: {error}")))?;
+    if url.starts_with("https://") {
+        return endpoint
+            .tls_config(grpc_client(files)?)
+            .map_err(|error| TlsError(format!("TLS for `{url}`: {error}")));
+    }
+    Ok(endpoint)
+}
