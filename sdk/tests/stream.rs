@@ -163,6 +163,7 @@ async fn stack() -> Stack {
         store: agent_reach_registry::StoreChoice::Etcd(vec![etcd.endpoint()]),
         acl: acl.clone(),
         auth: AuthConfig::Hs256SecretFile(secret.clone()),
+        listener_tls: None,
         service: agent_reach_registry::RegistryConfig {
             ttl: agent_reach_registry::TtlBounds {
                 min_s: 1,
