@@ -303,8 +303,10 @@ async fn traffic(stack: Arc<Stack>, stop: Arc<AtomicBool>) {
             .post(format!("{}/v1/invoke", stack.router))
             .bearer_auth(&user)
             .header("accept", "text/event-stream")
-            .json(&json!({"capability": "intent.parse", "context_id": context_id, "timeout_ms": 10_000,
-                "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}))
+            .json(
+                &json!({"capability": "intent.parse", "context_id": context_id, "timeout_ms": 10_000,
+                "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}),
+            )
             .send()
             .await
             .unwrap()

@@ -3,7 +3,8 @@
 //! agent still holds its answer open (ordering, not timing, proves it: the
 //! second event exists only after the test releases the agent), the result
 //! or error ends the stream, a caller that goes away cancels the agent's
-//! request, and the deadline bounds the whole stream.
+//! request, the deadline bounds the whole stream, and https:// agents stream
+//! over verified TLS.
 
 mod support;
 
@@ -302,4 +303,45 @@ async fn failures_before_the_first_event_are_ordinary_envelopes_and_json_answers
     }
     assert!(unavailable.hits() >= 1, "the unavailable instance was tried");
     assert_eq!(echo.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_agents_stream_over_verified_tls() {
+    let pki = agent_reach_testkit::pki::Pki::new("stream-agents");
+    let cluster = Cluster::start().await;
+    let mut spec = AgentSpec::new("st-1", 1, Behaviour::StreamHeld);
+    spec.tls = Some(AgentTls {
+        cert: pki.server("st-1"),
+        client_ca: None,
+    });
+    let agent = cluster.agent(spec);
+    let (router, addr) = cluster
+        .another_router(|settings| settings.agent_tls.ca = Some(pki.ca_file.clone()))
+        .await;
+    let routed = eventually(Duration::from_secs(20), || {
+        let router = router.clone();
+        async move { router.routed_agent_ids().iter().any(|id| id == "st-1") }
+    })
+    .await;
+    assert!(routed, "st-1 never reached the router's snapshot");
+    let response = cluster
+        .client
+        .post(format!("http://{addr}/v1/invoke"))
+        .bearer_auth(token(CALLER))
+        .header("accept", "text/event-stream")
+        .json(&order("SO-TLS"))
+        .send()
+        .await
+        .expect("streamed invoke");
+    assert_eq!(response.status(), 200);
+    let mut events = Events {
+        response,
+        buffer: String::new(),
+    };
+    assert_eq!(events.next().await.expect("first event").json(), json!({ "n": 1 }));
+    agent.release.notify_one();
+    assert_eq!(events.next().await.expect("second event").json(), json!({ "n": 2 }));
+    let result = events.next().await.expect("result");
+    assert_eq!(result.name, "result", "{result:?}");
+    assert_eq!(result.json()["agent_id"], "st-1");
 }
