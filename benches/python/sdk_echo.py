@@ -7,12 +7,12 @@ from typing import Any
 
 from agent_reach import Agent
 
-# The router does not sign hop assertions yet (issue 20): nothing to verify.
+# Verification on, as in production: every call's router assertion is checked
+# against the router's JWKS (AGENT_REACH_ROUTER); the bare app checks nothing.
 agent = Agent(
     "py_agent",
     agent_id="bench_sdk-1",
     max_concurrency=256,
-    insecure_accept_unverified=True,
 )
 
 

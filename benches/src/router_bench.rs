@@ -23,6 +23,12 @@
 //! disabled router's req/s.
 //! `ROUTER_BENCH_SAMPLING=1.0` (any ratio) replaces the 10 %, to see what one
 //! sampled request costs.
+//!
+//! `--tls` (issue 20) puts the agents behind TLS (certificates from a CA made
+//! for the run): the router verifies them against that CA
+//! (`--agent-ca-file`), HAProxy reaches the same agents with `ssl verify
+//! required` and the same CA, and the router still signs an assertion per
+//! call. Same verdicts.
 
 /// mimalloc, as in the `agent-reach` binary: under load glibc malloc (with its arena
 /// locks) took 15-20 % of the router's and context service's CPU.
@@ -70,6 +76,9 @@ struct Args {
     /// Also measure routers with tracing disabled and with OTLP export at 10 % sampling.
     #[arg(long)]
     tracing: bool,
+    /// Agents behind TLS, verified by the router and by HAProxy alike.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// Set on router children that log (and trace, when `OTEL_*` ask) like `agent-reach router`.
@@ -148,11 +157,29 @@ async fn agent_handler(body: axum::body::Bytes) -> impl axum::response::IntoResp
     )
 }
 
-async fn start_agent() -> anyhow::Result<SocketAddr> {
+async fn start_agent(tls: Option<&agent_reach_testkit::pki::CertFiles>) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let app = axum::Router::new().route("/invoke", axum::routing::post(agent_handler));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    match tls {
+        None => {
+            tokio::spawn(async move { axum::serve(listener, app).await });
+        }
+        Some(cert) => {
+            let tls = agent_reach_edge::tls::ServerTls::load(agent_reach_edge::tls::ServerFiles {
+                cert: cert.cert.clone(),
+                key: cert.key.clone(),
+                client_ca: None,
+            })?;
+            let door = agent_reach_edge::front::Door {
+                hot: agent_reach_edge::front::NoHotRoutes,
+                app,
+                body_limit: 0,
+                tls: Some(tls),
+            };
+            tokio::spawn(door.serve(listener, std::future::pending()));
+        }
+    }
     Ok(addr)
 }
 
@@ -160,13 +187,13 @@ async fn register(
     client: &reqwest::Client,
     registry: &str,
     id: &str,
-    addr: SocketAddr,
+    endpoint: String,
     weight: u32,
 ) -> anyhow::Result<i64> {
     let token = agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
         .map_err(anyhow::Error::msg)?;
     let body = json!({
-        "agent_id": id, "name": "bench_agent", "endpoint": format!("http://{addr}/invoke"),
+        "agent_id": id, "name": "bench_agent", "endpoint": endpoint,
         "weight": weight, "ttl_s": 30, "status": "ready",
         "capabilities": [{
             "name": CAPABILITY, "version": "1.0.0",
@@ -295,10 +322,15 @@ fn start_haproxy(
     listen: SocketAddr,
     agents: &[(SocketAddr, u32)],
     threads: usize,
+    ca: Option<&Path>,
 ) -> anyhow::Result<ChildGuard> {
+    // With TLS, HAProxy verifies the agents as the router does: the chain and the name.
+    let ssl = ca.map_or(String::new(), |ca| {
+        format!(" ssl verify required ca-file {} verifyhost localhost", ca.display())
+    });
     let mut servers = String::new();
     for (index, (addr, weight)) in agents.iter().enumerate() {
-        servers.push_str(&format!("    server a{index} {addr} weight {weight}\n"));
+        servers.push_str(&format!("    server a{index} {addr} weight {weight}{ssl}\n"));
     }
     let config = format!(
         "global\n    maxconn 4000\n    nbthread {threads}\n\ndefaults\n    mode http\n    option http-keep-alive\n    \
@@ -408,12 +440,20 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     })
     .await?;
 
+    let pki = args.tls.then(|| agent_reach_testkit::pki::Pki::new("router-bench"));
+    let agent_cert = pki.as_ref().map(|pki| pki.server("bench_agent"));
+    let scheme = if args.tls { "https" } else { "http" };
     let mut agents = Vec::new();
     for (index, weight) in [3u32, 2, 1].into_iter().enumerate() {
-        let addr = start_agent().await?;
-        register(&client, &registry, &format!("bench_agent-{index}"), addr, weight).await?;
+        let addr = start_agent(agent_cert.as_ref()).await?;
+        let endpoint = format!("{scheme}://{addr}/invoke");
+        register(&client, &registry, &format!("bench_agent-{index}"), endpoint, weight).await?;
         agents.push((addr, weight));
     }
+    let agent_ca: Vec<String> = match &pki {
+        Some(pki) => vec!["--agent-ca-file".into(), path_text(&pki.ca_file)],
+        None => Vec::new(),
+    };
 
     let router_addr = free_addr();
     let _router = spawn_self(
@@ -431,7 +471,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             path_text(&assertion_key),
             "--threads".into(),
             args.router_threads.to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(agent_ca.iter().cloned())
+        .collect::<Vec<_>>(),
     )?;
     let token = agent_reach_access::token::issue_hs256(CALLER, SECRET.as_bytes(), Duration::from_secs(86_400))
         .map_err(anyhow::Error::msg)?;
@@ -456,7 +499,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         threads => threads,
     };
-    let _haproxy = start_haproxy(dir.path(), haproxy_addr, &agents, proxy_threads)?;
+    let _haproxy = start_haproxy(
+        dir.path(),
+        haproxy_addr,
+        &agents,
+        proxy_threads,
+        pki.as_ref().map(|pki| pki.ca_file.as_path()),
+    )?;
     let haproxy_url = format!("http://{haproxy_addr}/invoke");
     wait_for("haproxy", Duration::from_secs(10), async || {
         client
@@ -501,7 +550,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                     path_text(&assertion_key),
                     "--threads".into(),
                     args.router_threads.to_string(),
-                ],
+                ]
+                .into_iter()
+                .chain(agent_ca.iter().cloned())
+                .collect::<Vec<_>>(),
                 &env,
             )?;
             let url = format!("http://{addr}/v1/invoke");
@@ -529,7 +581,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         ),
     )?;
     let mut targets = vec![
-        ("direct agent", format!("http://{}/invoke", agents[0].0), None),
+        ("direct agent", format!("{scheme}://{}/invoke", agents[0].0), None),
         ("router", router_url.clone(), Some(_router.0.id())),
         ("haproxy", haproxy_url.clone(), Some(_haproxy.0.id())),
     ];
@@ -542,7 +594,12 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         args.duration_s,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
-    println!("router: authentication (HS256), ACL and schema validation on\n");
+    println!("router: authentication (HS256), ACL and schema validation on, an assertion signed per call");
+    if args.tls {
+        println!("agents behind TLS: the router and HAProxy both verify them (chain and name) against the run's CA\n");
+    } else {
+        println!("agents over plain HTTP\n");
+    }
     println!(
         "{:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>14} {:>12}  errors",
         "target", "conns", "round", "req/s", "p50", "p99", "proxy CPU/req", "agents CPU/req"

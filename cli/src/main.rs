@@ -16,11 +16,13 @@ use clap::{Parser, Subcommand};
 
 #[macro_use]
 mod out;
+mod canary;
 mod demo;
 mod dev;
 #[cfg(test)]
 mod manifests;
 mod ops;
+mod tasks;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]
@@ -68,6 +70,13 @@ enum Command {
     Invoke {
         #[command(flatten)]
         args: ops::InvokeArgs,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// The slow path's dead letters, against a running router (operators).
+    Tasks {
+        #[command(subcommand)]
+        command: tasks::TasksCommand,
         #[command(flatten)]
         connection: ops::Connection,
     },
@@ -216,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Agents { command, connection } => ops::agents(&connection, command).await,
         Command::Capabilities { command, connection } => ops::capabilities(&connection, command).await,
         Command::Invoke { args, connection } => ops::invoke(&connection, args).await,
+        Command::Tasks { command, connection } => tasks::tasks(&connection, command).await,
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },

@@ -40,6 +40,13 @@ pub enum AgentsCommand {
     Ls,
     /// Show one instance.
     Show { agent_id: String },
+    /// Change a live instance's weight without re-registering it (operators;
+    /// the agent's next registration sets its own weight again).
+    Weight {
+        agent_id: String,
+        /// The new weight, 1..=1000.
+        weight: u32,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -52,6 +59,17 @@ pub enum CapabilitiesCommand {
         /// Semver requirement, e.g. ^1.2.
         #[arg(long)]
         version: Option<String>,
+    },
+    /// Split unpinned calls between versions (operators): `split NAME
+    /// 2.0.0=5 1.4.2=95`; `--clear` removes the split; neither shows it.
+    Split {
+        name: String,
+        /// VERSION=WEIGHT pairs (relative integer weights, 0..=10000).
+        #[arg(conflicts_with = "clear")]
+        shares: Vec<String>,
+        /// Remove the split: unpinned calls go to the highest routable version again.
+        #[arg(long)]
+        clear: bool,
     },
 }
 
@@ -95,13 +113,13 @@ pub struct HealthcheckArgs {
 }
 
 impl Connection {
-    fn token(&self) -> anyhow::Result<&str> {
+    pub(crate) fn token(&self) -> anyhow::Result<&str> {
         self.token
             .as_deref()
             .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")
     }
 
-    async fn get(&self, url: String) -> anyhow::Result<Value> {
+    pub(crate) async fn get(&self, url: String) -> anyhow::Result<Value> {
         let response = reqwest::Client::new()
             .get(&url)
             .bearer_auth(self.token()?)
@@ -120,12 +138,12 @@ impl Connection {
     }
 }
 
-fn print_json(value: &Value) -> anyhow::Result<()> {
+pub(crate) fn print_json(value: &Value) -> anyhow::Result<()> {
     outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
-fn text(value: &Value) -> String {
+pub(crate) fn text(value: &Value) -> String {
     match value {
         Value::String(text) => text.clone(),
         Value::Null => "-".to_string(),
@@ -173,6 +191,7 @@ pub async fn agents(connection: &Connection, command: AgentsCommand) -> anyhow::
                 .await?;
             print_json(&agent)
         }
+        AgentsCommand::Weight { agent_id, weight } => crate::canary::weight(connection, &agent_id, weight).await,
     }
 }
 
@@ -230,6 +249,9 @@ pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand)
                 );
             }
             Ok(())
+        }
+        CapabilitiesCommand::Split { name, shares, clear } => {
+            crate::canary::split(connection, &name, &shares, clear).await
         }
     }
 }

@@ -37,6 +37,11 @@ impl Drop for Dev {
 }
 
 fn dev() -> Dev {
+    dev_with(&[])
+}
+
+/// `agent-reach dev` with extra flags (e.g. `--acl PATH`).
+fn dev_with(extra: &[&str]) -> Dev {
     let mut child = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
         .args([
             "dev",
@@ -46,6 +51,7 @@ fn dev() -> Dev {
             "127.0.0.1:0",
         ])
         .args(["--context-listen", "127.0.0.1:0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -373,4 +379,79 @@ fn create_context(context: &str, token: &str) -> Value {
             .await
             .unwrap()
     })
+}
+
+// Issue 21, point 2: the canary verbs, against a dev stack whose policy names `ops` an operator.
+#[test]
+fn split_and_weight_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.yaml");
+    let policy = std::fs::read_to_string(POLICY).unwrap();
+    std::fs::write(&acl, format!("{policy}\noperators: [ops]\n")).unwrap();
+    let dev = dev_with(&["--acl", acl.to_str().unwrap()]);
+    wait_for_agents(&dev);
+    let issued = run(None, &["token", "issue", "--name", "ops", "--secret-file", &dev.secret]);
+    assert!(issued.status.success());
+    let ops = stdout(&issued).trim().to_string();
+    let as_ops = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--token", ops.as_str()]);
+        run(Some(&dev), &all)
+    };
+
+    // No split yet; a caller who is not an operator is refused with the registry's code.
+    let none = run(Some(&dev), &["capabilities", "split", "order.query"]);
+    assert!(none.status.success(), "{}", String::from_utf8_lossy(&none.stderr));
+    assert!(stdout(&none).contains("no split"), "{}", stdout(&none));
+    let refused = run(
+        Some(&dev),
+        &["capabilities", "split", "order.query", "1.2.0=9", "2.0.0=1"],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("FORBIDDEN"));
+
+    let set = as_ops(&["capabilities", "split", "order.query", "2.0.0=5", "1.2.0=95"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let table = stdout(&set);
+    assert!(
+        table.contains("2.0.0") && table.contains("5.0%") && table.contains("95.0%"),
+        "{table}"
+    );
+    let shown = json(&run(Some(&dev), &["capabilities", "split", "order.query", "--json"]));
+    assert_eq!(shown["weights"], serde_json::json!({ "1.2.0": 95, "2.0.0": 5 }));
+    assert_eq!(shown["updated_by"], "ops");
+
+    // Bad pairs: a usage problem caught here, or the registry's code.
+    let no_equals = as_ops(&["capabilities", "split", "order.query", "2.0.0"]);
+    assert_eq!(no_equals.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&no_equals.stderr).contains("VERSION=WEIGHT"));
+    let bad_version = as_ops(&["capabilities", "split", "order.query", "2.0=5"]);
+    assert_eq!(bad_version.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad_version.stderr).contains("INVALID_VERSION"));
+    let negative = as_ops(&["capabilities", "split", "order.query", "2.0.0=-5"]);
+    assert_eq!(negative.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&negative.stderr).contains("INVALID_SPLIT"));
+    let both = as_ops(&["capabilities", "split", "order.query", "2.0.0=5", "--clear"]);
+    assert_eq!(both.status.code(), Some(2), "a usage error");
+
+    let cleared = as_ops(&["capabilities", "split", "order.query", "--clear"]);
+    assert!(cleared.status.success(), "{}", String::from_utf8_lossy(&cleared.stderr));
+    assert!(stdout(&cleared).contains("cleared"));
+    let none = json(&run(Some(&dev), &["capabilities", "split", "order.query", "--json"]));
+    assert_eq!(none["split"], serde_json::Value::Null);
+
+    // A live weight: changed in place, visible at once.
+    let weighed = as_ops(&["agents", "weight", "order_query-3", "7"]);
+    assert!(weighed.status.success(), "{}", String::from_utf8_lossy(&weighed.stderr));
+    assert!(stdout(&weighed).contains("weight 7"), "{}", stdout(&weighed));
+    assert_eq!(
+        json(&run(Some(&dev), &["agents", "show", "order_query-3"]))["weight"],
+        7
+    );
+    let too_heavy = as_ops(&["agents", "weight", "order_query-3", "5000"]);
+    assert_eq!(too_heavy.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&too_heavy.stderr).contains("INVALID_WEIGHT"));
+    let not_operator = run(Some(&dev), &["agents", "weight", "order_query-3", "2"]);
+    assert_eq!(not_operator.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&not_operator.stderr).contains("FORBIDDEN"));
 }

@@ -125,6 +125,7 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
             deadline,
             attempt: 2,
             payload: request.payload.clone(),
+            task_id: None,
         };
         let expected = serde_json::to_vec(&contract).expect("a forwarded envelope serialises");
         assert_eq!(

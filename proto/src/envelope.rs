@@ -138,6 +138,10 @@ pub struct ForwardedEnvelope {
     /// 1 for the first try, 2 for the first retry, ...
     pub attempt: u32,
     pub payload: Value,
+    /// Set on a task's delivery (DESIGN §8): the agent may answer `202` and
+    /// report the outcome later with `POST /v1/tasks/{task_id}/result`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
 }
 
 /// An agent's `200` answer.

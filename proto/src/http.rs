@@ -115,6 +115,9 @@ pub struct AgentInstance {
     pub lease_id: i64,
     pub ttl_s: u32,
     pub registered_at_ms: u64,
+    /// Requests in flight the agent last reported, as stored (DESIGN §2.3; 0 when none).
+    #[serde(default)]
+    pub inflight: u32,
 }
 
 /// `GET /v1/agents`.
@@ -161,4 +164,38 @@ pub struct ResolvedInstance {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
     pub capability: CapabilitySpec,
+}
+
+// === Operator API: traffic splits and live weights (DESIGN §2.9) ===
+
+/// `PUT /v1/capabilities/{name}/split`: version → relative weight. Values are
+/// taken as any JSON so the registry can name a bad weight precisely
+/// (`INVALID_SPLIT`, field `weights.{version}`) instead of a generic type error.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SplitRequest {
+    pub weights: BTreeMap<String, serde_json::Value>,
+}
+
+/// A capability's split as the registry stores and reports it
+/// (`GET`/`PUT /v1/capabilities/{name}/split`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CapabilitySplit {
+    pub capability: String,
+    /// Version → weight; at least one above 0.
+    pub weights: BTreeMap<String, u32>,
+    pub updated_at_ms: u64,
+    /// The operator who set it (absent without authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+    /// The store revision of the write (`PUT` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
+/// `PUT /v1/agents/{agent_id}/weight`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WeightRequest {
+    pub weight: u32,
 }

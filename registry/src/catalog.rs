@@ -6,7 +6,7 @@
 //! Each registry process has its own catalog rebuilt from the store, which is
 //! what keeps registries stateless.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Instance, Keys, Status};
+use crate::model::{Capability, Instance, Keys, Split, Status};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -29,6 +29,8 @@ struct State {
     instances: HashMap<String, Entry>,
     /// capability name → agent ids offering it (any version).
     by_capability: HashMap<String, BTreeSet<String>>,
+    /// capability name → its traffic split (DESIGN §2.9), ordered for listings.
+    splits: BTreeMap<String, Arc<Split>>,
 }
 
 impl State {
@@ -104,6 +106,17 @@ pub fn decode(kv: &KeyValue) -> Option<Instance> {
         Ok(instance) => Some(instance),
         Err(error) => {
             tracing::warn!(message = "Skipping undecodable registry record.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// Decodes a stored split; undecodable values are skipped with a warning.
+pub fn decode_split(kv: &KeyValue) -> Option<Split> {
+    match serde_json::from_slice::<Split>(&kv.value) {
+        Ok(split) => Some(split),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable traffic split.", key = %kv.key, %error);
             None
         }
     }
@@ -239,14 +252,26 @@ impl Catalog {
             .is_ok_and(|seen| seen.is_ok())
     }
 
-    fn load(&self, kvs: Vec<KeyValue>, revision: Revision) {
-        let mut state = self.write();
-        let stale: Vec<String> = state.instances.keys().cloned().collect();
-        for agent_id in stale {
-            state.remove(&agent_id, &self.metrics);
-        }
-        for kv in kvs {
-            if let Some(instance) = decode(&kv) {
+    /// A capability's traffic split, if an operator set one.
+    pub fn split(&self, capability: &str) -> Option<Arc<Split>> {
+        self.read().splits.get(capability).cloned()
+    }
+
+    /// Every instance (ordered by agent id) and every split, at one revision:
+    /// what a `Watch` snapshot carries.
+    pub fn snapshot(&self) -> (Vec<Arc<Instance>>, Vec<Arc<Split>>, Revision) {
+        let state = self.read();
+        let mut instances: Vec<_> = state.instances.values().map(|entry| entry.instance.clone()).collect();
+        instances.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        let splits = state.splits.values().cloned().collect();
+        (instances, splits, state.revision)
+    }
+
+    /// Applies one stored value: an instance or a split, by its key; keys of
+    /// anything else under the tenant are not the catalog's.
+    fn put(&self, state: &mut State, kv: &KeyValue) {
+        if self.keys.agent_id_of(&kv.key).is_some() {
+            if let Some(instance) = decode(kv) {
                 state.upsert(
                     Entry {
                         instance: Arc::new(instance),
@@ -255,6 +280,22 @@ impl Catalog {
                     &self.metrics,
                 );
             }
+        } else if let Some(capability) = self.keys.capability_of_split(&kv.key) {
+            if let Some(split) = decode_split(kv) {
+                state.splits.insert(capability.to_string(), Arc::new(split));
+            }
+        }
+    }
+
+    fn load(&self, kvs: Vec<KeyValue>, revision: Revision) {
+        let mut state = self.write();
+        let stale: Vec<String> = state.instances.keys().cloned().collect();
+        for agent_id in stale {
+            state.remove(&agent_id, &self.metrics);
+        }
+        state.splits.clear();
+        for kv in kvs {
+            self.put(&mut state, &kv);
         }
         state.revision = revision;
         drop(state);
@@ -266,18 +307,12 @@ impl Catalog {
         let mut state = self.write();
         for event in events {
             match event {
-                Event::Put(kv) => {
-                    if let Some(instance) = decode(&kv) {
-                        state.upsert(
-                            Entry {
-                                instance: Arc::new(instance),
-                                mod_revision: kv.mod_revision,
-                            },
-                            &self.metrics,
-                        );
-                    }
-                }
+                Event::Put(kv) => self.put(&mut state, &kv),
                 Event::Delete { key, .. } => {
+                    if let Some(capability) = self.keys.capability_of_split(&key) {
+                        state.splits.remove(capability);
+                        continue;
+                    }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {
                         continue;
                     };
@@ -311,7 +346,8 @@ impl Catalog {
             let mut need_listing = true;
             loop {
                 let Some(this) = catalog.upgrade() else { return };
-                let prefix = this.keys.agents_prefix().to_string();
+                // Agents and splits: one watch, so both share one revision order.
+                let prefix = this.keys.tenant_prefix().to_string();
                 if need_listing {
                     match store.list(&prefix).await {
                         Ok((kvs, revision)) => {

@@ -30,12 +30,14 @@ pub enum Code {
     InvalidSchema,
     InvalidTimeout,
     DuplicateCapability,
+    InvalidSplit,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
     AgentNotFound,
     CapabilityNotFound,
     VersionNotFound,
+    SplitNotFound,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -71,12 +73,14 @@ impl ErrorCode for Code {
             Code::InvalidSchema => "INVALID_SCHEMA",
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
+            Code::InvalidSplit => "INVALID_SPLIT",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
             Code::AgentNotFound => "AGENT_NOT_FOUND",
             Code::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
             Code::VersionNotFound => "VERSION_NOT_FOUND",
+            Code::SplitNotFound => "SPLIT_NOT_FOUND",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -95,6 +99,7 @@ impl ErrorCode for Code {
             Code::AgentNotFound
             | Code::CapabilityNotFound
             | Code::VersionNotFound
+            | Code::SplitNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
             Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict => StatusCode::CONFLICT,

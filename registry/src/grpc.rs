@@ -17,10 +17,10 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::decode;
+use crate::catalog::{decode, decode_split};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Instance};
-use crate::service::RegistryService;
+use crate::model::{Capability, Instance, Split};
+use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
 
@@ -81,6 +81,25 @@ pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
         lease_id: instance.lease_id,
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
+        inflight: instance.inflight,
+    }
+}
+
+/// A split on the wire: highest version first.
+pub fn split_to_pb(split: &Split) -> pb::CapabilitySplit {
+    pb::CapabilitySplit {
+        capability: split.capability.clone(),
+        weights: split
+            .weights
+            .iter()
+            .rev()
+            .map(|(version, weight)| pb::VersionWeight {
+                version: version.to_string(),
+                weight: *weight,
+            })
+            .collect(),
+        updated_at_ms: split.updated_at_ms,
+        updated_by: split.updated_by.clone().unwrap_or_default(),
     }
 }
 
@@ -187,9 +206,13 @@ impl pb::registry_server::Registry for GrpcRegistry {
                             .filter(|text| !text.is_empty())
                             .map(|text| validate::status(text, "status"))
                             .transpose()?;
-                        service
-                            .heartbeat(&caller, &heartbeat.agent_id, heartbeat.lease_id, status)
-                            .await
+                        let beat = Heartbeat {
+                            agent_id: &heartbeat.agent_id,
+                            lease_id: heartbeat.lease_id,
+                            status,
+                            inflight: heartbeat.inflight,
+                        };
+                        service.heartbeat(&caller, beat).await
                     }
                     .await;
                     service
@@ -315,7 +338,8 @@ async fn serve_watch(
     let gauge = service.metrics().watch_subscribers.clone();
     gauge.inc();
     let _guard = SubscriberGuard(gauge);
-    let prefix = service.keys().agents_prefix().to_string();
+    // Agents and splits (DESIGN §2.9) in one ordered history.
+    let prefix = service.keys().tenant_prefix().to_string();
     // 0 means "the subscriber has nothing": start with a snapshot.
     let mut last = start_revision;
     let mut reset = false;
@@ -328,12 +352,13 @@ async fn serve_watch(
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let (instances, revision) = service.catalog().list();
+            let (instances, splits, revision) = service.catalog().snapshot();
             let snapshot = pb::WatchEvent {
                 revision,
                 kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot {
                     instances: instances.iter().map(|instance| instance_to_pb(instance)).collect(),
                     reset,
+                    splits: splits.iter().map(|split| split_to_pb(split)).collect(),
                 })),
             };
             if sender.send(Ok(snapshot)).await.is_err() {
@@ -394,8 +419,18 @@ async fn serve_watch(
 
 fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
     let revision = event.revision();
+    let keys = service.keys();
     let kind = match event {
+        Event::Put(kv) if keys.capability_of_split(&kv.key).is_some() => {
+            pb::watch_event::Kind::SplitSet(split_to_pb(&decode_split(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.capability_of_split(&key).is_some() => {
+            pb::watch_event::Kind::SplitCleared(pb::SplitCleared {
+                capability: keys.capability_of_split(&key)?.to_string(),
+            })
+        }
         Event::Put(kv) => {
+            keys.agent_id_of(&kv.key)?;
             let instance = instance_to_pb(&decode(&kv)?);
             if kv.create_revision == kv.mod_revision {
                 pb::watch_event::Kind::Added(instance)
@@ -404,7 +439,7 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
             }
         }
         Event::Delete { key, .. } => pb::watch_event::Kind::Removed(pb::InstanceRemoved {
-            agent_id: service.keys().agent_id_of(&key)?.to_string(),
+            agent_id: keys.agent_id_of(&key)?.to_string(),
         }),
     };
     Some(pb::WatchEvent {

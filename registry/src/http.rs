@@ -24,7 +24,8 @@ async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::respo
     agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
 }
 use crate::model::{Capability, Instance};
-use crate::service::RegistryService;
+use crate::operator;
+use crate::service::{Heartbeat, RegistryService};
 use crate::validate;
 
 pub fn routes(service: Arc<RegistryService>) -> Router {
@@ -41,10 +42,21 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
             "/v1/agents/{agent_id}/heartbeat",
             put(heartbeat).fallback(method_not_allowed),
         )
+        .route(
+            "/v1/agents/{agent_id}/weight",
+            put(set_weight).fallback(method_not_allowed),
+        )
         .route("/v1/capabilities", get(list_capabilities).fallback(method_not_allowed))
         .route(
             "/v1/capabilities/{name}",
             get(resolve_capability).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/capabilities/{name}/split",
+            get(get_split)
+                .put(set_split)
+                .delete(clear_split)
+                .fallback(method_not_allowed),
         )
         .route("/healthz", get(healthz).fallback(method_not_allowed))
         .route("/readyz", get(readyz).fallback(method_not_allowed))
@@ -92,6 +104,7 @@ pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
         lease_id: instance.lease_id,
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
+        inflight: instance.inflight,
     }
 }
 
@@ -138,7 +151,17 @@ async fn heartbeat(
             .as_deref()
             .map(|text| validate::status(text, "status"))
             .transpose()?;
-        service.heartbeat(&caller, &agent_id, request.lease_id, status).await
+        service
+            .heartbeat(
+                &caller,
+                Heartbeat {
+                    agent_id: &agent_id,
+                    lease_id: request.lease_id,
+                    status,
+                    inflight: request.inflight,
+                },
+            )
+            .await
     }
     .await;
     service
@@ -259,6 +282,56 @@ async fn resolve_capability(
             })
             .collect(),
     }))
+}
+
+// === Operator API (DESIGN §2.9) ===
+
+#[tracing::instrument(name = "http.set_split", skip_all)]
+async fn set_split(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::CapabilitySplit>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let request: wire::SplitRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let written = service.set_split(&caller, &name, request).await?;
+    Ok(Json(operator::split_to_wire(&written.split, Some(written.revision))))
+}
+
+#[tracing::instrument(name = "http.get_split", skip_all)]
+async fn get_split(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::CapabilitySplit>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let split = service.split(&name)?;
+    Ok(Json(operator::split_to_wire(&split, None)))
+}
+
+#[tracing::instrument(name = "http.clear_split", skip_all)]
+async fn clear_split(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.clear_split(&caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[tracing::instrument(name = "http.set_weight", skip_all)]
+async fn set_weight(
+    State(service): State<Arc<RegistryService>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::AgentInstance>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let request: wire::WeightRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let instance = service.set_weight(&caller, &agent_id, request.weight).await?;
+    Ok(Json(instance_to_wire(&instance)))
 }
 
 async fn healthz() -> &'static str {

@@ -4,6 +4,7 @@
 //! - [`store`]: the etcd-shaped store trait, its etcd and embedded implementations.
 //! - `catalog`: the in-memory view every read is served from, fed by a store watch.
 //! - `service`: register / heartbeat / deregister / resolve, transport-free.
+//! - `operator`: traffic splits and live weights (the operator API), transport-free.
 //! - `validate`: registration checks with stable codes; `error`: the one error type.
 //! - `http` and `grpc`: the two faces of one port; [`app`] joins them.
 //!
@@ -21,6 +22,7 @@ mod grpc;
 mod http;
 mod metrics;
 mod model;
+mod operator;
 mod service;
 pub mod store;
 mod validate;
@@ -34,7 +36,7 @@ use anyhow::Context;
 use tonic::server::NamedService;
 
 pub use config::{RegistryArgs, Settings, StoreChoice};
-pub use service::{RegistryConfig, RegistryService};
+pub use service::{Heartbeat, RegistryConfig, RegistryService};
 pub use validate::TtlBounds;
 
 /// The whole API on one router: HTTP/JSON routes plus the gRPC service

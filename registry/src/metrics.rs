@@ -11,6 +11,7 @@ pub struct Metrics {
     pub deregistrations: IntCounter,
     pub heartbeats: IntCounterVec,
     pub status_writes: IntCounter,
+    pub inflight_writes: IntCounter,
     pub lease_expiries: IntCounter,
     pub watch_subscribers: IntGauge,
     pub catalog_revision: IntGauge,
@@ -45,6 +46,10 @@ impl Metrics {
             "agent_reach_registry_status_writes_total",
             "Status changes written to the store (heartbeats without a change write nothing).",
         )?;
+        let inflight_writes = IntCounter::new(
+            "agent_reach_registry_inflight_writes_total",
+            "Reported in-flight counts written to the store without a status change (only when moved by an eighth).",
+        )?;
         let lease_expiries = IntCounter::new(
             "agent_reach_registry_lease_expiries_total",
             "Instances removed without a deregistration through this registry (lease expiry).",
@@ -59,6 +64,7 @@ impl Metrics {
         registry.register(Box::new(deregistrations.clone()))?;
         registry.register(Box::new(heartbeats.clone()))?;
         registry.register(Box::new(status_writes.clone()))?;
+        registry.register(Box::new(inflight_writes.clone()))?;
         registry.register(Box::new(lease_expiries.clone()))?;
         registry.register(Box::new(watch_subscribers.clone()))?;
         registry.register(Box::new(catalog_revision.clone()))?;
@@ -72,6 +78,7 @@ impl Metrics {
             deregistrations,
             heartbeats,
             status_writes,
+            inflight_writes,
             lease_expiries,
             watch_subscribers,
             catalog_revision,

@@ -52,6 +52,27 @@ pub struct Instance {
     pub lease_id: i64,
     pub ttl_s: u32,
     pub registered_at_ms: u64,
+    /// Requests in flight the agent reported, as last written (DESIGN §2.3):
+    /// heartbeats rewrite it only when it moved meaningfully
+    /// ([`inflight_worth_writing`]). Absent in records written before it
+    /// existed, and while nothing was reported: 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inflight: u32,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// Whether a heartbeat's in-flight count differs enough from the stored one
+/// to be worth an etcd write (and a watch event to every router): by at least
+/// an eighth of the larger of the two, so any change counts up to 8 in flight
+/// and the record follows a busy agent in steps of about 12 %. Without it,
+/// every heartbeat of a loaded agent would be a write; routers only compare
+/// instances' loads, which a 12 % step does not reorder much.
+pub fn inflight_worth_writing(stored: u32, reported: u32) -> bool {
+    let change = u64::from(stored.abs_diff(reported));
+    change > 0 && change * 8 >= u64::from(stored.max(reported))
 }
 
 impl Instance {
@@ -62,21 +83,51 @@ impl Instance {
     }
 }
 
-/// Key layout (DESIGN §2): `/agent-reach/v1/{tenant}/agents/{agent_id}`.
+/// A capability's traffic split between versions for unpinned calls
+/// (DESIGN §2.9): the value stored under `.../splits/{capability}`, without a
+/// lease (it outlives every instance).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Split {
+    pub capability: String,
+    /// Version → relative weight; at least one above 0.
+    pub weights: BTreeMap<semver::Version, u32>,
+    pub updated_at_ms: u64,
+    /// The operator who set it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
+/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}` and
+/// `/agent-reach/v1/{tenant}/splits/{capability}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
+    tenant_prefix: String,
     agents_prefix: String,
+    splits_prefix: String,
 }
 
 impl Keys {
     pub fn new(tenant: &str) -> Self {
+        let tenant_prefix = format!("/agent-reach/v1/{tenant}/");
         Self {
-            agents_prefix: format!("/agent-reach/v1/{tenant}/agents/"),
+            agents_prefix: format!("{tenant_prefix}agents/"),
+            splits_prefix: format!("{tenant_prefix}splits/"),
+            tenant_prefix,
         }
     }
 
-    pub fn agents_prefix(&self) -> &str {
-        &self.agents_prefix
+    /// Every key of the tenant (agents and splits): what the catalog and the
+    /// `Watch` stream follow, in one ordered history.
+    pub fn tenant_prefix(&self) -> &str {
+        &self.tenant_prefix
+    }
+
+    pub fn split(&self, capability: &str) -> String {
+        format!("{}{capability}", self.splits_prefix)
+    }
+
+    pub fn capability_of_split<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.splits_prefix.as_str())
     }
 
     pub fn agent(&self, agent_id: &str) -> String {
@@ -85,5 +136,25 @@ impl Keys {
 
     pub fn agent_id_of<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(self.agents_prefix.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inflight_worth_writing;
+
+    #[test]
+    fn inflight_is_written_when_it_moves_by_an_eighth() {
+        assert!(!inflight_worth_writing(0, 0));
+        assert!(inflight_worth_writing(0, 1));
+        assert!(inflight_worth_writing(7, 8), "small counts: every change");
+        assert!(inflight_worth_writing(8, 7));
+        assert!(!inflight_worth_writing(9, 10), "1 of 10 is under an eighth");
+        assert!(inflight_worth_writing(9, 11));
+        assert!(!inflight_worth_writing(100, 110));
+        assert!(!inflight_worth_writing(100, 113), "13 of 113 is under an eighth");
+        assert!(inflight_worth_writing(100, 115));
+        assert!(inflight_worth_writing(100, 87));
+        assert!(inflight_worth_writing(u32::MAX, 0));
     }
 }

@@ -11,15 +11,15 @@ use agent_reach_proto::http::RegisterRequest;
 use crate::catalog::{decode, Catalog, Entry, Resolution};
 use crate::error::{self, Code, RegistryError};
 use crate::metrics::Metrics;
-use crate::model::{Instance, Keys, Status};
+use crate::model::{inflight_worth_writing, Instance, Keys, Status};
 use crate::store::{Condition, Put, Store, StoreError};
 use crate::validate::{self, TtlBounds};
 
 /// How long a write waits for this registry's catalog to reflect it before
 /// answering (read-your-writes); the write itself is already durable.
-const CATALOG_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const CATALOG_WAIT: Duration = Duration::from_secs(2);
 /// Attempts at a conditional write that lost a race.
-const WRITE_ATTEMPTS: usize = 3;
+pub(crate) const WRITE_ATTEMPTS: usize = 3;
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -47,6 +47,17 @@ pub struct Registered {
     pub heartbeat_interval_s: u32,
 }
 
+/// One heartbeat, as either transport received it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat<'a> {
+    pub agent_id: &'a str,
+    pub lease_id: i64,
+    /// `None`: unchanged.
+    pub status: Option<Status>,
+    /// Requests in flight now (`None`: not reported).
+    pub inflight: Option<u32>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatAck {
     pub agent_id: String,
@@ -65,7 +76,7 @@ pub struct RegistryService {
     metrics: Metrics,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
@@ -112,6 +123,11 @@ impl RegistryService {
 
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The live policy (the operator API checks `operators` in it).
+    pub(crate) fn acl(&self) -> &AclHandle {
+        &self.acl
     }
 
     pub fn authenticate(&self, header: Option<&http::HeaderValue>) -> Result<Caller, RegistryError> {
@@ -191,6 +207,7 @@ impl RegistryService {
                 lease_id: lease,
                 ttl_s: registration.ttl_s,
                 registered_at_ms: now_ms(),
+                inflight: 0,
             };
             let value = serde_json::to_vec(&instance)
                 .map_err(|error| RegistryError::new(Code::Internal, format!("cannot encode the record: {error}")))?;
@@ -243,7 +260,7 @@ impl RegistryService {
 
     /// The catalog's entry, or the store's when this registry's catalog has
     /// not caught up yet (another registry just wrote it).
-    async fn current_entry(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
+    pub(crate) async fn current_entry(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
         if let Some(entry) = self.catalog.get(agent_id) {
             return Ok(Some(entry));
         }
@@ -252,14 +269,17 @@ impl RegistryService {
 
     // === Heartbeat ===
 
-    /// Renews the lease and, only when it changes, writes the new status.
-    pub async fn heartbeat(
-        &self,
-        caller: &Caller,
-        agent_id: &str,
-        lease_id: i64,
-        status: Option<Status>,
-    ) -> Result<HeartbeatAck, RegistryError> {
+    /// Renews the lease and writes the record only when something routers use
+    /// changed: the status, or the reported in-flight count by at least an
+    /// eighth ([`inflight_worth_writing`]); both in one write. A heartbeat
+    /// without either writes nothing.
+    pub async fn heartbeat(&self, caller: &Caller, beat: Heartbeat<'_>) -> Result<HeartbeatAck, RegistryError> {
+        let Heartbeat {
+            agent_id,
+            lease_id,
+            status,
+            inflight,
+        } = beat;
         let mut entry = match self.catalog.get(agent_id) {
             Some(entry) if entry.instance.lease_id == lease_id => entry,
             // Not (yet) in this catalog, or an older lease: ask the store.
@@ -275,45 +295,49 @@ impl RegistryService {
             Err(error) => return Err(error.into()),
         };
         let current = entry.instance.status;
-        let status = match status {
-            Some(next) if next != current => {
-                if !current.can_become(next) {
-                    return Err(RegistryError::field(
-                        Code::InvalidStatusTransition,
-                        "status",
-                        format!(
-                            "an instance cannot go from `{}` to `{}`",
-                            current.as_str(),
-                            next.as_str()
-                        ),
-                    ));
-                }
-                for attempt in 0..WRITE_ATTEMPTS {
-                    match self.write_status(&entry, next).await {
-                        Ok(()) => break,
-                        Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
-                            entry = match self.current_entry_from_store(agent_id).await? {
-                                Some(fresh) if fresh.instance.lease_id == lease_id => fresh,
-                                _ => return Err(error::lease_expired(agent_id)),
-                            };
-                        }
-                        Err(StoreError::LeaseNotFound(_)) => return Err(error::lease_expired(agent_id)),
-                        Err(error) => return Err(error.into()),
+        let next = status.unwrap_or(current);
+        if next != current && !current.can_become(next) {
+            return Err(RegistryError::field(
+                Code::InvalidStatusTransition,
+                "status",
+                format!(
+                    "an instance cannot go from `{}` to `{}`",
+                    current.as_str(),
+                    next.as_str()
+                ),
+            ));
+        }
+        let stored_inflight = entry.instance.inflight;
+        let inflight = inflight.filter(|reported| inflight_worth_writing(stored_inflight, *reported));
+        if next != current || inflight.is_some() {
+            for attempt in 0..WRITE_ATTEMPTS {
+                match self.write_record(&entry, next, inflight).await {
+                    Ok(()) => break,
+                    Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
+                        entry = match self.current_entry_from_store(agent_id).await? {
+                            Some(fresh) if fresh.instance.lease_id == lease_id => fresh,
+                            _ => return Err(error::lease_expired(agent_id)),
+                        };
                     }
+                    Err(StoreError::LeaseNotFound(_)) => return Err(error::lease_expired(agent_id)),
+                    Err(error) => return Err(error.into()),
                 }
-                next
             }
-            _ => current,
-        };
+            if next != current {
+                self.metrics.status_writes.inc();
+            } else {
+                self.metrics.inflight_writes.inc();
+            }
+        }
         Ok(HeartbeatAck {
             agent_id: agent_id.to_string(),
             lease_id,
             ttl_s: u32::try_from(ttl).unwrap_or(u32::MAX),
-            status,
+            status: next,
         })
     }
 
-    async fn current_entry_from_store(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
+    pub(crate) async fn current_entry_from_store(&self, agent_id: &str) -> Result<Option<Entry>, RegistryError> {
         let Some(kv) = self.store.get(&self.keys.agent(agent_id)).await? else {
             return Ok(None);
         };
@@ -323,9 +347,14 @@ impl RegistryService {
         }))
     }
 
-    async fn write_status(&self, entry: &Entry, status: Status) -> Result<(), StoreError> {
+    /// Rewrites the record with `status` (and `inflight` when given), guarded by
+    /// the revision it was read at.
+    async fn write_record(&self, entry: &Entry, status: Status, inflight: Option<u32>) -> Result<(), StoreError> {
         let mut instance = Instance::clone(&entry.instance);
         instance.status = status;
+        if let Some(inflight) = inflight {
+            instance.inflight = inflight;
+        }
         let key = self.keys.agent(&instance.agent_id);
         let value = serde_json::to_vec(&instance).map_err(|error| StoreError::Unavailable(error.to_string()))?;
         let revision = self
@@ -343,7 +372,6 @@ impl RegistryService {
                 Vec::new(),
             )
             .await?;
-        self.metrics.status_writes.inc();
         self.catalog.wait_for(revision, CATALOG_WAIT).await;
         Ok(())
     }

@@ -357,6 +357,8 @@ fn describe(event: &pb::WatchEvent) -> String {
         pb::watch_event::Kind::Added(instance) => format!("added {} {}", instance.agent_id, instance.status),
         pb::watch_event::Kind::Updated(instance) => format!("updated {} {}", instance.agent_id, instance.status),
         pb::watch_event::Kind::Removed(removed) => format!("removed {}", removed.agent_id),
+        pb::watch_event::Kind::SplitSet(split) => format!("split {}", split.capability),
+        pb::watch_event::Kind::SplitCleared(cleared) => format!("split cleared {}", cleared.capability),
     }
 }
 

@@ -23,6 +23,7 @@ use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::service::Tuning;
 use crate::snapshot::{Capability, Snapshot, VersionGroup};
+use crate::split;
 
 /// The policy half of the router: who may call what, how much, which
 /// instances can take a call (for the choice of version), and the default deadline.
@@ -133,8 +134,25 @@ impl Admission {
         .with_details(json!({ "caller": &**name, "capability": capability })))
     }
 
+    /// May `caller` use the operator API (`operators:` in `acl.yaml`, DESIGN §8)?
+    pub fn authorize_operator(&self, caller: &Caller) -> Result<(), RouterError> {
+        let Caller::Agent(name) = caller else {
+            return Ok(());
+        };
+        if self.acl.current().is_operator(name) {
+            return Ok(());
+        }
+        Err(RouterError::new(
+            Code::Forbidden,
+            format!("caller `{name}` is not an operator (add it to `operators:` in acl.yaml)"),
+        )
+        .with_details(json!({ "caller": &**name, "reason": "not_an_operator" })))
+    }
+
     /// Admits `request` (its version requirement already parsed) at `now`
-    /// against `snapshot`: ACL, capability, version, schema, deadline.
+    /// against `snapshot`: ACL, capability, version, schema, deadline. The
+    /// version is the highest that can take the call ([`resolve_version`]):
+    /// for calls that reach every instance of one version (broadcast).
     pub fn admit<'s>(
         &self,
         caller: &Caller,
@@ -143,6 +161,40 @@ impl Admission {
         version_req: Option<&semver::VersionReq>,
         snapshot: &'s Snapshot,
         now: clock::Now,
+    ) -> Result<Admitted<'s>, Refused<'s>> {
+        let limits = self.limits();
+        self.admit_with(caller, entry, request, snapshot, now, |capability| {
+            resolve_version(capability, version_req, &limits)
+        })
+    }
+
+    /// [`Admission::admit`] for a call that goes to one instance (invoke, a
+    /// task's delivery): an unpinned call follows the capability's traffic
+    /// split ([`split::resolve`]).
+    pub fn admit_one<'s>(
+        &self,
+        caller: &Caller,
+        entry: Entry,
+        request: &InvokeRequest,
+        version_req: Option<&semver::VersionReq>,
+        snapshot: &'s Snapshot,
+        now: clock::Now,
+    ) -> Result<Admitted<'s>, Refused<'s>> {
+        let limits = self.limits();
+        self.admit_with(caller, entry, request, snapshot, now, |capability| {
+            split::resolve(capability, version_req, &limits)
+        })
+    }
+
+    /// Admission with `choose` picking the version among the capability's.
+    fn admit_with<'s>(
+        &self,
+        caller: &Caller,
+        entry: Entry,
+        request: &InvokeRequest,
+        snapshot: &'s Snapshot,
+        now: clock::Now,
+        choose: impl FnOnce(&'s Capability) -> Result<&'s Arc<VersionGroup>, RouterError>,
     ) -> Result<Admitted<'s>, Refused<'s>> {
         let refused = |error: RouterError, capability| Refused {
             failure: Box::new(error.into()),
@@ -162,8 +214,7 @@ impl Admission {
             }
         };
         let capability = resolve_capability(snapshot, &request.capability).map_err(|error| refused(error, None))?;
-        let group = resolve_version(capability, version_req, &self.limits())
-            .map_err(|error| refused(error, Some(capability)))?;
+        let group = choose(capability).map_err(|error| refused(error, Some(capability)))?;
         let in_version = |error: RouterError| Refused {
             failure: Box::new(Failure {
                 capability_version: Some(group.version_text.clone()),
@@ -182,6 +233,7 @@ impl Admission {
                 .with_details(json!({ "deadline": deadline_ms })),
             ));
         }
+        group.selections.inc();
         Ok(Admitted {
             capability,
             group,

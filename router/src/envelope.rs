@@ -14,6 +14,9 @@ pub struct CheckedRequest {
     pub request: InvokeRequest,
     pub version_req: Option<semver::VersionReq>,
     pub policy: TargetPolicy,
+    /// Set only by the task worker (never from a caller's envelope): the
+    /// delivery carries it, and the agent may answer `202` and report later.
+    pub task_id: Option<String>,
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RouterError {
@@ -67,6 +70,7 @@ pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
         request,
         version_req,
         policy,
+        task_id: None,
     })
 }
 

@@ -34,10 +34,12 @@ pub enum Code {
     RateLimited,
     OutputSchemaMismatch,
     StreamInterrupted,
+    InvalidTaskResult,
+    DeadLetterNotFound,
 }
 
 impl Code {
-    pub const ALL: [Code; 25] = [
+    pub const ALL: [Code; 27] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -63,6 +65,8 @@ impl Code {
         Code::RateLimited,
         Code::OutputSchemaMismatch,
         Code::StreamInterrupted,
+        Code::InvalidTaskResult,
+        Code::DeadLetterNotFound,
     ];
 }
 
@@ -97,6 +101,8 @@ impl ErrorCode for Code {
             Code::RateLimited => "RATE_LIMITED",
             Code::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
             Code::StreamInterrupted => "STREAM_INTERRUPTED",
+            Code::InvalidTaskResult => "INVALID_TASK_RESULT",
+            Code::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
         }
     }
 
@@ -125,6 +131,8 @@ impl ErrorCode for Code {
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Code::OutputSchemaMismatch | Code::StreamInterrupted => StatusCode::BAD_GATEWAY,
+            Code::InvalidTaskResult => StatusCode::BAD_REQUEST,
+            Code::DeadLetterNotFound => StatusCode::NOT_FOUND,
         }
     }
 

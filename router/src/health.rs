@@ -34,6 +34,10 @@ pub struct InstanceState {
     /// Exponentially weighted moving average of successful latencies, µs (0 = no sample yet).
     ewma_us: AtomicU64,
     inflight: AtomicU32,
+    /// What the agent itself last reported in flight (its heartbeat, through
+    /// the registry record): its load from every router and direct caller.
+    /// Written by the watch task, read by `least_connections`.
+    reported_inflight: AtomicU32,
     metrics: InstanceMetricsHandle,
 }
 
@@ -75,12 +79,22 @@ impl InstanceState {
             health_permille: AtomicU32::new(FULL),
             ewma_us: AtomicU64::new(0),
             inflight: AtomicU32::new(0),
+            reported_inflight: AtomicU32::new(0),
             metrics: InstanceMetricsHandle(metrics),
         }
     }
 
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// The agent's own last report of its requests in flight (0 when none).
+    pub fn reported_inflight(&self) -> u32 {
+        self.reported_inflight.load(Ordering::Relaxed)
+    }
+
+    pub fn set_reported_inflight(&self, inflight: u32) {
+        self.reported_inflight.store(inflight, Ordering::Relaxed);
     }
 
     /// Counts one request in flight until the guard drops (the gauge follows

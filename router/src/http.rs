@@ -104,6 +104,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
         request,
         version_req,
         policy,
+        task_id: None,
     };
     // The caller's id (checked: 1-128 printable characters) or a fresh one, inline.
     let fresh_id;
@@ -351,6 +352,7 @@ async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
         .snapshot()
         .load()
         .publish_instance_gauges(staleness, service.tuning().max_staleness);
+    service.publish_routable_instances();
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         service.metrics().render(),

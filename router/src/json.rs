@@ -84,6 +84,8 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) deadline: u64,
     pub(crate) attempt: u32,
     pub(crate) payload: &'a Value,
+    /// A task's delivery: the id the agent reports a `202`'s outcome under.
+    pub(crate) task_id: Option<&'a str>,
 }
 
 impl<'a> Forwarded<'a> {
@@ -108,6 +110,7 @@ impl<'a> Forwarded<'a> {
             deadline,
             attempt,
             payload: &request.payload,
+            task_id: None,
         }
     }
 
@@ -126,6 +129,7 @@ impl<'a> Forwarded<'a> {
         object.u64("deadline", self.deadline);
         object.u64("attempt", u64::from(self.attempt));
         object.value("payload", self.payload)?;
+        object.opt_str("task_id", self.task_id);
         object.end();
         Ok(out)
     }
@@ -275,11 +279,11 @@ mod tests {
     fn the_forwarded_envelope_is_written_as_the_contract_type() {
         let payload = json!({ "order_id": "SO-1", "lines": [1, 2.5, "x\"y"] });
         let cases = [
-            (Some("s-1"), Some("c-1"), Some("caller"), "req-1", Priority::High),
-            (None, None, None, "req\"\\2", Priority::Normal),
-            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low),
+            (Some("s-1"), Some("c-1"), Some("caller"), "req-1", Priority::High, None),
+            (None, None, None, "req\"\\2", Priority::Normal, Some("t_0123")),
+            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None),
         ];
-        for (session_id, context_id, source, request_id, priority) in cases {
+        for (session_id, context_id, source, request_id, priority, task_id) in cases {
             let borrowed = Forwarded {
                 version: ENVELOPE_VERSION,
                 request_id,
@@ -292,6 +296,7 @@ mod tests {
                 deadline: 1_700_000_000_123,
                 attempt: 2,
                 payload: &payload,
+                task_id,
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
@@ -305,6 +310,7 @@ mod tests {
                 deadline: 1_700_000_000_123,
                 attempt: 2,
                 payload: payload.clone(),
+                task_id: task_id.map(str::to_string),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());

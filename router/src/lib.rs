@@ -43,6 +43,7 @@ mod schema;
 mod select;
 mod service;
 mod snapshot;
+mod split;
 mod sse;
 mod stream;
 mod tasks;
@@ -88,6 +89,33 @@ impl Router {
     /// The instances the router can currently route to, by id (tests and diagnostics).
     pub fn routed_agent_ids(&self) -> Vec<String> {
         self.service.snapshot().load().agent_ids()
+    }
+
+    /// `capability`'s traffic split as the snapshot applies it: `(version,
+    /// weight)` of the versions it can draw from, highest first (tests and diagnostics).
+    pub fn routed_split(&self, capability: &str) -> Option<Vec<(String, u32)>> {
+        let snapshot = self.service.snapshot().load();
+        let capability = snapshot.capabilities.get(capability)?;
+        let split = capability.split.as_ref()?;
+        Some(
+            split
+                .shares(&capability.versions)
+                .map(|(version, weight)| (version.to_string(), weight))
+                .collect(),
+        )
+    }
+
+    /// An instance's static weight in the snapshot (tests and diagnostics).
+    pub fn routed_weight(&self, agent_id: &str) -> Option<u32> {
+        let snapshot = self.service.snapshot().load();
+        let found = snapshot
+            .capabilities
+            .values()
+            .flat_map(|capability| capability.versions.iter())
+            .flat_map(|group| group.instances.iter())
+            .find(|instance| instance.agent_id == agent_id)
+            .map(|instance| instance.weight);
+        found
     }
 }
 

@@ -42,6 +42,9 @@ pub struct Metrics {
     inflight: IntGaugeVec,
     health_score: IntGaugeVec,
     output_schema_mismatches: IntCounterVec,
+    version_selections: IntCounterVec,
+    /// Routable instances per capability, set at scrape time ([`crate::service::RouterService::publish_routable_instances`]).
+    pub routable_instances: IntGaugeVec,
     pub snapshot_revision: IntGauge,
     pub snapshot_instances: IntGauge,
     pub snapshot_staleness_seconds: IntGauge,
@@ -200,6 +203,20 @@ impl Metrics {
             ),
             &["agent_id"],
         )?;
+        let version_selections = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_router_version_selections_total",
+                "Calls admitted to each capability version (a traffic split's draw, or the highest routable version).",
+            ),
+            &["capability", "version"],
+        )?;
+        let routable_instances = IntGaugeVec::new(
+            Opts::new(
+                "agent_reach_router_routable_instances",
+                "Instances of a capability (any version) this router can route to now: status, breaker and in-flight bound.",
+            ),
+            &["capability"],
+        )?;
         let snapshot_revision = IntGauge::new(
             "agent_reach_router_snapshot_revision",
             "Registry revision the routing snapshot reflects.",
@@ -229,6 +246,8 @@ impl Metrics {
         registry.register(Box::new(inflight.clone()))?;
         registry.register(Box::new(health_score.clone()))?;
         registry.register(Box::new(output_schema_mismatches.clone()))?;
+        registry.register(Box::new(version_selections.clone()))?;
+        registry.register(Box::new(routable_instances.clone()))?;
         registry.register(Box::new(snapshot_revision.clone()))?;
         registry.register(Box::new(snapshot_instances.clone()))?;
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
@@ -246,6 +265,8 @@ impl Metrics {
             inflight,
             health_score,
             output_schema_mismatches,
+            version_selections,
+            routable_instances,
             snapshot_revision,
             snapshot_instances,
             snapshot_staleness_seconds,
@@ -263,6 +284,11 @@ impl Metrics {
                 .collect(),
             forward_seconds: self.forward_seconds.child(capability),
         }
+    }
+
+    /// The counter of calls admitted to one version. Called when a snapshot is built.
+    pub fn version_selections(&self, capability: &str, version: &str) -> IntCounter {
+        self.version_selections.with_label_values(&[capability, version])
     }
 
     pub fn instance(&self, agent_id: &str) -> InstanceMetrics {

@@ -10,13 +10,17 @@ use crate::error::Code;
 use agent_reach_edge::ErrorCode as _;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 12] = [
+pub const PATHS: [(&str, &str); 16] = [
     ("/v1/invoke", "post"),
     ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
     ("/v1/tasks/{task_id}", "get"),
     ("/v1/tasks/{task_id}/cancel", "post"),
     ("/v1/tasks/{task_id}/events", "get"),
+    ("/v1/tasks/{task_id}/result", "post"),
+    ("/v1/dead-letters", "get"),
+    ("/v1/dead-letters/{id}", "get"),
+    ("/v1/dead-letters/{id}/replay", "post"),
     ("/v1/sessions/{session_id}/results", "get"),
     ("/v1/openapi.json", "get"),
     ("/.well-known/jwks.json", "get"),
@@ -91,6 +95,20 @@ fn map(entries: Vec<(&str, Value)>) -> serde_json::Map<String, Value> {
 
 fn task_id_parameter() -> Value {
     json!([{ "name": "task_id", "in": "path", "required": true, "schema": { "type": "string" } }])
+}
+
+fn dead_letter_id_parameter() -> Value {
+    json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" },
+             "description": "A dead letter's `id` (`MS-SEQ`) from the list; anything else is 404 DEAD_LETTER_NOT_FOUND." }])
+}
+
+/// The answers of the operator routes over dead letters (`operators:` in acl.yaml).
+fn operator_failures(responses: &mut serde_json::Map<String, Value>) {
+    responses.insert(
+        "403".into(),
+        failed("FORBIDDEN: the caller is not in acl.yaml's `operators` (details.reason `not_an_operator`)."),
+    );
+    task_failures(responses);
 }
 
 fn build() -> Value {
@@ -191,6 +209,57 @@ fn build() -> Value {
         ("409", failed("TASK_CONFLICT: the task has already ended.")),
     ]);
     task_failures(&mut cancel);
+    let mut report = map(vec![
+        (
+            "200",
+            ok(
+                "Recorded: the task ended with it (`duplicate: false`); or the same report again, which changed nothing (`duplicate: true`).",
+                "TaskReported",
+            ),
+        ),
+        (
+            "400",
+            failed("INVALID_TASK_RESULT: not {\"output\": ...} or {\"error\": {\"code\", \"message\"}} (details.field), or an unreadable body (INVALID_ENVELOPE)."),
+        ),
+        (
+            "403",
+            failed("FORBIDDEN: the delivery went to another agent (details.reason `not_the_delivery_agent`)."),
+        ),
+        ("404", failed("TASK_NOT_FOUND.")),
+        (
+            "409",
+            failed("TASK_CONFLICT: no agent answered this task's delivery 202 (details.reason `not_accepted`), or a different result was recorded already or the task ended otherwise, e.g. at its deadline (`result_conflict`)."),
+        ),
+        ("413", failed("PAYLOAD_TOO_LARGE.")),
+    ]);
+    task_failures(&mut report);
+    let mut dead_letters = map(vec![
+        ("200", ok("Dead letters after `after`, oldest first.", "DeadLetters")),
+        (
+            "400",
+            failed("INVALID_QUERY: an unknown parameter, a non-integer `limit`, or an `after` that is not an id."),
+        ),
+    ]);
+    operator_failures(&mut dead_letters);
+    let mut dead_letter = map(vec![
+        ("200", ok("The dead letter, with the result it holds.", "DeadLetter")),
+        ("404", failed("DEAD_LETTER_NOT_FOUND.")),
+    ]);
+    operator_failures(&mut dead_letter);
+    let mut replay = map(vec![
+        (
+            "200",
+            ok(
+                "Scheduled: the callback is due now, from its first attempt.",
+                "DeadLetterReplayed",
+            ),
+        ),
+        (
+            "404",
+            failed("DEAD_LETTER_NOT_FOUND (replayed already), or TASK_NOT_FOUND: its task is past its retention."),
+        ),
+    ]);
+    operator_failures(&mut replay);
     let mut events = map(vec![
         (
             "200",
@@ -384,6 +453,59 @@ fn build() -> Value {
                         "result": { "description": "The result envelope once the task has ended (null before)." }
                     }
                 },
+                "TaskReport": {
+                    "description": "An agent's report of a delivery it answered 202: exactly one of `output` or `error`.",
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "output": { "description": "The agent's output, checked against the capability's output_schema." },
+                        "error": {
+                            "type": "object",
+                            "additionalProperties": false,
+                            "required": ["code"],
+                            "properties": { "code": { "type": "string", "minLength": 1 }, "message": { "type": "string" } }
+                        }
+                    }
+                },
+                "TaskReported": {
+                    "type": "object",
+                    "required": ["task_id", "status", "duplicate"],
+                    "properties": {
+                        "task_id": { "type": "string" },
+                        "status": { "type": "string", "enum": ["succeeded", "failed"] },
+                        "duplicate": { "type": "boolean" }
+                    }
+                },
+                "DeadLetter": {
+                    "type": "object",
+                    "required": ["id", "task_id", "url", "error"],
+                    "properties": {
+                        "id": { "type": "string" },
+                        "task_id": { "type": "string" },
+                        "url": { "type": "string" },
+                        "error": { "type": "string", "description": "Why the last attempt failed." },
+                        "parked_at": { "type": "integer", "nullable": true, "description": "Epoch ms." },
+                        "result": { "description": "The result envelope the callback carried (only when one is shown)." }
+                    }
+                },
+                "DeadLetters": {
+                    "type": "object",
+                    "required": ["dead_letters", "total"],
+                    "properties": {
+                        "dead_letters": { "type": "array", "items": { "$ref": "#/components/schemas/DeadLetter" } },
+                        "total": { "type": "integer", "description": "Dead letters parked in all." },
+                        "next_after": { "type": "string", "nullable": true, "description": "Pass as `after` to continue." }
+                    }
+                },
+                "DeadLetterReplayed": {
+                    "type": "object",
+                    "required": ["id", "task_id", "status"],
+                    "properties": {
+                        "id": { "type": "string" },
+                        "task_id": { "type": "string" },
+                        "status": { "type": "string", "enum": ["scheduled"] }
+                    }
+                },
                 "SessionResults": {
                     "type": "object",
                     "required": ["session_id", "results"],
@@ -460,6 +582,43 @@ fn build() -> Value {
                     "security": [{ "bearer": [] }],
                     "parameters": task_id_parameter(),
                     "responses": authenticated(events)
+                }
+            },
+            "/v1/tasks/{task_id}/result": {
+                "post": {
+                    "summary": "Report the outcome of a task delivery this agent answered 202 Accepted (DESIGN §8)",
+                    "description": "Authenticated as the agent the delivery went to (its token's subject is the agent's name). Accepted once; the same report again answers 200 with `duplicate: true`. The task's deadline still bounds it: unreported by then, it fails with DEADLINE_EXCEEDED.",
+                    "security": [{ "bearer": [] }],
+                    "parameters": task_id_parameter(),
+                    "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/TaskReport" }, "example": { "output": { "summary": "…" } } } } },
+                    "responses": authenticated(report)
+                }
+            },
+            "/v1/dead-letters": {
+                "get": {
+                    "summary": "Callbacks that could not be delivered, oldest first (operators)",
+                    "security": [{ "bearer": [] }],
+                    "parameters": [
+                        { "name": "after", "in": "query", "required": false, "schema": { "type": "string", "pattern": "^[0-9]+-[0-9]+$" }, "description": "The `next_after` (or an `id`) of an earlier answer." },
+                        { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 }, "description": "At most this many (clamped to 1..=1000; default 100)." }
+                    ],
+                    "responses": authenticated(dead_letters)
+                }
+            },
+            "/v1/dead-letters/{id}": {
+                "get": {
+                    "summary": "One dead letter with the result it holds (operators)",
+                    "security": [{ "bearer": [] }],
+                    "parameters": dead_letter_id_parameter(),
+                    "responses": authenticated(dead_letter)
+                }
+            },
+            "/v1/dead-letters/{id}/replay": {
+                "post": {
+                    "summary": "Send a dead letter's callback again, from its first attempt (operators); a last failure parks a new one",
+                    "security": [{ "bearer": [] }],
+                    "parameters": dead_letter_id_parameter(),
+                    "responses": authenticated(replay)
                 }
             },
             "/v1/sessions/{session_id}/results": {

@@ -25,6 +25,18 @@ pub struct Success {
     /// checked to be JSON, passed on without being rebuilt (no parse-and-reserialise
     /// per call, and numbers keep their digits).
     pub output: Option<Box<RawValue>>,
+    /// A task's delivery the agent answered `202 Accepted`: no output yet, the
+    /// agent reports it later (DESIGN §8). Never set outside task deliveries.
+    pub accepted: Option<Accepted>,
+}
+
+/// What a `202` to a task delivery leaves to wait for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// The instance's agent name: only a token with this subject may report.
+    pub agent_name: String,
+    /// The delivery's absolute deadline (epoch ms): no report by then fails the task.
+    pub deadline_ms: u64,
 }
 
 impl Success {
@@ -78,6 +90,8 @@ pub(crate) struct LastFailure {
 
 pub(crate) enum Outcome {
     Done(Option<Box<RawValue>>),
+    /// `202 Accepted`: the agent reports the outcome later (task deliveries only).
+    Accepted,
     Fatal(RouterError),
     Retryable(RetryReason, String),
 }
@@ -93,6 +107,10 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
         Observation::Unjudged
     };
     match result {
+        // Whether a 202 may stand is the caller's to decide: only a task's delivery may be answered so.
+        AttemptResult::Answered { status, .. } if status == StatusCode::ACCEPTED => {
+            (Observation::Healthy(elapsed), Outcome::Accepted)
+        }
         AttemptResult::Answered { status, body } if status.is_success() => {
             match serde_json::from_slice::<AgentAnswer>(&body) {
                 Ok(answer) => (Observation::Healthy(elapsed), Outcome::Done(answer.output)),
@@ -125,6 +143,20 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
                 StatusCode::TOO_MANY_REQUESTS => {
                     (Observation::Busy, Outcome::Retryable(RetryReason::Overloaded, detail))
                 }
+                // The agent gave up at the call's own deadline a moment before
+                // this router's timer did (the SDKs enforce the envelope's
+                // deadline): the same outcome as a timeout here, so the same code.
+                StatusCode::GATEWAY_TIMEOUT
+                    if agent.as_ref().is_some_and(|error| error.code == "DEADLINE_EXCEEDED") =>
+                {
+                    (
+                        timed_out,
+                        Outcome::Fatal(RouterError::new(
+                            Code::DeadlineExceeded,
+                            "the agent did not finish before the deadline",
+                        )),
+                    )
+                }
                 _ => {
                     // The agent's own business answer: passed through, never retried.
                     let observation = if status == StatusCode::GATEWAY_TIMEOUT {
@@ -154,6 +186,17 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
             )),
         ),
     }
+}
+
+/// A `202` to a call that is not a task's delivery: nothing could ever report its outcome.
+pub(crate) fn accepted_without_task() -> RouterError {
+    RouterError::new(
+        Code::AgentError,
+        "the agent answered 202 Accepted, which only a task's delivery (POST /v1/tasks) may be answered; \
+         answer 200 {\"output\": ...} to a synchronous call",
+    )
+    .with_details(json!({ "agent_status": 202 }))
+    .with_passthrough(StatusCode::BAD_GATEWAY)
 }
 
 pub(crate) fn attempts_details(failures: &[LastFailure]) -> Value {

@@ -22,7 +22,10 @@ use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, ForwardHeaders, Forwarder};
 use crate::json::Forwarded;
 use crate::metrics::Metrics;
-use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome, Success};
+use crate::outcome::{
+    accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
+    Success,
+};
 use crate::retry::{self, RetryBudget};
 use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
@@ -162,6 +165,29 @@ impl RouterService {
             .map_err(RouterError::from)
     }
 
+    /// Sets `agent_reach_router_routable_instances` from the snapshot, at
+    /// scrape time (never on the request path): per capability, the
+    /// instances selection could pick now (the one definition, [`select::routable`]).
+    pub fn publish_routable_instances(&self) {
+        let snapshot = self.snapshot.load();
+        let limits = self.limits();
+        let gauge = &self.metrics.routable_instances;
+        // Capabilities gone from the snapshot disappear from the scrape.
+        gauge.reset();
+        for (name, capability) in snapshot.capabilities.iter() {
+            let routable: std::collections::HashSet<&str> = capability
+                .versions
+                .iter()
+                .flat_map(|group| group.instances.iter())
+                .filter(|instance| select::routable(instance, &limits).is_some())
+                .map(|instance| instance.agent_id.as_str())
+                .collect();
+            gauge
+                .with_label_values(&[name.as_str()])
+                .set(i64::try_from(routable.len()).unwrap_or(i64::MAX));
+        }
+    }
+
     /// Runs one checked request to completion; `received` is when it arrived
     /// (its deadline counts from then).
     pub async fn invoke(
@@ -174,7 +200,7 @@ impl RouterService {
         received: clock::Now,
     ) -> Result<Success, Failure> {
         let snapshot = self.snapshot.load_full();
-        let admitted = match self.admission.admit(
+        let admitted = match self.admission.admit_one(
             caller,
             entry,
             &checked.request,
@@ -216,7 +242,12 @@ impl RouterService {
         trace: &TraceContext,
         now: clock::Now,
     ) -> Result<Success, Failure> {
-        let CheckedRequest { request, policy, .. } = checked;
+        let CheckedRequest {
+            request,
+            policy,
+            task_id,
+            ..
+        } = checked;
         let policy = *policy;
         let Admitted {
             capability,
@@ -243,6 +274,7 @@ impl RouterService {
             deadline_ms,
             0,
         );
+        envelope.task_id = task_id.as_deref();
         // Without OpenTelemetry spans, every attempt carries the router's own span id.
         let fallback_traceparent = trace.forward_header();
         // Selection and attempt spans only for traces that are kept (an unsampled
@@ -349,6 +381,7 @@ impl RouterService {
                     "outcome",
                     match &outcome {
                         Outcome::Done(_) => "succeeded",
+                        Outcome::Accepted => "accepted",
                         Outcome::Fatal(_) => "failed",
                         Outcome::Retryable(..) => "retryable",
                     },
@@ -369,8 +402,22 @@ impl RouterService {
                         agent_id,
                         attempts: attempt,
                         output,
+                        accepted: None,
                     });
                 }
+                Outcome::Accepted if task_id.is_some() => {
+                    return Ok(Success {
+                        capability_version: group.version_text.clone(),
+                        agent_id,
+                        attempts: attempt,
+                        output: None,
+                        accepted: Some(Accepted {
+                            agent_name: instance.name.clone(),
+                            deadline_ms,
+                        }),
+                    });
+                }
+                Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),
                 Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt)),
                 Outcome::Retryable(reason, detail) => {
                     failures.push(LastFailure {
@@ -434,7 +481,10 @@ impl RouterService {
         only: Option<&str>,
     ) -> Result<Vec<Delivery>, Failure> {
         let CheckedRequest {
-            request, version_req, ..
+            request,
+            version_req,
+            task_id,
+            ..
         } = checked;
         let now = clock::Now::read();
         let snapshot = self.snapshot.load_full();
@@ -472,7 +522,7 @@ impl RouterService {
                 attempts: 0,
             });
         }
-        let envelope = Forwarded::new(
+        let mut envelope = Forwarded::new(
             &request,
             request_id,
             (&capability.name, &version),
@@ -480,6 +530,8 @@ impl RouterService {
             deadline_ms,
             1,
         );
+        envelope.task_id = task_id.as_deref();
+        let is_task = task_id.is_some();
         let body = Bytes::from(envelope.to_vec().map_err(|error| {
             Failure::from(RouterError::new(
                 Code::InvalidEnvelope,
@@ -533,6 +585,7 @@ impl RouterService {
                             agent_id: agent_id.clone(),
                             attempts: 1,
                             output,
+                            accepted: None,
                         }),
                         Err(error) => {
                             instance.state.count_output_mismatch();
@@ -544,6 +597,22 @@ impl RouterService {
                             })
                         }
                     },
+                    Outcome::Accepted if is_task => Ok(Success {
+                        capability_version: version.clone(),
+                        agent_id: agent_id.clone(),
+                        attempts: 1,
+                        output: None,
+                        accepted: Some(Accepted {
+                            agent_name: instance.name.clone(),
+                            deadline_ms,
+                        }),
+                    }),
+                    Outcome::Accepted => Err(Failure {
+                        error: accepted_without_task(),
+                        capability_version: Some(version.clone()),
+                        agent_id: Some(agent_id.clone()),
+                        attempts: 1,
+                    }),
                     Outcome::Fatal(error) => Err(Failure {
                         error,
                         capability_version: Some(version.clone()),

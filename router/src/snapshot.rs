@@ -21,11 +21,14 @@ use agent_reach_proto::Status;
 use crate::clock;
 use crate::health::{health_score, latency_factor, status_permille, InstanceState};
 use crate::metrics::{CapabilityMetrics, Metrics};
+use crate::split::Split;
 
 /// One instance as routing needs it.
 #[derive(Debug)]
 pub struct Instance {
     pub agent_id: String,
+    /// The agent's name (its tokens' subject), e.g. who may report a task's result.
+    pub name: String,
     pub endpoint: String,
     /// `endpoint` parsed once.
     pub uri: http::Uri,
@@ -33,6 +36,9 @@ pub struct Instance {
     pub status: Status,
     /// The instance's tags (e.g. `class: bulk`), for per-tag task limits.
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Runtime state carried across snapshots, including the agent's reported
+    /// in-flight count (`state.reported_inflight()`), which a record change of
+    /// that count alone updates in place, without a rebuild.
     pub state: Arc<InstanceState>,
 }
 
@@ -53,6 +59,8 @@ pub struct VersionGroup {
     pub wrr_current: Mutex<Vec<i64>>,
     /// Rotates the tie-break start of least-connections.
     pub rotation: AtomicUsize,
+    /// Calls admitted to this version (`agent_reach_router_version_selections_total`).
+    pub selections: prometheus::IntCounter,
 }
 
 /// A capability version's description and schemas as registered (JSON
@@ -69,6 +77,8 @@ pub struct Capability {
     /// Highest version first.
     pub versions: Vec<Arc<VersionGroup>>,
     pub metrics: CapabilityMetrics,
+    /// The operator's traffic split between versions for unpinned calls, if any.
+    pub split: Option<Split>,
 }
 
 pub struct Snapshot {
@@ -246,6 +256,8 @@ pub struct SnapshotBuilder {
     /// rebuilds instead of restarting it (a restart always favours the heaviest
     /// instance first, which frequent status changes would turn into a skew).
     previous_groups: HashMap<(String, semver::Version), Arc<VersionGroup>>,
+    /// Traffic splits by capability, as the registry last sent them.
+    splits: BTreeMap<String, pb::CapabilitySplit>,
 }
 
 impl SnapshotBuilder {
@@ -258,6 +270,7 @@ impl SnapshotBuilder {
             validators: HashMap::new(),
             capability_metrics: HashMap::new(),
             previous_groups: HashMap::new(),
+            splits: BTreeMap::new(),
         }
     }
 
@@ -280,7 +293,26 @@ impl SnapshotBuilder {
                     .into_iter()
                     .map(|instance| (instance.agent_id.clone(), instance))
                     .collect();
+                self.splits = snapshot
+                    .splits
+                    .into_iter()
+                    .map(|split| (split.capability.clone(), split))
+                    .collect();
                 true
+            }
+            Some(Kind::SplitSet(split)) => {
+                self.splits.insert(split.capability.clone(), split);
+                true
+            }
+            Some(Kind::SplitCleared(cleared)) => self.splits.remove(&cleared.capability).is_some(),
+            Some(Kind::Updated(instance)) if self.only_inflight_changed(&instance) => {
+                // The agent's load moved: a heartbeat's worth of news that routing
+                // reads through an atomic, not worth rebuilding every group for.
+                if let Some(state) = self.states.get(&instance.agent_id) {
+                    state.set_reported_inflight(instance.inflight);
+                }
+                self.instances.insert(instance.agent_id.clone(), instance);
+                false
             }
             Some(Kind::Added(instance)) | Some(Kind::Updated(instance)) => {
                 self.instances.insert(instance.agent_id.clone(), instance);
@@ -289,6 +321,17 @@ impl SnapshotBuilder {
             Some(Kind::Removed(removed)) => self.instances.remove(&removed.agent_id).is_some(),
             None => false,
         }
+    }
+
+    /// Whether `update` differs from the record held only in its reported in-flight count.
+    fn only_inflight_changed(&self, update: &pb::AgentInstance) -> bool {
+        self.instances.get(&update.agent_id).is_some_and(|held| {
+            held.inflight != update.inflight
+                && pb::AgentInstance {
+                    inflight: update.inflight,
+                    ..held.clone()
+                } == *update
+        })
     }
 
     pub fn build(&mut self) -> Snapshot {
@@ -333,9 +376,11 @@ impl SnapshotBuilder {
                 .get(&record.agent_id)
                 .cloned()
                 .unwrap_or_else(|| Arc::new(InstanceState::new(self.metrics.instance(&record.agent_id))));
+            state.set_reported_inflight(record.inflight);
             live_states.insert(record.agent_id.clone(), state.clone());
             let instance = Arc::new(Instance {
                 agent_id: record.agent_id.clone(),
+                name: record.name.clone(),
                 endpoint: record.endpoint.clone(),
                 uri,
                 weight: record.weight.max(1),
@@ -400,6 +445,7 @@ impl SnapshotBuilder {
                     live_validators.insert(text.clone(), validator.clone());
                 }
                 let carried = self.carried_wrr(&name, &version, &instances);
+                let selections = self.metrics.version_selections(&name, &version.to_string());
                 groups.push(Arc::new(VersionGroup {
                     version_text: version.to_string(),
                     version,
@@ -410,6 +456,7 @@ impl SnapshotBuilder {
                     instances,
                     wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),
+                    selections,
                 }));
             }
             let metrics = self
@@ -417,12 +464,14 @@ impl SnapshotBuilder {
                 .entry(name.clone())
                 .or_insert_with(|| self.metrics.capability(&name))
                 .clone();
+            let split = self.splits.get(&name).and_then(|record| Split::build(record, &groups));
             capabilities.insert(
                 name.clone(),
                 Capability {
                     name,
                     versions: groups,
                     metrics,
+                    split,
                 },
             );
         }
@@ -549,6 +598,7 @@ mod tests {
             Kind::Snapshot(pb::Snapshot {
                 instances: vec![heavy, instance("l1", "1.0.0", "")],
                 reset: false,
+                splits: Vec::new(),
             }),
         ));
         let first = builder.build();
@@ -584,6 +634,56 @@ mod tests {
     }
 
     #[test]
+    fn a_reported_inflight_change_alone_updates_in_place() {
+        use pb::watch_event::Kind;
+        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
+        let mut loaded = instance("a1", "1.0.0", "");
+        loaded.inflight = 3;
+        builder.apply(event(
+            1,
+            Kind::Snapshot(pb::Snapshot {
+                instances: vec![loaded.clone(), instance("a2", "1.0.0", "")],
+                reset: false,
+                splits: Vec::new(),
+            }),
+        ));
+        let snapshot = builder.build();
+        let group = &snapshot.capabilities["order.query"].versions[0];
+        let state = |id: &str| {
+            group
+                .instances
+                .iter()
+                .find(|instance| instance.agent_id == id)
+                .unwrap()
+                .state
+                .clone()
+        };
+        assert_eq!(state("a1").reported_inflight(), 3, "a snapshot carries the reports");
+        assert_eq!(state("a2").reported_inflight(), 0);
+        loaded.inflight = 9;
+        assert!(
+            !builder.apply(event(2, Kind::Updated(loaded.clone()))),
+            "only the load moved: no rebuild"
+        );
+        assert_eq!(state("a1").reported_inflight(), 9, "seen by the live snapshot at once");
+        assert_eq!(builder.revision(), 2);
+        loaded.status = "busy".to_string();
+        loaded.inflight = 10;
+        assert!(
+            builder.apply(event(3, Kind::Updated(loaded))),
+            "a status change rebuilds"
+        );
+        let rebuilt = builder.build();
+        let a1 = rebuilt.capabilities["order.query"].versions[0]
+            .instances
+            .iter()
+            .find(|instance| instance.agent_id == "a1")
+            .unwrap()
+            .clone();
+        assert_eq!((a1.status, a1.state.reported_inflight()), (Status::Busy, 10));
+    }
+
+    #[test]
     fn deltas_build_versions_highest_first_and_reuse_state_and_validators() {
         use pb::watch_event::Kind;
         let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
@@ -593,6 +693,7 @@ mod tests {
             Kind::Snapshot(pb::Snapshot {
                 instances: vec![instance("a1", "1.0.0", schema), instance("a2", "1.2.0", schema)],
                 reset: false,
+                splits: Vec::new(),
             }),
         ));
         let first = builder.build();

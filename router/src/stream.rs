@@ -539,6 +539,14 @@ pub async fn open(
                     (None, permit),
                 ));
             }
+            // A 202 answers only a task's delivery, and a stream is never one.
+            Outcome::Accepted => {
+                return Err(fail(
+                    crate::outcome::accepted_without_task(),
+                    Some(agent_id),
+                    attempt_number,
+                ))
+            }
             Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt_number)),
             Outcome::Retryable(reason, detail) => {
                 failures.push(LastFailure {

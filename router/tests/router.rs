@@ -1254,3 +1254,28 @@ async fn only_deadlines_an_instance_should_have_met_count_against_it() {
     );
     hang.release.notify_waiters();
 }
+
+/// `agent_reach_router_routable_instances` (the alert on a capability left
+/// with one instance reads it) follows status changes, counted per capability.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routable_instances_are_counted_per_capability_at_scrape_time() {
+    let cluster = Cluster::start().await;
+    let _one = cluster.agent(AgentSpec::new("count-1", 1, Behaviour::Echo));
+    let two = cluster.agent(AgentSpec::new("count-2", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["count-1", "count-2"]).await;
+    let gauge = |count: usize| format!("agent_reach_router_routable_instances{{capability=\"{CAPABILITY}\"}} {count}");
+    assert!(
+        cluster.metrics().await.contains(&gauge(2)),
+        "{}",
+        cluster.metrics().await
+    );
+    set_status(&cluster.registry.url(), &two, "draining").await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            cluster.metrics().await.contains(&gauge(1))
+        })
+        .await,
+        "a draining instance still counted: {}",
+        cluster.metrics().await
+    );
+}

@@ -904,3 +904,122 @@ fn assert_two_succeeded_one_failed(outcomes: &Value) {
         [("broken-3", "failed"), ("echo-1", "succeeded"), ("echo-2", "succeeded")]
     );
 }
+
+/// GETs `path` as `caller`; returns (status, JSON answer).
+async fn get_as(cluster: &Cluster, caller: &str, path: &str) -> (u16, Value) {
+    let response = cluster
+        .client
+        .get(cluster.url(path))
+        .bearer_auth(token(caller))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// POSTs nothing to `path` as `caller`; returns (status, JSON answer).
+async fn post_as(cluster: &Cluster, caller: &str, path: &str) -> (u16, Value) {
+    let response = cluster
+        .client
+        .post(cluster.url(path))
+        .bearer_auth(token(caller))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// Issue 21, point 7: operators list and inspect dead letters and replay
+/// one, which sends its callback again from the first attempt; everyone
+/// else, and every bad id or query, gets a stable code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_inspect_and_replay_dead_letters() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await; // five callback attempts within about 1.5 s
+    let _echo = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+    // Fails the five scheduled attempts, takes the replay.
+    let (hook, calls) = flaky_receiver(5).await;
+    let (_, submitted) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({"capability": "order.query", "payload": {"order_id": "SO-1"}, "callback": {"url": hook}}),
+    )
+    .await;
+    let task_id = submitted["task_id"].as_str().unwrap().to_string();
+    let listed = || async { get_as(&cluster, "ops", "/v1/dead-letters").await.1 };
+    assert!(
+        eventually(Duration::from_secs(15), || async { listed().await["total"] == 1 }).await,
+        "no dead letter: {}",
+        listed().await
+    );
+    let list = listed().await;
+    let letter = &list["dead_letters"][0];
+    assert_eq!(letter["task_id"], task_id.as_str());
+    assert_eq!(letter["url"], hook.as_str());
+    assert!(letter["error"].as_str().unwrap().contains("503"), "{letter}");
+    assert!(letter["parked_at"].as_u64().is_some());
+    let id = letter["id"].as_str().unwrap().to_string();
+    assert_eq!(list["next_after"], id.as_str());
+    let (_, rest) = get_as(&cluster, "ops", &format!("/v1/dead-letters?after={id}")).await;
+    assert_eq!(rest["dead_letters"], json!([]), "paged after the last one");
+
+    let (status, shown) = get_as(&cluster, "ops", &format!("/v1/dead-letters/{id}")).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        shown["result"]["status"], "succeeded",
+        "the dead letter holds the result"
+    );
+
+    // Only operators; unknown or malformed ids and bad queries have their codes.
+    for (caller, path, expected) in [
+        (CALLER, "/v1/dead-letters".to_string(), (403, "FORBIDDEN")),
+        (CALLER, format!("/v1/dead-letters/{id}"), (403, "FORBIDDEN")),
+        (
+            "ops",
+            "/v1/dead-letters/1-0".to_string(),
+            (404, "DEAD_LETTER_NOT_FOUND"),
+        ),
+        (
+            "ops",
+            "/v1/dead-letters/nonsense".to_string(),
+            (404, "DEAD_LETTER_NOT_FOUND"),
+        ),
+        ("ops", "/v1/dead-letters?after=x".to_string(), (400, "INVALID_QUERY")),
+        ("ops", "/v1/dead-letters?limit=x".to_string(), (400, "INVALID_QUERY")),
+        ("ops", "/v1/dead-letters?colour=red".to_string(), (400, "INVALID_QUERY")),
+    ] {
+        let (status, body) = get_as(&cluster, caller, &path).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str().unwrap_or("")),
+            expected,
+            "{path}: {body}"
+        );
+    }
+    let (status, body) = post_as(&cluster, CALLER, &format!("/v1/dead-letters/{id}/replay")).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("FORBIDDEN")),
+        "{body}"
+    );
+
+    // The replay: delivered (the receiver takes the sixth call), the dead letter gone.
+    let (status, replayed) = post_as(&cluster, "ops", &format!("/v1/dead-letters/{id}/replay")).await;
+    assert_eq!(status, 200, "{replayed}");
+    assert_eq!(replayed["task_id"], task_id.as_str());
+    assert!(eventually(Duration::from_secs(10), || async { calls.lock().unwrap().len() == 6 }).await);
+    assert_eq!(listed().await["total"], 0);
+    let (status, body) = post_as(&cluster, "ops", &format!("/v1/dead-letters/{id}/replay")).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("DEAD_LETTER_NOT_FOUND")),
+        "replayed once: {body}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            cluster.metrics().await.contains("agent_reach_tasks_dead_letters 0")
+        })
+        .await
+    );
+    assert_eq!(calls.lock().unwrap().len(), 6, "sent once after the replay");
+}

@@ -131,6 +131,32 @@ async fn an_agent_whose_certificate_no_trusted_ca_signed_is_never_called() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_an_expired_certificate_is_never_called() {
+    let pki = Pki::new("agents");
+    let cluster = Cluster::start().await;
+    let stale = cluster.agent(tls_agent("stale-1", pki.expired_server("stale-1"), None));
+    let (router, addr) = cluster
+        .another_router(|settings| {
+            settings.agent_tls.ca = Some(pki.ca_file.clone());
+            settings.tuning.max_attempts = 1;
+        })
+        .await;
+    wait_routable(&router, "stale-1").await;
+    let (status, body) = invoke_at(&reqwest::Client::new(), &format!("http://{addr}"), "SO-1")
+        .await
+        .expect("router answers");
+    assert_eq!((status, code_of(&body)), (502, "ALL_RETRIES_EXHAUSTED"), "{body}");
+    let detail = body["error"]["details"]["attempts"][0]["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        detail.contains("certificate expired"),
+        "the failure says the certificate expired: {detail}"
+    );
+    assert_eq!(stale.hits(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_that_require_a_client_certificate_get_the_routers() {
     let pki = Pki::new("mesh");
     let cluster = Cluster::start().await;

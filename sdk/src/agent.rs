@@ -3,8 +3,10 @@
 //!
 //! Registration starts as `starting`: the router sends no traffic until
 //! [`Agent::mark_ready`]. Heartbeats ride one gRPC keep-alive stream and
-//! carry status and in-flight count; `LEASE_EXPIRED` or a registry outage
-//! leads to re-registration by itself. [`Agent::shutdown`] (or a signal in
+//! carry status and in-flight count, every TTL/3 and at once when the status
+//! to report changes (a load change at most every 500 ms, so a load hovering
+//! at a threshold is not a stream of registry writes); `LEASE_EXPIRED` or a
+//! registry outage leads to re-registration by itself. [`Agent::shutdown`] (or a signal in
 //! [`Agent::run_until_signal`]) reports `draining`, waits (bounded) for
 //! in-flight work, deregisters and stops serving.
 
@@ -20,13 +22,14 @@ use agent_reach_proto::registry::registry_client::RegistryClient;
 use axum::serve::ListenerExt as _;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::Instrument;
 
+use crate::call::RouterLink;
 use crate::ctx::Links;
 use crate::error::StartError;
 use crate::handler::{Handler, IntoHandler};
-use crate::state::{Config, Shared, Status};
+use crate::state::{Config, Load, LoadThresholds, Shared, Status};
 use crate::verify::{KeySource, Keys};
 
 /// Builds an agent: identity, where it listens and is reached, which services
@@ -58,6 +61,10 @@ pub struct AgentBuilder {
     keys: Option<KeySource>,
     issuer: String,
     accept_unverified: bool,
+    /// The only CAs trusted for `https://` service URLs (none: the system's roots).
+    ca_file: Option<std::path::PathBuf>,
+    /// Serve the agent over TLS with these files.
+    tls: Option<agent_reach_edge::tls::ServerFiles>,
 }
 
 impl AgentBuilder {
@@ -115,9 +122,34 @@ impl AgentBuilder {
         self
     }
 
-    /// Requests served at once; beyond it the agent answers 503 (the router tries elsewhere).
+    /// Requests served at once (default 256); beyond it the agent answers 503
+    /// `OVERLOADED` (the router tries elsewhere).
     pub fn max_concurrency(mut self, limit: usize) -> Self {
         self.config.max_concurrency = limit.max(1);
+        self
+    }
+
+    /// When the SDK reports the agent `busy` and `overloaded` by itself, as
+    /// fractions of [`max_concurrency`](Self::max_concurrency) in flight
+    /// (default 0.75 and 0.95; routers prefer other instances over a busy one
+    /// and send an overloaded one traffic only as a last resort).
+    ///
+    /// ```no_run
+    /// # async fn example(handler: agent_reach_sdk::Handler) -> Result<(), Box<dyn std::error::Error>> {
+    /// use agent_reach_sdk::{Agent, LoadThresholds};
+    /// let agent = Agent::builder("summarizer", "summarizer-1")
+    ///     .registry("http://127.0.0.1:7400")
+    ///     .router("http://127.0.0.1:7500")
+    ///     .token(std::env::var("AGENT_REACH_TOKEN")?)
+    ///     .max_concurrency(8)
+    ///     .load_thresholds(LoadThresholds { busy: 0.5, overloaded: 1.0 }) // busy at 4, overloaded at 8
+    ///     .handler(handler)
+    ///     .start()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn load_thresholds(mut self, thresholds: LoadThresholds) -> Self {
+        self.config.load_thresholds = thresholds;
         self
     }
 
@@ -134,6 +166,27 @@ impl AgentBuilder {
 
     /// Where the router's assertion keys are published (default: the router's
     /// `/.well-known/jwks.json`).
+    /// Trust only the CAs in this PEM file for `https://` registry, router
+    /// (calls and its JWKS) and context service URLs; default: the system's
+    /// roots. Verification is never off.
+    pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Serve the agent over TLS with this certificate chain and private key
+    /// (PEM files, reread every 10 s: a renewed pair applies to new
+    /// connections). The endpoint then defaults to `https://`; routers must
+    /// trust the certificate's CA (`--agent-ca-file`).
+    pub fn tls(mut self, cert: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = Some(agent_reach_edge::tls::ServerFiles {
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: None,
+        });
+        self
+    }
+
     pub fn assertion_keys_url(mut self, url: &str) -> Self {
         self.keys = Some(KeySource::Url(url.to_string()));
         self
@@ -161,13 +214,16 @@ impl AgentBuilder {
 
     /// Starts serving and registering (as `starting`); call
     /// [`Agent::mark_ready`] once the agent's own initialisation is done.
-    pub async fn start(self) -> Result<Agent, StartError> {
+    pub async fn start(mut self) -> Result<Agent, StartError> {
         let mut problems = Vec::new();
         if self.handlers.is_empty() {
             problems.push("no handler: add at least one with .handler(...)".to_string());
         }
         if self.config.registry.is_empty() {
             problems.push("no registry URL: call .registry(URL)".to_string());
+        }
+        if let Some(problem) = self.config.load_thresholds.problem() {
+            problems.push(problem);
         }
         let Some(token) = self.token else {
             return Err(StartError::Config(
@@ -177,8 +233,12 @@ impl AgentBuilder {
         if !problems.is_empty() {
             return Err(StartError::Config(problems.join("; ")));
         }
+        let trust = agent_reach_edge::tls::ClientFiles {
+            ca: self.ca_file.clone(),
+            identity: None,
+        };
         let lazy = |url: &str| -> Result<Channel, StartError> {
-            Ok(Endpoint::from_shared(url.to_string())
+            Ok(agent_reach_edge::tls::grpc_endpoint(url, &trust)
                 .map_err(|error| StartError::Config(format!("invalid URL `{url}`: {error}")))?
                 .connect_timeout(Duration::from_secs(2))
                 .connect_lazy())
@@ -198,7 +258,12 @@ impl AgentBuilder {
             address: self.config.listen.to_string(),
             error,
         })?;
-        let http = reqwest::Client::new();
+        let http = http_client(self.ca_file.as_deref())?;
+        let tls = agent_reach_edge::tls::listener(self.tls.as_ref())
+            .map_err(|error| StartError::Config(format!("the agent's TLS: {error}")))?;
+        if tls.is_some() && self.config.endpoint.is_none() {
+            self.config.endpoint = Some(format!("https://{bound}"));
+        }
         let keys = if self.accept_unverified || crate::verify::insecure_from_env() {
             tracing::warn!(
                 message = "ASSERTION VERIFICATION IS OFF: this agent serves calls that did not come through \
@@ -224,8 +289,11 @@ impl AgentBuilder {
             Some(Keys::start(source, self.issuer, http.clone()))
         };
         let links = Links {
-            http,
-            router: self.router,
+            router: self.router.map(|router| RouterLink {
+                http,
+                router,
+                token: token.clone(),
+            }),
             context,
             token,
         };
@@ -237,15 +305,29 @@ impl AgentBuilder {
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             };
-            // No Nagle: answers must not wait for the router's delayed ACK.
-            let listener = listener.tap_io(|connection| {
-                if let Err(error) = connection.set_nodelay(true) {
-                    // Only latency suffers: the connection is still served.
-                    tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
+            let served = match tls {
+                None => {
+                    // No Nagle: answers must not wait for the router's delayed ACK.
+                    let listener = listener.tap_io(|connection| {
+                        if let Err(error) = connection.set_nodelay(true) {
+                            // Only latency suffers: the connection is still served.
+                            tracing::debug!(message = "Cannot set TCP_NODELAY on an accepted connection.", %error);
+                        }
+                    });
+                    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
                 }
-            });
-            let serving = axum::serve(listener, app);
-            if let Err(error) = serving.with_graceful_shutdown(shutdown).await {
+                // TLS: the services' own front door (no hot routes: every request to `app`).
+                Some(tls) => {
+                    let door = agent_reach_edge::front::Door {
+                        hot: agent_reach_edge::front::NoHotRoutes,
+                        app,
+                        body_limit: 0,
+                        tls: Some(tls),
+                    };
+                    door.serve(listener, shutdown).await
+                }
+            };
+            if let Err(error) = served {
                 tracing::error!(message = "Agent server failed.", %error);
             }
         });
@@ -289,6 +371,7 @@ impl Agent {
                 ttl_s: 15,
                 tags: BTreeMap::new(),
                 max_concurrency: 256,
+                load_thresholds: LoadThresholds::default(),
                 drain_timeout: Duration::from_secs(30),
             },
             router: None,
@@ -298,6 +381,8 @@ impl Agent {
             keys: None,
             issuer: agent_reach_access::assertion::DEFAULT_ISSUER.to_string(),
             accept_unverified: false,
+            ca_file: None,
+            tls: None,
         }
     }
 
@@ -332,8 +417,39 @@ impl Agent {
     /// # }
     /// ```
     pub fn mark_ready(&self) {
-        if self.shared.status() == Status::Starting {
-            self.shared.set_status(Status::Ready);
+        if self.shared.phase() == Status::Starting {
+            self.shared.set_phase(Status::Ready);
+        }
+    }
+
+    /// Reports load the SDK cannot see (a full GPU queue, a rate-limited
+    /// upstream). The heavier of this and the SDK's own view (in-flight
+    /// deliveries against [`LoadThresholds`]) is what the registry and routers
+    /// see, sent at once; [`Agent::clear_load`] leaves it to the SDK again.
+    ///
+    /// ```no_run
+    /// # async fn example(agent: agent_reach_sdk::Agent) {
+    /// use agent_reach_sdk::{Load, Status};
+    /// agent.report_load(Load::Busy);
+    /// assert_eq!(agent.status(), Status::Busy);
+    /// agent.clear_load();
+    /// # }
+    /// ```
+    pub fn report_load(&self, load: Load) {
+        self.shared.report_load(Some(load));
+    }
+
+    /// Withdraws [`Agent::report_load`]: the SDK's own view of the load applies alone.
+    pub fn clear_load(&self) {
+        self.shared.report_load(None);
+    }
+
+    /// A handle that reports load from elsewhere (a handler, a monitoring
+    /// task), for as long as the agent runs, e.g. after
+    /// [`Agent::run_until_signal`] took the agent.
+    pub fn load_reporter(&self) -> LoadReporter {
+        LoadReporter {
+            shared: self.shared.clone(),
         }
     }
 
@@ -347,7 +463,7 @@ impl Agent {
     /// # }
     /// ```
     pub async fn shutdown(self) {
-        self.shared.set_status(Status::Draining);
+        self.shared.set_phase(Status::Draining);
         let drain_until = Instant::now() + self.shared.config.drain_timeout;
         while self.shared.inflight.load(Ordering::Acquire) > 0 && Instant::now() < drain_until {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -386,6 +502,32 @@ impl Agent {
         #[cfg(not(unix))]
         let _ = interrupt.await;
         self.shutdown().await;
+    }
+}
+
+/// Reports an agent's load from anywhere; see [`Agent::report_load`]. Cheap to clone.
+#[derive(Clone)]
+pub struct LoadReporter {
+    shared: Arc<Shared>,
+}
+
+impl LoadReporter {
+    /// As [`Agent::report_load`].
+    pub fn report(&self, load: Load) {
+        self.shared.report_load(Some(load));
+    }
+
+    /// As [`Agent::clear_load`].
+    pub fn clear(&self) {
+        self.shared.report_load(None);
+    }
+}
+
+impl std::fmt::Debug for LoadReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadReporter")
+            .field("agent_id", &self.shared.config.agent_id)
+            .finish()
     }
 }
 
@@ -492,6 +634,11 @@ async fn wait_or_stop(stop: &mut watch::Receiver<bool>, duration: Duration) -> b
     stopped || *stop.borrow()
 }
 
+/// Load-driven status changes go out at most this often (phase changes, ready
+/// and draining, at once), so a load hovering at a threshold is not a stream of
+/// registry and etcd writes. The Python SDK spaces them the same.
+const MIN_LOAD_REPORT_INTERVAL: Duration = Duration::from_millis(500);
+
 async fn keep_alive_session(
     shared: &Arc<Shared>,
     registry: &RegistryClient<Channel>,
@@ -499,14 +646,20 @@ async fn keep_alive_session(
 ) -> SessionEnd {
     let interval = Duration::from_secs(u64::from((shared.config.ttl_s / 3).max(1)));
     let (sender, receiver) = mpsc::channel(8);
-    let heartbeat = |shared: &Shared| pb::KeepAliveRequest {
-        agent_id: shared.config.agent_id.clone(),
-        lease_id: shared.lease_id.load(Ordering::Acquire),
-        status: shared.status().as_str().to_string(),
-        inflight: Some(u32::try_from(shared.inflight.load(Ordering::Acquire)).unwrap_or(u32::MAX)),
+    // What the last heartbeat said, and when, for spacing load changes.
+    let mut sent = (shared.phase(), shared.status(), Instant::now());
+    let heartbeat = |shared: &Shared, sent: &mut (Status, Status, Instant)| {
+        let status = shared.status();
+        *sent = (shared.phase(), status, Instant::now());
+        pb::KeepAliveRequest {
+            agent_id: shared.config.agent_id.clone(),
+            lease_id: shared.lease_id.load(Ordering::Acquire),
+            status: status.as_str().to_string(),
+            inflight: Some(u32::try_from(shared.take_sustained_inflight()).unwrap_or(u32::MAX)),
+        }
     };
     // Queue the first heartbeat before opening: the stream opens with its first answer.
-    if sender.try_send(heartbeat(shared)).is_err() {
+    if sender.try_send(heartbeat(shared, &mut sent)).is_err() {
         return SessionEnd::StreamBroken;
     }
     let mut client = registry.clone();
@@ -528,18 +681,41 @@ async fn keep_alive_session(
     };
     let mut ticker = tokio::time::interval(interval);
     ticker.tick().await; // the first heartbeat is already queued
+                         // A load change that came too soon after the last report: sent at this instant.
+    let mut deferred: Option<Instant> = None;
     loop {
+        let due = deferred.unwrap_or_else(Instant::now);
         tokio::select! {
             // The flag only ever goes from false to true: any change means stop.
             _ = stop.changed() => return SessionEnd::Stop,
             _ = ticker.tick() => {
-                if sender.send(heartbeat(shared)).await.is_err() {
+                deferred = None;
+                if sender.send(heartbeat(shared, &mut sent)).await.is_err() {
+                    return SessionEnd::StreamBroken;
+                }
+            }
+            () = tokio::time::sleep_until(due.into()), if deferred.is_some() => {
+                deferred = None;
+                if shared.status() != sent.1 && sender.send(heartbeat(shared, &mut sent)).await.is_err() {
                     return SessionEnd::StreamBroken;
                 }
             }
             () = shared.status_changed.notified() => {
-                if sender.send(heartbeat(shared)).await.is_err() {
-                    return SessionEnd::StreamBroken;
+                let (phase, status) = (shared.phase(), shared.status());
+                if phase != sent.0 {
+                    deferred = None;
+                    if sender.send(heartbeat(shared, &mut sent)).await.is_err() {
+                        return SessionEnd::StreamBroken;
+                    }
+                } else if status != sent.1 && deferred.is_none() {
+                    let at = sent.2 + MIN_LOAD_REPORT_INTERVAL;
+                    if at <= Instant::now() {
+                        if sender.send(heartbeat(shared, &mut sent)).await.is_err() {
+                            return SessionEnd::StreamBroken;
+                        }
+                    } else {
+                        deferred = Some(at);
+                    }
                 }
             }
             answer = answers.next() => match answer {
@@ -556,4 +732,25 @@ async fn keep_alive_session(
             },
         }
     }
+}
+
+/// The HTTP client for the router and JWKS: trusting only `ca` when given.
+pub(crate) fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, StartError> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(path) = ca {
+        let pem = std::fs::read(path)
+            .map_err(|error| StartError::Config(format!("cannot read the CA file {}: {error}", path.display())))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|error| StartError::Config(format!("{}: not PEM certificates: {error}", path.display())))?;
+        if certificates.is_empty() {
+            return Err(StartError::Config(format!("{}: no certificate in it", path.display())));
+        }
+        builder = builder.tls_built_in_root_certs(false);
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|error| StartError::Config(format!("the HTTP client: {error}")))
 }

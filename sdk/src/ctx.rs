@@ -2,23 +2,27 @@
 //! left, and typed access to other capabilities and to the session context.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use agent_reach_proto::context as ctxpb;
 use agent_reach_proto::context::contexts_client::ContextsClient;
-use agent_reach_proto::envelope::{InvokeRequest, ResultEnvelope, ResultStatus};
+use agent_reach_proto::envelope::ResultEnvelope;
+use agent_reach_proto::Priority;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 use tonic::transport::Channel;
+use tracing::Instrument as _;
 
+use crate::call::{self, now_ms, CallOptions, Inherited, RouterLink};
 use crate::error::CallError;
+use crate::HandlerError;
 
 /// Clients shared by every request of one agent.
 pub(crate) struct Links {
-    pub(crate) http: reqwest::Client,
-    pub(crate) router: Option<String>,
+    pub(crate) router: Option<RouterLink>,
     pub(crate) context: Option<ContextsClient<Channel>>,
     pub(crate) token: String,
 }
@@ -34,21 +38,13 @@ struct Inner {
     session_id: Option<String>,
     context_id: Option<String>,
     source: Option<String>,
+    priority: Priority,
     deadline_ms: u64,
     attempt: u32,
     traceparent: Option<String>,
     links: Arc<Links>,
-}
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// A fresh request id: 16 random hex digits.
-pub(crate) fn new_id() -> String {
-    format!("{:016x}", rand::random::<u64>())
+    /// Set on a task's delivery: what [`Ctx::accept_and_report`] reports under.
+    task_id: Option<String>,
 }
 
 /// A child `traceparent`: same trace id, a new span id (W3C Trace Context).
@@ -69,6 +65,7 @@ impl Ctx {
         session_id: Option<String>,
         context_id: Option<String>,
         source: Option<String>,
+        priority: Priority,
         deadline_ms: u64,
         attempt: u32,
         traceparent: Option<String>,
@@ -80,12 +77,79 @@ impl Ctx {
                 session_id,
                 context_id,
                 source,
+                priority,
                 deadline_ms,
                 attempt,
                 traceparent,
                 links,
+                task_id: None,
             }),
         }
+    }
+
+    /// This context for a task's delivery (`task_id` from the envelope).
+    pub(crate) fn for_task(mut self, task_id: Option<String>) -> Self {
+        // Called right after `new`, before the context is shared.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.task_id = task_id;
+        }
+        self
+    }
+
+    /// The task this delivery belongs to (`POST /v1/tasks`); `None` for a synchronous call.
+    pub fn task_id(&self) -> Option<&str> {
+        self.inner.task_id.as_deref()
+    }
+
+    /// Long work: on a task's delivery, answers `202 Accepted` at once (the
+    /// router releases the connection) and runs `work` in the background,
+    /// then reports its outcome with `POST /v1/tasks/{task_id}/result` as
+    /// this agent (retried until the deadline while the router is
+    /// unreachable). A synchronous call has no task to report to: `work`
+    /// simply runs and its output is the answer, so one handler serves both.
+    /// Return what it returns. Background work is not counted against
+    /// `max_concurrency` and is abandoned at the deadline (the router fails
+    /// the task then).
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError};
+    ///
+    /// #[handler(capability = "report.build", version = "1.0.0")]
+    /// async fn build(ctx: Ctx, month: String) -> Result<String, HandlerError> {
+    ///     ctx.accept_and_report(async move {
+    ///         // ... minutes of work ...
+    ///         Ok(format!("report for {month}"))
+    ///     })
+    ///     .await
+    /// }
+    /// ```
+    pub async fn accept_and_report<O, F>(&self, work: F) -> Result<O, HandlerError>
+    where
+        O: Serialize + Send + 'static,
+        F: Future<Output = Result<O, HandlerError>> + Send + 'static,
+    {
+        let (Some(task_id), Some(router)) = (self.task_id(), self.inner.links.router.as_deref()) else {
+            return work.await;
+        };
+        let report = crate::report::Report {
+            http: self.inner.links.http.clone(),
+            url: format!("{}/v1/tasks/{task_id}/result", router.trim_end_matches('/')),
+            token: self.inner.links.token.clone(),
+            deadline_ms: self.inner.deadline_ms,
+        };
+        let remaining = self.remaining();
+        tokio::spawn(
+            async move {
+                let outcome = match tokio::time::timeout(remaining, work).await {
+                    Ok(outcome) => outcome,
+                    // Nothing to report: the router fails the task at this same deadline.
+                    Err(_) => return,
+                };
+                report.send(outcome).await;
+            }
+            .instrument(tracing::Span::current()),
+        );
+        Err(HandlerError::accepted())
     }
 
     /// The idempotency key of this request.
@@ -104,6 +168,11 @@ impl Ctx {
     /// The verified caller, as the router authenticated it.
     pub fn source(&self) -> Option<&str> {
         self.inner.source.as_deref()
+    }
+
+    /// How urgent the caller said this request is; calls onwards carry it.
+    pub fn priority(&self) -> Priority {
+        self.inner.priority
     }
 
     /// Which delivery attempt this is (1 for the first).
@@ -127,7 +196,7 @@ impl Ctx {
     }
 
     /// Calls another capability through the router, carrying this request's
-    /// session, context, remaining deadline and trace context.
+    /// session, context, priority, remaining deadline and trace context.
     ///
     /// ```
     /// use agent_reach_sdk::{handler, Ctx, HandlerError};
@@ -141,46 +210,70 @@ impl Ctx {
     /// }
     /// ```
     pub async fn call<O: DeserializeOwned>(&self, capability: &str, input: impl Serialize) -> Result<O, CallError> {
-        let envelope = self.call_envelope(capability, input).await?;
-        let output = envelope.output.unwrap_or(Value::Null);
-        serde_json::from_value(output).map_err(|error| {
-            CallError::new(
-                "OUTPUT_MISMATCH",
-                format!("`{capability}` answered an unexpected shape: {error}"),
-            )
-        })
+        self.call_with(capability, input, &CallOptions::default()).await
+    }
+
+    /// [`Ctx::call`] with a version requirement, policy, priority or timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use agent_reach_sdk::{handler, CallOptions, Ctx, HandlerError, TargetPolicy};
+    /// use serde_json::{json, Value};
+    ///
+    /// #[handler(capability = "order.summary", version = "1.0.0")]
+    /// async fn summary(ctx: Ctx, order_id: String) -> Result<Value, HandlerError> {
+    ///     let options = CallOptions::new()
+    ///         .version("^1.2")
+    ///         .policy(TargetPolicy::LeastConnections)
+    ///         .timeout(Duration::from_millis(800)); // never past this request's own deadline
+    ///     let status: Value = ctx.call_with("order.query", json!({ "order_id": order_id }), &options).await?;
+    ///     Ok(json!({ "status": status["status"] }))
+    /// }
+    /// ```
+    pub async fn call_with<O: DeserializeOwned>(
+        &self,
+        capability: &str,
+        input: impl Serialize,
+        options: &CallOptions,
+    ) -> Result<O, CallError> {
+        let envelope = self.call_envelope_with(capability, input, options).await?;
+        call::output_as(capability, envelope.output)
     }
 
     /// Like [`Ctx::call`], returning the whole result envelope (agent, attempts, latency).
     pub async fn call_envelope(&self, capability: &str, input: impl Serialize) -> Result<ResultEnvelope, CallError> {
-        let links = &self.inner.links;
-        let router = links
+        self.call_envelope_with(capability, input, &CallOptions::default())
+            .await
+    }
+
+    /// Like [`Ctx::call_with`], returning the whole result envelope.
+    pub async fn call_envelope_with(
+        &self,
+        capability: &str,
+        input: impl Serialize,
+        options: &CallOptions,
+    ) -> Result<ResultEnvelope, CallError> {
+        let router = self
+            .inner
+            .links
             .router
-            .as_deref()
+            .as_ref()
             .ok_or_else(|| CallError::new("NO_ROUTER", "this agent was built without a router URL"))?;
         let payload =
             serde_json::to_value(input).map_err(|error| CallError::new("INVALID_INPUT", error.to_string()))?;
-        let request = InvokeRequest {
-            version: Some("1.0".to_string()),
-            request_id: Some(new_id()),
-            session_id: self.inner.session_id.clone(),
-            context_id: self.inner.context_id.clone(),
-            capability: capability.to_string(),
-            capability_version: None,
-            target_policy: None,
-            priority: None,
-            timeout_ms: None,
-            deadline: Some(self.inner.deadline_ms),
-            timeout: None,
-            trace_id: None,
-            source: None,
-            payload,
+        let inherited = Inherited {
+            session_id: self.session_id(),
+            context_id: self.context_id(),
+            priority: Some(self.inner.priority),
+            deadline_ms: Some(self.inner.deadline_ms),
         };
+        let request = call::envelope(capability, payload, options, &inherited);
         // The current span (the handler's, or one the handler opened) is the
         // router span's parent; without OpenTelemetry, a child id of our own.
         let traceparent = agent_reach_telemetry::propagation::traceparent(&tracing::Span::current())
             .unwrap_or_else(|| child_traceparent(self.traceparent()));
-        invoke(links, router, &request, Some(&traceparent)).await
+        let within = call::answer_within(request.deadline, Duration::from_secs(60));
+        router.invoke(&request, Some(&traceparent), within).await
     }
 
     /// The session context named by this request's `context_id`.
@@ -207,48 +300,6 @@ impl Ctx {
     }
 }
 
-/// Sends one envelope to the router and decodes the result envelope.
-pub(crate) async fn invoke(
-    links: &Links,
-    router: &str,
-    request: &InvokeRequest,
-    traceparent: Option<&str>,
-) -> Result<ResultEnvelope, CallError> {
-    let mut call = links
-        .http
-        .post(format!("{}/v1/invoke", router.trim_end_matches('/')))
-        .bearer_auth(&links.token)
-        .json(request);
-    if let Some(traceparent) = traceparent {
-        call = call.header("traceparent", traceparent);
-    }
-    let response = call.send().await.map_err(|error| {
-        CallError::new(
-            "ROUTER_UNREACHABLE",
-            format!("cannot reach the router at {router}: {error}"),
-        )
-    })?;
-    let status = response.status();
-    let envelope: ResultEnvelope = response.json().await.map_err(|error| {
-        CallError::new(
-            "INVALID_RESULT",
-            format!("router answered {status} with an unreadable body: {error}"),
-        )
-    })?;
-    match (envelope.status, &envelope.error) {
-        (ResultStatus::Succeeded, _) => Ok(envelope),
-        (ResultStatus::Failed, Some(error)) => Err(CallError {
-            code: error.code.clone(),
-            message: error.message.clone(),
-            retryable: error.retryable,
-        }),
-        (ResultStatus::Failed, None) => Err(CallError::new(
-            "INVALID_RESULT",
-            format!("router answered {status} without an error"),
-        )),
-    }
-}
-
 // === Session context ===
 
 /// Reads and patches one session context through the context service.
@@ -264,14 +315,75 @@ pub struct ContextSnapshot {
     pub fields: BTreeMap<String, Value>,
 }
 
+impl std::fmt::Debug for ContextHandle {
+    // Never the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextHandle")
+            .field("context_id", &self.context_id)
+            .finish()
+    }
+}
+
+/// How long a new context lives after its last write (DESIGN §4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextTier {
+    /// The context service's `--default-ttl` (30 min).
+    #[default]
+    Default,
+    /// `--one-shot-ttl` (5 min): one request's worth of shared state.
+    OneShot,
+}
+
+impl ContextTier {
+    fn as_str(self) -> &'static str {
+        match self {
+            ContextTier::Default => "default",
+            ContextTier::OneShot => "one_shot",
+        }
+    }
+}
+
 impl ContextHandle {
-    fn parts(&self) -> Result<(ContextsClient<Channel>, String), CallError> {
-        let client = self.links.context.clone().ok_or_else(|| {
+    pub(crate) fn new(links: Arc<Links>, context_id: Option<String>) -> Self {
+        Self { links, context_id }
+    }
+
+    /// Creates a context with `fields` (each must match the caller's `write`
+    /// whitelist) and returns its handle; the service generates the id.
+    pub(crate) async fn create(
+        links: Arc<Links>,
+        tier: ContextTier,
+        fields: BTreeMap<String, String>,
+    ) -> Result<Self, CallError> {
+        let mut handle = Self::new(links, None);
+        let mut client = handle.client()?;
+        let request = handle.authed(ctxpb::CreateRequest {
+            context_id: String::new(),
+            tier: tier.as_str().to_string(),
+            fields_json: fields.into_iter().collect(),
+        })?;
+        let created = client.create(request).await.map_err(status_error)?.into_inner();
+        handle.context_id = Some(created.context_id);
+        Ok(handle)
+    }
+
+    /// The context's id (`None` when the request carried none): pass it as
+    /// a call's `context_id` so the agents serving it share the context.
+    pub fn id(&self) -> Option<&str> {
+        self.context_id.as_deref()
+    }
+
+    fn client(&self) -> Result<ContextsClient<Channel>, CallError> {
+        self.links.context.clone().ok_or_else(|| {
             CallError::new(
                 "NO_CONTEXT_SERVICE",
-                "this agent was built without a context service URL",
+                "built without a context service URL: call .context_service(URL)",
             )
-        })?;
+        })
+    }
+
+    fn parts(&self) -> Result<(ContextsClient<Channel>, String), CallError> {
+        let client = self.client()?;
         let id = self
             .context_id
             .clone()
@@ -311,6 +423,27 @@ impl ContextHandle {
             version: answer.version,
             fields: out,
         })
+    }
+
+    /// Closes (deletes) the context at once, for every agent of the session
+    /// (DESIGN §4.2): its creator, or an agent with `write: ["*"]`, may
+    /// (`FORBIDDEN` otherwise); `CONTEXT_NOT_FOUND` when it is already gone.
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError};
+    ///
+    /// #[handler(capability = "reply.write", version = "1.0.0")]
+    /// async fn reply(ctx: Ctx, text: String) -> Result<String, HandlerError> {
+    ///     // The last agent of the conversation: nobody needs its context any more.
+    ///     ctx.context().close().await?;
+    ///     Ok(text)
+    /// }
+    /// ```
+    pub async fn close(&self) -> Result<(), CallError> {
+        let (mut client, context_id) = self.parts()?;
+        let request = self.authed(ctxpb::CloseRequest { context_id })?;
+        client.close(request).await.map_err(status_error)?;
+        Ok(())
     }
 
     /// Starts a patch: set and delete fields, optionally only if the version still matches.
@@ -373,5 +506,7 @@ fn status_error(status: tonic::Status) -> CallError {
         retryable: matches!(status.code(), tonic::Code::Unavailable),
         code,
         message: status.message().to_string(),
+        status: None,
+        details: None,
     }
 }

@@ -50,6 +50,21 @@ impl HandlerError {
         Self::new("UNAVAILABLE", message).with_status(503)
     }
 
+    /// The answer [`Ctx::accept_and_report`](crate::Ctx::accept_and_report)
+    /// returns on a task's delivery: `202 Accepted`, the outcome reported later.
+    pub(crate) fn accepted() -> Self {
+        Self {
+            status: 202,
+            code: "ACCEPTED".to_string(),
+            message: "accepted; the result is reported to the router".to_string(),
+        }
+    }
+
+    /// Whether this is [`Ctx::accept_and_report`](crate::Ctx::accept_and_report)'s `202`.
+    pub(crate) fn is_accepted(&self) -> bool {
+        self.status == 202
+    }
+
     /// The input did not match the handler's type (HTTP 400).
     pub fn invalid_input(message: impl Into<String>) -> Self {
         Self::new("INVALID_INPUT", message).with_status(400)
@@ -76,7 +91,22 @@ impl fmt::Display for HandlerError {
 
 impl std::error::Error for HandlerError {}
 
-/// A failed call to another capability (through the router) or to the context service.
+/// A failed call to another capability or a task route (through the router),
+/// or to the context service; the SDK's own failures (the router unreachable,
+/// an unreadable answer) have codes of their own (`ROUTER_UNREACHABLE`,
+/// `INVALID_RESULT`, `OUTPUT_MISMATCH`, ...).
+///
+/// ```
+/// # async fn example(client: agent_reach_sdk::Client) {
+/// use agent_reach_sdk::RouterCode;
+/// match client.invoke::<serde_json::Value>("order.query", serde_json::json!({"order_id": "SO-1"})).await {
+///     Ok(output) => println!("{output}"),
+///     Err(error) if error.router_code() == Some(RouterCode::NoAvailableInstance) => { /* later */ }
+///     Err(error) if error.retryable => { /* try again later */ }
+///     Err(error) => eprintln!("{error}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct CallError {
@@ -84,6 +114,10 @@ pub struct CallError {
     pub code: String,
     pub message: String,
     pub retryable: bool,
+    /// The HTTP status the router answered with (`None` when no answer came).
+    pub status: Option<u16>,
+    /// The error's `details` (DESIGN §3.8), e.g. `{agent_status, agent_code}` for `AGENT_ERROR`.
+    pub details: Option<serde_json::Value>,
 }
 
 impl CallError {
@@ -92,7 +126,122 @@ impl CallError {
             code: code.to_string(),
             message: message.into(),
             retryable: false,
+            status: None,
+            details: None,
         }
+    }
+
+    pub(crate) fn retryable(mut self) -> Self {
+        self.retryable = true;
+        self
+    }
+
+    /// The router's code, typed; `None` for a code that is not the router's
+    /// (the context service's, or the SDK's own).
+    pub fn router_code(&self) -> Option<RouterCode> {
+        RouterCode::parse(&self.code)
+    }
+}
+
+/// The router's stable error codes (DESIGN §3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RouterCode {
+    InvalidEnvelope,
+    InvalidQuery,
+    Unauthenticated,
+    Forbidden,
+    CapabilityNotFound,
+    VersionNotFound,
+    PayloadTooLarge,
+    SchemaMismatch,
+    Overloaded,
+    AgentError,
+    AllRetriesExhausted,
+    NoAvailableInstance,
+    DeadlineExceeded,
+    NotFound,
+    MethodNotAllowed,
+    TasksDisabled,
+    TaskNotFound,
+    TaskConflict,
+    TaskStoreUnavailable,
+    RateLimited,
+    OutputSchemaMismatch,
+    AssertionFailed,
+    InvalidCallback,
+    Canceled,
+    Internal,
+}
+
+impl RouterCode {
+    pub const ALL: [RouterCode; 25] = [
+        RouterCode::InvalidEnvelope,
+        RouterCode::InvalidQuery,
+        RouterCode::Unauthenticated,
+        RouterCode::Forbidden,
+        RouterCode::CapabilityNotFound,
+        RouterCode::VersionNotFound,
+        RouterCode::PayloadTooLarge,
+        RouterCode::SchemaMismatch,
+        RouterCode::Overloaded,
+        RouterCode::AgentError,
+        RouterCode::AllRetriesExhausted,
+        RouterCode::NoAvailableInstance,
+        RouterCode::DeadlineExceeded,
+        RouterCode::NotFound,
+        RouterCode::MethodNotAllowed,
+        RouterCode::TasksDisabled,
+        RouterCode::TaskNotFound,
+        RouterCode::TaskConflict,
+        RouterCode::TaskStoreUnavailable,
+        RouterCode::RateLimited,
+        RouterCode::OutputSchemaMismatch,
+        RouterCode::AssertionFailed,
+        RouterCode::InvalidCallback,
+        RouterCode::Canceled,
+        RouterCode::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouterCode::InvalidEnvelope => "INVALID_ENVELOPE",
+            RouterCode::InvalidQuery => "INVALID_QUERY",
+            RouterCode::Unauthenticated => "UNAUTHENTICATED",
+            RouterCode::Forbidden => "FORBIDDEN",
+            RouterCode::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
+            RouterCode::VersionNotFound => "VERSION_NOT_FOUND",
+            RouterCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            RouterCode::SchemaMismatch => "SCHEMA_MISMATCH",
+            RouterCode::Overloaded => "OVERLOADED",
+            RouterCode::AgentError => "AGENT_ERROR",
+            RouterCode::AllRetriesExhausted => "ALL_RETRIES_EXHAUSTED",
+            RouterCode::NoAvailableInstance => "NO_AVAILABLE_INSTANCE",
+            RouterCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            RouterCode::NotFound => "NOT_FOUND",
+            RouterCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            RouterCode::TasksDisabled => "TASKS_DISABLED",
+            RouterCode::TaskNotFound => "TASK_NOT_FOUND",
+            RouterCode::TaskConflict => "TASK_CONFLICT",
+            RouterCode::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
+            RouterCode::RateLimited => "RATE_LIMITED",
+            RouterCode::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
+            RouterCode::AssertionFailed => "ASSERTION_FAILED",
+            RouterCode::InvalidCallback => "INVALID_CALLBACK",
+            RouterCode::Canceled => "CANCELED",
+            RouterCode::Internal => "INTERNAL",
+        }
+    }
+
+    /// The code for `text`, if it is one of the router's.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|code| code.as_str() == text)
+    }
+}
+
+impl fmt::Display for RouterCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -112,4 +261,37 @@ pub enum StartError {
     Config(String),
     #[error("cannot listen on {address}: {error}")]
     Listen { address: String, error: std::io::Error },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RouterCode;
+
+    /// Every code of DESIGN §3.8's table is a [`RouterCode`], and every
+    /// `RouterCode` but `INTERNAL` (the router's last-resort answer, §3.7) is
+    /// in the table: the SDK's list cannot drift from the router's contract.
+    #[test]
+    fn router_codes_are_the_designs() {
+        let design = include_str!("../../docs/design.md");
+        let section = design
+            .split("### 3.8 Error codes")
+            .nth(1)
+            .and_then(|rest| rest.split("\n### ").next())
+            .unwrap();
+        let documented: Vec<&str> = section
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        assert!(documented.len() >= 20, "{documented:?}");
+        for code in &documented {
+            assert!(RouterCode::parse(code).is_some(), "{code} is not a RouterCode");
+        }
+        for code in RouterCode::ALL {
+            assert!(
+                code == RouterCode::Internal || documented.contains(&code.as_str()),
+                "{code} is not in DESIGN §3.8"
+            );
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! The Agent-Reach Rust SDK: plain async functions become capability handlers
-//! that register themselves, stay alive, serve the router, call other
-//! capabilities and share session context.
+//! that register themselves, stay alive, report their load, serve the router,
+//! call other capabilities and share session context; [`Client`] calls the
+//! router from programs that are not agents.
 //!
 //! ```no_run
 //! use agent_reach_sdk::{handler, Agent, Ctx, HandlerError};
@@ -35,19 +36,29 @@
 //! ```
 
 mod agent;
+mod call;
+mod client;
 mod ctx;
 mod dedup;
 mod error;
 mod handler;
+mod report;
 mod server;
 mod state;
 mod stream;
 mod verify;
 
-pub use agent::{Agent, AgentBuilder};
+pub use agent::{Agent, AgentBuilder, LoadReporter};
+pub use agent_reach_proto::envelope::{ResultEnvelope, TargetPolicy};
+pub use agent_reach_proto::Priority;
 pub use agent_reach_sdk_macros::handler;
-pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, Ctx};
-pub use error::{CallError, HandlerError, StartError};
+pub use call::CallOptions;
+pub use client::{
+    verify_callback, Callback, Client, SessionResult, SessionResults, TaskAccepted, TaskEvent, TaskStatus, TaskView,
+    Transition,
+};
+pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, ContextTier, Ctx};
+pub use error::{CallError, HandlerError, RouterCode, StartError};
 pub use handler::{Descriptor, Handler, IntoHandler};
-pub use state::Status;
+pub use state::{Load, LoadThresholds, Status};
 pub use verify::INSECURE_ACCEPT_UNVERIFIED_ENV;

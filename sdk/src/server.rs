@@ -18,7 +18,8 @@ use tracing::Instrument;
 
 use agent_reach_access::assertion::{AssertionClaims, AssertionError};
 
-use crate::ctx::{now_ms, Ctx};
+use crate::call::now_ms;
+use crate::ctx::Ctx;
 use crate::dedup::Answer;
 use crate::state::{Shared, Status};
 use crate::HandlerError;
@@ -48,12 +49,22 @@ pub(crate) fn respond(answer: Answer) -> Response {
     (status, [(http::header::CONTENT_TYPE, "application/json")], answer.body).into_response()
 }
 
-/// Decrements the in-flight count however the request ends.
+/// Counts a delivery in flight until it ends, however it ends; both edges
+/// may move the agent's automatic load (busy, overloaded, ready again).
 pub(crate) struct InflightGuard(Arc<Shared>);
+
+impl InflightGuard {
+    fn start(shared: Arc<Shared>) -> Self {
+        let inflight = shared.inflight.fetch_add(1, Ordering::AcqRel) + 1;
+        shared.inflight_changed(inflight);
+        Self(shared)
+    }
+}
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+        let inflight = self.0.inflight.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        self.0.inflight_changed(inflight);
     }
 }
 
@@ -162,10 +173,11 @@ async fn serve(
     span.record("capability", envelope.capability.as_str());
     span.record("capability.version", envelope.capability_version.as_str());
     span.record("attempt", envelope.attempt);
-    match shared.status() {
-        Status::Ready | Status::Busy | Status::Overloaded => {}
-        Status::Starting => return respond(error_answer(503, "NOT_READY", "the agent is still initialising")),
-        Status::Draining => return respond(error_answer(503, "DRAINING", "the agent is shutting down")),
+    if !shared.accepts_traffic() {
+        return respond(match shared.phase() {
+            Status::Draining => error_answer(503, "DRAINING", "the agent is shutting down"),
+            _ => error_answer(503, "NOT_READY", "the agent is still initialising"),
+        });
     }
     if now_ms() >= envelope.deadline {
         return respond(error_answer(
@@ -190,13 +202,13 @@ async fn serve(
         if shared.inflight.load(Ordering::Acquire) >= shared.config.max_concurrency {
             return respond(error_answer(503, "OVERLOADED", "the agent is at its concurrency limit"));
         }
-        shared.inflight.fetch_add(1, Ordering::AcqRel);
-        let guard = InflightGuard(shared.clone());
+        let guard = InflightGuard::start(shared.clone());
         let ctx = Ctx::new(
             envelope.request_id.clone(),
             envelope.session_id.clone(),
             envelope.context_id.clone(),
             envelope.source.clone(),
+            envelope.priority,
             envelope.deadline,
             envelope.attempt,
             traceparent,
@@ -214,18 +226,19 @@ async fn serve(
     }
     let answer = slot
         .get_or_init(|| async {
-            shared.inflight.fetch_add(1, Ordering::AcqRel);
-            let _guard = InflightGuard(shared.clone());
+            let _guard = InflightGuard::start(shared.clone());
             let ctx = Ctx::new(
                 envelope.request_id.clone(),
                 envelope.session_id.clone(),
                 envelope.context_id.clone(),
                 envelope.source.clone(),
+                envelope.priority,
                 envelope.deadline,
                 envelope.attempt,
                 traceparent,
                 shared.links.clone(),
-            );
+            )
+            .for_task(envelope.task_id.clone());
             let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
             // A spawned task isolates panics: the agent keeps serving.
             let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
@@ -263,6 +276,13 @@ async fn serve(
 }
 
 pub(crate) fn handler_error(error: &HandlerError) -> Answer {
+    if error.is_accepted() {
+        // Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
+        return Answer {
+            status: 202,
+            body: serde_json::to_vec(&json!({ "accepted": true })).unwrap_or_default(),
+        };
+    }
     error_answer(error.status, &error.code, error.message.clone())
 }
 

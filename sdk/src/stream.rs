@@ -21,7 +21,8 @@ use futures::{FutureExt, StreamExt};
 use serde_json::{json, Value};
 use tracing::Instrument;
 
-use crate::ctx::{now_ms, Ctx};
+use crate::call::now_ms;
+use crate::ctx::Ctx;
 use crate::handler::{BoxStream, InvokeStream};
 use crate::server::{error_answer, handler_error, respond, InflightGuard};
 use crate::HandlerError;

@@ -15,5 +15,7 @@ pub mod model;
 pub mod store;
 
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
-pub use model::{Callback, Priority, State, Task, Transition};
-pub use store::{Claimed, NewTask, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError};
+pub use model::{Accepted, Callback, Priority, State, Task, Transition};
+pub use store::{
+    Claimed, DeadLetter, NewTask, Reported, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+};

@@ -121,6 +121,21 @@ pub struct Task {
     /// The result envelope once the task ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// Set while an agent that answered the delivery `202` has yet to report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted: Option<Accepted>,
+}
+
+/// A delivery the agent answered `202 Accepted` (DESIGN §8): the task stays
+/// `running` until that agent reports, or fails at `deadline_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    pub agent_id: String,
+    /// The agent's name: only a token with this subject may report.
+    pub agent_name: String,
+    pub capability_version: String,
+    pub at_ms: u64,
+    pub deadline_ms: u64,
 }
 
 #[cfg(test)]

@@ -10,7 +10,14 @@
 //!   worker to reclaim; nothing is acknowledged on receipt.
 //! - `results:{session_id}` — finished tasks of a session, in order, for callers
 //!   that reconnect (`GET /v1/sessions/{id}/results?after=CURSOR`).
-//! - `dead_letters` — callbacks that could not be delivered, with their result.
+//! - `dead_letters` — callbacks that could not be delivered, with their result;
+//!   listed, read and replayed by operators (`GET /v1/dead-letters`).
+//!
+//! A delivery the agent answered `202 Accepted` stays `running` with an
+//! `accepted` record (who may report, until when) and the queue entry it
+//! holds; the agent's report ends it through the same script as any outcome,
+//! once (`report`). While a delivery runs its router keeps the entry's claim
+//! fresh (`extend_claim`), so only a dead router's entries are reclaimed.
 //!
 //! Every multi-key change is one Lua script; the allowed predecessor states
 //! come from [`State::predecessors`], the one transition table.
@@ -23,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
-use crate::model::{Callback, Priority, State, Task, Transition};
+use crate::model::{Accepted, Callback, Priority, State, Task, Transition};
 
 const GROUP: &str = "workers";
 
@@ -37,6 +44,17 @@ pub enum TaskStoreError {
     Refused { current: String, wanted: String },
     #[error("corrupt task record: {0}")]
     Corrupt(String),
+    /// A result report for a task no agent answered `202` (yet).
+    #[error("task is `{current}` and awaits no reported result")]
+    NotAwaitingResult { current: String },
+    /// A result report from an agent other than the one the delivery went to.
+    #[error("the task was delivered to agent `{expected}`, not `{reporter}`")]
+    NotTheAgent { expected: String, reporter: String },
+    /// A second, different result report (or one after the task ended otherwise).
+    #[error("task is `{current}`; a different result was already recorded or it ended otherwise")]
+    ResultConflict { current: String },
+    #[error("no dead letter `{0}`")]
+    DeadLetterNotFound(String),
 }
 
 fn unavailable(error: redis::RedisError) -> TaskStoreError {
@@ -113,6 +131,30 @@ pub struct Claimed {
     pub task: Task,
     pub(crate) queue: String,
     pub(crate) entry_id: String,
+    /// The worker holding the entry (whose claim `extend_claim` refreshes).
+    pub(crate) consumer: String,
+}
+
+/// What a result report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reported {
+    /// Recorded: the task ended with it.
+    Recorded(State),
+    /// The same report again: nothing changed.
+    Repeated(State),
+}
+
+/// One parked callback.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// The stream entry id, `MS-SEQ` (MS: when it was parked).
+    pub id: String,
+    pub task_id: String,
+    pub url: String,
+    /// Why the last attempt failed.
+    pub error: String,
+    /// The result envelope the callback carried.
+    pub result: Option<Value>,
 }
 
 /// One finished task in a session's result stream.
@@ -153,6 +195,9 @@ pub struct TaskStore {
     transition: Script,
     finish: Script,
     claim_callbacks: Script,
+    extend: Script,
+    accept: Script,
+    replay: Script,
 }
 
 const SUBMIT: &str = r#"
@@ -207,15 +252,32 @@ const FINISH: &str = r#"
 --       6 callback schedule (sorted set: task id by due time)
 -- ARGV: 1 terminal state, 2 now ms, 3 result JSON, 4 queue entry id ('' = none),
 --       5 group, 6 retention s, 7 task id, 8 has session ('1'/'0'), 9 has callback ('1'/'0'),
---       10.. allowed predecessors
+--       10 reporting agent ('' = not an agent's report), 11 the report's fingerprint,
+--       12.. allowed predecessors
+-- An agent's report is taken only from the agent that answered the delivery 202,
+-- once: the same report again is 'repeat', another one 'conflict'.
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
+local entry = ARGV[4]
+if ARGV[10] ~= '' then
+  local accepted = redis.call('HGET', KEYS[1], 'accepted_agent')
+  if not accepted then return {'not_accepted', current} end
+  if accepted ~= ARGV[10] then return {'wrong_agent', current, accepted} end
+  local previous = redis.call('HGET', KEYS[1], 'report')
+  if previous then
+    if previous == ARGV[11] then return {'repeat', current} end
+    return {'conflict', current}
+  end
+  entry = redis.call('HGET', KEYS[1], 'entry_id') or ''
+end
 local allowed = false
-for i = 10, #ARGV do if current == ARGV[i] then allowed = true end end
+for i = 12, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then
-  if ARGV[4] ~= '' then redis.call('XACK', KEYS[2], ARGV[5], ARGV[4]) end
+  if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
+  if ARGV[10] ~= '' then return {'conflict', current} end
   return {'refused', current}
 end
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'report', ARGV[11]) end
 if ARGV[9] == '1' then redis.call('ZADD', KEYS[6], ARGV[2], ARGV[7]) end
 if current == 'pending' then
   local field = redis.call('HGET', KEYS[1], 'backlog')
@@ -226,12 +288,46 @@ redis.call('HSET', KEYS[1], 'transitions',
   (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"' .. ARGV[1] .. '","at_ms":' .. ARGV[2] .. '}\n')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[4], ARGV[6])
-if ARGV[4] ~= '' then redis.call('XACK', KEYS[2], ARGV[5], ARGV[4]) end
+if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
 if ARGV[8] == '1' then
   redis.call('XADD', KEYS[3], '*', 'task_id', ARGV[7], 'state', ARGV[1])
   redis.call('EXPIRE', KEYS[3], ARGV[6])
 end
 return {'ok', current}
+"#;
+
+const EXTEND: &str = r#"
+-- Refreshes a running delivery's claim (its idle time) so no router reclaims
+-- it, only while this worker still holds the entry.
+-- KEYS: 1 queue; ARGV: 1 group, 2 consumer, 3 entry id
+local held = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #held == 0 then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+return 1
+"#;
+
+const ACCEPT: &str = r#"
+-- The agent answered the delivery 202: it reports later. Records who may report,
+-- until when, and the queue entry the report acknowledges.
+-- KEYS: 1 task hash; ARGV: 1 accepted JSON, 2 agent name, 3 queue entry id
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+if current ~= 'running' then return {'refused', current} end
+redis.call('HSET', KEYS[1], 'accepted', ARGV[1], 'accepted_agent', ARGV[2], 'entry_id', ARGV[3])
+return {'ok', current}
+"#;
+
+const REPLAY: &str = r#"
+-- Sends a dead-lettered callback again from its first attempt: due now, its
+-- attempt count reset, the dead letter removed (a failure parks a new one).
+-- KEYS: 1 dead-letter stream, 2 callback schedule, 3 task hash
+-- ARGV: 1 dead letter id, 2 task id, 3 now ms
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 'missing' end
+if redis.call('EXISTS', KEYS[3]) == 0 then return 'expired' end
+redis.call('HSET', KEYS[3], 'callback_attempts', 0)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[1])
+return 'ok'
 "#;
 
 fn state_args(next: State) -> Vec<&'static str> {
@@ -252,6 +348,9 @@ impl TaskStore {
             transition: Script::new(TRANSITION),
             finish: Script::new(FINISH),
             claim_callbacks: Script::new(CLAIM_CALLBACKS),
+            extend: Script::new(EXTEND),
+            accept: Script::new(ACCEPT),
+            replay: Script::new(REPLAY),
         })
     }
 
@@ -389,19 +488,22 @@ impl TaskStore {
         script_answer(answer, task_id, next)
     }
 
-    /// Records a terminal outcome (and acknowledges the queue entry when given).
+    /// Records a terminal outcome (and acknowledges the queue entry when
+    /// given); `report` (agent name, fingerprint) makes it an agent's report.
     async fn record_end(
         &self,
         task: &Task,
         state: State,
         result: &Value,
         entry: Option<(&str, &str)>,
-    ) -> Result<State, TaskStoreError> {
-        let (queue, entry_id) = entry.unwrap_or((&task.task_id, ""));
+        report: Option<(&str, &str)>,
+    ) -> Result<Vec<String>, TaskStoreError> {
+        let queue_key = self.queue_key(task.priority);
+        let (queue, entry_id) = entry.unwrap_or((&queue_key, ""));
+        let (reporter, fingerprint) = report.unwrap_or(("", ""));
         let session = task.session_id.as_deref();
         let mut connection = self.connection().await?;
-        let answer: Vec<String> = self
-            .finish
+        self.finish
             .key(self.task_key(&task.task_id))
             .key(queue)
             .key(self.results_key(session.unwrap_or("-")))
@@ -422,19 +524,96 @@ impl TaskStore {
             } else {
                 "0"
             })
+            .arg(reporter)
+            .arg(fingerprint)
             .arg(state_args(state))
             .invoke_async(&mut connection)
             .await
-            .map_err(unavailable)?;
-        script_answer(answer, &task.task_id, state)
+            .map_err(unavailable)
     }
 
     /// A worker's task ended: record it and acknowledge its queue entry.
     /// A task canceled meanwhile stays canceled (`Refused`), and its entry is
     /// acknowledged all the same.
     pub async fn finish(&self, claimed: &Claimed, state: State, result: &Value) -> Result<State, TaskStoreError> {
-        self.record_end(&claimed.task, state, result, Some((&claimed.queue, &claimed.entry_id)))
+        let answer = self
+            .record_end(
+                &claimed.task,
+                state,
+                result,
+                Some((&claimed.queue, &claimed.entry_id)),
+                None,
+            )
+            .await?;
+        script_answer(answer, &claimed.task.task_id, state)
+    }
+
+    /// Keeps a running delivery's claim fresh so no router reclaims it; `false`
+    /// when this worker no longer holds the entry (another took it over).
+    pub async fn extend_claim(&self, claimed: &Claimed) -> Result<bool, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let held: i64 = self
+            .extend
+            .key(&claimed.queue)
+            .arg(GROUP)
+            .arg(&claimed.consumer)
+            .arg(&claimed.entry_id)
+            .invoke_async(&mut connection)
             .await
+            .map_err(unavailable)?;
+        Ok(held == 1)
+    }
+
+    /// The agent answered the delivery `202`: records who reports, until when.
+    pub async fn accept(&self, claimed: &Claimed, accepted: &Accepted) -> Result<(), TaskStoreError> {
+        let record = serde_json::to_string(accepted).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+        let mut connection = self.connection().await?;
+        let answer: Vec<String> = self
+            .accept
+            .key(self.task_key(&claimed.task.task_id))
+            .arg(record)
+            .arg(&accepted.agent_name)
+            .arg(&claimed.entry_id)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        script_answer(answer, &claimed.task.task_id, State::Running).map(|_| ())
+    }
+
+    /// An agent's report (`report`, as it sent it) of an accepted delivery's
+    /// outcome (`state`, `result`), by `agent_name` (its token's subject):
+    /// ends the task once; the same report again changes nothing.
+    pub async fn report(
+        &self,
+        task: &Task,
+        agent_name: &str,
+        (state, result): (State, &Value),
+        report: &Value,
+    ) -> Result<Reported, TaskStoreError> {
+        use sha2::Digest as _;
+        let task_id = &task.task_id;
+        // Compared, not kept: a digest of the report stands for it.
+        let fingerprint = hex::encode(sha2::Sha256::digest(report.to_string().as_bytes()));
+        let answer = self
+            .record_end(task, state, result, None, Some((agent_name, &fingerprint)))
+            .await?;
+        let current = || answer.get(1).cloned().unwrap_or_default();
+        let parsed = || {
+            State::parse(&current())
+                .ok_or_else(|| TaskStoreError::Corrupt(format!("task {task_id} has an unknown state")))
+        };
+        match answer.first().map(String::as_str) {
+            Some("ok") => Ok(Reported::Recorded(state)),
+            Some("repeat") => Ok(Reported::Repeated(parsed()?)),
+            Some("missing") => Err(TaskStoreError::NotFound(task_id.to_string())),
+            Some("not_accepted") => Err(TaskStoreError::NotAwaitingResult { current: current() }),
+            Some("wrong_agent") => Err(TaskStoreError::NotTheAgent {
+                expected: answer.get(2).cloned().unwrap_or_default(),
+                reporter: agent_name.to_string(),
+            }),
+            Some("conflict") => Err(TaskStoreError::ResultConflict { current: current() }),
+            other => Err(TaskStoreError::Corrupt(format!("unexpected script answer {other:?}"))),
+        }
     }
 
     /// Cancels a task that has not ended; a pending one is never delivered.
@@ -445,7 +624,8 @@ impl TaskStore {
     /// Ends a task that has no queue entry of its own (a broadcast parent).
     pub async fn complete(&self, task_id: &str, state: State, result: &Value) -> Result<State, TaskStoreError> {
         let task = self.get(task_id).await?;
-        self.record_end(&task, state, result, None).await
+        let answer = self.record_end(&task, state, result, None, None).await?;
+        script_answer(answer, task_id, state)
     }
 
     /// The task a caller submitted under `request_id`, if it is still kept.
@@ -486,7 +666,8 @@ impl TaskStore {
                 .query_async(&mut connection)
                 .await
                 .map_err(unavailable)?;
-            self.take_all(&mut claimed, &queue, stream_entries(&reply)).await?;
+            self.take_all(&mut claimed, consumer, &queue, stream_entries(&reply))
+                .await?;
         }
         Ok(claimed)
     }
@@ -517,7 +698,8 @@ impl TaskStore {
             // [next-cursor, [[id, [field, value]], ...], deleted-ids]
             if let RedisValue::Array(parts) = &reply {
                 if let Some(entries) = parts.get(1) {
-                    self.take_all(&mut claimed, &queue, entry_list(entries)).await?;
+                    self.take_all(&mut claimed, consumer, &queue, entry_list(entries))
+                        .await?;
                 }
             }
         }
@@ -529,6 +711,7 @@ impl TaskStore {
     async fn take_all(
         &self,
         claimed: &mut Vec<Claimed>,
+        consumer: &str,
         queue: &str,
         entries: Vec<(String, String)>,
     ) -> Result<(), TaskStoreError> {
@@ -553,6 +736,7 @@ impl TaskStore {
                     task,
                     queue: queue.to_string(),
                     entry_id,
+                    consumer: consumer.to_string(),
                 }),
                 // Canceled (or finished) meanwhile, or expired: nothing to deliver.
                 _ => self.ack(queue, &entry_id).await?,
@@ -703,25 +887,84 @@ impl TaskStore {
 
     /// Dead-lettered callbacks as (task id, result JSON), oldest first.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<(String, String)>, TaskStoreError> {
+        Ok(self
+            .list_dead_letters(None, limit)
+            .await?
+            .into_iter()
+            .map(|letter| {
+                let result = letter.result.as_ref().map(Value::to_string).unwrap_or_default();
+                (letter.task_id, result)
+            })
+            .collect())
+    }
+
+    /// Dead letters after `after` (exclusive; `None`: from the oldest), at most `limit`.
+    pub async fn list_dead_letters(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, TaskStoreError> {
+        let start = after.map_or_else(|| "-".to_string(), |id| format!("({id}"));
+        self.read_dead_letters(&start, "+", limit.max(1)).await
+    }
+
+    /// One dead letter by id.
+    pub async fn dead_letter_entry(&self, id: &str) -> Result<DeadLetter, TaskStoreError> {
+        self.read_dead_letters(id, id, 1)
+            .await?
+            .pop()
+            .ok_or_else(|| TaskStoreError::DeadLetterNotFound(id.to_string()))
+    }
+
+    async fn read_dead_letters(&self, start: &str, end: &str, limit: usize) -> Result<Vec<DeadLetter>, TaskStoreError> {
         let mut connection = self.connection().await?;
         let reply: RedisValue = redis::cmd("XRANGE")
             .arg(self.dead_letter_key())
-            .arg("-")
-            .arg("+")
+            .arg(start)
+            .arg(end)
             .arg("COUNT")
-            .arg(limit.max(1))
+            .arg(limit)
             .query_async(&mut connection)
             .await
             .map_err(unavailable)?;
         Ok(entry_fields(&reply)
             .into_iter()
-            .map(|(_, fields)| {
-                (
-                    fields.get("task_id").cloned().unwrap_or_default(),
-                    fields.get("result").cloned().unwrap_or_default(),
-                )
+            .map(|(id, fields)| {
+                let field = |name: &str| fields.get(name).cloned().unwrap_or_default();
+                DeadLetter {
+                    result: fields.get("result").and_then(|text| serde_json::from_str(text).ok()),
+                    task_id: field("task_id"),
+                    url: field("url"),
+                    error: field("error"),
+                    id,
+                }
             })
             .collect())
+    }
+
+    /// Sends a dead letter's callback again, from its first attempt (the
+    /// usual schedule follows; a last failure parks a new dead letter).
+    /// Returns the task id. A task past its retention cannot be replayed.
+    pub async fn replay_dead_letter(&self, id: &str) -> Result<String, TaskStoreError> {
+        let letter = self.dead_letter_entry(id).await?;
+        let mut connection = self.connection().await?;
+        let answer: String = self
+            .replay
+            .key(self.dead_letter_key())
+            .key(self.callbacks_key())
+            .key(self.task_key(&letter.task_id))
+            .arg(id)
+            .arg(&letter.task_id)
+            .arg(now_ms())
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        match answer.as_str() {
+            "ok" => Ok(letter.task_id),
+            "missing" => Err(TaskStoreError::DeadLetterNotFound(id.to_string())),
+            "expired" => Err(TaskStoreError::NotFound(letter.task_id)),
+            other => Err(TaskStoreError::Corrupt(format!("unexpected script answer {other:?}"))),
+        }
     }
 }
 
@@ -772,6 +1015,11 @@ fn assemble(fields: std::collections::HashMap<String, String>) -> Result<Task, T
         .map(|text| serde_json::from_str::<Value>(text))
         .transpose()
         .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    let accepted = fields
+        .get("accepted")
+        .map(|text| serde_json::from_str::<Accepted>(text))
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
     Ok(Task {
         task_id: spec.task_id,
         request_id: spec.request_id,
@@ -790,6 +1038,7 @@ fn assemble(fields: std::collections::HashMap<String, String>) -> Result<Task, T
         updated_at_ms: number("updated_at_ms"),
         transitions,
         result,
+        accepted,
     })
 }
 

@@ -385,3 +385,85 @@ async fn backlog_counts_waiting_tasks_by_capability_and_priority() {
     assert!(backlog.iter().all(|(_, count)| *count == 0), "{backlog:?}");
     assert_eq!(store.dead_letter_count().await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn only_the_worker_holding_a_claim_can_refresh_it() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    store.submit(task("keep-1", Priority::Normal, None)).await.unwrap();
+    let mut held = store.claim("worker-a", 1, 0).await.unwrap();
+    let claimed = held.pop().unwrap();
+    assert!(store.extend_claim(&claimed).await.unwrap(), "worker-a holds it");
+    // (That a refreshed claim outlives the reclaim window is router/tests/tasks_long.rs's.)
+    // Once it lapses another worker takes it, and the first can no longer refresh it.
+    let taken = store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert!(!store.extend_claim(&claimed).await.unwrap(), "worker-b holds it now");
+}
+
+#[tokio::test]
+async fn an_accepted_task_takes_one_report_from_its_agent() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    let id = store
+        .submit(task("rep-1", Priority::Normal, Some("s-rep")))
+        .await
+        .unwrap();
+    let claimed = store.claim("worker-a", 1, 0).await.unwrap().pop().unwrap();
+    store.transition(id.task_id(), State::Running).await.unwrap();
+    let report = json!({"output": {"text": "done"}});
+    let result = succeeded("done");
+    let running = store.get(id.task_id()).await.unwrap();
+    assert_eq!(
+        store
+            .report(&running, "echo", (State::Succeeded, &result), &report)
+            .await,
+        Err(TaskStoreError::NotAwaitingResult {
+            current: "running".into()
+        }),
+        "no 202 recorded yet"
+    );
+    let accepted = agent_reach_tasks::Accepted {
+        agent_id: "echo-1".into(),
+        agent_name: "echo".into(),
+        capability_version: "1.0.0".into(),
+        at_ms: 1,
+        deadline_ms: u64::MAX,
+    };
+    store.accept(&claimed, &accepted).await.unwrap();
+    let running = store.get(id.task_id()).await.unwrap();
+    assert_eq!(running.accepted.as_ref(), Some(&accepted));
+    assert!(matches!(
+        store
+            .report(&running, "intruder", (State::Succeeded, &result), &report)
+            .await,
+        Err(TaskStoreError::NotTheAgent { .. })
+    ));
+    assert_eq!(
+        store
+            .report(&running, "echo", (State::Succeeded, &result), &report)
+            .await,
+        Ok(agent_reach_tasks::Reported::Recorded(State::Succeeded))
+    );
+    assert_eq!(
+        store
+            .report(&running, "echo", (State::Succeeded, &result), &report)
+            .await,
+        Ok(agent_reach_tasks::Reported::Repeated(State::Succeeded)),
+        "the same report again changes nothing"
+    );
+    let other = json!({"output": {"text": "changed my mind"}});
+    assert!(matches!(
+        store
+            .report(&running, "echo", (State::Succeeded, &succeeded("x")), &other)
+            .await,
+        Err(TaskStoreError::ResultConflict { .. })
+    ));
+    let done = store.get(id.task_id()).await.unwrap();
+    assert_eq!((done.state, done.result), (State::Succeeded, Some(result)));
+    // The report acknowledged the queue entry: nothing is left to reclaim.
+    assert!(store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap().is_empty());
+    assert_eq!(store.session_results("s-rep", None, 10).await.unwrap().len(), 1);
+}

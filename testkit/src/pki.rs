@@ -1,6 +1,7 @@
 //! A throwaway public-key infrastructure for TLS tests: a CA, server
 //! certificates for `127.0.0.1` and `localhost`, client certificates, and a
-//! self-signed certificate no CA vouches for, all as PEM files in a temp dir.
+//! self-signed certificate no CA vouches for and an expired one, all as PEM
+//! files in a temp dir.
 //!
 //! Certificates are ECDSA P-256 (rcgen's default), valid from now for a day.
 
@@ -74,6 +75,19 @@ impl Pki {
         let mut params = server_params(name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let cert = must(params.self_signed(&key), "self-signed certificate");
+        self.write(name, &cert.pem(), &key.serialize_pem())
+    }
+
+    /// A server certificate for `127.0.0.1` and `localhost`, signed by this
+    /// CA, that expired at the start of 2021.
+    pub fn expired_server(&self, name: &str) -> CertFiles {
+        let key = must(KeyPair::generate(), "key");
+        let mut params = server_params(name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let cert = must(params.signed_by(&key, &self.ca), "expired certificate");
         self.write(name, &cert.pem(), &key.serialize_pem())
     }
 

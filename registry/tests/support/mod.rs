@@ -19,6 +19,7 @@ pub const SECRET: &str = "test-secret-test-secret-test-secret-0123456789";
 
 pub const ACL: &str = r#"
 version: 1
+operators: [ops]
 providers:
   - agent: order_query
     provides: [order.*]

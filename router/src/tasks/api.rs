@@ -34,7 +34,7 @@ use crate::trace;
 /// snapshot) and the slow path, when this router has one.
 #[derive(Clone)]
 pub struct TaskApi {
-    service: Arc<RouterService>,
+    pub(super) service: Arc<RouterService>,
     tasks: Option<Arc<TaskService>>,
 }
 
@@ -43,7 +43,7 @@ impl TaskApi {
         Self { service, tasks }
     }
 
-    fn enabled(&self) -> Result<&Arc<TaskService>, RouterError> {
+    pub(super) fn enabled(&self) -> Result<&Arc<TaskService>, RouterError> {
         self.tasks.as_ref().ok_or_else(|| {
             RouterError::new(
                 Code::TasksDisabled,
@@ -61,6 +61,22 @@ pub fn routes(api: TaskApi) -> Router {
         .route("/v1/tasks/{task_id}", get(status).fallback(method_not_allowed))
         .route("/v1/tasks/{task_id}/cancel", post(cancel).fallback(method_not_allowed))
         .route("/v1/tasks/{task_id}/events", get(events).fallback(method_not_allowed))
+        .route(
+            "/v1/tasks/{task_id}/result",
+            post(super::report::report).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/dead-letters",
+            get(super::dead_letters::list).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/dead-letters/{id}",
+            get(super::dead_letters::show).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/dead-letters/{id}/replay",
+            post(super::dead_letters::replay).fallback(method_not_allowed),
+        )
         .route(
             "/v1/sessions/{session_id}/results",
             get(session_results).fallback(method_not_allowed),
@@ -397,7 +413,7 @@ async fn events(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>,
 /// stream id `MS-SEQ`, both decimal u64, and not the last possible one. Checked
 /// here because anything else reaches Redis as a malformed `XRANGE` (once
 /// answered 503 `TASK_STORE_UNAVAILABLE` for `?after=`).
-fn is_cursor(after: &str) -> bool {
+pub(super) fn is_cursor(after: &str) -> bool {
     let decimal = |part: &str| !part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit());
     let Some((ms, seq)) = after.split_once('-') else {
         return false;

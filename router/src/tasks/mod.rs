@@ -3,8 +3,10 @@
 //! cancel and events, a session's results and the asynchronous broadcast;
 //! [`worker`] claims queued tasks and delivers each through the router's one
 //! admission and attempt loop ([`RouterService::invoke`] / `broadcast`),
-//! bounded by per-tag gates ([`gate`]); [`callbacks`] sends the signed
-//! callbacks the store schedules. It uses the fast path; the fast path never
+//! bounded by per-tag gates ([`gate`]); [`report`] takes the results of
+//! deliveries agents answered `202`; [`callbacks`] sends the signed
+//! callbacks the store schedules, and [`dead_letters`] lets operators list
+//! and replay the ones that could not be sent. It uses the fast path; the fast path never
 //! uses it.
 //!
 //! Durability lives in `agent_reach_tasks`: a task is answered `202` only
@@ -14,8 +16,10 @@
 
 mod api;
 mod callbacks;
+mod dead_letters;
 mod gate;
 mod metrics;
+mod report;
 mod settings;
 mod worker;
 
@@ -24,7 +28,7 @@ use std::sync::Arc;
 
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
 use agent_reach_tasks::{Deliverer, TaskStore, TaskStoreError};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub use api::{routes, submit_broadcast, TaskApi};
 pub use settings::{TagLimit, TaskArgs, TasksSettings};
@@ -34,6 +38,9 @@ use crate::service::RouterService;
 use crate::snapshot::Snapshot;
 use gate::TagGate;
 use metrics::TaskMetrics;
+
+/// Accepted tasks awaiting a report, per delivery slot, before they hold slots.
+const AWAITING_PER_WORKER: usize = 16;
 
 /// The slow path's own state: the store, the callback sender, its settings,
 /// metrics and gates. The router's fast path holds none of it.
@@ -45,6 +52,9 @@ pub struct TaskService {
     gates: Vec<(TagLimit, Arc<TagGate>)>,
     /// Claimed tasks waiting at a tag gate; claiming pauses when too many are held in memory.
     gated: AtomicUsize,
+    /// Places for accepted (`202`) tasks awaiting their report outside the
+    /// delivery slots; beyond them a task waits in its slot.
+    awaiting: Arc<tokio::sync::Semaphore>,
 }
 
 impl TaskService {
@@ -60,6 +70,9 @@ impl TaskService {
                 .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
                 .collect(),
             gated: AtomicUsize::new(0),
+            awaiting: Arc::new(tokio::sync::Semaphore::new(
+                settings.workers.max(1) * AWAITING_PER_WORKER,
+            )),
         })
     }
 
@@ -120,6 +133,31 @@ fn store_error(error: TaskStoreError) -> RouterError {
         TaskStoreError::Corrupt(why) => {
             RouterError::new(Code::TaskStoreUnavailable, format!("corrupt task record: {why}"))
         }
+        TaskStoreError::NotAwaitingResult { current } => RouterError::new(
+            Code::TaskConflict,
+            format!(
+                "the task is `{current}` and awaits no reported result: only a delivery the agent answered \
+                 202 Accepted is reported this way"
+            ),
+        )
+        .with_details(json!({ "reason": "not_accepted", "status": current })),
+        TaskStoreError::NotTheAgent { expected, reporter } => RouterError::new(
+            Code::Forbidden,
+            format!("the task was delivered to agent `{expected}`; `{reporter}` may not report its result"),
+        )
+        .with_details(json!({ "reason": "not_the_delivery_agent", "caller": reporter })),
+        TaskStoreError::ResultConflict { current } => RouterError::new(
+            Code::TaskConflict,
+            format!(
+                "the task is `{current}`: a different result was already reported, or it ended otherwise \
+                 (deadline, cancel); a result is accepted once"
+            ),
+        )
+        .with_details(json!({ "reason": "result_conflict", "status": current })),
+        TaskStoreError::DeadLetterNotFound(id) => RouterError::new(
+            Code::DeadLetterNotFound,
+            format!("no dead letter `{id}` (replayed already, or never parked); list them with GET /v1/dead-letters"),
+        ),
     }
 }
 

@@ -1,15 +1,18 @@
 //! The worker: claims queued tasks and delivers each through the router's
 //! one admission and attempt loop, `workers` at a time (or through its tag's
 //! gate), records the outcome, completes broadcast parents, and reclaims the
-//! tasks of routers that died.
+//! tasks of routers that died. While a delivery runs (or waits at a gate, or
+//! waits for an accepted task's report) its claim is kept fresh, so only a
+//! dead router's tasks are ever reclaimed, however long they run.
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use agent_reach_access::Caller;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_tasks::{Claimed, State, TaskStoreError};
+use agent_reach_tasks::{Accepted, Claimed, State, TaskStoreError};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -97,7 +100,8 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
                         let (service, tasks) = (service.clone(), tasks.clone());
                         tasks.gated.fetch_add(1, Ordering::AcqRel);
                         tokio::spawn(async move {
-                            let pass = gate.enter(task.task.priority).await;
+                            // Waiting at the gate holds the claim as a delivery does.
+                            let pass = keeping_claim(&tasks, &task, gate.enter(task.task.priority)).await;
                             deliver(&service, &tasks, task).await;
                             drop(pass);
                             tasks.gated.fetch_sub(1, Ordering::AcqRel);
@@ -126,8 +130,130 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
     }
 }
 
+/// How often a waiting delivery looks for the agent's report.
+const REPORT_POLL: Duration = Duration::from_millis(200);
+
+/// Runs `work` while refreshing `claimed`'s claim every third of the reclaim
+/// window, so no router (this one included) takes it over while it runs. When
+/// this router dies the refreshes stop and the entry is reclaimed as before.
+async fn keeping_claim<F: Future>(tasks: &TaskService, claimed: &Claimed, work: F) -> F::Output {
+    let every = (tasks.settings.reclaim_after / 3).max(Duration::from_millis(10));
+    let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            output = &mut work => return output,
+            _ = refresh.tick() => match tasks.store.extend_claim(claimed).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    message = "A running delivery's claim was taken over; it may run twice.",
+                    task_id = %claimed.task.task_id
+                ),
+                Err(error) => tracing::warn!(
+                    message = "Cannot refresh a running delivery's claim; retrying.",
+                    task_id = %claimed.task.task_id, %error
+                ),
+            },
+        }
+    }
+}
+
 #[tracing::instrument(name = "tasks.deliver", skip_all, fields(task_id = %claimed.task.task_id))]
-async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed) {
+async fn deliver(service: &RouterService, tasks: &Arc<TaskService>, claimed: Claimed) {
+    // Taken over from a router that died while its agent worked on it: not
+    // delivered again, the report is still awaited.
+    if let Some(accepted) = claimed.task.accepted.clone() {
+        await_report_off_slot(tasks, claimed, accepted).await;
+        return;
+    }
+    let delivered = keeping_claim(tasks, &claimed, deliver_once(service, tasks, &claimed)).await;
+    if let Some(accepted) = delivered {
+        await_report_off_slot(tasks, claimed, accepted).await;
+    }
+}
+
+/// Waits for an accepted task's report outside the delivery slots when there
+/// is room (the agent holds no connection of ours), else in its slot.
+async fn await_report_off_slot(tasks: &Arc<TaskService>, claimed: Claimed, accepted: Accepted) {
+    match tasks.awaiting.clone().try_acquire_owned() {
+        Ok(permit) => {
+            let tasks = tasks.clone();
+            tokio::spawn(async move {
+                keeping_claim(&tasks, &claimed, await_report(&tasks, &claimed, &accepted)).await;
+                drop(permit);
+            });
+        }
+        Err(_) => keeping_claim(tasks, &claimed, await_report(tasks, &claimed, &accepted)).await,
+    }
+}
+
+/// An accepted task ends by its agent's report (on any router), by a cancel,
+/// or here at its deadline with `DEADLINE_EXCEEDED`.
+async fn await_report(tasks: &TaskService, claimed: &Claimed, accepted: &Accepted) {
+    let task_id = &claimed.task.task_id;
+    loop {
+        match tasks.store.get(task_id).await {
+            Ok(task) if task.state.is_terminal() => {
+                // Reported (or canceled): release the queue entry if the report did not.
+                let _ = tasks.store.finish(claimed, task.state, &Value::Null).await;
+                return;
+            }
+            Ok(_) => {}
+            // Expired meanwhile: nothing left to wait for.
+            Err(TaskStoreError::NotFound(_)) => return,
+            Err(error) => tracing::warn!(message = "Cannot read an accepted task; retrying.", %task_id, %error),
+        }
+        let now = agent_reach_tasks::store::now_ms();
+        if now >= accepted.deadline_ms {
+            let error = RouterError::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "agent `{}` accepted the task (202) but reported no result before its deadline",
+                    accepted.agent_id
+                ),
+            )
+            .with_details(json!({ "reason": "result_not_reported", "agent_id": accepted.agent_id }));
+            let result = ResultEnvelope {
+                version: ENVELOPE_VERSION.to_string(),
+                request_id: claimed.task.request_id.clone(),
+                status: ResultStatus::Failed,
+                capability: Some(claimed.task.capability.clone()),
+                capability_version: Some(accepted.capability_version.clone()),
+                agent_id: Some(accepted.agent_id.clone()),
+                attempts: claimed.task.attempts.max(1),
+                duration_ms: now.saturating_sub(accepted.at_ms),
+                output: None,
+                error: Some(error.envelope_error()),
+            };
+            let result = serde_json::to_value(&result).unwrap_or(Value::Null);
+            match tasks.store.finish(claimed, State::Failed, &result).await {
+                Ok(_) => {
+                    tasks
+                        .metrics
+                        .finished
+                        .with_label_values(&[State::Failed.as_str()])
+                        .inc();
+                    if let Some(parent) = &claimed.task.parent {
+                        complete_parent(tasks, parent).await;
+                    }
+                    return;
+                }
+                // Reported at the last moment: the report stands.
+                Err(TaskStoreError::Refused { .. }) => return,
+                Err(error) => {
+                    tracing::warn!(message = "Cannot fail an overdue accepted task; retrying.", %task_id, %error)
+                }
+            }
+        }
+        let left = Duration::from_millis(accepted.deadline_ms.saturating_sub(now));
+        tokio::time::sleep(REPORT_POLL.min(left.max(Duration::from_millis(1)))).await;
+    }
+}
+
+/// Delivers a task through the attempt loop and records its outcome; an
+/// agent's `202` leaves it running and returns what to wait for.
+async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Claimed) -> Option<Accepted> {
     let task = &claimed.task;
     let caller = match task.caller.as_str() {
         "anonymous" => Caller::Unauthenticated,
@@ -147,13 +273,15 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
         if let Err(error) = tasks.store.transition(&task.task_id, State::Running).await {
             // Canceled meanwhile: record nothing new, release the queue entry.
             tracing::info!(message = "Task not delivered.", task_id = %task.task_id, %error);
-            let _ = tasks.store.finish(&claimed, State::Canceled, &Value::Null).await;
-            return;
+            let _ = tasks.store.finish(claimed, State::Canceled, &Value::Null).await;
+            return None;
         }
         attempts += 1;
         let started = Instant::now();
         let outcome = match envelope::parse(task.envelope.to_string().as_bytes()).and_then(envelope::check) {
-            Ok(checked) => {
+            Ok(mut checked) => {
+                // The agent may answer 202 and report under this id (DESIGN §8).
+                checked.task_id = Some(task.task_id.clone());
                 let trace = match checked.request.trace_id.as_deref() {
                     Some(trace_id) => TraceContext::from_caller_trace_id(trace_id),
                     None => TraceContext::from_header(None),
@@ -203,6 +331,33 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
             }),
         });
         match outcome {
+            Ok((success, _)) if success.accepted.is_some() => {
+                let Some(accepted) = success.accepted else {
+                    return None; // matched just above
+                };
+                let accepted = Accepted {
+                    agent_id: success.agent_id,
+                    agent_name: accepted.agent_name,
+                    capability_version: success.capability_version,
+                    at_ms: agent_reach_tasks::store::now_ms(),
+                    deadline_ms: accepted.deadline_ms,
+                };
+                return match tasks.store.accept(claimed, &accepted).await {
+                    Ok(()) => Some(accepted),
+                    Err(TaskStoreError::Refused { current, .. }) => {
+                        // Canceled meanwhile: the report will be refused; release the entry.
+                        tracing::info!(message = "Accepted task ended meanwhile.", task_id = %task.task_id, state = %current);
+                        let _ = tasks.store.finish(claimed, State::Canceled, &Value::Null).await;
+                        None
+                    }
+                    Err(error) => {
+                        // Not recorded: the entry stays pending, its claim lapses and the
+                        // task is delivered again (agents dedup by request_id).
+                        tracing::warn!(message = "Accepted delivery not recorded; it will be reclaimed.", task_id = %task.task_id, %error);
+                        None
+                    }
+                };
+            }
             Ok((success, output)) => {
                 break ResultEnvelope {
                     version: ENVELOPE_VERSION.to_string(),
@@ -245,7 +400,7 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
         ResultStatus::Failed => State::Failed,
     };
     let result = serde_json::to_value(&result).unwrap_or(Value::Null);
-    match tasks.store.finish(&claimed, state, &result).await {
+    match tasks.store.finish(claimed, state, &result).await {
         Ok(_) => {
             tasks.metrics.finished.with_label_values(&[state.as_str()]).inc();
             if let Some(parent) = &task.parent {
@@ -254,13 +409,13 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
         }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);
-            return;
+            return None;
         }
         Err(error) => {
             // Not acknowledged: another router reclaims and delivers it again
             // (agents dedup by request_id).
             tracing::warn!(message = "Recording a task outcome failed; it will be reclaimed.", task_id = %task.task_id, %error);
-            return;
+            return None;
         }
     }
     // Time in each state, from what this delivery saw (no extra read).
@@ -280,6 +435,7 @@ async fn deliver(service: &RouterService, tasks: &TaskService, claimed: Claimed)
         .with_label_values(&[State::Running.as_str()])
         .observe(ran);
     // A callback, if any, was scheduled durably with the outcome; `run_callbacks` sends it.
+    None
 }
 
 pub(super) async fn complete_parent(tasks: &TaskService, parent_id: &str) {

@@ -24,8 +24,9 @@ pub const SECRET: &[u8] = b"router-tests-0123456789abcdef-0123456789";
 pub const CALLER: &str = "tester";
 pub const CAPABILITY: &str = "order.query";
 
-/// Everyone may provide anything; `tester` may call anything.
+/// Everyone may provide anything; `tester` may call anything; `ops` is an operator.
 pub const ACL: &str = r#"version: 1
+operators: [ops]
 permissions:
   - caller: tester
     allow: ["*"]
@@ -111,6 +112,8 @@ pub enum Behaviour {
     StreamThenError,
     /// Streams `{"n": 1}`, then (once released) cuts the connection inside the answer.
     StreamThenBreak,
+    /// `202 Accepted`, empty body: the test reports the result as the agent.
+    Accept,
 }
 
 pub struct AgentSpec {
@@ -305,6 +308,7 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             tokio::time::sleep(work).await;
             axum::Json(json!({ "output": { "agent_id": state.agent_id, "echo": envelope["payload"] } })).into_response()
         }
+        Behaviour::Accept => StatusCode::ACCEPTED.into_response(),
         Behaviour::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({ "error": { "code": "BUSY", "message": "not now" } })),
@@ -384,7 +388,8 @@ impl Agent {
     }
 }
 
-fn agent_name(agent_id: &str) -> String {
+/// The agent's name (its tokens' subject): `echo-1` → `echo`.
+pub fn agent_name(agent_id: &str) -> String {
     agent_id.split('-').next().unwrap_or(agent_id).to_string()
 }
 

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 from . import tracing
 from .contexts import ContextHandle, Contexts, blocking
 from .errors import RouterError, TransportError
-from .wire import InvokeResult, Policy, invoke_body, invoke_result, unreachable
+from .wire import InvokeResult, Policy, Priority, invoke_body, invoke_result, unreachable
 
 T = TypeVar("T")
 
@@ -47,6 +47,7 @@ class Ctx:
         "capability_version",
         "context_id",
         "deadline_ms",
+        "priority",
         "request_id",
         "session_id",
         "source",
@@ -68,6 +69,7 @@ class Ctx:
         traceparent: str | None,
         tenant: str | None,
         links: Links,
+        priority: Priority = Priority.NORMAL,
     ) -> None:
         #: The idempotency key of this request.
         self.request_id = request_id
@@ -81,6 +83,8 @@ class Ctx:
         self.deadline_ms = deadline_ms
         #: 1 for the first delivery, 2 for the first retry, ...
         self.attempt = attempt
+        #: How urgent the caller said this request is; calls onwards carry it unless given.
+        self.priority = priority
         self.traceparent = traceparent
         #: The tenant the router's assertion names (None when unverified).
         self.tenant = tenant
@@ -110,6 +114,7 @@ class Ctx:
         version: str | None = ...,
         policy: Policy | str | None = ...,
         timeout_ms: int | None = ...,
+        priority: Priority | str | None = ...,
         output: None = ...,
     ) -> Any: ...
 
@@ -122,6 +127,7 @@ class Ctx:
         version: str | None = ...,
         policy: Policy | str | None = ...,
         timeout_ms: int | None = ...,
+        priority: Priority | str | None = ...,
         output: type[T],
     ) -> T: ...
 
@@ -133,25 +139,22 @@ class Ctx:
         version: str | None = None,
         policy: Policy | str | None = None,
         timeout_ms: int | None = None,
+        priority: Priority | str | None = None,
         output: type[Any] | None = None,
     ) -> Any:
         """Calls ``capability`` through the router and returns its output.
 
-        ``version`` is a semver requirement (``"^1.2"``); ``timeout_ms`` shortens the
-        time allowed (never past this request's own deadline); ``output`` validates
+        ``version`` is a semver requirement (``"^1.2"``); ``policy`` the selection
+        policy; ``priority`` how urgent (this request's own unless given); ``timeout_ms``
+        shortens the time allowed (never past this request's own deadline); ``output`` validates
         and converts the answer (a pydantic model or any type). A failure raises the
         router's typed error; left uncaught in a handler it becomes the handler's error
         with the same code, so a chain reports a failure at its origin.
         """
-        result = await self.call_envelope(capability, payload, version=version, policy=policy, timeout_ms=timeout_ms)
-        if output is None:
-            return result.output
-        try:
-            return TypeAdapter(output).validate_python(result.output)
-        except ValueError as error:
-            raise RouterError(
-                "OUTPUT_MISMATCH", f"`{capability}` answered a shape that is not {output!r}: {error}"
-            ) from error
+        result = await self.call_envelope(
+            capability, payload, version=version, policy=policy, timeout_ms=timeout_ms, priority=priority
+        )
+        return _converted(capability, result.output, output)
 
     async def call_envelope(
         self,
@@ -161,6 +164,7 @@ class Ctx:
         version: str | None = None,
         policy: Policy | str | None = None,
         timeout_ms: int | None = None,
+        priority: Priority | str | None = None,
     ) -> InvokeResult:
         """Like :meth:`call`, returning the whole result envelope (agent, attempts, latency)."""
         links = self._links
@@ -177,6 +181,7 @@ class Ctx:
             deadline_ms=deadline,
             session_id=self.session_id,
             context_id=self.context_id,
+            priority=priority if priority is not None else self.priority,
         )
         # The router answers by the deadline; a little slack lets its DEADLINE_EXCEEDED arrive.
         timeout = max(0.0, (deadline - now_ms()) / 1000) + 2.0
@@ -200,16 +205,29 @@ class Ctx:
         version: str | None = None,
         policy: Policy | str | None = None,
         timeout_ms: int | None = None,
+        priority: Priority | str | None = None,
         output: type[Any] | None = None,
     ) -> Any:
         """:meth:`call` for sync handlers: blocks the handler's worker thread until the answer."""
 
         async def run() -> Any:
-            return await self.call(
-                capability, payload, version=version, policy=policy, timeout_ms=timeout_ms, output=output
+            result = await self.call_envelope(
+                capability, payload, version=version, policy=policy, timeout_ms=timeout_ms, priority=priority
             )
+            return _converted(capability, result.output, output)
 
         return blocking(run)
+
+
+def _converted(capability: str, value: Any, output: type[Any] | None) -> Any:
+    """``value`` validated as ``output`` (as is without one)."""
+    if output is None:
+        return value
+    try:
+        return TypeAdapter(output).validate_python(value)
+    except ValueError as error:
+        shape = f"`{capability}` answered a shape that is not {output!r}: {error}"
+        raise RouterError("OUTPUT_MISMATCH", shape) from error
 
 
 def _jsonable(payload: Any) -> Any:

@@ -123,7 +123,7 @@ class Lifecycle:
             return
         status = self.state.current_status()
         self.state.status_changed.clear()
-        body = {"lease_id": self.lease_id, "status": str(status), "inflight": self.state.inflight}
+        body = {"lease_id": self.lease_id, "status": str(status), "inflight": self.state.take_sustained_inflight()}
         self._last_status_sent = time.monotonic()
         try:
             response = await self.http.put(f"{self.agent_path}/heartbeat", json=body, headers=self.headers, timeout=5.0)

@@ -41,6 +41,10 @@ from .handlers import Handler, validation_details
 from .logs import logger
 from .metrics import Metrics
 from .status import Status, StatusTracker
+from .wire import Priority
+
+#: The priorities an envelope may carry (absent: ``normal``).
+_PRIORITIES = frozenset(priority.value for priority in Priority)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -65,6 +69,8 @@ class AgentState:
     dedup: Dedup = field(default_factory=Dedup)
     metrics: Metrics = field(default_factory=Metrics)
     inflight: int = 0
+    #: The fewest deliveries in flight since the last heartbeat (what the next one reports).
+    sustained_inflight: int = 0
     #: Set whenever the reported status may have changed (the lifecycle sends a heartbeat).
     status_changed: asyncio.Event = field(default_factory=asyncio.Event)
     deadlines: Deadlines = field(default_factory=lambda: Deadlines())
@@ -88,6 +94,19 @@ class AgentState:
 
     def handler(self, capability: str, version: str) -> Handler | None:
         return self._by_key.get((capability, version)) or self._by_capability.get(capability)
+
+    def take_sustained_inflight(self) -> int:
+        """The in-flight count a heartbeat reports: the fewest in flight since the previous one.
+
+        Not the count at the instant, which samples whichever short call happens to be
+        running: routers would steer away from an idle agent for a whole heartbeat
+        interval because of a call that ended a millisecond later (they count their own
+        calls themselves, DESIGN §3.4). The minimum is the load that lasted the whole
+        interval, which is what another router cannot see. Same as the Rust SDK.
+        """
+        sustained = min(self.sustained_inflight, self.inflight)
+        self.sustained_inflight = self.inflight
+        return sustained
 
     def current_status(self) -> Status:
         return self.status.current(self.inflight)
@@ -158,6 +177,7 @@ async def serve_invoke(
         session_id = envelope.get("session_id")
         context_id = envelope.get("context_id")
         source = envelope.get("source")
+        priority = envelope.get("priority", "normal")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -167,6 +187,7 @@ async def serve_invoke(
             and (session_id is None or type(session_id) is str)
             and (context_id is None or type(context_id) is str)
             and (source is None or type(source) is str)
+            and priority in _PRIORITIES
         ):
             raise TypeError("a field has the wrong type")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -258,6 +279,7 @@ async def serve_invoke(
                     capability_version=version,
                     deadline_ms=deadline,
                     attempt=attempt,
+                    priority=Priority(priority),
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
@@ -273,6 +295,7 @@ async def serve_invoke(
     finally:
         logs.unbind(fields)
         state.inflight -= 1
+        state.sustained_inflight = min(state.sustained_inflight, state.inflight)
         if state.inflight == 0:
             state.idle.set()
         if state.inflight + 1 >= status.busy_at or state.last_status is not Status.READY:

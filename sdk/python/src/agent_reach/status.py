@@ -34,6 +34,24 @@ class LoadThresholds:
     busy: float = 0.75
     overloaded: float = 0.95
 
+    def at(self, max_concurrency: int) -> tuple[int, int]:
+        """The in-flight counts at which ``busy`` and ``overloaded`` begin for this limit:
+        ``ceil(max * fraction)`` in whole thousandths (so 0.07 * 100 is 7), each at least 1,
+        busy never above overloaded; the Rust SDK's ``LoadThresholds::at``.
+
+        >>> LoadThresholds().at(256)
+        (192, 244)
+        >>> LoadThresholds(busy=0.5, overloaded=1.0).at(4)
+        (2, 4)
+        """
+
+        def begins(fraction: float) -> int:
+            permille = min(1000, max(0, round(fraction * 1000)))
+            return max(1, -(-max_concurrency * permille // 1000))
+
+        busy = begins(self.busy)
+        return busy, max(busy, begins(self.overloaded))
+
     def problems(self) -> list[str]:
         if not 0 < self.busy <= self.overloaded <= 1:
             return [f"load thresholds need 0 < busy ({self.busy}) <= overloaded ({self.overloaded}) <= 1"]
@@ -47,8 +65,7 @@ class StatusTracker:
         self.phase = Status.STARTING
         self.reported: Status | None = None
         # In-flight counts at which each automatic status begins.
-        self.busy_at = max(1, round(max_concurrency * thresholds.busy))
-        self._overloaded_at = max(self.busy_at, round(max_concurrency * thresholds.overloaded))
+        self.busy_at, self._overloaded_at = thresholds.at(max_concurrency)
 
     def current(self, inflight: int) -> Status:
         if self.phase is not Status.READY:

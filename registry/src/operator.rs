@@ -1,0 +1,278 @@
+//! The operator API (DESIGN §2.9): a capability's traffic split between
+//! versions for unpinned callers, and a live instance's weight, both changed
+//! without any agent re-registering. Transport-free like `service`; the HTTP
+//! handlers call these.
+//!
+//! Who may: callers listed under `operators` in `acl.yaml` (DESIGN §8); a
+//! weight also by the agent itself (its token's `sub` is its `name`), as
+//! heartbeats are.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use agent_reach_access::Caller;
+use agent_reach_proto::http::SplitRequest;
+
+use crate::catalog::Entry;
+use crate::error::{Code, RegistryError};
+use crate::model::{Instance, Split};
+use crate::service::{now_ms, RegistryService, CATALOG_WAIT, WRITE_ATTEMPTS};
+use crate::store::{Condition, Put, StoreError};
+use crate::validate::{self, MAX_WEIGHT};
+
+/// Largest weight of one version in a split (relative weights: basis points fit).
+pub const MAX_SPLIT_WEIGHT: u64 = 10_000;
+/// Versions one split may name.
+pub const MAX_SPLIT_VERSIONS: usize = 64;
+
+/// A split after its write: what the store holds and the write's revision.
+pub struct SplitWritten {
+    pub split: Split,
+    pub revision: i64,
+}
+
+/// May `caller` use the operator API? `Some(name)` to record who did;
+/// `None` when authentication is off (everything is trusted then).
+fn operator(service: &RegistryService, caller: &Caller, action: &str) -> Result<Option<String>, RegistryError> {
+    match caller {
+        Caller::Unauthenticated => Ok(None),
+        Caller::Agent(name) if service.acl().current().is_operator(name) => Ok(Some(name.to_string())),
+        Caller::Agent(name) => Err(RegistryError::new(
+            Code::Forbidden,
+            format!("`{name}` may not {action}: only callers listed under `operators` in acl.yaml may"),
+        )),
+    }
+}
+
+fn capability_name(name: &str) -> Result<(), RegistryError> {
+    agent_reach_access::acl::check_dotted(name).map_err(|why| {
+        RegistryError::field(
+            Code::InvalidCapabilityName,
+            "name",
+            format!("capability name `{name}`: {why}"),
+        )
+    })
+}
+
+/// Checks a split body: 1..=64 versions, each valid semver, each weight an
+/// integer in 0..=10000, at least one above 0. Versions need not be
+/// registered yet (a split may be set before the canary is deployed).
+pub fn split_weights(request: SplitRequest) -> Result<BTreeMap<semver::Version, u32>, RegistryError> {
+    if request.weights.is_empty() {
+        return Err(RegistryError::field(
+            Code::InvalidSplit,
+            "weights",
+            "a split needs at least one version, e.g. {\"weights\": {\"2.0.0\": 5, \"1.4.2\": 95}}",
+        ));
+    }
+    if request.weights.len() > MAX_SPLIT_VERSIONS {
+        return Err(RegistryError::field(
+            Code::InvalidSplit,
+            "weights",
+            format!(
+                "a split names at most {MAX_SPLIT_VERSIONS} versions, this one {}",
+                request.weights.len()
+            ),
+        ));
+    }
+    let mut weights = BTreeMap::new();
+    for (text, value) in request.weights {
+        let field = format!("weights.{text}");
+        let version = semver::Version::parse(&text).map_err(|error| {
+            RegistryError::field(
+                Code::InvalidVersion,
+                field.clone(),
+                format!("`{text}` is not a semver version (e.g. 2.0.0): {error}"),
+            )
+        })?;
+        let weight = value
+            .as_u64()
+            .filter(|weight| *weight <= MAX_SPLIT_WEIGHT)
+            .and_then(|weight| u32::try_from(weight).ok())
+            .ok_or_else(|| {
+                RegistryError::field(
+                    Code::InvalidSplit,
+                    field.clone(),
+                    format!("the weight of `{text}` must be an integer in 0..={MAX_SPLIT_WEIGHT}, not {value}"),
+                )
+            })?;
+        if weights.insert(version, weight).is_some() {
+            return Err(RegistryError::field(
+                Code::InvalidSplit,
+                field,
+                format!("version `{text}` is listed twice"),
+            ));
+        }
+    }
+    if weights.values().all(|weight| *weight == 0) {
+        return Err(RegistryError::field(
+            Code::InvalidSplit,
+            "weights",
+            "at least one version needs a weight above 0 (to stop splitting, clear the split)",
+        ));
+    }
+    Ok(weights)
+}
+
+/// The split's HTTP form.
+pub fn split_to_wire(split: &Split, revision: Option<i64>) -> agent_reach_proto::http::CapabilitySplit {
+    agent_reach_proto::http::CapabilitySplit {
+        capability: split.capability.clone(),
+        weights: split
+            .weights
+            .iter()
+            .map(|(version, weight)| (version.to_string(), *weight))
+            .collect(),
+        updated_at_ms: split.updated_at_ms,
+        updated_by: split.updated_by.clone(),
+        revision,
+    }
+}
+
+impl RegistryService {
+    // === Traffic split ===
+
+    /// Sets (or replaces) `name`'s split. The last write wins: a split is one
+    /// operator decision, not a merge of several.
+    #[tracing::instrument(skip_all, fields(capability = %name))]
+    pub async fn set_split(
+        &self,
+        caller: &Caller,
+        name: &str,
+        request: SplitRequest,
+    ) -> Result<SplitWritten, RegistryError> {
+        let updated_by = operator(self, caller, "set a traffic split")?;
+        capability_name(name)?;
+        let weights = split_weights(request)?;
+        let split = Split {
+            capability: name.to_string(),
+            weights,
+            updated_at_ms: now_ms(),
+            updated_by,
+        };
+        let value = serde_json::to_vec(&split)
+            .map_err(|error| RegistryError::new(Code::Internal, format!("cannot encode the split: {error}")))?;
+        // No lease: a split outlives every instance it names.
+        let put = Put {
+            key: self.keys().split(name),
+            value,
+            lease: 0,
+        };
+        let revision = self.store().txn(Vec::new(), vec![put], Vec::new()).await?;
+        self.catalog().wait_for(revision, CATALOG_WAIT).await;
+        let weights: Vec<String> = split
+            .weights
+            .iter()
+            .map(|(version, weight)| format!("{version}={weight}"))
+            .collect();
+        tracing::info!(message = "Traffic split set.", weights = %weights.join(" "), revision);
+        Ok(SplitWritten { split, revision })
+    }
+
+    /// Removes `name`'s split; unpinned calls go to the highest routable
+    /// version again. Removing a split that is not there succeeds (the goal is reached).
+    #[tracing::instrument(skip_all, fields(capability = %name))]
+    pub async fn clear_split(&self, caller: &Caller, name: &str) -> Result<(), RegistryError> {
+        operator(self, caller, "clear a traffic split")?;
+        capability_name(name)?;
+        let revision = self
+            .store()
+            .txn(Vec::new(), Vec::new(), vec![self.keys().split(name)])
+            .await?;
+        self.catalog().wait_for(revision, CATALOG_WAIT).await;
+        tracing::info!(message = "Traffic split cleared.", revision);
+        Ok(())
+    }
+
+    /// `name`'s split (any valid token may read it).
+    pub fn split(&self, name: &str) -> Result<Arc<Split>, RegistryError> {
+        capability_name(name)?;
+        self.catalog().split(name).ok_or_else(|| {
+            RegistryError::field(
+                Code::SplitNotFound,
+                "name",
+                format!("capability `{name}` has no traffic split: unpinned calls go to its highest routable version"),
+            )
+        })
+    }
+
+    // === Live weight ===
+
+    /// Changes a live instance's weight on its record, under its own lease, so
+    /// routers pick it up from the `Watch` and the agent keeps heartbeating as
+    /// before. The agent's next registration sets its own weight again.
+    #[tracing::instrument(skip_all, fields(agent_id = %agent_id, weight = weight))]
+    pub async fn set_weight(
+        &self,
+        caller: &Caller,
+        agent_id: &str,
+        weight: u32,
+    ) -> Result<Arc<Instance>, RegistryError> {
+        validate::agent_id(agent_id)?;
+        if !(1..=MAX_WEIGHT).contains(&weight) {
+            return Err(RegistryError::field(
+                Code::InvalidWeight,
+                "weight",
+                format!("weight {weight} is outside 1..={MAX_WEIGHT}"),
+            ));
+        }
+        let not_found = || RegistryError::new(Code::AgentNotFound, format!("no instance `{agent_id}` is registered"));
+        let mut entry = self.current_entry(agent_id).await?.ok_or_else(not_found)?;
+        self.may_weigh(caller, &entry.instance)?;
+        for attempt in 0..WRITE_ATTEMPTS {
+            if entry.instance.weight == weight {
+                return Ok(entry.instance);
+            }
+            match self.write_weight(&entry, weight).await {
+                Ok(instance) => {
+                    tracing::info!(message = "Instance weight changed.", from = entry.instance.weight);
+                    return Ok(instance);
+                }
+                // A heartbeat's status write (or another operator) won: re-read and retry.
+                Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
+                    entry = self.current_entry_from_store(agent_id).await?.ok_or_else(not_found)?;
+                }
+                // The lease ended meanwhile: the instance is gone.
+                Err(StoreError::LeaseNotFound(_)) => return Err(not_found()),
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(RegistryError::new(
+            Code::Conflict,
+            format!("`{agent_id}` kept changing while its weight was written; retry"),
+        ))
+    }
+
+    /// Operators, and the agent itself.
+    fn may_weigh(&self, caller: &Caller, instance: &Instance) -> Result<(), RegistryError> {
+        match caller {
+            Caller::Agent(name) if **name == *instance.name => Ok(()),
+            _ => operator(self, caller, "change an instance's weight").map(|_| ()),
+        }
+    }
+
+    async fn write_weight(&self, entry: &Entry, weight: u32) -> Result<Arc<Instance>, StoreError> {
+        let mut instance = Instance::clone(&entry.instance);
+        instance.weight = weight;
+        let key = self.keys().agent(&instance.agent_id);
+        let value = serde_json::to_vec(&instance).map_err(|error| StoreError::Unavailable(error.to_string()))?;
+        let revision = self
+            .store()
+            .txn(
+                vec![Condition::ModRevision {
+                    key: key.clone(),
+                    revision: entry.mod_revision,
+                }],
+                // The same lease: the record still ends with the agent.
+                vec![Put {
+                    key,
+                    value,
+                    lease: instance.lease_id,
+                }],
+                Vec::new(),
+            )
+            .await?;
+        self.catalog().wait_for(revision, CATALOG_WAIT).await;
+        Ok(Arc::new(instance))
+    }
+}
