@@ -128,13 +128,13 @@ impl Ctx {
         O: Serialize + Send + 'static,
         F: Future<Output = Result<O, HandlerError>> + Send + 'static,
     {
-        let (Some(task_id), Some(router)) = (self.task_id(), self.inner.links.router.as_deref()) else {
+        let (Some(task_id), Some(router)) = (self.task_id(), self.inner.links.router.as_ref()) else {
             return work.await;
         };
         let report = crate::report::Report {
-            http: self.inner.links.http.clone(),
-            url: format!("{}/v1/tasks/{task_id}/result", router.trim_end_matches('/')),
-            token: self.inner.links.token.clone(),
+            http: router.http.clone(),
+            url: router.url(&format!("/v1/tasks/{task_id}/result")),
+            token: router.token.clone(),
             deadline_ms: self.inner.deadline_ms,
         };
         let remaining = self.remaining();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::ctx::now_ms;
+use crate::call::now_ms;
 use crate::HandlerError;
 
 /// Where and as whom one task's outcome is reported.
