@@ -171,11 +171,14 @@ pub enum RouterCode {
     AssertionFailed,
     InvalidCallback,
     Canceled,
+    StreamInterrupted,
+    InvalidTaskResult,
+    DeadLetterNotFound,
     Internal,
 }
 
 impl RouterCode {
-    pub const ALL: [RouterCode; 25] = [
+    pub const ALL: [RouterCode; 28] = [
         RouterCode::InvalidEnvelope,
         RouterCode::InvalidQuery,
         RouterCode::Unauthenticated,
@@ -200,6 +203,9 @@ impl RouterCode {
         RouterCode::AssertionFailed,
         RouterCode::InvalidCallback,
         RouterCode::Canceled,
+        RouterCode::StreamInterrupted,
+        RouterCode::InvalidTaskResult,
+        RouterCode::DeadLetterNotFound,
         RouterCode::Internal,
     ];
 
@@ -229,6 +235,9 @@ impl RouterCode {
             RouterCode::AssertionFailed => "ASSERTION_FAILED",
             RouterCode::InvalidCallback => "INVALID_CALLBACK",
             RouterCode::Canceled => "CANCELED",
+            RouterCode::StreamInterrupted => "STREAM_INTERRUPTED",
+            RouterCode::InvalidTaskResult => "INVALID_TASK_RESULT",
+            RouterCode::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
             RouterCode::Internal => "INTERNAL",
         }
     }
