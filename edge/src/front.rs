@@ -13,8 +13,8 @@
 //! Only a plain request takes this path: HTTP/1.1, a method and path the
 //! service's [`HotRoutes::route`] takes, at most one `Content-Length` (digits
 //! only, within the body limit; none means no body), every header name and
-//! value valid, and no `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection`
-//! header. Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
+//! value valid, no `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection`
+//! header, and no `Accept` naming `text/event-stream` (a streamed answer). Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
 //! malformed or oversized head, a body over the limit) hands the connection,
 //! with every byte already read, to hyper, which serves it from that request on
 //! exactly as it serves any connection (as HTTP/1.1 only once this loop has
@@ -529,6 +529,10 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
                 (None, Some(length)) if length <= limit => body_len = Some(length),
                 _ => return Head::Other,
             }
+        } else if name.eq_ignore_ascii_case(b"accept") && asks_for_events(header.value) {
+            // A streamed answer: hyper writes it as it comes and notices a caller
+            // that went away; this loop writes whole answers only.
+            return Head::Other;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -550,6 +554,14 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
         body_len: body_len.unwrap_or(0),
         fields,
     })
+}
+
+/// Whether an `Accept` value names `text/event-stream` (server-sent events).
+fn asks_for_events(value: &[u8]) -> bool {
+    const EVENTS: &[u8] = b"text/event-stream";
+    value
+        .windows(EVENTS.len())
+        .any(|window| window.eq_ignore_ascii_case(EVENTS))
 }
 
 /// A `Content-Length` value: one to nineteen ASCII digits, nothing else.
@@ -750,6 +762,8 @@ mod tests {
         // Neither length nor chunking: no body.
         let bodiless = head("POST /v1/invoke HTTP/1.1\r\nhost: r\r\n\r\n");
         assert!(matches!(bodiless, Head::Hot(Hot { body_len: 0, .. })));
+        let json = head("POST /v1/invoke HTTP/1.1\r\naccept: application/json\r\ncontent-length: 2\r\n\r\n{}");
+        assert!(matches!(json, Head::Hot(Hot { body_len: 2, .. })));
 
         for other in [
             "GET /healthz HTTP/1.1\r\n\r\n",
@@ -768,6 +782,9 @@ mod tests {
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nx: a\x01b\r\n\r\n",
             "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\nbad header\r\n\r\n",
+            // A streamed answer is hyper's to write.
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\naccept: text/event-stream\r\n\r\n",
+            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nAccept: application/json, Text/Event-Stream\r\n\r\n",
         ] {
             assert!(matches!(head(other), Head::Other), "{other:?} must be hyper's");
         }

@@ -298,6 +298,20 @@ async fn traffic(stack: Arc<Stack>, stop: Arc<AtomicBool>) {
                 .bytes()
                 .await;
         }
+        // A streamed invoke (the stream metrics); the demo agent answers JSON: one event, then the result.
+        let _ = client
+            .post(format!("{}/v1/invoke", stack.router))
+            .bearer_auth(&user)
+            .header("accept", "text/event-stream")
+            .json(
+                &json!({"capability": "intent.parse", "context_id": context_id, "timeout_ms": 10_000,
+                "payload": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}),
+            )
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await;
         let _ = client
             .post(format!("{}/v1/invoke", stack.router))
             .bearer_auth("not-a-token")

@@ -41,7 +41,9 @@ pub fn routes(service: Arc<RouterService>, tasks: Option<Arc<TaskService>>) -> a
             service: service.clone(),
             tasks: task_api.clone(),
         });
-    crate::http::routes(service)
+    crate::http::routes(service.clone())
+        .merge(crate::mcp::routes(service.clone()))
+        .merge(crate::a2a::routes(service))
         .merge(tasks::routes(task_api))
         .merge(broadcast_route)
 }

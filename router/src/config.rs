@@ -108,6 +108,10 @@ pub struct RouterArgs {
     pub registry_ca_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: ListenerArgs,
+    /// Also serve this capability's A2A agent card at the host root,
+    /// `/.well-known/agent-card.json` (its interface stays `/a2a/NAME`).
+    #[arg(long, env = "AGENT_REACH_A2A_ROOT_CAPABILITY", value_name = "NAME")]
+    pub a2a_root_capability: Option<String>,
     #[command(flatten)]
     pub tasks: TaskArgs,
     #[command(flatten)]
@@ -275,6 +279,7 @@ impl RouterArgs {
                 pool_idle_per_instance: self.pool_idle_per_instance,
                 max_staleness: Duration::from_secs(self.max_staleness_s),
                 threads: self.threads,
+                a2a_root_capability: self.a2a_root_capability.clone(),
             },
         })
     }

@@ -35,6 +35,7 @@ pub enum Code {
     AssertionFailed,
     RateLimited,
     OutputSchemaMismatch,
+    StreamInterrupted,
     InvalidTaskResult,
     DeadLetterNotFound,
 }
@@ -66,6 +67,7 @@ impl Code {
         Code::AssertionFailed,
         Code::RateLimited,
         Code::OutputSchemaMismatch,
+        Code::StreamInterrupted,
         Code::InvalidTaskResult,
         Code::DeadLetterNotFound,
     ];
@@ -102,6 +104,7 @@ impl ErrorCode for Code {
             Code::AssertionFailed => "ASSERTION_FAILED",
             Code::RateLimited => "RATE_LIMITED",
             Code::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
+            Code::StreamInterrupted => "STREAM_INTERRUPTED",
             Code::InvalidTaskResult => "INVALID_TASK_RESULT",
             Code::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
         }
@@ -132,7 +135,7 @@ impl ErrorCode for Code {
             Code::InvalidQuery => StatusCode::BAD_REQUEST,
             Code::AssertionFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Code::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            Code::OutputSchemaMismatch => StatusCode::BAD_GATEWAY,
+            Code::OutputSchemaMismatch | Code::StreamInterrupted => StatusCode::BAD_GATEWAY,
             Code::InvalidTaskResult => StatusCode::BAD_REQUEST,
             Code::DeadLetterNotFound => StatusCode::NOT_FOUND,
         }
@@ -149,6 +152,8 @@ impl ErrorCode for Code {
                 | Code::DeadlineExceeded
                 | Code::TaskStoreUnavailable
                 | Code::TaskBufferFull
+                // The router does not retry a stream it began relaying; the caller may call again.
+                | Code::StreamInterrupted
         )
     }
 

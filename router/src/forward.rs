@@ -231,6 +231,28 @@ impl Forwarder {
         }
     }
 
+    /// A fresh connection to `uri` for one streamed answer (`crate::stream`):
+    /// never pooled, since a stream holds it for its whole life, and made by
+    /// the same rules as every attempt's (TLS for `https://`, verified).
+    pub(crate) async fn connect_for_stream(
+        &self,
+        uri: &http::Uri,
+    ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, String> {
+        let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
+            return Err(format!("the endpoint `{uri}` has no host"));
+        };
+        let https = match uri.scheme_str() {
+            Some("http") | None => false,
+            Some("https") => true,
+            Some(other) => {
+                return Err(format!(
+                    "the endpoint `{uri}` is neither http:// nor https:// ({other})"
+                ))
+            }
+        };
+        self.connect(authority, uri.host().unwrap_or(authority), https).await
+    }
+
     /// Logs a TLS failure once per endpoint and reason (a certificate the router does not
     /// trust is an operator's problem to fix, not a line per call), and returns it.
     fn log_tls(&self, authority: &str, why: String) -> String {

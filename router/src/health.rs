@@ -5,6 +5,7 @@
 //! gets traffic back gradually. Atomics only.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach_proto::Status;
@@ -227,6 +228,23 @@ pub fn status_permille(status: Status) -> u64 {
 pub fn health_score(freshness_permille: u64, health_permille: u64, latency_permille: u64) -> i64 {
     let product = freshness_permille.min(1000) * health_permille.min(1000) * latency_permille.min(1000);
     (product / 10_000_000) as i64
+}
+
+/// [`InflightGuard`] for a request that outlives the borrow of its instance
+/// (a streamed invoke holds its place until the stream ends).
+pub struct OwnedInflight(Arc<InstanceState>);
+
+impl InstanceState {
+    pub fn start_owned(self: &Arc<Self>) -> OwnedInflight {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        OwnedInflight(self.clone())
+    }
+}
+
+impl Drop for OwnedInflight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 pub struct InflightGuard<'a> {

@@ -41,6 +41,11 @@ pub fn routes(service: Arc<RouterService>) -> Router {
 }
 
 async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
+    // A caller asking for events gets the streamed invoke (DESIGN §8); the
+    // front door hands such requests to hyper, which writes the answer as it comes.
+    if crate::sse::accepts_events(headers.value("accept")) {
+        return crate::stream::answer(&service, &headers, body).await;
+    }
     answer_invoke(&service, &headers, RequestBody::Unread(body))
         .await
         .into_response()

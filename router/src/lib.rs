@@ -14,6 +14,7 @@
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
 
+mod a2a;
 mod admission;
 mod answer;
 mod app;
@@ -33,6 +34,7 @@ mod histogram;
 mod http;
 mod json;
 mod limits;
+mod mcp;
 mod metrics;
 mod openapi;
 mod outcome;
@@ -42,6 +44,8 @@ mod select;
 mod service;
 mod snapshot;
 mod split;
+mod sse;
+mod stream;
 mod tasks;
 mod trace;
 mod watch;

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::error::Code;
 use crate::histogram::{Histogram, HistogramFamily};
@@ -50,6 +50,69 @@ pub struct Metrics {
     pub snapshot_staleness_seconds: IntGauge,
     pub registry_connected: IntGauge,
     pub watch_reconnects: IntCounter,
+    /// Streamed invokes (DESIGN §8, `crate::stream`).
+    pub streams: StreamMetrics,
+}
+
+/// The streamed invoke's numbers, by capability. Observed once or twice per
+/// stream (not per request of the fast path), so the `prometheus` crate's own
+/// histograms serve.
+#[derive(Clone)]
+pub struct StreamMetrics {
+    /// From the request's arrival to the first event relayed to the caller.
+    pub first_event_seconds: HistogramVec,
+    /// From the request's arrival to the stream's end.
+    pub duration_seconds: HistogramVec,
+    /// Events relayed.
+    pub events: IntCounterVec,
+    /// Streams whose caller went away before the end (the agent's request
+    /// was cancelled). No label: present from the start, and rare.
+    pub disconnects: IntCounter,
+}
+
+impl StreamMetrics {
+    fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let buckets = vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ];
+        let first_event_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "agent_reach_router_stream_first_event_seconds",
+                "Streamed invokes: time from the request's arrival to the first event relayed, by capability.",
+            )
+            .buckets(buckets.clone()),
+            &["capability"],
+        )?;
+        let duration_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "agent_reach_router_stream_duration_seconds",
+                "Streamed invokes: time from the request's arrival to the end of the stream, by capability.",
+            )
+            .buckets(buckets),
+            &["capability"],
+        )?;
+        let events = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_router_stream_events_total",
+                "Streamed invokes: events relayed to callers, by capability.",
+            ),
+            &["capability"],
+        )?;
+        let disconnects = IntCounter::new(
+            "agent_reach_router_stream_disconnects_total",
+            "Streamed invokes whose caller went away before the end (the agent's request was cancelled).",
+        )?;
+        registry.register(Box::new(first_event_seconds.clone()))?;
+        registry.register(Box::new(duration_seconds.clone()))?;
+        registry.register(Box::new(events.clone()))?;
+        registry.register(Box::new(disconnects.clone()))?;
+        Ok(Self {
+            first_event_seconds,
+            duration_seconds,
+            events,
+            disconnects,
+        })
+    }
 }
 
 /// Cached children for one capability (label `capability`).
@@ -190,6 +253,7 @@ impl Metrics {
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
         registry.register(Box::new(registry_connected.clone()))?;
         registry.register(Box::new(watch_reconnects.clone()))?;
+        let streams = StreamMetrics::new(&registry)?;
         Ok(Self {
             registry,
             requests,
@@ -208,6 +272,7 @@ impl Metrics {
             snapshot_staleness_seconds,
             registry_connected,
             watch_reconnects,
+            streams,
         })
     }
 

@@ -47,6 +47,9 @@ pub struct Tuning {
     pub max_staleness: Duration,
     /// Request-serving threads of `run` (0: one per core).
     pub threads: usize,
+    /// The capability whose A2A agent card is also served at the host root
+    /// (`/.well-known/agent-card.json`, `--a2a-root-capability`).
+    pub a2a_root_capability: Option<String>,
 }
 
 impl Default for Tuning {
@@ -63,6 +66,7 @@ impl Default for Tuning {
             pool_idle_per_instance: 64,
             max_staleness: Duration::from_secs(60),
             threads: 0,
+            a2a_root_capability: None,
         }
     }
 }
@@ -128,6 +132,20 @@ impl RouterService {
 
     pub fn assertions(&self) -> &Assertions {
         &self.assertions
+    }
+
+    /// The retry budget every attempt loop draws on (the streamed invoke's too).
+    pub(crate) fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+
+    /// The agent client (the streamed invoke makes its connections with it).
+    pub(crate) fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
+    }
+
+    pub(crate) fn breaker(&self) -> &BreakerConfig {
+        &self.breaker
     }
 
     /// What `select` and `broadcast` need to tell whether an instance can take a request.
@@ -619,7 +637,7 @@ impl RouterService {
 }
 
 /// Logs a breaker transition with the ids of the request whose outcome caused it.
-fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
+pub(crate) fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
     let trace_id = trace.trace_id.as_str();
     match transition {
         Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id, trace_id, request_id),

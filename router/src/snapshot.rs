@@ -51,6 +51,8 @@ pub struct VersionGroup {
     pub validator: Option<Arc<jsonschema::Validator>>,
     /// The compiled output schema, unless the agent asked for its answers to go unchecked.
     pub output_validator: Option<Arc<jsonschema::Validator>>,
+    /// How the version describes itself (the MCP and A2A front doors advertise it).
+    pub described: Arc<Described>,
     pub instances: Vec<Arc<Instance>>,
     /// Smooth WRR's `current_weight` per instance. A lock per group, held for a
     /// few additions: nginx's per-upstream peer lock, not a global one.
@@ -59,6 +61,15 @@ pub struct VersionGroup {
     pub rotation: AtomicUsize,
     /// Calls admitted to this version (`agent_reach_router_version_selections_total`).
     pub selections: prometheus::IntCounter,
+}
+
+/// A capability version's description and schemas as registered (JSON
+/// texts; empty means "any"), as the first instance offering it gave them.
+#[derive(Debug, Default)]
+pub struct Described {
+    pub description: String,
+    pub input_schema: String,
+    pub output_schema: String,
 }
 
 pub struct Capability {
@@ -228,6 +239,7 @@ struct Offer {
     input_schema: String,
     /// `None`: answers go unchecked.
     output_schema: Option<String>,
+    described: Arc<Described>,
     instances: Vec<Arc<Instance>>,
 }
 
@@ -396,6 +408,11 @@ impl SnapshotBuilder {
                         input_schema: descriptor.input_schema_json.clone(),
                         // The agent may ask for its answers to go unchecked.
                         output_schema: (!descriptor.skip_output_check).then(|| descriptor.output_schema_json.clone()),
+                        described: Arc::new(Described {
+                            description: descriptor.description.clone(),
+                            input_schema: descriptor.input_schema_json.clone(),
+                            output_schema: descriptor.output_schema_json.clone(),
+                        }),
                         instances: Vec::new(),
                     });
                 entry.instances.push(instance.clone());
@@ -414,6 +431,7 @@ impl SnapshotBuilder {
                     timeout,
                     input_schema,
                     output_schema,
+                    described,
                     instances,
                 } = offer;
                 let validator = self.validator(&input_schema, &name, &version, "input");
@@ -434,6 +452,7 @@ impl SnapshotBuilder {
                     timeout,
                     validator,
                     output_validator,
+                    described,
                     instances,
                     wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),

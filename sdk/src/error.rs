@@ -174,11 +174,12 @@ pub enum RouterCode {
     AssertionFailed,
     InvalidCallback,
     Canceled,
+    StreamInterrupted,
     Internal,
 }
 
 impl RouterCode {
-    pub const ALL: [RouterCode; 28] = [
+    pub const ALL: [RouterCode; 29] = [
         RouterCode::InvalidEnvelope,
         RouterCode::InvalidQuery,
         RouterCode::Unauthenticated,
@@ -206,6 +207,7 @@ impl RouterCode {
         RouterCode::AssertionFailed,
         RouterCode::InvalidCallback,
         RouterCode::Canceled,
+        RouterCode::StreamInterrupted,
         RouterCode::Internal,
     ];
 
@@ -238,6 +240,7 @@ impl RouterCode {
             RouterCode::AssertionFailed => "ASSERTION_FAILED",
             RouterCode::InvalidCallback => "INVALID_CALLBACK",
             RouterCode::Canceled => "CANCELED",
+            RouterCode::StreamInterrupted => "STREAM_INTERRUPTED",
             RouterCode::Internal => "INTERNAL",
         }
     }

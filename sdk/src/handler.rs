@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::{Stream, StreamExt};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -13,7 +14,10 @@ use serde_json::Value;
 use crate::{Ctx, HandlerError};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
 type Invoke = dyn Fn(Ctx, Value) -> BoxFuture<Result<Value, HandlerError>> + Send + Sync;
+/// A streaming handler: the payload in, its items out (each one event).
+pub(crate) type InvokeStream = dyn Fn(Ctx, Value) -> BoxStream<Result<Value, HandlerError>> + Send + Sync;
 
 /// What an instance registers for one capability.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +37,9 @@ pub struct Descriptor {
 pub struct Handler {
     pub(crate) descriptor: Descriptor,
     pub(crate) invoke: Arc<Invoke>,
+    /// Set for a streaming handler ([`Handler::streaming`]): served as
+    /// server-sent events to a caller that asks for them.
+    pub(crate) stream: Option<Arc<InvokeStream>>,
 }
 
 impl std::fmt::Debug for Handler {
@@ -93,6 +100,92 @@ impl Handler {
         Self {
             descriptor,
             invoke: Arc::new(invoke),
+            stream: None,
+        }
+    }
+
+    /// Wraps `function`, which returns a [`Stream`] of items, as the
+    /// streaming handler of `capability` at `version` (DESIGN §8,
+    /// "Streaming"). A caller asking for `text/event-stream` gets each item
+    /// as one event as it is produced, then the router's `event: result`;
+    /// an error after the first item ends the stream as `event: error`
+    /// (before it, it is an ordinary error answer). A caller that did not
+    /// ask for events gets the items collected as an array, which is what
+    /// the registered `output_schema` describes (an array of `O`).
+    ///
+    /// ```
+    /// use agent_reach_sdk::{Ctx, Handler, HandlerError};
+    /// #[derive(serde::Deserialize, schemars::JsonSchema)]
+    /// struct Prompt { text: String }
+    /// #[derive(serde::Serialize, schemars::JsonSchema)]
+    /// struct Token { token: String }
+    ///
+    /// let handler = Handler::streaming("demo.tokens", "1.0.0", |_ctx: Ctx, input: Prompt| {
+    ///     let words: Vec<String> = input.text.split(' ').map(str::to_string).collect();
+    ///     futures::stream::iter(words.into_iter().map(|token| Ok::<_, HandlerError>(Token { token })))
+    /// });
+    /// assert_eq!(handler.descriptor().output_schema["type"], "array");
+    /// ```
+    pub fn streaming<I, O, F, S>(capability: &str, version: &str, function: F) -> Self
+    where
+        I: DeserializeOwned + JsonSchema + Send + 'static,
+        O: Serialize + JsonSchema + 'static,
+        F: Fn(Ctx, I) -> S + Send + Sync + 'static,
+        S: Stream<Item = Result<O, HandlerError>> + Send + 'static,
+    {
+        let item_schema = schema_of::<O>();
+        let mut output_schema = serde_json::json!({ "type": "array", "items": item_schema });
+        // The item's `$defs` (named subschemas, `#/$defs/..` refs) and `$schema`
+        // belong at the root of the array's schema.
+        for key in ["$defs", "$schema"] {
+            if let Some(value) = output_schema["items"]
+                .as_object_mut()
+                .and_then(|items| items.remove(key))
+            {
+                output_schema[key] = value;
+            }
+        }
+        let descriptor = Descriptor {
+            capability: capability.to_string(),
+            version: version.to_string(),
+            description: String::new(),
+            input_schema: schema_of::<I>(),
+            output_schema,
+            timeout_ms: None,
+            check_output: true,
+        };
+        let function = Arc::new(function);
+        let stream = move |ctx: Ctx, payload: Value| -> BoxStream<Result<Value, HandlerError>> {
+            let input = match serde_json::from_value::<I>(payload) {
+                Ok(input) => input,
+                Err(error) => {
+                    let error = HandlerError::invalid_input(format!("payload does not match the input type: {error}"));
+                    return Box::pin(futures::stream::once(async move { Err(error) }));
+                }
+            };
+            Box::pin(function(ctx, input).map(|item| {
+                item.and_then(|output| {
+                    serde_json::to_value(output)
+                        .map_err(|error| HandlerError::new("OUTPUT_ENCODING", error.to_string()).with_status(500))
+                })
+            }))
+        };
+        let stream: Arc<InvokeStream> = Arc::new(stream);
+        let collect = stream.clone();
+        let invoke = move |ctx: Ctx, payload: Value| -> BoxFuture<Result<Value, HandlerError>> {
+            let mut items = collect(ctx, payload);
+            Box::pin(async move {
+                let mut all = Vec::new();
+                while let Some(item) = items.next().await {
+                    all.push(item?);
+                }
+                Ok(Value::Array(all))
+            })
+        };
+        Self {
+            descriptor,
+            invoke: Arc::new(invoke),
+            stream: Some(stream),
         }
     }
 

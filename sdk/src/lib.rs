@@ -46,6 +46,7 @@ mod registries;
 mod report;
 mod server;
 mod state;
+mod stream;
 mod verify;
 
 pub use agent::{Agent, AgentBuilder, LoadReporter};

@@ -31,7 +31,7 @@ pub(crate) fn routes(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-fn error_answer(status: u16, code: &str, message: impl Into<String>) -> Answer {
+pub(crate) fn error_answer(status: u16, code: &str, message: impl Into<String>) -> Answer {
     let body = AgentErrorBody {
         error: AgentErrorDetail {
             code: code.to_string(),
@@ -44,14 +44,14 @@ fn error_answer(status: u16, code: &str, message: impl Into<String>) -> Answer {
     }
 }
 
-fn respond(answer: Answer) -> Response {
+pub(crate) fn respond(answer: Answer) -> Response {
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, [(http::header::CONTENT_TYPE, "application/json")], answer.body).into_response()
 }
 
 /// Counts a delivery in flight until it ends, however it ends; both edges
 /// may move the agent's automatic load (busy, overloaded, ready again).
-struct InflightGuard(Arc<Shared>);
+pub(crate) struct InflightGuard(Arc<Shared>);
 
 impl InflightGuard {
     fn start(shared: Arc<Shared>) -> Self {
@@ -108,7 +108,22 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
             }
         }
     };
-    serve(shared, traceparent, assertion, body).instrument(span).await
+    // A streaming handler answers events only to a caller (the router) that asks for them.
+    let wants_events = headers
+        .get(http::header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| {
+            accept.split(',').any(|item| {
+                item.split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .eq_ignore_ascii_case("text/event-stream")
+            })
+        });
+    serve(shared, traceparent, assertion, body, wants_events)
+        .instrument(span)
+        .await
 }
 
 /// 401 `UNAUTHENTICATED` for a call the router did not vouch for (logged
@@ -135,6 +150,7 @@ async fn serve(
     traceparent: Option<String>,
     assertion: Option<Arc<AssertionClaims>>,
     body: Bytes,
+    wants_events: bool,
 ) -> Response {
     let envelope: ForwardedEnvelope = match serde_json::from_slice(&body) {
         Ok(envelope) => envelope,
@@ -180,6 +196,26 @@ async fn serve(
             ),
         ));
     };
+    if let (Some(stream), true) = (&handler.stream, wants_events) {
+        // Not deduplicated: a stream cannot be replayed, and the router never
+        // retries one it began relaying.
+        if shared.inflight.load(Ordering::Acquire) >= shared.config.max_concurrency {
+            return respond(error_answer(503, "OVERLOADED", "the agent is at its concurrency limit"));
+        }
+        let guard = InflightGuard::start(shared.clone());
+        let ctx = Ctx::new(
+            envelope.request_id.clone(),
+            envelope.session_id.clone(),
+            envelope.context_id.clone(),
+            envelope.source.clone(),
+            envelope.priority,
+            envelope.deadline,
+            envelope.attempt,
+            traceparent,
+            shared.links.clone(),
+        );
+        return crate::stream::serve(stream.clone(), ctx, envelope.payload, envelope.deadline, guard, span).await;
+    }
     let slot = shared.dedup.slot(&envelope.request_id);
     if let Some(answer) = slot.get() {
         return respond(answer.clone());
@@ -239,7 +275,7 @@ async fn serve(
     respond(answer)
 }
 
-fn handler_error(error: &HandlerError) -> Answer {
+pub(crate) fn handler_error(error: &HandlerError) -> Answer {
     if error.is_accepted() {
         // Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
         return Answer {

@@ -105,6 +105,13 @@ pub enum Behaviour {
     TooMany,
     /// Echoes after working for a while.
     Slow(Duration),
+    /// Streams server-sent events: `event: token` `{"n": 1}`, then holds the
+    /// stream open until released, then `{"n": 2}` and ends.
+    StreamHeld,
+    /// Streams `{"n": 1}`, then `event: error` with the agent's code.
+    StreamThenError,
+    /// Streams `{"n": 1}`, then (once released) cuts the connection inside the answer.
+    StreamThenBreak,
     /// `202 Accepted`, empty body: the test reports the result as the agent.
     Accept,
 }
@@ -162,6 +169,72 @@ pub struct Seen {
     pub by_request: Mutex<std::collections::HashMap<String, usize>>,
     pub last_envelope: Mutex<Option<Value>>,
     pub last_traceparent: Mutex<Option<String>>,
+    /// The `Accept` header of the last delivery.
+    pub last_accept: Mutex<Option<String>>,
+    /// Streams whose answer was dropped before it ended (the router cut the connection).
+    pub streams_cancelled: AtomicUsize,
+    /// Streams that ran to their end.
+    pub streams_finished: AtomicUsize,
+}
+
+/// Marks a streamed answer cancelled when dropped before it finished.
+struct StreamWatch {
+    seen: Arc<Seen>,
+    finished: bool,
+}
+
+impl StreamWatch {
+    /// The answer ran to its end (counted when dropped here).
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for StreamWatch {
+    fn drop(&mut self) {
+        let counter = if self.finished {
+            &self.seen.streams_finished
+        } else {
+            &self.seen.streams_cancelled
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A streamed answer: `first`, then (after `release`, when given) `then`, each an SSE event.
+fn stream_answer(seen: Arc<Seen>, release: Option<Arc<Notify>>, then: Option<Result<String, ()>>) -> Response {
+    let watch = StreamWatch { seen, finished: false };
+    let events = futures::stream::unfold((0u8, watch, release, then), |(step, watch, release, then)| async move {
+        match step {
+            0 => Some((
+                Ok::<_, std::io::Error>(axum::body::Bytes::from("event: token\ndata: {\"n\":1}\n\n")),
+                (1, watch, release, then),
+            )),
+            1 => {
+                if let Some(release) = &release {
+                    release.notified().await;
+                }
+                match then.clone() {
+                    Some(Ok(event)) => Some((Ok(axum::body::Bytes::from(event)), (2, watch, release, then))),
+                    Some(Err(())) => Some((Err(std::io::Error::other("cut")), (3, watch, release, then))),
+                    None => {
+                        watch.finish();
+                        None
+                    }
+                }
+            }
+            2 => {
+                watch.finish();
+                None
+            }
+            _ => None,
+        }
+    });
+    (
+        [(http::header::CONTENT_TYPE, "text/event-stream")],
+        axum::body::Body::from_stream(events),
+    )
+        .into_response()
 }
 
 struct AgentState {
@@ -197,7 +270,24 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
         .get("traceparent")
         .and_then(|value| value.to_str().ok())
         .map(str::to_string);
+    *state.seen.last_accept.lock().unwrap() = headers
+        .get("accept")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
     match state.behaviour {
+        Behaviour::StreamHeld => stream_answer(
+            state.seen.clone(),
+            Some(state.release.clone()),
+            Some(Ok("event: token\ndata: {\"n\":2}\n\n".to_string())),
+        ),
+        Behaviour::StreamThenError => stream_answer(
+            state.seen.clone(),
+            None,
+            Some(Ok(
+                "event: error\ndata: {\"code\":\"MODEL_OVERLOADED\",\"message\":\"the model gave up\"}\n\n".to_string(),
+            )),
+        ),
+        Behaviour::StreamThenBreak => stream_answer(state.seen.clone(), Some(state.release.clone()), Some(Err(()))),
         Behaviour::Echo => axum::Json(json!({
             "output": { "agent_id": state.agent_id, "echo": envelope["payload"] }
         }))

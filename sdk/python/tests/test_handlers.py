@@ -131,6 +131,9 @@ def test_bad_signatures_fail_at_definition_naming_the_handler() -> None:
     def generator(payload: str) -> Any:
         yield payload
 
+    async def stream_unannotated(payload: str) -> str:  # type: ignore[misc]
+        yield payload
+
     def opaque_input(payload: Opaque) -> str:
         return ""
 
@@ -144,7 +147,8 @@ def test_bad_signatures_fail_at_definition_naming_the_handler() -> None:
     assert "*args and **kwargs" in str(define(star_args))
     assert "keyword-only" in str(define(keyword_only))
     assert "two Ctx parameters" in str(define(two_ctx))
-    assert "generators are not supported" in str(define(generator))
+    assert "make it an async generator" in str(define(generator))
+    assert "AsyncIterator[Item]" in str(define(stream_unannotated))
     assert "cannot be validated" in str(define(opaque_input))
     assert "cannot be resolved" in str(define(unresolvable))
 

@@ -2,13 +2,18 @@
 
 A handler takes the payload (one parameter, annotated with its type) and optionally
 a :class:`~agent_reach.Ctx` (a parameter annotated ``Ctx``), in either order, and
-returns its output (annotated too). The input and output JSON Schemas come from the
-annotations, so what is registered always matches the code. Everything is checked
+returns its output (annotated too). An async generator (``-> AsyncIterator[Item]``)
+is a streaming handler: each item it yields reaches a caller that asks for
+``text/event-stream`` as one event (DESIGN §8, "Streaming"); a caller that does not
+gets the items as a list, which is what its registered output schema describes. The
+input and output JSON Schemas come from the annotations, so what is registered always
+matches the code. Everything is checked
 when the decorator runs: a handler that cannot work never gets to start.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import typing
 from collections.abc import Callable
@@ -65,7 +70,10 @@ class Handler:
     #: Positions of (payload, ctx) in the call: ctx is None when the handler takes none.
     ctx_first: bool | None
     input_adapter: TypeAdapter[Any] = field(repr=False)
+    #: For a streaming handler, the adapter of the list of its items (its registered output).
     output_adapter: TypeAdapter[Any] = field(repr=False)
+    #: A streaming handler (an async generator): the adapter of one item.
+    item_adapter: TypeAdapter[Any] | None = field(default=None, repr=False)
     # pydantic-core's validators and serializer, called directly on the delivery path
     # (TypeAdapter's own methods add a Python layer per call, which the bench shows).
     input_validator: _Validator = field(init=False, repr=False)
@@ -107,8 +115,9 @@ def build_handler(
         raise fail(problem)
     if timeout_ms is not None and (not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or timeout_ms <= 0):
         raise fail(f"timeout_ms must be a positive number of milliseconds, not {timeout_ms!r}")
-    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
-        raise fail("a handler returns its output; generators are not supported")
+    if inspect.isgeneratorfunction(function):
+        raise fail("a handler returns its output; to stream items, make it an async generator (`async def` + `yield`)")
+    is_stream = inspect.isasyncgenfunction(function)
     try:
         hints = typing.get_type_hints(function)
     except Exception as error:  # a NameError or TypeError from a forward reference
@@ -151,6 +160,16 @@ def build_handler(
             "so the output schema can be derived"
         )
     output_type = hints["return"]
+    item_type: Any = None
+    if is_stream:
+        if typing.get_origin(output_type) not in (
+            collections.abc.AsyncIterator,
+            collections.abc.AsyncGenerator,
+            collections.abc.AsyncIterable,
+        ) or not typing.get_args(output_type):
+            raise fail("annotate a streaming handler's return as `AsyncIterator[Item]` (the type of what it yields)")
+        item_type = typing.get_args(output_type)[0]
+        output_type = list[item_type]
     is_async = inspect.iscoroutinefunction(function)
     if is_async and typing.get_origin(output_type) in (typing.Awaitable, typing.Coroutine):
         raise fail("annotate an async handler's return as its output type, not as an awaitable")
@@ -158,6 +177,7 @@ def build_handler(
     try:
         input_adapter = schema.adapter_for(input_type, "input")
         output_adapter = schema.adapter_for(output_type, "output")
+        item_adapter = schema.adapter_for(item_type, "output") if is_stream else None
         derived_input = schema.schema_of(input_adapter, input_type, "input", "validation")
         derived_output = schema.schema_of(output_adapter, output_type, "output", "serialization")
         registered_input = input_schema if input_schema is not None else derived_input
@@ -183,6 +203,7 @@ def build_handler(
         ctx_first=None if ctx_position is None else ctx_position < parameters.index(payload_parameter),
         input_adapter=input_adapter,
         output_adapter=output_adapter,
+        item_adapter=item_adapter,
     )
 
 

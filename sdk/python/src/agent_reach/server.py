@@ -17,6 +17,7 @@ The other routes and the lifespan are a small Starlette app.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -145,8 +146,15 @@ def _unauthenticated(refused: AssertionRefused) -> Answer:
 # === /invoke ===
 
 
-async def serve_invoke(state: AgentState, authorization: str | None, traceparent: str | None, body: bytes) -> Answer:
-    """One delivery, from the raw request to the answer.
+async def serve_invoke(
+    state: AgentState,
+    authorization: str | None,
+    traceparent: str | None,
+    body: bytes,
+    wants_events: bool = False,
+) -> Answer | EventStream:
+    """One delivery, from the raw request to the answer (an :class:`EventStream` for a
+    streaming handler whose caller asked for ``text/event-stream``).
 
     Written as one function on purpose: it runs for every delivery, and in CPython each
     call layer and each small object shows in the agent's CPU per request (the bench).
@@ -210,6 +218,30 @@ async def serve_invoke(state: AgentState, authorization: str | None, traceparent
     handler = state.handler(capability, version)
     if handler is None:
         return _error(404, "CAPABILITY_NOT_FOUND", f"this agent does not serve `{capability}` {version}")
+    if handler.item_adapter is not None and wants_events:
+        # Not deduplicated: a stream cannot be replayed, and the router never retries one
+        # it began relaying.
+        if state.inflight >= state.max_concurrency:
+            return _error(503, "OVERLOADED", "the agent is at its concurrency limit")
+        try:
+            value = handler.input_validator.validate_python(payload)
+        except ValidationError as error:
+            return _schema_mismatch(handler, error)
+        ctx = Ctx(
+            request_id=request_id,
+            session_id=session_id,
+            context_id=context_id,
+            source=source,
+            capability=capability,
+            capability_version=version,
+            deadline_ms=deadline,
+            attempt=attempt,
+            traceparent=traceparent,
+            tenant=assertion.tenant if assertion is not None else None,
+            links=state.links,
+        )
+        streamed = (value,) if handler.ctx_first is None else ((ctx, value) if handler.ctx_first else (value, ctx))
+        return await EventStream.open(state, handler, streamed, deadline)
     # Keyed by caller too: one caller's request id never answers another's request.
     dedup_key = f"{source}\x00{request_id}" if source else request_id
     future, first = state.dedup.slot(dedup_key)
@@ -335,7 +367,10 @@ async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], 
     deadlines = state.deadlines
     deadlines.watch(task, deadline_ms)
     try:
-        if handler.is_async:
+        if handler.item_adapter is not None:
+            # A streaming handler for a caller that did not ask for events: its items as a list.
+            output = [item async for item in handler.function(*arguments)]
+        elif handler.is_async:
             output = await handler.function(*arguments)
         else:
             # A thread cannot be stopped: past the deadline its answer is dropped.
@@ -365,6 +400,130 @@ async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], 
         logger.error("Handler output does not match its type.", extra={"handler": handler.name, "error": str(error)})
         return _error(500, "INVALID_OUTPUT", f"the handler's output does not match its declared type: {error}")
     return Answer(200, b'{"output":' + encoded + b"}", "OK")
+
+
+# === Streaming handlers ===
+
+
+def _event(data: bytes) -> bytes:
+    # Encoded JSON has no raw newline, so one `data:` line carries it.
+    return b"data: " + data + b"\n\n"
+
+
+def _error_event(code: str, message: str) -> bytes:
+    return b"event: error\ndata: " + json.dumps({"code": code, "message": message}).encode() + b"\n\n"
+
+
+class EventStream:
+    """A streaming handler's answer (DESIGN §8, "Streaming"): each item one ``data:``
+    event as it is yielded; an error after the first item, or the deadline, ends it with
+    ``event: error`` ``{code, message}``. The first item is awaited before the answer's
+    head, so a handler that fails at once answers an ordinary error with its status.
+    The caller going away (``http.disconnect``) cancels the handler: the generator is
+    closed, so its ``finally`` blocks run."""
+
+    def __init__(self, state: AgentState, handler: Handler, items: Any, first: bytes, deadline_ms: int) -> None:
+        self.state = state
+        self.handler = handler
+        self.items = items
+        self.first = first
+        self.deadline_ms = deadline_ms
+        self.started = time.perf_counter()
+
+    @classmethod
+    async def open(
+        cls, state: AgentState, handler: Handler, arguments: tuple[Any, ...], deadline_ms: int
+    ) -> Answer | EventStream:
+        """Starts the handler and waits for its first item (its place in flight is taken
+        here and given back when the stream ends)."""
+        state.inflight += 1
+        if state.inflight == 1:
+            state.idle.clear()
+        items = handler.function(*arguments)
+        first = await cls._next(handler, items, deadline_ms)
+        if isinstance(first, Answer) or first is None:
+            await items.aclose()
+            cls._release(state)
+            if first is None:
+                return Answer(200, b'{"output":[]}', "OK")
+            state.metrics.observe(handler.descriptor.capability, first, 0.0)
+            return first
+        return cls(state, handler, items, first, deadline_ms)
+
+    @staticmethod
+    def _release(state: AgentState) -> None:
+        state.inflight -= 1
+        if state.inflight == 0:
+            state.idle.set()
+
+    @staticmethod
+    async def _next(handler: Handler, items: Any, deadline_ms: int) -> bytes | Answer | None:
+        """The next item encoded, an error answer, or None at the end."""
+        remaining = (deadline_ms - time.time_ns() // 1_000_000) / 1000
+        try:
+            item = await asyncio.wait_for(anext(items), timeout=max(remaining, 0.0))
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            return _error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline")
+        except HandlerError as error:
+            return _error(error.status, error.code, error.message)
+        except AgentReachError as error:
+            return _error(503 if error.retryable else 502, error.code, error.message)
+        except Exception as error:  # noqa: BLE001 - isolation: the agent keeps serving
+            logger.exception("Streaming handler raised; the agent keeps serving.", extra={"handler": handler.name})
+            return _error(500, "HANDLER_PANICKED", f"the handler raised {type(error).__name__}: {error}")
+        assert handler.item_adapter is not None, "streams are opened for streaming handlers only"
+        try:
+            return bytes(handler.item_adapter.serializer.to_json(handler.item_adapter.validator.validate_python(item)))
+        except (ValidationError, ValueError, TypeError) as error:
+            return _error(500, "INVALID_OUTPUT", f"the handler's item does not match its declared type: {error}")
+
+    async def _pump(self, send: Send) -> Answer:
+        await send({"type": "http.response.body", "body": _event(self.first), "more_body": True})
+        while True:
+            pulled = await self._next(self.handler, self.items, self.deadline_ms)
+            if pulled is None:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return Answer(200, b"", "OK")
+            if isinstance(pulled, Answer):
+                error = json.loads(pulled.body)["error"]
+                last = _error_event(error["code"], error["message"])
+                await send({"type": "http.response.body", "body": last, "more_body": False})
+                return pulled
+            await send({"type": "http.response.body", "body": _event(pulled), "more_body": True})
+
+    async def send(self, send: Send, receive: Receive) -> None:
+        """Writes the stream until it ends or the caller disconnects."""
+        answer = _NO_ANSWER
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+                }
+            )
+            pump = asyncio.ensure_future(self._pump(send))
+            gone = asyncio.ensure_future(_disconnected(receive))
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+            gone.cancel()
+            if pump.done():
+                answer = pump.result()
+            else:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+                answer = _error(499, "CANCELED", "the caller went away")
+        finally:
+            await self.items.aclose()
+            self._release(self.state)
+            self.state.metrics.observe(self.handler.descriptor.capability, answer, time.perf_counter() - self.started)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 # === ASGI ===
@@ -418,17 +577,25 @@ class AgentApp:
                 await _send(send, _error(503, "NOT_READY", "the agent has not started"))
                 return
             authorization = traceparent = None
+            wants_events = False
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
                 elif name == b"traceparent":
                     traceparent = value.decode("latin-1")
+                elif name == b"accept":
+                    wants_events = b"text/event-stream" in value.lower()
             body = await _read_body(receive, state.max_body_bytes)
             if body is None:
-                answer = _error(413, "PAYLOAD_TOO_LARGE", f"the envelope exceeds {state.max_body_bytes} bytes")
+                answer: Answer | EventStream = _error(
+                    413, "PAYLOAD_TOO_LARGE", f"the envelope exceeds {state.max_body_bytes} bytes"
+                )
             else:
-                answer = await serve_invoke(state, authorization, traceparent, body)
-            await _send(send, answer)
+                answer = await serve_invoke(state, authorization, traceparent, body, wants_events)
+            if isinstance(answer, EventStream):
+                await answer.send(send, receive)
+            else:
+                await _send(send, answer)
             return
         await self._other(scope, receive, send)
 

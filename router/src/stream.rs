@@ -1,0 +1,699 @@
+//! Streamed invoke (DESIGN §8, "Streaming"): a call admitted like any other
+//! ([`crate::admission`]), forwarded with `Accept: text/event-stream`, whose
+//! answer reaches the caller event by event as the agent writes it.
+//!
+//! [`open`] runs the attempt loop up to the agent's answer head: until then a
+//! failure is an ordinary one (retried elsewhere by the [`crate::retry`]
+//! rules, or answered as the failed result envelope). Once the agent answers
+//! 2xx the call is committed: [`EventStream`] yields the agent's events as
+//! they complete, and its end (`Ok` with the summary, or the error that cut
+//! it short); nothing is retried once a byte may have reached the caller. The
+//! deadline bounds the whole stream. Dropping the stream (the caller went
+//! away) drops the agent's connection, which cancels its request.
+//!
+//! The front doors render the events: `/v1/invoke` relays them unchanged
+//! ([`relay`]), the A2A adapter wraps them in its own stream responses.
+//!
+//! Streams do not use the forwarder's pool ([`crate::forward`]): a stream
+//! holds its connection for its whole life, so it gets one of its own from
+//! the forwarder (the same TLS rules as every attempt).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agent_reach_access::Caller;
+use agent_reach_edge::ErrorCode as _;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+use crate::admission::{Admitted, Entry, Refused};
+use crate::clock;
+use crate::envelope::CheckedRequest;
+use crate::error::{Code, RouterError};
+use crate::forward::AttemptResult;
+use crate::health::{Observation, OwnedInflight};
+use crate::json::Forwarded;
+use crate::limits::Permit;
+use crate::metrics::CapabilityMetrics;
+use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome};
+use crate::retry;
+use crate::schema;
+use crate::select;
+use crate::service::{log_transition, RouterService};
+use crate::snapshot::{Instance, VersionGroup};
+use crate::sse::{self, EventSplitter};
+use crate::trace::TraceContext;
+
+/// Largest whole (non-stream) answer read, as the forwarder's.
+const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// What is known of a committed stream, for its end (`event: result`).
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub capability: String,
+    pub capability_version: String,
+    pub agent_id: String,
+    pub attempts: u32,
+    /// Events relayed so far.
+    pub events: u64,
+}
+
+/// One step of a committed stream.
+pub enum Item {
+    /// An event of the agent's, whole.
+    Event(sse::Event),
+    /// The stream ended: the agent finished, or the error that cut it short
+    /// (the deadline, the agent's `event: error`, a broken connection).
+    End(Result<Summary, RouterError>),
+}
+
+/// The agent's answer body as a stream of events.
+enum Source {
+    /// The agent answers server-sent events.
+    Events {
+        body: hyper::body::Incoming,
+        splitter: EventSplitter,
+        /// Events split off a chunk and not yet handed out.
+        queued: std::collections::VecDeque<sse::Event>,
+        /// The connection's task, aborted when the stream is dropped.
+        _connection: AbortOnDrop,
+        _sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
+    },
+    /// The agent answered JSON: its output is the one event.
+    Whole(Option<Bytes>),
+}
+
+/// A committed stream: its events, then its end. Holds the caller's place in
+/// flight and the instance's until dropped.
+pub struct EventStream {
+    source: Source,
+    summary: Summary,
+    deadline: Instant,
+    received: Instant,
+    first_event: Option<Instant>,
+    ended: bool,
+    metrics: StreamChildren,
+    capability_metrics: CapabilityMetrics,
+    /// The instance's place in flight while its answer streams (none for a whole answer).
+    _inflight: Option<OwnedInflight>,
+    _permit: Permit,
+}
+
+/// The stream metrics' children for one capability, resolved once per stream.
+struct StreamChildren {
+    first_event: prometheus::Histogram,
+    duration: prometheus::Histogram,
+    events: prometheus::IntCounter,
+    disconnects: prometheus::IntCounter,
+}
+
+impl EventStream {
+    fn committed(
+        service: &RouterService,
+        source: Source,
+        summary: Summary,
+        (deadline, received): (Instant, Instant),
+        capability_metrics: CapabilityMetrics,
+        (inflight, permit): (Option<OwnedInflight>, Permit),
+    ) -> Self {
+        let metrics = &service.metrics().streams;
+        let label = [summary.capability.as_str()];
+        Self {
+            metrics: StreamChildren {
+                first_event: metrics.first_event_seconds.with_label_values(&label),
+                duration: metrics.duration_seconds.with_label_values(&label),
+                events: metrics.events.with_label_values(&label),
+                disconnects: metrics.disconnects.clone(),
+            },
+            source,
+            summary,
+            deadline,
+            received,
+            first_event: None,
+            ended: false,
+            capability_metrics,
+            _inflight: inflight,
+            _permit: permit,
+        }
+    }
+
+    /// The next event, or the end; `None` after the end.
+    pub async fn next(&mut self) -> Option<Item> {
+        if self.ended {
+            return None;
+        }
+        let item = match tokio::time::timeout_at(self.deadline.into(), self.pull()).await {
+            Ok(item) => item,
+            Err(_) => Item::End(Err(RouterError::new(
+                Code::DeadlineExceeded,
+                format!(
+                    "the deadline passed after {} event(s); the agent's request was cancelled",
+                    self.summary.events
+                ),
+            ))),
+        };
+        match &item {
+            Item::Event(_) => {
+                self.summary.events += 1;
+                self.metrics.events.inc();
+                if self.first_event.is_none() {
+                    let now = Instant::now();
+                    self.first_event = Some(now);
+                    self.metrics
+                        .first_event
+                        .observe(now.saturating_duration_since(self.received).as_secs_f64());
+                }
+            }
+            Item::End(result) => {
+                self.ended = true;
+                self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
+                self.capability_metrics
+                    .record(result.as_ref().map(|_| ()).map_err(|error| error.code));
+            }
+        }
+        Some(item)
+    }
+
+    async fn pull(&mut self) -> Item {
+        match &mut self.source {
+            Source::Whole(output) => match output.take() {
+                Some(data) => Item::Event(sse::Event {
+                    raw: sse::data(&String::from_utf8_lossy(&data)),
+                    name: "message".to_string(),
+                    data: String::from_utf8_lossy(&data).into_owned(),
+                }),
+                None => Item::End(Ok(self.summary.clone())),
+            },
+            Source::Events {
+                body, splitter, queued, ..
+            } => loop {
+                if let Some(event) = queued.pop_front() {
+                    if event.name == "error" {
+                        return Item::End(Err(agent_error_event(&event, &self.summary)));
+                    }
+                    // Comments and keep-alives are the agent's business, not the caller's.
+                    if event.is_comment_only() {
+                        continue;
+                    }
+                    return Item::Event(event);
+                }
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        let Ok(data) = frame.into_data() else { continue };
+                        match splitter.push(&data) {
+                            Ok(events) => queued.extend(events),
+                            Err(sse::TooLarge) => {
+                                return Item::End(Err(interrupted(
+                                    &self.summary,
+                                    format!("an event of the agent's exceeds {} bytes", sse::MAX_EVENT_BYTES),
+                                )))
+                            }
+                        }
+                    }
+                    Some(Err(error)) => {
+                        return Item::End(Err(interrupted(
+                            &self.summary,
+                            format!("the connection broke: {error}"),
+                        )))
+                    }
+                    None if splitter.pending() > 0 => {
+                        return Item::End(Err(interrupted(
+                            &self.summary,
+                            "the agent ended its answer inside an event".to_string(),
+                        )))
+                    }
+                    None => return Item::End(Ok(self.summary.clone())),
+                }
+            },
+        }
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        // Dropped before its end: the caller went away (or its front door gave up).
+        if !self.ended {
+            self.metrics.disconnects.inc();
+            self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// `event: error` from the agent: its own failure after events were relayed.
+fn agent_error_event(event: &sse::Event, summary: &Summary) -> RouterError {
+    let body: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+    let error = body.get("error").unwrap_or(&body);
+    let agent_code = error.get("code").and_then(Value::as_str).unwrap_or("");
+    let message = error.get("message").and_then(Value::as_str).map_or_else(
+        || format!("the agent ended its stream with an error: {}", event.data),
+        str::to_string,
+    );
+    RouterError::new(Code::AgentError, message).with_details(json!({
+        "agent_code": agent_code, "agent_id": summary.agent_id, "events": summary.events,
+    }))
+}
+
+fn interrupted(summary: &Summary, why: String) -> RouterError {
+    RouterError::new(
+        Code::StreamInterrupted,
+        format!(
+            "the stream from `{}` ended abnormally after {} event(s): {why}; not retried (part of the answer was delivered)",
+            summary.agent_id, summary.events
+        ),
+    )
+    .with_details(json!({ "agent_id": summary.agent_id, "events": summary.events }))
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What one streamed attempt came to, before the call is committed.
+enum Attempted {
+    /// 2xx with `text/event-stream`: the call is committed to this instance.
+    Stream {
+        body: hyper::body::Incoming,
+        connection: AbortOnDrop,
+        sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
+    },
+    /// Anything else, as the forwarder would report it.
+    Other(AttemptResult),
+}
+
+/// One attempt: POSTs `body` to `instance` asking for events, until its answer's head.
+async fn attempt(
+    service: &RouterService,
+    instance: &Instance,
+    body: Bytes,
+    traceparent: &[u8],
+    authorization: &str,
+    deadline: Instant,
+) -> Attempted {
+    let io = match service.forwarder().connect_for_stream(&instance.uri).await {
+        Ok(io) => io,
+        Err(why) => return Attempted::Other(AttemptResult::ConnectFailed(why)),
+    };
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
+        Ok(pair) => pair,
+        Err(error) => return Attempted::Other(AttemptResult::Broken(format!("HTTP/1.1 handshake failed: {error}"))),
+    };
+    let connection = AbortOnDrop(tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(message = "Stream connection to an agent ended with an error.", %error);
+        }
+    }));
+    let authority = instance.uri.authority().map_or("", |authority| authority.as_str());
+    let path = instance.uri.path_and_query().map_or("/", |path| path.as_str());
+    let request = http::Request::post(path)
+        .header(http::header::HOST, authority)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "text/event-stream")
+        .header("traceparent", traceparent)
+        .header(http::header::AUTHORIZATION, authorization)
+        .body(http_body_util::Full::new(body));
+    let request = match request {
+        Ok(request) => request,
+        Err(error) => {
+            return Attempted::Other(AttemptResult::ConnectFailed(format!(
+                "cannot build the request: {error}"
+            )))
+        }
+    };
+    let response = match sender.send_request(request).await {
+        Ok(response) => response,
+        // Nothing of an answer arrived: the agent may never have seen the request.
+        Err(error) => return Attempted::Other(AttemptResult::Broken(format!("the agent did not answer: {error}"))),
+    };
+    let status = response.status();
+    let streams = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| sse::accepts_events(Some(value.as_bytes())));
+    if status.is_success() && streams {
+        return Attempted::Stream {
+            body: response.into_body(),
+            connection,
+            sender,
+        };
+    }
+    let read = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect();
+    match tokio::time::timeout_at(deadline.into(), read).await {
+        Ok(Ok(collected)) => Attempted::Other(AttemptResult::Answered {
+            status,
+            body: collected.to_bytes(),
+        }),
+        Ok(Err(error)) => Attempted::Other(AttemptResult::Broken(format!("reading the answer failed: {error}"))),
+        Err(_) => Attempted::Other(AttemptResult::TimedOut),
+    }
+}
+
+/// Admits `checked` and runs the attempt loop until an agent commits to an
+/// answer: the stream of its events, or the failure (with what is known for
+/// the failed result envelope). `received` is the request's clock reading.
+pub async fn open(
+    service: &RouterService,
+    caller: &Caller,
+    checked: &CheckedRequest,
+    request_id: &str,
+    trace: &TraceContext,
+    received: clock::Now,
+) -> Result<EventStream, Failure> {
+    let snapshot = service.snapshot().load_full();
+    let admitted = match service.admission().admit(
+        caller,
+        Entry::Call,
+        &checked.request,
+        checked.version_req.as_ref(),
+        &snapshot,
+        received,
+    ) {
+        Ok(admitted) => admitted,
+        Err(Refused { failure, capability }) => {
+            match capability {
+                Some(capability) => capability.metrics.record(Err(failure.error.code)),
+                None => service.metrics().record_rejected(failure.error.code),
+            }
+            return Err(*failure);
+        }
+    };
+    let Admitted {
+        capability,
+        group,
+        deadline_ms,
+        deadline,
+        permit,
+    } = admitted;
+    let group: Arc<VersionGroup> = group.clone();
+    let capability_metrics = capability.metrics.clone();
+    let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| {
+        capability_metrics.record(Err(error.code));
+        Failure {
+            error,
+            capability_version: Some(group.version_text.clone()),
+            agent_id,
+            attempts,
+        }
+    };
+    service.budget().deposit();
+    let mut envelope = Forwarded::new(
+        &checked.request,
+        request_id,
+        (&capability.name, &group.version_text),
+        caller,
+        deadline_ms,
+        0,
+    );
+    let traceparent = trace.forward_header();
+    let limits = service.limits();
+    let mut tried: smallvec::SmallVec<[usize; 10]> = smallvec::SmallVec::new();
+    let mut failures: Vec<LastFailure> = Vec::new();
+    loop {
+        let attempt_number = tried.len() as u32 + 1;
+        let picked = select::pick(
+            &group,
+            checked.policy,
+            checked.request.session_id.as_deref(),
+            &tried,
+            &limits,
+        )
+        .map(|(index, _)| index);
+        let Some(index) = picked else {
+            return Err(if failures.is_empty() {
+                fail(no_instance(capability, &group), None, 0)
+            } else {
+                fail(
+                    exhausted(&failures),
+                    failures.last().map(|failure| failure.agent_id.clone()),
+                    attempt_number - 1,
+                )
+            });
+        };
+        tried.push(index);
+        let instance = group.instances[index].clone();
+        envelope.attempt = attempt_number;
+        let authorization = match service.assertions().header(
+            caller,
+            &instance.agent_id,
+            &capability.name,
+            deadline_ms,
+            received.epoch_ms,
+        ) {
+            Ok(header) => header,
+            Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt_number - 1)),
+        };
+        let body = match envelope.to_vec() {
+            Ok(body) => Bytes::from(body),
+            Err(error) => {
+                return Err(fail(
+                    RouterError::new(Code::InvalidEnvelope, format!("payload cannot be forwarded: {error}")),
+                    None,
+                    attempt_number - 1,
+                ))
+            }
+        };
+        let inflight = instance.state.start_owned();
+        let started = Instant::now();
+        // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
+        let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
+        let attempted = match tokio::time::timeout_at(
+            deadline.into(),
+            attempt(service, &instance, body, &traceparent, &authorization, deadline),
+        )
+        .await
+        {
+            Ok(attempted) => attempted,
+            Err(_) => Attempted::Other(AttemptResult::TimedOut),
+        };
+        let elapsed = started.elapsed();
+        let agent_id = instance.agent_id.clone();
+        let result = match attempted {
+            Attempted::Stream {
+                body,
+                connection,
+                sender,
+            } => {
+                let transition = instance.state.observe(Observation::Healthy(elapsed), service.breaker());
+                log_transition(transition, &agent_id, trace, request_id);
+                let source = Source::Events {
+                    body,
+                    splitter: EventSplitter::default(),
+                    queued: std::collections::VecDeque::new(),
+                    _connection: connection,
+                    _sender: sender,
+                };
+                let summary = Summary {
+                    capability: capability.name.clone(),
+                    capability_version: group.version_text.clone(),
+                    agent_id,
+                    attempts: attempt_number,
+                    events: 0,
+                };
+                return Ok(EventStream::committed(
+                    service,
+                    source,
+                    summary,
+                    (deadline, received.instant),
+                    capability_metrics.clone(),
+                    (Some(inflight), permit),
+                ));
+            }
+            Attempted::Other(result) => result,
+        };
+        drop(inflight);
+        capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
+        let (observation, outcome) = classify(result, elapsed, fair);
+        log_transition(
+            instance.state.observe(observation, service.breaker()),
+            &agent_id,
+            trace,
+            request_id,
+        );
+        let reason = match outcome {
+            Outcome::Done(output) => {
+                if let Err(error) = schema::check_output(&group, output.as_deref(), &agent_id) {
+                    instance.state.count_output_mismatch();
+                    return Err(fail(error, Some(agent_id), attempt_number));
+                }
+                let data = Bytes::from(output.as_deref().map_or("null", |raw| raw.get()).to_string());
+                let summary = Summary {
+                    capability: capability.name.clone(),
+                    capability_version: group.version_text.clone(),
+                    agent_id,
+                    attempts: attempt_number,
+                    events: 0,
+                };
+                // The whole answer is in: the instance's place is free again.
+                return Ok(EventStream::committed(
+                    service,
+                    Source::Whole(Some(data)),
+                    summary,
+                    (deadline, received.instant),
+                    capability_metrics.clone(),
+                    (None, permit),
+                ));
+            }
+            // A 202 answers only a task's delivery, and a stream is never one.
+            Outcome::Accepted => {
+                return Err(fail(
+                    crate::outcome::accepted_without_task(),
+                    Some(agent_id),
+                    attempt_number,
+                ))
+            }
+            Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt_number)),
+            Outcome::Retryable(reason, detail) => {
+                failures.push(LastFailure {
+                    reason,
+                    agent_id: agent_id.clone(),
+                    detail,
+                });
+                reason
+            }
+        };
+        if attempt_number >= service.tuning().max_attempts {
+            return Err(fail(exhausted(&failures), Some(agent_id), attempt_number));
+        }
+        let pause = retry::backoff(attempt_number);
+        if Instant::now() + pause >= deadline {
+            return Err(fail(
+                RouterError::new(
+                    Code::DeadlineExceeded,
+                    format!(
+                        "no time left to retry after {attempt_number} attempt(s); last: {}",
+                        reason.as_str()
+                    ),
+                )
+                .with_details(attempts_details(&failures)),
+                Some(agent_id),
+                attempt_number,
+            ));
+        }
+        if !service.budget().try_withdraw() {
+            service.metrics().retry_budget_exhausted.inc();
+            let mut error = exhausted(&failures);
+            error.message = format!(
+                "retry budget exhausted (retries are capped to protect agents); {}",
+                error.message
+            );
+            return Err(fail(error, Some(agent_id), attempt_number));
+        }
+        service.metrics().retries.with_label_values(&[reason.as_str()]).inc();
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The `/v1/invoke` rendering of a committed stream: each of the agent's
+/// events as it wrote it, then `event: result` (the result envelope without
+/// `output`) or `event: error` (`{code, message, retryable, details?}`).
+pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum::body::Body {
+    let events = futures::stream::unfold(Some((stream, request_id)), move |state| async move {
+        let (mut stream, request_id) = state?;
+        match stream.next().await? {
+            Item::Event(event) => Some((Ok::<_, Infallible>(event.raw), Some((stream, request_id)))),
+            Item::End(end) => {
+                let last = match end {
+                    Ok(summary) => sse::event(
+                        "result",
+                        &json!({
+                            "version": agent_reach_proto::envelope::ENVELOPE_VERSION,
+                            "request_id": request_id,
+                            "status": "succeeded",
+                            "capability": summary.capability,
+                            "capability_version": summary.capability_version,
+                            "agent_id": summary.agent_id,
+                            "attempts": summary.attempts,
+                            "events": summary.events,
+                            "duration_ms": started.elapsed().as_millis() as u64,
+                        })
+                        .to_string(),
+                    ),
+                    Err(error) => sse::event(
+                        "error",
+                        &serde_json::to_string(&error.envelope_error())
+                            .unwrap_or_else(|_| format!("{{\"code\":\"{}\",\"message\":\"\"}}", error.code.as_str())),
+                    ),
+                };
+                // Ended: nothing follows (the stream and the agent's connection are dropped).
+                Some((Ok(last), None))
+            }
+        }
+    });
+    axum::body::Body::from_stream(events)
+}
+
+/// `POST /v1/invoke` with `Accept: text/event-stream`: authenticated, parsed
+/// and checked as `/v1/invoke` is (every refusal the same failed result
+/// envelope with its status), then [`open`]ed and [`relay`]ed. Failures before
+/// the agent committed are ordinary error envelopes; after, `event: error`.
+pub async fn answer(
+    service: &RouterService,
+    headers: &http::HeaderMap,
+    body: axum::body::Body,
+) -> axum::response::Response {
+    use agent_reach_edge::HeaderLookup;
+    use axum::response::IntoResponse;
+
+    use crate::answer::{failed, Known};
+    let received = clock::Now::read();
+    let mut known = Known::fresh(received.instant);
+    let caller = match service.authenticate_at(headers, received.epoch_ms) {
+        Ok(caller) => caller,
+        Err(error) => return failed(known, error.into()),
+    };
+    let checked = match crate::envelope::read_body(headers, body, service.tuning().max_body_bytes).await {
+        Ok(bytes) => crate::envelope::parse(&bytes).and_then(|request| {
+            if let Some(id) = request
+                .request_id
+                .clone()
+                .filter(|id| !id.is_empty() && id.len() <= 128)
+            {
+                known.request_id = id;
+            }
+            known.capability = Some(request.capability.clone());
+            crate::envelope::check(request)
+        }),
+        Err(error) => Err(error),
+    };
+    let checked = match checked {
+        Ok(checked) => checked,
+        Err(error) => {
+            service.metrics().record_rejected(error.code);
+            return failed(known, error.into());
+        }
+    };
+    // The seeds' `trace_id` is honoured when no `traceparent` came, as on the JSON path.
+    let trace = match (headers.value("traceparent"), checked.request.trace_id.as_deref()) {
+        (None, Some(trace_id)) => TraceContext::from_caller_trace_id(trace_id),
+        (header, _) => TraceContext::from_header(header),
+    };
+    let request_id = known.request_id.clone();
+    match open(service, &caller, &checked, &request_id, &trace, received).await {
+        Ok(stream) => (
+            [
+                (http::header::CONTENT_TYPE, "text/event-stream"),
+                (http::header::CACHE_CONTROL, "no-cache"),
+                // Proxies in front of the router must not buffer the stream either.
+                (http::header::HeaderName::from_static("x-accel-buffering"), "no"),
+            ],
+            relay(stream, request_id, received.instant),
+        )
+            .into_response(),
+        Err(failure) => {
+            tracing::info!(
+                message = "Streamed invocation failed before the agent answered.",
+                trace_id = %trace.trace_id, request_id = %request_id,
+                session_id = checked.request.session_id.as_deref().unwrap_or(""),
+                capability = %checked.request.capability,
+                code = failure.error.code.as_str(), error = %failure.error.message,
+            );
+            failed(known, failure)
+        }
+    }
+}
