@@ -41,7 +41,7 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 27] = [
+    pub const ALL: [Code; 28] = [
         Code::InvalidEnvelope,
         Code::Unauthenticated,
         Code::Forbidden,
