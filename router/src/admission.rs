@@ -21,9 +21,8 @@ use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
 use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
-use crate::service::Tuning;
 use crate::snapshot::{Capability, Snapshot, VersionGroup};
-use crate::split;
+use crate::tuning::Tuning;
 
 /// The policy half of the router: who may call what, how much, which
 /// instances can take a call (for the choice of version), and the default deadline.
@@ -170,7 +169,7 @@ impl Admission {
 
     /// [`Admission::admit`] for a call that goes to one instance (invoke, a
     /// task's delivery): an unpinned call follows the capability's traffic
-    /// split ([`split::resolve`]).
+    /// split ([`resolve`]).
     pub fn admit_one<'s>(
         &self,
         caller: &Caller,
@@ -182,7 +181,7 @@ impl Admission {
     ) -> Result<Admitted<'s>, Refused<'s>> {
         let limits = self.limits();
         self.admit_with(caller, entry, request, snapshot, now, |capability| {
-            split::resolve(capability, version_req, &limits)
+            resolve(capability, version_req, &limits)
         })
     }
 
@@ -261,6 +260,35 @@ pub(crate) fn resolve_capability<'a>(snapshot: &'a Snapshot, name: &str) -> Resu
         RouterError::new(Code::CapabilityNotFound, format!("no agent offers capability `{name}`"))
             .with_details(json!({ "capability": name }))
     })
+}
+
+/// The version a call to one instance goes to: drawn from the capability's
+/// split when the call names no version and a version of the split can take
+/// it, else [`resolve_version`]'s highest version that can.
+pub(crate) fn resolve<'a>(
+    capability: &'a Capability,
+    requirement: Option<&semver::VersionReq>,
+    limits: &SelectionLimits<'_>,
+) -> Result<&'a Arc<VersionGroup>, RouterError> {
+    if requirement.is_none() {
+        let can_take = |index: usize| {
+            capability.versions.get(index).is_some_and(|group| {
+                group
+                    .instances
+                    .iter()
+                    .any(|instance| select::routable(instance, limits) == Some(Routable::Yes))
+            })
+        };
+        if let Some(group) = capability
+            .split
+            .as_ref()
+            .and_then(|split| split.choose(can_take))
+            .and_then(|index| capability.versions.get(index))
+        {
+            return Ok(group);
+        }
+    }
+    resolve_version(capability, requirement, limits)
 }
 
 /// The version a call goes to: the highest matching `requirement` (any,
@@ -354,4 +382,134 @@ pub(crate) fn resolve_version<'a>(
         ),
     )
     .with_details(json!({ "capability": capability.name, "requested": requested, "versions": versions })))
+}
+
+/// The split's draw as admission applies it (formerly in `split.rs`, which is a leaf).
+#[cfg(test)]
+mod split_tests {
+    use std::time::Duration;
+
+    use agent_reach_proto::registry as pb;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::snapshot::SnapshotBuilder;
+
+    fn instance(id: &str, version: &str, status: &str) -> pb::AgentInstance {
+        pb::AgentInstance {
+            agent_id: id.to_string(),
+            name: "a".to_string(),
+            endpoint: format!("http://127.0.0.1:1/{id}"),
+            protocol: "http".to_string(),
+            weight: 1,
+            status: status.to_string(),
+            capabilities: vec![pb::CapabilityDescriptor {
+                name: "order.query".to_string(),
+                version: version.to_string(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn split(weights: &[(&str, u32)]) -> pb::CapabilitySplit {
+        pb::CapabilitySplit {
+            capability: "order.query".to_string(),
+            weights: weights
+                .iter()
+                .map(|(version, weight)| pb::VersionWeight {
+                    version: version.to_string(),
+                    weight: *weight,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn builder(instances: Vec<pb::AgentInstance>, splits: Vec<pb::CapabilitySplit>) -> SnapshotBuilder {
+        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
+        builder.apply(pb::WatchEvent {
+            revision: 1,
+            kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot {
+                instances,
+                reset: false,
+                splits,
+            })),
+        });
+        builder
+    }
+
+    fn draws(capability: &Capability, calls: usize) -> std::collections::BTreeMap<String, usize> {
+        let breaker = BreakerConfig {
+            failures: 5,
+            open_for: Duration::from_secs(30),
+        };
+        let limits = SelectionLimits {
+            breaker: &breaker,
+            max_inflight: 1024,
+        };
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..calls {
+            let group = resolve(capability, None, &limits).unwrap();
+            *counts.entry(group.version_text.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn unpinned_calls_follow_the_weights_and_unroutable_versions_drop_out() {
+        let ready = vec![instance("a1", "1.4.2", "ready"), instance("a2", "2.0.0", "ready")];
+        let mut builder = builder(ready, vec![split(&[("2.0.0", 5), ("1.4.2", 95), ("9.0.0", 50)])]);
+        let snapshot = builder.build();
+        let capability = &snapshot.capabilities["order.query"];
+        // A version nobody offers takes no part; highest first.
+        let shares: Vec<_> = capability
+            .split
+            .as_ref()
+            .unwrap()
+            .shares()
+            .iter()
+            .map(|(index, weight)| (capability.versions[*index].version_text.as_str(), *weight))
+            .collect();
+        assert_eq!(shares, [("2.0.0", 5), ("1.4.2", 95)]);
+        let counts = draws(capability, 20_000);
+        let canary = counts.get("2.0.0").copied().unwrap_or(0) as f64;
+        // Binomial(20,000, 0.05): mean 1,000, sd ≈ 31; ±6 sd.
+        assert!((canary - 1000.0).abs() < 190.0, "{counts:?}");
+
+        // The canary still starting: everything goes to the other version.
+        builder.apply(pb::WatchEvent {
+            revision: 2,
+            kind: Some(pb::watch_event::Kind::Updated(instance("a2", "2.0.0", "starting"))),
+        });
+        let snapshot = builder.build();
+        assert_eq!(
+            draws(&snapshot.capabilities["order.query"], 500).get("1.4.2"),
+            Some(&500)
+        );
+
+        // A split none of whose versions can take the call falls back to the highest that can.
+        builder.apply(pb::WatchEvent {
+            revision: 3,
+            kind: Some(pb::watch_event::Kind::SplitSet(split(&[("2.0.0", 1)]))),
+        });
+        let snapshot = builder.build();
+        assert_eq!(draws(&snapshot.capabilities["order.query"], 50).get("1.4.2"), Some(&50));
+
+        // Cleared: no split in the snapshot.
+        builder.apply(pb::WatchEvent {
+            revision: 4,
+            kind: Some(pb::watch_event::Kind::SplitCleared(pb::SplitCleared {
+                capability: "order.query".to_string(),
+            })),
+        });
+        assert!(builder.build().capabilities["order.query"].split.is_none());
+    }
+
+    #[test]
+    fn zero_weights_and_unknown_versions_leave_no_split() {
+        let ready = vec![instance("a1", "1.0.0", "ready")];
+        let mut builder = builder(ready, vec![split(&[("1.0.0", 0), ("2.0.0", 7)])]);
+        assert!(builder.build().capabilities["order.query"].split.is_none());
+    }
 }

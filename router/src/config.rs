@@ -12,7 +12,7 @@ use agent_reach_access::{AuthArgs, AuthConfig};
 use agent_reach_edge::tls::{ClientFiles, ListenerArgs, ServerFiles};
 
 use crate::assertion::{AssertionSettings, SigningKey};
-use crate::service::Tuning;
+use crate::tuning::Tuning;
 use crate::tasks::{TaskArgs, TasksSettings};
 use crate::watch::RegistryCredential;
 

@@ -48,6 +48,7 @@ mod sse;
 mod stream;
 mod tasks;
 mod trace;
+mod tuning;
 mod watch;
 
 use std::future::Future;
@@ -58,7 +59,7 @@ use anyhow::Context;
 
 pub use assertion::{AssertionSettings, SigningKey};
 pub use config::{RouterArgs, Settings};
-pub use service::Tuning;
+pub use tuning::Tuning;
 pub use tasks::{TagLimit, TaskArgs, TasksSettings};
 pub use watch::RegistryCredential;
 
@@ -99,8 +100,14 @@ impl Router {
         let split = capability.split.as_ref()?;
         Some(
             split
-                .shares(&capability.versions)
-                .map(|(version, weight)| (version.to_string(), weight))
+                .shares()
+                .iter()
+                .filter_map(|(index, weight)| {
+                    capability
+                        .versions
+                        .get(*index)
+                        .map(|group| (group.version_text.clone(), *weight))
+                })
                 .collect(),
         )
     }

@@ -36,6 +36,7 @@
 //! ```
 
 mod agent;
+mod answer;
 mod call;
 mod client;
 mod ctx;

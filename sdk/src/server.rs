@@ -20,6 +20,7 @@ use agent_reach_access::assertion::{AssertionClaims, AssertionError};
 
 use crate::call::now_ms;
 use crate::ctx::Ctx;
+use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::dedup::Answer;
 use crate::state::{Shared, Status};
 use crate::HandlerError;
@@ -29,43 +30,6 @@ pub(crate) fn routes(shared: Arc<Shared>) -> Router {
         .route("/invoke", post(invoke))
         .route("/healthz", get(health))
         .with_state(shared)
-}
-
-pub(crate) fn error_answer(status: u16, code: &str, message: impl Into<String>) -> Answer {
-    let body = AgentErrorBody {
-        error: AgentErrorDetail {
-            code: code.to_string(),
-            message: message.into(),
-        },
-    };
-    Answer {
-        status,
-        body: serde_json::to_vec(&body).unwrap_or_default(),
-    }
-}
-
-pub(crate) fn respond(answer: Answer) -> Response {
-    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(http::header::CONTENT_TYPE, "application/json")], answer.body).into_response()
-}
-
-/// Counts a delivery in flight until it ends, however it ends; both edges
-/// may move the agent's automatic load (busy, overloaded, ready again).
-pub(crate) struct InflightGuard(Arc<Shared>);
-
-impl InflightGuard {
-    fn start(shared: Arc<Shared>) -> Self {
-        let inflight = shared.inflight.fetch_add(1, Ordering::AcqRel) + 1;
-        shared.inflight_changed(inflight);
-        Self(shared)
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        let inflight = self.0.inflight.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-        self.0.inflight_changed(inflight);
-    }
 }
 
 /// One span per delivery: an OpenTelemetry server span continuing the
@@ -273,17 +237,6 @@ async fn serve(
         .await;
     span.record("http.response.status_code", answer.status);
     respond(answer)
-}
-
-pub(crate) fn handler_error(error: &HandlerError) -> Answer {
-    if error.is_accepted() {
-        // Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
-        return Answer {
-            status: 202,
-            body: serde_json::to_vec(&json!({ "accepted": true })).unwrap_or_default(),
-        };
-    }
-    error_answer(error.status, &error.code, error.message.clone())
 }
 
 /// 200 only when the agent is ready, heartbeats are fresh and it has room.

@@ -24,7 +24,7 @@ use tracing::Instrument;
 use crate::call::now_ms;
 use crate::ctx::Ctx;
 use crate::handler::{BoxStream, InvokeStream};
-use crate::server::{error_answer, handler_error, respond, InflightGuard};
+use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::HandlerError;
 
 /// Events buffered between the handler and the connection: enough to keep a

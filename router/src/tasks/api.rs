@@ -54,37 +54,6 @@ impl TaskApi {
     }
 }
 
-/// The task routes (every one answers a method it does not take with 405
-/// `METHOD_NOT_ALLOWED`; `app` adds the router-wide fallback).
-pub fn routes(api: TaskApi) -> Router {
-    Router::new()
-        .route("/v1/tasks", post(submit).fallback(method_not_allowed))
-        .route("/v1/tasks/{task_id}", get(status).fallback(method_not_allowed))
-        .route("/v1/tasks/{task_id}/cancel", post(cancel).fallback(method_not_allowed))
-        .route("/v1/tasks/{task_id}/events", get(events).fallback(method_not_allowed))
-        .route(
-            "/v1/tasks/{task_id}/result",
-            post(super::report::report).fallback(method_not_allowed),
-        )
-        .route(
-            "/v1/dead-letters",
-            get(super::dead_letters::list).fallback(method_not_allowed),
-        )
-        .route(
-            "/v1/dead-letters/{id}",
-            get(super::dead_letters::show).fallback(method_not_allowed),
-        )
-        .route(
-            "/v1/dead-letters/{id}/replay",
-            post(super::dead_letters::replay).fallback(method_not_allowed),
-        )
-        .route(
-            "/v1/sessions/{session_id}/results",
-            get(session_results).fallback(method_not_allowed),
-        )
-        .with_state(api)
-}
-
 /// Public view of a task.
 fn view(task: &agent_reach_tasks::Task) -> Value {
     json!({
@@ -129,7 +98,7 @@ fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), Ro
 }
 
 #[tracing::instrument(name = "tasks.submit", skip_all)]
-async fn submit(AxumState(api): AxumState<TaskApi>, headers: HeaderMap, body: Body) -> Response {
+pub(super) async fn submit(AxumState(api): AxumState<TaskApi>, headers: HeaderMap, body: Body) -> Response {
     match try_submit(&api, &headers, body).await {
         Ok(response) => response,
         Err(error) => refused(error),
@@ -382,7 +351,7 @@ async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) ->
 
 /// Ends a broadcast parent once all its children have ended.
 #[tracing::instrument(name = "tasks.status", skip_all)]
-async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
     let outcome = async {
         // Still in the local buffer (Redis unreachable): pending, as far as anyone can tell.
         let buffered_for = api
@@ -405,7 +374,7 @@ async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>,
 }
 
 #[tracing::instrument(name = "tasks.cancel", skip_all)]
-async fn cancel(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn cancel(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
     let outcome = async {
         let (tasks, task) = owned_task(&api, &headers, &task_id).await?;
         let result = failed_envelope(
@@ -428,7 +397,7 @@ const EVENTS_POLL: Duration = Duration::from_millis(100);
 /// state the task enters (with its time), the last carrying the result; the
 /// stream ends when the task does.
 #[tracing::instrument(name = "tasks.events", skip_all)]
-async fn events(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn events(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let outcome = async {
         let (tasks, _) = owned_task(&api, &headers, &task_id).await?;
@@ -488,7 +457,7 @@ struct ResultsQuery {
 }
 
 #[tracing::instrument(name = "tasks.session_results", skip_all)]
-async fn session_results(
+pub(super) async fn session_results(
     AxumState(api): AxumState<TaskApi>,
     Path(session_id): Path<String>,
     query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,

@@ -31,7 +31,7 @@ use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION
 use agent_reach_tasks::{Deliverer, TaskStore, TaskStoreError};
 use serde_json::{json, Value};
 
-pub use api::{routes, submit_broadcast, TaskApi};
+pub use api::{submit_broadcast, TaskApi};
 pub use settings::{TagLimit, TaskArgs, TasksSettings};
 
 use crate::error::{Code, RouterError};
@@ -39,6 +39,37 @@ use crate::service::RouterService;
 use crate::snapshot::Snapshot;
 use gate::TagGate;
 use metrics::TaskMetrics;
+
+/// The task routes (every one answers a method it does not take with 405
+/// `METHOD_NOT_ALLOWED`; `app` adds the router-wide fallback).
+pub fn routes(api: TaskApi) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/tasks", axum::routing::post(api::submit).fallback(crate::answer::method_not_allowed))
+        .route("/v1/tasks/{task_id}", axum::routing::get(api::status).fallback(crate::answer::method_not_allowed))
+        .route("/v1/tasks/{task_id}/cancel", axum::routing::post(api::cancel).fallback(crate::answer::method_not_allowed))
+        .route("/v1/tasks/{task_id}/events", axum::routing::get(api::events).fallback(crate::answer::method_not_allowed))
+        .route(
+            "/v1/tasks/{task_id}/result",
+            axum::routing::post(report::report).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/dead-letters",
+            axum::routing::get(dead_letters::list).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/dead-letters/{id}",
+            axum::routing::get(dead_letters::show).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/dead-letters/{id}/replay",
+            axum::routing::post(dead_letters::replay).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/sessions/{session_id}/results",
+            axum::routing::get(api::session_results).fallback(crate::answer::method_not_allowed),
+        )
+        .with_state(api)
+}
 
 /// Accepted tasks awaiting a report, per delivery slot, before they hold slots.
 const AWAITING_PER_WORKER: usize = 16;

@@ -1,0 +1,43 @@
+//! The router's retry, breaker, pool and serving tuning ([`Tuning`]): read by
+//! admission, the attempt loop and the server alike, so it lives in a leaf.
+
+use std::time::Duration;
+
+/// Retry, breaker and pool tuning; [`Default`] gives the documented defaults.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    pub max_body_bytes: usize,
+    pub default_timeout: Duration,
+    pub max_attempts: u32,
+    pub retry_budget_percent: u32,
+    pub retry_budget_floor: u32,
+    pub breaker_failures: u32,
+    pub breaker_open: Duration,
+    pub max_inflight_per_instance: u32,
+    pub pool_idle_per_instance: usize,
+    pub max_staleness: Duration,
+    /// Request-serving threads of `run` (0: one per core).
+    pub threads: usize,
+    /// The capability whose A2A agent card is also served at the host root
+    /// (`/.well-known/agent-card.json`, `--a2a-root-capability`).
+    pub a2a_root_capability: Option<String>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            default_timeout: Duration::from_secs(30),
+            max_attempts: 3,
+            retry_budget_percent: 20,
+            retry_budget_floor: 10,
+            breaker_failures: 5,
+            breaker_open: Duration::from_secs(30),
+            max_inflight_per_instance: 1024,
+            pool_idle_per_instance: 64,
+            max_staleness: Duration::from_secs(60),
+            threads: 0,
+            a2a_root_capability: None,
+        }
+    }
+}
