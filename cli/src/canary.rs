@@ -4,7 +4,7 @@
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use crate::ops::{print_json, text, Connection};
+use crate::connection::{print_json, text, Connection};
 
 /// `VERSION=WEIGHT` into the split body's entry; the registry checks the
 /// version and the weight's range, so its codes reach the operator unchanged.

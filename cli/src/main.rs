@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 #[macro_use]
 mod out;
 mod canary;
+mod connection;
 mod demo;
 mod dev;
 #[cfg(test)]

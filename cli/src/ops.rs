@@ -7,32 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::Value;
 
-/// How to reach and authenticate to the services.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Connection {
-    /// Registry URL.
-    #[arg(
-        long,
-        env = "AGENT_REACH_REGISTRY",
-        default_value = "http://127.0.0.1:7400",
-        global = true
-    )]
-    pub registry: String,
-    /// Router URL.
-    #[arg(
-        long,
-        env = "AGENT_REACH_ROUTER",
-        default_value = "http://127.0.0.1:7500",
-        global = true
-    )]
-    pub router: String,
-    /// Bearer token (JWT).
-    #[arg(long, env = "AGENT_REACH_TOKEN", global = true, hide_env_values = true)]
-    pub token: Option<String>,
-    /// Print JSON instead of a table.
-    #[arg(long, global = true)]
-    pub json: bool,
-}
+pub use crate::connection::Connection;
+use crate::connection::{print_json, text};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum AgentsCommand {
@@ -110,45 +86,6 @@ pub struct HealthcheckArgs {
     /// Give up after this many milliseconds (a hung service is unhealthy).
     #[arg(long, default_value_t = 2000)]
     pub timeout_ms: u64,
-}
-
-impl Connection {
-    pub(crate) fn token(&self) -> anyhow::Result<&str> {
-        self.token
-            .as_deref()
-            .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")
-    }
-
-    pub(crate) async fn get(&self, url: String) -> anyhow::Result<Value> {
-        let response = reqwest::Client::new()
-            .get(&url)
-            .bearer_auth(self.token()?)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {url}"))?;
-        let status = response.status();
-        let body: Value = response
-            .json()
-            .await
-            .with_context(|| format!("{url} answered {status} without JSON"))?;
-        if !status.is_success() {
-            anyhow::bail!("{status}: {}", body["error"]);
-        }
-        Ok(body)
-    }
-}
-
-pub(crate) fn print_json(value: &Value) -> anyhow::Result<()> {
-    outln!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
-}
-
-pub(crate) fn text(value: &Value) -> String {
-    match value {
-        Value::String(text) => text.clone(),
-        Value::Null => "-".to_string(),
-        other => other.to_string(),
-    }
 }
 
 pub async fn agents(connection: &Connection, command: AgentsCommand) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::ops::{print_json, text, Connection};
+use crate::connection::{print_json, text, Connection};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TasksCommand {

@@ -12,8 +12,8 @@ use agent_reach_access::{AuthArgs, AuthConfig};
 use agent_reach_edge::tls::{ClientFiles, ListenerArgs, ServerFiles};
 
 use crate::assertion::{AssertionSettings, SigningKey};
-use crate::tuning::Tuning;
 use crate::tasks::{TaskArgs, TasksSettings};
+use crate::tuning::Tuning;
 use crate::watch::RegistryCredential;
 
 #[derive(Debug, Clone, clap::Args)]

@@ -59,8 +59,8 @@ use anyhow::Context;
 
 pub use assertion::{AssertionSettings, SigningKey};
 pub use config::{RouterArgs, Settings};
-pub use tuning::Tuning;
 pub use tasks::{TagLimit, TaskArgs, TasksSettings};
+pub use tuning::Tuning;
 pub use watch::RegistryCredential;
 
 use service::RouterService;

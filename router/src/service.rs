@@ -6,7 +6,7 @@
 //! instance at once (`broadcast`). `http` and the task worker only adapt it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agent_reach_access::{Authenticator, Caller};
 use agent_reach_edge::HeaderLookup;

@@ -464,7 +464,10 @@ impl SnapshotBuilder {
                 .entry(name.clone())
                 .or_insert_with(|| self.metrics.capability(&name))
                 .clone();
-            let split = self.splits.get(&name).and_then(|record| Split::build(record, groups.iter().map(|group| &group.version)));
+            let split = self
+                .splits
+                .get(&name)
+                .and_then(|record| Split::build(record, groups.iter().map(|group| &group.version)));
             capabilities.insert(
                 name.clone(),
                 Capability {

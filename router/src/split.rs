@@ -52,7 +52,12 @@ impl Split {
     /// Draws a version's index by weight among the split's versions that
     /// `can_take` a call now; `None` when none can.
     pub fn choose(&self, can_take: impl Fn(usize) -> bool) -> Option<usize> {
-        let live: Shares = self.shares.iter().copied().filter(|(index, _)| can_take(*index)).collect();
+        let live: Shares = self
+            .shares
+            .iter()
+            .copied()
+            .filter(|(index, _)| can_take(*index))
+            .collect();
         let total: u64 = live.iter().map(|(_, weight)| u64::from(*weight)).sum();
         if total == 0 {
             return None;

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_reach_proto::envelope::{AgentErrorBody, AgentErrorDetail, ForwardedEnvelope};
+use agent_reach_proto::envelope::ForwardedEnvelope;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -18,12 +18,11 @@ use tracing::Instrument;
 
 use agent_reach_access::assertion::{AssertionClaims, AssertionError};
 
+use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::call::now_ms;
 use crate::ctx::Ctx;
-use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::dedup::Answer;
 use crate::state::{Shared, Status};
-use crate::HandlerError;
 
 pub(crate) fn routes(shared: Arc<Shared>) -> Router {
     Router::new()

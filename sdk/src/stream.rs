@@ -21,10 +21,10 @@ use futures::{FutureExt, StreamExt};
 use serde_json::{json, Value};
 use tracing::Instrument;
 
+use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::call::now_ms;
 use crate::ctx::Ctx;
 use crate::handler::{BoxStream, InvokeStream};
-use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::HandlerError;
 
 /// Events buffered between the handler and the connection: enough to keep a

@@ -15,15 +15,14 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::buffer::{Buffered, TaskBuffer};
 use super::{failed_envelope, store_error, TaskService};
 use crate::admission::Entry;
-use crate::answer::{method_not_allowed, refused};
+use crate::answer::refused;
 use crate::clock;
 use crate::envelope;
 use crate::error::{Code, RouterError};
@@ -351,7 +350,11 @@ async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) ->
 
 /// Ends a broadcast parent once all its children have ended.
 #[tracing::instrument(name = "tasks.status", skip_all)]
-pub(super) async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn status(
+    AxumState(api): AxumState<TaskApi>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let outcome = async {
         // Still in the local buffer (Redis unreachable): pending, as far as anyone can tell.
         let buffered_for = api
@@ -374,7 +377,11 @@ pub(super) async fn status(AxumState(api): AxumState<TaskApi>, Path(task_id): Pa
 }
 
 #[tracing::instrument(name = "tasks.cancel", skip_all)]
-pub(super) async fn cancel(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn cancel(
+    AxumState(api): AxumState<TaskApi>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let outcome = async {
         let (tasks, task) = owned_task(&api, &headers, &task_id).await?;
         let result = failed_envelope(
@@ -397,7 +404,11 @@ const EVENTS_POLL: Duration = Duration::from_millis(100);
 /// state the task enters (with its time), the last carrying the result; the
 /// stream ends when the task does.
 #[tracing::instrument(name = "tasks.events", skip_all)]
-pub(super) async fn events(AxumState(api): AxumState<TaskApi>, Path(task_id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn events(
+    AxumState(api): AxumState<TaskApi>,
+    Path(task_id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let outcome = async {
         let (tasks, _) = owned_task(&api, &headers, &task_id).await?;
@@ -451,7 +462,7 @@ pub(super) fn is_cursor(after: &str) -> bool {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ResultsQuery {
+pub(super) struct ResultsQuery {
     after: Option<String>,
     limit: Option<usize>,
 }

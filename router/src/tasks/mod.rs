@@ -44,10 +44,22 @@ use metrics::TaskMetrics;
 /// `METHOD_NOT_ALLOWED`; `app` adds the router-wide fallback).
 pub fn routes(api: TaskApi) -> axum::Router {
     axum::Router::new()
-        .route("/v1/tasks", axum::routing::post(api::submit).fallback(crate::answer::method_not_allowed))
-        .route("/v1/tasks/{task_id}", axum::routing::get(api::status).fallback(crate::answer::method_not_allowed))
-        .route("/v1/tasks/{task_id}/cancel", axum::routing::post(api::cancel).fallback(crate::answer::method_not_allowed))
-        .route("/v1/tasks/{task_id}/events", axum::routing::get(api::events).fallback(crate::answer::method_not_allowed))
+        .route(
+            "/v1/tasks",
+            axum::routing::post(api::submit).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/tasks/{task_id}",
+            axum::routing::get(api::status).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/tasks/{task_id}/cancel",
+            axum::routing::post(api::cancel).fallback(crate::answer::method_not_allowed),
+        )
+        .route(
+            "/v1/tasks/{task_id}/events",
+            axum::routing::get(api::events).fallback(crate::answer::method_not_allowed),
+        )
         .route(
             "/v1/tasks/{task_id}/result",
             axum::routing::post(report::report).fallback(crate::answer::method_not_allowed),
