@@ -32,6 +32,11 @@ async fn contexts_keep_being_served_across_a_sentinel_failover() {
     let [first_primary, replica] = redis.server_ports();
     store.create("before", &new_context()).await.unwrap();
     assert!(store.get("before", &Selection::All).await.unwrap().is_some());
+    // Replication is asynchronous: only a write the replica has can survive the kill.
+    assert!(
+        redis.wait_replicated(first_primary, replica),
+        "the replica never caught up"
+    );
 
     redis.kill_server(first_primary);
     let killed = Instant::now();

@@ -174,6 +174,28 @@ impl RedisSentinels {
         answer.lines().nth(2).map(|role| role.trim().to_string())
     }
 
+    /// Waits (at most 10 s) until the replica on `replica` has every write the
+    /// primary on `primary` had when called: its replication offset reaches
+    /// the primary's. Replication is asynchronous, so a test that kills the
+    /// primary right after a write must wait for this to expect the write to
+    /// survive.
+    pub fn wait_replicated(&self, primary: u16, replica: u16) -> bool {
+        let offset = |port: u16, name: &str| {
+            command(SocketAddr::from(([127, 0, 0, 1], port)), "INFO replication").and_then(|answer| {
+                answer
+                    .lines()
+                    .find_map(|line| line.strip_prefix(name))
+                    .and_then(|value| value.trim().parse::<u64>().ok())
+            })
+        };
+        let Some(target) = offset(primary, "master_repl_offset:") else {
+            return false;
+        };
+        wait_until(Duration::from_secs(10), || {
+            offset(replica, "slave_repl_offset:").is_some_and(|reached| reached >= target)
+        })
+    }
+
     /// Kills the data node on `port` (SIGKILL).
     pub fn kill_server(&mut self, port: u16) {
         if let Some(node) = self.servers.iter_mut().find(|node| node.port == port) {
