@@ -197,17 +197,23 @@ async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Re
     let request = read_task_request(&api.service, tasks, headers, body).await?;
     let priority = request.priority;
     let task = request.new_task();
+    // One id whichever way the submission goes. A write that timed out, or that no
+    // replica acknowledged (WAIT), may be in Redis already under this id: the
+    // buffer's replay must find it there under the same one. Under a fresh id the
+    // replay found the request id taken and dropped its copy, and the id the caller
+    // was given answered 404 for ever (docs/chaos.md, router/tests/task_buffer.rs).
+    let task_id = agent_reach_tasks::new_task_id();
     let submitted = match &tasks.buffer {
         // Behind what waits in the buffer: order holds, a resubmission finds its first copy.
-        Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task, priority).await,
-        Some(buffer) => match tasks.store.submit(task.clone()).await {
+        Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task_id, task, priority).await,
+        Some(buffer) => match tasks.store.submit_with_id(task.clone(), &task_id).await {
             Err(TaskStoreError::Unavailable(why)) => {
                 tracing::warn!(message = "Task store unreachable; keeping the submission in the local buffer.", error = %why);
-                return buffered(tasks, buffer, task, priority).await;
+                return buffered(tasks, buffer, task_id, task, priority).await;
             }
             other => other.map_err(store_error)?,
         },
-        None => tasks.store.submit(task).await.map_err(store_error)?,
+        None => tasks.store.submit_with_id(task, &task_id).await.map_err(store_error)?,
     };
     if matches!(submitted, Submitted::Created(_)) {
         tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
@@ -234,10 +240,11 @@ async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Re
 async fn buffered(
     tasks: &TaskService,
     buffer: &Arc<TaskBuffer>,
+    task_id: String,
     task: NewTask,
     priority: Priority,
 ) -> Result<Response, RouterError> {
-    match buffer.push(agent_reach_tasks::new_task_id(), task).await {
+    match buffer.push(task_id, task).await {
         Ok(Buffered::Created(task_id)) => {
             tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
             Ok((
