@@ -162,11 +162,15 @@ impl Fault {
         match self {
             Fault::AgentKill => "kill -9 of one agent, restarted after 2 s".to_string(),
             Fault::AgentFreeze => "one agent frozen 8 s (SIGSTOP: a partition, its lease expires)".to_string(),
-            Fault::RouterKill => format!("kill -9 of one router right after {burst} task submissions, restarted after 2 s"),
+            Fault::RouterKill => {
+                format!("kill -9 of one router right after {burst} task submissions, restarted after 2 s")
+            }
             Fault::RegistryKill => "kill -9 of one of two registries, restarted after 5 s".to_string(),
             Fault::EtcdFollower => "kill -9 of an etcd follower, restarted after 5 s".to_string(),
             Fault::EtcdLeader => "kill -9 of the etcd leader, restarted after 5 s".to_string(),
-            Fault::RedisPrimary => "kill -9 of the Redis primary, Sentinel failover, old primary back as replica".to_string(),
+            Fault::RedisPrimary => {
+                "kill -9 of the Redis primary, Sentinel failover, old primary back as replica".to_string()
+            }
             Fault::RedisReplica => "kill -9 of the Redis replica (WAIT 1 falls short), restarted after 5 s".to_string(),
             Fault::RedisOutage => "Redis unreachable 10 s (primary and replica frozen)".to_string(),
         }
@@ -262,7 +266,10 @@ impl Process {
     }
 
     fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
-        let child = self.child.as_ref().with_context(|| format!("{} is not running", self.what))?;
+        let child = self
+            .child
+            .as_ref()
+            .with_context(|| format!("{} is not running", self.what))?;
         let pid = libc::pid_t::try_from(child.id()).context("pid out of range")?;
         // SAFETY: kill(2) with the pid of a child this process spawned and has not reaped.
         if unsafe { libc::kill(pid, signal) } != 0 {
@@ -375,12 +382,7 @@ impl Stack {
 
         let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await?;
         let redis = tokio::task::spawn_blocking(RedisSentinels::start).await?;
-        let auth = vec![
-            "--acl".to_string(),
-            acl,
-            "--auth-hs256-secret-file".to_string(),
-            secret,
-        ];
+        let auth = vec!["--acl".to_string(), acl, "--auth-hs256-secret-file".to_string(), secret];
         let mut registries = Vec::new();
         for index in 0..2 {
             let mut registry_args = vec![
@@ -485,9 +487,7 @@ impl Stack {
                 if let Ok(answer) = answer {
                     if let Ok(body) = answer.json::<Value>().await {
                         let found = body["instances"].as_array().is_some_and(|instances| {
-                            instances
-                                .iter()
-                                .any(|instance| instance["agent_id"] == id.as_str())
+                            instances.iter().any(|instance| instance["agent_id"] == id.as_str())
                         });
                         if found {
                             return Ok(());
@@ -496,7 +496,10 @@ impl Stack {
                 }
             }
             if Instant::now() > deadline {
-                bail!("{id} was not routable within {RECOVERY_BOUND:?}; see {}", self.logs.display());
+                bail!(
+                    "{id} was not routable within {RECOVERY_BOUND:?}; see {}",
+                    self.logs.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -515,7 +518,9 @@ impl Stack {
                 *counts.entry(line.to_string()).or_default() += 1;
             }
         }
-        ids.iter().filter(|id| counts.get(*id).is_some_and(|count| *count > 1)).count()
+        ids.iter()
+            .filter(|id| counts.get(*id).is_some_and(|count| *count > 1))
+            .count()
     }
 }
 
@@ -540,7 +545,10 @@ struct Tally {
 
 impl Tally {
     fn failed(map: &Mutex<BTreeMap<String, u64>>, code: String, last: &Mutex<Option<Instant>>) {
-        *map.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).entry(code).or_default() += 1;
+        *map.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(code)
+            .or_default() += 1;
         *last.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
     }
 }
@@ -594,7 +602,9 @@ impl Load {
             Sent::Answer(status, _) if status.is_success() => {
                 tally.calls_answered.fetch_add(1, Ordering::Relaxed);
             }
-            Sent::Answer(status, body) => Tally::failed(&tally.calls_failed, code_of(status, &body), &tally.last_failure),
+            Sent::Answer(status, body) => {
+                Tally::failed(&tally.calls_failed, code_of(status, &body), &tally.last_failure)
+            }
             Sent::Broken("CLIENT_TIMEOUT") => {
                 tally.calls_unanswered.fetch_add(1, Ordering::Relaxed);
                 Tally::failed(&tally.calls_failed, "CLIENT_TIMEOUT".to_string(), &tally.last_failure);
@@ -623,7 +633,9 @@ impl Load {
                 }
                 None => Tally::failed(&tally.tasks_rejected, "NO_TASK_ID".to_string(), &tally.last_failure),
             },
-            Sent::Answer(status, body) => Tally::failed(&tally.tasks_rejected, code_of(status, &body), &tally.last_failure),
+            Sent::Answer(status, body) => {
+                Tally::failed(&tally.tasks_rejected, code_of(status, &body), &tally.last_failure)
+            }
             Sent::Broken(code) => Tally::failed(&tally.tasks_rejected, code.to_string(), &tally.last_failure),
         }
     }
@@ -779,17 +791,32 @@ async fn run_fault(stack: &mut Stack, args: &Args, fault: Fault, steady: Duratio
     for handle in handles {
         handle.await?;
     }
-    let accepted = tally.accepted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+    let accepted = tally
+        .accepted
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
     let Settled { open, unknown, failed } = settle(stack, &accepted).await;
-    let last_failure = *tally.last_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let last_failure = *tally
+        .last_failure
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let row = Row {
         fault,
         calls_sent: tally.calls_sent.load(Ordering::Relaxed),
         calls_answered: tally.calls_answered.load(Ordering::Relaxed),
-        calls_failed: tally.calls_failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone(),
+        calls_failed: tally
+            .calls_failed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone(),
         calls_unanswered: tally.calls_unanswered.load(Ordering::Relaxed),
         tasks_accepted: accepted.len(),
-        tasks_rejected: tally.tasks_rejected.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone(),
+        tasks_rejected: tally
+            .tasks_rejected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone(),
         tasks_failed: failed,
         lost: open.len(),
         lost_unknown: unknown,
@@ -800,10 +827,16 @@ async fn run_fault(stack: &mut Stack, args: &Args, fault: Fault, steady: Duratio
     if !open.is_empty() {
         // What the routers know under the lost tasks' request ids: a resubmission
         // answers the task stored for it, if any (the diagnosis of a lost id).
-        let request_ids = tally.request_ids.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let request_ids = tally
+            .request_ids
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
         eprintln!("chaos: {}: {} tasks lost", fault.name(), open.len());
         for task_id in open.iter().take(3) {
-            let Some(request_id) = request_ids.get(task_id) else { continue };
+            let Some(request_id) = request_ids.get(task_id) else {
+                continue;
+            };
             let body = json!({"capability": CAPABILITY, "request_id": request_id, "payload": {"delay_ms": 20}});
             let answer = match load.post(0, "/v1/tasks", &body).await {
                 Sent::Answer(status, body) => format!("{status} {body}"),
@@ -816,12 +849,7 @@ async fn run_fault(stack: &mut Stack, args: &Args, fault: Fault, steady: Duratio
 }
 
 /// Injects `fault` and repairs it; the repair is done (bounded polls) on return.
-async fn inject(
-    stack: &mut Stack,
-    fault: Fault,
-    args: &Args,
-    load: &Load,
-) -> anyhow::Result<()> {
+async fn inject(stack: &mut Stack, fault: Fault, args: &Args, load: &Load) -> anyhow::Result<()> {
     match fault {
         Fault::AgentKill => {
             stack.agents[0].kill();
@@ -860,7 +888,11 @@ async fn inject(
                 bail!("the etcd cluster has no leader");
             }
             let leader = leader.context("no etcd leader")?;
-            let victim = if fault == Fault::EtcdLeader { leader } else { (leader + 1) % 3 };
+            let victim = if fault == Fault::EtcdLeader {
+                leader
+            } else {
+                (leader + 1) % 3
+            };
             stack.etcd.kill(victim);
             tokio::time::sleep(Duration::from_secs(5)).await;
             stack.etcd.restart(victim);
@@ -941,7 +973,8 @@ fn print_table(rows: &[Row], args: &Args) {
             codes(&row.tasks_failed),
             lost,
             row.duplicated,
-            row.recovery.map_or("0".to_string(), |at| format!("{:.1}", at.as_secs_f64())),
+            row.recovery
+                .map_or("0".to_string(), |at| format!("{:.1}", at.as_secs_f64())),
             row.repaired_in.as_secs_f64(),
         );
     }
@@ -990,7 +1023,10 @@ async fn agent_main(args: AgentArgs) -> anyhow::Result<()> {
 
 async fn driver(args: Args) -> anyhow::Result<()> {
     let faults: Vec<Fault> = if !args.only.is_empty() {
-        args.only.iter().map(|name| Fault::parse(name)).collect::<anyhow::Result<_>>()?
+        args.only
+            .iter()
+            .map(|name| Fault::parse(name))
+            .collect::<anyhow::Result<_>>()?
     } else if args.smoke {
         Fault::SMOKE.to_vec()
     } else {

@@ -164,5 +164,9 @@ async fn a_submission_no_replica_acknowledged_keeps_its_task_id() {
     assert_eq!(task["task_id"], task_id.as_str(), "{task}");
     // Submitted again with the same request id: the same task, not a second one.
     let (status, again) = post(&cluster, "/v1/tasks", envelope("unacknowledged")).await;
-    assert_eq!((status, again["task_id"].as_str()), (200, Some(task_id.as_str())), "{again}");
+    assert_eq!(
+        (status, again["task_id"].as_str()),
+        (200, Some(task_id.as_str())),
+        "{again}"
+    );
 }
