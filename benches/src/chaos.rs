@@ -2,7 +2,7 @@
 //! at a time, and one table of what each fault cost.
 //!
 //! ```sh
-//! scripts/chaos.sh            # every fault (about 5 minutes)
+//! scripts/chaos.sh            # every fault (about 3 minutes)
 //! scripts/chaos.sh --smoke    # five faults, short phases (CI, scripts/test.sh)
 //! ```
 //!
@@ -1093,5 +1093,34 @@ async fn main() -> anyhow::Result<()> {
     match args.command {
         Some(Internal::Agent(agent)) => agent_main(agent).await,
         None => driver(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_parses_from_its_name_and_unknown_names_list_them() {
+        for fault in Fault::ALL {
+            assert_eq!(Fault::parse(fault.name()).unwrap(), fault);
+        }
+        let error = Fault::parse("etcd-everything").unwrap_err().to_string();
+        assert!(error.contains("unknown fault `etcd-everything`"), "{error}");
+        assert!(error.contains("redis-outage"), "{error}");
+        assert!(Fault::SMOKE.iter().all(|fault| Fault::ALL.contains(fault)));
+    }
+
+    #[test]
+    fn code_counts_read_as_a_total_and_its_parts() {
+        assert_eq!(codes(&BTreeMap::new()), "0");
+        let map = BTreeMap::from([("TRANSPORT".to_string(), 2), ("DEADLINE_EXCEEDED".to_string(), 1)]);
+        assert_eq!(codes(&map), "3 (1 DEADLINE_EXCEEDED, 2 TRANSPORT)");
+        let body = json!({"error": {"code": "TASK_BUFFER_FULL"}});
+        assert_eq!(
+            code_of(reqwest::StatusCode::SERVICE_UNAVAILABLE, &body),
+            "TASK_BUFFER_FULL"
+        );
+        assert_eq!(code_of(reqwest::StatusCode::BAD_GATEWAY, &Value::Null), "HTTP_502");
     }
 }
