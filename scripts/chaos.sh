@@ -5,6 +5,8 @@
 #   scripts/chaos.sh                      # every fault (about 3 minutes)
 #   scripts/chaos.sh --smoke              # five faults, short phases (scripts/test.sh runs this)
 #   scripts/chaos.sh --only router-kill   # one fault; --help lists the options
+# agent-partition runs one agent in a network namespace the run creates (as root, with
+# iproute2's `ip`; otherwise it freezes the agent with SIGSTOP and says so: docs/chaos.md).
 # Exits non-zero when an accepted task was lost.
 set -euo pipefail
 cd "$(dirname "$0")/.."

