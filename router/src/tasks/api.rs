@@ -396,8 +396,9 @@ pub(super) async fn cancel(
             &RouterError::new(Code::Canceled, "the caller canceled the task"),
             task.attempts,
         );
-        tasks.store.cancel(&task_id, &result).await.map_err(store_error)?;
-        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        // The task's own id: `task_id` may be an alias of it (a buffered submission's).
+        tasks.store.cancel(&task.task_id, &result).await.map_err(store_error)?;
+        let task = tasks.store.get(&task.task_id).await.map_err(store_error)?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }
     .await;
