@@ -61,6 +61,12 @@ function cell(row, index, value, className) {
   return td;
 }
 
+// Names each cell after its column, for the phone layout's stacked rows.
+function labels(tbody, row) {
+  const heads = tbody.parentElement.tHead ? tbody.parentElement.tHead.rows[0].cells : [];
+  Array.from(row.cells).forEach((td, i) => { if (heads[i] && td.dataset.label !== heads[i].textContent) td.dataset.label = heads[i].textContent; });
+}
+
 // Updates `tbody` to one row per item keyed by `key`, in order, filling each with `fill`.
 function rows(tbody, items, key, fill) {
   const existing = new Map();
@@ -72,6 +78,7 @@ function rows(tbody, items, key, fill) {
     if (row) existing.delete(id); else { row = document.createElement("tr"); row.dataset.key = id; }
     if (tbody.rows[index] !== row) tbody.insertBefore(row, tbody.rows[index] || null);
     fill(row, item);
+    labels(tbody, row);
     index += 1;
   }
   for (const row of existing.values()) row.remove();
@@ -358,7 +365,8 @@ async function loadRequests() {
 // === Pages, sign-in, refresh ===
 
 function failed(answer) {
-  if (answer.status === 401) return signedOut(problem(answer));
+  if (answer.status === 401) return signedOut("Signed out. " + problem(answer));
+  if (answer.status === 403) return signedOut("Refused. " + problem(answer));
   notify(problem(answer), true);
 }
 
@@ -378,6 +386,8 @@ async function refresh() {
 
 function show() {
   const page = current();
+  if (document.body.dataset.page !== page) $("notice").hidden = true;
+  document.body.dataset.page = page;
   for (const name of PAGES) $("page-" + name).hidden = name !== page;
   for (const link of document.querySelectorAll("nav a")) {
     if (link.dataset.page === page) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
@@ -418,10 +428,14 @@ async function boot() {
   }
   const answer = await api("GET", "/v1/console/session");
   if (answer.status === 200) return signedInAs(answer.body.operator);
-  signedOut("Not signed in. " + problem(answer));
+  signedOut((answer.status === 403 ? "Refused. " : "Not signed in. ") + problem(answer));
 }
 
-window.addEventListener("hashchange", () => { if (signedIn) show(); });
+window.addEventListener("hashchange", () => {
+  // A sign-in link opened in a tab already showing the console changes only the fragment.
+  if (/^#code=/.test(location.hash)) boot();
+  else if (signedIn) show();
+});
 document.addEventListener("keydown", (event) => {
   if (!signedIn || event.target.closest("input, textarea, dialog")) return;
   if (event.key === "/") { event.preventDefault(); location.hash = "#/requests"; $("request-id").focus(); }
