@@ -62,9 +62,15 @@ pub async fn console(connection: &Connection, args: ConsoleArgs) -> anyhow::Resu
     }
     let link = format!("{}{}", connection.router.trim_end_matches('/'), text(&body["path"]));
     if connection.json {
-        return print_json(&json!({ "url": link, "operator": body["operator"], "expires_at_ms": body["expires_at_ms"] }));
+        return print_json(
+            &json!({ "url": link, "operator": body["operator"], "expires_at_ms": body["expires_at_ms"] }),
+        );
     }
-    outln!("Open this link within {} s to sign in to the console as {}:", args.ttl, text(&body["operator"]));
+    outln!(
+        "Open this link within {} s to sign in to the console as {}:",
+        args.ttl,
+        text(&body["operator"])
+    );
     outln!("{link}");
     Ok(())
 }
@@ -117,7 +123,11 @@ pub async fn requests(connection: &Connection, command: RequestsCommand) -> anyh
                 }
             }
             if !found["task"].is_null() {
-                outln!("task      {} {}", text(&found["task"]["task_id"]), text(&found["task"]["status"]));
+                outln!(
+                    "task      {} {}",
+                    text(&found["task"]["task_id"]),
+                    text(&found["task"]["status"])
+                );
             }
             Ok(())
         }
@@ -137,7 +147,13 @@ pub async fn requests(connection: &Connection, command: RequestsCommand) -> anyh
             if connection.json {
                 return print_json(&list);
             }
-            outln!("{:<36} {:<24} {:<10} {:>9} CODE", "REQUEST_ID", "CAPABILITY", "OUTCOME", "MS");
+            outln!(
+                "{:<36} {:<24} {:<10} {:>9} CODE",
+                "REQUEST_ID",
+                "CAPABILITY",
+                "OUTCOME",
+                "MS"
+            );
             for call in list["calls"].as_array().into_iter().flatten() {
                 outln!(
                     "{:<36} {:<24} {:<10} {:>9} {}",

@@ -43,8 +43,19 @@ fn router() -> Router {
     let port = agent_reach_testkit::free_port();
     let unused_registry = format!("http://127.0.0.1:{}", agent_reach_testkit::free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_agent-reach"))
-        .args(["router", "--listen", &format!("127.0.0.1:{port}"), "--registry", &unused_registry])
-        .args(["--acl", &path("acl.yaml"), "--auth-hs256-secret-file", &path("hs256.secret")])
+        .args([
+            "router",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--registry",
+            &unused_registry,
+        ])
+        .args([
+            "--acl",
+            &path("acl.yaml"),
+            "--auth-hs256-secret-file",
+            &path("hs256.secret"),
+        ])
         .args(["--assertion-key", &path("assertion.pem")])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -90,7 +101,11 @@ async fn console_links_and_request_lookups() {
     let printed = as_caller(&router, "ops", &["console", "--ttl", "60"]);
     assert!(printed.status.success(), "{}", stderr(&printed));
     let text = stdout(&printed);
-    let link = text.lines().find(|line| line.starts_with("http")).expect("a link").to_string();
+    let link = text
+        .lines()
+        .find(|line| line.starts_with("http"))
+        .expect("a link")
+        .to_string();
     assert!(link.starts_with(&format!("{}/console#code=", router.url)), "{text}");
     let code = link.split_once("#code=").unwrap().1;
     let session = client

@@ -133,7 +133,13 @@ impl Router {
 /// Every path of the OpenAPI description with its method (tests compare it with the routes).
 pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
     static ALL: std::sync::OnceLock<Vec<(&'static str, &'static str)>> = std::sync::OnceLock::new();
-    ALL.get_or_init(|| openapi::PATHS.iter().chain(console::openapi::PATHS.iter()).copied().collect())
+    ALL.get_or_init(|| {
+        openapi::PATHS
+            .iter()
+            .chain(console::openapi::PATHS.iter())
+            .copied()
+            .collect()
+    })
 }
 
 /// Builds the policy, authenticator and service, starts the registry watch

@@ -192,11 +192,11 @@ impl RecentCalls {
                 found.push((call.started_ms, view(call)));
             }
         }
-        found.sort_by(|a, b| b.0.cmp(&a.0));
+        found.sort_by_key(|(started_ms, _)| std::cmp::Reverse(*started_ms));
         found
     }
 
-    /// Folds every call `keep` accepts into `fold` (the capabilities' statistics).
+    /// Shows every recorded call to `each` (the capabilities' statistics).
     pub fn each(&self, mut each: impl FnMut(&Call)) {
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);

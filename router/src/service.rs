@@ -22,18 +22,18 @@ use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, ForwardHeaders, Forwarder};
 use crate::json::Forwarded;
 use crate::metrics::Metrics;
-use crate::recent::{Attempt, Finished, RecentCalls, Trail};
 use crate::outcome::{
     accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
     Success,
 };
+use crate::recent::{Attempt, Finished, RecentCalls, Trail};
 use crate::retry::{self, RetryBudget};
 use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
 use crate::trace::TraceContext;
-use agent_reach_edge::ErrorCode as _;
 use crate::tuning::Tuning;
+use agent_reach_edge::ErrorCode as _;
 
 pub struct RouterService {
     tuning: Tuning,
@@ -51,7 +51,8 @@ pub struct RouterService {
     recent: RecentCalls,
 }
 
-/// What the recent-calls ring needs of a call besides its outcome.
+/// A call on its way: who, how it entered, what, when (the attempt loop
+/// reads it; the recent-calls ring records it with its outcome).
 struct Recorded<'a> {
     caller: &'a Caller,
     entry: Entry,
@@ -204,23 +205,45 @@ impl RouterService {
                     Some(capability) => capability.metrics.record(Err(failure.error.code)),
                     None => self.metrics.record_rejected(failure.error.code),
                 }
-                let call = Recorded { caller, entry, checked, request_id, trace, received };
-                self.remember(&call, failure.capability_version.as_deref(), Some(&failure.error), Trail::new());
+                let call = Recorded {
+                    caller,
+                    entry,
+                    checked,
+                    request_id,
+                    trace,
+                    received,
+                };
+                self.remember(
+                    &call,
+                    failure.capability_version.as_deref(),
+                    Some(&failure.error),
+                    Trail::new(),
+                );
                 return Err(*failure);
             }
         };
         let capability = admitted.capability;
+        let call = Recorded {
+            caller,
+            entry,
+            checked,
+            request_id,
+            trace,
+            received,
+        };
         let mut trail = Trail::new();
-        let result = self
-            .attempts(caller, checked, &admitted, request_id, trace, received, &mut trail)
-            .await;
+        let result = self.attempts(&call, &admitted, &mut trail).await;
         capability
             .metrics
             .record(result.as_ref().map(|_| ()).map_err(|failure| failure.error.code));
-        let call = Recorded { caller, entry, checked, request_id, trace, received };
         match &result {
             Ok(success) => self.remember(&call, Some(&success.capability_version), None, trail),
-            Err(failure) => self.remember(&call, failure.capability_version.as_deref(), Some(&failure.error), trail),
+            Err(failure) => self.remember(
+                &call,
+                failure.capability_version.as_deref(),
+                Some(&failure.error),
+                trail,
+            ),
         }
         result
     }
@@ -254,14 +277,18 @@ impl RouterService {
     /// and the deadline.
     async fn attempts(
         &self,
-        caller: &Caller,
-        checked: &CheckedRequest,
+        call: &Recorded<'_>,
         admitted: &Admitted<'_>,
-        request_id: &str,
-        trace: &TraceContext,
-        now: clock::Now,
         trail: &mut Trail,
     ) -> Result<Success, Failure> {
+        let &Recorded {
+            caller,
+            checked,
+            request_id,
+            trace,
+            received: now,
+            ..
+        } = call;
         let CheckedRequest {
             request,
             policy,

@@ -121,7 +121,11 @@ impl Snapshot {
 
     /// Every instance's health score (see [`Snapshot::publish_instance_gauges`])
     /// with its runtime state, by `agent_id` (the gauges and the console read it).
-    pub fn instance_scores(&self, staleness: Duration, max_staleness: Duration) -> HashMap<&str, (i64, &InstanceState)> {
+    pub fn instance_scores(
+        &self,
+        staleness: Duration,
+        max_staleness: Duration,
+    ) -> HashMap<&str, (i64, &InstanceState)> {
         let stale_permille = if max_staleness.is_zero() {
             1000
         } else {

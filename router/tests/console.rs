@@ -20,7 +20,16 @@ async fn answer(response: reqwest::Response) -> (u16, Value) {
 }
 
 async fn get_as(cluster: &Cluster, caller: &str, path: &str) -> (u16, Value) {
-    answer(cluster.client.get(cluster.url(path)).bearer_auth(token(caller)).send().await.unwrap()).await
+    answer(
+        cluster
+            .client
+            .get(cluster.url(path))
+            .bearer_auth(token(caller))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
 }
 
 /// A sign-in link's code for `caller`, living `ttl_s`.
@@ -66,7 +75,10 @@ async fn sign_in_links_sessions_and_their_refusals() {
     let page = cluster.client.get(cluster.url("/console")).send().await.unwrap();
     assert_eq!(page.status(), 200);
     let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
-    assert!(csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(
+        csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
     assert!(page.text().await.unwrap().contains("/console/console.js"));
     for asset in ["/console/console.js", "/console/console.css"] {
         let response = cluster.client.get(cluster.url(asset)).send().await.unwrap();
@@ -77,7 +89,15 @@ async fn sign_in_links_sessions_and_their_refusals() {
     let (status, body) = link(&cluster, CALLER, 60).await;
     assert_eq!(code_of(status, &body), (403, "FORBIDDEN"), "{body}");
     assert_eq!(body["error"]["details"]["reason"], "not_an_operator");
-    let (status, body) = answer(cluster.client.post(cluster.url("/v1/console/links")).send().await.unwrap()).await;
+    let (status, body) = answer(
+        cluster
+            .client
+            .post(cluster.url("/v1/console/links"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
     let (status, body) = link(&cluster, "ops", 0).await;
     assert_eq!(code_of(status, &body), (400, "INVALID_ENVELOPE"), "{body}");
@@ -94,7 +114,10 @@ async fn sign_in_links_sessions_and_their_refusals() {
     assert_eq!(status, 200, "{session}");
     assert_eq!(session["operator"], "ops");
     let cookie = cookie.expect("a session cookie");
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let pair = cookie.split(';').next().unwrap().to_string();
     let (status, who) = answer(
         cluster
@@ -165,7 +188,13 @@ async fn sign_in_links_sessions_and_their_refusals() {
     assert!(expired, "a 1 s link never expired");
     let (status, body, cookie) = open_session(&cluster, &short).await;
     assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("agent-reach console"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("agent-reach console"),
+        "{body}"
+    );
     assert!(cookie.is_none(), "no cookie for an expired link");
 
     // Signing out clears the cookie.
@@ -269,7 +298,15 @@ async fn operators_read_instances_capabilities_and_recent_calls() {
     assert_eq!(code_of(status, &body), (400, "INVALID_QUERY"), "{body}");
     let (_, body) = get_as(&cluster, "ops", "/v1/requests/no-such-request").await;
     assert_eq!(body["error"]["details"]["reason"], "request_not_found");
-    let (status, body) = answer(cluster.client.get(cluster.url("/v1/routing/instances")).send().await.unwrap()).await;
+    let (status, body) = answer(
+        cluster
+            .client
+            .get(cluster.url("/v1/routing/instances"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
 }
 
@@ -283,7 +320,11 @@ async fn weights_and_splits_are_relayed_to_the_registry_as_the_operator() {
     cluster.wait_for_instances(&["echo-1", "echo-2"]).await;
 
     let put = |caller: &'static str, path: &'static str, body: Value| {
-        let request = cluster.client.put(cluster.url(path)).bearer_auth(token(caller)).json(&body);
+        let request = cluster
+            .client
+            .put(cluster.url(path))
+            .bearer_auth(token(caller))
+            .json(&body);
         async move { answer(request.send().await.unwrap()).await }
     };
     let (status, body) = put(CALLER, "/v1/agents/echo-1/weight", json!({ "weight": 7 })).await;
@@ -316,8 +357,7 @@ async fn weights_and_splits_are_relayed_to_the_registry_as_the_operator() {
     assert_eq!((status, &shown["weights"]["2.0.0"]), (200, &json!(5)), "{shown}");
     assert!(
         eventually(Duration::from_secs(10), || async {
-            get_as(&cluster, "ops", "/v1/routing/capabilities").await.1["capabilities"][0]["split"]
-                != Value::Null
+            get_as(&cluster, "ops", "/v1/routing/capabilities").await.1["capabilities"][0]["split"] != Value::Null
         })
         .await
     );

@@ -71,7 +71,10 @@ impl Browser {
         assert!(
             eventually(Duration::from_secs(20), || async {
                 match http.get(&status).send().await {
-                    Ok(response) => response.json::<Value>().await.is_ok_and(|body| body["value"]["ready"] == true),
+                    Ok(response) => response
+                        .json::<Value>()
+                        .await
+                        .is_ok_and(|body| body["value"]["ready"] == true),
                     Err(_) => false,
                 }
             })
@@ -157,15 +160,23 @@ impl Browser {
     async fn click(&self, css: &str) {
         let element = self.find(css).await;
         let answer = self
-            .command(reqwest::Method::POST, &format!("/element/{element}/click"), Some(json!({})))
+            .command(
+                reqwest::Method::POST,
+                &format!("/element/{element}/click"),
+                Some(json!({})),
+            )
             .await;
         assert!(answer.is_null(), "click `{css}`: {answer}");
     }
 
     async fn type_into(&self, css: &str, text: &str) {
         let element = self.find(css).await;
-        self.command(reqwest::Method::POST, &format!("/element/{element}/clear"), Some(json!({})))
-            .await;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/clear"),
+            Some(json!({})),
+        )
+        .await;
         self.command(
             reqwest::Method::POST,
             &format!("/element/{element}/value"),
@@ -313,9 +324,17 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         )
         .await;
     browser
-        .until(Duration::from_secs(10), "three refreshes", "return window.refreshes >= 3;")
+        .until(
+            Duration::from_secs(10),
+            "three refreshes",
+            "return window.refreshes >= 3;",
+        )
         .await;
-    assert_eq!(browser.run("return window.shifted;").await, json!(0), "layout shifted while updating");
+    assert_eq!(
+        browser.run("return window.shifted;").await,
+        json!(0),
+        "layout shifted while updating"
+    );
     browser.screenshot("agents").await;
 
     // Keyboard: 2 opens the capabilities page, 1 the agents page again.
@@ -330,7 +349,11 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         .await;
     browser.press("1").await;
     browser
-        .until(Duration::from_secs(5), "the agents page", "return location.hash === '#/agents' && !document.getElementById('page-agents').hidden;")
+        .until(
+            Duration::from_secs(5),
+            "the agents page",
+            "return location.hash === '#/agents' && !document.getElementById('page-agents').hidden;",
+        )
         .await;
 
     // One agent is killed: calls that reach it fail over, its health falls (red), then its lease ends and it leaves.
@@ -346,7 +369,11 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
             .any(|row| row[0] == "echo-3" && row[1] == "bad")
     })
     .await;
-    assert!(red, "echo-3 never turned red: {}", browser.run(&rows_script("agents", "agent")).await);
+    assert!(
+        red,
+        "echo-3 never turned red: {}",
+        browser.run(&rows_script("agents", "agent")).await
+    );
     browser.screenshot("agents-one-red").await;
     browser
         .until(
@@ -401,7 +428,11 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
     browser.screenshot("slow-path").await;
     browser.click("#letter-replay").await;
     browser
-        .until(Duration::from_secs(5), "the confirmation", "return document.getElementById('confirm').open;")
+        .until(
+            Duration::from_secs(5),
+            "the confirmation",
+            "return document.getElementById('confirm').open;",
+        )
         .await;
     browser.screenshot("replay-confirm").await;
     browser.click("#confirm-ok").await;
@@ -419,7 +450,11 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
     // The same letter again (the inspect panel still offers it): a clear message, a stable code.
     browser.click("#letter-replay").await;
     browser
-        .until(Duration::from_secs(5), "the confirmation", "return document.getElementById('confirm').open;")
+        .until(
+            Duration::from_secs(5),
+            "the confirmation",
+            "return document.getElementById('confirm').open;",
+        )
         .await;
     browser.click("#confirm-ok").await;
     browser
@@ -448,13 +483,19 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
     let _failing = cluster.agent(failing);
     cluster.wait_for_instances(&["echo-1", "echo-2", "fail-1"]).await;
     let (status, failed) = cluster
-        .invoke(json!({ "capability": CAPABILITY, "capability_version": "2.0.0", "request_id": "console-failed-1",
-                        "payload": { "order_id": "SO-404" } }))
+        .invoke(
+            json!({ "capability": CAPABILITY, "capability_version": "2.0.0", "request_id": "console-failed-1",
+                        "payload": { "order_id": "SO-404" } }),
+        )
         .await;
     assert_eq!(status, 422, "{failed}");
     browser.press("4").await;
     browser
-        .until(Duration::from_secs(5), "the requests page", "return !document.getElementById('page-requests').hidden;")
+        .until(
+            Duration::from_secs(5),
+            "the requests page",
+            "return !document.getElementById('page-requests').hidden;",
+        )
         .await;
     browser.type_into("#request-id", "console-failed-1").await;
     browser.click("#lookup button[type=\"submit\"]").await;
@@ -531,10 +572,18 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
     // Once `ops` is no operator any more, the page refuses it.
     browser.open(&sign_in_link(&cluster, 120).await).await;
     browser
-        .until(Duration::from_secs(10), "signed in again", "return !document.getElementById('nav').hidden;")
+        .until(
+            Duration::from_secs(10),
+            "signed in again",
+            "return !document.getElementById('nav').hidden;",
+        )
         .await;
     let acl = std::fs::read_to_string(&cluster.acl_path).unwrap();
-    std::fs::write(&cluster.acl_path, acl.replace("operators: [ops]", "operators: [someone-else]")).unwrap();
+    std::fs::write(
+        &cluster.acl_path,
+        acl.replace("operators: [ops]", "operators: [someone-else]"),
+    )
+    .unwrap();
     browser
         .until(
             Duration::from_secs(20),

@@ -1035,8 +1035,10 @@ async fn openapi_document_is_true() {
     let document: Value = response.json().await.unwrap();
     assert!(document["openapi"].as_str().unwrap().starts_with("3."));
     let paths = document["paths"].as_object().unwrap();
-    let documented: std::collections::HashSet<&str> =
-        agent_reach_router::openapi_paths().iter().map(|(path, _)| *path).collect();
+    let documented: std::collections::HashSet<&str> = agent_reach_router::openapi_paths()
+        .iter()
+        .map(|(path, _)| *path)
+        .collect();
     assert_eq!(paths.len(), documented.len());
     for &(path, method) in agent_reach_router::openapi_paths() {
         assert!(paths[path].get(method).is_some(), "{method} {path} documented");

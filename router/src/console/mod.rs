@@ -80,13 +80,19 @@ pub fn routes(state: ConsoleState) -> axum::Router {
                 .delete(close_session)
                 .fallback(method_not_allowed),
         )
-        .route("/v1/routing/instances", get(views::instances).fallback(method_not_allowed))
+        .route(
+            "/v1/routing/instances",
+            get(views::instances).fallback(method_not_allowed),
+        )
         .route(
             "/v1/routing/capabilities",
             get(views::capabilities).fallback(method_not_allowed),
         )
         .route("/v1/requests", get(views::recent).fallback(method_not_allowed))
-        .route("/v1/requests/{request_id}", get(views::request).fallback(method_not_allowed))
+        .route(
+            "/v1/requests/{request_id}",
+            get(views::request).fallback(method_not_allowed),
+        )
         .route("/v1/backlog", get(views::backlog).fallback(method_not_allowed))
         .route(
             "/v1/agents/{agent_id}/weight",

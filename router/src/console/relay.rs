@@ -34,11 +34,7 @@ pub struct Console {
 impl Console {
     /// `registry`: the router's `--registry` URLs; `secure_cookie`: the
     /// router serves TLS, so the session cookie is `Secure`.
-    pub fn new(
-        registry: &[String],
-        registry_tls: &agent_reach_edge::tls::ClientFiles,
-        secure_cookie: bool,
-    ) -> Self {
+    pub fn new(registry: &[String], registry_tls: &agent_reach_edge::tls::ClientFiles, secure_cookie: bool) -> Self {
         let tls = agent_reach_edge::tls::client_config(registry_tls, &[b"http/1.1"])
             .map(Arc::new)
             .map_err(|error| error.to_string());
@@ -80,7 +76,10 @@ impl Console {
         let https = uri.scheme_str() == Some("https");
         let host = uri.host().ok_or("no host")?.to_string();
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let authority = uri.authority().map(|authority| authority.to_string()).unwrap_or_default();
+        let authority = uri
+            .authority()
+            .map(|authority| authority.to_string())
+            .unwrap_or_default();
         let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
             .map_err(|error| format!("cannot connect: {error}"))?;
@@ -170,12 +169,7 @@ async fn relay(state: &ConsoleState, headers: &HeaderMap, method: Method, uri: &
 }
 
 /// `PUT /v1/agents/{agent_id}/weight`, relayed.
-pub async fn weight(
-    State(state): State<ConsoleState>,
-    uri: http::Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+pub async fn weight(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap, body: Bytes) -> Response {
     relay(&state, &headers, Method::PUT, &uri, body).await
 }
 

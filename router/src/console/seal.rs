@@ -114,7 +114,7 @@ impl Sealer {
 }
 
 fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || text.len() > 16 * 1024 {
+    if !text.len().is_multiple_of(2) || text.len() > 16 * 1024 {
         return None;
     }
     (0..text.len())

@@ -217,7 +217,10 @@ pub async fn recent(
             |call| {
                 !call.request_id.is_empty()
                     && (!failed_only || call.code.is_some())
-                    && query.capability.as_deref().is_none_or(|wanted| wanted == call.capability)
+                    && query
+                        .capability
+                        .as_deref()
+                        .is_none_or(|wanted| wanted == call.capability)
             },
             Call::view,
         );

@@ -97,8 +97,9 @@ function button(td, label, action, name) {
   return found;
 }
 
+// The colours follow the alert rule's threshold (deploy/: health score < 60).
 function level(score, breaker) {
-  if (breaker === "open" || score < 50) return "bad";
+  if (breaker === "open" || score < 60) return "bad";
   if (score < 80) return "warn";
   return "good";
 }
