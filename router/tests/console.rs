@@ -311,7 +311,7 @@ async fn operators_read_instances_capabilities_and_recent_calls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weights_and_splits_are_relayed_to_the_registry_as_the_operator() {
+async fn drains_weights_and_splits_are_relayed_to_the_registry_as_the_operator() {
     let cluster = Cluster::start().await;
     let _one = cluster.agent(AgentSpec::new("echo-1", 10, Behaviour::Echo));
     let mut two = AgentSpec::new("echo-2", 10, Behaviour::Echo);
@@ -344,6 +344,46 @@ async fn weights_and_splits_are_relayed_to_the_registry_as_the_operator() {
     let (status, body) = put("ops", "/v1/agents/echo-1/weight", json!({ "weight": 0 })).await;
     assert_eq!(status, 400, "{body}");
     assert!(body["error"]["code"].is_string(), "{body}");
+
+    // Drain: the registry makes the instance `draining`, the router stops routing to it.
+    let drain = |caller: &'static str| {
+        let request = cluster
+            .client
+            .post(cluster.url("/v1/agents/echo-2/drain"))
+            .bearer_auth(token(caller));
+        async move { answer(request.send().await.unwrap()).await }
+    };
+    let (status, body) = drain(CALLER).await;
+    assert_eq!(code_of(status, &body), (403, "FORBIDDEN"), "{body}");
+    let (status, body) = drain("ops").await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("draining")), "{body}");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, view) = get_as(&cluster, "ops", "/v1/routing/instances").await;
+            view["instances"].as_array().unwrap().iter().any(|instance| {
+                instance["agent_id"] == "echo-2" && instance["status"] == "draining" && instance["routable"] == false
+            })
+        })
+        .await,
+        "the drain never reached the router"
+    );
+    let (status, again) = drain("ops").await;
+    assert_eq!(
+        (status, again["status"].as_str()),
+        (200, Some("draining")),
+        "a drain is idempotent: {again}"
+    );
+    let (status, body) = answer(
+        cluster
+            .client
+            .post(cluster.url("/v1/agents/nobody-1/drain"))
+            .bearer_auth(token("ops"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code_of(status, &body), (404, "AGENT_NOT_FOUND"), "{body}");
 
     let (status, body) = put(
         "ops",

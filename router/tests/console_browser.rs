@@ -2,8 +2,8 @@
 //! WebDriver (Debian's `chromium` and `chromium-driver`, installed by
 //! `scripts/setup.sh`) against a real stack: etcd, Redis, the registry, the
 //! router and HTTP agents. An operator signs in, sees three instances with
-//! their health, watches a killed one turn red and leave, replays a dead
-//! letter (and is told when it replays it twice), looks up a failed request
+//! their health, watches a killed one turn red and leave, drains one,
+//! replays a dead letter (and is told when it replays it twice), looks up a failed request
 //! and an unknown one; an expired link and a non-operator are refused on
 //! the page. Screenshots of each page go to `target/console-screenshots`
 //! (printed). Every wait polls a condition with a bound.
@@ -525,9 +525,38 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         .await;
     browser.screenshot("request-unknown").await;
 
+    // Drain an instance from the agents page, with confirmation.
+    browser.press("1").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the agents page",
+            "return !!document.querySelector('#agents tbody tr[data-agent=\"echo-2\"] button[data-name=\"drain\"]');",
+        )
+        .await;
+    browser
+        .click("#agents tbody tr[data-agent=\"echo-2\"] button[data-name=\"drain\"]")
+        .await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "the confirmation",
+            "return document.getElementById('confirm').open;",
+        )
+        .await;
+    browser.click("#confirm-ok").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "echo-2 draining",
+            "const row = document.querySelector('#agents tbody tr[data-agent=\"echo-2\"]');
+             return !!row && row.cells[3].innerText.startsWith('draining') && document.getElementById('notice').innerText.includes('is draining');",
+        )
+        .await;
+    browser.screenshot("agents-drained").await;
+
     // Readable on a phone: nothing wider than the screen but the tables' own scroll areas.
     browser.resize(400, 860).await;
-    browser.press("1").await;
     browser
         .until(
             Duration::from_secs(10),

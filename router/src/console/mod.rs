@@ -14,7 +14,7 @@
 //! Reads: [`views`] (instances, capabilities, recent calls, the slow path),
 //! from the snapshot, the recent-calls ring and the task store; never on
 //! the request path. Actions: dead-letter replay is the slow path's own
-//! route; weights and traffic splits are the registry's, relayed with the
+//! route; drains, weights and traffic splits are the registry's, relayed with the
 //! operator's own token ([`relay`]) so the registry records who did it.
 
 pub mod openapi;
@@ -97,6 +97,10 @@ pub fn routes(state: ConsoleState) -> axum::Router {
         .route(
             "/v1/agents/{agent_id}/weight",
             put(relay::weight).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/agents/{agent_id}/drain",
+            post(relay::drain).fallback(method_not_allowed),
         )
         .route(
             "/v1/capabilities/{name}/split",

@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 14] = [
+pub const PATHS: [(&str, &str); 15] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -17,6 +17,7 @@ pub const PATHS: [(&str, &str); 14] = [
     ("/v1/requests/{request_id}", "get"),
     ("/v1/backlog", "get"),
     ("/v1/agents/{agent_id}/weight", "put"),
+    ("/v1/agents/{agent_id}/drain", "post"),
     ("/v1/capabilities/{name}/split", "get"),
     ("/v1/capabilities/{name}/split", "put"),
     ("/v1/capabilities/{name}/split", "delete"),
@@ -165,6 +166,9 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
         "/v1/agents/{agent_id}/weight": { "put": relayed("Change a live instance's weight (operators; relayed to the registry)", json!({
             "parameters": [{ "name": "agent_id", "in": "path", "required": true, "schema": { "type": "string" } }],
             "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["weight"], "properties": { "weight": { "type": "integer", "minimum": 1, "maximum": 1000 } } } } } }
+        })) },
+        "/v1/agents/{agent_id}/drain": { "post": relayed("Drain an instance: its status becomes `draining` (final), routers send it no new call, its heartbeats keep its lease until it leaves (operators; relayed to the registry)", json!({
+            "parameters": [{ "name": "agent_id", "in": "path", "required": true, "schema": { "type": "string" } }]
         })) },
         "/v1/capabilities/{name}/split": {
             "get": relayed("A capability's traffic split (operators; relayed to the registry)", json!({ "parameters": name })),

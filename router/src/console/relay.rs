@@ -1,4 +1,5 @@
-//! The registry's operator routes on the router (`PUT /v1/agents/{id}/weight`,
+//! The registry's operator routes on the router (`POST /v1/agents/{id}/drain`,
+//! `PUT /v1/agents/{id}/weight`,
 //! `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`): the same paths,
 //! bodies and answers as the registry's own (DESIGN §2.9), relayed with the
 //! operator's own token so the registry checks and records who did it. The
@@ -171,6 +172,11 @@ async fn relay(state: &ConsoleState, headers: &HeaderMap, method: Method, uri: &
 /// `PUT /v1/agents/{agent_id}/weight`, relayed.
 pub async fn weight(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap, body: Bytes) -> Response {
     relay(&state, &headers, Method::PUT, &uri, body).await
+}
+
+/// `POST /v1/agents/{agent_id}/drain`, relayed.
+pub async fn drain(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap, body: Bytes) -> Response {
+    relay(&state, &headers, Method::POST, &uri, body).await
 }
 
 /// `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`, relayed.

@@ -186,8 +186,20 @@ async function loadAgents() {
     cell(row, 8, stale ? "registry lost " + Math.round(data.snapshot.staleness_ms / 1000) + " s" : "lease live");
     const actions = row.cells[9] || row.insertCell();
     button(actions, "Weight…", () => changeWeight(item), "weight");
+    button(actions, "Drain…", () => drain(item), "drain").disabled = item.status === "draining";
   });
   stamp("agents-updated");
+}
+
+function drain(item) {
+  confirmAction("Drain instance", "Drain " + item.agent_id + "? Routers send it no new call; calls in flight finish. Draining is final: it leaves when it stops or deregisters.",
+    [], async () => {
+      const answer = await api("POST", "/v1/agents/" + encodeURIComponent(item.agent_id) + "/drain");
+      if (answer.status >= 300) return problem(answer);
+      notify(item.agent_id + " is draining.");
+      refresh();
+      return true;
+    });
 }
 
 function changeWeight(item) {
