@@ -55,10 +55,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<ContextService>> {
     let policy = settings.service.policy;
     let store: Arc<dyn store::ContextStore> = match &settings.store {
         StoreChoice::Redis {
-            url,
+            link,
             namespace,
             timeout,
-        } => Arc::new(store::RedisStore::new(url, namespace, policy, *timeout).map_err(anyhow::Error::msg)?),
+        } => Arc::new(store::RedisStore::new(link, namespace, policy, *timeout).map_err(anyhow::Error::msg)?),
         StoreChoice::Embedded => {
             tracing::warn!(
                 message = "Context service uses the EMBEDDED in-memory store: contexts are lost on exit \

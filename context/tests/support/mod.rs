@@ -63,14 +63,15 @@ impl Harness {
 
     /// The service on a given (possibly stopped) Redis.
     pub async fn on_redis(redis: Redis, config: ContextConfig) -> Self {
-        let store = StoreChoice::Redis {
-            url: redis.url(),
-            namespace: Namespace {
+        let store = StoreChoice::redis(
+            &redis.url(),
+            Namespace {
                 prefix: "agent-reach-test".into(),
                 tenant: "default".into(),
             },
-            timeout: Duration::from_millis(500),
-        };
+            Duration::from_millis(500),
+        )
+        .unwrap();
         Self::start(config, store, Some(redis)).await
     }
 
