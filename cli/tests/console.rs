@@ -110,6 +110,7 @@ async fn console_links_and_request_lookups() {
     let code = link.split_once("#code=").unwrap().1;
     let session = client
         .post(format!("{}/v1/console/session", router.url))
+        .header("x-agent-reach-console", "1")
         .json(&json!({ "code": code }))
         .send()
         .await

@@ -51,6 +51,7 @@ async fn open_session(cluster: &Cluster, code: &str) -> (u16, Value, Option<Stri
     let response = cluster
         .client
         .post(cluster.url("/v1/console/session"))
+        .header("x-agent-reach-console", "1")
         .json(&json!({ "code": code }))
         .send()
         .await
@@ -160,6 +161,19 @@ async fn sign_in_links_sessions_and_their_refusals() {
     .await;
     assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
     assert_eq!(body["error"]["details"]["reason"], "session_invalid");
+    // Only the console's page signs in (another site cannot send its header).
+    let (status, body) = answer(
+        cluster
+            .client
+            .post(cluster.url("/v1/console/session"))
+            .json(&json!({ "code": code }))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code_of(status, &body), (403, "FORBIDDEN"), "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "console_header_missing");
     let (status, body, _) = open_session(&cluster, "not-a-code").await;
     assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
     assert_eq!(body["error"]["details"]["reason"], "link_invalid");
@@ -171,6 +185,7 @@ async fn sign_in_links_sessions_and_their_refusals() {
         cluster
             .client
             .post(cluster.url("/v1/console/session"))
+            .header("x-agent-reach-console", "1")
             .json(&json!({ "token": "x" }))
             .send()
             .await

@@ -576,6 +576,7 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
             let answer: Value = cluster
                 .client
                 .post(cluster.url("/v1/console/session"))
+                .header("x-agent-reach-console", "1")
                 .json(&json!({ "code": code }))
                 .send()
                 .await

@@ -296,8 +296,17 @@ fn cookie(state: &ConsoleState, value: &str, max_age_s: u64) -> Result<HeaderVal
 }
 
 /// `POST /v1/console/session` `{"code"}`: the link's code for a session cookie.
-async fn open_session(State(state): State<ConsoleState>, body: axum::body::Bytes) -> Response {
+async fn open_session(State(state): State<ConsoleState>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     let outcome = (|| {
+        // Only the console's page signs in: another site cannot make a browser
+        // send this header, so it cannot sign a visitor in as someone else.
+        if !headers.contains_key(PAGE_HEADER) {
+            return Err(RouterError::new(
+                Code::Forbidden,
+                format!("sign in from the console's page (it sends the `{PAGE_HEADER}` header)"),
+            )
+            .with_details(json!({ "reason": "console_header_missing" })));
+        }
         let request: SessionRequest = serde_json::from_slice(&body).map_err(|error| {
             RouterError::new(
                 Code::InvalidEnvelope,

@@ -108,6 +108,7 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
                     object("Signed in; `Set-Cookie: agent_reach_console=…`.", json!({ "operator": { "type": "string" }, "expires_at_ms": { "type": "integer" } })),
                     vec![
                         ("400", failed("INVALID_ENVELOPE: the body is not {\"code\": \"…\"}.")),
+                        ("403", failed("FORBIDDEN (details.reason `console_header_missing`): sent without the `x-agent-reach-console` header, so not from the console's page; or the link's operator is no longer under `operators:`.")),
                         ("401", failed("UNAUTHENTICATED: the link expired (details.reason `link_expired`), is not valid (`link_invalid`), or the token it carries no longer verifies.")),
                     ],
                 )

@@ -282,7 +282,7 @@ async function loadSlow() {
   if (letters.status !== 200) return failed(letters);
   rows($("letters").tBodies[0], letters.body.dead_letters, (l) => l.id, (row, l) => {
     row.dataset.letter = l.id;
-    cell(row, 0, l.id); cell(row, 1, l.task_id); cell(row, 2, l.url); cell(row, 3, l.error);
+    cell(row, 0, l.id); cell(row, 1, l.task_id); cell(row, 2, l.url, "wrap"); cell(row, 3, l.error, "wrap");
     cell(row, 4, ago(l.parked_at));
     const actions = row.cells[5] || row.insertCell();
     button(actions, "Inspect", () => inspect(l.id), "inspect");
