@@ -159,6 +159,9 @@ enum TokenCommand {
         /// Validity, e.g. 30s, 15m, 24h, 7d.
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         ttl: Duration,
+        /// The tenant the token belongs to (its `tenant` claim); without it, `default`.
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -253,10 +256,17 @@ async fn main() -> anyhow::Result<()> {
         } => ops::acl_check(&args, json),
         Command::Keys { command } => keys(command),
         Command::Token {
-            command: TokenCommand::Issue { name, secret_file, ttl },
+            command:
+                TokenCommand::Issue {
+                    name,
+                    secret_file,
+                    ttl,
+                    tenant,
+                },
         } => {
             let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
-            let token = agent_reach_access::token::issue_hs256(&name, &secret, ttl).map_err(anyhow::Error::msg)?;
+            let token = agent_reach_access::token::issue_hs256_for(&name, tenant.as_deref(), &secret, ttl)
+                .map_err(anyhow::Error::msg)?;
             outln!("{token}");
             Ok(())
         }

@@ -173,8 +173,8 @@ impl ContextArgs {
                 StoreChoice::Embedded
             }
         };
-        if let Err(why) = agent_reach_access::acl::check_agent_name(&self.tenant) {
-            problems.push(format!("--tenant `{}`: {why}", self.tenant));
+        if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
+            problems.push(format!("--tenant: {why}"));
         }
         if self.key_prefix.is_empty()
             || !self

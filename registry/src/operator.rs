@@ -37,8 +37,8 @@ pub struct SplitWritten {
 fn operator(service: &RegistryService, caller: &Caller, action: &str) -> Result<Option<String>, RegistryError> {
     match caller {
         Caller::Unauthenticated => Ok(None),
-        Caller::Agent(name) if service.acl().current().is_operator(name) => Ok(Some(name.to_string())),
-        Caller::Agent(name) => Err(RegistryError::new(
+        Caller::Agent { name, .. } if service.acl().current().is_operator(name) => Ok(Some(name.to_string())),
+        Caller::Agent { name, .. } => Err(RegistryError::new(
             Code::Forbidden,
             format!("`{name}` may not {action}: only callers listed under `operators` in acl.yaml may"),
         )),
@@ -285,7 +285,7 @@ impl RegistryService {
     /// Operators, and the agent itself.
     fn may_weigh(&self, caller: &Caller, instance: &Instance) -> Result<(), RegistryError> {
         match caller {
-            Caller::Agent(name) if **name == *instance.name => Ok(()),
+            Caller::Agent { name, .. } if **name == *instance.name => Ok(()),
             _ => operator(self, caller, "change an instance's weight").map(|_| ()),
         }
     }

@@ -148,7 +148,9 @@ pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
 pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     let metrics = metrics::Metrics::new().context("registering metrics")?;
     let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
-    let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
+    let auth = Authenticator::load(&settings.auth)
+        .map_err(anyhow::Error::msg)?
+        .serving(&settings.tenant);
     if !auth.is_enabled() {
         tracing::warn!(
             message = "Router runs WITHOUT authentication (--insecure-no-auth): every caller is trusted \
@@ -174,13 +176,19 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         settings.registry.clone(),
         settings.registry_tls.clone(),
         settings.registry_credential.clone(),
+        settings.tenant.clone(),
         snapshot.clone(),
         metrics.clone(),
     ));
     let tasks = match &settings.tasks {
-        Some(tasks) => Some(Arc::new(
-            TaskService::new(tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
-        )),
+        Some(tasks) => {
+            // The slow path's keys are the served tenant's (`{prefix}:{tenant}:…`).
+            let mut tasks = tasks.clone();
+            tasks.store.tenant = settings.tenant.clone();
+            Some(Arc::new(
+                TaskService::new(&tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
+            ))
+        }
         None => None,
     };
     let assertions =

@@ -16,7 +16,7 @@ use agent_reach_proto::context::contexts_client::ContextsClient;
 use agent_reach_testkit::Redis;
 use serde_json::Value;
 
-const SECRET: &str = "0123456789abcdef0123456789abcdef-context-tests";
+pub const SECRET: &str = "0123456789abcdef0123456789abcdef-context-tests";
 
 /// The policy the tests run under: `intent_parser` writes and reads everything it
 /// names, `reply_writer` reads three fields, `admin` may write (and close) anything,

@@ -88,7 +88,7 @@ async fn owned_task<'a>(
 
 fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
     match caller {
-        Caller::Agent(name) if **name != *task.caller => Err(RouterError::new(
+        Caller::Agent { name, .. } if **name != *task.caller => Err(RouterError::new(
             Code::TaskNotFound,
             format!("no task `{}` for caller `{name}`", task.task_id),
         )),
@@ -364,7 +364,7 @@ pub(super) async fn status(
             .and_then(|buffer| buffer.caller_of(&task_id));
         if let Some(owner) = buffered_for {
             let caller = api.service.authenticate(&headers)?;
-            if !matches!(&caller, Caller::Agent(name) if **name != *owner) {
+            if !matches!(&caller, Caller::Agent { name, .. } if **name != *owner) {
                 let view = json!({ "task_id": task_id, "status": "pending", "buffered": true });
                 return Ok(Json(view).into_response());
             }
@@ -497,7 +497,7 @@ pub(super) async fn session_results(
         {
             cursor = Some(entry.cursor.clone());
             // A session's results belong to the callers that submitted them.
-            if let (Caller::Agent(name), Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
+            if let (Caller::Agent { name, .. }, Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
                 if *task.caller != **name {
                     continue;
                 }
