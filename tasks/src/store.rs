@@ -1070,6 +1070,24 @@ impl TaskStore {
             .map_err(unavailable)
     }
 
+    /// Tasks claimed by a worker and not yet acknowledged (running or being
+    /// retried), per priority: each queue's consumer-group pending count.
+    pub async fn running(&self) -> Result<Vec<(Priority, u64)>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let mut out = Vec::new();
+        for priority in Priority::ALL {
+            // XPENDING's summary form: [count, first id, last id, consumers].
+            let summary: (u64, RedisValue, RedisValue, RedisValue) = redis::cmd("XPENDING")
+                .arg(self.queue_key(priority))
+                .arg(GROUP)
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            out.push((priority, summary.0));
+        }
+        Ok(out)
+    }
+
     /// Dead-lettered callbacks as (task id, result JSON), oldest first.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<(String, String)>, TaskStoreError> {
         Ok(self

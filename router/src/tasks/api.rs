@@ -54,7 +54,7 @@ impl TaskApi {
 }
 
 /// Public view of a task.
-fn view(task: &agent_reach_tasks::Task) -> Value {
+pub(crate) fn view(task: &agent_reach_tasks::Task) -> Value {
     json!({
         "task_id": task.task_id,
         "request_id": task.request_id,
