@@ -5,6 +5,7 @@
 #   etcd-server   registry store (tests spawn their own etcd on free ports)
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
+#   chromium, chromium-driver  the console's end-to-end tests (headless, over WebDriver)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 #   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
 #   iproute2      `ip`: the chaos run's agent partition (a network namespace and a veth pair)
@@ -37,6 +38,8 @@ command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 find_python >/dev/null || need+=(python3 python3-venv)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
 

@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 mod out;
 mod canary;
 mod connection;
+mod console;
 mod demo;
 mod dev;
 #[cfg(test)]
@@ -81,6 +82,20 @@ enum Command {
     Tasks {
         #[command(subcommand)]
         command: tasks::TasksCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Print a short-lived sign-in link to a running router's operator console (operators).
+    Console {
+        #[command(flatten)]
+        args: console::ConsoleArgs,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// A running router's recent calls: look one up by request id, or list them (operators).
+    Requests {
+        #[command(subcommand)]
+        command: console::RequestsCommand,
         #[command(flatten)]
         connection: ops::Connection,
     },
@@ -233,6 +248,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Capabilities { command, connection } => ops::capabilities(&connection, command).await,
         Command::Invoke { args, connection } => ops::invoke(&connection, args).await,
         Command::Tasks { command, connection } => tasks::tasks(&connection, command).await,
+        Command::Console { args, connection } => console::console(&connection, args).await,
+        Command::Requests { command, connection } => console::requests(&connection, command).await,
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },

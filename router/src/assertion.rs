@@ -189,6 +189,11 @@ impl Assertions {
         }
     }
 
+    /// The key signing now (the console derives its sealing key from it).
+    pub(crate) fn signing_key(&self) -> Arc<AssertionKey> {
+        self.keys.load().signing.clone()
+    }
+
     /// `GET /.well-known/jwks.json`: the signing key first, then the published ones.
     pub fn jwks(&self) -> Bytes {
         self.keys.load().jwks.clone()

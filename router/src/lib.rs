@@ -22,6 +22,7 @@ mod assertion;
 mod breaker;
 mod clock;
 mod config;
+mod console;
 mod envelope;
 mod error;
 mod forward;
@@ -38,6 +39,7 @@ mod mcp;
 mod metrics;
 mod openapi;
 mod outcome;
+mod recent;
 mod retry;
 mod schema;
 mod select;
@@ -74,12 +76,14 @@ pub struct Router {
     service: Arc<RouterService>,
     tasks: Option<Arc<TaskService>>,
     tls: Option<agent_reach_edge::tls::ServerTls>,
+    /// The console's registry relay and cookie settings.
+    console: Arc<console::Console>,
 }
 
 impl Router {
     /// The whole API as one axum router (tests drive it in-process).
     pub fn app(&self) -> axum::Router {
-        app::routes(self.service.clone(), self.tasks.clone())
+        app::routes(self.service.clone(), self.tasks.clone(), self.console.clone())
     }
 
     /// The front door serving this router: its hot route and every other route.
@@ -128,7 +132,14 @@ impl Router {
 
 /// Every path of the OpenAPI description with its method (tests compare it with the routes).
 pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
-    &openapi::PATHS
+    static ALL: std::sync::OnceLock<Vec<(&'static str, &'static str)>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        openapi::PATHS
+            .iter()
+            .chain(console::openapi::PATHS.iter())
+            .copied()
+            .collect()
+    })
 }
 
 /// Builds the policy, authenticator and service, starts the registry watch
@@ -196,7 +207,17 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     if let Some(tasks) = &tasks {
         tasks.start(&service);
     }
-    Ok(Router { service, tasks, tls })
+    let console = Arc::new(console::Console::new(
+        &settings.registry,
+        &settings.registry_tls,
+        tls.is_some(),
+    ));
+    Ok(Router {
+        service,
+        tasks,
+        tls,
+        console,
+    })
 }
 
 /// Runs the router until `shutdown` resolves.

@@ -170,3 +170,45 @@ async fn a_submission_no_replica_acknowledged_keeps_its_task_id() {
         "{again}"
     );
 }
+
+/// A request submitted again while Redis is unreachable is buffered under a
+/// new id (the router cannot see that Redis holds it already); on replay
+/// the request is found under its first id, and the new id becomes an alias
+/// of it, so neither id the caller was given answers 404 (found by the chaos
+/// run, docs/chaos.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_resubmitted_during_an_outage_leads_to_its_first_task() {
+    let redis = agent_reach_testkit::Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let buffer_dir = dir.path().to_path_buf();
+    let cluster = Cluster::start_with(move |settings| {
+        let mut tasks = support::tasks_settings(url);
+        tasks.store.local_buffer = Some(agent_reach_tasks::LocalBuffer {
+            dir: buffer_dir,
+            limit: 10,
+        });
+        settings.tasks = Some(tasks);
+    })
+    .await;
+    let _agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+    let (status, first) = post(&cluster, "/v1/tasks", envelope("twice")).await;
+    assert_eq!(status, 202, "{first}");
+    let first_id = first["task_id"].as_str().unwrap().to_string();
+    wait_status(&cluster, &first_id, "succeeded").await;
+
+    // Redis stops answering (its data kept): the same request goes to the buffer.
+    redis.freeze();
+    let (status, again) = post(&cluster, "/v1/tasks", envelope("twice")).await;
+    assert_eq!((status, again["status"].as_str()), (202, Some("pending")), "{again}");
+    let second_id = again["task_id"].as_str().unwrap().to_string();
+    assert_ne!(second_id, first_id, "the router could not know the first id");
+    redis.thaw();
+
+    // Replayed: the second id leads to the first task, which ran once.
+    let task = wait_status(&cluster, &second_id, "succeeded").await;
+    assert_eq!(task["task_id"], first_id.as_str(), "{task}");
+    let (status, same) = get(&cluster, &format!("/v1/tasks/{first_id}")).await;
+    assert_eq!((status, same["status"].as_str()), (200, Some("succeeded")), "{same}");
+}

@@ -54,7 +54,7 @@ impl TaskApi {
 }
 
 /// Public view of a task.
-fn view(task: &agent_reach_tasks::Task) -> Value {
+pub(crate) fn view(task: &agent_reach_tasks::Task) -> Value {
     json!({
         "task_id": task.task_id,
         "request_id": task.request_id,
@@ -396,8 +396,9 @@ pub(super) async fn cancel(
             &RouterError::new(Code::Canceled, "the caller canceled the task"),
             task.attempts,
         );
-        tasks.store.cancel(&task_id, &result).await.map_err(store_error)?;
-        let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+        // The task's own id: `task_id` may be an alias of it (a buffered submission's).
+        tasks.store.cancel(&task.task_id, &result).await.map_err(store_error)?;
+        let task = tasks.store.get(&task.task_id).await.map_err(store_error)?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }
     .await;
