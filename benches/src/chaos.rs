@@ -936,12 +936,13 @@ async fn settle(stack: &Stack, ids: &[String]) -> Settled {
         for (task_id, http_status, body) in views {
             match (http_status, body["status"].as_str()) {
                 (200, Some("succeeded")) => {}
-                (200, Some("failed" | "canceled")) => {
-                    // A task's own error, or (a delivery that failed) the result's.
+                (200, Some(status @ ("failed" | "canceled"))) => {
+                    // A task's own error, or (a delivery that failed) the result's; the
+                    // driver cancels nothing, so a canceled task shows as such.
                     let code = body["error"]["code"]
                         .as_str()
                         .or_else(|| body["result"]["error"]["code"].as_str())
-                        .unwrap_or("NO_CODE");
+                        .unwrap_or(if status == "canceled" { "CANCELED" } else { "NO_CODE" });
                     *failed.entry(code.to_string()).or_default() += 1;
                     if !sample_shown {
                         sample_shown = true;
