@@ -170,7 +170,7 @@ impl Metrics {
         let retries = IntCounterVec::new(
             Opts::new(
                 "agent_reach_router_retries_total",
-                "Retries by reason (connect, reset, unavailable_503, overloaded_429).",
+                "Retries by reason (connect, reset, unavailable_503, overloaded_429, refused_401).",
             ),
             &["reason"],
         )?;

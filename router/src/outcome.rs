@@ -143,6 +143,14 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
                 StatusCode::TOO_MANY_REQUESTS => {
                     (Observation::Busy, Outcome::Retryable(RetryReason::Overloaded, detail))
                 }
+                // The agent refused the router's assertion (one that expired in
+                // transit after a partition, a key it has not fetched yet): it
+                // did not run the call, so another attempt, with a fresh
+                // assertion, is safe. Counted against the instance: one that
+                // refuses every assertion can serve nothing.
+                StatusCode::UNAUTHORIZED if agent.as_ref().is_some_and(|error| error.code == "UNAUTHENTICATED") => {
+                    (Observation::Failed, Outcome::Retryable(RetryReason::Refused, detail))
+                }
                 // The agent gave up at the call's own deadline a moment before
                 // this router's timer did (the SDKs enforce the envelope's
                 // deadline): the same outcome as a timeout here, so the same code.

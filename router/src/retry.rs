@@ -29,6 +29,9 @@ pub enum RetryReason {
     Unavailable,
     /// The instance answered 429.
     Overloaded,
+    /// The instance refused this router's assertion (401 `UNAUTHENTICATED`):
+    /// it did not run the call.
+    Refused,
 }
 
 impl RetryReason {
@@ -38,6 +41,7 @@ impl RetryReason {
             RetryReason::Reset => "reset",
             RetryReason::Unavailable => "unavailable_503",
             RetryReason::Overloaded => "overloaded_429",
+            RetryReason::Refused => "refused_401",
         }
     }
 }

@@ -174,6 +174,31 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
     assert_eq!(response.status().as_u16(), 404);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "TASK_NOT_FOUND", "{body}");
+    // The acme task is delivered on behalf of an acme caller: its assertion says so.
+    let delivered = theirs.hits();
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || async {
+            let response = client
+                .get(format!("http://{acme}/v1/tasks/{acme_task}"))
+                .bearer_auth(&acme_token)
+                .send()
+                .await
+                .unwrap();
+            let task: Value = response.json().await.unwrap();
+            task["status"] == "succeeded"
+        })
+        .await,
+        "the acme task never succeeded"
+    );
+    assert!(theirs.hits() > delivered);
+    let sent = theirs
+        .seen
+        .last_authorization
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("an assertion");
+    assert_eq!(claims(&sent)["tenant"], "acme");
     let keys = redis_keys(&redis);
     assert!(keys.iter().any(|key| key.starts_with("agent-reach:acme:")), "{keys:?}");
     assert!(

@@ -216,6 +216,8 @@ pub struct TaskStore {
     connection: std::sync::Mutex<Option<(u64, ConnectionManager)>>,
     wait: Option<agent_reach_links::Wait>,
     namespace: String,
+    /// The tenant whose tasks these are (the second part of `namespace`).
+    tenant: String,
     retention_s: u64,
     submit: Script,
     transition: Script,
@@ -436,6 +438,7 @@ impl TaskStore {
             connection: std::sync::Mutex::new(None),
             wait: config.wait,
             namespace: format!("{}:{}", config.prefix, config.tenant),
+            tenant: config.tenant.clone(),
             retention_s: config.retention.as_secs().max(1),
             submit: Script::new(SUBMIT),
             transition: Script::new(TRANSITION),
@@ -504,6 +507,12 @@ impl TaskStore {
         *self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Some((generation, connection.clone()));
         Ok(connection)
+    }
+
+    /// The tenant whose tasks this store holds: deliveries are made on behalf
+    /// of callers of this tenant.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
     }
 
     fn task_key(&self, task_id: &str) -> String {

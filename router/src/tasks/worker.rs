@@ -257,7 +257,8 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
     let task = &claimed.task;
     let caller = match task.caller.as_str() {
         "anonymous" => Caller::Unauthenticated,
-        name => Caller::agent(name),
+        // The submitter was verified in this router's tenant, the store's.
+        name => Caller::in_tenant(name, tasks.store.tenant()),
     };
     let mut attempts = 0u32;
     let mut running_since_ms;
@@ -270,11 +271,23 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             let _ = tasks.store.transition(&task.task_id, State::Retrying).await;
         }
         running_since_ms = agent_reach_tasks::store::now_ms();
-        if let Err(error) = tasks.store.transition(&task.task_id, State::Running).await {
-            // Canceled meanwhile: record nothing new, release the queue entry.
-            tracing::info!(message = "Task not delivered.", task_id = %task.task_id, %error);
-            let _ = tasks.store.finish(claimed, State::Canceled, &Value::Null).await;
-            return None;
+        match tasks.store.transition(&task.task_id, State::Running).await {
+            Ok(_) => {}
+            Err(error @ (TaskStoreError::Refused { .. } | TaskStoreError::NotFound(_))) => {
+                // Canceled meanwhile: record nothing new, release the queue entry.
+                tracing::info!(message = "Task not delivered.", task_id = %task.task_id, %error);
+                let _ = tasks.store.finish(claimed, State::Canceled, &Value::Null).await;
+                return None;
+            }
+            Err(error) => {
+                // Redis did not answer (the move may have been written or not):
+                // never take that for a cancel. The entry stays claimed and
+                // unacknowledged, so it is reclaimed and delivered after
+                // `--task-reclaim-after-s` (found by the chaos run: a task
+                // accepted with 202 ended `canceled` with no result).
+                tracing::warn!(message = "Task delivery postponed: the task store did not answer; it will be reclaimed.", task_id = %task.task_id, %error);
+                return None;
+            }
         }
         attempts += 1;
         let started = Instant::now();

@@ -117,6 +117,9 @@ pub enum Behaviour {
     Unavailable,
     /// Answers 429 (overloaded: try another instance).
     TooMany,
+    /// Refuses the router's assertion: `401 UNAUTHENTICATED` (as an SDK agent
+    /// does when the assertion expired in transit), without running the call.
+    RefuseAssertion,
     /// Echoes after working for a while.
     Slow(Duration),
     /// Streams server-sent events: `event: token` `{"n": 1}`, then holds the
@@ -332,6 +335,11 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             axum::Json(json!({ "output": { "agent_id": state.agent_id, "echo": envelope["payload"] } })).into_response()
         }
         Behaviour::Accept => StatusCode::ACCEPTED.into_response(),
+        Behaviour::RefuseAssertion => (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({ "error": { "code": "UNAUTHENTICATED", "message": "the assertion has expired" } })),
+        )
+            .into_response(),
         Behaviour::Unavailable => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({ "error": { "code": "BUSY", "message": "not now" } })),
