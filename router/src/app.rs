@@ -43,7 +43,7 @@ pub fn routes(service: Arc<RouterService>, tasks: Option<Arc<TaskService>>) -> a
         });
     crate::http::routes(service.clone())
         .merge(crate::mcp::routes(service.clone()))
-        .merge(crate::a2a::routes(service))
+        .merge(crate::a2a::routes(task_api.clone()))
         .merge(tasks::routes(task_api))
         .merge(broadcast_route)
 }
