@@ -436,9 +436,23 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     .await?;
 
     let sse_agent = start_streaming_agent(args.events).await?;
-    register(&client, &registry, "bench_sse-0", format!("http://{sse_agent}/invoke"), STREAMING).await?;
+    register(
+        &client,
+        &registry,
+        "bench_sse-0",
+        format!("http://{sse_agent}/invoke"),
+        STREAMING,
+    )
+    .await?;
     let json_agent = start_json_agent().await?;
-    register(&client, &registry, "bench_json-0", format!("http://{json_agent}/invoke"), JSON_CAPABILITY).await?;
+    register(
+        &client,
+        &registry,
+        "bench_json-0",
+        format!("http://{json_agent}/invoke"),
+        JSON_CAPABILITY,
+    )
+    .await?;
 
     let router_addr = free_addr();
     let _router = spawn_self(
@@ -554,7 +568,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     println!("router: authentication (HS256), ACL and schema validation on, an assertion signed per call; nginx: proxy_buffering off\n");
-    println!("{:<14} {:>6} {:>14} {:>10} {:>14}", "target", "round", "first event p50", "streams", "events/s");
+    println!(
+        "{:<14} {:>6} {:>14} {:>10} {:>14}",
+        "target", "round", "first event p50", "streams", "events/s"
+    );
     let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let (mut invoke_rates, mut a2a_rates) = (Vec::new(), Vec::new());

@@ -23,7 +23,6 @@
 //! task, id `default`). Without `--redis` the card says
 //! `pushNotifications: false` and those methods answer A2A's errors.
 
-
 use agent_reach_access::Caller;
 use agent_reach_edge::HeaderLookup;
 use axum::body::Body;
@@ -363,9 +362,13 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
                 Err(refusal) => return refusal.into_response(&id),
             };
             match (operation, asked) {
-                (Operation::Send, Asked { task: false, push: None }) => {
-                    send(service, &caller, &headers, message, received, &id, wire).await
-                }
+                (
+                    Operation::Send,
+                    Asked {
+                        task: false,
+                        push: None,
+                    },
+                ) => send(service, &caller, &headers, message, received, &id, wire).await,
                 (Operation::Stream, Asked { push: None, .. }) => {
                     send_streaming(service, &caller, &headers, message, received, id.clone(), wire).await
                 }
@@ -696,7 +699,10 @@ impl Asked {
     fn of(params: &Value, wire: Wire) -> Result<Self, Refusal> {
         let configuration = params.get("configuration").filter(|value| !value.is_null());
         let Some(configuration) = configuration else {
-            return Ok(Self { task: false, push: None });
+            return Ok(Self {
+                task: false,
+                push: None,
+            });
         };
         if !configuration.is_object() {
             return Err(invalid("`params.configuration` must be an object"));
@@ -723,7 +729,9 @@ impl Asked {
 fn push_config_of(config: &Value) -> Result<agent_reach_tasks::Callback, Refusal> {
     let config = config.get("pushNotificationConfig").unwrap_or(config);
     let Some(url) = config.get("url").and_then(Value::as_str).filter(|url| !url.is_empty()) else {
-        return Err(invalid("a push notification config needs a `url` (where the task's outcome is POSTed)"));
+        return Err(invalid(
+            "a push notification config needs a `url` (where the task's outcome is POSTed)",
+        ));
     };
     let present = |name: &str| {
         config
@@ -825,7 +833,10 @@ fn task_value(task: &agent_reach_tasks::Task, wire: Wire, artifacts: bool) -> Va
         "attempts": task.attempts,
     });
     for field in ["agent_id", "capability_version"] {
-        if let Some(value) = result.and_then(|result| result.get(field)).filter(|value| !value.is_null()) {
+        if let Some(value) = result
+            .and_then(|result| result.get(field))
+            .filter(|value| !value.is_null())
+        {
             metadata[field] = value.clone();
         }
     }
@@ -887,9 +898,10 @@ fn task_refusal(error: RouterError, operation: Operation) -> Refusal {
         (Code::TaskNotFound, _) => TASK_NOT_FOUND,
         (Code::TaskConflict, Operation::Cancel) => TASK_NOT_CANCELABLE,
         (Code::TaskConflict, _) => UNSUPPORTED_OPERATION,
-        (Code::TasksDisabled, Operation::PushSet | Operation::PushGet | Operation::PushList | Operation::PushDelete) => {
-            PUSH_NOT_SUPPORTED
-        }
+        (
+            Code::TasksDisabled,
+            Operation::PushSet | Operation::PushGet | Operation::PushList | Operation::PushDelete,
+        ) => PUSH_NOT_SUPPORTED,
         (Code::TasksDisabled, Operation::Get | Operation::Cancel | Operation::Subscribe) => TASK_NOT_FOUND,
         (Code::TasksDisabled, _) => UNSUPPORTED_OPERATION,
         (Code::InvalidCallback, _) => INVALID_PARAMS,
@@ -904,7 +916,10 @@ fn task_refusal(error: RouterError, operation: Operation) -> Refusal {
 
 impl Rpc<'_> {
     fn answer(&self, result: Value) -> Response {
-        reply(StatusCode::OK, json!({ "jsonrpc": "2.0", "id": self.id, "result": result }))
+        reply(
+            StatusCode::OK,
+            json!({ "jsonrpc": "2.0", "id": self.id, "result": result }),
+        )
     }
 
     /// A required string parameter (`names`: its name in each wire, v1.0 first).
@@ -929,7 +944,10 @@ impl Rpc<'_> {
             Owned::Stored(task) if task.capability != self.capability => Err(task_refusal(
                 RouterError::new(
                     Code::TaskNotFound,
-                    format!("no task `{task_id}` of `{}` (it is a task of another capability)", self.capability),
+                    format!(
+                        "no task `{task_id}` of `{}` (it is a task of another capability)",
+                        self.capability
+                    ),
                 ),
                 operation,
             )),
@@ -944,7 +962,9 @@ impl Rpc<'_> {
             Owned::Buffered(_) => Err(task_refusal(
                 RouterError::new(
                     Code::TaskStoreUnavailable,
-                    format!("task `{task_id}` waits in the router's local buffer while Redis is unreachable; retry shortly"),
+                    format!(
+                        "task `{task_id}` waits in the router's local buffer while Redis is unreachable; retry shortly"
+                    ),
                 ),
                 operation,
             )),
@@ -971,11 +991,10 @@ impl Rpc<'_> {
         }
         if !asked.task {
             // Blocking with a push config: wait for the outcome, within the call's deadline.
-            let timeout = message
-                .checked
-                .request
-                .timeout_ms
-                .map_or(self.api.service().tuning().default_timeout, std::time::Duration::from_millis);
+            let timeout = message.checked.request.timeout_ms.map_or(
+                self.api.service().tuning().default_timeout,
+                std::time::Duration::from_millis,
+            );
             let until = tokio::time::Instant::now() + timeout;
             loop {
                 let task = self.stored(&task_id, Operation::Get).await?;
@@ -1082,7 +1101,11 @@ impl Rpc<'_> {
 
     /// The push config id a get or delete names: absent or [`PUSH_CONFIG_ID`].
     fn config_id(&self) -> Result<(), Refusal> {
-        let name = if self.wire == Wire::V1 { "id" } else { "pushNotificationConfigId" };
+        let name = if self.wire == Wire::V1 {
+            "id"
+        } else {
+            "pushNotificationConfigId"
+        };
         match self.params.get(name).and_then(Value::as_str) {
             None | Some("") | Some(PUSH_CONFIG_ID) => Ok(()),
             Some(other) => Err(invalid(format!(
@@ -1096,7 +1119,9 @@ impl Rpc<'_> {
     async fn list(&self) -> Result<Response, Refusal> {
         let params = self.params;
         if params.get("statusTimestampAfter").is_some_and(|value| !value.is_null()) {
-            return Err(invalid("`statusTimestampAfter` is not supported here; filter by `status` or `contextId`"));
+            return Err(invalid(
+                "`statusTimestampAfter` is not supported here; filter by `status` or `contextId`",
+            ));
         }
         let page_size = match params.get("pageSize").filter(|value| !value.is_null()) {
             None => LIST_PAGE,
@@ -1109,10 +1134,15 @@ impl Rpc<'_> {
         let offset = match params.get("pageToken").and_then(Value::as_str) {
             None | Some("") => 0,
             Some(token) => token.parse::<usize>().map_err(|_| {
-                invalid(format!("`pageToken` `{token}` is not one this agent handed out (pass `nextPageToken`)"))
+                invalid(format!(
+                    "`pageToken` `{token}` is not one this agent handed out (pass `nextPageToken`)"
+                ))
             })?,
         };
-        let context = params.get("contextId").and_then(Value::as_str).filter(|id| !id.is_empty());
+        let context = params
+            .get("contextId")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty());
         let wanted = match params.get("status").and_then(Value::as_str) {
             None | Some("TASK_STATE_UNSPECIFIED") | Some("") => None,
             Some(state) => Some(state.to_string()),

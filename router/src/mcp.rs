@@ -205,7 +205,9 @@ async fn mcp(State(service): State<Arc<RouterService>>, headers: HeaderMap, body
         "ping" => Ok(json!({})),
         "tools/list" => Ok(list_tools(&service, &caller)),
         "tools/call" => {
-            let progress = params.pointer("/_meta/progressToken").filter(|token| token.is_string() || token.is_number());
+            let progress = params
+                .pointer("/_meta/progressToken")
+                .filter(|token| token.is_string() || token.is_number());
             match (progress, crate::sse::accepts_events(headers.value("accept"))) {
                 (Some(token), true) => {
                     return match prepare_call(&service, &caller, &params) {
@@ -441,7 +443,11 @@ async fn call_tool(
                 Ok(output) => output,
                 Err(error) => return Ok(tool_error(&error)),
             };
-            let meta = (success.agent_id.as_str(), success.capability_version.as_str(), success.attempts);
+            let meta = (
+                success.agent_id.as_str(),
+                success.capability_version.as_str(),
+                success.attempts,
+            );
             Ok(tool_result(output, wraps_output, &request_id, meta))
         }
         Err(failure) => Ok(tool_error(&failure.error)),
@@ -487,7 +493,10 @@ async fn call_tool_streamed(
                         "method": "notifications/progress",
                         "params": { "progressToken": token, "progress": items.len(), "message": event.data },
                     });
-                    return Some((Ok::<_, std::convert::Infallible>(crate::sse::data(&notification.to_string())), (Some(stream), items)));
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(crate::sse::data(&notification.to_string())),
+                        (Some(stream), items),
+                    ));
                 }
                 Item::End(Ok(summary)) => {
                     // A JSON answer is the output itself; events are items, collected.
@@ -496,7 +505,11 @@ async fn call_tool_streamed(
                     } else {
                         Value::Array(std::mem::take(&mut items))
                     };
-                    let meta = (summary.agent_id.as_str(), summary.capability_version.as_str(), summary.attempts);
+                    let meta = (
+                        summary.agent_id.as_str(),
+                        summary.capability_version.as_str(),
+                        summary.attempts,
+                    );
                     rpc_result(id, tool_result(output, wraps_output || !whole, &request_id, meta))
                 }
                 Item::End(Err(error)) => rpc_result(id, tool_error(&error)),
