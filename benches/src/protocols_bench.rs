@@ -113,6 +113,15 @@ async fn wait_for(what: &str, timeout: Duration, mut ok: impl AsyncFnMut() -> bo
 
 // === Agents ===
 
+/// The agents' listener with Nagle's algorithm off, as the proxies have it:
+/// otherwise an event written after the head waits for the caller's ACK.
+fn nodelay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
+}
+
 /// The streaming agent: `events` events, each written as its own body chunk
 /// as fast as the connection takes them, the first one at once.
 async fn start_streaming_agent(events: usize) -> anyhow::Result<SocketAddr> {
@@ -131,7 +140,7 @@ async fn start_streaming_agent(events: usize) -> anyhow::Result<SocketAddr> {
         )
     };
     let app = axum::Router::new().route("/invoke", axum::routing::post(handler));
-    tokio::spawn(async move { axum::serve(listener, app).tcp_nodelay(true).await });
+    tokio::spawn(async move { axum::serve(nodelay(listener), app).await });
     Ok(addr)
 }
 
@@ -147,7 +156,7 @@ async fn start_json_agent() -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let app = axum::Router::new().route("/invoke", axum::routing::post(json_agent));
-    tokio::spawn(async move { axum::serve(listener, app).tcp_nodelay(true).await });
+    tokio::spawn(async move { axum::serve(nodelay(listener), app).await });
     Ok(addr)
 }
 
