@@ -102,18 +102,23 @@ fn not_found(what: String) -> Response {
         .into_response()
 }
 
-async fn card(State(api): State<TaskApi>, Path(capability): Path<String>, headers: HeaderMap) -> Response {
-    match card_of(&api, &capability, &headers) {
+async fn card(
+    State(api): State<TaskApi>,
+    Path(capability): Path<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    match card_of(&api, &capability, &reached(&uri, &headers)) {
         Some(card) => axum::Json(card).into_response(),
         None => not_found(format!("no agent offers capability `{capability}`")),
     }
 }
 
-async fn root_card(State(api): State<TaskApi>, headers: HeaderMap) -> Response {
+async fn root_card(State(api): State<TaskApi>, uri: axum::http::Uri, headers: HeaderMap) -> Response {
     let Some(capability) = api.service().tuning().a2a_root_capability.clone() else {
         return not_found("no root agent card (start the router with --a2a-root-capability NAME)".to_string());
     };
-    match card_of(&api, &capability, &headers) {
+    match card_of(&api, &capability, &reached(&uri, &headers)) {
         Some(card) => axum::Json(card).into_response(),
         None => not_found(format!(
             "the root agent card is `{capability}`'s (--a2a-root-capability), and no agent offers it now"
@@ -121,18 +126,25 @@ async fn root_card(State(api): State<TaskApi>, headers: HeaderMap) -> Response {
     }
 }
 
+/// The host (and port) the client reached: HTTP/1.1's `Host`, or HTTP/2's
+/// `:authority` (which arrives as the URI's authority, with no `Host` header).
+fn reached(uri: &axum::http::Uri, headers: &HeaderMap) -> String {
+    headers
+        .value("host")
+        .and_then(|host| std::str::from_utf8(host).ok())
+        .map(str::to_string)
+        .or_else(|| uri.authority().map(|authority| authority.as_str().to_string()))
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 /// The agent card of `capability` at its highest version, its interface URL on the
-/// host the client reached (`Host`), `https://` when the listener serves TLS.
-fn card_of(api: &TaskApi, capability: &str, headers: &HeaderMap) -> Option<Value> {
+/// host the client reached, `https://` when the listener serves TLS.
+fn card_of(api: &TaskApi, capability: &str, host: &str) -> Option<Value> {
     let service = api.service();
     let scheme = if service.tuning().serves_tls { "https" } else { "http" };
     let snapshot = service.snapshot().load_full();
     let found = snapshot.capabilities.get(capability)?;
     let group = found.versions.first()?;
-    let host = headers
-        .value("host")
-        .and_then(|host| std::str::from_utf8(host).ok())
-        .unwrap_or("localhost");
     let input_schema = schema_value(&group.described.input_schema);
     let input_modes = if takes_text(&input_schema) {
         json!(["application/json", "text/plain"])
