@@ -95,7 +95,8 @@ async def connect(
 async def submit(client: Any, order_id: str) -> Task:
     request = SendMessageRequest(message=new_data_message({"order_id": order_id}, role=Role.ROLE_USER))
     answers = [answer async for answer in client.send_message(request)]
-    assert len(answers) == 1 and answers[0].HasField("task"), answers
+    assert len(answers) == 1, answers
+    assert answers[0].HasField("task"), answers
     return answers[0].task
 
 
@@ -109,9 +110,7 @@ async def poll_state(client: Any, task_id: str, state: int) -> Task:
     raise AssertionError(f"task {task_id} never reached {TaskState.Name(state)}")
 
 
-def test_a_task_follows_its_durable_task_through_get_subscribe_and_list(
-    stack: Stack, release: threading.Event
-) -> None:
+def test_a_task_follows_its_durable_task_through_get_subscribe_and_list(stack: Stack, release: threading.Event) -> None:
     async def scenario() -> None:
         async with connect(stack) as client, connect(stack, streaming=True) as streamed:
             task = await submit(client, "SO-41")
@@ -131,7 +130,8 @@ def test_a_task_follows_its_durable_task_through_get_subscribe_and_list(
                 if events:
                     break
                 await asyncio.sleep(0.02)
-            assert events and events[0].task.status.state == TaskState.TASK_STATE_WORKING, events
+            assert events, "no event before the agent answered"
+            assert events[0].task.status.state == TaskState.TASK_STATE_WORKING, events
             release.set()
             await asyncio.wait_for(following, 15)
             kinds = [event.WhichOneof("payload") for event in events]
@@ -152,7 +152,8 @@ def test_a_task_follows_its_durable_task_through_get_subscribe_and_list(
             listed = await client.list_tasks(ListTasksRequest())
             assert task.id in [listed_task.id for listed_task in listed.tasks]
             completed = await client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_COMPLETED, page_size=1))
-            assert len(completed.tasks) == 1 and completed.total_size >= 1
+            assert len(completed.tasks) == 1
+            assert completed.total_size >= 1
             working = await client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_WORKING))
             assert task.id not in [listed_task.id for listed_task in working.tasks]
 
@@ -169,7 +170,7 @@ def test_a_task_follows_its_durable_task_through_get_subscribe_and_list(
 
 
 def test_cancel_maps_to_the_durable_tasks_cancel(stack: Stack, release: threading.Event) -> None:
-    async def scenario() -> None:
+    async def scenario() -> str:
         async with connect(stack) as client:
             task = await submit(client, "SO-42")
             await poll_state(client, task.id, TaskState.TASK_STATE_WORKING)
@@ -182,13 +183,14 @@ def test_cancel_maps_to_the_durable_tasks_cancel(stack: Stack, release: threadin
             # The agent's late answer does not revive it.
             assert (await client.get_task(GetTaskRequest(id=task.id))).status.state == TaskState.TASK_STATE_CANCELED
 
-        # The same task on the slow path's own API.
-        status = httpx.get(
-            f"{stack.router.url}/v1/tasks/{task.id}", headers={"authorization": f"Bearer {stack.token('tester')}"}
-        )
-        assert status.json()["status"] == "canceled"
+        return task.id
 
-    asyncio.run(scenario())
+    task_id = asyncio.run(scenario())
+    # The same task on the slow path's own API.
+    status = httpx.get(
+        f"{stack.router.url}/v1/tasks/{task_id}", headers={"authorization": f"Bearer {stack.token('tester')}"}
+    )
+    assert status.json()["status"] == "canceled"
 
 
 class Receiver:
@@ -199,7 +201,7 @@ class Receiver:
         received = self.received
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 received.append(({key.lower(): value for key, value in self.headers.items()}, body))
                 self.send_response(204)
@@ -343,9 +345,11 @@ def test_v0_3_task_methods_answer_in_v0_3_shapes(stack: Stack, release: threadin
         },
     }
     task = rpc(stack, send)["result"]
-    assert task["kind"] == "task" and task["status"]["state"] in ("submitted", "working"), task
+    assert task["kind"] == "task", task
+    assert task["status"]["state"] in ("submitted", "working"), task
     got = rpc(stack, {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task["id"]}})["result"]
-    assert got["id"] == task["id"] and got["kind"] == "task"
+    assert got["id"] == task["id"]
+    assert got["kind"] == "task"
     canceled = rpc(stack, {"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel", "params": {"id": task["id"]}})
     assert canceled["result"]["status"]["state"] == "canceled", canceled
     again = rpc(stack, {"jsonrpc": "2.0", "id": 4, "method": "tasks/cancel", "params": {"id": task["id"]}})
