@@ -213,9 +213,9 @@ fn start_nginx(dir: &Path, listen: SocketAddr, agent: SocketAddr, workers: usize
     let config = format!(
         "daemon off;\nworker_processes {workers};\npid {root}/nginx.pid;\nerror_log {root}/logs/error.log warn;\n\
          events {{ worker_connections 4096; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  \
+         http {{\n  access_log off;\n  keepalive_requests 10000000;\n  keepalive_timeout 300s;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  \
          fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  \
-         upstream agent {{ server {agent}; keepalive 128; }}\n  \
+         upstream agent {{ server {agent}; keepalive 128; keepalive_requests 10000000; keepalive_timeout 300s; }}\n  \
          server {{\n    listen {listen};\n    location / {{\n      proxy_pass http://agent;\n      \
          proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      \
          proxy_cache off;\n    }}\n  }}\n}}\n",
@@ -297,13 +297,28 @@ async fn one_stream(sender: &mut Sender, target: &Target) -> anyhow::Result<(Dur
     Ok((first, events.saturating_sub(target.extra_events)))
 }
 
+/// [`one_stream`], on a new connection if the target closed the kept-alive one
+/// (a proxy's limit of requests per connection).
+async fn stream_reconnecting(sender: &mut Sender, target: &Target) -> anyhow::Result<(Duration, usize)> {
+    if sender.is_closed() {
+        *sender = connect(target.addr).await?;
+    }
+    match one_stream(sender, target).await {
+        Err(_) if sender.is_closed() => {
+            *sender = connect(target.addr).await?;
+            one_stream(sender, target).await
+        }
+        other => other,
+    }
+}
+
 /// p50 time to first event over sequential streams on one connection.
 async fn first_event_p50(target: &Target, duration: Duration) -> anyhow::Result<(Duration, usize)> {
     let mut sender = connect(target.addr).await?;
     let mut times = Vec::new();
     let until = Instant::now() + duration;
     while Instant::now() < until {
-        times.push(one_stream(&mut sender, target).await?.0);
+        times.push(stream_reconnecting(&mut sender, target).await?.0);
     }
     times.sort();
     Ok((times[times.len() / 2], times.len()))
@@ -321,7 +336,7 @@ async fn events_per_s(target: &Target, streams: usize, events: usize, duration: 
             let mut sender = connect(target.addr).await?;
             let mut complete = 0usize;
             while Instant::now() < until {
-                let (_, seen) = one_stream(&mut sender, &target).await?;
+                let (_, seen) = stream_reconnecting(&mut sender, &target).await?;
                 if seen < events {
                     bail!("{}: a stream ended after {seen} of {events} events", target.name);
                 }
