@@ -146,15 +146,6 @@ impl EventStream {
         matches!(self.source, Source::Whole(_))
     }
 
-    /// Whether an event already read from the agent waits to be handed out
-    /// (it arrived in the same read as the last one): taking it costs no wait.
-    pub fn has_ready(&self) -> bool {
-        match &self.source {
-            Source::Events { queued, .. } => !queued.is_empty(),
-            Source::Whole(_) => false,
-        }
-    }
-
     pub async fn next(&mut self) -> Option<Item> {
         if self.ended {
             return None;
@@ -611,56 +602,36 @@ pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum:
     let events = futures::stream::unfold(Some((stream, request_id)), move |state| async move {
         let (mut stream, request_id) = state?;
         match stream.next().await? {
-            Item::Event(event) if !stream.has_ready() => {
-                Some((Ok::<_, Infallible>(event.raw), Some((stream, request_id))))
+            Item::Event(event) => Some((Ok::<_, Infallible>(event.raw), Some((stream, request_id)))),
+            Item::End(end) => {
+                let last = match end {
+                    Ok(summary) => sse::event(
+                        "result",
+                        &json!({
+                            "version": agent_reach_proto::envelope::ENVELOPE_VERSION,
+                            "request_id": request_id,
+                            "status": "succeeded",
+                            "capability": summary.capability,
+                            "capability_version": summary.capability_version,
+                            "agent_id": summary.agent_id,
+                            "attempts": summary.attempts,
+                            "events": summary.events,
+                            "duration_ms": started.elapsed().as_millis() as u64,
+                        })
+                        .to_string(),
+                    ),
+                    Err(error) => sse::event(
+                        "error",
+                        &serde_json::to_string(&error.envelope_error())
+                            .unwrap_or_else(|_| format!("{{\"code\":\"{}\",\"message\":\"\"}}", error.code.as_str())),
+                    ),
+                };
+                // Ended: nothing follows (the stream and the agent's connection are dropped).
+                Some((Ok(last), None))
             }
-            Item::Event(event) => {
-                // Events that arrived in one read leave in one write: nothing waits
-                // for them, and a write (a TCP segment) per event cost most of the relay.
-                let mut batch = bytes::BytesMut::from(&event.raw[..]);
-                while stream.has_ready() {
-                    match stream.next().await {
-                        Some(Item::Event(event)) => batch.extend_from_slice(&event.raw),
-                        Some(Item::End(end)) => {
-                            batch.extend_from_slice(&end_event(end, &request_id, started));
-                            return Some((Ok(batch.freeze()), None));
-                        }
-                        None => break,
-                    }
-                }
-                Some((Ok(batch.freeze()), Some((stream, request_id))))
-            }
-            // Ended: nothing follows (the stream and the agent's connection are dropped).
-            Item::End(end) => Some((Ok(end_event(end, &request_id, started)), None)),
         }
     });
     axum::body::Body::from_stream(events)
-}
-
-/// The last event of a relayed stream: `event: result` or `event: error`.
-fn end_event(end: Result<Summary, RouterError>, request_id: &str, started: Instant) -> Bytes {
-    match end {
-        Ok(summary) => sse::event(
-            "result",
-            &json!({
-                "version": agent_reach_proto::envelope::ENVELOPE_VERSION,
-                "request_id": request_id,
-                "status": "succeeded",
-                "capability": summary.capability,
-                "capability_version": summary.capability_version,
-                "agent_id": summary.agent_id,
-                "attempts": summary.attempts,
-                "events": summary.events,
-                "duration_ms": started.elapsed().as_millis() as u64,
-            })
-            .to_string(),
-        ),
-        Err(error) => sse::event(
-            "error",
-            &serde_json::to_string(&error.envelope_error())
-                .unwrap_or_else(|_| format!("{{\"code\":\"{}\",\"message\":\"\"}}", error.code.as_str())),
-        ),
-    }
 }
 
 /// `POST /v1/invoke` with `Accept: text/event-stream`: authenticated, parsed
