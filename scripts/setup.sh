@@ -5,6 +5,7 @@
 #   etcd-server   registry store (tests spawn their own etcd on free ports)
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
+#   nginx         protocols benchmark (the SSE proxy the streamed invoke is compared with)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 #   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
 # From PyPI, into .venv at the repository root (ignored by git), pinned:
@@ -35,6 +36,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 find_python >/dev/null || need+=(python3 python3-venv)
 
