@@ -6,6 +6,7 @@
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
 #   nginx         protocols benchmark (the SSE proxy the streamed invoke is compared with)
+#   chromium, chromium-driver  the console's end-to-end tests (headless, over WebDriver)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 #   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
 # From PyPI, into .venv at the repository root (ignored by git), pinned:
@@ -38,6 +39,8 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 find_python >/dev/null || need+=(python3 python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then

@@ -32,6 +32,13 @@ python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" ||
 (cd sdk/python && ruff check . ../../benches/python && ruff format --check . ../../benches/python && mypy)
 (cd sdk/python && python -m pytest -q -p no:cacheprovider -rs) 2>&1 | tee -a "$log" || status=1
 
+# === Chaos smoke (scripts/chaos.sh, docs/chaos.md) ===
+# Five faults (agent, registry, etcd leader, Redis primary, Redis outage) under
+# steady load through real processes, about 90 s; fails when an accepted task
+# was lost. The full run (nine faults) is `scripts/chaos.sh`, not part of CI.
+scripts/chaos.sh --smoke 2>&1 | tee -a "$log" || status=1
+# === end of chaos smoke ===
+
 # === Fuzzing smoke (fuzz/, docs/fuzzing.md) ===
 # The smoke is part of the workspace's tests above: fuzz/tests/corpus.rs runs
 # every target on its seed corpus, every input that once crashed it and 3,000

@@ -1,4 +1,6 @@
-//! Bearer JWT verification. `sub` is the caller's agent name.
+//! Bearer JWT verification. `sub` is the caller's agent name, `tenant` (DESIGN
+//! §8) the tenant it belongs to: absent means `default`, so tokens issued
+//! before tenants existed keep working.
 //!
 //! Development uses a shared HS256 secret file; production uses an Ed25519 or
 //! RSA public key (PEM). `--insecure-no-auth` turns verification off and says
@@ -65,23 +67,70 @@ impl AuthArgs {
     }
 }
 
+/// The tenant of a token without a `tenant` claim, and of every request when
+/// authentication is off.
+pub const DEFAULT_TENANT: &str = "default";
+
 /// The verified identity of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
-    /// A verified token's `sub` (shared: every request of a cached token clones it).
-    Agent(std::sync::Arc<str>),
-    /// Authentication is switched off (`--insecure-no-auth`): every request is trusted.
+    /// A verified token's `sub` and `tenant` (shared: every request of a cached
+    /// token clones them).
+    Agent {
+        name: std::sync::Arc<str>,
+        tenant: std::sync::Arc<str>,
+    },
+    /// Authentication is switched off (`--insecure-no-auth`): every request is
+    /// trusted, in the `default` tenant.
     Unauthenticated,
 }
 
 impl Caller {
+    /// A caller of the `default` tenant (tests, the task worker's replays).
+    pub fn agent(name: &str) -> Self {
+        Self::in_tenant(name, DEFAULT_TENANT)
+    }
+
+    pub fn in_tenant(name: &str, tenant: &str) -> Self {
+        Caller::Agent {
+            name: name.into(),
+            tenant: tenant.into(),
+        }
+    }
+
     /// The verified name, if any.
     pub fn name(&self) -> Option<&str> {
         match self {
-            Caller::Agent(name) => Some(name),
+            Caller::Agent { name, .. } => Some(name),
             Caller::Unauthenticated => None,
         }
     }
+
+    /// The verified tenant (`default` without authentication).
+    pub fn tenant(&self) -> &str {
+        match self {
+            Caller::Agent { tenant, .. } => tenant,
+            Caller::Unauthenticated => DEFAULT_TENANT,
+        }
+    }
+}
+
+/// A tenant name (DESIGN §8): 1 to 63 lowercase letters, digits, `-` and `_`,
+/// starting with a letter, so that it fits a key segment, a metric label and
+/// a Kubernetes namespace alike.
+pub fn check_tenant_name(tenant: &str) -> Result<(), String> {
+    let mut chars = tenant.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    if tenant.len() > 63
+        || !first_ok
+        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "tenant `{}` is not a tenant name: 1 to 63 lowercase letters, digits, `-` and `_`, starting with a letter",
+            tenant.escape_debug()
+        ));
+    }
+    Ok(())
 }
 
 /// Why a request was not authenticated. All map to `UNAUTHENTICATED` / 401.
@@ -97,6 +146,10 @@ pub enum AuthError {
     Expired,
     #[error("token is not valid: {0}")]
     Invalid(String),
+    #[error(
+        "the token is for tenant `{0}`, which this service does not serve; use a token of this installation's tenant"
+    )]
+    OtherTenant(String),
 }
 
 impl AuthError {
@@ -110,6 +163,7 @@ impl AuthError {
             AuthError::BadSignature => "bad_signature",
             AuthError::Expired => "expired",
             AuthError::Invalid(_) => "invalid",
+            AuthError::OtherTenant(_) => "other_tenant",
         }
     }
 }
@@ -120,6 +174,8 @@ struct Claims {
     exp: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tenant: Option<String>,
 }
 
 /// How long a verified token is trusted without checking it again.
@@ -156,6 +212,9 @@ fn now_ms() -> u64 {
 /// takes no lock.
 pub struct Authenticator {
     key: Option<(DecodingKey, Validation)>,
+    /// The one tenant this service serves (DESIGN §8): a verified token of any
+    /// other tenant is refused. `None`: every tenant (a tenant-aware service).
+    tenant: Option<std::sync::Arc<str>>,
     /// Tells apart authenticators sharing a thread (tests run several services in one process).
     id: usize,
 }
@@ -180,6 +239,7 @@ impl Authenticator {
                 );
                 Ok(Self {
                     key: None,
+                    tenant: None,
                     id: NEXT_AUTHENTICATOR.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 })
             }
@@ -222,8 +282,24 @@ impl Authenticator {
         validation.set_required_spec_claims(&["exp", "sub"]);
         Self {
             key: Some((key, validation)),
+            tenant: Some(DEFAULT_TENANT.into()),
             id: NEXT_AUTHENTICATOR.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// Serves `tenant` only (the default: `default`): tokens of other tenants
+    /// are refused with [`AuthError::OtherTenant`].
+    pub fn serving(mut self, tenant: &str) -> Self {
+        if self.key.is_some() {
+            self.tenant = Some(tenant.into());
+        }
+        self
+    }
+
+    /// Serves every tenant: the caller's tenant picks its keys and policy.
+    pub fn serving_every_tenant(mut self) -> Self {
+        self.tenant = None;
+        self
     }
 
     /// Whether tokens are checked at all.
@@ -274,6 +350,12 @@ impl Authenticator {
             return Ok(caller);
         }
         let (caller, expires_at_s) = verify_token(token, key, validation)?;
+        if let Some(served) = &self.tenant {
+            if caller.tenant() != &**served {
+                // Not cached: refusals never are.
+                return Err(AuthError::OtherTenant(caller.tenant().to_string()));
+            }
+        }
         let valid_until_ms = (now + CACHE_TTL_MS).min(expires_at_s.saturating_add(LEEWAY_S).saturating_mul(1000));
         VERIFIED.with(|cache| {
             let mut cache = cache.borrow_mut();
@@ -298,7 +380,20 @@ fn verify_token(token: &str, key: &DecodingKey, validation: &Validation) -> Resu
     use jsonwebtoken::errors::ErrorKind;
     match jsonwebtoken::decode::<Claims>(token, key, validation) {
         Ok(data) if data.claims.sub.is_empty() => Err(AuthError::Invalid("empty `sub`".to_string())),
-        Ok(data) => Ok((Caller::Agent(data.claims.sub.into()), data.claims.exp)),
+        Ok(data) => {
+            let tenant = match data.claims.tenant {
+                None => DEFAULT_TENANT.into(),
+                Some(tenant) => {
+                    check_tenant_name(&tenant).map_err(|why| AuthError::Invalid(format!("`tenant` claim: {why}")))?;
+                    tenant.into()
+                }
+            };
+            let caller = Caller::Agent {
+                name: data.claims.sub.into(),
+                tenant,
+            };
+            Ok((caller, data.claims.exp))
+        }
         Err(error) => Err(match error.kind() {
             ErrorKind::InvalidSignature => AuthError::BadSignature,
             ErrorKind::ExpiredSignature => AuthError::Expired,
@@ -325,19 +420,38 @@ fn trim_secret(secret: &[u8]) -> &[u8] {
 
 /// Issues an HS256 token for `name`, valid for `ttl` (`agent-reach token issue`, tests).
 pub fn issue_hs256(name: &str, secret: &[u8], ttl: Duration) -> Result<String, String> {
+    issue_hs256_for(name, None, secret, ttl)
+}
+
+/// [`issue_hs256`] with a `tenant` claim (`None`: the `default` tenant, no claim).
+pub fn issue_hs256_for(name: &str, tenant: Option<&str>, secret: &[u8], ttl: Duration) -> Result<String, String> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_err(|error| format!("system clock before 1970: {error}"))?
         .as_secs();
-    issue_hs256_at(name, trim_secret(secret), now, now.saturating_add(ttl.as_secs()))
+    issue_hs256_claims(
+        name,
+        tenant,
+        trim_secret(secret),
+        now,
+        now.saturating_add(ttl.as_secs()),
+    )
 }
 
 /// Issues an HS256 token with explicit `iat`/`exp` (tests of expiry).
 pub fn issue_hs256_at(name: &str, secret: &[u8], iat: u64, exp: u64) -> Result<String, String> {
+    issue_hs256_claims(name, None, secret, iat, exp)
+}
+
+fn issue_hs256_claims(name: &str, tenant: Option<&str>, secret: &[u8], iat: u64, exp: u64) -> Result<String, String> {
+    if let Some(tenant) = tenant {
+        check_tenant_name(tenant)?;
+    }
     let claims = Claims {
         sub: name.to_string(),
         exp,
         iat: Some(iat),
+        tenant: tenant.map(str::to_string),
     };
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
@@ -368,7 +482,7 @@ mod tests {
         let token = issue_hs256("order_query", SECRET, Duration::from_secs(60)).unwrap();
         assert_eq!(
             auth.verify_header(Some(&bearer(&token))),
-            Ok(Caller::Agent("order_query".into()))
+            Ok(Caller::agent("order_query"))
         );
     }
 
@@ -385,7 +499,7 @@ mod tests {
         let token = issue_hs256("order_query", SECRET, Duration::from_secs(60)).unwrap();
         assert_eq!(
             auth.verify_value(Some(format!("Bearer {token}").as_bytes())),
-            Ok(Caller::Agent("order_query".into()))
+            Ok(Caller::agent("order_query"))
         );
         assert!(matches!(
             auth.verify_value(Some(b"Bearer \xff\xfe")),
@@ -424,6 +538,54 @@ mod tests {
         .unwrap();
         assert_eq!(auth.verify_header(Some(&bearer(&forged))), Err(AuthError::BadSignature));
         assert_eq!(auth.verify_header(Some(&bearer(&forged))), Err(AuthError::BadSignature));
+    }
+
+    #[test]
+    fn the_tenant_claim_is_verified_and_a_service_serves_its_own_tenant() {
+        let ttl = Duration::from_secs(60);
+        // No claim: the `default` tenant, served by default.
+        let plain = issue_hs256("order_query", SECRET, ttl).unwrap();
+        let default_service = Authenticator::hs256(SECRET);
+        let caller = default_service.verify_header(Some(&bearer(&plain))).unwrap();
+        assert_eq!(caller.tenant(), "default");
+        // A claim names the tenant; another tenant's service refuses it (twice: never cached).
+        let acme = issue_hs256_for("order_query", Some("acme"), SECRET, ttl).unwrap();
+        for _ in 0..2 {
+            let error = default_service.verify_header(Some(&bearer(&acme))).unwrap_err();
+            assert_eq!(error, AuthError::OtherTenant("acme".to_string()));
+            assert_eq!(error.reason(), "other_tenant");
+            assert!(error.to_string().contains("tenant `acme`"), "{error}");
+        }
+        let acme_service = Authenticator::hs256(SECRET).serving("acme");
+        assert_eq!(
+            acme_service.verify_header(Some(&bearer(&acme))),
+            Ok(Caller::in_tenant("order_query", "acme"))
+        );
+        assert!(matches!(
+            acme_service.verify_header(Some(&bearer(&plain))),
+            Err(AuthError::OtherTenant(tenant)) if tenant == "default"
+        ));
+        let every = Authenticator::hs256(SECRET).serving_every_tenant();
+        assert_eq!(every.verify_header(Some(&bearer(&acme))).unwrap().tenant(), "acme");
+        assert_eq!(every.verify_header(Some(&bearer(&plain))).unwrap().tenant(), "default");
+        // A claim that is not a tenant name is refused at issue and at verification.
+        assert!(issue_hs256_for("x", Some("Bad Tenant"), SECRET, ttl).is_err());
+        let forged = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &serde_json::json!({"sub": "x", "exp": u64::MAX / 2, "tenant": "../other"}),
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap();
+        assert!(matches!(
+            every.verify_header(Some(&bearer(&forged))),
+            Err(AuthError::Invalid(why)) if why.contains("`tenant` claim")
+        ));
+        for bad in ["", "A", "1a", "a b", &"a".repeat(64)] {
+            assert!(check_tenant_name(bad).is_err(), "{bad}");
+        }
+        for good in ["default", "acme", "team-7_eu", &"a".repeat(63)] {
+            assert!(check_tenant_name(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Canary commands (DESIGN §2.9): `capabilities split` and `agents weight`,
+//! Canary commands (DESIGN §2.9): `capabilities split`, `agents weight` and `agents drain`,
 //! the operator API of the registry from the command line.
 
 use anyhow::Context;
@@ -126,6 +126,21 @@ pub async fn weight(connection: &Connection, agent_id: &str, weight: u32) -> any
         "{}: weight {} (until it registers again)",
         text(&answer["agent_id"]),
         text(&answer["weight"])
+    );
+    Ok(())
+}
+
+/// `agents drain AGENT_ID`: the instance takes no new calls (operators).
+pub async fn drain(connection: &Connection, agent_id: &str) -> anyhow::Result<()> {
+    let url = format!("{}/v1/agents/{agent_id}/drain", connection.registry);
+    let answer = success(send(connection, reqwest::Client::new().post(&url), &url).await?)?;
+    if connection.json {
+        return print_json(&answer);
+    }
+    outln!(
+        "{}: {}; routers send it no new call, it leaves when it stops or deregisters",
+        text(&answer["agent_id"]),
+        text(&answer["status"])
     );
     Ok(())
 }

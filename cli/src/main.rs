@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 mod out;
 mod canary;
 mod connection;
+mod console;
 mod demo;
 mod dev;
 #[cfg(test)]
@@ -84,6 +85,20 @@ enum Command {
         #[command(flatten)]
         connection: ops::Connection,
     },
+    /// Print a short-lived sign-in link to a running router's operator console (operators).
+    Console {
+        #[command(flatten)]
+        args: console::ConsoleArgs,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// A running router's recent calls: look one up by request id, or list them (operators).
+    Requests {
+        #[command(subcommand)]
+        command: console::RequestsCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
     /// Check the access policy.
     Acl {
         #[command(subcommand)]
@@ -144,6 +159,9 @@ enum TokenCommand {
         /// Validity, e.g. 30s, 15m, 24h, 7d.
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         ttl: Duration,
+        /// The tenant the token belongs to (its `tenant` claim); without it, `default`.
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -230,16 +248,25 @@ async fn main() -> anyhow::Result<()> {
         Command::Capabilities { command, connection } => ops::capabilities(&connection, command).await,
         Command::Invoke { args, connection } => ops::invoke(&connection, args).await,
         Command::Tasks { command, connection } => tasks::tasks(&connection, command).await,
+        Command::Console { args, connection } => console::console(&connection, args).await,
+        Command::Requests { command, connection } => console::requests(&connection, command).await,
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },
         } => ops::acl_check(&args, json),
         Command::Keys { command } => keys(command),
         Command::Token {
-            command: TokenCommand::Issue { name, secret_file, ttl },
+            command:
+                TokenCommand::Issue {
+                    name,
+                    secret_file,
+                    ttl,
+                    tenant,
+                },
         } => {
             let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
-            let token = agent_reach_access::token::issue_hs256(&name, &secret, ttl).map_err(anyhow::Error::msg)?;
+            let token = agent_reach_access::token::issue_hs256_for(&name, tenant.as_deref(), &secret, ttl)
+                .map_err(anyhow::Error::msg)?;
             outln!("{token}");
             Ok(())
         }

@@ -23,6 +23,9 @@ pub enum AgentsCommand {
         /// The new weight, 1..=1000.
         weight: u32,
     },
+    /// Drain a live instance (operators): its status becomes `draining`, routers
+    /// send it no new call, and it leaves when it stops or deregisters.
+    Drain { agent_id: String },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -129,6 +132,7 @@ pub async fn agents(connection: &Connection, command: AgentsCommand) -> anyhow::
             print_json(&agent)
         }
         AgentsCommand::Weight { agent_id, weight } => crate::canary::weight(connection, &agent_id, weight).await,
+        AgentsCommand::Drain { agent_id } => crate::canary::drain(connection, &agent_id).await,
     }
 }
 

@@ -114,6 +114,10 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 fn json(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|error| panic!("not JSON ({error}): {}", stdout(output)))
 }
@@ -272,6 +276,46 @@ fn invoke_token_and_acl_commands() {
         &["token", "issue", "--name", "x", "--secret-file", "/nonexistent/secret"],
     );
     assert_eq!(no_secret.status.code(), Some(1));
+    // A tenant's token carries the claim; a name that is not a tenant's is refused.
+    let tenant = run(
+        None,
+        &[
+            "token",
+            "issue",
+            "--name",
+            "x",
+            "--secret-file",
+            &dev.secret,
+            "--tenant",
+            "acme",
+        ],
+    );
+    assert!(tenant.status.success());
+    let payload = stdout(&tenant).trim().split('.').nth(1).unwrap().to_string();
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, payload).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(claims["tenant"], "acme");
+    let bad_tenant = run(
+        None,
+        &[
+            "token",
+            "issue",
+            "--name",
+            "x",
+            "--secret-file",
+            &dev.secret,
+            "--tenant",
+            "Not A Tenant",
+        ],
+    );
+    assert_eq!(bad_tenant.status.code(), Some(1));
+    assert!(
+        stderr(&bad_tenant).contains("is not a tenant name"),
+        "{}",
+        stderr(&bad_tenant)
+    );
 
     let allowed = run(None, &ALLOWED_CHECK);
     assert_eq!(allowed.status.code(), Some(0));

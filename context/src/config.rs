@@ -19,9 +19,12 @@ pub struct ContextArgs {
     #[arg(long, env = "AGENT_REACH_CONTEXT_LISTEN", default_value = "127.0.0.1:7600")]
     pub listen: SocketAddr,
     /// Redis URL: redis://HOST:PORT[/DB], or redis+sentinel://HOST:PORT,HOST:PORT,.../SERVICE[/DB]
-    /// (the Sentinels name the primary; failovers are followed without a restart).
+    /// (the Sentinels name the primary; failovers are followed without a restart);
+    /// rediss:// and rediss+sentinel:// for TLS, the server's certificate verified.
     #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
     pub redis: Option<String>,
+    #[command(flatten)]
+    pub redis_tls: agent_reach_links::RedisTlsArgs,
     /// DEVELOPMENT ONLY: keep contexts in memory instead of Redis (lost on exit, not shared).
     #[arg(long, env = "AGENT_REACH_EMBEDDED_STORE", conflicts_with = "redis")]
     pub embedded_store: bool,
@@ -84,13 +87,26 @@ pub struct ContextArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreChoice {
     Redis {
-        url: String,
+        /// The URL and, for `rediss://`, the CA bundle and client identity.
+        link: Box<agent_reach_links::RedisLink>,
         namespace: Namespace,
         /// Bound on every Redis call.
         timeout: Duration,
     },
     /// In memory, for `agent-reach dev` and tests. Not shared, lost on exit.
     Embedded,
+}
+
+impl StoreChoice {
+    /// Redis at `url`, without TLS files (a `rediss://` URL then trusts the
+    /// system's roots).
+    pub fn redis(url: &str, namespace: Namespace, timeout: Duration) -> Result<Self, String> {
+        Ok(StoreChoice::Redis {
+            link: Box::new(agent_reach_links::RedisLink::parse(url)?),
+            namespace,
+            timeout,
+        })
+    }
 }
 
 /// Everything [`crate::build`] needs. `agent-reach dev` builds one directly:
@@ -142,28 +158,23 @@ impl ContextArgs {
             tenant: self.tenant.clone(),
         };
         let store = match (&self.redis, self.embedded_store) {
-            (Some(url), _) => {
-                match agent_reach_links::RedisUrl::parse(url) {
-                    Ok(parsed) if parsed.tls => problems.push(format!(
-                        "--redis `{parsed}`: the context service speaks plain TCP (redis:// or redis+sentinel://)"
-                    )),
-                    Ok(_) => {}
-                    Err(why) => problems.push(format!("--redis: {why}")),
-                }
-                StoreChoice::Redis {
-                    url: url.clone(),
+            (Some(url), _) => match self.redis_tls.link(url, &mut problems) {
+                Some(link) => StoreChoice::Redis {
+                    link: Box::new(link),
                     namespace,
                     timeout: self.redis_timeout,
-                }
-            }
+                },
+                // The problem is reported; validation fails below.
+                None => StoreChoice::Embedded,
+            },
             (None, true) => StoreChoice::Embedded,
             (None, false) => {
                 problems.push("no store: pass --redis URL (or --embedded-store for development)".to_string());
                 StoreChoice::Embedded
             }
         };
-        if let Err(why) = agent_reach_access::acl::check_agent_name(&self.tenant) {
-            problems.push(format!("--tenant `{}`: {why}", self.tenant));
+        if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
+            problems.push(format!("--tenant: {why}"));
         }
         if self.key_prefix.is_empty()
             || !self
@@ -258,6 +269,51 @@ mod tests {
         assert_eq!(settings.listen.to_string(), "127.0.0.1:7600");
         assert_eq!(settings.service, ContextConfig::default());
         assert!(matches!(settings.store, StoreChoice::Redis { .. }));
+    }
+
+    #[test]
+    fn redis_tls_files_are_checked_with_the_url() {
+        let cli = Cli::try_parse_from([
+            "context",
+            "--redis",
+            "rediss://127.0.0.1:6380",
+            "--redis-ca-file",
+            "/nonexistent/ca.pem",
+            "--insecure-no-auth",
+        ])
+        .unwrap();
+        let problems = cli.args.validate().unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("cannot read the --redis-ca-file /nonexistent/ca.pem"));
+
+        let pki = agent_reach_testkit::pki::Pki::new("context-config");
+        let ca = pki.ca_file.clone();
+        let plain = Cli::try_parse_from([
+            "context",
+            "--redis",
+            "redis://127.0.0.1:6379",
+            "--redis-ca-file",
+            ca.to_str().unwrap(),
+            "--insecure-no-auth",
+        ])
+        .unwrap();
+        let problems = plain.args.validate().unwrap_err();
+        assert!(problems[0].contains("need a TLS URL (rediss://"), "{problems:?}");
+
+        let tls = Cli::try_parse_from([
+            "context",
+            "--redis",
+            "rediss://127.0.0.1:6380",
+            "--redis-ca-file",
+            ca.to_str().unwrap(),
+            "--insecure-no-auth",
+        ])
+        .unwrap();
+        let settings = tls.args.validate().unwrap();
+        let StoreChoice::Redis { link, .. } = settings.store else {
+            panic!("not Redis")
+        };
+        assert!(link.url.tls && link.tls.ca.is_some());
     }
 
     #[test]

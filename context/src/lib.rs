@@ -55,10 +55,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<ContextService>> {
     let policy = settings.service.policy;
     let store: Arc<dyn store::ContextStore> = match &settings.store {
         StoreChoice::Redis {
-            url,
+            link,
             namespace,
             timeout,
-        } => Arc::new(store::RedisStore::new(url, namespace, policy, *timeout).map_err(anyhow::Error::msg)?),
+        } => Arc::new(store::RedisStore::new(link, namespace, policy, *timeout).map_err(anyhow::Error::msg)?),
         StoreChoice::Embedded => {
             tracing::warn!(
                 message = "Context service uses the EMBEDDED in-memory store: contexts are lost on exit \
@@ -68,7 +68,15 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<ContextService>> {
         }
     };
     let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
-    let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
+    // One tenant per context service for now (its keys' `{tenant}`); tokens
+    // of other tenants are refused.
+    let tenant = match &settings.store {
+        StoreChoice::Redis { namespace, .. } => namespace.tenant.as_str(),
+        StoreChoice::Embedded => agent_reach_access::token::DEFAULT_TENANT,
+    };
+    let auth = Authenticator::load(&settings.auth)
+        .map_err(anyhow::Error::msg)?
+        .serving(tenant);
     let service = ContextService::new(store, acl, auth, settings.service.clone(), metrics);
     if let Err(error) = service.store().ping().await {
         // Not fatal: requests answer 503 until Redis is reachable, then recover.

@@ -101,7 +101,7 @@ enum Access<'a> {
 impl<'a> Access<'a> {
     fn of(caller: &'a Caller) -> Self {
         match caller {
-            Caller::Agent(name) => Access::Agent(name),
+            Caller::Agent { name, .. } => Access::Agent(name),
             Caller::Unauthenticated => Access::Everything,
         }
     }
@@ -353,8 +353,8 @@ impl ContextService {
             validate::context_id(context_id)?;
             let who = match caller {
                 Caller::Unauthenticated => CloseAs::Anyone,
-                Caller::Agent(name) if self.acl.current().may_write_field(name, "*") => CloseAs::Anyone,
-                Caller::Agent(name) => CloseAs::Owner(name.to_string()),
+                Caller::Agent { name, .. } if self.acl.current().may_write_field(name, "*") => CloseAs::Anyone,
+                Caller::Agent { name, .. } => CloseAs::Owner(name.to_string()),
             };
             self.store
                 .close(context_id, &who)

@@ -520,6 +520,28 @@ async fn writes_and_closes_need_permission() {
         .await
         .unwrap();
     assert_eq!(forged.status(), 401);
+    // A valid token of another tenant (issue 25): this service serves `default` only.
+    let other_tenant = agent_reach_access::token::issue_hs256_for(
+        "admin",
+        Some("acme"),
+        support::SECRET.as_bytes(),
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
+    let response = h
+        .http
+        .get(h.url("/v1/contexts/p"))
+        .bearer_auth(other_tenant)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "UNAUTHENTICATED");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("tenant `acme`"),
+        "{body}"
+    );
 }
 
 // === 5. Redis outage and recovery ===

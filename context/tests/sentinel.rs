@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach_context::model::{Fields, NewContext, Selection, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, Namespace, RedisStore};
+use agent_reach_links::RedisLink;
 use agent_reach_testkit::RedisSentinels;
 
 fn new_context() -> NewContext {
@@ -27,8 +28,15 @@ async fn contexts_keep_being_served_across_a_sentinel_failover() {
         prefix: "test".into(),
         tenant: "sentinel".into(),
     };
-    let store: Arc<dyn ContextStore> =
-        Arc::new(RedisStore::new(&redis.url(), &namespace, StorePolicy::default(), Duration::from_secs(1)).unwrap());
+    let store: Arc<dyn ContextStore> = Arc::new(
+        RedisStore::new(
+            &RedisLink::parse(&redis.url()).unwrap(),
+            &namespace,
+            StorePolicy::default(),
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+    );
     let [first_primary, replica] = redis.server_ports();
     store.create("before", &new_context()).await.unwrap();
     assert!(store.get("before", &Selection::All).await.unwrap().is_some());

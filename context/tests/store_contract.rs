@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach_context::model::{CloseAs, Fields, NewContext, Patch, Selection, Snapshot, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, MemoryStore, Namespace, RedisStore, StoreError};
+use agent_reach_links::RedisLink;
 use agent_reach_testkit::{eventually, Redis};
 
 /// A store under test, keeping its backing process alive.
@@ -22,7 +23,13 @@ fn redis(policy: StorePolicy) -> Subject {
         prefix: "test".into(),
         tenant: "contract".into(),
     };
-    let store = RedisStore::new(&redis.url(), &namespace, policy, Duration::from_secs(2)).unwrap();
+    let store = RedisStore::new(
+        &RedisLink::parse(&redis.url()).unwrap(),
+        &namespace,
+        policy,
+        Duration::from_secs(2),
+    )
+    .unwrap();
     Subject {
         store: Arc::new(store),
         _redis: Some(redis),

@@ -112,14 +112,15 @@ impl Stack {
             threads: 1,
             store: match &options.redis {
                 None => agent_reach_context::StoreChoice::Embedded,
-                Some(url) => agent_reach_context::StoreChoice::Redis {
-                    url: url.clone(),
-                    namespace: agent_reach_context::store::Namespace {
+                Some(url) => agent_reach_context::StoreChoice::redis(
+                    url,
+                    agent_reach_context::store::Namespace {
                         prefix: "agent-reach".to_string(),
                         tenant: "default".to_string(),
                     },
-                    timeout: Duration::from_secs(2),
-                },
+                    Duration::from_secs(2),
+                )
+                .map_err(anyhow::Error::msg)?,
             },
             acl: acl.clone(),
             auth: auth.clone(),

@@ -13,8 +13,6 @@
 //! - the router's hand-written forwarded and succeeded envelopes are
 //!   byte-equal to serde_json's output for the contract types.
 
-use std::sync::Arc;
-
 use agent_reach_access::Caller;
 use agent_reach_proto::envelope::{
     ForwardedEnvelope, InvokeRequest, ResultEnvelope, ResultStatus, TargetPolicy, ENVELOPE_VERSION,
@@ -110,7 +108,7 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
     let source = request.context_id.clone().unwrap_or_else(|| "caller".to_string());
     let agent_id = request.session_id.as_deref().unwrap_or("agent-1");
     let deadline = request.deadline.unwrap_or(1_700_000_000_000);
-    for caller in [Caller::Agent(Arc::from(source.as_str())), Caller::Unauthenticated] {
+    for caller in [Caller::agent(source.as_str()), Caller::Unauthenticated] {
         let written = fuzzing::forwarded_envelope(request, request_id, "1.2.3", &caller, deadline, 2)
             .expect("a forwarded envelope is written");
         let contract = ForwardedEnvelope {

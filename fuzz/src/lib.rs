@@ -11,6 +11,7 @@
 
 pub mod acl;
 pub mod assertion;
+pub mod console_seal;
 pub mod front_door;
 pub mod invoke_envelope;
 pub mod registration;
@@ -22,13 +23,14 @@ mod support;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its binary and its corpus folder.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("front_door", front_door::run),
     ("invoke_envelope", invoke_envelope::run),
     ("registration", registration::run),
     ("acl", acl::run),
     ("token", token::run),
     ("assertion", assertion::run),
+    ("console_seal", console_seal::run),
 ];
 
 pub use support::{assertion_key, HS256_SECRET};

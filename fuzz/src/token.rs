@@ -38,7 +38,7 @@ pub fn run(data: &[u8]) {
     let second = authenticator.verify_value(Some(data));
     assert_eq!(first, second, "asked twice, answered differently");
     match first {
-        Ok(Caller::Agent(name)) => acceptance_is_earned(data, &name),
+        Ok(Caller::Agent { name, .. }) => acceptance_is_earned(data, &name),
         Ok(Caller::Unauthenticated) => panic!("an enabled authenticator trusted a caller unauthenticated"),
         Err(error) => refusal_holds(data, &error),
     }

@@ -107,7 +107,8 @@ fn every_target_is_tested_here_built_for_libfuzzer_and_run_by_the_script() {
             "registration",
             "acl",
             "token",
-            "assertion"
+            "assertion",
+            "console_seal"
         ]
     );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -158,4 +159,9 @@ fn token() {
 #[test]
 fn assertion() {
     replay("assertion", agent_reach_fuzz::assertion::run);
+}
+
+#[test]
+fn console_seal() {
+    replay("console_seal", agent_reach_fuzz::console_seal::run);
 }

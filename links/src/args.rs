@@ -8,9 +8,10 @@ use std::time::Duration;
 use crate::redis_url::RedisUrl;
 use crate::tls::TlsFiles;
 
-/// How to reach Redis beyond its URL: trust, identity, and `WAIT`.
+/// How to trust Redis over `rediss://`, and who we are to it. The context
+/// service takes these alone; the router takes them within [`RedisLinkArgs`].
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct RedisLinkArgs {
+pub struct RedisTlsArgs {
     /// CA certificates (PEM) trusted for `rediss://` instead of the system's roots.
     #[arg(long, env = "AGENT_REACH_REDIS_CA_FILE", value_name = "PATH")]
     pub redis_ca_file: Option<PathBuf>,
@@ -30,6 +31,13 @@ pub struct RedisLinkArgs {
         requires = "redis_client_cert"
     )]
     pub redis_client_key: Option<PathBuf>,
+}
+
+/// How to reach Redis beyond its URL: trust, identity, and `WAIT`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RedisLinkArgs {
+    #[command(flatten)]
+    pub tls: RedisTlsArgs,
     /// Acknowledge a write only once this many replicas have it (Redis `WAIT`), so it
     /// survives a failover; 0 = off. Costs one replication round trip per write.
     #[arg(long, env = "AGENT_REACH_REDIS_WAIT_REPLICAS", default_value_t = 0)]
@@ -53,7 +61,7 @@ impl Wait {
 }
 
 /// A validated link to Redis: where, how to trust it, and whether writes wait.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisLink {
     pub url: RedisUrl,
     pub tls: TlsFiles,
@@ -84,13 +92,7 @@ impl RedisLink {
 impl RedisLinkArgs {
     /// The link for `url` (the `--redis` flag); problems are added to `problems`.
     pub fn link(&self, url: &str, problems: &mut Vec<String>) -> Option<RedisLink> {
-        let tls = TlsFiles::read(
-            "--redis",
-            self.redis_ca_file.as_deref(),
-            self.redis_client_cert.as_deref(),
-            self.redis_client_key.as_deref(),
-            problems,
-        );
+        let link = self.tls.link(url, problems);
         let wait = (self.redis_wait_replicas > 0).then(|| Wait {
             replicas: self.redis_wait_replicas,
             timeout: Duration::from_millis(self.redis_wait_timeout_ms),
@@ -99,6 +101,21 @@ impl RedisLinkArgs {
             // WAIT with timeout 0 blocks forever: a lost replica would hang every write.
             problems.push("--redis-wait-timeout-ms must be above 0 (WAIT 0 waits forever)".to_string());
         }
+        Some(link?.with_wait(wait))
+    }
+}
+
+impl RedisTlsArgs {
+    /// The link for `url` (the `--redis` flag), without `WAIT`; problems are
+    /// added to `problems`.
+    pub fn link(&self, url: &str, problems: &mut Vec<String>) -> Option<RedisLink> {
+        let tls = TlsFiles::read(
+            "--redis",
+            self.redis_ca_file.as_deref(),
+            self.redis_client_cert.as_deref(),
+            self.redis_client_key.as_deref(),
+            problems,
+        );
         match RedisUrl::parse(url) {
             Ok(url) => {
                 if !url.tls && !tls.is_empty() {
@@ -106,7 +123,7 @@ impl RedisLinkArgs {
                         "--redis-ca-file / --redis-client-cert need a TLS URL (rediss:// or rediss+sentinel://), not `{url}`"
                     ));
                 }
-                Some(RedisLink { url, tls, wait })
+                Some(RedisLink { url, tls, wait: None })
             }
             Err(why) => {
                 problems.push(format!("--redis: {why}"));
@@ -123,10 +140,12 @@ mod tests {
     #[test]
     fn problems_are_reported_together() {
         let args = RedisLinkArgs {
-            redis_ca_file: Some(PathBuf::from("/nonexistent/ca.pem")),
+            tls: RedisTlsArgs {
+                redis_ca_file: Some(PathBuf::from("/nonexistent/ca.pem")),
+                ..Default::default()
+            },
             redis_wait_replicas: 1,
             redis_wait_timeout_ms: 0,
-            ..Default::default()
         };
         let mut problems = Vec::new();
         let link = args.link("redis://127.0.0.1:6379", &mut problems);

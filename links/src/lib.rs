@@ -21,7 +21,7 @@ pub mod redis_url;
 pub mod sentinel;
 pub mod tls;
 
-pub use args::{RedisLink, RedisLinkArgs, Wait};
+pub use args::{RedisLink, RedisLinkArgs, RedisTlsArgs, Wait};
 pub use redis_url::{HostPort, Nodes, RedisUrl, SentinelAuth};
 pub use sentinel::{Primary, Sentinels};
 pub use tls::{error_chain, TlsFiles};

@@ -107,8 +107,8 @@ impl RegistryArgs {
                 problems.push(format!("--etcd `{url}` must start with http:// or https://"));
             }
         }
-        if let Err(why) = agent_reach_access::acl::check_agent_name(&self.tenant) {
-            problems.push(format!("--tenant `{}`: {why}", self.tenant));
+        if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
+            problems.push(format!("--tenant: {why}"));
         }
         if self.min_ttl_s == 0 || self.min_ttl_s > self.max_ttl_s {
             problems.push(format!(

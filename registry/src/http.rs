@@ -46,6 +46,10 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
             "/v1/agents/{agent_id}/weight",
             put(set_weight).fallback(method_not_allowed),
         )
+        .route(
+            "/v1/agents/{agent_id}/drain",
+            axum::routing::post(drain).fallback(method_not_allowed),
+        )
         .route("/v1/capabilities", get(list_capabilities).fallback(method_not_allowed))
         .route(
             "/v1/capabilities/{name}",
@@ -331,6 +335,17 @@ async fn set_weight(
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     let request: wire::WeightRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
     let instance = service.set_weight(&caller, &agent_id, request.weight).await?;
+    Ok(Json(instance_to_wire(&instance)))
+}
+
+/// `POST /v1/agents/{agent_id}/drain` (operators): the instance becomes `draining`.
+async fn drain(
+    State(service): State<Arc<RegistryService>>,
+    Path(agent_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::AgentInstance>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let instance = service.drain(&caller, &agent_id).await?;
     Ok(Json(instance_to_wire(&instance)))
 }
 

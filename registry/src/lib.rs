@@ -73,7 +73,11 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RegistryService>> 
         }
     };
     let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
-    let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
+    // One tenant per registry for now: its keys are `/agent-reach/v1/{tenant}/…`,
+    // and tokens of other tenants are refused.
+    let auth = Authenticator::load(&settings.auth)
+        .map_err(anyhow::Error::msg)?
+        .serving(&settings.service.tenant);
     Ok(RegistryService::new(
         store,
         acl,

@@ -1,6 +1,6 @@
 //! The operator API (DESIGN §2.9): a capability's traffic split between
 //! versions for unpinned callers, and a live instance's weight, both changed
-//! without any agent re-registering. Transport-free like `service`; the HTTP
+//! without any agent re-registering; and an operator's drain of an instance. Transport-free like `service`; the HTTP
 //! handlers call these.
 //!
 //! Who may: callers listed under `operators` in `acl.yaml` (DESIGN §8); a
@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use agent_reach_access::Caller;
 use agent_reach_proto::http::SplitRequest;
+use agent_reach_proto::Status;
 
 use crate::catalog::Entry;
 use crate::error::{Code, RegistryError};
@@ -36,8 +37,8 @@ pub struct SplitWritten {
 fn operator(service: &RegistryService, caller: &Caller, action: &str) -> Result<Option<String>, RegistryError> {
     match caller {
         Caller::Unauthenticated => Ok(None),
-        Caller::Agent(name) if service.acl().current().is_operator(name) => Ok(Some(name.to_string())),
-        Caller::Agent(name) => Err(RegistryError::new(
+        Caller::Agent { name, .. } if service.acl().current().is_operator(name) => Ok(Some(name.to_string())),
+        Caller::Agent { name, .. } => Err(RegistryError::new(
             Code::Forbidden,
             format!("`{name}` may not {action}: only callers listed under `operators` in acl.yaml may"),
         )),
@@ -243,17 +244,64 @@ impl RegistryService {
         ))
     }
 
+    /// Drains a live instance for an operator: its status becomes `draining`,
+    /// which is final (§2.2), so routers stop sending it new calls while its
+    /// calls in flight finish; its heartbeats keep its lease (their status is
+    /// refused with INVALID_STATUS_TRANSITION) until it deregisters or stops.
+    pub async fn drain(&self, caller: &Caller, agent_id: &str) -> Result<Arc<Instance>, RegistryError> {
+        validate::agent_id(agent_id)?;
+        let operator = operator(self, caller, "drain an instance")?;
+        let not_found = || RegistryError::new(Code::AgentNotFound, format!("no instance `{agent_id}` is registered"));
+        let mut entry = self.current_entry(agent_id).await?.ok_or_else(not_found)?;
+        for attempt in 0..WRITE_ATTEMPTS {
+            if entry.instance.status == Status::Draining {
+                return Ok(entry.instance);
+            }
+            match self
+                .write_instance(&entry, |instance| instance.status = Status::Draining)
+                .await
+            {
+                Ok(instance) => {
+                    tracing::info!(
+                        message = "Instance drained by an operator.",
+                        agent_id,
+                        operator = operator.as_deref().unwrap_or("")
+                    );
+                    return Ok(instance);
+                }
+                Err(StoreError::Conflict) if attempt + 1 < WRITE_ATTEMPTS => {
+                    entry = self.current_entry_from_store(agent_id).await?.ok_or_else(not_found)?;
+                }
+                Err(StoreError::LeaseNotFound(_)) => return Err(not_found()),
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(RegistryError::new(
+            Code::Conflict,
+            format!("`{agent_id}` kept changing while it was drained; retry"),
+        ))
+    }
+
     /// Operators, and the agent itself.
     fn may_weigh(&self, caller: &Caller, instance: &Instance) -> Result<(), RegistryError> {
         match caller {
-            Caller::Agent(name) if **name == *instance.name => Ok(()),
+            Caller::Agent { name, .. } if **name == *instance.name => Ok(()),
             _ => operator(self, caller, "change an instance's weight").map(|_| ()),
         }
     }
 
     async fn write_weight(&self, entry: &Entry, weight: u32) -> Result<Arc<Instance>, StoreError> {
+        self.write_instance(entry, |instance| instance.weight = weight).await
+    }
+
+    /// Writes `entry`'s record changed by `change`, if no one wrote it since it was read.
+    async fn write_instance(
+        &self,
+        entry: &Entry,
+        change: impl FnOnce(&mut Instance),
+    ) -> Result<Arc<Instance>, StoreError> {
         let mut instance = Instance::clone(&entry.instance);
-        instance.weight = weight;
+        change(&mut instance);
         let key = self.keys().agent(&instance.agent_id);
         let value = serde_json::to_vec(&instance).map_err(|error| StoreError::Unavailable(error.to_string()))?;
         let revision = self

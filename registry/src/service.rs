@@ -138,8 +138,8 @@ impl RegistryService {
     fn authorize_identity(caller: &Caller, name: &str) -> Result<(), RegistryError> {
         match caller {
             Caller::Unauthenticated => Ok(()),
-            Caller::Agent(sub) if **sub == *name => Ok(()),
-            Caller::Agent(sub) => Err(RegistryError::field(
+            Caller::Agent { name: sub, .. } if **sub == *name => Ok(()),
+            Caller::Agent { name: sub, .. } => Err(RegistryError::field(
                 Code::Forbidden,
                 "name",
                 format!("a token for `{sub}` may not act for agent `{name}`"),
@@ -164,7 +164,7 @@ impl RegistryService {
     async fn try_register(&self, caller: &Caller, request: RegisterRequest) -> Result<Registered, RegistryError> {
         let registration = validate::registration(request, self.config.ttl)?;
         Self::authorize_identity(caller, &registration.name)?;
-        if let Caller::Agent(name) = caller {
+        if let Caller::Agent { name, .. } = caller {
             let acl = self.acl.current();
             for (index, capability) in registration.capabilities.iter().enumerate() {
                 if !acl.may_provide(name, &capability.name) {

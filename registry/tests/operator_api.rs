@@ -378,3 +378,54 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
     let (_, again) = registry.get("/v1/agents/oq-w1", &agent).await;
     assert_eq!(again["weight"], 3);
 }
+
+/// An operator's drain: the instance becomes `draining` in place, on its
+/// lease; its heartbeats keep the lease but cannot undo the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_drains_an_instance_and_heartbeats_cannot_undo_it() {
+    let etcd = Etcd::start();
+    let registry = TestRegistry::start(on(&etcd)).await;
+    let agent = TestRegistry::token("order_query");
+    let (status, registered) = registry
+        .post("/v1/agents", Some(&agent), &registration("oq-d1", 15))
+        .await;
+    assert_eq!(status, 201, "{registered}");
+    let lease = registered["lease_id"].as_i64().unwrap();
+
+    // Only operators; not even the agent itself (it drains by its own heartbeat).
+    for caller in ["reader", "order_query"] {
+        let (status, body) = registry
+            .post("/v1/agents/oq-d1/drain", Some(&TestRegistry::token(caller)), &json!({}))
+            .await;
+        assert_eq!((status, code(&body)), (403, "FORBIDDEN"), "{caller}: {body}");
+    }
+    let (status, body) = registry
+        .post("/v1/agents/nobody-1/drain", Some(&ops()), &json!({}))
+        .await;
+    assert_eq!((status, code(&body)), (404, "AGENT_NOT_FOUND"), "{body}");
+
+    let (status, body) = registry.post("/v1/agents/oq-d1/drain", Some(&ops()), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["status"].clone(), body["lease_id"].clone()),
+        (json!("draining"), json!(lease))
+    );
+    let (status, again) = registry.post("/v1/agents/oq-d1/drain", Some(&ops()), &json!({})).await;
+    assert_eq!((status, again["status"].clone()), (200, json!("draining")));
+
+    // A heartbeat still renews the lease; one asking for `ready` is refused.
+    let (status, _) = registry
+        .put("/v1/agents/oq-d1/heartbeat", &agent, &json!({ "lease_id": lease }))
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = registry
+        .put(
+            "/v1/agents/oq-d1/heartbeat",
+            &agent,
+            &json!({ "lease_id": lease, "status": "ready" }),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (409, "INVALID_STATUS_TRANSITION"), "{body}");
+    let (_, after) = registry.get("/v1/agents/oq-d1", &agent).await;
+    assert_eq!(after["status"], "draining");
+}

@@ -90,7 +90,7 @@ impl Admission {
 
     /// A task submission by `caller`: spends one of its tokens (429 `RATE_LIMITED` when none is left).
     pub fn limit_submission(&self, caller: &Caller) -> Result<(), RouterError> {
-        let Caller::Agent(name) = caller else {
+        let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
         let acl = self.acl.current();
@@ -102,7 +102,7 @@ impl Admission {
 
     /// A task delivery on behalf of `caller`: waits for a place among its calls in flight.
     pub async fn enter_delivery(&self, caller: &Caller) -> Permit {
-        let Caller::Agent(name) = caller else {
+        let Caller::Agent { name, .. } = caller else {
             return Permit::unlimited();
         };
         let limit = {
@@ -120,7 +120,7 @@ impl Admission {
     }
 
     fn authorize_with(&self, acl: &Acl, caller: &Caller, capability: &str) -> Result<(), RouterError> {
-        let Caller::Agent(name) = caller else {
+        let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
         if acl.may_call(name, capability) {
@@ -135,7 +135,7 @@ impl Admission {
 
     /// May `caller` use the operator API (`operators:` in `acl.yaml`, DESIGN §8)?
     pub fn authorize_operator(&self, caller: &Caller) -> Result<(), RouterError> {
-        let Caller::Agent(name) = caller else {
+        let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
         if self.acl.current().is_operator(name) {
@@ -205,7 +205,7 @@ impl Admission {
             self.authorize_with(&acl, caller, &request.capability)
                 .map_err(|error| refused(error, None))?;
             match (caller, entry) {
-                (Caller::Agent(name), Entry::Call) if acl.has_limits() => self
+                (Caller::Agent { name, .. }, Entry::Call) if acl.has_limits() => self
                     .limiter
                     .admit_call(name, acl.limit_for(name))
                     .map_err(|error| refused(error, None))?,

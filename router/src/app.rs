@@ -1,7 +1,8 @@
 //! The router's whole HTTP API, composed: the fast path's routes
 //! ([`crate::http`]), the slow path's beside them ([`crate::tasks`]), and
 //! `/v1/broadcast`, which answers on either path (`?async=true` makes it a
-//! task). Neither path's routes know the other's.
+//! task), and the operator console ([`crate::console`]). Neither path's
+//! routes know the other's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,7 +34,16 @@ struct Both {
 }
 
 /// Every route of the router.
-pub fn routes(service: Arc<RouterService>, tasks: Option<Arc<TaskService>>) -> axum::Router {
+pub fn routes(
+    service: Arc<RouterService>,
+    tasks: Option<Arc<TaskService>>,
+    console: Arc<crate::console::Console>,
+) -> axum::Router {
+    let console = crate::console::routes(crate::console::ConsoleState {
+        service: service.clone(),
+        tasks: tasks.clone(),
+        console,
+    });
     let task_api = TaskApi::new(service.clone(), tasks);
     let broadcast_route = axum::Router::new()
         .route("/v1/broadcast", post(broadcast).fallback(method_not_allowed))
@@ -46,6 +56,7 @@ pub fn routes(service: Arc<RouterService>, tasks: Option<Arc<TaskService>>) -> a
         .merge(crate::a2a::routes(task_api.clone()))
         .merge(tasks::routes(task_api))
         .merge(broadcast_route)
+        .merge(console)
 }
 
 async fn broadcast(

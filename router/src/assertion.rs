@@ -90,6 +90,7 @@ pub struct Assertions {
 struct Cached {
     generation: u64,
     caller: Option<Arc<str>>,
+    tenant: Box<str>,
     agent_id: Box<str>,
     capability: Box<str>,
     /// `Bearer <jwt>`.
@@ -188,6 +189,11 @@ impl Assertions {
         }
     }
 
+    /// The key signing now (the console derives its sealing key from it).
+    pub(crate) fn signing_key(&self) -> Arc<AssertionKey> {
+        self.keys.load().signing.clone()
+    }
+
     /// `GET /.well-known/jwks.json`: the signing key first, then the published ones.
     pub fn jwks(&self) -> Bytes {
         self.keys.load().jwks.clone()
@@ -205,12 +211,13 @@ impl Assertions {
     ) -> Result<Arc<str>, RouterError> {
         let generation = self.generation.load(Ordering::Acquire);
         let caller_name = match caller {
-            Caller::Agent(name) => Some(name),
+            Caller::Agent { name, .. } => Some(name),
             Caller::Unauthenticated => None,
         };
         let key = HASHER.with(|state| {
             let mut hasher = state.build_hasher();
             caller_name.map(|name| &**name).hash(&mut hasher);
+            caller.tenant().hash(&mut hasher);
             agent_id.hash(&mut hasher);
             capability.hash(&mut hasher);
             hasher.finish()
@@ -221,6 +228,7 @@ impl Assertions {
             let entry = cache.get(&key)?;
             let same = entry.generation == generation
                 && entry.caller.as_deref() == caller_name.map(|name| &**name)
+                && &*entry.tenant == caller.tenant()
                 && &*entry.agent_id == agent_id
                 && &*entry.capability == capability;
             // At least half its life left, and never past this call's deadline.
@@ -236,7 +244,7 @@ impl Assertions {
             sub: caller_name.map(|name| name.to_string()).unwrap_or_default(),
             aud: agent_id.to_string(),
             cap: capability.to_string(),
-            tenant: "default".to_string(),
+            tenant: caller.tenant().to_string(),
             iat: now_ms / 1000,
             // JWT times are seconds; round down so the assertion never outlives the deadline.
             exp: expires_ms / 1000,
@@ -261,6 +269,7 @@ impl Assertions {
                     Cached {
                         generation,
                         caller: caller_name.cloned(),
+                        tenant: caller.tenant().into(),
                         agent_id: agent_id.into(),
                         capability: capability.into(),
                         header: header.clone(),
@@ -349,7 +358,7 @@ mod tests {
     #[test]
     fn assertions_are_cached_per_call_target_and_never_outlive_the_deadline() {
         let assertions = Assertions::load(AssertionSettings::default(), &prometheus::Registry::new()).unwrap();
-        let caller = Caller::Agent("intent_parser".into());
+        let caller = Caller::agent("intent_parser");
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -389,7 +398,7 @@ mod tests {
         let assertions = Assertions::load(settings_in(dir.path()), &prometheus::Registry::new()).unwrap();
         let published = verifier(&assertions);
         assert!(published.knows(&first) && published.knows(&second));
-        let caller = Caller::Agent("c".into());
+        let caller = Caller::agent("c");
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -39,6 +39,10 @@ pub struct RouterArgs {
     /// The access policy (`permissions` is enforced here); reloaded when it changes.
     #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
     pub acl: PathBuf,
+    /// The tenant this router serves (DESIGN §8): callers' tokens must carry it (no
+    /// `tenant` claim means `default`); its tasks live under `{prefix}:{tenant}`.
+    #[arg(long, env = "AGENT_REACH_TENANT", default_value = "default")]
+    pub tenant: String,
     /// Largest accepted invoke body, in bytes (larger → 413 PAYLOAD_TOO_LARGE).
     #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -126,6 +130,8 @@ pub struct Settings {
     pub registry_credential: RegistryCredential,
     pub acl: PathBuf,
     pub auth: AuthConfig,
+    /// The tenant served: callers of others are refused 401 (`other_tenant`).
+    pub tenant: String,
     pub tuning: Tuning,
     /// How forwarded calls are vouched for.
     pub assertion: AssertionSettings,
@@ -153,6 +159,7 @@ impl Settings {
             registry_credential,
             acl,
             auth,
+            tenant: agent_reach_access::token::DEFAULT_TENANT.to_string(),
             tuning: Tuning::default(),
             assertion: AssertionSettings::default(),
             tasks: None,
@@ -173,6 +180,9 @@ impl RouterArgs {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 problems.push(format!("--registry `{url}` must start with http:// or https://"));
             }
+        }
+        if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
+            problems.push(format!("--tenant: {why}"));
         }
         if self.max_body_bytes < 1024 {
             problems.push("--max-body-bytes must be at least 1024".to_string());
@@ -267,6 +277,7 @@ impl RouterArgs {
             registry_credential,
             acl: self.acl.clone(),
             auth,
+            tenant: self.tenant.clone(),
             tuning: Tuning {
                 max_body_bytes: self.max_body_bytes,
                 default_timeout: Duration::from_millis(self.default_timeout_ms),

@@ -1,7 +1,8 @@
 //! The fuzz targets' way into the router (`fuzz/`, feature `fuzzing`, off in
 //! every service build): the invoke envelope's own parse and checks, as every
 //! front door runs them, and the router's own writers of the envelopes it
-//! sends on (the forwarded and the succeeded result envelope). Not an API.
+//! sends on (the forwarded and the succeeded result envelope), and the
+//! console's sealed credentials. Not an API.
 
 use agent_reach_access::Caller;
 use agent_reach_edge::ErrorCode as _;
@@ -9,6 +10,9 @@ use agent_reach_proto::envelope::{EnvelopeError, InvokeRequest, TargetPolicy, EN
 use serde_json::value::RawValue;
 
 use crate::envelope;
+
+/// The console's sealed sign-in codes and session cookies (`console::seal`).
+pub use crate::console::seal::{Kind as SealKind, Sealer, Unsealed};
 use crate::error::RouterError;
 use crate::json;
 

@@ -22,6 +22,7 @@ mod assertion;
 mod breaker;
 mod clock;
 mod config;
+mod console;
 mod envelope;
 mod error;
 mod forward;
@@ -38,6 +39,7 @@ mod mcp;
 mod metrics;
 mod openapi;
 mod outcome;
+mod recent;
 mod retry;
 mod schema;
 mod select;
@@ -74,12 +76,14 @@ pub struct Router {
     service: Arc<RouterService>,
     tasks: Option<Arc<TaskService>>,
     tls: Option<agent_reach_edge::tls::ServerTls>,
+    /// The console's registry relay and cookie settings.
+    console: Arc<console::Console>,
 }
 
 impl Router {
     /// The whole API as one axum router (tests drive it in-process).
     pub fn app(&self) -> axum::Router {
-        app::routes(self.service.clone(), self.tasks.clone())
+        app::routes(self.service.clone(), self.tasks.clone(), self.console.clone())
     }
 
     /// The front door serving this router: its hot route and every other route.
@@ -128,7 +132,14 @@ impl Router {
 
 /// Every path of the OpenAPI description with its method (tests compare it with the routes).
 pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
-    &openapi::PATHS
+    static ALL: std::sync::OnceLock<Vec<(&'static str, &'static str)>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        openapi::PATHS
+            .iter()
+            .chain(console::openapi::PATHS.iter())
+            .copied()
+            .collect()
+    })
 }
 
 /// Builds the policy, authenticator and service, starts the registry watch
@@ -137,7 +148,9 @@ pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
 pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     let metrics = metrics::Metrics::new().context("registering metrics")?;
     let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
-    let auth = Authenticator::load(&settings.auth).map_err(anyhow::Error::msg)?;
+    let auth = Authenticator::load(&settings.auth)
+        .map_err(anyhow::Error::msg)?
+        .serving(&settings.tenant);
     if !auth.is_enabled() {
         tracing::warn!(
             message = "Router runs WITHOUT authentication (--insecure-no-auth): every caller is trusted \
@@ -163,13 +176,19 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         settings.registry.clone(),
         settings.registry_tls.clone(),
         settings.registry_credential.clone(),
+        settings.tenant.clone(),
         snapshot.clone(),
         metrics.clone(),
     ));
     let tasks = match &settings.tasks {
-        Some(tasks) => Some(Arc::new(
-            TaskService::new(tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
-        )),
+        Some(tasks) => {
+            // The slow path's keys are the served tenant's (`{prefix}:{tenant}:…`).
+            let mut tasks = tasks.clone();
+            tasks.store.tenant = settings.tenant.clone();
+            Some(Arc::new(
+                TaskService::new(&tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
+            ))
+        }
         None => None,
     };
     let assertions =
@@ -192,7 +211,17 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     if let Some(tasks) = &tasks {
         tasks.start(&service);
     }
-    Ok(Router { service, tasks, tls })
+    let console = Arc::new(console::Console::new(
+        &settings.registry,
+        &settings.registry_tls,
+        tls.is_some(),
+    ));
+    Ok(Router {
+        service,
+        tasks,
+        tls,
+        console,
+    })
 }
 
 /// Runs the router until `shutdown` resolves.

@@ -338,7 +338,7 @@ fn build() -> Value {
         responses.insert("405".into(), failed("METHOD_NOT_ALLOWED."));
         Value::Object(responses)
     };
-    json!({
+    let mut document = json!({
         "openapi": "3.0.3",
         "info": {
             "title": "Agent-Reach router",
@@ -645,5 +645,17 @@ fn build() -> Value {
             } },
             "/metrics": { "get": { "summary": "Prometheus metrics", "responses": operational(vec![("200", text("Prometheus text exposition format"))]) } }
         }
-    })
+    });
+    // The console's routes (`crate::console::openapi`) are described beside the rest.
+    let (paths, schemes, schemas) = crate::console::openapi::paths();
+    if let Some(all) = document["paths"].as_object_mut() {
+        all.extend(paths);
+    }
+    if let Some(all) = document["components"]["securitySchemes"].as_object_mut() {
+        all.extend(schemes);
+    }
+    if let Some(all) = document["components"]["schemas"].as_object_mut() {
+        all.extend(schemas);
+    }
+    document
 }

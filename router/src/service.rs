@@ -26,12 +26,14 @@ use crate::outcome::{
     accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
     Success,
 };
+use crate::recent::{Attempt, Finished, RecentCalls, Trail};
 use crate::retry::{self, RetryBudget};
 use crate::schema;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
 use crate::trace::TraceContext;
 use crate::tuning::Tuning;
+use agent_reach_edge::ErrorCode as _;
 
 pub struct RouterService {
     tuning: Tuning,
@@ -45,6 +47,19 @@ pub struct RouterService {
     forwarder: Forwarder,
     budget: RetryBudget,
     metrics: Metrics,
+    /// The last calls, for the console's request lookup (`GET /v1/requests/{id}`).
+    recent: RecentCalls,
+}
+
+/// A call on its way: who, how it entered, what, when (the attempt loop
+/// reads it; the recent-calls ring records it with its outcome).
+struct Recorded<'a> {
+    caller: &'a Caller,
+    entry: Entry,
+    checked: &'a CheckedRequest,
+    request_id: &'a str,
+    trace: &'a TraceContext,
+    received: clock::Now,
 }
 
 /// One instance's outcome of a broadcast.
@@ -73,7 +88,18 @@ impl RouterService {
             auth,
             assertions,
             metrics,
+            recent: RecentCalls::new(),
         }
+    }
+
+    /// The recent-calls ring.
+    pub(crate) fn recent(&self) -> &RecentCalls {
+        &self.recent
+    }
+
+    /// The authenticator (the console seals and reopens operators' tokens it verified).
+    pub(crate) fn authenticator(&self) -> &Authenticator {
+        &self.auth
     }
 
     pub fn tuning(&self) -> &Tuning {
@@ -179,17 +205,71 @@ impl RouterService {
                     Some(capability) => capability.metrics.record(Err(failure.error.code)),
                     None => self.metrics.record_rejected(failure.error.code),
                 }
+                let call = Recorded {
+                    caller,
+                    entry,
+                    checked,
+                    request_id,
+                    trace,
+                    received,
+                };
+                self.remember(
+                    &call,
+                    failure.capability_version.as_deref(),
+                    Some(&failure.error),
+                    Trail::new(),
+                );
                 return Err(*failure);
             }
         };
         let capability = admitted.capability;
-        let result = self
-            .attempts(caller, checked, &admitted, request_id, trace, received)
-            .await;
+        let call = Recorded {
+            caller,
+            entry,
+            checked,
+            request_id,
+            trace,
+            received,
+        };
+        let mut trail = Trail::new();
+        let result = self.attempts(&call, &admitted, &mut trail).await;
         capability
             .metrics
             .record(result.as_ref().map(|_| ()).map_err(|failure| failure.error.code));
+        match &result {
+            Ok(success) => self.remember(&call, Some(&success.capability_version), None, trail),
+            Err(failure) => self.remember(
+                &call,
+                failure.capability_version.as_deref(),
+                Some(&failure.error),
+                trail,
+            ),
+        }
         result
+    }
+
+    /// Records a finished call in the recent-calls ring.
+    fn remember(&self, call: &Recorded<'_>, version: Option<&str>, error: Option<&RouterError>, trail: Trail) {
+        let request = &call.checked.request;
+        self.recent.record(
+            &Finished {
+                request_id: call.request_id,
+                task_id: call.checked.task_id.as_deref(),
+                capability: &request.capability,
+                version,
+                caller: call.caller.name(),
+                session_id: request.session_id.as_deref(),
+                trace_id: &call.trace.trace_id,
+                entry: match call.entry {
+                    Entry::Call => "call",
+                    Entry::Delivery => "delivery",
+                },
+                started_ms: call.received.epoch_ms,
+                duration_us: u64::try_from(call.received.instant.elapsed().as_micros()).unwrap_or(u64::MAX),
+                error: error.map(|error| (error.code.as_str(), error.message.as_str())),
+            },
+            trail,
+        );
     }
 
     /// The attempt loop of an admitted call: pick, forward, classify, maybe
@@ -197,13 +277,18 @@ impl RouterService {
     /// and the deadline.
     async fn attempts(
         &self,
-        caller: &Caller,
-        checked: &CheckedRequest,
+        call: &Recorded<'_>,
         admitted: &Admitted<'_>,
-        request_id: &str,
-        trace: &TraceContext,
-        now: clock::Now,
+        trail: &mut Trail,
     ) -> Result<Success, Failure> {
+        let &Recorded {
+            caller,
+            checked,
+            request_id,
+            trace,
+            received: now,
+            ..
+        } = call;
         let CheckedRequest {
             request,
             policy,
@@ -336,6 +421,18 @@ impl RouterService {
             let agent_id = instance.agent_id.clone();
 
             let (observation, outcome) = classify(result, elapsed, fair);
+            if let Some(instance) = group.instances.get(index) {
+                trail.push(Attempt {
+                    instance: instance.clone(),
+                    duration_us: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+                    outcome: match &outcome {
+                        Outcome::Done(_) => "succeeded",
+                        Outcome::Accepted => "accepted",
+                        Outcome::Fatal(_) => "failed",
+                        Outcome::Retryable(reason, _) => reason.as_str(),
+                    },
+                });
+            }
             let transition = instance.state.observe(observation, &self.breaker);
             log_transition(transition, &agent_id, trace, request_id);
             if let Some(span) = &mut attempt_span {

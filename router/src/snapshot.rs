@@ -114,6 +114,18 @@ impl Snapshot {
     /// A product, so any one bad dimension pulls the score down. An instance in
     /// several groups keeps its lowest score.
     pub fn publish_instance_gauges(&self, staleness: Duration, max_staleness: Duration) {
+        for (score, state) in self.instance_scores(staleness, max_staleness).into_values() {
+            state.publish(score);
+        }
+    }
+
+    /// Every instance's health score (see [`Snapshot::publish_instance_gauges`])
+    /// with its runtime state, by `agent_id` (the gauges and the console read it).
+    pub fn instance_scores(
+        &self,
+        staleness: Duration,
+        max_staleness: Duration,
+    ) -> HashMap<&str, (i64, &InstanceState)> {
         let stale_permille = if max_staleness.is_zero() {
             1000
         } else {
@@ -145,9 +157,7 @@ impl Snapshot {
                 entry.0 = entry.0.min(score);
             }
         }
-        for (score, state) in scores.into_values() {
-            state.publish(score);
-        }
+        scores
     }
 
     /// Every instance id in the snapshot (tests and diagnostics).

@@ -41,6 +41,7 @@ pub async fn run(
     registries: Vec<String>,
     tls: ClientFiles,
     credential: RegistryCredential,
+    tenant: String,
     handle: Arc<SnapshotHandle>,
     metrics: Metrics,
 ) {
@@ -60,7 +61,7 @@ pub async fn run(
         let registry = &registries[index % registries.len()];
         index += 1;
         metrics.watch_reconnects.inc();
-        match watch_once(registry, &tls, &credential, &handle, &mut builder, &metrics).await {
+        match watch_once(registry, &tls, (&credential, &tenant), &handle, &mut builder, &metrics).await {
             Ok(()) => tracing::warn!(message = "Registry watch ended; reconnecting.", registry = %registry),
             Err(error) => tracing::warn!(
                 message = "Registry watch failed; serving the last snapshot and reconnecting.",
@@ -89,7 +90,7 @@ pub async fn run(
 async fn watch_once(
     registry: &str,
     tls: &ClientFiles,
-    credential: &RegistryCredential,
+    (credential, tenant): (&RegistryCredential, &str),
     handle: &SnapshotHandle,
     builder: &mut SnapshotBuilder,
     metrics: &Metrics,
@@ -106,7 +107,7 @@ async fn watch_once(
     let mut request = tonic::Request::new(WatchRequest {
         start_revision: builder.revision(),
     });
-    if let Some(token) = token(credential)? {
+    if let Some(token) = token(credential, tenant)? {
         request
             .metadata_mut()
             .insert("authorization", format!("Bearer {token}").parse()?);
@@ -130,7 +131,9 @@ async fn watch_once(
     Ok(())
 }
 
-fn token(credential: &RegistryCredential) -> anyhow::Result<Option<String>> {
+/// The registry token; one the router signs itself names the router's tenant
+/// (no claim for `default`, as before tenants).
+fn token(credential: &RegistryCredential, tenant: &str) -> anyhow::Result<Option<String>> {
     match credential {
         RegistryCredential::None => Ok(None),
         RegistryCredential::TokenFile(path) => {
@@ -140,7 +143,8 @@ fn token(credential: &RegistryCredential) -> anyhow::Result<Option<String>> {
         }
         RegistryCredential::SignWithSecret(path) => {
             let secret = agent_reach_access::token::read_hs256_secret(path).map_err(anyhow::Error::msg)?;
-            let token = agent_reach_access::token::issue_hs256(ROUTER_IDENTITY, &secret, SELF_SIGNED_TTL)
+            let claim = (tenant != agent_reach_access::token::DEFAULT_TENANT).then_some(tenant);
+            let token = agent_reach_access::token::issue_hs256_for(ROUTER_IDENTITY, claim, &secret, SELF_SIGNED_TTL)
                 .map_err(anyhow::Error::msg)?;
             Ok(Some(token))
         }

@@ -1,7 +1,8 @@
 //! The SDK over TLS on every link (issue 20): an SDK agent served over
 //! `https://`, registered with a registry over gRPC with TLS, fetching the
 //! router's keys and calling through it over `https://`, writing its session
-//! context over gRPC with TLS; the router verifies the agent's certificate.
+//! context over gRPC with TLS, which keeps it in Redis over TLS; the router
+//! verifies the agent's certificate.
 //! Everything trusts one throwaway CA (`agent_reach_testkit::pki`); real etcd
 //! and Redis.
 
@@ -86,7 +87,7 @@ fn client_trusting(ca: &Path) -> reqwest::Client {
 async fn an_sdk_agent_works_with_tls_on_every_link() {
     let pki = Pki::new("sdk");
     let etcd = Etcd::start();
-    let redis = Redis::start();
+    let redis = Redis::start_tls(&pki);
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("secret");
     std::fs::write(&secret, SECRET).unwrap();
@@ -115,12 +116,26 @@ async fn an_sdk_agent_works_with_tls_on_every_link() {
     ));
     let registry_url = format!("https://localhost:{}", registry_addr.port());
 
-    // Context service over TLS, on Redis.
+    // Context service over TLS, on Redis over TLS (with a client certificate).
+    let redis_client = pki.client("context");
+    let mut problems = Vec::new();
+    let redis_tls = agent_reach_links::TlsFiles::read(
+        "--redis",
+        Some(&pki.ca_file),
+        Some(&redis_client.cert),
+        Some(&redis_client.key),
+        &mut problems,
+    );
+    assert!(problems.is_empty(), "{problems:?}");
     let context = agent_reach_context::build(&agent_reach_context::Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
         threads: 1,
         store: agent_reach_context::StoreChoice::Redis {
-            url: redis.url(),
+            link: Box::new(
+                agent_reach_links::RedisLink::parse(&redis.url())
+                    .unwrap()
+                    .with_tls(redis_tls),
+            ),
             namespace: agent_reach_context::store::Namespace {
                 prefix: "agent-reach".to_string(),
                 tenant: "default".to_string(),

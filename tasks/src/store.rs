@@ -4,6 +4,9 @@
 //! - `task:{id}` — hash: `spec` (immutable JSON: envelope, caller, callback …),
 //!   `state`, `attempts`, `updated_at_ms`, `transitions` (JSON lines), `result`.
 //! - `task_req:{caller}:{request_id}` — the idempotency key → task id.
+//! - `task_alias:{id}` — string, kept for the retention: a task id a router
+//!   gave out from its local buffer for a `request_id` that Redis already
+//!   had, naming the task that holds it ([`TaskStore::alias`]).
 //! - `queue:{priority}` — a stream per priority, consumer group `workers`.
 //!   An entry is acknowledged only by the script that records the task's
 //!   outcome, so a worker that dies mid-task leaves it pending for another
@@ -543,6 +546,10 @@ impl TaskStore {
         format!("{}:tasks_of:{caller}", self.namespace)
     }
 
+    fn alias_key(&self, task_id: &str) -> String {
+        format!("{}:task_alias:{task_id}", self.namespace)
+    }
+
     fn request_key(&self, caller: &str, request_id: &str) -> String {
         format!("{}:task_req:{caller}:{request_id}", self.namespace)
     }
@@ -655,10 +662,18 @@ impl TaskStore {
         })
     }
 
+    /// The task `task_id` names: its own, or the one its alias points to.
     pub async fn get(&self, task_id: &str) -> Result<Task, TaskStoreError> {
         let mut connection = self.connection().await?;
-        let fields: std::collections::HashMap<String, String> =
+        let mut fields: std::collections::HashMap<String, String> =
             connection.hgetall(self.task_key(task_id)).await.map_err(unavailable)?;
+        if fields.is_empty() {
+            // Only on a miss: an id the buffer gave out for a request Redis already had.
+            let alias: Option<String> = connection.get(self.alias_key(task_id)).await.map_err(unavailable)?;
+            if let Some(target) = alias {
+                fields = connection.hgetall(self.task_key(&target)).await.map_err(unavailable)?;
+            }
+        }
         if fields.is_empty() {
             return Err(TaskStoreError::NotFound(task_id.to_string()));
         }
@@ -671,6 +686,19 @@ impl TaskStore {
         let mut connection = self.connection().await?;
         connection
             .zrevrange(self.caller_index_key(caller), 0, -1)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// Records that `from` names the task `to`, for the retention: a router
+    /// that accepted a submission into its local buffer while Redis was away
+    /// answered it with `from`, and on replay found its `request_id` already
+    /// held by `to` (the caller had submitted it before, and that write had
+    /// reached Redis). Without the alias, `from` would answer 404 forever.
+    pub async fn alias(&self, from: &str, to: &str) -> Result<(), TaskStoreError> {
+        let mut connection = self.connection().await?;
+        connection
+            .set_ex::<_, _, ()>(self.alias_key(from), to, self.retention_s)
             .await
             .map_err(unavailable)
     }
@@ -1140,6 +1168,24 @@ impl TaskStore {
             .query_async(&mut connection)
             .await
             .map_err(unavailable)
+    }
+
+    /// Tasks claimed by a worker and not yet acknowledged (running or being
+    /// retried), per priority: each queue's consumer-group pending count.
+    pub async fn running(&self) -> Result<Vec<(Priority, u64)>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let mut out = Vec::new();
+        for priority in Priority::ALL {
+            // XPENDING's summary form: [count, first id, last id, consumers].
+            let summary: (u64, RedisValue, RedisValue, RedisValue) = redis::cmd("XPENDING")
+                .arg(self.queue_key(priority))
+                .arg(GROUP)
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            out.push((priority, summary.0));
+        }
+        Ok(out)
     }
 
     /// Dead-lettered callbacks as (task id, result JSON), oldest first.

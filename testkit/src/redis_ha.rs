@@ -205,6 +205,34 @@ impl RedisSentinels {
         }
     }
 
+    /// Freezes the data node on `port` (SIGSTOP): its connections stay open
+    /// and nothing is answered, as with a hung host or a network partition.
+    /// [`RedisSentinels::thaw_server`] resumes it; dropping still kills it.
+    pub fn freeze_server(&self, port: u16) {
+        self.signal_server(port, libc::SIGSTOP);
+    }
+
+    /// Lets a frozen data node run again (SIGCONT).
+    pub fn thaw_server(&self, port: u16) {
+        self.signal_server(port, libc::SIGCONT);
+    }
+
+    fn signal_server(&self, port: u16, signal: libc::c_int) {
+        let Some(process) = self
+            .servers
+            .iter()
+            .find(|node| node.port == port)
+            .and_then(|node| node.process.as_ref())
+        else {
+            panic!("no running Redis on port {port}");
+        };
+        let pid = libc::pid_t::try_from(process.child.id()).unwrap_or_else(|_| panic!("pid out of range"));
+        // SAFETY: kill(2) with a pid this guard spawned and has not reaped.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            panic!("cannot signal redis-server: {}", std::io::Error::last_os_error());
+        }
+    }
+
     /// Starts the data node on `port` again (as a replica of `primary`; the
     /// Sentinels would reconfigure it anyway), and waits until it answers.
     pub fn restart_server_as_replica(&mut self, port: u16, primary: u16) {

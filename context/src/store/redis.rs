@@ -442,22 +442,24 @@ impl Answer {
 }
 
 impl RedisStore {
-    /// Checks the URL; connects on first use (and reconnects by itself afterwards).
-    pub fn new(url: &str, namespace: &Namespace, policy: StorePolicy, timeout: Duration) -> Result<Self, String> {
-        let parsed = agent_reach_links::RedisUrl::parse(url)?;
-        if parsed.tls {
-            return Err(format!(
-                "unsupported Redis URL `{parsed}`: the context service speaks plain TCP \
-                 (redis://HOST:PORT[/DB] or redis+sentinel://HOST:PORT,.../SERVICE[/DB]); \
-                 put a TLS proxy beside it or use the task store's rediss:// support"
-            ));
-        }
+    /// Checks the link; connects on first use (and reconnects by itself afterwards).
+    pub fn new(
+        link: &agent_reach_links::RedisLink,
+        namespace: &Namespace,
+        policy: StorePolicy,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let parsed = &link.url;
+        let tls = if parsed.tls {
+            Some(link.tls.client_config()?)
+        } else {
+            None
+        };
         let (host, port, primary) = match &parsed.nodes {
             agent_reach_links::Nodes::Direct(node) => (node.host.clone(), node.port, None),
             agent_reach_links::Nodes::Sentinel { .. } => {
-                let sentinels =
-                    agent_reach_links::Sentinels::from_url(&parsed, &agent_reach_links::TlsFiles::default())
-                        .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
+                let sentinels = agent_reach_links::Sentinels::from_url(parsed, &link.tls)
+                    .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
                 let primary = agent_reach_links::Primary::new(sentinels, timeout);
                 // Follows failovers in the background (one Sentinel question
                 // per half second), so requests never ask the Sentinels.
@@ -476,6 +478,7 @@ impl RedisStore {
             password: parsed.password.clone(),
             connect_timeout: timeout,
             reply_timeout: timeout,
+            tls,
         };
         Ok(Self {
             target,
@@ -863,7 +866,13 @@ mod tests {
             prefix: "t".into(),
             tenant: "t".into(),
         };
-        let store = RedisStore::new(&url, &namespace, StorePolicy::default(), Duration::from_millis(100)).unwrap();
+        let store = RedisStore::new(
+            &agent_reach_links::RedisLink::parse(&url).unwrap(),
+            &namespace,
+            StorePolicy::default(),
+            Duration::from_millis(100),
+        )
+        .unwrap();
         let current = |store: &RedisStore| {
             CONNECTIONS.with(|connections| {
                 connections

@@ -6,7 +6,7 @@
 //! while the driver was busy goes out in one write, and replies are parsed by
 //! a direct scanner.
 //!
-//! A [`Connection`] is a handle to one TCP connection driven by one task on the
+//! A [`Connection`] is a handle to one TCP (or TLS, for `rediss://`) connection driven by one task on the
 //! runtime that opened it (the context store opens one per serving thread).
 //! Requests queue on a channel; replies are matched to requests in order. A
 //! connection that cannot be made, or breaks, fails everything queued on it
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach_edge::decimal;
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -207,6 +207,9 @@ pub struct Target {
     /// waited this long (checked every tenth of it, at most every 100 ms),
     /// everything on the connection fails and it closes.
     pub reply_timeout: Duration,
+    /// TLS (`rediss://`): the server's certificate is verified against this
+    /// configuration's roots, for the name the URL (or the Sentinels) gave.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 struct Request {
@@ -273,11 +276,19 @@ async fn drive(target: Target, mut queue: mpsc::UnboundedReceiver<Request>) {
                 target.connect_timeout.as_millis()
             ))
         });
-    let why = match connected {
-        Ok(stream) => match serve(stream, &mut queue, target.reply_timeout).await {
-            Ok(()) => return,
-            Err(why) => why,
-        },
+    let served = match connected {
+        Ok(Linked::Plain(stream)) => {
+            let (reader, writer) = stream.into_split();
+            serve(reader, writer, false, &mut queue, target.reply_timeout).await
+        }
+        Ok(Linked::Tls(stream)) => {
+            let (reader, writer) = tokio::io::split(*stream);
+            serve(reader, writer, true, &mut queue, target.reply_timeout).await
+        }
+        Err(why) => Err(why),
+    };
+    let why = match served {
+        Ok(()) => return,
         Err(why) => why,
     };
     // Fail whatever is still queued; the closed channel tells owners to reconnect.
@@ -287,15 +298,55 @@ async fn drive(target: Target, mut queue: mpsc::UnboundedReceiver<Request>) {
     }
 }
 
-async fn connect(target: &Target) -> Result<TcpStream, String> {
-    let address = match &target.primary {
-        Some(primary) => primary.current().await?.0.to_string(),
-        None => format!("{}:{}", target.host, target.port),
+/// A connected stream: plain TCP, or TLS over it.
+enum Linked {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+async fn connect(target: &Target) -> Result<Linked, String> {
+    let (host, address) = match &target.primary {
+        Some(primary) => {
+            let address = primary.current().await?.0;
+            (address.host.clone(), address.to_string())
+        }
+        None => (target.host.clone(), format!("{}:{}", target.host, target.port)),
     };
-    let mut stream = TcpStream::connect(&address)
+    let stream = TcpStream::connect(&address)
         .await
         .map_err(|error| format!("cannot connect to Redis at {address}: {error}"))?;
     stream.set_nodelay(true).map_err(|error| error.to_string())?;
+    match &target.tls {
+        None => {
+            let mut stream = stream;
+            handshake(&mut stream, target, &address).await?;
+            Ok(Linked::Plain(stream))
+        }
+        Some(config) => {
+            let name =
+                rustls::pki_types::ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string())
+                    .map_err(|error| format!("`{host}` is not a name a TLS certificate can carry: {error}"))?;
+            let mut stream = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|error| {
+                    format!(
+                        "TLS with Redis at {address} failed: {}",
+                        agent_reach_links::error_chain(&error)
+                    )
+                })?;
+            handshake(&mut stream, target, &address).await?;
+            Ok(Linked::Tls(Box::new(stream)))
+        }
+    }
+}
+
+/// AUTH, SELECT and (behind Sentinels) ROLE, before any request is sent.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    target: &Target,
+    address: &str,
+) -> Result<(), String> {
     let mut handshake = Pipeline::new();
     if let Some(password) = &target.password {
         let mut auth = Args::new();
@@ -317,6 +368,10 @@ async fn connect(target: &Target) -> Result<TcpStream, String> {
             .write_all(&handshake.bytes)
             .await
             .map_err(|error| format!("Redis handshake failed: {error}"))?;
+        stream
+            .flush()
+            .await
+            .map_err(|error| format!("Redis handshake failed: {error}"))?;
         let mut input = BytesMut::with_capacity(256);
         let mut answered = 0;
         while answered < handshake.commands {
@@ -326,7 +381,7 @@ async fn connect(target: &Target) -> Result<TcpStream, String> {
                     input.advance(used);
                     answered += 1;
                     if let (Some(primary), true) = (&target.primary, answered == handshake.commands) {
-                        check_role(primary, &address, reply).await?;
+                        check_role(primary, address, reply).await?;
                     }
                 }
                 None => {
@@ -341,7 +396,7 @@ async fn connect(target: &Target) -> Result<TcpStream, String> {
             }
         }
     }
-    Ok(stream)
+    Ok(())
 }
 
 /// Refuses a server that is not the primary, and asks the Sentinels again.
@@ -376,13 +431,16 @@ struct Waiting {
 /// after failing what was waiting): a read or write error, or no reply to the
 /// oldest command within `reply_timeout`. Every asker holds a handle while it
 /// waits, so once all are gone, replies still due have nobody to go to: the
-/// connection closes at once.
-async fn serve(
-    stream: TcpStream,
+/// connection closes at once. `flushes`: the writer buffers (TLS records are
+/// only sealed and sent on a flush once the socket pushes back).
+async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut reader: R,
+    mut writer: W,
+    flushes: bool,
     queue: &mut mpsc::UnboundedReceiver<Request>,
     reply_timeout: Duration,
 ) -> Result<(), String> {
-    let (mut reader, mut writer) = stream.into_split();
+    let mut unflushed = false;
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut check = tokio::time::interval(check_period(reply_timeout));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -410,16 +468,18 @@ async fn serve(
                     next = queue.try_recv().ok();
                 }
             }
-            sent = writer.write(&output[written..]), if !output.is_empty() => {
+            sent = push(&mut writer, &output[written..]), if !output.is_empty() || unflushed => {
                 match sent {
-                    Ok(0) => break Err("Redis stopped accepting data".to_string()),
-                    Ok(count) => {
+                    Ok(Pushed::Wrote(0)) => break Err("Redis stopped accepting data".to_string()),
+                    Ok(Pushed::Wrote(count)) => {
                         written += count;
                         if written == output.len() {
                             output.clear();
                             written = 0;
+                            unflushed = flushes;
                         }
                     }
+                    Ok(Pushed::Flushed) => unflushed = false,
                     Err(error) => break Err(format!("writing to Redis failed: {error}")),
                 }
             }
@@ -449,6 +509,21 @@ async fn serve(
         }
     }
     result
+}
+
+enum Pushed {
+    Wrote(usize),
+    Flushed,
+}
+
+/// Writes what is pending, or, with nothing pending, flushes what the writer
+/// still buffers (one future, so `serve`'s select borrows the writer once).
+async fn push<W: AsyncWrite + Unpin>(writer: &mut W, pending: &[u8]) -> std::io::Result<Pushed> {
+    if pending.is_empty() {
+        writer.flush().await.map(|()| Pushed::Flushed)
+    } else {
+        writer.write(pending).await.map(Pushed::Wrote)
+    }
 }
 
 /// How often a connection checks its oldest unanswered command: a tenth of

@@ -16,7 +16,7 @@ use agent_reach_proto::context::contexts_client::ContextsClient;
 use agent_reach_testkit::Redis;
 use serde_json::Value;
 
-const SECRET: &str = "0123456789abcdef0123456789abcdef-context-tests";
+pub const SECRET: &str = "0123456789abcdef0123456789abcdef-context-tests";
 
 /// The policy the tests run under: `intent_parser` writes and reads everything it
 /// names, `reply_writer` reads three fields, `admin` may write (and close) anything,
@@ -63,14 +63,15 @@ impl Harness {
 
     /// The service on a given (possibly stopped) Redis.
     pub async fn on_redis(redis: Redis, config: ContextConfig) -> Self {
-        let store = StoreChoice::Redis {
-            url: redis.url(),
-            namespace: Namespace {
+        let store = StoreChoice::redis(
+            &redis.url(),
+            Namespace {
                 prefix: "agent-reach-test".into(),
                 tenant: "default".into(),
             },
-            timeout: Duration::from_millis(500),
-        };
+            Duration::from_millis(500),
+        )
+        .unwrap();
         Self::start(config, store, Some(redis)).await
     }
 

@@ -54,7 +54,7 @@ impl TaskApi {
 }
 
 /// Public view of a task.
-fn view(task: &agent_reach_tasks::Task) -> Value {
+pub(crate) fn view(task: &agent_reach_tasks::Task) -> Value {
     json!({
         "task_id": task.task_id,
         "request_id": task.request_id,
@@ -88,7 +88,7 @@ async fn owned_task<'a>(
 
 pub(super) fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
     match caller {
-        Caller::Agent(name) if **name != *task.caller => Err(RouterError::new(
+        Caller::Agent { name, .. } if **name != *task.caller => Err(RouterError::new(
             Code::TaskNotFound,
             format!("no task `{}` for caller `{name}`", task.task_id),
         )),
@@ -230,17 +230,23 @@ pub(super) enum Put {
 /// Stores a submission in Redis, or in the local buffer while Redis is
 /// unreachable (`--task-buffer-dir`), and counts it.
 pub(super) async fn put(tasks: &TaskService, task: NewTask, priority: Priority) -> Result<Put, RouterError> {
+    // One id whichever way the submission goes. A write that timed out, or that no
+    // replica acknowledged (WAIT), may be in Redis already under this id: the
+    // buffer's replay must find it there under the same one. Under a fresh id the
+    // replay found the request id taken and dropped its copy, and the id the caller
+    // was given answered 404 for ever (docs/chaos.md, router/tests/task_buffer.rs).
+    let task_id = agent_reach_tasks::new_task_id();
     let submitted = match &tasks.buffer {
         // Behind what waits in the buffer: order holds, a resubmission finds its first copy.
-        Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task, priority).await,
-        Some(buffer) => match tasks.store.submit(task.clone()).await {
+        Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task_id, task, priority).await,
+        Some(buffer) => match tasks.store.submit_with_id(task.clone(), &task_id).await {
             Err(TaskStoreError::Unavailable(why)) => {
                 tracing::warn!(message = "Task store unreachable; keeping the submission in the local buffer.", error = %why);
-                return buffered(tasks, buffer, task, priority).await;
+                return buffered(tasks, buffer, task_id, task, priority).await;
             }
             other => other.map_err(store_error)?,
         },
-        None => tasks.store.submit(task).await.map_err(store_error)?,
+        None => tasks.store.submit_with_id(task, &task_id).await.map_err(store_error)?,
     };
     Ok(match submitted {
         Submitted::Created(task_id) => {
@@ -256,10 +262,11 @@ pub(super) async fn put(tasks: &TaskService, task: NewTask, priority: Priority) 
 async fn buffered(
     tasks: &TaskService,
     buffer: &Arc<TaskBuffer>,
+    task_id: String,
     task: NewTask,
     priority: Priority,
 ) -> Result<Put, RouterError> {
-    match buffer.push(agent_reach_tasks::new_task_id(), task).await {
+    match buffer.push(task_id, task).await {
         Ok(Buffered::Created(task_id)) => {
             tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
             Ok(Put::Created(task_id))
@@ -378,7 +385,7 @@ pub(super) async fn status(
             .and_then(|buffer| buffer.caller_of(&task_id));
         if let Some(owner) = buffered_for {
             let caller = api.service.authenticate(&headers)?;
-            if !matches!(&caller, Caller::Agent(name) if **name != *owner) {
+            if !matches!(&caller, Caller::Agent { name, .. } if **name != *owner) {
                 let view = json!({ "task_id": task_id, "status": "pending", "buffered": true });
                 return Ok(Json(view).into_response());
             }
@@ -398,6 +405,7 @@ pub(super) async fn cancel(
 ) -> Response {
     let outcome = async {
         let (tasks, task) = owned_task(&api, &headers, &task_id).await?;
+        // The task's own id: `task_id` may be an alias of it (a buffered submission's).
         let task = cancel_task(tasks, &task).await?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }
@@ -519,7 +527,7 @@ pub(super) async fn session_results(
         {
             cursor = Some(entry.cursor.clone());
             // A session's results belong to the callers that submitted them.
-            if let (Caller::Agent(name), Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
+            if let (Caller::Agent { name, .. }, Ok(task)) = (&caller, tasks.store.get(&entry.task_id).await) {
                 if *task.caller != **name {
                     continue;
                 }

@@ -184,7 +184,17 @@ impl TaskBuffer {
                 break;
             };
             match store.submit_with_id(front.task.clone(), &front.task_id).await {
-                Ok(Submitted::Created(_) | Submitted::Existing(_)) => {}
+                Ok(Submitted::Created(_)) => {}
+                Ok(Submitted::Existing(existing)) if existing == front.task_id => {}
+                Ok(Submitted::Existing(existing)) => {
+                    // The request was in Redis already under another id (a
+                    // submission before the outage): the id this router gave
+                    // out must lead there, not to a 404.
+                    if let Err(error) = store.alias(&front.task_id, &existing).await {
+                        tracing::warn!(message = "Cannot record a buffered task id's alias; retrying the replay later.", task_id = %front.task_id, %error);
+                        break;
+                    }
+                }
                 Err(TaskStoreError::Unavailable(_)) => break,
                 Err(error) => {
                     // Not Redis being away: this one will never go in; do not let it block the rest.

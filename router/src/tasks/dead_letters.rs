@@ -35,8 +35,8 @@ fn view(letter: &DeadLetter, with_result: bool) -> Value {
 /// The slow path, for an operator.
 async fn operator<'a>(api: &'a TaskApi, headers: &HeaderMap) -> Result<&'a std::sync::Arc<TaskService>, RouterError> {
     let tasks = api.enabled()?;
-    let caller = api.service.authenticate(headers)?;
-    api.service.admission().authorize_operator(&caller)?;
+    // A bearer token or the console's session (`crate::console`).
+    crate::console::operator(&api.service, headers)?;
     Ok(tasks)
 }
 
@@ -114,7 +114,8 @@ pub(super) async fn show(AxumState(api): AxumState<TaskApi>, Path(id): Path<Stri
 #[tracing::instrument(name = "tasks.dead_letters.replay", skip_all)]
 pub(super) async fn replay(AxumState(api): AxumState<TaskApi>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let outcome = async {
-        let tasks = operator(&api, &headers).await?;
+        let tasks = api.enabled()?;
+        let operator = crate::console::operator(&api.service, &headers)?;
         let task_id = tasks
             .store
             .replay_dead_letter(checked_id(&id)?)
@@ -128,7 +129,7 @@ pub(super) async fn replay(AxumState(api): AxumState<TaskApi>, Path(id): Path<St
                 ),
                 other => store_error(other),
             })?;
-        tracing::info!(message = "Dead letter replayed.", dead_letter = %id, %task_id);
+        tracing::info!(message = "Dead letter replayed.", dead_letter = %id, %task_id, operator = %operator.name());
         Ok::<_, RouterError>(Json(json!({ "id": id, "task_id": task_id, "status": "scheduled" })).into_response())
     }
     .await;

@@ -32,6 +32,7 @@ use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION
 use agent_reach_tasks::{Deliverer, TaskStore, TaskStoreError};
 use serde_json::{json, Value};
 
+pub(crate) use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
 pub(crate) use protocol::{Owned, POLL};
 pub use settings::{TagLimit, TaskArgs, TasksSettings};
@@ -106,6 +107,11 @@ pub struct TaskService {
 }
 
 impl TaskService {
+    /// The store (the console's slow-path summary and task lookup read it).
+    pub(crate) fn store(&self) -> &TaskStore {
+        &self.store
+    }
+
     pub fn new(settings: &TasksSettings, registry: &prometheus::Registry) -> Result<Self, String> {
         Ok(Self {
             store: TaskStore::new(&settings.redis, &settings.store)?,

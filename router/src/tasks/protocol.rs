@@ -81,7 +81,7 @@ impl TaskApi {
         let tasks = self.enabled()?;
         if let Some(owner) = tasks.buffer.as_ref().and_then(|buffer| buffer.caller_of(task_id)) {
             return match caller {
-                Caller::Agent(name) if **name != *owner => Err(RouterError::new(
+                Caller::Agent { name, .. } if **name != *owner => Err(RouterError::new(
                     Code::TaskNotFound,
                     format!("no task `{task_id}` for caller `{name}`"),
                 )),

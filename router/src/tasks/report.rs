@@ -101,7 +101,7 @@ async fn try_report(api: &TaskApi, task_id: &str, headers: &HeaderMap, body: Bod
     let (task, accepted) = accepted_task(tasks, task_id).await?;
     // Authentication off (development only): whoever reports speaks for the agent.
     let reporter = match &caller {
-        Caller::Agent(name) => name.to_string(),
+        Caller::Agent { name, .. } => name.to_string(),
         Caller::Unauthenticated => accepted.agent_name.clone(),
     };
     let (state, result) = result_envelope(api, &task, &accepted, report);

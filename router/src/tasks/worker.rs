@@ -257,7 +257,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
     let task = &claimed.task;
     let caller = match task.caller.as_str() {
         "anonymous" => Caller::Unauthenticated,
-        name => Caller::Agent(name.into()),
+        name => Caller::agent(name),
     };
     let mut attempts = 0u32;
     let mut running_since_ms;

@@ -47,6 +47,11 @@ pub fn token(name: &str) -> String {
     agent_reach_testkit::hs256_token(name, SECRET)
 }
 
+/// A token for `name` with a `tenant` claim (`None`: no claim, the `default` tenant).
+pub fn tenant_token(name: &str, tenant: Option<&str>) -> String {
+    agent_reach_access::token::issue_hs256_for(name, tenant, SECRET, Duration::from_secs(3600)).expect("token")
+}
+
 pub fn epoch_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -69,14 +74,21 @@ pub type Registry = agent_reach_testkit::RegistryProcess;
 
 /// Starts the registry on `etcd` with the tests' secret and ACL files (on `addr`, or a free port).
 pub fn start_registry(etcd: &str, secret: &Path, acl: &Path, addr: Option<SocketAddr>) -> Registry {
-    use clap::Parser;
     let listen = addr
         .map(|addr| addr.to_string())
         .unwrap_or_else(|| "127.0.0.1:0".to_string());
-    let cli = RegistryCli::parse_from([
+    start_registry_with(etcd, secret, acl, &["--listen", &listen])
+}
+
+/// Starts a registry serving `tenant` (its `--tenant`) on a free port.
+pub fn start_tenant_registry(etcd: &str, secret: &Path, acl: &Path, tenant: &str) -> Registry {
+    start_registry_with(etcd, secret, acl, &["--listen", "127.0.0.1:0", "--tenant", tenant])
+}
+
+fn start_registry_with(etcd: &str, secret: &Path, acl: &Path, extra: &[&str]) -> Registry {
+    use clap::Parser;
+    let mut args = vec![
         "registry",
-        "--listen",
-        &listen,
         "--etcd",
         etcd,
         "--acl",
@@ -85,7 +97,9 @@ pub fn start_registry(etcd: &str, secret: &Path, acl: &Path, addr: Option<Socket
         secret.to_str().expect("utf-8 path"),
         "--min-ttl-s",
         "2",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let cli = RegistryCli::parse_from(args);
     Registry::start(cli.args.validate().expect("registry settings"))
 }
 
@@ -132,6 +146,8 @@ pub struct AgentSpec {
     pub tls: Option<AgentTls>,
     /// Trust this CA for an `https://` registry (none: the system's roots).
     pub registry_ca: Option<PathBuf>,
+    /// The tenant claim of the agent's registry token (none: `default`).
+    pub tenant: Option<String>,
 }
 
 /// An agent's TLS: its certificate, and the CA its clients' certificates
@@ -157,6 +173,7 @@ impl AgentSpec {
             check_output: None,
             tls: None,
             registry_ca: None,
+            tenant: None,
         }
     }
 }
@@ -171,6 +188,8 @@ pub struct Seen {
     pub last_traceparent: Mutex<Option<String>>,
     /// The `Accept` header of the last delivery.
     pub last_accept: Mutex<Option<String>>,
+    /// The `Authorization` header (the router's assertion) of the last delivery.
+    pub last_authorization: Mutex<Option<String>>,
     /// Streams whose answer was dropped before it ended (the router cut the connection).
     pub streams_cancelled: AtomicUsize,
     /// Streams that ran to their end.
@@ -274,6 +293,10 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
         .get("accept")
         .and_then(|value| value.to_str().ok())
         .map(str::to_string);
+    *state.seen.last_authorization.lock().unwrap() = headers
+        .get("authorization")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string);
     match state.behaviour {
         Behaviour::StreamHeld => stream_answer(
             state.seen.clone(),
@@ -365,7 +388,13 @@ impl Agent {
             }
             let client = registry_client(spec.registry_ca.as_deref());
             let lease = register(&client, &registry, &spec, addr).await;
-            tokio::spawn(heartbeat(client, registry, spec.agent_id.clone(), lease, spec.ttl_s));
+            tokio::spawn(heartbeat(
+                client,
+                registry,
+                spec.agent_id.clone(),
+                lease,
+                (spec.ttl_s, spec.tenant.clone()),
+            ));
             (addr, lease)
         });
         Self {
@@ -427,7 +456,7 @@ async fn register(client: &reqwest::Client, registry: &str, spec: &AgentSpec, ad
     }
     let response = client
         .post(format!("{registry}/v1/agents"))
-        .bearer_auth(token(&agent_name(&spec.agent_id)))
+        .bearer_auth(tenant_token(&agent_name(&spec.agent_id), spec.tenant.as_deref()))
         .json(&body)
         .send()
         .await
@@ -438,14 +467,20 @@ async fn register(client: &reqwest::Client, registry: &str, spec: &AgentSpec, ad
     answer["lease_id"].as_i64().expect("lease_id")
 }
 
-async fn heartbeat(client: reqwest::Client, registry: String, agent_id: String, lease: i64, ttl_s: u32) {
+async fn heartbeat(
+    client: reqwest::Client,
+    registry: String,
+    agent_id: String,
+    lease: i64,
+    (ttl_s, tenant): (u32, Option<String>),
+) {
     let every = Duration::from_millis(u64::from(ttl_s) * 1000 / 3);
     loop {
         tokio::time::sleep(every).await;
         // Failures (registry down) are tolerated: the lease outlives short outages.
         let _ = client
             .put(format!("{registry}/v1/agents/{agent_id}/heartbeat"))
-            .bearer_auth(token(&agent_name(&agent_id)))
+            .bearer_auth(tenant_token(&agent_name(&agent_id), tenant.as_deref()))
             .json(&json!({ "lease_id": lease }))
             .send()
             .await;
@@ -640,21 +675,24 @@ pub const CALLBACK_SECRET: &[u8] = b"callback-secret-0123456789abcdef-0123";
 /// callback retries and loopback callback targets allowed.
 pub async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
     let url = redis.url();
-    Cluster::start_with(move |settings| {
-        let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
-        callbacks.allow_private_targets = true; // receivers run on loopback
-        callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
-        settings.tasks = Some(agent_reach_router::TasksSettings {
-            redis: url,
-            store: agent_reach_tasks::StoreConfig::default(),
-            callbacks,
-            workers: 16,
-            reclaim_after: Duration::from_secs(30),
-            max_task_attempts: 3,
-            tag_limits: Vec::new(),
-        });
-    })
-    .await
+    Cluster::start_with(move |settings| settings.tasks = Some(tasks_settings(url))).await
+}
+
+/// The slow path on the Redis at `url`, with fast callback retries and
+/// loopback callback targets allowed.
+pub fn tasks_settings(url: String) -> agent_reach_router::TasksSettings {
+    let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+    callbacks.allow_private_targets = true; // receivers run on loopback
+    callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
+    agent_reach_router::TasksSettings {
+        redis: url,
+        store: agent_reach_tasks::StoreConfig::default(),
+        callbacks,
+        workers: 16,
+        reclaim_after: Duration::from_secs(30),
+        max_task_attempts: 3,
+        tag_limits: Vec::new(),
+    }
 }
 
 pub fn order(payload_id: &str) -> Value {

@@ -137,14 +137,15 @@ impl Stack {
         let context_settings = agent_reach_context::Settings {
             listen: "127.0.0.1:0".parse().unwrap(),
             threads: 1,
-            store: agent_reach_context::StoreChoice::Redis {
-                url: redis.url(),
-                namespace: agent_reach_context::store::Namespace {
+            store: agent_reach_context::StoreChoice::redis(
+                &redis.url(),
+                agent_reach_context::store::Namespace {
                     prefix: "agent-reach".to_string(),
                     tenant: "default".to_string(),
                 },
-                timeout: Duration::from_secs(2),
-            },
+                Duration::from_secs(2),
+            )
+            .unwrap(),
             acl,
             auth,
             listener_tls: None,

@@ -26,14 +26,14 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 import uvicorn
 
-from . import logs, tracing
+from . import logs, tracing, trust
 from .assertion import DEFAULT_ISSUER, INSECURE_ENV, JwksFile, JwksUrl, KeySource, Verifier, insecure_from_env
 from .contexts import Contexts
 from .ctx import Links
@@ -41,6 +41,7 @@ from .errors import ConfigError, HandlerDefinitionError, RegistrationRefused, Re
 from .handlers import Handler, build_handler
 from .lifecycle import Lifecycle
 from .logs import logger
+from .registries import Registries, parse_registries
 from .server import AgentApp, AgentState, other_routes
 from .status import LoadThresholds, Status, StatusTracker
 
@@ -63,6 +64,12 @@ class Agent:
     ``{router}/.well-known/jwks.json`` (or ``jwks_url``, or a ``jwks_file``).
     ``insecure_accept_unverified=True`` (or ``AGENT_REACH_INSECURE_ACCEPT_UNVERIFIED=1``)
     turns verification off, for development only, and says so loudly at start.
+
+    ``registry`` may name several registries (a list, or comma separated as in
+    ``AGENT_REACH_REGISTRY=http://r1:7400,http://r2:7400``): one is used at a time and any
+    failure moves to the next, as the Rust SDK does. ``https://`` links (registries, router,
+    JWKS, context service) are verified against the system's roots, or only against the CAs of
+    ``ca_file`` (a PEM bundle; default ``AGENT_REACH_CA_FILE``).
     """
 
     def __init__(
@@ -72,7 +79,7 @@ class Agent:
         agent_id: str | None = None,
         endpoint: str | None = None,
         listen: str | None = None,
-        registry: str | None = None,
+        registry: str | Sequence[str] | None = None,
         router: str | None = None,
         context: str | None = None,
         token: str | None = None,
@@ -87,12 +94,16 @@ class Agent:
         jwks_file: str | os.PathLike[str] | None = None,
         issuer: str = DEFAULT_ISSUER,
         insecure_accept_unverified: bool = False,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self.name = name
         self.agent_id = agent_id or f"{name}-{os.urandom(2).hex()}"
         self.endpoint = endpoint or os.environ.get("AGENT_REACH_ENDPOINT") or None
         self.listen = listen or os.environ.get("AGENT_REACH_LISTEN") or "127.0.0.1:0"
-        self.registry = registry or os.environ.get("AGENT_REACH_REGISTRY") or None
+        #: The registries, in order (``registry=`` as a list or comma separated, or
+        #: ``$AGENT_REACH_REGISTRY``): one is used at a time, any failure moves to the next.
+        self.registries = parse_registries(registry or os.environ.get("AGENT_REACH_REGISTRY") or None)
+        self.registry = self.registries[0] if self.registries else None
         self.router = router or os.environ.get("AGENT_REACH_ROUTER") or None
         self.context = context or os.environ.get("AGENT_REACH_CONTEXT") or None
         self.token = token or os.environ.get("AGENT_REACH_TOKEN") or None
@@ -107,6 +118,7 @@ class Agent:
         self.jwks_file = jwks_file
         self.issuer = issuer
         self.insecure_accept_unverified = insecure_accept_unverified or insecure_from_env()
+        self.ca_file = trust.ca_file_from(ca_file)
         self.handlers: list[Handler] = []
         self._on_start: list[Callable[[], Any]] = []
         self._state: AgentState | None = None
@@ -371,8 +383,12 @@ class Agent:
             problems.append("name is empty")
         if not self.handlers:
             problems.append("no handler: declare one with @agent.handler(...)")
-        if not self.registry:
+        if not self.registries:
             problems.append("no registry URL: pass registry= or set AGENT_REACH_REGISTRY")
+        for url in self.registries:
+            if urlsplit(url).scheme not in ("http", "https"):
+                problems.append(f"registry must be an http:// or https:// URL, not `{url}`")
+        problems += trust.problems(self.ca_file)
         if not self.token:
             problems.append("no token: pass token= (a JWT whose sub is the agent name) or set AGENT_REACH_TOKEN")
         if not 1 <= self.weight <= 1000:
@@ -424,7 +440,9 @@ class Agent:
                 INSECURE_ENV,
                 endpoint,
             )
-        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max(100, self.max_concurrency * 2)))
+        http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=max(100, self.max_concurrency * 2)), verify=trust.verify(self.ca_file)
+        )
         token = self.token or ""
         contexts = Contexts(http, self.context, token) if self.context else None
         source = self._key_source()
@@ -462,7 +480,7 @@ class Agent:
                 body["tags"] = self.tags
             return body
 
-        lifecycle = Lifecycle(state, http, self.registry or "", token, registration)
+        lifecycle = Lifecycle(state, http, Registries(self.registries), token, registration)
         server: _Server | None = None
         serving: asyncio.Task[None] | None = None
         try:

@@ -8,6 +8,9 @@ Failures raise the typed errors of :mod:`agent_reach.errors`::
     async with AsyncClient(router="http://router:7500", token=token) as client:
         result = await client.invoke("order.query", {"order_id": "SO-2024001"}, version="^1.2")
         print(result.output, result.agent_id, result.attempts)
+
+``https://`` routers and context services are verified against the system's roots, or only
+against the CAs of ``ca_file=`` (or ``$AGENT_REACH_CA_FILE``), as a private CA needs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from urllib.parse import quote
 
 import httpx
 
-from . import tracing
+from . import tracing, trust
 from .contexts import Contexts
 from .errors import ConfigError, TransportError
 from .wire import (
@@ -155,8 +158,20 @@ def _results_params(after: str | None, limit: int | None) -> dict[str, str]:
 
 
 class _Base:
-    def __init__(self, router: str | None, token: str | None, context: str | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        router: str | None,
+        token: str | None,
+        context: str | None,
+        timeout_s: float,
+        ca_file: trust.PathLike | None = None,
+        own_http: bool = True,
+    ) -> None:
         problems = []
+        if ca_file is not None and not own_http:
+            problems.append("pass ca_file= or http= (a client built with its own verify=), not both")
+        elif own_http:
+            problems += trust.problems(trust.ca_file_from(ca_file))
         if not router and not context:
             problems.append("give router= (capabilities, tasks) and/or context= (the context service)")
         if not token:
@@ -168,6 +183,8 @@ class _Base:
         self._token = token or ""
         self._auth = {"authorization": f"Bearer {token}"}
         self.timeout_s = timeout_s
+        #: httpx's ``verify=`` for the client this one builds (verification always on).
+        self._verify = trust.verify(trust.ca_file_from(ca_file)) if own_http else True
 
     def _router_url(self, path: str) -> str:
         if self.router is None:
@@ -189,9 +206,10 @@ class AsyncClient(_Base):
         context: str | None = None,
         timeout_s: float = 60.0,
         http: httpx.AsyncClient | None = None,
+        ca_file: trust.PathLike | None = None,
     ) -> None:
-        super().__init__(router, token, context, timeout_s)
-        self._http = http or httpx.AsyncClient(timeout=timeout_s)
+        super().__init__(router, token, context, timeout_s, ca_file, own_http=http is None)
+        self._http = http or httpx.AsyncClient(timeout=timeout_s, verify=self._verify)
         self._owns_http = http is None
         #: The context service's API (``create``, ``get``, ``patch``, ``close``), if ``context=`` was given.
         self.contexts: Contexts | None = (
@@ -322,9 +340,10 @@ class Client(_Base):
         context: str | None = None,
         timeout_s: float = 60.0,
         http: httpx.Client | None = None,
+        ca_file: trust.PathLike | None = None,
     ) -> None:
-        super().__init__(router, token, context, timeout_s)
-        self._http = http or httpx.Client(timeout=timeout_s)
+        super().__init__(router, token, context, timeout_s, ca_file, own_http=http is None)
+        self._http = http or httpx.Client(timeout=timeout_s, verify=self._verify)
         self._owns_http = http is None
 
     def __enter__(self) -> Client:

@@ -7,6 +7,10 @@ whenever the status to report changes, with the in-flight count. ``LEASE_EXPIRED
 means register again; an unreachable registry means keep trying with capped
 exponential backoff, so an agent outlives a registry restart by itself.
 ``DELETE /v1/agents/{id}`` deregisters when the agent stops.
+
+With several registries (:class:`~agent_reach.registries.Registries`) every failure moves to
+the next one, which is tried at once; the backoff applies only after each failed in a row
+(as the Rust SDK does). They share one etcd: a lease granted through one is renewed through any.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import httpx
 
 from .errors import AgentReachError, LeaseExpired, RegistrationRefused, RegistryError
 from .logs import logger
+from .registries import Registries
 from .server import AgentState
 from .status import Status
 from .wire import service_answer, unreachable
@@ -37,13 +42,13 @@ class Lifecycle:
         self,
         state: AgentState,
         http: httpx.AsyncClient,
-        registry: str,
+        registries: Registries,
         token: str,
         registration: Callable[[Status], dict[str, Any]],
     ) -> None:
         self.state = state
         self.http = http
-        self.registry = registry.rstrip("/")
+        self.registries = registries
         self.headers = {"authorization": f"Bearer {token}"}
         self.registration = registration
         self.lease_id: int | None = None
@@ -51,10 +56,27 @@ class Lifecycle:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._last_status_sent = 0.0
+        #: Failures in a row: the next registry is tried at once until each failed once.
+        self._failures = 0
+
+    @property
+    def registry(self) -> str:
+        """The registry in use."""
+        return self.registries.current
 
     @property
     def agent_path(self) -> str:
         return f"{self.registry}/v1/agents/{quote(self.state.agent_id, safe='')}"
+
+    def _failed(self) -> bool:
+        """The registry in use failed: move to the next; True when that one is to be tried at
+        once (not every registry has failed in a row yet), False when the backoff applies."""
+        self.registries.failed()
+        self._failures += 1
+        if self._failures < len(self.registries):
+            return True
+        self._failures = 0
+        return False
 
     async def register(self) -> None:
         """One registration; raises :class:`RegistryError` or a transport error."""
@@ -77,16 +99,23 @@ class Lifecycle:
     async def start(self, first_registration: Callable[[RegistryError], RegistrationRefused]) -> None:
         """Registers once (a definitive refusal raises, via ``first_registration``), then keeps alive in the background.
 
-        An unreachable or failing registry does not stop the start: the background loop keeps trying.
+        Each registry is tried once, the first given first. Unreachable or failing registries do not
+        stop the start: the background loop keeps trying.
         """
-        try:
-            await self.register()
-        except RegistryError as error:
-            if error.status is not None and 400 <= error.status < 500:
-                raise first_registration(error) from error
-            logger.warning("Registration failed; retrying in the background.", extra={"error": str(error)})
-        except AgentReachError as error:
-            logger.warning("Registration failed; retrying in the background.", extra={"error": str(error)})
+        for _ in range(len(self.registries)):
+            try:
+                await self.register()
+                break
+            except RegistryError as error:
+                # The registries share one catalog: a refusal from one is everyone's.
+                if error.status is not None and 400 <= error.status < 500:
+                    raise first_registration(error) from error
+                logger.warning("Registration failed.", extra={"registry": self.registry, "error": str(error)})
+            except AgentReachError as error:
+                logger.warning("Registration failed.", extra={"registry": self.registry, "error": str(error)})
+            self.registries.failed()
+        else:
+            logger.warning("Registration failed on every registry; retrying in the background.")
         self._task = asyncio.create_task(self._run(), name="agent_reach.lifecycle")
 
     async def _run(self) -> None:
@@ -96,8 +125,14 @@ class Lifecycle:
                 try:
                     await self.register()
                     backoff = 0.1
+                    self._failures = 0
                 except AgentReachError as error:
-                    logger.warning("Registration failed; retrying.", extra={"error": str(error), "retry_in_s": backoff})
+                    logger.warning(
+                        "Registration failed; retrying.",
+                        extra={"registry": self.registry, "error": str(error), "retry_in_s": backoff},
+                    )
+                    if self._failed():
+                        continue
                     if await self._wait(backoff):
                         return
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
@@ -105,17 +140,29 @@ class Lifecycle:
             # Wait for the next beat, a status change (not sooner than the minimum spacing) or the stop.
             if await self._wait_for_beat():
                 return
+            if await self._beat():
+                backoff = 0.1
+                continue
+            if await self._wait(backoff):
+                return
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    async def _beat(self) -> bool:
+        """Heartbeats, through the next registries at once when the one in use fails; False when
+        every registry failed in a row (the caller backs off)."""
+        while True:
             try:
                 await self.heartbeat()
-                backoff = 0.1
+                self._failures = 0
+                return True
             except LeaseExpired:
                 logger.warning("Lease expired; registering again.", extra={"agent_id": self.state.agent_id})
                 self.lease_id = None
+                return True
             except AgentReachError as error:
-                logger.warning("Heartbeat failed; retrying.", extra={"error": str(error), "retry_in_s": backoff})
-                if await self._wait(backoff):
-                    return
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                logger.warning("Heartbeat failed.", extra={"registry": self.registry, "error": str(error)})
+                if not self._failed():
+                    return False
 
     async def heartbeat(self) -> None:
         """One heartbeat with the current status and in-flight count."""
@@ -179,9 +226,21 @@ class Lifecycle:
                 await self._task
 
     async def deregister(self) -> None:
-        try:
-            response = await self.http.delete(self.agent_path, headers=self.headers, timeout=5.0)
-            service_answer(response, "registry")
-            logger.info("Deregistered.", extra={"agent_id": self.state.agent_id})
-        except (httpx.HTTPError, AgentReachError) as error:
-            logger.warning("Deregistration failed; the lease will expire.", extra={"error": str(error)})
+        """Deregisters, each registry getting one try (the one in use first)."""
+        for _ in range(len(self.registries)):
+            try:
+                response = await self.http.delete(self.agent_path, headers=self.headers, timeout=5.0)
+                service_answer(response, "registry")
+                logger.info("Deregistered.", extra={"agent_id": self.state.agent_id})
+                return
+            except RegistryError as error:
+                if error.status is not None and 400 <= error.status < 500:
+                    # Definitive (e.g. the lease is gone already): another registry would say the same.
+                    logger.warning("Deregistration refused.", extra={"registry": self.registry, "error": str(error)})
+                    return
+                logger.warning("Deregistration failed.", extra={"registry": self.registry, "error": str(error)})
+                self.registries.failed()
+            except (httpx.HTTPError, AgentReachError) as error:
+                logger.warning("Deregistration failed.", extra={"registry": self.registry, "error": str(error)})
+                self.registries.failed()
+        logger.warning("Deregistration failed on every registry; the lease will expire.")

@@ -14,6 +14,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -211,11 +212,24 @@ class Redis:
 
 
 class Service:
-    """One `agent-reach SERVICE` process, ready when its `/readyz` answers 200."""
+    """One `agent-reach SERVICE` process, ready when its `/readyz` answers 200. With ``tls``
+    (certificate and key files) it serves https only and is probed trusting ``ca_file``."""
 
-    def __init__(self, kind: str, args: list[str], directory: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        args: list[str],
+        directory: Path,
+        port: int | None = None,
+        tls: tuple[Path, Path] | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
         self.kind = kind
         self.args = args
+        if tls is not None:
+            self.args = [*args, "--tls-cert-file", str(tls[0]), "--tls-key-file", str(tls[1])]
+        self.scheme = "https" if tls is not None else "http"
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
         self.directory = directory
         self.binary = cargo_binary("agent-reach", "agent-reach-cli")
         self.port = port or free_port()
@@ -225,11 +239,15 @@ class Service:
     def start(self) -> None:
         argv = [self.binary, "--log-format", "json", self.kind, "--listen", f"127.0.0.1:{self.port}", *self.args]
         self.process = Process(argv, self.directory / f"{self.kind}-{self.port}.log")
-        _started(self.process, lambda: httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200, self.kind)
+        _started(
+            self.process,
+            lambda: httpx.get(f"{self.url}/readyz", timeout=1.0, verify=self.verify).status_code == 200,
+            self.kind,
+        )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         if self.process is not None:
@@ -341,6 +359,12 @@ class Stack:
         """Another router on the same registry and ACL, authentication on, with ``args``
         (e.g. its own assertion keys); the caller stops it."""
         return Service("router", ["--registry", self.registry.url, *args, *self.auth], self.directory)
+
+    def start_registry(self, args: list[str] | None = None, **service: Any) -> Service:
+        """Another registry on the same etcd, ACL and secret (``service``: ``tls=``, ``ca_file=``);
+        the caller stops it."""
+        argv = ["--etcd", self.etcd.url, "--min-ttl-s", "2", *(args or []), *self.auth]
+        return Service("registry", argv, self.directory, **service)
 
     def agent_env(self, name: str) -> dict[str, str]:
         """The environment an agent process reads its links from."""

@@ -1,0 +1,212 @@
+//! The console's routes in the router's OpenAPI description
+//! (`GET /v1/openapi.json`): sign-in, the operator reads and the relayed
+//! registry actions. The page uses nothing that is not described here.
+
+use serde_json::{json, Map, Value};
+
+/// Every console path with each of its methods.
+pub const PATHS: [(&str, &str); 15] = [
+    ("/console", "get"),
+    ("/v1/console/links", "post"),
+    ("/v1/console/session", "get"),
+    ("/v1/console/session", "post"),
+    ("/v1/console/session", "delete"),
+    ("/v1/routing/instances", "get"),
+    ("/v1/routing/capabilities", "get"),
+    ("/v1/requests", "get"),
+    ("/v1/requests/{request_id}", "get"),
+    ("/v1/backlog", "get"),
+    ("/v1/agents/{agent_id}/weight", "put"),
+    ("/v1/agents/{agent_id}/drain", "post"),
+    ("/v1/capabilities/{name}/split", "get"),
+    ("/v1/capabilities/{name}/split", "put"),
+    ("/v1/capabilities/{name}/split", "delete"),
+];
+
+fn failed(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ResultEnvelope" } } }
+    })
+}
+
+fn object(description: &str, properties: Value) -> Value {
+    json!({
+        "description": description,
+        "content": { "application/json": { "schema": { "type": "object", "properties": properties } } }
+    })
+}
+
+/// An operator route's answers: `ok` plus the refusals every one of them shares.
+fn operator(ok: Value, more: Vec<(&str, Value)>) -> Value {
+    let mut responses = Map::new();
+    responses.insert("200".into(), ok);
+    responses.insert(
+        "401".into(),
+        failed("UNAUTHENTICATED: no, a bad or expired bearer token; or a console session cookie that expired (details.reason `session_expired`) or is not valid here (`session_invalid`)."),
+    );
+    responses.insert(
+        "403".into(),
+        failed("FORBIDDEN: the caller is not under `operators:` in acl.yaml (details.reason `not_an_operator`), or a session cookie came without the `x-agent-reach-console` header (`console_header_missing`)."),
+    );
+    responses.insert("405".into(), failed("METHOD_NOT_ALLOWED."));
+    for (status, answer) in more {
+        responses.insert(status.into(), answer);
+    }
+    Value::Object(responses)
+}
+
+/// Operators: a bearer token, or the console's session cookie with the page's header.
+fn security() -> Value {
+    json!([{ "bearer": [] }, { "consoleSession": [], "consolePage": [] }])
+}
+
+/// A relayed registry route: `summary`, and `extra` (its parameters and body).
+fn relayed(summary: &str, extra: Value) -> Value {
+    let mut operation = json!({
+        "summary": summary,
+        "description": "The registry's operator route (DESIGN §2.9), relayed with the operator's own token: the same body and the registry's own answer and codes (for example SPLIT_NOT_FOUND, INVALID_WEIGHT, AGENT_NOT_FOUND). The change is logged with the operator's name.",
+        "security": security(),
+        "responses": operator(
+            json!({ "description": "The registry's answer.", "content": { "application/json": { "schema": { "type": "object" } } } }),
+            vec![("502", failed("ALL_RETRIES_EXHAUSTED: no registry answered (details.reason `registry_unreachable`)."))],
+        )
+    });
+    if let (Value::Object(operation), Value::Object(extra)) = (&mut operation, extra) {
+        operation.extend(extra);
+    }
+    operation
+}
+
+/// The console's entries of `paths`, its security schemes and its schemas.
+pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
+    let name = json!([{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }]);
+    let paths = json!({
+        "/console": { "get": {
+            "summary": "The operator console: one page, every asset embedded in the router (docs/console.md)",
+            "responses": { "200": { "description": "HTML", "content": { "text/html": { "schema": { "type": "string" } } } } }
+        } },
+        "/v1/console/links": { "post": {
+            "summary": "A short-lived sign-in link for the calling operator (`agent-reach console` prints it)",
+            "security": [{ "bearer": [] }],
+            "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "ttl_s": { "type": "integer", "minimum": 1, "maximum": 600, "description": "The link's life; default 120 s." } } } } } },
+            "responses": operator(
+                object("The link: open `path` on this router (or any replica sharing its assertion key).", json!({ "path": { "type": "string" }, "code": { "type": "string" }, "operator": { "type": "string" }, "expires_at_ms": { "type": "integer" } })),
+                vec![("400", failed("INVALID_ENVELOPE: `ttl_s` out of 1..=600 (details.field), or not JSON."))],
+            )
+        } },
+        "/v1/console/session": {
+            "get": {
+                "summary": "Who is signed in",
+                "security": security(),
+                "responses": operator(object("The operator.", json!({ "operator": { "type": "string" } })), vec![])
+            },
+            "post": {
+                "summary": "Exchange a sign-in link's code for the session cookie (HttpOnly, SameSite=Strict, 8 h)",
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["code"], "properties": { "code": { "type": "string" } } } } } },
+                "responses": operator(
+                    object("Signed in; `Set-Cookie: agent_reach_console=…`.", json!({ "operator": { "type": "string" }, "expires_at_ms": { "type": "integer" } })),
+                    vec![
+                        ("400", failed("INVALID_ENVELOPE: the body is not {\"code\": \"…\"}.")),
+                        ("403", failed("FORBIDDEN (details.reason `console_header_missing`): sent without the `x-agent-reach-console` header, so not from the console's page; or the link's operator is no longer under `operators:`.")),
+                        ("401", failed("UNAUTHENTICATED: the link expired (details.reason `link_expired`), is not valid (`link_invalid`), or the token it carries no longer verifies.")),
+                    ],
+                )
+            },
+            "delete": {
+                "summary": "Sign out: the session cookie is cleared",
+                "responses": { "204": { "description": "Signed out." } }
+            }
+        },
+        "/v1/routing/instances": { "get": {
+            "summary": "Every instance in this router's snapshot by capability and version: status, weight, health score 0–100, breaker, in flight (operators)",
+            "security": security(),
+            "responses": operator(object("The instances and the snapshot's freshness.", json!({ "snapshot": { "type": "object" }, "instances": { "type": "array", "items": { "type": "object" } } })), vec![])
+        } },
+        "/v1/routing/capabilities": { "get": {
+            "summary": "Every capability: versions, traffic split, and over the last five minutes of this router's recent calls: calls, failure rate, p50/p90/p99 (operators)",
+            "security": security(),
+            "responses": operator(object("The capabilities.", json!({ "window_s": { "type": "integer" }, "ring_capacity": { "type": "integer" }, "capabilities": { "type": "array", "items": { "type": "object" } } })), vec![])
+        } },
+        "/v1/requests": { "get": {
+            "summary": "This router's recent calls, newest first, from its bounded in-memory ring (operators)",
+            "security": security(),
+            "parameters": [
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 }, "description": "At most this many (clamped to 1..=1000; default 50)." },
+                { "name": "outcome", "in": "query", "required": false, "schema": { "type": "string", "enum": ["failed", "any"] } },
+                { "name": "capability", "in": "query", "required": false, "schema": { "type": "string" } }
+            ],
+            "responses": operator(object("The calls.", json!({ "calls": { "type": "array", "items": { "$ref": "#/components/schemas/RecentCall" } }, "ring_capacity": { "type": "integer" } })), vec![("400", failed("INVALID_QUERY."))])
+        } },
+        "/v1/requests/{request_id}": { "get": {
+            "summary": "A call by request id: route, attempts and instances, durations, outcome, trace id; and the task record for a task (operators)",
+            "security": security(),
+            "parameters": [
+                { "name": "request_id", "in": "path", "required": true, "schema": { "type": "string", "maxLength": 128 } },
+                { "name": "caller", "in": "query", "required": false, "schema": { "type": "string" }, "description": "The submitting caller: finds a task by (caller, request id) before any of its deliveries ended." }
+            ],
+            "responses": operator(
+                object("Every call with this id this router holds (a task's deliveries are several), newest first, and the task.", json!({ "request_id": { "type": "string" }, "calls": { "type": "array", "items": { "$ref": "#/components/schemas/RecentCall" } }, "task": { "type": "object", "nullable": true } })),
+                vec![
+                    ("400", failed("INVALID_QUERY: the id is longer than 128 characters.")),
+                    ("404", failed("NOT_FOUND (details.reason `request_not_found`): not among this router's recent calls; older, or answered by another replica.")),
+                ],
+            )
+        } },
+        "/v1/backlog": { "get": {
+            "summary": "The slow path: tasks waiting by capability and priority, running by priority, the dead letters' count (operators)",
+            "security": security(),
+            "responses": operator(
+                object("The slow path.", json!({ "waiting": { "type": "array" }, "running": { "type": "array" }, "dead_letters": { "type": "integer" } })),
+                vec![
+                    ("501", failed("TASKS_DISABLED: this router runs without --redis.")),
+                    ("503", failed("TASK_STORE_UNAVAILABLE: Redis did not answer.")),
+                ],
+            )
+        } },
+        "/v1/agents/{agent_id}/weight": { "put": relayed("Change a live instance's weight (operators; relayed to the registry)", json!({
+            "parameters": [{ "name": "agent_id", "in": "path", "required": true, "schema": { "type": "string" } }],
+            "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["weight"], "properties": { "weight": { "type": "integer", "minimum": 1, "maximum": 1000 } } } } } }
+        })) },
+        "/v1/agents/{agent_id}/drain": { "post": relayed("Drain an instance: its status becomes `draining` (final), routers send it no new call, its heartbeats keep its lease until it leaves (operators; relayed to the registry)", json!({
+            "parameters": [{ "name": "agent_id", "in": "path", "required": true, "schema": { "type": "string" } }]
+        })) },
+        "/v1/capabilities/{name}/split": {
+            "get": relayed("A capability's traffic split (operators; relayed to the registry)", json!({ "parameters": name })),
+            "put": relayed("Split unpinned calls between versions (operators; relayed to the registry)", json!({
+                "parameters": name,
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["weights"], "properties": { "weights": { "type": "object", "additionalProperties": { "type": "integer", "minimum": 0, "maximum": 10000 } } } } } } }
+            })),
+            "delete": relayed("Remove a capability's traffic split (operators; relayed to the registry)", json!({ "parameters": name }))
+        }
+    });
+    let schemes = json!({
+        "consoleSession": { "type": "apiKey", "in": "cookie", "name": super::COOKIE, "description": "The console's session (POST /v1/console/session)." },
+        "consolePage": { "type": "apiKey", "in": "header", "name": super::PAGE_HEADER, "description": "Any value; required with the session cookie (a page on another site cannot send it)." }
+    });
+    let schemas = json!({
+        "RecentCall": {
+            "type": "object",
+            "description": "One call from the router's recent-calls ring.",
+            "properties": {
+                "request_id": { "type": "string" }, "task_id": { "type": "string", "nullable": true },
+                "capability": { "type": "string" }, "capability_version": { "type": "string", "nullable": true },
+                "caller": { "type": "string", "nullable": true }, "session_id": { "type": "string", "nullable": true },
+                "trace_id": { "type": "string" }, "entry": { "type": "string", "enum": ["call", "delivery"] },
+                "started_at_ms": { "type": "integer" }, "duration_ms": { "type": "number" },
+                "outcome": { "type": "string", "enum": ["succeeded", "failed"] },
+                "error": { "type": "object", "nullable": true, "properties": { "code": { "type": "string" }, "message": { "type": "string" } } },
+                "attempts": { "type": "array", "items": { "type": "object", "properties": {
+                    "attempt": { "type": "integer" }, "agent_id": { "type": "string" }, "endpoint": { "type": "string" },
+                    "duration_ms": { "type": "number" },
+                    "outcome": { "type": "string", "description": "succeeded, accepted, failed, or the retried reason (connect, reset, timeout, unavailable, overloaded, …)" }
+                } } }
+            }
+        }
+    });
+    let as_map = |value: Value| match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    (as_map(paths), as_map(schemes), as_map(schemas))
+}

@@ -1,0 +1,626 @@
+//! The console end to end in headless Chromium (issue 26), driven over
+//! WebDriver (Debian's `chromium` and `chromium-driver`, installed by
+//! `scripts/setup.sh`) against a real stack: etcd, Redis, the registry, the
+//! router and HTTP agents. An operator signs in, sees three instances with
+//! their health, watches a killed one turn red and leave, drains one,
+//! replays a dead letter (and is told when it replays it twice), looks up a failed request
+//! and an unknown one; an expired link and a non-operator are refused on
+//! the page. Screenshots of each page go to `target/console-screenshots`
+//! (printed). Every wait polls a condition with a bound.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use support::*;
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+// === A small WebDriver client (W3C WebDriver over HTTP, as chromedriver speaks it) ===
+
+struct Driver {
+    process: Child,
+    url: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+struct Browser {
+    http: reqwest::Client,
+    session: String,
+    screenshots: PathBuf,
+    driver: Driver,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let port = free_port();
+        let process = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; scripts/setup.sh installs it)");
+        let driver = Driver {
+            process,
+            url: format!("http://127.0.0.1:{port}"),
+            _profile: tempfile::tempdir().unwrap(),
+        };
+        let http = reqwest::Client::new();
+        let status = format!("{}/status", driver.url);
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                match http.get(&status).send().await {
+                    Ok(response) => response
+                        .json::<Value>()
+                        .await
+                        .is_ok_and(|body| body["value"]["ready"] == true),
+                    Err(_) => false,
+                }
+            })
+            .await,
+            "chromedriver never became ready"
+        );
+        let profile = driver._profile.path().display().to_string();
+        let created: Value = http
+            .post(format!("{}/session", driver.url))
+            .json(&json!({ "capabilities": { "alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": "/usr/bin/chromium",
+                    "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                             "--window-size=1280,800", "--no-first-run", "--disable-extensions",
+                             format!("--user-data-dir={profile}")]
+                }
+            } } }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {created}"))
+            .to_string();
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+        let screenshots = target.join("console-screenshots");
+        std::fs::create_dir_all(&screenshots).unwrap();
+        println!("console screenshots: {}", screenshots.display());
+        Self {
+            http,
+            session,
+            screenshots,
+            driver,
+        }
+    }
+
+    async fn command(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.driver.url, self.session);
+        let mut request = self.http.request(method, &url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
+        answer["value"].clone()
+    }
+
+    async fn open(&self, url: &str) {
+        self.command(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    /// Runs `script` (a function body) in the page; its `return` value.
+    async fn run(&self, script: &str) -> Value {
+        self.command(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
+        .await
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let found = self
+            .command(
+                reqwest::Method::POST,
+                "/element",
+                Some(json!({ "using": "css selector", "value": css })),
+            )
+            .await;
+        found[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element `{css}`: {found}"))
+            .to_string()
+    }
+
+    /// Clicks `css` as a user would (WebDriver's element click).
+    async fn click(&self, css: &str) {
+        let element = self.find(css).await;
+        let answer = self
+            .command(
+                reqwest::Method::POST,
+                &format!("/element/{element}/click"),
+                Some(json!({})),
+            )
+            .await;
+        assert!(answer.is_null(), "click `{css}`: {answer}");
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let element = self.find(css).await;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/clear"),
+            Some(json!({})),
+        )
+        .await;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/value"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+    }
+
+    /// Presses `key` on the keyboard (WebDriver actions).
+    async fn press(&self, key: &str) {
+        self.command(
+            reqwest::Method::POST,
+            "/actions",
+            Some(json!({ "actions": [{ "type": "key", "id": "keyboard", "actions": [
+                { "type": "keyDown", "value": key }, { "type": "keyUp", "value": key }
+            ] }] })),
+        )
+        .await;
+    }
+
+    async fn resize(&self, width: u32, height: u32) {
+        self.command(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({ "width": width, "height": height })),
+        )
+        .await;
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let data = self.command(reqwest::Method::GET, "/screenshot", None).await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(data.as_str().expect("a screenshot"))
+            .unwrap();
+        std::fs::write(self.screenshots.join(format!("{name}.png")), png).unwrap();
+    }
+
+    /// Polls `script` until it returns `true`, for at most `bound`.
+    async fn until(&self, bound: Duration, what: &str, script: &str) {
+        let ok = eventually(bound, || async { self.run(script).await == json!(true) }).await;
+        if !ok {
+            let page = self
+                .run("return document.querySelector('main').innerText + ' | ' + document.getElementById('notice').innerText;")
+                .await;
+            panic!("never: {what}; the page shows: {page}");
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let script = format!("const e = document.querySelector({css:?}); return e ? e.innerText : null;");
+        self.run(&script).await.as_str().unwrap_or("").to_string()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // The driver's drop kills chromedriver, which ends the browser.
+    }
+}
+
+/// A callback receiver that fails its first `failures` calls.
+async fn flaky_receiver(failures: usize) -> (String, Arc<Mutex<usize>>) {
+    let calls: Arc<Mutex<usize>> = Arc::default();
+    let seen = calls.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                let mut seen = seen.lock().unwrap();
+                *seen += 1;
+                if *seen <= failures {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, calls)
+}
+
+async fn sign_in_link(cluster: &Cluster, ttl_s: u64) -> String {
+    let made: Value = cluster
+        .client
+        .post(cluster.url("/v1/console/links"))
+        .bearer_auth(token("ops"))
+        .json(&json!({ "ttl_s": ttl_s }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    cluster.url(made["path"].as_str().expect("a link"))
+}
+
+fn rows_script(table: &str, attribute: &str) -> String {
+    format!(
+        "return Array.from(document.querySelectorAll('#{table} tbody tr')).map(r => [r.dataset.{attribute}, r.dataset.health || '']);"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_call() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+    let _one = cluster.agent(AgentSpec::new("echo-1", 10, Behaviour::Echo));
+    let _two = cluster.agent(AgentSpec::new("echo-2", 10, Behaviour::Echo));
+    let mut third = AgentSpec::new("echo-3", 10, Behaviour::Echo);
+    third.ttl_s = 4; // leaves soon after it is killed
+    let mut three = cluster.agent(third);
+    cluster.wait_for_instances(&["echo-1", "echo-2", "echo-3"]).await;
+    let browser = Browser::start().await;
+
+    // Sign in with the link `agent-reach console` prints; the code leaves the address bar.
+    browser.open(&sign_in_link(&cluster, 120).await).await;
+    browser
+        .until(
+            Duration::from_secs(15),
+            "three healthy instances",
+            "const rows = Array.from(document.querySelectorAll('#agents tbody tr'));
+             return rows.length === 3 && rows.every(r => r.dataset.health === 'good')
+               && document.getElementById('operator').innerText === 'operator: ops'
+               && !location.hash.includes('code');",
+        )
+        .await;
+    let health = browser
+        .run("return Array.from(document.querySelectorAll('#agents tbody tr .pill')).map(p => p.innerText);")
+        .await;
+    assert_eq!(health, json!(["100", "100", "100"]));
+
+    // Live updates replace rows in place: nothing shifts while the page refreshes.
+    browser
+        .run(
+            "window.shifted = 0; window.refreshes = 0;
+             new PerformanceObserver(list => { for (const e of list.getEntries()) if (!e.hadRecentInput) window.shifted += e.value; })
+               .observe({ type: 'layout-shift' });
+             new MutationObserver(() => { window.refreshes += 1; })
+               .observe(document.getElementById('agents-updated'), { childList: true, characterData: true, subtree: true });
+             return true;",
+        )
+        .await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "three refreshes",
+            "return window.refreshes >= 3;",
+        )
+        .await;
+    assert_eq!(
+        browser.run("return window.shifted;").await,
+        json!(0),
+        "layout shifted while updating"
+    );
+    browser.screenshot("agents").await;
+
+    // Keyboard: 2 opens the capabilities page, 1 the agents page again.
+    browser.press("2").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the capabilities page",
+            "const row = document.querySelector('#capabilities tbody tr[data-capability=\"order.query\"]');
+             return location.hash === '#/capabilities' && !!row && row.cells[1].innerText.includes('1.0.0 (3/3)');",
+        )
+        .await;
+    browser.press("1").await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "the agents page",
+            "return location.hash === '#/agents' && !document.getElementById('page-agents').hidden;",
+        )
+        .await;
+
+    // One agent is killed: calls that reach it fail over, its health falls (red), then its lease ends and it leaves.
+    three.kill();
+    let red = eventually(Duration::from_secs(20), || async {
+        for n in 0..6 {
+            let _ = cluster.invoke(order(&format!("SO-{n}"))).await;
+        }
+        let rows = browser.run(&rows_script("agents", "agent")).await;
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .any(|row| row[0] == "echo-3" && row[1] == "bad")
+    })
+    .await;
+    assert!(
+        red,
+        "echo-3 never turned red: {}",
+        browser.run(&rows_script("agents", "agent")).await
+    );
+    browser.screenshot("agents-one-red").await;
+    browser
+        .until(
+            Duration::from_secs(30),
+            "the killed instance to leave",
+            "const ids = Array.from(document.querySelectorAll('#agents tbody tr')).map(r => r.dataset.agent).sort();
+             return ids.join(',') === 'echo-1,echo-2';",
+        )
+        .await;
+    browser.screenshot("agents-after-kill").await;
+
+    browser.press("2").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "calls counted on the capabilities page",
+            "const row = document.querySelector('#capabilities tbody tr[data-capability=\"order.query\"]');
+             return !!row && Number(row.cells[3].innerText) > 0 && row.cells[5].innerText !== '–';",
+        )
+        .await;
+    browser.screenshot("capabilities").await;
+
+    // A callback fails five times and is dead-lettered; the operator inspects and replays it.
+    let (hook, calls) = flaky_receiver(5).await;
+    let (status, submitted) = post(
+        &cluster,
+        "/v1/tasks",
+        json!({ "capability": CAPABILITY, "payload": { "order_id": "SO-9" }, "callback": { "url": hook } }),
+    )
+    .await;
+    assert_eq!(status, 202, "{submitted}");
+    browser.press("3").await;
+    browser
+        .until(
+            Duration::from_secs(20),
+            "a dead letter on the slow-path page",
+            "return document.querySelectorAll('#letters tbody tr').length === 1 && document.getElementById('dead-count').innerText === '1';",
+        )
+        .await;
+    let letter = browser
+        .run("return document.querySelector('#letters tbody tr').dataset.letter;")
+        .await;
+    let letter = letter.as_str().unwrap().to_string();
+    browser.click("#letters tbody tr button[data-name=\"inspect\"]").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the letter inspected",
+            "return !document.getElementById('letter').hidden && document.getElementById('letter-body').innerText.includes('succeeded');",
+        )
+        .await;
+    browser.screenshot("slow-path").await;
+    browser.click("#letter-replay").await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "the confirmation",
+            "return document.getElementById('confirm').open;",
+        )
+        .await;
+    browser.screenshot("replay-confirm").await;
+    browser.click("#confirm-ok").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the replay confirmed",
+            "return document.getElementById('notice').innerText.includes('replayed: the callback of task');",
+        )
+        .await;
+    assert!(
+        eventually(Duration::from_secs(10), || async { *calls.lock().unwrap() == 6 }).await,
+        "the replayed callback never arrived"
+    );
+    // The same letter again (the inspect panel still offers it): a clear message, a stable code.
+    browser.click("#letter-replay").await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "the confirmation",
+            "return document.getElementById('confirm').open;",
+        )
+        .await;
+    browser.click("#confirm-ok").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the second replay refused",
+            "const text = document.getElementById('notice').innerText;
+             return text.includes('already replayed') && text.includes('DEAD_LETTER_NOT_FOUND');",
+        )
+        .await;
+    browser.screenshot("replay-twice").await;
+    let replayed_again = cluster
+        .client
+        .post(cluster.url(&format!("/v1/dead-letters/{letter}/replay")))
+        .bearer_auth(token("ops"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replayed_again.status(), 404);
+    let body: Value = replayed_again.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "DEAD_LETTER_NOT_FOUND");
+
+    // A failed call, looked up by its id: route, attempt, instance, outcome, trace id.
+    let mut failing = AgentSpec::new("fail-1", 10, Behaviour::BusinessError);
+    failing.version = "2.0.0".to_string();
+    let _failing = cluster.agent(failing);
+    cluster.wait_for_instances(&["echo-1", "echo-2", "fail-1"]).await;
+    let (status, failed) = cluster
+        .invoke(
+            json!({ "capability": CAPABILITY, "capability_version": "2.0.0", "request_id": "console-failed-1",
+                        "payload": { "order_id": "SO-404" } }),
+        )
+        .await;
+    assert_eq!(status, 422, "{failed}");
+    browser.press("4").await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "the requests page",
+            "return !document.getElementById('page-requests').hidden;",
+        )
+        .await;
+    browser.type_into("#request-id", "console-failed-1").await;
+    browser.click("#lookup button[type=\"submit\"]").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the failed call",
+            "const outcome = document.querySelector('#request-summary dd[data-field=\"outcome\"]');
+             const attempt = document.querySelector('#attempts tbody tr');
+             const trace = document.querySelector('#request-summary dd[data-field=\"trace id\"]');
+             return !!outcome && outcome.innerText.includes('AGENT_ERROR') && !!attempt
+               && attempt.innerText.includes('fail-1') && /^[0-9a-f]{32}$/.test(trace.innerText);",
+        )
+        .await;
+    assert!(browser.text("#request-summary").await.contains("order.query @ 2.0.0"));
+    browser.screenshot("request").await;
+
+    browser.type_into("#request-id", "no-such-request").await;
+    browser.click("#lookup button[type=\"submit\"]").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the unknown id refused",
+            "const text = document.getElementById('request-message').innerText;
+             return text.includes('Unknown request id') && text.includes('NOT_FOUND');",
+        )
+        .await;
+    browser.screenshot("request-unknown").await;
+
+    // Drain an instance from the agents page, with confirmation.
+    browser.press("1").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the agents page",
+            "return !!document.querySelector('#agents tbody tr[data-agent=\"echo-2\"] button[data-name=\"drain\"]');",
+        )
+        .await;
+    browser
+        .click("#agents tbody tr[data-agent=\"echo-2\"] button[data-name=\"drain\"]")
+        .await;
+    browser
+        .until(
+            Duration::from_secs(5),
+            "the confirmation",
+            "return document.getElementById('confirm').open;",
+        )
+        .await;
+    browser.click("#confirm-ok").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "echo-2 draining",
+            "const row = document.querySelector('#agents tbody tr[data-agent=\"echo-2\"]');
+             return !!row && row.cells[3].innerText.startsWith('draining') && document.getElementById('notice').innerText.includes('is draining');",
+        )
+        .await;
+    browser.screenshot("agents-drained").await;
+
+    // Readable on a phone: nothing wider than the screen but the tables' own scroll areas.
+    browser.resize(400, 860).await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the agents page at phone width",
+            "return document.querySelectorAll('#agents tbody tr').length === 3
+               && document.documentElement.scrollWidth <= window.innerWidth + 1;",
+        )
+        .await;
+    browser.screenshot("agents-phone").await;
+    browser.resize(1280, 800).await;
+
+    // An expired sign-in link says so on the page.
+    let expired = sign_in_link(&cluster, 1).await;
+    let code = expired.split_once("#code=").unwrap().1.to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let answer: Value = cluster
+                .client
+                .post(cluster.url("/v1/console/session"))
+                .header("x-agent-reach-console", "1")
+                .json(&json!({ "code": code }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            answer["error"]["details"]["reason"] == "link_expired"
+        })
+        .await
+    );
+    browser.open(&expired).await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the expired link refused",
+            "const text = document.getElementById('signin-message').innerText;
+             return !document.getElementById('signin').hidden && text.includes('expired') && text.includes('UNAUTHENTICATED');",
+        )
+        .await;
+    browser.screenshot("signin-expired").await;
+
+    // Once `ops` is no operator any more, the page refuses it.
+    browser.open(&sign_in_link(&cluster, 120).await).await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "signed in again",
+            "return !document.getElementById('nav').hidden;",
+        )
+        .await;
+    let acl = std::fs::read_to_string(&cluster.acl_path).unwrap();
+    std::fs::write(
+        &cluster.acl_path,
+        acl.replace("operators: [ops]", "operators: [someone-else]"),
+    )
+    .unwrap();
+    browser
+        .until(
+            Duration::from_secs(20),
+            "the non-operator refused",
+            "const text = document.getElementById('signin-message').innerText;
+             return !document.getElementById('signin').hidden && text.includes('Refused') && text.includes('not an operator');",
+        )
+        .await;
+    browser.screenshot("non-operator").await;
+}
