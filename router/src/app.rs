@@ -53,7 +53,7 @@ pub fn routes(
         });
     crate::http::routes(service.clone())
         .merge(crate::mcp::routes(service.clone()))
-        .merge(crate::a2a::routes(service))
+        .merge(crate::a2a::routes(task_api.clone()))
         .merge(tasks::routes(task_api))
         .merge(broadcast_route)
         .merge(console)

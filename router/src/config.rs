@@ -291,6 +291,7 @@ impl RouterArgs {
                 max_staleness: Duration::from_secs(self.max_staleness_s),
                 threads: self.threads,
                 a2a_root_capability: self.a2a_root_capability.clone(),
+                serves_tls: false,
             },
         })
     }

@@ -195,8 +195,12 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         assertion::Assertions::load(settings.assertion.clone(), &metrics.registry).map_err(anyhow::Error::msg)?;
     assertions.watch();
     let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
+    let tuning = Tuning {
+        serves_tls: settings.listener_tls.is_some(),
+        ..settings.tuning.clone()
+    };
     let service = Arc::new(RouterService::new(
-        settings.tuning.clone(),
+        tuning,
         snapshot,
         admission::Admission::new(acl, limiter, &settings.tuning),
         auth,

@@ -19,7 +19,12 @@
 //!
 //! A capability whose input schema is not an object's is offered with the
 //! input wrapped (`{"input": …}`), since MCP tools take an object of arguments.
-//! Answers are single JSON responses; GET (a server-initiated stream) and
+//! Answers are single JSON responses, except a `tools/call` that asks for
+//! progress (`_meta.progressToken`) from a client that accepts
+//! `text/event-stream`: it is streamed ([`crate::stream::open`]), each agent
+//! event relayed as it arrives as a `notifications/progress` whose `message`
+//! is the event's data, then the result (the events' items collected, as a
+//! call without progress gets them). GET (a server-initiated stream) and
 //! DELETE (no session to end) are 405.
 
 use std::sync::Arc;
@@ -37,6 +42,7 @@ use crate::clock;
 use crate::envelope;
 use crate::error::RouterError;
 use crate::service::RouterService;
+use crate::stream::{self, Item};
 use crate::trace::{self, TraceContext};
 
 /// The handshake revisions served, newest first.
@@ -198,7 +204,23 @@ async fn mcp(State(service): State<Arc<RouterService>>, headers: HeaderMap, body
         "initialize" => Ok(initialize(&params)),
         "ping" => Ok(json!({})),
         "tools/list" => Ok(list_tools(&service, &caller)),
-        "tools/call" => call_tool(&service, &caller, &headers, &params, received).await,
+        "tools/call" => {
+            let progress = params
+                .pointer("/_meta/progressToken")
+                .filter(|token| token.is_string() || token.is_number());
+            match (progress, crate::sse::accepts_events(headers.value("accept"))) {
+                (Some(token), true) => {
+                    return match prepare_call(&service, &caller, &params) {
+                        Ok(Ok(prepared)) => {
+                            call_tool_streamed(&service, &caller, &headers, prepared, received, id, token.clone()).await
+                        }
+                        Ok(Err(error)) => answer(StatusCode::OK, rpc_result(id, error)),
+                        Err((code, message)) => answer(StatusCode::OK, rpc_error(id, code, &message, None)),
+                    }
+                }
+                _ => call_tool(&service, &caller, &headers, &params, received).await,
+            }
+        }
         _ => Err((
             METHOD_NOT_FOUND,
             format!("method `{method}` is not served here (initialize, ping, tools/list, tools/call)"),
@@ -302,13 +324,21 @@ fn tool_error(error: &RouterError) -> Value {
     })
 }
 
-async fn call_tool(
+/// A `tools/call` checked and turned into the capability's call.
+struct Prepared {
+    checked: envelope::CheckedRequest,
+    request_id: String,
+    /// The capability's output is not an object's: it is offered as `{"result": …}`.
+    wraps_output: bool,
+}
+
+/// The call a `tools/call` asks for: `Ok(Err(tool error))` when refused
+/// (forbidden, a bad envelope), `Err` for JSON-RPC's errors (bad params, unknown tool).
+fn prepare_call(
     service: &RouterService,
     caller: &Caller,
-    headers: &HeaderMap,
     params: &Value,
-    received: clock::Now,
-) -> Result<Value, (i64, String)> {
+) -> Result<Result<Prepared, Value>, (i64, String)> {
     let Some(name) = params.get("name").and_then(Value::as_str) else {
         return Err((INVALID_PARAMS, "tools/call needs `name`, the tool's name".to_string()));
     };
@@ -319,7 +349,7 @@ async fn call_tool(
     };
     // Authorised first, as on `/v1/invoke`: a caller learns nothing of tools it may not call.
     if let Err(error) = service.admission().authorize(caller, name) {
-        return Ok(tool_error(&error));
+        return Ok(Err(tool_error(&error)));
     }
     let snapshot = service.snapshot().load_full();
     let Some(capability) = snapshot.capabilities.get(name) else {
@@ -344,7 +374,6 @@ async fn call_tool(
     };
     drop(snapshot);
     let request_id = trace::new_request_id();
-    let trace = TraceContext::from_header(headers.value("traceparent"));
     let envelope = json!({ "capability": name, "payload": payload, "request_id": request_id });
     let checked = match serde_json::to_vec(&envelope)
         .map_err(|error| RouterError::new(crate::error::Code::InvalidEnvelope, error.to_string()))
@@ -352,8 +381,52 @@ async fn call_tool(
         .and_then(envelope::check)
     {
         Ok(checked) => checked,
-        Err(error) => return Ok(tool_error(&error)),
+        Err(error) => return Ok(Err(tool_error(&error))),
     };
+    Ok(Ok(Prepared {
+        checked,
+        request_id,
+        wraps_output,
+    }))
+}
+
+/// A tool's successful result: the output structured (wrapped when not an
+/// object) and as JSON text, with where it came from.
+fn tool_result(output: Value, wraps_output: bool, request_id: &str, meta: (&str, &str, u32)) -> Value {
+    let (agent_id, capability_version, attempts) = meta;
+    let structured = match (&output, wraps_output) {
+        (Value::Object(_), false) => output.clone(),
+        _ => json!({ "result": output }),
+    };
+    json!({
+        "content": [{ "type": "text", "text": output.to_string() }],
+        "structuredContent": structured,
+        "isError": false,
+        "_meta": {
+            "agent-reach/request_id": request_id,
+            "agent-reach/agent_id": agent_id,
+            "agent-reach/capability_version": capability_version,
+            "agent-reach/attempts": attempts,
+        },
+    })
+}
+
+async fn call_tool(
+    service: &RouterService,
+    caller: &Caller,
+    headers: &HeaderMap,
+    params: &Value,
+    received: clock::Now,
+) -> Result<Value, (i64, String)> {
+    let Prepared {
+        checked,
+        request_id,
+        wraps_output,
+    } = match prepare_call(service, caller, params)? {
+        Ok(prepared) => prepared,
+        Err(error) => return Ok(error),
+    };
+    let trace = TraceContext::from_header(headers.value("traceparent"));
     match service
         .invoke(
             caller,
@@ -370,22 +443,87 @@ async fn call_tool(
                 Ok(output) => output,
                 Err(error) => return Ok(tool_error(&error)),
             };
-            let structured = match (&output, wraps_output) {
-                (Value::Object(_), false) => output.clone(),
-                _ => json!({ "result": output }),
-            };
-            Ok(json!({
-                "content": [{ "type": "text", "text": output.to_string() }],
-                "structuredContent": structured,
-                "isError": false,
-                "_meta": {
-                    "agent-reach/request_id": request_id,
-                    "agent-reach/agent_id": success.agent_id,
-                    "agent-reach/capability_version": success.capability_version,
-                    "agent-reach/attempts": success.attempts,
-                },
-            }))
+            let meta = (
+                success.agent_id.as_str(),
+                success.capability_version.as_str(),
+                success.attempts,
+            );
+            Ok(tool_result(output, wraps_output, &request_id, meta))
         }
         Err(failure) => Ok(tool_error(&failure.error)),
     }
+}
+
+/// `tools/call` with progress: the capability's events relayed as
+/// `notifications/progress` as they arrive (SSE), then the JSON-RPC result
+/// with the items collected. A failure before the first event is answered
+/// as JSON (a tool error), as without progress.
+async fn call_tool_streamed(
+    service: &RouterService,
+    caller: &Caller,
+    headers: &HeaderMap,
+    prepared: Prepared,
+    received: clock::Now,
+    id: Value,
+    token: Value,
+) -> Response {
+    let trace = TraceContext::from_header(headers.value("traceparent"));
+    let Prepared {
+        checked,
+        request_id,
+        wraps_output,
+    } = prepared;
+    let opened = match stream::open(service, caller, &checked, &request_id, &trace, received).await {
+        Ok(opened) => opened,
+        Err(failure) => return answer(StatusCode::OK, rpc_result(id, tool_error(&failure.error))),
+    };
+    let whole = opened.is_whole();
+    // (the stream, the items so far)
+    let start = (Some(opened), Vec::<Value>::new());
+    let body = futures::stream::unfold(start, move |(stream, mut items)| {
+        let (id, token, request_id) = (id.clone(), token.clone(), request_id.clone());
+        async move {
+            let mut stream = stream?;
+            let message = match stream.next().await? {
+                Item::Event(event) => {
+                    let item = serde_json::from_str(&event.data).unwrap_or(Value::String(event.data.clone()));
+                    items.push(item);
+                    let notification = json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/progress",
+                        "params": { "progressToken": token, "progress": items.len(), "message": event.data },
+                    });
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(crate::sse::data(&notification.to_string())),
+                        (Some(stream), items),
+                    ));
+                }
+                Item::End(Ok(summary)) => {
+                    // A JSON answer is the output itself; events are items, collected.
+                    let output = if whole {
+                        items.pop().unwrap_or(Value::Null)
+                    } else {
+                        Value::Array(std::mem::take(&mut items))
+                    };
+                    let meta = (
+                        summary.agent_id.as_str(),
+                        summary.capability_version.as_str(),
+                        summary.attempts,
+                    );
+                    rpc_result(id, tool_result(output, wraps_output || !whole, &request_id, meta))
+                }
+                Item::End(Err(error)) => rpc_result(id, tool_error(&error)),
+            };
+            Some((Ok(crate::sse::data(&message.to_string())), (None, items)))
+        }
+    });
+    (
+        [
+            (http::header::CONTENT_TYPE, "text/event-stream"),
+            (http::header::CACHE_CONTROL, "no-cache"),
+            (http::header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
 }

@@ -140,6 +140,12 @@ impl EventStream {
     }
 
     /// The next event, or the end; `None` after the end.
+    /// Whether the agent answered one JSON output rather than events (its
+    /// output is then the one event's data, not an item of a stream).
+    pub fn is_whole(&self) -> bool {
+        matches!(self.source, Source::Whole(_))
+    }
+
     pub async fn next(&mut self) -> Option<Item> {
         if self.ended {
             return None;

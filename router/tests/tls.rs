@@ -234,6 +234,20 @@ async fn the_router_serves_https_and_picks_up_a_new_certificate() {
         .await
         .expect("https answers");
     assert_eq!(status, 200, "{body}");
+    // An A2A card served over TLS names its interface with https://.
+    let card: Value = client_trusting(&old_ca.ca_file)
+        .get(format!("{https}/a2a/{CAPABILITY}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .expect("the card over https")
+        .json()
+        .await
+        .expect("a JSON card");
+    assert_eq!(
+        card["supportedInterfaces"][0]["url"],
+        format!("{https}/a2a/{CAPABILITY}"),
+        "{card}"
+    );
     // Plain HTTP on the TLS port is refused, not served.
     assert!(
         invoke_at(&reqwest::Client::new(), &format!("http://{addr}"), "SO-plain")

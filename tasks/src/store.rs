@@ -15,6 +15,13 @@
 //!   that reconnect (`GET /v1/sessions/{id}/results?after=CURSOR`).
 //! - `dead_letters` — callbacks that could not be delivered, with their result;
 //!   listed, read and replayed by operators (`GET /v1/dead-letters`).
+//! - `tasks_of:{caller}` — sorted set: a caller's newest task ids by creation
+//!   time (at most [`CALLER_INDEX_MAX`]), for A2A's `ListTasks`.
+//!
+//! A task's `callback` field, when present, replaces the spec's callback (A2A
+//! sets and deletes push-notification configs after submission; `null`:
+//! deleted); the script recording an outcome reads it, so a callback set
+//! before the task ends is sent.
 //!
 //! A delivery the agent answered `202 Accepted` stays `running` with an
 //! `accepted` record (who may report, until when) and the queue entry it
@@ -35,6 +42,10 @@ use serde_json::Value;
 use crate::model::{Accepted, Callback, Priority, State, Task, Transition};
 
 const GROUP: &str = "workers";
+
+/// How many task ids a caller's index keeps (its newest): bounds the index of
+/// a caller that submits without end.
+pub const CALLER_INDEX_MAX: usize = 1000;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum TaskStoreError {
@@ -227,6 +238,7 @@ pub struct TaskStore {
     extend: Script,
     accept: Script,
     replay: Script,
+    set_callback: Script,
 }
 
 /// Where the store connects.
@@ -283,12 +295,15 @@ fn client_for(
 }
 
 const SUBMIT: &str = r#"
--- KEYS: 1 idempotency key, 2 task hash, 3 queue, 4 backlog hash
+-- KEYS: 1 idempotency key, 2 task hash, 3 queue, 4 backlog hash, 5 the caller's index
 -- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms, 5 backlog field (capability|priority),
---       6 queue it ('1'/'0': a held broadcast parent is stored only)
+--       6 queue it ('1'/'0': a held broadcast parent is stored only), 7 index size
 local existing = redis.call('GET', KEYS[1])
 if existing then return {0, existing} end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
+redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -1 - tonumber(ARGV[7]))
+redis.call('EXPIRE', KEYS[5], ARGV[3])
 redis.call('HSET', KEYS[2], 'spec', ARGV[2], 'state', 'pending', 'attempts', 0, 'updated_at_ms', ARGV[4],
   'transitions', '{"state":"pending","at_ms":' .. ARGV[4] .. '}\n')
 if ARGV[6] == '1' then
@@ -360,7 +375,11 @@ if not allowed then
   return {'refused', current}
 end
 if ARGV[10] ~= '' then redis.call('HSET', KEYS[1], 'report', ARGV[11]) end
-if ARGV[9] == '1' then redis.call('ZADD', KEYS[6], ARGV[2], ARGV[7]) end
+-- A callback set or deleted after submission (the `callback` field) replaces the spec's.
+local has_callback = ARGV[9] == '1'
+local replaced = redis.call('HGET', KEYS[1], 'callback')
+if replaced then has_callback = replaced ~= 'null' and ARGV[1] ~= 'canceled' end
+if has_callback then redis.call('ZADD', KEYS[6], ARGV[2], ARGV[7]) end
 if current == 'pending' then
   local field = redis.call('HGET', KEYS[1], 'backlog')
   if field then redis.call('HINCRBY', KEYS[5], field, -1) end
@@ -396,6 +415,18 @@ local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
 if current ~= 'running' then return {'refused', current} end
 redis.call('HSET', KEYS[1], 'accepted', ARGV[1], 'accepted_agent', ARGV[2], 'entry_id', ARGV[3])
+return {'ok', current}
+"#;
+
+const SET_CALLBACK: &str = r#"
+-- Sets (JSON) or deletes ('null') a task's callback while the task has not ended.
+-- KEYS: 1 task hash; ARGV: 1 callback JSON or 'null', 2.. the states it may be set in
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+local allowed = false
+for i = 2, #ARGV do if current == ARGV[i] then allowed = true end end
+if not allowed then return {'refused', current} end
+redis.call('HSET', KEYS[1], 'callback', ARGV[1])
 return {'ok', current}
 "#;
 
@@ -448,6 +479,7 @@ impl TaskStore {
             extend: Script::new(EXTEND),
             accept: Script::new(ACCEPT),
             replay: Script::new(REPLAY),
+            set_callback: Script::new(SET_CALLBACK),
         })
     }
 
@@ -517,6 +549,10 @@ impl TaskStore {
 
     fn task_key(&self, task_id: &str) -> String {
         format!("{}:task:{task_id}", self.namespace)
+    }
+
+    fn caller_index_key(&self, caller: &str) -> String {
+        format!("{}:tasks_of:{caller}", self.namespace)
     }
 
     fn alias_key(&self, task_id: &str) -> String {
@@ -600,12 +636,14 @@ impl TaskStore {
             .key(self.task_key(&task_id))
             .key(self.queue_key(task.priority))
             .key(self.backlog_key())
+            .key(self.caller_index_key(&task.caller))
             .arg(&task_id)
             .arg(spec_json)
             .arg(self.retention_s)
             .arg(spec.created_at_ms)
             .arg(format!("{}|{}", spec.capability, task.priority.as_str()))
             .arg(if task.hold { "0" } else { "1" })
+            .arg(CALLER_INDEX_MAX)
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;
@@ -651,6 +689,16 @@ impl TaskStore {
         assemble(fields)
     }
 
+    /// The ids of `caller`'s tasks, newest first (at most [`CALLER_INDEX_MAX`];
+    /// some may have expired since).
+    pub async fn caller_tasks(&self, caller: &str) -> Result<Vec<String>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        connection
+            .zrevrange(self.caller_index_key(caller), 0, -1)
+            .await
+            .map_err(unavailable)
+    }
+
     /// Records that `from` names the task `to`, for the retention: a router
     /// that accepted a submission into its local buffer while Redis was away
     /// answered it with `from`, and on replay found its `request_id` already
@@ -662,6 +710,58 @@ impl TaskStore {
             .set_ex::<_, _, ()>(self.alias_key(from), to, self.retention_s)
             .await
             .map_err(unavailable)
+    }
+
+    /// Several tasks in one round trip, in order; `None` for those that are gone.
+    pub async fn get_many(&self, task_ids: &[String]) -> Result<Vec<Option<Task>>, TaskStoreError> {
+        if task_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for task_id in task_ids {
+            pipe.hgetall(self.task_key(task_id));
+        }
+        let mut connection = self.connection().await?;
+        let found: Vec<std::collections::HashMap<String, String>> =
+            pipe.query_async(&mut connection).await.map_err(unavailable)?;
+        found
+            .into_iter()
+            .map(|fields| (!fields.is_empty()).then(|| assemble(fields)).transpose())
+            .collect()
+    }
+
+    /// Sets (`Some`) or deletes (`None`) the callback of a task that has not
+    /// ended; the outcome's callback is sent to the one set last.
+    pub async fn set_callback(&self, task_id: &str, callback: Option<&Callback>) -> Result<(), TaskStoreError> {
+        let record = match callback {
+            Some(callback) => {
+                serde_json::to_string(callback).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?
+            }
+            None => "null".to_string(),
+        };
+        let open: Vec<&str> = State::ALL
+            .into_iter()
+            .filter(|state| !state.is_terminal())
+            .map(State::as_str)
+            .collect();
+        let mut connection = self.connection().await?;
+        let answer: Vec<String> = self
+            .set_callback
+            .key(self.task_key(task_id))
+            .arg(record)
+            .arg(open)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        match answer.first().map(String::as_str) {
+            Some("ok") => Ok(()),
+            Some("missing") => Err(TaskStoreError::NotFound(task_id.to_string())),
+            Some("refused") => Err(TaskStoreError::Refused {
+                current: answer.get(1).cloned().unwrap_or_default(),
+                wanted: "given a callback".to_string(),
+            }),
+            other => Err(TaskStoreError::Corrupt(format!("unexpected script answer {other:?}"))),
+        }
     }
 
     /// Moves a task to `next` if the transition table allows it from its current state.
@@ -1232,6 +1332,12 @@ fn assemble(fields: std::collections::HashMap<String, String>) -> Result<Task, T
         .map(|text| serde_json::from_str::<Accepted>(text))
         .transpose()
         .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    // Set after submission (`set_callback`): replaces the spec's; `null` deleted it.
+    let callback = match fields.get("callback") {
+        Some(text) => serde_json::from_str::<Option<Callback>>(text)
+            .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
+        None => spec.callback,
+    };
     Ok(Task {
         task_id: spec.task_id,
         request_id: spec.request_id,
@@ -1241,7 +1347,7 @@ fn assemble(fields: std::collections::HashMap<String, String>) -> Result<Task, T
         priority: spec.priority,
         state,
         envelope: spec.envelope,
-        callback: spec.callback,
+        callback,
         target_agent: spec.target_agent,
         parent: spec.parent,
         children: spec.children,

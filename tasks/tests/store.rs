@@ -467,3 +467,73 @@ async fn an_accepted_task_takes_one_report_from_its_agent() {
     assert!(store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap().is_empty());
     assert_eq!(store.session_results("s-rep", None, 10).await.unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    let first = store.submit(task("index-1", Priority::Normal, None)).await.unwrap();
+    let second = store.submit(task("index-2", Priority::Normal, None)).await.unwrap();
+    let theirs = store
+        .submit(NewTask {
+            caller: "someone_else".to_string(),
+            ..task("index-3", Priority::Normal, None)
+        })
+        .await
+        .unwrap();
+    let mut mine = store.caller_tasks("tester").await.unwrap();
+    mine.sort();
+    let mut expected = vec![first.task_id().to_string(), second.task_id().to_string()];
+    expected.sort();
+    assert_eq!(mine, expected, "a caller's index holds its tasks only");
+    assert_eq!(store.caller_tasks("someone_else").await.unwrap(), [theirs.task_id()]);
+    let found = store
+        .get_many(&[first.task_id().to_string(), "t_000000000000000000000000".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 2);
+    assert_eq!(
+        found[0].as_ref().map(|task| task.task_id.as_str()),
+        Some(first.task_id())
+    );
+    assert!(found[1].is_none(), "a task that is gone is None, in its place");
+
+    // A callback set after submission replaces the spec's (none), and the outcome schedules it;
+    // a deleted one schedules nothing.
+    let hook = Callback {
+        url: "https://example.com/hook".to_string(),
+        secret_ref: None,
+    };
+    store.set_callback(first.task_id(), Some(&hook)).await.unwrap();
+    assert_eq!(store.get(first.task_id()).await.unwrap().callback, Some(hook.clone()));
+    store.set_callback(second.task_id(), Some(&hook)).await.unwrap();
+    store.set_callback(second.task_id(), None).await.unwrap();
+    assert_eq!(store.get(second.task_id()).await.unwrap().callback, None);
+    for claimed in store.claim("worker-a", 10, 0).await.unwrap() {
+        store.transition(&claimed.task.task_id, State::Running).await.unwrap();
+        store
+            .finish(&claimed, State::Succeeded, &succeeded("done"))
+            .await
+            .unwrap();
+    }
+    let due = store
+        .claim_due_callbacks(agent_reach_tasks::store::now_ms() + 60_000, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        due,
+        [first.task_id()],
+        "only the task whose callback was set (and kept) has one due"
+    );
+
+    // Once a task ended its callback is fixed; an unknown task is not found.
+    assert!(matches!(
+        store.set_callback(first.task_id(), None).await,
+        Err(TaskStoreError::Refused { .. })
+    ));
+    assert!(matches!(
+        store.set_callback("t_000000000000000000000000", Some(&hook)).await,
+        Err(TaskStoreError::NotFound(_))
+    ));
+}

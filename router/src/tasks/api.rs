@@ -86,7 +86,7 @@ async fn owned_task<'a>(
     Ok((tasks, task))
 }
 
-fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
+pub(super) fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
     match caller {
         Caller::Agent { name, .. } if **name != *task.caller => Err(RouterError::new(
             Code::TaskNotFound,
@@ -195,8 +195,41 @@ async fn read_task_request(
 async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
     let tasks = api.enabled()?;
     let request = read_task_request(&api.service, tasks, headers, body).await?;
-    let priority = request.priority;
-    let task = request.new_task();
+    Ok(match put(tasks, request.new_task(), request.priority).await? {
+        Put::Created(task_id) => (
+            StatusCode::ACCEPTED,
+            Json(json!({ "task_id": task_id, "status": "pending" })),
+        )
+            .into_response(),
+        Put::Existing(task_id) => {
+            let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+            (
+                StatusCode::OK,
+                Json(json!({ "task_id": task_id, "status": task.state.as_str(), "duplicate": true })),
+            )
+                .into_response()
+        }
+        Put::BufferedExisting(task_id) => (
+            StatusCode::OK,
+            Json(json!({ "task_id": task_id, "status": "pending", "duplicate": true })),
+        )
+            .into_response(),
+    })
+}
+
+/// Where a submission went.
+pub(super) enum Put {
+    /// Stored (in Redis, or in the local buffer while Redis is unreachable).
+    Created(String),
+    /// The caller's request id was seen before: the task submitted then.
+    Existing(String),
+    /// The same, still in the local buffer (pending).
+    BufferedExisting(String),
+}
+
+/// Stores a submission in Redis, or in the local buffer while Redis is
+/// unreachable (`--task-buffer-dir`), and counts it.
+pub(super) async fn put(tasks: &TaskService, task: NewTask, priority: Priority) -> Result<Put, RouterError> {
     // One id whichever way the submission goes. A write that timed out, or that no
     // replica acknowledged (WAIT), may be in Redis already under this id: the
     // buffer's replay must find it there under the same one. Under a fresh id the
@@ -215,27 +248,16 @@ async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Re
         },
         None => tasks.store.submit_with_id(task, &task_id).await.map_err(store_error)?,
     };
-    if matches!(submitted, Submitted::Created(_)) {
-        tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
-    }
     Ok(match submitted {
-        Submitted::Created(task_id) => (
-            StatusCode::ACCEPTED,
-            Json(json!({ "task_id": task_id, "status": "pending" })),
-        )
-            .into_response(),
-        Submitted::Existing(task_id) => {
-            let task = tasks.store.get(&task_id).await.map_err(store_error)?;
-            (
-                StatusCode::OK,
-                Json(json!({ "task_id": task_id, "status": task.state.as_str(), "duplicate": true })),
-            )
-                .into_response()
+        Submitted::Created(task_id) => {
+            tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
+            Put::Created(task_id)
         }
+        Submitted::Existing(task_id) => Put::Existing(task_id),
     })
 }
 
-/// Keeps a submission in the local buffer: 202 as from Redis, or 503
+/// Keeps a submission in the local buffer, or refuses it with 503
 /// `TASK_BUFFER_FULL`.
 async fn buffered(
     tasks: &TaskService,
@@ -243,21 +265,13 @@ async fn buffered(
     task_id: String,
     task: NewTask,
     priority: Priority,
-) -> Result<Response, RouterError> {
+) -> Result<Put, RouterError> {
     match buffer.push(task_id, task).await {
         Ok(Buffered::Created(task_id)) => {
             tasks.metrics.submitted.with_label_values(&[priority.as_str()]).inc();
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(json!({ "task_id": task_id, "status": "pending" })),
-            )
-                .into_response())
+            Ok(Put::Created(task_id))
         }
-        Ok(Buffered::Existing(task_id)) => Ok((
-            StatusCode::OK,
-            Json(json!({ "task_id": task_id, "status": "pending", "duplicate": true })),
-        )
-            .into_response()),
+        Ok(Buffered::Existing(task_id)) => Ok(Put::BufferedExisting(task_id)),
         Err(error) => Err(RouterError::new(
             Code::TaskBufferFull,
             format!("the task store (Redis) is unreachable and {error}; retry shortly"),
@@ -391,22 +405,30 @@ pub(super) async fn cancel(
 ) -> Response {
     let outcome = async {
         let (tasks, task) = owned_task(&api, &headers, &task_id).await?;
-        let result = failed_envelope(
-            &task,
-            &RouterError::new(Code::Canceled, "the caller canceled the task"),
-            task.attempts,
-        );
         // The task's own id: `task_id` may be an alias of it (a buffered submission's).
-        tasks.store.cancel(&task.task_id, &result).await.map_err(store_error)?;
-        let task = tasks.store.get(&task.task_id).await.map_err(store_error)?;
+        let task = cancel_task(tasks, &task).await?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }
     .await;
     outcome.unwrap_or_else(refused)
 }
 
+/// Cancels `task` (its result a failed envelope, code `CANCELED`) and reads it back.
+pub(super) async fn cancel_task(
+    tasks: &TaskService,
+    task: &agent_reach_tasks::Task,
+) -> Result<agent_reach_tasks::Task, RouterError> {
+    let result = failed_envelope(
+        task,
+        &RouterError::new(Code::Canceled, "the caller canceled the task"),
+        task.attempts,
+    );
+    tasks.store.cancel(&task.task_id, &result).await.map_err(store_error)?;
+    tasks.store.get(&task.task_id).await.map_err(store_error)
+}
+
 /// How often an events stream looks for a state change.
-const EVENTS_POLL: Duration = Duration::from_millis(100);
+pub(super) const EVENTS_POLL: Duration = Duration::from_millis(100);
 
 /// `GET /v1/tasks/{id}/events`: server-sent events, one `state` event per
 /// state the task enters (with its time), the last carrying the result; the

@@ -6,8 +6,8 @@
 //! bounded by per-tag gates ([`gate`]); [`report`] takes the results of
 //! deliveries agents answered `202`; [`callbacks`] sends the signed
 //! callbacks the store schedules, and [`dead_letters`] lets operators list
-//! and replay the ones that could not be sent. It uses the fast path; the fast path never
-//! uses it.
+//! and replay the ones that could not be sent; [`protocol`] is what A2A's
+//! tasks use of it. It uses the fast path; the fast path never uses it.
 //!
 //! Durability lives in `agent_reach_tasks`: a task is answered `202` only
 //! once stored; its queue entry is acknowledged only when its outcome is
@@ -20,6 +20,7 @@ mod callbacks;
 mod dead_letters;
 mod gate;
 mod metrics;
+mod protocol;
 mod report;
 mod settings;
 mod worker;
@@ -33,6 +34,7 @@ use serde_json::{json, Value};
 
 pub(crate) use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
+pub(crate) use protocol::{Owned, POLL};
 pub use settings::{TagLimit, TaskArgs, TasksSettings};
 
 use crate::error::{Code, RouterError};

@@ -87,7 +87,8 @@ def test_an_a2a_client_resolves_the_card_sends_streams_and_asks_for_tasks(
     assert card["version"] == "1.2.0"
     assert card["supportedInterfaces"][0]["url"] == f"{stack.router.url}/a2a/test.a2a_price"
     assert card["capabilities"]["streaming"] is True
-    assert card["capabilities"]["pushNotifications"] is False
+    # Push configs are the slow path's callbacks: on with --redis (the stack's router has it).
+    assert card["capabilities"]["pushNotifications"] is True
     schemas = card["capabilities"]["extensions"][0]["params"]
     assert schemas["input_schema"]["required"] == ["order_id"]
     assert card["skills"][0]["id"] == "test.a2a_price"
@@ -115,7 +116,7 @@ def test_an_a2a_client_resolves_the_card_sends_streams_and_asks_for_tasks(
             with pytest.raises(TaskNotFoundError):
                 await client.cancel_task(CancelTaskRequest(id="no-such-task"))
             listed = await client.list_tasks(ListTasksRequest())
-            assert list(listed.tasks) == []
+            assert all(task.id.startswith("t_") for task in listed.tasks)
 
         # A TextPart maps to {"text": ...} for a capability whose input takes a string `text`.
         async with connect(stack, "text.a2a_shout", streaming=False) as client:
@@ -209,7 +210,7 @@ def test_v0_3_method_names_are_served_when_no_newer_version_is_asked(
             "test.a2a_price",
             {"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {}},
             200,
-            -32003,
+            -32602,
             None,
         ),
     ],
@@ -260,5 +261,21 @@ def test_a2a_refuses_bad_tokens_and_unknown_cards_and_serves_the_root_card(
         card = httpx.get(f"{rooted.url}/.well-known/agent-card.json").json()
         assert card["name"] == "test.a2a_price"
         assert card["supportedInterfaces"][0]["url"] == f"{rooted.url}/a2a/test.a2a_price"
+        # Without --redis there are no durable tasks: the card says so and the task methods answer A2A's errors.
+        assert card["capabilities"]["pushNotifications"] is False
+        url = f"{rooted.url}/a2a/test.a2a_price"
+        message = send_params({"data": {"order_id": "SO-1"}})["message"]
+        for method, params, code in [
+            ("CreateTaskPushNotificationConfig", {"taskId": "t_0", "url": "http://127.0.0.1:9/hook"}, -32003),
+            ("GetTask", {"id": "t_0"}, -32001),
+            ("SendMessage", {"message": message, "configuration": {"returnImmediately": True}}, -32004),
+        ]:
+            body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+            answer = httpx.post(url, json=body, headers=auth(stack)).json()
+            assert answer["error"]["code"] == code, answer
+        listed = httpx.post(
+            url, json={"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}}, headers=auth(stack)
+        ).json()
+        assert listed["result"]["tasks"] == [], listed
     finally:
         rooted.stop()

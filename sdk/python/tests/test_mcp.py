@@ -7,7 +7,8 @@ input on the route, each a protocol error and never a 500."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -49,6 +50,14 @@ def pricing_agent(stack: Stack) -> Agent:
         return payload.upper()
 
     return agent
+
+
+class Prompt(BaseModel):
+    text: str
+
+
+class Token(BaseModel):
+    token: str
 
 
 def client(stack: Stack, caller: str) -> Client:
@@ -121,6 +130,51 @@ def rpc(stack: Stack, body: Any, *, token: str | None = "tester", raw: bytes | N
     if raw is not None:
         return httpx.post(f"{stack.router.url}/mcp", content=raw, headers=headers, timeout=10)
     return httpx.post(f"{stack.router.url}/mcp", json=body, headers=headers, timeout=10)
+
+
+def test_a_streaming_capability_reports_each_event_as_mcp_progress(
+    stack: Stack, start_agent: Callable[..., Agent]
+) -> None:
+    first_seen = threading.Event()
+    agent = make_agent(stack)
+
+    @agent.handler("test.mcp_tokens", version="1.0.0")
+    async def tokens(payload: Prompt) -> AsyncIterator[Token]:
+        """Streams the words of a prompt."""
+        if payload.text == "fail":
+            yield Token(token="partial")
+            raise HandlerError("MODEL_FAILED", "the model gave up")
+        words = payload.text.split(" ")
+        yield Token(token=words[0])
+        # The next word waits until the client has seen the first as progress: events are
+        # relayed one by one, before the agent has finished.
+        await asyncio.to_thread(first_seen.wait, 10)
+        for word in words[1:]:
+            yield Token(token=word)
+
+    start_agent(agent)
+    seen: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, message))
+        first_seen.set()
+
+    async def as_tester(mcp: Client) -> None:
+        result = await mcp.call_tool("test.mcp_tokens", {"text": "ship it now"}, progress_callback=on_progress)
+        assert not result.is_error, result
+        assert result.structured_content == {"result": [{"token": "ship"}, {"token": "it"}, {"token": "now"}]}
+        assert [progress for progress, _ in seen] == [1, 2, 3]
+        assert seen[0][1] == '{"token":"ship"}'
+        # A failure after the first event is a tool error with the stable code.
+        failed = await mcp.call_tool("test.mcp_tokens", {"text": "fail"}, progress_callback=on_progress)
+        assert failed.is_error
+        assert failed.structured_content is not None
+        assert failed.structured_content["error"]["code"] == "AGENT_ERROR"
+        # Without a progress callback the items arrive collected, as before.
+        collected = await mcp.call_tool("test.mcp_tokens", {"text": "one"})
+        assert collected.structured_content == {"result": [{"token": "one"}]}
+
+    asyncio.run(session(stack, "tester", as_tester))
 
 
 @pytest.mark.parametrize(

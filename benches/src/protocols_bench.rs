@@ -1,0 +1,654 @@
+//! Streaming and protocol benchmark (issue 24): the router's streamed invoke
+//! against nginx proxying the same server-sent-events agent with buffering
+//! off, and A2A `SendMessage` against `/v1/invoke` on the same agent.
+//!
+//! ```sh
+//! cargo run --release -p agent-reach-benches --bin protocols-bench
+//! ```
+//!
+//! Starts a real etcd (testkit); the registry and the router run as child
+//! processes (this binary re-executed), the agents in this process, nginx
+//! and wrk from the distribution's packages (`scripts/setup.sh`). Targets,
+//! each judged on its median of `--rounds` interleaved rounds:
+//! - time to first event at one stream (sequential streams for
+//!   `--duration-s`): p50 directly, through the router and through nginx;
+//!   the router's added p50 (minus the direct one) must be ≤ nginx's;
+//! - events/s at `--streams` (32) concurrent streams, each stream
+//!   `--events` (100) events the agent writes as fast as it can, a stream
+//!   counted once it ended with every event: the router's must be ≥ nginx's;
+//! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) must
+//!   reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent.
+
+/// mimalloc, as in the `agent-reach` binary (see router-bench).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use http_body_util::BodyExt;
+use serde_json::json;
+
+const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
+const SERVE_REGISTRY: &str = "__serve-registry";
+const SERVE_ROUTER: &str = "__serve-router";
+const STREAMING: &str = "bench.tokens";
+const JSON_CAPABILITY: &str = "bench.echo";
+const CALLER: &str = "bench_caller";
+
+#[derive(Debug, Clone, Parser)]
+#[command(about = "Streamed invoke vs nginx (SSE, buffering off); A2A SendMessage vs /v1/invoke.")]
+struct Args {
+    /// Seconds each measurement lasts.
+    #[arg(long, default_value_t = 6)]
+    duration_s: u64,
+    /// Interleaved rounds; each target is judged on its median round.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Concurrent streams of the events/s measurement.
+    #[arg(long, default_value_t = 32)]
+    streams: usize,
+    /// Events per stream.
+    #[arg(long, default_value_t = 100)]
+    events: usize,
+    /// Request threads of the router (`--threads`) and nginx's worker processes alike (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    proxy_threads: usize,
+    /// wrk connections of the A2A-vs-invoke measurement.
+    #[arg(long, default_value_t = 32)]
+    connections: u32,
+}
+
+#[derive(Debug, Parser)]
+struct ServeRegistry {
+    #[command(flatten)]
+    registry: agent_reach_registry::RegistryArgs,
+}
+
+#[derive(Debug, Parser)]
+struct ServeRouter {
+    #[command(flatten)]
+    router: agent_reach_router::RouterArgs,
+}
+
+/// A child process killed on drop.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], agent_reach_testkit::free_port()))
+}
+
+fn spawn_self(mode: &str, args: &[String]) -> anyhow::Result<ChildGuard> {
+    let child = Command::new(std::env::current_exe()?)
+        .arg(mode)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("spawning {mode}"))?;
+    Ok(ChildGuard(child))
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut ok: impl AsyncFnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if ok().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{what} not ready within {timeout:?}")
+}
+
+// === Agents ===
+
+/// The agents' listener with Nagle's algorithm off, as the proxies have it:
+/// otherwise an event written after the head waits for the caller's ACK.
+fn nodelay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
+    use axum::serve::ListenerExt as _;
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
+}
+
+/// The streaming agent: `events` events, each written as its own body chunk
+/// as fast as the connection takes them, the first one at once.
+async fn start_streaming_agent(events: usize) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let handler = move |body: axum::body::Bytes| async move {
+        let _ = body.len();
+        let chunks = futures::stream::iter((0..events).map(|index| {
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(format!(
+                "data: {{\"token\":\"tok{index}\",\"index\":{index}}}\n\n"
+            )))
+        }));
+        (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            axum::body::Body::from_stream(chunks),
+        )
+    };
+    let app = axum::Router::new().route("/invoke", axum::routing::post(handler));
+    tokio::spawn(async move { axum::serve(nodelay(listener), app).await });
+    Ok(addr)
+}
+
+async fn json_agent(body: axum::body::Bytes) -> impl axum::response::IntoResponse {
+    let _ = body.len();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        r#"{"output":{"status":"paid","ships_today":true}}"#,
+    )
+}
+
+async fn start_json_agent() -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = axum::Router::new().route("/invoke", axum::routing::post(json_agent));
+    tokio::spawn(async move { axum::serve(nodelay(listener), app).await });
+    Ok(addr)
+}
+
+async fn register(
+    client: &reqwest::Client,
+    registry: &str,
+    id: &str,
+    endpoint: String,
+    capability: &str,
+) -> anyhow::Result<()> {
+    let token = agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
+        .map_err(anyhow::Error::msg)?;
+    let body = json!({
+        "agent_id": id, "name": "bench_agent", "endpoint": endpoint,
+        "weight": 1, "ttl_s": 30, "status": "ready",
+        "capabilities": [{
+            "name": capability, "version": "1.0.0",
+            "input_schema": { "type": "object", "required": ["order_id"], "properties": { "order_id": { "type": "string" } } }
+        }]
+    });
+    let response = client
+        .post(format!("{registry}/v1/agents"))
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("registration of {id} failed: {}", response.text().await?);
+    }
+    let answer: serde_json::Value = response.json().await?;
+    let lease = answer["lease_id"].as_i64().context("lease_id")?;
+    let (client, registry, id) = (client.clone(), registry.to_string(), id.to_string());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let _ = client
+                .put(format!("{registry}/v1/agents/{id}/heartbeat"))
+                .bearer_auth(&token)
+                .json(&json!({ "lease_id": lease }))
+                .send()
+                .await;
+        }
+    });
+    Ok(())
+}
+
+// === nginx ===
+
+/// nginx as the issue sets it: a reverse proxy to the SSE agent with
+/// buffering off, keep-alive to the agent, as many workers as the router has threads.
+fn start_nginx(dir: &Path, listen: SocketAddr, agent: SocketAddr, workers: usize) -> anyhow::Result<ChildGuard> {
+    let root = dir.join("nginx");
+    std::fs::create_dir_all(root.join("logs"))?;
+    let config = format!(
+        "daemon off;\nworker_processes {workers};\npid {root}/nginx.pid;\nerror_log {root}/logs/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 10000000;\n  keepalive_timeout 300s;\n  client_body_temp_path {root}/body;\n  proxy_temp_path {root}/proxy;\n  \
+         fastcgi_temp_path {root}/fastcgi;\n  uwsgi_temp_path {root}/uwsgi;\n  scgi_temp_path {root}/scgi;\n  \
+         upstream agent {{ server {agent}; keepalive 128; keepalive_requests 10000000; keepalive_timeout 300s; }}\n  \
+         server {{\n    listen {listen};\n    location / {{\n      proxy_pass http://agent;\n      \
+         proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      \
+         proxy_cache off;\n    }}\n  }}\n}}\n",
+        root = root.display()
+    );
+    let path = root.join("nginx.conf");
+    std::fs::write(&path, config)?;
+    let child = Command::new("/usr/sbin/nginx")
+        .arg("-p")
+        .arg(&root)
+        .arg("-e")
+        .arg(root.join("logs/error.log"))
+        .arg("-c")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("running nginx (apt-get install nginx; scripts/setup.sh does)")?;
+    Ok(ChildGuard(child))
+}
+
+// === The SSE client ===
+
+/// One stream target: where to POST, and with which headers and body.
+#[derive(Clone)]
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    path: &'static str,
+    token: Option<String>,
+    body: bytes::Bytes,
+    /// Events the caller sees beyond the agent's (the router's `event: result`).
+    extra_events: usize,
+}
+
+/// An HTTP/1.1 connection kept alive across streams.
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// Opens one stream and reads it to the end: the time to its first complete
+/// event and the events it carried (event delimiters counted across chunks).
+async fn one_stream(sender: &mut Sender, target: &Target) -> anyhow::Result<(Duration, usize)> {
+    sender.ready().await?;
+    let mut request = http::Request::post(target.path)
+        .header(http::header::HOST, "bench")
+        .header(http::header::ACCEPT, "text/event-stream")
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = &target.token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let started = Instant::now();
+    let response = sender
+        .send_request(request.body(http_body_util::Full::new(target.body.clone()))?)
+        .await?;
+    if !response.status().is_success() {
+        bail!("{} answered {}", target.name, response.status());
+    }
+    let mut body = response.into_body();
+    let (mut events, mut first, mut last) = (0usize, None, 0u8);
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        let Some(data) = frame.data_ref() else { continue };
+        for &byte in data.iter() {
+            if byte == b'\n' && last == b'\n' {
+                events += 1;
+                first.get_or_insert_with(|| started.elapsed());
+            }
+            last = byte;
+        }
+    }
+    let first = first.context("a stream without events")?;
+    Ok((first, events.saturating_sub(target.extra_events)))
+}
+
+/// [`one_stream`], on a new connection if the target closed the kept-alive one
+/// (a proxy's limit of requests per connection).
+async fn stream_reconnecting(sender: &mut Sender, target: &Target) -> anyhow::Result<(Duration, usize)> {
+    if sender.is_closed() {
+        *sender = connect(target.addr).await?;
+    }
+    match one_stream(sender, target).await {
+        Err(_) if sender.is_closed() => {
+            *sender = connect(target.addr).await?;
+            one_stream(sender, target).await
+        }
+        other => other,
+    }
+}
+
+/// p50 time to first event over sequential streams on one connection.
+async fn first_event_p50(target: &Target, duration: Duration) -> anyhow::Result<(Duration, usize)> {
+    let mut sender = connect(target.addr).await?;
+    let mut times = Vec::new();
+    let until = Instant::now() + duration;
+    while Instant::now() < until {
+        times.push(stream_reconnecting(&mut sender, target).await?.0);
+    }
+    times.sort();
+    Ok((times[times.len() / 2], times.len()))
+}
+
+/// Events/s over `streams` concurrent streams (each on its own kept-alive
+/// connection), counting complete streams only.
+async fn events_per_s(target: &Target, streams: usize, events: usize, duration: Duration) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let until = started + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut sender = connect(target.addr).await?;
+            let mut complete = 0usize;
+            while Instant::now() < until {
+                let (_, seen) = stream_reconnecting(&mut sender, &target).await?;
+                if seen < events {
+                    bail!("{}: a stream ended after {seen} of {events} events", target.name);
+                }
+                complete += 1;
+            }
+            Ok::<_, anyhow::Error>(complete)
+        }));
+    }
+    let mut complete = 0;
+    for task in tasks {
+        complete += task.await??;
+    }
+    Ok((complete * events) as f64 / started.elapsed().as_secs_f64())
+}
+
+// === wrk ===
+
+fn wrk_requests_per_s(script: &Path, url: &str, connections: u32, duration_s: u64) -> anyhow::Result<f64> {
+    let output = Command::new("/usr/bin/wrk")
+        .arg("-t1")
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{duration_s}s"))
+        .arg("-s")
+        .arg(script)
+        .arg(url)
+        .output()
+        .context("running wrk (apt-get install wrk)")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    if text.contains("Non-2xx") || text.contains("Socket errors") {
+        bail!("wrk saw errors against {url}:\n{text}");
+    }
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("Requests/sec:"))
+        .and_then(|rest| rest.trim().parse().ok())
+        .with_context(|| format!("wrk produced no result:\n{text}"))
+}
+
+fn wrk_script(dir: &Path, name: &str, body: &str, token: &str) -> anyhow::Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!(
+            "wrk.method = \"POST\"\nwrk.body = '{body}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n\
+             wrk.headers[\"Authorization\"] = \"Bearer {token}\"\n"
+        ),
+    )?;
+    Ok(path)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(SERVE_REGISTRY) {
+        argv.remove(1);
+        let serve = ServeRegistry::parse_from(argv);
+        let runtime = tokio::runtime::Runtime::new()?;
+        return runtime.block_on(agent_reach_registry::run(serve.registry, std::future::pending()));
+    }
+    if argv.get(1).map(String::as_str) == Some(SERVE_ROUTER) {
+        argv.remove(1);
+        let serve = ServeRouter::parse_from(argv);
+        let runtime = tokio::runtime::Runtime::new()?;
+        return runtime.block_on(agent_reach_router::run(serve.router, std::future::pending()));
+    }
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let etcd = agent_reach_testkit::Etcd::start();
+    let dir = tempfile::tempdir()?;
+    let secret = dir.path().join("hs256.secret");
+    std::fs::write(&secret, SECRET)?;
+    let assertion_key = dir.path().join("assertion.pem");
+    std::fs::write(
+        &assertion_key,
+        agent_reach_access::AssertionKey::generate()
+            .map_err(anyhow::Error::msg)?
+            .1,
+    )?;
+    let acl = dir.path().join("acl.yaml");
+    std::fs::write(
+        &acl,
+        format!(
+            "version: 1\npermissions:\n  - caller: {CALLER}\n    allow: [\"bench.*\"]\nproviders:\n  - agent: bench_agent\n    provides: [\"bench.*\"]\n"
+        ),
+    )?;
+    let path_text = |path: &PathBuf| path.to_string_lossy().to_string();
+
+    let registry_addr = free_addr();
+    let _registry = spawn_self(
+        SERVE_REGISTRY,
+        &[
+            "--listen".into(),
+            registry_addr.to_string(),
+            "--etcd".into(),
+            etcd.endpoint(),
+            "--acl".into(),
+            path_text(&acl),
+            "--auth-hs256-secret-file".into(),
+            path_text(&secret),
+        ],
+    )?;
+    let registry = format!("http://{registry_addr}");
+    let client = reqwest::Client::new();
+    wait_for("registry", Duration::from_secs(20), async || {
+        client
+            .get(format!("{registry}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await?;
+
+    let sse_agent = start_streaming_agent(args.events).await?;
+    register(
+        &client,
+        &registry,
+        "bench_sse-0",
+        format!("http://{sse_agent}/invoke"),
+        STREAMING,
+    )
+    .await?;
+    let json_agent = start_json_agent().await?;
+    register(
+        &client,
+        &registry,
+        "bench_json-0",
+        format!("http://{json_agent}/invoke"),
+        JSON_CAPABILITY,
+    )
+    .await?;
+
+    let router_addr = free_addr();
+    let _router = spawn_self(
+        SERVE_ROUTER,
+        &[
+            "--listen".into(),
+            router_addr.to_string(),
+            "--registry".into(),
+            registry.clone(),
+            "--acl".into(),
+            path_text(&acl),
+            "--auth-hs256-secret-file".into(),
+            path_text(&secret),
+            "--assertion-key".into(),
+            path_text(&assertion_key),
+            "--threads".into(),
+            args.proxy_threads.to_string(),
+        ],
+    )?;
+    let token = agent_reach_access::token::issue_hs256(CALLER, SECRET.as_bytes(), Duration::from_secs(86_400))
+        .map_err(anyhow::Error::msg)?;
+    let invoke_body = json!({ "capability": JSON_CAPABILITY, "payload": { "order_id": "SO-2024001" } }).to_string();
+    let router_invoke = format!("http://{router_addr}/v1/invoke");
+    wait_for("router with both agents", Duration::from_secs(20), async || {
+        let stream = json!({ "capability": STREAMING, "payload": { "order_id": "SO-1" } }).to_string();
+        let mut ready = true;
+        for (body, accept) in [(invoke_body.clone(), "application/json"), (stream, "text/event-stream")] {
+            ready &= client
+                .post(&router_invoke)
+                .bearer_auth(&token)
+                .header("accept", accept)
+                .body(body)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+        }
+        ready
+    })
+    .await?;
+
+    let workers = match args.proxy_threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        threads => threads,
+    };
+    let nginx_addr = free_addr();
+    let _nginx = start_nginx(dir.path(), nginx_addr, sse_agent, workers)?;
+    wait_for("nginx", Duration::from_secs(10), async || {
+        client
+            .post(format!("http://{nginx_addr}/invoke"))
+            .body("{}")
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await?;
+
+    let stream_envelope =
+        bytes::Bytes::from(json!({ "capability": STREAMING, "payload": { "order_id": "SO-2024001" } }).to_string());
+    let targets = [
+        Target {
+            name: "direct agent",
+            addr: sse_agent,
+            path: "/invoke",
+            token: None,
+            body: stream_envelope.clone(),
+            extra_events: 0,
+        },
+        Target {
+            name: "router",
+            addr: router_addr,
+            path: "/v1/invoke",
+            token: Some(token.clone()),
+            body: stream_envelope.clone(),
+            extra_events: 1,
+        },
+        Target {
+            name: "nginx",
+            addr: nginx_addr,
+            path: "/invoke",
+            token: None,
+            body: stream_envelope,
+            extra_events: 0,
+        },
+    ];
+    let send_body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": { "message": { "messageId": "m-1", "role": "ROLE_USER", "parts": [{ "data": { "order_id": "SO-2024001" } }] } }
+    })
+    .to_string();
+    let a2a_url = format!("http://{router_addr}/a2a/{JSON_CAPABILITY}");
+    let check = client
+        .post(&a2a_url)
+        .bearer_auth(&token)
+        .header("a2a-version", "1.0")
+        .body(send_body.clone())
+        .send()
+        .await?
+        .text()
+        .await?;
+    if !check.contains("\"result\"") {
+        bail!("A2A SendMessage failed: {check}");
+    }
+    let invoke_script = wrk_script(dir.path(), "invoke.lua", &invoke_body, &token)?;
+    let a2a_script = wrk_script(dir.path(), "a2a.lua", &send_body, &token)?;
+
+    let duration = Duration::from_secs(args.duration_s);
+    println!(
+        "protocols-bench: {} s per measurement, {} round(s), {} streams of {} events, {} cores, proxies with {workers} thread(s)",
+        args.duration_s,
+        args.rounds,
+        args.streams,
+        args.events,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    println!("router: authentication (HS256), ACL and schema validation on, an assertion signed per call; nginx: proxy_buffering off\n");
+    println!(
+        "{:<14} {:>6} {:>14} {:>10} {:>14}",
+        "target", "round", "first event p50", "streams", "events/s"
+    );
+    let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
+    let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
+    let (mut invoke_rates, mut a2a_rates) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        for target in &targets {
+            // A short warm-up opens connections and fills pools.
+            let _ = events_per_s(target, args.streams, args.events, Duration::from_secs(1)).await?;
+            let (p50, count) = first_event_p50(target, duration).await?;
+            let rate = events_per_s(target, args.streams, args.events, duration).await?;
+            println!(
+                "{:<14} {round:>6} {:>13.0}us {count:>10} {rate:>14.0}",
+                target.name,
+                p50.as_secs_f64() * 1e6
+            );
+            first.entry(target.name).or_default().push(p50.as_secs_f64() * 1e6);
+            rates.entry(target.name).or_default().push(rate);
+        }
+        let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, 2);
+        let invoke = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, args.duration_s)?;
+        let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, 2);
+        let a2a = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, args.duration_s)?;
+        println!(
+            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), {} conns",
+            "router",
+            a2a / invoke,
+            args.connections
+        );
+        invoke_rates.push(invoke);
+        a2a_rates.push(a2a);
+    }
+    let mut p50 = |name: &str| median(first.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
+    let (direct, router, nginx) = (p50("direct agent"), p50("router"), p50("nginx"));
+    println!("\nmedian of {} round(s):", args.rounds);
+    let (router_added, nginx_added) = (router - direct, nginx - direct);
+    println!(
+        "time to first event p50: direct {direct:.0}us, router {router:.0}us (+{router_added:.0}us), nginx {nginx:.0}us (+{nginx_added:.0}us) -> {}",
+        if router_added <= nginx_added { "MET" } else { "NOT MET" }
+    );
+    let mut rate = |name: &str| median(rates.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
+    let (direct_rate, router_rate, nginx_rate) = (rate("direct agent"), rate("router"), rate("nginx"));
+    println!(
+        "events/s at {} streams: direct {direct_rate:.0}, router {router_rate:.0}, nginx {nginx_rate:.0} ({:+.1} %) -> {}",
+        args.streams,
+        (router_rate / nginx_rate - 1.0) * 100.0,
+        if router_rate >= nginx_rate { "MET" } else { "NOT MET" }
+    );
+    let (invoke, a2a) = (median(&mut invoke_rates), median(&mut a2a_rates));
+    println!(
+        "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x) -> {}",
+        args.connections,
+        a2a / invoke,
+        if a2a >= 0.9 * invoke { "MET" } else { "NOT MET" }
+    );
+    drop(etcd);
+    Ok(())
+}

@@ -1,0 +1,356 @@
+"""A2A tasks on the router's slow path (``/a2a/{capability}``, DESIGN §8), driven by the
+official ``a2a-sdk`` client: a ``SendMessage`` that returns at once is a durable task whose
+state follows the delivery (get, subscribe, list), cancel maps to the task's cancel, tasks
+are their caller's only, and push-notification configs are the task's signed callback.
+A held-open agent (a handler waiting on an event) makes every state observable without
+sleeping; every wait polls a condition with a bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import http.server
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import ClientConfig, create_client
+from a2a.helpers.proto_helpers import get_data_parts, new_data_message
+from a2a.types import (
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    InvalidParamsError,
+    ListTaskPushNotificationConfigsRequest,
+    ListTasksRequest,
+    Role,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    TaskPushNotificationConfig,
+    TaskState,
+    UnsupportedOperationError,
+)
+from pydantic import BaseModel, Field
+
+from agent_reach import Agent
+
+from .conftest import make_agent
+from .support.stack import Stack, free_port, wait_until
+
+CAPABILITY = "test.a2a_slow"
+
+
+class Order(BaseModel):
+    order_id: str = Field(min_length=3)
+
+
+class Priced(BaseModel):
+    order_id: str
+    total_cents: int
+
+
+def held_agent(stack: Stack, release: threading.Event) -> Agent:
+    """An agent whose answer waits until ``release`` is set (at most 20 s)."""
+    agent = make_agent(stack, name="py_agent")
+
+    @agent.handler(CAPABILITY, version="1.0.0")
+    async def price(payload: Order) -> Priced:
+        """Price an order, once released."""
+        await asyncio.to_thread(release.wait, 20)
+        return Priced(order_id=payload.order_id, total_cents=700)
+
+    return agent
+
+
+@pytest.fixture
+def release(stack: Stack, start_agent: Callable[..., Agent]) -> Iterator[threading.Event]:
+    event = threading.Event()
+    start_agent(held_agent(stack, event))
+    yield event
+    event.set()
+
+
+@contextlib.asynccontextmanager
+async def connect(
+    stack: Stack, caller: str = "tester", push: TaskPushNotificationConfig | None = None, *, streaming: bool = False
+) -> AsyncIterator[Any]:
+    """An a2a-sdk client that asks for tasks at once (``polling``), as ``caller``; ``streaming``
+    lets it subscribe (the client subscribes only when both it and the card stream)."""
+    http = httpx.AsyncClient(headers={"authorization": f"Bearer {stack.token(caller)}"}, timeout=10)
+    try:
+        config = ClientConfig(httpx_client=http, streaming=streaming, polling=True, push_notification_config=push)
+        yield await create_client(f"{stack.router.url}/a2a/{CAPABILITY}", client_config=config)
+    finally:
+        await http.aclose()
+
+
+async def submit(client: Any, order_id: str) -> Task:
+    request = SendMessageRequest(message=new_data_message({"order_id": order_id}, role=Role.ROLE_USER))
+    answers = [answer async for answer in client.send_message(request)]
+    assert len(answers) == 1, answers
+    assert answers[0].HasField("task"), answers
+    return answers[0].task
+
+
+async def poll_state(client: Any, task_id: str, state: int) -> Task:
+    """Polls GetTask until the task is in ``state`` (10 s at most)."""
+    for _ in range(500):
+        task = await client.get_task(GetTaskRequest(id=task_id))
+        if task.status.state == state:
+            return task
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"task {task_id} never reached {TaskState.Name(state)}")
+
+
+def test_a_task_follows_its_durable_task_through_get_subscribe_and_list(stack: Stack, release: threading.Event) -> None:
+    async def scenario() -> None:
+        async with connect(stack) as client, connect(stack, streaming=True) as streamed:
+            task = await submit(client, "SO-41")
+            assert task.id.startswith("t_"), task
+            assert task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+            await poll_state(client, task.id, TaskState.TASK_STATE_WORKING)
+
+            events: list[Any] = []
+
+            async def follow() -> None:
+                async for event in streamed.subscribe(SubscribeToTaskRequest(id=task.id)):
+                    events.append(event)
+
+            following = asyncio.create_task(follow())
+            # The subscription's first event (the task, working) arrives before the agent answers.
+            for _ in range(500):
+                if events:
+                    break
+                await asyncio.sleep(0.02)
+            assert events, "no event before the agent answered"
+            assert events[0].task.status.state == TaskState.TASK_STATE_WORKING, events
+            release.set()
+            await asyncio.wait_for(following, 15)
+            kinds = [event.WhichOneof("payload") for event in events]
+            assert kinds == ["task", "artifact_update", "status_update"], events
+            assert get_data_parts(events[1].artifact_update.artifact.parts) == [
+                {"order_id": "SO-41", "total_cents": 700}
+            ]
+            assert events[2].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+            done = await client.get_task(GetTaskRequest(id=task.id))
+            assert done.status.state == TaskState.TASK_STATE_COMPLETED
+            assert get_data_parts(done.artifacts[0].parts) == [{"order_id": "SO-41", "total_cents": 700}]
+            # A task that ended has nothing to subscribe to.
+            with pytest.raises(UnsupportedOperationError):
+                async for _ in streamed.subscribe(SubscribeToTaskRequest(id=task.id)):
+                    pass
+
+            listed = await client.list_tasks(ListTasksRequest())
+            assert task.id in [listed_task.id for listed_task in listed.tasks]
+            completed = await client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_COMPLETED, page_size=1))
+            assert len(completed.tasks) == 1
+            assert completed.total_size >= 1
+            working = await client.list_tasks(ListTasksRequest(status=TaskState.TASK_STATE_WORKING))
+            assert task.id not in [listed_task.id for listed_task in working.tasks]
+
+        # Tasks are their caller's: py_agent may call the capability, yet sees none of tester's tasks.
+        async with connect(stack, caller="py_agent") as other:
+            with pytest.raises(TaskNotFoundError):
+                await other.get_task(GetTaskRequest(id=task.id))
+            with pytest.raises(TaskNotFoundError):
+                await other.cancel_task(CancelTaskRequest(id=task.id))
+            theirs = await other.list_tasks(ListTasksRequest())
+            assert task.id not in [listed_task.id for listed_task in theirs.tasks]
+
+    asyncio.run(scenario())
+
+
+def test_cancel_maps_to_the_durable_tasks_cancel(stack: Stack, release: threading.Event) -> None:
+    async def scenario() -> str:
+        async with connect(stack) as client:
+            task = await submit(client, "SO-42")
+            await poll_state(client, task.id, TaskState.TASK_STATE_WORKING)
+            canceled = await client.cancel_task(CancelTaskRequest(id=task.id))
+            assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+            assert canceled.status.message.metadata["error"]["code"] == "CANCELED"
+            with pytest.raises(TaskNotCancelableError):
+                await client.cancel_task(CancelTaskRequest(id=task.id))
+            release.set()
+            # The agent's late answer does not revive it.
+            assert (await client.get_task(GetTaskRequest(id=task.id))).status.state == TaskState.TASK_STATE_CANCELED
+
+        return task.id
+
+    task_id = asyncio.run(scenario())
+    # The same task on the slow path's own API.
+    status = httpx.get(
+        f"{stack.router.url}/v1/tasks/{task_id}", headers={"authorization": f"Bearer {stack.token('tester')}"}
+    )
+    assert status.json()["status"] == "canceled"
+
+
+class Receiver:
+    """A loopback webhook that keeps every POST (headers and body)."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                received.append(({key.lower(): value for key, value in self.headers.items()}, body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, release: threading.Event) -> None:
+    receiver = Receiver()
+    secret = (stack.directory / "callback.secret").read_bytes().strip()
+
+    async def scenario() -> str:
+        push = TaskPushNotificationConfig(url=receiver.url)
+        async with connect(stack, push=push) as client:
+            task = await submit(client, "SO-43")
+            config = await client.get_task_push_notification_config(
+                GetTaskPushNotificationConfigRequest(task_id=task.id, id="default")
+            )
+            assert (config.task_id, config.id, config.url) == (task.id, "default", receiver.url)
+
+        async with connect(stack) as client:
+            # Set, listed, deleted and set again on a task still running.
+            other = await submit(client, "SO-44")
+            created = await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=other.id, url=receiver.url)
+            )
+            assert created.url == receiver.url
+            listed = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=other.id)
+            )
+            assert [config.url for config in listed.configs] == [receiver.url]
+            await client.delete_task_push_notification_config(
+                DeleteTaskPushNotificationConfigRequest(task_id=other.id, id="default")
+            )
+            assert not (
+                await client.list_task_push_notification_configs(
+                    ListTaskPushNotificationConfigsRequest(task_id=other.id)
+                )
+            ).configs
+            with pytest.raises(InvalidParamsError):
+                await client.get_task_push_notification_config(
+                    GetTaskPushNotificationConfigRequest(task_id=other.id, id="default")
+                )
+            # A token is refused, not ignored: the callback is signed instead.
+            with pytest.raises(InvalidParamsError):
+                await client.create_task_push_notification_config(
+                    TaskPushNotificationConfig(task_id=other.id, url=receiver.url, token="t0k")
+                )
+            await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=other.id, url=receiver.url)
+            )
+            release.set()
+            await poll_state(client, task.id, TaskState.TASK_STATE_COMPLETED)
+            await poll_state(client, other.id, TaskState.TASK_STATE_COMPLETED)
+            with pytest.raises(UnsupportedOperationError):
+                await client.create_task_push_notification_config(
+                    TaskPushNotificationConfig(task_id=other.id, url=receiver.url)
+                )
+        return f"{task.id} {other.id}"
+
+    try:
+        ids = asyncio.run(scenario()).split()
+        wait_until(lambda: len(receiver.received) >= 2, 15, "both push notifications")
+        by_task = {headers["x-agent-reach-task-id"]: (headers, body) for headers, body in receiver.received}
+        assert sorted(by_task) == sorted(ids)
+        for headers, body in by_task.values():
+            fields = dict(part.split("=", 1) for part in headers["x-agent-reach-signature"].split(","))
+            expected = hmac.new(secret, f"{fields['t']}.".encode() + body, hashlib.sha256).hexdigest()
+            assert hmac.compare_digest(fields["v1"], expected)
+            assert b'"total_cents":700' in body
+    finally:
+        receiver.close()
+
+
+def rpc(stack: Stack, body: Any, caller: str = "tester") -> dict[str, Any]:
+    answer = httpx.post(
+        f"{stack.router.url}/a2a/{CAPABILITY}",
+        json=body,
+        headers={"authorization": f"Bearer {stack.token(caller)}"},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "code"),
+    [
+        ("GetTask", {"id": "t_000000000000000000000000"}, -32001),
+        ("CancelTask", {"id": "t_000000000000000000000000"}, -32001),
+        ("SubscribeToTask", {"id": "t_000000000000000000000000"}, -32001),
+        ("CancelTask", {}, -32602),
+        ("ListTasks", {"pageSize": 1000}, -32602),
+        ("ListTasks", {"pageToken": "not-a-token"}, -32602),
+        ("ListTasks", {"statusTimestampAfter": "2026-01-01T00:00:00Z"}, -32602),
+        ("CreateTaskPushNotificationConfig", {"taskId": "t_000000000000000000000000"}, -32602),
+        ("CreateTaskPushNotificationConfig", {"taskId": "t_000000000000000000000000", "url": "http://x"}, -32001),
+        ("GetTaskPushNotificationConfig", {"taskId": "t_000000000000000000000000", "id": "default"}, -32001),
+        ("DeleteTaskPushNotificationConfig", {"id": "default"}, -32602),
+        (
+            "SendMessage",
+            {
+                "message": {"messageId": "m-bad-push", "role": "ROLE_USER", "parts": [{"data": {"order_id": "SO-9"}}]},
+                "configuration": {"taskPushNotificationConfig": {"url": "ftp://example.com/hook"}},
+            },
+            -32602,
+        ),
+    ],
+)
+def test_bad_input_on_the_task_methods_is_an_a2a_error(
+    stack: Stack, release: threading.Event, method: str, params: dict[str, Any], code: int
+) -> None:
+    answer = rpc(stack, {"jsonrpc": "2.0", "id": 3, "method": method, "params": params})
+    assert answer["error"]["code"] == code, answer
+
+
+def test_v0_3_task_methods_answer_in_v0_3_shapes(stack: Stack, release: threading.Event) -> None:
+    send = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "kind": "message",
+                "messageId": "m-legacy-task",
+                "role": "user",
+                "parts": [{"kind": "data", "data": {"order_id": "SO-45"}}],
+            },
+            "configuration": {"blocking": False},
+        },
+    }
+    task = rpc(stack, send)["result"]
+    assert task["kind"] == "task", task
+    assert task["status"]["state"] in ("submitted", "working"), task
+    got = rpc(stack, {"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"id": task["id"]}})["result"]
+    assert got["id"] == task["id"]
+    assert got["kind"] == "task"
+    canceled = rpc(stack, {"jsonrpc": "2.0", "id": 3, "method": "tasks/cancel", "params": {"id": task["id"]}})
+    assert canceled["result"]["status"]["state"] == "canceled", canceled
+    again = rpc(stack, {"jsonrpc": "2.0", "id": 4, "method": "tasks/cancel", "params": {"id": task["id"]}})
+    assert again["error"]["code"] == -32002
