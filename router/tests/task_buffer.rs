@@ -25,6 +25,21 @@ async fn wait_status(cluster: &Cluster, task_id: &str, wanted: &str) -> Value {
     }
 }
 
+/// The slow path on `url` with a local buffer of `limit` entries in `dir`
+/// (and `WAIT` when given); four workers.
+fn buffered_tasks(
+    url: String,
+    dir: std::path::PathBuf,
+    limit: usize,
+    wait: Option<agent_reach_links::Wait>,
+) -> agent_reach_router::TasksSettings {
+    let mut tasks = support::tasks_settings(url);
+    tasks.workers = 4;
+    tasks.store.wait = wait;
+    tasks.store.local_buffer = Some(agent_reach_tasks::LocalBuffer { dir, limit });
+    tasks
+}
+
 fn envelope(request_id: &str) -> Value {
     json!({"capability": "order.query", "request_id": request_id, "payload": {"order_id": request_id}})
 }
@@ -36,21 +51,7 @@ async fn submissions_wait_in_the_local_buffer_while_redis_is_down() {
     let url = redis.url();
     let buffer_dir = dir.path().to_path_buf();
     let cluster = Cluster::start_with(move |settings| {
-        settings.tasks = Some(agent_reach_router::TasksSettings {
-            redis: url,
-            store: agent_reach_tasks::StoreConfig {
-                local_buffer: Some(agent_reach_tasks::LocalBuffer {
-                    dir: buffer_dir,
-                    limit: 3,
-                }),
-                ..agent_reach_tasks::StoreConfig::default()
-            },
-            callbacks: agent_reach_tasks::CallbackConfig::new(support::CALLBACK_SECRET.to_vec()),
-            workers: 4,
-            reclaim_after: Duration::from_secs(30),
-            max_task_attempts: 3,
-            tag_limits: Vec::new(),
-        });
+        settings.tasks = Some(buffered_tasks(url, buffer_dir, 3, None));
     })
     .await;
     let _agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
@@ -126,26 +127,12 @@ async fn a_submission_no_replica_acknowledged_keeps_its_task_id() {
     let dir = tempfile::tempdir().unwrap();
     let url = redis.url();
     let buffer_dir = dir.path().to_path_buf();
+    let wait = agent_reach_links::Wait {
+        replicas: 1,
+        timeout: Duration::from_millis(200),
+    };
     let cluster = Cluster::start_with(move |settings| {
-        settings.tasks = Some(agent_reach_router::TasksSettings {
-            redis: url,
-            store: agent_reach_tasks::StoreConfig {
-                wait: Some(agent_reach_links::Wait {
-                    replicas: 1,
-                    timeout: Duration::from_millis(200),
-                }),
-                local_buffer: Some(agent_reach_tasks::LocalBuffer {
-                    dir: buffer_dir,
-                    limit: 10,
-                }),
-                ..agent_reach_tasks::StoreConfig::default()
-            },
-            callbacks: agent_reach_tasks::CallbackConfig::new(support::CALLBACK_SECRET.to_vec()),
-            workers: 4,
-            reclaim_after: Duration::from_secs(30),
-            max_task_attempts: 3,
-            tag_limits: Vec::new(),
-        });
+        settings.tasks = Some(buffered_tasks(url, buffer_dir, 10, Some(wait)));
     })
     .await;
     let _agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
@@ -183,12 +170,7 @@ async fn a_request_resubmitted_during_an_outage_leads_to_its_first_task() {
     let url = redis.url();
     let buffer_dir = dir.path().to_path_buf();
     let cluster = Cluster::start_with(move |settings| {
-        let mut tasks = support::tasks_settings(url);
-        tasks.store.local_buffer = Some(agent_reach_tasks::LocalBuffer {
-            dir: buffer_dir,
-            limit: 10,
-        });
-        settings.tasks = Some(tasks);
+        settings.tasks = Some(buffered_tasks(url, buffer_dir, 10, None));
     })
     .await;
     let _agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));

@@ -21,17 +21,6 @@ fn claims(authorization: &str) -> Value {
     serde_json::from_slice(&bytes).expect("JSON claims")
 }
 
-async fn invoke(client: &reqwest::Client, router: std::net::SocketAddr, token: &str, envelope: &Value) -> (u16, Value) {
-    let response = client
-        .post(format!("http://{router}/v1/invoke"))
-        .bearer_auth(token)
-        .json(envelope)
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
-}
-
 fn redis_keys(redis: &agent_reach_testkit::Redis) -> Vec<String> {
     let output = std::process::Command::new("redis-cli")
         .args(["-p", &redis.port().to_string(), "--scan"])
@@ -82,7 +71,7 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
     let call = order("SO-1");
     assert!(
         eventually(std::time::Duration::from_secs(10), || async {
-            invoke(&client, acme, &acme_token, &call).await.0 == 200
+            invoke_at(&client, acme, Some(&acme_token), &call).await.0 == 200
         })
         .await,
         "the acme router never routed to the acme agent"
@@ -90,9 +79,9 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
     let before = (ours.hits(), theirs.hits());
 
     // Each tenant's call reaches its own agent only.
-    let (status, body) = invoke(&client, cluster.router_addr, &default_token, &call).await;
+    let (status, body) = invoke_at(&client, cluster.router_addr, Some(&default_token), &call).await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = invoke(&client, acme, &acme_token, &call).await;
+    let (status, body) = invoke_at(&client, acme, Some(&acme_token), &call).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!((ours.hits(), theirs.hits()), (before.0 + 1, before.1 + 1));
     // The router vouches for the tenant too.
@@ -118,7 +107,7 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
         (cluster.router_addr, &acme_token, "acme"),
         (acme, &default_token, "default"),
     ] {
-        let (status, body) = invoke(&client, router, token, &call).await;
+        let (status, body) = invoke_at(&client, router, Some(token), &call).await;
         assert_eq!(status, 401, "{body}");
         assert_eq!(body["error"]["code"], "UNAUTHENTICATED", "{body}");
         assert_eq!(body["error"]["details"]["reason"], "other_tenant", "{body}");

@@ -630,14 +630,7 @@ impl Cluster {
     }
 
     pub async fn invoke_as(&self, token: Option<&str>, envelope: Value) -> (u16, Value) {
-        let mut request = self.client.post(self.url("/v1/invoke")).json(&envelope);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.expect("invoke request");
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.expect("a JSON result envelope");
-        (status, body)
+        invoke_at(&self.client, self.router_addr, token, &envelope).await
     }
 
     pub async fn metrics(&self) -> String {
@@ -653,6 +646,23 @@ impl Cluster {
 }
 
 /// POSTs `body` to `path` as `CALLER`; returns (status, JSON answer).
+/// `POST /v1/invoke` on the router at `router` (this cluster's or another).
+pub async fn invoke_at(
+    client: &reqwest::Client,
+    router: SocketAddr,
+    token: Option<&str>,
+    envelope: &Value,
+) -> (u16, Value) {
+    let mut request = client.post(format!("http://{router}/v1/invoke")).json(envelope);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("invoke request");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("a JSON result envelope");
+    (status, body)
+}
+
 pub async fn post(cluster: &Cluster, path: &str, body: Value) -> (u16, Value) {
     let response = cluster
         .client
