@@ -38,6 +38,7 @@ mod limits;
 mod mcp;
 mod metrics;
 mod openapi;
+mod operator;
 mod outcome;
 mod recent;
 mod retry;

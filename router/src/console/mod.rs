@@ -24,7 +24,6 @@ mod views;
 
 use std::sync::Arc;
 
-use agent_reach_access::Caller;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -38,14 +37,12 @@ pub use relay::Console;
 use crate::answer::{method_not_allowed, refused};
 use crate::clock;
 use crate::error::{Code, RouterError};
+pub use crate::operator::{operator, Operator, COOKIE, PAGE_HEADER};
+use crate::operator::{sealer, unauthenticated, verify};
 use crate::service::RouterService;
 use crate::tasks::TaskService;
-use seal::{Kind, Sealer, Unsealed};
+use seal::{Kind, Unsealed};
 
-/// The session cookie's name.
-pub const COOKIE: &str = "agent_reach_console";
-/// The header a cookie-authenticated request must carry (the page sends it on every call).
-pub const PAGE_HEADER: &str = "x-agent-reach-console";
 /// A sign-in link's default and longest life.
 const LINK_TTL_S: u64 = 120;
 const LINK_TTL_MAX_S: u64 = 600;
@@ -142,97 +139,6 @@ async fn script() -> Response {
 
 async fn style() -> Response {
     asset("text/css; charset=utf-8", CONSOLE_CSS)
-}
-
-// === Who is asking ===
-
-/// An operator, authenticated by a bearer token or the console's session.
-pub struct Operator {
-    caller: Caller,
-    /// The operator's own bearer token: relayed to the registry.
-    token: String,
-}
-
-impl Operator {
-    /// The name actions are logged with.
-    pub fn name(&self) -> &str {
-        self.caller.name().unwrap_or("(authentication off)")
-    }
-}
-
-fn sealer(service: &RouterService) -> Result<Sealer, RouterError> {
-    Sealer::new(&service.assertions().signing_key())
-        .map_err(|error| RouterError::new(Code::AssertionFailed, format!("console sealing key: {error}")))
-}
-
-fn unauthenticated(reason: &'static str, message: String) -> RouterError {
-    RouterError::new(Code::Unauthenticated, message).with_details(json!({ "reason": reason }))
-}
-
-fn session_cookie(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value)
-}
-
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer "))
-}
-
-/// The caller `token` names, verified now.
-fn verify(service: &RouterService, token: &str, now_ms: u64) -> Result<Caller, RouterError> {
-    if token.is_empty() {
-        return service
-            .authenticator()
-            .verify_value_at(None, now_ms)
-            .map_err(RouterError::from);
-    }
-    let header = format!("Bearer {token}");
-    service
-        .authenticator()
-        .verify_value_at(Some(header.as_bytes()), now_ms)
-        .map_err(RouterError::from)
-}
-
-/// The operator behind a request: its bearer token, or else the console's
-/// session cookie with the page's header; 401 without either, 403 for a
-/// caller not under `operators:` in `acl.yaml`.
-pub fn operator(service: &RouterService, headers: &HeaderMap) -> Result<Operator, RouterError> {
-    let now = clock::epoch_ms();
-    let (caller, token) = match (headers.contains_key(header::AUTHORIZATION), session_cookie(headers)) {
-        (false, Some(cookie)) => {
-            if !headers.contains_key(PAGE_HEADER) {
-                return Err(RouterError::new(
-                    Code::Forbidden,
-                    format!("a console session is accepted only from the console's page (with the `{PAGE_HEADER}` header); other clients send a bearer token"),
-                )
-                .with_details(json!({ "reason": "console_header_missing" })));
-            }
-            let token = sealer(service)?.open(Kind::Session, cookie, now).map_err(|problem| match problem {
-                Unsealed::Expired(_) => unauthenticated(
-                    "session_expired",
-                    "your console session expired; run `agent-reach console` for a new sign-in link".to_string(),
-                ),
-                Unsealed::Invalid => unauthenticated(
-                    "session_invalid",
-                    "this console session is not valid here (signed out, or the router's key changed); run `agent-reach console` for a new sign-in link".to_string(),
-                ),
-            })?;
-            (verify(service, &token, now)?, token)
-        }
-        _ => {
-            let caller = service.authenticate_at(headers, now)?;
-            (caller, bearer(headers).unwrap_or("").to_string())
-        }
-    };
-    service.admission().authorize_operator(&caller)?;
-    Ok(Operator { caller, token })
 }
 
 // === Sign-in ===

@@ -36,7 +36,7 @@ fn view(letter: &DeadLetter, with_result: bool) -> Value {
 async fn operator<'a>(api: &'a TaskApi, headers: &HeaderMap) -> Result<&'a std::sync::Arc<TaskService>, RouterError> {
     let tasks = api.enabled()?;
     // A bearer token or the console's session (`crate::console`).
-    crate::console::operator(&api.service, headers)?;
+    crate::operator::operator(&api.service, headers)?;
     Ok(tasks)
 }
 
@@ -115,7 +115,7 @@ pub(super) async fn show(AxumState(api): AxumState<TaskApi>, Path(id): Path<Stri
 pub(super) async fn replay(AxumState(api): AxumState<TaskApi>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let outcome = async {
         let tasks = api.enabled()?;
-        let operator = crate::console::operator(&api.service, &headers)?;
+        let operator = crate::operator::operator(&api.service, &headers)?;
         let task_id = tasks
             .store
             .replay_dead_letter(checked_id(&id)?)
