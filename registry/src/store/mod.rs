@@ -131,3 +131,23 @@ pub trait Store: Send + Sync + 'static {
     /// Answers when the store is reachable.
     async fn ping(&self) -> Result<(), StoreError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LeaseTtl;
+
+    #[test]
+    fn a_lease_extended_past_its_ttl_reads_as_just_renewed() {
+        let fresh = LeaseTtl {
+            granted_s: 10,
+            remaining_s: 9,
+        };
+        assert_eq!(fresh.age_s(), 1);
+        // A new etcd leader extends every lease by an election timeout.
+        let extended = LeaseTtl {
+            granted_s: 10,
+            remaining_s: 11,
+        };
+        assert_eq!(extended.age_s(), 0);
+    }
+}
