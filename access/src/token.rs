@@ -509,10 +509,22 @@ mod tests {
             Some("team-a")
         );
         // A forged claim is peeked as well: the tenant's part refuses its signature.
-        let forged = issue_hs256_for("billing", Some("team-b"), b"another secret of thirty-two bytes!", Duration::from_secs(60)).unwrap();
-        assert_eq!(peek_tenant(Some(format!("Bearer {forged}").as_bytes())).as_deref(), Some("team-b"));
+        let forged = issue_hs256_for(
+            "billing",
+            Some("team-b"),
+            b"another secret of thirty-two bytes!",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(
+            peek_tenant(Some(format!("Bearer {forged}").as_bytes())).as_deref(),
+            Some("team-b")
+        );
         let auth = Authenticator::hs256(SECRET).serving("team-b");
-        assert!(matches!(auth.verify_header(Some(&bearer(&forged))), Err(AuthError::BadSignature)));
+        assert!(matches!(
+            auth.verify_header(Some(&bearer(&forged))),
+            Err(AuthError::BadSignature)
+        ));
         let plain = issue_hs256("billing", SECRET, Duration::from_secs(60)).unwrap();
         assert_eq!(peek_tenant(Some(format!("Bearer {plain}").as_bytes())), None);
         for junk in [&b""[..], b"Bearer", b"Bearer a.%%%.c", b"Basic abc", b"Bearer a.e30.c"] {

@@ -142,10 +142,46 @@ impl tower_service::Service<Request> for Dispatch {
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let authorization = request.headers().get(http::header::AUTHORIZATION).map(|value| value.as_bytes());
+        let authorization = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|value| value.as_bytes());
         let mut routes = self.0.for_authorization(authorization);
         Box::pin(async move { tower_service::Service::call(&mut routes, request).await })
     }
+}
+
+/// A metrics registry for one tenant's part: every series it holds carries
+/// the label `tenant` (DESIGN §8; the map's names bound the cardinality).
+pub fn metrics_registry(tenant: &str) -> prometheus::Registry {
+    let labels = HashMap::from([("tenant".to_string(), tenant.to_string())]);
+    // Only an invalid label name fails, and `tenant` is valid.
+    prometheus::Registry::new_custom(None, Some(labels)).unwrap_or_default()
+}
+
+/// `/metrics` for several registries (the process's and each tenant's): one
+/// family per name, its series from every registry, so the exposition stays
+/// valid (a name's `# TYPE` appears once).
+pub fn render_metrics<'a>(registries: impl IntoIterator<Item = &'a prometheus::Registry>) -> String {
+    let mut families: std::collections::BTreeMap<String, prometheus::proto::MetricFamily> =
+        std::collections::BTreeMap::new();
+    for registry in registries {
+        for mut family in registry.gather() {
+            match families.entry(family.get_name().to_string()) {
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(family);
+                }
+                std::collections::btree_map::Entry::Occupied(mut slot) => {
+                    let more = family.take_metric();
+                    slot.get_mut().mut_metric().extend(more);
+                }
+            }
+        }
+    }
+    let families: Vec<_> = families.into_values().collect();
+    prometheus::TextEncoder::new()
+        .encode_to_string(&families)
+        .unwrap_or_else(|error| format!("# metrics encoding failed: {error}\n"))
 }
 
 #[cfg(test)]
@@ -173,8 +209,35 @@ mod tests {
         assert_eq!(parts.get("team-a"), Some(1));
         parts.replace([("default".to_string(), 0)]).unwrap();
         assert_eq!(parts.for_authorization(Some(bearer(Some("team-a")).as_bytes())), 0);
-        assert!(parts.replace([("team-a".to_string(), 1)]).unwrap_err().contains("home tenant"));
+        assert!(parts
+            .replace([("team-a".to_string(), 1)])
+            .unwrap_err()
+            .contains("home tenant"));
         assert_eq!(parts.all().len(), 1);
         assert!(Parts::new("x", [("y".to_string(), 0)]).is_err());
+    }
+
+    #[test]
+    fn each_tenants_series_carry_its_label_in_one_family() {
+        let registries: Vec<_> = ["team-a", "team-b"]
+            .iter()
+            .map(|tenant| metrics_registry(tenant))
+            .collect();
+        for (registry, count) in registries.iter().zip([3, 5]) {
+            let counter =
+                prometheus::IntCounterVec::new(prometheus::Opts::new("calls_total", "Calls."), &["outcome"]).unwrap();
+            registry.register(Box::new(counter.clone())).unwrap();
+            counter.with_label_values(&["ok"]).inc_by(count);
+        }
+        let text = render_metrics(&registries);
+        assert_eq!(text.matches("# TYPE calls_total counter").count(), 1, "{text}");
+        assert!(
+            text.contains(r#"calls_total{outcome="ok",tenant="team-a"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"calls_total{outcome="ok",tenant="team-b"} 5"#),
+            "{text}"
+        );
     }
 }

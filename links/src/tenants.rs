@@ -423,7 +423,10 @@ tenants:
         std::fs::write(&path, "version: 1\ntenants:\n  B: {}\n  c: {}\n").unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while handle.rejected_edits() == 0 {
-            assert!(std::time::Instant::now() < deadline, "the broken edit was never refused");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the broken edit was never refused"
+            );
             tokio::task::yield_now().await;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
