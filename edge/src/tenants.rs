@@ -124,15 +124,33 @@ impl<T: Clone> Table<T> {
     }
 }
 
+/// What [`dispatch`] needs of a part: the routes answering its requests. A
+/// part may carry more (the registry's keeps its service, whose catalog and
+/// metrics the process-wide `/readyz` and `/metrics` read).
+pub trait PartRoutes: Clone + Send + Sync + 'static {
+    fn routes(&self) -> &axum::Router;
+}
+
+impl PartRoutes for axum::Router {
+    fn routes(&self) -> &axum::Router {
+        self
+    }
+}
+
 /// Routes that hand each request to its tenant's routes (see the module doc).
-pub fn dispatch(parts: Arc<Parts<axum::Router>>) -> axum::Router {
+pub fn dispatch<T: PartRoutes>(parts: Arc<Parts<T>>) -> axum::Router {
     axum::Router::new().fallback_service(Dispatch(parts))
 }
 
-#[derive(Clone)]
-struct Dispatch(Arc<Parts<axum::Router>>);
+struct Dispatch<T>(Arc<Parts<T>>);
 
-impl tower_service::Service<Request> for Dispatch {
+impl<T> Clone for Dispatch<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T: PartRoutes> tower_service::Service<Request> for Dispatch<T> {
     type Response = Response;
     type Error = Infallible;
     type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send>>;
@@ -146,7 +164,7 @@ impl tower_service::Service<Request> for Dispatch {
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|value| value.as_bytes());
-        let mut routes = self.0.for_authorization(authorization);
+        let mut routes = self.0.for_authorization(authorization).routes().clone();
         Box::pin(async move { tower_service::Service::call(&mut routes, request).await })
     }
 }
