@@ -364,7 +364,10 @@ async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("catalog not yet in sync with the store for tenant(s) {}\n", behind.join(", ")),
+            format!(
+                "catalog not yet in sync with the store for tenant(s) {}\n",
+                behind.join(", ")
+            ),
         )
             .into_response()
     }
@@ -373,7 +376,8 @@ async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
 /// Every tenant's series (labelled) and the process's own, one family per name.
 async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
     let parts = inner.parts.all();
-    let mut registries: Vec<&prometheus::Registry> = parts.iter().map(|(_, part)| &part.service.metrics().registry).collect();
+    let mut registries: Vec<&prometheus::Registry> =
+        parts.iter().map(|(_, part)| &part.service.metrics().registry).collect();
     if let Some(tenancy) = &inner.tenancy {
         tenancy.count_file_rejections();
         registries.push(&tenancy.metrics);

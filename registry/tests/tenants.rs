@@ -106,7 +106,8 @@ impl MultiRegistry {
     }
 
     async fn register(&self, token: &str, body: &Value) -> (u16, Value) {
-        self.send(self.http.post(self.url("/v1/agents")).json(body), token).await
+        self.send(self.http.post(self.url("/v1/agents")).json(body), token)
+            .await
     }
 
     async fn get(&self, path: &str, token: &str) -> (u16, Value) {
@@ -323,38 +324,55 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
     // Keys live under each tenant's prefix.
     assert_eq!(
         keys_under(&etcd, "/agent-reach/v1/team-a/").await,
-        ["/agent-reach/v1/team-a/agents/oq-1", "/agent-reach/v1/team-a/agents/oq-3"]
+        [
+            "/agent-reach/v1/team-a/agents/oq-1",
+            "/agent-reach/v1/team-a/agents/oq-3"
+        ]
     );
     assert_eq!(
         keys_under(&etcd, "/agent-reach/v1/team-b/").await,
-        ["/agent-reach/v1/team-b/agents/oq-1", "/agent-reach/v1/team-b/agents/oq-2"]
+        [
+            "/agent-reach/v1/team-b/agents/oq-1",
+            "/agent-reach/v1/team-b/agents/oq-2"
+        ]
     );
 
     // A's token cannot touch B's record: there is no way to name it. Renewing
     // B's lease through A is LEASE_EXPIRED; deregistering oq-1 removes A's own.
     let (status, body) = registry.heartbeat("oq-1", &json!(b_lease), &a).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("LEASE_EXPIRED")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("LEASE_EXPIRED")),
+        "{body}"
+    );
     let (status, body) = registry.delete("/v1/agents/oq-1", &a).await;
     assert_eq!(status, 204, "{body}");
     let (status, _) = registry.get("/v1/agents/oq-1", &a_reader).await;
     assert_eq!(status, 404);
     let (status, body) = registry.get("/v1/agents/oq-1", &b_reader).await;
-    assert_eq!((status, body["endpoint"].as_str()), (200, Some("http://127.0.0.1:9202/invoke")));
+    assert_eq!(
+        (status, body["endpoint"].as_str()),
+        (200, Some("http://127.0.0.1:9202/invoke"))
+    );
     let (status, body) = registry.heartbeat("oq-1", &json!(b_lease), &b).await;
     assert_eq!(status, 200, "B's lease survived A's deregistration: {body}");
     let (status, body) = registry.heartbeat("oq-1", &a_lease, &a).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("LEASE_EXPIRED")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("LEASE_EXPIRED")),
+        "{body}"
+    );
     assert_eq!(
         keys_under(&etcd, "/agent-reach/v1/team-b/").await,
-        ["/agent-reach/v1/team-b/agents/oq-1", "/agent-reach/v1/team-b/agents/oq-2"]
+        [
+            "/agent-reach/v1/team-b/agents/oq-1",
+            "/agent-reach/v1/team-b/agents/oq-2"
+        ]
     );
 
     // A tenant not served, and no tenant (`default`, not in the map): the home
     // part refuses them; a forged claim is refused by the part it names.
-    for token in [
-        token_of("order_query", Some("team-z")),
-        token_of("order_query", None),
-    ] {
+    for token in [token_of("order_query", Some("team-z")), token_of("order_query", None)] {
         assert_refused(&registry.get("/v1/agents", &token).await, "other_tenant");
         let refused = grpc
             .list_agents(authed(pb::ListAgentsRequest {}, &token))
@@ -444,6 +462,25 @@ async fn the_tenant_map_is_followed_live() {
         next_event(&mut b_watch).await,
         pb::watch_event::Kind::Snapshot(_)
     ));
+    let (_, record) = registry.get("/v1/agents/oq-b", &b).await;
+    let (beats, beats_in) = tokio::sync::mpsc::channel(4);
+    let mut b_answers = registry
+        .grpc()
+        .await
+        .keep_alive(authed(tokio_stream::wrappers::ReceiverStream::new(beats_in), &b))
+        .await
+        .unwrap()
+        .into_inner();
+    beats
+        .send(pb::KeepAliveRequest {
+            agent_id: "oq-b".into(),
+            lease_id: record["lease_id"].as_i64().unwrap(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let answer = b_answers.next().await.unwrap().unwrap();
+    assert!(answer.error.is_none(), "{answer:?}");
     let before = etcd_watchers(&etcd).await;
     registry.write_map("version: 1\ntenants:\n  team-a: {}\n");
     assert!(
@@ -457,6 +494,10 @@ async fn the_tenant_map_is_followed_live() {
     let ended = tokio::time::timeout(Duration::from_secs(10), b_watch.next())
         .await
         .expect("team-b's Watch stream did not end within 10 s");
+    assert!(!matches!(ended, Some(Ok(_))), "{ended:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(10), b_answers.next())
+        .await
+        .expect("team-b's KeepAlive stream did not end within 10 s");
     assert!(!matches!(ended, Some(Ok(_))), "{ended:?}");
     // team-b's catalog watch and its Watch stream's store watch are gone from etcd.
     assert!(
@@ -531,7 +572,10 @@ async fn the_tenant_map_is_followed_live() {
     );
     assert!(!Arc::ptr_eq(&home_before, &registry.registry.home()));
     let (status, body) = registry.get("/v1/agents/oq-a", &a).await;
-    assert_eq!((status, body["endpoint"].as_str()), (200, Some("http://127.0.0.1:9101/invoke")));
+    assert_eq!(
+        (status, body["endpoint"].as_str()),
+        (200, Some("http://127.0.0.1:9101/invoke"))
+    );
     let ready = registry.http.get(registry.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
 }
