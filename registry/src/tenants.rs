@@ -11,7 +11,9 @@
 //! is retired (its catalog stops following etcd, its `Watch` and `KeepAlive`
 //! streams end), and a changed `acl` rebuilds the part. An edit whose parts
 //! cannot all be built (an ACL file unreadable or invalid), or that drops the
-//! home tenant, is refused whole: the parts in force stay.
+//! home tenant, is refused whole: the parts in force stay, and the next edit
+//! of the map is tried afresh. A rebuilt part's old self is not retired: its
+//! open streams finish on it, and its catalog stops with the last of them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -58,18 +60,22 @@ struct Tenancy {
     file_rejections_counted: AtomicU64,
 }
 
-/// One tenant's part: its service and the routes over it.
+/// One tenant's part: its service and the routes over it. Dispatch clones
+/// it per request, hence one `Arc`.
 #[derive(Clone)]
-struct Part {
+struct Part(Arc<PartInner>);
+
+struct PartInner {
     service: Arc<RegistryService>,
     routes: axum::Router,
-    /// The map entry it was built from (a change of its `acl` rebuilds it).
-    entry: TenantEntry,
+    /// The entry's `acl` it was built with: a change rebuilds the part (the
+    /// registry has no Redis, so an entry's `redis` and quotas do not matter here).
+    acl: Option<PathBuf>,
 }
 
 impl PartRoutes for Part {
     fn routes(&self) -> &axum::Router {
-        &self.routes
+        &self.0.routes
     }
 }
 
@@ -113,11 +119,11 @@ impl PartKit {
             ..self.config.clone()
         };
         let service = RegistryService::new(self.store.clone(), acl, auth, config, metrics);
-        Ok(Part {
+        Ok(Part(Arc::new(PartInner {
             routes: crate::app(service.clone()),
             service,
-            entry: entry.clone(),
-        })
+            acl: entry.acl.clone(),
+        })))
     }
 }
 
@@ -183,7 +189,7 @@ impl Registry {
     /// tenant's part; without one, the home part's routes as they are.
     pub fn app(&self) -> axum::Router {
         if self.inner.tenancy.is_none() {
-            return self.inner.parts.home().routes;
+            return self.inner.parts.home().0.routes.clone();
         }
         axum::Router::new()
             .route("/readyz", get(readyz).fallback(method_not_allowed))
@@ -194,12 +200,12 @@ impl Registry {
 
     /// The home tenant's service (`--tenant`).
     pub fn home(&self) -> Arc<RegistryService> {
-        self.inner.parts.home().service
+        self.inner.parts.home().0.service.clone()
     }
 
     /// `tenant`'s service, if it is served now.
     pub fn service(&self, tenant: &str) -> Option<Arc<RegistryService>> {
-        self.inner.parts.get(tenant).map(|part| part.service)
+        self.inner.parts.get(tenant).map(|part| part.0.service.clone())
     }
 
     /// The tenants served now, by name.
@@ -241,11 +247,7 @@ impl Inner {
         let mut rebuilt = Vec::new();
         for (tenant, entry) in map.tenants() {
             match current.get(tenant) {
-                Some(part) if part.entry.same_placement(entry) => {
-                    let mut part = part.clone();
-                    part.entry = entry.clone();
-                    next.push((tenant.to_string(), part));
-                }
+                Some(part) if part.0.acl == entry.acl => next.push((tenant.to_string(), part.clone())),
                 previous => match self.kit.build(tenant, entry, Labels::Tenant) {
                     Ok(part) => {
                         if previous.is_some() {
@@ -274,7 +276,7 @@ impl Inner {
         let mut removed = Vec::new();
         for (tenant, part) in &current {
             if !map.contains(tenant) {
-                part.service.retire();
+                part.0.service.retire();
                 removed.push(tenant.to_string());
             }
         }
@@ -356,7 +358,7 @@ async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
         .parts
         .all()
         .into_iter()
-        .filter(|(_, part)| !part.service.catalog().is_synced())
+        .filter(|(_, part)| !part.0.service.catalog().is_synced())
         .map(|(tenant, _)| tenant.to_string())
         .collect();
     if behind.is_empty() {
@@ -376,8 +378,10 @@ async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
 /// Every tenant's series (labelled) and the process's own, one family per name.
 async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
     let parts = inner.parts.all();
-    let mut registries: Vec<&prometheus::Registry> =
-        parts.iter().map(|(_, part)| &part.service.metrics().registry).collect();
+    let mut registries: Vec<&prometheus::Registry> = parts
+        .iter()
+        .map(|(_, part)| &part.0.service.metrics().registry)
+        .collect();
     if let Some(tenancy) = &inner.tenancy {
         tenancy.count_file_rejections();
         registries.push(&tenancy.metrics);
