@@ -124,33 +124,37 @@ impl<T: Clone> Table<T> {
     }
 }
 
-/// What [`dispatch`] needs of a part: the routes answering its requests. A
-/// part may carry more (the registry's keeps its service, whose catalog and
-/// metrics the process-wide `/readyz` and `/metrics` read).
-pub trait PartRoutes: Clone + Send + Sync + 'static {
-    fn routes(&self) -> &axum::Router;
-}
-
-impl PartRoutes for axum::Router {
-    fn routes(&self) -> &axum::Router {
-        self
-    }
-}
-
 /// Routes that hand each request to its tenant's routes (see the module doc).
-pub fn dispatch<T: PartRoutes>(parts: Arc<Parts<T>>) -> axum::Router {
-    axum::Router::new().fallback_service(Dispatch(parts))
+pub fn dispatch(parts: Arc<Parts<axum::Router>>) -> axum::Router {
+    fn itself(routes: &axum::Router) -> axum::Router {
+        routes.clone()
+    }
+    dispatch_with(parts, itself)
 }
 
-struct Dispatch<T>(Arc<Parts<T>>);
+/// [`dispatch`] for parts that hold their routes among other things.
+pub fn dispatch_with<T: Clone + Send + Sync + 'static>(
+    parts: Arc<Parts<T>>,
+    routes: fn(&T) -> axum::Router,
+) -> axum::Router {
+    axum::Router::new().fallback_service(Dispatch { parts, routes })
+}
+
+struct Dispatch<T> {
+    parts: Arc<Parts<T>>,
+    routes: fn(&T) -> axum::Router,
+}
 
 impl<T> Clone for Dispatch<T> {
     fn clone(&self) -> Self {
-        Self(self.0.clone())
+        Self {
+            parts: self.parts.clone(),
+            routes: self.routes,
+        }
     }
 }
 
-impl<T: PartRoutes> tower_service::Service<Request> for Dispatch<T> {
+impl<T: Clone + Send + Sync + 'static> tower_service::Service<Request> for Dispatch<T> {
     type Response = Response;
     type Error = Infallible;
     type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send>>;
@@ -164,7 +168,7 @@ impl<T: PartRoutes> tower_service::Service<Request> for Dispatch<T> {
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|value| value.as_bytes());
-        let mut routes = self.0.for_authorization(authorization).routes().clone();
+        let mut routes = (self.routes)(&self.parts.for_authorization(authorization));
         Box::pin(async move { tower_service::Service::call(&mut routes, request).await })
     }
 }

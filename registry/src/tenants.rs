@@ -2,7 +2,7 @@
 //! of the tenant map, each a [`RegistryService`] with its own keys
 //! (`/agent-reach/v1/{tenant}/`), catalog, ACL, authenticator (serving that
 //! tenant only) and `tenant`-labelled metrics, all on one store client; every
-//! request goes to its token's tenant's part (`edge::tenants::dispatch`).
+//! request goes to its token's tenant's part (`edge::tenants::dispatch_with`).
 //!
 //! Without a map the registry serves its `--tenant` alone, exactly as before:
 //! one part, no dispatch, unlabelled series.
@@ -22,7 +22,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use agent_reach_access::{AclHandle, AuthConfig, Authenticator};
-use agent_reach_edge::tenants::{dispatch, metrics_registry, render_metrics, PartRoutes, Parts};
+use agent_reach_edge::tenants::{dispatch_with, metrics_registry, render_metrics, Parts};
 use agent_reach_links::tenants::{TenantEntry, TenantMap, TenantMapHandle};
 use anyhow::Context as _;
 use axum::extract::State;
@@ -73,9 +73,9 @@ struct PartInner {
     acl: Option<PathBuf>,
 }
 
-impl PartRoutes for Part {
-    fn routes(&self) -> &axum::Router {
-        &self.0.routes
+impl Part {
+    fn routes(&self) -> axum::Router {
+        self.0.routes.clone()
     }
 }
 
@@ -195,7 +195,7 @@ impl Registry {
             .route("/readyz", get(readyz).fallback(method_not_allowed))
             .route("/metrics", get(metrics).fallback(method_not_allowed))
             .with_state(self.inner.clone())
-            .fallback_service(dispatch(self.inner.parts.clone()))
+            .fallback_service(dispatch_with(self.inner.parts.clone(), Part::routes))
     }
 
     /// The home tenant's service (`--tenant`).
