@@ -130,8 +130,9 @@ impl PartKit {
 // === Registry ===
 
 impl Registry {
-    /// Builds every part the settings name on `store` (a tenant map is loaded,
-    /// and followed from now on, when `settings.service.tenant_map` is set).
+    /// Builds every part on `store`: `config.tenant`'s alone, or, with
+    /// `config.tenant_map`, each tenant of the map (loaded now, followed from
+    /// now on), `config.tenant` being the home tenant.
     pub(crate) fn build(
         store: Arc<dyn Store>,
         auth: AuthConfig,
