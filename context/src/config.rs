@@ -359,8 +359,14 @@ mod tests {
         )
         .unwrap();
         let problems = args(&redis).validate().unwrap_err().join("\n");
-        assert!(problems.contains("tenants.team-a.redis: invalid Redis URL"), "{problems}");
-        assert!(problems.contains("tenants.team-b.redis: invalid Redis URL"), "{problems}");
+        assert!(
+            problems.contains("tenants.team-a.redis: invalid Redis URL"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("tenants.team-b.redis: invalid Redis URL"),
+            "{problems}"
+        );
 
         std::fs::write(
             &map,

@@ -34,11 +34,9 @@ impl Contexts {
     fn service(&self, headers: &http::HeaderMap) -> Arc<ContextService> {
         match self {
             Contexts::One(service) => service.clone(),
-            Contexts::Tenants(parts) => parts.for_authorization(
-                headers
-                    .get(http::header::AUTHORIZATION)
-                    .map(|value| value.as_bytes()),
-            ),
+            Contexts::Tenants(parts) => {
+                parts.for_authorization(headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes()))
+            }
         }
     }
 }

@@ -133,9 +133,7 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
     );
     // One single-threaded runtime per thread: each request and its Redis call
     // (on that thread's own connection) stay on one thread.
-    door
-        .per_core("context", settings.listen, threads, shutdown)
-        .await
+    door.per_core("context", settings.listen, threads, shutdown).await
 }
 
 /// Serves `service` on an already bound listener (tests bind port 0).

@@ -104,7 +104,11 @@ impl Tenants {
 
     /// The tenants served now, by name.
     pub fn served(&self) -> Vec<String> {
-        self.services.all().into_iter().map(|(name, _)| name.to_string()).collect()
+        self.services
+            .all()
+            .into_iter()
+            .map(|(name, _)| name.to_string())
+            .collect()
     }
 
     /// The map these parts follow.
@@ -235,9 +239,8 @@ async fn build_part(settings: &Settings, tenant: &str, entry: &TenantEntry) -> a
             .with_wait(link.wait),
         None => (**link).clone(),
     };
-    let store: Arc<dyn ContextStore> = Arc::new(
-        RedisStore::new(&link, &namespace, settings.service.policy, *timeout).map_err(anyhow::Error::msg)?,
-    );
+    let store: Arc<dyn ContextStore> =
+        Arc::new(RedisStore::new(&link, &namespace, settings.service.policy, *timeout).map_err(anyhow::Error::msg)?);
     let metrics = Metrics::in_registry(metrics_registry(tenant)).context("registering metrics")?;
     let acl = entry.acl.as_deref().unwrap_or(&settings.acl);
     crate::start(settings, store, acl, tenant, metrics).await

@@ -73,7 +73,9 @@ impl MultiTenant {
             service: ContextConfig::default(),
         };
         let map = TenantMapHandle::load_and_watch(&map_path).unwrap();
-        let tenants = agent_reach_context::build_tenants(&settings, map.clone()).await.unwrap();
+        let tenants = agent_reach_context::build_tenants(&settings, map.clone())
+            .await
+            .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
@@ -144,7 +146,12 @@ impl MultiTenant {
     }
 
     async fn metrics(&self) -> String {
-        self.call(None, Method::GET, "/metrics", None).await.1.as_str().unwrap().to_string()
+        self.call(None, Method::GET, "/metrics", None)
+            .await
+            .1
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 }
 
@@ -193,7 +200,12 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
     assert_eq!((status, patched["version"].as_u64()), (200, Some(2)), "{patched}");
     let token_b = token("intent_parser", b);
     let (status, view) = h
-        .call(Some(&token_b), Method::GET, "/v1/contexts/ctx-1?fields=intent,user_id", None)
+        .call(
+            Some(&token_b),
+            Method::GET,
+            "/v1/contexts/ctx-1?fields=intent,user_id",
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["fields"], json!({"user_id": "b-1"}));
@@ -236,7 +248,9 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
         )
         .await;
     assert_eq!((status, code_and_reason(&body).0), (404, "CONTEXT_NOT_FOUND"), "{body}");
-    let (status, body) = h.call(Some(&token_b), Method::DELETE, "/v1/contexts/only-a", None).await;
+    let (status, body) = h
+        .call(Some(&token_b), Method::DELETE, "/v1/contexts/only-a", None)
+        .await;
     assert_eq!((status, code_and_reason(&body).0), (404, "CONTEXT_NOT_FOUND"), "{body}");
     let (status, view) = h.get(a, "only-a").await;
     assert_eq!((status, view["version"].as_u64()), (200, Some(1)), "{view}");
@@ -245,13 +259,30 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
     // In Redis itself: team-a's keys on its own Redis only, the others' on the shared one.
     let shared = keys(&h.shared).await;
     let own = keys(&h.own).await;
-    assert!(!shared.iter().any(|key| key.contains("team-a")), "shared Redis: {shared:?}");
+    assert!(
+        !shared.iter().any(|key| key.contains("team-a")),
+        "shared Redis: {shared:?}"
+    );
     for key in ["ctx:ctx-1", "ctx:only-a", "deadlines"] {
-        assert!(own.contains(&format!("{PREFIX}:team-a:{key}")), "own Redis lacks {key}: {own:?}");
+        assert!(
+            own.contains(&format!("{PREFIX}:team-a:{key}")),
+            "own Redis lacks {key}: {own:?}"
+        );
     }
-    assert!(own.iter().all(|key| key.starts_with(&format!("{PREFIX}:team-a:"))), "own Redis: {own:?}");
-    for key in ["team-b:ctx:ctx-1", "team-b:deadlines", "default:ctx:ctx-1", "default:deadlines"] {
-        assert!(shared.contains(&format!("{PREFIX}:{key}")), "shared Redis lacks {key}: {shared:?}");
+    assert!(
+        own.iter().all(|key| key.starts_with(&format!("{PREFIX}:team-a:"))),
+        "own Redis: {own:?}"
+    );
+    for key in [
+        "team-b:ctx:ctx-1",
+        "team-b:deadlines",
+        "default:ctx:ctx-1",
+        "default:deadlines",
+    ] {
+        assert!(
+            shared.contains(&format!("{PREFIX}:{key}")),
+            "shared Redis lacks {key}: {shared:?}"
+        );
     }
 
     // gRPC goes to the token's tenant too.
@@ -271,7 +302,11 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
     // A tenant not in the map is refused by the home part; a forged claim by its tenant's part.
     let stranger = token("intent_parser", Some("team-z"));
     let (status, body) = h.call(Some(&stranger), Method::GET, "/v1/contexts/ctx-1", None).await;
-    assert_eq!((status, code_and_reason(&body)), (401, ("UNAUTHENTICATED", "other_tenant")), "{body}");
+    assert_eq!(
+        (status, code_and_reason(&body)),
+        (401, ("UNAUTHENTICATED", "other_tenant")),
+        "{body}"
+    );
     let (status, body) = h
         .call(
             Some(&stranger),
@@ -280,7 +315,11 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
             Some(json!({"context_id": "z"})),
         )
         .await;
-    assert_eq!((status, code_and_reason(&body)), (401, ("UNAUTHENTICATED", "other_tenant")), "{body}");
+    assert_eq!(
+        (status, code_and_reason(&body)),
+        (401, ("UNAUTHENTICATED", "other_tenant")),
+        "{body}"
+    );
     let forged = agent_reach_access::token::issue_hs256_for(
         "intent_parser",
         Some("team-a"),
@@ -289,14 +328,20 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
     )
     .unwrap();
     let (status, body) = h.call(Some(&forged), Method::GET, "/v1/contexts/ctx-1", None).await;
-    assert_eq!((status, code_and_reason(&body)), (401, ("UNAUTHENTICATED", "bad_signature")), "{body}");
+    assert_eq!(
+        (status, code_and_reason(&body)),
+        (401, ("UNAUTHENTICATED", "bad_signature")),
+        "{body}"
+    );
     let (status, body) = h.call(None, Method::GET, "/v1/contexts/ctx-1", None).await;
     assert_eq!((status, code_and_reason(&body).0), (401, "UNAUTHENTICATED"), "{body}");
 
     // One process's /metrics: every tenant's series in one family, each labelled.
     let metrics = h.metrics().await;
     assert_eq!(
-        metrics.matches("# TYPE agent_reach_context_operations_total counter").count(),
+        metrics
+            .matches("# TYPE agent_reach_context_operations_total counter")
+            .count(),
         1,
         "{metrics}"
     );
@@ -321,7 +366,10 @@ async fn the_tenant_map_is_followed_while_serving() {
     // A tenant added to the file is served within a bounded poll.
     std::fs::write(&h.map_path, MultiTenant::map_text(&h.own, "  team-c: {}\n")).unwrap();
     assert!(
-        eventually(BOUND, || async { h.create(c, "c-1", json!({"user_id": "c"})).await.0 == 201 }).await,
+        eventually(BOUND, || async {
+            h.create(c, "c-1", json!({"user_id": "c"})).await.0 == 201
+        })
+        .await,
         "team-c was not served after it was added to the map"
     );
     assert!(keys(&h.shared).await.contains(&format!("{PREFIX}:team-c:ctx:c-1")));
@@ -329,7 +377,11 @@ async fn the_tenant_map_is_followed_while_serving() {
 
     // A broken edit is refused; the last good map keeps serving.
     let rejected = h.map.rejected_edits();
-    std::fs::write(&h.map_path, "version: 1\ntenants:\n  default: {}\n  team-c: {quota: 1}\n").unwrap();
+    std::fs::write(
+        &h.map_path,
+        "version: 1\ntenants:\n  default: {}\n  team-c: {quota: 1}\n",
+    )
+    .unwrap();
     assert!(
         eventually(BOUND, || async { h.map.rejected_edits() > rejected }).await,
         "the broken edit was not looked at"
@@ -391,6 +443,96 @@ async fn the_tenant_map_is_followed_while_serving() {
     let (status, ready) = h.call(None, Method::GET, "/readyz", None).await;
     assert_eq!(status, 503, "{ready}");
     let ready = ready.as_str().unwrap();
-    assert!(ready.contains("tenant `default`") && ready.contains("tenant `team-d`"), "{ready}");
+    assert!(
+        ready.contains("tenant `default`") && ready.contains("tenant `team-d`"),
+        "{ready}"
+    );
     assert!(!ready.contains("tenant `team-a`"), "{ready}");
+}
+
+#[tokio::test]
+async fn a_tenants_own_redis_is_trusted_as_the_shared_one_is() {
+    // Both speak TLS only and require client certificates from one CA: the
+    // --redis-ca-file and client identity given for --redis serve team-a's too.
+    let pki = agent_reach_testkit::pki::Pki::new("context-tenants");
+    let (shared, own) = (Redis::start_tls(&pki), Redis::start_tls(&pki));
+    let dir = tempfile::tempdir().unwrap();
+    let secret_path = dir.path().join("secret");
+    std::fs::write(&secret_path, SECRET).unwrap();
+    let acl_path = dir.path().join("acl.yaml");
+    std::fs::write(&acl_path, ACL).unwrap();
+    let map_path = dir.path().join("tenants.yaml");
+    std::fs::write(
+        &map_path,
+        format!(
+            "version: 1\ntenants:\n  default: {{}}\n  team-a:\n    redis: {}\n",
+            own.url()
+        ),
+    )
+    .unwrap();
+    let client = pki.client("context");
+    let mut problems = Vec::new();
+    let files = agent_reach_links::TlsFiles::read(
+        "--redis",
+        Some(pki.ca_file.as_path()),
+        Some(&client.cert),
+        Some(&client.key),
+        &mut problems,
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        threads: 1,
+        store: StoreChoice::Redis {
+            link: Box::new(
+                agent_reach_links::RedisLink::parse(&shared.url())
+                    .unwrap()
+                    .with_tls(files),
+            ),
+            namespace: Namespace {
+                prefix: PREFIX.into(),
+                tenant: "default".into(),
+            },
+            timeout: Duration::from_secs(2),
+        },
+        acl: acl_path,
+        auth: AuthConfig::Hs256SecretFile(secret_path),
+        listener_tls: None,
+        service: ContextConfig::default(),
+    };
+    let map = TenantMapHandle::load_and_watch(&map_path).unwrap();
+    let tenants = agent_reach_context::build_tenants(&settings, map).await.unwrap();
+    for tenant in ["default", "team-a"] {
+        let part = tenants.get(tenant).unwrap();
+        part.store()
+            .ping()
+            .await
+            .unwrap_or_else(|error| panic!("{tenant}: {error}"));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(agent_reach_context::serve_tenants(
+        listener,
+        tenants.clone(),
+        None,
+        std::future::pending(),
+    ));
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("http://{addr}/v1/contexts"))
+        .bearer_auth(token("intent_parser", Some("team-a")))
+        .json(&json!({"context_id": "over-tls"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+    let ready = http.get(format!("http://{addr}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let home = http
+        .get(format!("http://{addr}/v1/contexts/over-tls"))
+        .bearer_auth(token("intent_parser", None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(home.status(), 404, "the home tenant sees team-a's context");
 }
