@@ -64,7 +64,9 @@ impl Tenants {
             anyhow::bail!("--tenant-map needs --redis: the embedded store serves one tenant (development only)");
         };
         let home = namespace.tenant.clone();
-        let current = map.current();
+        // Subscribed before reading, so an edit landing meanwhile is still seen.
+        let mut changes = map.subscribe();
+        let current = changes.borrow_and_update().clone();
         let mut parts = Vec::with_capacity(current.len());
         for (tenant, entry) in current.tenants() {
             let service = build_part(settings, tenant, entry)
@@ -83,7 +85,6 @@ impl Tenants {
             home = %home,
             tenants = %placements.join(", ")
         );
-        let changes = map.subscribe();
         let tenants = Arc::new(Self {
             services: Arc::new(services),
             routes: Arc::new(routes),
