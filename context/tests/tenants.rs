@@ -536,3 +536,97 @@ async fn a_tenants_own_redis_is_trusted_as_the_shared_one_is() {
         .unwrap();
     assert_eq!(home.status(), 404, "the home tenant sees team-a's context");
 }
+
+#[tokio::test]
+async fn run_serves_the_tenant_map_from_its_flags() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: agent_reach_context::ContextArgs,
+    }
+    use clap::Parser as _;
+
+    let (shared, own) = (Redis::start(), Redis::start());
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    std::fs::write(path("secret"), SECRET).unwrap();
+    std::fs::write(path("acl.yaml"), ACL).unwrap();
+    std::fs::write(
+        path("tenants.yaml"),
+        format!(
+            "version: 1\ntenants:\n  team-a:\n    redis: {}\n  team-b: {{}}\n",
+            own.url()
+        ),
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", agent_reach_testkit::free_port());
+    let cli = Cli::try_parse_from([
+        "context",
+        "--listen",
+        &addr,
+        "--threads",
+        "1",
+        "--redis",
+        &shared.url(),
+        "--tenant",
+        "team-b",
+        "--tenant-map",
+        &path("tenants.yaml"),
+        "--acl",
+        &path("acl.yaml"),
+        "--auth-hs256-secret-file",
+        &path("secret"),
+    ])
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(agent_reach_context::run(cli.args, async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let url = |path: &str| format!("http://{addr}{path}");
+    assert!(
+        eventually(BOUND, || async {
+            http.get(url("/readyz"))
+                .send()
+                .await
+                .is_ok_and(|answer| answer.status() == 200)
+        })
+        .await,
+        "the context service did not become ready"
+    );
+    for tenant in ["team-a", "team-b"] {
+        let created = http
+            .post(url("/v1/contexts"))
+            .bearer_auth(token("intent_parser", Some(tenant)))
+            .json(&json!({"context_id": "from-run", "fields": {"user_id": tenant}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201, "{tenant}");
+        let view: Value = http
+            .get(url("/v1/contexts/from-run"))
+            .bearer_auth(token("intent_parser", Some(tenant)))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(view["fields"]["user_id"], tenant, "{view}");
+    }
+    // The home tenant is team-b: a token without a claim (`default`) is not served.
+    let refused = http
+        .get(url("/v1/contexts/from-run"))
+        .bearer_auth(token("intent_parser", None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    // The default --key-prefix, on team-a's own Redis.
+    assert_eq!(
+        keys(&own).await,
+        ["agent-reach:team-a:ctx:from-run", "agent-reach:team-a:deadlines"]
+    );
+    stop.send(()).unwrap();
+    tokio::time::timeout(BOUND, served).await.unwrap().unwrap().unwrap();
+}
