@@ -26,6 +26,10 @@ pub struct Connection {
     /// Bearer token (JWT).
     #[arg(long, env = "AGENT_REACH_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// Act only if the token is of this tenant (its `tenant` claim; none: `default`): a
+    /// guard against acting in the wrong tenant. The tenant acted in is always the token's.
+    #[arg(long, global = true)]
+    pub tenant: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
@@ -33,9 +37,21 @@ pub struct Connection {
 
 impl Connection {
     pub(crate) fn token(&self) -> anyhow::Result<&str> {
-        self.token
+        let token = self
+            .token
             .as_deref()
-            .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")
+            .context("no token: pass --token or set AGENT_REACH_TOKEN (agent-reach token issue ...)")?;
+        if let Some(wanted) = &self.tenant {
+            let header = format!("Bearer {token}");
+            let of = agent_reach_access::token::peek_tenant(Some(header.as_bytes()))
+                .unwrap_or_else(|| agent_reach_access::token::DEFAULT_TENANT.to_string());
+            anyhow::ensure!(
+                &of == wanted,
+                "the token is of tenant `{of}`, not `{wanted}` (--tenant): issue one with \
+                 `agent-reach token issue --tenant {wanted}`"
+            );
+        }
+        Ok(token)
     }
 
     pub(crate) async fn get(&self, url: String) -> anyhow::Result<Value> {

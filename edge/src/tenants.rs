@@ -126,13 +126,35 @@ impl<T: Clone> Table<T> {
 
 /// Routes that hand each request to its tenant's routes (see the module doc).
 pub fn dispatch(parts: Arc<Parts<axum::Router>>) -> axum::Router {
-    axum::Router::new().fallback_service(Dispatch(parts))
+    fn itself(routes: &axum::Router) -> axum::Router {
+        routes.clone()
+    }
+    dispatch_with(parts, itself)
 }
 
-#[derive(Clone)]
-struct Dispatch(Arc<Parts<axum::Router>>);
+/// [`dispatch`] for parts that hold their routes among other things.
+pub fn dispatch_with<T: Clone + Send + Sync + 'static>(
+    parts: Arc<Parts<T>>,
+    routes: fn(&T) -> axum::Router,
+) -> axum::Router {
+    axum::Router::new().fallback_service(Dispatch { parts, routes })
+}
 
-impl tower_service::Service<Request> for Dispatch {
+struct Dispatch<T> {
+    parts: Arc<Parts<T>>,
+    routes: fn(&T) -> axum::Router,
+}
+
+impl<T> Clone for Dispatch<T> {
+    fn clone(&self) -> Self {
+        Self {
+            parts: self.parts.clone(),
+            routes: self.routes,
+        }
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> tower_service::Service<Request> for Dispatch<T> {
     type Response = Response;
     type Error = Infallible;
     type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send>>;
@@ -146,7 +168,7 @@ impl tower_service::Service<Request> for Dispatch {
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|value| value.as_bytes());
-        let mut routes = self.0.for_authorization(authorization);
+        let mut routes = (self.routes)(&self.parts.for_authorization(authorization));
         Box::pin(async move { tower_service::Service::call(&mut routes, request).await })
     }
 }

@@ -12,9 +12,13 @@ use bytes::Bytes;
 
 use crate::service::RouterService;
 
-/// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`].
+/// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`] of the
+/// router's one service, or of the tenant's its token names ([`crate::tenancy`]).
 #[derive(Clone)]
-pub(crate) struct Invoke(Arc<RouterService>);
+pub(crate) enum Invoke {
+    One(Arc<RouterService>),
+    Tenants(Arc<crate::tenancy::TenantParts>),
+}
 
 impl agent_reach_edge::front::HotRoutes for Invoke {
     type Route = ();
@@ -24,22 +28,29 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
     }
 
     fn call(&self, _: (), headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
-        // Borrowed for the call: the connection holds the door (and so the service) throughout.
-        let service = &self.0;
-        async move { crate::http::answer_invoke(service, &headers, agent_reach_edge::RequestBody::Read(body)).await }
+        use agent_reach_edge::HeaderLookup as _;
+        let service = match self {
+            // Borrowed for the call: the connection holds the door (and so the service) throughout.
+            Invoke::One(service) => std::borrow::Cow::Borrowed(service),
+            Invoke::Tenants(parts) => {
+                std::borrow::Cow::Owned(parts.for_authorization(headers.value("authorization")).service.clone())
+            }
+        };
+        async move { crate::http::answer_invoke(&service, &headers, agent_reach_edge::RequestBody::Read(body)).await }
     }
 }
 
-/// The front door: the hot route (`service`), the axum routes for the rest (`app`), the body limit.
+/// The front door: the hot route (`hot`), the axum routes for the rest (`app`), the body limit.
 pub(crate) fn door(
     app: axum::Router,
-    service: Arc<RouterService>,
+    hot: Invoke,
+    body_limit: usize,
     tls: Option<agent_reach_edge::tls::ServerTls>,
 ) -> Door<Invoke> {
     Door {
         app,
-        body_limit: service.tuning().max_body_bytes,
-        hot: Invoke(service),
+        body_limit,
+        hot,
         tls,
     }
 }
