@@ -27,7 +27,7 @@ pub(crate) enum Contexts {
     /// One tenant (no tenant map).
     One(Arc<ContextService>),
     /// Each tenant's part, picked by the token's claim.
-    Tenants(Arc<Parts<Arc<ContextService>>>),
+    Tenants(Arc<Parts<crate::tenants::Part>>),
 }
 
 impl Contexts {
@@ -35,7 +35,9 @@ impl Contexts {
         match self {
             Contexts::One(service) => service.clone(),
             Contexts::Tenants(parts) => {
-                parts.for_authorization(headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes()))
+                parts
+                    .for_authorization(headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes()))
+                    .service
             }
         }
     }
@@ -115,7 +117,7 @@ pub(crate) fn tenants_door(
     Door {
         app: tenants.app(),
         body_limit: tenants.max_body_bytes(),
-        hot: Contexts::Tenants(tenants.services()),
+        hot: Contexts::Tenants(tenants.parts()),
         tls,
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! Each request goes to the part its bearer token's `tenant` claim names
 //! ([`agent_reach_edge::tenants`]): HTTP and gRPC through
-//! [`agent_reach_edge::tenants::dispatch`], the front door's hot routes
+//! [`agent_reach_edge::tenants::dispatch_with`], the front door's hot routes
 //! through [`Parts::for_authorization`] (see `front`). `/metrics` and
 //! `/readyz` are the process's: every part's series, ready when every part's
 //! store answers.
@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Weak};
 
-use agent_reach_edge::tenants::{dispatch, metrics_registry, render_metrics, Parts};
+use agent_reach_edge::tenants::{dispatch_with, metrics_registry, render_metrics, Parts};
 use agent_reach_links::tenants::{TenantEntry, TenantMap, TenantMapHandle};
 use anyhow::Context;
 use axum::extract::State;
@@ -37,18 +37,32 @@ use crate::store::{ContextStore, Namespace, RedisStore};
 
 /// Every tenant's part, and the map they follow.
 pub struct Tenants {
-    /// For the front door's hot routes.
-    services: Arc<Parts<Arc<ContextService>>>,
-    /// For everything else (HTTP and gRPC), each part's [`crate::app`].
-    routes: Arc<Parts<axum::Router>>,
+    parts: Arc<Parts<Part>>,
     /// Kept so the map's reload loop runs as long as these parts serve.
     map: TenantMapHandle,
 }
 
 impl std::fmt::Debug for Tenants {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let served: Vec<_> = self.services.all().into_iter().map(|(name, _)| name).collect();
+        let served: Vec<_> = self.parts.all().into_iter().map(|(name, _)| name).collect();
         f.debug_struct("Tenants").field("served", &served).finish()
+    }
+}
+
+/// One tenant's service, and its routes (HTTP and gRPC, [`crate::app`]) for
+/// everything but the front door's hot routes.
+#[derive(Clone)]
+pub(crate) struct Part {
+    pub(crate) service: Arc<ContextService>,
+    routes: axum::Router,
+}
+
+impl Part {
+    fn new(service: Arc<ContextService>) -> Self {
+        Self {
+            routes: crate::app(service.clone()),
+            service,
+        }
     }
 }
 
@@ -72,10 +86,9 @@ impl Tenants {
             let service = build_part(settings, tenant, entry)
                 .await
                 .with_context(|| format!("building tenant `{tenant}`'s part ({})", entry.placement()))?;
-            parts.push((tenant.to_string(), service));
+            parts.push((tenant.to_string(), Part::new(service)));
         }
-        let routes = Parts::new(&home, app_of_each(&parts)).map_err(anyhow::Error::msg)?;
-        let services = Parts::new(&home, parts).map_err(anyhow::Error::msg)?;
+        let parts = Parts::new(&home, parts).map_err(anyhow::Error::msg)?;
         let placements: Vec<String> = current
             .tenants()
             .map(|(name, entry)| format!("{name} ({})", entry.placement()))
@@ -86,8 +99,7 @@ impl Tenants {
             tenants = %placements.join(", ")
         );
         let tenants = Arc::new(Self {
-            services: Arc::new(services),
-            routes: Arc::new(routes),
+            parts: Arc::new(parts),
             map,
         });
         let built = current
@@ -100,16 +112,12 @@ impl Tenants {
 
     /// `tenant`'s part, if served.
     pub fn get(&self, tenant: &str) -> Option<Arc<ContextService>> {
-        self.services.get(tenant)
+        self.parts.get(tenant).map(|part| part.service)
     }
 
     /// The tenants served now, by name.
     pub fn served(&self) -> Vec<String> {
-        self.services
-            .all()
-            .into_iter()
-            .map(|(name, _)| name.to_string())
-            .collect()
+        self.parts.all().into_iter().map(|(name, _)| name.to_string()).collect()
     }
 
     /// The map these parts follow.
@@ -117,13 +125,13 @@ impl Tenants {
         &self.map
     }
 
-    pub(crate) fn services(&self) -> Arc<Parts<Arc<ContextService>>> {
-        self.services.clone()
+    pub(crate) fn parts(&self) -> Arc<Parts<Part>> {
+        self.parts.clone()
     }
 
     /// Largest request body (the parts share their settings).
     pub(crate) fn max_body_bytes(&self) -> usize {
-        self.services.home().config().max_body_bytes
+        self.parts.home().service.config().max_body_bytes
     }
 
     /// The whole API: the process's `/metrics` and `/readyz`, every other
@@ -133,12 +141,12 @@ impl Tenants {
             .route("/metrics", get(metrics).fallback(crate::http::method_not_allowed))
             .route("/readyz", get(readyz).fallback(crate::http::method_not_allowed))
             .with_state(self.clone())
-            .merge(dispatch(self.routes.clone()))
+            .merge(dispatch_with(self.parts.clone(), |part| part.routes.clone()))
     }
 
     /// Applies a new map: parts kept, built, rebuilt or dropped; then one swap.
     async fn apply(&self, settings: &Settings, map: &TenantMap, built: &mut BTreeMap<String, TenantEntry>) {
-        let home = self.services.home_name();
+        let home = self.parts.home_name();
         if !map.contains(&home) {
             tracing::error!(
                 message = "Tenant map edit drops the home tenant (--tenant); keeping every part as it is.",
@@ -149,10 +157,10 @@ impl Tenants {
         let mut parts = Vec::with_capacity(map.len());
         let mut next_built = BTreeMap::new();
         for (tenant, entry) in map.tenants() {
-            let old = self.services.get(tenant).zip(built.get(tenant));
-            if let Some((service, old_entry)) = &old {
+            let old = self.parts.get(tenant).zip(built.get(tenant));
+            if let Some((part, old_entry)) = &old {
                 if old_entry.same_placement(entry) {
-                    parts.push((tenant.to_string(), service.clone()));
+                    parts.push((tenant.to_string(), part.clone()));
                     next_built.insert(tenant.to_string(), entry.clone());
                     continue;
                 }
@@ -161,17 +169,17 @@ impl Tenants {
                 Ok(service) => {
                     let action = if old.is_some() { "rebuilt" } else { "added" };
                     tracing::info!(message = "Tenant part ready.", tenant, action, placement = %entry.placement());
-                    parts.push((tenant.to_string(), service));
+                    parts.push((tenant.to_string(), Part::new(service)));
                     next_built.insert(tenant.to_string(), entry.clone());
                 }
                 Err(error) => match old {
-                    Some((service, old_entry)) => {
+                    Some((part, old_entry)) => {
                         tracing::error!(
                             message = "Tenant part cannot be rebuilt; it keeps its last good placement and policy.",
                             tenant,
                             error = %format!("{error:#}")
                         );
-                        parts.push((tenant.to_string(), service));
+                        parts.push((tenant.to_string(), part));
                         next_built.insert(tenant.to_string(), old_entry.clone());
                     }
                     None => tracing::error!(
@@ -186,9 +194,7 @@ impl Tenants {
             tracing::info!(message = "Tenant removed from the map; its part is dropped.", tenant = %tenant);
         }
         // The home tenant is in `map`, and its part is kept when it cannot be rebuilt.
-        let routes = self.routes.replace(app_of_each(&parts));
-        let services = self.services.replace(parts);
-        if let Err(why) = routes.and(services) {
+        if let Err(why) = self.parts.replace(parts) {
             tracing::error!(message = "Tenant parts not swapped.", error = %why);
             return;
         }
@@ -208,13 +214,6 @@ async fn follow(
         let Some(tenants) = tenants.upgrade() else { return };
         tenants.apply(&settings, &map, &mut built).await;
     }
-}
-
-fn app_of_each(parts: &[(String, Arc<ContextService>)]) -> Vec<(String, axum::Router)> {
-    parts
-        .iter()
-        .map(|(tenant, service)| (tenant.clone(), crate::app(service.clone())))
-        .collect()
 }
 
 /// `tenant`'s part: the service [`crate::build`] makes, on the entry's placement and policy.
@@ -250,16 +249,16 @@ async fn build_part(settings: &Settings, tenant: &str, entry: &TenantEntry) -> a
 // === The process's routes ===
 
 async fn metrics(State(tenants): State<Arc<Tenants>>) -> Response {
-    let parts = tenants.services.all();
-    let text = render_metrics(parts.iter().map(|(_, service)| &service.metrics().registry));
+    let parts = tenants.parts.all();
+    let text = render_metrics(parts.iter().map(|(_, part)| &part.service.metrics().registry));
     ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// Ready when every part's store answers (asked at once, each bounded by `--redis-timeout`).
 async fn readyz(State(tenants): State<Arc<Tenants>>) -> Response {
     let mut pings = tokio::task::JoinSet::new();
-    for (tenant, service) in tenants.services.all() {
-        pings.spawn(async move { (tenant, service.store().ping().await) });
+    for (tenant, part) in tenants.parts.all() {
+        pings.spawn(async move { (tenant, part.service.store().ping().await) });
     }
     let mut down = Vec::new();
     while let Some(answer) = pings.join_next().await {
