@@ -39,7 +39,7 @@ use crate::store::{ContextStore, Namespace, RedisStore};
 pub struct Tenants {
     parts: Arc<Parts<Part>>,
     /// Kept so the map's reload loop runs as long as these parts serve.
-    map: TenantMapHandle,
+    _map: TenantMapHandle,
 }
 
 impl std::fmt::Debug for Tenants {
@@ -100,7 +100,7 @@ impl Tenants {
         );
         let tenants = Arc::new(Self {
             parts: Arc::new(parts),
-            map,
+            _map: map,
         });
         let built = current
             .tenants()
@@ -118,11 +118,6 @@ impl Tenants {
     /// The tenants served now, by name.
     pub fn served(&self) -> Vec<String> {
         self.parts.all().into_iter().map(|(name, _)| name.to_string()).collect()
-    }
-
-    /// The map these parts follow.
-    pub fn map(&self) -> &TenantMapHandle {
-        &self.map
     }
 
     pub(crate) fn parts(&self) -> Arc<Parts<Part>> {
