@@ -54,7 +54,13 @@ impl MultiTenant {
         let acl_path = dir.path().join("acl.yaml");
         std::fs::write(&acl_path, ACL).unwrap();
         let map_path = dir.path().join("tenants.yaml");
-        std::fs::write(&map_path, Self::map_text(&own, "")).unwrap();
+        // team-p's own policy: intent_parser may write `intent` only.
+        std::fs::write(
+            dir.path().join("acl-p.yaml"),
+            "version: 1\ncontext:\n  - agent: intent_parser\n    read: [\"*\"]\n    write: [intent]\n",
+        )
+        .unwrap();
+        std::fs::write(&map_path, Self::map_text(&own, &map_path, "")).unwrap();
         let settings = Settings {
             listen: "127.0.0.1:0".parse().unwrap(),
             threads: 1,
@@ -100,11 +106,13 @@ impl MultiTenant {
         }
     }
 
-    /// The map: `default` and `team-b` shared, `team-a` on `own`, and `more` appended.
-    fn map_text(own: &Redis, more: &str) -> String {
+    /// The map: `default` and `team-b` shared, `team-a` on `own`, `team-p`
+    /// shared with its own ACL (beside the map), and `more` appended.
+    fn map_text(own: &Redis, map_path: &std::path::Path, more: &str) -> String {
         format!(
-            "version: 1\ntenants:\n  default: {{}}\n  team-a:\n    redis: {}\n  team-b: {{}}\n{more}",
-            own.url()
+            "version: 1\ntenants:\n  default: {{}}\n  team-a:\n    redis: {}\n  team-b: {{}}\n  team-p:\n    acl: {}\n{more}",
+            own.url(),
+            map_path.with_file_name("acl-p.yaml").display()
         )
     }
 
@@ -353,7 +361,29 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
     assert_eq!(status, 200, "{ready}");
     let (status, _) = h.call(None, Method::POST, "/metrics", None).await;
     assert_eq!(status, 405);
-    assert_eq!(h.tenants.served(), ["default", "team-a", "team-b"]);
+    assert_eq!(h.tenants.served(), ["default", "team-a", "team-b", "team-p"]);
+}
+
+#[tokio::test]
+async fn a_tenant_with_its_own_acl_is_held_to_it() {
+    let h = MultiTenant::start().await;
+    // The process's --acl lets intent_parser write user_id; team-p's does not.
+    assert_eq!(h.create(Some("team-b"), "p-1", json!({"user_id": "u"})).await.0, 201);
+    let (status, body) = h.create(Some("team-p"), "p-1", json!({"user_id": "u"})).await;
+    assert_eq!((status, code_and_reason(&body).0), (403, "FORBIDDEN"), "{body}");
+    assert_eq!(h.create(Some("team-p"), "p-1", json!({"intent": "x"})).await.0, 201);
+
+    // Its `acl` removed from the map: the part is rebuilt on the process's --acl.
+    let text = MultiTenant::map_text(&h.own, &h.map_path, "");
+    let (kept, _) = text.split_once("  team-p:").unwrap();
+    std::fs::write(&h.map_path, format!("{kept}  team-p: {{}}\n")).unwrap();
+    assert!(
+        eventually(BOUND, || async {
+            h.create(Some("team-p"), "p-2", json!({"user_id": "u"})).await.0 == 201
+        })
+        .await,
+        "team-p is still held to its own ACL"
+    );
 }
 
 #[tokio::test]
@@ -364,7 +394,11 @@ async fn the_tenant_map_is_followed_while_serving() {
     assert_eq!((status, code_and_reason(&body).1), (401, "other_tenant"), "{body}");
 
     // A tenant added to the file is served within a bounded poll.
-    std::fs::write(&h.map_path, MultiTenant::map_text(&h.own, "  team-c: {}\n")).unwrap();
+    std::fs::write(
+        &h.map_path,
+        MultiTenant::map_text(&h.own, &h.map_path, "  team-c: {}\n"),
+    )
+    .unwrap();
     assert!(
         eventually(BOUND, || async {
             h.create(c, "c-1", json!({"user_id": "c"})).await.0 == 201
@@ -388,11 +422,11 @@ async fn the_tenant_map_is_followed_while_serving() {
     );
     assert_eq!(h.get(c, "c-1").await.0, 200);
     assert_eq!(h.get(Some("team-a"), "c-1").await.0, 404);
-    assert_eq!(h.tenants.served(), ["default", "team-a", "team-b", "team-c"]);
+    assert_eq!(h.tenants.served(), ["default", "team-a", "team-b", "team-c", "team-p"]);
 
     // Removed: refused as not served, and its part (store, sweeper, ACL watch) is dropped.
     let part = Arc::downgrade(&h.tenants.get("team-c").unwrap());
-    std::fs::write(&h.map_path, MultiTenant::map_text(&h.own, "")).unwrap();
+    std::fs::write(&h.map_path, MultiTenant::map_text(&h.own, &h.map_path, "")).unwrap();
     assert!(
         eventually(BOUND, || async { h.get(c, "c-1").await.0 == 401 }).await,
         "team-c is still served after it was removed"
@@ -412,7 +446,7 @@ async fn the_tenant_map_is_followed_while_serving() {
     let team_a = h.tenants.get("team-a").unwrap();
     let before = Arc::downgrade(&h.tenants.get("team-b").unwrap());
     let edit = format!("  team-b:\n    redis: {}\n", moved.url());
-    let text = MultiTenant::map_text(&h.own, "").replace("  team-b: {}\n", &edit);
+    let text = MultiTenant::map_text(&h.own, &h.map_path, "").replace("  team-b: {}\n", &edit);
     std::fs::write(&h.map_path, text).unwrap();
     assert!(
         eventually(BOUND, || async { before.upgrade().is_none() }).await,
@@ -431,7 +465,11 @@ async fn the_tenant_map_is_followed_while_serving() {
         eventually(BOUND, || async { !map.borrow().contains("default") }).await,
         "the edit was not read"
     );
-    std::fs::write(&h.map_path, MultiTenant::map_text(&h.own, "  team-d: {}\n")).unwrap();
+    std::fs::write(
+        &h.map_path,
+        MultiTenant::map_text(&h.own, &h.map_path, "  team-d: {}\n"),
+    )
+    .unwrap();
     assert!(
         eventually(BOUND, || async { h.tenants.get("team-d").is_some() }).await,
         "team-d was not served"
