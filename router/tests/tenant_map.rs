@@ -67,7 +67,8 @@ async fn task_of(client: &reqwest::Client, router: std::net::SocketAddr, token: 
     let response = client
         .post(format!("http://{router}/v1/tasks"))
         .bearer_auth(token)
-        .json(&json!({"capability": CAPABILITY, "request_id": request_id, "payload": {"order_id": "SO-9"}}))
+        .json(&json!({"capability": CAPABILITY, "request_id": request_id, "session_id": "same-session",
+                      "payload": {"order_id": "SO-9"}}))
         .send()
         .await
         .unwrap();
@@ -177,6 +178,26 @@ async fn one_router_serves_each_tenant_its_own_agents_and_placement() {
             .await
             .unwrap();
         assert_eq!(response.status().as_u16(), 404);
+    }
+    // A session's results: each tenant sees its own task only, the same session id in both.
+    for (token, own, other) in [(&a, &a_task, &b_task), (&b, &b_task, &a_task)] {
+        let results: Value = client
+            .get(format!("http://{router}/v1/sessions/same-session/results"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ids: Vec<&str> = results["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|result| result["task_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, [own.as_str()], "{results}");
+        assert!(!ids.contains(&other.as_str()));
     }
     let on_shared = redis_keys(&shared);
     let on_own = redis_keys(&own);
