@@ -85,3 +85,34 @@ pub(crate) fn text(value: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection(token: Option<String>, tenant: Option<&str>) -> Connection {
+        Connection {
+            registry: String::new(),
+            router: String::new(),
+            token,
+            tenant: tenant.map(str::to_string),
+            json: false,
+        }
+    }
+
+    #[test]
+    fn the_tenant_guard_refuses_a_token_of_another_tenant() {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let ttl = std::time::Duration::from_secs(60);
+        let of_a = agent_reach_access::token::issue_hs256_for("ops", Some("team-a"), secret, ttl).unwrap();
+        let plain = agent_reach_access::token::issue_hs256_for("ops", None, secret, ttl).unwrap();
+        assert!(connection(Some(of_a.clone()), Some("team-a")).token().is_ok());
+        assert!(connection(Some(of_a.clone()), None).token().is_ok(), "no guard, no check");
+        assert!(connection(Some(plain.clone()), Some("default")).token().is_ok());
+        let refused = connection(Some(of_a), Some("team-b")).token().unwrap_err().to_string();
+        assert!(refused.contains("tenant `team-a`, not `team-b`"), "{refused}");
+        let refused = connection(Some(plain), Some("team-b")).token().unwrap_err().to_string();
+        assert!(refused.contains("tenant `default`"), "{refused}");
+        assert!(connection(None, Some("team-a")).token().is_err());
+    }
+}
