@@ -107,7 +107,10 @@ mod tests {
         let of_a = agent_reach_access::token::issue_hs256_for("ops", Some("team-a"), secret, ttl).unwrap();
         let plain = agent_reach_access::token::issue_hs256_for("ops", None, secret, ttl).unwrap();
         assert!(connection(Some(of_a.clone()), Some("team-a")).token().is_ok());
-        assert!(connection(Some(of_a.clone()), None).token().is_ok(), "no guard, no check");
+        assert!(
+            connection(Some(of_a.clone()), None).token().is_ok(),
+            "no guard, no check"
+        );
         assert!(connection(Some(plain.clone()), Some("default")).token().is_ok());
         let refused = connection(Some(of_a), Some("team-b")).token().unwrap_err().to_string();
         assert!(refused.contains("tenant `team-a`, not `team-b`"), "{refused}");

@@ -155,9 +155,7 @@ fn dashboard_expressions() -> Vec<(String, String)> {
                     expr.matches("agent_reach_").count() == expr.matches("tenant=~\"$tenant\"").count(),
                     "{file:?}: every series of `{expr}` must select the tenant"
                 );
-                let expr = expr
-                    .replace("$__rate_interval", RATE_INTERVAL)
-                    .replace("$tenant", ".*");
+                let expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$tenant", ".*");
                 let place = format!(
                     "{} / {}",
                     file.file_name().unwrap().to_string_lossy(),

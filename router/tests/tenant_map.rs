@@ -63,12 +63,19 @@ async fn mapped(map: &str, shared: Option<&agent_reach_testkit::Redis>) -> Mappe
     }
 }
 
-async fn task_of(client: &reqwest::Client, router: std::net::SocketAddr, token: &str, request_id: &str) -> (u16, Value) {
+async fn task_of(
+    client: &reqwest::Client,
+    router: std::net::SocketAddr,
+    token: &str,
+    request_id: &str,
+) -> (u16, Value) {
     let response = client
         .post(format!("http://{router}/v1/tasks"))
         .bearer_auth(token)
-        .json(&json!({"capability": CAPABILITY, "request_id": request_id, "session_id": "same-session",
-                      "payload": {"order_id": "SO-9"}}))
+        .json(
+            &json!({"capability": CAPABILITY, "request_id": request_id, "session_id": "same-session",
+                      "payload": {"order_id": "SO-9"}}),
+        )
         .send()
         .await
         .unwrap();
@@ -205,9 +212,18 @@ async fn one_router_serves_each_tenant_its_own_agents_and_placement() {
         on_shared.iter().all(|key| !key.contains("team-a")),
         "team-a wrote to the shared Redis: {on_shared:?}"
     );
-    assert!(on_shared.iter().any(|key| key.starts_with("agent-reach:team-b:")), "{on_shared:?}");
-    assert!(on_own.iter().any(|key| key.starts_with("agent-reach:team-a:")), "{on_own:?}");
-    assert!(on_own.iter().all(|key| key.starts_with("agent-reach:team-a:")), "{on_own:?}");
+    assert!(
+        on_shared.iter().any(|key| key.starts_with("agent-reach:team-b:")),
+        "{on_shared:?}"
+    );
+    assert!(
+        on_own.iter().any(|key| key.starts_with("agent-reach:team-a:")),
+        "{on_own:?}"
+    );
+    assert!(
+        on_own.iter().all(|key| key.starts_with("agent-reach:team-a:")),
+        "{on_own:?}"
+    );
 
     // Every tenant's series, labelled, in one exposition.
     let metrics = client
@@ -218,7 +234,12 @@ async fn one_router_serves_each_tenant_its_own_agents_and_placement() {
         .text()
         .await
         .unwrap();
-    assert_eq!(metrics.matches("# TYPE agent_reach_router_requests_total counter").count(), 1);
+    assert_eq!(
+        metrics
+            .matches("# TYPE agent_reach_router_requests_total counter")
+            .count(),
+        1
+    );
     for tenant in ["team-a", "team-b"] {
         assert!(
             metrics.contains(&format!("tenant=\"{tenant}\"")),
@@ -243,7 +264,10 @@ async fn one_router_serves_each_tenant_its_own_agents_and_placement() {
         .collect();
     assert_eq!(names, ["default", "team-a", "team-b"]);
     let team_a = &tenants["tenants"][1];
-    assert!(team_a["placement"].as_str().unwrap().starts_with("own Redis"), "{team_a}");
+    assert!(
+        team_a["placement"].as_str().unwrap().starts_with("own Redis"),
+        "{team_a}"
+    );
     assert!(team_a["usage"]["requests_total"].as_u64().unwrap() >= 4, "{team_a}");
     let response = client
         .get(format!("http://{router}/v1/tenants"))
@@ -251,7 +275,11 @@ async fn one_router_serves_each_tenant_its_own_agents_and_placement() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 401, "a team-a caller is not the home tenant's operator");
+    assert_eq!(
+        response.status().as_u16(),
+        401,
+        "a team-a caller is not the home tenant's operator"
+    );
 
     // The map is followed: a tenant added is served, a broken edit changes nothing.
     std::fs::write(map_path, format!("{map}  team-c: {{}}\n")).unwrap();

@@ -545,13 +545,21 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
     store.prepare().await.unwrap();
     for request in ["b-1", "b-2"] {
         let submitted = store
-            .submit_within(task(request, Priority::Normal, None), &agent_reach_tasks::new_task_id(), Some(2))
+            .submit_within(
+                task(request, Priority::Normal, None),
+                &agent_reach_tasks::new_task_id(),
+                Some(2),
+            )
             .await
             .unwrap();
         assert!(matches!(submitted, Submitted::Created(_)));
     }
     let refused = store
-        .submit_within(task("b-3", Priority::High, None), &agent_reach_tasks::new_task_id(), Some(2))
+        .submit_within(
+            task("b-3", Priority::High, None),
+            &agent_reach_tasks::new_task_id(),
+            Some(2),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -560,7 +568,11 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
     );
     // A repeat of an accepted request is answered as before, bound or not.
     let again = store
-        .submit_within(task("b-1", Priority::Normal, None), &agent_reach_tasks::new_task_id(), Some(2))
+        .submit_within(
+            task("b-1", Priority::Normal, None),
+            &agent_reach_tasks::new_task_id(),
+            Some(2),
+        )
         .await
         .unwrap();
     assert!(matches!(again, Submitted::Existing(_)));
@@ -577,7 +589,11 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
     }
     assert!(matches!(
         store
-            .submit_within(task("b-4", Priority::Normal, None), &agent_reach_tasks::new_task_id(), Some(2))
+            .submit_within(
+                task("b-4", Priority::Normal, None),
+                &agent_reach_tasks::new_task_id(),
+                Some(2)
+            )
             .await
             .unwrap(),
         Submitted::Created(_)
