@@ -390,6 +390,35 @@ mod tests {
         assert!(limiter.admit_submission(&caller, Some(&relaxed)).is_ok());
     }
 
+    #[test]
+    fn a_tenants_quota_refuses_for_the_tenant_and_holds_its_place_in_the_callers_permit() {
+        let registry = prometheus::Registry::new();
+        let callers = Limiter::new(&registry).unwrap();
+        let tenants = Limiter::for_tenants(&callers);
+        let tenant: Arc<str> = "team-a".into();
+        let quota = limit(None, 1, Some(1));
+        let held = callers
+            .admit_call(&"billing".into(), None)
+            .unwrap()
+            .with_tenant(tenants.admit_call(&tenant, Some(&quota)).unwrap());
+        let refused = tenants.admit_call(&tenant, Some(&quota)).unwrap_err();
+        assert_eq!(refused.code, Code::RateLimited);
+        let details = refused.details.as_ref().unwrap();
+        assert_eq!(details["tenant"], "team-a");
+        assert_eq!(details["limit"], "tenant_concurrency");
+        assert!(refused.message.contains("tenant `team-a`"), "{}", refused.message);
+        // The caller's permit frees the tenant's place too.
+        drop(held);
+        assert!(tenants.admit_call(&tenant, Some(&quota)).is_ok());
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        assert!(
+            text.contains(r#"agent_reach_router_rate_limited_total{caller="*",limit="tenant_concurrency"} 1"#),
+            "{text}"
+        );
+    }
+
     #[tokio::test]
     async fn a_delivery_waits_for_a_place_instead_of_failing() {
         let limiter = Arc::new(Limiter::new(&prometheus::Registry::new()).unwrap());

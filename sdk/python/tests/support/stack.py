@@ -383,11 +383,17 @@ class Stack:
         return response.json() if response.status_code == 200 else None
 
     def routable(self, capability: str, agent_id: str) -> bool:
-        """Whether the router would send `capability` to `agent_id` (registry resolves it)."""
+        """Whether the router would send `capability` to `agent_id`: the registry
+        resolves it and the router's snapshot holds it (its per-instance gauges, which
+        `/metrics` publishes from the snapshot; the router learns of an instance a
+        moment after the registry, longer on a loaded machine)."""
         response = self.registry_get(f"/v1/capabilities/{capability}")
         if response.status_code != 200:
             return False
-        return any(instance["agent_id"] == agent_id for instance in response.json()["instances"])
+        if not any(instance["agent_id"] == agent_id for instance in response.json()["instances"]):
+            return False
+        metrics = httpx.get(f"{self.router.url}/metrics", timeout=5)
+        return f'agent_reach_router_instance_health_score{{agent_id="{agent_id}"}}' in metrics.text
 
     def stop(self) -> None:
         for part in reversed(self.parts):
