@@ -89,7 +89,7 @@ impl Router {
 
     /// The front door serving this router: its hot route and every other route.
     fn door(&self) -> agent_reach_edge::front::Door<front::Invoke> {
-        front::door(self.app(), self.service.clone(), self.tls.clone())
+        front::door(self.app(), self.service.clone(), self.tasks.clone(), self.tls.clone())
     }
 
     /// The instances the router can currently route to, by id (tests and diagnostics).

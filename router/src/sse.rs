@@ -8,7 +8,7 @@
 //! data (`data:` lines joined by `\n`). Comments and `id:`/`retry:` fields are
 //! relayed untouched.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// Largest event the router relays (a larger one ends the stream: an agent
 /// that never writes a blank line would otherwise grow the buffer forever).
@@ -33,13 +33,17 @@ impl Event {
     }
 }
 
-/// Cuts a byte stream into events; feed it chunks as they arrive.
+/// Cuts a byte stream into events; feed it bytes as they arrive.
 #[derive(Default)]
 pub struct EventSplitter {
     buffer: BytesMut,
-    /// The last event ended on a `\r` at a chunk's end: a `\n` starting the
-    /// next chunk is the rest of that line break, not a line of its own.
+    /// The last event ended on a `\r` at the buffer's end: a `\n` starting
+    /// what comes next is the rest of that line break, not a line of its own.
     after_cr: bool,
+    /// Where the scan for the next event's end resumes: the start of the
+    /// first line not yet complete (the lines before it are whole and not
+    /// blank), so an event arriving in many reads is scanned once.
+    scanned: usize,
 }
 
 /// The stream broke the format beyond relaying.
@@ -48,25 +52,46 @@ pub struct TooLarge;
 
 impl EventSplitter {
     /// Adds `chunk` and returns every event it completed, in order.
+    #[cfg(test)]
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, TooLarge> {
-        let chunk = match (self.after_cr, chunk.first()) {
-            (true, Some(b'\n')) => &chunk[1..],
-            _ => chunk,
-        };
-        if !chunk.is_empty() {
-            self.after_cr = false;
-        }
-        self.buffer.extend_from_slice(chunk);
+        self.input().extend_from_slice(chunk);
         let mut events = Vec::new();
-        while let Some((end, on_cr)) = event_end(&self.buffer) {
-            let raw = self.buffer.split_to(end).freeze();
-            events.push(parse(raw));
-            self.after_cr = on_cr && self.buffer.is_empty();
-        }
-        if self.buffer.len() > MAX_EVENT_BYTES {
-            return Err(TooLarge);
+        while let Some(event) = self.next_event()? {
+            events.push(event);
         }
         Ok(events)
+    }
+
+    /// Where new bytes go (appended), before [`EventSplitter::next_event`].
+    pub fn input(&mut self) -> &mut BytesMut {
+        &mut self.buffer
+    }
+
+    /// Cuts off the next whole event, if one is complete; refuses an event
+    /// begun and grown past [`MAX_EVENT_BYTES`] without an end.
+    pub fn next_event(&mut self) -> Result<Option<Event>, TooLarge> {
+        if self.after_cr && !self.buffer.is_empty() {
+            // `after_cr` is set only with the buffer emptied, so this is the next byte.
+            if self.buffer[0] == b'\n' {
+                self.buffer.advance(1);
+            }
+            self.after_cr = false;
+        }
+        match event_end(&self.buffer, self.scanned) {
+            Scan::End { end, on_cr } => {
+                let raw = self.buffer.split_to(end).freeze();
+                self.after_cr = on_cr && self.buffer.is_empty();
+                self.scanned = 0;
+                Ok(Some(parse(raw)))
+            }
+            Scan::More { line_start } => {
+                self.scanned = line_start;
+                if self.buffer.len() > MAX_EVENT_BYTES {
+                    return Err(TooLarge);
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// Bytes of an event begun and not finished (the stream ended inside it).
@@ -75,12 +100,21 @@ impl EventSplitter {
     }
 }
 
-/// The end (exclusive) of the first whole event in `buffer`: the blank line
-/// after it, in any of the format's line endings (`\n`, `\r\n`, `\r`); and
-/// whether it ended on a `\r` at the buffer's end (a `\n` may follow).
-fn event_end(buffer: &[u8]) -> Option<(usize, bool)> {
-    let mut at = 0;
-    let mut line_start = 0;
+/// Where the scan for an event's end got to.
+enum Scan {
+    /// The first whole event ends (exclusive) at `end`, the blank line after
+    /// it included; `on_cr`: on a `\r` at the buffer's end (a `\n` may follow).
+    End { end: usize, on_cr: bool },
+    /// No whole event yet; the incomplete line starts at `line_start`.
+    More { line_start: usize },
+}
+
+/// Finds the end of the first whole event in `buffer` (the blank line after
+/// it, in any of the format's line endings: `\n`, `\r\n`, `\r`), scanning
+/// from `from`, the start of a line.
+fn event_end(buffer: &[u8], from: usize) -> Scan {
+    let mut at = from;
+    let mut line_start = from;
     while at < buffer.len() {
         let (is_break, width) = match buffer[at] {
             b'\n' => (true, 1),
@@ -88,20 +122,30 @@ fn event_end(buffer: &[u8]) -> Option<(usize, bool)> {
             // A `\r` at the buffer's end ending a blank line ends the event
             // either way; otherwise it may be the first half of `\r\n`: wait.
             b'\r' if at + 1 == buffer.len() => {
-                return (at == line_start && at > 0).then_some((at + 1, true));
+                return if at == line_start && at > 0 {
+                    Scan::End {
+                        end: at + 1,
+                        on_cr: true,
+                    }
+                } else {
+                    Scan::More { line_start }
+                };
             }
             b'\r' => (true, 1),
             _ => (false, 1),
         };
         if is_break {
             if at == line_start && at > 0 {
-                return Some((at + width, false));
+                return Scan::End {
+                    end: at + width,
+                    on_cr: false,
+                };
             }
             line_start = at + width;
         }
         at += width;
     }
-    None
+    Scan::More { line_start }
 }
 
 fn parse(raw: Bytes) -> Event {
@@ -203,6 +247,32 @@ mod tests {
         // A lone `\r` ending a non-blank line waits for more.
         assert!(splitter.push(b"data: v\r").unwrap().is_empty());
         assert_eq!(splitter.push(b"\n\n").unwrap()[0].data, "v");
+    }
+
+    /// The scan resumes where it stopped: bytes fed in any pieces cut the same events.
+    #[test]
+    fn events_fed_in_any_pieces_are_cut_alike() {
+        let text: &[u8] =
+            b": hi\n\nevent: a\r\ndata: 1\r\ndata: 2\r\n\r\ndata: x\r\rdata: y\n\nid: 3\ndata: {\"k\":\"v\"}\n\n";
+        let whole: Vec<Event> = EventSplitter::default().push(text).unwrap();
+        assert_eq!(whole.len(), 5);
+        for step in 1..text.len() {
+            let mut splitter = EventSplitter::default();
+            let mut events = Vec::new();
+            for piece in text.chunks(step) {
+                events.extend(splitter.push(piece).unwrap());
+            }
+            // The same events; only a `\r\n` ending one that was split after its
+            // `\r` loses the `\n` (the event is relayed at its `\r`, not held back).
+            let fields = |events: &[Event]| {
+                events
+                    .iter()
+                    .map(|event| (event.name.clone(), event.data.clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(fields(&events), fields(&whole), "pieces of {step}");
+            assert_eq!(splitter.pending(), 0, "pieces of {step}");
+        }
     }
 
     #[test]
