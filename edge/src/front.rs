@@ -27,7 +27,7 @@
 //!
 //! A hot route's answer whose body has no known length (server-sent events)
 //! is written as it comes, with chunked framing: every frame ready by the
-//! time the previous write finished goes out in one write, and a caller that
+//! time the previous write finished goes out in one write as one chunk, and a caller that
 //! closes the connection meanwhile ends the answer (its body is dropped),
 //! as hyper would (see [`write_streamed`]).
 //!
@@ -607,8 +607,9 @@ const STREAM_BATCH_BYTES: usize = 64 * 1024;
 
 /// Writes a streamed answer (a body of unknown length) with chunked framing
 /// as its frames come: every frame ready when the last write finished goes
-/// out in the next one (a proxy relaying what one read brought, as nginx
-/// does), so a frame waits for nothing but the write before it. While it
+/// out in the next one, as one chunk (a proxy relaying what one read
+/// brought, as nginx does), so a frame waits for nothing but the write
+/// before it. While it
 /// waits for the body, the connection is watched: a caller that closes it
 /// ends the answer, and dropping the body cancels whatever produces it (as
 /// hyper notices a caller that went away). `false`: the connection is done.
@@ -637,9 +638,10 @@ async fn write_streamed<S: Stream>(
     with_date(|date| output.extend_from_slice(date));
     output.extend_from_slice(b"\r\ntransfer-encoding: chunked\r\n\r\n");
     let mut body = std::pin::pin!(body);
-    // The head goes out with the first frames if they are ready, else alone:
-    // the caller learns at once that the answer has begun.
-    let mut step = futures::FutureExt::now_or_never(std::future::poll_fn(|cx| gather(body.as_mut(), cx, output)));
+    // The head goes out with the first frame if it is ready, else alone: the
+    // caller learns at once that the answer has begun. Only the first frame:
+    // the time to the first event is not spent producing the ones behind it.
+    let mut step = futures::FutureExt::now_or_never(std::future::poll_fn(|cx| gather(body.as_mut(), cx, output, 1)));
     // Reading stops once a caller has sent more than a head ahead (pipelined).
     let mut watching = true;
     loop {
@@ -657,7 +659,9 @@ async fn write_streamed<S: Stream>(
         step = loop {
             tokio::select! {
                 biased;
-                gathered = std::future::poll_fn(|cx| gather(body.as_mut(), cx, output)) => break Some(gathered),
+                gathered = std::future::poll_fn(|cx| gather(body.as_mut(), cx, output, usize::MAX)) => {
+                    break Some(gathered)
+                }
                 read = stream.read_buf(input), if watching => match read {
                     // The caller went away (or half-closed: hyper's default treats it alike).
                     Ok(0) | Err(_) => return false,
@@ -668,14 +672,15 @@ async fn write_streamed<S: Stream>(
     }
 }
 
-/// Appends a chunk's size line: the length in hex, CRLF.
-fn chunk_size(length: usize, output: &mut Vec<u8>) {
+/// A chunk's size line (the length in hex, CRLF) in `line`; its length.
+fn chunk_size(length: usize, line: &mut [u8; 18]) -> usize {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digits = (usize::BITS - length.leading_zeros()).div_ceil(4).max(1);
-    for at in (0..digits).rev() {
-        output.push(HEX[(length >> (at * 4)) & 0xf]);
+    let digits = ((usize::BITS - length.leading_zeros()).div_ceil(4).max(1)) as usize;
+    for at in 0..digits {
+        line[digits - 1 - at] = HEX[(length >> (at * 4)) & 0xf];
     }
-    output.extend_from_slice(b"\r\n");
+    line[digits..digits + 2].copy_from_slice(b"\r\n");
+    digits + 2
 }
 
 /// What [`gather`] found.
@@ -688,37 +693,51 @@ enum Gathered {
     Failed,
 }
 
-/// Appends every frame `body` has ready as a chunk to `output`; `Pending`
-/// only when none was ready.
-fn gather(mut body: Pin<&mut axum::body::Body>, cx: &mut TaskContext<'_>, output: &mut Vec<u8>) -> Poll<Gathered> {
+/// Appends every frame `body` has ready (at most `most_frames`) to `output`
+/// as one chunk (as nginx relays what one read brought: a client then parses
+/// one chunk, not one per frame); `Pending` only when none was ready.
+fn gather(
+    mut body: Pin<&mut axum::body::Body>,
+    cx: &mut TaskContext<'_>,
+    output: &mut Vec<u8>,
+    most_frames: usize,
+) -> Poll<Gathered> {
     use axum::body::HttpBody as _;
-    let mut appended = false;
-    while output.len() < STREAM_BATCH_BYTES {
+    let start = output.len();
+    let mut frames = 0;
+    let gathered = loop {
+        if output.len() - start >= STREAM_BATCH_BYTES || frames >= most_frames {
+            break Gathered::More;
+        }
         match body.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 // Trailers are not written (nothing here sends them).
-                let Ok(data) = frame.into_data() else { continue };
-                if data.is_empty() {
-                    continue;
+                if let Ok(data) = frame.into_data() {
+                    output.extend_from_slice(&data);
+                    frames += 1;
                 }
-                chunk_size(data.len(), output);
-                output.extend_from_slice(&data);
-                output.extend_from_slice(b"\r\n");
-                appended = true;
             }
             Poll::Ready(Some(Err(error))) => {
                 tracing::debug!(message = "A streamed answer's body failed.", %error);
                 return Poll::Ready(Gathered::Failed);
             }
-            Poll::Ready(None) => {
-                output.extend_from_slice(b"0\r\n\r\n");
-                return Poll::Ready(Gathered::End);
-            }
-            Poll::Pending if appended => return Poll::Ready(Gathered::More),
+            Poll::Ready(None) => break Gathered::End,
+            Poll::Pending if output.len() > start => break Gathered::More,
             Poll::Pending => return Poll::Pending,
         }
+    };
+    let length = output.len() - start;
+    if length > 0 {
+        // The size line goes before the data it counts (a move of at most a batch).
+        let mut line = [0u8; 18];
+        let line_length = chunk_size(length, &mut line);
+        output.splice(start..start, line[..line_length].iter().copied());
+        output.extend_from_slice(b"\r\n");
     }
-    Poll::Ready(Gathered::More)
+    if matches!(gathered, Gathered::End) {
+        output.extend_from_slice(b"0\r\n\r\n");
+    }
+    Poll::Ready(gathered)
 }
 
 /// Starts `output` afresh with the status line.
@@ -1075,6 +1094,17 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn chunk_size_lines_are_hex() {
+        for (length, line) in [(0, "0\r\n"), (9, "9\r\n"), (10, "a\r\n"), (0x10000, "10000\r\n")] {
+            let mut buffer = [0u8; 18];
+            let written = chunk_size(length, &mut buffer);
+            assert_eq!(&buffer[..written], line.as_bytes());
+        }
+        let mut buffer = [0u8; 18];
+        assert_eq!(chunk_size(usize::MAX, &mut buffer), 18);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! data (`data:` lines joined by `\n`). Comments and `id:`/`retry:` fields are
 //! relayed untouched.
 
+use std::borrow::Cow;
+
 use bytes::{Buf, Bytes, BytesMut};
 
 /// Largest event the router relays (a larger one ends the stream: an agent
@@ -20,7 +22,7 @@ pub struct Event {
     /// The event's bytes including the blank line that ended it.
     pub raw: Bytes,
     /// The `event:` field; `message` when absent (the format's default).
-    pub name: String,
+    pub name: Cow<'static, str>,
     /// The `data:` lines joined by `\n` (empty when none).
     pub data: String,
 }
@@ -149,11 +151,23 @@ fn event_end(buffer: &[u8], from: usize) -> Scan {
 }
 
 fn parse(raw: Bytes) -> Event {
-    let text = String::from_utf8_lossy(&raw);
-    let mut name = None;
+    // Valid UTF-8 (the common case) is read in place; otherwise as a lossy copy.
+    let text = match std::str::from_utf8(&raw) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(&raw),
+    };
+    let mut name: Option<&str> = None;
     let mut data: Option<String> = None;
-    for line in text.split(['\n', '\r']).filter(|line| !line.is_empty()) {
-        if line.starts_with(':') {
+    let mut rest = text.as_ref();
+    while !rest.is_empty() {
+        // Line breaks are ASCII: the cut is at a character boundary.
+        let end = rest
+            .bytes()
+            .position(|byte| byte == b'\n' || byte == b'\r')
+            .unwrap_or(rest.len());
+        let line = &rest[..end];
+        rest = &rest[(end + 1).min(rest.len())..];
+        if line.is_empty() || line.starts_with(':') {
             continue;
         }
         let (field, value) = match line.split_once(':') {
@@ -161,7 +175,7 @@ fn parse(raw: Bytes) -> Event {
             None => (line, ""),
         };
         match field {
-            "event" => name = Some(value.to_string()),
+            "event" => name = Some(value),
             "data" => match &mut data {
                 Some(data) => {
                     data.push('\n');
@@ -172,12 +186,14 @@ fn parse(raw: Bytes) -> Event {
             _ => {}
         }
     }
+    let name = match name {
+        None | Some("") | Some("message") => Cow::Borrowed("message"),
+        Some(name) => Cow::Owned(name.to_string()),
+    };
     Event {
-        raw,
-        name: name
-            .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| "message".to_string()),
+        name,
         data: data.unwrap_or_default(),
+        raw,
     }
 }
 
@@ -234,7 +250,7 @@ mod tests {
         assert_eq!(events[0].name, "tok");
         assert_eq!(events[0].data, "{\"a\":1}");
         assert_eq!(&events[0].raw[..], b"event: tok\ndata: {\"a\":1}\n\n");
-        assert_eq!((events[1].name.as_str(), events[1].data.as_str()), ("message", "x\ny"));
+        assert_eq!((events[1].name.as_ref(), events[1].data.as_str()), ("message", "x\ny"));
         assert!(events[2].is_comment_only());
         // `\r` then `\r` is a blank line whether or not a `\n` follows; that
         // `\n` is then the end of the same line, not an empty line of its own.

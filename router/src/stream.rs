@@ -140,15 +140,18 @@ impl EventStream {
         if self.ended {
             return None;
         }
-        let item = match tokio::time::timeout_at(self.deadline.into(), self.pull()).await {
+        // An event already read needs no deadline timer (one per event was most of its cost).
+        let ready = match &mut self.source {
+            Source::Events { splitter, .. } => buffered(splitter, &self.summary),
+            Source::Whole(_) => None,
+        };
+        let item = match ready {
+            Some(item) => Ok(item),
+            None => tokio::time::timeout_at(self.deadline.into(), self.pull()).await,
+        };
+        let item = match item {
             Ok(item) => item,
-            Err(_) => Item::End(Err(RouterError::new(
-                Code::DeadlineExceeded,
-                format!(
-                    "the deadline passed after {} event(s); the agent's request was cancelled",
-                    self.summary.events
-                ),
-            ))),
+            Err(_) => deadline_passed(&self.summary),
         };
         match &item {
             Item::Event(_) => {
@@ -177,26 +180,19 @@ impl EventStream {
             Source::Whole(output) => match output.take() {
                 Some(data) => Item::Event(sse::Event {
                     raw: sse::data(&String::from_utf8_lossy(&data)),
-                    name: "message".to_string(),
+                    name: std::borrow::Cow::Borrowed("message"),
                     data: String::from_utf8_lossy(&data).into_owned(),
                 }),
                 None => Item::End(Ok(self.summary.clone())),
             },
             Source::Events { body, splitter } => loop {
-                match splitter.next_event() {
-                    Ok(Some(event)) if event.name == "error" => {
-                        return Item::End(Err(agent_error_event(&event, &self.summary)))
-                    }
-                    // Comments and keep-alives are the agent's business, not the caller's.
-                    Ok(Some(event)) if event.is_comment_only() => continue,
-                    Ok(Some(event)) => return Item::Event(event),
-                    Ok(None) => {}
-                    Err(sse::TooLarge) => {
-                        return Item::End(Err(interrupted(
-                            &self.summary,
-                            format!("an event of the agent's exceeds {} bytes", sse::MAX_EVENT_BYTES),
-                        )))
-                    }
+                if let Some(item) = buffered(splitter, &self.summary) {
+                    return item;
+                }
+                // An agent whose bytes are always ready would never let the timer fire
+                // (the timeout polls the read first): the deadline is checked per read.
+                if Instant::now() >= self.deadline {
+                    return deadline_passed(&self.summary);
                 }
                 match body.read_into(splitter.input()).await {
                     Ok(true) => {}
@@ -223,6 +219,33 @@ impl Drop for EventStream {
             self.metrics.disconnects.inc();
             self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
         }
+    }
+}
+
+fn deadline_passed(summary: &Summary) -> Item {
+    Item::End(Err(RouterError::new(
+        Code::DeadlineExceeded,
+        format!(
+            "the deadline passed after {} event(s); the agent's request was cancelled",
+            summary.events
+        ),
+    )))
+}
+
+/// The next event (or the end it signals) among the bytes already read.
+fn buffered(splitter: &mut EventSplitter, summary: &Summary) -> Option<Item> {
+    loop {
+        return match splitter.next_event() {
+            Ok(Some(event)) if event.name == "error" => Some(Item::End(Err(agent_error_event(&event, summary)))),
+            // Comments and keep-alives are the agent's business, not the caller's.
+            Ok(Some(event)) if event.is_comment_only() => continue,
+            Ok(Some(event)) => Some(Item::Event(event)),
+            Ok(None) => None,
+            Err(sse::TooLarge) => Some(Item::End(Err(interrupted(
+                summary,
+                format!("an event of the agent's exceeds {} bytes", sse::MAX_EVENT_BYTES),
+            )))),
+        };
     }
 }
 
