@@ -115,12 +115,12 @@ enum Scan {
 /// it, in any of the format's line endings: `\n`, `\r\n`, `\r`), scanning
 /// from `from`, the start of a line.
 fn event_end(buffer: &[u8], from: usize) -> Scan {
-    let mut at = from;
     let mut line_start = from;
-    while at < buffer.len() {
-        let (is_break, width) = match buffer[at] {
-            b'\n' => (true, 1),
-            b'\r' if buffer.get(at + 1) == Some(&b'\n') => (true, 2),
+    // From one line break to the next (memchr: a word at a time, not a byte).
+    while let Some(found) = memchr::memchr2(b'\n', b'\r', &buffer[line_start..]) {
+        let at = line_start + found;
+        let width = match buffer[at] {
+            b'\r' if buffer.get(at + 1) == Some(&b'\n') => 2,
             // A `\r` at the buffer's end ending a blank line ends the event
             // either way; otherwise it may be the first half of `\r\n`: wait.
             b'\r' if at + 1 == buffer.len() => {
@@ -133,19 +133,15 @@ fn event_end(buffer: &[u8], from: usize) -> Scan {
                     Scan::More { line_start }
                 };
             }
-            b'\r' => (true, 1),
-            _ => (false, 1),
+            _ => 1,
         };
-        if is_break {
-            if at == line_start && at > 0 {
-                return Scan::End {
-                    end: at + width,
-                    on_cr: false,
-                };
-            }
-            line_start = at + width;
+        if at == line_start && at > 0 {
+            return Scan::End {
+                end: at + width,
+                on_cr: false,
+            };
         }
-        at += width;
+        line_start = at + width;
     }
     Scan::More { line_start }
 }
@@ -161,10 +157,7 @@ fn parse(raw: Bytes) -> Event {
     let mut rest = text.as_ref();
     while !rest.is_empty() {
         // Line breaks are ASCII: the cut is at a character boundary.
-        let end = rest
-            .bytes()
-            .position(|byte| byte == b'\n' || byte == b'\r')
-            .unwrap_or(rest.len());
+        let end = memchr::memchr2(b'\n', b'\r', rest.as_bytes()).unwrap_or(rest.len());
         let line = &rest[..end];
         rest = &rest[(end + 1).min(rest.len())..];
         if line.is_empty() || line.starts_with(':') {
