@@ -375,6 +375,31 @@ impl Authenticator {
     }
 }
 
+/// The `tenant` claim of a bearer token, read WITHOUT verifying anything: it
+/// only picks which tenant's part of a process verifies the token (DESIGN §8),
+/// and that part refuses a token whose claim was not signed, or of another
+/// tenant. `None`: no bearer token, no payload, or no claim (the `default`
+/// tenant), so the caller picks the home part.
+pub fn peek_tenant(header: Option<&[u8]>) -> Option<String> {
+    use base64::Engine as _;
+    #[derive(Deserialize)]
+    struct TenantOnly {
+        tenant: Option<String>,
+    }
+    let value = header?;
+    let token = value
+        .strip_prefix(b"Bearer ")
+        .or_else(|| value.strip_prefix(b"bearer "))?;
+    let mut parts = token.split(|byte| *byte == b'.');
+    let payload = parts.nth(1)?;
+    // A token's payload is small; a huge one is not worth decoding to route it.
+    if payload.len() > 8192 {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
+    serde_json::from_slice::<TenantOnly>(&decoded).ok()?.tenant
+}
+
 /// The verified caller and the token's `exp` (epoch seconds).
 fn verify_token(token: &str, key: &DecodingKey, validation: &Validation) -> Result<(Caller, u64), AuthError> {
     use jsonwebtoken::errors::ErrorKind;
@@ -474,6 +499,38 @@ mod tests {
 
     fn bearer(token: &str) -> http::HeaderValue {
         http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap()
+    }
+
+    #[test]
+    fn peeking_reads_the_unverified_claim_only_to_route() {
+        let token = issue_hs256_for("billing", Some("team-a"), SECRET, Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            peek_tenant(Some(format!("Bearer {token}").as_bytes())).as_deref(),
+            Some("team-a")
+        );
+        // A forged claim is peeked as well: the tenant's part refuses its signature.
+        let forged = issue_hs256_for(
+            "billing",
+            Some("team-b"),
+            b"another secret of thirty-two bytes!",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(
+            peek_tenant(Some(format!("Bearer {forged}").as_bytes())).as_deref(),
+            Some("team-b")
+        );
+        let auth = Authenticator::hs256(SECRET).serving("team-b");
+        assert!(matches!(
+            auth.verify_header(Some(&bearer(&forged))),
+            Err(AuthError::BadSignature)
+        ));
+        let plain = issue_hs256("billing", SECRET, Duration::from_secs(60)).unwrap();
+        assert_eq!(peek_tenant(Some(format!("Bearer {plain}").as_bytes())), None);
+        for junk in [&b""[..], b"Bearer", b"Bearer a.%%%.c", b"Basic abc", b"Bearer a.e30.c"] {
+            assert_eq!(peek_tenant(Some(junk)), None, "{}", String::from_utf8_lossy(junk));
+        }
+        assert_eq!(peek_tenant(None), None);
     }
 
     #[test]

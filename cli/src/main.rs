@@ -25,6 +25,7 @@ mod dev;
 mod manifests;
 mod ops;
 mod tasks;
+mod tenants;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]
@@ -96,6 +97,13 @@ enum Command {
     Requests {
         #[command(subcommand)]
         command: console::RequestsCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// The tenants a running router serves: placement, quotas, usage (operators of its home tenant).
+    Tenants {
+        #[command(subcommand)]
+        command: tenants::TenantsCommand,
         #[command(flatten)]
         connection: ops::Connection,
     },
@@ -250,6 +258,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Tasks { command, connection } => tasks::tasks(&connection, command).await,
         Command::Console { args, connection } => console::console(&connection, args).await,
         Command::Requests { command, connection } => console::requests(&connection, command).await,
+        Command::Tenants { command, connection } => tenants::tenants(&connection, command).await,
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },

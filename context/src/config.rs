@@ -31,9 +31,16 @@ pub struct ContextArgs {
     /// The access policy (its `context:` section); reloaded when it changes.
     #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
     pub acl: PathBuf,
-    /// Tenant whose contexts this service serves (`{prefix}:{tenant}:ctx:{id}`).
+    /// Tenant whose contexts this service serves (`{prefix}:{tenant}:ctx:{id}`); with
+    /// --tenant-map, the home tenant (answers requests without a token) and must be in the map.
     #[arg(long, env = "AGENT_REACH_TENANT", default_value = "default")]
     pub tenant: String,
+    /// Serve every tenant this tenant map names (YAML, DESIGN §8 "Tenants"), each on its
+    /// placement (its `redis`, else --redis, under `{prefix}:{tenant}`) with its `acl`
+    /// (else --acl), picked by the token's `tenant` claim; reloaded when it changes.
+    /// Default: --tenant alone.
+    #[arg(long, env = "AGENT_REACH_TENANT_MAP", value_name = "PATH")]
+    pub tenant_map: Option<PathBuf>,
     /// First part of every Redis key this service writes.
     #[arg(long, env = "AGENT_REACH_CONTEXT_KEY_PREFIX", default_value = "agent-reach")]
     pub key_prefix: String,
@@ -176,6 +183,14 @@ impl ContextArgs {
         if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
             problems.push(format!("--tenant: {why}"));
         }
+        if let Some(path) = &self.tenant_map {
+            if self.embedded_store {
+                problems.push(
+                    "--tenant-map needs --redis: the embedded store serves one tenant (development only)".to_string(),
+                );
+            }
+            crate::tenants::check_map(path, &self.tenant, &mut problems);
+        }
         if self.key_prefix.is_empty()
             || !self
                 .key_prefix
@@ -314,6 +329,69 @@ mod tests {
             panic!("not Redis")
         };
         assert!(link.url.tls && link.tls.ca.is_some());
+    }
+
+    #[test]
+    fn the_tenant_map_is_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let map = dir.path().join("tenants.yaml");
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["context", "--insecure-no-auth", "--tenant-map", map.to_str().unwrap()];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().args
+        };
+        let redis = ["--redis", "redis://127.0.0.1:6379"];
+
+        let problems = args(&redis).validate().unwrap_err();
+        assert!(problems[0].contains("cannot read the tenant map"), "{problems:?}");
+
+        std::fs::write(
+            &map,
+            "version: 1\ntenants:\n  team-a:\n    redis: http://x\n    quota: {}\n",
+        )
+        .unwrap();
+        let problems = args(&redis).validate().unwrap_err();
+        assert!(problems[0].contains("unknown field `quota`"), "{problems:?}");
+
+        std::fs::write(
+            &map,
+            "version: 1\ntenants:\n  team-a:\n    redis: http://x\n  team-b:\n    redis: redis://127.0.0.1:nope\n",
+        )
+        .unwrap();
+        let problems = args(&redis).validate().unwrap_err().join("\n");
+        assert!(
+            problems.contains("tenants.team-a.redis: invalid Redis URL"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("tenants.team-b.redis: invalid Redis URL"),
+            "{problems}"
+        );
+
+        std::fs::write(
+            &map,
+            "version: 1\ntenants:\n  team-a:\n    acl: /nonexistent/acl-a.yaml\n",
+        )
+        .unwrap();
+        let problems = args(&redis).validate().unwrap_err().join("\n");
+        for expected in [
+            "the home tenant `default` (--tenant) is not in it",
+            "tenants.team-a.acl: ",
+        ] {
+            assert!(problems.contains(expected), "{expected} missing from:\n{problems}");
+        }
+
+        std::fs::write(
+            &map,
+            "version: 1\ntenants:\n  default: {}\n  team-a:\n    redis: redis://127.0.0.1:6380\n",
+        )
+        .unwrap();
+        assert!(args(&redis).validate().is_ok());
+        assert!(args(&["--redis", "redis://127.0.0.1:6379", "--tenant", "team-a"])
+            .validate()
+            .is_ok());
+        let problems = args(&["--embedded-store"]).validate().unwrap_err();
+        assert!(problems[0].contains("--tenant-map needs --redis"), "{problems:?}");
     }
 
     #[test]

@@ -3,11 +3,16 @@
 //! query, an id of plain context-id characters, so nothing to decode) take the
 //! front door's own HTTP/1.1 loop and the same handlers as the axum routes;
 //! everything else, gRPC included, goes to hyper and the axum routes.
+//!
+//! With a tenant map, a hot request is answered by the part of its token's
+//! tenant, as the axum routes' dispatch would pick it; a process serving one
+//! tenant never looks at the token here.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use agent_reach_edge::front::{Answer, Door, Headers};
+use agent_reach_edge::tenants::Parts;
 use axum::response::IntoResponse;
 use bytes::Bytes;
 
@@ -15,9 +20,28 @@ use crate::error::{Code, ContextError};
 use crate::http::ReadQuery;
 use crate::service::ContextService;
 
-/// `GET` and `PATCH /v1/contexts/{id}`, answered by [`crate::http::read_view`] and [`crate::http::patch_written`].
+/// `GET` and `PATCH /v1/contexts/{id}`, answered by [`crate::http::read_view`]
+/// and [`crate::http::patch_written`] of the service the request is for.
 #[derive(Clone)]
-pub(crate) struct Contexts(Arc<ContextService>);
+pub(crate) enum Contexts {
+    /// One tenant (no tenant map).
+    One(Arc<ContextService>),
+    /// Each tenant's part, picked by the token's claim.
+    Tenants(Arc<Parts<crate::tenants::Part>>),
+}
+
+impl Contexts {
+    fn service(&self, headers: &http::HeaderMap) -> Arc<ContextService> {
+        match self {
+            Contexts::One(service) => service.clone(),
+            Contexts::Tenants(parts) => {
+                parts
+                    .for_authorization(headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes()))
+                    .service
+            }
+        }
+    }
+}
 
 /// Which handler, with the context id from the path.
 #[derive(Debug, PartialEq, Eq)]
@@ -49,7 +73,7 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
     }
 
     fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
-        let service = self.0.clone();
+        let served = self.clone();
         async move {
             // The handlers are axum's, written for a header map.
             let Some(headers) = headers.header_map() else {
@@ -57,6 +81,7 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
                 let error = ContextError::new(Code::Internal, "a request header could not be read");
                 return Answer::from(error.into_response());
             };
+            let service = served.service(&headers);
             match route {
                 Route::Read(id) => json(crate::http::read_view(&service, id, ReadQuery::default(), &headers).await),
                 Route::Patch(id) => json(
@@ -80,7 +105,19 @@ pub(crate) fn door(service: Arc<ContextService>, tls: Option<agent_reach_edge::t
     Door {
         app: crate::app(service.clone()),
         body_limit: service.config().max_body_bytes,
-        hot: Contexts(service),
+        hot: Contexts::One(service),
+        tls,
+    }
+}
+
+pub(crate) fn tenants_door(
+    tenants: Arc<crate::Tenants>,
+    tls: Option<agent_reach_edge::tls::ServerTls>,
+) -> Door<Contexts> {
+    Door {
+        app: tenants.app(),
+        body_limit: tenants.max_body_bytes(),
+        hot: Contexts::Tenants(tenants.parts()),
         tls,
     }
 }

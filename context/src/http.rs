@@ -21,7 +21,7 @@ use serde::Deserialize;
 use crate::error::{Code, ContextError};
 
 /// `405 METHOD_NOT_ALLOWED` with the context service's error body.
-async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
+pub(crate) async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
     agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
 }
 use crate::model::Snapshot;

@@ -1,5 +1,7 @@
 //! The context service's Prometheus metrics (`agent_reach_context_*`), in a
-//! per-service registry so several services can share one process (`dev`).
+//! per-service registry so several services can share one process (`dev`,
+//! and each tenant's part of a service with a tenant map, whose registry
+//! labels every series with its `tenant`).
 
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
@@ -49,7 +51,12 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        Self::in_registry(Registry::new())
+    }
+
+    /// The series registered in `registry` (a tenant's, from
+    /// `agent_reach_edge::tenants::metrics_registry`).
+    pub fn in_registry(registry: Registry) -> Result<Self, prometheus::Error> {
         let live_contexts = IntGauge::new(
             "agent_reach_context_live_contexts",
             "Contexts alive in this tenant's store (neither expired nor idle), as of the last sweep.",

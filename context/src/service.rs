@@ -89,6 +89,10 @@ pub struct ContextService {
     auth: Authenticator,
     config: ContextConfig,
     metrics: Metrics,
+    /// Dropped with the service, which wakes its sweeper to stop at once (a
+    /// tenant's part removed from the map stops sweeping then, not a sweep
+    /// interval later). Nothing is ever sent.
+    dropped: tokio::sync::watch::Sender<()>,
 }
 
 /// Whose reads and writes are filtered.
@@ -143,6 +147,7 @@ impl ContextService {
             auth,
             config,
             metrics,
+            dropped: tokio::sync::watch::channel(()).0,
         })
     }
 
@@ -401,16 +406,22 @@ impl ContextService {
         }
     }
 
-    /// Runs [`Self::sweep_once`] every `sweep_interval` until the service is dropped.
+    /// Runs [`Self::sweep_once`] every `sweep_interval` until the service is
+    /// dropped (the task then ends at once).
     /// Every replica may run it: removals are atomic and happen once (see the stores).
     pub fn spawn_sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let service: Weak<Self> = Arc::downgrade(self);
         let interval = self.config.sweep_interval;
+        let mut dropped = self.dropped.subscribe();
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                ticker.tick().await;
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    // Never sent: this resolves when the service is dropped.
+                    _ = dropped.changed() => return,
+                }
                 let Some(service) = service.upgrade() else { return };
                 // Failures are counted and logged inside; the next tick retries.
                 let _ = service.sweep_once().await;
@@ -437,6 +448,35 @@ mod tests {
         assert_ne!(a, b);
         assert!(validate::context_id(&a).is_ok());
         assert_eq!(a.len(), 36);
+    }
+
+    #[tokio::test]
+    async fn the_sweeper_stops_when_its_service_is_dropped() {
+        let config = ContextConfig {
+            sweep_interval: Duration::from_secs(3600),
+            ..ContextConfig::default()
+        };
+        let service = ContextService::new(
+            Arc::new(crate::store::MemoryStore::new(config.policy)),
+            AclHandle::new(Acl::parse("version: 1\n").unwrap()),
+            Authenticator::hs256(b"0123456789abcdef0123456789abcdef"),
+            config,
+            Metrics::new().unwrap(),
+        );
+        let sweeper = service.spawn_sweeper();
+        // The first tick is at once: one sweep, then an hour's wait.
+        let swept = || service.metrics().sweeps.with_label_values(&["ok"]).get();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while swept() == 0 && Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(swept(), 1);
+        assert!(!sweeper.is_finished());
+        drop(service);
+        tokio::time::timeout(Duration::from_secs(10), sweeper)
+            .await
+            .expect("the sweeper still runs an interval after its service was dropped")
+            .unwrap();
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! crate decides nothing about HTTP statuses. [`serve::per_core`] runs a
 //! service on one single-threaded runtime per core; [`front`] serves a
 //! service's hot requests without hyper's and axum's per-request machinery
-//! and the rest with its axum routes.
+//! and the rest with its axum routes; [`tenants`] hands each request to its
+//! tenant's part of a service.
 
 pub mod error;
 pub mod front;
@@ -14,6 +15,7 @@ pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod serve;
+pub mod tenants;
 pub mod tls;
 
 pub use error::{ApiError, ErrorCode};

@@ -123,7 +123,7 @@ fn scraped(text: &str) -> BTreeMap<String, Family> {
 
 // === PromQL in deploy/ ===
 
-/// Every `expr` in the Grafana dashboards, with `$__rate_interval` substituted.
+/// Every `expr` in the Grafana dashboards, with `$__rate_interval` and `$tenant` (All) substituted.
 fn dashboard_expressions() -> Vec<(String, String)> {
     let mut found = Vec::new();
     let dir = repo().join("deploy/grafana");
@@ -139,12 +139,23 @@ fn dashboard_expressions() -> Vec<(String, String)> {
     );
     for file in files {
         let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        // Every dashboard selects a tenant (docs/tenants.md); its All value matches
+        // series without the label too, which is what this one-tenant stack serves.
+        let tenant = dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|variable| variable["name"] == "tenant")
+            .unwrap_or_else(|| panic!("{file:?} has no `tenant` variable"));
+        assert_eq!(tenant["allValue"], ".*", "{file:?}");
         for panel in dashboard["panels"].as_array().unwrap() {
             for target in panel["targets"].as_array().unwrap() {
-                let expr = target["expr"]
-                    .as_str()
-                    .unwrap()
-                    .replace("$__rate_interval", RATE_INTERVAL);
+                let expr = target["expr"].as_str().unwrap();
+                assert!(
+                    expr.matches("agent_reach_").count() == expr.matches("tenant=~\"$tenant\"").count(),
+                    "{file:?}: every series of `{expr}` must select the tenant"
+                );
+                let expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$tenant", ".*");
                 let place = format!(
                     "{} / {}",
                     file.file_name().unwrap().to_string_lossy(),

@@ -127,6 +127,27 @@ pub struct AgentList {
     pub revision: i64,
 }
 
+/// One instance in `GET /v1/heartbeats`: its lease as the store holds it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InstanceHeartbeat {
+    pub agent_id: String,
+    pub lease_id: i64,
+    /// The TTL the store granted the lease.
+    pub ttl_s: i64,
+    /// Whole seconds before the lease expires without another heartbeat.
+    pub remaining_s: i64,
+    /// Whole seconds since the last heartbeat renewed the lease (`ttl_s - remaining_s`).
+    pub age_s: i64,
+}
+
+/// `GET /v1/heartbeats` (operators): every live instance's last heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeartbeatList {
+    pub heartbeats: Vec<InstanceHeartbeat>,
+    /// When the registry read the leases (epoch ms).
+    pub observed_at_ms: u64,
+}
+
 /// One entry of `GET /v1/capabilities`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CapabilitySummary {

@@ -98,6 +98,9 @@ pub struct Catalog {
     /// Removals this process asked for; any other removal is a lease expiry
     /// (or another registry's deregistration) and is counted as an expiry.
     expected_removals: Mutex<HashSet<String>>,
+    /// `true` once [`Catalog::stop`] was called; dropping the sender (the
+    /// catalog) also ends everything waiting on it.
+    stopped: tokio::sync::watch::Sender<bool>,
 }
 
 /// Decodes a stored instance; undecodable values are skipped with a warning.
@@ -131,7 +134,21 @@ impl Catalog {
             synced: AtomicBool::new(false),
             metrics,
             expected_removals: Mutex::new(HashSet::new()),
+            stopped: tokio::sync::watch::channel(false).0,
         })
+    }
+
+    /// Stops the sync with the store and ends every stream waiting on
+    /// [`Catalog::stopped`] (its tenant is no longer served, DESIGN §8).
+    pub fn stop(&self) {
+        self.stopped.send_replace(true);
+    }
+
+    /// Resolves once the catalog is stopped.
+    pub async fn stopped(&self) {
+        let mut stopped = self.stopped.subscribe();
+        // An error means the sender is gone: the catalog is dropped, so stopped too.
+        let _ = stopped.wait_for(|stopped| *stopped).await;
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -336,65 +353,75 @@ impl Catalog {
         self.revision.send_replace(revision);
     }
 
-    /// Keeps the catalog in sync with the store until the catalog is dropped:
-    /// list, then watch from the next revision; on a broken watch resume from
-    /// the last applied revision, on compaction list again.
+    /// Keeps the catalog in sync with the store until the catalog is stopped
+    /// or dropped (the store watch ends with it, not at its next event): list,
+    /// then watch from the next revision; on a broken watch resume from the
+    /// last applied revision, on compaction list again.
     pub fn spawn_sync(self: &Arc<Self>, store: Arc<dyn Store>) {
-        let catalog = Arc::downgrade(self);
+        let mut stopped = self.stopped.subscribe();
+        let sync = Self::sync(Arc::downgrade(self), store);
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
-            let mut need_listing = true;
-            loop {
-                let Some(this) = catalog.upgrade() else { return };
-                // Agents and splits: one watch, so both share one revision order.
-                let prefix = this.keys.tenant_prefix().to_string();
-                if need_listing {
-                    match store.list(&prefix).await {
-                        Ok((kvs, revision)) => {
-                            this.load(kvs, revision);
-                            need_listing = false;
-                        }
-                        Err(error) => {
-                            this.synced.store(false, Ordering::Release);
-                            tracing::warn!(message = "Registry store listing failed; retrying.", %error);
-                            drop(this);
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_secs(5));
-                            continue;
-                        }
+            tokio::select! {
+                () = sync => {}
+                // An error means the catalog is dropped: stop as well.
+                _ = stopped.wait_for(|stopped| *stopped) => {}
+            }
+        });
+    }
+
+    async fn sync(catalog: std::sync::Weak<Self>, store: Arc<dyn Store>) {
+        let mut backoff = Duration::from_millis(100);
+        let mut need_listing = true;
+        loop {
+            let Some(this) = catalog.upgrade() else { return };
+            // Agents and splits: one watch, so both share one revision order.
+            let prefix = this.keys.tenant_prefix().to_string();
+            if need_listing {
+                match store.list(&prefix).await {
+                    Ok((kvs, revision)) => {
+                        this.load(kvs, revision);
+                        need_listing = false;
                     }
-                }
-                let from = this.revision() + 1;
-                let mut stream = match store.watch(&prefix, from).await {
-                    Ok(stream) => stream,
                     Err(error) => {
-                        need_listing = matches!(error, StoreError::Compacted { .. });
                         this.synced.store(false, Ordering::Release);
-                        tracing::warn!(message = "Registry store watch failed; retrying.", %error);
+                        tracing::warn!(message = "Registry store listing failed; retrying.", %error);
                         drop(this);
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(5));
                         continue;
                     }
-                };
-                this.synced.store(true, Ordering::Release);
-                backoff = Duration::from_millis(100);
-                drop(this);
-                while let Some(batch) = stream.next().await {
-                    let Some(this) = catalog.upgrade() else { return };
-                    match batch {
-                        Ok(batch) => this.apply(batch.events, batch.revision),
-                        Err(error) => {
-                            need_listing = matches!(error, StoreError::Compacted { .. });
-                            this.synced.store(false, Ordering::Release);
-                            tracing::warn!(message = "Registry store watch broke; resuming.", %error);
-                            break;
-                        }
+                }
+            }
+            let from = this.revision() + 1;
+            let mut stream = match store.watch(&prefix, from).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    need_listing = matches!(error, StoreError::Compacted { .. });
+                    this.synced.store(false, Ordering::Release);
+                    tracing::warn!(message = "Registry store watch failed; retrying.", %error);
+                    drop(this);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            this.synced.store(true, Ordering::Release);
+            backoff = Duration::from_millis(100);
+            drop(this);
+            while let Some(batch) = stream.next().await {
+                let Some(this) = catalog.upgrade() else { return };
+                match batch {
+                    Ok(batch) => this.apply(batch.events, batch.revision),
+                    Err(error) => {
+                        need_listing = matches!(error, StoreError::Compacted { .. });
+                        this.synced.store(false, Ordering::Release);
+                        tracing::warn!(message = "Registry store watch broke; resuming.", %error);
+                        break;
                     }
                 }
-                tokio::time::sleep(backoff).await;
             }
-        });
+            tokio::time::sleep(backoff).await;
+        }
     }
 
     /// Instances by status (for tests and the CLI).

@@ -36,6 +36,10 @@ pub struct RegistryArgs {
     /// Tenant whose keys this registry serves (`/agent-reach/v1/{tenant}/...`).
     #[arg(long, env = "AGENT_REACH_TENANT", default_value = "default")]
     pub tenant: String,
+    /// Serve every tenant this tenant map names (YAML, polled every second;
+    /// DESIGN §8), `--tenant` being the home tenant; without it, `--tenant` alone.
+    #[arg(long, env = "AGENT_REACH_TENANT_MAP", value_name = "PATH")]
+    pub tenant_map: Option<PathBuf>,
     /// Lease TTL for registrations that do not ask for one, in seconds.
     #[arg(long, env = "AGENT_REACH_DEFAULT_TTL_S", default_value_t = 15)]
     pub default_ttl_s: u32,
@@ -110,6 +114,17 @@ impl RegistryArgs {
         if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
             problems.push(format!("--tenant: {why}"));
         }
+        if let Some(path) = &self.tenant_map {
+            match agent_reach_links::tenants::TenantMap::load(path) {
+                Ok(map) if !map.contains(&self.tenant) => problems.push(format!(
+                    "--tenant `{}` (the home tenant) is not in the tenant map {}: add it, or pass one it names",
+                    self.tenant,
+                    path.display()
+                )),
+                Ok(_) => {}
+                Err(why) => problems.push(format!("--tenant-map: {why}")),
+            }
+        }
         if self.min_ttl_s == 0 || self.min_ttl_s > self.max_ttl_s {
             problems.push(format!(
                 "--min-ttl-s {} must be at least 1 and not above --max-ttl-s {}",
@@ -141,6 +156,7 @@ impl RegistryArgs {
             listener_tls,
             service: RegistryConfig {
                 tenant: self.tenant.clone(),
+                tenant_map: self.tenant_map.clone(),
                 ttl: TtlBounds {
                     min_s: self.min_ttl_s,
                     max_s: self.max_ttl_s,

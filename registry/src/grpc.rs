@@ -193,6 +193,11 @@ impl pb::registry_server::Registry for GrpcRegistry {
         // One verification per stream; each heartbeat is still checked against its agent's name.
         let caller = self.caller(&request)?;
         let service = self.service.clone();
+        // A tenant no longer served (DESIGN §8) ends its streams; the SDK registers again elsewhere.
+        let retired = {
+            let service = service.clone();
+            async move { service.retired().await }
+        };
         let responses = request
             .into_inner()
             .take_while(|message| futures::future::ready(message.is_ok()))
@@ -236,7 +241,8 @@ impl pb::registry_server::Registry for GrpcRegistry {
                     })
                 }
             })
-            .buffer_unordered(KEEP_ALIVE_CONCURRENCY);
+            .buffer_unordered(KEEP_ALIVE_CONCURRENCY)
+            .take_until(Box::pin(retired));
         Ok(Response::new(Box::pin(responses)))
     }
 
@@ -312,7 +318,14 @@ impl pb::registry_server::Registry for GrpcRegistry {
             return Err(RegistryError::field(Code::InvalidFieldType, "start_revision", "must be >= 0").to_status());
         }
         let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
-        tokio::spawn(serve_watch(self.service.clone(), start_revision, sender));
+        let service = self.service.clone();
+        tokio::spawn(async move {
+            // A tenant no longer served (DESIGN §8) ends its watchers' streams.
+            tokio::select! {
+                () = serve_watch(service.clone(), start_revision, sender) => {}
+                () = service.retired() => {}
+            }
+        });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
             receiver,
         ))))

@@ -50,6 +50,8 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
             "/v1/agents/{agent_id}/drain",
             axum::routing::post(drain).fallback(method_not_allowed),
         )
+        // Not under `/v1/agents/`: `heartbeats` is a valid agent_id.
+        .route("/v1/heartbeats", get(heartbeats).fallback(method_not_allowed))
         .route("/v1/capabilities", get(list_capabilities).fallback(method_not_allowed))
         .route(
             "/v1/capabilities/{name}",
@@ -347,6 +349,29 @@ async fn drain(
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     let instance = service.drain(&caller, &agent_id).await?;
     Ok(Json(instance_to_wire(&instance)))
+}
+
+/// `GET /v1/heartbeats` (operators): every live instance's last heartbeat age.
+#[tracing::instrument(name = "http.heartbeats", skip_all)]
+async fn heartbeats(
+    State(service): State<Arc<RegistryService>>,
+    headers: HeaderMap,
+) -> Result<Json<wire::HeartbeatList>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let ages = service.heartbeats(&caller).await?;
+    Ok(Json(wire::HeartbeatList {
+        heartbeats: ages
+            .into_iter()
+            .map(|age| wire::InstanceHeartbeat {
+                agent_id: age.agent_id,
+                lease_id: age.lease_id,
+                ttl_s: age.lease.granted_s,
+                remaining_s: age.lease.remaining_s,
+                age_s: age.lease.age_s(),
+            })
+            .collect(),
+        observed_at_ms: crate::service::now_ms(),
+    }))
 }
 
 async fn healthz() -> &'static str {

@@ -7,6 +7,8 @@
 //! - `operator`: traffic splits and live weights (the operator API), transport-free.
 //! - `validate`: registration checks with stable codes; `error`: the one error type.
 //! - `http` and `grpc`: the two faces of one port; [`app`] joins them.
+//! - `tenants`: one part (a service) per tenant of the tenant map, each
+//!   request dispatched to its token's tenant's part ([`Registry`]).
 //!
 //! The crate's front is small: [`build`], [`app`], [`serve`], [`run`], the
 //! flags ([`RegistryArgs`]) and settings ([`Settings`], [`RegistryConfig`]),
@@ -25,21 +27,22 @@ mod model;
 mod operator;
 mod service;
 pub mod store;
+mod tenants;
 mod validate;
 
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_access::{AclHandle, Authenticator};
 use agent_reach_proto::registry::registry_server::RegistryServer;
 use anyhow::Context;
 use tonic::server::NamedService;
 
 pub use config::{RegistryArgs, Settings, StoreChoice};
 pub use service::{Heartbeat, RegistryConfig, RegistryService};
+pub use tenants::Registry;
 pub use validate::TtlBounds;
 
-/// The whole API on one router: HTTP/JSON routes plus the gRPC service
+/// One tenant's API on one router: HTTP/JSON routes plus the gRPC service
 /// (requests with `content-type: application/grpc` arrive on its path).
 pub fn app(service: Arc<RegistryService>) -> axum::Router {
     let limit = service.config().max_body_bytes;
@@ -53,9 +56,10 @@ pub fn app(service: Arc<RegistryService>) -> axum::Router {
     http::routes(service).route_service(&path, grpc)
 }
 
-/// Builds the store, policy, authenticator and service from validated settings.
-pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RegistryService>> {
-    let metrics = metrics::Metrics::new().context("registering metrics")?;
+/// Connects the store, then builds every tenant's part from validated
+/// settings: the home tenant alone, or each one of `--tenant-map`, all on
+/// the one store client.
+pub async fn build(settings: &Settings) -> anyhow::Result<Registry> {
     let store: Arc<dyn store::Store> = match &settings.store {
         config::StoreChoice::Etcd(endpoints) => {
             Arc::new(store::EtcdStore::connect(endpoints).map_err(anyhow::Error::msg)?)
@@ -72,19 +76,12 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Arc<RegistryService>> 
             Arc::new(store::MemoryStore::new())
         }
     };
-    let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
-    // One tenant per registry for now: its keys are `/agent-reach/v1/{tenant}/…`,
-    // and tokens of other tenants are refused.
-    let auth = Authenticator::load(&settings.auth)
-        .map_err(anyhow::Error::msg)?
-        .serving(&settings.service.tenant);
-    Ok(RegistryService::new(
+    Registry::build(
         store,
-        acl,
-        auth,
+        settings.auth.clone(),
+        settings.acl.clone(),
         settings.service.clone(),
-        metrics,
-    ))
+    )
 }
 
 /// Runs the registry until `shutdown` resolves.
@@ -92,22 +89,22 @@ pub async fn run(args: RegistryArgs, shutdown: impl Future<Output = ()> + Send +
     let settings = args
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid registry configuration:\n  - {}", problems.join("\n  - ")))?;
-    let service = build(&settings).await?;
+    let registry = build(&settings).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
     tracing::info!(message = "Registry listening.", address = %settings.listen, tls = tls.is_some());
-    serve_tls(listener, service, tls, shutdown).await
+    serve_tls(listener, registry, tls, shutdown).await
 }
 
-/// Serves `service` on an already bound listener (tests bind port 0).
+/// Serves `registry` on an already bound listener (tests bind port 0).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    service: Arc<RegistryService>,
+    registry: Registry,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    serve_tls(listener, service, None, shutdown).await
+    serve_tls(listener, registry, None, shutdown).await
 }
 
 /// [`serve`], with TLS when `tls` is given (`h2` by ALPN for gRPC clients).
@@ -116,14 +113,14 @@ pub async fn serve(
 /// delayed ACK costs ~40 ms per call.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
-    service: Arc<RegistryService>,
+    registry: Registry,
     tls: Option<agent_reach_edge::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let door = agent_reach_edge::front::Door {
         hot: agent_reach_edge::front::NoHotRoutes,
-        body_limit: service.config().max_body_bytes,
-        app: app(service),
+        body_limit: registry.max_body_bytes(),
+        app: registry.app(),
         tls,
     };
     door.serve(listener, shutdown).await.context("registry server failed")

@@ -19,7 +19,12 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        Self::in_registry(Registry::new())
+    }
+
+    /// The registry's series in `registry` (one tenant's part of a process
+    /// serving several: `edge::tenants::metrics_registry` labels them).
+    pub fn in_registry(registry: Registry) -> Result<Self, prometheus::Error> {
         let instances = IntGaugeVec::new(
             Opts::new("agent_reach_registry_instances", "Registered instances by status."),
             &["status"],

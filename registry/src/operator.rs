@@ -1,7 +1,8 @@
 //! The operator API (DESIGN §2.9): a capability's traffic split between
 //! versions for unpinned callers, and a live instance's weight, both changed
 //! without any agent re-registering; and an operator's drain of an instance. Transport-free like `service`; the HTTP
-//! handlers call these.
+//! handlers call these. Also the operators' one read that goes to the store
+//! rather than the catalog: every live instance's last heartbeat, from its lease.
 //!
 //! Who may: callers listed under `operators` in `acl.yaml` (DESIGN §8); a
 //! weight also by the agent itself (its token's `sub` is its `name`), as
@@ -18,13 +19,25 @@ use crate::catalog::Entry;
 use crate::error::{Code, RegistryError};
 use crate::model::{Instance, Split};
 use crate::service::{now_ms, RegistryService, CATALOG_WAIT, WRITE_ATTEMPTS};
-use crate::store::{Condition, Put, StoreError};
+use crate::store::{Condition, LeaseTtl, Put, StoreError};
 use crate::validate::{self, MAX_WEIGHT};
 
 /// Largest weight of one version in a split (relative weights: basis points fit).
 pub const MAX_SPLIT_WEIGHT: u64 = 10_000;
 /// Versions one split may name.
 pub const MAX_SPLIT_VERSIONS: usize = 64;
+
+/// Lease reads in flight at once for [`RegistryService::heartbeats`]: a
+/// thousand instances are read in well under a second, and an operator's
+/// page never crowds out the agents' own renewals.
+const LEASE_READS_IN_FLIGHT: usize = 16;
+
+/// An instance's last heartbeat, as its lease in the store tells it.
+pub struct HeartbeatAge {
+    pub agent_id: String,
+    pub lease_id: i64,
+    pub lease: LeaseTtl,
+}
 
 /// A split after its write: what the store holds and the write's revision.
 pub struct SplitWritten {
@@ -195,6 +208,38 @@ impl RegistryService {
                 format!("capability `{name}` has no traffic split: unpinned calls go to its highest routable version"),
             )
         })
+    }
+
+    // === Heartbeat ages ===
+
+    /// Every live instance's last heartbeat, by `agent_id`. Read from the
+    /// store (one lease read per instance, at most [`LEASE_READS_IN_FLIGHT`]
+    /// at once), not from this registry's memory: heartbeats go to any
+    /// replica, and only the lease has seen them all. An instance whose
+    /// lease the store no longer holds (expired, its record about to go) is
+    /// left out. Operators only; never on a hot path.
+    #[tracing::instrument(skip_all)]
+    pub async fn heartbeats(&self, caller: &Caller) -> Result<Vec<HeartbeatAge>, RegistryError> {
+        use futures::{StreamExt as _, TryStreamExt as _};
+
+        operator(self, caller, "read the instances' heartbeats")?;
+        let (instances, _) = self.catalog().list();
+        let store = self.store();
+        let mut ages: Vec<HeartbeatAge> = futures::stream::iter(instances)
+            .map(|instance| async move {
+                let lease = store.lease_ttl(instance.lease_id).await?;
+                Ok::<_, StoreError>(lease.map(|lease| HeartbeatAge {
+                    agent_id: instance.agent_id.clone(),
+                    lease_id: instance.lease_id,
+                    lease,
+                }))
+            })
+            .buffer_unordered(LEASE_READS_IN_FLIGHT)
+            .try_filter_map(|age| async move { Ok(age) })
+            .try_collect()
+            .await?;
+        ages.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        Ok(ages)
     }
 
     // === Live weight ===

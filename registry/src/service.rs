@@ -23,7 +23,11 @@ pub(crate) const WRITE_ATTEMPTS: usize = 3;
 
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
+    /// The tenant served; with `tenant_map`, the home tenant (DESIGN §8).
     pub tenant: String,
+    /// Serve every tenant this map names, one part each (`build` reads it;
+    /// a part's own config has none).
+    pub tenant_map: Option<std::path::PathBuf>,
     pub ttl: TtlBounds,
     /// Largest accepted HTTP body, in bytes.
     pub max_body_bytes: usize,
@@ -33,6 +37,7 @@ impl Default for RegistryConfig {
     fn default() -> Self {
         Self {
             tenant: "default".to_string(),
+            tenant_map: None,
             ttl: TtlBounds::default(),
             max_body_bytes: 1024 * 1024,
         }
@@ -123,6 +128,18 @@ impl RegistryService {
 
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// Its tenant is no longer served (DESIGN §8): the catalog stops following
+    /// the store, and open `Watch` and `KeepAlive` streams end. The records in
+    /// the store stay; their leases expire unless another registry renews them.
+    pub fn retire(&self) {
+        self.catalog.stop();
+    }
+
+    /// Resolves once [`RegistryService::retire`] was called.
+    pub async fn retired(&self) {
+        self.catalog.stopped().await;
     }
 
     /// The live policy (the operator API checks `operators` in it).

@@ -429,3 +429,110 @@ async fn an_operator_drains_an_instance_and_heartbeats_cannot_undo_it() {
     let (_, after) = registry.get("/v1/agents/oq-d1", &agent).await;
     assert_eq!(after["status"], "draining");
 }
+
+/// `GET /v1/heartbeats`, polled until `agent_id`'s age satisfies `ok`
+/// (bounded); the matching entry.
+async fn heartbeat_of(registry: &TestRegistry, agent_id: &str, ok: impl Fn(i64) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = registry.get("/v1/heartbeats", &ops()).await;
+        assert_eq!(status, 200, "{body}");
+        let entry = body["heartbeats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|entry| entry["agent_id"] == agent_id)
+            .cloned();
+        if let Some(entry) = entry.filter(|entry| ok(entry["age_s"].as_i64().unwrap())) {
+            return entry;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "`{agent_id}` never matched in {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The console's "last heartbeat" column: every live instance's lease age,
+/// read from the store, so a heartbeat sent to one registry replica shows
+/// on every other. `writer` takes the heartbeats, `reader` answers the ages.
+async fn heartbeat_ages_follow_the_lease(writer: &TestRegistry, reader: &TestRegistry) {
+    let agent = TestRegistry::token("order_query");
+    let mut leases = Vec::new();
+    for agent_id in ["oq-h1", "oq-h2"] {
+        let (status, registered) = writer
+            .post("/v1/agents", Some(&agent), &registration(agent_id, 10))
+            .await;
+        assert_eq!(status, 201, "{registered}");
+        leases.push(registered["lease_id"].as_i64().unwrap());
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || async {
+            reader.resolved("order.query").await.len() == 2
+        })
+        .await,
+        "the reader's catalog never saw both instances"
+    );
+
+    let fresh = heartbeat_of(reader, "oq-h1", |age| age <= 1).await;
+    assert_eq!(
+        (fresh["lease_id"].as_i64(), fresh["ttl_s"].as_i64()),
+        (Some(leases[0]), Some(10)),
+        "{fresh}"
+    );
+    let sum = fresh["age_s"].as_i64().unwrap() + fresh["remaining_s"].as_i64().unwrap();
+    assert_eq!(sum, 10, "age + remaining = granted TTL: {fresh}");
+
+    // No heartbeat: the age grows; one heartbeat (to the writer) resets it on the reader.
+    heartbeat_of(reader, "oq-h1", |age| age >= 2).await;
+    let (status, body) = writer
+        .put("/v1/agents/oq-h1/heartbeat", &agent, &json!({ "lease_id": leases[0] }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    heartbeat_of(reader, "oq-h1", |age| age <= 1).await;
+
+    // A deregistered instance is no longer listed.
+    let (status, _) = writer.delete("/v1/agents/oq-h2", &agent).await;
+    assert_eq!(status, 204);
+    assert!(
+        wait_for(Duration::from_secs(5), || async {
+            let (_, body) = reader.get("/v1/heartbeats", &ops()).await;
+            body["heartbeats"]
+                .as_array()
+                .is_some_and(|all| all.iter().all(|entry| entry["agent_id"] != "oq-h2"))
+        })
+        .await,
+        "oq-h2 outlived its deregistration"
+    );
+
+    // Operators only, with the stable codes of the operator API.
+    for caller in ["reader", "order_query"] {
+        let (status, body) = reader.get("/v1/heartbeats", &TestRegistry::token(caller)).await;
+        assert_eq!((status, code(&body)), (403, "FORBIDDEN"), "{caller}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("operators"),
+            "{body}"
+        );
+    }
+    let anonymous = reqwest::get(reader.url("/v1/heartbeats")).await.unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
+    let body: Value = anonymous.json().await.unwrap();
+    assert_eq!(code(&body), "UNAUTHENTICATED", "{body}");
+    let (status, body) = reader.post("/v1/heartbeats", Some(&ops()), &json!({})).await;
+    assert_eq!((status, code(&body)), (405, "METHOD_NOT_ALLOWED"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_ages_come_from_etcd_and_agree_across_replicas() {
+    let etcd = Etcd::start();
+    let first = TestRegistry::start(on(&etcd)).await;
+    let second = first.sibling(on(&etcd)).await;
+    heartbeat_ages_follow_the_lease(&first, &second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_ages_on_the_embedded_store() {
+    let registry = TestRegistry::start(StoreChoice::Embedded).await;
+    heartbeat_ages_follow_the_lease(&registry, &registry).await;
+}

@@ -113,6 +113,49 @@ async fn keep_alive_extends_life(subject: Subject) {
     }
 }
 
+/// `lease_ttl` (the console's heartbeat age): the granted TTL, the whole
+/// seconds left, counting down until a renewal resets them; nothing for a
+/// lease that is gone.
+async fn lease_ttl_counts_down_until_renewed(subject: Subject) {
+    let store = subject.store;
+    let lease = store.grant_lease(10).await.unwrap();
+    let fresh = store.lease_ttl(lease).await.unwrap().expect("a live lease");
+    assert_eq!(fresh.granted_s, 10, "{fresh:?}");
+    // Whole seconds, rounded down: a lease granted a moment ago has 9 left.
+    assert!((9..=10).contains(&fresh.remaining_s), "{fresh:?}");
+    assert!(fresh.age_s() <= 1, "{fresh:?}");
+
+    // No renewal: the age grows past a second (polled, bounded).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    let aged = loop {
+        let now = store.lease_ttl(lease).await.unwrap().expect("still live");
+        if now.age_s() >= 2 {
+            break now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the age stayed at {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(aged.granted_s, 10);
+    assert!(aged.remaining_s <= 8, "{aged:?}");
+
+    // A renewal starts it again.
+    assert_eq!(store.keep_alive(lease).await.unwrap(), 10);
+    let renewed = store.lease_ttl(lease).await.unwrap().expect("still live");
+    assert!(renewed.age_s() <= 1, "renewed, yet {renewed:?}");
+
+    // Gone: revoked, expired or never granted.
+    store.revoke_lease(lease).await.unwrap();
+    assert_eq!(store.lease_ttl(lease).await.unwrap(), None);
+    assert_eq!(store.lease_ttl(0x7a11_0000_0001).await.unwrap(), None);
+    let short = store.grant_lease(1).await.unwrap();
+    store
+        .txn(vec![], vec![put("/t/short", "1", short)], vec![])
+        .await
+        .unwrap();
+    assert!(wait_gone(store.as_ref(), "/t/short", Duration::from_secs(5)).await);
+    assert_eq!(store.lease_ttl(short).await.unwrap(), None);
+}
+
 async fn transactions_are_conditional_and_atomic(subject: Subject) {
     let store = subject.store;
     let created = store
@@ -228,6 +271,7 @@ contract!(
     lease_keeps_keys_until_revoked,
     expired_lease_removes_keys,
     keep_alive_extends_life,
+    lease_ttl_counts_down_until_renewed,
     transactions_are_conditional_and_atomic,
     watch_replays_from_a_revision,
     compacted_history_is_reported,

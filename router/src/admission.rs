@@ -4,13 +4,16 @@
 //! capability and a version matching the requirement exist in the snapshot,
 //! the payload matches that version's compiled input schema, and the deadline
 //! (the envelope's, else its timeout, else the capability's, else the
-//! router's) has not passed; and the caller is within its limits
-//! ([`crate::limits`]). Nothing here touches a store or compiles a schema.
+//! router's) has not passed; and the caller and its tenant are within their
+//! limits and quotas ([`crate::limits`]). Nothing here touches a store or
+//! compiles a schema.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use agent_reach_access::acl::Limit;
 use agent_reach_access::{Acl, AclHandle, Caller};
+use agent_reach_links::Quotas;
 use agent_reach_proto::envelope::InvokeRequest;
 use serde_json::{json, Value};
 
@@ -29,9 +32,48 @@ use crate::tuning::Tuning;
 pub struct Admission {
     acl: AclHandle,
     limiter: Limiter,
+    /// The tenant's quotas, when the router serves a tenant map (DESIGN §8).
+    quota: Option<TenantQuota>,
     breaker: BreakerConfig,
     max_inflight: u32,
     default_timeout: Duration,
+}
+
+/// One tenant's quotas on this router: its bucket and places in flight
+/// (shared by all its callers) and its task backlog bound. Changed in place
+/// when the tenant map's quotas change.
+pub struct TenantQuota {
+    tenant: Arc<str>,
+    /// Rate and concurrency; `None`: neither bounded.
+    limit: arc_swap::ArcSwapOption<Limit>,
+    /// Tasks waiting at most; 0: unbounded.
+    backlog: std::sync::atomic::AtomicU64,
+    limiter: Limiter,
+}
+
+impl TenantQuota {
+    /// Applies `quotas` (new buckets start full when the rate or concurrency changed).
+    pub fn set(&self, quotas: &Quotas) {
+        let limit = (quotas.rate_per_s.is_some() || quotas.concurrency.is_some()).then(|| Limit {
+            rate_per_s: quotas.rate_per_s,
+            burst: quotas.rate_per_s.map_or(1, |rate| quotas.burst_for(rate)),
+            concurrency: quotas.concurrency,
+        });
+        self.limit.store(limit.map(Arc::new));
+        self.backlog
+            .store(quotas.task_backlog.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The task backlog bound, if any.
+    pub fn task_backlog(&self) -> Option<u64> {
+        Some(self.backlog.load(std::sync::atomic::Ordering::Relaxed)).filter(|bound| *bound > 0)
+    }
+
+    /// A synchronous call: a token and a place of the tenant's.
+    fn admit_call(&self) -> Result<Permit, RouterError> {
+        let limit = self.limit.load();
+        self.limiter.admit_call(&self.tenant, limit.as_deref())
+    }
 }
 
 /// How a call enters the router, which decides how its caller's limits apply.
@@ -71,6 +113,7 @@ impl Admission {
         Self {
             acl,
             limiter,
+            quota: None,
             breaker: BreakerConfig {
                 failures: tuning.breaker_failures,
                 open_for: tuning.breaker_open,
@@ -78,6 +121,24 @@ impl Admission {
             max_inflight: tuning.max_inflight_per_instance,
             default_timeout: tuning.default_timeout,
         }
+    }
+
+    /// Bounds `tenant`'s calls by `quotas` (a router serving a tenant map).
+    pub fn with_quota(mut self, tenant: &str, quotas: &Quotas) -> Self {
+        let quota = TenantQuota {
+            tenant: tenant.into(),
+            limit: arc_swap::ArcSwapOption::empty(),
+            backlog: std::sync::atomic::AtomicU64::new(0),
+            limiter: Limiter::for_tenants(&self.limiter),
+        };
+        quota.set(quotas);
+        self.quota = Some(quota);
+        self
+    }
+
+    /// The tenant's quotas, when it has a tenant map's entry.
+    pub fn quota(&self) -> Option<&TenantQuota> {
+        self.quota.as_ref()
     }
 
     /// What tells whether an instance can take a request (selection and broadcast use it too).
@@ -90,6 +151,10 @@ impl Admission {
 
     /// A task submission by `caller`: spends one of its tokens (429 `RATE_LIMITED` when none is left).
     pub fn limit_submission(&self, caller: &Caller) -> Result<(), RouterError> {
+        if let Some(quota) = &self.quota {
+            let limit = quota.limit.load();
+            quota.limiter.admit_submission(&quota.tenant, limit.as_deref())?;
+        }
         let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
@@ -102,14 +167,24 @@ impl Admission {
 
     /// A task delivery on behalf of `caller`: waits for a place among its calls in flight.
     pub async fn enter_delivery(&self, caller: &Caller) -> Permit {
+        let tenant = match &self.quota {
+            Some(quota) => {
+                let limit = quota.limit.load_full();
+                quota.limiter.enter_delivery(&quota.tenant, limit.as_deref()).await
+            }
+            None => Permit::unlimited(),
+        };
         let Caller::Agent { name, .. } = caller else {
-            return Permit::unlimited();
+            return Permit::unlimited().with_tenant(tenant);
         };
         let limit = {
             let acl = self.acl.current();
             acl.limit_for(name).copied()
         };
-        self.limiter.enter_delivery(name, limit.as_ref()).await
+        self.limiter
+            .enter_delivery(name, limit.as_ref())
+            .await
+            .with_tenant(tenant)
     }
 
     /// May `caller` call `capability` under the current `acl.yaml`? The one
@@ -204,12 +279,18 @@ impl Admission {
             let acl = self.acl.current();
             self.authorize_with(&acl, caller, &request.capability)
                 .map_err(|error| refused(error, None))?;
+            // The tenant's quota first: a tenant over it is refused whoever calls.
+            let tenant = match (&self.quota, entry) {
+                (Some(quota), Entry::Call) => quota.admit_call().map_err(|error| refused(error, None))?,
+                _ => Permit::unlimited(),
+            };
             match (caller, entry) {
                 (Caller::Agent { name, .. }, Entry::Call) if acl.has_limits() => self
                     .limiter
                     .admit_call(name, acl.limit_for(name))
-                    .map_err(|error| refused(error, None))?,
-                _ => Permit::unlimited(),
+                    .map_err(|error| refused(error, None))?
+                    .with_tenant(tenant),
+                _ => Permit::unlimited().with_tenant(tenant),
             }
         };
         let capability = resolve_capability(snapshot, &request.capability).map_err(|error| refused(error, None))?;

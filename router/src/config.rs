@@ -31,7 +31,8 @@ pub struct RouterArgs {
         value_name = "URL,..."
     )]
     pub registry: Vec<String>,
-    /// File holding the bearer token the router presents to the registry. Without it,
+    /// File holding the bearer token the router presents to the registry (`{tenant}` in
+    /// the path is replaced by each tenant's name, for a tenant map). Without it,
     /// the router signs its own short-lived token (sub `router`) with the HS256 secret
     /// given by --auth-hs256-secret-file; with --insecure-no-auth it sends none.
     #[arg(long, env = "AGENT_REACH_REGISTRY_TOKEN_FILE", value_name = "PATH")]
@@ -43,6 +44,11 @@ pub struct RouterArgs {
     /// `tenant` claim means `default`); its tasks live under `{prefix}:{tenant}`.
     #[arg(long, env = "AGENT_REACH_TENANT", default_value = "default")]
     pub tenant: String,
+    /// The tenant map (DESIGN §8): serve every tenant it names (--tenant, the home
+    /// tenant, among them), each with its own snapshot, policy, quotas and slow
+    /// path on its placement; reloaded when it changes.
+    #[arg(long, env = "AGENT_REACH_TENANT_MAP", value_name = "PATH")]
+    pub tenant_map: Option<PathBuf>,
     /// Largest accepted invoke body, in bytes (larger → 413 PAYLOAD_TOO_LARGE).
     #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -130,8 +136,11 @@ pub struct Settings {
     pub registry_credential: RegistryCredential,
     pub acl: PathBuf,
     pub auth: AuthConfig,
-    /// The tenant served: callers of others are refused 401 (`other_tenant`).
+    /// The tenant served (the home tenant, with a map): callers of tenants not
+    /// served are refused 401 (`other_tenant`).
     pub tenant: String,
+    /// The tenant map, when the router serves several tenants.
+    pub tenant_map: Option<PathBuf>,
     pub tuning: Tuning,
     /// How forwarded calls are vouched for.
     pub assertion: AssertionSettings,
@@ -160,6 +169,7 @@ impl Settings {
             acl,
             auth,
             tenant: agent_reach_access::token::DEFAULT_TENANT.to_string(),
+            tenant_map: None,
             tuning: Tuning::default(),
             assertion: AssertionSettings::default(),
             tasks: None,
@@ -183,6 +193,17 @@ impl RouterArgs {
         }
         if let Err(why) = agent_reach_access::token::check_tenant_name(&self.tenant) {
             problems.push(format!("--tenant: {why}"));
+        }
+        if let Some(path) = &self.tenant_map {
+            match agent_reach_links::TenantMap::load(path) {
+                Ok(map) if !map.contains(&self.tenant) => problems.push(format!(
+                    "--tenant `{}` (the home tenant) is not in the tenant map {}",
+                    self.tenant,
+                    path.display()
+                )),
+                Ok(_) => {}
+                Err(why) => problems.push(format!("--tenant-map: {why}")),
+            }
         }
         if self.max_body_bytes < 1024 {
             problems.push("--max-body-bytes must be at least 1024".to_string());
@@ -278,6 +299,7 @@ impl RouterArgs {
             acl: self.acl.clone(),
             auth,
             tenant: self.tenant.clone(),
+            tenant_map: self.tenant_map.clone(),
             tuning: Tuning {
                 max_body_bytes: self.max_body_bytes,
                 default_timeout: Duration::from_millis(self.default_timeout_ms),

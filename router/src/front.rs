@@ -12,13 +12,17 @@ use agent_reach_edge::front::{Answer, Door, Headers};
 use agent_reach_edge::RequestBody;
 use bytes::Bytes;
 
-use crate::service::RouterService;
-use crate::tasks::{TaskApi, TaskService};
+use crate::tasks::TaskApi;
+use crate::tenancy::Part;
 
 /// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`], and
-/// `POST /a2a/{capability}`, by [`crate::a2a::answer_rpc`].
+/// `POST /a2a/{capability}`, by [`crate::a2a::answer_rpc`], of the router's
+/// one part, or of the tenant's its token names ([`crate::tenancy`]).
 #[derive(Clone)]
-pub(crate) struct Invoke(Arc<RouterService>, TaskApi);
+pub(crate) enum Invoke {
+    One(Arc<Part>),
+    Tenants(Arc<crate::tenancy::TenantParts>),
+}
 
 /// Which hot route a request took.
 pub(crate) enum Route {
@@ -45,31 +49,35 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
     }
 
     fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
-        // Borrowed for the call: the connection holds the door (and so the service) throughout.
-        let (service, api) = (&self.0, &self.1);
+        use agent_reach_edge::HeaderLookup as _;
+        let part = match self {
+            // Borrowed for the call: the connection holds the door (and so the part) throughout.
+            Invoke::One(part) => std::borrow::Cow::Borrowed(part),
+            Invoke::Tenants(parts) => std::borrow::Cow::Owned(parts.for_authorization(headers.value("authorization"))),
+        };
         async move {
             match route {
-                Route::Invoke => crate::http::answer_invoke(service, &headers, RequestBody::Read(body)).await,
+                Route::Invoke => crate::http::answer_invoke(&part.service, &headers, RequestBody::Read(body)).await,
                 Route::A2a(capability) => {
-                    crate::a2a::answer_rpc(api, &capability, &headers, RequestBody::Read(body)).await
+                    let api = TaskApi::new(part.service.clone(), part.tasks.clone());
+                    crate::a2a::answer_rpc(&api, &capability, &headers, RequestBody::Read(body)).await
                 }
             }
         }
     }
 }
 
-/// The front door: the hot routes (`service`, with the slow path's `tasks`
-/// for A2A), the axum routes for the rest (`app`), the body limit.
+/// The front door: the hot routes (`hot`), the axum routes for the rest (`app`), the body limit.
 pub(crate) fn door(
     app: axum::Router,
-    service: Arc<RouterService>,
-    tasks: Option<Arc<TaskService>>,
+    hot: Invoke,
+    body_limit: usize,
     tls: Option<agent_reach_edge::tls::ServerTls>,
 ) -> Door<Invoke> {
     Door {
         app,
-        body_limit: service.tuning().max_body_bytes,
-        hot: Invoke(service.clone(), TaskApi::new(service, tasks)),
+        body_limit,
+        hot,
         tls,
     }
 }

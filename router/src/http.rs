@@ -308,42 +308,51 @@ async fn healthz() -> &'static str {
 
 /// Ready once a first snapshot arrived and while it is not older than the staleness bound.
 async fn readyz(State(service): State<Arc<RouterService>>) -> Response {
+    match readiness(&service) {
+        Ok(text) => (StatusCode::OK, format!("ready ({text})\n")).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+/// What `/readyz` says of `service`'s snapshot: `Ok` with the routing state, or why not ready.
+pub(crate) fn readiness(service: &RouterService) -> Result<String, String> {
     let snapshot = service.snapshot();
     let staleness = snapshot.staleness();
     if !snapshot.is_synced() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no routing snapshot yet from the registry\n",
-        )
-            .into_response();
+        return Err("no routing snapshot yet from the registry".to_string());
     }
     if staleness > service.tuning().max_staleness {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "registry unreachable for {} s; routing from a stale snapshot\n",
-                staleness.as_secs()
-            ),
-        )
-            .into_response();
+        return Err(format!(
+            "registry unreachable for {} s; routing from a stale snapshot",
+            staleness.as_secs()
+        ));
     }
     let current = snapshot.load();
     let routing = format!(
         "snapshot revision {}, {} instance(s)",
         current.revision, current.instance_count
     );
-    let text = if snapshot.is_connected() {
-        format!("ready ({routing})\n")
+    Ok(if snapshot.is_connected() {
+        routing
     } else {
         format!(
-            "ready ({routing}; registry unreachable for {} s, serving the last snapshot)\n",
+            "{routing}; registry unreachable for {} s, serving the last snapshot",
             staleness.as_secs()
         )
-    };
-    (StatusCode::OK, text).into_response()
+    })
 }
 
 async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
+    refresh_gauges(&service);
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        service.metrics().render(),
+    )
+        .into_response()
+}
+
+/// Sets the gauges read at scrape time (snapshot staleness, instances).
+pub(crate) fn refresh_gauges(service: &RouterService) {
     let staleness = service.snapshot().staleness();
     service
         .metrics()
@@ -354,9 +363,4 @@ async fn metrics(State(service): State<Arc<RouterService>>) -> Response {
         .load()
         .publish_instance_gauges(staleness, service.tuning().max_staleness);
     service.publish_routable_instances();
-    (
-        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        service.metrics().render(),
-    )
-        .into_response()
 }

@@ -50,6 +50,7 @@ mod split;
 mod sse;
 mod stream;
 mod tasks;
+mod tenancy;
 mod trace;
 mod tuning;
 mod watch;
@@ -57,7 +58,6 @@ mod watch;
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_access::{AclHandle, Authenticator};
 use anyhow::Context;
 
 pub use assertion::{AssertionSettings, SigningKey};
@@ -67,40 +67,53 @@ pub use tuning::Tuning;
 pub use watch::RegistryCredential;
 
 use service::RouterService;
-use tasks::TaskService;
 
 /// A built router: the fast path and, with `--redis`, the slow path beside
-/// it. Cheap to clone; the background work (the registry watch, the task
-/// worker) stops once every clone and every server using it is gone.
+/// it, for one tenant or, with a tenant map, for each tenant of the map
+/// ([`tenancy`]). Cheap to clone; the background work (the registry watches,
+/// the task workers) stops once every clone and every server using it is gone.
 #[derive(Clone)]
 pub struct Router {
-    service: Arc<RouterService>,
-    tasks: Option<Arc<TaskService>>,
+    parts: Arc<tenancy::TenantParts>,
+    /// The process's own series when the tenants' parts have their own (a tenant map).
+    process_metrics: Option<prometheus::Registry>,
     tls: Option<agent_reach_edge::tls::ServerTls>,
-    /// The console's registry relay and cookie settings.
-    console: Arc<console::Console>,
 }
 
 impl Router {
     /// The whole API as one axum router (tests drive it in-process).
     pub fn app(&self) -> axum::Router {
-        app::routes(self.service.clone(), self.tasks.clone(), self.console.clone())
+        match &self.process_metrics {
+            None => self.parts.home().app.clone(),
+            Some(process) => tenancy::routes(self.parts.clone(), process.clone()),
+        }
     }
 
     /// The front door serving this router: its hot route and every other route.
     fn door(&self) -> agent_reach_edge::front::Door<front::Invoke> {
-        front::door(self.app(), self.service.clone(), self.tasks.clone(), self.tls.clone())
+        let home = self.parts.home();
+        let hot = match &self.process_metrics {
+            None => front::Invoke::One(home.clone()),
+            Some(_) => front::Invoke::Tenants(self.parts.clone()),
+        };
+        front::door(self.app(), hot, home.service.tuning().max_body_bytes, self.tls.clone())
+    }
+
+    /// The home tenant's service (the only one without a tenant map).
+    fn service(&self) -> Arc<RouterService> {
+        self.parts.home().service.clone()
     }
 
     /// The instances the router can currently route to, by id (tests and diagnostics).
     pub fn routed_agent_ids(&self) -> Vec<String> {
-        self.service.snapshot().load().agent_ids()
+        self.service().snapshot().load().agent_ids()
     }
 
     /// `capability`'s traffic split as the snapshot applies it: `(version,
     /// weight)` of the versions it can draw from, highest first (tests and diagnostics).
     pub fn routed_split(&self, capability: &str) -> Option<Vec<(String, u32)>> {
-        let snapshot = self.service.snapshot().load();
+        let service = self.service();
+        let snapshot = service.snapshot().load();
         let capability = snapshot.capabilities.get(capability)?;
         let split = capability.split.as_ref()?;
         Some(
@@ -119,7 +132,8 @@ impl Router {
 
     /// An instance's static weight in the snapshot (tests and diagnostics).
     pub fn routed_weight(&self, agent_id: &str) -> Option<u32> {
-        let snapshot = self.service.snapshot().load();
+        let service = self.service();
+        let snapshot = service.snapshot().load();
         let found = snapshot
             .capabilities
             .values()
@@ -128,6 +142,15 @@ impl Router {
             .find(|instance| instance.agent_id == agent_id)
             .map(|instance| instance.weight);
         found
+    }
+
+    /// The tenants served, by name (tests and diagnostics).
+    pub fn tenants(&self) -> Vec<String> {
+        self.parts
+            .all()
+            .into_iter()
+            .map(|(tenant, _)| tenant.to_string())
+            .collect()
     }
 }
 
@@ -143,16 +166,11 @@ pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
     })
 }
 
-/// Builds the policy, authenticator and service, starts the registry watch
-/// that feeds the snapshot and, with `--redis`, the slow path's worker and
-/// callback sender.
+/// Builds the policy, authenticator and service (one per tenant with a
+/// tenant map), starts the registry watch that feeds each snapshot and, with
+/// `--redis`, each slow path's worker and callback sender.
 pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
-    let metrics = metrics::Metrics::new().context("registering metrics")?;
-    let acl = AclHandle::load_and_watch(&settings.acl, &metrics.registry)?;
-    let auth = Authenticator::load(&settings.auth)
-        .map_err(anyhow::Error::msg)?
-        .serving(&settings.tenant);
-    if !auth.is_enabled() {
+    if matches!(settings.auth, agent_reach_access::AuthConfig::InsecureNoAuth) {
         tracing::warn!(
             message = "Router runs WITHOUT authentication (--insecure-no-auth): every caller is trusted \
                        and the ACL is not enforced. Development only."
@@ -172,56 +190,54 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     for registry in &settings.registry {
         agent_reach_edge::tls::grpc_endpoint(registry, &settings.registry_tls).context("the registry's address")?;
     }
-    let snapshot = Arc::new(snapshot::SnapshotHandle::new());
-    tokio::spawn(watch::run(
-        settings.registry.clone(),
-        settings.registry_tls.clone(),
-        settings.registry_credential.clone(),
-        settings.tenant.clone(),
-        snapshot.clone(),
-        metrics.clone(),
-    ));
-    let tasks = match &settings.tasks {
-        Some(tasks) => {
-            // The slow path's keys are the served tenant's (`{prefix}:{tenant}:…`).
-            let mut tasks = tasks.clone();
-            tasks.store.tenant = settings.tenant.clone();
-            Some(Arc::new(
-                TaskService::new(&tasks, &metrics.registry).map_err(anyhow::Error::msg)?,
-            ))
-        }
+    let map = match &settings.tenant_map {
+        Some(path) => Some(agent_reach_links::TenantMapHandle::load_and_watch(path).map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let assertions =
-        assertion::Assertions::load(settings.assertion.clone(), &metrics.registry).map_err(anyhow::Error::msg)?;
-    assertions.watch();
-    let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
-    let tuning = Tuning {
-        serves_tls: settings.listener_tls.is_some(),
-        ..settings.tuning.clone()
+    // Without a map the one tenant's series are the process's, unlabelled, as before tenants.
+    let home_metrics = match &map {
+        None => Some(metrics::Metrics::new().context("registering metrics")?),
+        Some(_) => None,
     };
-    let service = Arc::new(RouterService::new(
-        tuning,
-        snapshot,
-        admission::Admission::new(acl, limiter, &settings.tuning),
-        auth,
+    let process_registry = match &home_metrics {
+        Some(metrics) => metrics.registry.clone(),
+        None => prometheus::Registry::new(),
+    };
+    let assertions =
+        assertion::Assertions::load(settings.assertion.clone(), &process_registry).map_err(anyhow::Error::msg)?;
+    assertions.watch();
+    let shared = Arc::new(tenancy::Shared {
+        settings: settings.clone(),
+        tuning: Tuning {
+            serves_tls: settings.listener_tls.is_some(),
+            ..settings.tuning.clone()
+        },
         assertions,
-        forward::Forwarder::new(settings.tuning.pool_idle_per_instance, agent_tls),
-        metrics,
-    ));
-    if let Some(tasks) = &tasks {
-        tasks.start(&service);
-    }
-    let console = Arc::new(console::Console::new(
-        &settings.registry,
-        &settings.registry_tls,
-        tls.is_some(),
-    ));
+        agent_tls,
+        console: Arc::new(console::Console::new(
+            &settings.registry,
+            &settings.registry_tls,
+            tls.is_some(),
+        )),
+        from_map: map.is_some(),
+    });
+    let (parts, process_metrics) = match (map, home_metrics) {
+        (None, Some(metrics)) => {
+            let part = shared.part(&settings.tenant, &agent_reach_links::TenantEntry::default(), metrics)?;
+            (Arc::new(tenancy::TenantParts::single(&settings.tenant, part)), None)
+        }
+        (Some(map), _) => {
+            let parts = shared.parts_of(&map.current())?;
+            let parts = Arc::new(tenancy::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
+            tokio::spawn(tenancy::follow(map, Arc::downgrade(&parts), shared));
+            (parts, Some(process_registry))
+        }
+        (None, None) => unreachable!("without a map the home metrics were made above"),
+    };
     Ok(Router {
-        service,
-        tasks,
+        parts,
+        process_metrics,
         tls,
-        console,
     })
 }
 

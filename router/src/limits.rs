@@ -56,15 +56,18 @@ impl Refusal {
     }
 }
 
-/// A call in flight for its caller; dropping it frees the place.
+/// A call in flight for its caller (and its tenant, under a quota); dropping
+/// it frees the places.
 #[derive(Debug)]
 pub struct Permit {
     bucket: Option<Arc<Bucket>>,
+    /// The tenant's place, when its quota bounds concurrency.
+    tenant: Option<Arc<Bucket>>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Some(bucket) = self.bucket.take() {
+        for bucket in [self.bucket.take(), self.tenant.take()].into_iter().flatten() {
             if bucket.limit.concurrency.is_some() {
                 bucket.inflight.fetch_sub(1, Ordering::AcqRel);
                 bucket.freed.notify_one();
@@ -76,7 +79,16 @@ impl Drop for Permit {
 impl Permit {
     /// A permit for a caller without limits.
     pub fn unlimited() -> Self {
-        Self { bucket: None }
+        Self {
+            bucket: None,
+            tenant: None,
+        }
+    }
+
+    /// This caller's permit holding its tenant's place too.
+    pub fn with_tenant(mut self, mut tenant: Permit) -> Self {
+        self.tenant = tenant.bucket.take();
+        self
     }
 }
 
@@ -133,12 +145,20 @@ const THREAD_CAPACITY: usize = 4096;
 
 static NEXT_LIMITER: AtomicU64 = AtomicU64::new(1);
 
-/// Every caller's bucket on this router.
+/// Every caller's bucket on this router (or, for tenants' quotas, every tenant's).
 pub struct Limiter {
     id: u64,
     started: Instant,
     buckets: Mutex<ahash::AHashMap<Arc<str>, Arc<Bucket>>>,
     refused: prometheus::IntCounterVec,
+    /// Whose buckets: callers' (`acl.yaml` limits) or tenants' (the tenant map's quotas).
+    scope: Scope,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Callers,
+    Tenants,
 }
 
 impl Limiter {
@@ -151,12 +171,22 @@ impl Limiter {
             &["caller", "limit"],
         )?;
         registry.register(Box::new(refused.clone()))?;
-        Ok(Self {
+        Ok(Self::with_counter(refused, Scope::Callers))
+    }
+
+    /// The tenants' quotas, counting refusals in `callers`' counter (with caller `*`).
+    pub fn for_tenants(callers: &Limiter) -> Self {
+        Self::with_counter(callers.refused.clone(), Scope::Tenants)
+    }
+
+    fn with_counter(refused: prometheus::IntCounterVec, scope: Scope) -> Self {
+        Self {
             id: NEXT_LIMITER.fetch_add(1, Ordering::Relaxed),
             started: Instant::now(),
             buckets: Mutex::new(ahash::AHashMap::new()),
             refused,
-        })
+            scope,
+        }
     }
 
     fn now_us(&self) -> u64 {
@@ -204,7 +234,10 @@ impl Limiter {
         if !bucket.try_enter() {
             return Err(self.refuse(caller, limit, Refusal::Concurrency));
         }
-        Ok(Permit { bucket: Some(bucket) })
+        Ok(Permit {
+            bucket: Some(bucket),
+            tenant: None,
+        })
     }
 
     /// A task submission: spends a token (its delivery counts in flight later).
@@ -233,11 +266,17 @@ impl Limiter {
                     continue;
                 }
             }
-            return Permit { bucket: Some(bucket) };
+            return Permit {
+                bucket: Some(bucket),
+                tenant: None,
+            };
         }
     }
 
     fn refuse(&self, caller: &str, limit: &Limit, refusal: Refusal) -> RouterError {
+        if self.scope == Scope::Tenants {
+            return self.refuse_tenant(caller, limit, refusal);
+        }
         self.refused.with_label_values(&[caller, refusal.as_str()]).inc();
         let message = match refusal {
             Refusal::Rate { .. } => format!(
@@ -254,6 +293,34 @@ impl Limiter {
         RouterError::new(Code::RateLimited, message).with_details(serde_json::json!({
             "caller": caller,
             "limit": refusal.as_str(),
+            "retry_after_s": refusal.retry_after_s(),
+        }))
+    }
+}
+
+impl Limiter {
+    /// A tenant over its quota (the tenant map, DESIGN §8).
+    fn refuse_tenant(&self, tenant: &str, limit: &Limit, refusal: Refusal) -> RouterError {
+        let name = match refusal {
+            Refusal::Rate { .. } => "tenant_rate",
+            Refusal::Concurrency => "tenant_concurrency",
+        };
+        self.refused.with_label_values(&["*", name]).inc();
+        let message = match refusal {
+            Refusal::Rate { .. } => format!(
+                "tenant `{tenant}` is over its rate quota ({} requests/s, burst {}; the tenant map); retry after {} s",
+                limit.rate_per_s.unwrap_or_default(),
+                limit.burst,
+                refusal.retry_after_s()
+            ),
+            Refusal::Concurrency => format!(
+                "tenant `{tenant}` has {} calls in flight, its quota (the tenant map); retry when one ends",
+                limit.concurrency.unwrap_or_default()
+            ),
+        };
+        RouterError::new(Code::RateLimited, message).with_details(serde_json::json!({
+            "tenant": tenant,
+            "limit": name,
             "retry_after_s": refusal.retry_after_s(),
         }))
     }

@@ -144,7 +144,11 @@ pub struct InstanceMetrics {
 
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        Self::in_registry(Registry::new())
+    }
+
+    /// The router's series, registered in `registry` (a tenant's, whose series carry its label).
+    pub fn in_registry(registry: Registry) -> Result<Self, prometheus::Error> {
         let requests = IntCounterVec::new(
             Opts::new(
                 "agent_reach_router_requests_total",

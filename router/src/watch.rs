@@ -137,6 +137,9 @@ fn token(credential: &RegistryCredential, tenant: &str) -> anyhow::Result<Option
     match credential {
         RegistryCredential::None => Ok(None),
         RegistryCredential::TokenFile(path) => {
+            // A router serving several tenants reads each tenant's token from its own file.
+            let path = std::path::PathBuf::from(path.to_string_lossy().replace("{tenant}", tenant));
+            let path = &path;
             let text = std::fs::read_to_string(path)
                 .map_err(|error| anyhow::anyhow!("cannot read the registry token {}: {error}", path.display()))?;
             Ok(Some(text.trim().to_string()))

@@ -246,6 +246,25 @@ async fn operators_read_instances_capabilities_and_recent_calls() {
     }
     assert_eq!(view["snapshot"]["registry_connected"], true);
 
+    // Each instance's last heartbeat, from its lease (relayed to the registry).
+    let (status, beats) = get_as(&cluster, "ops", "/v1/heartbeats").await;
+    assert_eq!(status, 200, "{beats}");
+    let beats = beats["heartbeats"].as_array().unwrap();
+    let ids: Vec<&str> = beats.iter().map(|beat| beat["agent_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["echo-1", "echo-2", "echo-3"], "{beats:?}");
+    for beat in beats {
+        let (ttl, age, remaining) = (
+            beat["ttl_s"].as_i64().unwrap(),
+            beat["age_s"].as_i64().unwrap(),
+            beat["remaining_s"].as_i64().unwrap(),
+        );
+        assert!(
+            ttl >= 10 && (0..=ttl).contains(&age) && age + remaining == ttl,
+            "{beat}"
+        );
+        assert!(beat["lease_id"].as_i64().unwrap() != 0, "{beat}");
+    }
+
     // A success, an agent-side refusal of the schema, and their records.
     let (status, _) = cluster
         .invoke(json!({ "capability": CAPABILITY, "request_id": "console-ok-1", "payload": { "order_id": "SO-1" } }))
@@ -304,6 +323,7 @@ async fn operators_read_instances_capabilities_and_recent_calls() {
         (CALLER, "/v1/routing/capabilities", (403, "FORBIDDEN")),
         (CALLER, "/v1/requests/console-ok-1", (403, "FORBIDDEN")),
         (CALLER, "/v1/requests", (403, "FORBIDDEN")),
+        (CALLER, "/v1/heartbeats", (403, "FORBIDDEN")),
     ] {
         let (status, body) = get_as(&cluster, caller, path).await;
         assert_eq!(code_of(status, &body), expected, "{caller} {path}: {body}");
@@ -323,6 +343,19 @@ async fn operators_read_instances_capabilities_and_recent_calls() {
     )
     .await;
     assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
+    let (status, body) = answer(cluster.client.get(cluster.url("/v1/heartbeats")).send().await.unwrap()).await;
+    assert_eq!(code_of(status, &body), (401, "UNAUTHENTICATED"), "{body}");
+    let (status, body) = answer(
+        cluster
+            .client
+            .delete(cluster.url("/v1/heartbeats"))
+            .bearer_auth(token("ops"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code_of(status, &body), (405, "METHOD_NOT_ALLOWED"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

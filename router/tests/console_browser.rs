@@ -2,7 +2,7 @@
 //! WebDriver (Debian's `chromium` and `chromium-driver`, installed by
 //! `scripts/setup.sh`) against a real stack: etcd, Redis, the registry, the
 //! router and HTTP agents. An operator signs in, sees three instances with
-//! their health, watches a killed one turn red and leave, drains one,
+//! their health and last heartbeat age, watches a killed one turn red and leave, drains one,
 //! replays a dead letter (and is told when it replays it twice), looks up a failed request
 //! and an unknown one; an expired link and a non-operator are refused on
 //! the page. Screenshots of each page go to `target/console-screenshots`
@@ -311,6 +311,19 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         .run("return Array.from(document.querySelectorAll('#agents tbody tr .pill')).map(p => p.innerText);")
         .await;
     assert_eq!(health, json!(["100", "100", "100"]));
+    // Each instance's last heartbeat, from its lease in etcd (relayed to the registry).
+    browser
+        .until(
+            Duration::from_secs(10),
+            "a heartbeat age for each of the three instances",
+            "const rows = Array.from(document.querySelectorAll('#agents tbody tr'));
+             return rows.length === 3 && rows.every(r => {
+               const age = r.querySelector('td.age');
+               const m = age && /^(\\d+) s ago$/.exec(age.innerText.trim());
+               return !!m && Number(m[1]) <= 10;
+             });",
+        )
+        .await;
 
     // Live updates replace rows in place: nothing shifts while the page refreshes.
     browser

@@ -68,6 +68,9 @@ pub enum TaskStoreError {
     ResultConflict { current: String },
     #[error("no dead letter `{0}`")]
     DeadLetterNotFound(String),
+    /// A submission refused: `waiting` tasks wait already, at least the bound.
+    #[error("{waiting} tasks are waiting, the bound is {bound}")]
+    BacklogFull { waiting: u64, bound: u64 },
 }
 
 fn unavailable(error: redis::RedisError) -> TaskStoreError {
@@ -297,9 +300,15 @@ fn client_for(
 const SUBMIT: &str = r#"
 -- KEYS: 1 idempotency key, 2 task hash, 3 queue, 4 backlog hash, 5 the caller's index
 -- ARGV: 1 task id, 2 spec JSON, 3 retention s, 4 now ms, 5 backlog field (capability|priority),
---       6 queue it ('1'/'0': a held broadcast parent is stored only), 7 index size
+--       6 queue it ('1'/'0': a held broadcast parent is stored only), 7 index size,
+--       8 the tenant's backlog bound ('0': none): refused with {2, waiting} at or over it
 local existing = redis.call('GET', KEYS[1])
 if existing then return {0, existing} end
+if ARGV[8] ~= '0' and ARGV[6] == '1' then
+  local waiting = 0
+  for _, count in ipairs(redis.call('HVALS', KEYS[4])) do waiting = waiting + tonumber(count) end
+  if waiting >= tonumber(ARGV[8]) then return {2, tostring(waiting)} end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[5], 0, -1 - tonumber(ARGV[7]))
@@ -613,6 +622,18 @@ impl TaskStore {
     /// [`TaskStore::submit`] under a task id chosen by the caller (the
     /// router's local buffer gives ids out before Redis has the task).
     pub async fn submit_with_id(&self, task: NewTask, task_id: &str) -> Result<Submitted, TaskStoreError> {
+        self.submit_within(task, task_id, None).await
+    }
+
+    /// [`TaskStore::submit_with_id`], refused with [`TaskStoreError::BacklogFull`]
+    /// when `backlog_bound` tasks or more wait already (a tenant's quota; the
+    /// count and the submission are one script, so a flood cannot overshoot it).
+    pub async fn submit_within(
+        &self,
+        task: NewTask,
+        task_id: &str,
+        backlog_bound: Option<u64>,
+    ) -> Result<Submitted, TaskStoreError> {
         let task_id = task_id.to_string();
         let spec = Spec {
             task_id: task_id.clone(),
@@ -644,9 +665,16 @@ impl TaskStore {
             .arg(format!("{}|{}", spec.capability, task.priority.as_str()))
             .arg(if task.hold { "0" } else { "1" })
             .arg(CALLER_INDEX_MAX)
+            .arg(backlog_bound.unwrap_or(0))
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;
+        if created == 2 {
+            return Err(TaskStoreError::BacklogFull {
+                waiting: id.parse().unwrap_or(0),
+                bound: backlog_bound.unwrap_or(0),
+            });
+        }
         if let Some(wait) = self.wait {
             // On the same connection, so it waits for this submission's write.
             let reached: i64 = redis::cmd("WAIT")

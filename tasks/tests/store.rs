@@ -537,3 +537,65 @@ async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent() {
         Err(TaskStoreError::NotFound(_))
     ));
 }
+
+#[tokio::test]
+async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
+    let redis = Redis::start();
+    let store = store(&redis);
+    store.prepare().await.unwrap();
+    for request in ["b-1", "b-2"] {
+        let submitted = store
+            .submit_within(
+                task(request, Priority::Normal, None),
+                &agent_reach_tasks::new_task_id(),
+                Some(2),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(submitted, Submitted::Created(_)));
+    }
+    let refused = store
+        .submit_within(
+            task("b-3", Priority::High, None),
+            &agent_reach_tasks::new_task_id(),
+            Some(2),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, TaskStoreError::BacklogFull { waiting: 2, bound: 2 }),
+        "{refused:?}"
+    );
+    // A repeat of an accepted request is answered as before, bound or not.
+    let again = store
+        .submit_within(
+            task("b-1", Priority::Normal, None),
+            &agent_reach_tasks::new_task_id(),
+            Some(2),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(again, Submitted::Existing(_)));
+    // The refused submission left nothing behind: its request id is free.
+    assert!(matches!(
+        store.submit(task("b-3", Priority::High, None)).await.unwrap(),
+        Submitted::Created(_)
+    ));
+    // Once a task is taken off the queue, there is room again.
+    let claimed = store.claim("worker-a", 10, 0).await.unwrap();
+    assert!(!claimed.is_empty());
+    for task_id in claimed.iter().map(|claimed| claimed.task.task_id.clone()) {
+        store.transition(&task_id, State::Running).await.unwrap();
+    }
+    assert!(matches!(
+        store
+            .submit_within(
+                task("b-4", Priority::Normal, None),
+                &agent_reach_tasks::new_task_id(),
+                Some(2)
+            )
+            .await
+            .unwrap(),
+        Submitted::Created(_)
+    ));
+}

@@ -30,7 +30,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-use super::{Condition, Event, KeyValue, LeaseId, Put, Revision, Store, StoreError, WatchBatch, WatchStream};
+use super::{Condition, Event, KeyValue, LeaseId, LeaseTtl, Put, Revision, Store, StoreError, WatchBatch, WatchStream};
 
 /// Bound on every call, failovers included, and on waiting for a keep-alive answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -358,6 +358,28 @@ impl Store for EtcdStore {
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<i64, StoreError> {
         self.keep_alive.renew(lease).await
+    }
+
+    async fn lease_ttl(&self, id: LeaseId) -> Result<Option<LeaseTtl>, StoreError> {
+        let answer = self
+            .members
+            .call(|channel| async move {
+                LeaseClient::new(channel)
+                    .lease_time_to_live(pb::LeaseTimeToLiveRequest { id, keys: false })
+                    .await
+            })
+            .await;
+        match answer {
+            // etcd answers a lease it does not hold with TTL -1 (older
+            // versions with NotFound "requested lease not found").
+            Ok(answer) if answer.ttl < 0 => Ok(None),
+            Ok(answer) => Ok(Some(LeaseTtl {
+                granted_s: answer.granted_ttl,
+                remaining_s: answer.ttl,
+            })),
+            Err(status) if is_lease_not_found(&status) => Ok(None),
+            Err(status) => Err(unavailable(status)),
+        }
     }
 
     async fn txn(

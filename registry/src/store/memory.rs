@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Condition, Event, KeyValue, LeaseId, Put, Revision, Store, StoreError, WatchBatch, WatchStream};
+use super::{Condition, Event, KeyValue, LeaseId, LeaseTtl, Put, Revision, Store, StoreError, WatchBatch, WatchStream};
 
 /// Events kept for watchers that resume from an older revision.
 const HISTORY_LIMIT: usize = 100_000;
@@ -202,6 +202,20 @@ impl Store for MemoryStore {
             }
             _ => Err(StoreError::LeaseNotFound(lease)),
         }
+    }
+
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<LeaseTtl>, StoreError> {
+        let state = self.lock();
+        let now = Instant::now();
+        Ok(state
+            .leases
+            .get(&lease)
+            .filter(|entry| entry.expires_at > now)
+            .map(|entry| LeaseTtl {
+                granted_s: entry.ttl_s,
+                // Whole seconds, rounded down, as etcd answers them.
+                remaining_s: i64::try_from(entry.expires_at.duration_since(now).as_secs()).unwrap_or(i64::MAX),
+            }))
     }
 
     async fn txn(

@@ -66,6 +66,24 @@ pub struct Put {
     pub lease: LeaseId,
 }
 
+/// What the store knows of a live lease: the TTL it was granted and the
+/// whole seconds left before it expires (etcd's `LeaseTimeToLive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTtl {
+    pub granted_s: i64,
+    pub remaining_s: i64,
+}
+
+impl LeaseTtl {
+    /// Whole seconds since the lease was last renewed (granted or kept
+    /// alive). etcd counts the remaining time in whole seconds, rounded
+    /// down, so this errs by under a second towards older; after an etcd
+    /// leader change the new leader extends every lease, which reads as 0.
+    pub fn age_s(&self) -> i64 {
+        (self.granted_s - self.remaining_s).max(0)
+    }
+}
+
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum StoreError {
     #[error("lease {0} not found (expired or revoked)")]
@@ -90,6 +108,10 @@ pub trait Store: Send + Sync + 'static {
     async fn revoke_lease(&self, lease: LeaseId) -> Result<Revision, StoreError>;
     /// Refreshes the lease; returns its TTL in seconds.
     async fn keep_alive(&self, lease: LeaseId) -> Result<i64, StoreError>;
+    /// The lease's granted TTL and time left; `None` when it is gone
+    /// (expired, revoked, or never granted). An operator read, never on a
+    /// hot path: one round trip per lease.
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<LeaseTtl>, StoreError>;
     /// Applies `puts` and `deletes` atomically if every condition holds
     /// ([`StoreError::Conflict`] otherwise); returns the new revision.
     async fn txn(
@@ -108,4 +130,24 @@ pub trait Store: Send + Sync + 'static {
     async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
     /// Answers when the store is reachable.
     async fn ping(&self) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaseTtl;
+
+    #[test]
+    fn a_lease_extended_past_its_ttl_reads_as_just_renewed() {
+        let fresh = LeaseTtl {
+            granted_s: 10,
+            remaining_s: 9,
+        };
+        assert_eq!(fresh.age_s(), 1);
+        // A new etcd leader extends every lease by an election timeout.
+        let extended = LeaseTtl {
+            granted_s: 10,
+            remaining_s: 11,
+        };
+        assert_eq!(extended.age_s(), 0);
+    }
 }

@@ -62,6 +62,7 @@ impl TestRegistry {
             listener_tls: None,
             service: RegistryConfig {
                 tenant: "default".into(),
+                tenant_map: None,
                 ttl: TtlBounds {
                     min_s: 1,
                     max_s: 300,

@@ -15,7 +15,8 @@
 //! from the snapshot, the recent-calls ring and the task store; never on
 //! the request path. Actions: dead-letter replay is the slow path's own
 //! route; drains, weights and traffic splits are the registry's, relayed with the
-//! operator's own token ([`relay`]) so the registry records who did it.
+//! operator's own token ([`relay`]) so the registry records who did it, as is
+//! the heartbeat ages read (the lease in etcd is the only place that knows them).
 
 pub mod openapi;
 mod relay;
@@ -99,6 +100,7 @@ pub fn routes(state: ConsoleState) -> axum::Router {
             "/v1/agents/{agent_id}/drain",
             post(relay::drain).fallback(method_not_allowed),
         )
+        .route("/v1/heartbeats", get(relay::heartbeats).fallback(method_not_allowed))
         .route(
             "/v1/capabilities/{name}/split",
             get(relay::split)

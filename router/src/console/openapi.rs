@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 15] = [
+pub const PATHS: [(&str, &str); 16] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -18,6 +18,7 @@ pub const PATHS: [(&str, &str); 15] = [
     ("/v1/backlog", "get"),
     ("/v1/agents/{agent_id}/weight", "put"),
     ("/v1/agents/{agent_id}/drain", "post"),
+    ("/v1/heartbeats", "get"),
     ("/v1/capabilities/{name}/split", "get"),
     ("/v1/capabilities/{name}/split", "put"),
     ("/v1/capabilities/{name}/split", "delete"),
@@ -75,6 +76,33 @@ fn relayed(summary: &str, extra: Value) -> Value {
     if let (Value::Object(operation), Value::Object(extra)) = (&mut operation, extra) {
         operation.extend(extra);
     }
+    operation
+}
+
+/// `GET /v1/heartbeats`: relayed like the operator routes, with its own answer.
+fn heartbeats() -> Value {
+    let mut operation = relayed(
+        "Every live instance's last heartbeat age, from its lease in etcd (operators; relayed to the registry)",
+        json!({}),
+    );
+    let heartbeat = json!({
+        "type": "object",
+        "properties": {
+            "agent_id": { "type": "string" },
+            "lease_id": { "type": "integer" },
+            "ttl_s": { "type": "integer", "description": "The TTL etcd granted the lease." },
+            "remaining_s": { "type": "integer", "description": "Whole seconds before the lease expires without another heartbeat." },
+            "age_s": { "type": "integer", "description": "Whole seconds (rounded up) since a heartbeat last renewed the lease: ttl_s - remaining_s. An etcd leader change renews every lease, which reads as 0." }
+        }
+    });
+    operation["description"] = json!("The registry's `GET /v1/heartbeats` (DESIGN §2.9), relayed with the operator's own token. The registry reads each instance's lease from etcd (LeaseTimeToLive), so the age is the same whichever registry replica took the heartbeats. An instance whose lease is gone is not listed. The registry's own codes pass through (FORBIDDEN for a caller not under `operators:`, STORE_UNAVAILABLE when etcd does not answer).");
+    operation["responses"]["200"] = object(
+        "The heartbeats, by agent_id.",
+        json!({
+            "heartbeats": { "type": "array", "items": heartbeat },
+            "observed_at_ms": { "type": "integer", "description": "When the registry read the leases (epoch ms)." }
+        }),
+    );
     operation
 }
 
@@ -171,6 +199,7 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
         "/v1/agents/{agent_id}/drain": { "post": relayed("Drain an instance: its status becomes `draining` (final), routers send it no new call, its heartbeats keep its lease until it leaves (operators; relayed to the registry)", json!({
             "parameters": [{ "name": "agent_id", "in": "path", "required": true, "schema": { "type": "string" } }]
         })) },
+        "/v1/heartbeats": { "get": heartbeats() },
         "/v1/capabilities/{name}/split": {
             "get": relayed("A capability's traffic split (operators; relayed to the registry)", json!({ "parameters": name })),
             "put": relayed("Split unpinned calls between versions (operators; relayed to the registry)", json!({

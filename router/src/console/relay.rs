@@ -1,6 +1,7 @@
 //! The registry's operator routes on the router (`POST /v1/agents/{id}/drain`,
 //! `PUT /v1/agents/{id}/weight`,
-//! `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`): the same paths,
+//! `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`, and the one read
+//! only the registry can answer, `GET /v1/heartbeats`): the same paths,
 //! bodies and answers as the registry's own (DESIGN §2.9), relayed with the
 //! operator's own token so the registry checks and records who did it. The
 //! console uses them; the CLI sends the same requests to the registry.
@@ -188,4 +189,10 @@ pub async fn split(
     body: Bytes,
 ) -> Response {
     relay(&state, &headers, method, &uri, body).await
+}
+
+/// `GET /v1/heartbeats`, relayed: the router learns instances from the
+/// `Watch` stream, which carries no heartbeat (only the lease knows it).
+pub async fn heartbeats(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap) -> Response {
+    relay(&state, &headers, Method::GET, &uri, Bytes::new()).await
 }

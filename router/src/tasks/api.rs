@@ -195,7 +195,8 @@ async fn read_task_request(
 async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
     let tasks = api.enabled()?;
     let request = read_task_request(&api.service, tasks, headers, body).await?;
-    Ok(match put(tasks, request.new_task(), request.priority).await? {
+    let bound = api.service.admission().quota().and_then(|quota| quota.task_backlog());
+    Ok(match put(tasks, request.new_task(), request.priority, bound).await? {
         Put::Created(task_id) => (
             StatusCode::ACCEPTED,
             Json(json!({ "task_id": task_id, "status": "pending" })),
@@ -229,7 +230,14 @@ pub(super) enum Put {
 
 /// Stores a submission in Redis, or in the local buffer while Redis is
 /// unreachable (`--task-buffer-dir`), and counts it.
-pub(super) async fn put(tasks: &TaskService, task: NewTask, priority: Priority) -> Result<Put, RouterError> {
+/// `backlog_bound`: the tenant's task backlog quota (checked in Redis; not
+/// while Redis is unreachable and the buffer takes the submission).
+pub(super) async fn put(
+    tasks: &TaskService,
+    task: NewTask,
+    priority: Priority,
+    backlog_bound: Option<u64>,
+) -> Result<Put, RouterError> {
     // One id whichever way the submission goes. A write that timed out, or that no
     // replica acknowledged (WAIT), may be in Redis already under this id: the
     // buffer's replay must find it there under the same one. Under a fresh id the
@@ -239,14 +247,18 @@ pub(super) async fn put(tasks: &TaskService, task: NewTask, priority: Priority) 
     let submitted = match &tasks.buffer {
         // Behind what waits in the buffer: order holds, a resubmission finds its first copy.
         Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task_id, task, priority).await,
-        Some(buffer) => match tasks.store.submit_with_id(task.clone(), &task_id).await {
+        Some(buffer) => match tasks.store.submit_within(task.clone(), &task_id, backlog_bound).await {
             Err(TaskStoreError::Unavailable(why)) => {
                 tracing::warn!(message = "Task store unreachable; keeping the submission in the local buffer.", error = %why);
                 return buffered(tasks, buffer, task_id, task, priority).await;
             }
-            other => other.map_err(store_error)?,
+            other => other.map_err(|error| submit_error(tasks, error))?,
         },
-        None => tasks.store.submit_with_id(task, &task_id).await.map_err(store_error)?,
+        None => tasks
+            .store
+            .submit_within(task, &task_id, backlog_bound)
+            .await
+            .map_err(|error| submit_error(tasks, error))?,
     };
     Ok(match submitted {
         Submitted::Created(task_id) => {
@@ -255,6 +267,28 @@ pub(super) async fn put(tasks: &TaskService, task: NewTask, priority: Priority) 
         }
         Submitted::Existing(task_id) => Put::Existing(task_id),
     })
+}
+
+/// A submission's store error; over the tenant's backlog quota, 429 naming the tenant.
+fn submit_error(tasks: &TaskService, error: TaskStoreError) -> RouterError {
+    match error {
+        TaskStoreError::BacklogFull { waiting, bound } => RouterError::new(
+            Code::RateLimited,
+            format!(
+                "tenant `{}` has {waiting} tasks waiting, its task backlog quota is {bound} (the tenant map); \
+                 retry once some have been delivered",
+                tasks.store.tenant()
+            ),
+        )
+        .with_details(json!({
+            "tenant": tasks.store.tenant(),
+            "limit": "task_backlog",
+            "waiting": waiting,
+            "bound": bound,
+            "retry_after_s": 1,
+        })),
+        other => store_error(other),
+    }
 }
 
 /// Keeps a submission in the local buffer, or refuses it with 503

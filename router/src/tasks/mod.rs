@@ -162,6 +162,15 @@ impl TaskService {
         })
     }
 
+    /// Tasks waiting to be delivered, every capability and priority (`GET /v1/tenants`).
+    pub async fn backlog_total(&self) -> Result<u64, String> {
+        let backlog = self.store.backlog().await.map_err(|error| error.to_string())?;
+        Ok(backlog
+            .into_iter()
+            .map(|(_, count)| u64::try_from(count).unwrap_or(0))
+            .sum())
+    }
+
     /// Refreshes the gauges read from the store (backlog, dead letters).
     async fn refresh_gauges(&self) {
         if let Ok(backlog) = self.store.backlog().await {
@@ -180,6 +189,11 @@ impl TaskService {
 
 fn store_error(error: TaskStoreError) -> RouterError {
     match error {
+        TaskStoreError::BacklogFull { waiting, bound } => RouterError::new(
+            Code::RateLimited,
+            format!("{waiting} tasks are waiting, the task backlog quota is {bound}; retry shortly"),
+        )
+        .with_details(json!({ "limit": "task_backlog", "waiting": waiting, "bound": bound, "retry_after_s": 1 })),
         TaskStoreError::NotFound(id) => RouterError::new(Code::TaskNotFound, format!("no task `{id}` (or it expired)")),
         TaskStoreError::Refused { current, wanted } => RouterError::new(
             Code::TaskConflict,

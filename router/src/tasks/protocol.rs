@@ -62,7 +62,8 @@ impl TaskApi {
             callback,
             ..NewTask::default()
         };
-        Ok(match api::put(tasks, task, priority).await? {
+        let bound = self.service.admission().quota().and_then(|quota| quota.task_backlog());
+        Ok(match api::put(tasks, task, priority, bound).await? {
             Put::Created(task_id) | Put::Existing(task_id) | Put::BufferedExisting(task_id) => task_id,
         })
     }

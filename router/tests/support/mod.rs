@@ -85,6 +85,12 @@ pub fn start_tenant_registry(etcd: &str, secret: &Path, acl: &Path, tenant: &str
     start_registry_with(etcd, secret, acl, &["--listen", "127.0.0.1:0", "--tenant", tenant])
 }
 
+/// A registry serving every tenant of the tenant map at `map` (home: `default`).
+pub fn start_mapped_registry(etcd: &str, secret: &Path, acl: &Path, map: &Path) -> Registry {
+    let map = map.to_str().expect("utf-8 path");
+    start_registry_with(etcd, secret, acl, &["--listen", "127.0.0.1:0", "--tenant-map", map])
+}
+
 fn start_registry_with(etcd: &str, secret: &Path, acl: &Path, extra: &[&str]) -> Registry {
     use clap::Parser;
     let mut args = vec![

@@ -112,7 +112,9 @@ function ago(ms) {
   return Math.round(seconds / 3600) + " h ago";
 }
 
-function stamp(id) { $(id).textContent = "updated " + new Date().toLocaleTimeString(); }
+function stamp(id, warning) {
+  $(id).textContent = "updated " + new Date().toLocaleTimeString() + (warning ? "; " + warning : "");
+}
 
 // === Confirmation ===
 
@@ -150,11 +152,23 @@ function confirmAction(title, text, fields, run) {
 
 // === Agents ===
 
+// The registry's heartbeat ages by agent_id; empty when it cannot say (the
+// cells then show "—", and the reason is in their tooltip).
+function heartbeatAges(answer) {
+  const ages = new Map();
+  if (answer.status === 200 && answer.body && Array.isArray(answer.body.heartbeats)) {
+    for (const beat of answer.body.heartbeats) ages.set(beat.agent_id, beat);
+    return { ages, why: "" };
+  }
+  return { ages, why: "heartbeat ages unavailable: " + problem(answer) };
+}
+
 async function loadAgents() {
-  const answer = await api("GET", "/v1/routing/instances");
+  const [answer, beats] = await Promise.all([api("GET", "/v1/routing/instances"), api("GET", "/v1/heartbeats")]);
   if (answer.status !== 200) return failed(answer);
   const data = answer.body;
   const stale = !data.snapshot.registry_connected;
+  const heartbeats = heartbeatAges(beats);
   const items = data.instances;
   $("agents-empty").hidden = items.length > 0;
   rows($("agents").tBodies[0], items, (item) => item.agent_id + "|" + item.capability + "|" + item.version, (row, item) => {
@@ -183,12 +197,14 @@ async function loadAgents() {
     health.title = "health " + item.health + "/100";
     cell(row, 6, item.breaker, item.breaker === "open" ? "bad-text" : "");
     cell(row, 7, item.inflight, "num");
-    cell(row, 8, stale ? "registry lost " + Math.round(data.snapshot.staleness_ms / 1000) + " s" : "lease live");
+    const beat = heartbeats.ages.get(item.agent_id);
+    const age = cell(row, 8, beat ? beat.age_s + " s ago" : "—", "num age");
+    age.title = beat ? "lease " + beat.ttl_s + " s, expires in " + beat.remaining_s + " s without a heartbeat" : (heartbeats.why || "no live lease for this instance");
     const actions = row.cells[9] || row.insertCell();
     button(actions, "Weight…", () => changeWeight(item), "weight");
     button(actions, "Drain…", () => drain(item), "drain").disabled = item.status === "draining";
   });
-  stamp("agents-updated");
+  stamp("agents-updated", stale ? "registry lost " + Math.round(data.snapshot.staleness_ms / 1000) + " s ago" : "");
 }
 
 function drain(item) {

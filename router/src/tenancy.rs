@@ -1,0 +1,306 @@
+//! One router, many tenants (DESIGN §8 "Tenants"). With `--tenant-map`, each
+//! tenant the map names has a [`Part`] of its own: a snapshot fed by a Watch
+//! authenticated in that tenant, its ACL (the entry's file, else `--acl`),
+//! its quotas, its slow path on its placement (the entry's Redis, else
+//! `--redis`), its recent calls, its series (labelled `tenant`). Requests
+//! reach their tenant's part by the token's claim
+//! ([`agent_reach_edge::tenants`]); the part verifies the token and serves its
+//! tenant only. What every part shares: the assertion keys, the agent TLS
+//! settings, the console's registry relay.
+//!
+//! The map is followed: a tenant added is built, one removed dropped (its
+//! Watch and task worker stop with it), a changed placement or ACL file
+//! rebuilds the part, changed quotas apply in place.
+//!
+//! The process answers `/metrics` (every part's series in one exposition),
+//! `/readyz` (every part's snapshot) and `GET /v1/tenants` itself.
+
+use std::sync::{Arc, Weak};
+
+use agent_reach_access::{AclHandle, Authenticator};
+use agent_reach_edge::tenants::Parts;
+use agent_reach_links::{TenantEntry, TenantMapHandle};
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{json, Value};
+
+use crate::answer::{method_not_allowed, refused};
+use crate::assertion::Assertions;
+use crate::config::Settings;
+use crate::console::Console;
+use crate::metrics::Metrics;
+use crate::service::RouterService;
+use crate::tasks::TaskService;
+use crate::tuning::Tuning;
+use crate::{admission, forward, limits, snapshot, watch};
+
+/// One tenant's router.
+pub(crate) struct Part {
+    pub(crate) service: Arc<RouterService>,
+    pub(crate) tasks: Option<Arc<TaskService>>,
+    pub(crate) app: axum::Router,
+    /// The map's entry it serves (placement and policy file fixed; quotas updated in place).
+    entry: ArcSwap<TenantEntry>,
+}
+
+pub(crate) type TenantParts = Parts<Arc<Part>>;
+
+/// What every tenant's part is built from.
+pub(crate) struct Shared {
+    pub(crate) settings: Settings,
+    pub(crate) tuning: Tuning,
+    pub(crate) assertions: Arc<Assertions>,
+    pub(crate) agent_tls: Result<Arc<rustls::ClientConfig>, String>,
+    pub(crate) console: Arc<Console>,
+    /// Whether the parts come from a tenant map (their quotas then apply).
+    pub(crate) from_map: bool,
+}
+
+impl Shared {
+    /// `tenant`'s part, its series in `metrics`.
+    pub(crate) fn part(&self, tenant: &str, entry: &TenantEntry, metrics: Metrics) -> anyhow::Result<Arc<Part>> {
+        let settings = &self.settings;
+        let acl_path = entry.acl.as_ref().unwrap_or(&settings.acl);
+        let acl = AclHandle::load_and_watch(acl_path, &metrics.registry)
+            .with_context(|| format!("tenant `{tenant}`'s ACL"))?;
+        let auth = Authenticator::load(&settings.auth)
+            .map_err(anyhow::Error::msg)?
+            .serving(tenant);
+        let snapshot = Arc::new(snapshot::SnapshotHandle::new());
+        tokio::spawn(watch::run(
+            settings.registry.clone(),
+            settings.registry_tls.clone(),
+            settings.registry_credential.clone(),
+            tenant.to_string(),
+            snapshot.clone(),
+            metrics.clone(),
+        ));
+        let tasks = match &settings.tasks {
+            Some(tasks) => {
+                // The slow path's keys are the tenant's (`{prefix}:{tenant}:…`), on its placement.
+                let mut tasks = tasks.clone();
+                tasks.store.tenant = tenant.to_string();
+                if let Some(redis) = &entry.redis {
+                    tasks.redis = redis.clone();
+                }
+                Some(Arc::new(TaskService::new(&tasks, &metrics.registry).map_err(
+                    |why| anyhow::anyhow!("tenant `{tenant}`'s slow path: {why}"),
+                )?))
+            }
+            None => None,
+        };
+        let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
+        let mut admission = admission::Admission::new(acl, limiter, &self.tuning);
+        if self.from_map {
+            admission = admission.with_quota(tenant, &entry.quotas);
+        }
+        let service = Arc::new(RouterService::new(
+            self.tuning.clone(),
+            snapshot,
+            admission,
+            auth,
+            self.assertions.clone(),
+            forward::Forwarder::new(self.tuning.pool_idle_per_instance, self.agent_tls.clone()),
+            metrics,
+        ));
+        if let Some(tasks) = &tasks {
+            tasks.start(&service);
+        }
+        let app = crate::app::routes(service.clone(), tasks.clone(), self.console.clone());
+        Ok(Arc::new(Part {
+            service,
+            tasks,
+            app,
+            entry: ArcSwap::from_pointee(entry.clone()),
+        }))
+    }
+
+    /// A part for a tenant of the map, its series labelled with its name.
+    fn labelled_part(&self, tenant: &str, entry: &TenantEntry) -> anyhow::Result<Arc<Part>> {
+        let metrics =
+            Metrics::in_registry(agent_reach_edge::tenants::metrics_registry(tenant)).context("registering metrics")?;
+        self.part(tenant, entry, metrics)
+    }
+
+    /// Every tenant of the map's part.
+    pub(crate) fn parts_of(&self, map: &agent_reach_links::TenantMap) -> anyhow::Result<Vec<(String, Arc<Part>)>> {
+        map.tenants()
+            .map(|(tenant, entry)| Ok((tenant.to_string(), self.labelled_part(tenant, entry)?)))
+            .collect()
+    }
+}
+
+/// Follows the tenant map's edits until the router is gone.
+pub(crate) async fn follow(map: TenantMapHandle, parts: Weak<TenantParts>, shared: Arc<Shared>) {
+    let mut changes = map.subscribe();
+    while changes.changed().await.is_ok() {
+        let Some(parts) = parts.upgrade() else {
+            return;
+        };
+        let map = changes.borrow_and_update().clone();
+        let mut next = Vec::new();
+        for (tenant, entry) in map.tenants() {
+            match parts.get(tenant) {
+                Some(part) if part.entry.load().same_placement(entry) => {
+                    if let Some(quota) = part.service.admission().quota() {
+                        quota.set(&entry.quotas);
+                    }
+                    part.entry.store(Arc::new(entry.clone()));
+                    next.push((tenant.to_string(), part));
+                }
+                existing => match shared.labelled_part(tenant, entry) {
+                    Ok(part) => {
+                        tracing::info!(message = "Tenant served.", tenant, placement = %entry.placement());
+                        next.push((tenant.to_string(), part));
+                    }
+                    Err(error) => {
+                        tracing::error!(
+                            message = "Tenant's part could not be built; keeping what it had.",
+                            tenant,
+                            error = %format!("{error:#}")
+                        );
+                        if let Some(part) = existing {
+                            next.push((tenant.to_string(), part));
+                        }
+                    }
+                },
+            }
+        }
+        let removed: Vec<_> = parts
+            .all()
+            .into_iter()
+            .filter(|(tenant, _)| !map.contains(tenant))
+            .map(|(tenant, _)| tenant)
+            .collect();
+        match parts.replace(next) {
+            Ok(()) => {
+                for tenant in removed {
+                    tracing::info!(message = "Tenant no longer served.", tenant = %tenant);
+                }
+            }
+            Err(why) => tracing::error!(message = "Tenant map edit not applied.", problem = %why),
+        }
+    }
+}
+
+/// The process's own routes, then each request to its tenant's part.
+pub(crate) fn routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> axum::Router {
+    fn app_of(part: &Arc<Part>) -> axum::Router {
+        part.app.clone()
+    }
+    let state = Process {
+        parts: parts.clone(),
+        registry: process,
+    };
+    axum::Router::new()
+        .route("/metrics", get(metrics).fallback(method_not_allowed))
+        .route("/readyz", get(readyz).fallback(method_not_allowed))
+        .route("/v1/tenants", get(list).fallback(method_not_allowed))
+        .with_state(state)
+        .merge(agent_reach_edge::tenants::dispatch_with(parts, app_of))
+}
+
+#[derive(Clone)]
+struct Process {
+    parts: Arc<TenantParts>,
+    /// The process's own series (assertion keys).
+    registry: prometheus::Registry,
+}
+
+async fn metrics(State(process): State<Process>) -> Response {
+    let parts = process.parts.all();
+    for (_, part) in &parts {
+        crate::http::refresh_gauges(&part.service);
+    }
+    let registries =
+        std::iter::once(&process.registry).chain(parts.iter().map(|(_, part)| &part.service.metrics().registry));
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        agent_reach_edge::tenants::render_metrics(registries),
+    )
+        .into_response()
+}
+
+/// Ready when every tenant's snapshot is.
+async fn readyz(State(process): State<Process>) -> Response {
+    let parts = process.parts.all();
+    let mut lines = Vec::new();
+    for (tenant, part) in &parts {
+        match crate::http::readiness(&part.service) {
+            Ok(text) => lines.push(format!("{tenant}: {text}")),
+            Err(why) => {
+                return (StatusCode::SERVICE_UNAVAILABLE, format!("tenant `{tenant}`: {why}\n")).into_response();
+            }
+        }
+    }
+    (
+        StatusCode::OK,
+        format!("ready ({} tenants)\n{}\n", parts.len(), lines.join("\n")),
+    )
+        .into_response()
+}
+
+/// `GET /v1/tenants`: each tenant served, its placement, quotas and usage,
+/// for the home tenant's operators.
+async fn list(State(process): State<Process>, headers: HeaderMap) -> Response {
+    let home = process.parts.home();
+    if let Err(error) = crate::operator::operator(&home.service, &headers) {
+        return refused(error);
+    }
+    let mut tenants = Vec::new();
+    for (tenant, part) in process.parts.all() {
+        tenants.push(describe(&tenant, &part).await);
+    }
+    axum::Json(json!({ "home": &*process.parts.home_name(), "tenants": tenants })).into_response()
+}
+
+async fn describe(tenant: &str, part: &Part) -> Value {
+    let entry = part.entry.load();
+    let quotas = &entry.quotas;
+    let families = part.service.metrics().registry.gather();
+    let total = |name: &str| -> u64 {
+        families
+            .iter()
+            .filter(|family| family.get_name() == name)
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_counter().get_value() as u64)
+            .sum()
+    };
+    let snapshot = part.service.snapshot().load();
+    let in_flight: u64 = snapshot
+        .capabilities
+        .values()
+        .flat_map(|capability| capability.versions.iter())
+        .flat_map(|group| group.instances.iter())
+        .map(|instance| u64::from(instance.state.inflight()))
+        .sum();
+    let task_backlog = match &part.tasks {
+        Some(tasks) => match tasks.backlog_total().await {
+            Ok(count) => json!(count),
+            Err(why) => json!({ "unavailable": why }),
+        },
+        None => Value::Null,
+    };
+    json!({
+        "name": tenant,
+        "placement": entry.placement(),
+        "acl": entry.acl.as_ref().map(|path| path.display().to_string()),
+        "quotas": {
+            "rate_per_s": quotas.rate_per_s,
+            "burst": quotas.rate_per_s.map(|rate| quotas.burst_for(rate)),
+            "concurrency": quotas.concurrency,
+            "task_backlog": quotas.task_backlog,
+        },
+        "usage": {
+            "instances": snapshot.instance_count,
+            "in_flight": in_flight,
+            "requests_total": total("agent_reach_router_requests_total"),
+            "rate_limited_total": total("agent_reach_router_rate_limited_total"),
+            "task_backlog": task_backlog,
+        },
+    })
+}
