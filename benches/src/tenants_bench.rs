@@ -11,8 +11,9 @@
 //! processes (this binary re-executed) with the same `--tenant-map`: `team-a`
 //! with a quota of `--a-quota` requests/s, `team-b` without one. Each tenant
 //! has its own JSON agent, registered with its own token under the same agent
-//! name and capability. Loads are open-loop (requests sent on a schedule, a
-//! latency measured from when its request was due, so a stalled router is
+//! name and capability. Loads are open-loop (requests sent on a schedule; a
+//! request sent late because the previous answer on its connection came back
+//! after it was due is measured from when it was due, so a stalled router is
 //! not hidden by a client that waited): B at `--b-rate` over
 //! `--b-connections` connections; A at `--a-rate` (default twice its quota)
 //! over `--a-connections`. Per `--rounds` interleaved rounds: B alone for
@@ -160,6 +161,15 @@ async fn open_loop(load: &Load, duration: Duration) -> anyhow::Result<Outcome> {
             while due < end {
                 tokio::time::sleep_until(due.into()).await;
                 sender.ready().await?;
+                // From when it is sent: the timer wakes up to a millisecond late, which
+                // is the client's, not the router's. A schedule that slipped (the last
+                // answer came back after this one was due) counts from when it was due.
+                let sent = Instant::now();
+                let from = if sent.duration_since(due) > period / 2 {
+                    due
+                } else {
+                    sent
+                };
                 let request = http::Request::post("/v1/invoke")
                     .header(http::header::HOST, "bench")
                     .header(http::header::AUTHORIZATION, &load.authorization)
@@ -171,7 +181,7 @@ async fn open_loop(load: &Load, duration: Duration) -> anyhow::Result<Outcome> {
                 match status.as_u16() {
                     200 => {
                         outcome.ok += 1;
-                        outcome.latencies.push(due.elapsed());
+                        outcome.latencies.push(from.elapsed());
                     }
                     429 => outcome.limited += 1,
                     _ => outcome.other += 1,
@@ -187,6 +197,42 @@ async fn open_loop(load: &Load, duration: Duration) -> anyhow::Result<Outcome> {
     }
     total.latencies.sort();
     Ok(total)
+}
+
+/// `load` for `duration` on a thread and runtime of its own, so that neither
+/// tenant's client (nor the agents) queues behind the other's tasks in this
+/// process: what B measures is the router, not its neighbour's load generator.
+fn open_loop_alone(load: &Load, duration: Duration) -> std::thread::JoinHandle<anyhow::Result<Outcome>> {
+    let load = load.clone();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(open_loop(&load, duration))
+    })
+}
+
+/// A JSON agent on a thread and runtime of its own (see [`open_loop_alone`]).
+fn agent_alone() -> anyhow::Result<SocketAddr> {
+    let (sent, addr) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                let _ = sent.send(Err(anyhow::Error::new(error)));
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            let _ = sent.send(start_json_agent().await);
+            std::future::pending::<()>().await
+        });
+    });
+    addr.recv()?
+}
+
+fn joined(handle: std::thread::JoinHandle<anyhow::Result<Outcome>>) -> anyhow::Result<Outcome> {
+    handle.join().map_err(|_| anyhow::anyhow!("a load thread panicked"))?
 }
 
 // === The run ===
@@ -253,7 +299,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)
     };
     for tenant in ["team-a", "team-b"] {
-        let agent = start_json_agent().await?;
+        let agent = agent_alone()?;
         register(
             &client,
             &registry,
@@ -311,7 +357,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     )
     .await?;
     // Warm-up: connections, pools, caches.
-    open_loop(&b, Duration::from_secs(2)).await?;
+    joined(open_loop_alone(&b, Duration::from_secs(2)))?;
 
     let duration = Duration::from_secs(args.duration_s);
     println!(
@@ -326,9 +372,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut flood_p99s = Vec::new();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     for round in 1..=args.rounds {
-        let alone = open_loop(&b, duration).await?;
-        let (flooded, flood) = tokio::join!(open_loop(&b, duration), open_loop(&a, duration));
-        let (flooded, flood) = (flooded?, flood?);
+        let alone = joined(open_loop_alone(&b, duration))?;
+        let (flooded, flood) = (open_loop_alone(&b, duration), open_loop_alone(&a, duration));
+        let (flooded, flood) = (joined(flooded)?, joined(flood)?);
         anyhow::ensure!(
             alone.other == 0 && flooded.other == 0 && alone.limited == 0 && flooded.limited == 0,
             "tenant B had failed calls (alone: {} failed, {} limited; with A: {} failed, {} limited)",

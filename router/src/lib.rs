@@ -190,18 +190,16 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     for registry in &settings.registry {
         agent_reach_edge::tls::grpc_endpoint(registry, &settings.registry_tls).context("the registry's address")?;
     }
-    let map = match &settings.tenant_map {
-        Some(path) => Some(agent_reach_links::TenantMapHandle::load_and_watch(path).map_err(anyhow::Error::msg)?),
-        None => None,
-    };
     // Without a map the one tenant's series are the process's, unlabelled, as before tenants.
-    let home_metrics = match &map {
-        None => Some(metrics::Metrics::new().context("registering metrics")?),
-        Some(_) => None,
+    let tenancy = match &settings.tenant_map {
+        Some(path) => {
+            Tenancy::Map(agent_reach_links::TenantMapHandle::load_and_watch(path).map_err(anyhow::Error::msg)?)
+        }
+        None => Tenancy::One(metrics::Metrics::new().context("registering metrics")?),
     };
-    let process_registry = match &home_metrics {
-        Some(metrics) => metrics.registry.clone(),
-        None => prometheus::Registry::new(),
+    let process_registry = match &tenancy {
+        Tenancy::One(metrics) => metrics.registry.clone(),
+        Tenancy::Map(_) => prometheus::Registry::new(),
     };
     let assertions =
         assertion::Assertions::load(settings.assertion.clone(), &process_registry).map_err(anyhow::Error::msg)?;
@@ -219,26 +217,31 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
             &settings.registry_tls,
             tls.is_some(),
         )),
-        from_map: map.is_some(),
+        from_map: matches!(tenancy, Tenancy::Map(_)),
     });
-    let (parts, process_metrics) = match (map, home_metrics) {
-        (None, Some(metrics)) => {
+    let (parts, process_metrics) = match tenancy {
+        Tenancy::One(metrics) => {
             let part = shared.part(&settings.tenant, &agent_reach_links::TenantEntry::default(), metrics)?;
             (Arc::new(tenancy::TenantParts::single(&settings.tenant, part)), None)
         }
-        (Some(map), _) => {
+        Tenancy::Map(map) => {
             let parts = shared.parts_of(&map.current())?;
             let parts = Arc::new(tenancy::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
             tokio::spawn(tenancy::follow(map, Arc::downgrade(&parts), shared));
             (parts, Some(process_registry))
         }
-        (None, None) => unreachable!("without a map the home metrics were made above"),
     };
     Ok(Router {
         parts,
         process_metrics,
         tls,
     })
+}
+
+/// One tenant (its series the process's), or a tenant map's.
+enum Tenancy {
+    One(metrics::Metrics),
+    Map(agent_reach_links::TenantMapHandle),
 }
 
 /// Runs the router until `shutdown` resolves.
