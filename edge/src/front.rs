@@ -14,7 +14,7 @@
 //! service's [`HotRoutes::route`] takes, at most one `Content-Length` (digits
 //! only, within the body limit; none means no body), every header name and
 //! value valid, no `Transfer-Encoding`, `Expect`, `Upgrade` or `Connection`
-//! header, and no `Accept` naming `text/event-stream` (a streamed answer). Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
+//! header. Anything else (another route, HTTP/1.0 or 2, gRPC, a chunked body, a
 //! malformed or oversized head, a body over the limit) hands the connection,
 //! with every byte already read, to hyper, which serves it from that request on
 //! exactly as it serves any connection (as HTTP/1.1 only once this loop has
@@ -24,6 +24,12 @@
 //! handles them as it always does (with both, the body is chunked and the
 //! connection closed after the answer; differing lengths are refused). The
 //! `front_door` fuzz target holds the door and hyper alone to the same framing.
+//!
+//! A hot route's answer whose body has no known length (server-sent events)
+//! is written as it comes, with chunked framing: every frame ready by the
+//! time the previous write finished goes out in one write as one chunk, and a caller that
+//! closes the connection meanwhile ends the answer (its body is dropped),
+//! as hyper would (see [`write_streamed`]).
 //!
 //! With TLS ([`Door::tls`]) each connection is first a TLS handshake
 //! (bounded by [`HANDSHAKE_TIMEOUT`]); `h2` is offered by ALPN, so gRPC and
@@ -385,11 +391,18 @@ impl<H: HotRoutes> Connection<H> {
             };
             let body = input.split_to(request.body_len).freeze();
             let response = self.door.hot.call(request.route, headers, body).await;
-            let Some(answer) = encode_response(response, &mut output).await else {
-                return;
+            let written = match response {
+                // A body of unknown length is a stream (server-sent events): written as it comes.
+                Answer::Response(response) if axum::body::HttpBody::size_hint(response.body()).exact().is_none() => {
+                    write_streamed(&mut stream, &mut input, response, &mut output).await
+                }
+                response => match encode_response(response, &mut output).await {
+                    // TLS buffers records: the flush sends them (a no-op on plain TCP).
+                    Some(answer) => stream.write_all(answer).await.is_ok() && stream.flush().await.is_ok(),
+                    None => false,
+                },
             };
-            // TLS buffers records: the flush sends them (a no-op on plain TCP).
-            if stream.write_all(answer).await.is_err() || stream.flush().await.is_err() {
+            if !written {
                 return;
             }
             served = Served::Http1;
@@ -529,10 +542,6 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
                 (None, Some(length)) if length <= limit => body_len = Some(length),
                 _ => return Head::Other,
             }
-        } else if name.eq_ignore_ascii_case(b"accept") && asks_for_events(header.value) {
-            // A streamed answer: hyper writes it as it comes and notices a caller
-            // that went away; this loop writes whole answers only.
-            return Head::Other;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -554,14 +563,6 @@ fn parse_head<H: HotRoutes>(input: &[u8], hot: &H, limit: usize) -> Head<H::Rout
         body_len: body_len.unwrap_or(0),
         fields,
     })
-}
-
-/// Whether an `Accept` value names `text/event-stream` (server-sent events).
-fn asks_for_events(value: &[u8]) -> bool {
-    const EVENTS: &[u8] = b"text/event-stream";
-    value
-        .windows(EVENTS.len())
-        .any(|window| window.eq_ignore_ascii_case(EVENTS))
 }
 
 /// A `Content-Length` value: one to nineteen ASCII digits, nothing else.
@@ -599,6 +600,144 @@ async fn encode_response(answer: Answer, output: &mut Vec<u8>) -> Option<&[u8]> 
         output.extend_from_slice(b"\r\n");
     }
     Some(finish_answer(&body, output))
+}
+
+/// Most bytes of a streamed answer gathered for one write.
+const STREAM_BATCH_BYTES: usize = 64 * 1024;
+
+/// Writes a streamed answer (a body of unknown length) with chunked framing
+/// as its frames come: every frame ready when the last write finished goes
+/// out in the next one, as one chunk (a proxy relaying what one read
+/// brought, as nginx does), so a frame waits for nothing but the write
+/// before it. While it
+/// waits for the body, the connection is watched: a caller that closes it
+/// ends the answer, and dropping the body cancels whatever produces it (as
+/// hyper notices a caller that went away). `false`: the connection is done.
+async fn write_streamed<S: Stream>(
+    stream: &mut S,
+    input: &mut BytesMut,
+    response: axum::response::Response,
+    output: &mut Vec<u8>,
+) -> bool {
+    let (parts, body) = response.into_parts();
+    status_line(parts.status, output);
+    for (name, value) in &parts.headers {
+        if name == http::header::CONTENT_LENGTH
+            || name == http::header::DATE
+            || name == http::header::CONNECTION
+            || name == http::header::TRANSFER_ENCODING
+        {
+            continue;
+        }
+        output.extend_from_slice(name.as_str().as_bytes());
+        output.extend_from_slice(b": ");
+        output.extend_from_slice(value.as_bytes());
+        output.extend_from_slice(b"\r\n");
+    }
+    output.extend_from_slice(b"date: ");
+    with_date(|date| output.extend_from_slice(date));
+    output.extend_from_slice(b"\r\ntransfer-encoding: chunked\r\n\r\n");
+    let mut body = std::pin::pin!(body);
+    // The head goes out with the first frame if it is ready, else alone: the
+    // caller learns at once that the answer has begun. Only the first frame:
+    // the time to the first event is not spent producing the ones behind it.
+    let mut step = futures::FutureExt::now_or_never(std::future::poll_fn(|cx| gather(body.as_mut(), cx, output, 1)));
+    // Reading stops once a caller has sent more than a head ahead (pipelined).
+    let mut watching = true;
+    loop {
+        match step {
+            Some(Gathered::Failed) => return false,
+            Some(Gathered::End) | Some(Gathered::More) | None => {}
+        }
+        if !output.is_empty() && (stream.write_all(output).await.is_err() || stream.flush().await.is_err()) {
+            return false;
+        }
+        output.clear();
+        if matches!(step, Some(Gathered::End)) {
+            return true;
+        }
+        step = loop {
+            tokio::select! {
+                biased;
+                gathered = std::future::poll_fn(|cx| gather(body.as_mut(), cx, output, usize::MAX)) => {
+                    break Some(gathered)
+                }
+                read = stream.read_buf(input), if watching => match read {
+                    // The caller went away (or half-closed: hyper's default treats it alike).
+                    Ok(0) | Err(_) => return false,
+                    Ok(_) => watching = input.len() <= MAX_HEAD_BYTES,
+                },
+            }
+        };
+    }
+}
+
+/// A chunk's size line (the length in hex, CRLF) in `line`; its length.
+fn chunk_size(length: usize, line: &mut [u8; 18]) -> usize {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digits = ((usize::BITS - length.leading_zeros()).div_ceil(4).max(1)) as usize;
+    for at in 0..digits {
+        line[digits - 1 - at] = HEX[(length >> (at * 4)) & 0xf];
+    }
+    line[digits..digits + 2].copy_from_slice(b"\r\n");
+    digits + 2
+}
+
+/// What [`gather`] found.
+enum Gathered {
+    /// Frames appended to the output (up to [`STREAM_BATCH_BYTES`]).
+    More,
+    /// The body ended; its last frames and the last chunk are appended.
+    End,
+    /// The body failed: the answer cannot be finished.
+    Failed,
+}
+
+/// Appends every frame `body` has ready (at most `most_frames`) to `output`
+/// as one chunk (as nginx relays what one read brought: a client then parses
+/// one chunk, not one per frame); `Pending` only when none was ready.
+fn gather(
+    mut body: Pin<&mut axum::body::Body>,
+    cx: &mut TaskContext<'_>,
+    output: &mut Vec<u8>,
+    most_frames: usize,
+) -> Poll<Gathered> {
+    use axum::body::HttpBody as _;
+    let start = output.len();
+    let mut frames = 0;
+    let gathered = loop {
+        if output.len() - start >= STREAM_BATCH_BYTES || frames >= most_frames {
+            break Gathered::More;
+        }
+        match body.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                // Trailers are not written (nothing here sends them).
+                if let Ok(data) = frame.into_data() {
+                    output.extend_from_slice(&data);
+                    frames += 1;
+                }
+            }
+            Poll::Ready(Some(Err(error))) => {
+                tracing::debug!(message = "A streamed answer's body failed.", %error);
+                return Poll::Ready(Gathered::Failed);
+            }
+            Poll::Ready(None) => break Gathered::End,
+            Poll::Pending if output.len() > start => break Gathered::More,
+            Poll::Pending => return Poll::Pending,
+        }
+    };
+    let length = output.len() - start;
+    if length > 0 {
+        // The size line goes before the data it counts (a move of at most a batch).
+        let mut line = [0u8; 18];
+        let line_length = chunk_size(length, &mut line);
+        output.splice(start..start, line[..line_length].iter().copied());
+        output.extend_from_slice(b"\r\n");
+    }
+    if matches!(gathered, Gathered::End) {
+        output.extend_from_slice(b"0\r\n\r\n");
+    }
+    Poll::Ready(gathered)
 }
 
 /// Starts `output` afresh with the status line.
@@ -764,6 +903,9 @@ mod tests {
         assert!(matches!(bodiless, Head::Hot(Hot { body_len: 0, .. })));
         let json = head("POST /v1/invoke HTTP/1.1\r\naccept: application/json\r\ncontent-length: 2\r\n\r\n{}");
         assert!(matches!(json, Head::Hot(Hot { body_len: 2, .. })));
+        // A streamed answer is the fast path's too (written as it comes).
+        let events = head("POST /v1/invoke HTTP/1.1\r\naccept: text/event-stream\r\ncontent-length: 2\r\n\r\n{}");
+        assert!(matches!(events, Head::Hot(Hot { body_len: 2, .. })));
 
         for other in [
             "GET /healthz HTTP/1.1\r\n\r\n",
@@ -782,9 +924,6 @@ mod tests {
             "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nx: a\x01b\r\n\r\n",
             "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             "POST /v1/invoke HTTP/1.1\r\nbad header\r\n\r\n",
-            // A streamed answer is hyper's to write.
-            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\naccept: text/event-stream\r\n\r\n",
-            "POST /v1/invoke HTTP/1.1\r\ncontent-length: 2\r\nAccept: application/json, Text/Event-Stream\r\n\r\n",
         ] {
             assert!(matches!(head(other), Head::Other), "{other:?} must be hyper's");
         }
@@ -835,6 +974,137 @@ mod tests {
             0,
             "a request after the preface was routed"
         );
+    }
+
+    /// `POST /v1/invoke` answering a stream fed by the test (one per request, in order).
+    #[derive(Clone)]
+    struct Streams(Arc<std::sync::Mutex<Vec<tokio::sync::mpsc::Receiver<Bytes>>>>);
+
+    impl HotRoutes for Streams {
+        type Route = ();
+
+        fn route(&self, method: &str, target: &str) -> Option<()> {
+            (method == "POST" && target == "/v1/invoke").then_some(())
+        }
+
+        async fn call(&self, _: (), _: Headers, _: Bytes) -> Answer {
+            let receiver = self.0.lock().unwrap().remove(0);
+            let frames = futures::stream::unfold(receiver, |mut receiver| async move {
+                let frame = receiver.recv().await?;
+                Some((Ok::<_, std::convert::Infallible>(frame), receiver))
+            });
+            let response = axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(axum::body::Body::from_stream(frames))
+                .unwrap();
+            Answer::Response(response)
+        }
+    }
+
+    /// Reads `client` until what it sent so far contains `pattern`.
+    async fn read_until(client: &mut tokio::io::DuplexStream, seen: &mut Vec<u8>, pattern: &str) {
+        let found = tokio::time::timeout(Duration::from_secs(10), async {
+            while !String::from_utf8_lossy(seen).contains(pattern) {
+                let mut buffer = [0u8; 4096];
+                let read = client.read(&mut buffer).await.unwrap();
+                assert!(
+                    read > 0,
+                    "the connection closed before {pattern:?}: {:?}",
+                    String::from_utf8_lossy(seen)
+                );
+                seen.extend_from_slice(&buffer[..read]);
+            }
+        })
+        .await;
+        assert!(
+            found.is_ok(),
+            "no {pattern:?} within 10 s: {:?}",
+            String::from_utf8_lossy(seen)
+        );
+    }
+
+    fn streaming_door(receivers: Vec<tokio::sync::mpsc::Receiver<Bytes>>) -> Door<Streams> {
+        Door {
+            hot: Streams(Arc::new(std::sync::Mutex::new(receivers))),
+            app: axum::Router::new(),
+            body_limit: 1024,
+            tls: None,
+        }
+    }
+
+    const STREAMED_REQUEST: &[u8] =
+        b"POST /v1/invoke HTTP/1.1\r\nhost: r\r\naccept: text/event-stream\r\ncontent-length: 2\r\n\r\n{}";
+
+    /// A body of unknown length goes out chunked, each frame as it comes (the
+    /// head before any), and the connection serves its next request after it.
+    #[tokio::test]
+    async fn a_streamed_answer_is_written_as_it_comes_then_the_connection_is_kept() {
+        let (first, first_frames) = tokio::sync::mpsc::channel(4);
+        let (second, second_frames) = tokio::sync::mpsc::channel(4);
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let served = tokio::spawn(serve_connection(
+            streaming_door(vec![first_frames, second_frames]),
+            server,
+        ));
+        client.write_all(STREAMED_REQUEST).await.unwrap();
+        let mut seen = Vec::new();
+        // The head arrives while the body has nothing yet.
+        read_until(&mut client, &mut seen, "\r\n\r\n").await;
+        let head = String::from_utf8_lossy(&seen).to_string();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
+        assert!(head.contains("content-type: text/event-stream\r\n"), "{head}");
+        assert!(!head.contains("content-length"), "{head}");
+        // Each frame is out before the next is produced.
+        first.send(Bytes::from_static(b"data: a\n\n")).await.unwrap();
+        read_until(&mut client, &mut seen, "9\r\ndata: a\n\n\r\n").await;
+        first.send(Bytes::from_static(b"data: bb\n\n")).await.unwrap();
+        read_until(&mut client, &mut seen, "a\r\ndata: bb\n\n\r\n").await;
+        drop(first);
+        read_until(&mut client, &mut seen, "\r\n0\r\n\r\n").await;
+        // Kept alive: the next request is answered on the same connection.
+        seen.clear();
+        client.write_all(STREAMED_REQUEST).await.unwrap();
+        drop(second);
+        read_until(&mut client, &mut seen, "\r\n0\r\n\r\n").await;
+        assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200 OK\r\n"));
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    /// A caller that closes its connection mid-stream ends the answer: the
+    /// body is dropped (which is how the router cancels the agent's request).
+    #[tokio::test]
+    async fn a_caller_that_leaves_mid_stream_drops_the_body() {
+        let (frames, receiver) = tokio::sync::mpsc::channel(4);
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let served = tokio::spawn(serve_connection(streaming_door(vec![receiver]), server));
+        client.write_all(STREAMED_REQUEST).await.unwrap();
+        frames.send(Bytes::from_static(b"data: a\n\n")).await.unwrap();
+        let mut seen = Vec::new();
+        read_until(&mut client, &mut seen, "data: a").await;
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(10), frames.closed())
+            .await
+            .expect("the body was not dropped when the caller left");
+        tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn chunk_size_lines_are_hex() {
+        for (length, line) in [(0, "0\r\n"), (9, "9\r\n"), (10, "a\r\n"), (0x10000, "10000\r\n")] {
+            let mut buffer = [0u8; 18];
+            let written = chunk_size(length, &mut buffer);
+            assert_eq!(&buffer[..written], line.as_bytes());
+        }
+        let mut buffer = [0u8; 18];
+        assert_eq!(chunk_size(usize::MAX, &mut buffer), 18);
     }
 
     #[test]

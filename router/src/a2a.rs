@@ -24,7 +24,8 @@
 //! `pushNotifications: false` and those methods answer A2A's errors.
 
 use agent_reach_access::Caller;
-use agent_reach_edge::HeaderLookup;
+use agent_reach_edge::front::Answer;
+use agent_reach_edge::{HeaderLookup, RequestBody};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -226,6 +227,11 @@ fn reply(status: StatusCode, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// [`reply`] as the front door writes it (no response object built).
+fn json_reply(status: StatusCode, body: Value) -> Answer {
+    Answer::json(status, &body).unwrap_or_else(|_| reply(status, body).into())
+}
+
 /// A router error as A2A's: its status and JSON-RPC code.
 fn failed(id: &Value, error: &RouterError) -> Response {
     let (status, code) = match error.code {
@@ -245,11 +251,24 @@ fn failed(id: &Value, error: &RouterError) -> Response {
 }
 
 async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    answer_rpc(&api, &capability, &headers, RequestBody::Unread(body))
+        .await
+        .into_response()
+}
+
+/// `POST /a2a/{capability}`, for the axum route and the front door's hot
+/// route alike (the door takes only capability names needing no decoding).
+pub(crate) async fn answer_rpc(
+    api: &TaskApi,
+    capability: &str,
+    headers: &impl HeaderLookup,
+    body: RequestBody,
+) -> Answer {
     let service = api.service();
     let received = clock::Now::read();
-    let caller = match service.authenticate_at(&headers, received.epoch_ms) {
+    let caller = match service.authenticate_at(headers, received.epoch_ms) {
         Ok(caller) => caller,
-        Err(error) => return failed(&Value::Null, &error),
+        Err(error) => return failed(&Value::Null, &error).into(),
     };
     // v0.3 names are served when the client names no version or 0.3 (the spec's rule).
     let version = headers
@@ -259,7 +278,7 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
         None | Some("") | Some("0.3") | Some("0.3.0") => true,
         Some("1.0") | Some("1.0.0") => false,
         Some(other) => {
-            return reply(
+            return json_reply(
                 StatusCode::OK,
                 rpc_error(
                     &Value::Null,
@@ -270,14 +289,18 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
             )
         }
     };
-    let bytes = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
+    let read = match body {
+        RequestBody::Unread(body) => envelope::read_body(headers, body, service.tuning().max_body_bytes).await,
+        RequestBody::Read(bytes) => Ok(bytes),
+    };
+    let bytes = match read {
         Ok(bytes) => bytes,
-        Err(error) => return failed(&Value::Null, &error),
+        Err(error) => return failed(&Value::Null, &error).into(),
     };
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(request) => request,
         Err(error) => {
-            return reply(
+            return json_reply(
                 StatusCode::OK,
                 rpc_error(
                     &Value::Null,
@@ -299,7 +322,7 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
         } else {
             Value::Null
         };
-        return reply(
+        return json_reply(
             StatusCode::OK,
             rpc_error(
                 &id,
@@ -309,7 +332,7 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
             ),
         );
     };
-    let params = request.get("params").cloned().unwrap_or(Value::Null);
+    let params = request.get("params").unwrap_or(&Value::Null);
     let (operation, wire) = match method {
         "SendMessage" => (Operation::Send, Wire::V1),
         "SendStreamingMessage" => (Operation::Stream, Wire::V1),
@@ -338,7 +361,7 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
             } else {
                 " (v0.3 names are served only when A2A-Version is absent or 0.3)"
             };
-            return reply(
+            return json_reply(
                 StatusCode::OK,
                 rpc_error(
                     &id,
@@ -350,28 +373,28 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
         }
     };
     if !params.is_object() {
-        return reply(
+        return json_reply(
             StatusCode::OK,
             rpc_error(&id, INVALID_PARAMS, "`params` must be an object", None),
         );
     }
     let call = Rpc {
-        api: &api,
+        api,
         caller: &caller,
-        capability: &capability,
-        params: &params,
+        capability,
+        params,
         id: &id,
         wire,
     };
     match operation {
         Operation::Send | Operation::Stream => {
-            let message = match message_call(service, &caller, &capability, &params, wire) {
+            let message = match message_call(service, &caller, capability, params, wire) {
                 Ok(message) => message,
-                Err(refusal) => return refusal.into_response(&id),
+                Err(refusal) => return refusal.into_response(&id).into(),
             };
-            let asked = match Asked::of(&params, wire) {
+            let asked = match Asked::of(params, wire) {
                 Ok(asked) => asked,
-                Err(refusal) => return refusal.into_response(&id),
+                Err(refusal) => return refusal.into_response(&id).into(),
             };
             match (operation, asked) {
                 (
@@ -380,14 +403,17 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
                         task: false,
                         push: None,
                     },
-                ) => send(service, &caller, &headers, message, received, &id, wire).await,
+                ) => send(service, &caller, headers, message, received, &id, wire).await,
                 (Operation::Stream, Asked { push: None, .. }) => {
-                    send_streaming(service, &caller, &headers, message, received, id.clone(), wire).await
+                    send_streaming(service, &caller, headers, message, received, id.clone(), wire)
+                        .await
+                        .into()
                 }
                 (operation, asked) => call
                     .submit(message, asked, operation == Operation::Stream)
                     .await
-                    .unwrap_or_else(|refusal| refusal.into_response(&id)),
+                    .unwrap_or_else(|refusal| refusal.into_response(&id))
+                    .into(),
             }
         }
         Operation::Get
@@ -400,8 +426,9 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
         | Operation::PushDelete => call
             .on_task(operation)
             .await
-            .unwrap_or_else(|refusal| refusal.into_response(&id)),
-        Operation::ExtendedCard => reply(
+            .unwrap_or_else(|refusal| refusal.into_response(&id))
+            .into(),
+        Operation::ExtendedCard => json_reply(
             StatusCode::OK,
             rpc_error(
                 &id,
@@ -490,17 +517,19 @@ fn message_call(
             ),
         });
     };
-    let input_schema = found
-        .versions
-        .first()
-        .map_or(Value::Bool(true), |group| schema_value(&group.described.input_schema));
+    let text_payload;
     let payload = if let Some(data) = part.get("data").filter(|_| wire == Wire::V1 || kind == Some("data")) {
-        data.clone()
+        data
     } else if let Some(text) = part
         .get("text")
         .and_then(Value::as_str)
         .filter(|_| wire == Wire::V1 || kind == Some("text"))
     {
+        // Parsed only for a TextPart: a DataPart (the common call) needs no schema here.
+        let input_schema = found
+            .versions
+            .first()
+            .map_or(Value::Bool(true), |group| schema_value(&group.described.input_schema));
         if !takes_text(&input_schema) {
             return Err(Refusal {
                 code: CONTENT_TYPE_NOT_SUPPORTED,
@@ -511,7 +540,8 @@ fn message_call(
                 error: None,
             });
         }
-        json!({ "text": text })
+        text_payload = json!({ "text": text });
+        &text_payload
     } else {
         return Err(Refusal {
             code: CONTENT_TYPE_NOT_SUPPORTED,
@@ -519,7 +549,6 @@ fn message_call(
             error: None,
         });
     };
-    drop(snapshot);
     let request_id = message
         .get("messageId")
         .and_then(Value::as_str)
@@ -531,13 +560,13 @@ fn message_call(
         .filter(|id| !id.is_empty() && id.len() <= 128)
         .map_or_else(trace::new_request_id, str::to_string);
     // The context keeps a conversation on one instance (consistent_hash keys on session_id).
-    let envelope_value = json!({
-        "capability": capability,
-        "payload": payload,
-        "request_id": request_id,
-        "session_id": context_id,
-    });
-    let checked = serde_json::to_vec(&envelope_value)
+    let envelope = CallEnvelope {
+        capability,
+        payload,
+        request_id: &request_id,
+        session_id: &context_id,
+    };
+    let checked = serde_json::to_vec(&envelope)
         .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))
         .and_then(|bytes| envelope::parse(&bytes))
         .and_then(envelope::check)
@@ -546,11 +575,22 @@ fn message_call(
             message: error.message.clone(),
             error: Some(error),
         })?;
+    drop(snapshot);
     Ok(MessageCall {
         checked,
         request_id,
         context_id,
     })
+}
+
+/// The `/v1/invoke` envelope a message becomes, written straight from the
+/// request's values (then parsed and checked as any envelope is).
+#[derive(serde::Serialize)]
+struct CallEnvelope<'a> {
+    capability: &'a str,
+    payload: &'a Value,
+    request_id: &'a str,
+    session_id: &'a str,
 }
 
 /// A part carrying `value`, in the request's wire shape.
@@ -572,12 +612,12 @@ fn data_part(value: Value, wire: Wire) -> Value {
 async fn send(
     service: &RouterService,
     caller: &Caller,
-    headers: &HeaderMap,
+    headers: &impl HeaderLookup,
     call: MessageCall,
     received: clock::Now,
     id: &Value,
     wire: Wire,
-) -> Response {
+) -> Answer {
     let trace = TraceContext::from_header(headers.value("traceparent"));
     let result = service
         .invoke(
@@ -591,30 +631,117 @@ async fn send(
         .await;
     let success = match result {
         Ok(success) => success,
-        Err(failure) => return failed(id, &failure.error),
+        Err(failure) => return failed(id, &failure.error).into(),
     };
-    let output = match success.output_value() {
-        Ok(output) => output,
-        Err(error) => return failed(id, &error),
+    // The output goes into the answer as the agent wrote it (no value built
+    // and written back); v0.3's DataPart holds an object, so anything else
+    // is wrapped as `{"result": …}`, as `data_part` does.
+    let null = serde_json::value::RawValue::NULL;
+    let output = success.output.as_deref().unwrap_or(null);
+    let data = match wire {
+        Wire::V03 if !output.get().starts_with('{') => SentData::Wrapped { result: output },
+        _ => SentData::Raw(output),
     };
-    let metadata = json!({
-        "agent_id": success.agent_id,
-        "capability_version": success.capability_version,
-        "attempts": success.attempts,
-        "request_id": call.request_id,
-    });
+    let metadata = SentMetadata {
+        agent_id: &success.agent_id,
+        capability_version: &success.capability_version,
+        attempts: success.attempts,
+        request_id: &call.request_id,
+    };
     let message_id = trace::new_request_id();
     let result = match wire {
-        Wire::V1 => json!({ "message": {
-            "messageId": message_id, "contextId": call.context_id, "role": "ROLE_AGENT",
-            "parts": [data_part(output, wire)], "metadata": metadata,
-        } }),
-        Wire::V03 => json!({
-            "kind": "message", "messageId": message_id, "contextId": call.context_id, "role": "agent",
-            "parts": [data_part(output, wire)], "metadata": metadata,
+        Wire::V1 => SentResult::V1 {
+            message: SentMessage {
+                kind: None,
+                message_id: &message_id,
+                context_id: &call.context_id,
+                role: "ROLE_AGENT",
+                parts: [SentPart { kind: None, data }],
+                metadata,
+            },
+        },
+        Wire::V03 => SentResult::V03(SentMessage {
+            kind: Some("message"),
+            message_id: &message_id,
+            context_id: &call.context_id,
+            role: "agent",
+            parts: [SentPart {
+                kind: Some("data"),
+                data,
+            }],
+            metadata,
         }),
     };
-    reply(StatusCode::OK, json!({ "jsonrpc": "2.0", "id": id, "result": result }))
+    let answer = SentAnswer {
+        jsonrpc: "2.0",
+        id,
+        result,
+    };
+    // Writing cannot fail (strings, a number and JSON already checked); if it
+    // did, the caller gets JSON-RPC's internal error, not a broken answer.
+    Answer::json(StatusCode::OK, &answer).unwrap_or_else(|error| {
+        json_reply(
+            StatusCode::OK,
+            rpc_error(
+                id,
+                INTERNAL_ERROR,
+                &format!("the answer cannot be written: {error}"),
+                None,
+            ),
+        )
+    })
+}
+
+// === SendMessage's answer, written as it is sent ===
+// (Field by field equal to the `json!` shapes `data_part` and the task
+// answers build: A2A clients parse both.)
+
+#[derive(serde::Serialize)]
+struct SentAnswer<'a> {
+    jsonrpc: &'static str,
+    id: &'a Value,
+    result: SentResult<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum SentResult<'a> {
+    V1 { message: SentMessage<'a> },
+    V03(SentMessage<'a>),
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SentMessage<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    message_id: &'a str,
+    context_id: &'a str,
+    role: &'static str,
+    parts: [SentPart<'a>; 1],
+    metadata: SentMetadata<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct SentPart<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    data: SentData<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum SentData<'a> {
+    Raw(&'a serde_json::value::RawValue),
+    Wrapped { result: &'a serde_json::value::RawValue },
+}
+
+#[derive(serde::Serialize)]
+struct SentMetadata<'a> {
+    agent_id: &'a str,
+    capability_version: &'a str,
+    attempts: u32,
+    request_id: &'a str,
 }
 
 /// One SSE event carrying a JSON-RPC result.
@@ -632,7 +759,7 @@ fn status(state: &str, wire: Wire) -> Value {
 async fn send_streaming(
     service: &RouterService,
     caller: &Caller,
-    headers: &HeaderMap,
+    headers: &impl HeaderLookup,
     call: MessageCall,
     received: clock::Now,
     id: Value,

@@ -165,6 +165,47 @@ thread_local! {
     static POOLS: RefCell<Vec<(usize, Pool)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Pools a connection of `forwarder`'s on this thread (see `Forwarder::put_idle`).
+fn put_idle(
+    forwarder: usize,
+    idle_per_instance: usize,
+    authority: &str,
+    stream: Stream,
+    input: BytesMut,
+    now: Instant,
+) {
+    POOLS.with(|pools| {
+        let mut pools = pools.borrow_mut();
+        let at = match pools.iter().position(|(id, _)| *id == forwarder) {
+            Some(at) => at,
+            None => {
+                pools.push((forwarder, Pool::default()));
+                pools.len() - 1
+            }
+        };
+        let pool = &mut pools[at].1;
+        if pool
+            .last_sweep
+            .is_none_or(|last| now.duration_since(last) >= IDLE_TIMEOUT / 4)
+        {
+            pool.sweep(now);
+        }
+        let connection = Idle {
+            stream,
+            input,
+            since: now,
+        };
+        // No key allocation on the hot path: only an instance's first connection adds one.
+        match pool.idle.get_mut(authority) {
+            Some(idle) if idle.len() >= idle_per_instance => {}
+            Some(idle) => idle.push(connection),
+            None => {
+                pool.idle.insert(authority.to_string(), vec![connection]);
+            }
+        }
+    })
+}
+
 pub struct Forwarder {
     id: usize,
     idle_per_instance: usize,
@@ -231,26 +272,79 @@ impl Forwarder {
         }
     }
 
-    /// A fresh connection to `uri` for one streamed answer (`crate::stream`):
-    /// never pooled, since a stream holds it for its whole life, and made by
-    /// the same rules as every attempt's (TLS for `https://`, verified).
-    pub(crate) async fn connect_for_stream(
+    /// POSTs `body` to `uri` asking for server-sent events, up to the
+    /// answer's head (`crate::stream`). Over a pooled connection, as every
+    /// attempt: a stream holds its connection for its whole life and puts it
+    /// back only once the agent's answer was read to its end
+    /// ([`AgentBody::read_into`]); a stream cut short (the caller left, the
+    /// deadline, a broken or oversized answer) drops it, which also cancels the
+    /// agent's request. The caller bounds this by the deadline; `now` is the
+    /// attempt's start.
+    pub(crate) async fn open_stream(
         &self,
         uri: &http::Uri,
-    ) -> Result<impl AsyncRead + AsyncWrite + Send + Unpin + 'static, String> {
-        let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
-            return Err(format!("the endpoint `{uri}` has no host"));
+        body: &[u8],
+        headers: &ForwardHeaders<'_>,
+        now: Instant,
+    ) -> Opened {
+        let (authority, https) = match target(uri) {
+            Ok(target) => target,
+            Err(why) => return Opened::Other(AttemptResult::ConnectFailed(why)),
         };
-        let https = match uri.scheme_str() {
-            Some("http") | None => false,
-            Some("https") => true,
-            Some(other) => {
-                return Err(format!(
-                    "the endpoint `{uri}` is neither http:// nor https:// ({other})"
-                ))
+        let path = uri.path_and_query().map_or("/", |path| path.as_str());
+        let request = encode_request(authority, path, body, headers, b"accept: text/event-stream\r\n");
+        if let Some((mut stream, mut input)) = self.take_idle(authority, https, now) {
+            // As in `send`: a pooled connection the agent closed while idle fails
+            // before any answer byte, and the request goes out on a fresh one.
+            match send_and_read_head(&mut stream, &mut input, &request).await {
+                Err(Exchange::FailedBeforeAnswer(_)) => {}
+                head => return self.opened(authority, head, stream, input, now).await,
             }
+        }
+        let mut stream = match self.connect(authority, uri.host().unwrap_or(authority), https).await {
+            Ok(stream) => stream,
+            Err(why) => return Opened::Other(AttemptResult::ConnectFailed(why)),
         };
-        self.connect(authority, uri.host().unwrap_or(authority), https).await
+        let mut input = BytesMut::with_capacity(READ_BUFFER_BYTES);
+        let head = send_and_read_head(&mut stream, &mut input, &request).await;
+        self.opened(authority, head, stream, input, now).await
+    }
+
+    /// A streamed attempt once its head is read: the events' body, or the whole answer.
+    async fn opened(
+        &self,
+        authority: &str,
+        head: Result<Head, Exchange>,
+        stream: Stream,
+        input: BytesMut,
+        now: Instant,
+    ) -> Opened {
+        let head = match head {
+            Ok(head) => head,
+            Err(Exchange::FailedBeforeAnswer(why) | Exchange::Broken(why)) => {
+                return Opened::Other(AttemptResult::Broken(why))
+            }
+            Err(Exchange::Done { status, body, .. }) => return Opened::Other(AttemptResult::Answered { status, body }),
+        };
+        if head.status.is_success() && head.events {
+            let body = match head.framing {
+                Framing::Length(length) => BodyState::Length(length),
+                Framing::Chunked => BodyState::ChunkSize,
+                Framing::UntilClose => BodyState::UntilClose,
+            };
+            return Opened::Events(AgentBody {
+                connection: Some((stream, input)),
+                body,
+                reusable: head.keep_alive && head.framing != Framing::UntilClose,
+                slot: PoolSlot {
+                    forwarder: self.id,
+                    idle_per_instance: self.idle_per_instance,
+                    authority: authority.to_string(),
+                },
+            });
+        }
+        let (done, kept) = read_whole(stream, input, head).await;
+        Opened::Other(self.finish(authority, done, kept, now))
     }
 
     /// Logs a TLS failure once per endpoint and reason (a certificate the router does not
@@ -290,36 +384,7 @@ impl Forwarder {
     /// from then (no clock read per request), so it retires at most the
     /// attempt's duration early.
     fn put_idle(&self, authority: &str, stream: Stream, input: BytesMut, now: Instant) {
-        POOLS.with(|pools| {
-            let mut pools = pools.borrow_mut();
-            let at = match pools.iter().position(|(id, _)| *id == self.id) {
-                Some(at) => at,
-                None => {
-                    pools.push((self.id, Pool::default()));
-                    pools.len() - 1
-                }
-            };
-            let pool = &mut pools[at].1;
-            if pool
-                .last_sweep
-                .is_none_or(|last| now.duration_since(last) >= IDLE_TIMEOUT / 4)
-            {
-                pool.sweep(now);
-            }
-            let connection = Idle {
-                stream,
-                input,
-                since: now,
-            };
-            // No key allocation on the hot path: only an instance's first connection adds one.
-            match pool.idle.get_mut(authority) {
-                Some(idle) if idle.len() >= self.idle_per_instance => {}
-                Some(idle) => idle.push(connection),
-                None => {
-                    pool.idle.insert(authority.to_string(), vec![connection]);
-                }
-            }
-        })
+        put_idle(self.id, self.idle_per_instance, authority, stream, input, now);
     }
 
     /// POSTs `body` to `uri`, giving up at `deadline`; `now` is the attempt's start.
@@ -331,20 +396,12 @@ impl Forwarder {
         deadline: Instant,
         now: Instant,
     ) -> AttemptResult {
-        let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
-            return AttemptResult::ConnectFailed(format!("the endpoint `{uri}` has no host"));
-        };
-        let https = match uri.scheme_str() {
-            Some("http") | None => false,
-            Some("https") => true,
-            Some(other) => {
-                return AttemptResult::ConnectFailed(format!(
-                    "the endpoint `{uri}` is neither http:// nor https:// ({other})"
-                ))
-            }
+        let (authority, https) = match target(uri) {
+            Ok(target) => target,
+            Err(why) => return AttemptResult::ConnectFailed(why),
         };
         let path = uri.path_and_query().map_or("/", |path| path.as_str());
-        let request = encode_request(authority, path, &body, headers);
+        let request = encode_request(authority, path, &body, headers, b"");
         let attempt = async {
             if let Some((stream, input)) = self.take_idle(authority, https, now) {
                 // A reused connection is not probed first (that costs a syscall per call):
@@ -382,7 +439,22 @@ impl Forwarder {
     }
 }
 
-fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHeaders<'_>) -> Vec<u8> {
+/// `uri`'s authority and whether it is `https://`.
+fn target(uri: &http::Uri) -> Result<(&str, bool), String> {
+    let Some(authority) = uri.authority().map(|authority| authority.as_str()) else {
+        return Err(format!("the endpoint `{uri}` has no host"));
+    };
+    match uri.scheme_str() {
+        Some("http") | None => Ok((authority, false)),
+        Some("https") => Ok((authority, true)),
+        Some(other) => Err(format!(
+            "the endpoint `{uri}` is neither http:// nor https:// ({other})"
+        )),
+    }
+}
+
+/// The request's bytes; `extra` is more header lines, each ending in CRLF.
+fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHeaders<'_>, extra: &[u8]) -> Vec<u8> {
     let mut request = Vec::with_capacity(256 + body.len());
     request.extend_from_slice(b"POST ");
     request.extend_from_slice(path.as_bytes());
@@ -392,73 +464,98 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
     request.extend_from_slice(headers.traceparent);
     request.extend_from_slice(b"\r\nauthorization: ");
     request.extend_from_slice(headers.authorization);
-    request.extend_from_slice(b"\r\ncontent-length: ");
+    request.extend_from_slice(b"\r\n");
+    request.extend_from_slice(extra);
+    request.extend_from_slice(b"content-length: ");
     request.extend_from_slice(agent_reach_edge::decimal(body.len() as u64, &mut [0; 20]));
     request.extend_from_slice(b"\r\n\r\n");
     request.extend_from_slice(body);
     request
 }
 
-/// Writes `request` and reads one answer into `input` (empty; the
-/// connection's buffer). The stream and buffer come back when the
-/// connection may be reused or retried on.
-async fn exchange(mut stream: Stream, mut input: BytesMut, request: &[u8]) -> (Exchange, Option<(Stream, BytesMut)>) {
+/// An answer's head as the router uses it.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    status: StatusCode,
+    framing: Framing,
+    keep_alive: bool,
+    /// `content-type: text/event-stream`.
+    events: bool,
+}
+
+/// Writes `request` and reads the answer's head into `input` (empty; the
+/// connection's buffer), leaving what follows the head in `input`.
+async fn send_and_read_head(stream: &mut Stream, input: &mut BytesMut, request: &[u8]) -> Result<Head, Exchange> {
     // TLS buffers records: the flush sends them (a no-op on plain TCP).
     let sent = match stream.write_all(request).await {
         Ok(()) => stream.flush().await,
         Err(error) => Err(error),
     };
     if let Err(error) = sent {
-        return (
-            Exchange::FailedBeforeAnswer(format!("sending the request failed: {error}")),
-            None,
-        );
+        return Err(Exchange::FailedBeforeAnswer(format!(
+            "sending the request failed: {error}"
+        )));
     }
     // The head: status line and headers (skipping any 1xx interim answers).
-    let (status, framing, keep_alive) = loop {
+    loop {
         let parsed = {
             let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut response = httparse::Response::new(&mut headers);
-            match response.parse(&input) {
+            match response.parse(input) {
                 Ok(httparse::Status::Complete(length)) => Some(head_of(&response).map(|head| (head, length))),
                 Ok(httparse::Status::Partial) => None,
                 Err(error) => Some(Err(format!("the agent's answer is not HTTP/1.1: {error}"))),
             }
         };
         match parsed {
-            Some(Ok(((status, framing, keep_alive), length))) => {
+            Some(Ok((head, length))) => {
                 input.advance(length);
-                if status.is_informational() {
+                if head.status.is_informational() {
                     continue;
                 }
-                break (status, framing, keep_alive);
+                return Ok(head);
             }
-            Some(Err(why)) => return (Exchange::Broken(why), None),
+            Some(Err(why)) => return Err(Exchange::Broken(why)),
             None if input.len() > MAX_HEAD_BYTES => {
-                return (
-                    Exchange::Broken("the agent's answer headers are too large".to_string()),
-                    None,
-                )
+                return Err(Exchange::Broken("the agent's answer headers are too large".to_string()))
             }
-            None => match stream.read_buf(&mut input).await {
+            None => match stream.read_buf(input).await {
                 Ok(0) if input.is_empty() => {
-                    return (
-                        Exchange::FailedBeforeAnswer("the agent closed the connection without answering".to_string()),
-                        None,
-                    )
+                    return Err(Exchange::FailedBeforeAnswer(
+                        "the agent closed the connection without answering".to_string(),
+                    ))
                 }
-                Ok(0) => return (Exchange::Broken("the answer was cut short".to_string()), None),
+                Ok(0) => return Err(Exchange::Broken("the answer was cut short".to_string())),
                 Ok(_) => {}
                 Err(error) if input.is_empty() => {
-                    return (
-                        Exchange::FailedBeforeAnswer(format!("reading the answer failed: {error}")),
-                        None,
-                    )
+                    return Err(Exchange::FailedBeforeAnswer(format!(
+                        "reading the answer failed: {error}"
+                    )))
                 }
-                Err(error) => return (Exchange::Broken(format!("reading the answer failed: {error}")), None),
+                Err(error) => return Err(Exchange::Broken(format!("reading the answer failed: {error}"))),
             },
         }
-    };
+    }
+}
+
+/// Writes `request` and reads one answer into `input` (empty; the
+/// connection's buffer). The stream and buffer come back when the
+/// connection may be reused or retried on.
+async fn exchange(mut stream: Stream, mut input: BytesMut, request: &[u8]) -> (Exchange, Option<(Stream, BytesMut)>) {
+    match send_and_read_head(&mut stream, &mut input, request).await {
+        Ok(head) => read_whole(stream, input, head).await,
+        Err(failed) => (failed, None),
+    }
+}
+
+/// Reads the body of an answer whose `head` was read.
+async fn read_whole(mut stream: Stream, mut input: BytesMut, head: Head) -> (Exchange, Option<(Stream, BytesMut)>) {
+    let Head {
+        status,
+        framing,
+        keep_alive,
+        ..
+    } = head;
     let body = match framing {
         Framing::Length(length) => read_exactly(&mut stream, &mut input, length).await,
         Framing::Chunked => read_chunked(&mut stream, &mut input).await,
@@ -490,7 +587,7 @@ enum Framing {
 }
 
 /// Status, body framing and whether the connection stays open, from a parsed head.
-fn head_of(response: &httparse::Response<'_, '_>) -> Result<(StatusCode, Framing, bool), String> {
+fn head_of(response: &httparse::Response<'_, '_>) -> Result<Head, String> {
     let status = response
         .code
         .and_then(|code| StatusCode::from_u16(code).ok())
@@ -501,6 +598,7 @@ fn head_of(response: &httparse::Response<'_, '_>) -> Result<(StatusCode, Framing
         Framing::UntilClose
     };
     let mut keep_alive = response.version == Some(1);
+    let mut events = false;
     for header in response.headers.iter() {
         if header.name.eq_ignore_ascii_case("content-length") && framing != Framing::Chunked {
             let length = std::str::from_utf8(header.value)
@@ -523,9 +621,16 @@ fn head_of(response: &httparse::Response<'_, '_>) -> Result<(StatusCode, Framing
             } else if value.contains("keep-alive") {
                 keep_alive = true;
             }
+        } else if header.name.eq_ignore_ascii_case("content-type") {
+            events = crate::sse::accepts_events(Some(header.value));
         }
     }
-    Ok((status, framing, keep_alive))
+    Ok(Head {
+        status,
+        framing,
+        keep_alive,
+        events,
+    })
 }
 
 async fn fill(stream: &mut Stream, input: &mut BytesMut) -> Result<(), String> {
@@ -600,6 +705,173 @@ async fn read_line(stream: &mut Stream, input: &mut BytesMut) -> Result<Vec<u8>,
             return Err("the agent's answer has an overlong chunk line".to_string());
         }
         fill(stream, input).await?;
+    }
+}
+
+// === Streamed answers ===
+
+/// What opening a streamed answer came to ([`Forwarder::open_stream`]).
+pub(crate) enum Opened {
+    /// 2xx with `content-type: text/event-stream`: the body, read as it arrives.
+    Events(AgentBody),
+    /// Any other answer (read whole) or a failure, as [`Forwarder::send`] reports it.
+    Other(AttemptResult),
+}
+
+/// Where a streamed answer's connection goes back once read to its end.
+struct PoolSlot {
+    forwarder: usize,
+    idle_per_instance: usize,
+    authority: String,
+}
+
+/// Where the reading of a streamed body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyState {
+    /// `Content-Length` framing: the bytes still to come.
+    Length(usize),
+    /// The body ends when the agent closes the connection.
+    UntilClose,
+    /// Chunked: a chunk-size line is next.
+    ChunkSize,
+    /// Chunked: this many bytes of the current chunk are still to come.
+    ChunkData(usize),
+    /// Chunked: the CRLF after a chunk's data is next.
+    ChunkEnd,
+    /// Chunked: the trailer lines after the last chunk, up to an empty one.
+    Trailers,
+    Done,
+}
+
+/// The body of a streamed answer, read as the agent writes it: each
+/// [`AgentBody::read_into`] hands over what one read of the connection
+/// brought (decoded from its framing), so many events written back to back
+/// travel on together. Dropping it before the end closes the connection,
+/// which cancels the agent's request; read to the end over a keep-alive
+/// connection, the connection goes back to the pool it came from.
+pub(crate) struct AgentBody {
+    /// The connection and its read buffer; `None` once the body ended.
+    connection: Option<(Stream, BytesMut)>,
+    body: BodyState,
+    /// The agent keeps the connection open after the answer.
+    reusable: bool,
+    slot: PoolSlot,
+}
+
+impl AgentBody {
+    /// Appends the next of the body's bytes to `out`, reading the connection
+    /// when none are buffered; `Ok(false)` once the body has ended (nothing
+    /// was appended). Cancel-safe: what was read stays buffered.
+    pub(crate) async fn read_into(&mut self, out: &mut BytesMut) -> Result<bool, String> {
+        loop {
+            let Some((stream, input)) = self.connection.as_mut() else {
+                return Ok(false);
+            };
+            let before = out.len();
+            if decode(&mut self.body, input, out)? {
+                self.finish();
+                return Ok(out.len() > before);
+            }
+            if out.len() > before {
+                return Ok(true);
+            }
+            input.reserve(READ_BUFFER_BYTES);
+            match stream.read_buf(input).await {
+                Ok(0) if self.body == BodyState::UntilClose => {
+                    self.body = BodyState::Done;
+                    self.connection = None;
+                    return Ok(false);
+                }
+                Ok(0) => return Err("the agent closed the connection inside its answer".to_string()),
+                Ok(_) => {}
+                Err(error) => return Err(format!("reading the answer failed: {error}")),
+            }
+        }
+    }
+
+    /// The body ended: the connection goes back to its pool if the agent
+    /// keeps it open and sent nothing beyond the answer.
+    fn finish(&mut self) {
+        if let Some((stream, mut input)) = self.connection.take() {
+            if self.reusable && input.is_empty() {
+                if input.capacity() > KEPT_BUFFER_BYTES {
+                    input = BytesMut::with_capacity(READ_BUFFER_BYTES);
+                }
+                let slot = &self.slot;
+                put_idle(
+                    slot.forwarder,
+                    slot.idle_per_instance,
+                    &slot.authority,
+                    stream,
+                    input,
+                    Instant::now(),
+                );
+            }
+        }
+    }
+}
+
+/// Moves what `input` holds of the body into `out`, as far as it goes;
+/// `Ok(true)` once the body's end was reached.
+fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut) -> Result<bool, String> {
+    loop {
+        match *state {
+            BodyState::Done => return Ok(true),
+            BodyState::Length(0) => {
+                *state = BodyState::Done;
+            }
+            BodyState::Length(left) | BodyState::ChunkData(left) => {
+                let take = left.min(input.len());
+                if take == 0 {
+                    return Ok(false);
+                }
+                out.extend_from_slice(&input[..take]);
+                input.advance(take);
+                *state = match *state {
+                    BodyState::Length(_) => BodyState::Length(left - take),
+                    _ if left == take => BodyState::ChunkEnd,
+                    _ => BodyState::ChunkData(left - take),
+                };
+            }
+            BodyState::UntilClose => {
+                out.extend_from_slice(input);
+                input.clear();
+                return Ok(false);
+            }
+            BodyState::ChunkEnd => {
+                if input.len() < 2 {
+                    return Ok(false);
+                }
+                if &input[..2] != b"\r\n" {
+                    return Err("the agent's answer has a malformed chunk".to_string());
+                }
+                input.advance(2);
+                *state = BodyState::ChunkSize;
+            }
+            BodyState::ChunkSize | BodyState::Trailers => {
+                let Some(end) = input.windows(2).position(|pair| pair == b"\r\n") else {
+                    if input.len() > MAX_HEAD_BYTES {
+                        return Err("the agent's answer has an overlong chunk line".to_string());
+                    }
+                    return Ok(false);
+                };
+                if *state == BodyState::Trailers {
+                    *state = if end == 0 { BodyState::Done } else { BodyState::Trailers };
+                } else {
+                    let size_text = input[..end].split(|&byte| byte == b';').next().unwrap_or_default();
+                    let size = std::str::from_utf8(size_text)
+                        .ok()
+                        .and_then(|text| usize::from_str_radix(text.trim(), 16).ok())
+                        .ok_or_else(|| "the agent's answer has an invalid chunk size".to_string())?;
+                    *state = if size == 0 {
+                        BodyState::Trailers
+                    } else {
+                        BodyState::ChunkData(size)
+                    };
+                }
+                input.advance(end + 2);
+            }
+        }
     }
 }
 
@@ -727,6 +999,118 @@ mod tests {
         pool.sweep(start + IDLE_TIMEOUT);
         assert!(!pool.idle.contains_key("gone:1"));
         assert_eq!(pool.idle["live:1"].len(), 1);
+    }
+
+    /// An "agent" answering every request on every connection with `answer`
+    /// (which may stop short of the body's end), counting its connections.
+    async fn streaming_agent(answer: &'static [u8]) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counter = connections.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = vec![0u8; 64 * 1024];
+                    while matches!(stream.read(&mut request).await, Ok(read) if read > 0) {
+                        if stream.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, connections)
+    }
+
+    async fn open(forwarder: &Forwarder, addr: std::net::SocketAddr) -> AgentBody {
+        let uri: http::Uri = format!("http://{addr}/invoke").parse().unwrap();
+        let headers = ForwardHeaders {
+            traceparent: b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            authorization: b"Bearer test",
+        };
+        match forwarder.open_stream(&uri, b"{}", &headers, Instant::now()).await {
+            Opened::Events(body) => body,
+            Opened::Other(other) => panic!("expected events, got {other:?}"),
+        }
+    }
+
+    const EVENTS_HEAD: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stream_read_to_its_end_gives_its_connection_back_and_the_next_reuses_it() {
+        let forwarder = Forwarder::new(4, Err("no TLS in this test".to_string()));
+        let answer = format!("{EVENTS_HEAD}9\r\ndata: a\n\n\r\n9\r\ndata: b\n\n\r\n0\r\n\r\n");
+        let (addr, connections) = streaming_agent(answer.leak().as_bytes()).await;
+        for _ in 0..3 {
+            let mut body = open(&forwarder, addr).await;
+            let mut out = BytesMut::new();
+            while body.read_into(&mut out).await.unwrap() {}
+            assert_eq!(&out[..], b"data: a\n\ndata: b\n\n");
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 1, "each stream made a connection");
+        // A JSON attempt reuses it too: one pool per instance.
+        let (status, _) = answered(send(&forwarder, addr).await);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stream_cut_short_never_gives_its_connection_back() {
+        let forwarder = Forwarder::new(4, Err("no TLS in this test".to_string()));
+        // The agent never ends its answer: the caller leaves after the first event.
+        let answer = format!("{EVENTS_HEAD}9\r\ndata: a\n\n\r\n");
+        let (addr, connections) = streaming_agent(answer.leak().as_bytes()).await;
+        for expected in 1..=2 {
+            let mut body = open(&forwarder, addr).await;
+            let mut out = BytesMut::new();
+            assert!(body.read_into(&mut out).await.unwrap());
+            assert_eq!(&out[..], b"data: a\n\n");
+            drop(body);
+            assert_eq!(connections.load(Ordering::SeqCst), expected);
+        }
+        // An answer that breaks its framing is not pooled either.
+        let answer = format!("{EVENTS_HEAD}9\r\ndata: a\n\nXX0\r\n\r\n");
+        let (addr, connections) = streaming_agent(answer.leak().as_bytes()).await;
+        for expected in 1..=2 {
+            let mut body = open(&forwarder, addr).await;
+            let mut out = BytesMut::new();
+            let failed = loop {
+                match body.read_into(&mut out).await {
+                    Ok(true) => {}
+                    Ok(false) => panic!("a malformed chunk was read as the end"),
+                    Err(why) => break why,
+                }
+            };
+            assert!(failed.contains("malformed chunk"), "{failed}");
+            drop(body);
+            assert_eq!(connections.load(Ordering::SeqCst), expected);
+        }
+    }
+
+    #[test]
+    fn streamed_bodies_decode_in_any_split() {
+        let chunked = b"4;x=1\r\nab\r\n\r\n3\r\ncde\r\n0\r\nx-trailer: 1\r\n\r\n";
+        for step in [1, 2, 3, 7, chunked.len()] {
+            let (mut state, mut input, mut out) = (BodyState::ChunkSize, BytesMut::new(), BytesMut::new());
+            let mut ended = false;
+            for piece in chunked.chunks(step) {
+                assert!(!ended, "ended early at step {step}");
+                input.extend_from_slice(piece);
+                ended = decode(&mut state, &mut input, &mut out).unwrap();
+            }
+            assert!(ended, "step {step}");
+            assert_eq!(&out[..], b"ab\r\ncde", "step {step}");
+            assert!(input.is_empty());
+        }
+        let (mut state, mut input, mut out) = (BodyState::Length(3), BytesMut::from(&b"abcd"[..]), BytesMut::new());
+        assert!(decode(&mut state, &mut input, &mut out).unwrap());
+        assert_eq!((&out[..], &input[..]), (&b"abc"[..], &b"d"[..]));
+        let (mut state, mut input) = (BodyState::ChunkSize, BytesMut::from(&b"zz\r\n"[..]));
+        assert!(decode(&mut state, &mut input, &mut BytesMut::new()).is_err());
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -1,46 +1,73 @@
-//! The router's hot route for the edge's front door
-//! ([`agent_reach_edge::front`]): `POST /v1/invoke` takes the front door's own
-//! HTTP/1.1 loop and the same handler as the axum route; every other request
-//! (and any invoke that is not plain HTTP/1.1 with a `Content-Length` body)
-//! goes to hyper and the axum routes.
+//! The router's hot routes for the edge's front door
+//! ([`agent_reach_edge::front`]): `POST /v1/invoke` (streamed or not) and
+//! `POST /a2a/{capability}` take the front door's own HTTP/1.1 loop and the
+//! same handlers as the axum routes; every other request (and any that is
+//! not plain HTTP/1.1 with a `Content-Length` body) goes to hyper and the
+//! axum routes.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use agent_reach_edge::front::{Answer, Door, Headers};
+use agent_reach_edge::RequestBody;
 use bytes::Bytes;
 
-use crate::service::RouterService;
+use crate::tasks::TaskApi;
+use crate::tenancy::Part;
 
-/// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`] of the
-/// router's one service, or of the tenant's its token names ([`crate::tenancy`]).
+/// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`], and
+/// `POST /a2a/{capability}`, by [`crate::a2a::answer_rpc`], of the router's
+/// one part, or of the tenant's its token names ([`crate::tenancy`]).
 #[derive(Clone)]
 pub(crate) enum Invoke {
-    One(Arc<RouterService>),
+    One(Arc<Part>),
     Tenants(Arc<crate::tenancy::TenantParts>),
 }
 
-impl agent_reach_edge::front::HotRoutes for Invoke {
-    type Route = ();
+/// Which hot route a request took.
+pub(crate) enum Route {
+    Invoke,
+    /// The capability named in the path.
+    A2a(String),
+}
 
-    fn route(&self, method: &str, target: &str) -> Option<()> {
-        (method == "POST" && target == "/v1/invoke").then_some(())
+impl agent_reach_edge::front::HotRoutes for Invoke {
+    type Route = Route;
+
+    fn route(&self, method: &str, target: &str) -> Option<Route> {
+        if method != "POST" {
+            return None;
+        }
+        if target == "/v1/invoke" {
+            return Some(Route::Invoke);
+        }
+        // Only names the axum route would take as they are: no escapes to
+        // decode, no query, one path segment.
+        let capability = target.strip_prefix("/a2a/")?;
+        let plain = !capability.is_empty() && !capability.contains(['/', '%', '?', '#']);
+        plain.then(|| Route::A2a(capability.to_string()))
     }
 
-    fn call(&self, _: (), headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
+    fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
         use agent_reach_edge::HeaderLookup as _;
-        let service = match self {
-            // Borrowed for the call: the connection holds the door (and so the service) throughout.
-            Invoke::One(service) => std::borrow::Cow::Borrowed(service),
-            Invoke::Tenants(parts) => {
-                std::borrow::Cow::Owned(parts.for_authorization(headers.value("authorization")).service.clone())
-            }
+        let part = match self {
+            // Borrowed for the call: the connection holds the door (and so the part) throughout.
+            Invoke::One(part) => std::borrow::Cow::Borrowed(part),
+            Invoke::Tenants(parts) => std::borrow::Cow::Owned(parts.for_authorization(headers.value("authorization"))),
         };
-        async move { crate::http::answer_invoke(&service, &headers, agent_reach_edge::RequestBody::Read(body)).await }
+        async move {
+            match route {
+                Route::Invoke => crate::http::answer_invoke(&part.service, &headers, RequestBody::Read(body)).await,
+                Route::A2a(capability) => {
+                    let api = TaskApi::new(part.service.clone(), part.tasks.clone());
+                    crate::a2a::answer_rpc(&api, &capability, &headers, RequestBody::Read(body)).await
+                }
+            }
+        }
     }
 }
 
-/// The front door: the hot route (`hot`), the axum routes for the rest (`app`), the body limit.
+/// The front door: the hot routes (`hot`), the axum routes for the rest (`app`), the body limit.
 pub(crate) fn door(
     app: axum::Router,
     hot: Invoke,

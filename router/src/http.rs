@@ -41,11 +41,6 @@ pub fn routes(service: Arc<RouterService>) -> Router {
 }
 
 async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
-    // A caller asking for events gets the streamed invoke (DESIGN §8); the
-    // front door hands such requests to hyper, which writes the answer as it comes.
-    if crate::sse::accepts_events(headers.value("accept")) {
-        return crate::stream::answer(&service, &headers, body).await;
-    }
     answer_invoke(&service, &headers, RequestBody::Unread(body))
         .await
         .into_response()
@@ -53,6 +48,12 @@ async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, b
 
 /// `POST /v1/invoke`, for the axum route and the front door alike.
 pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl HeaderLookup, body: RequestBody) -> Answer {
+    // A caller asking for events gets the streamed invoke (DESIGN §8), written
+    // as it comes (the front door streams a body of unknown length).
+    if crate::sse::accepts_events(headers.value("accept")) {
+        // Boxed: the JSON path's future stays as small as it was.
+        return Answer::Response(Box::pin(crate::stream::answer(service, headers, body)).await);
+    }
     // The request's one clock reading: its duration, its token's expiry check and its deadline count from here.
     let received = clock::Now::read();
     let started = received.instant;

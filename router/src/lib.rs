@@ -93,7 +93,7 @@ impl Router {
     fn door(&self) -> agent_reach_edge::front::Door<front::Invoke> {
         let home = self.parts.home();
         let hot = match &self.process_metrics {
-            None => front::Invoke::One(home.service.clone()),
+            None => front::Invoke::One(home.clone()),
             Some(_) => front::Invoke::Tenants(self.parts.clone()),
         };
         front::door(self.app(), hot, home.service.tuning().max_body_bytes, self.tls.clone())

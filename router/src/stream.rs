@@ -14,9 +14,10 @@
 //! The front doors render the events: `/v1/invoke` relays them unchanged
 //! ([`relay`]), the A2A adapter wraps them in its own stream responses.
 //!
-//! Streams do not use the forwarder's pool ([`crate::forward`]): a stream
-//! holds its connection for its whole life, so it gets one of its own from
-//! the forwarder (the same TLS rules as every attempt).
+//! Streams take their connections from the forwarder's pool
+//! ([`crate::forward`], the same TLS rules as every attempt) and hold one for
+//! their whole life; it goes back only when the agent's answer was read to
+//! its end, never after an error, the deadline or a caller that left.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -25,14 +26,13 @@ use std::time::Instant;
 use agent_reach_access::Caller;
 use agent_reach_edge::ErrorCode as _;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 use crate::admission::{Admitted, Entry, Refused};
 use crate::clock;
 use crate::envelope::CheckedRequest;
 use crate::error::{Code, RouterError};
-use crate::forward::AttemptResult;
+use crate::forward::{AgentBody, AttemptResult, ForwardHeaders, Opened};
 use crate::health::{Observation, OwnedInflight};
 use crate::json::Forwarded;
 use crate::limits::Permit;
@@ -45,9 +45,6 @@ use crate::service::{log_transition, RouterService};
 use crate::snapshot::{Instance, VersionGroup};
 use crate::sse::{self, EventSplitter};
 use crate::trace::TraceContext;
-
-/// Largest whole (non-stream) answer read, as the forwarder's.
-const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 /// What is known of a committed stream, for its end (`event: result`).
 #[derive(Debug, Clone)]
@@ -72,15 +69,8 @@ pub enum Item {
 /// The agent's answer body as a stream of events.
 enum Source {
     /// The agent answers server-sent events.
-    Events {
-        body: hyper::body::Incoming,
-        splitter: EventSplitter,
-        /// Events split off a chunk and not yet handed out.
-        queued: std::collections::VecDeque<sse::Event>,
-        /// The connection's task, aborted when the stream is dropped.
-        _connection: AbortOnDrop,
-        _sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
-    },
+    /// (Dropping the body closes its connection: the agent's request is cancelled.)
+    Events { body: AgentBody, splitter: EventSplitter },
     /// The agent answered JSON: its output is the one event.
     Whole(Option<Bytes>),
 }
@@ -94,6 +84,8 @@ pub struct EventStream {
     received: Instant,
     first_event: Option<Instant>,
     ended: bool,
+    /// Events relayed and not yet added to the events counter.
+    uncounted: u64,
     metrics: StreamChildren,
     capability_metrics: CapabilityMetrics,
     /// The instance's place in flight while its answer streams (none for a whole answer).
@@ -133,6 +125,7 @@ impl EventStream {
             received,
             first_event: None,
             ended: false,
+            uncounted: 0,
             capability_metrics,
             _inflight: inflight,
             _permit: permit,
@@ -150,20 +143,25 @@ impl EventStream {
         if self.ended {
             return None;
         }
-        let item = match tokio::time::timeout_at(self.deadline.into(), self.pull()).await {
+        // An event already read needs no deadline timer (one per event was most of its cost).
+        let ready = match &mut self.source {
+            Source::Events { splitter, .. } => buffered(splitter, &self.summary),
+            Source::Whole(_) => None,
+        };
+        let item = match ready {
+            Some(item) => Ok(item),
+            None => tokio::time::timeout_at(self.deadline.into(), self.pull()).await,
+        };
+        let item = match item {
             Ok(item) => item,
-            Err(_) => Item::End(Err(RouterError::new(
-                Code::DeadlineExceeded,
-                format!(
-                    "the deadline passed after {} event(s); the agent's request was cancelled",
-                    self.summary.events
-                ),
-            ))),
+            Err(_) => deadline_passed(&self.summary),
         };
         match &item {
             Item::Event(_) => {
                 self.summary.events += 1;
-                self.metrics.events.inc();
+                // Counted once per read of the agent's, not per event: one
+                // shared counter's atomic add per event was measurable.
+                self.uncounted += 1;
                 if self.first_event.is_none() {
                     let now = Instant::now();
                     self.first_event = Some(now);
@@ -174,6 +172,7 @@ impl EventStream {
             }
             Item::End(result) => {
                 self.ended = true;
+                count_events(&self.metrics.events, &mut self.uncounted);
                 self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
                 self.capability_metrics
                     .record(result.as_ref().map(|_| ()).map_err(|error| error.code));
@@ -187,50 +186,33 @@ impl EventStream {
             Source::Whole(output) => match output.take() {
                 Some(data) => Item::Event(sse::Event {
                     raw: sse::data(&String::from_utf8_lossy(&data)),
-                    name: "message".to_string(),
+                    name: std::borrow::Cow::Borrowed("message"),
                     data: String::from_utf8_lossy(&data).into_owned(),
                 }),
                 None => Item::End(Ok(self.summary.clone())),
             },
-            Source::Events {
-                body, splitter, queued, ..
-            } => loop {
-                if let Some(event) = queued.pop_front() {
-                    if event.name == "error" {
-                        return Item::End(Err(agent_error_event(&event, &self.summary)));
-                    }
-                    // Comments and keep-alives are the agent's business, not the caller's.
-                    if event.is_comment_only() {
-                        continue;
-                    }
-                    return Item::Event(event);
+            Source::Events { body, splitter } => loop {
+                if let Some(item) = buffered(splitter, &self.summary) {
+                    return item;
                 }
-                match body.frame().await {
-                    Some(Ok(frame)) => {
-                        let Ok(data) = frame.into_data() else { continue };
-                        match splitter.push(&data) {
-                            Ok(events) => queued.extend(events),
-                            Err(sse::TooLarge) => {
-                                return Item::End(Err(interrupted(
-                                    &self.summary,
-                                    format!("an event of the agent's exceeds {} bytes", sse::MAX_EVENT_BYTES),
-                                )))
-                            }
-                        }
-                    }
-                    Some(Err(error)) => {
-                        return Item::End(Err(interrupted(
-                            &self.summary,
-                            format!("the connection broke: {error}"),
-                        )))
-                    }
-                    None if splitter.pending() > 0 => {
+                // An agent whose bytes are always ready would never let the timer fire
+                // (the timeout polls the read first): the deadline is checked per read.
+                if Instant::now() >= self.deadline {
+                    return deadline_passed(&self.summary);
+                }
+                count_events(&self.metrics.events, &mut self.uncounted);
+                match body.read_into(splitter.input()).await {
+                    Ok(true) => {}
+                    Ok(false) if splitter.pending() > 0 => {
                         return Item::End(Err(interrupted(
                             &self.summary,
                             "the agent ended its answer inside an event".to_string(),
                         )))
                     }
-                    None => return Item::End(Ok(self.summary.clone())),
+                    Ok(false) => return Item::End(Ok(self.summary.clone())),
+                    Err(why) => {
+                        return Item::End(Err(interrupted(&self.summary, format!("the connection broke: {why}"))))
+                    }
                 }
             },
         }
@@ -239,11 +221,47 @@ impl EventStream {
 
 impl Drop for EventStream {
     fn drop(&mut self) {
+        count_events(&self.metrics.events, &mut self.uncounted);
         // Dropped before its end: the caller went away (or its front door gave up).
         if !self.ended {
             self.metrics.disconnects.inc();
             self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
         }
+    }
+}
+
+/// Adds the events relayed since the last time to the counter.
+fn count_events(counter: &prometheus::IntCounter, uncounted: &mut u64) {
+    if *uncounted > 0 {
+        counter.inc_by(*uncounted);
+        *uncounted = 0;
+    }
+}
+
+fn deadline_passed(summary: &Summary) -> Item {
+    Item::End(Err(RouterError::new(
+        Code::DeadlineExceeded,
+        format!(
+            "the deadline passed after {} event(s); the agent's request was cancelled",
+            summary.events
+        ),
+    )))
+}
+
+/// The next event (or the end it signals) among the bytes already read.
+fn buffered(splitter: &mut EventSplitter, summary: &Summary) -> Option<Item> {
+    loop {
+        return match splitter.next_event() {
+            Ok(Some(event)) if event.name == "error" => Some(Item::End(Err(agent_error_event(&event, summary)))),
+            // Comments and keep-alives are the agent's business, not the caller's.
+            Ok(Some(event)) if event.is_comment_only() => continue,
+            Ok(Some(event)) => Some(Item::Event(event)),
+            Ok(None) => None,
+            Err(sse::TooLarge) => Some(Item::End(Err(interrupted(
+                summary,
+                format!("an event of the agent's exceeds {} bytes", sse::MAX_EVENT_BYTES),
+            )))),
+        };
     }
 }
 
@@ -272,92 +290,24 @@ fn interrupted(summary: &Summary, why: String) -> RouterError {
     .with_details(json!({ "agent_id": summary.agent_id, "events": summary.events }))
 }
 
-/// Aborts a spawned task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// What one streamed attempt came to, before the call is committed.
-enum Attempted {
-    /// 2xx with `text/event-stream`: the call is committed to this instance.
-    Stream {
-        body: hyper::body::Incoming,
-        connection: AbortOnDrop,
-        sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
-    },
-    /// Anything else, as the forwarder would report it.
-    Other(AttemptResult),
-}
-
-/// One attempt: POSTs `body` to `instance` asking for events, until its answer's head.
+/// One attempt: POSTs `body` to `instance` asking for events, until its
+/// answer's head: the events' body, or anything else as the forwarder reports it.
 async fn attempt(
     service: &RouterService,
     instance: &Instance,
-    body: Bytes,
+    body: &[u8],
     traceparent: &[u8],
     authorization: &str,
-    deadline: Instant,
-) -> Attempted {
-    let io = match service.forwarder().connect_for_stream(&instance.uri).await {
-        Ok(io) => io,
-        Err(why) => return Attempted::Other(AttemptResult::ConnectFailed(why)),
+    started: Instant,
+) -> Opened {
+    let headers = ForwardHeaders {
+        traceparent,
+        authorization: authorization.as_bytes(),
     };
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
-        Ok(pair) => pair,
-        Err(error) => return Attempted::Other(AttemptResult::Broken(format!("HTTP/1.1 handshake failed: {error}"))),
-    };
-    let connection = AbortOnDrop(tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(message = "Stream connection to an agent ended with an error.", %error);
-        }
-    }));
-    let authority = instance.uri.authority().map_or("", |authority| authority.as_str());
-    let path = instance.uri.path_and_query().map_or("/", |path| path.as_str());
-    let request = http::Request::post(path)
-        .header(http::header::HOST, authority)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::ACCEPT, "text/event-stream")
-        .header("traceparent", traceparent)
-        .header(http::header::AUTHORIZATION, authorization)
-        .body(http_body_util::Full::new(body));
-    let request = match request {
-        Ok(request) => request,
-        Err(error) => {
-            return Attempted::Other(AttemptResult::ConnectFailed(format!(
-                "cannot build the request: {error}"
-            )))
-        }
-    };
-    let response = match sender.send_request(request).await {
-        Ok(response) => response,
-        // Nothing of an answer arrived: the agent may never have seen the request.
-        Err(error) => return Attempted::Other(AttemptResult::Broken(format!("the agent did not answer: {error}"))),
-    };
-    let status = response.status();
-    let streams = response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|value| sse::accepts_events(Some(value.as_bytes())));
-    if status.is_success() && streams {
-        return Attempted::Stream {
-            body: response.into_body(),
-            connection,
-            sender,
-        };
-    }
-    let read = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect();
-    match tokio::time::timeout_at(deadline.into(), read).await {
-        Ok(Ok(collected)) => Attempted::Other(AttemptResult::Answered {
-            status,
-            body: collected.to_bytes(),
-        }),
-        Ok(Err(error)) => Attempted::Other(AttemptResult::Broken(format!("reading the answer failed: {error}"))),
-        Err(_) => Attempted::Other(AttemptResult::TimedOut),
-    }
+    service
+        .forwarder()
+        .open_stream(&instance.uri, body, &headers, started)
+        .await
 }
 
 /// Admits `checked` and runs the attempt loop until an agent commits to an
@@ -455,7 +405,7 @@ pub async fn open(
             Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt_number - 1)),
         };
         let body = match envelope.to_vec() {
-            Ok(body) => Bytes::from(body),
+            Ok(body) => body,
             Err(error) => {
                 return Err(fail(
                     RouterError::new(Code::InvalidEnvelope, format!("payload cannot be forwarded: {error}")),
@@ -470,29 +420,22 @@ pub async fn open(
         let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
         let attempted = match tokio::time::timeout_at(
             deadline.into(),
-            attempt(service, &instance, body, &traceparent, &authorization, deadline),
+            attempt(service, &instance, &body, &traceparent, &authorization, started),
         )
         .await
         {
             Ok(attempted) => attempted,
-            Err(_) => Attempted::Other(AttemptResult::TimedOut),
+            Err(_) => Opened::Other(AttemptResult::TimedOut),
         };
         let elapsed = started.elapsed();
         let agent_id = instance.agent_id.clone();
         let result = match attempted {
-            Attempted::Stream {
-                body,
-                connection,
-                sender,
-            } => {
+            Opened::Events(body) => {
                 let transition = instance.state.observe(Observation::Healthy(elapsed), service.breaker());
                 log_transition(transition, &agent_id, trace, request_id);
                 let source = Source::Events {
                     body,
                     splitter: EventSplitter::default(),
-                    queued: std::collections::VecDeque::new(),
-                    _connection: connection,
-                    _sender: sender,
                 };
                 let summary = Summary {
                     capability: capability.name.clone(),
@@ -510,7 +453,7 @@ pub async fn open(
                     (Some(inflight), permit),
                 ));
             }
-            Attempted::Other(result) => result,
+            Opened::Other(result) => result,
         };
         drop(inflight);
         capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
@@ -640,10 +583,9 @@ pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum:
 /// the agent committed are ordinary error envelopes; after, `event: error`.
 pub async fn answer(
     service: &RouterService,
-    headers: &http::HeaderMap,
-    body: axum::body::Body,
+    headers: &impl agent_reach_edge::HeaderLookup,
+    body: agent_reach_edge::RequestBody,
 ) -> axum::response::Response {
-    use agent_reach_edge::HeaderLookup;
     use axum::response::IntoResponse;
 
     use crate::answer::{failed, Known};
@@ -653,7 +595,13 @@ pub async fn answer(
         Ok(caller) => caller,
         Err(error) => return failed(known, error.into()),
     };
-    let checked = match crate::envelope::read_body(headers, body, service.tuning().max_body_bytes).await {
+    let read = match body {
+        agent_reach_edge::RequestBody::Unread(body) => {
+            crate::envelope::read_body(headers, body, service.tuning().max_body_bytes).await
+        }
+        agent_reach_edge::RequestBody::Read(bytes) => Ok(bytes),
+    };
+    let checked = match read {
         Ok(bytes) => crate::envelope::parse(&bytes).and_then(|request| {
             if let Some(id) = request
                 .request_id

@@ -1,5 +1,6 @@
 //! The router's front door on the wire (`router/src/front.rs`): plain
-//! `POST /v1/invoke` requests take the router's own HTTP/1.1 loop, anything
+//! `POST /v1/invoke` and `POST /a2a/{capability}` requests take the router's
+//! own HTTP/1.1 loop, anything
 //! else is handed, mid-connection if need be, to hyper. Raw TCP against a real
 //! router, registry (on real etcd) and HTTP agent; every other router test
 //! goes through the same front door with a real HTTP client.
@@ -321,4 +322,127 @@ async fn shutdown_closes_idle_connections_and_finishes() {
         TcpStream::connect(addr).await.is_err(),
         "still accepting after shutdown"
     );
+}
+
+/// A JSON-RPC request to `/a2a/{capability}`: with a `Content-Length` body
+/// (the front door's hot route) or chunked (hyper and the axum route).
+fn a2a_request(capability: &str, body: &str, chunked: bool, authorized: bool) -> String {
+    let authorization = if authorized {
+        format!("authorization: Bearer {}\r\n", token(CALLER))
+    } else {
+        String::new()
+    };
+    let framing = if chunked {
+        format!(
+            "transfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+    } else {
+        format!("content-length: {}\r\n\r\n{body}", body.len())
+    };
+    format!(
+        "POST /a2a/{capability} HTTP/1.1\r\nhost: router\r\n{authorization}content-type: application/json\r\n\
+         a2a-version: 1.0\r\n{framing}"
+    )
+}
+
+/// `POST /a2a/{capability}` takes the front door's hot route; its answers,
+/// refusals of malformed JSON-RPC included, are the axum route's exactly
+/// (status, content type, body; the generated message ids aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_answers_on_the_hot_route_are_the_axum_routes() {
+    let (cluster, _agent) = cluster_with_an_agent().await;
+    let send = |data: Value| {
+        serde_json::json!({
+            "jsonrpc": "2.0", "id": "c-1", "method": "SendMessage",
+            "params": { "message": { "messageId": "m-1", "role": "ROLE_USER", "parts": [{ "data": data }] } }
+        })
+        .to_string()
+    };
+    let cases: Vec<(&str, String, bool, u16)> = vec![
+        (CAPABILITY, "{nope".to_string(), true, 200),
+        (CAPABILITY, "[1, 2]".to_string(), true, 200),
+        (
+            CAPABILITY,
+            r#"{"jsonrpc":"2.0","method":"SendMessage"}"#.to_string(),
+            true,
+            200,
+        ),
+        (
+            CAPABILITY,
+            r#"{"jsonrpc":"2.0","id":1,"method":"Teleport","params":{}}"#.to_string(),
+            true,
+            200,
+        ),
+        (
+            CAPABILITY,
+            r#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{}}"#.to_string(),
+            true,
+            200,
+        ),
+        (
+            CAPABILITY,
+            r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":[]}"#.to_string(),
+            true,
+            200,
+        ),
+        (
+            CAPABILITY,
+            r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{}}"#.to_string(),
+            true,
+            200,
+        ),
+        (CAPABILITY, send(serde_json::json!({ "count": 0 })), true, 200),
+        (
+            "no.such.capability",
+            send(serde_json::json!({ "order_id": "a-1" })),
+            true,
+            404,
+        ),
+        (CAPABILITY, send(serde_json::json!({ "order_id": "a-1" })), false, 401),
+        (CAPABILITY, send(serde_json::json!({ "order_id": "a-1" })), true, 200),
+    ];
+    let mut hot = TcpStream::connect(cluster.router_addr).await.unwrap();
+    let mut through_hyper = TcpStream::connect(cluster.router_addr).await.unwrap();
+    let (mut hot_input, mut hyper_input) = (Vec::new(), Vec::new());
+    let comparable = |answer: &Answer| {
+        let mut body = answer.json();
+        if let Some(message) = body.pointer_mut("/result/message").and_then(Value::as_object_mut) {
+            assert!(message.remove("messageId").is_some() && message.remove("contextId").is_some());
+        }
+        (
+            answer.status,
+            answer.header("content-type").map(str::to_string),
+            answer.header("www-authenticate").map(str::to_string),
+            body,
+        )
+    };
+    for (capability, body, authorized, status) in cases {
+        hot.write_all(a2a_request(capability, &body, false, authorized).as_bytes())
+            .await
+            .unwrap();
+        let from_hot = read_answer(&mut hot, &mut hot_input).await.expect("an answer");
+        through_hyper
+            .write_all(a2a_request(capability, &body, true, authorized).as_bytes())
+            .await
+            .unwrap();
+        let from_hyper = read_answer(&mut through_hyper, &mut hyper_input)
+            .await
+            .expect("an answer");
+        assert_eq!(
+            from_hot.status,
+            status,
+            "{body}: {}",
+            String::from_utf8_lossy(&from_hot.body)
+        );
+        assert_eq!(comparable(&from_hot), comparable(&from_hyper), "{body}");
+    }
+    // The call went through: the agent's output is the answer's one DataPart.
+    hot.write_all(a2a_request(CAPABILITY, &send(serde_json::json!({ "order_id": "a-2" })), false, true).as_bytes())
+        .await
+        .unwrap();
+    let answer = read_answer(&mut hot, &mut hot_input).await.expect("an answer").json();
+    assert_eq!(answer["id"], "c-1", "{answer}");
+    assert!(answer["result"]["message"]["parts"][0]["data"].is_object(), "{answer}");
+    assert_eq!(answer["result"]["message"]["metadata"]["request_id"], "m-1", "{answer}");
 }

@@ -261,6 +261,40 @@ async fn the_deadline_bounds_the_whole_stream() {
     );
 }
 
+/// An agent whose next events are always ready (it never pauses) cannot
+/// outrun the deadline: the router checks it per read, not only while waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_pauses_cannot_outrun_the_deadline() {
+    let cluster = Cluster::start().await;
+    let agent = cluster.agent(AgentSpec::new("sf-1", 1, Behaviour::StreamFlood));
+    cluster.wait_for_instances(&["sf-1"]).await;
+
+    let mut envelope = order("SO-6");
+    envelope["timeout_ms"] = json!(300);
+    let mut events = open_events(&cluster, envelope).await;
+    let read = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut last = None;
+        while let Some(event) = events.next().await {
+            last = Some(event);
+        }
+        last
+    })
+    .await
+    .expect("the stream outlived its deadline by far");
+    let last = read.expect("events before the end");
+    assert_eq!(last.name, "error", "{last:?}");
+    assert_eq!(last.json()["code"], "DEADLINE_EXCEEDED", "{last:?}");
+    let seen = agent.seen.clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let seen = seen.clone();
+            async move { seen.streams_cancelled.load(Ordering::SeqCst) == 1 }
+        })
+        .await,
+        "the agent's request was not cancelled at the deadline"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_before_the_first_event_are_ordinary_envelopes_and_json_answers_become_one_event() {
     let cluster = Cluster::start().await;

@@ -135,6 +135,8 @@ pub enum Behaviour {
     StreamThenError,
     /// Streams `{"n": 1}`, then (once released) cuts the connection inside the answer.
     StreamThenBreak,
+    /// Streams `event: token` events without a pause and never ends (until the router cuts it).
+    StreamFlood,
     /// `202 Accepted`, empty body: the test reports the result as the agent.
     Accept,
 }
@@ -320,6 +322,21 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             )),
         ),
         Behaviour::StreamThenBreak => stream_answer(state.seen.clone(), Some(state.release.clone()), Some(Err(()))),
+        Behaviour::StreamFlood => {
+            let watch = StreamWatch {
+                seen: state.seen.clone(),
+                finished: false,
+            };
+            let events = futures::stream::unfold((0u64, watch), |(n, watch)| async move {
+                let event = format!("event: token\ndata: {{\"n\":{n}}}\n\n");
+                Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(event)), (n + 1, watch)))
+            });
+            (
+                [(http::header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(events),
+            )
+                .into_response()
+        }
         Behaviour::Echo => axum::Json(json!({
             "output": { "agent_id": state.agent_id, "echo": envelope["payload"] }
         }))
