@@ -189,7 +189,7 @@ impl ContextArgs {
                     "--tenant-map needs --redis: the embedded store serves one tenant (development only)".to_string(),
                 );
             }
-            crate::tenants::check_map(path, &self.tenant, &mut problems);
+            problems.extend(agent_reach_links::tenants::check_at_start(path, &self.tenant));
         }
         if self.key_prefix.is_empty()
             || !self
@@ -375,7 +375,7 @@ mod tests {
         .unwrap();
         let problems = args(&redis).validate().unwrap_err().join("\n");
         for expected in [
-            "the home tenant `default` (--tenant) is not in it",
+            "--tenant `default` (the home tenant) is not in the tenant map",
             "tenants.team-a.acl: ",
         ] {
             assert!(problems.contains(expected), "{expected} missing from:\n{problems}");

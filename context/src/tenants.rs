@@ -19,7 +19,6 @@
 //! requests in flight finish on the part they picked.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use agent_reach_edge::tenants::{dispatch_with, metrics_registry, render_metrics, Parts};
@@ -272,30 +271,4 @@ async fn readyz(State(tenants): State<Arc<Tenants>>) -> Response {
         format!("context store unreachable: {}\n", down.join("; ")),
     )
         .into_response()
-}
-
-/// Problems with `path` as the context service's `--tenant-map` (beyond what
-/// parsing checks): the home tenant must be in it, and every tenant's ACL
-/// file must load.
-pub(crate) fn check_map(path: &Path, home: &str, problems: &mut Vec<String>) {
-    let map = match TenantMap::load(path) {
-        Ok(map) => map,
-        Err(why) => {
-            problems.push(format!("--tenant-map: {why}"));
-            return;
-        }
-    };
-    if !map.contains(home) {
-        problems.push(format!(
-            "--tenant-map {}: the home tenant `{home}` (--tenant) is not in it",
-            path.display()
-        ));
-    }
-    for (tenant, entry) in map.tenants() {
-        if let Some(acl) = &entry.acl {
-            if let Err(error) = agent_reach_access::Acl::load(acl) {
-                problems.push(format!("--tenant-map: tenants.{tenant}.acl: {error}"));
-            }
-        }
-    }
 }

@@ -228,6 +228,31 @@ impl TenantEntry {
     }
 }
 
+/// The start-up check every service makes of its `--tenant-map`: the file
+/// parses, the home tenant (`--tenant`) is in it, every tenant's `acl` file
+/// loads. Every problem, for the service's own list of them.
+pub fn check_at_start(path: &Path, home: &str) -> Vec<String> {
+    let map = match TenantMap::load(path) {
+        Ok(map) => map,
+        Err(why) => return vec![format!("--tenant-map: {why}")],
+    };
+    let mut problems = Vec::new();
+    if !map.contains(home) {
+        problems.push(format!(
+            "--tenant `{home}` (the home tenant) is not in the tenant map {}: add it, or pass one it names",
+            path.display()
+        ));
+    }
+    for (tenant, entry) in map.tenants() {
+        if let Some(acl) = &entry.acl {
+            if let Err(error) = agent_reach_access::Acl::load(acl) {
+                problems.push(format!("--tenant-map: tenants.{tenant}.acl: {error}"));
+            }
+        }
+    }
+    problems
+}
+
 /// The live map: the last good one, and a channel that tells subscribers of
 /// every valid edit.
 #[derive(Clone)]
@@ -405,6 +430,22 @@ tenants:
         let problems = TenantMap::parse("version: 1\ntenants: {}\n").unwrap_err();
         assert!(problems[0].contains("empty"), "{problems:?}");
         assert!(TenantMap::parse("not: [valid").is_err());
+    }
+
+    #[test]
+    fn the_start_up_check_names_the_home_tenant_and_every_acl_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.yaml");
+        std::fs::write(&path, "version: 1\ntenants:\n  a:\n    acl: /nonexistent/acl-a.yaml\n").unwrap();
+        let problems = check_at_start(&path, "default").join("\n");
+        assert!(
+            problems.contains("--tenant `default` (the home tenant) is not in"),
+            "{problems}"
+        );
+        assert!(problems.contains("tenants.a.acl"), "{problems}");
+        std::fs::write(&path, "version: 1\ntenants:\n  default: {}\n").unwrap();
+        assert!(check_at_start(&path, "default").is_empty());
+        assert!(check_at_start(&dir.path().join("missing.yaml"), "default")[0].starts_with("--tenant-map: cannot read"));
     }
 
     #[tokio::test]

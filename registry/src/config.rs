@@ -115,15 +115,7 @@ impl RegistryArgs {
             problems.push(format!("--tenant: {why}"));
         }
         if let Some(path) = &self.tenant_map {
-            match agent_reach_links::tenants::TenantMap::load(path) {
-                Ok(map) if !map.contains(&self.tenant) => problems.push(format!(
-                    "--tenant `{}` (the home tenant) is not in the tenant map {}: add it, or pass one it names",
-                    self.tenant,
-                    path.display()
-                )),
-                Ok(_) => {}
-                Err(why) => problems.push(format!("--tenant-map: {why}")),
-            }
+            problems.extend(agent_reach_links::tenants::check_at_start(path, &self.tenant));
         }
         if self.min_ttl_s == 0 || self.min_ttl_s > self.max_ttl_s {
             problems.push(format!(

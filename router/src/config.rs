@@ -195,15 +195,7 @@ impl RouterArgs {
             problems.push(format!("--tenant: {why}"));
         }
         if let Some(path) = &self.tenant_map {
-            match agent_reach_links::TenantMap::load(path) {
-                Ok(map) if !map.contains(&self.tenant) => problems.push(format!(
-                    "--tenant `{}` (the home tenant) is not in the tenant map {}",
-                    self.tenant,
-                    path.display()
-                )),
-                Ok(_) => {}
-                Err(why) => problems.push(format!("--tenant-map: {why}")),
-            }
+            problems.extend(agent_reach_links::tenants::check_at_start(path, &self.tenant));
         }
         if self.max_body_bytes < 1024 {
             problems.push("--max-body-bytes must be at least 1024".to_string());
