@@ -84,7 +84,10 @@ impl Router {
     /// The whole API as one axum router (tests drive it in-process).
     pub fn app(&self) -> axum::Router {
         match &self.process_metrics {
-            None => self.parts.home().app.clone(),
+            None => {
+                let registry = self.parts.home().service.metrics().registry.clone();
+                tenancy::single_routes(self.parts.clone(), registry)
+            }
             Some(process) => tenancy::routes(self.parts.clone(), process.clone()),
         }
     }

@@ -10,7 +10,7 @@ use crate::error::Code;
 use agent_reach_edge::ErrorCode as _;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 16] = [
+pub const PATHS: [(&str, &str); 17] = [
     ("/v1/invoke", "post"),
     ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
@@ -22,6 +22,7 @@ pub const PATHS: [(&str, &str); 16] = [
     ("/v1/dead-letters/{id}", "get"),
     ("/v1/dead-letters/{id}/replay", "post"),
     ("/v1/sessions/{session_id}/results", "get"),
+    ("/v1/tenants", "get"),
     ("/v1/openapi.json", "get"),
     ("/.well-known/jwks.json", "get"),
     ("/healthz", "get"),
@@ -241,6 +242,11 @@ fn build() -> Value {
         ),
     ]);
     operator_failures(&mut dead_letters);
+    let mut tenants = map(vec![(
+        "200",
+        ok("Every tenant this router serves (one without a tenant map).", "Tenants"),
+    )]);
+    operator_failures(&mut tenants);
     let mut dead_letter = map(vec![
         ("200", ok("The dead letter, with the result it holds.", "DeadLetter")),
         ("404", failed("DEAD_LETTER_NOT_FOUND.")),
@@ -488,6 +494,24 @@ fn build() -> Value {
                         "result": { "description": "The result envelope the callback carried (only when one is shown)." }
                     }
                 },
+                "Tenants": {
+                    "type": "object",
+                    "required": ["home", "tenants"],
+                    "properties": {
+                        "home": { "type": "string", "description": "The home tenant (`--tenant`)." },
+                        "tenants": { "type": "array", "items": {
+                            "type": "object",
+                            "required": ["name", "placement", "quotas", "usage"],
+                            "properties": {
+                                "name": { "type": "string" },
+                                "placement": { "type": "string", "description": "`shared`, or `own Redis URL` (no secrets)." },
+                                "acl": { "type": "string", "nullable": true, "description": "The tenant's own ACL file." },
+                                "quotas": { "type": "object", "description": "rate_per_s, burst, concurrency, task_backlog (null: unbounded)." },
+                                "usage": { "type": "object", "description": "instances, in_flight, requests_total, rate_limited_total (since start), task_backlog (tasks waiting; null without --redis)." }
+                            }
+                        } }
+                    }
+                },
                 "DeadLetters": {
                     "type": "object",
                     "required": ["dead_letters", "total"],
@@ -619,6 +643,13 @@ fn build() -> Value {
                     "security": [{ "bearer": [] }],
                     "parameters": dead_letter_id_parameter(),
                     "responses": authenticated(replay)
+                }
+            },
+            "/v1/tenants": {
+                "get": {
+                    "summary": "The tenants this router serves: placement, quotas, usage (operators of the home tenant; DESIGN §8 Tenants)",
+                    "security": [{ "bearer": [] }],
+                    "responses": authenticated(tenants)
                 }
             },
             "/v1/sessions/{session_id}/results": {

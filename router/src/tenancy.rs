@@ -13,7 +13,8 @@
 //! rebuilds the part, changed quotas apply in place.
 //!
 //! The process answers `/metrics` (every part's series in one exposition),
-//! `/readyz` (every part's snapshot) and `GET /v1/tenants` itself.
+//! `/readyz` (every part's snapshot) and `GET /v1/tenants` itself; a router
+//! without a map is its one part, plus `GET /v1/tenants` listing it.
 
 use std::sync::{Arc, Weak};
 
@@ -202,6 +203,18 @@ pub(crate) fn routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> 
         .route("/v1/tenants", get(list).fallback(method_not_allowed))
         .with_state(state)
         .merge(agent_reach_edge::tenants::dispatch_with(parts, app_of))
+}
+
+/// A router of one tenant: its part's routes, and `GET /v1/tenants` listing it.
+pub(crate) fn single_routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> axum::Router {
+    let home = parts.home();
+    axum::Router::new()
+        .route("/v1/tenants", get(list).fallback(method_not_allowed))
+        .with_state(Process {
+            parts,
+            registry: process,
+        })
+        .merge(home.app.clone())
 }
 
 #[derive(Clone)]

@@ -12,19 +12,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::*;
 
-fn redis_keys(redis: &agent_reach_testkit::Redis) -> Vec<String> {
-    let output = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "--scan"])
-        .output()
-        .expect("redis-cli");
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 /// A mapped stack on a cluster's etcd, ACL and secret: a registry and a
 /// router serving the tenant map `map` (written to the cluster's dir), the
 /// router's slow path on `shared` when given.
@@ -377,4 +364,37 @@ async fn a_tenant_over_its_quota_is_refused_and_the_other_is_not() {
         .await,
         "the raised quota never applied"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_without_a_map_lists_its_one_tenant() {
+    let cluster = Cluster::start().await;
+    let response = cluster
+        .client
+        .get(cluster.url("/v1/tenants"))
+        .bearer_auth(token("ops"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["home"], "default", "{answer}");
+    assert_eq!(answer["tenants"].as_array().unwrap().len(), 1, "{answer}");
+    assert_eq!(answer["tenants"][0]["placement"], "shared", "{answer}");
+    assert_eq!(
+        answer["tenants"][0]["usage"]["task_backlog"],
+        Value::Null,
+        "no slow path: {answer}"
+    );
+    // Operators only.
+    let response = cluster
+        .client
+        .get(cluster.url("/v1/tenants"))
+        .bearer_auth(token(CALLER))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 403);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "FORBIDDEN", "{body}");
 }

@@ -21,19 +21,6 @@ fn claims(authorization: &str) -> Value {
     serde_json::from_slice(&bytes).expect("JSON claims")
 }
 
-fn redis_keys(redis: &agent_reach_testkit::Redis) -> Vec<String> {
-    let output = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "--scan"])
-        .output()
-        .expect("redis-cli");
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_the_same_names_never_see_each_other() {
     let redis = agent_reach_testkit::Redis::start();

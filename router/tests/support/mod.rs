@@ -710,6 +710,20 @@ pub async fn get(cluster: &Cluster, path: &str) -> (u16, Value) {
     (response.status().as_u16(), response.json().await.unwrap())
 }
 
+/// Every key in `redis`, as `redis-cli --scan` lists them (tests check where state landed).
+pub fn redis_keys(redis: &agent_reach_testkit::Redis) -> Vec<String> {
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "--scan"])
+        .output()
+        .expect("redis-cli");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 pub const CALLBACK_SECRET: &[u8] = b"callback-secret-0123456789abcdef-0123";
 
 /// A cluster whose router takes tasks (`/v1/tasks`) on `redis`, with fast
