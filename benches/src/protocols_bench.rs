@@ -17,21 +17,26 @@
 //!   `--events` (100) events the agent writes as fast as it can, a stream
 //!   counted once it ended with every event: the router's must be ≥ nginx's;
 //! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) must
-//!   reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent.
+//!   reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent, each
+//!   side's rate the mean of three windows taken in turn with the other's.
 
 /// mimalloc, as in the `agent-reach` binary (see router-bench).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support.rs"]
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
+use support::{free_addr, median, nodelay, register, spawn_self, start_json_agent, wait_for, TerminatedGuard};
 
 const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
 const SERVE_REGISTRY: &str = "__serve-registry";
@@ -39,6 +44,8 @@ const SERVE_ROUTER: &str = "__serve-router";
 const STREAMING: &str = "bench.tokens";
 const JSON_CAPABILITY: &str = "bench.echo";
 const CALLER: &str = "bench_caller";
+/// Alternating wrk windows of each side per round (A2A against `/v1/invoke`).
+const WRK_WINDOWS: u64 = 3;
 
 #[derive(Debug, Clone, Parser)]
 #[command(about = "Streamed invoke vs nginx (SSE, buffering off); A2A SendMessage vs /v1/invoke.")]
@@ -75,52 +82,7 @@ struct ServeRouter {
     router: agent_reach_router::RouterArgs,
 }
 
-/// A child process killed on drop.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], agent_reach_testkit::free_port()))
-}
-
-fn spawn_self(mode: &str, args: &[String]) -> anyhow::Result<ChildGuard> {
-    let child = Command::new(std::env::current_exe()?)
-        .arg(mode)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("spawning {mode}"))?;
-    Ok(ChildGuard(child))
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl AsyncFnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if ok().await {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("{what} not ready within {timeout:?}")
-}
-
 // === Agents ===
-
-/// The agents' listener with Nagle's algorithm off, as the proxies have it:
-/// otherwise an event written after the head waits for the caller's ACK.
-fn nodelay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
-    use axum::serve::ListenerExt as _;
-    listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    })
-}
 
 /// The streaming agent: `events` events, each written as its own body chunk
 /// as fast as the connection takes them, the first one at once.
@@ -144,70 +106,11 @@ async fn start_streaming_agent(events: usize) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-async fn json_agent(body: axum::body::Bytes) -> impl axum::response::IntoResponse {
-    let _ = body.len();
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        r#"{"output":{"status":"paid","ships_today":true}}"#,
-    )
-}
-
-async fn start_json_agent() -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let app = axum::Router::new().route("/invoke", axum::routing::post(json_agent));
-    tokio::spawn(async move { axum::serve(nodelay(listener), app).await });
-    Ok(addr)
-}
-
-async fn register(
-    client: &reqwest::Client,
-    registry: &str,
-    id: &str,
-    endpoint: String,
-    capability: &str,
-) -> anyhow::Result<()> {
-    let token = agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
-        .map_err(anyhow::Error::msg)?;
-    let body = json!({
-        "agent_id": id, "name": "bench_agent", "endpoint": endpoint,
-        "weight": 1, "ttl_s": 30, "status": "ready",
-        "capabilities": [{
-            "name": capability, "version": "1.0.0",
-            "input_schema": { "type": "object", "required": ["order_id"], "properties": { "order_id": { "type": "string" } } }
-        }]
-    });
-    let response = client
-        .post(format!("{registry}/v1/agents"))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("registration of {id} failed: {}", response.text().await?);
-    }
-    let answer: serde_json::Value = response.json().await?;
-    let lease = answer["lease_id"].as_i64().context("lease_id")?;
-    let (client, registry, id) = (client.clone(), registry.to_string(), id.to_string());
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            let _ = client
-                .put(format!("{registry}/v1/agents/{id}/heartbeat"))
-                .bearer_auth(&token)
-                .json(&json!({ "lease_id": lease }))
-                .send()
-                .await;
-        }
-    });
-    Ok(())
-}
-
 // === nginx ===
 
 /// nginx as the issue sets it: a reverse proxy to the SSE agent with
 /// buffering off, keep-alive to the agent, as many workers as the router has threads.
-fn start_nginx(dir: &Path, listen: SocketAddr, agent: SocketAddr, workers: usize) -> anyhow::Result<ChildGuard> {
+fn start_nginx(dir: &Path, listen: SocketAddr, agent: SocketAddr, workers: usize) -> anyhow::Result<TerminatedGuard> {
     let root = dir.join("nginx");
     std::fs::create_dir_all(root.join("logs"))?;
     let config = format!(
@@ -234,7 +137,7 @@ fn start_nginx(dir: &Path, listen: SocketAddr, agent: SocketAddr, workers: usize
         .stderr(Stdio::inherit())
         .spawn()
         .context("running nginx (apt-get install nginx; scripts/setup.sh does)")?;
-    Ok(ChildGuard(child))
+    Ok(TerminatedGuard(child))
 }
 
 // === The SSE client ===
@@ -386,11 +289,6 @@ fn wrk_script(dir: &Path, name: &str, body: &str, token: &str) -> anyhow::Result
     Ok(path)
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 fn main() -> anyhow::Result<()> {
     let mut argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(SERVE_REGISTRY) {
@@ -459,11 +357,15 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     })
     .await?;
 
+    let agent_token =
+        agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
+            .map_err(anyhow::Error::msg)?;
     let sse_agent = start_streaming_agent(args.events).await?;
     register(
         &client,
         &registry,
-        "bench_sse-0",
+        &agent_token,
+        ("bench_sse-0", "bench_agent"),
         format!("http://{sse_agent}/invoke"),
         STREAMING,
     )
@@ -472,7 +374,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     register(
         &client,
         &registry,
-        "bench_json-0",
+        &agent_token,
+        ("bench_json-0", "bench_agent"),
         format!("http://{json_agent}/invoke"),
         JSON_CAPABILITY,
     )
@@ -613,10 +516,17 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             first.entry(target.name).or_default().push(p50.as_secs_f64() * 1e6);
             rates.entry(target.name).or_default().push(rate);
         }
-        let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, 2);
-        let invoke = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, args.duration_s)?;
-        let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, 2);
-        let a2a = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, args.duration_s)?;
+        // Alternating windows (the box's speed drifts over seconds; a
+        // window of each, in turn, sees the same drift).
+        let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, 1);
+        let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, 1);
+        let windows = WRK_WINDOWS.min(args.duration_s.max(1));
+        let window_s = (args.duration_s / windows).max(1);
+        let (mut invoke, mut a2a) = (0.0, 0.0);
+        for _ in 0..windows {
+            invoke += wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, window_s)? / windows as f64;
+            a2a += wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, window_s)? / windows as f64;
+        }
         println!(
             "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), {} conns",
             "router",

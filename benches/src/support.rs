@@ -1,7 +1,7 @@
 //! What the benches share: child processes (this binary re-executed as a
 //! registry or router), bounded waits, a JSON agent, registration with
 //! heartbeats. Included by `#[path]` from each bench binary that uses it
-//! (router-bench and protocols-bench still carry their own copies).
+//! (router-bench still carries its own copies).
 
 #![allow(dead_code)]
 
@@ -17,6 +17,29 @@ pub struct ChildGuard(pub Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A server stopped with SIGTERM on drop, then killed if it has not exited
+/// within five seconds: a server with children of its own (nginx's workers)
+/// stops them on SIGTERM, while SIGKILL would leave them running.
+pub struct TerminatedGuard(pub Child);
+
+impl Drop for TerminatedGuard {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) with the pid of a child this process spawned and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until {
+                if matches!(self.0.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

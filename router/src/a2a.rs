@@ -23,6 +23,8 @@
 //! task, id `default`). Without `--redis` the card says
 //! `pushNotifications: false` and those methods answer A2A's errors.
 
+use std::borrow::Cow;
+
 use agent_reach_access::Caller;
 use agent_reach_edge::front::Answer;
 use agent_reach_edge::{HeaderLookup, RequestBody};
@@ -297,6 +299,23 @@ pub(crate) async fn answer_rpc(
         Ok(bytes) => bytes,
         Err(error) => return failed(&Value::Null, &error).into(),
     };
+    // The common call, read without a JSON tree; anything else (and every
+    // refusal of the request's shape) takes the general reading below.
+    if let Some(plain) = PlainSend::read(&bytes, legacy_allowed) {
+        let id = plain.id;
+        let message = match plain_call(
+            service,
+            &caller,
+            capability,
+            plain.payload,
+            plain.message_id,
+            plain.context_id,
+        ) {
+            Ok(message) => message,
+            Err(refusal) => return refusal.into_response(&id).into(),
+        };
+        return send(service, &caller, headers, message, received, &id, plain.wire).await;
+    }
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(request) => request,
         Err(error) => {
@@ -505,17 +524,7 @@ fn message_call(
     let kind = part.get("kind").and_then(Value::as_str);
     let snapshot = service.snapshot().load_full();
     let Some(found) = snapshot.capabilities.get(capability) else {
-        return Err(Refusal {
-            code: 0,
-            message: String::new(),
-            error: Some(
-                RouterError::new(
-                    Code::CapabilityNotFound,
-                    format!("no agent offers capability `{capability}`"),
-                )
-                .with_details(json!({ "capability": capability })),
-            ),
-        });
+        return Err(not_offered(capability));
     };
     let text_payload;
     let payload = if let Some(data) = part.get("data").filter(|_| wire == Wire::V1 || kind == Some("data")) {
@@ -549,33 +558,34 @@ fn message_call(
             error: None,
         });
     };
-    let request_id = message
-        .get("messageId")
-        .and_then(Value::as_str)
-        .filter(|id| !id.is_empty() && id.len() <= 128)
+    let message_id = message.get("messageId").and_then(Value::as_str);
+    let context_id = message.get("contextId").and_then(Value::as_str);
+    drop(snapshot);
+    call_of(capability, payload.clone(), message_id, context_id)
+}
+
+/// The checked `/v1/invoke` call a message's payload becomes (its ids, when
+/// usable, as the request and session ids; fresh ones otherwise).
+fn call_of(
+    capability: &str,
+    payload: Value,
+    message_id: Option<&str>,
+    context_id: Option<&str>,
+) -> Result<MessageCall, Refusal> {
+    let usable = |id: &&str| !id.is_empty() && id.len() <= 128;
+    let request_id = message_id
+        .filter(usable)
         .map_or_else(trace::new_request_id, str::to_string);
-    let context_id = message
-        .get("contextId")
-        .and_then(Value::as_str)
-        .filter(|id| !id.is_empty() && id.len() <= 128)
+    let context_id = context_id
+        .filter(usable)
         .map_or_else(trace::new_request_id, str::to_string);
     // The context keeps a conversation on one instance (consistent_hash keys on session_id).
-    let envelope = CallEnvelope {
-        capability,
-        payload,
-        request_id: &request_id,
-        session_id: &context_id,
-    };
-    let checked = serde_json::to_vec(&envelope)
-        .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))
-        .and_then(|bytes| envelope::parse(&bytes))
-        .and_then(envelope::check)
-        .map_err(|error| Refusal {
+    let checked =
+        envelope::call(capability, payload, request_id.clone(), Some(context_id.clone())).map_err(|error| Refusal {
             code: INVALID_PARAMS,
             message: error.message.clone(),
             error: Some(error),
         })?;
-    drop(snapshot);
     Ok(MessageCall {
         checked,
         request_id,
@@ -583,14 +593,166 @@ fn message_call(
     })
 }
 
-/// The `/v1/invoke` envelope a message becomes, written straight from the
-/// request's values (then parsed and checked as any envelope is).
-#[derive(serde::Serialize)]
-struct CallEnvelope<'a> {
-    capability: &'a str,
-    payload: &'a Value,
-    request_id: &'a str,
-    session_id: &'a str,
+/// A `SendMessage` (v0.3: `message/send`) of the common shape, read without
+/// a JSON tree: a JSON-RPC 2.0 object, no `configuration`, a message object
+/// with one DataPart. `None` for anything else, whatever is wrong with it:
+/// the general reading then answers it, so both readings agree on every request.
+struct PlainSend<'a> {
+    id: Value,
+    wire: Wire,
+    payload: Value,
+    message_id: Option<Cow<'a, str>>,
+    context_id: Option<Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainRequest<'a> {
+    #[serde(borrow)]
+    jsonrpc: Cow<'a, str>,
+    id: Value,
+    #[serde(borrow)]
+    method: Cow<'a, str>,
+    #[serde(borrow)]
+    params: FromObject<PlainParams<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainParams<'a> {
+    #[serde(borrow)]
+    message: FromObject<PlainMessage<'a>>,
+    /// Anything but `null` asks more than a plain call.
+    #[serde(default)]
+    configuration: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainMessage<'a> {
+    #[serde(default, borrow, rename = "messageId")]
+    message_id: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "contextId")]
+    context_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    parts: [FromObject<PlainPart<'a>>; 1],
+}
+
+#[derive(serde::Deserialize)]
+struct PlainPart<'a> {
+    #[serde(default, borrow)]
+    kind: Option<Cow<'a, str>>,
+    /// Present (`null` too), or absent.
+    #[serde(default, deserialize_with = "present")]
+    data: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    <Value as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
+/// A struct read from a JSON object only: serde_json would also read one
+/// from an array, field by field, which the general reading refuses.
+struct FromObject<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for FromObject<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(MapOnly(deserializer)).map(FromObject)
+    }
+}
+
+/// A deserializer that takes a struct from a map only (see [`FromObject`]).
+struct MapOnly<D>(D);
+
+impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for MapOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(visitor)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(visitor)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+        unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+    }
+}
+
+impl<'a> PlainSend<'a> {
+    fn read(bytes: &'a [u8], legacy_allowed: bool) -> Option<Self> {
+        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+        let FromObject(request) =
+            <FromObject<PlainRequest<'a>> as serde::Deserialize>::deserialize(&mut deserializer).ok()?;
+        deserializer.end().ok()?;
+        let wire = match request.method.as_ref() {
+            "SendMessage" => Wire::V1,
+            "message/send" if legacy_allowed => Wire::V03,
+            _ => return None,
+        };
+        let plain = request.jsonrpc == "2.0"
+            && matches!(request.id, Value::String(_) | Value::Number(_))
+            && request.params.0.configuration.is_none();
+        let PlainMessage {
+            message_id,
+            context_id,
+            parts: [FromObject(part)],
+        } = request.params.0.message.0;
+        // v1.0 takes `data` whatever `kind` says; v0.3 a part of kind `data`.
+        let data = part
+            .data
+            .filter(|_| wire == Wire::V1 || part.kind.as_deref() == Some("data"));
+        Some(Self {
+            id: request.id,
+            wire,
+            payload: data.filter(|_| plain)?,
+            message_id,
+            context_id,
+        })
+    }
+}
+
+/// [`message_call`] for a [`PlainSend`]: authorised, then the capability
+/// looked up, in the order the general reading refuses them.
+fn plain_call(
+    service: &RouterService,
+    caller: &Caller,
+    capability: &str,
+    payload: Value,
+    message_id: Option<Cow<'_, str>>,
+    context_id: Option<Cow<'_, str>>,
+) -> Result<MessageCall, Refusal> {
+    service
+        .admission()
+        .authorize(caller, capability)
+        .map_err(|error| Refusal {
+            code: 0,
+            message: String::new(),
+            error: Some(error),
+        })?;
+    if !service.snapshot().load().capabilities.contains_key(capability) {
+        return Err(not_offered(capability));
+    }
+    call_of(capability, payload, message_id.as_deref(), context_id.as_deref())
+}
+
+/// The refusal of a capability no agent offers.
+fn not_offered(capability: &str) -> Refusal {
+    Refusal {
+        code: 0,
+        message: String::new(),
+        error: Some(
+            RouterError::new(
+                Code::CapabilityNotFound,
+                format!("no agent offers capability `{capability}`"),
+            )
+            .with_details(json!({ "capability": capability })),
+        ),
+    }
 }
 
 /// A part carrying `value`, in the request's wire shape.
@@ -633,54 +795,25 @@ async fn send(
         Ok(success) => success,
         Err(failure) => return failed(id, &failure.error).into(),
     };
-    // The output goes into the answer as the agent wrote it (no value built
-    // and written back); v0.3's DataPart holds an object, so anything else
-    // is wrapped as `{"result": …}`, as `data_part` does.
-    let null = serde_json::value::RawValue::NULL;
-    let output = success.output.as_deref().unwrap_or(null);
-    let data = match wire {
-        Wire::V03 if !output.get().starts_with('{') => SentData::Wrapped { result: output },
-        _ => SentData::Raw(output),
-    };
-    let metadata = SentMetadata {
+    let sent = Sent {
+        id,
+        wire,
+        message_id: &trace::new_request_id(),
+        context_id: &call.context_id,
+        output: success.output.as_deref().map_or("null", |raw| raw.get()),
         agent_id: &success.agent_id,
         capability_version: &success.capability_version,
         attempts: success.attempts,
         request_id: &call.request_id,
     };
-    let message_id = trace::new_request_id();
-    let result = match wire {
-        Wire::V1 => SentResult::V1 {
-            message: SentMessage {
-                kind: None,
-                message_id: &message_id,
-                context_id: &call.context_id,
-                role: "ROLE_AGENT",
-                parts: [SentPart { kind: None, data }],
-                metadata,
-            },
+    match sent.to_vec() {
+        Ok(body) => Answer::Json {
+            status: StatusCode::OK,
+            body,
         },
-        Wire::V03 => SentResult::V03(SentMessage {
-            kind: Some("message"),
-            message_id: &message_id,
-            context_id: &call.context_id,
-            role: "agent",
-            parts: [SentPart {
-                kind: Some("data"),
-                data,
-            }],
-            metadata,
-        }),
-    };
-    let answer = SentAnswer {
-        jsonrpc: "2.0",
-        id,
-        result,
-    };
-    // Writing cannot fail (strings, a number and JSON already checked); if it
-    // did, the caller gets JSON-RPC's internal error, not a broken answer.
-    Answer::json(StatusCode::OK, &answer).unwrap_or_else(|error| {
-        json_reply(
+        // Writing cannot fail (an id is a string or a number, checked on
+        // reading); if it did, the caller gets JSON-RPC's internal error.
+        Err(error) => json_reply(
             StatusCode::OK,
             rpc_error(
                 id,
@@ -688,60 +821,67 @@ async fn send(
                 &format!("the answer cannot be written: {error}"),
                 None,
             ),
-        )
-    })
+        ),
+    }
 }
 
-// === SendMessage's answer, written as it is sent ===
-// (Field by field equal to the `json!` shapes `data_part` and the task
-// answers build: A2A clients parse both.)
-
-#[derive(serde::Serialize)]
-struct SentAnswer<'a> {
-    jsonrpc: &'static str,
+/// `SendMessage`'s answer: a Message whose one DataPart is the agent's
+/// output, written field by field ([`crate::json::Object`]) in the request's
+/// wire shape, equal to the `json!` shapes of [`data_part`] and the task
+/// answers (a test holds them equal).
+struct Sent<'a> {
     id: &'a Value,
-    result: SentResult<'a>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-enum SentResult<'a> {
-    V1 { message: SentMessage<'a> },
-    V03(SentMessage<'a>),
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct SentMessage<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kind: Option<&'static str>,
+    wire: Wire,
     message_id: &'a str,
     context_id: &'a str,
-    role: &'static str,
-    parts: [SentPart<'a>; 1],
-    metadata: SentMetadata<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct SentPart<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kind: Option<&'static str>,
-    data: SentData<'a>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-enum SentData<'a> {
-    Raw(&'a serde_json::value::RawValue),
-    Wrapped { result: &'a serde_json::value::RawValue },
-}
-
-#[derive(serde::Serialize)]
-struct SentMetadata<'a> {
+    /// The output as the agent wrote it (JSON).
+    output: &'a str,
     agent_id: &'a str,
     capability_version: &'a str,
     attempts: u32,
     request_id: &'a str,
+}
+
+impl Sent<'_> {
+    fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+        let v03 = self.wire == Wire::V03;
+        let mut out = Vec::with_capacity(256 + self.output.len());
+        let mut answer = crate::json::Object::start(&mut out);
+        answer.str("jsonrpc", "2.0");
+        answer.value("id", self.id)?;
+        let mut result = answer.object("result");
+        // v1.0 wraps the Message (`{"message": …}`); v0.3 is it, with `kind`.
+        let mut message = if v03 { result.same() } else { result.object("message") };
+        if v03 {
+            message.str("kind", "message");
+        }
+        message.str("messageId", self.message_id);
+        message.str("contextId", self.context_id);
+        message.str("role", if v03 { "agent" } else { "ROLE_AGENT" });
+        let mut part = message.array_of_one("parts");
+        if v03 {
+            part.str("kind", "data");
+        }
+        // v0.3's DataPart holds an object: anything else is `{"result": …}`.
+        if v03 && !self.output.starts_with('{') {
+            let mut wrapped = part.object("data");
+            wrapped.raw("result", Some(self.output));
+            wrapped.end();
+        } else {
+            part.raw("data", Some(self.output));
+        }
+        part.end();
+        let mut metadata = message.object("metadata");
+        metadata.str("agent_id", self.agent_id);
+        metadata.str("capability_version", self.capability_version);
+        metadata.u64("attempts", u64::from(self.attempts));
+        metadata.str("request_id", self.request_id);
+        metadata.end();
+        message.end();
+        result.end();
+        answer.end();
+        Ok(out)
+    }
 }
 
 /// One SSE event carrying a JSON-RPC result.
@@ -791,7 +931,8 @@ async fn send_streaming(
             let item = stream.next().await?;
             let (event, rest) = match item {
                 Item::Event(event) => {
-                    let value = serde_json::from_str(&event.data).unwrap_or(Value::String(event.data.clone()));
+                    let data = event.data();
+                    let value = serde_json::from_str(&data).unwrap_or_else(|_| Value::String(data.into_owned()));
                     let update = json!({
                         "taskId": task_id, "contextId": context_id,
                         "artifact": { "artifactId": artifact_id, "parts": [data_part(value, wire)] },
@@ -1411,7 +1552,147 @@ fn push_config_value(task: &agent_reach_tasks::Task, wire: Wire) -> Option<Value
 
 #[cfg(test)]
 mod tests {
-    use super::rfc3339;
+    use super::*;
+
+    /// The plain reading takes only what the general one reads as a plain
+    /// `SendMessage` (else `None`: the general reading answers it).
+    #[test]
+    fn only_plain_sends_are_read_without_a_tree() {
+        let read = |body: &str, legacy: bool| {
+            PlainSend::read(body.as_bytes(), legacy).map(|plain| {
+                (
+                    plain.id,
+                    plain.wire == Wire::V1,
+                    plain.payload,
+                    plain.message_id.map(Cow::into_owned),
+                    plain.context_id.map(Cow::into_owned),
+                )
+            })
+        };
+        let v1 = r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m\u00e9","parts":[{"data":{"a":1}}],"role":"ROLE_USER"},"metadata":{}}}"#;
+        assert_eq!(
+            read(v1, false),
+            Some((json!(1), true, json!({"a": 1}), Some("m\u{e9}".to_string()), None))
+        );
+        let v03 = r#" {"jsonrpc":"2.0","id":"x","method":"message/send","params":{"message":{"contextId":"c","parts":[{"kind":"data","data":null}]},"configuration":null}} "#;
+        assert_eq!(
+            read(v03, true),
+            Some((json!("x"), false, Value::Null, None, Some("c".to_string())))
+        );
+        for (body, legacy) in [
+            // v0.3 names only when the version allows them.
+            (v03, false),
+            // Arrays read positionally would pass a typed reading.
+            (r#"["2.0",1,"SendMessage",{"message":{"parts":[{"data":1}]}}]"#, false),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":[{"parts":[{"data":1}]}]}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":[null,null,[{"data":1}]]}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[[null,1]]}}}"#,
+                false,
+            ),
+            // Not one part, not a DataPart, a kind v0.3 does not take as data.
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[{"data":1},{"data":2}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[{"text":"hi"}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"parts":[{"kind":"text","data":1}]}}}"#,
+                true,
+            ),
+            // Asking more than a call, or a request that is not JSON-RPC 2.0.
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[{"data":1}]},"configuration":{}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"1.0","id":1,"method":"SendMessage","params":{"message":{"parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":null,"method":"SendMessage","params":{"message":{"parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":{},"method":"SendMessage","params":{"message":{"parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"message":{"parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            // Types the general reading forgives (an id that is no string), repeated keys, trailing bytes.
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":5,"parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"SendMessage","params":{"message":{"parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"parts":[{"data":1}]}}} x"#,
+                false,
+            ),
+            ("{", false),
+        ] {
+            assert_eq!(read(body, legacy), None, "{body}");
+        }
+    }
+
+    /// The written answer is the `json!` shape, in both wires, an object
+    /// output or not (v0.3 wraps the latter), with an id of either kind.
+    #[test]
+    fn a_sent_message_is_written_as_its_shape() {
+        for (wire, output, id) in [
+            (Wire::V1, r#"{"status":"paid","n":[1,2.5]}"#, json!(7)),
+            (Wire::V1, r#""text \"quoted\"""#, json!("req-\u{e9}")),
+            (Wire::V03, r#"{"status":"paid"}"#, json!("a")),
+            (Wire::V03, "[1,2]", json!(-3)),
+            (Wire::V03, "null", json!(1)),
+        ] {
+            let sent = Sent {
+                id: &id,
+                wire,
+                message_id: "m-\"1\"",
+                context_id: "ctx",
+                output,
+                agent_id: "billing-1",
+                capability_version: "1.2.0",
+                attempts: 2,
+                request_id: "r-1",
+            };
+            let written: Value = serde_json::from_slice(&sent.to_vec().unwrap()).unwrap();
+            let output: Value = serde_json::from_str(output).unwrap();
+            let metadata = json!({
+                "agent_id": "billing-1", "capability_version": "1.2.0", "attempts": 2, "request_id": "r-1",
+            });
+            let message = match wire {
+                Wire::V1 => json!({ "message": {
+                    "messageId": "m-\"1\"", "contextId": "ctx", "role": "ROLE_AGENT",
+                    "parts": [data_part(output, wire)], "metadata": metadata,
+                }}),
+                Wire::V03 => json!({
+                    "kind": "message", "messageId": "m-\"1\"", "contextId": "ctx", "role": "agent",
+                    "parts": [data_part(output, wire)], "metadata": metadata,
+                }),
+            };
+            assert_eq!(written, json!({ "jsonrpc": "2.0", "id": id, "result": message }));
+        }
+    }
 
     #[test]
     fn epoch_milliseconds_as_rfc3339() {

@@ -42,6 +42,35 @@ pub fn parse(bytes: &[u8]) -> Result<InvokeRequest, RouterError> {
     Ok(request)
 }
 
+/// The envelope of a call made in the router (an A2A message's, an MCP
+/// tool call's): nothing but the capability, the payload and the ids,
+/// checked as a parsed envelope is.
+pub fn call(
+    capability: &str,
+    payload: serde_json::Value,
+    request_id: String,
+    session_id: Option<String>,
+) -> Result<CheckedRequest, RouterError> {
+    let mut request = InvokeRequest {
+        version: None,
+        request_id: Some(request_id),
+        session_id,
+        context_id: None,
+        capability: capability.to_string(),
+        capability_version: None,
+        target_policy: None,
+        priority: None,
+        timeout_ms: None,
+        deadline: None,
+        timeout: None,
+        trace_id: None,
+        source: None,
+        payload,
+    };
+    canonical(&mut request)?;
+    check(request)
+}
+
 /// The seeds' envelope in the router's words: `cap:` dropped from the
 /// capability, `timeout {value, unit}` as `timeout_ms`, `source` forgotten
 /// (identity comes from the token). `msg_id`, `agent_capability` and

@@ -849,7 +849,16 @@ fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut) -> Re
                 *state = BodyState::ChunkSize;
             }
             BodyState::ChunkSize | BodyState::Trailers => {
-                let Some(end) = input.windows(2).position(|pair| pair == b"\r\n") else {
+                // The line ends at the first `\r\n` (memchr finds each `\n` a word at a time).
+                let mut from = 0;
+                let end = loop {
+                    match memchr::memchr(b'\n', &input[from..]) {
+                        Some(at) if from + at > 0 && input[from + at - 1] == b'\r' => break Some(from + at - 1),
+                        Some(at) => from += at + 1,
+                        None => break None,
+                    }
+                };
+                let Some(end) = end else {
                     if input.len() > MAX_HEAD_BYTES {
                         return Err("the agent's answer has an overlong chunk line".to_string());
                     }

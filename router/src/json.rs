@@ -14,13 +14,46 @@ use serde_json::Value;
 pub(crate) struct Object<'a> {
     out: &'a mut Vec<u8>,
     empty: bool,
+    /// What [`Object::end`] writes: `}`, or `}]` for [`Object::array_of_one`]'s
+    /// object, or nothing for [`Object::same`]'s.
+    close: &'static [u8],
 }
 
 impl<'a> Object<'a> {
     /// Starts an object at the end of `out`.
     pub fn start(out: &'a mut Vec<u8>) -> Self {
         out.push(b'{');
-        Self { out, empty: true }
+        Self {
+            out,
+            empty: true,
+            close: b"}",
+        }
+    }
+
+    /// An object under `key`; written on until its own [`Object::end`].
+    pub fn object(&mut self, key: &str) -> Object<'_> {
+        self.key(key);
+        Object::start(self.out)
+    }
+
+    /// An array under `key` holding one object, written on until its [`Object::end`].
+    pub fn array_of_one(&mut self, key: &str) -> Object<'_> {
+        self.key(key);
+        self.out.push(b'[');
+        Object {
+            close: b"}]",
+            ..Object::start(self.out)
+        }
+    }
+
+    /// This object again, under another name (whose [`Object::end`] closes
+    /// nothing: for code that writes into either a nested object or this one).
+    pub fn same(&mut self) -> Object<'_> {
+        Object {
+            out: self.out,
+            empty: self.empty,
+            close: b"",
+        }
     }
 
     /// `key` must need no escaping (the router's own field names).
@@ -65,7 +98,7 @@ impl<'a> Object<'a> {
     }
 
     pub fn end(self) {
-        self.out.push(b'}');
+        self.out.extend_from_slice(self.close);
     }
 }
 

@@ -374,12 +374,7 @@ fn prepare_call(
     };
     drop(snapshot);
     let request_id = trace::new_request_id();
-    let envelope = json!({ "capability": name, "payload": payload, "request_id": request_id });
-    let checked = match serde_json::to_vec(&envelope)
-        .map_err(|error| RouterError::new(crate::error::Code::InvalidEnvelope, error.to_string()))
-        .and_then(|bytes| envelope::parse(&bytes))
-        .and_then(envelope::check)
-    {
+    let checked = match envelope::call(name, payload, request_id.clone(), None) {
         Ok(checked) => checked,
         Err(error) => return Ok(Err(tool_error(&error))),
     };
@@ -486,12 +481,13 @@ async fn call_tool_streamed(
             let mut stream = stream?;
             let message = match stream.next().await? {
                 Item::Event(event) => {
-                    let item = serde_json::from_str(&event.data).unwrap_or(Value::String(event.data.clone()));
+                    let data = event.data();
+                    let item = serde_json::from_str(&data).unwrap_or_else(|_| Value::String(data.to_string()));
                     items.push(item);
                     let notification = json!({
                         "jsonrpc": "2.0",
                         "method": "notifications/progress",
-                        "params": { "progressToken": token, "progress": items.len(), "message": event.data },
+                        "params": { "progressToken": token, "progress": items.len(), "message": data },
                     });
                     return Some((
                         Ok::<_, std::convert::Infallible>(crate::sse::data(&notification.to_string())),

@@ -23,15 +23,63 @@ pub struct Event {
     pub raw: Bytes,
     /// The `event:` field; `message` when absent (the format's default).
     pub name: Cow<'static, str>,
-    /// The `data:` lines joined by `\n` (empty when none).
-    pub data: String,
+    /// Its data: read from `raw` only when asked ([`Event::data`]), as a
+    /// relayed event needs only its bytes.
+    data: Data,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Data {
+    /// In the `data:` lines of `raw`; whether they join to something.
+    InRaw { empty: bool },
+    /// Given whole (an event the router made of a JSON answer).
+    Given(String),
 }
 
 impl Event {
+    /// A `message` event carrying `data` (written as `data:` lines).
+    pub fn message(data: String) -> Self {
+        Self {
+            raw: self::data(&data),
+            name: Cow::Borrowed("message"),
+            data: Data::Given(data),
+        }
+    }
+
+    /// The `data:` lines joined by `\n` (empty when none).
+    pub fn data(&self) -> Cow<'_, str> {
+        match &self.data {
+            Data::Given(data) => Cow::Borrowed(data),
+            Data::InRaw { empty: true } => Cow::Borrowed(""),
+            Data::InRaw { empty: false } => {
+                let text = String::from_utf8_lossy(&self.raw);
+                let mut joined: Option<String> = None;
+                for_fields(text.as_bytes(), |field, value| {
+                    if field == b"data" {
+                        // Cut from valid UTF-8 at ASCII bytes: still valid.
+                        let value = std::str::from_utf8(value).unwrap_or_default();
+                        match &mut joined {
+                            Some(joined) => {
+                                joined.push('\n');
+                                joined.push_str(value);
+                            }
+                            None => joined = Some(value.to_string()),
+                        }
+                    }
+                });
+                Cow::Owned(joined.unwrap_or_default())
+            }
+        }
+    }
+
     /// Whether the event carries nothing a caller would see (comments and
     /// keep-alives only): relayed, but not counted as an event.
     pub fn is_comment_only(&self) -> bool {
-        self.data.is_empty() && self.name == "message"
+        let empty = match &self.data {
+            Data::InRaw { empty } => *empty,
+            Data::Given(data) => data.is_empty(),
+        };
+        empty && self.name == "message"
     }
 }
 
@@ -46,6 +94,40 @@ pub struct EventSplitter {
     /// first line not yet complete (the lines before it are whole and not
     /// blank), so an event arriving in many reads is scanned once.
     scanned: usize,
+}
+
+/// Whole events a caller sees as they are, their bytes as the agent wrote them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub raw: Bytes,
+    /// How many (≥ 1).
+    pub events: u64,
+}
+
+/// What [`EventSplitter::next_cut`] cut off.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Cut {
+    Run(Run),
+    /// One event of another kind (comment-only, or `event: error`).
+    One(Event),
+}
+
+/// Whether an event is one a caller sees as it is: named anything but
+/// `error`, with data (a comment-only event and `event: error` are not).
+fn plain(raw: &[u8]) -> bool {
+    let (mut error, mut named, mut data_lines, mut data_bytes) = (false, false, 0usize, 0usize);
+    for_fields(raw, |field, value| match field {
+        b"event" => {
+            error = value == b"error";
+            named = !value.is_empty() && value != b"message";
+        }
+        b"data" => {
+            data_lines += 1;
+            data_bytes += value.len();
+        }
+        _ => {}
+    });
+    !error && (named || data_lines > 1 || data_bytes > 0)
 }
 
 /// The stream broke the format beyond relaying.
@@ -94,6 +176,55 @@ impl EventSplitter {
                 Ok(None)
             }
         }
+    }
+
+    /// Cuts off every whole event ready that a caller sees as it is (a
+    /// run of them, contiguous as the agent wrote them: relaying them is one
+    /// copy, not one per event); or, when the first ready event is not one of
+    /// those (a comment-only one, or `event: error`), that event alone.
+    /// `None`: no whole event yet.
+    pub fn next_cut(&mut self) -> Result<Option<Cut>, TooLarge> {
+        if self.after_cr && !self.buffer.is_empty() {
+            if self.buffer[0] == b'\n' {
+                self.buffer.advance(1);
+            }
+            self.after_cr = false;
+        }
+        let (mut run_end, mut events, mut on_cr) = (0usize, 0u64, false);
+        let mut from = self.scanned;
+        loop {
+            match event_end(&self.buffer[run_end..], from) {
+                Scan::End { end, on_cr: cr } => {
+                    if !plain(&self.buffer[run_end..run_end + end]) {
+                        if events == 0 {
+                            return self.next_event().map(|event| event.map(Cut::One));
+                        }
+                        break;
+                    }
+                    run_end += end;
+                    events += 1;
+                    on_cr = cr;
+                    from = 0;
+                }
+                Scan::More { line_start } => {
+                    if events == 0 {
+                        self.scanned = line_start;
+                        if self.buffer.len() > MAX_EVENT_BYTES {
+                            return Err(TooLarge);
+                        }
+                        return Ok(None);
+                    }
+                    // Where the rest's scan resumes, once the run is cut off.
+                    self.scanned = line_start;
+                    let raw = self.buffer.split_to(run_end).freeze();
+                    self.after_cr = on_cr && self.buffer.is_empty();
+                    return Ok(Some(Cut::Run(Run { raw, events })));
+                }
+            }
+        }
+        let raw = self.buffer.split_to(run_end).freeze();
+        self.scanned = 0;
+        Ok(Some(Cut::Run(Run { raw, events })))
     }
 
     /// Bytes of an event begun and not finished (the stream ended inside it).
@@ -146,46 +277,50 @@ fn event_end(buffer: &[u8], from: usize) -> Scan {
     Scan::More { line_start }
 }
 
-fn parse(raw: Bytes) -> Event {
-    // Valid UTF-8 (the common case) is read in place; otherwise as a lossy copy.
-    let text = match std::str::from_utf8(&raw) {
-        Ok(text) => Cow::Borrowed(text),
-        Err(_) => String::from_utf8_lossy(&raw),
-    };
-    let mut name: Option<&str> = None;
-    let mut data: Option<String> = None;
-    let mut rest = text.as_ref();
+/// Calls `each` with every field line's name and value (after the one
+/// optional space), skipping comments and blank lines.
+fn for_fields<'a>(mut rest: &'a [u8], mut each: impl FnMut(&'a [u8], &'a [u8])) {
     while !rest.is_empty() {
-        // Line breaks are ASCII: the cut is at a character boundary.
-        let end = memchr::memchr2(b'\n', b'\r', rest.as_bytes()).unwrap_or(rest.len());
+        let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
         let line = &rest[..end];
         rest = &rest[(end + 1).min(rest.len())..];
-        if line.is_empty() || line.starts_with(':') {
+        if line.is_empty() || line[0] == b':' {
             continue;
         }
-        let (field, value) = match line.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (line, ""),
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
         };
-        match field {
-            "event" => name = Some(value),
-            "data" => match &mut data {
-                Some(data) => {
-                    data.push('\n');
-                    data.push_str(value);
-                }
-                None => data = Some(value.to_string()),
-            },
-            _ => {}
-        }
+        each(field, value);
     }
+}
+
+/// The event's name and whether its data is empty, read from its bytes
+/// without copying them (its data is joined only when asked).
+fn parse(raw: Bytes) -> Event {
+    let mut name: Option<&[u8]> = None;
+    // The joined data is empty only with no `data:` line, or one empty one.
+    let (mut data_lines, mut data_bytes) = (0usize, 0usize);
+    for_fields(&raw, |field, value| match field {
+        b"event" => name = Some(value),
+        b"data" => {
+            data_lines += 1;
+            data_bytes += value.len();
+        }
+        _ => {}
+    });
     let name = match name {
-        None | Some("") | Some("message") => Cow::Borrowed("message"),
-        Some(name) => Cow::Owned(name.to_string()),
+        None | Some(b"") | Some(b"message") => Cow::Borrowed("message"),
+        Some(name) => Cow::Owned(String::from_utf8_lossy(name).into_owned()),
     };
     Event {
         name,
-        data: data.unwrap_or_default(),
+        data: Data::InRaw {
+            empty: data_lines <= 1 && data_bytes == 0,
+        },
         raw,
     }
 }
@@ -241,21 +376,24 @@ mod tests {
             .unwrap();
         assert_eq!(events.len(), 3);
         assert_eq!(events[0].name, "tok");
-        assert_eq!(events[0].data, "{\"a\":1}");
+        assert_eq!(events[0].data(), "{\"a\":1}");
         assert_eq!(&events[0].raw[..], b"event: tok\ndata: {\"a\":1}\n\n");
-        assert_eq!((events[1].name.as_ref(), events[1].data.as_str()), ("message", "x\ny"));
+        assert_eq!(
+            (events[1].name.as_ref(), events[1].data().as_ref()),
+            ("message", "x\ny")
+        );
         assert!(events[2].is_comment_only());
         // `\r` then `\r` is a blank line whether or not a `\n` follows; that
         // `\n` is then the end of the same line, not an empty line of its own.
         let events = splitter.push(b"\r").unwrap();
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].data, "z");
+        assert_eq!(events[0].data(), "z");
         assert_eq!(splitter.pending(), 0);
-        assert!(splitter.push(b"\ndata: w\n\n").unwrap()[0].data == "w");
+        assert!(splitter.push(b"\ndata: w\n\n").unwrap()[0].data() == "w");
         assert_eq!(splitter.pending(), 0);
         // A lone `\r` ending a non-blank line waits for more.
         assert!(splitter.push(b"data: v\r").unwrap().is_empty());
-        assert_eq!(splitter.push(b"\n\n").unwrap()[0].data, "v");
+        assert_eq!(splitter.push(b"\n\n").unwrap()[0].data(), "v");
     }
 
     /// The scan resumes where it stopped: bytes fed in any pieces cut the same events.
@@ -276,7 +414,7 @@ mod tests {
             let fields = |events: &[Event]| {
                 events
                     .iter()
-                    .map(|event| (event.name.clone(), event.data.clone()))
+                    .map(|event| (event.name.clone(), event.data().into_owned()))
                     .collect::<Vec<_>>()
             };
             assert_eq!(fields(&events), fields(&whole), "pieces of {step}");
@@ -297,11 +435,74 @@ mod tests {
         let written = [event("result", "{\"a\":\n1}"), data("two")].concat();
         let events = splitter.push(&written).unwrap();
         assert_eq!(events[0].name, "result");
-        assert_eq!(events[0].data, "{\"a\":\n1}");
-        assert_eq!(events[1].data, "two");
+        assert_eq!(events[0].data(), "{\"a\":\n1}");
+        assert_eq!(events[1].data(), "two");
         assert!(accepts_events(Some(b"application/json, text/event-stream;q=0.9")));
         assert!(accepts_events(Some(b"Text/Event-Stream")));
         assert!(!accepts_events(Some(b"application/json")));
         assert!(!accepts_events(None));
+    }
+
+    /// Runs cut the same events as one at a time, in any pieces, and stop
+    /// before a comment-only event or `event: error`, which come alone.
+    #[test]
+    fn runs_hold_the_plain_events_and_stop_before_the_others() {
+        let text: &[u8] = b"data: 1\n\nevent: a\r\ndata: 2\r\n\r\n: ping\n\ndata: 3\r\rdata: 4\n\nevent: error\ndata: {}\n\ndata: 5\n\n";
+        let one_by_one: Vec<Event> = EventSplitter::default().push(text).unwrap();
+        for step in 1..=text.len() {
+            let mut splitter = EventSplitter::default();
+            let mut cuts = Vec::new();
+            for piece in text.chunks(step) {
+                splitter.input().extend_from_slice(piece);
+                while let Some(cut) = splitter.next_cut().unwrap() {
+                    cuts.push(cut);
+                }
+            }
+            assert_eq!(splitter.pending(), 0, "pieces of {step}");
+            // Back to events: the same ones, in the same order.
+            let mut events = Vec::new();
+            for cut in &cuts {
+                match cut {
+                    Cut::Run(Run { raw, events: count }) => {
+                        let inside = EventSplitter::default().push(raw).unwrap();
+                        assert_eq!(inside.len() as u64, *count, "pieces of {step}");
+                        assert!(inside.iter().all(|event| plain(&event.raw)), "pieces of {step}");
+                        events.extend(inside);
+                    }
+                    Cut::One(event) => {
+                        assert!(event.is_comment_only() || event.name == "error", "pieces of {step}");
+                        events.push(event.clone());
+                    }
+                }
+            }
+            let fields = |events: &[Event]| {
+                events
+                    .iter()
+                    .map(|event| (event.name.clone(), event.data().into_owned()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(fields(&events), fields(&one_by_one), "pieces of {step}");
+        }
+        // Whole: two runs around the comment and the error.
+        let mut splitter = EventSplitter::default();
+        splitter.input().extend_from_slice(text);
+        let mut kinds = Vec::new();
+        while let Some(cut) = splitter.next_cut().unwrap() {
+            kinds.push(match cut {
+                Cut::Run(run) => format!("run {}", run.events),
+                Cut::One(event) if event.is_comment_only() => "comment".to_string(),
+                Cut::One(event) => event.name.into_owned(),
+            });
+        }
+        assert_eq!(kinds, ["run 2", "comment", "run 2", "error", "run 1"]);
+    }
+
+    #[test]
+    fn a_run_is_cut_before_an_endless_event_and_the_event_then_refused() {
+        let mut splitter = EventSplitter::default();
+        splitter.input().extend_from_slice(b"data: 1\n\n");
+        splitter.input().extend_from_slice(&vec![b'x'; MAX_EVENT_BYTES + 1]);
+        assert!(matches!(splitter.next_cut(), Ok(Some(Cut::Run(Run { events: 1, .. })))));
+        assert_eq!(splitter.next_cut(), Err(TooLarge));
     }
 }

@@ -58,9 +58,10 @@ pub struct Summary {
 }
 
 /// One step of a committed stream.
-pub enum Item {
-    /// An event of the agent's, whole.
-    Event(sse::Event),
+pub enum Item<T = sse::Event> {
+    /// An event of the agent's, whole (or, from [`EventStream::next_run`],
+    /// a run of them).
+    Event(T),
     /// The stream ended: the agent finished, or the error that cut it short
     /// (the deadline, the agent's `event: error`, a broken connection).
     End(Result<Summary, RouterError>),
@@ -140,12 +141,22 @@ impl EventStream {
     }
 
     pub async fn next(&mut self) -> Option<Item> {
+        self.step().await
+    }
+
+    /// [`EventStream::next`], but every plain event already read comes at
+    /// once, as one [`sse::Run`] (a relay then copies them once, not one by one).
+    pub async fn next_run(&mut self) -> Option<Item<sse::Run>> {
+        self.step().await
+    }
+
+    async fn step<C: Cutting>(&mut self) -> Option<Item<C>> {
         if self.ended {
             return None;
         }
         // An event already read needs no deadline timer (one per event was most of its cost).
         let ready = match &mut self.source {
-            Source::Events { splitter, .. } => buffered(splitter, &self.summary),
+            Source::Events { splitter, .. } => buffered::<C>(splitter, &self.summary, self.first_event.is_none()),
             Source::Whole(_) => None,
         };
         let item = match ready {
@@ -156,43 +167,43 @@ impl EventStream {
             Ok(item) => item,
             Err(_) => deadline_passed(&self.summary),
         };
-        match &item {
-            Item::Event(_) => {
-                self.summary.events += 1;
-                // Counted once per read of the agent's, not per event: one
-                // shared counter's atomic add per event was measurable.
-                self.uncounted += 1;
-                if self.first_event.is_none() {
-                    let now = Instant::now();
-                    self.first_event = Some(now);
-                    self.metrics
-                        .first_event
-                        .observe(now.saturating_duration_since(self.received).as_secs_f64());
-                }
-            }
+        let events = match &item {
+            Item::Event(piece) => piece.events(),
             Item::End(result) => {
                 self.ended = true;
                 count_events(&self.metrics.events, &mut self.uncounted);
                 self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
                 self.capability_metrics
                     .record(result.as_ref().map(|_| ()).map_err(|error| error.code));
+                0
+            }
+        };
+        if events > 0 {
+            self.summary.events += events;
+            // Counted once per read of the agent's, not per event: one
+            // shared counter's atomic add per event was measurable.
+            self.uncounted += events;
+            if self.first_event.is_none() {
+                let now = Instant::now();
+                self.first_event = Some(now);
+                self.metrics
+                    .first_event
+                    .observe(now.saturating_duration_since(self.received).as_secs_f64());
             }
         }
         Some(item)
     }
 
-    async fn pull(&mut self) -> Item {
+    async fn pull<C: Cutting>(&mut self) -> Item<C> {
         match &mut self.source {
             Source::Whole(output) => match output.take() {
-                Some(data) => Item::Event(sse::Event {
-                    raw: sse::data(&String::from_utf8_lossy(&data)),
-                    name: std::borrow::Cow::Borrowed("message"),
-                    data: String::from_utf8_lossy(&data).into_owned(),
-                }),
+                Some(data) => Item::Event(C::from_event(sse::Event::message(
+                    String::from_utf8_lossy(&data).into_owned(),
+                ))),
                 None => Item::End(Ok(self.summary.clone())),
             },
             Source::Events { body, splitter } => loop {
-                if let Some(item) = buffered(splitter, &self.summary) {
+                if let Some(item) = buffered(splitter, &self.summary, self.first_event.is_none()) {
                     return item;
                 }
                 // An agent whose bytes are always ready would never let the timer fire
@@ -238,7 +249,7 @@ fn count_events(counter: &prometheus::IntCounter, uncounted: &mut u64) {
     }
 }
 
-fn deadline_passed(summary: &Summary) -> Item {
+fn deadline_passed<T>(summary: &Summary) -> Item<T> {
     Item::End(Err(RouterError::new(
         Code::DeadlineExceeded,
         format!(
@@ -248,14 +259,66 @@ fn deadline_passed(summary: &Summary) -> Item {
     )))
 }
 
-/// The next event (or the end it signals) among the bytes already read.
-fn buffered(splitter: &mut EventSplitter, summary: &Summary) -> Option<Item> {
+/// What a stream's events are read as: one [`sse::Event`] at a time, or
+/// [`sse::Run`]s of them.
+trait Cutting: Sized {
+    /// The next piece ready in `splitter`: one of these, or an event that
+    /// is checked on its own (`Err`: every event, or one that is not plain).
+    /// `first`: nothing was relayed yet (the first event goes alone, so the
+    /// caller gets it before the ones behind it are cut).
+    fn cut(splitter: &mut EventSplitter, first: bool) -> Result<Option<Result<Self, sse::Event>>, sse::TooLarge>;
+    /// An event that passed the checks, as one of these.
+    fn from_event(event: sse::Event) -> Self;
+    /// The events it holds.
+    fn events(&self) -> u64;
+}
+
+impl Cutting for sse::Event {
+    fn cut(splitter: &mut EventSplitter, _first: bool) -> Result<Option<Result<Self, sse::Event>>, sse::TooLarge> {
+        Ok(splitter.next_event()?.map(Err))
+    }
+
+    fn from_event(event: sse::Event) -> Self {
+        event
+    }
+
+    fn events(&self) -> u64 {
+        1
+    }
+}
+
+impl Cutting for sse::Run {
+    fn cut(splitter: &mut EventSplitter, first: bool) -> Result<Option<Result<Self, sse::Event>>, sse::TooLarge> {
+        if first {
+            return Ok(splitter.next_event()?.map(Err));
+        }
+        Ok(splitter.next_cut()?.map(|cut| match cut {
+            sse::Cut::Run(run) => Ok(run),
+            sse::Cut::One(event) => Err(event),
+        }))
+    }
+
+    fn from_event(event: sse::Event) -> Self {
+        sse::Run {
+            raw: event.raw,
+            events: 1,
+        }
+    }
+
+    fn events(&self) -> u64 {
+        self.events
+    }
+}
+
+/// The next event or run (or the end it signals) among the bytes already read.
+fn buffered<C: Cutting>(splitter: &mut EventSplitter, summary: &Summary, first: bool) -> Option<Item<C>> {
     loop {
-        return match splitter.next_event() {
-            Ok(Some(event)) if event.name == "error" => Some(Item::End(Err(agent_error_event(&event, summary)))),
+        return match C::cut(splitter, first) {
+            Ok(Some(Ok(piece))) => Some(Item::Event(piece)),
+            Ok(Some(Err(event))) if event.name == "error" => Some(Item::End(Err(agent_error_event(&event, summary)))),
             // Comments and keep-alives are the agent's business, not the caller's.
-            Ok(Some(event)) if event.is_comment_only() => continue,
-            Ok(Some(event)) => Some(Item::Event(event)),
+            Ok(Some(Err(event))) if event.is_comment_only() => continue,
+            Ok(Some(Err(event))) => Some(Item::Event(C::from_event(event))),
             Ok(None) => None,
             Err(sse::TooLarge) => Some(Item::End(Err(interrupted(
                 summary,
@@ -267,11 +330,12 @@ fn buffered(splitter: &mut EventSplitter, summary: &Summary) -> Option<Item> {
 
 /// `event: error` from the agent: its own failure after events were relayed.
 fn agent_error_event(event: &sse::Event, summary: &Summary) -> RouterError {
-    let body: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
+    let data = event.data();
+    let body: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
     let error = body.get("error").unwrap_or(&body);
     let agent_code = error.get("code").and_then(Value::as_str).unwrap_or("");
     let message = error.get("message").and_then(Value::as_str).map_or_else(
-        || format!("the agent ended its stream with an error: {}", event.data),
+        || format!("the agent ended its stream with an error: {data}"),
         str::to_string,
     );
     RouterError::new(Code::AgentError, message).with_details(json!({
@@ -544,8 +608,8 @@ pub async fn open(
 pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum::body::Body {
     let events = futures::stream::unfold(Some((stream, request_id)), move |state| async move {
         let (mut stream, request_id) = state?;
-        match stream.next().await? {
-            Item::Event(event) => Some((Ok::<_, Infallible>(event.raw), Some((stream, request_id)))),
+        match stream.next_run().await? {
+            Item::Event(run) => Some((Ok::<_, Infallible>(run.raw), Some((stream, request_id)))),
             Item::End(end) => {
                 let last = match end {
                     Ok(summary) => sse::event(
