@@ -10,9 +10,10 @@
 //! processes (this binary re-executed), the agents in this process, nginx
 //! and wrk from the distribution's packages (`scripts/setup.sh`). Targets,
 //! each judged on its median of `--rounds` interleaved rounds:
-//! - time to first event at one stream (sequential streams for
-//!   `--duration-s`): p50 directly, through the router and through nginx;
-//!   the router's added p50 (minus the direct one) must be ≤ nginx's;
+//! - time to first event at one stream (sequential streams, the three
+//!   targets taking turns stream by stream for 3 × `--duration-s`): p50
+//!   directly, through the router and through nginx; the router's added p50
+//!   (minus the direct one) must be ≤ nginx's;
 //! - events/s at `--streams` (32) concurrent streams, each stream
 //!   `--events` (100) events the agent writes as fast as it can, a stream
 //!   counted once it ended with every event: the router's must be ≥ nginx's;
@@ -215,16 +216,29 @@ async fn stream_reconnecting(sender: &mut Sender, target: &Target) -> anyhow::Re
     }
 }
 
-/// p50 time to first event over sequential streams on one connection.
-async fn first_event_p50(target: &Target, duration: Duration) -> anyhow::Result<(Duration, usize)> {
-    let mut sender = connect(target.addr).await?;
-    let mut times = Vec::new();
+/// p50 time to first event of each target over sequential streams, one
+/// connection per target, the targets taking turns stream by stream (the
+/// box's speed drifts over seconds; streams in turn see the same drift):
+/// each target's p50 and stream count, in `targets`' order.
+async fn first_event_p50(targets: &[Target], duration: Duration) -> anyhow::Result<Vec<(Duration, usize)>> {
+    let mut senders = Vec::with_capacity(targets.len());
+    for target in targets {
+        senders.push(connect(target.addr).await?);
+    }
+    let mut times = vec![Vec::new(); targets.len()];
     let until = Instant::now() + duration;
     while Instant::now() < until {
-        times.push(stream_reconnecting(&mut sender, target).await?.0);
+        for ((target, sender), times) in targets.iter().zip(&mut senders).zip(&mut times) {
+            times.push(stream_reconnecting(sender, target).await?.0);
+        }
     }
-    times.sort();
-    Ok((times[times.len() / 2], times.len()))
+    Ok(times
+        .into_iter()
+        .map(|mut times| {
+            times.sort();
+            (times[times.len() / 2], times.len())
+        })
+        .collect())
 }
 
 /// Events/s over `streams` concurrent streams (each on its own kept-alive
@@ -503,10 +517,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let (mut invoke_rates, mut a2a_rates) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
-        for target in &targets {
+        // The first events, all targets in turn (as long in all as the three
+        // measured one after the other would be).
+        let _ = first_event_p50(&targets, Duration::from_secs(1)).await?;
+        let firsts = first_event_p50(&targets, duration * targets.len() as u32).await?;
+        for (target, (p50, count)) in targets.iter().zip(firsts) {
             // A short warm-up opens connections and fills pools.
             let _ = events_per_s(target, args.streams, args.events, Duration::from_secs(1)).await?;
-            let (p50, count) = first_event_p50(target, duration).await?;
             let rate = events_per_s(target, args.streams, args.events, duration).await?;
             println!(
                 "{:<14} {round:>6} {:>13.0}us {count:>10} {rate:>14.0}",

@@ -761,14 +761,17 @@ pub(crate) struct AgentBody {
 impl AgentBody {
     /// Appends the next of the body's bytes to `out`, reading the connection
     /// when none are buffered; `Ok(false)` once the body has ended (nothing
-    /// was appended). Cancel-safe: what was read stays buffered.
-    pub(crate) async fn read_into(&mut self, out: &mut BytesMut) -> Result<bool, String> {
+    /// was appended). At most `most` bytes of what was read are moved (the
+    /// rest stays for the next call, which needs no read: the first event
+    /// of a stream need not wait for every chunk behind it to be decoded).
+    /// Cancel-safe: what was read stays buffered.
+    pub(crate) async fn read_into(&mut self, out: &mut BytesMut, most: usize) -> Result<bool, String> {
         loop {
             let Some((stream, input)) = self.connection.as_mut() else {
                 return Ok(false);
             };
             let before = out.len();
-            if decode(&mut self.body, input, out)? {
+            if decode(&mut self.body, input, out, most)? {
                 self.finish();
                 return Ok(out.len() > before);
             }
@@ -813,7 +816,9 @@ impl AgentBody {
 
 /// Moves what `input` holds of the body into `out`, as far as it goes;
 /// `Ok(true)` once the body's end was reached.
-fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut) -> Result<bool, String> {
+/// At most `most` bytes are moved per call (a chunk may be cut).
+fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut, most: usize) -> Result<bool, String> {
+    let start = out.len();
     loop {
         match *state {
             BodyState::Done => return Ok(true),
@@ -821,7 +826,8 @@ fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut) -> Re
                 *state = BodyState::Done;
             }
             BodyState::Length(left) | BodyState::ChunkData(left) => {
-                let take = left.min(input.len());
+                let room = most.saturating_sub(out.len() - start);
+                let take = left.min(input.len()).min(room);
                 if take == 0 {
                     return Ok(false);
                 }
@@ -1057,7 +1063,7 @@ mod tests {
         for _ in 0..3 {
             let mut body = open(&forwarder, addr).await;
             let mut out = BytesMut::new();
-            while body.read_into(&mut out).await.unwrap() {}
+            while body.read_into(&mut out, usize::MAX).await.unwrap() {}
             assert_eq!(&out[..], b"data: a\n\ndata: b\n\n");
         }
         assert_eq!(connections.load(Ordering::SeqCst), 1, "each stream made a connection");
@@ -1076,7 +1082,7 @@ mod tests {
         for expected in 1..=2 {
             let mut body = open(&forwarder, addr).await;
             let mut out = BytesMut::new();
-            assert!(body.read_into(&mut out).await.unwrap());
+            assert!(body.read_into(&mut out, usize::MAX).await.unwrap());
             assert_eq!(&out[..], b"data: a\n\n");
             drop(body);
             assert_eq!(connections.load(Ordering::SeqCst), expected);
@@ -1088,7 +1094,7 @@ mod tests {
             let mut body = open(&forwarder, addr).await;
             let mut out = BytesMut::new();
             let failed = loop {
-                match body.read_into(&mut out).await {
+                match body.read_into(&mut out, usize::MAX).await {
                     Ok(true) => {}
                     Ok(false) => panic!("a malformed chunk was read as the end"),
                     Err(why) => break why,
@@ -1109,17 +1115,23 @@ mod tests {
             for piece in chunked.chunks(step) {
                 assert!(!ended, "ended early at step {step}");
                 input.extend_from_slice(piece);
-                ended = decode(&mut state, &mut input, &mut out).unwrap();
+                ended = decode(&mut state, &mut input, &mut out, usize::MAX).unwrap();
             }
             assert!(ended, "step {step}");
             assert_eq!(&out[..], b"ab\r\ncde", "step {step}");
             assert!(input.is_empty());
         }
         let (mut state, mut input, mut out) = (BodyState::Length(3), BytesMut::from(&b"abcd"[..]), BytesMut::new());
-        assert!(decode(&mut state, &mut input, &mut out).unwrap());
+        assert!(decode(&mut state, &mut input, &mut out, usize::MAX).unwrap());
         assert_eq!((&out[..], &input[..]), (&b"abc"[..], &b"d"[..]));
+        // A budget cuts what one call moves; the rest comes with the next calls.
+        let (mut state, mut input, mut out) = (BodyState::ChunkSize, BytesMut::from(&chunked[..]), BytesMut::new());
+        assert!(!decode(&mut state, &mut input, &mut out, 3).unwrap());
+        assert_eq!(&out[..], b"ab\r");
+        while !decode(&mut state, &mut input, &mut out, 3).unwrap() {}
+        assert_eq!(&out[..], b"ab\r\ncde");
         let (mut state, mut input) = (BodyState::ChunkSize, BytesMut::from(&b"zz\r\n"[..]));
-        assert!(decode(&mut state, &mut input, &mut BytesMut::new()).is_err());
+        assert!(decode(&mut state, &mut input, &mut BytesMut::new(), usize::MAX).is_err());
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -118,7 +118,8 @@ impl StreamMetrics {
 /// Cached children for one capability (label `capability`).
 #[derive(Clone)]
 pub struct CapabilityMetrics {
-    requests: Vec<IntCounter>,
+    /// Shared: a stream holds a copy of these for its whole life (a clone is one count, not a vector).
+    requests: Arc<[IntCounter]>,
     pub forward_seconds: Arc<Histogram>,
 }
 

@@ -46,6 +46,9 @@ use crate::snapshot::{Instance, VersionGroup};
 use crate::sse::{self, EventSplitter};
 use crate::trace::TraceContext;
 
+/// What one step moves of the agent's bytes before the first event.
+const FIRST_READ_BYTES: usize = 512;
+
 /// What is known of a committed stream, for its end (`event: result`).
 #[derive(Debug, Clone)]
 pub struct Summary {
@@ -212,7 +215,14 @@ impl EventStream {
                     return deadline_passed(&self.summary);
                 }
                 count_events(&self.metrics.events, &mut self.uncounted);
-                match body.read_into(splitter.input()).await {
+                // Before the first event, a little at a time: it goes out
+                // before the chunks behind it are decoded.
+                let most = if self.first_event.is_none() {
+                    FIRST_READ_BYTES
+                } else {
+                    usize::MAX
+                };
+                match body.read_into(splitter.input(), most).await {
                     Ok(true) => {}
                     Ok(false) if splitter.pending() > 0 => {
                         return Item::End(Err(interrupted(
