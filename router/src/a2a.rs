@@ -474,6 +474,15 @@ struct Refusal {
 }
 
 impl Refusal {
+    /// A refusal answered as the stable error's A2A error (`code` 0: by [`failed`]).
+    fn stable(error: RouterError) -> Self {
+        Self {
+            code: 0,
+            message: String::new(),
+            error: Some(error),
+        }
+    }
+
     fn into_response(self, id: &Value) -> Response {
         match self.error {
             Some(error) if self.code == 0 => failed(id, &error),
@@ -502,11 +511,7 @@ fn message_call(
     service
         .admission()
         .authorize(caller, capability)
-        .map_err(|error| Refusal {
-            code: 0,
-            message: String::new(),
-            error: Some(error),
-        })?;
+        .map_err(Refusal::stable)?;
     let Some(message) = params.get("message").filter(|message| message.is_object()) else {
         return Err(invalid("`params.message` (the Message to send) is required"));
     };
@@ -729,11 +734,7 @@ fn plain_call(
     service
         .admission()
         .authorize(caller, capability)
-        .map_err(|error| Refusal {
-            code: 0,
-            message: String::new(),
-            error: Some(error),
-        })?;
+        .map_err(Refusal::stable)?;
     if !service.snapshot().load().capabilities.contains_key(capability) {
         return Err(not_offered(capability));
     }
@@ -742,17 +743,13 @@ fn plain_call(
 
 /// The refusal of a capability no agent offers.
 fn not_offered(capability: &str) -> Refusal {
-    Refusal {
-        code: 0,
-        message: String::new(),
-        error: Some(
-            RouterError::new(
-                Code::CapabilityNotFound,
-                format!("no agent offers capability `{capability}`"),
-            )
-            .with_details(json!({ "capability": capability })),
-        ),
-    }
+    Refusal::stable(
+        RouterError::new(
+            Code::CapabilityNotFound,
+            format!("no agent offers capability `{capability}`"),
+        )
+        .with_details(json!({ "capability": capability })),
+    )
 }
 
 /// A part carrying `value`, in the request's wire shape.
