@@ -273,13 +273,11 @@ pub(crate) async fn answer_rpc(
         Err(error) => return failed(&Value::Null, &error).into(),
     };
     // v0.3 names are served when the client names no version or 0.3 (the spec's rule).
-    let version = headers
-        .value("a2a-version")
-        .map(|value| String::from_utf8_lossy(value).trim().to_string());
-    let legacy_allowed = match version.as_deref() {
-        None | Some("") | Some("0.3") | Some("0.3.0") => true,
-        Some("1.0") | Some("1.0.0") => false,
+    let legacy_allowed = match headers.value("a2a-version").map(<[u8]>::trim_ascii) {
+        None | Some(b"") | Some(b"0.3") | Some(b"0.3.0") => true,
+        Some(b"1.0") | Some(b"1.0.0") => false,
         Some(other) => {
+            let other = String::from_utf8_lossy(other);
             return json_reply(
                 StatusCode::OK,
                 rpc_error(
@@ -288,7 +286,7 @@ pub(crate) async fn answer_rpc(
                     &format!("A2A-Version `{other}` is not supported; this agent speaks 1.0 and 0.3"),
                     None,
                 ),
-            )
+            );
         }
     };
     let read = match body {
@@ -459,11 +457,21 @@ pub(crate) async fn answer_rpc(
     }
 }
 
-/// What a message asks: the checked call and the ids to answer with.
+/// What a message asks: the checked call; its request and session ids are
+/// the ids to answer with ([`call_of`] always sets both).
 struct MessageCall {
     checked: envelope::CheckedRequest,
-    request_id: String,
-    context_id: String,
+}
+
+impl MessageCall {
+    fn request_id(&self) -> &str {
+        self.checked.request.request_id.as_deref().unwrap_or_default()
+    }
+
+    /// The message's context: the call's session.
+    fn context_id(&self) -> &str {
+        self.checked.request.session_id.as_deref().unwrap_or_default()
+    }
 }
 
 /// A refusal before the call: JSON-RPC's code and message, with the stable error when there is one.
@@ -585,17 +593,12 @@ fn call_of(
         .filter(usable)
         .map_or_else(trace::new_request_id, str::to_string);
     // The context keeps a conversation on one instance (consistent_hash keys on session_id).
-    let checked =
-        envelope::call(capability, payload, request_id.clone(), Some(context_id.clone())).map_err(|error| Refusal {
-            code: INVALID_PARAMS,
-            message: error.message.clone(),
-            error: Some(error),
-        })?;
-    Ok(MessageCall {
-        checked,
-        request_id,
-        context_id,
-    })
+    let checked = envelope::call(capability, payload, request_id, Some(context_id)).map_err(|error| Refusal {
+        code: INVALID_PARAMS,
+        message: error.message.clone(),
+        error: Some(error),
+    })?;
+    Ok(MessageCall { checked })
 }
 
 /// A `SendMessage` (v0.3: `message/send`) of the common shape, read without
@@ -783,7 +786,7 @@ async fn send(
             caller,
             crate::admission::Entry::Call,
             &call.checked,
-            &call.request_id,
+            call.request_id(),
             &trace,
             received,
         )
@@ -796,12 +799,12 @@ async fn send(
         id,
         wire,
         message_id: &trace::new_request_id(),
-        context_id: &call.context_id,
+        context_id: call.context_id(),
         output: success.output.as_deref().map_or("null", |raw| raw.get()),
         agent_id: &success.agent_id,
         capability_version: &success.capability_version,
         attempts: success.attempts,
-        request_id: &call.request_id,
+        request_id: call.request_id(),
     };
     match sent.to_vec() {
         Ok(body) => Answer::Json {
@@ -841,14 +844,28 @@ struct Sent<'a> {
 
 impl Sent<'_> {
     fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
-        let v03 = self.wire == Wire::V03;
         let mut out = Vec::with_capacity(256 + self.output.len());
         let mut answer = crate::json::Object::start(&mut out);
         answer.str("jsonrpc", "2.0");
         answer.value("id", self.id)?;
         let mut result = answer.object("result");
-        // v1.0 wraps the Message (`{"message": …}`); v0.3 is it, with `kind`.
-        let mut message = if v03 { result.same() } else { result.object("message") };
+        match self.wire {
+            // v1.0 wraps the Message (`{"message": …}`); v0.3's result is it.
+            Wire::V1 => {
+                let mut message = result.object("message");
+                self.message(&mut message);
+                message.end();
+            }
+            Wire::V03 => self.message(&mut result),
+        }
+        result.end();
+        answer.end();
+        Ok(out)
+    }
+
+    /// The Message's fields, into `message`.
+    fn message(&self, message: &mut crate::json::Object<'_>) {
+        let v03 = self.wire == Wire::V03;
         if v03 {
             message.str("kind", "message");
         }
@@ -874,10 +891,6 @@ impl Sent<'_> {
         metadata.u64("attempts", u64::from(self.attempts));
         metadata.str("request_id", self.request_id);
         metadata.end();
-        message.end();
-        result.end();
-        answer.end();
-        Ok(out)
     }
 }
 
@@ -903,12 +916,12 @@ async fn send_streaming(
     wire: Wire,
 ) -> Response {
     let trace = TraceContext::from_header(headers.value("traceparent"));
-    let opened = match stream::open(service, caller, &call.checked, &call.request_id, &trace, received).await {
+    let opened = match stream::open(service, caller, &call.checked, call.request_id(), &trace, received).await {
         Ok(opened) => opened,
         Err(failure) => return failed(&id, &failure.error),
     };
-    let task_id = call.request_id.clone();
-    let context_id = call.context_id.clone();
+    let task_id = call.request_id().to_string();
+    let context_id = call.context_id().to_string();
     let first = match wire {
         Wire::V1 => json!({ "task": { "id": task_id, "contextId": context_id, "status": status("working", wire) } }),
         Wire::V03 => {

@@ -14,8 +14,7 @@ use serde_json::Value;
 pub(crate) struct Object<'a> {
     out: &'a mut Vec<u8>,
     empty: bool,
-    /// What [`Object::end`] writes: `}`, or `}]` for [`Object::array_of_one`]'s
-    /// object, or nothing for [`Object::same`]'s.
+    /// What [`Object::end`] writes: `}`, or `}]` for [`Object::array_of_one`]'s object.
     close: &'static [u8],
 }
 
@@ -43,16 +42,6 @@ impl<'a> Object<'a> {
         Object {
             close: b"}]",
             ..Object::start(self.out)
-        }
-    }
-
-    /// This object again, under another name (whose [`Object::end`] closes
-    /// nothing: for code that writes into either a nested object or this one).
-    pub fn same(&mut self) -> Object<'_> {
-        Object {
-            out: self.out,
-            empty: self.empty,
-            close: b"",
         }
     }
 

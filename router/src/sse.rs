@@ -115,19 +115,10 @@ pub enum Cut {
 /// Whether an event is one a caller sees as it is: named anything but
 /// `error`, with data (a comment-only event and `event: error` are not).
 fn plain(raw: &[u8]) -> bool {
-    let (mut error, mut named, mut data_lines, mut data_bytes) = (false, false, 0usize, 0usize);
-    for_fields(raw, |field, value| match field {
-        b"event" => {
-            error = value == b"error";
-            named = !value.is_empty() && value != b"message";
-        }
-        b"data" => {
-            data_lines += 1;
-            data_bytes += value.len();
-        }
-        _ => {}
-    });
-    !error && (named || data_lines > 1 || data_bytes > 0)
+    match outline(raw) {
+        (Some(name), _) => name != b"error",
+        (None, data_empty) => !data_empty,
+    }
 }
 
 /// The stream broke the format beyond relaying.
@@ -298,29 +289,34 @@ fn for_fields<'a>(mut rest: &'a [u8], mut each: impl FnMut(&'a [u8], &'a [u8])) 
     }
 }
 
-/// The event's name and whether its data is empty, read from its bytes
-/// without copying them (its data is joined only when asked).
-fn parse(raw: Bytes) -> Event {
+/// An event's name (`None`: the format's default, `message`) and whether its
+/// data is empty, read from its bytes without copying them.
+fn outline(raw: &[u8]) -> (Option<&[u8]>, bool) {
     let mut name: Option<&[u8]> = None;
     // The joined data is empty only with no `data:` line, or one empty one.
     let (mut data_lines, mut data_bytes) = (0usize, 0usize);
-    for_fields(&raw, |field, value| match field {
-        b"event" => name = Some(value),
+    for_fields(raw, |field, value| match field {
+        // The last `event:` line names the event; an empty one or `message` is the default.
+        b"event" => name = Some(value).filter(|value| !value.is_empty() && *value != b"message"),
         b"data" => {
             data_lines += 1;
             data_bytes += value.len();
         }
         _ => {}
     });
+    (name, data_lines <= 1 && data_bytes == 0)
+}
+
+/// The event read from its bytes ([`outline`]; its data is joined only when asked).
+fn parse(raw: Bytes) -> Event {
+    let (name, empty) = outline(&raw);
     let name = match name {
-        None | Some(b"") | Some(b"message") => Cow::Borrowed("message"),
+        None => Cow::Borrowed("message"),
         Some(name) => Cow::Owned(String::from_utf8_lossy(name).into_owned()),
     };
     Event {
         name,
-        data: Data::InRaw {
-            empty: data_lines <= 1 && data_bytes == 0,
-        },
+        data: Data::InRaw { empty },
         raw,
     }
 }

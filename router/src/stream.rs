@@ -136,13 +136,13 @@ impl EventStream {
         }
     }
 
-    /// The next event, or the end; `None` after the end.
     /// Whether the agent answered one JSON output rather than events (its
     /// output is then the one event's data, not an item of a stream).
     pub fn is_whole(&self) -> bool {
         matches!(self.source, Source::Whole(_))
     }
 
+    /// The next event, or the end; `None` after the end.
     pub async fn next(&mut self) -> Option<Item> {
         self.step().await
     }
@@ -723,5 +723,59 @@ pub async fn answer(
             );
             failed(known, failure)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary() -> Summary {
+        Summary {
+            capability: "bench.tokens".to_string(),
+            capability_version: "1.0.0".to_string(),
+            agent_id: "a-1".to_string(),
+            attempts: 1,
+            events: 0,
+        }
+    }
+
+    /// Before anything was relayed the first event comes alone, however many
+    /// are ready; after it, every plain event ready comes as one run, and
+    /// `event: error` ends the stream (the events before it relayed first).
+    #[test]
+    fn the_first_event_goes_alone_then_runs_then_the_error() {
+        let mut splitter = EventSplitter::default();
+        splitter.input().extend_from_slice(
+            b"data: 1\n\ndata: 2\n\n: ping\n\ndata: 3\n\ndata: 4\n\nevent: error\ndata: {\"code\":\"X\"}\n\n",
+        );
+        let mut pieces = Vec::new();
+        let mut first = true;
+        while let Some(item) = buffered::<sse::Run>(&mut splitter, &summary(), first) {
+            match item {
+                Item::Event(run) => {
+                    pieces.push(format!(
+                        "{}:{}",
+                        run.events,
+                        String::from_utf8_lossy(&run.raw).trim_end()
+                    ));
+                    first = false;
+                }
+                Item::End(end) => {
+                    pieces.push(format!("end {:?}", end.map(|_| ()).map_err(|error| error.code)));
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            pieces,
+            [
+                "1:data: 1",
+                // The comment ends a run and is dropped.
+                "1:data: 2",
+                "2:data: 3\n\ndata: 4",
+                "end Err(AgentError)",
+            ]
+        );
     }
 }
