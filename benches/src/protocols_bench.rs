@@ -37,7 +37,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
-use support::{free_addr, median, nodelay, register, spawn_self, start_json_agent, wait_for, TerminatedGuard};
+use support::{
+    free_addr, median, nodelay, quantile, register, spawn_self, start_json_agent, wait_for, TerminatedGuard,
+};
 
 const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
 const SERVE_REGISTRY: &str = "__serve-registry";
@@ -69,6 +71,21 @@ struct Args {
     /// wrk connections of the A2A-vs-invoke measurement.
     #[arg(long, default_value_t = 32)]
     connections: u32,
+    /// Run only these measurements (for profiling one of them; a verdict
+    /// needs all three, the default).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Measure::FirstEvent, Measure::Events, Measure::A2a])]
+    only: Vec<Measure>,
+}
+
+/// The bench's three measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Measure {
+    /// Time to first event over sequential streams.
+    FirstEvent,
+    /// Events/s over concurrent streams.
+    Events,
+    /// A2A `SendMessage` against `/v1/invoke` (wrk).
+    A2a,
 }
 
 #[derive(Debug, Parser)]
@@ -216,13 +233,13 @@ async fn stream_reconnecting(sender: &mut Sender, target: &Target) -> anyhow::Re
     }
 }
 
-/// p50 time to first event of each target over sequential streams, one
-/// connection per target, the targets taking turns stream by stream (the
-/// box's speed drifts over seconds; streams in turn see the same drift):
-/// each target's p50 and stream count, in `targets`' order.
-async fn first_event_p50(targets: &[Target], duration: Duration) -> anyhow::Result<Vec<(Duration, usize)>> {
+/// Times to first event of each target over sequential streams (sorted),
+/// one connection per target, the targets taking turns stream by stream (the
+/// box's speed drifts over seconds; streams in turn see the same drift), in
+/// `targets`' order.
+async fn first_event_times(targets: Vec<Target>, duration: Duration) -> anyhow::Result<Vec<Vec<Duration>>> {
     let mut senders = Vec::with_capacity(targets.len());
-    for target in targets {
+    for target in &targets {
         senders.push(connect(target.addr).await?);
     }
     let mut times = vec![Vec::new(); targets.len()];
@@ -232,13 +249,10 @@ async fn first_event_p50(targets: &[Target], duration: Duration) -> anyhow::Resu
             times.push(stream_reconnecting(sender, target).await?.0);
         }
     }
-    Ok(times
-        .into_iter()
-        .map(|mut times| {
-            times.sort();
-            (times[times.len() / 2], times.len())
-        })
-        .collect())
+    for times in &mut times {
+        times.sort();
+    }
+    Ok(times)
 }
 
 /// Events/s over `streams` concurrent streams (each on its own kept-alive
@@ -267,6 +281,26 @@ async fn events_per_s(target: &Target, streams: usize, events: usize, duration: 
         complete += task.await??;
     }
     Ok((complete * events) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs `work` on a thread of its own with a single-threaded runtime: the
+/// measuring client's connections, their reads and its clock all on one
+/// thread, as a separate client process would be (on the bench's shared
+/// runtime every body frame crossed from a worker thread to the measuring
+/// task, a wake-up per frame on the measured path).
+async fn on_own_runtime<T: Send + 'static>(
+    work: impl std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> anyhow::Result<T> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("bench-client".into()).spawn(move || {
+        let outcome = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|runtime| runtime.block_on(work));
+        let _ = done.send(outcome);
+    })?;
+    result.await.context("the client thread ended without a result")?
 }
 
 // === wrk ===
@@ -452,7 +486,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 
     let stream_envelope =
         bytes::Bytes::from(json!({ "capability": STREAMING, "payload": { "order_id": "SO-2024001" } }).to_string());
-    let targets = [
+    let targets = vec![
         Target {
             name: "direct agent",
             addr: sse_agent,
@@ -510,28 +544,50 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     );
     println!("router: authentication (HS256), ACL and schema validation on, an assertion signed per call; nginx: proxy_buffering off\n");
     println!(
-        "{:<14} {:>6} {:>14} {:>10} {:>14}",
-        "target", "round", "first event p50", "streams", "events/s"
+        "{:<14} {:>6} {:>26} {:>10} {:>14}",
+        "target", "round", "first event p50 (p25-p75)", "streams", "events/s"
     );
     let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let (mut invoke_rates, mut a2a_rates) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
+        let measuring = |measure| args.only.contains(&measure);
         // The first events, all targets in turn (as long in all as the three
         // measured one after the other would be).
-        let _ = first_event_p50(&targets, Duration::from_secs(1)).await?;
-        let firsts = first_event_p50(&targets, duration * targets.len() as u32).await?;
-        for (target, (p50, count)) in targets.iter().zip(firsts) {
-            // A short warm-up opens connections and fills pools.
-            let _ = events_per_s(target, args.streams, args.events, Duration::from_secs(1)).await?;
-            let rate = events_per_s(target, args.streams, args.events, duration).await?;
+        let mut firsts = vec![None; targets.len()];
+        if measuring(Measure::FirstEvent) {
+            let _ = on_own_runtime(first_event_times(targets.clone(), Duration::from_secs(1))).await?;
+            let times = on_own_runtime(first_event_times(targets.clone(), duration * targets.len() as u32)).await?;
+            firsts = times.into_iter().map(Some).collect();
+        }
+        for (target, times) in targets.iter().zip(firsts) {
+            let mut rate = None;
+            if measuring(Measure::Events) {
+                // A short warm-up opens connections and fills pools.
+                let _ = events_per_s(target, args.streams, args.events, Duration::from_secs(1)).await?;
+                rate = Some(events_per_s(target, args.streams, args.events, duration).await?);
+            }
+            let micros = |q| {
+                times
+                    .as_ref()
+                    .map_or(0.0, |times: &Vec<Duration>| quantile(times, q).as_secs_f64() * 1e6)
+            };
+            let first_event = format!("{:.0}us ({:.0}-{:.0})", micros(0.5), micros(0.25), micros(0.75));
             println!(
-                "{:<14} {round:>6} {:>13.0}us {count:>10} {rate:>14.0}",
+                "{:<14} {round:>6} {first_event:>26} {:>10} {:>14.0}",
                 target.name,
-                p50.as_secs_f64() * 1e6
+                times.as_ref().map_or(0, Vec::len),
+                rate.unwrap_or(0.0)
             );
-            first.entry(target.name).or_default().push(p50.as_secs_f64() * 1e6);
-            rates.entry(target.name).or_default().push(rate);
+            if times.is_some() {
+                first.entry(target.name).or_default().push(micros(0.5));
+            }
+            if let Some(rate) = rate {
+                rates.entry(target.name).or_default().push(rate);
+            }
+        }
+        if !measuring(Measure::A2a) {
+            continue;
         }
         // Alternating windows (the box's speed drifts over seconds; a
         // window of each, in turn, sees the same drift).
@@ -553,29 +609,36 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         invoke_rates.push(invoke);
         a2a_rates.push(a2a);
     }
+    println!("\nmedian of {} round(s):", args.rounds);
     let mut p50 = |name: &str| median(first.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
     let (direct, router, nginx) = (p50("direct agent"), p50("router"), p50("nginx"));
-    println!("\nmedian of {} round(s):", args.rounds);
     let (router_added, nginx_added) = (router - direct, nginx - direct);
-    println!(
+    let measured = |measure| args.only.contains(&measure);
+    if measured(Measure::FirstEvent) {
+        println!(
         "time to first event p50: direct {direct:.0}us, router {router:.0}us (+{router_added:.0}us), nginx {nginx:.0}us (+{nginx_added:.0}us) -> {}",
         if router_added <= nginx_added { "MET" } else { "NOT MET" }
-    );
+        );
+    }
     let mut rate = |name: &str| median(rates.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
     let (direct_rate, router_rate, nginx_rate) = (rate("direct agent"), rate("router"), rate("nginx"));
-    println!(
+    if measured(Measure::Events) {
+        println!(
         "events/s at {} streams: direct {direct_rate:.0}, router {router_rate:.0}, nginx {nginx_rate:.0} ({:+.1} %) -> {}",
         args.streams,
         (router_rate / nginx_rate - 1.0) * 100.0,
         if router_rate >= nginx_rate { "MET" } else { "NOT MET" }
-    );
+        );
+    }
     let (invoke, a2a) = (median(&mut invoke_rates), median(&mut a2a_rates));
-    println!(
-        "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x) -> {}",
-        args.connections,
-        a2a / invoke,
-        if a2a >= 0.9 * invoke { "MET" } else { "NOT MET" }
-    );
+    if measured(Measure::A2a) {
+        println!(
+            "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x) -> {}",
+            args.connections,
+            a2a / invoke,
+            if a2a >= 0.9 * invoke { "MET" } else { "NOT MET" }
+        );
+    }
     drop(etcd);
     Ok(())
 }

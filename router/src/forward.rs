@@ -610,15 +610,20 @@ fn head_of(response: &httparse::Response<'_, '_>) -> Result<Head, String> {
             }
             framing = Framing::Length(length);
         } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            let value = String::from_utf8_lossy(header.value).to_ascii_lowercase();
-            if value.trim().ends_with("chunked") {
+            let value = header.value.trim_ascii();
+            if value.len() >= 7 && value[value.len() - 7..].eq_ignore_ascii_case(b"chunked") {
                 framing = Framing::Chunked;
             }
         } else if header.name.eq_ignore_ascii_case("connection") {
-            let value = String::from_utf8_lossy(header.value).to_ascii_lowercase();
-            if value.contains("close") {
+            let has = |token: &[u8]| {
+                header
+                    .value
+                    .windows(token.len())
+                    .any(|window| window.eq_ignore_ascii_case(token))
+            };
+            if has(b"close") {
                 keep_alive = false;
-            } else if value.contains("keep-alive") {
+            } else if has(b"keep-alive") {
                 keep_alive = true;
             }
         } else if header.name.eq_ignore_ascii_case("content-type") {
@@ -669,11 +674,7 @@ async fn read_chunked(stream: &mut Stream, input: &mut BytesMut) -> Result<Bytes
     let mut body = BytesMut::new();
     loop {
         let line = read_line(stream, input).await?;
-        let size_text = line.split(|&byte| byte == b';').next().unwrap_or_default();
-        let size = std::str::from_utf8(size_text)
-            .ok()
-            .and_then(|text| usize::from_str_radix(text.trim(), 16).ok())
-            .ok_or_else(|| "the agent's answer has an invalid chunk size".to_string())?;
+        let size = chunk_size_of(&line).ok_or_else(|| "the agent's answer has an invalid chunk size".to_string())?;
         if size == 0 {
             // Trailers, up to the empty line.
             while !read_line(stream, input).await?.is_empty() {}
@@ -873,10 +874,7 @@ fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut, most:
                 if *state == BodyState::Trailers {
                     *state = if end == 0 { BodyState::Done } else { BodyState::Trailers };
                 } else {
-                    let size_text = input[..end].split(|&byte| byte == b';').next().unwrap_or_default();
-                    let size = std::str::from_utf8(size_text)
-                        .ok()
-                        .and_then(|text| usize::from_str_radix(text.trim(), 16).ok())
+                    let size = chunk_size_of(&input[..end])
                         .ok_or_else(|| "the agent's answer has an invalid chunk size".to_string())?;
                     *state = if size == 0 {
                         BodyState::Trailers
@@ -890,10 +888,48 @@ fn decode(state: &mut BodyState, input: &mut BytesMut, out: &mut BytesMut, most:
     }
 }
 
+/// A chunk-size line's size: hex digits, spaces or tabs around them,
+/// anything after a `;` (chunk extensions) ignored; `None` for anything else
+/// or a size past `usize`.
+fn chunk_size_of(line: &[u8]) -> Option<usize> {
+    let digits = line.split(|&byte| byte == b';').next()?;
+    let digits = digits.trim_ascii();
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0usize, |size, &byte| {
+        let digit = (byte as char).to_digit(16)?;
+        size.checked_mul(16)?.checked_add(digit as usize)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::net::TcpListener;
+
+    #[test]
+    fn chunk_sizes_are_hex_with_extensions_ignored() {
+        for (line, size) in [
+            (&b"0"[..], Some(0)),
+            (b"2d", Some(0x2d)),
+            (b"2D", Some(0x2d)),
+            (b"0010", Some(0x10)),
+            (b" 1a \t", Some(0x1a)),
+            (b"1a;name=value", Some(0x1a)),
+            (b"ffffffffffffffff", Some(usize::MAX)),
+            (b"", None),
+            (b";x", None),
+            (b"+1", None),
+            (b"-1", None),
+            (b"1 2", None),
+            (b"0x10", None),
+            (b"g", None),
+            (b"10000000000000000", None),
+        ] {
+            assert_eq!(chunk_size_of(line), size, "{:?}", String::from_utf8_lossy(line));
+        }
+    }
 
     /// An "agent" answering each accepted connection's requests with `answers`, in order.
     async fn agent(answers: Vec<&'static [u8]>) -> std::net::SocketAddr {

@@ -52,7 +52,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
     // as it comes (the front door streams a body of unknown length).
     if crate::sse::accepts_events(headers.value("accept")) {
         // Boxed: the JSON path's future stays as small as it was.
-        return Answer::Response(Box::pin(crate::stream::answer(service, headers, body)).await);
+        return Box::pin(crate::stream::answer(service, headers, body)).await;
     }
     // The request's one clock reading: its duration, its token's expiry check and its deadline count from here.
     let received = clock::Now::read();

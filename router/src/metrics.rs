@@ -1,10 +1,11 @@
 //! The router's Prometheus metrics (`agent_reach_router_*`, DESIGN §6), in a
 //! per-service registry so several services can share one process (`dev`).
 //!
-//! Labelled children are resolved when a snapshot is built and cached on the
-//! capability or instance, so the request path never looks a label up.
+//! Labelled children are resolved when a snapshot is built (a capability's
+//! stream series by its first stream) and cached on the capability or
+//! instance, so the request path never looks a label up.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -121,6 +122,17 @@ pub struct CapabilityMetrics {
     /// Shared: a stream holds a copy of these for its whole life (a clone is one count, not a vector).
     requests: Arc<[IntCounter]>,
     pub forward_seconds: Arc<Histogram>,
+    /// The streamed invoke's children, resolved by the capability's first
+    /// stream (a capability nobody streams from has no stream series).
+    streams: Arc<OnceLock<Arc<StreamChildren>>>,
+}
+
+/// A streamed invoke's series for one capability ([`StreamMetrics`]' children).
+pub struct StreamChildren {
+    pub first_event: prometheus::Histogram,
+    pub duration: prometheus::Histogram,
+    pub events: IntCounter,
+    pub disconnects: IntCounter,
 }
 
 impl CapabilityMetrics {
@@ -128,6 +140,22 @@ impl CapabilityMetrics {
         if let Some(counter) = self.requests.get(outcome_index(result)) {
             counter.inc();
         }
+    }
+
+    /// The stream series of `capability` (this one's name), looked up by its
+    /// first stream only.
+    pub fn streams(&self, metrics: &StreamMetrics, capability: &str) -> Arc<StreamChildren> {
+        self.streams
+            .get_or_init(|| {
+                let label = [capability];
+                Arc::new(StreamChildren {
+                    first_event: metrics.first_event_seconds.with_label_values(&label),
+                    duration: metrics.duration_seconds.with_label_values(&label),
+                    events: metrics.events.with_label_values(&label),
+                    disconnects: metrics.disconnects.clone(),
+                })
+            })
+            .clone()
     }
 }
 
@@ -288,6 +316,7 @@ impl Metrics {
                 .map(|index| self.requests.with_label_values(&[capability, outcome_label(index)]))
                 .collect(),
             forward_seconds: self.forward_seconds.child(capability),
+            streams: Arc::default(),
         }
     }
 

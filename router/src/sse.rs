@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 /// Largest event the router relays (a larger one ends the stream: an agent
 /// that never writes a blank line would otherwise grow the buffer forever).
@@ -94,6 +94,10 @@ pub struct EventSplitter {
     /// first line not yet complete (the lines before it are whole and not
     /// blank), so an event arriving in many reads is scanned once.
     scanned: usize,
+    /// How far from its start the buffer is known to hold no `\r` (the
+    /// first `\r`'s place, or where the check stopped): events there end at
+    /// the first `\n\n`, which one pass of `memchr` finds ([`lf_event_end`]).
+    lf_only: usize,
 }
 
 /// Whole events a caller sees as they are, their bytes as the agent wrote them.
@@ -142,19 +146,42 @@ impl EventSplitter {
         &mut self.buffer
     }
 
-    /// Cuts off the next whole event, if one is complete; refuses an event
-    /// begun and grown past [`MAX_EVENT_BYTES`] without an end.
-    pub fn next_event(&mut self) -> Result<Option<Event>, TooLarge> {
+    /// Drops a `\n` that completes the `\r\n` an event ended on (`after_cr`
+    /// is set only with the buffer emptied, so it is the next byte), and
+    /// extends what is known to hold no `\r`.
+    fn prepare(&mut self) {
         if self.after_cr && !self.buffer.is_empty() {
-            // `after_cr` is set only with the buffer emptied, so this is the next byte.
             if self.buffer[0] == b'\n' {
-                self.buffer.advance(1);
+                self.cut_off(1);
             }
             self.after_cr = false;
         }
-        match event_end(&self.buffer, self.scanned) {
+        if self.lf_only < self.buffer.len() {
+            let from = self.lf_only;
+            self.lf_only = memchr::memchr(b'\r', &self.buffer[from..]).map_or(self.buffer.len(), |at| from + at);
+        }
+    }
+
+    /// Removes the buffer's first `count` bytes.
+    fn cut_off(&mut self, count: usize) -> BytesMut {
+        self.lf_only = self.lf_only.saturating_sub(count);
+        self.buffer.split_to(count)
+    }
+
+    /// The end of the first whole event at `start`, scanning from `from`
+    /// (both places in the buffer).
+    fn scan(&self, start: usize, from: usize) -> Scan {
+        lf_event_end(&self.buffer[start..], from, self.lf_only.saturating_sub(start))
+            .unwrap_or_else(|| event_end(&self.buffer[start..], from))
+    }
+
+    /// Cuts off the next whole event, if one is complete; refuses an event
+    /// begun and grown past [`MAX_EVENT_BYTES`] without an end.
+    pub fn next_event(&mut self) -> Result<Option<Event>, TooLarge> {
+        self.prepare();
+        match self.scan(0, self.scanned) {
             Scan::End { end, on_cr } => {
-                let raw = self.buffer.split_to(end).freeze();
+                let raw = self.cut_off(end).freeze();
                 self.after_cr = on_cr && self.buffer.is_empty();
                 self.scanned = 0;
                 Ok(Some(parse(raw)))
@@ -175,18 +202,15 @@ impl EventSplitter {
     /// those (a comment-only one, or `event: error`), that event alone.
     /// `None`: no whole event yet.
     pub fn next_cut(&mut self) -> Result<Option<Cut>, TooLarge> {
-        if self.after_cr && !self.buffer.is_empty() {
-            if self.buffer[0] == b'\n' {
-                self.buffer.advance(1);
-            }
-            self.after_cr = false;
-        }
+        self.prepare();
         let (mut run_end, mut events, mut on_cr) = (0usize, 0u64, false);
         let mut from = self.scanned;
         loop {
-            match event_end(&self.buffer[run_end..], from) {
+            match self.scan(run_end, from) {
                 Scan::End { end, on_cr: cr } => {
-                    if !plain(&self.buffer[run_end..run_end + end]) {
+                    let raw = &self.buffer[run_end..run_end + end];
+                    let lf_only = run_end + end <= self.lf_only;
+                    if !((lf_only && one_data_line(raw)) || plain(raw)) {
                         if events == 0 {
                             return self.next_event().map(|event| event.map(Cut::One));
                         }
@@ -207,13 +231,13 @@ impl EventSplitter {
                     }
                     // Where the rest's scan resumes, once the run is cut off.
                     self.scanned = line_start;
-                    let raw = self.buffer.split_to(run_end).freeze();
+                    let raw = self.cut_off(run_end).freeze();
                     self.after_cr = on_cr && self.buffer.is_empty();
                     return Ok(Some(Cut::Run(Run { raw, events })));
                 }
             }
         }
-        let raw = self.buffer.split_to(run_end).freeze();
+        let raw = self.cut_off(run_end).freeze();
         self.scanned = 0;
         Ok(Some(Cut::Run(Run { raw, events })))
     }
@@ -266,6 +290,41 @@ fn event_end(buffer: &[u8], from: usize) -> Scan {
         line_start = at + width;
     }
     Scan::More { line_start }
+}
+
+/// [`event_end`] where the first `lf_only` bytes of `buffer` hold no `\r`
+/// (every line ends in `\n`): an event ends at the first `\n\n` from the
+/// line break before `from`, found in one pass of `memchr` over the lines
+/// instead of one call per line. `None` when the answer depends on bytes
+/// past `lf_only` (`event_end` decides).
+fn lf_event_end(buffer: &[u8], from: usize, lf_only: usize) -> Option<Scan> {
+    // A blank line at the buffer's start ends nothing: the search starts at
+    // the break before `from` (a line start, so a `\n` when `from > 0`).
+    let start = from.saturating_sub(1);
+    let clean = &buffer[..lf_only.min(buffer.len())];
+    if start < clean.len() {
+        let mut breaks = memchr::memchr_iter(b'\n', &clean[start..]);
+        if let Some(end) = breaks.find_map(|at| (clean.get(start + at + 1) == Some(&b'\n')).then_some(start + at + 2)) {
+            return Some(Scan::End { end, on_cr: false });
+        }
+    }
+    if clean.len() < buffer.len() {
+        return None;
+    }
+    let line_start = memchr::memrchr(b'\n', &buffer[from.min(buffer.len())..]).map_or(from, |at| from + at + 1);
+    Some(Scan::More { line_start })
+}
+
+/// Whether `raw` (a whole event without `\r`, so ending in `\n\n`) is one `data:` line
+/// with something in it: a plain event ([`plain`] agrees), the usual shape
+/// of a token stream's events, told without reading its fields.
+fn one_data_line(raw: &[u8]) -> bool {
+    let Some(rest) = raw.strip_prefix(b"data:") else {
+        return false;
+    };
+    let value = rest.strip_prefix(b" ").unwrap_or(rest);
+    // One line break inside: the line's own, then the blank line's.
+    value.len() > 2 && memchr::memchr(b'\n', value) == Some(value.len() - 2) && value.ends_with(b"\n\n")
 }
 
 /// Calls `each` with every field line's name and value (after the one
@@ -491,6 +550,101 @@ mod tests {
             });
         }
         assert_eq!(kinds, ["run 2", "comment", "run 2", "error", "run 1"]);
+    }
+
+    /// The one-pass scan for `\n`-only bytes ([`lf_event_end`],
+    /// [`one_data_line`]) cuts exactly what the line-by-line scan cuts:
+    /// generated streams of every kind of line, with and without `\r`, fed in
+    /// pieces of every size, against events cut by [`event_end`] and
+    /// [`plain`] alone.
+    #[test]
+    fn the_one_pass_scan_cuts_what_the_line_scan_cuts() {
+        const LINES: [&[u8]; 14] = [
+            b"data: {\"t\":1}\n",
+            b"data: x\n",
+            b"data:\n",
+            b"data: \n",
+            b"data:y\n",
+            b"event: error\n",
+            b"event: tok\n",
+            b"event: message\n",
+            b": ping\n",
+            b"id: 7\n",
+            b"\n",
+            b"\n",
+            b"data: a\r\n",
+            b"data: b\rdata: c\r",
+        ];
+        // The reference: whole events by `event_end` alone, each one's plainness by `plain`.
+        fn reference(text: &[u8]) -> Vec<(Vec<u8>, bool)> {
+            let mut events = Vec::new();
+            let mut rest = text.to_vec();
+            let mut after_cr = false;
+            loop {
+                if after_cr && rest.first() == Some(&b'\n') {
+                    rest.remove(0);
+                }
+                match event_end(&rest, 0) {
+                    Scan::End { end, on_cr } => {
+                        let raw: Vec<u8> = rest.drain(..end).collect();
+                        after_cr = on_cr && rest.is_empty();
+                        events.push((raw.clone(), plain(&raw)));
+                    }
+                    Scan::More { .. } => return events,
+                }
+            }
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..300 {
+            // Half the cases without `\r` (the one-pass scan), half with.
+            let kinds = if case % 2 == 0 { 12 } else { LINES.len() as u64 };
+            let mut text = Vec::new();
+            for _ in 0..(next() % 24) {
+                text.extend_from_slice(LINES[(next() % kinds) as usize]);
+            }
+            let expected = reference(&text);
+            for step in [1, 2, 3, 5, 8, 13, text.len().max(1)] {
+                let mut one_by_one = EventSplitter::default();
+                let mut runs = EventSplitter::default();
+                let (mut events, mut from_runs) = (Vec::new(), Vec::new());
+                for piece in text.chunks(step) {
+                    one_by_one.input().extend_from_slice(piece);
+                    while let Some(event) = one_by_one.next_event().unwrap() {
+                        events.push(event.raw.to_vec());
+                    }
+                    runs.input().extend_from_slice(piece);
+                    while let Some(cut) = runs.next_cut().unwrap() {
+                        match cut {
+                            Cut::Run(run) => {
+                                let inside = reference(&run.raw);
+                                assert_eq!(inside.len() as u64, run.events, "case {case}, pieces of {step}");
+                                from_runs.extend(inside.into_iter().map(|(raw, plain)| (raw, plain, true)));
+                            }
+                            Cut::One(event) => from_runs.push((event.raw.to_vec(), plain(&event.raw), false)),
+                        }
+                    }
+                }
+                // Pieces may only move a `\n` that follows a `\r` ending an event (see above);
+                // without `\r` everything is the same, byte for byte.
+                if case % 2 == 0 {
+                    let raws: Vec<Vec<u8>> = expected.iter().map(|(raw, _)| raw.clone()).collect();
+                    assert_eq!(events, raws, "case {case}, pieces of {step}");
+                }
+                assert_eq!(events.len(), expected.len(), "case {case}, pieces of {step}");
+                assert_eq!(from_runs.len(), expected.len(), "case {case}, pieces of {step}");
+                for ((_, plain, in_run), (_, expected_plain)) in from_runs.iter().zip(&expected) {
+                    assert_eq!(plain, expected_plain, "case {case}, pieces of {step}");
+                    // Runs hold exactly the plain events.
+                    assert_eq!(in_run, plain, "case {case}, pieces of {step}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agent_reach_access::Caller;
+use agent_reach_edge::front::Answer;
 use agent_reach_edge::ErrorCode as _;
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -36,7 +37,7 @@ use crate::forward::{AgentBody, AttemptResult, ForwardHeaders, Opened};
 use crate::health::{Observation, OwnedInflight};
 use crate::json::Forwarded;
 use crate::limits::Permit;
-use crate::metrics::CapabilityMetrics;
+use crate::metrics::{CapabilityMetrics, StreamChildren};
 use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome};
 use crate::retry;
 use crate::schema;
@@ -90,19 +91,11 @@ pub struct EventStream {
     ended: bool,
     /// Events relayed and not yet added to the events counter.
     uncounted: u64,
-    metrics: StreamChildren,
+    metrics: Arc<StreamChildren>,
     capability_metrics: CapabilityMetrics,
     /// The instance's place in flight while its answer streams (none for a whole answer).
     _inflight: Option<OwnedInflight>,
     _permit: Permit,
-}
-
-/// The stream metrics' children for one capability, resolved once per stream.
-struct StreamChildren {
-    first_event: prometheus::Histogram,
-    duration: prometheus::Histogram,
-    events: prometheus::IntCounter,
-    disconnects: prometheus::IntCounter,
 }
 
 impl EventStream {
@@ -114,15 +107,8 @@ impl EventStream {
         capability_metrics: CapabilityMetrics,
         (inflight, permit): (Option<OwnedInflight>, Permit),
     ) -> Self {
-        let metrics = &service.metrics().streams;
-        let label = [summary.capability.as_str()];
         Self {
-            metrics: StreamChildren {
-                first_event: metrics.first_event_seconds.with_label_values(&label),
-                duration: metrics.duration_seconds.with_label_values(&label),
-                events: metrics.events.with_label_values(&label),
-                disconnects: metrics.disconnects.clone(),
-            },
+            metrics: capability_metrics.streams(&service.metrics().streams, &summary.capability),
             source,
             summary,
             deadline,
@@ -651,6 +637,14 @@ pub fn relay(stream: EventStream, request_id: String, started: Instant) -> axum:
     axum::body::Body::from_stream(events)
 }
 
+/// A streamed invoke's headers.
+const EVENTS_HEADERS: &[(&str, &str)] = &[
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+    // Proxies in front of the router must not buffer the stream either.
+    ("x-accel-buffering", "no"),
+];
+
 /// `POST /v1/invoke` with `Accept: text/event-stream`: authenticated, parsed
 /// and checked as `/v1/invoke` is (every refusal the same failed result
 /// envelope with its status), then [`open`]ed and [`relay`]ed. Failures before
@@ -659,10 +653,8 @@ pub async fn answer(
     service: &RouterService,
     headers: &impl agent_reach_edge::HeaderLookup,
     body: agent_reach_edge::RequestBody,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-
-    use crate::answer::{failed, Known};
+) -> Answer {
+    use crate::answer::{failed_answer as failed, Known};
     let received = clock::Now::read();
     let mut known = Known::fresh(received.instant);
     let caller = match service.authenticate_at(headers, received.epoch_ms) {
@@ -703,16 +695,10 @@ pub async fn answer(
     };
     let request_id = known.request_id.clone();
     match open(service, &caller, &checked, &request_id, &trace, received).await {
-        Ok(stream) => (
-            [
-                (http::header::CONTENT_TYPE, "text/event-stream"),
-                (http::header::CACHE_CONTROL, "no-cache"),
-                // Proxies in front of the router must not buffer the stream either.
-                (http::header::HeaderName::from_static("x-accel-buffering"), "no"),
-            ],
-            relay(stream, request_id, received.instant),
-        )
-            .into_response(),
+        Ok(stream) => Answer::Stream {
+            headers: EVENTS_HEADERS,
+            body: relay(stream, request_id, received.instant),
+        },
         Err(failure) => {
             tracing::info!(
                 message = "Streamed invocation failed before the agent answered.",
