@@ -238,6 +238,8 @@ impl Forwarder {
     }
 
     /// Makes a connection to `authority`, with a TLS handshake for `https`.
+    /// Callers box it: a pooled connection is the rule, and the handshake's
+    /// state inline in every attempt's future made it ~4 KB to move per call.
     async fn connect(&self, authority: &str, host: &str, https: bool) -> Result<Stream, String> {
         let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority)).await {
             Ok(Ok(stream)) => stream,
@@ -301,7 +303,7 @@ impl Forwarder {
                 head => return self.opened(authority, head, stream, input, now).await,
             }
         }
-        let mut stream = match self.connect(authority, uri.host().unwrap_or(authority), https).await {
+        let mut stream = match Box::pin(self.connect(authority, uri.host().unwrap_or(authority), https)).await {
             Ok(stream) => stream,
             Err(why) => return Opened::Other(AttemptResult::ConnectFailed(why)),
         };
@@ -413,7 +415,7 @@ impl Forwarder {
                     (done, stream) => return self.finish(authority, done, stream, now),
                 }
             }
-            let stream = match self.connect(authority, uri.host().unwrap_or(authority), https).await {
+            let stream = match Box::pin(self.connect(authority, uri.host().unwrap_or(authority), https)).await {
                 Ok(stream) => stream,
                 Err(why) => return AttemptResult::ConnectFailed(why),
             };
@@ -768,17 +770,12 @@ impl AgentBody {
     /// Cancel-safe: what was read stays buffered.
     pub(crate) async fn read_into(&mut self, out: &mut BytesMut, most: usize) -> Result<bool, String> {
         loop {
+            if let Some(moved) = self.read_buffered(out, most)? {
+                return Ok(moved);
+            }
             let Some((stream, input)) = self.connection.as_mut() else {
                 return Ok(false);
             };
-            let before = out.len();
-            if decode(&mut self.body, input, out, most)? {
-                self.finish();
-                return Ok(out.len() > before);
-            }
-            if out.len() > before {
-                return Ok(true);
-            }
             input.reserve(READ_BUFFER_BYTES);
             match stream.read_buf(input).await {
                 Ok(0) if self.body == BodyState::UntilClose => {
@@ -791,6 +788,20 @@ impl AgentBody {
                 Err(error) => return Err(format!("reading the answer failed: {error}")),
             }
         }
+    }
+
+    /// [`AgentBody::read_into`] from the bytes already read only: `None`
+    /// when it would have to read the connection (nothing decodable is left).
+    pub(crate) fn read_buffered(&mut self, out: &mut BytesMut, most: usize) -> Result<Option<bool>, String> {
+        let Some((_, input)) = self.connection.as_mut() else {
+            return Ok(Some(false));
+        };
+        let before = out.len();
+        if decode(&mut self.body, input, out, most)? {
+            self.finish();
+            return Ok(Some(out.len() > before));
+        }
+        Ok((out.len() > before).then_some(true))
     }
 
     /// The body ended: the connection goes back to its pool if the agent

@@ -20,6 +20,7 @@
 //! its end, never after an error, the deadline or a caller that left.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,7 +49,36 @@ use crate::sse::{self, EventSplitter};
 use crate::trace::TraceContext;
 
 /// What one step moves of the agent's bytes before the first event.
-const FIRST_READ_BYTES: usize = 512;
+const FIRST_READ_BYTES: usize = 256;
+
+/// At most how many of the agent's bytes one step decodes: before the first
+/// event a little at a time (it goes out before the chunks behind it are
+/// decoded), then all there are.
+fn most_moved(first: bool) -> usize {
+    if first {
+        FIRST_READ_BYTES
+    } else {
+        usize::MAX
+    }
+}
+
+/// The stream's end, if what [`AgentBody::read_into`] answered is one: the
+/// body ended (inside an event, or between them) or the connection broke.
+/// `None`: bytes were moved, read on.
+fn ended<T>(read: Result<bool, String>, splitter: &EventSplitter, summary: &Summary) -> Option<Item<T>> {
+    match read {
+        Ok(true) => None,
+        Ok(false) if splitter.pending() > 0 => Some(Item::End(Err(interrupted(
+            summary,
+            "the agent ended its answer inside an event".to_string(),
+        )))),
+        Ok(false) => Some(Item::End(Ok(summary.clone()))),
+        Err(why) => Some(Item::End(Err(interrupted(
+            summary,
+            format!("the connection broke: {why}"),
+        )))),
+    }
+}
 
 /// What is known of a committed stream, for its end (`event: result`).
 #[derive(Debug, Clone)]
@@ -86,8 +116,14 @@ pub struct EventStream {
     source: Source,
     summary: Summary,
     deadline: Instant,
+    /// The deadline's one timer, registered by the first attempt and
+    /// dropped with the stream (no timer set and cleared per read).
+    expiry: Pin<Box<tokio::time::Sleep>>,
     received: Instant,
     first_event: Option<Instant>,
+    /// The first event's time, observed at the next step: after the event
+    /// was written, not on the way to it.
+    first_unobserved: Option<Instant>,
     ended: bool,
     /// Events relayed and not yet added to the events counter.
     uncounted: u64,
@@ -103,7 +139,7 @@ impl EventStream {
         service: &RouterService,
         source: Source,
         summary: Summary,
-        (deadline, received): (Instant, Instant),
+        (deadline, expiry, received): (Instant, Pin<Box<tokio::time::Sleep>>, Instant),
         capability_metrics: CapabilityMetrics,
         (inflight, permit): (Option<OwnedInflight>, Permit),
     ) -> Self {
@@ -112,8 +148,10 @@ impl EventStream {
             source,
             summary,
             deadline,
+            expiry,
             received,
             first_event: None,
+            first_unobserved: None,
             ended: false,
             uncounted: 0,
             capability_metrics,
@@ -143,19 +181,46 @@ impl EventStream {
         if self.ended {
             return None;
         }
-        // An event already read needs no deadline timer (one per event was most of its cost).
+        self.observe_first_event();
+        // An event already read needs no deadline timer (one per event was
+        // most of its cost), nor do the bytes read and not yet decoded (the
+        // first event's usually came with the answer's head).
+        let first = self.first_event.is_none();
         let ready = match &mut self.source {
-            Source::Events { splitter, .. } => buffered::<C>(splitter, &self.summary, self.first_event.is_none()),
+            Source::Events { body, splitter } => loop {
+                if let Some(item) = buffered::<C>(splitter, &self.summary, first) {
+                    break Some(item);
+                }
+                match body.read_buffered(splitter.input(), most_moved(first)) {
+                    // Nothing decodable left: the next bytes need a read, under the deadline.
+                    Ok(None) => break None,
+                    Ok(Some(moved)) => match ended(Ok(moved), splitter, &self.summary) {
+                        Some(end) => break Some(end),
+                        None => continue,
+                    },
+                    Err(why) => break ended(Err(why), splitter, &self.summary),
+                }
+            },
             Source::Whole(_) => None,
         };
         let item = match ready {
-            Some(item) => Ok(item),
-            None => tokio::time::timeout_at(self.deadline.into(), self.pull()).await,
+            Some(item) => Some(item),
+            None => {
+                let pulled = pull::<C>(
+                    &mut self.source,
+                    &self.summary,
+                    (self.deadline, first),
+                    &self.metrics.events,
+                    &mut self.uncounted,
+                );
+                tokio::select! {
+                    biased;
+                    item = pulled => Some(item),
+                    () = self.expiry.as_mut() => None,
+                }
+            }
         };
-        let item = match item {
-            Ok(item) => item,
-            Err(_) => deadline_passed(&self.summary),
-        };
+        let item = item.unwrap_or_else(|| deadline_passed(&self.summary));
         let events = match &item {
             Item::Event(piece) => piece.events(),
             Item::End(result) => {
@@ -175,59 +240,58 @@ impl EventStream {
             if self.first_event.is_none() {
                 let now = Instant::now();
                 self.first_event = Some(now);
-                self.metrics
-                    .first_event
-                    .observe(now.saturating_duration_since(self.received).as_secs_f64());
+                self.first_unobserved = Some(now);
             }
         }
         Some(item)
     }
 
-    async fn pull<C: Cutting>(&mut self) -> Item<C> {
-        match &mut self.source {
-            Source::Whole(output) => match output.take() {
-                Some(data) => Item::Event(C::from_event(sse::Event::message(
-                    String::from_utf8_lossy(&data).into_owned(),
-                ))),
-                None => Item::End(Ok(self.summary.clone())),
-            },
-            Source::Events { body, splitter } => loop {
-                if let Some(item) = buffered(splitter, &self.summary, self.first_event.is_none()) {
-                    return item;
-                }
-                // An agent whose bytes are always ready would never let the timer fire
-                // (the timeout polls the read first): the deadline is checked per read.
-                if Instant::now() >= self.deadline {
-                    return deadline_passed(&self.summary);
-                }
-                count_events(&self.metrics.events, &mut self.uncounted);
-                // Before the first event, a little at a time: it goes out
-                // before the chunks behind it are decoded.
-                let most = if self.first_event.is_none() {
-                    FIRST_READ_BYTES
-                } else {
-                    usize::MAX
-                };
-                match body.read_into(splitter.input(), most).await {
-                    Ok(true) => {}
-                    Ok(false) if splitter.pending() > 0 => {
-                        return Item::End(Err(interrupted(
-                            &self.summary,
-                            "the agent ended its answer inside an event".to_string(),
-                        )))
-                    }
-                    Ok(false) => return Item::End(Ok(self.summary.clone())),
-                    Err(why) => {
-                        return Item::End(Err(interrupted(&self.summary, format!("the connection broke: {why}"))))
-                    }
-                }
-            },
+    fn observe_first_event(&mut self) {
+        if let Some(at) = self.first_unobserved.take() {
+            self.metrics
+                .first_event
+                .observe(at.saturating_duration_since(self.received).as_secs_f64());
         }
+    }
+}
+
+/// The next event or run read from the agent (or the stream's end); the
+/// caller bounds it by the deadline. `first`: nothing was relayed yet.
+async fn pull<C: Cutting>(
+    source: &mut Source,
+    summary: &Summary,
+    (deadline, first): (Instant, bool),
+    events: &prometheus::IntCounter,
+    uncounted: &mut u64,
+) -> Item<C> {
+    match source {
+        Source::Whole(output) => match output.take() {
+            Some(data) => Item::Event(C::from_event(sse::Event::message(
+                String::from_utf8_lossy(&data).into_owned(),
+            ))),
+            None => Item::End(Ok(summary.clone())),
+        },
+        Source::Events { body, splitter } => loop {
+            if let Some(item) = buffered(splitter, summary, first) {
+                return item;
+            }
+            // An agent whose bytes are always ready would never let the timer fire
+            // (the read is polled first): the deadline is checked per read.
+            if Instant::now() >= deadline {
+                return deadline_passed(summary);
+            }
+            count_events(events, uncounted);
+            let read = body.read_into(splitter.input(), most_moved(first)).await;
+            if let Some(end) = ended(read, splitter, summary) {
+                return end;
+            }
+        },
     }
 }
 
 impl Drop for EventStream {
     fn drop(&mut self) {
+        self.observe_first_event();
         count_events(&self.metrics.events, &mut self.uncounted);
         // Dropped before its end: the caller went away (or its front door gave up).
         if !self.ended {
@@ -430,6 +494,8 @@ pub async fn open(
     let limits = service.limits();
     let mut tried: smallvec::SmallVec<[usize; 10]> = smallvec::SmallVec::new();
     let mut failures: Vec<LastFailure> = Vec::new();
+    // The deadline's timer, for every attempt and then the stream's reads.
+    let mut expiry = Box::pin(tokio::time::sleep_until(deadline.into()));
     loop {
         let attempt_number = tried.len() as u32 + 1;
         let picked = select::pick(
@@ -478,14 +544,10 @@ pub async fn open(
         let started = Instant::now();
         // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
         let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
-        let attempted = match tokio::time::timeout_at(
-            deadline.into(),
-            attempt(service, &instance, &body, &traceparent, &authorization, started),
-        )
-        .await
-        {
-            Ok(attempted) => attempted,
-            Err(_) => Opened::Other(AttemptResult::TimedOut),
+        let attempted = tokio::select! {
+            biased;
+            attempted = attempt(service, &instance, &body, &traceparent, &authorization, started) => attempted,
+            () = expiry.as_mut() => Opened::Other(AttemptResult::TimedOut),
         };
         let elapsed = started.elapsed();
         let agent_id = instance.agent_id.clone();
@@ -508,7 +570,7 @@ pub async fn open(
                     service,
                     source,
                     summary,
-                    (deadline, received.instant),
+                    (deadline, expiry, received.instant),
                     capability_metrics.clone(),
                     (Some(inflight), permit),
                 ));
@@ -543,7 +605,7 @@ pub async fn open(
                     service,
                     Source::Whole(Some(data)),
                     summary,
-                    (deadline, received.instant),
+                    (deadline, expiry, received.instant),
                     capability_metrics.clone(),
                     (None, permit),
                 ));
