@@ -92,7 +92,12 @@ def routable(tls: TlsServices, stack: Stack, agent_id: str) -> bool:
         headers={"authorization": f"Bearer {stack.token('tester')}"},
         verify=tls.registry.verify,
     )
-    return answer.status_code == 200 and any(i["agent_id"] == agent_id for i in answer.json()["instances"])
+    if answer.status_code != 200 or not any(i["agent_id"] == agent_id for i in answer.json()["instances"]):
+        return False
+    # The router learns of an instance a moment after the registry (longer on a loaded
+    # machine): its snapshot holds it once /metrics publishes the instance's gauge.
+    metrics = httpx.get(f"{tls.router.url}/metrics", timeout=5, verify=tls.router.verify)
+    return f'agent_reach_router_instance_health_score{{agent_id="{agent_id}"}}' in metrics.text
 
 
 def test_an_agent_and_a_client_work_over_https_trusting_only_the_ca_file(
