@@ -550,8 +550,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let (mut invoke_rates, mut a2a_rates) = (Vec::new(), Vec::new());
+    let measuring = |measure| args.only.contains(&measure);
     for round in 1..=args.rounds {
-        let measuring = |measure| args.only.contains(&measure);
         // The first events, all targets in turn (as long in all as the three
         // measured one after the other would be).
         let mut firsts = vec![None; targets.len()];
@@ -613,8 +613,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut p50 = |name: &str| median(first.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
     let (direct, router, nginx) = (p50("direct agent"), p50("router"), p50("nginx"));
     let (router_added, nginx_added) = (router - direct, nginx - direct);
-    let measured = |measure| args.only.contains(&measure);
-    if measured(Measure::FirstEvent) {
+    if measuring(Measure::FirstEvent) {
         println!(
         "time to first event p50: direct {direct:.0}us, router {router:.0}us (+{router_added:.0}us), nginx {nginx:.0}us (+{nginx_added:.0}us) -> {}",
         if router_added <= nginx_added { "MET" } else { "NOT MET" }
@@ -622,7 +621,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     let mut rate = |name: &str| median(rates.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
     let (direct_rate, router_rate, nginx_rate) = (rate("direct agent"), rate("router"), rate("nginx"));
-    if measured(Measure::Events) {
+    if measuring(Measure::Events) {
         println!(
         "events/s at {} streams: direct {direct_rate:.0}, router {router_rate:.0}, nginx {nginx_rate:.0} ({:+.1} %) -> {}",
         args.streams,
@@ -631,7 +630,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         );
     }
     let (invoke, a2a) = (median(&mut invoke_rates), median(&mut a2a_rates));
-    if measured(Measure::A2a) {
+    if measuring(Measure::A2a) {
         println!(
             "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x) -> {}",
             args.connections,

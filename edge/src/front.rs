@@ -484,7 +484,10 @@ impl<H: HotRoutes> Connection<H> {
 
 thread_local! {
     /// Hot requests this thread is answering (each thread serves its own
-    /// connections: see [`crate::serve::per_core`]).
+    /// connections: see [`crate::serve::per_core`]). Under [`Door::serve`] on
+    /// a multi-threaded runtime a connection's task may move between threads
+    /// and the count drift (it saturates at zero); it only decides a yield,
+    /// never what is answered.
     static ANSWERING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
@@ -675,7 +678,8 @@ async fn encode_response(answer: Answer, output: &mut Vec<u8>) -> Option<&[u8]> 
 }
 
 /// Appends a handler's header line, except those the door writes itself
-/// (`content-length`, `date`, `connection`; `transfer-encoding` on a stream).
+/// (`content-length`, `date`, `connection`; a stream's head also leaves out
+/// a handler's `transfer-encoding`).
 fn header_line(name: &[u8], value: &[u8], output: &mut Vec<u8>) {
     if name.eq_ignore_ascii_case(b"content-length")
         || name.eq_ignore_ascii_case(b"date")

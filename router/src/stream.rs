@@ -115,15 +115,12 @@ enum Source {
 pub struct EventStream {
     source: Source,
     summary: Summary,
-    deadline: Instant,
-    /// The deadline's one timer, registered by the first attempt and
-    /// dropped with the stream (no timer set and cleared per read).
+    /// The deadline's one timer (and so the deadline), registered by the
+    /// first attempt and dropped with the stream (no timer set and cleared
+    /// per read).
     expiry: Pin<Box<tokio::time::Sleep>>,
     received: Instant,
-    first_event: Option<Instant>,
-    /// The first event's time, observed at the next step: after the event
-    /// was written, not on the way to it.
-    first_unobserved: Option<Instant>,
+    first_event: FirstEvent,
     ended: bool,
     /// Events relayed and not yet added to the events counter.
     uncounted: u64,
@@ -134,12 +131,24 @@ pub struct EventStream {
     _permit: Permit,
 }
 
+/// Where a stream is with its first event, for the time-to-first-event
+/// histogram.
+#[derive(Clone, Copy)]
+enum FirstEvent {
+    /// Nothing relayed yet.
+    Awaited,
+    /// Handed out at this time, observed at the next step: after the event
+    /// was written, not on the way to it.
+    Unobserved(Instant),
+    Observed,
+}
+
 impl EventStream {
     fn committed(
         service: &RouterService,
         source: Source,
         summary: Summary,
-        (deadline, expiry, received): (Instant, Pin<Box<tokio::time::Sleep>>, Instant),
+        (expiry, received): (Pin<Box<tokio::time::Sleep>>, Instant),
         capability_metrics: CapabilityMetrics,
         (inflight, permit): (Option<OwnedInflight>, Permit),
     ) -> Self {
@@ -147,11 +156,9 @@ impl EventStream {
             metrics: capability_metrics.streams(&service.metrics().streams, &summary.capability),
             source,
             summary,
-            deadline,
             expiry,
             received,
-            first_event: None,
-            first_unobserved: None,
+            first_event: FirstEvent::Awaited,
             ended: false,
             uncounted: 0,
             capability_metrics,
@@ -185,22 +192,9 @@ impl EventStream {
         // An event already read needs no deadline timer (one per event was
         // most of its cost), nor do the bytes read and not yet decoded (the
         // first event's usually came with the answer's head).
-        let first = self.first_event.is_none();
+        let first = matches!(self.first_event, FirstEvent::Awaited);
         let ready = match &mut self.source {
-            Source::Events { body, splitter } => loop {
-                if let Some(item) = buffered::<C>(splitter, &self.summary, first) {
-                    break Some(item);
-                }
-                match body.read_buffered(splitter.input(), most_moved(first)) {
-                    // Nothing decodable left: the next bytes need a read, under the deadline.
-                    Ok(None) => break None,
-                    Ok(Some(moved)) => match ended(Ok(moved), splitter, &self.summary) {
-                        Some(end) => break Some(end),
-                        None => continue,
-                    },
-                    Err(why) => break ended(Err(why), splitter, &self.summary),
-                }
-            },
+            Source::Events { body, splitter } => ready(body, splitter, &self.summary, first),
             Source::Whole(_) => None,
         };
         let item = match ready {
@@ -209,7 +203,7 @@ impl EventStream {
                 let pulled = pull::<C>(
                     &mut self.source,
                     &self.summary,
-                    (self.deadline, first),
+                    (self.expiry.deadline().into_std(), first),
                     &self.metrics.events,
                     &mut self.uncounted,
                 );
@@ -237,20 +231,44 @@ impl EventStream {
             // Counted once per read of the agent's, not per event: one
             // shared counter's atomic add per event was measurable.
             self.uncounted += events;
-            if self.first_event.is_none() {
-                let now = Instant::now();
-                self.first_event = Some(now);
-                self.first_unobserved = Some(now);
+            if first {
+                self.first_event = FirstEvent::Unobserved(Instant::now());
             }
         }
         Some(item)
     }
 
     fn observe_first_event(&mut self) {
-        if let Some(at) = self.first_unobserved.take() {
+        if let FirstEvent::Unobserved(at) = self.first_event {
+            self.first_event = FirstEvent::Observed;
             self.metrics
                 .first_event
                 .observe(at.saturating_duration_since(self.received).as_secs_f64());
+        }
+    }
+}
+
+/// The next event or run (or the stream's end) from the bytes already read,
+/// cut or still to decode; `None` when the next needs a read of the agent's
+/// connection. `first`: nothing was relayed yet.
+fn ready<C: Cutting>(
+    body: &mut AgentBody,
+    splitter: &mut EventSplitter,
+    summary: &Summary,
+    first: bool,
+) -> Option<Item<C>> {
+    loop {
+        if let Some(item) = buffered(splitter, summary, first) {
+            return Some(item);
+        }
+        match body.read_buffered(splitter.input(), most_moved(first)) {
+            Ok(None) => return None,
+            Ok(Some(moved)) => {
+                if let Some(end) = ended(Ok(moved), splitter, summary) {
+                    return Some(end);
+                }
+            }
+            Err(why) => return ended(Err(why), splitter, summary),
         }
     }
 }
@@ -272,7 +290,7 @@ async fn pull<C: Cutting>(
             None => Item::End(Ok(summary.clone())),
         },
         Source::Events { body, splitter } => loop {
-            if let Some(item) = buffered(splitter, summary, first) {
+            if let Some(item) = ready(body, splitter, summary, first) {
                 return item;
             }
             // An agent whose bytes are always ready would never let the timer fire
@@ -570,7 +588,7 @@ pub async fn open(
                     service,
                     source,
                     summary,
-                    (deadline, expiry, received.instant),
+                    (expiry, received.instant),
                     capability_metrics.clone(),
                     (Some(inflight), permit),
                 ));
@@ -605,7 +623,7 @@ pub async fn open(
                     service,
                     Source::Whole(Some(data)),
                     summary,
-                    (deadline, expiry, received.instant),
+                    (expiry, received.instant),
                     capability_metrics.clone(),
                     (None, permit),
                 ));

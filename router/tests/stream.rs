@@ -261,6 +261,34 @@ async fn the_deadline_bounds_the_whole_stream() {
     );
 }
 
+/// The deadline passing before any agent answered (one instance refusing,
+/// the other never answering its head) is the ordinary failed envelope: one
+/// timer bounds every attempt, not each its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_passed_before_the_agent_answered_is_an_ordinary_envelope() {
+    let cluster = Cluster::start().await;
+    let _unavailable = cluster.agent(AgentSpec::new("sh-1", 1, Behaviour::Unavailable));
+    let _hanging = cluster.agent(AgentSpec::new("sh-2", 1, Behaviour::Hang));
+    cluster.wait_for_instances(&["sh-1", "sh-2"]).await;
+
+    let mut envelope = order("SO-8");
+    envelope["timeout_ms"] = json!(400);
+    envelope["request_id"] = json!("req-stream-deadline");
+    let response = stream(&cluster, envelope).await;
+    assert_eq!(response.status(), 504);
+    assert_eq!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|value| value.to_str().ok()),
+        Some("application/json")
+    );
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "failed", "{body}");
+    assert_eq!(body["error"]["code"], "DEADLINE_EXCEEDED", "{body}");
+    assert_eq!(body["request_id"], "req-stream-deadline", "{body}");
+}
+
 /// An agent whose next events are always ready (it never pauses) cannot
 /// outrun the deadline: the router checks it per read, not only while waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
