@@ -261,14 +261,9 @@ fn ready<C: Cutting>(
         if let Some(item) = buffered(splitter, summary, first) {
             return Some(item);
         }
-        match body.read_buffered(splitter.input(), most_moved(first)) {
-            Ok(None) => return None,
-            Ok(Some(moved)) => {
-                if let Some(end) = ended(Ok(moved), splitter, summary) {
-                    return Some(end);
-                }
-            }
-            Err(why) => return ended(Err(why), splitter, summary),
+        let read = body.read_buffered(splitter.input(), most_moved(first)).transpose()?;
+        if let Some(end) = ended(read, splitter, summary) {
+            return Some(end);
         }
     }
 }
@@ -289,10 +284,8 @@ async fn pull<C: Cutting>(
             ))),
             None => Item::End(Ok(summary.clone())),
         },
+        // Called when `ready` found nothing left in the bytes already read.
         Source::Events { body, splitter } => loop {
-            if let Some(item) = ready(body, splitter, summary, first) {
-                return item;
-            }
             // An agent whose bytes are always ready would never let the timer fire
             // (the read is polled first): the deadline is checked per read.
             if Instant::now() >= deadline {
@@ -302,6 +295,9 @@ async fn pull<C: Cutting>(
             let read = body.read_into(splitter.input(), most_moved(first)).await;
             if let Some(end) = ended(read, splitter, summary) {
                 return end;
+            }
+            if let Some(item) = ready(body, splitter, summary, first) {
+                return item;
             }
         },
     }

@@ -85,16 +85,17 @@ async fn stream(cluster: &Cluster, envelope: Value) -> reqwest::Response {
         .expect("streamed invoke")
 }
 
+fn content_type(response: &reqwest::Response) -> Option<&str> {
+    response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+}
+
 async fn open_events(cluster: &Cluster, envelope: Value) -> Events {
     let response = stream(cluster, envelope).await;
     assert_eq!(response.status(), 200);
-    assert_eq!(
-        response
-            .headers()
-            .get("content-type")
-            .and_then(|value| value.to_str().ok()),
-        Some("text/event-stream")
-    );
+    assert_eq!(content_type(&response), Some("text/event-stream"));
     Events {
         response,
         buffer: String::new(),
@@ -276,14 +277,8 @@ async fn a_deadline_passed_before_the_agent_answered_is_an_ordinary_envelope() {
     envelope["request_id"] = json!("req-stream-deadline");
     let response = stream(&cluster, envelope).await;
     assert_eq!(response.status(), 504);
-    assert_eq!(
-        response
-            .headers()
-            .get("content-type")
-            .and_then(|value| value.to_str().ok()),
-        Some("application/json")
-    );
-    let body: Value = response.json().await.unwrap();
+    assert_eq!(content_type(&response), Some("application/json"));
+    let body: Value = response.json().await.expect("a JSON envelope");
     assert_eq!(body["status"], "failed", "{body}");
     assert_eq!(body["error"]["code"], "DEADLINE_EXCEEDED", "{body}");
     assert_eq!(body["request_id"], "req-stream-deadline", "{body}");
