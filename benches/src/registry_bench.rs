@@ -327,12 +327,26 @@ async fn bench(args: &Args, port: u16, etcd_pid: u32, registry_pid: u32) -> anyh
     let heartbeat_rate = ok.load(Ordering::Relaxed) as f64 / args.duration_s as f64;
 
     let mut client = client.clone();
-    let live = client
-        .list_agents(authed(pb::ListAgentsRequest {}, &token)?)
-        .await?
-        .into_inner()
-        .agents
-        .len();
+    // Every page of the listing (one answer would outgrow a gRPC message).
+    let mut live = 0;
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_agents(authed(
+                pb::ListAgentsRequest {
+                    page_size: 5000,
+                    page_token,
+                },
+                &token,
+            )?)
+            .await?
+            .into_inner();
+        live += page.agents.len();
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
     let lost = args.agents.saturating_sub(live);
     let expired = expired.load(Ordering::Relaxed);
 

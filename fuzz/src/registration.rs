@@ -21,7 +21,7 @@ use agent_reach_registry::fuzzing::{self, Refusal};
 use crate::support::{ready, same_json};
 
 /// The codes a registration body can be refused with before authorisation.
-const CODES: [&str; 19] = [
+const CODES: [&str; 21] = [
     "MALFORMED_JSON",
     "MISSING_FIELD",
     "INVALID_FIELD_TYPE",
@@ -39,6 +39,8 @@ const CODES: [&str; 19] = [
     "INVALID_CAPABILITY_NAME",
     "INVALID_VERSION",
     "INVALID_SCHEMA",
+    "SCHEMA_TOO_LARGE",
+    "SCHEMA_TOO_DEEP",
     "INVALID_TIMEOUT",
     "DUPLICATE_CAPABILITY",
 ];
@@ -56,7 +58,11 @@ pub fn run(data: &[u8]) {
 
 fn refusal_holds(refusal: &Refusal) {
     assert!(CODES.contains(&refusal.code), "unexpected code {}", refusal.code);
-    let status = if refusal.code == "PAYLOAD_TOO_LARGE" { 413 } else { 400 };
+    let status = if matches!(refusal.code, "PAYLOAD_TOO_LARGE" | "SCHEMA_TOO_LARGE") {
+        413
+    } else {
+        400
+    };
     assert_eq!(refusal.status.as_u16(), status, "{}", refusal.code);
     let error = &refusal.body.error;
     assert_eq!(error.code, refusal.code);

@@ -125,6 +125,9 @@ pub struct AgentInstance {
 pub struct AgentList {
     pub agents: Vec<AgentInstance>,
     pub revision: i64,
+    /// With `?limit=`: the `cursor` of the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// One instance in `GET /v1/heartbeats`: its lease as the store holds it.

@@ -181,6 +181,18 @@ impl Catalog {
         (instances, state.revision)
     }
 
+    /// At most `limit` instances by agent id, after `after` (none: from the
+    /// first), and whether more follow; one page of a listing. Instances
+    /// registered or removed between pages are seen or not, never twice.
+    pub fn page(&self, after: Option<&str>, limit: usize) -> (Vec<Arc<Instance>>, bool, Revision) {
+        let (instances, revision) = self.list();
+        let start = after.map_or(0, |after| {
+            instances.partition_point(|instance| instance.agent_id.as_str() <= after)
+        });
+        let end = start.saturating_add(limit).min(instances.len());
+        (instances[start..end].to_vec(), end < instances.len(), revision)
+    }
+
     /// Every capability with its versions, instance count and routable count.
     pub fn capabilities(&self) -> (Vec<CapabilitySummary>, Revision) {
         let state = self.read();

@@ -49,9 +49,19 @@ pub struct RegistryArgs {
     /// Largest `ttl_s` a registration may ask for.
     #[arg(long, env = "AGENT_REACH_MAX_TTL_S", default_value_t = 300)]
     pub max_ttl_s: u32,
-    /// Largest accepted request body (HTTP) or message (gRPC), in bytes.
+    /// Largest accepted request body (HTTP) or message (gRPC), in bytes; so
+    /// also the largest registration (at most 8 MiB: every router decodes one
+    /// instance in one Watch message of at most 16 MiB; etcd's own default
+    /// request limit is 1.5 MiB).
     #[arg(long, env = "AGENT_REACH_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Largest input or output schema of one capability, as compact JSON, in bytes
+    /// (larger: 413 `SCHEMA_TOO_LARGE`).
+    #[arg(long, env = "AGENT_REACH_MAX_SCHEMA_BYTES", default_value_t = crate::validate::DEFAULT_MAX_SCHEMA_BYTES)]
+    pub max_schema_bytes: usize,
+    /// Deepest nesting of objects and arrays in one schema (deeper: 400 `SCHEMA_TOO_DEEP`).
+    #[arg(long, env = "AGENT_REACH_MAX_SCHEMA_DEPTH", default_value_t = crate::validate::DEFAULT_MAX_SCHEMA_DEPTH)]
+    pub max_schema_depth: usize,
     #[command(flatten)]
     pub tls: agent_reach_edge::tls::ListenerArgs,
     #[command(flatten)]
@@ -69,6 +79,10 @@ pub enum StoreChoice {
     },
     Embedded,
 }
+
+/// The largest `--max-body-bytes`: half the 16 MiB a router decodes in one
+/// Watch message, which one instance must fit.
+const MAX_REGISTRATION_BYTES: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -129,8 +143,20 @@ impl RegistryArgs {
                 self.default_ttl_s, self.min_ttl_s, self.max_ttl_s
             ));
         }
-        if self.max_body_bytes < 1024 {
-            problems.push("--max-body-bytes must be at least 1024".to_string());
+        if !(1024..=MAX_REGISTRATION_BYTES).contains(&self.max_body_bytes) {
+            problems.push(format!(
+                "--max-body-bytes must be 1024..={MAX_REGISTRATION_BYTES}: a larger registration could exceed \
+                 what a router decodes in one Watch message"
+            ));
+        }
+        if self.max_schema_bytes < 1024 || self.max_schema_bytes > self.max_body_bytes {
+            problems.push(format!(
+                "--max-schema-bytes {} must be at least 1024 and not above --max-body-bytes {}",
+                self.max_schema_bytes, self.max_body_bytes
+            ));
+        }
+        if !(4..=1024).contains(&self.max_schema_depth) {
+            problems.push(format!("--max-schema-depth {} must be 4..=1024", self.max_schema_depth));
         }
         let auth = self.auth.config().unwrap_or_else(|why| {
             problems.push(why);
@@ -153,6 +179,10 @@ impl RegistryArgs {
                     min_s: self.min_ttl_s,
                     max_s: self.max_ttl_s,
                     default_s: self.default_ttl_s,
+                },
+                schema: crate::validate::SchemaBounds {
+                    max_bytes: self.max_schema_bytes,
+                    max_depth: self.max_schema_depth,
                 },
                 max_body_bytes: self.max_body_bytes,
             },

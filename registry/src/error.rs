@@ -28,6 +28,8 @@ pub enum Code {
     InvalidVersion,
     InvalidVersionReq,
     InvalidSchema,
+    SchemaTooLarge,
+    SchemaTooDeep,
     InvalidTimeout,
     DuplicateCapability,
     InvalidSplit,
@@ -71,6 +73,8 @@ impl ErrorCode for Code {
             Code::InvalidVersion => "INVALID_VERSION",
             Code::InvalidVersionReq => "INVALID_VERSION_REQ",
             Code::InvalidSchema => "INVALID_SCHEMA",
+            Code::SchemaTooLarge => "SCHEMA_TOO_LARGE",
+            Code::SchemaTooDeep => "SCHEMA_TOO_DEEP",
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
@@ -93,7 +97,7 @@ impl ErrorCode for Code {
 
     fn http_status(self) -> StatusCode {
         match self {
-            Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Code::PayloadTooLarge | Code::SchemaTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
             Code::Forbidden => StatusCode::FORBIDDEN,
             Code::AgentNotFound

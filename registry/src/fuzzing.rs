@@ -43,7 +43,14 @@ pub async fn registration(body: &[u8]) -> Result<wire::RegisterRequest, Box<Refu
         crate::http::parse_body(&headers, Body::from(body.to_vec()), config.max_body_bytes)
             .await
             .map_err(Refusal::boxed)?;
-    let registration = validate::registration(request, config.ttl).map_err(Refusal::boxed)?;
+    let registration = validate::registration(
+        request,
+        validate::Bounds {
+            ttl: config.ttl,
+            schema: config.schema,
+        },
+    )
+    .map_err(Refusal::boxed)?;
     Ok(wire::RegisterRequest {
         agent_id: registration.agent_id,
         name: registration.name,

@@ -28,6 +28,12 @@ use crate::validate;
 const KEEP_ALIVE_CONCURRENCY: usize = 1024;
 /// Watch events buffered per subscriber before back-pressure.
 const WATCH_BUFFER: usize = 1024;
+/// What one page of a paged snapshot or listing carries at most, encoded; an
+/// instance larger than this (bounded by the registration limits) goes alone.
+pub const PAGE_BYTES: usize = 1024 * 1024;
+/// `ListAgents`' page when the request names none, and its largest.
+const DEFAULT_PAGE_SIZE: usize = 500;
+const MAX_PAGE_SIZE: usize = 10_000;
 
 pub struct GrpcRegistry {
     service: Arc<RegistryService>,
@@ -275,10 +281,34 @@ impl pb::registry_server::Registry for GrpcRegistry {
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
         self.caller(&request)?;
-        let (instances, revision) = self.service.catalog().list();
+        let request = request.into_inner();
+        let page_size = match request.page_size as usize {
+            0 => DEFAULT_PAGE_SIZE,
+            size => size.min(MAX_PAGE_SIZE),
+        };
+        let after = Some(request.page_token.as_str()).filter(|token| !token.is_empty());
+        let (instances, mut more, revision) = self.service.catalog().page(after, page_size);
+        // Also bounded in bytes (one large instance still goes alone).
+        let mut agents = Vec::with_capacity(instances.len());
+        let mut bytes = 0;
+        for instance in &instances {
+            let instance = instance_to_pb(instance);
+            let size = prost::Message::encoded_len(&instance);
+            if !agents.is_empty() && bytes + size > PAGE_BYTES {
+                more = true;
+                break;
+            }
+            bytes += size;
+            agents.push(instance);
+        }
+        let next_page_token = match agents.last() {
+            Some(last) if more => last.agent_id.clone(),
+            _ => String::new(),
+        };
         Ok(Response::new(pb::ListAgentsResponse {
-            agents: instances.iter().map(|instance| instance_to_pb(instance)).collect(),
+            agents,
             revision,
+            next_page_token,
         }))
     }
 
@@ -313,7 +343,7 @@ impl pb::registry_server::Registry for GrpcRegistry {
     #[tracing::instrument(name = "grpc.Watch", skip_all)]
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         self.caller(&request)?;
-        let start_revision = request.into_inner().start_revision;
+        let pb::WatchRequest { start_revision, paged } = request.into_inner();
         if start_revision < 0 {
             return Err(RegistryError::field(Code::InvalidFieldType, "start_revision", "must be >= 0").to_status());
         }
@@ -322,7 +352,7 @@ impl pb::registry_server::Registry for GrpcRegistry {
         tokio::spawn(async move {
             // A tenant no longer served (DESIGN §8) ends its watchers' streams.
             tokio::select! {
-                () = serve_watch(service.clone(), start_revision, sender) => {}
+                () = serve_watch(service.clone(), (start_revision, paged), sender) => {}
                 () = service.retired() => {}
             }
         });
@@ -341,11 +371,12 @@ impl Drop for SubscriberGuard {
     }
 }
 
-/// Feeds one Watch subscriber: a snapshot when needed, then every change in
-/// revision order, resuming from the last revision sent after store hiccups.
+/// Feeds one Watch subscriber: a snapshot when needed (in pages of at most
+/// [`PAGE_BYTES`] when `paged`), then every change in revision order,
+/// resuming from the last revision sent after store hiccups.
 async fn serve_watch(
     service: Arc<RegistryService>,
-    start_revision: Revision,
+    (start_revision, paged): (Revision, bool),
     sender: mpsc::Sender<Result<pb::WatchEvent, Status>>,
 ) {
     let gauge = service.metrics().watch_subscribers.clone();
@@ -366,16 +397,19 @@ async fn serve_watch(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let (instances, splits, revision) = service.catalog().snapshot();
-            let snapshot = pb::WatchEvent {
-                revision,
-                kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot {
-                    instances: instances.iter().map(|instance| instance_to_pb(instance)).collect(),
-                    reset,
-                    splits: splits.iter().map(|split| split_to_pb(split)).collect(),
-                })),
-            };
-            if sender.send(Ok(snapshot)).await.is_err() {
-                return;
+            let budget = if paged { PAGE_BYTES } else { usize::MAX };
+            for page in snapshot_pages(
+                &instances,
+                splits.iter().map(|split| split_to_pb(split)).collect(),
+                budget,
+            ) {
+                let event = pb::WatchEvent {
+                    revision,
+                    kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot { reset, ..page })),
+                };
+                if sender.send(Ok(event)).await.is_err() {
+                    return;
+                }
             }
             last = revision;
         }
@@ -430,6 +464,40 @@ async fn serve_watch(
     }
 }
 
+/// A snapshot as pages of at most `budget` encoded bytes of instances each
+/// (one instance larger than that goes alone), the splits on the first,
+/// every page but the last saying `more`. Always at least one page.
+fn snapshot_pages(instances: &[Arc<Instance>], splits: Vec<pb::CapabilitySplit>, budget: usize) -> Vec<pb::Snapshot> {
+    let mut pages = vec![pb::Snapshot {
+        splits,
+        ..Default::default()
+    }];
+    let mut bytes = 0;
+    for instance in instances {
+        let instance = instance_to_pb(instance);
+        let size = prost::Message::encoded_len(&instance);
+        let page = pages
+            .last_mut()
+            .filter(|page| page.instances.is_empty() || bytes + size <= budget);
+        match page {
+            Some(page) => page.instances.push(instance),
+            None => {
+                bytes = 0;
+                pages.push(pb::Snapshot {
+                    instances: vec![instance],
+                    ..Default::default()
+                });
+            }
+        }
+        bytes += size;
+    }
+    let last = pages.len() - 1;
+    for page in &mut pages[..last] {
+        page.more = true;
+    }
+    pages
+}
+
 fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
     let revision = event.revision();
     let keys = service.keys();
@@ -459,4 +527,61 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
         revision,
         kind: Some(kind),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(agent_id: &str, padding: usize) -> Arc<Instance> {
+        Arc::new(Instance {
+            agent_id: agent_id.to_string(),
+            name: "a".to_string(),
+            endpoint: "http://127.0.0.1:1/invoke".to_string(),
+            protocol: "http".to_string(),
+            weight: 1,
+            tags: [("pad".to_string(), "x".repeat(padding))].into_iter().collect(),
+            capabilities: Vec::new(),
+            status: crate::model::Status::Ready,
+            lease_id: 1,
+            ttl_s: 15,
+            registered_at_ms: 0,
+            inflight: 0,
+        })
+    }
+
+    /// Pages hold at most the budget (an instance over it alone), the splits
+    /// ride on the first, every page but the last says `more`, and together
+    /// they are every instance in order.
+    #[test]
+    fn snapshots_page_within_their_budget() {
+        let instances: Vec<_> = (0..50).map(|n| instance(&format!("a-{n:02}"), 100)).collect();
+        let mut with_large = instances.clone();
+        with_large.insert(10, instance("large", 5000));
+        let split = pb::CapabilitySplit {
+            capability: "x".to_string(),
+            ..Default::default()
+        };
+        let pages = snapshot_pages(&with_large, vec![split], 1000);
+        assert!(pages.len() > 5, "{}", pages.len());
+        for (index, page) in pages.iter().enumerate() {
+            let bytes: usize = page.instances.iter().map(prost::Message::encoded_len).sum();
+            assert!(
+                bytes <= 1000 || page.instances.len() == 1,
+                "page {index}: {bytes} bytes"
+            );
+            assert_eq!(page.more, index + 1 < pages.len());
+            assert_eq!(page.splits.len(), usize::from(index == 0));
+        }
+        let ids: Vec<String> = pages
+            .iter()
+            .flat_map(|page| page.instances.iter().map(|instance| instance.agent_id.clone()))
+            .collect();
+        let expected: Vec<String> = with_large.iter().map(|instance| instance.agent_id.clone()).collect();
+        assert_eq!(ids, expected);
+        // Unpaged (and an empty snapshot): one page, as before paging.
+        assert_eq!(snapshot_pages(&instances, Vec::new(), usize::MAX).len(), 1);
+        let empty = snapshot_pages(&[], Vec::new(), 1000);
+        assert_eq!((empty.len(), empty[0].more), (1, false));
+    }
 }

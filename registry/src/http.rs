@@ -207,14 +207,39 @@ async fn deregister(
 #[tracing::instrument(name = "http.list_agents", skip_all)]
 async fn list_agents(
     State(service): State<Arc<RegistryService>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Json<wire::AgentList>, RegistryError> {
     service.authenticate(headers.get(http::header::AUTHORIZATION))?;
-    let (instances, revision) = service.catalog().list();
+    let Query(query) = query.map_err(|rejection| {
+        RegistryError::new(Code::UnknownField, format!("invalid query: {}", rejection.body_text()))
+    })?;
+    if query.limit == Some(0) {
+        return Err(RegistryError::field(
+            Code::InvalidFieldType,
+            "limit",
+            "limit must be at least 1",
+        ));
+    }
+    // Without `limit`, every instance (one JSON answer has no message limit).
+    let limit = query.limit.unwrap_or(usize::MAX);
+    let (instances, more, revision) = service.catalog().page(query.cursor.as_deref(), limit);
+    let next_cursor = more
+        .then(|| instances.last().map(|last| last.agent_id.clone()))
+        .flatten();
     Ok(Json(wire::AgentList {
         agents: instances.iter().map(|instance| instance_to_wire(instance)).collect(),
         revision,
+        next_cursor,
     }))
+}
+
+/// `GET /v1/agents`' query: a page of `limit` after the `cursor` of the page before.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<usize>,
+    cursor: Option<String>,
 }
 
 #[tracing::instrument(name = "http.get_agent", skip_all)]

@@ -40,7 +40,7 @@ use tonic::server::NamedService;
 pub use config::{RegistryArgs, Settings, StoreChoice};
 pub use service::{Heartbeat, RegistryConfig, RegistryService};
 pub use tenants::Registry;
-pub use validate::TtlBounds;
+pub use validate::{SchemaBounds, TtlBounds};
 
 /// One tenant's API on one router: HTTP/JSON routes plus the gRPC service
 /// (requests with `content-type: application/grpc` arrive on its path).

@@ -13,7 +13,7 @@ use crate::error::{self, Code, RegistryError};
 use crate::metrics::Metrics;
 use crate::model::{inflight_worth_writing, Instance, Keys, Status};
 use crate::store::{Condition, Put, Store, StoreError};
-use crate::validate::{self, TtlBounds};
+use crate::validate::{self, SchemaBounds, TtlBounds};
 
 /// How long a write waits for this registry's catalog to reflect it before
 /// answering (read-your-writes); the write itself is already durable.
@@ -29,6 +29,8 @@ pub struct RegistryConfig {
     /// a part's own config has none).
     pub tenant_map: Option<std::path::PathBuf>,
     pub ttl: TtlBounds,
+    /// How large and deep a registration's schemas may be.
+    pub schema: SchemaBounds,
     /// Largest accepted HTTP body, in bytes.
     pub max_body_bytes: usize,
 }
@@ -39,6 +41,7 @@ impl Default for RegistryConfig {
             tenant: "default".to_string(),
             tenant_map: None,
             ttl: TtlBounds::default(),
+            schema: SchemaBounds::default(),
             max_body_bytes: 1024 * 1024,
         }
     }
@@ -179,7 +182,13 @@ impl RegistryService {
     }
 
     async fn try_register(&self, caller: &Caller, request: RegisterRequest) -> Result<Registered, RegistryError> {
-        let registration = validate::registration(request, self.config.ttl)?;
+        let registration = validate::registration(
+            request,
+            validate::Bounds {
+                ttl: self.config.ttl,
+                schema: self.config.schema,
+            },
+        )?;
         Self::authorize_identity(caller, &registration.name)?;
         if let Caller::Agent { name, .. } = caller {
             let acl = self.acl.current();

@@ -37,6 +37,39 @@ impl Default for TtlBounds {
     }
 }
 
+/// How much one registration may carry in schemas (DESIGN §2.2): bounded so
+/// that the largest registration allowed fits one Watch page and one message
+/// every watcher decodes (the registry also caps the body, `--max-body-bytes`,
+/// and the capabilities, 64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaBounds {
+    /// Largest input or output schema, as compact JSON, in bytes.
+    pub max_bytes: usize,
+    /// Deepest nesting of objects and arrays in one schema.
+    pub max_depth: usize,
+}
+
+impl Default for SchemaBounds {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_SCHEMA_BYTES,
+            max_depth: DEFAULT_MAX_SCHEMA_DEPTH,
+        }
+    }
+}
+
+/// `--max-schema-bytes`' default: 768 KiB.
+pub const DEFAULT_MAX_SCHEMA_BYTES: usize = 768 * 1024;
+/// `--max-schema-depth`' default.
+pub const DEFAULT_MAX_SCHEMA_DEPTH: usize = 64;
+
+/// What a registration is checked against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub ttl: TtlBounds,
+    pub schema: SchemaBounds,
+}
+
 /// A registration that passed every check.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Registration {
@@ -51,7 +84,8 @@ pub struct Registration {
     pub capabilities: Vec<Capability>,
 }
 
-pub fn registration(request: RegisterRequest, ttl: TtlBounds) -> Result<Registration, RegistryError> {
+pub fn registration(request: RegisterRequest, bounds: Bounds) -> Result<Registration, RegistryError> {
+    let ttl = bounds.ttl;
     agent_id(&request.agent_id)?;
     check_agent_name(&request.name).map_err(|why| {
         RegistryError::field(
@@ -100,7 +134,7 @@ pub fn registration(request: RegisterRequest, ttl: TtlBounds) -> Result<Registra
         ));
     }
     tags(&request.tags)?;
-    let capabilities = capabilities(request.capabilities)?;
+    let capabilities = capabilities(request.capabilities, bounds.schema)?;
     Ok(Registration {
         agent_id: request.agent_id,
         name: request.name,
@@ -190,7 +224,7 @@ fn tags(tags: &BTreeMap<String, String>) -> Result<(), RegistryError> {
     Ok(())
 }
 
-fn capabilities(specs: Vec<CapabilitySpec>) -> Result<Vec<Capability>, RegistryError> {
+fn capabilities(specs: Vec<CapabilitySpec>, bounds: SchemaBounds) -> Result<Vec<Capability>, RegistryError> {
     if specs.is_empty() {
         return Err(RegistryError::field(
             Code::NoCapabilities,
@@ -242,10 +276,10 @@ fn capabilities(specs: Vec<CapabilitySpec>) -> Result<Vec<Capability>, RegistryE
             ));
         }
         if let Some(schema) = &spec.input_schema {
-            json_schema(schema, &at("input_schema"))?;
+            json_schema(schema, &at("input_schema"), bounds)?;
         }
         if let Some(schema) = &spec.output_schema {
-            json_schema(schema, &at("output_schema"))?;
+            json_schema(schema, &at("output_schema"), bounds)?;
         }
         if let Some(timeout) = spec.timeout_ms {
             if !(1..=MAX_CAPABILITY_TIMEOUT_MS).contains(&timeout) {
@@ -269,12 +303,37 @@ fn capabilities(specs: Vec<CapabilitySpec>) -> Result<Vec<Capability>, RegistryE
     Ok(out)
 }
 
-/// A schema must be valid against the draft 2020-12 meta-schema *and* compile
-/// (regexes, local `$ref`s); remote `$ref`s are not fetched and so rejected.
-fn json_schema(schema: &Value, field: &str) -> Result<(), RegistryError> {
+/// A schema must be within the bounds, valid against the draft 2020-12
+/// meta-schema *and* compile (regexes, local `$ref`s); remote `$ref`s are not
+/// fetched and so rejected.
+fn json_schema(schema: &Value, field: &str, bounds: SchemaBounds) -> Result<(), RegistryError> {
     let invalid = |why: String| RegistryError::field(Code::InvalidSchema, field, why);
     if !(schema.is_object() || schema.is_boolean()) {
         return Err(invalid("a JSON Schema must be an object or a boolean".to_string()));
+    }
+    // Depth first: it bounds the recursion of everything after it.
+    let depth = depth(schema, bounds.max_depth);
+    if depth > bounds.max_depth {
+        return Err(RegistryError::field(
+            Code::SchemaTooDeep,
+            field,
+            format!(
+                "schema nests objects and arrays more than {} deep (--max-schema-depth)",
+                bounds.max_depth
+            ),
+        ));
+    }
+    let size = compact_len(schema);
+    if size > bounds.max_bytes {
+        return Err(RegistryError::field(
+            Code::SchemaTooLarge,
+            field,
+            format!(
+                "schema is {size} bytes as compact JSON; at most {} (--max-schema-bytes)",
+                bounds.max_bytes
+            ),
+        )
+        .with_details(serde_json::json!({ "bytes": size, "limit": bounds.max_bytes })));
     }
     jsonschema::draft202012::meta::validate(schema).map_err(|error| {
         invalid(format!(
@@ -284,6 +343,38 @@ fn json_schema(schema: &Value, field: &str) -> Result<(), RegistryError> {
     })?;
     jsonschema::draft202012::new(schema).map_err(|error| invalid(format!("schema does not compile: {error}")))?;
     Ok(())
+}
+
+/// How deeply `value` nests objects and arrays (a scalar is 0), counted no
+/// further than one past `most`.
+fn depth(value: &Value, most: usize) -> usize {
+    let children: Box<dyn Iterator<Item = &Value>> = match value {
+        Value::Object(map) => Box::new(map.values()),
+        Value::Array(items) => Box::new(items.iter()),
+        _ => return 0,
+    };
+    if most == 0 {
+        return 1;
+    }
+    1 + children.map(|child| depth(child, most - 1)).max().unwrap_or(0)
+}
+
+/// The length of `value` as compact JSON, without writing it anywhere.
+fn compact_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 #[cfg(test)]
@@ -305,13 +396,13 @@ mod tests {
     fn code_of(mutate: impl FnOnce(&mut RegisterRequest)) -> (&'static str, Option<String>) {
         let mut request = valid();
         mutate(&mut request);
-        let error = registration(request, TtlBounds::default()).unwrap_err();
+        let error = registration(request, Bounds::default()).unwrap_err();
         (error.code.as_str(), error.field)
     }
 
     #[test]
     fn accepts_a_valid_registration_with_defaults() {
-        let registration = registration(valid(), TtlBounds::default()).unwrap();
+        let registration = registration(valid(), Bounds::default()).unwrap();
         assert_eq!(registration.weight, 1);
         assert_eq!(registration.ttl_s, 15);
         assert_eq!(registration.status, Status::Starting);
@@ -355,6 +446,57 @@ mod tests {
     }
 
     #[test]
+    fn schemas_are_bounded_in_size_and_depth() {
+        // A wide schema just under the size bound is accepted, one byte over is not.
+        let wide = |properties: usize| {
+            let properties: serde_json::Map<String, Value> = (0..properties)
+                .map(|index| (format!("field_{index:06}"), json!({"type": "string"})))
+                .collect();
+            json!({"type": "object", "properties": properties})
+        };
+        let bounds = Bounds {
+            schema: SchemaBounds {
+                max_bytes: 4096,
+                max_depth: 8,
+            },
+            ..Bounds::default()
+        };
+        let fits = (1..200)
+            .rev()
+            .map(wide)
+            .find(|schema| compact_len(schema) <= 4096)
+            .unwrap();
+        assert_eq!(compact_len(&fits), serde_json::to_vec(&fits).unwrap().len());
+        let mut request = valid();
+        request.capabilities[0].input_schema = Some(fits.clone());
+        registration(request, bounds).unwrap();
+        let over = wide(fits["properties"].as_object().unwrap().len() + 1);
+        let mut request = valid();
+        request.capabilities[0].output_schema = Some(over);
+        let error = registration(request, bounds).unwrap_err();
+        assert_eq!(
+            (error.code.as_str(), error.field.as_deref()),
+            ("SCHEMA_TOO_LARGE", Some("capabilities[0].output_schema"))
+        );
+        assert_eq!(error.code.http_status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+
+        // Eight levels pass, nine do not (and the count stops early).
+        let nested = |levels: usize| (0..levels).fold(json!({"type": "string"}), |inner, _| json!({"not": inner}));
+        assert_eq!(depth(&nested(8), 8), 9);
+        assert_eq!(depth(&nested(1000), 8), 9);
+        let mut request = valid();
+        request.capabilities[0].input_schema = Some(nested(7));
+        registration(request, bounds).unwrap();
+        let mut request = valid();
+        request.capabilities[0].input_schema = Some(nested(8));
+        let error = registration(request, bounds).unwrap_err();
+        assert_eq!(
+            (error.code.as_str(), error.field.as_deref()),
+            ("SCHEMA_TOO_DEEP", Some("capabilities[0].input_schema"))
+        );
+    }
+
+    #[test]
     fn local_refs_compile_and_remote_refs_are_refused_unfetched() {
         let mut request = valid();
         request.capabilities[0].input_schema = Some(json!({
@@ -362,12 +504,12 @@ mod tests {
             "type": "object",
             "properties": {"order_id": {"$ref": "#/$defs/id"}}
         }));
-        registration(request, TtlBounds::default()).unwrap();
+        registration(request, Bounds::default()).unwrap();
         // jsonschema is built without its HTTP and file resolvers: a remote
         // document is never fetched, so the schema does not compile.
         let mut request = valid();
         request.capabilities[0].input_schema = Some(json!({"$ref": "https://schemas.example.invalid/order.json"}));
-        let error = registration(request, TtlBounds::default()).unwrap_err();
+        let error = registration(request, Bounds::default()).unwrap_err();
         assert_eq!(error.code.as_str(), "INVALID_SCHEMA");
         assert_eq!(error.field.as_deref(), Some("capabilities[0].input_schema"));
         assert!(error.message.contains("does not compile"), "{}", error.message);

@@ -51,7 +51,13 @@ async fn splits_are_stored_in_etcd_watched_and_cleared_by_operators() {
     let registry = TestRegistry::start(on(&etcd)).await;
     let mut grpc = registry.grpc().await;
     let mut watch = grpc
-        .watch(authed(pb::WatchRequest { start_revision: 0 }, &ops()))
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &ops(),
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -118,7 +124,13 @@ async fn splits_are_stored_in_etcd_watched_and_cleared_by_operators() {
     let mut sibling_watch = sibling
         .grpc()
         .await
-        .watch(authed(pb::WatchRequest { start_revision: 0 }, &ops()))
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &ops(),
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -284,7 +296,13 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
     let mut watch = registry
         .grpc()
         .await
-        .watch(authed(pb::WatchRequest { start_revision: 0 }, &ops()))
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &ops(),
+        ))
         .await
         .unwrap()
         .into_inner();

@@ -369,7 +369,13 @@ async fn watch_streams_ordered_deltas_and_resumes_without_gaps() {
     let registry = TestRegistry::start(on(&etcd)).await;
     let mut grpc = registry.grpc().await;
     let mut watch = grpc
-        .watch(authed(pb::WatchRequest { start_revision: 0 }, &order_token()))
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &order_token(),
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -405,6 +411,7 @@ async fn watch_streams_ordered_deltas_and_resumes_without_gaps() {
         .watch(authed(
             pb::WatchRequest {
                 start_revision: snapshot.revision,
+                paged: false,
             },
             &order_token(),
         ))
@@ -429,6 +436,7 @@ async fn watch_streams_ordered_deltas_and_resumes_without_gaps() {
         .watch(authed(
             pb::WatchRequest {
                 start_revision: snapshot.revision,
+                paged: false,
             },
             &order_token(),
         ))
@@ -913,4 +921,86 @@ async fn operational_endpoints_answer() {
         .post("/v1/agents", Some(&order_token()), &registration("oq-d", 15))
         .await;
     assert_eq!(status, 201);
+}
+
+// Listings come in pages (issue 35): gRPC always, HTTP with `limit`; every
+// instance once, in agent id order, the revision of the listing on each page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_come_in_pages() {
+    let etcd = Etcd::start();
+    let registry = TestRegistry::start(on(&etcd)).await;
+    for n in 0..25 {
+        let (status, body) = registry
+            .post(
+                "/v1/agents",
+                Some(&order_token()),
+                &registration(&format!("oq-{n:02}"), 60),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let expected: Vec<String> = (0..25).map(|n| format!("oq-{n:02}")).collect();
+
+    let mut grpc = registry.grpc().await;
+    let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let page = grpc
+            .list_agents(authed(
+                pb::ListAgentsRequest {
+                    page_size: 10,
+                    page_token: token,
+                },
+                &order_token(),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        assert!(page.agents.len() <= 10);
+        seen.extend(page.agents.into_iter().map(|agent| agent.agent_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!((seen, pages), (expected.clone(), 3));
+    // No page size: the default page holds them all.
+    let all = grpc
+        .list_agents(authed(pb::ListAgentsRequest::default(), &order_token()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((all.agents.len(), all.next_page_token.as_str()), (25, ""));
+
+    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let path = match &cursor {
+            None => "/v1/agents?limit=7".to_string(),
+            Some(cursor) => format!("/v1/agents?limit=7&cursor={cursor}"),
+        };
+        let (status, body) = registry.get(&path, &order_token()).await;
+        assert_eq!(status, 200, "{body}");
+        seen.extend(
+            body["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|agent| agent["agent_id"].as_str().unwrap().to_string()),
+        );
+        match body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, expected);
+    let (status, body) = registry.get("/v1/agents", &order_token()).await;
+    assert_eq!((status, body["agents"].as_array().unwrap().len()), (200, 25));
+    assert!(body.get("next_cursor").is_none(), "{body}");
+    let (status, body) = registry.get("/v1/agents?limit=0", &order_token()).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("INVALID_FIELD_TYPE"))
+    );
+    let (status, body) = registry.get("/v1/agents?page=2", &order_token()).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("UNKNOWN_FIELD")));
 }

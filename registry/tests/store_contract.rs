@@ -250,6 +250,39 @@ async fn compacted_history_is_reported(subject: Subject) {
     let _live = store.watch("/h/", last + 1).await.unwrap();
 }
 
+/// A listing holds every key of its prefix at one revision, however many
+/// (etcd's answers come in pages; more than one here) and however large
+/// (one answer of them all would be over the 4 MiB a gRPC client decodes).
+async fn listings_are_whole_at_any_size(subject: Subject) {
+    let store = subject.store;
+    let large = "x".repeat(300 * 1024);
+    for chunk in 0..25 {
+        let puts = (0..100)
+            .map(|n| put(&format!("/many/{:05}", chunk * 100 + n), "v", 0))
+            .collect();
+        store.txn(vec![], puts, vec![]).await.unwrap();
+    }
+    for n in 0..20 {
+        store
+            .txn(vec![], vec![put(&format!("/large/{n:02}"), &large, 0)], vec![])
+            .await
+            .unwrap();
+    }
+    // A key just outside the prefix is not listed.
+    store.txn(vec![], vec![put("/many0", "v", 0)], vec![]).await.unwrap();
+    let (kvs, revision) = store.list("/many/").await.unwrap();
+    assert_eq!(kvs.len(), 2500);
+    let keys: Vec<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted, "in key order, each once");
+    assert!(kvs.iter().all(|kv| kv.mod_revision <= revision));
+    let (kvs, _) = store.list("/large/").await.unwrap();
+    assert_eq!(kvs.len(), 20);
+    assert!(kvs.iter().all(|kv| kv.value.len() == large.len()));
+}
+
 macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod on_etcd {
@@ -275,4 +308,5 @@ contract!(
     transactions_are_conditional_and_atomic,
     watch_replays_from_a_revision,
     compacted_history_is_reported,
+    listings_are_whole_at_any_size,
 );

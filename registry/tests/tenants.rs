@@ -52,6 +52,7 @@ impl MultiRegistry {
                     default_s: 15,
                 },
                 max_body_bytes: 1024 * 1024,
+                ..Default::default()
             },
         };
         let registry = agent_reach_registry::build(&settings).await.unwrap();
@@ -271,7 +272,7 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
             .collect();
         assert_eq!(endpoints, [endpoint]);
         let listed = grpc
-            .list_agents(authed(pb::ListAgentsRequest {}, reader))
+            .list_agents(authed(pb::ListAgentsRequest::default(), reader))
             .await
             .unwrap()
             .into_inner();
@@ -283,10 +284,16 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
     let watch = |token: String| {
         let mut grpc = grpc.clone();
         async move {
-            grpc.watch(authed(pb::WatchRequest { start_revision: 0 }, &token))
-                .await
-                .unwrap()
-                .into_inner()
+            grpc.watch(authed(
+                pb::WatchRequest {
+                    start_revision: 0,
+                    paged: false,
+                },
+                &token,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
         }
     };
     let mut a_watch = watch(a_reader.clone()).await;
@@ -375,7 +382,7 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
     for token in [token_of("order_query", Some("team-z")), token_of("order_query", None)] {
         assert_refused(&registry.get("/v1/agents", &token).await, "other_tenant");
         let refused = grpc
-            .list_agents(authed(pb::ListAgentsRequest {}, &token))
+            .list_agents(authed(pb::ListAgentsRequest::default(), &token))
             .await
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
@@ -395,7 +402,13 @@ async fn two_tenants_with_the_same_names_never_see_each_other() {
         "bad_signature",
     );
     let refused = grpc
-        .watch(authed(pb::WatchRequest { start_revision: 0 }, &forged))
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &forged,
+        ))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
@@ -454,7 +467,13 @@ async fn the_tenant_map_is_followed_live() {
     let mut b_watch = registry
         .grpc()
         .await
-        .watch(authed(pb::WatchRequest { start_revision: 0 }, &b_reader))
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &b_reader,
+        ))
         .await
         .unwrap()
         .into_inner();

@@ -515,6 +515,7 @@ mod split_tests {
                 instances,
                 reset: false,
                 splits,
+                more: false,
             })),
         });
         builder

@@ -612,6 +612,7 @@ mod tests {
                 instances: vec![heavy, instance("l1", "1.0.0", "")],
                 reset: false,
                 splits: Vec::new(),
+                more: false,
             }),
         ));
         let first = builder.build();
@@ -658,6 +659,7 @@ mod tests {
                 instances: vec![loaded.clone(), instance("a2", "1.0.0", "")],
                 reset: false,
                 splits: Vec::new(),
+                more: false,
             }),
         ));
         let snapshot = builder.build();
@@ -707,6 +709,7 @@ mod tests {
                 instances: vec![instance("a1", "1.0.0", schema), instance("a2", "1.2.0", schema)],
                 reset: false,
                 splits: Vec::new(),
+                more: false,
             }),
         ));
         let first = builder.build();

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use agent_reach_edge::tls::ClientFiles;
 use agent_reach_proto::registry::registry_client::RegistryClient;
-use agent_reach_proto::registry::WatchRequest;
+use agent_reach_proto::registry::watch_event::Kind;
+use agent_reach_proto::registry::{WatchEvent, WatchRequest};
 use futures::FutureExt;
 use rand::Rng;
 
@@ -35,6 +36,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const SELF_SIGNED_TTL: Duration = Duration::from_secs(3600);
 /// The name the router signs its own registry token with.
 pub const ROUTER_IDENTITY: &str = "router";
+/// The largest Watch message the router decodes: a snapshot comes in pages of
+/// at most 1 MiB, and one delta is one instance, which the registry's
+/// registration limits keep far below this (tonic's default, 4 MiB, is not).
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Runs until the snapshot handle is dropped by everyone else (the service stopped).
 pub async fn run(
@@ -103,9 +108,10 @@ async fn watch_once(
         .keep_alive_timeout(Duration::from_secs(5))
         .connect()
         .await?;
-    let mut client = RegistryClient::new(channel);
+    let mut client = RegistryClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut request = tonic::Request::new(WatchRequest {
         start_revision: builder.revision(),
+        paged: true,
     });
     if let Some(token) = token(credential, tenant)? {
         request
@@ -113,7 +119,12 @@ async fn watch_once(
             .insert("authorization", format!("Bearer {token}").parse()?);
     }
     let mut stream = client.watch(request).await?.into_inner();
+    // A paged snapshot's pages so far: applied together once the last is in.
+    let mut pages: Option<WatchEvent> = None;
     while let Some(event) = stream.message().await? {
+        let Some(event) = whole(&mut pages, event) else {
+            continue;
+        };
         if !handle.is_connected() {
             handle.set_connected(true);
             metrics.registry_connected.set(1);
@@ -122,13 +133,40 @@ async fn watch_once(
         let mut changed = builder.apply(event);
         // Apply whatever else already arrived before rebuilding once.
         while let Some(Ok(Some(event))) = stream.message().now_or_never() {
-            changed |= builder.apply(event);
+            if let Some(event) = whole(&mut pages, event) {
+                changed |= builder.apply(event);
+            }
         }
         if changed || !handle.is_synced() {
             handle.store(builder.build());
         }
     }
     Ok(())
+}
+
+/// `event` if it is whole; a page of a paged snapshot is kept in `pages`
+/// until the last one, which gives the whole snapshot.
+fn whole(pages: &mut Option<WatchEvent>, event: WatchEvent) -> Option<WatchEvent> {
+    let Some(Kind::Snapshot(page)) = &event.kind else {
+        return Some(event);
+    };
+    let more = page.more;
+    let event = match pages.take() {
+        None => event,
+        Some(mut first) => {
+            if let (Some(Kind::Snapshot(first)), Some(Kind::Snapshot(page))) = (&mut first.kind, event.kind) {
+                first.instances.extend(page.instances);
+                first.splits.extend(page.splits);
+                first.more = page.more;
+            }
+            first
+        }
+    };
+    if more {
+        *pages = Some(event);
+        return None;
+    }
+    Some(event)
 }
 
 /// The registry token; one the router signs itself names the router's tenant
@@ -151,5 +189,59 @@ fn token(credential: &RegistryCredential, tenant: &str) -> anyhow::Result<Option
                 .map_err(anyhow::Error::msg)?;
             Ok(Some(token))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_reach_proto::registry as pb;
+
+    use super::*;
+
+    fn page(ids: &[&str], splits: usize, more: bool) -> WatchEvent {
+        WatchEvent {
+            revision: 9,
+            kind: Some(Kind::Snapshot(pb::Snapshot {
+                instances: ids
+                    .iter()
+                    .map(|id| pb::AgentInstance {
+                        agent_id: id.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                reset: false,
+                splits: vec![pb::CapabilitySplit::default(); splits],
+                more,
+            })),
+        }
+    }
+
+    /// A paged snapshot is applied whole, once its last page is in; other
+    /// events pass through.
+    #[test]
+    fn paged_snapshots_are_applied_whole() {
+        let mut pages = None;
+        assert!(whole(&mut pages, page(&["a", "b"], 1, true)).is_none());
+        assert!(whole(&mut pages, page(&["c"], 0, true)).is_none());
+        let Some(WatchEvent {
+            revision: 9,
+            kind: Some(Kind::Snapshot(snapshot)),
+        }) = whole(&mut pages, page(&["d"], 0, false))
+        else {
+            panic!("the last page gives the snapshot");
+        };
+        let ids: Vec<_> = snapshot.instances.iter().map(|i| i.agent_id.as_str()).collect();
+        assert_eq!(
+            (ids, snapshot.splits.len(), snapshot.more),
+            (vec!["a", "b", "c", "d"], 1, false)
+        );
+        assert!(pages.is_none());
+        // An unpaged snapshot and a delta are whole as they come.
+        assert!(whole(&mut pages, page(&["x"], 0, false)).is_some());
+        let delta = WatchEvent {
+            revision: 10,
+            kind: Some(Kind::Removed(pb::InstanceRemoved::default())),
+        };
+        assert!(whole(&mut pages, delta).is_some());
     }
 }

@@ -1306,3 +1306,92 @@ async fn routable_instances_are_counted_per_capability_at_scrape_time() {
         cluster.metrics().await
     );
 }
+
+/// A valid input schema of about `bytes` bytes: an object of many described
+/// string properties.
+fn large_schema(bytes: usize) -> Value {
+    let property = json!({"type": "string", "description": "x".repeat(80)});
+    let one = serde_json::to_vec(&property).unwrap().len() + 20;
+    let properties: serde_json::Map<String, Value> = (0..bytes / one)
+        .map(|index| (format!("field_{index:06}"), property.clone()))
+        .collect();
+    json!({"type": "object", "properties": properties})
+}
+
+// The size cliff (issue 35): a router that starts beside registrations whose
+// schemas total ~7 MB (more than one gRPC message may carry by default) gets
+// the whole snapshot, is ready and routes; a registration over the schema
+// bound is refused with its code and breaks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_starts_beside_registrations_of_any_total_size() {
+    let cluster = Cluster::start().await;
+    let _echo = cluster.agent(AgentSpec::new("small-1", 1, Behaviour::Echo));
+    let client = reqwest::Client::new();
+    let schema = large_schema(700_000);
+    let schema_bytes = serde_json::to_vec(&schema).unwrap().len();
+    assert!((650_000..=786_432).contains(&schema_bytes), "{schema_bytes}");
+    for n in 0..10 {
+        let response = client
+            .post(format!("{}/v1/agents", cluster.registry.url()))
+            .bearer_auth(token("large"))
+            .json(&json!({
+                "agent_id": format!("large-{n}"), "name": "large", "status": "ready", "ttl_s": 60,
+                "endpoint": "http://127.0.0.1:9/invoke",
+                "capabilities": [{"name": format!("large.cap{n}"), "version": "1.0.0", "input_schema": schema}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201, "{}", response.text().await.unwrap());
+    }
+    // Over the bound: 413 SCHEMA_TOO_LARGE, naming the schema.
+    let response = client
+        .post(format!("{}/v1/agents", cluster.registry.url()))
+        .bearer_auth(token("large"))
+        .json(&json!({
+            "agent_id": "large-over", "name": "large", "status": "ready",
+            "endpoint": "http://127.0.0.1:9/invoke",
+            "capabilities": [{"name": "large.over", "version": "1.0.0", "input_schema": large_schema(900_000)}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "SCHEMA_TOO_LARGE", "{body}");
+    assert_eq!(body["error"]["field"], "capabilities[0].input_schema", "{body}");
+
+    // A router started now reads the ~7 MB snapshot in pages.
+    let (router, addr) = cluster.another_router(|_| {}).await;
+    let mut expected: Vec<String> = (0..10).map(|n| format!("large-{n}")).collect();
+    expected.push("small-1".to_string());
+    expected.sort();
+    let ready = eventually(Duration::from_secs(30), || {
+        let (router, expected, client) = (router.clone(), expected.clone(), client.clone());
+        async move {
+            let ready = client
+                .get(format!("http://{addr}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|response| response.status() == 200);
+            ready && router.routed_agent_ids() == expected
+        }
+    })
+    .await;
+    assert!(
+        ready,
+        "the router never held the snapshot: {:?}",
+        router.routed_agent_ids()
+    );
+    let (status, body) = invoke_at(&cluster.client, addr, Some(&token(CALLER)), &order("SO-7")).await;
+    assert_eq!((status, agent_of(&body)), (200, "small-1".to_string()), "{body}");
+    // The large capabilities are routed and checked against their schemas too.
+    let (status, body) = invoke_at(
+        &cluster.client,
+        addr,
+        Some(&token(CALLER)),
+        &json!({"capability": "large.cap3", "payload": {"field_000001": 7}}),
+    )
+    .await;
+    assert_eq!((status, code_of(&body)), (422, "SCHEMA_MISMATCH".to_string()), "{body}");
+}

@@ -45,6 +45,12 @@ const ROUND_PAUSE: Duration = Duration::from_millis(100);
 /// quorum cancels such a stream ("no leader") instead of keeping it open and
 /// silent, so watches and keep-alives move to a member that has one.
 const REQUIRE_LEADER: (&str, &str) = ("hasleader", "true");
+/// The largest answer the registry decodes from etcd (tonic's default is 4
+/// MiB, less than one page of large registrations or one watch response).
+const MAX_DECODE_BYTES: usize = 64 * 1024 * 1024;
+/// Keys per page of a prefix listing, halved while a page is too large to
+/// decode, so that no message limit caps how much a prefix holds.
+const LIST_PAGE_KEYS: i64 = 1000;
 
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -94,7 +100,12 @@ impl EtcdStore {
         self.members
             .call(|channel| {
                 let request = request.clone();
-                async move { KvClient::new(channel).range(request).await }
+                async move {
+                    KvClient::new(channel)
+                        .max_decoding_message_size(MAX_DECODE_BYTES)
+                        .range(request)
+                        .await
+                }
             })
             .await
             .map_err(unavailable)
@@ -288,6 +299,12 @@ fn unavailable(status: tonic::Status) -> StoreError {
     StoreError::Unavailable(describe(&status))
 }
 
+/// Whether a failed read was an answer too large to decode (tonic: "decoded
+/// message length too large").
+fn is_too_large(why: &str) -> bool {
+    why.contains("message length too large")
+}
+
 /// etcd answers a write on a vanished lease with NotFound "requested lease not found".
 fn is_lease_not_found(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::NotFound && status.message().contains("lease not found")
@@ -454,15 +471,44 @@ impl Store for EtcdStore {
         Ok(answer.kvs.into_iter().next().map(from_pb))
     }
 
+    /// In pages at one revision (the first page's), so that a prefix of any
+    /// size lists whole and consistent.
     async fn list(&self, prefix: &str) -> Result<(Vec<KeyValue>, Revision), StoreError> {
-        let request = pb::RangeRequest {
-            key: prefix.as_bytes().to_vec(),
-            range_end: prefix_end(prefix),
-            ..Default::default()
-        };
-        let answer = self.range(request).await?;
-        let revision = header_revision(answer.header);
-        Ok((answer.kvs.into_iter().map(from_pb).collect(), revision))
+        let range_end = prefix_end(prefix);
+        let mut key = prefix.as_bytes().to_vec();
+        let mut revision = 0;
+        let mut limit = LIST_PAGE_KEYS;
+        let mut all = Vec::new();
+        loop {
+            let request = pb::RangeRequest {
+                key: key.clone(),
+                range_end: range_end.clone(),
+                limit,
+                revision,
+                ..Default::default()
+            };
+            let answer = match self.range(request).await {
+                Ok(answer) => answer,
+                Err(StoreError::Unavailable(why)) if limit > 1 && is_too_large(&why) => {
+                    limit /= 2;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            if revision == 0 {
+                revision = header_revision(answer.header);
+            }
+            let more = answer.more;
+            all.extend(answer.kvs.into_iter().map(from_pb));
+            match all.last() {
+                Some(last) if more => {
+                    // The next page starts right after the last key read.
+                    key = last.key.as_bytes().to_vec();
+                    key.push(0);
+                }
+                _ => return Ok((all, revision)),
+            }
+        }
     }
 
     async fn watch(&self, prefix: &str, start_revision: Revision) -> Result<WatchStream, StoreError> {
@@ -487,6 +533,7 @@ impl Store for EtcdStore {
                         .await
                         .map_err(|_| tonic::Status::internal("watch request channel closed"))?;
                     let mut responses = WatchClient::new(channel)
+                        .max_decoding_message_size(MAX_DECODE_BYTES)
                         .watch(require_leader(tokio_stream::wrappers::ReceiverStream::new(
                             request_stream,
                         )))

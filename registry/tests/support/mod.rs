@@ -69,6 +69,7 @@ impl TestRegistry {
                     default_s: 15,
                 },
                 max_body_bytes: 1024 * 1024,
+                ..Default::default()
             },
         };
         let process = RegistryProcess::start(settings);
