@@ -329,9 +329,21 @@ pub fn check_agent_name(name: &str) -> Result<(), String> {
 // === Hot reload ===
 
 /// The live policy. Cloning shares it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AclHandle {
-    current: Arc<ArcSwap<Acl>>,
+    current: Arc<Live>,
+}
+
+impl std::fmt::Debug for AclHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AclHandle").field("current", &self.current.acl).finish()
+    }
+}
+
+/// The policy in force, and its reload outcomes in the owning service's metrics.
+struct Live {
+    acl: ArcSwap<Acl>,
+    metrics: Option<ReloadMetrics>,
 }
 
 /// Reload outcomes, registered into the owning service's metrics registry.
@@ -361,85 +373,82 @@ impl ReloadMetrics {
     }
 }
 
+impl agent_reach_reload::Follow for Live {
+    type Value = Acl;
+
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<Acl, String> {
+        std::str::from_utf8(&contents[0])
+            .map_err(|error| vec![format!("not UTF-8: {error}")])
+            .and_then(Acl::parse)
+            .map_err(|problems| problems.join("; "))
+    }
+
+    fn apply(&self, acl: Acl) -> bool {
+        self.acl.store(Arc::new(acl));
+        true
+    }
+
+    fn observe(&self, outcome: agent_reach_reload::Outcome) {
+        let Some(metrics) = &self.metrics else { return };
+        let ok = outcome == agent_reach_reload::Outcome::Applied;
+        metrics
+            .reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+        metrics.healthy.set(i64::from(ok));
+    }
+}
+
 impl AclHandle {
     pub fn new(acl: Acl) -> Self {
         Self {
-            current: Arc::new(ArcSwap::from_pointee(acl)),
+            current: Arc::new(Live {
+                acl: ArcSwap::from_pointee(acl),
+                metrics: None,
+            }),
         }
     }
 
     /// The policy in force now. Lock-free.
     pub fn current(&self) -> arc_swap::Guard<Arc<Acl>> {
-        self.current.load()
+        self.current.acl.load()
     }
 
     pub fn replace(&self, acl: Acl) {
-        self.current.store(Arc::new(acl));
+        self.current.acl.store(Arc::new(acl));
     }
 
     /// Loads `path` now (start-up fails on a broken file) and polls it every
-    /// [`RELOAD_INTERVAL`]: valid edits apply, broken ones are reported and ignored.
+    /// [`RELOAD_INTERVAL`] while any clone of the handle is alive: valid
+    /// edits apply, broken ones are reported and ignored
+    /// ([`agent_reach_reload`]).
     pub fn load_and_watch(path: &Path, metrics: &prometheus::Registry) -> Result<Self, AclError> {
-        let handle = Self::new(Acl::load(path)?);
+        let reload = agent_reach_reload::Reload {
+            what: "ACL",
+            paths: vec![path.to_path_buf()],
+            every: RELOAD_INTERVAL,
+        };
+        let initial = reload.read().map_err(|error| AclError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let acl = std::str::from_utf8(&initial[0])
+            .map_err(|error| vec![format!("not UTF-8: {error}")])
+            .and_then(Acl::parse)
+            .map_err(|problems| AclError::Invalid {
+                path: path.to_path_buf(),
+                problems,
+            })?;
         let metrics = ReloadMetrics::register(metrics).map_err(|error| AclError::Invalid {
             path: path.to_path_buf(),
             problems: vec![format!("metrics registration failed: {error}")],
         })?;
-        let initial = std::fs::read(path).unwrap_or_default();
-        tokio::spawn(reload_loop(path.to_path_buf(), handle.clone(), metrics, initial));
-        Ok(handle)
-    }
-}
-
-async fn reload_loop(path: PathBuf, handle: AclHandle, metrics: ReloadMetrics, mut last_seen: Vec<u8>) {
-    let mut ticker = tokio::time::interval(RELOAD_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        // Stop when the service that owns the handle is gone.
-        if Arc::strong_count(&handle.current) == 1 {
-            return;
-        }
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
-            Err(error) => {
-                if !last_seen.is_empty() {
-                    tracing::error!(
-                        message = "ACL file unreadable; keeping the last good policy.",
-                        path = %path.display(),
-                        %error
-                    );
-                    metrics.reloads.with_label_values(&["error"]).inc();
-                    metrics.healthy.set(0);
-                    last_seen.clear();
-                }
-                continue;
-            }
-        };
-        if bytes == last_seen {
-            continue;
-        }
-        last_seen = bytes;
-        let parsed = std::str::from_utf8(&last_seen)
-            .map_err(|error| vec![format!("not UTF-8: {error}")])
-            .and_then(Acl::parse);
-        match parsed {
-            Ok(acl) => {
-                handle.replace(acl);
-                metrics.reloads.with_label_values(&["ok"]).inc();
-                metrics.healthy.set(1);
-                tracing::info!(message = "ACL reloaded.", path = %path.display());
-            }
-            Err(problems) => {
-                metrics.reloads.with_label_values(&["error"]).inc();
-                metrics.healthy.set(0);
-                tracing::error!(
-                    message = "ACL edit rejected; keeping the last good policy.",
-                    path = %path.display(),
-                    problems = %problems.join("; ")
-                );
-            }
-        }
+        let live = Arc::new(Live {
+            acl: ArcSwap::from_pointee(acl),
+            metrics: Some(metrics),
+        });
+        reload.spawn(Arc::downgrade(&live), agent_reach_reload::Seen::applied(initial));
+        Ok(Self { current: live })
     }
 }
 

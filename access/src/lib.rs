@@ -1,13 +1,17 @@
 //! Who is calling, and what they may do: bearer-token verification
-//! ([`token`]) and the `acl.yaml` policy with hot reload ([`acl`]).
+//! ([`token`]), the `acl.yaml` policy with hot reload ([`acl`]), the hop
+//! assertions the router signs and agents verify ([`assertion`]), and the
+//! router's signer with its key files ([`signer`]).
 //!
 //! Every service (registry, router, context) enforces its own part of the same
 //! file, so the rules and their parsing live here once.
 
 pub mod acl;
 pub mod assertion;
+pub mod signer;
 pub mod token;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
 pub use assertion::{AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
+pub use signer::{AssertionSettings, Assertions, SigningKey};
 pub use token::{AuthArgs, AuthConfig, AuthError, Authenticator, Caller};

@@ -166,13 +166,13 @@ async fn start_agent(tls: Option<&agent_reach_testkit::pki::CertFiles>) -> anyho
             tokio::spawn(async move { axum::serve(listener, app).await });
         }
         Some(cert) => {
-            let tls = agent_reach_edge::tls::ServerTls::load(agent_reach_edge::tls::ServerFiles {
+            let tls = agent_reach_serving::tls::ServerTls::load(agent_reach_serving::tls::ServerFiles {
                 cert: cert.cert.clone(),
                 key: cert.key.clone(),
                 client_ca: None,
             })?;
-            let door = agent_reach_edge::front::Door {
-                hot: agent_reach_edge::front::NoHotRoutes,
+            let door = agent_reach_serving::front::Door {
+                hot: agent_reach_serving::front::NoHotRoutes,
                 app,
                 body_limit: 0,
                 tls: Some(tls),

@@ -91,11 +91,11 @@ async fn main() -> anyhow::Result<()> {
 
     let mut settings =
         agent_reach_router::Settings::new(any, registry_url.clone(), AuthConfig::Hs256SecretFile(secret), acl);
-    let mut callbacks = agent_reach_tasks::CallbackConfig::new(SECRET.as_bytes().to_vec());
+    let mut callbacks = agent_reach_task_store::CallbackConfig::new(SECRET.as_bytes().to_vec());
     callbacks.allow_private_targets = true;
     settings.tasks = Some(agent_reach_router::TasksSettings {
         redis: redis.url(),
-        store: agent_reach_tasks::StoreConfig::default(),
+        store: agent_reach_task_store::StoreConfig::default(),
         callbacks,
         workers: args.workers,
         reclaim_after: Duration::from_secs(120),

@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use agent_reach_tasks::{NewTask, State, StoreConfig, TaskStore};
+use agent_reach_task_store::{NewTask, State, StoreConfig, TaskStore};
 use serde_json::{json, Value};
 
 const SECRET: &[u8] = b"cli-tasks-tests-0123456789abcdef-0123456789";

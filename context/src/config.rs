@@ -24,7 +24,7 @@ pub struct ContextArgs {
     #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
     pub redis: Option<String>,
     #[command(flatten)]
-    pub redis_tls: agent_reach_links::RedisTlsArgs,
+    pub redis_tls: agent_reach_stores::RedisTlsArgs,
     /// DEVELOPMENT ONLY: keep contexts in memory instead of Redis (lost on exit, not shared).
     #[arg(long, env = "AGENT_REACH_EMBEDDED_STORE", conflicts_with = "redis")]
     pub embedded_store: bool,
@@ -85,7 +85,7 @@ pub struct ContextArgs {
     )]
     pub credential_fields: Vec<String>,
     #[command(flatten)]
-    pub tls: agent_reach_edge::tls::ListenerArgs,
+    pub tls: agent_reach_serving::tls::ListenerArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -95,7 +95,7 @@ pub struct ContextArgs {
 pub enum StoreChoice {
     Redis {
         /// The URL and, for `rediss://`, the CA bundle and client identity.
-        link: Box<agent_reach_links::RedisLink>,
+        link: Box<agent_reach_stores::RedisLink>,
         namespace: Namespace,
         /// Bound on every Redis call.
         timeout: Duration,
@@ -109,7 +109,7 @@ impl StoreChoice {
     /// system's roots).
     pub fn redis(url: &str, namespace: Namespace, timeout: Duration) -> Result<Self, String> {
         Ok(StoreChoice::Redis {
-            link: Box::new(agent_reach_links::RedisLink::parse(url)?),
+            link: Box::new(agent_reach_stores::RedisLink::parse(url)?),
             namespace,
             timeout,
         })
@@ -127,7 +127,7 @@ pub struct Settings {
     pub acl: PathBuf,
     pub auth: AuthConfig,
     /// TLS on the listener; `None`: plain TCP.
-    pub listener_tls: Option<agent_reach_edge::tls::ServerFiles>,
+    pub listener_tls: Option<agent_reach_serving::tls::ServerFiles>,
     pub service: ContextConfig,
 }
 
@@ -189,7 +189,7 @@ impl ContextArgs {
                     "--tenant-map needs --redis: the embedded store serves one tenant (development only)".to_string(),
                 );
             }
-            problems.extend(agent_reach_links::tenants::check_at_start(path, &self.tenant));
+            problems.extend(agent_reach_tenancy::check_at_start(path, &self.tenant));
         }
         if self.key_prefix.is_empty()
             || !self

@@ -2,7 +2,7 @@
 //! how store answers map onto them; the error itself (message, field,
 //! details, body, statuses) is the edge's shared [`ApiError`].
 
-use agent_reach_edge::{ApiError, BodyProblem, ErrorCode};
+use agent_reach_errors::{ApiError, BodyProblem, ErrorCode};
 use http::StatusCode;
 
 use crate::store::StoreError;
@@ -180,7 +180,7 @@ pub fn from_store(error: StoreError, context_id: &str) -> ContextError {
 
 #[cfg(test)]
 mod tests {
-    use agent_reach_edge::{CODE_METADATA, FIELD_METADATA};
+    use agent_reach_errors::{CODE_METADATA, FIELD_METADATA};
 
     use super::*;
 

@@ -1,5 +1,5 @@
 //! The context service's hot routes for the edge's front door
-//! ([`agent_reach_edge::front`]): `GET` and `PATCH /v1/contexts/{id}` (no
+//! ([`agent_reach_serving::front`]): `GET` and `PATCH /v1/contexts/{id}` (no
 //! query, an id of plain context-id characters, so nothing to decode) take the
 //! front door's own HTTP/1.1 loop and the same handlers as the axum routes;
 //! everything else, gRPC included, goes to hyper and the axum routes.
@@ -11,8 +11,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_edge::front::{Answer, Door, Headers};
-use agent_reach_edge::tenants::Parts;
+use agent_reach_serving::front::{Answer, Door, Headers};
+use agent_reach_tenancy::Parts;
 use axum::response::IntoResponse;
 use bytes::Bytes;
 
@@ -65,7 +65,7 @@ fn route(method: &str, target: &str) -> Option<Route> {
     }
 }
 
-impl agent_reach_edge::front::HotRoutes for Contexts {
+impl agent_reach_serving::front::HotRoutes for Contexts {
     type Route = Route;
 
     fn route(&self, method: &str, target: &str) -> Option<Route> {
@@ -85,7 +85,8 @@ impl agent_reach_edge::front::HotRoutes for Contexts {
             match route {
                 Route::Read(id) => json(crate::http::read_view(&service, id, ReadQuery::default(), &headers).await),
                 Route::Patch(id) => json(
-                    crate::http::patch_written(&service, id, &headers, agent_reach_edge::RequestBody::Read(body)).await,
+                    crate::http::patch_written(&service, id, &headers, agent_reach_serving::RequestBody::Read(body))
+                        .await,
                 ),
             }
         }
@@ -101,7 +102,7 @@ fn json(result: Result<impl serde::Serialize, ContextError>) -> Answer {
     answer.unwrap_or_else(|error| Answer::from(error.into_response()))
 }
 
-pub(crate) fn door(service: Arc<ContextService>, tls: Option<agent_reach_edge::tls::ServerTls>) -> Door<Contexts> {
+pub(crate) fn door(service: Arc<ContextService>, tls: Option<agent_reach_serving::tls::ServerTls>) -> Door<Contexts> {
     Door {
         app: crate::app(service.clone()),
         body_limit: service.config().max_body_bytes,
@@ -112,7 +113,7 @@ pub(crate) fn door(service: Arc<ContextService>, tls: Option<agent_reach_edge::t
 
 pub(crate) fn tenants_door(
     tenants: Arc<crate::Tenants>,
-    tls: Option<agent_reach_edge::tls::ServerTls>,
+    tls: Option<agent_reach_serving::tls::ServerTls>,
 ) -> Door<Contexts> {
     Door {
         app: tenants.app(),

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use agent_reach_edge::RequestBody;
 use agent_reach_proto::context_http as wire;
+use agent_reach_serving::RequestBody;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -22,7 +22,7 @@ use crate::error::{Code, ContextError};
 
 /// `405 METHOD_NOT_ALLOWED` with the context service's error body.
 pub(crate) async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
-    agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
+    agent_reach_errors::method_not_allowed::<Code>(method, uri).await
 }
 use crate::model::Snapshot;
 use crate::service::{ContextService, CreateInput, PatchInput};
@@ -44,9 +44,9 @@ pub fn routes(service: Arc<ContextService>) -> Router {
 // === Body parsing ===
 
 /// Reads at most `limit` bytes and parses JSON; each failure gets its own code
-/// and the field at fault (see `agent_reach_edge`).
+/// and the field at fault (see `agent_reach_serving`).
 pub async fn parse_body<T: DeserializeOwned>(headers: &HeaderMap, body: Body, limit: usize) -> Result<T, ContextError> {
-    Ok(agent_reach_edge::parse_body(headers, body, limit).await?)
+    Ok(agent_reach_serving::parse_body(headers, body, limit).await?)
 }
 
 // === Conversions (edge) ===

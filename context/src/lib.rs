@@ -31,8 +31,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use agent_reach_access::{AclHandle, Authenticator};
-use agent_reach_links::tenants::TenantMapHandle;
 use agent_reach_proto::context::contexts_server::ContextsServer;
+use agent_reach_tenancy::TenantMapHandle;
 use anyhow::Context;
 use tonic::server::NamedService;
 
@@ -116,7 +116,7 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
     let settings = args
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid context configuration:\n  - {}", problems.join("\n  - ")))?;
-    let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
+    let tls = agent_reach_serving::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
     let door = match &args.tenant_map {
         None => front::door(build(&settings).await?, tls),
         Some(path) => {
@@ -124,7 +124,7 @@ pub async fn run(args: ContextArgs, shutdown: impl Future<Output = ()> + Send + 
             front::tenants_door(build_tenants(&settings, map).await?, tls)
         }
     };
-    let threads = agent_reach_edge::serve::thread_count(settings.threads);
+    let threads = agent_reach_serving::serve::thread_count(settings.threads);
     tracing::info!(
         message = "Context service listening.",
         address = %settings.listen,
@@ -152,7 +152,7 @@ pub async fn serve(
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     service: Arc<ContextService>,
-    tls: Option<agent_reach_edge::tls::ServerTls>,
+    tls: Option<agent_reach_serving::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     front::door(service, tls)
@@ -166,7 +166,7 @@ pub async fn serve_tls(
 pub async fn serve_tenants(
     listener: tokio::net::TcpListener,
     tenants: Arc<Tenants>,
-    tls: Option<agent_reach_edge::tls::ServerTls>,
+    tls: Option<agent_reach_serving::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     front::tenants_door(tenants, tls)

@@ -55,7 +55,7 @@ impl Metrics {
     }
 
     /// The series registered in `registry` (a tenant's, from
-    /// `agent_reach_edge::tenants::metrics_registry`).
+    /// `agent_reach_tenancy::metrics_registry`).
     pub fn in_registry(registry: Registry) -> Result<Self, prometheus::Error> {
         let live_contexts = IntGauge::new(
             "agent_reach_context_live_contexts",

@@ -7,8 +7,8 @@
 //! series with `tenant`.
 //!
 //! Each request goes to the part its bearer token's `tenant` claim names
-//! ([`agent_reach_edge::tenants`]): HTTP and gRPC through
-//! [`agent_reach_edge::tenants::dispatch_with`], the front door's hot routes
+//! ([`agent_reach_serving::tenants`]): HTTP and gRPC through
+//! [`agent_reach_tenancy::dispatch_with`], the front door's hot routes
 //! through [`Parts::for_authorization`] (see `front`). `/metrics` and
 //! `/readyz` are the process's: every part's series, ready when every part's
 //! store answers.
@@ -21,8 +21,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
-use agent_reach_edge::tenants::{dispatch_with, metrics_registry, render_metrics, Parts};
-use agent_reach_links::tenants::{TenantEntry, TenantMap, TenantMapHandle};
+use agent_reach_tenancy::{dispatch_with, metrics_registry, render_metrics, Parts};
+use agent_reach_tenancy::{TenantEntry, TenantMap, TenantMapHandle};
 use anyhow::Context;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -227,7 +227,7 @@ async fn build_part(settings: &Settings, tenant: &str, entry: &TenantEntry) -> a
     // Its own Redis is trusted as the shared one is (the same --redis-ca-file
     // and client identity).
     let link = match &entry.redis {
-        Some(url) => agent_reach_links::RedisLink::parse(url)
+        Some(url) => agent_reach_stores::RedisLink::parse(url)
             .map_err(anyhow::Error::msg)?
             .with_tls(link.tls.clone())
             .with_wait(link.wait),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach_context::model::{Fields, NewContext, Selection, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, Namespace, RedisStore};
-use agent_reach_links::RedisLink;
+use agent_reach_stores::RedisLink;
 use agent_reach_testkit::RedisSentinels;
 
 fn new_context() -> NewContext {

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach_context::model::{CloseAs, Fields, NewContext, Patch, Selection, Snapshot, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, MemoryStore, Namespace, RedisStore, StoreError};
-use agent_reach_links::RedisLink;
+use agent_reach_stores::RedisLink;
 use agent_reach_testkit::{eventually, Redis};
 
 /// A store under test, keeping its backing process alive.

@@ -13,9 +13,9 @@ use std::time::Duration;
 use agent_reach_access::AuthConfig;
 use agent_reach_context::store::Namespace;
 use agent_reach_context::{ContextConfig, Settings, StoreChoice, Tenants};
-use agent_reach_links::tenants::TenantMapHandle;
 use agent_reach_proto::context as pb;
 use agent_reach_proto::context::contexts_client::ContextsClient;
+use agent_reach_tenancy::TenantMapHandle;
 use agent_reach_testkit::Redis;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -510,7 +510,7 @@ async fn a_tenants_own_redis_is_trusted_as_the_shared_one_is() {
     .unwrap();
     let client = pki.client("context");
     let mut problems = Vec::new();
-    let files = agent_reach_links::TlsFiles::read(
+    let files = agent_reach_stores::TlsFiles::read(
         "--redis",
         Some(pki.ca_file.as_path()),
         Some(&client.cert),
@@ -523,7 +523,7 @@ async fn a_tenants_own_redis_is_trusted_as_the_shared_one_is() {
         threads: 1,
         store: StoreChoice::Redis {
             link: Box::new(
-                agent_reach_links::RedisLink::parse(&shared.url())
+                agent_reach_stores::RedisLink::parse(&shared.url())
                     .unwrap()
                     .with_tls(files),
             ),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agent_reach_context::model::{Fields, NewContext, Patch, Selection, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, Namespace, RedisStore, StoreError};
-use agent_reach_links::{RedisLink, TlsFiles};
+use agent_reach_stores::{RedisLink, TlsFiles};
 use agent_reach_testkit::pki::Pki;
 use agent_reach_testkit::Redis;
 

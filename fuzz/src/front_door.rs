@@ -18,8 +18,8 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use agent_reach_edge::front::{Answer, Door, Headers, HotRoutes};
-use agent_reach_edge::HeaderLookup as _;
+use agent_reach_serving::front::{Answer, Door, Headers, HotRoutes};
+use agent_reach_serving::HeaderLookup as _;
 use bytes::Bytes;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, StatusCode};
@@ -190,7 +190,7 @@ async fn through_the_door(data: &[u8]) -> Vec<Seen> {
     };
     let (near, far) = tokio::io::duplex(64 * 1024);
     tokio::join!(
-        agent_reach_edge::fuzzing::serve_connection(door, far),
+        agent_reach_serving::fuzzing::serve_connection(door, far),
         client(near, data)
     );
     let seen = seen.lock().expect("a handler panicked (reported already)");

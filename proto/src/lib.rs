@@ -1,11 +1,13 @@
 //! Wire types of Agent-Reach: the generated gRPC code and the serde types of the
 //! HTTP/JSON API. Services convert to and from their own types at the edge.
 
+pub mod codes;
 pub mod context_http;
 pub mod envelope;
 pub mod http;
 pub mod vocabulary;
 
+pub use codes::RouterCode;
 pub use vocabulary::{Priority, Status, UnknownStatus};
 
 /// The registry's gRPC API (`proto/registry.proto`).

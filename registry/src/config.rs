@@ -63,7 +63,7 @@ pub struct RegistryArgs {
     #[arg(long, env = "AGENT_REACH_MAX_SCHEMA_DEPTH", default_value_t = crate::validate::DEFAULT_MAX_SCHEMA_DEPTH)]
     pub max_schema_depth: usize,
     #[command(flatten)]
-    pub tls: agent_reach_edge::tls::ListenerArgs,
+    pub tls: agent_reach_serving::tls::ListenerArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
 }
@@ -75,7 +75,7 @@ pub enum StoreChoice {
     /// etcd with TLS material for its https:// endpoints.
     EtcdTls {
         endpoints: Vec<String>,
-        tls: agent_reach_links::TlsFiles,
+        tls: agent_reach_stores::TlsFiles,
     },
     Embedded,
 }
@@ -91,14 +91,14 @@ pub struct Settings {
     pub acl: PathBuf,
     pub auth: AuthConfig,
     /// TLS on the listener; `None`: plain TCP.
-    pub listener_tls: Option<agent_reach_edge::tls::ServerFiles>,
+    pub listener_tls: Option<agent_reach_serving::tls::ServerFiles>,
     pub service: RegistryConfig,
 }
 
 impl RegistryArgs {
     pub fn validate(&self) -> Result<Settings, Vec<String>> {
         let mut problems = Vec::new();
-        let tls = agent_reach_links::TlsFiles::read(
+        let tls = agent_reach_stores::TlsFiles::read(
             "--etcd",
             self.etcd_ca_file.as_deref(),
             self.etcd_client_cert.as_deref(),
@@ -129,7 +129,7 @@ impl RegistryArgs {
             problems.push(format!("--tenant: {why}"));
         }
         if let Some(path) = &self.tenant_map {
-            problems.extend(agent_reach_links::tenants::check_at_start(path, &self.tenant));
+            problems.extend(agent_reach_tenancy::check_at_start(path, &self.tenant));
         }
         if self.min_ttl_s == 0 || self.min_ttl_s > self.max_ttl_s {
             problems.push(format!(

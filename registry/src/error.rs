@@ -2,7 +2,7 @@
 //! error itself (message, field, details, body, statuses) is the edge's
 //! shared [`ApiError`].
 
-use agent_reach_edge::{ApiError, BodyProblem, ErrorCode};
+use agent_reach_errors::{ApiError, BodyProblem, ErrorCode};
 use http::StatusCode;
 
 use crate::store::StoreError;

@@ -2,7 +2,7 @@
 //! in every service build): a registration body through the HTTP edge's
 //! parse and the registration checks, as `POST /v1/agents` runs them. Not an API.
 
-use agent_reach_edge::ErrorCode as _;
+use agent_reach_errors::ErrorCode as _;
 use agent_reach_proto::http as wire;
 use axum::body::Body;
 use http::HeaderMap;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach_access::Caller;
-use agent_reach_edge::ErrorCode as _;
+use agent_reach_errors::ErrorCode as _;
 use agent_reach_proto::http as wire;
 use agent_reach_proto::registry as pb;
 use futures::{Stream, StreamExt};

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use agent_reach_edge::ErrorCode as _;
+use agent_reach_errors::ErrorCode as _;
 use agent_reach_proto::http as wire;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -21,7 +21,7 @@ use crate::error::{Code, RegistryError};
 
 /// `405 METHOD_NOT_ALLOWED` with the registry's error body.
 async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
-    agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
+    agent_reach_errors::method_not_allowed::<Code>(method, uri).await
 }
 use crate::model::{Capability, Instance};
 use crate::operator;
@@ -74,13 +74,13 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
 // === Body parsing ===
 
 /// Reads at most `limit` bytes and parses JSON; each failure gets its own code
-/// and the field at fault (see `agent_reach_edge`).
+/// and the field at fault (see `agent_reach_serving`).
 pub async fn parse_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
 ) -> Result<T, RegistryError> {
-    Ok(agent_reach_edge::parse_body(headers, body, limit).await?)
+    Ok(agent_reach_serving::parse_body(headers, body, limit).await?)
 }
 
 // === Conversions (edge) ===

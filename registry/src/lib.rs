@@ -93,7 +93,7 @@ pub async fn run(args: RegistryArgs, shutdown: impl Future<Output = ()> + Send +
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
+    let tls = agent_reach_serving::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
     tracing::info!(message = "Registry listening.", address = %settings.listen, tls = tls.is_some());
     serve_tls(listener, registry, tls, shutdown).await
 }
@@ -114,11 +114,11 @@ pub async fn serve(
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     registry: Registry,
-    tls: Option<agent_reach_edge::tls::ServerTls>,
+    tls: Option<agent_reach_serving::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let door = agent_reach_edge::front::Door {
-        hot: agent_reach_edge::front::NoHotRoutes,
+    let door = agent_reach_serving::front::Door {
+        hot: agent_reach_serving::front::NoHotRoutes,
         body_limit: registry.max_body_bytes(),
         app: registry.app(),
         tls,

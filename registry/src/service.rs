@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agent_reach_access::{AclHandle, Authenticator, Caller};
-use agent_reach_edge::ErrorCode as _;
+use agent_reach_errors::ErrorCode as _;
 use agent_reach_proto::http::RegisterRequest;
 
 use crate::catalog::{decode, Catalog, Entry, Resolution};

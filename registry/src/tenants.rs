@@ -22,8 +22,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use agent_reach_access::{AclHandle, AuthConfig, Authenticator};
-use agent_reach_edge::tenants::{dispatch_with, metrics_registry, render_metrics, Parts};
-use agent_reach_links::tenants::{TenantEntry, TenantMap, TenantMapHandle};
+use agent_reach_tenancy::{dispatch_with, metrics_registry, render_metrics, Parts};
+use agent_reach_tenancy::{TenantEntry, TenantMap, TenantMapHandle};
 use anyhow::Context as _;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -341,7 +341,7 @@ impl Tenancy {
 // === Process-wide routes ===
 
 async fn method_not_allowed(method: http::Method, uri: http::Uri) -> Response {
-    agent_reach_edge::error::method_not_allowed::<Code>(method, uri).await
+    agent_reach_errors::method_not_allowed::<Code>(method, uri).await
 }
 
 /// Ready when the store answers within 2 s and every tenant's catalog is in

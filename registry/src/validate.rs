@@ -379,7 +379,7 @@ fn compact_len(value: &Value) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use agent_reach_edge::ErrorCode as _;
+    use agent_reach_errors::ErrorCode as _;
 
     use super::*;
     use serde_json::json;

@@ -4,10 +4,10 @@
 
 mod support;
 
-use agent_reach_links::TlsFiles;
 use agent_reach_registry::store::etcd::EtcdTls;
 use agent_reach_registry::store::{EtcdStore, Store};
 use agent_reach_registry::StoreChoice;
+use agent_reach_stores::TlsFiles;
 use agent_reach_testkit::pki::Pki;
 use agent_reach_testkit::Etcd;
 use support::{registration, TestRegistry};

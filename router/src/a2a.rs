@@ -26,8 +26,8 @@
 use std::borrow::Cow;
 
 use agent_reach_access::Caller;
-use agent_reach_edge::front::Answer;
-use agent_reach_edge::{HeaderLookup, RequestBody};
+use agent_reach_serving::front::Answer;
+use agent_reach_serving::{HeaderLookup, RequestBody};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -982,7 +982,7 @@ struct Asked {
     /// Answer with the task at once (v1.0 `returnImmediately`, v0.3 `blocking: false`).
     task: bool,
     /// A push config: the task's callback.
-    push: Option<agent_reach_tasks::Callback>,
+    push: Option<agent_reach_task_store::Callback>,
 }
 
 impl Asked {
@@ -1016,7 +1016,7 @@ impl Asked {
 /// A push config as a callback: its `url`. A `token` or `authentication` is
 /// refused rather than ignored: the callback proves itself with the router's
 /// HMAC signature instead (`X-Agent-Reach-Signature`, design §3.10.6).
-fn push_config_of(config: &Value) -> Result<agent_reach_tasks::Callback, Refusal> {
+fn push_config_of(config: &Value) -> Result<agent_reach_task_store::Callback, Refusal> {
     let config = config.get("pushNotificationConfig").unwrap_or(config);
     let Some(url) = config.get("url").and_then(Value::as_str).filter(|url| !url.is_empty()) else {
         return Err(invalid(
@@ -1035,7 +1035,7 @@ fn push_config_of(config: &Value) -> Result<agent_reach_tasks::Callback, Refusal
              secret; drop `token` and `authentication` and verify the signature",
         ));
     }
-    Ok(agent_reach_tasks::Callback {
+    Ok(agent_reach_task_store::Callback {
         url: url.to_string(),
         secret_ref: None,
     })
@@ -1052,8 +1052,8 @@ struct Rpc<'a> {
 }
 
 /// A2A's name for a durable task's state.
-fn task_state(state: agent_reach_tasks::State) -> &'static str {
-    use agent_reach_tasks::State;
+fn task_state(state: agent_reach_task_store::State) -> &'static str {
+    use agent_reach_task_store::State;
     match state {
         State::Pending => "submitted",
         State::Running | State::Retrying => "working",
@@ -1097,7 +1097,7 @@ fn error_message(error: &Value, wire: Wire) -> Value {
 }
 
 /// A durable task's status: its state, when it entered it, and the error of a failed or canceled one.
-fn task_status(task: &agent_reach_tasks::Task, wire: Wire) -> Value {
+fn task_status(task: &agent_reach_task_store::Task, wire: Wire) -> Value {
     let mut value = status(task_state(task.state), wire);
     value["timestamp"] = json!(rfc3339(task.updated_at_ms));
     if let Some(error) = task.result.as_ref().and_then(|result| result.get("error")) {
@@ -1109,13 +1109,13 @@ fn task_status(task: &agent_reach_tasks::Task, wire: Wire) -> Value {
 }
 
 /// The output artifact of a task that succeeded.
-fn output_artifact(task: &agent_reach_tasks::Task, wire: Wire) -> Option<Value> {
+fn output_artifact(task: &agent_reach_task_store::Task, wire: Wire) -> Option<Value> {
     let output = task.result.as_ref()?.get("output")?.clone();
     Some(json!({ "artifactId": format!("{}-output", task.task_id), "parts": [data_part(output, wire)] }))
 }
 
 /// A durable task as an A2A Task.
-fn task_value(task: &agent_reach_tasks::Task, wire: Wire, artifacts: bool) -> Value {
+fn task_value(task: &agent_reach_task_store::Task, wire: Wire, artifacts: bool) -> Value {
     let result = task.result.as_ref();
     let mut metadata = json!({
         "capability": task.capability,
@@ -1157,7 +1157,7 @@ fn buffered_value(task_id: &str, wire: Wire) -> Value {
 }
 
 /// A status update for `task`.
-fn status_update(task: &agent_reach_tasks::Task, wire: Wire) -> Value {
+fn status_update(task: &agent_reach_task_store::Task, wire: Wire) -> Value {
     let update = json!({
         "taskId": task.task_id,
         "contextId": task.session_id.clone().unwrap_or_default(),
@@ -1246,7 +1246,7 @@ impl Rpc<'_> {
     }
 
     /// The caller's stored task `task_id` (a buffered one has no callback and cannot be canceled yet).
-    async fn stored(&self, task_id: &str, operation: Operation) -> Result<agent_reach_tasks::Task, Refusal> {
+    async fn stored(&self, task_id: &str, operation: Operation) -> Result<agent_reach_task_store::Task, Refusal> {
         match self.owned(task_id, operation).await? {
             Owned::Stored(task) => Ok(*task),
             Owned::Buffered(_) => Err(task_refusal(
@@ -1477,7 +1477,7 @@ impl Rpc<'_> {
 
     /// SSE of the task's updates: the Task now, a status update per state it
     /// enters, its output artifact when it succeeded, ending with it.
-    fn subscription(&self, task: agent_reach_tasks::Task) -> Response {
+    fn subscription(&self, task: agent_reach_task_store::Task) -> Response {
         let (api, id, wire) = (self.api.clone(), self.id.clone(), self.wire);
         let opening = sse_result(&id, task_result(task_value(&task, wire, true), wire, true));
         // (the last task seen, events still to send, done)
@@ -1506,7 +1506,7 @@ impl Rpc<'_> {
                     if task.state == last.state && task.transitions.len() == last.transitions.len() {
                         continue;
                     }
-                    if task.state == agent_reach_tasks::State::Succeeded {
+                    if task.state == agent_reach_task_store::State::Succeeded {
                         if let Some(artifact) = output_artifact(&task, wire) {
                             let update = json!({
                                 "taskId": task.task_id, "contextId": task.session_id.clone().unwrap_or_default(),
@@ -1551,7 +1551,7 @@ fn event_stream(body: Body) -> Response {
 }
 
 /// A task's push config (its callback), or `None` without one.
-fn push_config_value(task: &agent_reach_tasks::Task, wire: Wire) -> Option<Value> {
+fn push_config_value(task: &agent_reach_task_store::Task, wire: Wire) -> Option<Value> {
     let callback = task.callback.as_ref()?;
     Some(match wire {
         Wire::V1 => json!({ "taskId": task.task_id, "id": PUSH_CONFIG_ID, "url": callback.url }),

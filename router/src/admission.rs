@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::acl::Limit;
 use agent_reach_access::{Acl, AclHandle, Caller};
-use agent_reach_links::Quotas;
 use agent_reach_proto::envelope::InvokeRequest;
+use agent_reach_tenancy::Quotas;
 use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;

@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use agent_reach_edge::front::Answer;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_serving::front::Answer;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 

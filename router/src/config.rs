@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agent_reach_access::{AuthArgs, AuthConfig};
-use agent_reach_edge::tls::{ClientFiles, ListenerArgs, ServerFiles};
+use agent_reach_serving::tls::{ClientFiles, ListenerArgs, ServerFiles};
 
-use crate::assertion::{AssertionSettings, SigningKey};
 use crate::tasks::{TaskArgs, TasksSettings};
 use crate::tuning::Tuning;
 use crate::watch::RegistryCredential;
+use agent_reach_access::{AssertionSettings, SigningKey};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RouterArgs {
@@ -195,7 +195,7 @@ impl RouterArgs {
             problems.push(format!("--tenant: {why}"));
         }
         if let Some(path) = &self.tenant_map {
-            problems.extend(agent_reach_links::tenants::check_at_start(path, &self.tenant));
+            problems.extend(agent_reach_tenancy::check_at_start(path, &self.tenant));
         }
         if self.max_body_bytes < 1024 {
             problems.push("--max-body-bytes must be at least 1024".to_string());

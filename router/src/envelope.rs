@@ -3,8 +3,8 @@
 //! Everything fails as `INVALID_ENVELOPE` (400) except an oversized body
 //! (`PAYLOAD_TOO_LARGE`, 413).
 
-use agent_reach_edge::HeaderLookup;
 use agent_reach_proto::envelope::{InvokeRequest, TargetPolicy, ENVELOPE_VERSION};
+use agent_reach_serving::HeaderLookup;
 use axum::body::Body;
 
 use crate::error::{Code, RouterError};
@@ -25,13 +25,13 @@ fn invalid(field: &str, message: impl Into<String>) -> RouterError {
 
 /// Reads at most `limit` bytes of body (more: `PAYLOAD_TOO_LARGE`).
 pub async fn read_body(headers: &impl HeaderLookup, body: Body, limit: usize) -> Result<bytes::Bytes, RouterError> {
-    Ok(agent_reach_edge::read_limited(headers, body, limit).await?)
+    Ok(agent_reach_serving::read_limited(headers, body, limit).await?)
 }
 
 /// Parses JSON into the envelope, naming the field at fault, and folds the
 /// seeds' alias forms into the canonical fields (DESIGN §3.2).
 pub fn parse(bytes: &[u8]) -> Result<InvokeRequest, RouterError> {
-    let mut request: InvokeRequest = agent_reach_edge::parse_json(bytes).map_err(|problem| {
+    let mut request: InvokeRequest = agent_reach_serving::parse_json(bytes).map_err(|problem| {
         let field = problem.field().unwrap_or(".").to_string();
         RouterError {
             field: Some(field),

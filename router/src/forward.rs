@@ -469,7 +469,7 @@ fn encode_request(authority: &str, path: &str, body: &[u8], headers: &ForwardHea
     request.extend_from_slice(b"\r\n");
     request.extend_from_slice(extra);
     request.extend_from_slice(b"content-length: ");
-    request.extend_from_slice(agent_reach_edge::decimal(body.len() as u64, &mut [0; 20]));
+    request.extend_from_slice(agent_reach_serving::decimal(body.len() as u64, &mut [0; 20]));
     request.extend_from_slice(b"\r\n\r\n");
     request.extend_from_slice(body);
     request

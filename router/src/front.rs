@@ -1,5 +1,5 @@
 //! The router's hot routes for the edge's front door
-//! ([`agent_reach_edge::front`]): `POST /v1/invoke` (streamed or not) and
+//! ([`agent_reach_serving::front`]): `POST /v1/invoke` (streamed or not) and
 //! `POST /a2a/{capability}` take the front door's own HTTP/1.1 loop and the
 //! same handlers as the axum routes; every other request (and any that is
 //! not plain HTTP/1.1 with a `Content-Length` body) goes to hyper and the
@@ -8,8 +8,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use agent_reach_edge::front::{Answer, Door, Headers};
-use agent_reach_edge::RequestBody;
+use agent_reach_serving::front::{Answer, Door, Headers};
+use agent_reach_serving::RequestBody;
 use bytes::Bytes;
 
 use crate::tasks::TaskApi;
@@ -31,7 +31,7 @@ pub(crate) enum Route {
     A2a(String),
 }
 
-impl agent_reach_edge::front::HotRoutes for Invoke {
+impl agent_reach_serving::front::HotRoutes for Invoke {
     type Route = Route;
 
     fn route(&self, method: &str, target: &str) -> Option<Route> {
@@ -49,7 +49,7 @@ impl agent_reach_edge::front::HotRoutes for Invoke {
     }
 
     fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
-        use agent_reach_edge::HeaderLookup as _;
+        use agent_reach_serving::HeaderLookup as _;
         let part = match self {
             // Borrowed for the call: the connection holds the door (and so the part) throughout.
             Invoke::One(part) => std::borrow::Cow::Borrowed(part),
@@ -72,7 +72,7 @@ pub(crate) fn door(
     app: axum::Router,
     hot: Invoke,
     body_limit: usize,
-    tls: Option<agent_reach_edge::tls::ServerTls>,
+    tls: Option<agent_reach_serving::tls::ServerTls>,
 ) -> Door<Invoke> {
     Door {
         app,

@@ -5,7 +5,6 @@
 //! console's sealed credentials. Not an API.
 
 use agent_reach_access::Caller;
-use agent_reach_edge::ErrorCode as _;
 use agent_reach_proto::envelope::{EnvelopeError, InvokeRequest, TargetPolicy, ENVELOPE_VERSION};
 use serde_json::value::RawValue;
 

@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use agent_reach_edge::front::Answer;
-use agent_reach_edge::{HeaderLookup, RequestBody};
+use agent_reach_serving::front::Answer;
+use agent_reach_serving::{HeaderLookup, RequestBody};
 
 use crate::admission::Entry;
 use crate::answer::{failed, failed_answer, json_response, method_not_allowed, not_found, Known};
@@ -25,7 +25,6 @@ use crate::envelope::{self, CheckedRequest};
 use crate::json::Succeeded;
 use crate::service::RouterService;
 use crate::trace::{self, TraceContext};
-use agent_reach_edge::ErrorCode as _;
 
 /// The fast path's routes; the slow path's and `/v1/broadcast` are added by `app`.
 pub fn routes(service: Arc<RouterService>) -> Router {

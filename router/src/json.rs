@@ -71,7 +71,7 @@ impl<'a> Object<'a> {
     pub fn u64(&mut self, key: &str, value: u64) {
         self.key(key);
         self.out
-            .extend_from_slice(agent_reach_edge::decimal(value, &mut [0; 20]));
+            .extend_from_slice(agent_reach_serving::decimal(value, &mut [0; 20]));
     }
 
     /// `raw` is JSON already (e.g. an agent's output as it sent it); `None` is `null`.

@@ -18,7 +18,6 @@ mod a2a;
 mod admission;
 mod answer;
 mod app;
-mod assertion;
 mod breaker;
 mod clock;
 mod config;
@@ -60,7 +59,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-pub use assertion::{AssertionSettings, SigningKey};
+pub use agent_reach_access::{AssertionSettings, SigningKey};
 pub use config::{RouterArgs, Settings};
 pub use tasks::{TagLimit, TaskArgs, TasksSettings};
 pub use tuning::Tuning;
@@ -77,7 +76,7 @@ pub struct Router {
     parts: Arc<tenancy::TenantParts>,
     /// The process's own series when the tenants' parts have their own (a tenant map).
     process_metrics: Option<prometheus::Registry>,
-    tls: Option<agent_reach_edge::tls::ServerTls>,
+    tls: Option<agent_reach_serving::tls::ServerTls>,
 }
 
 impl Router {
@@ -93,7 +92,7 @@ impl Router {
     }
 
     /// The front door serving this router: its hot route and every other route.
-    fn door(&self) -> agent_reach_edge::front::Door<front::Invoke> {
+    fn door(&self) -> agent_reach_serving::front::Door<front::Invoke> {
         let home = self.parts.home();
         let hot = match &self.process_metrics {
             None => front::Invoke::One(home.clone()),
@@ -179,10 +178,10 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
                        and the ACL is not enforced. Development only."
         );
     }
-    let tls = agent_reach_edge::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
+    let tls = agent_reach_serving::tls::listener(settings.listener_tls.as_ref()).context("the listener's TLS")?;
     // An agent CA file that cannot be read is a start-up error; no system roots only
     // matter once an https:// agent is called (plain http:// agents need none).
-    let agent_tls = match agent_reach_edge::tls::client_config(&settings.agent_tls, &[b"http/1.1"]) {
+    let agent_tls = match agent_reach_serving::tls::client_config(&settings.agent_tls, &[b"http/1.1"]) {
         Ok(config) => Ok(Arc::new(config)),
         Err(error) if settings.agent_tls.ca.is_none() && settings.agent_tls.identity.is_none() => Err(format!(
             "https:// agents cannot be verified: {error} (pass --agent-ca-file)"
@@ -191,12 +190,12 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     };
     // The registry's TLS files are checked now, so a typo fails the start, not every reconnect.
     for registry in &settings.registry {
-        agent_reach_edge::tls::grpc_endpoint(registry, &settings.registry_tls).context("the registry's address")?;
+        agent_reach_serving::tls::grpc_endpoint(registry, &settings.registry_tls).context("the registry's address")?;
     }
     // Without a map the one tenant's series are the process's, unlabelled, as before tenants.
     let tenancy = match &settings.tenant_map {
         Some(path) => {
-            Tenancy::Map(agent_reach_links::TenantMapHandle::load_and_watch(path).map_err(anyhow::Error::msg)?)
+            Tenancy::Map(agent_reach_tenancy::TenantMapHandle::load_and_watch(path).map_err(anyhow::Error::msg)?)
         }
         None => Tenancy::One(metrics::Metrics::new().context("registering metrics")?),
     };
@@ -204,8 +203,8 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         Tenancy::One(metrics) => metrics.registry.clone(),
         Tenancy::Map(_) => prometheus::Registry::new(),
     };
-    let assertions =
-        assertion::Assertions::load(settings.assertion.clone(), &process_registry).map_err(anyhow::Error::msg)?;
+    let assertions = agent_reach_access::Assertions::load(settings.assertion.clone(), &process_registry)
+        .map_err(anyhow::Error::msg)?;
     assertions.watch();
     let shared = Arc::new(tenancy::Shared {
         settings: settings.clone(),
@@ -224,7 +223,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     });
     let (parts, process_metrics) = match tenancy {
         Tenancy::One(metrics) => {
-            let part = shared.part(&settings.tenant, &agent_reach_links::TenantEntry::default(), metrics)?;
+            let part = shared.part(&settings.tenant, &agent_reach_tenancy::TenantEntry::default(), metrics)?;
             (Arc::new(tenancy::TenantParts::single(&settings.tenant, part)), None)
         }
         Tenancy::Map(map) => {
@@ -244,7 +243,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
 /// One tenant (its series the process's), or a tenant map's.
 enum Tenancy {
     One(metrics::Metrics),
-    Map(agent_reach_links::TenantMapHandle),
+    Map(agent_reach_tenancy::TenantMapHandle),
 }
 
 /// Runs the router until `shutdown` resolves.
@@ -253,7 +252,7 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
     let router = build(&settings).await?;
-    let threads = agent_reach_edge::serve::thread_count(settings.tuning.threads);
+    let threads = agent_reach_serving::serve::thread_count(settings.tuning.threads);
     tracing::info!(
         message = "Router listening.", address = %settings.listen, registry = ?settings.registry, threads
     );
@@ -262,7 +261,7 @@ pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + '
 
 /// Serves on `threads` threads (0: one per core), each a single-threaded
 /// runtime with its own `SO_REUSEPORT` listener on `addr` (see
-/// [`agent_reach_edge::serve::per_core`]) behind the router's front door
+/// [`agent_reach_serving::serve::per_core`]) behind the router's front door
 /// ([`front`]): a request, its forwarded call and its answer stay on one
 /// thread. Background work (the registry watch, ACL reload, the task
 /// worker) stays on the caller's runtime.

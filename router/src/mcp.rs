@@ -30,7 +30,7 @@
 use std::sync::Arc;
 
 use agent_reach_access::Caller;
-use agent_reach_edge::{ErrorCode as _, HeaderLookup};
+use agent_reach_serving::HeaderLookup;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -11,7 +11,6 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaug
 
 use crate::error::Code;
 use crate::histogram::{Histogram, HistogramFamily};
-use agent_reach_edge::ErrorCode as _;
 
 /// The `outcome` label values: `succeeded` then every error code.
 pub const OUTCOMES: usize = 1 + Code::ALL.len();

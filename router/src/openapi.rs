@@ -7,7 +7,6 @@ use std::sync::OnceLock;
 use serde_json::{json, Value};
 
 use crate::error::Code;
-use agent_reach_edge::ErrorCode as _;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
 pub const PATHS: [(&str, &str); 17] = [

@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agent_reach_access::{Authenticator, Caller};
-use agent_reach_edge::HeaderLookup;
+use agent_reach_serving::HeaderLookup;
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
 
 use crate::admission::{Admission, Admitted, Entry, Refused};
-use crate::assertion::Assertions;
 use crate::breaker::{BreakerConfig, Transition};
 use crate::clock;
 use crate::envelope::CheckedRequest;
@@ -33,7 +32,7 @@ use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
 use crate::trace::TraceContext;
 use crate::tuning::Tuning;
-use agent_reach_edge::ErrorCode as _;
+use agent_reach_access::Assertions;
 
 pub struct RouterService {
     tuning: Tuning,
@@ -372,14 +371,14 @@ impl RouterService {
             };
             tried.push(index);
             envelope.attempt = attempt;
-            let authorization =
-                match self
-                    .assertions
-                    .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
-                {
-                    Ok(header) => header,
-                    Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt - 1)),
-                };
+            let authorization = match self
+                .assertions
+                .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
+                .map_err(assertion_failed)
+            {
+                Ok(header) => header,
+                Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt - 1)),
+            };
             let body = match envelope.to_vec() {
                 Ok(body) => Bytes::from(body),
                 Err(error) => {
@@ -602,9 +601,10 @@ impl RouterService {
             let body = body.clone();
             let (traceparent, version) = (&traceparent, &version);
             async move {
-                let authorization =
-                    self.assertions
-                        .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms);
+                let authorization = self
+                    .assertions
+                    .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
+                    .map_err(assertion_failed);
                 let started = Instant::now();
                 let result = match &authorization {
                     Ok(authorization) => {
@@ -693,6 +693,11 @@ impl RouterService {
         });
         Ok(futures::future::join_all(deliveries).await)
     }
+}
+
+/// The assertion for an attempt could not be signed.
+pub(crate) fn assertion_failed(error: String) -> RouterError {
+    RouterError::new(Code::AssertionFailed, error)
 }
 
 /// Logs a breaker transition with the ids of the request whose outcome caused it.

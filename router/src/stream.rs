@@ -25,8 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agent_reach_access::Caller;
-use agent_reach_edge::front::Answer;
-use agent_reach_edge::ErrorCode as _;
+use agent_reach_serving::front::Answer;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -534,13 +533,17 @@ pub async fn open(
         tried.push(index);
         let instance = group.instances[index].clone();
         envelope.attempt = attempt_number;
-        let authorization = match service.assertions().header(
-            caller,
-            &instance.agent_id,
-            &capability.name,
-            deadline_ms,
-            received.epoch_ms,
-        ) {
+        let authorization = match service
+            .assertions()
+            .header(
+                caller,
+                &instance.agent_id,
+                &capability.name,
+                deadline_ms,
+                received.epoch_ms,
+            )
+            .map_err(crate::service::assertion_failed)
+        {
             Ok(header) => header,
             Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt_number - 1)),
         };
@@ -727,8 +730,8 @@ const EVENTS_HEADERS: &[(&str, &str)] = &[
 /// the agent committed are ordinary error envelopes; after, `event: error`.
 pub async fn answer(
     service: &RouterService,
-    headers: &impl agent_reach_edge::HeaderLookup,
-    body: agent_reach_edge::RequestBody,
+    headers: &impl agent_reach_serving::HeaderLookup,
+    body: agent_reach_serving::RequestBody,
 ) -> Answer {
     use crate::answer::{failed_answer as failed, Known};
     let received = clock::Now::read();
@@ -738,10 +741,10 @@ pub async fn answer(
         Err(error) => return failed(known, error.into()),
     };
     let read = match body {
-        agent_reach_edge::RequestBody::Unread(body) => {
+        agent_reach_serving::RequestBody::Unread(body) => {
             crate::envelope::read_body(headers, body, service.tuning().max_body_bytes).await
         }
-        agent_reach_edge::RequestBody::Read(bytes) => Ok(bytes),
+        agent_reach_serving::RequestBody::Read(bytes) => Ok(bytes),
     };
     let checked = match read {
         Ok(bytes) => crate::envelope::parse(&bytes).and_then(|request| {

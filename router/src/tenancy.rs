@@ -4,7 +4,7 @@
 //! its quotas, its slow path on its placement (the entry's Redis, else
 //! `--redis`), its recent calls, its series (labelled `tenant`). Requests
 //! reach their tenant's part by the token's claim
-//! ([`agent_reach_edge::tenants`]); the part verifies the token and serves its
+//! ([`agent_reach_serving::tenants`]); the part verifies the token and serves its
 //! tenant only. What every part shares: the assertion keys, the agent TLS
 //! settings, the console's registry relay.
 //!
@@ -19,8 +19,8 @@
 use std::sync::{Arc, Weak};
 
 use agent_reach_access::{AclHandle, Authenticator};
-use agent_reach_edge::tenants::Parts;
-use agent_reach_links::{TenantEntry, TenantMapHandle};
+use agent_reach_tenancy::Parts;
+use agent_reach_tenancy::{TenantEntry, TenantMapHandle};
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use axum::extract::State;
@@ -30,7 +30,6 @@ use axum::routing::get;
 use serde_json::{json, Value};
 
 use crate::answer::{method_not_allowed, refused};
-use crate::assertion::Assertions;
 use crate::config::Settings;
 use crate::console::Console;
 use crate::metrics::Metrics;
@@ -38,6 +37,7 @@ use crate::service::RouterService;
 use crate::tasks::TaskService;
 use crate::tuning::Tuning;
 use crate::{admission, forward, limits, snapshot, watch};
+use agent_reach_access::Assertions;
 
 /// One tenant's router.
 pub(crate) struct Part {
@@ -123,12 +123,12 @@ impl Shared {
     /// A part for a tenant of the map, its series labelled with its name.
     fn labelled_part(&self, tenant: &str, entry: &TenantEntry) -> anyhow::Result<Arc<Part>> {
         let metrics =
-            Metrics::in_registry(agent_reach_edge::tenants::metrics_registry(tenant)).context("registering metrics")?;
+            Metrics::in_registry(agent_reach_tenancy::metrics_registry(tenant)).context("registering metrics")?;
         self.part(tenant, entry, metrics)
     }
 
     /// Every tenant of the map's part.
-    pub(crate) fn parts_of(&self, map: &agent_reach_links::TenantMap) -> anyhow::Result<Vec<(String, Arc<Part>)>> {
+    pub(crate) fn parts_of(&self, map: &agent_reach_tenancy::TenantMap) -> anyhow::Result<Vec<(String, Arc<Part>)>> {
         map.tenants()
             .map(|(tenant, entry)| Ok((tenant.to_string(), self.labelled_part(tenant, entry)?)))
             .collect()
@@ -202,7 +202,7 @@ pub(crate) fn routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> 
         .route("/readyz", get(readyz).fallback(method_not_allowed))
         .route("/v1/tenants", get(list).fallback(method_not_allowed))
         .with_state(state)
-        .merge(agent_reach_edge::tenants::dispatch_with(parts, app_of))
+        .merge(agent_reach_tenancy::dispatch_with(parts, app_of))
 }
 
 /// A router of one tenant: its part's routes, and `GET /v1/tenants` listing it.
@@ -233,7 +233,7 @@ async fn metrics(State(process): State<Process>) -> Response {
         std::iter::once(&process.registry).chain(parts.iter().map(|(_, part)| &part.service.metrics().registry));
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        agent_reach_edge::tenants::render_metrics(registries),
+        agent_reach_tenancy::render_metrics(registries),
     )
         .into_response()
 }

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_reach_edge::tls::ClientFiles;
 use agent_reach_proto::registry::registry_client::RegistryClient;
 use agent_reach_proto::registry::watch_event::Kind;
 use agent_reach_proto::registry::{WatchEvent, WatchRequest};
+use agent_reach_serving::tls::ClientFiles;
 use futures::FutureExt;
 use rand::Rng;
 
@@ -101,7 +101,7 @@ async fn watch_once(
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
     // TLS for an https:// registry (its files are reread at every reconnect).
-    let channel = agent_reach_edge::tls::grpc_endpoint(registry, tls)?
+    let channel = agent_reach_serving::tls::grpc_endpoint(registry, tls)?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))

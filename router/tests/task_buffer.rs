@@ -31,12 +31,12 @@ fn buffered_tasks(
     url: String,
     dir: std::path::PathBuf,
     limit: usize,
-    wait: Option<agent_reach_links::Wait>,
+    wait: Option<agent_reach_stores::Wait>,
 ) -> agent_reach_router::TasksSettings {
     let mut tasks = support::tasks_settings(url);
     tasks.workers = 4;
     tasks.store.wait = wait;
-    tasks.store.local_buffer = Some(agent_reach_tasks::LocalBuffer { dir, limit });
+    tasks.store.local_buffer = Some(agent_reach_task_store::LocalBuffer { dir, limit });
     tasks
 }
 
@@ -127,7 +127,7 @@ async fn a_submission_no_replica_acknowledged_keeps_its_task_id() {
     let dir = tempfile::tempdir().unwrap();
     let url = redis.url();
     let buffer_dir = dir.path().to_path_buf();
-    let wait = agent_reach_links::Wait {
+    let wait = agent_reach_stores::Wait {
         replicas: 1,
         timeout: Duration::from_millis(200),
     };

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use std::time::Duration;
 
-use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
+use agent_reach_task_store::callback::{verify, SIGNATURE_HEADER};
 use serde_json::{json, Value};
 use support::{
     cluster_with_tasks, eventually, get, post, token, AgentSpec, Behaviour, Cluster, CALLBACK_SECRET, CALLER,
@@ -333,11 +333,11 @@ fn killable_router(cluster: &Cluster, redis: &str, reclaim_after: Duration) -> (
         agent_reach_access::AuthConfig::Hs256SecretFile(cluster.secret_path.clone()),
         cluster.acl_path.clone(),
     );
-    let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+    let mut callbacks = agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec());
     callbacks.allow_private_targets = true;
     settings.tasks = Some(agent_reach_router::TasksSettings {
         redis: redis.to_string(),
-        store: agent_reach_tasks::StoreConfig::default(),
+        store: agent_reach_task_store::StoreConfig::default(),
         callbacks,
         workers: 16,
         reclaim_after,
@@ -363,7 +363,8 @@ async fn a_killed_router_loses_no_task() {
         cluster.agent(AgentSpec::new("echo-b", 1, Behaviour::Slow(Duration::from_millis(20)))),
     ];
     cluster.wait_for_instances(&["echo-a", "echo-b"]).await;
-    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    let store =
+        agent_reach_task_store::TaskStore::new(&redis.url(), &agent_reach_task_store::StoreConfig::default()).unwrap();
     let finished = || async {
         store
             .session_results("durable", None, TASKS + 10)
@@ -404,7 +405,7 @@ async fn a_killed_router_loses_no_task() {
         let task = store.get(task_id).await.unwrap();
         if matches!(
             task.state,
-            agent_reach_tasks::State::Running | agent_reach_tasks::State::Retrying
+            agent_reach_task_store::State::Running | agent_reach_task_store::State::Retrying
         ) {
             in_flight.insert(task.request_id.clone());
         }
@@ -424,7 +425,7 @@ async fn a_killed_router_loses_no_task() {
     );
     for task_id in &task_ids {
         let task = store.get(task_id).await.unwrap();
-        assert_eq!(task.state, agent_reach_tasks::State::Succeeded, "{task:?}");
+        assert_eq!(task.state, agent_reach_task_store::State::Succeeded, "{task:?}");
     }
     let mut deliveries = std::collections::HashMap::<String, usize>::new();
     for agent in &agents {
@@ -557,11 +558,11 @@ async fn callbacks_follow_the_2_4_8_16_schedule_then_dead_letter() {
     let redis = agent_reach_testkit::Redis::start();
     let url = redis.url();
     let cluster = Cluster::start_with(move |settings| {
-        let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+        let mut callbacks = agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec());
         callbacks.allow_private_targets = true; // receivers run on loopback
         settings.tasks = Some(agent_reach_router::TasksSettings {
             redis: url,
-            store: agent_reach_tasks::StoreConfig::default(),
+            store: agent_reach_task_store::StoreConfig::default(),
             callbacks, // the default schedule: 2, 4, 8, 16 s
             workers: 16,
             reclaim_after: Duration::from_secs(120),
@@ -601,7 +602,8 @@ async fn callbacks_follow_the_2_4_8_16_schedule_then_dead_letter() {
         assert!((expected..expected + 1.0).contains(gap), "gaps {gaps:?}");
     }
 
-    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    let store =
+        agent_reach_task_store::TaskStore::new(&redis.url(), &agent_reach_task_store::StoreConfig::default()).unwrap();
     assert!(
         eventually(Duration::from_secs(40), || async {
             store.dead_letters(10).await.is_ok_and(|dead| !dead.is_empty())
@@ -635,8 +637,8 @@ async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
     let cluster = Cluster::start_with(move |settings| {
         settings.tasks = Some(agent_reach_router::TasksSettings {
             redis: url,
-            store: agent_reach_tasks::StoreConfig::default(),
-            callbacks: agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec()),
+            store: agent_reach_task_store::StoreConfig::default(),
+            callbacks: agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec()),
             workers: 16,
             reclaim_after: Duration::from_secs(120),
             max_task_attempts: 3,
@@ -673,7 +675,8 @@ async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
     for index in 0..3 {
         submit("high", index).await;
     }
-    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    let store =
+        agent_reach_task_store::TaskStore::new(&redis.url(), &agent_reach_task_store::StoreConfig::default()).unwrap();
     assert!(
         eventually(Duration::from_secs(30), || async {
             store
@@ -690,7 +693,7 @@ async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
         .unwrap()
         .into_iter()
         .map(|result| {
-            assert_eq!(result.state, agent_reach_tasks::State::Succeeded);
+            assert_eq!(result.state, agent_reach_task_store::State::Succeeded);
             result.result.unwrap()["request_id"].as_str().unwrap().to_string()
         })
         .collect();
@@ -709,15 +712,15 @@ async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
     let mut edges = Vec::new();
     for result in store.session_results("bulk", None, 100).await.unwrap() {
         let task = store.get(&result.task_id).await.unwrap();
-        let at = |state: agent_reach_tasks::State| {
+        let at = |state: agent_reach_task_store::State| {
             task.transitions
                 .iter()
                 .find(|t| t.state == state)
                 .map(|t| t.at_ms)
                 .unwrap()
         };
-        edges.push((at(agent_reach_tasks::State::Running), 1i32));
-        edges.push((at(agent_reach_tasks::State::Succeeded), -1i32));
+        edges.push((at(agent_reach_task_store::State::Running), 1i32));
+        edges.push((at(agent_reach_task_store::State::Succeeded), -1i32));
     }
     edges.sort();
     let mut running = 0;
@@ -808,8 +811,8 @@ async fn a_canceled_pending_task_is_never_delivered() {
     let cluster = Cluster::start_with(move |settings| {
         settings.tasks = Some(agent_reach_router::TasksSettings {
             redis: url,
-            store: agent_reach_tasks::StoreConfig::default(),
-            callbacks: agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec()),
+            store: agent_reach_task_store::StoreConfig::default(),
+            callbacks: agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec()),
             workers: 16,
             reclaim_after: Duration::from_secs(120),
             max_task_attempts: 3,

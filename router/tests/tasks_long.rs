@@ -12,11 +12,11 @@ use serde_json::{json, Value};
 use support::{agent_name, eventually, get, post, token, AgentSpec, Behaviour, Cluster, CALLBACK_SECRET, CALLER};
 
 fn tasks_settings(redis: &str, reclaim_after: Duration) -> agent_reach_router::TasksSettings {
-    let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+    let mut callbacks = agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec());
     callbacks.allow_private_targets = true;
     agent_reach_router::TasksSettings {
         redis: redis.to_string(),
-        store: agent_reach_tasks::StoreConfig::default(),
+        store: agent_reach_task_store::StoreConfig::default(),
         callbacks,
         workers: 8,
         reclaim_after,
@@ -257,7 +257,8 @@ async fn an_unreported_task_fails_at_its_deadline_even_after_its_router_died() {
         .unwrap()
         .to_string();
     assert!(eventually(Duration::from_secs(10), || async { agent.hits() == 1 }).await);
-    let store = agent_reach_tasks::TaskStore::new(&redis.url(), &agent_reach_tasks::StoreConfig::default()).unwrap();
+    let store =
+        agent_reach_task_store::TaskStore::new(&redis.url(), &agent_reach_task_store::StoreConfig::default()).unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
             store.get(&task_id).await.is_ok_and(|task| task.accepted.is_some())

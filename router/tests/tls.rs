@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_reach_edge::tls::{ClientFiles, ServerFiles};
 use agent_reach_router::Router;
+use agent_reach_serving::tls::{ClientFiles, ServerFiles};
 use agent_reach_testkit::pki::{CertFiles, Pki};
 use serde_json::Value;
 use support::*;
@@ -297,7 +297,7 @@ async fn the_registry_over_tls_is_watched_over_grpc_with_tls() {
         let service = agent_reach_registry::build(&settings).await.expect("registry build");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let tls = agent_reach_edge::tls::ServerTls::load(files).expect("registry TLS");
+        let tls = agent_reach_serving::tls::ServerTls::load(files).expect("registry TLS");
         tokio::spawn(agent_reach_registry::serve_tls(
             listener,
             service,

@@ -65,7 +65,7 @@ pub struct AgentBuilder {
     /// The only CAs trusted for `https://` service URLs (none: the system's roots).
     ca_file: Option<std::path::PathBuf>,
     /// Serve the agent over TLS with these files.
-    tls: Option<agent_reach_edge::tls::ServerFiles>,
+    tls: Option<agent_reach_serving::tls::ServerFiles>,
 }
 
 impl AgentBuilder {
@@ -187,7 +187,7 @@ impl AgentBuilder {
     /// connections). The endpoint then defaults to `https://`; routers must
     /// trust the certificate's CA (`--agent-ca-file`).
     pub fn tls(mut self, cert: impl Into<std::path::PathBuf>, key: impl Into<std::path::PathBuf>) -> Self {
-        self.tls = Some(agent_reach_edge::tls::ServerFiles {
+        self.tls = Some(agent_reach_serving::tls::ServerFiles {
             cert: cert.into(),
             key: key.into(),
             client_ca: None,
@@ -241,12 +241,12 @@ impl AgentBuilder {
         if !problems.is_empty() {
             return Err(StartError::Config(problems.join("; ")));
         }
-        let trust = agent_reach_edge::tls::ClientFiles {
+        let trust = agent_reach_serving::tls::ClientFiles {
             ca: self.ca_file.clone(),
             identity: None,
         };
         let lazy = |url: &str| -> Result<Channel, StartError> {
-            Ok(agent_reach_edge::tls::grpc_endpoint(url, &trust)
+            Ok(agent_reach_serving::tls::grpc_endpoint(url, &trust)
                 .map_err(|error| StartError::Config(format!("invalid URL `{url}`: {error}")))?
                 .connect_timeout(Duration::from_secs(2))
                 .connect_lazy())
@@ -271,7 +271,7 @@ impl AgentBuilder {
             error,
         })?;
         let http = http_client(self.ca_file.as_deref())?;
-        let tls = agent_reach_edge::tls::listener(self.tls.as_ref())
+        let tls = agent_reach_serving::tls::listener(self.tls.as_ref())
             .map_err(|error| StartError::Config(format!("the agent's TLS: {error}")))?;
         if tls.is_some() && self.config.endpoint.is_none() {
             self.config.endpoint = Some(format!("https://{bound}"));
@@ -330,8 +330,8 @@ impl AgentBuilder {
                 }
                 // TLS: the services' own front door (no hot routes: every request to `app`).
                 Some(tls) => {
-                    let door = agent_reach_edge::front::Door {
-                        hot: agent_reach_edge::front::NoHotRoutes,
+                    let door = agent_reach_serving::front::Door {
+                        hot: agent_reach_serving::front::NoHotRoutes,
                         app,
                         body_limit: 0,
                         tls: Some(tls),

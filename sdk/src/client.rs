@@ -255,11 +255,11 @@ impl Client {
     /// The context service (gRPC, e.g. `http://context:7600`), for
     /// [`Client::create_context`] and [`Client::context`]; connected on first use.
     pub fn context_service(mut self, url: &str) -> Result<Self, CallError> {
-        let trust = agent_reach_edge::tls::ClientFiles {
+        let trust = agent_reach_serving::tls::ClientFiles {
             ca: self.ca_file.clone(),
             identity: None,
         };
-        let channel = agent_reach_edge::tls::grpc_endpoint(url, &trust)
+        let channel = agent_reach_serving::tls::grpc_endpoint(url, &trust)
             .map_err(|error| {
                 CallError::new(
                     "INVALID_CLIENT_CONFIG",

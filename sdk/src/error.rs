@@ -143,119 +143,8 @@ impl CallError {
     }
 }
 
-/// The router's stable error codes (DESIGN §3.8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RouterCode {
-    InvalidEnvelope,
-    InvalidQuery,
-    Unauthenticated,
-    Forbidden,
-    CapabilityNotFound,
-    VersionNotFound,
-    PayloadTooLarge,
-    SchemaMismatch,
-    Overloaded,
-    AgentError,
-    AllRetriesExhausted,
-    NoAvailableInstance,
-    DeadlineExceeded,
-    NotFound,
-    MethodNotAllowed,
-    TasksDisabled,
-    TaskNotFound,
-    TaskConflict,
-    TaskStoreUnavailable,
-    TaskBufferFull,
-    InvalidTaskResult,
-    DeadLetterNotFound,
-    RateLimited,
-    OutputSchemaMismatch,
-    AssertionFailed,
-    InvalidCallback,
-    Canceled,
-    StreamInterrupted,
-    Internal,
-}
-
-impl RouterCode {
-    pub const ALL: [RouterCode; 29] = [
-        RouterCode::InvalidEnvelope,
-        RouterCode::InvalidQuery,
-        RouterCode::Unauthenticated,
-        RouterCode::Forbidden,
-        RouterCode::CapabilityNotFound,
-        RouterCode::VersionNotFound,
-        RouterCode::PayloadTooLarge,
-        RouterCode::SchemaMismatch,
-        RouterCode::Overloaded,
-        RouterCode::AgentError,
-        RouterCode::AllRetriesExhausted,
-        RouterCode::NoAvailableInstance,
-        RouterCode::DeadlineExceeded,
-        RouterCode::NotFound,
-        RouterCode::MethodNotAllowed,
-        RouterCode::TasksDisabled,
-        RouterCode::TaskNotFound,
-        RouterCode::TaskConflict,
-        RouterCode::TaskStoreUnavailable,
-        RouterCode::TaskBufferFull,
-        RouterCode::InvalidTaskResult,
-        RouterCode::DeadLetterNotFound,
-        RouterCode::RateLimited,
-        RouterCode::OutputSchemaMismatch,
-        RouterCode::AssertionFailed,
-        RouterCode::InvalidCallback,
-        RouterCode::Canceled,
-        RouterCode::StreamInterrupted,
-        RouterCode::Internal,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouterCode::InvalidEnvelope => "INVALID_ENVELOPE",
-            RouterCode::InvalidQuery => "INVALID_QUERY",
-            RouterCode::Unauthenticated => "UNAUTHENTICATED",
-            RouterCode::Forbidden => "FORBIDDEN",
-            RouterCode::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
-            RouterCode::VersionNotFound => "VERSION_NOT_FOUND",
-            RouterCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
-            RouterCode::SchemaMismatch => "SCHEMA_MISMATCH",
-            RouterCode::Overloaded => "OVERLOADED",
-            RouterCode::AgentError => "AGENT_ERROR",
-            RouterCode::AllRetriesExhausted => "ALL_RETRIES_EXHAUSTED",
-            RouterCode::NoAvailableInstance => "NO_AVAILABLE_INSTANCE",
-            RouterCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            RouterCode::NotFound => "NOT_FOUND",
-            RouterCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            RouterCode::TasksDisabled => "TASKS_DISABLED",
-            RouterCode::TaskNotFound => "TASK_NOT_FOUND",
-            RouterCode::TaskConflict => "TASK_CONFLICT",
-            RouterCode::TaskStoreUnavailable => "TASK_STORE_UNAVAILABLE",
-            RouterCode::TaskBufferFull => "TASK_BUFFER_FULL",
-            RouterCode::InvalidTaskResult => "INVALID_TASK_RESULT",
-            RouterCode::DeadLetterNotFound => "DEAD_LETTER_NOT_FOUND",
-            RouterCode::RateLimited => "RATE_LIMITED",
-            RouterCode::OutputSchemaMismatch => "OUTPUT_SCHEMA_MISMATCH",
-            RouterCode::AssertionFailed => "ASSERTION_FAILED",
-            RouterCode::InvalidCallback => "INVALID_CALLBACK",
-            RouterCode::Canceled => "CANCELED",
-            RouterCode::StreamInterrupted => "STREAM_INTERRUPTED",
-            RouterCode::Internal => "INTERNAL",
-        }
-    }
-
-    /// The code for `text`, if it is one of the router's.
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|code| code.as_str() == text)
-    }
-}
-
-impl fmt::Display for RouterCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The router's stable error codes (DESIGN §3.8), as the router defines them.
+pub use agent_reach_proto::RouterCode;
 
 /// A call's error becomes the handler's error with the same code, so a chain
 /// of agents reports the failure at its origin.
@@ -299,7 +188,7 @@ mod tests {
         for code in &documented {
             assert!(RouterCode::parse(code).is_some(), "{code} is not a RouterCode");
         }
-        for code in RouterCode::ALL {
+        for &code in RouterCode::ALL {
             assert!(
                 code == RouterCode::Internal || documented.contains(&code.as_str()),
                 "{code} is not in DESIGN §3.8"

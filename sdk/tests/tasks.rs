@@ -115,8 +115,8 @@ async fn a_handler_accepts_a_task_and_reports_its_result_later() {
     );
     settings.tasks = Some(agent_reach_router::TasksSettings {
         redis: redis.url(),
-        store: agent_reach_tasks::StoreConfig::default(),
-        callbacks: agent_reach_tasks::CallbackConfig::new(SECRET.as_bytes().to_vec()),
+        store: agent_reach_task_store::StoreConfig::default(),
+        callbacks: agent_reach_task_store::CallbackConfig::new(SECRET.as_bytes().to_vec()),
         workers: 4,
         // The work takes longer than this: the claim is kept while it runs.
         reclaim_after: Duration::from_millis(200),

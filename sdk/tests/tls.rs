@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use agent_reach_access::AuthConfig;
-use agent_reach_edge::tls::{ServerFiles, ServerTls};
 use agent_reach_sdk::{handler, Agent, Ctx, HandlerError, StartError};
+use agent_reach_serving::tls::{ServerFiles, ServerTls};
 use agent_reach_testkit::pki::{CertFiles, Pki};
 use agent_reach_testkit::{eventually, Etcd, Redis};
 use schemars::JsonSchema;
@@ -119,7 +119,7 @@ async fn an_sdk_agent_works_with_tls_on_every_link() {
     // Context service over TLS, on Redis over TLS (with a client certificate).
     let redis_client = pki.client("context");
     let mut problems = Vec::new();
-    let redis_tls = agent_reach_links::TlsFiles::read(
+    let redis_tls = agent_reach_stores::TlsFiles::read(
         "--redis",
         Some(&pki.ca_file),
         Some(&redis_client.cert),
@@ -132,7 +132,7 @@ async fn an_sdk_agent_works_with_tls_on_every_link() {
         threads: 1,
         store: agent_reach_context::StoreChoice::Redis {
             link: Box::new(
-                agent_reach_links::RedisLink::parse(&redis.url())
+                agent_reach_stores::RedisLink::parse(&redis.url())
                     .unwrap()
                     .with_tls(redis_tls),
             ),

@@ -444,7 +444,7 @@ impl Answer {
 impl RedisStore {
     /// Checks the link; connects on first use (and reconnects by itself afterwards).
     pub fn new(
-        link: &agent_reach_links::RedisLink,
+        link: &agent_reach_stores::RedisLink,
         namespace: &Namespace,
         policy: StorePolicy,
         timeout: Duration,
@@ -456,11 +456,11 @@ impl RedisStore {
             None
         };
         let (host, port, primary) = match &parsed.nodes {
-            agent_reach_links::Nodes::Direct(node) => (node.host.clone(), node.port, None),
-            agent_reach_links::Nodes::Sentinel { .. } => {
-                let sentinels = agent_reach_links::Sentinels::from_url(parsed, &link.tls)
+            agent_reach_stores::Nodes::Direct(node) => (node.host.clone(), node.port, None),
+            agent_reach_stores::Nodes::Sentinel { .. } => {
+                let sentinels = agent_reach_stores::Sentinels::from_url(parsed, &link.tls)
                     .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
-                let primary = agent_reach_links::Primary::new(sentinels, timeout);
+                let primary = agent_reach_stores::Primary::new(sentinels, timeout);
                 // Follows failovers in the background (one Sentinel question
                 // per half second), so requests never ask the Sentinels.
                 if tokio::runtime::Handle::try_current().is_ok() {
@@ -867,7 +867,7 @@ mod tests {
             tenant: "t".into(),
         };
         let store = RedisStore::new(
-            &agent_reach_links::RedisLink::parse(&url).unwrap(),
+            &agent_reach_stores::RedisLink::parse(&url).unwrap(),
             &namespace,
             StorePolicy::default(),
             Duration::from_millis(100),

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use agent_reach_edge::decimal;
+use agent_reach_serving::decimal;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -197,7 +197,7 @@ pub struct Target {
     pub port: u16,
     /// The primary the Sentinels name (`redis+sentinel://`): connect where it
     /// is now, and refuse a server whose `ROLE` is not `master`.
-    pub primary: Option<std::sync::Arc<agent_reach_links::Primary>>,
+    pub primary: Option<std::sync::Arc<agent_reach_stores::Primary>>,
     pub db: i64,
     pub username: Option<String>,
     pub password: Option<String>,
@@ -332,7 +332,7 @@ async fn connect(target: &Target) -> Result<Linked, String> {
                 .map_err(|error| {
                     format!(
                         "TLS with Redis at {address} failed: {}",
-                        agent_reach_links::error_chain(&error)
+                        agent_reach_stores::error_chain(&error)
                     )
                 })?;
             handshake(&mut stream, target, &address).await?;
@@ -400,7 +400,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Refuses a server that is not the primary, and asks the Sentinels again.
-async fn check_role(primary: &agent_reach_links::Primary, address: &str, reply: Reply) -> Result<(), String> {
+async fn check_role(primary: &agent_reach_stores::Primary, address: &str, reply: Reply) -> Result<(), String> {
     let role = match reply {
         Reply::Array(items) => items.into_iter().next().and_then(|role| role.into_text().ok()),
         _ => None,

@@ -67,7 +67,7 @@ pub struct EtcdTls {
 
 impl EtcdTls {
     /// The CA bundle (the system's roots without one) and the client identity.
-    pub fn from_files(files: &agent_reach_links::TlsFiles) -> Self {
+    pub fn from_files(files: &agent_reach_stores::TlsFiles) -> Self {
         let mut config = ClientTlsConfig::new();
         config = match &files.ca {
             Some((_, pem)) => config.ca_certificate(tonic::transport::Certificate::from_pem(pem)),

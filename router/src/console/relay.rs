@@ -36,8 +36,8 @@ pub struct Console {
 impl Console {
     /// `registry`: the router's `--registry` URLs; `secure_cookie`: the
     /// router serves TLS, so the session cookie is `Secure`.
-    pub fn new(registry: &[String], registry_tls: &agent_reach_edge::tls::ClientFiles, secure_cookie: bool) -> Self {
-        let tls = agent_reach_edge::tls::client_config(registry_tls, &[b"http/1.1"])
+    pub fn new(registry: &[String], registry_tls: &agent_reach_serving::tls::ClientFiles, secure_cookie: bool) -> Self {
+        let tls = agent_reach_serving::tls::client_config(registry_tls, &[b"http/1.1"])
             .map(Arc::new)
             .map_err(|error| error.to_string());
         Self {

@@ -333,7 +333,7 @@ pub async fn backlog(State(state): State<ConsoleState>, headers: HeaderMap) -> R
             ));
         };
         let store = tasks.store();
-        let unavailable = |error: agent_reach_tasks::TaskStoreError| {
+        let unavailable = |error: agent_reach_task_store::TaskStoreError| {
             RouterError::new(Code::TaskStoreUnavailable, format!("the task store: {error}"))
         };
         let waiting = store.backlog().await.map_err(unavailable)?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach_access::Caller;
-use agent_reach_tasks::{Callback, NewTask, Priority, State, Submitted, TaskStoreError};
+use agent_reach_task_store::{Callback, NewTask, Priority, State, Submitted, TaskStoreError};
 use axum::body::Body;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::{HeaderMap, StatusCode};
@@ -54,7 +54,7 @@ impl TaskApi {
 }
 
 /// Public view of a task.
-pub(crate) fn view(task: &agent_reach_tasks::Task) -> Value {
+pub(crate) fn view(task: &agent_reach_task_store::Task) -> Value {
     json!({
         "task_id": task.task_id,
         "request_id": task.request_id,
@@ -78,7 +78,7 @@ async fn owned_task<'a>(
     api: &'a TaskApi,
     headers: &HeaderMap,
     task_id: &str,
-) -> Result<(&'a Arc<TaskService>, agent_reach_tasks::Task), RouterError> {
+) -> Result<(&'a Arc<TaskService>, agent_reach_task_store::Task), RouterError> {
     let tasks = api.enabled()?;
     let caller = api.service.authenticate(headers)?;
     let task = tasks.store.get(task_id).await.map_err(store_error)?;
@@ -86,7 +86,7 @@ async fn owned_task<'a>(
     Ok((tasks, task))
 }
 
-pub(super) fn owner_check(caller: &Caller, task: &agent_reach_tasks::Task) -> Result<(), RouterError> {
+pub(super) fn owner_check(caller: &Caller, task: &agent_reach_task_store::Task) -> Result<(), RouterError> {
     match caller {
         Caller::Agent { name, .. } if **name != *task.caller => Err(RouterError::new(
             Code::TaskNotFound,
@@ -243,7 +243,7 @@ pub(super) async fn put(
     // buffer's replay must find it there under the same one. Under a fresh id the
     // replay found the request id taken and dropped its copy, and the id the caller
     // was given answered 404 for ever (docs/chaos.md, router/tests/task_buffer.rs).
-    let task_id = agent_reach_tasks::new_task_id();
+    let task_id = agent_reach_task_store::new_task_id();
     let submitted = match &tasks.buffer {
         // Behind what waits in the buffer: order holds, a resubmission finds its first copy.
         Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task_id, task, priority).await,
@@ -450,8 +450,8 @@ pub(super) async fn cancel(
 /// Cancels `task` (its result a failed envelope, code `CANCELED`) and reads it back.
 pub(super) async fn cancel_task(
     tasks: &TaskService,
-    task: &agent_reach_tasks::Task,
-) -> Result<agent_reach_tasks::Task, RouterError> {
+    task: &agent_reach_task_store::Task,
+) -> Result<agent_reach_task_store::Task, RouterError> {
     let result = failed_envelope(
         task,
         &RouterError::new(Code::Canceled, "the caller canceled the task"),

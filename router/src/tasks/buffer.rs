@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_reach_tasks::{NewTask, Submitted, TaskStore, TaskStoreError};
+use agent_reach_task_store::{NewTask, Submitted, TaskStore, TaskStoreError};
 use serde::{Deserialize, Serialize};
 
 /// How often the replayer tries Redis while the buffer holds something.

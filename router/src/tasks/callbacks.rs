@@ -15,7 +15,7 @@ const CALLBACK_LEASE: Duration = Duration::from_secs(60);
 pub(super) async fn run(tasks: Weak<TaskService>) {
     loop {
         let Some(tasks) = tasks.upgrade() else { return };
-        let lease_until = agent_reach_tasks::store::now_ms() + CALLBACK_LEASE.as_millis() as u64;
+        let lease_until = agent_reach_task_store::store::now_ms() + CALLBACK_LEASE.as_millis() as u64;
         let due = match tasks.store.claim_due_callbacks(lease_until, 64).await {
             Ok(due) => due,
             Err(error) => {
@@ -41,8 +41,8 @@ pub(super) async fn run(tasks: Weak<TaskService>) {
 async fn send_callback(tasks: &TaskService, task_id: &str) {
     match tasks.deliverer.send_due(&tasks.store, task_id).await {
         Ok(
-            agent_reach_tasks::CallbackOutcome::Retrying { .. }
-            | agent_reach_tasks::CallbackOutcome::DeadLettered { .. },
+            agent_reach_task_store::CallbackOutcome::Retrying { .. }
+            | agent_reach_task_store::CallbackOutcome::DeadLettered { .. },
         ) => {
             tasks.metrics.callback_failures.inc();
         }

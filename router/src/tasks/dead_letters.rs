@@ -4,7 +4,7 @@
 //! `POST /v1/dead-letters/{id}/replay` sends its callback again from the
 //! first attempt (a failure parks a new dead letter).
 
-use agent_reach_tasks::DeadLetter;
+use agent_reach_task_store::DeadLetter;
 use axum::extract::{Path, Query, State as AxumState};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -45,7 +45,7 @@ fn checked_id(id: &str) -> Result<&str, RouterError> {
     if is_cursor(id) {
         Ok(id)
     } else {
-        Err(store_error(agent_reach_tasks::TaskStoreError::DeadLetterNotFound(
+        Err(store_error(agent_reach_task_store::TaskStoreError::DeadLetterNotFound(
             id.to_string(),
         )))
     }
@@ -121,7 +121,7 @@ pub(super) async fn replay(AxumState(api): AxumState<TaskApi>, Path(id): Path<St
             .replay_dead_letter(checked_id(&id)?)
             .await
             .map_err(|error| match error {
-                agent_reach_tasks::TaskStoreError::NotFound(task_id) => RouterError::new(
+                agent_reach_task_store::TaskStoreError::NotFound(task_id) => RouterError::new(
                     Code::TaskNotFound,
                     format!(
                         "task `{task_id}` of dead letter `{id}` is past its retention; its result is in the dead letter"

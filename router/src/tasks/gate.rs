@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use agent_reach_tasks::Priority;
+use agent_reach_task_store::Priority;
 
 /// Bounds concurrent deliveries for one tag; waiters are served high
 /// priority first, then in arrival order, so queued low-priority work is

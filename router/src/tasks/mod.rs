@@ -9,7 +9,7 @@
 //! and replay the ones that could not be sent; [`protocol`] is what A2A's
 //! tasks use of it. It uses the fast path; the fast path never uses it.
 //!
-//! Durability lives in `agent_reach_tasks`: a task is answered `202` only
+//! Durability lives in `agent_reach_task_store`: a task is answered `202` only
 //! once stored; its queue entry is acknowledged only when its outcome is
 //! recorded; entries of a router that died are reclaimed by another.
 //! Without `--redis` the routes answer 501 `TASKS_DISABLED`.
@@ -29,7 +29,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_tasks::{Deliverer, TaskStore, TaskStoreError};
+use agent_reach_task_store::{Deliverer, TaskStore, TaskStoreError};
 use serde_json::{json, Value};
 
 pub(crate) use api::view as task_view;
@@ -234,7 +234,7 @@ fn store_error(error: TaskStoreError) -> RouterError {
     }
 }
 
-fn failed_envelope(task: &agent_reach_tasks::Task, error: &RouterError, attempts: u32) -> Value {
+fn failed_envelope(task: &agent_reach_task_store::Task, error: &RouterError, attempts: u32) -> Value {
     let envelope = ResultEnvelope {
         version: ENVELOPE_VERSION.to_string(),
         request_id: task.request_id.clone(),

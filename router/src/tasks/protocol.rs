@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use agent_reach_access::Caller;
-use agent_reach_tasks::{Callback, NewTask, Task};
+use agent_reach_task_store::{Callback, NewTask, Task};
 use serde_json::json;
 
 use super::api::{self, Put};
@@ -105,7 +105,7 @@ impl TaskApi {
     }
 
     /// `caller`'s tasks still kept, newest first (the newest
-    /// [`agent_reach_tasks::store::CALLER_INDEX_MAX`] submitted).
+    /// [`agent_reach_task_store::store::CALLER_INDEX_MAX`] submitted).
     pub(crate) async fn list(&self, caller: &Caller) -> Result<Vec<Task>, RouterError> {
         let tasks = self.enabled()?;
         let name = caller.name().unwrap_or("anonymous");

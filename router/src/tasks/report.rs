@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agent_reach_access::Caller;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_tasks::{Accepted, Reported, State, Task};
+use agent_reach_task_store::{Accepted, Reported, State, Task};
 use axum::body::Body;
 use axum::extract::{Path, State as AxumState};
 use axum::http::HeaderMap;
@@ -133,7 +133,7 @@ async fn accepted_task(tasks: &TaskService, task_id: &str) -> Result<(Task, Acce
             return Ok((task, accepted));
         }
         if task.state != State::Running || tokio::time::Instant::now() >= give_up {
-            return Err(store_error(agent_reach_tasks::TaskStoreError::NotAwaitingResult {
+            return Err(store_error(agent_reach_task_store::TaskStoreError::NotAwaitingResult {
                 current: task.state.as_str().to_string(),
             }));
         }
@@ -167,7 +167,7 @@ fn result_envelope(api: &TaskApi, task: &Task, accepted: &Accepted, report: Repo
         capability_version: Some(accepted.capability_version.clone()),
         agent_id: Some(accepted.agent_id.clone()),
         attempts: task.attempts.max(1),
-        duration_ms: agent_reach_tasks::store::now_ms().saturating_sub(accepted.at_ms),
+        duration_ms: agent_reach_task_store::store::now_ms().saturating_sub(accepted.at_ms),
         output,
         error,
     };

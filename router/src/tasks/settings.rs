@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent_reach_tasks::{CallbackConfig, StoreConfig};
+use agent_reach_task_store::{CallbackConfig, StoreConfig};
 
 /// The slow path's flags, part of `agent-reach router` (each also read from an
 /// `AGENT_REACH_*` environment variable).
@@ -17,7 +17,7 @@ pub struct TaskArgs {
     pub redis: Option<String>,
     /// TLS files and `WAIT` for the task store's Redis.
     #[command(flatten)]
-    pub redis_link: agent_reach_links::RedisLinkArgs,
+    pub redis_link: agent_reach_stores::RedisLinkArgs,
     /// File with the default secret that signs task callbacks (required with --redis).
     #[arg(long, env = "AGENT_REACH_CALLBACK_SECRET_FILE", value_name = "PATH")]
     pub callback_secret_file: Option<PathBuf>,
@@ -112,10 +112,13 @@ impl TaskArgs {
                 retention: Duration::from_secs(self.task_retention_s.max(60)),
                 tls: link.as_ref().map(|link| link.tls.clone()).unwrap_or_default(),
                 wait: link.as_ref().and_then(|link| link.wait),
-                local_buffer: self.task_buffer_dir.clone().map(|dir| agent_reach_tasks::LocalBuffer {
-                    dir,
-                    limit: self.task_buffer_max,
-                }),
+                local_buffer: self
+                    .task_buffer_dir
+                    .clone()
+                    .map(|dir| agent_reach_task_store::LocalBuffer {
+                        dir,
+                        limit: self.task_buffer_max,
+                    }),
                 ..Default::default()
             },
             callbacks,

@@ -12,11 +12,9 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::Caller;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_tasks::{Accepted, Claimed, State, TaskStoreError};
+use agent_reach_task_store::{Accepted, Claimed, State, TaskStoreError};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
-
-use agent_reach_edge::ErrorCode as _;
 
 use super::TaskService;
 use crate::admission::Entry;
@@ -204,7 +202,7 @@ async fn await_report(tasks: &TaskService, claimed: &Claimed, accepted: &Accepte
             Err(TaskStoreError::NotFound(_)) => return,
             Err(error) => tracing::warn!(message = "Cannot read an accepted task; retrying.", %task_id, %error),
         }
-        let now = agent_reach_tasks::store::now_ms();
+        let now = agent_reach_task_store::store::now_ms();
         if now >= accepted.deadline_ms {
             let error = RouterError::new(
                 Code::DeadlineExceeded,
@@ -270,7 +268,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
         if attempts > 0 || claimed.task.state != State::Pending {
             let _ = tasks.store.transition(&task.task_id, State::Retrying).await;
         }
-        running_since_ms = agent_reach_tasks::store::now_ms();
+        running_since_ms = agent_reach_task_store::store::now_ms();
         match tasks.store.transition(&task.task_id, State::Running).await {
             Ok(_) => {}
             Err(error @ (TaskStoreError::Refused { .. } | TaskStoreError::NotFound(_))) => {
@@ -352,7 +350,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     agent_id: success.agent_id,
                     agent_name: accepted.agent_name,
                     capability_version: success.capability_version,
-                    at_ms: agent_reach_tasks::store::now_ms(),
+                    at_ms: agent_reach_task_store::store::now_ms(),
                     deadline_ms: accepted.deadline_ms,
                 };
                 return match tasks.store.accept(claimed, &accepted).await {
@@ -432,7 +430,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
         }
     }
     // Time in each state, from what this delivery saw (no extra read).
-    let ended_ms = agent_reach_tasks::store::now_ms();
+    let ended_ms = agent_reach_task_store::store::now_ms();
     if let Some(queued) = task.transitions.last() {
         let waited = running_since_ms.saturating_sub(queued.at_ms) as f64 / 1000.0;
         tasks
@@ -480,7 +478,7 @@ pub(super) async fn complete_parent(tasks: &TaskService, parent_id: &str) {
         "status": "succeeded",
         "capability": parent.capability,
         "attempts": 1,
-        "duration_ms": agent_reach_tasks::store::now_ms().saturating_sub(parent.created_at_ms),
+        "duration_ms": agent_reach_task_store::store::now_ms().saturating_sub(parent.created_at_ms),
         "output": { "outcomes": outcomes },
     });
     // Two children ending at once may both get here: the second is refused, harmlessly.

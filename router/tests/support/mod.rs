@@ -402,14 +402,14 @@ impl Agent {
                 }
                 Some(tls) => {
                     // The services' own TLS front door, with no hot routes.
-                    let tls = agent_reach_edge::tls::ServerTls::load(agent_reach_edge::tls::ServerFiles {
+                    let tls = agent_reach_serving::tls::ServerTls::load(agent_reach_serving::tls::ServerFiles {
                         cert: tls.cert.cert.clone(),
                         key: tls.cert.key.clone(),
                         client_ca: tls.client_ca.clone(),
                     })
                     .expect("agent TLS");
-                    let door = agent_reach_edge::front::Door {
-                        hot: agent_reach_edge::front::NoHotRoutes,
+                    let door = agent_reach_serving::front::Door {
+                        hot: agent_reach_serving::front::NoHotRoutes,
                         app,
                         body_limit: 1 << 20,
                         tls: Some(tls),
@@ -736,12 +736,12 @@ pub async fn cluster_with_tasks(redis: &agent_reach_testkit::Redis) -> Cluster {
 /// The slow path on the Redis at `url`, with fast callback retries and
 /// loopback callback targets allowed.
 pub fn tasks_settings(url: String) -> agent_reach_router::TasksSettings {
-    let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+    let mut callbacks = agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec());
     callbacks.allow_private_targets = true; // receivers run on loopback
     callbacks.schedule = [100, 200, 400, 800].map(Duration::from_millis).to_vec();
     agent_reach_router::TasksSettings {
         redis: url,
-        store: agent_reach_tasks::StoreConfig::default(),
+        store: agent_reach_task_store::StoreConfig::default(),
         callbacks,
         workers: 16,
         reclaim_after: Duration::from_secs(30),

@@ -114,11 +114,11 @@ impl Stack {
                 acl.clone(),
             );
             settings.assertion.signing = agent_reach_router::SigningKey::Key(signing.clone());
-            let mut callbacks = agent_reach_tasks::CallbackConfig::new(CALLBACK_SECRET.to_vec());
+            let mut callbacks = agent_reach_task_store::CallbackConfig::new(CALLBACK_SECRET.to_vec());
             callbacks.allow_private_targets = true;
             settings.tasks = Some(agent_reach_router::TasksSettings {
                 redis: redis.url(),
-                store: agent_reach_tasks::StoreConfig::default(),
+                store: agent_reach_task_store::StoreConfig::default(),
                 callbacks,
                 workers: 8,
                 reclaim_after: Duration::from_secs(120),

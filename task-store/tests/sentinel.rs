@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use agent_reach_links::Wait;
-use agent_reach_tasks::{NewTask, Priority, StoreConfig, Submitted, TaskStore};
+use agent_reach_stores::Wait;
+use agent_reach_task_store::{NewTask, Priority, StoreConfig, Submitted, TaskStore};
 use agent_reach_testkit::RedisSentinels;
 use serde_json::json;
 

@@ -11,8 +11,6 @@
 //!   into a rustls client configuration or the `redis` crate's certificates.
 //! - [`args`]: the Redis link flags both services share ([`RedisLinkArgs`]),
 //!   validated into a [`RedisLink`].
-//! - [`tenants`]: the tenant map (`--tenant-map`): the tenants a process
-//!   serves, each one's Redis placement, policy file and quotas, hot-reloaded.
 //!
 //! Services keep their own clients (the context service's RESP client, the
 //! task store's `redis` connections, the registry's etcd gRPC client); this
@@ -21,11 +19,9 @@
 pub mod args;
 pub mod redis_url;
 pub mod sentinel;
-pub mod tenants;
 pub mod tls;
 
 pub use args::{RedisLink, RedisLinkArgs, RedisTlsArgs, Wait};
 pub use redis_url::{HostPort, Nodes, RedisUrl, SentinelAuth};
 pub use sentinel::{Primary, Sentinels};
-pub use tenants::{Quotas, TenantEntry, TenantMap, TenantMapHandle};
 pub use tls::{error_chain, TlsFiles};

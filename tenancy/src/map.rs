@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::redis_url::{redact, RedisUrl};
+use agent_reach_stores::redis_url::{redact, RedisUrl};
 
 /// How often the file is looked at.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
@@ -257,9 +257,39 @@ pub fn check_at_start(path: &Path, home: &str) -> Vec<String> {
 /// every valid edit.
 #[derive(Clone)]
 pub struct TenantMapHandle {
-    current: Arc<tokio::sync::watch::Sender<Arc<TenantMap>>>,
+    live: Arc<Live>,
+}
+
+struct Live {
+    current: tokio::sync::watch::Sender<Arc<TenantMap>>,
     /// Edits refused since start (tests and diagnostics poll it).
-    rejected: Arc<std::sync::atomic::AtomicU64>,
+    rejected: std::sync::atomic::AtomicU64,
+}
+
+impl agent_reach_reload::Follow for Live {
+    type Value = TenantMap;
+
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<TenantMap, String> {
+        std::str::from_utf8(&contents[0])
+            .map_err(|error| vec![format!("not UTF-8: {error}")])
+            .and_then(TenantMap::parse)
+            .map_err(|problems| problems.join("; "))
+    }
+
+    fn apply(&self, map: TenantMap) -> bool {
+        if **self.current.borrow() == map {
+            return false;
+        }
+        tracing::info!(message = "Tenant map reloaded.", tenants = map.len());
+        self.current.send_replace(Arc::new(map));
+        true
+    }
+
+    fn observe(&self, outcome: agent_reach_reload::Outcome) {
+        if outcome != agent_reach_reload::Outcome::Applied {
+            self.rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 impl TenantMapHandle {
@@ -267,98 +297,48 @@ impl TenantMapHandle {
     pub fn fixed(map: TenantMap) -> Self {
         let (current, _) = tokio::sync::watch::channel(Arc::new(map));
         Self {
-            current: Arc::new(current),
-            rejected: Arc::default(),
+            live: Arc::new(Live {
+                current,
+                rejected: std::sync::atomic::AtomicU64::new(0),
+            }),
         }
     }
 
     /// Loads `path` now (start-up fails on a broken file) and polls it every
-    /// [`RELOAD_INTERVAL`] while any clone of the handle is alive.
+    /// [`RELOAD_INTERVAL`] while any clone of the handle is alive
+    /// ([`agent_reach_reload`]: a broken edit keeps the last good map).
     pub fn load_and_watch(path: &Path) -> Result<Self, String> {
+        let reload = agent_reach_reload::Reload {
+            what: "tenant map",
+            paths: vec![path.to_path_buf()],
+            every: RELOAD_INTERVAL,
+        };
         let map = TenantMap::load(path)?;
+        // What was read now (a change after the load is seen at the first look).
+        let initial = reload.read().unwrap_or_default();
         let handle = Self::fixed(map);
-        let initial = std::fs::read(path).unwrap_or_default();
-        tokio::spawn(reload_loop(
-            path.to_path_buf(),
-            Arc::downgrade(&handle.current),
-            handle.rejected.clone(),
-            initial,
-        ));
+        reload.spawn(Arc::downgrade(&handle.live), agent_reach_reload::Seen::applied(initial));
         Ok(handle)
     }
 
     /// The map in force now.
     pub fn current(&self) -> Arc<TenantMap> {
-        self.current.borrow().clone()
+        self.live.current.borrow().clone()
     }
 
     /// A receiver that sees every valid edit (`changed()` resolves on each).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Arc<TenantMap>> {
-        self.current.subscribe()
+        self.live.current.subscribe()
     }
 
     /// Edits of the file refused since start (unreadable or invalid).
     pub fn rejected_edits(&self) -> u64 {
-        self.rejected.load(std::sync::atomic::Ordering::Relaxed)
+        self.live.rejected.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Publishes `map` (the reload loop; tests).
+    /// Publishes `map` (tests).
     pub fn replace(&self, map: TenantMap) {
-        self.current.send_replace(Arc::new(map));
-    }
-}
-
-async fn reload_loop(
-    path: PathBuf,
-    current: std::sync::Weak<tokio::sync::watch::Sender<Arc<TenantMap>>>,
-    rejected: Arc<std::sync::atomic::AtomicU64>,
-    mut last_seen: Vec<u8>,
-) {
-    let mut ticker = tokio::time::interval(RELOAD_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        // Stop when the service that owns the handle is gone.
-        let Some(current) = current.upgrade() else {
-            return;
-        };
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
-            Err(error) => {
-                if !last_seen.is_empty() {
-                    tracing::error!(
-                        message = "Tenant map unreadable; keeping the last good map.",
-                        path = %path.display(),
-                        %error
-                    );
-                    rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    last_seen.clear();
-                }
-                continue;
-            }
-        };
-        if bytes == last_seen {
-            continue;
-        }
-        last_seen = bytes;
-        let parsed = std::str::from_utf8(&last_seen)
-            .map_err(|error| vec![format!("not UTF-8: {error}")])
-            .and_then(TenantMap::parse);
-        match parsed {
-            Ok(map) if **current.borrow() == map => {}
-            Ok(map) => {
-                tracing::info!(message = "Tenant map reloaded.", path = %path.display(), tenants = map.len());
-                current.send_replace(Arc::new(map));
-            }
-            Err(problems) => {
-                rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::error!(
-                    message = "Tenant map edit rejected; keeping the last good map.",
-                    path = %path.display(),
-                    problems = %problems.join("; ")
-                );
-            }
-        }
+        self.live.current.send_replace(Arc::new(map));
     }
 }
 

@@ -1,4 +1,5 @@
-//! The router vouches for every call it forwards (DESIGN §8): each forwarded
+//! How the router signs its hop assertions: the router vouches for every
+//! call it forwards (DESIGN §8): each forwarded
 //! request carries `Authorization: Bearer <assertion>`, an EdDSA JWT naming
 //! the verified caller, the target instance, the capability, the tenant and
 //! an expiry that is short and never past the call's deadline; the keys that
@@ -7,9 +8,9 @@
 //! Keys come from files (`--assertion-key`, the signing key, and
 //! `--assertion-published-key`, keys published beside it: the next key before
 //! a rotation, the previous one after), polled every second and swapped
-//! atomically when they change, so a rotation is: publish the new key on every
-//! router, then make it the signing key, then drop the old one. A broken edit
-//! keeps the last good keys and is logged.
+//! atomically when they change ([`agent_reach_reload`]), so a rotation is:
+//! publish the new key on every router, then make it the signing key, then
+//! drop the old one. A broken edit keeps the last good keys and is logged.
 //!
 //! Signing costs tens of microseconds, so each serving thread keeps the
 //! assertion it issued per (caller, instance, capability) and reuses it while
@@ -23,12 +24,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_reach_access::assertion::{jwks, AssertionClaims, AssertionKey};
-use agent_reach_access::Caller;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 
-use crate::error::{Code, RouterError};
+use crate::assertion::{jwks, AssertionClaims, AssertionKey};
+use crate::Caller;
 
 /// Where the signing key comes from.
 #[derive(Debug, Clone)]
@@ -60,14 +60,15 @@ impl Default for AssertionSettings {
         Self {
             signing: SigningKey::Generate,
             published: Vec::new(),
-            issuer: agent_reach_access::assertion::DEFAULT_ISSUER.to_string(),
+            issuer: crate::assertion::DEFAULT_ISSUER.to_string(),
             ttl: Duration::from_secs(10),
         }
     }
 }
 
-/// The keys in use: the signing key, the published ones, the JWKS document.
-struct KeySet {
+/// The keys in use: the signing key, the published ones, the JWKS document
+/// (what the key files parse into; opaque outside this module).
+pub struct KeySet {
     signing: Arc<AssertionKey>,
     published: Vec<AssertionKey>,
     jwks: Bytes,
@@ -82,8 +83,6 @@ pub struct Assertions {
     /// The generation of `keys`, read on every request (a cheaper check than the swap).
     generation: AtomicU64,
     settings: AssertionSettings,
-    /// The last key files read, to notice a change.
-    read: std::sync::Mutex<Vec<Vec<u8>>>,
     keys_valid: prometheus::IntGauge,
 }
 
@@ -122,14 +121,13 @@ impl Assertions {
         registry
             .register(Box::new(keys_valid.clone()))
             .map_err(|error| error.to_string())?;
-        let (files, set) = read_keys(&settings)?;
+        let set = keys_from(&settings, &read_files(&settings)?)?;
         keys_valid.set(1);
         let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
         let assertions = Arc::new(Self {
             keys: ArcSwap::from_pointee(set),
             generation: AtomicU64::new(generation),
             settings,
-            read: std::sync::Mutex::new(files),
             keys_valid,
         });
         tracing::info!(
@@ -140,57 +138,33 @@ impl Assertions {
         Ok(assertions)
     }
 
-    /// Polls the key files every second until the router is dropped.
-    pub fn watch(self: &Arc<Self>) {
-        let has_files = matches!(self.settings.signing, SigningKey::File(_)) || !self.settings.published.is_empty();
-        if !has_files {
-            return;
+    /// The key files, as the reload loop follows them.
+    fn reload(&self) -> agent_reach_reload::Reload {
+        let mut paths = Vec::with_capacity(1 + self.settings.published.len());
+        if let SigningKey::File(path) = &self.settings.signing {
+            paths.push(path.clone());
         }
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(assertions) = weak.upgrade() else { return };
-                assertions.reload();
-            }
-        });
+        paths.extend(self.settings.published.iter().cloned());
+        agent_reach_reload::Reload {
+            what: "assertion keys",
+            paths,
+            every: Duration::from_secs(1),
+        }
     }
 
-    /// Reads the key files again and swaps the keys when they changed.
-    pub fn reload(&self) {
-        let mut read = self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let files = match read_files(&self.settings) {
-            Ok(files) => files,
-            Err(error) => {
-                self.keys_valid.set(0);
-                tracing::error!(message = "Cannot read the assertion keys; keeping the last good ones.", %error);
-                return;
-            }
-        };
-        if files == *read {
+    /// Polls the key files every second until the assertions are dropped.
+    pub fn watch(self: &Arc<Self>) {
+        let reload = self.reload();
+        if reload.paths.is_empty() {
             return;
         }
-        match keys_from(&self.settings, &files) {
-            Ok(set) => {
-                let signing = set.signing.kid().to_string();
-                self.keys.store(Arc::new(set));
-                self.generation
-                    .store(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed), Ordering::Release);
-                self.keys_valid.set(1);
-                *read = files;
-                tracing::info!(message = "Assertion keys reloaded.", signing_kid = %signing);
-            }
-            Err(error) => {
-                self.keys_valid.set(0);
-                tracing::error!(message = "Assertion key files are invalid; keeping the last good keys.", %error);
-            }
-        }
+        // What the keys were made from (a change since is seen at the first look).
+        let seen = reload.read().map(agent_reach_reload::Seen::applied).unwrap_or_default();
+        reload.spawn(Arc::downgrade(self), seen);
     }
 
     /// The key signing now (the console derives its sealing key from it).
-    pub(crate) fn signing_key(&self) -> Arc<AssertionKey> {
+    pub fn signing_key(&self) -> Arc<AssertionKey> {
         self.keys.load().signing.clone()
     }
 
@@ -208,7 +182,7 @@ impl Assertions {
         capability: &str,
         deadline_ms: u64,
         now_ms: u64,
-    ) -> Result<Arc<str>, RouterError> {
+    ) -> Result<Arc<str>, String> {
         let generation = self.generation.load(Ordering::Acquire);
         let caller_name = match caller {
             Caller::Agent { name, .. } => Some(name),
@@ -249,12 +223,7 @@ impl Assertions {
             // JWT times are seconds; round down so the assertion never outlives the deadline.
             exp: expires_ms / 1000,
         };
-        let token = self
-            .keys
-            .load()
-            .signing
-            .sign(&claims)
-            .map_err(|error| RouterError::new(Code::AssertionFailed, error))?;
+        let token = self.keys.load().signing.sign(&claims)?;
         let header: Arc<str> = format!("Bearer {token}").into();
         // Only full-life assertions are worth keeping: one cut short by a
         // near deadline would serve no later call.
@@ -324,15 +293,31 @@ fn keys_from(settings: &AssertionSettings, files: &[Vec<u8>]) -> Result<KeySet, 
     })
 }
 
-fn read_keys(settings: &AssertionSettings) -> Result<(Vec<Vec<u8>>, KeySet), String> {
-    let files = read_files(settings)?;
-    let set = keys_from(settings, &files)?;
-    Ok((files, set))
+impl agent_reach_reload::Follow for Assertions {
+    type Value = KeySet;
+
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<KeySet, String> {
+        keys_from(&self.settings, contents)
+    }
+
+    fn apply(&self, set: KeySet) -> bool {
+        let signing = set.signing.kid().to_string();
+        self.keys.store(Arc::new(set));
+        self.generation
+            .store(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed), Ordering::Release);
+        tracing::info!(message = "Assertion keys reloaded.", signing_kid = %signing);
+        true
+    }
+
+    fn observe(&self, outcome: agent_reach_reload::Outcome) {
+        self.keys_valid
+            .set(i64::from(outcome == agent_reach_reload::Outcome::Applied));
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use agent_reach_access::assertion::{AssertionVerifier, DEFAULT_ISSUER};
+    use crate::assertion::{AssertionVerifier, DEFAULT_ISSUER};
 
     use super::*;
 
@@ -396,6 +381,8 @@ mod tests {
         let first = write_key(&dir.path().join("signing.pem"));
         let second = write_key(&dir.path().join("next.pem"));
         let assertions = Assertions::load(settings_in(dir.path()), &prometheus::Registry::new()).unwrap();
+        let reload = assertions.reload();
+        let mut seen = agent_reach_reload::Seen::applied(reload.read().unwrap());
         let published = verifier(&assertions);
         assert!(published.knows(&first) && published.knows(&second));
         let caller = Caller::agent("c");
@@ -413,7 +400,7 @@ mod tests {
         let next = std::fs::read(dir.path().join("next.pem")).unwrap();
         std::fs::write(dir.path().join("signing.pem"), next).unwrap();
         std::fs::write(dir.path().join("next.pem"), signing).unwrap();
-        assertions.reload();
+        reload.check(&*assertions, &mut seen);
         let after = assertions.header(&caller, "a", "x.y", now + 60_000, now).unwrap();
         assert_eq!(
             AssertionVerifier::key_id(after.strip_prefix("Bearer ").unwrap()).unwrap(),
@@ -425,7 +412,7 @@ mod tests {
         assert!(published.verify(after.strip_prefix("Bearer ").unwrap(), "a").is_ok());
         // A broken edit keeps the last good keys.
         std::fs::write(dir.path().join("signing.pem"), "garbage").unwrap();
-        assertions.reload();
+        reload.check(&*assertions, &mut seen);
         assert_eq!(assertions.keys_valid.get(), 0);
         let still = assertions.header(&caller, "b", "x.y", now + 60_000, now).unwrap();
         assert_eq!(

@@ -1,24 +1,22 @@
-//! The edge every Agent-Reach service shares: request bodies read with a
-//! bound, JSON parsed so each failure names its kind and the field at fault,
-//! and gRPC statuses carrying the stable code and field as metadata.
-//!
-//! Each service maps [`BodyProblem`] onto its own error type and codes; this
-//! crate decides nothing about HTTP statuses. [`serve::per_core`] runs a
-//! service on one single-threaded runtime per core; [`front`] serves a
+//! HTTP serving, shared by every Agent-Reach service: request bodies read
+//! with a bound and JSON parsed so each failure names its kind and the field
+//! at fault ([`BodyProblem`], from `agent-reach-errors`); [`serve::per_core`]
+//! runs a service on one single-threaded runtime per core; [`front`] serves a
 //! service's hot requests without hyper's and axum's per-request machinery
-//! and the rest with its axum routes; [`tenants`] hands each request to its
-//! tenant's part of a service.
+//! and the rest with its axum routes; [`tls`] is listener TLS from PEM files
+//! and verifying client configurations.
+//!
+//! This crate decides nothing about HTTP statuses: each service maps a
+//! [`BodyProblem`] onto its own codes (`agent_reach_errors::ErrorCode`).
 
-pub mod error;
 pub mod front;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod serve;
-pub mod tenants;
 pub mod tls;
 
-pub use error::{ApiError, ErrorCode};
+pub use agent_reach_errors::BodyProblem;
 
 use axum::body::Body;
 use http::HeaderMap;
@@ -52,61 +50,10 @@ impl HeaderLookup for HeaderMap {
     }
 }
 
-/// gRPC metadata keys carrying the stable code and the field at fault.
-pub const CODE_METADATA: &str = "x-agent-reach-code";
-pub const FIELD_METADATA: &str = "x-agent-reach-field";
-
 /// A body over the limit is read and discarded up to this multiple of the
 /// limit before the service answers, so the client sees the answer instead of
 /// a connection reset; anything larger is refused without reading it.
 const DRAIN_FACTOR: usize = 8;
-
-/// Why a request body was not accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BodyProblem {
-    TooLarge {
-        limit: usize,
-    },
-    /// Not JSON at all, cut short, unreadable, or followed by trailing data.
-    Malformed {
-        message: String,
-    },
-    UnknownField {
-        field: String,
-        message: String,
-    },
-    MissingField {
-        field: String,
-        message: String,
-    },
-    /// A value of the wrong type or shape; `field` is `None` at the root.
-    WrongType {
-        field: Option<String>,
-        message: String,
-    },
-}
-
-impl BodyProblem {
-    /// A message for a person.
-    pub fn message(&self) -> String {
-        match self {
-            BodyProblem::TooLarge { limit } => format!("request body exceeds this service's limit of {limit} bytes"),
-            BodyProblem::Malformed { message }
-            | BodyProblem::UnknownField { message, .. }
-            | BodyProblem::MissingField { message, .. }
-            | BodyProblem::WrongType { message, .. } => format!("invalid request body: {message}"),
-        }
-    }
-
-    /// The field at fault, as a dotted path (`capabilities[1].version`).
-    pub fn field(&self) -> Option<&str> {
-        match self {
-            BodyProblem::UnknownField { field, .. } | BodyProblem::MissingField { field, .. } => Some(field),
-            BodyProblem::WrongType { field, .. } => field.as_deref(),
-            _ => None,
-        }
-    }
-}
 
 /// Reads at most `limit` bytes of `body`. Most bodies arrive as one chunk,
 /// which is kept as it came (no copy).
@@ -260,18 +207,6 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, BodyProblem> {
     Ok(value)
 }
 
-/// A gRPC status whose metadata carries the stable code and the field at fault.
-pub fn grpc_status(code: tonic::Code, stable_code: &str, message: String, field: Option<&str>) -> tonic::Status {
-    let mut status = tonic::Status::new(code, message);
-    if let Ok(value) = stable_code.parse() {
-        status.metadata_mut().insert(CODE_METADATA, value);
-    }
-    if let Some(Ok(value)) = field.map(str::parse) {
-        status.metadata_mut().insert(FIELD_METADATA, value);
-    }
-    status
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,12 +257,5 @@ mod tests {
         assert_eq!(read, Err(BodyProblem::TooLarge { limit: 1024 }));
         let read = read_limited(&headers, Body::from("{}"), 1024).await;
         assert_eq!(read, Ok(bytes::Bytes::from_static(b"{}")));
-    }
-
-    #[test]
-    fn grpc_metadata_carries_code_and_field() {
-        let status = grpc_status(tonic::Code::InvalidArgument, "INVALID_TTL", "bad".into(), Some("ttl_s"));
-        assert_eq!(status.metadata().get(CODE_METADATA).unwrap(), "INVALID_TTL");
-        assert_eq!(status.metadata().get(FIELD_METADATA).unwrap(), "ttl_s");
     }
 }

@@ -2,8 +2,8 @@
 //! TLS only, client certificates required, the server verified against the
 //! given CA; without that CA the error names the certificate problem.
 
-use agent_reach_links::TlsFiles;
-use agent_reach_tasks::{NewTask, StoreConfig, TaskStore};
+use agent_reach_stores::TlsFiles;
+use agent_reach_task_store::{NewTask, StoreConfig, TaskStore};
 use agent_reach_testkit::pki::Pki;
 use agent_reach_testkit::Redis;
 use serde_json::json;

@@ -44,17 +44,33 @@ pub struct ServerFiles {
 /// whole when its files change.
 #[derive(Clone)]
 pub struct ServerTls {
+    live: Arc<Live>,
+}
+
+/// The files and the configuration made from them.
+struct Live {
     files: ServerFiles,
-    current: Arc<ArcSwap<ServerConfig>>,
-    /// The contents last loaded (to tell a change from a reread).
-    loaded: Arc<std::sync::Mutex<Vec<u8>>>,
+    current: ArcSwap<ServerConfig>,
 }
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerTls")
-            .field("files", &self.files)
+            .field("files", &self.live.files)
             .finish_non_exhaustive()
+    }
+}
+
+impl agent_reach_reload::Follow for Live {
+    type Value = ServerConfig;
+
+    fn parse(&self, contents: &[Vec<u8>]) -> Result<ServerConfig, String> {
+        server_config(&self.files, contents).map_err(|error| error.to_string())
+    }
+
+    fn apply(&self, config: ServerConfig) -> bool {
+        self.current.store(Arc::new(config));
+        true
     }
 }
 
@@ -64,61 +80,38 @@ impl ServerTls {
         let contents = read_all(&files)?;
         let config = server_config(&files, &contents)?;
         Ok(Self {
-            files,
-            current: Arc::new(ArcSwap::from_pointee(config)),
-            loaded: Arc::new(std::sync::Mutex::new(contents.concat())),
+            live: Arc::new(Live {
+                files,
+                current: ArcSwap::from_pointee(config),
+            }),
         })
     }
 
     /// The acceptor for the next connection.
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.load_full())
+        tokio_rustls::TlsAcceptor::from(self.live.current.load_full())
     }
 
     pub fn files(&self) -> &ServerFiles {
-        &self.files
+        &self.live.files
     }
 
-    /// Rereads the files; swaps the configuration when they changed and parse.
-    /// `Ok(true)`: reloaded; `Ok(false)`: unchanged; `Err`: changed but
-    /// unusable (the previous configuration stays).
-    pub fn reload(&self) -> Result<bool, TlsError> {
-        let contents = read_all(&self.files)?;
-        let joined = contents.concat();
-        let mut loaded = self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *loaded == joined {
-            return Ok(false);
-        }
-        let config = server_config(&self.files, &contents)?;
-        self.current.store(Arc::new(config));
-        *loaded = joined;
-        Ok(true)
-    }
-
-    /// Rereads the files every `every` until the task is dropped, logging each
-    /// reload and each unusable change (see the module notes).
-    pub async fn watch(self, every: Duration) {
-        let mut failing = false;
-        loop {
-            tokio::time::sleep(every).await;
-            match self.reload() {
-                Ok(true) => {
-                    failing = false;
-                    tracing::info!(message = "TLS certificate reloaded.", cert = %self.files.cert.display());
-                }
-                Ok(false) => failing = false,
-                Err(error) => {
-                    if !failing {
-                        tracing::error!(
-                            message = "TLS files changed but cannot be used; serving the previous certificate.",
-                            cert = %self.files.cert.display(),
-                            %error
-                        );
-                    }
-                    failing = true;
-                }
-            }
-        }
+    /// Rereads the files every `every` while any clone is alive: a change
+    /// that makes a usable certificate applies to new connections, one that
+    /// does not is logged and the previous configuration kept
+    /// ([`agent_reach_reload`]).
+    pub fn watch(&self, every: Duration) {
+        let files = &self.live.files;
+        let mut paths = vec![files.cert.clone(), files.key.clone()];
+        paths.extend(files.client_ca.clone());
+        let reload = agent_reach_reload::Reload {
+            what: "TLS certificate",
+            paths,
+            every,
+        };
+        // What the configuration was made from (a change since is seen at the first look).
+        let seen = reload.read().map(agent_reach_reload::Seen::applied).unwrap_or_default();
+        reload.spawn(Arc::downgrade(&self.live), seen);
     }
 }
 
@@ -290,7 +283,7 @@ pub fn listener(files: Option<&ServerFiles>) -> Result<Option<ServerTls>, TlsErr
         return Ok(None);
     };
     let tls = ServerTls::load(files.clone())?;
-    tokio::spawn(tls.clone().watch(RELOAD_EVERY));
+    tls.watch(RELOAD_EVERY);
     Ok(Some(tls))
 }
 

@@ -196,9 +196,9 @@ pub struct StoreConfig {
     /// How long finished tasks, their idempotency keys and session results are kept.
     pub retention: Duration,
     /// CA bundle and client certificate for `rediss://` (the system's roots otherwise).
-    pub tls: agent_reach_links::TlsFiles,
+    pub tls: agent_reach_stores::TlsFiles,
     /// Acknowledge a submission only once this many replicas have it (`WAIT`).
-    pub wait: Option<agent_reach_links::Wait>,
+    pub wait: Option<agent_reach_stores::Wait>,
     /// Where the router keeps submissions while Redis is unreachable (its
     /// `--task-buffer-dir`), and how many at most; `None`: answer 503 instead.
     pub local_buffer: Option<LocalBuffer>,
@@ -217,7 +217,7 @@ impl Default for StoreConfig {
             prefix: "agent-reach".to_string(),
             tenant: "default".to_string(),
             retention: Duration::from_secs(24 * 3600),
-            tls: agent_reach_links::TlsFiles::default(),
+            tls: agent_reach_stores::TlsFiles::default(),
             wait: None,
             local_buffer: None,
         }
@@ -228,7 +228,7 @@ pub struct TaskStore {
     link: Link,
     /// The connection and the Sentinel generation it was opened under (0 without Sentinels).
     connection: std::sync::Mutex<Option<(u64, ConnectionManager)>>,
-    wait: Option<agent_reach_links::Wait>,
+    wait: Option<agent_reach_stores::Wait>,
     namespace: String,
     /// The tenant whose tasks these are (the second part of `namespace`).
     tenant: String,
@@ -237,7 +237,7 @@ pub struct TaskStore {
     transition: Script,
     finish: Script,
     claim_callbacks: Script,
-    tls: agent_reach_links::TlsFiles,
+    tls: agent_reach_stores::TlsFiles,
     extend: Script,
     accept: Script,
     replay: Script,
@@ -250,22 +250,22 @@ enum Link {
     Direct(redis::Client),
     /// The primary the Sentinels name; `url` holds the credentials and database.
     Sentinel {
-        primary: std::sync::Arc<agent_reach_links::Primary>,
-        url: agent_reach_links::RedisUrl,
+        primary: std::sync::Arc<agent_reach_stores::Primary>,
+        url: agent_reach_stores::RedisUrl,
     },
 }
 
 /// A client for `url`'s server, or for `address` (the Sentinels' primary),
 /// over TLS when the URL says so (verification always on).
 fn client_for(
-    url: &agent_reach_links::RedisUrl,
-    address: Option<&agent_reach_links::HostPort>,
-    tls: &agent_reach_links::TlsFiles,
+    url: &agent_reach_stores::RedisUrl,
+    address: Option<&agent_reach_stores::HostPort>,
+    tls: &agent_reach_stores::TlsFiles,
 ) -> Result<redis::Client, String> {
     let node = match (address, &url.nodes) {
         (Some(address), _) => address.clone(),
-        (None, agent_reach_links::Nodes::Direct(node)) => node.clone(),
-        (None, agent_reach_links::Nodes::Sentinel { .. }) => {
+        (None, agent_reach_stores::Nodes::Direct(node)) => node.clone(),
+        (None, agent_reach_stores::Nodes::Sentinel { .. }) => {
             return Err("a Sentinel URL needs the primary's address".to_string())
         }
     };
@@ -294,7 +294,7 @@ fn client_for(
     } else {
         redis::Client::open(info)
     };
-    client.map_err(|error| format!("Redis {node}: {}", agent_reach_links::error_chain(&error)))
+    client.map_err(|error| format!("Redis {node}: {}", agent_reach_stores::error_chain(&error)))
 }
 
 const SUBMIT: &str = r#"
@@ -461,10 +461,10 @@ impl TaskStore {
     /// succeed again once it is back. `url` is `redis://`, `rediss://`,
     /// `redis+sentinel://` or `rediss+sentinel://` (DESIGN §7.8).
     pub fn new(url: &str, config: &StoreConfig) -> Result<Self, String> {
-        let parsed = agent_reach_links::RedisUrl::parse(url)?;
-        let link = match agent_reach_links::Sentinels::from_url(&parsed, &config.tls) {
+        let parsed = agent_reach_stores::RedisUrl::parse(url)?;
+        let link = match agent_reach_stores::Sentinels::from_url(&parsed, &config.tls) {
             Some(sentinels) => {
-                let primary = agent_reach_links::Primary::new(sentinels, Duration::from_secs(2));
+                let primary = agent_reach_stores::Primary::new(sentinels, Duration::from_secs(2));
                 // Follows failovers in the background; requests never ask the Sentinels.
                 if tokio::runtime::Handle::try_current().is_ok() {
                     primary.follow();

@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agent_reach_tasks::callback::{verify, SIGNATURE_HEADER};
-use agent_reach_tasks::{
+use agent_reach_task_store::callback::{verify, SIGNATURE_HEADER};
+use agent_reach_task_store::{
     Callback, CallbackConfig, CallbackOutcome, Deliverer, NewTask, Priority, State, StoreConfig, Submitted, TaskStore,
     TaskStoreError,
 };
@@ -264,7 +264,7 @@ async fn receiver(failures: usize) -> (String, Calls) {
     (url, seen)
 }
 
-async fn finished_task_with_callback(store: &TaskStore, request_id: &str, url: &str) -> agent_reach_tasks::Task {
+async fn finished_task_with_callback(store: &TaskStore, request_id: &str, url: &str) -> agent_reach_task_store::Task {
     let mut new = task(request_id, Priority::Normal, None);
     new.callback = Some(Callback {
         url: url.to_string(),
@@ -295,7 +295,7 @@ async fn send_until_done(store: &TaskStore, deliverer: &Deliverer, task_id: &str
     let mut outcomes = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let lease_until = agent_reach_tasks::store::now_ms() + 60_000;
+        let lease_until = agent_reach_task_store::store::now_ms() + 60_000;
         for due in store.claim_due_callbacks(lease_until, 10).await.unwrap() {
             assert_eq!(due, task_id);
             let outcome = deliverer.send_due(store, &due).await.unwrap();
@@ -425,7 +425,7 @@ async fn an_accepted_task_takes_one_report_from_its_agent() {
         }),
         "no 202 recorded yet"
     );
-    let accepted = agent_reach_tasks::Accepted {
+    let accepted = agent_reach_task_store::Accepted {
         agent_id: "echo-1".into(),
         agent_name: "echo".into(),
         capability_version: "1.0.0".into(),
@@ -445,13 +445,13 @@ async fn an_accepted_task_takes_one_report_from_its_agent() {
         store
             .report(&running, "echo", (State::Succeeded, &result), &report)
             .await,
-        Ok(agent_reach_tasks::Reported::Recorded(State::Succeeded))
+        Ok(agent_reach_task_store::Reported::Recorded(State::Succeeded))
     );
     assert_eq!(
         store
             .report(&running, "echo", (State::Succeeded, &result), &report)
             .await,
-        Ok(agent_reach_tasks::Reported::Repeated(State::Succeeded)),
+        Ok(agent_reach_task_store::Reported::Repeated(State::Succeeded)),
         "the same report again changes nothing"
     );
     let other = json!({"output": {"text": "changed my mind"}});
@@ -518,7 +518,7 @@ async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent() {
             .unwrap();
     }
     let due = store
-        .claim_due_callbacks(agent_reach_tasks::store::now_ms() + 60_000, 10)
+        .claim_due_callbacks(agent_reach_task_store::store::now_ms() + 60_000, 10)
         .await
         .unwrap();
     assert_eq!(
@@ -547,7 +547,7 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
         let submitted = store
             .submit_within(
                 task(request, Priority::Normal, None),
-                &agent_reach_tasks::new_task_id(),
+                &agent_reach_task_store::new_task_id(),
                 Some(2),
             )
             .await
@@ -557,7 +557,7 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
     let refused = store
         .submit_within(
             task("b-3", Priority::High, None),
-            &agent_reach_tasks::new_task_id(),
+            &agent_reach_task_store::new_task_id(),
             Some(2),
         )
         .await
@@ -570,7 +570,7 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
     let again = store
         .submit_within(
             task("b-1", Priority::Normal, None),
-            &agent_reach_tasks::new_task_id(),
+            &agent_reach_task_store::new_task_id(),
             Some(2),
         )
         .await
@@ -591,7 +591,7 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
         store
             .submit_within(
                 task("b-4", Priority::Normal, None),
-                &agent_reach_tasks::new_task_id(),
+                &agent_reach_task_store::new_task_id(),
                 Some(2)
             )
             .await

@@ -3,6 +3,8 @@
 //! optional details, and its HTTP status, JSON body and gRPC status. Services
 //! keep only their code enums; the conversions from refused bodies
 //! ([`BodyProblem`]) and failed credentials ([`AuthError`]) live here once.
+//! The router's codes, which the SDKs share, are `agent_reach_proto`'s
+//! [`RouterCode`]; their statuses are given here.
 
 use agent_reach_access::AuthError;
 use agent_reach_proto::envelope::EnvelopeError;
@@ -11,7 +13,68 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::Value;
 
-use crate::BodyProblem;
+/// gRPC metadata keys carrying the stable code and the field at fault.
+pub const CODE_METADATA: &str = "x-agent-reach-code";
+pub const FIELD_METADATA: &str = "x-agent-reach-field";
+
+/// Why a request body was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyProblem {
+    TooLarge {
+        limit: usize,
+    },
+    /// Not JSON at all, cut short, unreadable, or followed by trailing data.
+    Malformed {
+        message: String,
+    },
+    UnknownField {
+        field: String,
+        message: String,
+    },
+    MissingField {
+        field: String,
+        message: String,
+    },
+    /// A value of the wrong type or shape; `field` is `None` at the root.
+    WrongType {
+        field: Option<String>,
+        message: String,
+    },
+}
+
+impl BodyProblem {
+    /// A message for a person.
+    pub fn message(&self) -> String {
+        match self {
+            BodyProblem::TooLarge { limit } => format!("request body exceeds this service's limit of {limit} bytes"),
+            BodyProblem::Malformed { message }
+            | BodyProblem::UnknownField { message, .. }
+            | BodyProblem::MissingField { message, .. }
+            | BodyProblem::WrongType { message, .. } => format!("invalid request body: {message}"),
+        }
+    }
+
+    /// The field at fault, as a dotted path (`capabilities[1].version`).
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            BodyProblem::UnknownField { field, .. } | BodyProblem::MissingField { field, .. } => Some(field),
+            BodyProblem::WrongType { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// A gRPC status whose metadata carries the stable code and the field at fault.
+pub fn grpc_status(code: tonic::Code, stable_code: &str, message: String, field: Option<&str>) -> tonic::Status {
+    let mut status = tonic::Status::new(code, message);
+    if let Ok(value) = stable_code.parse() {
+        status.metadata_mut().insert(CODE_METADATA, value);
+    }
+    if let Some(Ok(value)) = field.map(str::parse) {
+        status.metadata_mut().insert(FIELD_METADATA, value);
+    }
+    status
+}
 
 /// A service's stable error codes (their string forms are part of its API).
 pub trait ErrorCode: Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static {
@@ -37,6 +100,34 @@ pub trait ErrorCode: Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static 
 
     /// The code for a request body the edge refused.
     fn for_body(problem: &BodyProblem) -> Self;
+}
+
+/// The router's codes (defined once in `agent_reach_proto`, shared with the SDKs).
+impl ErrorCode for agent_reach_proto::RouterCode {
+    const UNAUTHENTICATED: Self = Self::Unauthenticated;
+    const METHOD_NOT_ALLOWED: Self = Self::MethodNotAllowed;
+
+    fn as_str(self) -> &'static str {
+        agent_reach_proto::RouterCode::as_str(self)
+    }
+
+    /// `AGENT_ERROR` carries the agent's own status instead (a passthrough,
+    /// see [`ApiError::status`]); 502 is only its fallback.
+    fn http_status(self) -> StatusCode {
+        // Every status in the table is a valid one (`tests::router_codes_have_valid_statuses`).
+        StatusCode::from_u16(self.status_code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn is_retryable(self) -> bool {
+        agent_reach_proto::RouterCode::is_retryable(self)
+    }
+
+    fn for_body(problem: &BodyProblem) -> Self {
+        match problem {
+            BodyProblem::TooLarge { .. } => Self::PayloadTooLarge,
+            _ => Self::InvalidEnvelope,
+        }
+    }
 }
 
 /// The gRPC code conventionally paired with an HTTP status.
@@ -196,6 +287,21 @@ impl<C: ErrorCode> IntoResponse for ApiError<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn router_codes_have_valid_statuses() {
+        for &code in agent_reach_proto::RouterCode::ALL {
+            assert!(StatusCode::from_u16(code.status_code()).is_ok(), "{code}");
+            assert_eq!(ErrorCode::http_status(code).as_u16(), code.status_code());
+        }
+    }
+
+    #[test]
+    fn grpc_metadata_carries_code_and_field() {
+        let status = grpc_status(tonic::Code::InvalidArgument, "INVALID_TTL", "bad".into(), Some("ttl_s"));
+        assert_eq!(status.metadata().get(CODE_METADATA).unwrap(), "INVALID_TTL");
+        assert_eq!(status.metadata().get(FIELD_METADATA).unwrap(), "ttl_s");
+    }
 
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Code {
