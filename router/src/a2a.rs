@@ -9,7 +9,7 @@
 //! input schema takes a string `text` (otherwise A2A's content-type error
 //! names what it accepts). The call goes through [`RouterService::invoke`]
 //! (the one admission: ACL, limits, schema, deadline; then selection,
-//! retries) or, streamed, [`crate::stream::open`]; the answer is a Message
+//! retries) or, streamed, `RouterService::stream`; the answer is a Message
 //! (its one DataPart the output), a stream is a Task whose artifact grows
 //! event by event and ends `completed` or `failed`.
 //!
@@ -38,10 +38,12 @@ use serde_json::{json, Value};
 use crate::clock;
 use crate::envelope;
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::Identified;
+use crate::pipeline::{Call, Door};
 use crate::service::RouterService;
-use crate::stream::{self, Item};
+use crate::stream::Item;
 use crate::tasks::{Owned, TaskApi};
-use crate::trace::{self, TraceContext};
+use crate::trace;
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
@@ -252,8 +254,14 @@ fn failed(id: &Value, error: &RouterError) -> Response {
     response
 }
 
-async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers: HeaderMap, body: Body) -> Response {
-    answer_rpc(&api, &capability, &headers, RequestBody::Unread(body))
+async fn rpc(
+    State(api): State<TaskApi>,
+    Path(capability): Path<String>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer_rpc(&api, identified, &capability, &headers, RequestBody::Unread(body))
         .await
         .into_response()
 }
@@ -262,13 +270,14 @@ async fn rpc(State(api): State<TaskApi>, Path(capability): Path<String>, headers
 /// route alike (the door takes only capability names needing no decoding).
 pub(crate) async fn answer_rpc(
     api: &TaskApi,
+    identified: Identified,
     capability: &str,
     headers: &impl HeaderLookup,
     body: RequestBody,
 ) -> Answer {
     let service = api.service();
-    let received = clock::Now::read();
-    let caller = match service.authenticate_at(headers, received.epoch_ms) {
+    let received = identified.received;
+    let caller = match identified.caller {
         Ok(caller) => caller,
         Err(error) => return failed(&Value::Null, &error).into(),
     };
@@ -461,17 +470,6 @@ pub(crate) async fn answer_rpc(
 /// the ids to answer with ([`call_of`] always sets both).
 struct MessageCall {
     checked: envelope::CheckedRequest,
-}
-
-impl MessageCall {
-    fn request_id(&self) -> &str {
-        self.checked.request.request_id.as_deref().unwrap_or_default()
-    }
-
-    /// The message's context: the call's session.
-    fn context_id(&self) -> &str {
-        self.checked.request.session_id.as_deref().unwrap_or_default()
-    }
 }
 
 /// A refusal before the call: JSON-RPC's code and message, with the stable error when there is one.
@@ -780,17 +778,8 @@ async fn send(
     id: &Value,
     wire: Wire,
 ) -> Answer {
-    let trace = TraceContext::from_header(headers.value("traceparent"));
-    let result = service
-        .invoke(
-            caller,
-            crate::admission::Entry::Call,
-            &call.checked,
-            call.request_id(),
-            &trace,
-            received,
-        )
-        .await;
+    let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
+    let result = service.invoke(&call).await;
     let success = match result {
         Ok(success) => success,
         Err(failure) => return failed(id, &failure.error).into(),
@@ -799,7 +788,7 @@ async fn send(
         id,
         wire,
         message_id: &trace::new_request_id(),
-        context_id: call.context_id(),
+        context_id: call.checked.request.session_id.as_deref().unwrap_or_default(),
         output: success.output.as_deref().map_or("null", |raw| raw.get()),
         agent_id: &success.agent_id,
         capability_version: &success.capability_version,
@@ -915,13 +904,13 @@ async fn send_streaming(
     id: Value,
     wire: Wire,
 ) -> Response {
-    let trace = TraceContext::from_header(headers.value("traceparent"));
-    let opened = match stream::open(service, caller, &call.checked, call.request_id(), &trace, received).await {
+    let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
+    let task_id = call.request_id().to_string();
+    let context_id = call.checked.request.session_id.clone().unwrap_or_default();
+    let opened = match service.stream(call).await {
         Ok(opened) => opened,
         Err(failure) => return failed(&id, &failure.error),
     };
-    let task_id = call.request_id().to_string();
-    let context_id = call.context_id().to_string();
     let first = match wire {
         Wire::V1 => json!({ "task": { "id": task_id, "contextId": context_id, "status": status("working", wire) } }),
         Wire::V03 => {

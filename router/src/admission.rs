@@ -1,6 +1,6 @@
 //! Admission: the one gate every front door passes a call through before it
-//! is routed (`/v1/invoke`, `/v1/broadcast`, the task worker, and the A2A and
-//! MCP adapters to come): the caller may call the capability (ACL), the
+//! is routed (`/v1/invoke`, streamed or not, `/v1/broadcast`, the task
+//! worker, A2A and MCP): the caller may call the capability (ACL), the
 //! capability and a version matching the requirement exist in the snapshot,
 //! the payload matches that version's compiled input schema, and the deadline
 //! (the envelope's, else its timeout, else the capability's, else the
@@ -224,9 +224,10 @@ impl Admission {
     }
 
     /// Admits `request` (its version requirement already parsed) at `now`
-    /// against `snapshot`: ACL, capability, version, schema, deadline. The
-    /// version is the highest that can take the call ([`resolve_version`]):
-    /// for calls that reach every instance of one version (broadcast).
+    /// against `snapshot`, for a call that goes to one instance (invoke,
+    /// streamed or not, a task's delivery, A2A, MCP): ACL, quotas, capability,
+    /// version, schema, deadline. An unpinned call follows the capability's
+    /// traffic split ([`resolve`]); every call to one instance is admitted here.
     pub fn admit<'s>(
         &self,
         caller: &Caller,
@@ -238,14 +239,15 @@ impl Admission {
     ) -> Result<Admitted<'s>, Refused<'s>> {
         let limits = self.limits();
         self.admit_with(caller, entry, request, snapshot, now, |capability| {
-            resolve_version(capability, version_req, &limits)
+            resolve(capability, version_req, &limits)
         })
     }
 
-    /// [`Admission::admit`] for a call that goes to one instance (invoke, a
-    /// task's delivery): an unpinned call follows the capability's traffic
-    /// split ([`resolve`]).
-    pub fn admit_one<'s>(
+    /// [`Admission::admit`] for a broadcast, which reaches every instance of
+    /// one version: the split does not apply (it divides calls, and a
+    /// broadcast is one call to all); the version is the highest that can
+    /// take the call ([`resolve_version`]).
+    pub fn admit_broadcast<'s>(
         &self,
         caller: &Caller,
         entry: Entry,
@@ -256,7 +258,7 @@ impl Admission {
     ) -> Result<Admitted<'s>, Refused<'s>> {
         let limits = self.limits();
         self.admit_with(caller, entry, request, snapshot, now, |capability| {
-            resolve(capability, version_req, &limits)
+            resolve_version(capability, version_req, &limits)
         })
     }
 

@@ -5,7 +5,6 @@
 //! routes know the other's.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -15,6 +14,7 @@ use axum::routing::post;
 
 use crate::answer::{method_not_allowed, refused};
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::{self, Identified};
 use crate::service::RouterService;
 use crate::tasks::{self, TaskApi, TaskService};
 
@@ -51,26 +51,29 @@ pub fn routes(
             service: service.clone(),
             tasks: task_api.clone(),
         });
+    let identify = service.identify().clone();
     crate::http::routes(service.clone())
         .merge(crate::mcp::routes(service.clone()))
         .merge(crate::a2a::routes(task_api.clone()))
         .merge(tasks::routes(task_api))
         .merge(broadcast_route)
         .merge(console)
+        // Every route behind the one way in: identified once, before its handler.
+        .layer(axum::middleware::from_fn_with_state(identify, identify::layer))
 }
 
 async fn broadcast(
     State(both): State<Both>,
     query: Result<Query<BroadcastQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
     match query {
         Ok(Query(BroadcastQuery {
             asynchronous: Some(true),
-        })) => tasks::submit_broadcast(&both.tasks, &headers, body).await,
-        Ok(_) => crate::http::broadcast(&both.service, &headers, body, started).await,
+        })) => tasks::submit_broadcast(&both.tasks, identified, &headers, body).await,
+        Ok(_) => crate::http::broadcast(&both.service, identified, &headers, body).await,
         Err(rejection) => refused(RouterError::new(
             Code::InvalidQuery,
             format!("invalid query: {}", rejection.body_text()),

@@ -56,11 +56,15 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
             Invoke::Tenants(parts) => std::borrow::Cow::Owned(parts.for_authorization(headers.value("authorization"))),
         };
         async move {
+            // The one way in, as the axum routes' layer: identified once, here.
+            let identified = part.service.identify().headers(&headers);
             match route {
-                Route::Invoke => crate::http::answer_invoke(&part.service, &headers, RequestBody::Read(body)).await,
+                Route::Invoke => {
+                    crate::http::answer_invoke(&part.service, identified, &headers, RequestBody::Read(body)).await
+                }
                 Route::A2a(capability) => {
                     let api = TaskApi::new(part.service.clone(), part.tasks.clone());
-                    crate::a2a::answer_rpc(&api, &capability, &headers, RequestBody::Read(body)).await
+                    crate::a2a::answer_rpc(&api, identified, &capability, &headers, RequestBody::Read(body)).await
                 }
             }
         }

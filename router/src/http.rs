@@ -4,10 +4,10 @@
 //! result envelope with a stable code ([`crate::answer`]).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use agent_reach_proto::envelope::{ResultStatus, ENVELOPE_VERSION};
-use agent_reach_telemetry::spans::{self, Head, KeyValue};
+use agent_reach_serving::front::Answer;
+use agent_reach_serving::{HeaderLookup, RequestBody};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -15,16 +15,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use agent_reach_serving::front::Answer;
-use agent_reach_serving::{HeaderLookup, RequestBody};
-
-use crate::admission::Entry;
-use crate::answer::{failed, failed_answer, json_response, method_not_allowed, not_found, Known};
-use crate::clock;
-use crate::envelope::{self, CheckedRequest};
+use crate::answer::{failed, failed_answer, json_response, method_not_allowed, not_found};
 use crate::json::Succeeded;
+use crate::pipeline::identify::Identified;
+use crate::pipeline::{prelude, Door};
 use crate::service::RouterService;
-use crate::trace::{self, TraceContext};
 
 /// The fast path's routes; the slow path's and `/v1/broadcast` are added by `app`.
 pub fn routes(service: Arc<RouterService>) -> Router {
@@ -39,136 +34,44 @@ pub fn routes(service: Arc<RouterService>) -> Router {
         .with_state(service)
 }
 
-async fn invoke(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
-    answer_invoke(&service, &headers, RequestBody::Unread(body))
+async fn invoke(
+    State(service): State<Arc<RouterService>>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer_invoke(&service, identified, &headers, RequestBody::Unread(body))
         .await
         .into_response()
 }
 
 /// `POST /v1/invoke`, for the axum route and the front door alike.
-pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl HeaderLookup, body: RequestBody) -> Answer {
+pub async fn answer_invoke(
+    service: &RouterService,
+    identified: Identified,
+    headers: &impl HeaderLookup,
+    body: RequestBody,
+) -> Answer {
     // A caller asking for events gets the streamed invoke (DESIGN §8), written
     // as it comes (the front door streams a body of unknown length).
     if crate::sse::accepts_events(headers.value("accept")) {
         // Boxed: the JSON path's future stays as small as it was.
-        return Box::pin(crate::stream::answer(service, headers, body)).await;
+        return Box::pin(crate::stream::answer(service, identified, headers, body)).await;
     }
-    // The request's one clock reading: its duration, its token's expiry check and its deadline count from here.
-    let received = clock::Now::read();
-    let started = received.instant;
-    let mut trace = TraceContext::from_header(headers.value("traceparent"));
-    let mut known = Known {
-        request_id: String::new(),
-        capability: None,
-        started,
+    let call = match prelude::envelope(service, identified, headers, body, Door::Invoke).await {
+        Ok(envelope) => envelope.call,
+        Err(refusal) => return refusal.answer(),
     };
-    // Authenticate first: an unauthenticated caller learns nothing, not even parse errors.
-    let caller = match service.authenticate_at(headers, received.epoch_ms) {
-        Ok(caller) => caller,
-        Err(error) => {
-            known.request_id = trace::new_request_id();
-            // The body is not read for unauthenticated callers: the ids are the trace's and a fresh one.
-            tracing::info!(
-                message = "Unauthenticated call refused.",
-                trace_id = %trace.trace_id, request_id = %known.request_id, session_id = "", %error
-            );
-            return failed_answer(known, error.into());
-        }
-    };
-    let read = match body {
-        RequestBody::Unread(body) => envelope::read_body(headers, body, service.tuning().max_body_bytes).await,
-        RequestBody::Read(bytes) => Ok(bytes),
-    };
-    let request = match read.and_then(|bytes| envelope::parse(&bytes)) {
-        Ok(request) => request,
-        Err(error) => {
-            known.request_id = trace::new_request_id();
-            service.metrics().record_rejected(error.code);
-            return failed_answer(known, error.into());
-        }
-    };
-    let (version_req, policy) = match envelope::check_fields(&request) {
-        Ok(checks) => checks,
-        Err(error) => {
-            // Keep the caller's request id (when usable) and capability in the answer.
-            known.request_id = request
-                .request_id
-                .filter(|id| !id.is_empty() && id.len() <= 128)
-                .unwrap_or_else(trace::new_request_id);
-            known.capability = Some(request.capability);
-            service.metrics().record_rejected(error.code);
-            return failed_answer(known, error.into());
-        }
-    };
-    let checked = CheckedRequest {
-        request,
-        version_req,
-        policy,
-        task_id: None,
-    };
-    // The caller's id (checked: 1-128 printable characters) or a fresh one, inline.
-    let fresh_id;
-    let request_id: &str = match checked.request.request_id.as_deref() {
-        Some(id) => id,
-        None => {
-            fresh_id = trace::HexId::<16>::random();
-            &fresh_id
-        }
-    };
-    let session_id = checked.request.session_id.as_deref().unwrap_or("");
-    // Every request-scoped log line carries trace_id, request_id and session_id as
-    // fields of its own (DESIGN §6): logs need no span. A span exists only for a
-    // request the configured sampler keeps, decided before any span is built, so
-    // with tracing off, or for a request left out of the sample, the request path
-    // builds no span at all.
-    let mut incoming = headers
-        .value("traceparent")
-        .and_then(|value| std::str::from_utf8(value).ok());
-    // The seeds' `trace_id`, honoured when no `traceparent` came.
-    let named;
-    if let (None, Some(trace_id)) = (incoming, checked.request.trace_id.as_deref()) {
-        trace = TraceContext::from_caller_trace_id(trace_id);
-        named = trace.as_incoming();
-        incoming = Some(&named);
-    }
-    let head = spans::start_request("invoke", incoming, &trace.trace_id, || {
-        vec![
-            KeyValue::new("trace_id", trace.trace_id.to_string()),
-            KeyValue::new("request_id", request_id.to_string()),
-            KeyValue::new("session_id", session_id.to_string()),
-            KeyValue::new("capability", checked.request.capability.clone()),
-            KeyValue::new("caller", caller.name().unwrap_or("").to_string()),
-            KeyValue::new("policy", checked.policy.as_str()),
-        ]
-    });
-    let trace = match head {
-        Head::Sampled(span) => TraceContext {
-            span: Some(span),
-            ..trace
-        },
-        // Spans are exported but this request is not in the sample: the next hop learns so.
-        Head::NotSampled => TraceContext {
-            sampled: false,
-            ..trace
-        },
-        Head::Off => trace,
-    };
-    let outcome = service
-        .invoke(&caller, Entry::Call, &checked, request_id, &trace, received)
-        .await;
-    if let (Err(failure), Some(span)) = (&outcome, &trace.span) {
-        span.fail(failure.error.code.as_str());
-    }
-    match outcome {
+    match service.invoke(&call).await {
         Ok(success) => {
             let envelope = Succeeded {
                 version: ENVELOPE_VERSION,
-                request_id,
-                capability: Some(&checked.request.capability),
+                request_id: call.request_id(),
+                capability: Some(&call.checked.request.capability),
                 capability_version: &success.capability_version,
                 agent_id: &success.agent_id,
                 attempts: success.attempts,
-                duration_ms: started.elapsed().as_millis() as u64,
+                duration_ms: call.received.instant.elapsed().as_millis() as u64,
                 output: success.output.as_deref(),
             };
             Answer::Json {
@@ -176,18 +79,7 @@ pub(crate) async fn answer_invoke(service: &RouterService, headers: &impl Header
                 body: envelope.to_vec(),
             }
         }
-        Err(failure) => {
-            known.request_id = request_id.to_string();
-            known.capability = Some(checked.request.capability.clone());
-            tracing::info!(
-                message = "Invocation failed.",
-                trace_id = %trace.trace_id, request_id = %known.request_id, session_id = %session_id,
-                capability = known.capability.as_deref().unwrap_or(""),
-                code = failure.error.code.as_str(), error = %failure.error.message,
-                attempts = failure.attempts
-            );
-            failed_answer(known, failure)
-        }
+        Err(failure) => failed_answer(call.known(), failure),
     }
 }
 
@@ -214,42 +106,13 @@ struct BroadcastAnswer<'a> {
 /// `POST /v1/broadcast` (synchronous): the invoke envelope delivered to every
 /// routable instance at once; 200 with one outcome per instance, or the
 /// failed result envelope when the request itself is refused.
-pub async fn broadcast(service: &RouterService, headers: &HeaderMap, body: Body, started: Instant) -> Response {
-    let trace = TraceContext::from_header(headers.value("traceparent"));
-    let mut known = Known::fresh(started);
-    let caller = match service.authenticate(headers) {
-        Ok(caller) => caller,
-        Err(error) => return failed(known, error.into()),
+pub async fn broadcast(service: &RouterService, identified: Identified, headers: &HeaderMap, body: Body) -> Response {
+    let call = match prelude::envelope(service, identified, headers, RequestBody::Unread(body), Door::Broadcast).await {
+        Ok(envelope) => envelope.call,
+        Err(refusal) => return refusal.answer().into_response(),
     };
-    let checked = match envelope::read_body(headers, body, service.tuning().max_body_bytes).await {
-        Ok(bytes) => envelope::parse(&bytes).and_then(|request| {
-            if let Some(id) = request
-                .request_id
-                .clone()
-                .filter(|id| !id.is_empty() && id.len() <= 128)
-            {
-                known.request_id = id;
-            }
-            known.capability = Some(request.capability.clone());
-            envelope::check(request)
-        }),
-        Err(error) => Err(error),
-    };
-    let checked = match checked {
-        Ok(checked) => checked,
-        Err(error) => return failed(known, error.into()),
-    };
-    let request_id = known.request_id.clone();
-    // The seeds' `trace_id`, honoured when no `traceparent` came.
-    let trace = match (headers.value("traceparent"), checked.request.trace_id.as_deref()) {
-        (None, Some(trace_id)) => TraceContext::from_caller_trace_id(trace_id),
-        _ => trace,
-    };
-    match service
-        .broadcast(&caller, Entry::Call, checked, &request_id, &trace, None)
-        .await
-    {
-        Err(failure) => failed(known, failure),
+    match service.broadcast(&call, None).await {
+        Err(failure) => failed(call.known(), failure),
         Ok(outcomes) => {
             let outcomes: Vec<InstanceOutcome> = outcomes
                 .into_iter()
@@ -270,9 +133,9 @@ pub async fn broadcast(service: &RouterService, headers: &HeaderMap, body: Body,
                 .collect();
             let body = BroadcastAnswer {
                 version: ENVELOPE_VERSION,
-                request_id: &request_id,
-                capability: known.capability.as_deref(),
-                duration_ms: started.elapsed().as_millis() as u64,
+                request_id: call.request_id(),
+                capability: Some(&call.checked.request.capability),
+                duration_ms: call.received.instant.elapsed().as_millis() as u64,
                 outcomes,
             };
             json_response(StatusCode::OK, &body)

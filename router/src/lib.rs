@@ -39,6 +39,7 @@ mod metrics;
 mod openapi;
 mod operator;
 mod outcome;
+mod pipeline;
 mod recent;
 mod retry;
 mod schema;

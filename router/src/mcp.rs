@@ -21,7 +21,7 @@
 //! input wrapped (`{"input": …}`), since MCP tools take an object of arguments.
 //! Answers are single JSON responses, except a `tools/call` that asks for
 //! progress (`_meta.progressToken`) from a client that accepts
-//! `text/event-stream`: it is streamed ([`crate::stream::open`]), each agent
+//! `text/event-stream`: it is streamed (`RouterService::stream`), each agent
 //! event relayed as it arrives as a `notifications/progress` whose `message`
 //! is the event's data, then the result (the events' items collected, as a
 //! call without progress gets them). GET (a server-initiated stream) and
@@ -41,9 +41,11 @@ use serde_json::{json, Map, Value};
 use crate::clock;
 use crate::envelope;
 use crate::error::RouterError;
+use crate::pipeline::identify::Identified;
+use crate::pipeline::{Call, Door};
 use crate::service::RouterService;
-use crate::stream::{self, Item};
-use crate::trace::{self, TraceContext};
+use crate::stream::Item;
+use crate::trace;
 
 /// The handshake revisions served, newest first.
 pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -100,10 +102,15 @@ fn refused(status: StatusCode, id: Value, code: i64, error: &RouterError) -> Res
     answer(status, rpc_error(id, code, &error.message, Some(data)))
 }
 
-async fn mcp(State(service): State<Arc<RouterService>>, headers: HeaderMap, body: Body) -> Response {
-    let received = clock::Now::read();
-    // Authenticate first: an unauthenticated caller learns nothing, not even parse errors.
-    let caller = match service.authenticate_at(&headers, received.epoch_ms) {
+async fn mcp(
+    State(service): State<Arc<RouterService>>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let received = identified.received;
+    // Authenticated first: an unauthenticated caller learns nothing, not even parse errors.
+    let caller = match identified.caller {
         Ok(caller) => caller,
         Err(error) => {
             let mut response = refused(StatusCode::UNAUTHORIZED, Value::Null, UNAUTHENTICATED, &error);
@@ -421,18 +428,8 @@ async fn call_tool(
         Ok(prepared) => prepared,
         Err(error) => return Ok(error),
     };
-    let trace = TraceContext::from_header(headers.value("traceparent"));
-    match service
-        .invoke(
-            caller,
-            crate::admission::Entry::Call,
-            &checked,
-            &request_id,
-            &trace,
-            received,
-        )
-        .await
-    {
+    let call = Call::begin(Door::Mcp, caller.clone(), checked, headers, received);
+    match service.invoke(&call).await {
         Ok(success) => {
             let output = match success.output_value() {
                 Ok(output) => output,
@@ -462,13 +459,13 @@ async fn call_tool_streamed(
     id: Value,
     token: Value,
 ) -> Response {
-    let trace = TraceContext::from_header(headers.value("traceparent"));
     let Prepared {
         checked,
         request_id,
         wraps_output,
     } = prepared;
-    let opened = match stream::open(service, caller, &checked, &request_id, &trace, received).await {
+    let call = Call::begin(Door::Mcp, caller.clone(), checked, headers, received);
+    let opened = match service.stream(call).await {
         Ok(opened) => opened,
         Err(failure) => return answer(StatusCode::OK, rpc_result(id, tool_error(&failure.error))),
     };

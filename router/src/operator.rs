@@ -3,14 +3,15 @@
 //! console's routes and the slow path's dead-letter routes, so neither
 //! depends on the other for it.
 
-use agent_reach_access::Caller;
+use std::sync::Arc;
+
+use agent_reach_access::{Assertions, Caller};
 use axum::http::{header, HeaderMap};
 use serde_json::json;
 
-use crate::clock;
 use crate::console::seal::{Kind, Sealer, Unsealed};
 use crate::error::{Code, RouterError};
-use crate::service::RouterService;
+use crate::pipeline::identify::Identified;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "agent_reach_console";
@@ -31,8 +32,8 @@ impl Operator {
     }
 }
 
-pub(crate) fn sealer(service: &RouterService) -> Result<Sealer, RouterError> {
-    Sealer::new(&service.assertions().signing_key())
+pub(crate) fn sealer(assertions: &Assertions) -> Result<Sealer, RouterError> {
+    Sealer::new(&assertions.signing_key())
         .map_err(|error| RouterError::new(Code::AssertionFailed, format!("console sealing key: {error}")))
 }
 
@@ -51,41 +52,31 @@ pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<&str> {
         .map(|(_, value)| value)
 }
 
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer "))
+/// What the console's session cookie stands for (`crate::pipeline::identify`
+/// reads it for a request without an `authorization` header): the sealed
+/// operator's token, from the console's page only.
+pub struct Sessions {
+    assertions: Arc<Assertions>,
 }
 
-/// The caller `token` names, verified now.
-pub(crate) fn verify(service: &RouterService, token: &str, now_ms: u64) -> Result<Caller, RouterError> {
-    if token.is_empty() {
-        return service
-            .authenticator()
-            .verify_value_at(None, now_ms)
-            .map_err(RouterError::from);
+impl Sessions {
+    pub fn new(assertions: Arc<Assertions>) -> Self {
+        Self { assertions }
     }
-    let header = format!("Bearer {token}");
-    service
-        .authenticator()
-        .verify_value_at(Some(header.as_bytes()), now_ms)
-        .map_err(RouterError::from)
 }
 
-/// The operator behind a request: its bearer token, or else the console's
-/// session cookie with the page's header; 401 without either, 403 for a
-/// caller not under `operators:` in `acl.yaml`.
-pub fn operator(service: &RouterService, headers: &HeaderMap) -> Result<Operator, RouterError> {
-    let now = clock::epoch_ms();
-    let (caller, token) = match (headers.contains_key(header::AUTHORIZATION), session_cookie(headers)) {
-        (false, Some(cookie)) => {
-            if !headers.contains_key(PAGE_HEADER) {
-                return Err(RouterError::new(
-                    Code::Forbidden,
-                    format!("a console session is accepted only from the console's page (with the `{PAGE_HEADER}` header); other clients send a bearer token"),
-                )
-                .with_details(json!({ "reason": "console_header_missing" })));
-            }
-            let token = sealer(service)?.open(Kind::Session, cookie, now).map_err(|problem| match problem {
+impl crate::pipeline::identify::Sessions for Sessions {
+    fn token(&self, headers: &HeaderMap, now_ms: u64) -> Option<Result<String, RouterError>> {
+        let cookie = session_cookie(headers)?;
+        if !headers.contains_key(PAGE_HEADER) {
+            return Some(Err(RouterError::new(
+                Code::Forbidden,
+                format!("a console session is accepted only from the console's page (with the `{PAGE_HEADER}` header); other clients send a bearer token"),
+            )
+            .with_details(json!({ "reason": "console_header_missing" }))));
+        }
+        let opened = sealer(&self.assertions).and_then(|sealer| {
+            sealer.open(Kind::Session, cookie, now_ms).map_err(|problem| match problem {
                 Unsealed::Expired(_) => unauthenticated(
                     "session_expired",
                     "your console session expired; run `agent-reach console` for a new sign-in link".to_string(),
@@ -94,14 +85,21 @@ pub fn operator(service: &RouterService, headers: &HeaderMap) -> Result<Operator
                     "session_invalid",
                     "this console session is not valid here (signed out, or the router's key changed); run `agent-reach console` for a new sign-in link".to_string(),
                 ),
-            })?;
-            (verify(service, &token, now)?, token)
-        }
-        _ => {
-            let caller = service.authenticate_at(headers, now)?;
-            (caller, bearer(headers).unwrap_or("").to_string())
-        }
-    };
-    service.admission().authorize_operator(&caller)?;
+            })
+        });
+        Some(opened)
+    }
+}
+
+/// The operator behind a request: its bearer token, or else the console's
+/// session cookie with the page's header (as identified when it arrived);
+/// 401 without either, 403 for a caller not under `operators:` in `acl.yaml`.
+pub fn operator(
+    admission: &crate::admission::Admission,
+    identified: &Identified,
+    headers: &HeaderMap,
+) -> Result<Operator, RouterError> {
+    let (caller, token) = identified.operator(headers)?;
+    admission.authorize_operator(&caller)?;
     Ok(Operator { caller, token })
 }

@@ -24,28 +24,24 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agent_reach_access::Caller;
 use agent_reach_serving::front::Answer;
+use agent_reach_serving::{HeaderLookup, RequestBody};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::admission::{Admitted, Entry, Refused};
-use crate::clock;
-use crate::envelope::CheckedRequest;
 use crate::error::{Code, RouterError};
-use crate::forward::{AgentBody, AttemptResult, ForwardHeaders, Opened};
-use crate::health::{Observation, OwnedInflight};
-use crate::json::Forwarded;
+use crate::forward::{AgentBody, AttemptResult, ForwardHeaders, Forwarder, Opened};
+use crate::health::OwnedInflight;
 use crate::limits::Permit;
 use crate::metrics::{CapabilityMetrics, StreamChildren};
-use crate::outcome::{attempts_details, classify, exhausted, no_instance, Failure, LastFailure, Outcome};
-use crate::retry;
-use crate::schema;
-use crate::select;
-use crate::service::{log_transition, RouterService};
-use crate::snapshot::{Instance, VersionGroup};
+use crate::outcome::Failure;
+use crate::pipeline::attempts::{self, Answered, Exchange, Sent, Targets};
+use crate::pipeline::identify::Identified;
+use crate::pipeline::{prelude, Call, Door};
+use crate::recent::{Finished, RecentCalls, Trail};
+use crate::service::RouterService;
+use crate::snapshot::Instance;
 use crate::sse::{self, EventSplitter};
-use crate::trace::TraceContext;
 
 /// What one step moves of the agent's bytes before the first event.
 const FIRST_READ_BYTES: usize = 256;
@@ -125,9 +121,73 @@ pub struct EventStream {
     uncounted: u64,
     metrics: Arc<StreamChildren>,
     capability_metrics: CapabilityMetrics,
+    /// What the recent-calls ring records of the call once the stream ends,
+    /// with the call's trace (its request span ends with the stream).
+    record: Record,
     /// The instance's place in flight while its answer streams (none for a whole answer).
     _inflight: Option<OwnedInflight>,
     _permit: Permit,
+}
+
+/// A streamed call as the recent-calls ring records it when its stream
+/// ends (a stream outlives the request that opened it, so it is owned).
+struct Record {
+    recent: Arc<RecentCalls>,
+    request_id: String,
+    caller: Option<Arc<str>>,
+    session_id: Option<String>,
+    trace: crate::trace::TraceContext,
+    started_ms: u64,
+    trail: Trail,
+}
+
+impl Record {
+    fn of(service: &RouterService, call: Call, trail: Trail) -> Self {
+        Self {
+            recent: service.recent().clone(),
+            request_id: call.request_id().to_string(),
+            caller: match &call.caller {
+                agent_reach_access::Caller::Agent { name, .. } => Some(name.clone()),
+                agent_reach_access::Caller::Unauthenticated => None,
+            },
+            session_id: call.checked.request.session_id,
+            trace: call.trace,
+            started_ms: call.received.epoch_ms,
+            trail,
+        }
+    }
+
+    /// Records the stream's end (`error`: how it failed), once.
+    fn finish(&mut self, summary: &Summary, received: Instant, error: Option<&RouterError>) {
+        if let (Some(span), Some(error)) = (&self.trace.span, error) {
+            span.fail(error.code.as_str());
+        }
+        if let Some(error) = error {
+            tracing::info!(
+                message = "Invocation failed.",
+                trace_id = %self.trace.trace_id, request_id = %self.request_id,
+                session_id = self.session_id.as_deref().unwrap_or(""),
+                capability = %summary.capability,
+                code = error.code.as_str(), error = %error.message, events = summary.events
+            );
+        }
+        self.recent.record(
+            &Finished {
+                request_id: &self.request_id,
+                task_id: None,
+                capability: &summary.capability,
+                version: Some(&summary.capability_version),
+                caller: self.caller.as_deref(),
+                session_id: self.session_id.as_deref(),
+                trace_id: &self.trace.trace_id,
+                entry: "call",
+                started_ms: self.started_ms,
+                duration_us: u64::try_from(received.elapsed().as_micros()).unwrap_or(u64::MAX),
+                error: error.map(|error| (error.code.as_str(), error.message.as_str())),
+            },
+            std::mem::take(&mut self.trail),
+        );
+    }
 }
 
 /// Where a stream is with its first event, for the time-to-first-event
@@ -145,11 +205,11 @@ enum FirstEvent {
 impl EventStream {
     fn committed(
         service: &RouterService,
-        source: Source,
-        summary: Summary,
+        (source, summary): (Source, Summary),
         (expiry, received): (Pin<Box<tokio::time::Sleep>>, Instant),
         capability_metrics: CapabilityMetrics,
         (inflight, permit): (Option<OwnedInflight>, Permit),
+        record: Record,
     ) -> Self {
         Self {
             metrics: capability_metrics.streams(&service.metrics().streams, &summary.capability),
@@ -161,6 +221,7 @@ impl EventStream {
             ended: false,
             uncounted: 0,
             capability_metrics,
+            record,
             _inflight: inflight,
             _permit: permit,
         }
@@ -222,6 +283,7 @@ impl EventStream {
                 self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
                 self.capability_metrics
                     .record(result.as_ref().map(|_| ()).map_err(|error| error.code));
+                self.record.finish(&self.summary, self.received, result.as_ref().err());
                 0
             }
         };
@@ -310,6 +372,14 @@ impl Drop for EventStream {
         if !self.ended {
             self.metrics.disconnects.inc();
             self.metrics.duration.observe(self.received.elapsed().as_secs_f64());
+            let left = RouterError::new(
+                Code::StreamInterrupted,
+                format!(
+                    "the caller went away after {} event(s); the agent's request was cancelled",
+                    self.summary.events
+                ),
+            );
+            self.record.finish(&self.summary, self.received, Some(&left));
         }
     }
 }
@@ -427,253 +497,103 @@ fn interrupted(summary: &Summary, why: String) -> RouterError {
     .with_details(json!({ "agent_id": summary.agent_id, "events": summary.events }))
 }
 
-/// One attempt: POSTs `body` to `instance` asking for events, until its
-/// answer's head: the events' body, or anything else as the forwarder reports it.
-async fn attempt(
-    service: &RouterService,
-    instance: &Instance,
-    body: &[u8],
-    traceparent: &[u8],
-    authorization: &str,
-    started: Instant,
-) -> Opened {
-    let headers = ForwardHeaders {
-        traceparent,
-        authorization: authorization.as_bytes(),
-    };
-    service
-        .forwarder()
-        .open_stream(&instance.uri, body, &headers, started)
-        .await
+/// Streamed answers: each attempt asks for events and stops at the answer's
+/// head, every attempt and then the stream's reads bounded by the deadline's
+/// one timer.
+struct Events {
+    expiry: Pin<Box<tokio::time::Sleep>>,
 }
 
-/// Admits `checked` and runs the attempt loop until an agent commits to an
-/// answer: the stream of its events, or the failure (with what is known for
-/// the failed result envelope). `received` is the request's clock reading.
-pub async fn open(
-    service: &RouterService,
-    caller: &Caller,
-    checked: &CheckedRequest,
-    request_id: &str,
-    trace: &TraceContext,
-    received: clock::Now,
-) -> Result<EventStream, Failure> {
-    let snapshot = service.snapshot().load_full();
-    let admitted = match service.admission().admit(
-        caller,
-        Entry::Call,
-        &checked.request,
-        checked.version_req.as_ref(),
-        &snapshot,
-        received,
-    ) {
-        Ok(admitted) => admitted,
-        Err(Refused { failure, capability }) => {
-            match capability {
-                Some(capability) => capability.metrics.record(Err(failure.error.code)),
-                None => service.metrics().record_rejected(failure.error.code),
-            }
-            return Err(*failure);
+impl Exchange for Events {
+    type Committed = (AgentBody, OwnedInflight);
+
+    async fn attempt(
+        &mut self,
+        forwarder: &Forwarder,
+        instance: &Instance,
+        body: Bytes,
+        headers: ForwardHeaders<'_>,
+        (_, started): (Instant, Instant),
+    ) -> Sent<Self::Committed> {
+        // Held while the answer streams: the stream takes it on.
+        let inflight = instance.state.start_owned();
+        tokio::select! {
+            biased;
+            opened = forwarder.open_stream(&instance.uri, &body, &headers, started) => match opened {
+                Opened::Events(body) => Sent::Committed((body, inflight)),
+                Opened::Other(result) => Sent::Answered(result),
+            },
+            () = self.expiry.as_mut() => Sent::Answered(AttemptResult::TimedOut),
         }
-    };
-    let Admitted {
-        capability,
-        group,
-        deadline_ms,
-        deadline,
-        permit,
-    } = admitted;
-    let group: Arc<VersionGroup> = group.clone();
-    let capability_metrics = capability.metrics.clone();
-    let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| {
-        capability_metrics.record(Err(error.code));
-        Failure {
-            error,
-            capability_version: Some(group.version_text.clone()),
+    }
+}
+
+impl RouterService {
+    /// A call to one instance whose answer streams: admitted as every call
+    /// to one instance is (an unpinned call follows the split), its attempts
+    /// run by the one loop up to an agent's answer head. Until then a
+    /// failure is an ordinary one; once an agent commits, its events follow
+    /// ([`EventStream`]), and an agent that answered JSON gives its output as
+    /// the one event. The call is recorded when its stream ends.
+    pub async fn stream(&self, call: Call) -> Result<EventStream, Failure> {
+        let snapshot = self.snapshot().load_full();
+        let admitted = self.admit(&call, &snapshot)?;
+        let capability = admitted.capability;
+        let capability_metrics = capability.metrics.clone();
+        let version = admitted.group.version_text.clone();
+        let mut trail = Trail::new();
+        // The deadline's timer, for every attempt and then the stream's reads.
+        let mut events = Events {
+            expiry: Box::pin(tokio::time::sleep_until(admitted.deadline.into())),
+        };
+        let answered = attempts::run(self, &call, &admitted, Targets::Select, &mut events, &mut trail).await;
+        let summary = |agent_id: String, attempts: u32| Summary {
+            capability: capability.name.clone(),
+            capability_version: version.clone(),
             agent_id,
             attempts,
-        }
-    };
-    service.budget().deposit();
-    let mut envelope = Forwarded::new(
-        &checked.request,
-        request_id,
-        (&capability.name, &group.version_text),
-        caller,
-        deadline_ms,
-        0,
-    );
-    let traceparent = trace.forward_header();
-    let limits = service.limits();
-    let mut tried: smallvec::SmallVec<[usize; 10]> = smallvec::SmallVec::new();
-    let mut failures: Vec<LastFailure> = Vec::new();
-    // The deadline's timer, for every attempt and then the stream's reads.
-    let mut expiry = Box::pin(tokio::time::sleep_until(deadline.into()));
-    loop {
-        let attempt_number = tried.len() as u32 + 1;
-        let picked = select::pick(
-            &group,
-            checked.policy,
-            checked.request.session_id.as_deref(),
-            &tried,
-            &limits,
-        )
-        .map(|(index, _)| index);
-        let Some(index) = picked else {
-            return Err(if failures.is_empty() {
-                fail(no_instance(capability, &group), None, 0)
-            } else {
-                fail(
-                    exhausted(&failures),
-                    failures.last().map(|failure| failure.agent_id.clone()),
-                    attempt_number - 1,
-                )
-            });
+            events: 0,
         };
-        tried.push(index);
-        let instance = group.instances[index].clone();
-        envelope.attempt = attempt_number;
-        let authorization = match service
-            .assertions()
-            .header(
-                caller,
-                &instance.agent_id,
-                &capability.name,
-                deadline_ms,
-                received.epoch_ms,
-            )
-            .map_err(crate::service::assertion_failed)
-        {
-            Ok(header) => header,
-            Err(error) => return Err(fail(error, Some(instance.agent_id.clone()), attempt_number - 1)),
-        };
-        let body = match envelope.to_vec() {
-            Ok(body) => body,
-            Err(error) => {
-                return Err(fail(
-                    RouterError::new(Code::InvalidEnvelope, format!("payload cannot be forwarded: {error}")),
-                    None,
-                    attempt_number - 1,
-                ))
-            }
-        };
-        let inflight = instance.state.start_owned();
-        let started = Instant::now();
-        // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
-        let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
-        let attempted = tokio::select! {
-            biased;
-            attempted = attempt(service, &instance, &body, &traceparent, &authorization, started) => attempted,
-            () = expiry.as_mut() => Opened::Other(AttemptResult::TimedOut),
-        };
-        let elapsed = started.elapsed();
-        let agent_id = instance.agent_id.clone();
-        let result = match attempted {
-            Opened::Events(body) => {
-                let transition = instance.state.observe(Observation::Healthy(elapsed), service.breaker());
-                log_transition(transition, &agent_id, trace, request_id);
+        let (source, summary, inflight) = match answered {
+            Ok(Answered::Committed {
+                committed: (body, inflight),
+                agent_id,
+                attempts,
+            }) => {
                 let source = Source::Events {
                     body,
                     splitter: EventSplitter::default(),
                 };
-                let summary = Summary {
-                    capability: capability.name.clone(),
-                    capability_version: group.version_text.clone(),
-                    agent_id,
-                    attempts: attempt_number,
-                    events: 0,
-                };
-                return Ok(EventStream::committed(
-                    service,
-                    source,
-                    summary,
-                    (expiry, received.instant),
-                    capability_metrics.clone(),
-                    (Some(inflight), permit),
-                ));
+                (source, summary(agent_id, attempts), Some(inflight))
             }
-            Opened::Other(result) => result,
-        };
-        drop(inflight);
-        capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
-        let (observation, outcome) = classify(result, elapsed, fair);
-        log_transition(
-            instance.state.observe(observation, service.breaker()),
-            &agent_id,
-            trace,
-            request_id,
-        );
-        let reason = match outcome {
-            Outcome::Done(output) => {
-                if let Err(error) = schema::check_output(&group, output.as_deref(), &agent_id) {
-                    instance.state.count_output_mismatch();
-                    return Err(fail(error, Some(agent_id), attempt_number));
-                }
-                let data = Bytes::from(output.as_deref().map_or("null", |raw| raw.get()).to_string());
-                let summary = Summary {
-                    capability: capability.name.clone(),
-                    capability_version: group.version_text.clone(),
-                    agent_id,
-                    attempts: attempt_number,
-                    events: 0,
-                };
+            Ok(Answered::Done(success)) => {
                 // The whole answer is in: the instance's place is free again.
-                return Ok(EventStream::committed(
-                    service,
+                let data = Bytes::from(success.output.as_deref().map_or("null", |raw| raw.get()).to_string());
+                (
                     Source::Whole(Some(data)),
-                    summary,
-                    (expiry, received.instant),
-                    capability_metrics.clone(),
-                    (None, permit),
-                ));
+                    summary(success.agent_id, success.attempts),
+                    None,
+                )
             }
-            // A 202 answers only a task's delivery, and a stream is never one.
-            Outcome::Accepted => {
-                return Err(fail(
-                    crate::outcome::accepted_without_task(),
-                    Some(agent_id),
-                    attempt_number,
-                ))
-            }
-            Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt_number)),
-            Outcome::Retryable(reason, detail) => {
-                failures.push(LastFailure {
-                    reason,
-                    agent_id: agent_id.clone(),
-                    detail,
-                });
-                reason
+            Err(failure) => {
+                capability_metrics.record(Err(failure.error.code));
+                self.failed(&call, &failure);
+                let recorded =
+                    crate::service::Recorded::of(&call, failure.capability_version.as_deref(), Some(&failure.error));
+                self.remember(&recorded, trail);
+                return Err(failure);
             }
         };
-        if attempt_number >= service.tuning().max_attempts {
-            return Err(fail(exhausted(&failures), Some(agent_id), attempt_number));
-        }
-        let pause = retry::backoff(attempt_number);
-        if Instant::now() + pause >= deadline {
-            return Err(fail(
-                RouterError::new(
-                    Code::DeadlineExceeded,
-                    format!(
-                        "no time left to retry after {attempt_number} attempt(s); last: {}",
-                        reason.as_str()
-                    ),
-                )
-                .with_details(attempts_details(&failures)),
-                Some(agent_id),
-                attempt_number,
-            ));
-        }
-        if !service.budget().try_withdraw() {
-            service.metrics().retry_budget_exhausted.inc();
-            let mut error = exhausted(&failures);
-            error.message = format!(
-                "retry budget exhausted (retries are capped to protect agents); {}",
-                error.message
-            );
-            return Err(fail(error, Some(agent_id), attempt_number));
-        }
-        service.metrics().retries.with_label_values(&[reason.as_str()]).inc();
-        tokio::time::sleep(pause).await;
+        let received = call.received.instant;
+        let permit = admitted.permit;
+        Ok(EventStream::committed(
+            self,
+            (source, summary),
+            (events.expiry, received),
+            capability_metrics,
+            (inflight, permit),
+            Record::of(self, call, trail),
+        ))
     }
 }
 
@@ -724,70 +644,29 @@ const EVENTS_HEADERS: &[(&str, &str)] = &[
     ("x-accel-buffering", "no"),
 ];
 
-/// `POST /v1/invoke` with `Accept: text/event-stream`: authenticated, parsed
-/// and checked as `/v1/invoke` is (every refusal the same failed result
-/// envelope with its status), then [`open`]ed and [`relay`]ed. Failures before
-/// the agent committed are ordinary error envelopes; after, `event: error`.
+/// `POST /v1/invoke` with `Accept: text/event-stream`: identified, read and
+/// checked by the envelope doors' prelude (every refusal the same failed
+/// result envelope with its status), then streamed ([`RouterService::stream`])
+/// and [`relay`]ed. Failures before the agent committed are ordinary error
+/// envelopes; after, `event: error`.
 pub async fn answer(
     service: &RouterService,
-    headers: &impl agent_reach_serving::HeaderLookup,
-    body: agent_reach_serving::RequestBody,
+    identified: Identified,
+    headers: &impl HeaderLookup,
+    body: RequestBody,
 ) -> Answer {
-    use crate::answer::{failed_answer as failed, Known};
-    let received = clock::Now::read();
-    let mut known = Known::fresh(received.instant);
-    let caller = match service.authenticate_at(headers, received.epoch_ms) {
-        Ok(caller) => caller,
-        Err(error) => return failed(known, error.into()),
+    let call = match prelude::envelope(service, identified, headers, body, Door::Stream).await {
+        Ok(envelope) => envelope.call,
+        Err(refusal) => return refusal.answer(),
     };
-    let read = match body {
-        agent_reach_serving::RequestBody::Unread(body) => {
-            crate::envelope::read_body(headers, body, service.tuning().max_body_bytes).await
-        }
-        agent_reach_serving::RequestBody::Read(bytes) => Ok(bytes),
-    };
-    let checked = match read {
-        Ok(bytes) => crate::envelope::parse(&bytes).and_then(|request| {
-            if let Some(id) = request
-                .request_id
-                .clone()
-                .filter(|id| !id.is_empty() && id.len() <= 128)
-            {
-                known.request_id = id;
-            }
-            known.capability = Some(request.capability.clone());
-            crate::envelope::check(request)
-        }),
-        Err(error) => Err(error),
-    };
-    let checked = match checked {
-        Ok(checked) => checked,
-        Err(error) => {
-            service.metrics().record_rejected(error.code);
-            return failed(known, error.into());
-        }
-    };
-    // The seeds' `trace_id` is honoured when no `traceparent` came, as on the JSON path.
-    let trace = match (headers.value("traceparent"), checked.request.trace_id.as_deref()) {
-        (None, Some(trace_id)) => TraceContext::from_caller_trace_id(trace_id),
-        (header, _) => TraceContext::from_header(header),
-    };
-    let request_id = known.request_id.clone();
-    match open(service, &caller, &checked, &request_id, &trace, received).await {
+    let known = call.known();
+    let (request_id, started) = (known.request_id.clone(), call.received.instant);
+    match service.stream(call).await {
         Ok(stream) => Answer::Stream {
             headers: EVENTS_HEADERS,
-            body: relay(stream, request_id, received.instant),
+            body: relay(stream, request_id, started),
         },
-        Err(failure) => {
-            tracing::info!(
-                message = "Streamed invocation failed before the agent answered.",
-                trace_id = %trace.trace_id, request_id = %request_id,
-                session_id = checked.request.session_id.as_deref().unwrap_or(""),
-                capability = %checked.request.capability,
-                code = failure.error.code.as_str(), error = %failure.error.message,
-            );
-            failed(known, failure)
-        }
+        Err(failure) => crate::answer::failed_answer(known, failure),
     }
 }
 

@@ -33,6 +33,7 @@ use crate::answer::{method_not_allowed, refused};
 use crate::config::Settings;
 use crate::console::Console;
 use crate::metrics::Metrics;
+use crate::pipeline::identify::Identified;
 use crate::service::RouterService;
 use crate::tasks::TaskService;
 use crate::tuning::Tuning;
@@ -71,6 +72,8 @@ impl Shared {
         let auth = Authenticator::load(&settings.auth)
             .map_err(anyhow::Error::msg)?
             .serving(tenant);
+        let identify = crate::pipeline::identify::Identify::new(Arc::new(auth))
+            .with_sessions(Arc::new(crate::console::Sessions::new(self.assertions.clone())));
         let snapshot = Arc::new(snapshot::SnapshotHandle::new());
         tokio::spawn(watch::run(
             settings.registry.clone(),
@@ -103,7 +106,7 @@ impl Shared {
             self.tuning.clone(),
             snapshot,
             admission,
-            auth,
+            identify,
             self.assertions.clone(),
             forward::Forwarder::new(self.tuning.pool_idle_per_instance, self.agent_tls.clone()),
             metrics,
@@ -200,7 +203,12 @@ pub(crate) fn routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> 
     axum::Router::new()
         .route("/metrics", get(metrics).fallback(method_not_allowed))
         .route("/readyz", get(readyz).fallback(method_not_allowed))
-        .route("/v1/tenants", get(list).fallback(method_not_allowed))
+        .route(
+            "/v1/tenants",
+            get(list)
+                .fallback(method_not_allowed)
+                .layer(axum::middleware::from_fn_with_state(state.clone(), identified_at_home)),
+        )
         .with_state(state)
         .merge(agent_reach_tenancy::dispatch_with(parts, app_of))
 }
@@ -208,12 +216,18 @@ pub(crate) fn routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> 
 /// A router of one tenant: its part's routes, and `GET /v1/tenants` listing it.
 pub(crate) fn single_routes(parts: Arc<TenantParts>, process: prometheus::Registry) -> axum::Router {
     let home = parts.home();
+    let state = Process {
+        parts,
+        registry: process,
+    };
     axum::Router::new()
-        .route("/v1/tenants", get(list).fallback(method_not_allowed))
-        .with_state(Process {
-            parts,
-            registry: process,
-        })
+        .route(
+            "/v1/tenants",
+            get(list)
+                .fallback(method_not_allowed)
+                .layer(axum::middleware::from_fn_with_state(state.clone(), identified_at_home)),
+        )
+        .with_state(state)
         .merge(home.app.clone())
 }
 
@@ -257,11 +271,22 @@ async fn readyz(State(process): State<Process>) -> Response {
         .into_response()
 }
 
+/// The process's own operator route is identified by the home tenant's part
+/// (the one way in, as every part's routes are).
+async fn identified_at_home(
+    State(process): State<Process>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let home = process.parts.home();
+    home.service.identify().request(request, next).await
+}
+
 /// `GET /v1/tenants`: each tenant served, its placement, quotas and usage,
 /// for the home tenant's operators.
-async fn list(State(process): State<Process>, headers: HeaderMap) -> Response {
+async fn list(State(process): State<Process>, identified: Identified, headers: HeaderMap) -> Response {
     let home = process.parts.home();
-    if let Err(error) = crate::operator::operator(&home.service, &headers) {
+    if let Err(error) = crate::operator::operator(home.service.admission(), &identified, &headers) {
         return refused(error);
     }
     let mut tenants = Vec::new();

@@ -272,3 +272,90 @@ async fn a_live_weight_change_shifts_traffic_without_re_registration() {
     );
     assert_eq!(cluster.router.routed_weight("cw-1"), Some(3));
 }
+
+/// One call through each streaming door: `/v1/invoke` asking for events, an
+/// A2A `SendStreamingMessage`, an MCP `tools/call` with progress; each read
+/// to its end.
+async fn stream_once(cluster: &Cluster, door: &str, n: usize) {
+    let client = &cluster.client;
+    let request = match door {
+        "invoke" => client
+            .post(cluster.url("/v1/invoke"))
+            .header("accept", "text/event-stream")
+            .json(&order(&format!("SO-s{n}"))),
+        "a2a" => client
+            .post(cluster.url(&format!("/a2a/{CAPABILITY}")))
+            .header("a2a-version", "1.0")
+            .json(&json!({
+                "jsonrpc": "2.0", "id": n, "method": "SendStreamingMessage",
+                "params": {"message": {"messageId": format!("m-{n}"), "role": "ROLE_USER",
+                                       "parts": [{"data": {"order_id": format!("SO-a{n}")}}]}}
+            })),
+        _ => client
+            .post(cluster.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({
+                "jsonrpc": "2.0", "id": n, "method": "tools/call",
+                "params": {"name": CAPABILITY, "arguments": {"order_id": format!("SO-m{n}")},
+                           "_meta": {"progressToken": format!("p-{n}")}}
+            })),
+    };
+    let response = request.bearer_auth(token(CALLER)).send().await.unwrap();
+    assert_eq!(response.status(), 200, "{door}");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = response.text().await.unwrap();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{door}: {content_type} {body}"
+    );
+    // The agent's two events reached the caller, and the call ended well.
+    assert!(
+        body.contains("\\\"n\\\":2") || body.contains("\"n\":2"),
+        "{door}: {body}"
+    );
+    assert!(
+        !body.contains("event: error") && !body.contains("\"isError\":true"),
+        "{door}: {body}"
+    );
+}
+
+// Issue 33: every door that sends a call to one instance follows the split,
+// the streamed ones too (a streamed call used to ignore it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_calls_through_every_door_follow_the_split() {
+    let cluster = Cluster::start().await;
+    let mut v1 = spec("sv1-1", "1.0.0", "ready");
+    v1.behaviour = Behaviour::Stream;
+    let mut v2 = spec("sv2-1", "2.0.0", "ready");
+    v2.behaviour = Behaviour::Stream;
+    let (v1, v2) = (cluster.agent(v1), cluster.agent(v2));
+    cluster.wait_for_instances(&["sv1-1", "sv2-1"]).await;
+    for (weights, expected) in [
+        (json!({"2.0.0": 0, "1.0.0": 100}), vec![("2.0.0", 0), ("1.0.0", 100)]),
+        (json!({"2.0.0": 100, "1.0.0": 0}), vec![("2.0.0", 100), ("1.0.0", 0)]),
+    ] {
+        set_split(&cluster, weights).await;
+        let applied: Vec<(&str, u32)> = expected.iter().copied().filter(|(_, weight)| *weight > 0).collect();
+        wait_for_split(&cluster, Some(applied)).await;
+        let canary_gets_all = expected[0].1 == 100;
+        for door in ["invoke", "a2a", "mcp"] {
+            let (before_v1, before_v2) = (v1.hits(), v2.hits());
+            for n in 0..20 {
+                stream_once(&cluster, door, n).await;
+            }
+            let (to_v1, to_v2) = (v1.hits() - before_v1, v2.hits() - before_v2);
+            let expected = if canary_gets_all { (0, 20) } else { (20, 0) };
+            assert_eq!(
+                (to_v1, to_v2),
+                expected,
+                "{door} at {:?}",
+                cluster.router.routed_split(CAPABILITY)
+            );
+        }
+    }
+}

@@ -38,8 +38,9 @@ pub use relay::Console;
 use crate::answer::{method_not_allowed, refused};
 use crate::clock;
 use crate::error::{Code, RouterError};
-pub use crate::operator::{operator, Operator, COOKIE, PAGE_HEADER};
-use crate::operator::{sealer, unauthenticated, verify};
+pub use crate::operator::{operator, Operator, Sessions, COOKIE, PAGE_HEADER};
+use crate::operator::{sealer, unauthenticated};
+use crate::pipeline::identify::Identified;
 use crate::service::RouterService;
 use crate::tasks::TaskService;
 use seal::{Kind, Unsealed};
@@ -153,9 +154,14 @@ struct LinkRequest {
 }
 
 /// `POST /v1/console/links`: a short-lived sign-in link for the calling operator.
-async fn create_link(State(state): State<ConsoleState>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+async fn create_link(
+    State(state): State<ConsoleState>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     let outcome = (|| {
-        let operator = operator(&state.service, &headers)?;
+        let operator = operator(state.service.admission(), &identified, &headers)?;
         let request: LinkRequest = if body.iter().all(u8::is_ascii_whitespace) {
             LinkRequest::default()
         } else {
@@ -172,7 +178,7 @@ async fn create_link(State(state): State<ConsoleState>, headers: HeaderMap, body
             ));
         }
         let expires_ms = clock::epoch_ms() + ttl_s * 1000;
-        let code = sealer(&state.service)?
+        let code = sealer(state.service.assertions())?
             .seal(Kind::Link, &operator.token, expires_ms)
             .map_err(|error| RouterError::new(Code::AssertionFailed, format!("cannot seal the link: {error}")))?;
         tracing::info!(message = "Console sign-in link issued.", operator = %operator.name(), ttl_s);
@@ -222,7 +228,7 @@ async fn open_session(State(state): State<ConsoleState>, headers: HeaderMap, bod
             )
         })?;
         let now = clock::epoch_ms();
-        let sealer = sealer(&state.service)?;
+        let sealer = sealer(state.service.assertions())?;
         let token = sealer.open(Kind::Link, &request.code, now).map_err(|problem| match problem {
             Unsealed::Expired(at) => unauthenticated(
                 "link_expired",
@@ -236,7 +242,7 @@ async fn open_session(State(state): State<ConsoleState>, headers: HeaderMap, bod
                 "this sign-in link is not valid (mistyped, or made by a router with another key); run `agent-reach console` for a new one".to_string(),
             ),
         })?;
-        let caller = verify(&state.service, &token, now)?;
+        let caller = state.service.identify().token(&token, now)?;
         state.service.admission().authorize_operator(&caller)?;
         let session = sealer
             .seal(Kind::Session, &token, now + SESSION_TTL_S * 1000)
@@ -257,8 +263,8 @@ async fn open_session(State(state): State<ConsoleState>, headers: HeaderMap, bod
 }
 
 /// `GET /v1/console/session`: who is signed in (the page's first call).
-async fn show_session(State(state): State<ConsoleState>, headers: HeaderMap) -> Response {
-    match operator(&state.service, &headers) {
+async fn show_session(State(state): State<ConsoleState>, identified: Identified, headers: HeaderMap) -> Response {
+    match operator(state.service.admission(), &identified, &headers) {
         Ok(operator) => Json(json!({ "operator": operator.name() })).into_response(),
         Err(error) => refused(error),
     }

@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use super::{operator, ConsoleState};
 use crate::answer::refused;
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::Identified;
 
 /// Largest request and answer relayed (the registry's own limits are smaller).
 const LIMIT: usize = 1 << 20;
@@ -133,8 +134,14 @@ where
 }
 
 /// Relays one operator request; logs the change with the operator's name.
-async fn relay(state: &ConsoleState, headers: &HeaderMap, method: Method, uri: &http::Uri, body: Bytes) -> Response {
-    let operator = match operator(&state.service, headers) {
+async fn relay(
+    state: &ConsoleState,
+    (identified, headers): (&Identified, &HeaderMap),
+    method: Method,
+    uri: &http::Uri,
+    body: Bytes,
+) -> Response {
+    let operator = match operator(state.service.admission(), identified, headers) {
         Ok(operator) => operator,
         Err(error) => return refused(error),
     };
@@ -171,13 +178,25 @@ async fn relay(state: &ConsoleState, headers: &HeaderMap, method: Method, uri: &
 }
 
 /// `PUT /v1/agents/{agent_id}/weight`, relayed.
-pub async fn weight(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap, body: Bytes) -> Response {
-    relay(&state, &headers, Method::PUT, &uri, body).await
+pub async fn weight(
+    State(state): State<ConsoleState>,
+    uri: http::Uri,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    relay(&state, (&identified, &headers), Method::PUT, &uri, body).await
 }
 
 /// `POST /v1/agents/{agent_id}/drain`, relayed.
-pub async fn drain(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap, body: Bytes) -> Response {
-    relay(&state, &headers, Method::POST, &uri, body).await
+pub async fn drain(
+    State(state): State<ConsoleState>,
+    uri: http::Uri,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    relay(&state, (&identified, &headers), Method::POST, &uri, body).await
 }
 
 /// `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`, relayed.
@@ -185,14 +204,20 @@ pub async fn split(
     State(state): State<ConsoleState>,
     method: Method,
     uri: http::Uri,
+    identified: Identified,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    relay(&state, &headers, method, &uri, body).await
+    relay(&state, (&identified, &headers), method, &uri, body).await
 }
 
 /// `GET /v1/heartbeats`, relayed: the router learns instances from the
 /// `Watch` stream, which carries no heartbeat (only the lease knows it).
-pub async fn heartbeats(State(state): State<ConsoleState>, uri: http::Uri, headers: HeaderMap) -> Response {
-    relay(&state, &headers, Method::GET, &uri, Bytes::new()).await
+pub async fn heartbeats(
+    State(state): State<ConsoleState>,
+    uri: http::Uri,
+    identified: Identified,
+    headers: HeaderMap,
+) -> Response {
+    relay(&state, (&identified, &headers), Method::GET, &uri, Bytes::new()).await
 }

@@ -17,6 +17,7 @@ use super::{operator, ConsoleState};
 use crate::answer::refused;
 use crate::clock;
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::Identified;
 use crate::recent::Call;
 use crate::select;
 
@@ -29,8 +30,8 @@ fn invalid_query(rejection: axum::extract::rejection::QueryRejection) -> RouterE
 
 /// `GET /v1/routing/instances`: every instance in this router's snapshot,
 /// by capability and version, with its live state.
-pub async fn instances(State(state): State<ConsoleState>, headers: HeaderMap) -> Response {
-    if let Err(error) = operator(&state.service, &headers) {
+pub async fn instances(State(state): State<ConsoleState>, identified: Identified, headers: HeaderMap) -> Response {
+    if let Err(error) = operator(state.service.admission(), &identified, &headers) {
         return refused(error);
     }
     let service = &state.service;
@@ -115,8 +116,8 @@ impl Stats {
 /// `GET /v1/routing/capabilities`: every capability's versions, traffic
 /// split and, from the recent-calls ring, its calls, failure rate and
 /// latency over the last five minutes.
-pub async fn capabilities(State(state): State<ConsoleState>, headers: HeaderMap) -> Response {
-    if let Err(error) = operator(&state.service, &headers) {
+pub async fn capabilities(State(state): State<ConsoleState>, identified: Identified, headers: HeaderMap) -> Response {
+    if let Err(error) = operator(state.service.admission(), &identified, &headers) {
         return refused(error);
     }
     let service = &state.service;
@@ -201,10 +202,11 @@ pub struct RecentQuery {
 pub async fn recent(
     State(state): State<ConsoleState>,
     query: Result<Query<RecentQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
     headers: HeaderMap,
 ) -> Response {
     let outcome = (|| {
-        operator(&state.service, &headers)?;
+        operator(state.service.admission(), &identified, &headers)?;
         let Query(query) = query.map_err(invalid_query)?;
         let failed_only = match query.outcome.as_deref() {
             None | Some("any") => false,
@@ -254,10 +256,11 @@ pub async fn request(
     State(state): State<ConsoleState>,
     Path(request_id): Path<String>,
     query: Result<Query<RequestQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
     headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        operator(&state.service, &headers)?;
+        operator(state.service.admission(), &identified, &headers)?;
         let Query(query) = query.map_err(invalid_query)?;
         if request_id.is_empty() || request_id.len() > 128 {
             return Err(RouterError::field(
@@ -323,9 +326,9 @@ pub async fn request(
 /// `GET /v1/backlog`: the slow path at a glance: tasks waiting by
 /// capability and priority, tasks running (claimed, not yet finished) by
 /// priority, and the dead letters' count.
-pub async fn backlog(State(state): State<ConsoleState>, headers: HeaderMap) -> Response {
+pub async fn backlog(State(state): State<ConsoleState>, identified: Identified, headers: HeaderMap) -> Response {
     let outcome = async {
-        operator(&state.service, &headers)?;
+        operator(state.service.admission(), &identified, &headers)?;
         let Some(tasks) = &state.tasks else {
             return Err(RouterError::new(
                 Code::TasksDisabled,

@@ -21,14 +21,17 @@ use serde_json::{json, Value};
 
 use super::buffer::{Buffered, TaskBuffer};
 use super::{failed_envelope, store_error, TaskService};
+use agent_reach_serving::RequestBody;
+
 use crate::admission::Entry;
 use crate::answer::refused;
 use crate::clock;
-use crate::envelope;
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::Identified;
+use crate::pipeline::prelude::{self, Refusal};
+use crate::pipeline::{Call, Door};
 use crate::select::{self, Routable};
 use crate::service::RouterService;
-use crate::trace;
 
 /// What the task routes share: the router (authentication, admission, the
 /// snapshot) and the slow path, when this router has one.
@@ -76,11 +79,11 @@ pub(crate) fn view(task: &agent_reach_task_store::Task) -> Value {
 /// start of the status, cancel and events handlers.
 async fn owned_task<'a>(
     api: &'a TaskApi,
-    headers: &HeaderMap,
+    identified: Identified,
     task_id: &str,
 ) -> Result<(&'a Arc<TaskService>, agent_reach_task_store::Task), RouterError> {
     let tasks = api.enabled()?;
-    let caller = api.service.authenticate(headers)?;
+    let caller = identified.caller?;
     let task = tasks.store.get(task_id).await.map_err(store_error)?;
     owner_check(&caller, &task)?;
     Ok((tasks, task))
@@ -97,19 +100,22 @@ pub(super) fn owner_check(caller: &Caller, task: &agent_reach_task_store::Task) 
 }
 
 #[tracing::instrument(name = "tasks.submit", skip_all)]
-pub(super) async fn submit(AxumState(api): AxumState<TaskApi>, headers: HeaderMap, body: Body) -> Response {
-    match try_submit(&api, &headers, body).await {
+pub(super) async fn submit(
+    AxumState(api): AxumState<TaskApi>,
+    identified: Identified,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match try_submit(&api, identified, &headers, body).await {
         Ok(response) => response,
-        Err(error) => refused(error),
+        Err(refusal) => refusal.answer().into_response(),
     }
 }
 
 /// A parsed and checked task request: the invoke envelope plus `callback`.
 struct TaskRequest {
-    caller: Caller,
-    checked: envelope::CheckedRequest,
+    call: Call,
     callback: Option<Callback>,
-    request_id: String,
     priority: Priority,
     envelope: Value,
 }
@@ -117,93 +123,118 @@ struct TaskRequest {
 impl TaskRequest {
     fn new_task(&self) -> NewTask {
         NewTask {
-            request_id: self.request_id.clone(),
-            session_id: self.checked.request.session_id.clone(),
-            caller: self.caller.name().unwrap_or("anonymous").to_string(),
-            capability: self.checked.request.capability.clone(),
+            request_id: self.call.request_id().to_string(),
+            session_id: self.call.checked.request.session_id.clone(),
+            caller: self.call.caller.name().unwrap_or("anonymous").to_string(),
+            capability: self.call.checked.request.capability.clone(),
             priority: self.priority,
             envelope: self.envelope.clone(),
             callback: self.callback.clone(),
             ..NewTask::default()
         }
     }
+
+    /// A refusal of this request after its envelope was read.
+    fn refusal(&self, error: RouterError) -> Refusal {
+        Refusal {
+            known: self.call.known(),
+            failure: error.into(),
+        }
+    }
 }
 
-async fn read_task_request(
-    service: &RouterService,
-    tasks: &TaskService,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<TaskRequest, RouterError> {
-    let caller = service.authenticate(headers)?;
-    let bytes = envelope::read_body(headers, body, service.tuning().max_body_bytes).await?;
-    // The task request is the invoke envelope plus `callback`.
-    let mut value: Value = serde_json::from_slice(&bytes)
-        .map_err(|error| RouterError::new(Code::InvalidEnvelope, format!("the body is not JSON: {error}")))?;
-    let callback = match value.as_object_mut().and_then(|object| object.remove("callback")) {
-        None | Some(Value::Null) => None,
-        Some(mut raw) => {
-            // The seeds' form `{type: "http", url}`: `http` is the only kind there is.
-            if let Some(kind) = raw.as_object_mut().and_then(|object| object.remove("type")) {
-                if kind != json!("http") {
-                    return Err(RouterError::field(
-                        Code::InvalidCallback,
-                        "callback.type",
-                        format!("callback type {kind} is not supported (only \"http\")"),
-                    ));
-                }
-            }
-            Some(serde_json::from_value::<Callback>(raw).map_err(|error| {
-                RouterError::field(
-                    Code::InvalidCallback,
-                    "callback",
-                    format!("`callback`: {error} (expected {{url, secret_ref?}})"),
-                )
-            })?)
+/// The callback of a submission, in the router's form (`{url, secret_ref?}`,
+/// or the seeds' `{type: "http", url}`).
+fn callback_of(raw: Value) -> Result<Callback, RouterError> {
+    let mut raw = raw;
+    // The seeds' form `{type: "http", url}`: `http` is the only kind there is.
+    if let Some(kind) = raw.as_object_mut().and_then(|object| object.remove("type")) {
+        if kind != json!("http") {
+            return Err(RouterError::field(
+                Code::InvalidCallback,
+                "callback.type",
+                format!("callback type {kind} is not supported (only \"http\")"),
+            ));
         }
-    };
-    let mut request = envelope::parse(value.to_string().as_bytes())?;
-    let request_id = request
-        .request_id
-        .clone()
-        .filter(|id| !id.is_empty() && id.len() <= 128)
-        .unwrap_or_else(trace::new_request_id);
-    request.request_id = Some(request_id.clone());
-    let checked = envelope::check(request)?;
-    // Refused at once when the caller may not call it; the rest of admission
-    // (capability, version, schema, deadline) runs when the task is delivered.
-    service.admission().authorize(&caller, &checked.request.capability)?;
-    service.admission().limit_submission(&caller)?;
-    if let Some(callback) = &callback {
-        tasks.deliverer.check(callback).await.map_err(|error| {
-            RouterError::new(Code::InvalidCallback, error.to_string()).with_details(json!({ "reason": error.code() }))
-        })?;
     }
-    let priority = checked.request.priority.unwrap_or_default();
-    let envelope = serde_json::to_value(&checked.request)
-        .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
-    Ok(TaskRequest {
-        caller,
-        checked,
-        callback,
-        request_id,
-        priority,
-        envelope,
+    serde_json::from_value::<Callback>(raw).map_err(|error| {
+        RouterError::field(
+            Code::InvalidCallback,
+            "callback",
+            format!("`callback`: {error} (expected {{url, secret_ref?}})"),
+        )
     })
 }
 
-async fn try_submit(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
-    let tasks = api.enabled()?;
-    let request = read_task_request(&api.service, tasks, headers, body).await?;
+/// The envelope doors' prelude, then what a submission adds: its callback,
+/// and the checks made when it is submitted (the caller may call the
+/// capability; its limits); the rest of admission (capability, version,
+/// schema, deadline) runs when the task is delivered.
+async fn read_task_request(
+    service: &RouterService,
+    tasks: &TaskService,
+    (identified, headers): (Identified, &HeaderMap),
+    body: Body,
+) -> Result<TaskRequest, Refusal> {
+    let prelude::Envelope { mut call, callback } =
+        prelude::envelope(service, identified, headers, RequestBody::Unread(body), Door::Tasks).await?;
+    // The stored envelope carries the id the task is known by.
+    let request_id = call.request_id().to_string();
+    call.checked.request.request_id = Some(request_id);
+    let mut request = TaskRequest {
+        call,
+        callback: None,
+        priority: Priority::default(),
+        envelope: Value::Null,
+    };
+    let checks = async {
+        request.callback = callback.map(callback_of).transpose()?;
+        let call = &request.call;
+        service
+            .admission()
+            .authorize(&call.caller, &call.checked.request.capability)?;
+        service.admission().limit_submission(&call.caller)?;
+        if let Some(callback) = &request.callback {
+            tasks.deliverer.check(callback).await.map_err(|error| {
+                RouterError::new(Code::InvalidCallback, error.to_string())
+                    .with_details(json!({ "reason": error.code() }))
+            })?;
+        }
+        request.priority = call.checked.request.priority.unwrap_or_default();
+        request.envelope = serde_json::to_value(&call.checked.request)
+            .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
+        Ok::<_, RouterError>(())
+    };
+    match checks.await {
+        Ok(()) => Ok(request),
+        Err(error) => Err(request.refusal(error)),
+    }
+}
+
+async fn try_submit(
+    api: &TaskApi,
+    identified: Identified,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let tasks = api.enabled().map_err(|error| Refusal::fresh(error, &identified))?;
+    let request = read_task_request(&api.service, tasks, (identified, headers), body).await?;
     let bound = api.service.admission().quota().and_then(|quota| quota.task_backlog());
-    Ok(match put(tasks, request.new_task(), request.priority, bound).await? {
+    let put = put(tasks, request.new_task(), request.priority, bound)
+        .await
+        .map_err(|error| request.refusal(error))?;
+    Ok(match put {
         Put::Created(task_id) => (
             StatusCode::ACCEPTED,
             Json(json!({ "task_id": task_id, "status": "pending" })),
         )
             .into_response(),
         Put::Existing(task_id) => {
-            let task = tasks.store.get(&task_id).await.map_err(store_error)?;
+            let task = tasks
+                .store
+                .get(&task_id)
+                .await
+                .map_err(|error| request.refusal(store_error(error)))?;
             (
                 StatusCode::OK,
                 Json(json!({ "task_id": task_id, "status": task.state.as_str(), "duplicate": true })),
@@ -317,27 +348,45 @@ async fn buffered(
 /// child task per routable instance, each delivered to its instance only;
 /// the parent ends when every child has, with every outcome as its output.
 #[tracing::instrument(name = "tasks.broadcast", skip_all)]
-pub async fn submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) -> Response {
-    match try_submit_broadcast(api, headers, body).await {
+pub async fn submit_broadcast(api: &TaskApi, identified: Identified, headers: &HeaderMap, body: Body) -> Response {
+    match try_submit_broadcast(api, identified, headers, body).await {
         Ok(response) => response,
-        Err(error) => refused(error),
+        Err(refusal) => refusal.answer().into_response(),
     }
 }
 
-async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
-    let tasks = api.enabled()?;
+async fn try_submit_broadcast(
+    api: &TaskApi,
+    identified: Identified,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let tasks = api.enabled().map_err(|error| Refusal::fresh(error, &identified))?;
     let service = &api.service;
-    let request = read_task_request(service, tasks, headers, body).await?;
+    let request = read_task_request(service, tasks, (identified, headers), body).await?;
+    broadcast_children(api, tasks, &request)
+        .await
+        .map_err(|error| request.refusal(error))
+}
+
+/// The parent and its children of an admitted asynchronous broadcast.
+async fn broadcast_children(
+    api: &TaskApi,
+    tasks: &TaskService,
+    request: &TaskRequest,
+) -> Result<Response, RouterError> {
+    let service = &api.service;
     let snapshot = service.snapshot().load_full();
+    let call = &request.call;
     // Admitted as a synchronous broadcast is; each child is admitted again when delivered.
     let admitted = service
         .admission()
-        .admit(
-            &request.caller,
+        .admit_broadcast(
+            &call.caller,
             // The submission spent the caller's token above; nothing is in flight yet.
             Entry::Delivery,
-            &request.checked.request,
-            request.checked.version_req.as_ref(),
+            &call.checked.request,
+            call.checked.version_req.as_ref(),
             &snapshot,
             clock::Now::read(),
         )
@@ -373,7 +422,7 @@ async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) ->
     let parent_task = tasks.store.get(&parent_id).await.map_err(store_error)?;
     let mut children = Vec::new();
     for agent_id in &parent_task.children {
-        let child_request_id = format!("{}@{agent_id}", request.request_id);
+        let child_request_id = format!("{}@{agent_id}", call.request_id());
         let mut envelope = request.envelope.clone();
         envelope["request_id"] = json!(child_request_id);
         let child = tasks
@@ -408,7 +457,7 @@ async fn try_submit_broadcast(api: &TaskApi, headers: &HeaderMap, body: Body) ->
 pub(super) async fn status(
     AxumState(api): AxumState<TaskApi>,
     Path(task_id): Path<String>,
-    headers: HeaderMap,
+    identified: Identified,
 ) -> Response {
     let outcome = async {
         // Still in the local buffer (Redis unreachable): pending, as far as anyone can tell.
@@ -418,13 +467,13 @@ pub(super) async fn status(
             .as_ref()
             .and_then(|buffer| buffer.caller_of(&task_id));
         if let Some(owner) = buffered_for {
-            let caller = api.service.authenticate(&headers)?;
+            let caller = identified.caller.clone()?;
             if !matches!(&caller, Caller::Agent { name, .. } if **name != *owner) {
                 let view = json!({ "task_id": task_id, "status": "pending", "buffered": true });
                 return Ok(Json(view).into_response());
             }
         }
-        let (_, task) = owned_task(&api, &headers, &task_id).await?;
+        let (_, task) = owned_task(&api, identified, &task_id).await?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
     }
     .await;
@@ -435,10 +484,10 @@ pub(super) async fn status(
 pub(super) async fn cancel(
     AxumState(api): AxumState<TaskApi>,
     Path(task_id): Path<String>,
-    headers: HeaderMap,
+    identified: Identified,
 ) -> Response {
     let outcome = async {
-        let (tasks, task) = owned_task(&api, &headers, &task_id).await?;
+        let (tasks, task) = owned_task(&api, identified, &task_id).await?;
         // The task's own id: `task_id` may be an alias of it (a buffered submission's).
         let task = cancel_task(tasks, &task).await?;
         Ok::<_, RouterError>(Json(view(&task)).into_response())
@@ -471,11 +520,11 @@ pub(super) const EVENTS_POLL: Duration = Duration::from_millis(100);
 pub(super) async fn events(
     AxumState(api): AxumState<TaskApi>,
     Path(task_id): Path<String>,
-    headers: HeaderMap,
+    identified: Identified,
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let outcome = async {
-        let (tasks, _) = owned_task(&api, &headers, &task_id).await?;
+        let (tasks, _) = owned_task(&api, identified, &task_id).await?;
         let tasks = tasks.clone();
         // (tasks, id, transitions already sent, finished)
         let stream = futures::stream::unfold((tasks, task_id, 0usize, false), |(tasks, task_id, sent, done)| async move {
@@ -536,11 +585,11 @@ pub(super) async fn session_results(
     AxumState(api): AxumState<TaskApi>,
     Path(session_id): Path<String>,
     query: Result<Query<ResultsQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
+    identified: Identified,
 ) -> Response {
     let outcome = async {
         let tasks = api.enabled()?;
-        let caller = api.service.authenticate(&headers)?;
+        let caller = identified.caller?;
         let Query(query) = query.map_err(|rejection| {
             RouterError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
         })?;

@@ -16,6 +16,7 @@ use super::api::{is_cursor, TaskApi};
 use super::{store_error, TaskService};
 use crate::answer::refused;
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::Identified;
 
 fn view(letter: &DeadLetter, with_result: bool) -> Value {
     let parked_at = letter.id.split_once('-').and_then(|(ms, _)| ms.parse::<u64>().ok());
@@ -33,10 +34,14 @@ fn view(letter: &DeadLetter, with_result: bool) -> Value {
 }
 
 /// The slow path, for an operator.
-async fn operator<'a>(api: &'a TaskApi, headers: &HeaderMap) -> Result<&'a std::sync::Arc<TaskService>, RouterError> {
+fn operator<'a>(
+    api: &'a TaskApi,
+    identified: &Identified,
+    headers: &HeaderMap,
+) -> Result<&'a std::sync::Arc<TaskService>, RouterError> {
     let tasks = api.enabled()?;
     // A bearer token or the console's session (`crate::console`).
-    crate::operator::operator(&api.service, headers)?;
+    crate::operator::operator(api.service.admission(), identified, headers)?;
     Ok(tasks)
 }
 
@@ -62,10 +67,11 @@ pub(super) struct ListQuery {
 pub(super) async fn list(
     AxumState(api): AxumState<TaskApi>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
     headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let tasks = operator(&api, &headers).await?;
+        let tasks = operator(&api, &identified, &headers)?;
         let Query(query) = query.map_err(|rejection| {
             RouterError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
         })?;
@@ -97,9 +103,14 @@ pub(super) async fn list(
 }
 
 #[tracing::instrument(name = "tasks.dead_letters.show", skip_all)]
-pub(super) async fn show(AxumState(api): AxumState<TaskApi>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn show(
+    AxumState(api): AxumState<TaskApi>,
+    Path(id): Path<String>,
+    identified: Identified,
+    headers: HeaderMap,
+) -> Response {
     let outcome = async {
-        let tasks = operator(&api, &headers).await?;
+        let tasks = operator(&api, &identified, &headers)?;
         let letter = tasks
             .store
             .dead_letter_entry(checked_id(&id)?)
@@ -112,10 +123,15 @@ pub(super) async fn show(AxumState(api): AxumState<TaskApi>, Path(id): Path<Stri
 }
 
 #[tracing::instrument(name = "tasks.dead_letters.replay", skip_all)]
-pub(super) async fn replay(AxumState(api): AxumState<TaskApi>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+pub(super) async fn replay(
+    AxumState(api): AxumState<TaskApi>,
+    Path(id): Path<String>,
+    identified: Identified,
+    headers: HeaderMap,
+) -> Response {
     let outcome = async {
         let tasks = api.enabled()?;
-        let operator = crate::operator::operator(&api.service, &headers)?;
+        let operator = crate::operator::operator(api.service.admission(), &identified, &headers)?;
         let task_id = tasks
             .store
             .replay_dead_letter(checked_id(&id)?)

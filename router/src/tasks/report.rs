@@ -22,6 +22,7 @@ use super::{store_error, TaskService};
 use crate::answer::refused;
 use crate::envelope;
 use crate::error::{Code, RouterError};
+use crate::pipeline::identify::Identified;
 use crate::schema;
 
 /// How long a report waits for its delivery's `202` to be recorded: an agent
@@ -85,15 +86,23 @@ fn parse_report(body: &Value) -> Result<Report, RouterError> {
 pub(super) async fn report(
     AxumState(api): AxumState<TaskApi>,
     Path(task_id): Path<String>,
+    identified: Identified,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    try_report(&api, &task_id, &headers, body).await.unwrap_or_else(refused)
+    try_report(&api, &task_id, (identified, &headers), body)
+        .await
+        .unwrap_or_else(refused)
 }
 
-async fn try_report(api: &TaskApi, task_id: &str, headers: &HeaderMap, body: Body) -> Result<Response, RouterError> {
+async fn try_report(
+    api: &TaskApi,
+    task_id: &str,
+    (identified, headers): (Identified, &HeaderMap),
+    body: Body,
+) -> Result<Response, RouterError> {
     let tasks = api.enabled()?;
-    let caller = api.service.authenticate(headers)?;
+    let caller = identified.caller?;
     let bytes = envelope::read_body(headers, body, api.service.tuning().max_body_bytes).await?;
     let body: Value =
         serde_json::from_slice(&bytes).map_err(|error| invalid(format!("the result is not JSON: {error}")))?;

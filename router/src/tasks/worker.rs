@@ -17,13 +17,11 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use super::TaskService;
-use crate::admission::Entry;
-use crate::clock;
 use crate::envelope;
 use crate::error::{Code, RouterError};
 use crate::outcome::Failure;
+use crate::pipeline::Call;
 use crate::service::RouterService;
-use crate::trace::TraceContext;
 
 /// Claims queued tasks and delivers them, `workers` at a time, until the
 /// router is dropped; reclaims tasks of routers that died.
@@ -293,40 +291,17 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             Ok(mut checked) => {
                 // The agent may answer 202 and report under this id (DESIGN §8).
                 checked.task_id = Some(task.task_id.clone());
-                let trace = match checked.request.trace_id.as_deref() {
-                    Some(trace_id) => TraceContext::from_caller_trace_id(trace_id),
-                    None => TraceContext::from_header(None),
-                };
+                checked.request.request_id = Some(task.request_id.clone());
+                let call = Call::delivery(caller.clone(), checked);
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
-                    Some(agent_id) => match service
-                        .broadcast(
-                            &caller,
-                            Entry::Delivery,
-                            checked,
-                            &task.request_id,
-                            &trace,
-                            Some(agent_id),
-                        )
-                        .await
-                    {
+                    Some(agent_id) => match service.broadcast(&call, Some(agent_id)).await {
                         Ok(mut outcomes) => outcomes.pop().map(|(_, outcome)| outcome).unwrap_or_else(|| {
                             Err(RouterError::new(Code::NoAvailableInstance, format!("`{agent_id}` is gone")).into())
                         }),
                         Err(failure) => Err(failure),
                     },
-                    None => {
-                        service
-                            .invoke(
-                                &caller,
-                                Entry::Delivery,
-                                &checked,
-                                &task.request_id,
-                                &trace,
-                                clock::Now::read(),
-                            )
-                            .await
-                    }
+                    None => service.invoke(&call).await,
                 }
             }
             Err(error) => Err(error.into()),

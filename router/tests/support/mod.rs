@@ -131,6 +131,9 @@ pub enum Behaviour {
     /// Streams server-sent events: `event: token` `{"n": 1}`, then holds the
     /// stream open until released, then `{"n": 2}` and ends.
     StreamHeld,
+    /// Asked for events, streams `{"n": 1}` and `{"n": 2}`, then ends;
+    /// otherwise answers as [`Behaviour::Echo`].
+    Stream,
     /// Streams `{"n": 1}`, then `event: error` with the agent's code.
     StreamThenError,
     /// Streams `{"n": 1}`, then (once released) cuts the connection inside the answer.
@@ -267,6 +270,13 @@ fn stream_answer(seen: Arc<Seen>, release: Option<Arc<Notify>>, then: Option<Res
         .into_response()
 }
 
+fn accepts_events(headers: &HeaderMap) -> bool {
+    headers
+        .get("accept")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"))
+}
+
 struct AgentState {
     agent_id: String,
     behaviour: Behaviour,
@@ -314,6 +324,11 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             Some(state.release.clone()),
             Some(Ok("event: token\ndata: {\"n\":2}\n\n".to_string())),
         ),
+        Behaviour::Stream if accepts_events(&headers) => stream_answer(
+            state.seen.clone(),
+            None,
+            Some(Ok("event: token\ndata: {\"n\":2}\n\n".to_string())),
+        ),
         Behaviour::StreamThenError => stream_answer(
             state.seen.clone(),
             None,
@@ -337,7 +352,7 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             )
                 .into_response()
         }
-        Behaviour::Echo => axum::Json(json!({
+        Behaviour::Echo | Behaviour::Stream => axum::Json(json!({
             "output": { "agent_id": state.agent_id, "echo": envelope["payload"] }
         }))
         .into_response(),
