@@ -118,8 +118,11 @@ async fn main() -> anyhow::Result<()> {
         let echo = Handler::new("bench.echo", "1.0.0", |_ctx: Ctx, input: Value| async move {
             Ok::<_, HandlerError>(input)
         });
+        // Hop assertions are mandatory: the agent fetches the keys the router
+        // signs them with from its `/.well-known/jwks.json`, as in production.
         let agent = Agent::builder("bench_agent", &format!("bench-{index}"))
             .registry(&registry_url)
+            .router(&router_url)
             .token(token("bench_agent")?)
             .max_concurrency(1024)
             .handler(echo)
