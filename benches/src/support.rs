@@ -293,9 +293,11 @@ pub async fn wait_for(what: &str, timeout: Duration, mut ok: impl AsyncFnMut() -
     bail!("{what} not ready within {timeout:?}")
 }
 
-/// Whether `request` was answered with a 2xx.
+/// Whether `request` was answered with a 2xx within five seconds (a poll
+/// that hangs counts as not yet, so the poll's own bound still holds).
 pub async fn answers_ok(request: reqwest::RequestBuilder) -> bool {
     request
+        .timeout(Duration::from_secs(5))
         .send()
         .await
         .is_ok_and(|response| response.status().is_success())

@@ -52,7 +52,10 @@ fn every_bench_of_the_readme_takes_smoke_and_ci_runs_each_row() {
     let mut named: Vec<&str> = rows.iter().map(|(bench, _)| bench.as_str()).collect();
     named.dedup();
     let built: Vec<&str> = BENCHES.iter().map(|(name, _)| *name).collect();
-    assert_eq!(named, built, "the README's table and this test name the same benches, in order");
+    assert_eq!(
+        named, built,
+        "the README's table and this test name the same benches, in order"
+    );
 
     for (name, binary) in BENCHES {
         let help = Command::new(binary).arg("--help").output().expect("running --help");
