@@ -74,7 +74,7 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Measure::FirstEvent, Measure::Events, Measure::A2a])]
     only: Vec<Measure>,
     /// A smoke run (CI): every stack and comparison of the bench for a few
-    /// seconds on tiny sizes (`SMOKE`'s flags, printed first), no warm-ups;
+    /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
     /// prints the numbers, no verdict.
     #[arg(long)]
     smoke: bool,

@@ -126,10 +126,10 @@ pub fn parse_flags<A: clap::Parser>(smoke: &'static [&'static str]) -> (A, Run) 
                 .chain(smoke.iter().map(|flag| flag.to_string()))
                 .collect();
             let sized = parsed(with_sizes).map_err(|error| match error.kind() {
-                clap::error::ErrorKind::ArgumentConflict => command.clone().error(
+                clap::error::ErrorKind::ArgumentConflict => clap::Error::raw(
                     clap::error::ErrorKind::ArgumentConflict,
                     format!(
-                        "{} cannot be given with --smoke, which sets `{}` itself",
+                        "{} cannot be given with --smoke, which sets `{}` itself\n",
                         error
                             .get(clap::error::ContextKind::InvalidArg)
                             .map_or_else(|| "a size".to_string(), ToString::to_string),

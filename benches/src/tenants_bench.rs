@@ -67,7 +67,7 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// A smoke run (CI): every stack and comparison of the bench for a few
-    /// seconds on tiny sizes (`SMOKE`'s flags, printed first), no warm-ups;
+    /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
     /// prints the numbers, no verdict.
     #[arg(long)]
     smoke: bool,
