@@ -59,7 +59,7 @@ impl Run {
         }
     }
 
-    /// Says so on the first line of a smoke run, so its output is not read as a measurement.
+    /// Says so above a smoke run's numbers, so they are not read as a measurement.
     pub fn announce(self, bench: &str) {
         if let Self::Smoke(flags) = self {
             println!(
@@ -520,7 +520,10 @@ fn json_agent_app() -> axum::Router {
     axum::Router::new().route("/invoke", axum::routing::post(json_agent))
 }
 
-/// An agent answering every call at once with a small JSON output.
+/// An agent answering every call at once with a small JSON output. It does
+/// not check the router's assertion (as no backend of HAProxy or nginx
+/// would), so the router, the comparison proxy and a direct call all reach
+/// the same handler.
 pub async fn start_json_agent() -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
