@@ -39,6 +39,36 @@ python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" ||
 scripts/chaos.sh --smoke 2>&1 | tee -a "$log" || status=1
 # === end of chaos smoke ===
 
+# === Bench smoke (benches/, docs/benchmarks.md#smoke-runs) ===
+# Every row of the README's bench table runs its whole bench (every stack and
+# comparison process: etcd, Redis, HAProxy, nginx, redis-benchmark, wrk) for a
+# few seconds on tiny sizes with `--smoke`, which prints the numbers and no
+# verdict: a bench that no longer starts fails here, not at its next
+# measurement. The binaries are the dev-profile ones `cargo test` built above
+# (benches/tests/smoke.rs has cargo build them and keeps this list true to
+# the README). About a minute in all; a bench fails the run when it exits
+# non-zero, outlives its bound, or leaves a process behind (each process a
+# bench starts inherits the mark below).
+bench_dir="${CARGO_TARGET_DIR:-target}/debug"
+for smoke in "registry-bench" "router-bench" "router-bench --tls" "router-bench --tracing" \
+  "context-bench" "protocols-bench" "tasks-bench" "tenants-bench"; do
+  read -r -a command <<<"$smoke"
+  mark="bench-smoke-$$-${command[0]}-$RANDOM"
+  started=$SECONDS
+  echo "--- bench smoke: $smoke --smoke"
+  AGENT_REACH_BENCH_SMOKE="$mark" timeout --kill-after=10 120 \
+    "$bench_dir/${command[0]}" "${command[@]:1}" --smoke || status=1
+  left="$(grep -lsz "^AGENT_REACH_BENCH_SMOKE=$mark\$" /proc/[0-9]*/environ | cut -d/ -f3 || true)"
+  if [ -n "$left" ]; then
+    echo "--- bench smoke: $smoke --smoke left processes running:"
+    ps -o pid=,args= -p "$(echo $left | tr ' ' ',')" || true
+    kill -9 $left 2>/dev/null || true
+    status=1
+  fi
+  echo "--- bench smoke: $smoke --smoke: $((SECONDS - started)) s"
+done
+# === end of bench smoke ===
+
 # === Fuzzing smoke (fuzz/, docs/fuzzing.md) ===
 # The smoke is part of the workspace's tests above: fuzz/tests/corpus.rs runs
 # every target on its seed corpus, every input that once crashed it and 3,000

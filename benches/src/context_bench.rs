@@ -16,11 +16,13 @@
 //! judged comparison (raw `redis-benchmark`, then `wrk` through the service)
 //! runs in interleaved rounds (`--rounds`, default 3) and is judged on the
 //! median round's ratio.
+//!
+//! `--smoke` (CI): the same service, every phase (HTTP and gRPC, raw
+//! `redis-benchmark`, wrk through the service), 4 clients, 1 s per phase,
+//! 2,000 raw requests, one round; the numbers without a verdict.
 
-/// mimalloc, as in the `agent-reach` binary: under load glibc malloc (with its arena
-/// locks) took 15-20 % of the router's and context service's CPU.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[path = "support.rs"]
+mod support;
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -32,9 +34,9 @@ use agent_reach_proto::context as pb;
 use agent_reach_proto::context::contexts_client::ContextsClient;
 use anyhow::{bail, Context};
 use clap::Parser;
+use support::{start_context, Files, Run, Threads, Wrk, CONTEXT};
 use tonic::transport::Channel;
 
-const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
 const ACL: &str = "version: 1\ncontext:\n  - agent: bench\n    read: [\"*\"]\n    write: [\"*\"]\n";
 
 #[derive(Debug, Parser)]
@@ -56,7 +58,15 @@ struct Args {
     /// the service); the verdict is on the median round's ratio.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// A smoke run (CI): every stack and comparison of the bench for a few
+    /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
+    /// prints the numbers, no verdict.
+    #[arg(long)]
+    smoke: bool,
 }
+
+/// The smoke run's sizes: `--smoke` runs the bench with these flags.
+const SMOKE: &[&str] = &["--clients=4", "--duration-s=1", "--redis-requests=2000", "--rounds=1"];
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -70,74 +80,20 @@ enum Transport {
     Grpc,
 }
 
-/// Argument that makes this binary run the context service (the child process).
-const SERVE_CONTEXT: &str = "__serve-context";
-
-#[derive(Debug, Parser)]
-struct ServeArgs {
-    #[command(flatten)]
-    context: agent_reach_context::ContextArgs,
-}
-
 fn main() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    if std::env::args().nth(1).as_deref() == Some(SERVE_CONTEXT) {
-        let args = ServeArgs::parse_from(std::env::args().skip(1));
-        return runtime.block_on(agent_reach_context::run(args.context, std::future::pending()));
-    }
-    runtime.block_on(run(Args::parse()))
+    support::main(&[CONTEXT], SMOKE, Threads::PerCore, bench)
 }
 
-/// The service as a child process, so its CPU is measured apart from the load generator.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let redis = agent_reach_testkit::Redis::start();
-    let dir = tempfile::tempdir()?;
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, SECRET)?;
-    let acl = dir.path().join("acl.yaml");
-    std::fs::write(&acl, ACL)?;
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], agent_reach_testkit::free_port()));
-    let child = Command::new(std::env::current_exe()?)
-        .arg(SERVE_CONTEXT)
-        .args([
-            "--listen",
-            &addr.to_string(),
-            "--redis",
-            &redis.url(),
-            "--key-prefix",
-            "bench",
-        ])
-        .arg("--acl")
-        .arg(&acl)
-        .arg("--auth-hs256-secret-file")
-        .arg(&secret)
-        .env("AGENT_REACH_CONTEXT_REDIS_TIMEOUT", "2s")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .context("starting the context service")?;
-    let child = Child(child);
-    let service_pid = child.0.id();
-    let ready = format!("http://{addr}/readyz");
-    let started = Instant::now();
-    while reqwest::get(&ready).await.map(|r| r.status() != 200).unwrap_or(true) {
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("the context service did not become ready");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let token = agent_reach_access::token::issue_hs256("bench", SECRET.as_bytes(), Duration::from_secs(3600))
-        .map_err(anyhow::Error::msg)?;
+    let files = Files::write(ACL)?;
+    // The service as a child process, so its CPU is measured apart from the load generator.
+    let service = start_context(&files, &redis.url()).await?;
+    let addr = service.addr;
+    let service_pid = service.pid();
+    let token = support::token("bench")?;
 
+    run.announce("context-bench");
     println!(
         "context-bench: {} clients, {} fields per context, {} s per phase, Redis {}",
         args.clients,
@@ -250,7 +206,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         for (op, round_ratios) in &mut ratios {
             let op = *op;
             let before = (process_cpu_s(service_pid), redis_cpu_s(&port), children_cpu_s());
-            let (rate, ops) = wrk_phase(op, &args, &base, &token, dir.path())?;
+            let (rate, ops) = wrk_phase(op, &args, &base, &token, &files)?;
             let service_cpu = (process_cpu_s(service_pid) - before.0) * 1e6 / ops.max(1) as f64;
             let redis_cpu = (redis_cpu_s(&port) - before.1) * 1e6 / ops.max(1) as f64;
             let wrk_cpu = (children_cpu_s() - before.2) * 1e6 / ops.max(1) as f64;
@@ -274,11 +230,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         round_ratios.sort_by(f64::total_cmp);
         let median = round_ratios[round_ratios.len() / 2];
-        let verdict = if median >= 50.0 { "meets" } else { "MISSES" };
+        let verdict = run.verdict(
+            median >= 50.0,
+            (" (meets the 50 % target)", " (MISSES the 50 % target)"),
+        );
         let all: Vec<String> = round_ratios.iter().map(|ratio| format!("{ratio:.1}")).collect();
         println!(
             "  {op:?} over HTTP (wrk, like redis-benchmark a C client): median {median:.1} % of raw {raw_name} \
-             (rounds: {} %) ({verdict} the 50 % target)",
+             (rounds: {} %){verdict}",
             all.join(", ")
         );
     }
@@ -290,8 +249,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Op::Patch => ("HSET", hset_rps),
         };
         let ratio = 100.0 * rate / raw_rps;
-        let verdict = if ratio >= 50.0 { "meets" } else { "MISSES" };
-        println!("  {op:?} over {transport:?}: {ratio:.0} % of raw {raw_name} ({verdict} the 50 % target)");
+        let verdict = run.verdict(ratio >= 50.0, (" (meets the 50 % target)", " (MISSES the 50 % target)"));
+        println!("  {op:?} over {transport:?}: {ratio:.0} % of raw {raw_name}{verdict}");
     }
     Ok(())
 }
@@ -387,15 +346,9 @@ async fn read_ok(response: reqwest::Result<reqwest::Response>) -> bool {
     }
 }
 
-/// CPU seconds (user + system) process `pid` has used.
+/// CPU seconds (user + system) process `pid` has used; 0 when it cannot be read.
 fn process_cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the `(comm)`: state is the 3rd field; utime and stime are the 14th and 15th.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default();
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |index: usize| fields.get(index).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    // Linux reports in clock ticks of 1/100 s (CLK_TCK) on every mainstream platform.
-    (ticks(11) + ticks(12)) / 100.0
+    support::cpu_seconds(pid).unwrap_or(0.0)
 }
 
 /// CPU seconds (user + system) of this process's waited-for children: the
@@ -434,7 +387,7 @@ fn redis_cpu_s(port: &str) -> f64 {
 /// Drives the service's HTTP API with wrk (one thread, `clients`
 /// connections, each request on one of the bench contexts); returns ops/s
 /// and the number of requests.
-fn wrk_phase(op: Op, args: &Args, base: &str, token: &str, dir: &std::path::Path) -> anyhow::Result<(f64, u64)> {
+fn wrk_phase(op: Op, args: &Args, base: &str, token: &str, files: &Files) -> anyhow::Result<(f64, u64)> {
     // Each context's request is formatted once, in `init`, and then sent as
     // is, as redis-benchmark repeats one fixed command: formatting every
     // request in Lua cost wrk ~2 µs more per request. A repeated patch still
@@ -459,38 +412,19 @@ fn wrk_phase(op: Op, args: &Args, base: &str, token: &str, dir: &std::path::Path
          end\n",
         clients = args.clients,
     );
-    let path = dir.join(format!("{op:?}.lua"));
-    std::fs::write(&path, script)?;
-    let output = Command::new(agent_reach_testkit::find_binary("wrk", "wrk"))
-        .args([
-            "-t1",
-            "-c",
-            &args.clients.to_string(),
-            "-d",
-            &format!("{}s", args.duration_s),
-        ])
-        .arg("-s")
-        .arg(&path)
-        .arg(base)
-        .output()
-        .context("running wrk")?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    if text.contains("Non-2xx") {
-        bail!("wrk saw error answers; the measurement is void:\n{text}");
+    let path = files.write_file(&format!("{op:?}.lua"), &script)?;
+    let clients = u32::try_from(args.clients)?;
+    let output = Wrk {
+        script: &path,
+        url: base,
+        threads: 1,
+        connections: clients,
+        duration_s: args.duration_s,
     }
-    let rate: f64 = text
-        .lines()
-        .find_map(|line| line.strip_prefix("Requests/sec:"))
-        .and_then(|value| value.trim().parse().ok())
-        .with_context(|| format!("cannot read wrk output: {text}"))?;
-    let requests: u64 = text
-        .lines()
-        .find_map(|line| {
-            line.trim()
-                .split_once(" requests in ")
-                .map(|(count, _)| count.trim().to_string())
-        })
-        .and_then(|count| count.parse().ok())
-        .unwrap_or(0);
+    .run()?;
+    if output.errors.contains("Non-2xx") {
+        bail!("wrk saw error answers; the measurement is void: {}", output.errors);
+    }
+    let (rate, requests) = (output.requests_per_s, output.requests);
     Ok((rate, requests))
 }

@@ -20,17 +20,16 @@
 //! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) must
 //!   reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent, each
 //!   side's rate the mean of three windows taken in turn with the other's.
-
-/// mimalloc, as in the `agent-reach` binary (see router-bench).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+//!
+//! `--smoke` (CI): the same stack and every measurement against every
+//! target, one round of 1 s without warm-ups on 4 streams of 10 events and 4
+//! wrk connections; the numbers without a verdict.
 
 #[path = "support.rs"]
 mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -38,12 +37,11 @@ use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
 use support::{
-    free_addr, median, nodelay, quantile, register, spawn_self, start_json_agent, wait_for, TerminatedGuard,
+    answers_ok, connect, free_addr, median, nodelay, on_own_runtime, quantile, register, spawn_router,
+    start_json_agent, start_registry, token, wait_for, Files, Instance, RouterOptions, Run, Sender, TerminatedGuard,
+    Threads, Wrk, REGISTRY, ROUTER,
 };
 
-const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
-const SERVE_REGISTRY: &str = "__serve-registry";
-const SERVE_ROUTER: &str = "__serve-router";
 const STREAMING: &str = "bench.tokens";
 const JSON_CAPABILITY: &str = "bench.echo";
 const CALLER: &str = "bench_caller";
@@ -75,7 +73,21 @@ struct Args {
     /// needs all three, the default).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Measure::FirstEvent, Measure::Events, Measure::A2a])]
     only: Vec<Measure>,
+    /// A smoke run (CI): every stack and comparison of the bench for a few
+    /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
+    /// prints the numbers, no verdict.
+    #[arg(long)]
+    smoke: bool,
 }
+
+/// The smoke run's sizes: `--smoke` runs the bench with these flags.
+const SMOKE: &[&str] = &[
+    "--duration-s=1",
+    "--rounds=1",
+    "--streams=4",
+    "--events=10",
+    "--connections=4",
+];
 
 /// The bench's three measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,18 +98,6 @@ enum Measure {
     Events,
     /// A2A `SendMessage` against `/v1/invoke` (wrk).
     A2a,
-}
-
-#[derive(Debug, Parser)]
-struct ServeRegistry {
-    #[command(flatten)]
-    registry: agent_reach_registry::RegistryArgs,
-}
-
-#[derive(Debug, Parser)]
-struct ServeRouter {
-    #[command(flatten)]
-    router: agent_reach_router::RouterArgs,
 }
 
 // === Agents ===
@@ -144,18 +144,15 @@ fn start_nginx(dir: &Path, listen: SocketAddr, agent: SocketAddr, workers: usize
     );
     let path = root.join("nginx.conf");
     std::fs::write(&path, config)?;
-    let child = Command::new("/usr/sbin/nginx")
-        .arg("-p")
-        .arg(&root)
-        .arg("-e")
-        .arg(root.join("logs/error.log"))
-        .arg("-c")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("running nginx (apt-get install nginx; scripts/setup.sh does)")?;
-    Ok(TerminatedGuard(child))
+    let flags = [
+        "-p".to_string(),
+        support::path_arg(&root),
+        "-e".into(),
+        support::path_arg(&root.join("logs/error.log")),
+        "-c".into(),
+        support::path_arg(&path),
+    ];
+    Ok(TerminatedGuard(support::spawn_program("nginx", "nginx", &flags)?))
 }
 
 // === The SSE client ===
@@ -170,17 +167,6 @@ struct Target {
     body: bytes::Bytes,
     /// Events the caller sees beyond the agent's (the router's `event: result`).
     extra_events: usize,
-}
-
-/// An HTTP/1.1 connection kept alive across streams.
-type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
-
-async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    Ok(sender)
 }
 
 /// Opens one stream and reads it to the end: the time to its first complete
@@ -283,204 +269,86 @@ async fn events_per_s(target: &Target, streams: usize, events: usize, duration: 
     Ok((complete * events) as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Runs `work` on a thread of its own with a single-threaded runtime: the
-/// measuring client's connections, their reads and its clock all on one
-/// thread, as a separate client process would be (on the bench's shared
-/// runtime every body frame crossed from a worker thread to the measuring
-/// task, a wake-up per frame on the measured path).
-async fn on_own_runtime<T: Send + 'static>(
-    work: impl std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
-) -> anyhow::Result<T> {
-    let (done, result) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new().name("bench-client".into()).spawn(move || {
-        let outcome = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|runtime| runtime.block_on(work));
-        let _ = done.send(outcome);
-    })?;
-    result.await.context("the client thread ended without a result")?
-}
-
 // === wrk ===
 
 fn wrk_requests_per_s(script: &Path, url: &str, connections: u32, duration_s: u64) -> anyhow::Result<f64> {
-    let output = Command::new("/usr/bin/wrk")
-        .arg("-t1")
-        .arg(format!("-c{connections}"))
-        .arg(format!("-d{duration_s}s"))
-        .arg("-s")
-        .arg(script)
-        .arg(url)
-        .output()
-        .context("running wrk (apt-get install wrk)")?;
-    let text = String::from_utf8_lossy(&output.stdout).to_string();
-    if text.contains("Non-2xx") || text.contains("Socket errors") {
-        bail!("wrk saw errors against {url}:\n{text}");
+    let output = Wrk {
+        script,
+        url,
+        threads: 1,
+        connections,
+        duration_s,
     }
-    text.lines()
-        .find_map(|line| line.trim().strip_prefix("Requests/sec:"))
-        .and_then(|rest| rest.trim().parse().ok())
-        .with_context(|| format!("wrk produced no result:\n{text}"))
-}
-
-fn wrk_script(dir: &Path, name: &str, body: &str, token: &str) -> anyhow::Result<PathBuf> {
-    let path = dir.join(name);
-    std::fs::write(
-        &path,
-        format!(
-            "wrk.method = \"POST\"\nwrk.body = '{body}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n\
-             wrk.headers[\"Authorization\"] = \"Bearer {token}\"\n"
-        ),
-    )?;
-    Ok(path)
+    .run()?;
+    if !output.errors.is_empty() {
+        bail!("wrk saw errors against {url}: {}", output.errors);
+    }
+    Ok(output.requests_per_s)
 }
 
 fn main() -> anyhow::Result<()> {
-    let mut argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(SERVE_REGISTRY) {
-        argv.remove(1);
-        let serve = ServeRegistry::parse_from(argv);
-        let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(agent_reach_registry::run(serve.registry, std::future::pending()));
-    }
-    if argv.get(1).map(String::as_str) == Some(SERVE_ROUTER) {
-        argv.remove(1);
-        let serve = ServeRouter::parse_from(argv);
-        let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(agent_reach_router::run(serve.router, std::future::pending()));
-    }
-    let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(args))
+    support::main(&[REGISTRY, ROUTER], SMOKE, Threads::Two, bench)
 }
 
-async fn bench(args: Args) -> anyhow::Result<()> {
+async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let etcd = agent_reach_testkit::Etcd::start();
-    let dir = tempfile::tempdir()?;
-    let secret = dir.path().join("hs256.secret");
-    std::fs::write(&secret, SECRET)?;
-    let assertion_key = dir.path().join("assertion.pem");
-    std::fs::write(
-        &assertion_key,
-        agent_reach_access::AssertionKey::generate()
-            .map_err(anyhow::Error::msg)?
-            .1,
-    )?;
-    let acl = dir.path().join("acl.yaml");
-    std::fs::write(
-        &acl,
-        format!(
-            "version: 1\npermissions:\n  - caller: {CALLER}\n    allow: [\"bench.*\"]\nproviders:\n  - agent: bench_agent\n    provides: [\"bench.*\"]\n"
-        ),
-    )?;
-    let path_text = |path: &PathBuf| path.to_string_lossy().to_string();
-
-    let registry_addr = free_addr();
-    let _registry = spawn_self(
-        SERVE_REGISTRY,
-        &[
-            "--listen".into(),
-            registry_addr.to_string(),
-            "--etcd".into(),
-            etcd.endpoint(),
-            "--acl".into(),
-            path_text(&acl),
-            "--auth-hs256-secret-file".into(),
-            path_text(&secret),
-        ],
-    )?;
-    let registry = format!("http://{registry_addr}");
+    let files = Files::write(&support::caller_acl(CALLER, "\"bench.*\""))?;
+    let registry = start_registry(&files, &etcd.endpoint(), &[]).await?;
     let client = reqwest::Client::new();
-    wait_for("registry", Duration::from_secs(20), async || {
-        client
-            .get(format!("{registry}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await?;
 
-    let agent_token =
-        agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
-            .map_err(anyhow::Error::msg)?;
+    let agent_token = token("bench_agent")?;
     let sse_agent = start_streaming_agent(args.events).await?;
-    register(
-        &client,
-        &registry,
-        &agent_token,
-        ("bench_sse-0", "bench_agent"),
-        format!("http://{sse_agent}/invoke"),
-        STREAMING,
-    )
-    .await?;
     let json_agent = start_json_agent().await?;
-    register(
-        &client,
-        &registry,
-        &agent_token,
-        ("bench_json-0", "bench_agent"),
-        format!("http://{json_agent}/invoke"),
-        JSON_CAPABILITY,
-    )
-    .await?;
+    for (id, addr, capability) in [
+        ("bench_sse-0", sse_agent, STREAMING),
+        ("bench_json-0", json_agent, JSON_CAPABILITY),
+    ] {
+        let instance = Instance {
+            id,
+            name: "bench_agent",
+            endpoint: format!("http://{addr}/invoke"),
+            capability,
+            weight: 1,
+        };
+        register(&client, &registry.url, &agent_token, instance).await?;
+    }
 
-    let router_addr = free_addr();
-    let _router = spawn_self(
-        SERVE_ROUTER,
-        &[
-            "--listen".into(),
-            router_addr.to_string(),
-            "--registry".into(),
-            registry.clone(),
-            "--acl".into(),
-            path_text(&acl),
-            "--auth-hs256-secret-file".into(),
-            path_text(&secret),
-            "--assertion-key".into(),
-            path_text(&assertion_key),
-            "--threads".into(),
-            args.proxy_threads.to_string(),
-        ],
+    let mut router_process = spawn_router(
+        &files,
+        &registry.url,
+        RouterOptions {
+            threads: args.proxy_threads,
+            ..RouterOptions::default()
+        },
     )?;
-    let token = agent_reach_access::token::issue_hs256(CALLER, SECRET.as_bytes(), Duration::from_secs(86_400))
-        .map_err(anyhow::Error::msg)?;
+    let router_addr = router_process.addr;
+    let token = token(CALLER)?;
     let invoke_body = json!({ "capability": JSON_CAPABILITY, "payload": { "order_id": "SO-2024001" } }).to_string();
-    let router_invoke = format!("http://{router_addr}/v1/invoke");
-    wait_for("router with both agents", Duration::from_secs(20), async || {
-        let stream = json!({ "capability": STREAMING, "payload": { "order_id": "SO-1" } }).to_string();
-        let mut ready = true;
-        for (body, accept) in [(invoke_body.clone(), "application/json"), (stream, "text/event-stream")] {
-            ready &= client
-                .post(&router_invoke)
-                .bearer_auth(&token)
-                .header("accept", accept)
-                .body(body)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-        }
-        ready
-    })
-    .await?;
+    let router_invoke = format!("{}/v1/invoke", router_process.url);
+    router_process
+        .wait_until("router with both agents", Duration::from_secs(20), async || {
+            let stream = json!({ "capability": STREAMING, "payload": { "order_id": "SO-1" } }).to_string();
+            let mut ready = true;
+            for (body, accept) in [(invoke_body.clone(), "application/json"), (stream, "text/event-stream")] {
+                let request = client
+                    .post(&router_invoke)
+                    .bearer_auth(&token)
+                    .header("accept", accept)
+                    .body(body);
+                ready &= answers_ok(request).await;
+            }
+            ready
+        })
+        .await?;
 
     let workers = match args.proxy_threads {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         threads => threads,
     };
     let nginx_addr = free_addr();
-    let _nginx = start_nginx(dir.path(), nginx_addr, sse_agent, workers)?;
+    let _nginx = start_nginx(files.path(), nginx_addr, sse_agent, workers)?;
     wait_for("nginx", Duration::from_secs(10), async || {
-        client
-            .post(format!("http://{nginx_addr}/invoke"))
-            .body("{}")
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
+        answers_ok(client.post(format!("http://{nginx_addr}/invoke")).body("{}")).await
     })
     .await?;
 
@@ -517,7 +385,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "params": { "message": { "messageId": "m-1", "role": "ROLE_USER", "parts": [{ "data": { "order_id": "SO-2024001" } }] } }
     })
     .to_string();
-    let a2a_url = format!("http://{router_addr}/a2a/{JSON_CAPABILITY}");
+    let a2a_url = format!("{}/a2a/{JSON_CAPABILITY}", router_process.url);
     let check = client
         .post(&a2a_url)
         .bearer_auth(&token)
@@ -530,10 +398,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     if !check.contains("\"result\"") {
         bail!("A2A SendMessage failed: {check}");
     }
-    let invoke_script = wrk_script(dir.path(), "invoke.lua", &invoke_body, &token)?;
-    let a2a_script = wrk_script(dir.path(), "a2a.lua", &send_body, &token)?;
+    let invoke_script = support::wrk_post_script(&files, "invoke.lua", &invoke_body, &token)?;
+    let a2a_script = support::wrk_post_script(&files, "a2a.lua", &send_body, &token)?;
 
     let duration = Duration::from_secs(args.duration_s);
+    run.announce("protocols-bench");
     println!(
         "protocols-bench: {} s per measurement, {} round(s), {} streams of {} events, {} cores, proxies with {workers} thread(s)",
         args.duration_s,
@@ -556,7 +425,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         // measured one after the other would be).
         let mut firsts = vec![None; targets.len()];
         if measuring(Measure::FirstEvent) {
-            let _ = on_own_runtime(first_event_times(targets.clone(), Duration::from_secs(1))).await?;
+            if let Some(warm_up) = run.warm_up(Duration::from_secs(1)) {
+                let _ = on_own_runtime(first_event_times(targets.clone(), warm_up)).await?;
+            }
             let times = on_own_runtime(first_event_times(targets.clone(), duration * targets.len() as u32)).await?;
             firsts = times.into_iter().map(Some).collect();
         }
@@ -564,7 +435,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             let mut rate = None;
             if measuring(Measure::Events) {
                 // A short warm-up opens connections and fills pools.
-                let _ = events_per_s(target, args.streams, args.events, Duration::from_secs(1)).await?;
+                if let Some(warm_up) = run.warm_up(Duration::from_secs(1)) {
+                    let _ = events_per_s(target, args.streams, args.events, warm_up).await?;
+                }
                 rate = Some(events_per_s(target, args.streams, args.events, duration).await?);
             }
             let micros = |q| {
@@ -591,8 +464,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         }
         // Alternating windows (the box's speed drifts over seconds; a
         // window of each, in turn, sees the same drift).
-        let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, 1);
-        let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, 1);
+        if let Some(warm_up) = run.warm_up(Duration::from_secs(1)) {
+            let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, warm_up.as_secs());
+            let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, warm_up.as_secs());
+        }
         let windows = WRK_WINDOWS.min(args.duration_s.max(1));
         let window_s = (args.duration_s / windows).max(1);
         let (mut invoke, mut a2a) = (0.0, 0.0);
@@ -615,27 +490,27 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let (router_added, nginx_added) = (router - direct, nginx - direct);
     if measuring(Measure::FirstEvent) {
         println!(
-        "time to first event p50: direct {direct:.0}us, router {router:.0}us (+{router_added:.0}us), nginx {nginx:.0}us (+{nginx_added:.0}us) -> {}",
-        if router_added <= nginx_added { "MET" } else { "NOT MET" }
+        "time to first event p50: direct {direct:.0}us, router {router:.0}us (+{router_added:.0}us), nginx {nginx:.0}us (+{nginx_added:.0}us){}",
+        run.verdict(router_added <= nginx_added, (" -> MET", " -> NOT MET"))
         );
     }
     let mut rate = |name: &str| median(rates.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
     let (direct_rate, router_rate, nginx_rate) = (rate("direct agent"), rate("router"), rate("nginx"));
     if measuring(Measure::Events) {
         println!(
-        "events/s at {} streams: direct {direct_rate:.0}, router {router_rate:.0}, nginx {nginx_rate:.0} ({:+.1} %) -> {}",
+        "events/s at {} streams: direct {direct_rate:.0}, router {router_rate:.0}, nginx {nginx_rate:.0} ({:+.1} %){}",
         args.streams,
         (router_rate / nginx_rate - 1.0) * 100.0,
-        if router_rate >= nginx_rate { "MET" } else { "NOT MET" }
+        run.verdict(router_rate >= nginx_rate, (" -> MET", " -> NOT MET"))
         );
     }
     let (invoke, a2a) = (median(&mut invoke_rates), median(&mut a2a_rates));
     if measuring(Measure::A2a) {
         println!(
-            "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x) -> {}",
+            "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x){}",
             args.connections,
             a2a / invoke,
-            if a2a >= 0.9 * invoke { "MET" } else { "NOT MET" }
+            run.verdict(a2a >= 0.9 * invoke, (" -> MET", " -> NOT MET"))
         );
     }
     drop(etcd);

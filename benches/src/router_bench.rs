@@ -29,24 +29,26 @@
 //! (`--agent-ca-file`), HAProxy reaches the same agents with `ssl verify
 //! required` and the same CA, and the router still signs an assertion per
 //! call. Same verdicts.
+//!
+//! `--smoke` (CI, with or without `--tls` and `--tracing`): the same stack,
+//! every target at every connection count, one round of 1 s without
+//! warm-ups; the numbers without a verdict.
 
-/// mimalloc, as in the `agent-reach` binary: under load glibc malloc (with its arena
-/// locks) took 15-20 % of the router's and context service's CPU.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[path = "support.rs"]
+mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use anyhow::{bail, Context};
 use clap::Parser;
 use serde_json::json;
+use support::{
+    answers_ok, cpu_seconds, free_addr, register, spawn_router, start_json_agent, start_json_agent_tls, start_registry,
+    token, wait_for, ChildGuard, Files, Instance, RouterOptions, Run, Threads, Wrk, WrkOutput, BENCH_TELEMETRY,
+    REGISTRY, ROUTER,
+};
 
-const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
-const SERVE_REGISTRY: &str = "__serve-registry";
-const SERVE_ROUTER: &str = "__serve-router";
 const CAPABILITY: &str = "bench.echo";
 const CALLER: &str = "bench_caller";
 
@@ -79,151 +81,23 @@ struct Args {
     /// Agents behind TLS, verified by the router and by HAProxy alike.
     #[arg(long)]
     tls: bool,
+    /// A smoke run (CI): every stack and comparison of the bench for a few
+    /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
+    /// prints the numbers, no verdict.
+    #[arg(long)]
+    smoke: bool,
 }
 
-/// Set on router children that log (and trace, when `OTEL_*` ask) like `agent-reach router`.
-const BENCH_TELEMETRY: &str = "AGENT_REACH_BENCH_TELEMETRY";
-
-#[derive(Debug, Parser)]
-struct ServeRegistry {
-    #[command(flatten)]
-    registry: agent_reach_registry::RegistryArgs,
-}
-
-#[derive(Debug, Parser)]
-struct ServeRouter {
-    #[command(flatten)]
-    router: agent_reach_router::RouterArgs,
-}
-
-/// A child process killed on drop.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], agent_reach_testkit::free_port()))
-}
-
-fn spawn_self(mode: &str, args: &[String]) -> anyhow::Result<ChildGuard> {
-    spawn_self_with_env(mode, args, &[])
-}
-
-fn spawn_self_with_env(mode: &str, args: &[String], env: &[(&str, String)]) -> anyhow::Result<ChildGuard> {
-    let exe = std::env::current_exe()?;
-    let child = Command::new(exe)
-        .arg(mode)
-        .args(args)
-        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("spawning {mode}"))?;
-    Ok(ChildGuard(child))
-}
-
-/// CPU seconds (user + system) a process has used, from /proc/PID/stat.
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return f64::NAN;
-    };
-    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
-    let Some((_, after)) = stat.rsplit_once(')') else {
-        return f64::NAN;
-    };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |index: usize| {
-        fields
-            .get(index)
-            .and_then(|text| text.parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
+/// The smoke run's sizes: `--smoke` runs the bench with these flags.
+const SMOKE: &[&str] = &["--duration-s=1", "--rounds=1"];
 
 // === Agents ===
 
-async fn agent_handler(body: axum::body::Bytes) -> impl axum::response::IntoResponse {
-    // Reading the body is part of the work; the answer is a small envelope.
-    let _ = body.len();
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        r#"{"output":{"status":"paid","ships_today":true}}"#,
-    )
-}
-
 async fn start_agent(tls: Option<&agent_reach_testkit::pki::CertFiles>) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let app = axum::Router::new().route("/invoke", axum::routing::post(agent_handler));
     match tls {
-        None => {
-            tokio::spawn(async move { axum::serve(listener, app).await });
-        }
-        Some(cert) => {
-            let tls = agent_reach_serving::tls::ServerTls::load(agent_reach_serving::tls::ServerFiles {
-                cert: cert.cert.clone(),
-                key: cert.key.clone(),
-                client_ca: None,
-            })?;
-            let door = agent_reach_serving::front::Door {
-                hot: agent_reach_serving::front::NoHotRoutes,
-                app,
-                body_limit: 0,
-                tls: Some(tls),
-            };
-            tokio::spawn(door.serve(listener, std::future::pending()));
-        }
+        None => start_json_agent().await,
+        Some(cert) => start_json_agent_tls(cert).await,
     }
-    Ok(addr)
-}
-
-async fn register(
-    client: &reqwest::Client,
-    registry: &str,
-    id: &str,
-    endpoint: String,
-    weight: u32,
-) -> anyhow::Result<i64> {
-    let token = agent_reach_access::token::issue_hs256("bench_agent", SECRET.as_bytes(), Duration::from_secs(86_400))
-        .map_err(anyhow::Error::msg)?;
-    let body = json!({
-        "agent_id": id, "name": "bench_agent", "endpoint": endpoint,
-        "weight": weight, "ttl_s": 30, "status": "ready",
-        "capabilities": [{
-            "name": CAPABILITY, "version": "1.0.0",
-            "input_schema": { "type": "object", "required": ["order_id"], "properties": { "order_id": { "type": "string" } } }
-        }]
-    });
-    let response = client
-        .post(format!("{registry}/v1/agents"))
-        .bearer_auth(&token)
-        .json(&body)
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("registration of {id} failed: {}", response.text().await?);
-    }
-    let answer: serde_json::Value = response.json().await?;
-    let lease = answer["lease_id"].as_i64().context("lease_id")?;
-    let (client, registry, id) = (client.clone(), registry.to_string(), id.to_string());
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            let _ = client
-                .put(format!("{registry}/v1/agents/{id}/heartbeat"))
-                .bearer_auth(&token)
-                .json(&json!({ "lease_id": lease }))
-                .send()
-                .await;
-        }
-    });
-    Ok(lease)
 }
 
 // === wrk ===
@@ -259,66 +133,29 @@ fn print_row(name: &str, connections: u32, round: &str, result: &WrkResult) {
     );
 }
 
-fn parse_latency_us(text: &str) -> Option<f64> {
-    let text = text.trim();
-    let (number, factor) = if let Some(n) = text.strip_suffix("us") {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix("ms") {
-        (n, 1_000.0)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1_000_000.0)
-    } else {
-        (text, 1.0)
-    };
-    number.trim().parse::<f64>().ok().map(|value| value * factor)
-}
-
-fn run_wrk(script: &Path, url: &str, connections: u32, args: &Args) -> anyhow::Result<WrkResult> {
-    let output = Command::new("/usr/bin/wrk")
-        .arg(format!("-t{}", args.wrk_threads.min(connections)))
-        .arg(format!("-c{connections}"))
-        .arg(format!("-d{}s", args.duration_s))
-        .arg("--latency")
-        .arg("-s")
-        .arg(script)
-        .arg(url)
-        .output()
-        .context("running wrk (apt-get install wrk)")?;
-    let text = String::from_utf8_lossy(&output.stdout).to_string();
-    let mut result = WrkResult {
-        requests_per_s: 0.0,
-        p50_us: f64::NAN,
-        p99_us: f64::NAN,
-        errors: String::new(),
+fn run_wrk(script: &Path, url: &str, connections: u32, duration_s: u64, args: &Args) -> anyhow::Result<WrkResult> {
+    let output: WrkOutput = Wrk {
+        script,
+        url,
+        threads: args.wrk_threads,
+        connections,
+        duration_s,
+    }
+    .run()?;
+    Ok(WrkResult {
+        requests_per_s: output.requests_per_s,
+        p50_us: output.p50_us,
+        p99_us: output.p99_us,
+        errors: output.errors,
         cpu_per_request_us: None,
         agents_cpu_per_request_us: 0.0,
-    };
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if let Some(rest) = trimmed.strip_prefix("Requests/sec:") {
-            result.requests_per_s = rest.trim().parse().unwrap_or(0.0);
-        } else if let Some(rest) = trimmed.strip_prefix("50%") {
-            result.p50_us = parse_latency_us(rest).unwrap_or(f64::NAN);
-        } else if let Some(rest) = trimmed.strip_prefix("99%") {
-            result.p99_us = parse_latency_us(rest).unwrap_or(f64::NAN);
-        } else if trimmed.starts_with("Non-2xx") || trimmed.starts_with("Socket errors") {
-            result.errors.push_str(trimmed);
-            result.errors.push(' ');
-        }
-    }
-    if result.requests_per_s == 0.0 {
-        bail!(
-            "wrk produced no result:\n{text}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(result)
+    })
 }
 
 // === HAProxy ===
 
 fn start_haproxy(
-    dir: &Path,
+    files: &Files,
     listen: SocketAddr,
     agents: &[(SocketAddr, u32)],
     threads: usize,
@@ -337,170 +174,70 @@ fn start_haproxy(
          timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n\nfrontend fe\n    bind {listen}\n    \
          default_backend be\n\nbackend be\n    balance roundrobin\n    http-reuse always\n{servers}"
     );
-    let path = dir.join("haproxy.cfg");
-    std::fs::write(&path, config)?;
-    let child = Command::new("/usr/sbin/haproxy")
-        .arg("-f")
-        .arg(&path)
-        .arg("-db")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("running haproxy (apt-get install haproxy)")?;
+    let path = files.write_file("haproxy.cfg", &config)?;
+    let child = support::spawn_program(
+        "haproxy",
+        "haproxy",
+        &["-f".into(), support::path_arg(&path), "-db".into()],
+    )?;
     Ok(ChildGuard(child))
 }
 
-async fn wait_for(what: &str, timeout: Duration, mut ok: impl AsyncFnMut() -> bool) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if ok().await {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("{what} not ready within {timeout:?}")
-}
-
 fn main() -> anyhow::Result<()> {
-    let mut argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(SERVE_REGISTRY) {
-        argv.remove(1);
-        let serve = ServeRegistry::parse_from(argv);
-        let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(agent_reach_registry::run(serve.registry, std::future::pending()));
-    }
-    if argv.get(1).map(String::as_str) == Some(SERVE_ROUTER) {
-        argv.remove(1);
-        let serve = ServeRouter::parse_from(argv);
-        let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(async {
-            let _telemetry = match std::env::var_os(BENCH_TELEMETRY) {
-                Some(_) => Some(agent_reach_telemetry::init(&agent_reach_telemetry::Options {
-                    format: agent_reach_telemetry::LogFormat::Text,
-                    default_filter: "info".to_string(),
-                    service_name: "agent-reach-router".to_string(),
-                })?),
-                None => None,
-            };
-            agent_reach_router::run(serve.router, std::future::pending()).await
-        });
-    }
-    let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(args))
+    support::main(&[REGISTRY, ROUTER], SMOKE, Threads::Two, bench)
 }
 
-async fn bench(args: Args) -> anyhow::Result<()> {
+async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let etcd = agent_reach_testkit::Etcd::start();
-    let dir = tempfile::tempdir()?;
-    let secret = dir.path().join("hs256.secret");
-    std::fs::write(&secret, SECRET)?;
-    // The key that signs the assertion every forwarded call carries (the bench's agents do not check it).
-    let assertion_key = dir.path().join("assertion.pem");
-    std::fs::write(
-        &assertion_key,
-        agent_reach_access::AssertionKey::generate()
-            .map_err(anyhow::Error::msg)?
-            .1,
-    )?;
-    let acl = dir.path().join("acl.yaml");
-    std::fs::write(
-        &acl,
-        format!(
-            "version: 1\npermissions:\n  - caller: {CALLER}\n    allow: [{CAPABILITY}]\nproviders:\n  - agent: bench_agent\n    provides: [\"bench.*\"]\n"
-        ),
-    )?;
-    let path_text = |path: &PathBuf| path.to_string_lossy().to_string();
-
-    let registry_addr = free_addr();
-    let _registry = spawn_self(
-        SERVE_REGISTRY,
-        &[
-            "--listen".into(),
-            registry_addr.to_string(),
-            "--etcd".into(),
-            etcd.endpoint(),
-            "--acl".into(),
-            path_text(&acl),
-            "--auth-hs256-secret-file".into(),
-            path_text(&secret),
-        ],
-    )?;
-    let registry = format!("http://{registry_addr}");
+    let files = Files::write(&support::caller_acl(CALLER, CAPABILITY))?;
+    let registry = start_registry(&files, &etcd.endpoint(), &[]).await?;
     let client = reqwest::Client::new();
-    wait_for("registry", Duration::from_secs(20), async || {
-        client
-            .get(format!("{registry}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await?;
 
     let pki = args.tls.then(|| agent_reach_testkit::pki::Pki::new("router-bench"));
     let agent_cert = pki.as_ref().map(|pki| pki.server("bench_agent"));
     let scheme = if args.tls { "https" } else { "http" };
+    let agent_token = token("bench_agent")?;
     let mut agents = Vec::new();
     for (index, weight) in [3u32, 2, 1].into_iter().enumerate() {
         let addr = start_agent(agent_cert.as_ref()).await?;
-        let endpoint = format!("{scheme}://{addr}/invoke");
-        register(&client, &registry, &format!("bench_agent-{index}"), endpoint, weight).await?;
+        let instance = Instance {
+            id: &format!("bench_agent-{index}"),
+            name: "bench_agent",
+            endpoint: format!("{scheme}://{addr}/invoke"),
+            capability: CAPABILITY,
+            weight,
+        };
+        register(&client, &registry.url, &agent_token, instance).await?;
         agents.push((addr, weight));
     }
     let agent_ca: Vec<String> = match &pki {
-        Some(pki) => vec!["--agent-ca-file".into(), path_text(&pki.ca_file)],
+        Some(pki) => vec!["--agent-ca-file".into(), support::path_arg(&pki.ca_file)],
         None => Vec::new(),
     };
+    let router_options = || RouterOptions {
+        threads: args.router_threads,
+        args: &agent_ca,
+        env: &[],
+    };
 
-    let router_addr = free_addr();
-    let _router = spawn_self(
-        SERVE_ROUTER,
-        &[
-            "--listen".into(),
-            router_addr.to_string(),
-            "--registry".into(),
-            registry.clone(),
-            "--acl".into(),
-            path_text(&acl),
-            "--auth-hs256-secret-file".into(),
-            path_text(&secret),
-            "--assertion-key".into(),
-            path_text(&assertion_key),
-            "--threads".into(),
-            args.router_threads.to_string(),
-        ]
-        .into_iter()
-        .chain(agent_ca.iter().cloned())
-        .collect::<Vec<_>>(),
-    )?;
-    let token = agent_reach_access::token::issue_hs256(CALLER, SECRET.as_bytes(), Duration::from_secs(86_400))
-        .map_err(anyhow::Error::msg)?;
+    let mut router = spawn_router(&files, &registry.url, router_options())?;
+    let token = token(CALLER)?;
     let envelope = json!({ "capability": CAPABILITY, "payload": { "order_id": "SO-2024001" } }).to_string();
-    let router_url = format!("http://{router_addr}/v1/invoke");
-    wait_for("router with all three agents", Duration::from_secs(20), async || {
-        let Ok(response) = client
-            .post(&router_url)
-            .bearer_auth(&token)
-            .body(envelope.clone())
-            .send()
-            .await
-        else {
-            return false;
-        };
-        response.status().is_success()
-    })
-    .await?;
+    let invoke = |url: &str| client.post(url).bearer_auth(&token).body(envelope.clone());
+    let router_url = format!("{}/v1/invoke", router.url);
+    router
+        .wait_until("router with all three agents", Duration::from_secs(20), async || {
+            answers_ok(invoke(&router_url)).await
+        })
+        .await?;
 
     let haproxy_addr = free_addr();
     let proxy_threads = match args.router_threads {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         threads => threads,
     };
-    let _haproxy = start_haproxy(
-        dir.path(),
+    let haproxy = start_haproxy(
+        &files,
         haproxy_addr,
         &agents,
         proxy_threads,
@@ -508,12 +245,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     )?;
     let haproxy_url = format!("http://{haproxy_addr}/invoke");
     wait_for("haproxy", Duration::from_secs(10), async || {
-        client
-            .post(&haproxy_url)
-            .body(envelope.clone())
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
+        answers_ok(client.post(&haproxy_url).body(envelope.clone())).await
     })
     .await?;
 
@@ -526,7 +258,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             ("router untraced", None),
             ("router otel 10%", Some(sink.endpoint.clone())),
         ] {
-            let addr = free_addr();
             let mut env = vec![(BENCH_TELEMETRY, "1".to_string())];
             if let Some(endpoint) = otlp {
                 env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint));
@@ -535,59 +266,33 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 let ratio = std::env::var("ROUTER_BENCH_SAMPLING").unwrap_or_else(|_| "0.1".to_string());
                 env.push(("OTEL_TRACES_SAMPLER_ARG", ratio));
             }
-            let child = spawn_self_with_env(
-                SERVE_ROUTER,
-                &[
-                    "--listen".into(),
-                    addr.to_string(),
-                    "--registry".into(),
-                    registry.clone(),
-                    "--acl".into(),
-                    path_text(&acl),
-                    "--auth-hs256-secret-file".into(),
-                    path_text(&secret),
-                    "--assertion-key".into(),
-                    path_text(&assertion_key),
-                    "--threads".into(),
-                    args.router_threads.to_string(),
-                ]
-                .into_iter()
-                .chain(agent_ca.iter().cloned())
-                .collect::<Vec<_>>(),
-                &env,
+            let mut traced = spawn_router(
+                &files,
+                &registry.url,
+                RouterOptions {
+                    env: &env,
+                    ..router_options()
+                },
             )?;
-            let url = format!("http://{addr}/v1/invoke");
-            wait_for(name, Duration::from_secs(20), async || {
-                client
-                    .post(&url)
-                    .bearer_auth(&token)
-                    .body(envelope.clone())
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            })
-            .await?;
-            tracing_routers.push((name, url, child));
+            let url = format!("{}/v1/invoke", traced.url);
+            traced
+                .wait_until(name, Duration::from_secs(20), async || answers_ok(invoke(&url)).await)
+                .await?;
+            tracing_routers.push((name, url, traced));
         }
         span_sink = Some(sink);
     }
 
-    let script = dir.path().join("post.lua");
-    std::fs::write(
-        &script,
-        format!(
-            "wrk.method = \"POST\"\nwrk.body = '{envelope}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n\
-             wrk.headers[\"Authorization\"] = \"Bearer {token}\"\n"
-        ),
-    )?;
+    let script = support::wrk_post_script(&files, "post.lua", &envelope, &token)?;
     let mut targets = vec![
         ("direct agent", format!("{scheme}://{}/invoke", agents[0].0), None),
-        ("router", router_url.clone(), Some(_router.0.id())),
-        ("haproxy", haproxy_url.clone(), Some(_haproxy.0.id())),
+        ("router", router_url.clone(), Some(router.pid())),
+        ("haproxy", haproxy_url.clone(), Some(haproxy.pid())),
     ];
-    for (name, url, child) in &tracing_routers {
-        targets.push((name, url.clone(), Some(child.0.id())));
+    for (name, url, traced) in &tracing_routers {
+        targets.push((name, url.clone(), Some(traced.pid())));
     }
+    run.announce("router-bench");
     println!(
         "router-bench: 3 agents (weights 3:2:1), wrk {} thread(s), {} s per run, {} cores",
         args.wrk_threads,
@@ -605,24 +310,23 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         "target", "conns", "round", "req/s", "p50", "p99", "proxy CPU/req", "agents CPU/req"
     );
     let round_count = args.rounds.unwrap_or(if args.tracing { 5 } else { 3 }).max(1);
+    let cpu = |pid: u32| cpu_seconds(pid).unwrap_or(f64::NAN);
     // Every round of every target, then each target's median round.
     let mut rounds: std::collections::HashMap<(String, u32), Vec<WrkResult>> = std::collections::HashMap::new();
     for &connections in &args.connections {
         for round in 1..=round_count {
             for (name, url, pid) in &targets {
                 // A short warm-up fills connection pools.
-                let warm = Args {
-                    duration_s: 2,
-                    ..args.clone()
-                };
-                let _ = run_wrk(&script, url, connections, &warm);
-                let cpu_before = pid.map(cpu_seconds);
-                let agents_before = cpu_seconds(std::process::id());
-                let mut result = run_wrk(&script, url, connections, &args)?;
+                if let Some(warm_up) = run.warm_up(Duration::from_secs(2)) {
+                    let _ = run_wrk(&script, url, connections, warm_up.as_secs(), &args);
+                }
+                let cpu_before = pid.map(cpu);
+                let agents_before = cpu(std::process::id());
+                let mut result = run_wrk(&script, url, connections, args.duration_s, &args)?;
                 let requests = result.requests_per_s * args.duration_s as f64;
-                result.agents_cpu_per_request_us = (cpu_seconds(std::process::id()) - agents_before) * 1e6 / requests;
+                result.agents_cpu_per_request_us = (cpu(std::process::id()) - agents_before) * 1e6 / requests;
                 if let (Some(pid), Some(before)) = (pid, cpu_before) {
-                    result.cpu_per_request_us = Some((cpu_seconds(*pid) - before) * 1e6 / requests);
+                    result.cpu_per_request_us = Some((cpu(*pid) - before) * 1e6 / requests);
                 }
                 print_row(name, connections, &round.to_string(), &result);
                 rounds.entry((name.to_string(), connections)).or_default().push(result);
@@ -678,21 +382,17 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         if let (Some(direct), Some(router), Some(haproxy)) = (get("direct agent"), get("router"), get("haproxy")) {
             let throughput_ok = router.requests_per_s >= haproxy.requests_per_s;
             println!(
-                "{connections:>2} conn: router {:.0} req/s vs haproxy {:.0} req/s ({:+.1} %) -> {}",
+                "{connections:>2} conn: router {:.0} req/s vs haproxy {:.0} req/s ({:+.1} %){}",
                 router.requests_per_s,
                 haproxy.requests_per_s,
                 (router.requests_per_s / haproxy.requests_per_s - 1.0) * 100.0,
-                if throughput_ok { "MET" } else { "NOT MET" }
+                run.verdict(throughput_ok, (" -> MET", " -> NOT MET"))
             );
             let router_added = router.p50_us - direct.p50_us;
             let haproxy_added = haproxy.p50_us - direct.p50_us;
             println!(
-                "{connections:>2} conn: added p50: router {router_added:.0}us vs haproxy {haproxy_added:.0}us -> {}",
-                if router_added <= haproxy_added {
-                    "MET"
-                } else {
-                    "NOT MET"
-                }
+                "{connections:>2} conn: added p50: router {router_added:.0}us vs haproxy {haproxy_added:.0}us{}",
+                run.verdict(router_added <= haproxy_added, (" -> MET", " -> NOT MET"))
             );
         }
     }
@@ -704,23 +404,19 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             let disabled = untraced.requests_per_s / bare.requests_per_s - 1.0;
             let enabled = traced.requests_per_s / untraced.requests_per_s - 1.0;
             println!(
-                "{connections:>2} conn: tracing disabled {:.0} req/s vs bare router {:.0} req/s ({:+.1} %) -> {}",
+                "{connections:>2} conn: tracing disabled {:.0} req/s vs bare router {:.0} req/s ({:+.1} %){}",
                 untraced.requests_per_s,
                 bare.requests_per_s,
                 disabled * 100.0,
                 // wrk run-to-run noise on a shared machine is a few per cent.
-                if disabled >= -0.03 {
-                    "MET (within noise)"
-                } else {
-                    "NOT MET"
-                }
+                run.verdict(disabled >= -0.03, (" -> MET (within noise)", " -> NOT MET"))
             );
             println!(
-                "{connections:>2} conn: tracing at 10 % {:.0} req/s vs disabled {:.0} req/s ({:+.1} %) -> {}",
+                "{connections:>2} conn: tracing at 10 % {:.0} req/s vs disabled {:.0} req/s ({:+.1} %){}",
                 traced.requests_per_s,
                 untraced.requests_per_s,
                 enabled * 100.0,
-                if enabled >= -0.10 { "MET" } else { "NOT MET" }
+                run.verdict(enabled >= -0.10, (" -> MET", " -> NOT MET"))
             );
             // Less noisy than req/s on a shared box: what tracing adds to the router's own CPU.
             if let (Some(bare_cpu), Some(untraced_cpu), Some(traced_cpu)) = (

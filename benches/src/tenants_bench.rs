@@ -19,26 +19,25 @@
 //! over `--a-connections`. Per `--rounds` interleaved rounds: B alone for
 //! `--duration-s`, then B with A flooding for as long. Verdict on the median
 //! round's p99s: flood ≤ 1.10 × alone.
-
-/// mimalloc, as in the `agent-reach` binary (see router-bench).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+//!
+//! `--smoke` (CI): the same stack and loads, scaled down (A's quota 100/s,
+//! A offering 200/s, B 50/s), one round of 1 s each without warm-up; the
+//! numbers without a verdict.
 
 #[path = "support.rs"]
 mod support;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::json;
-use support::{free_addr, median, quantile, register, spawn_self, start_json_agent, wait_for};
+use support::{
+    answers_ok, connect, median, on_own_runtime, quantile, register, spawn_router, start_json_agent, start_registry,
+    tenant_token, Files, Instance, RouterOptions, Run, Threads, REGISTRY, ROUTER,
+};
 
-const SECRET: &str = "bench-secret-bench-secret-bench-secret-000000";
-const SERVE_REGISTRY: &str = "__serve-registry";
-const SERVE_ROUTER: &str = "__serve-router";
 const CAPABILITY: &str = "bench.echo";
 const CALLER: &str = "bench_caller";
 
@@ -67,40 +66,25 @@ struct Args {
     /// The router's request threads (`--threads`; 0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// A smoke run (CI): every stack and comparison of the bench for a few
+    /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
+    /// prints the numbers, no verdict.
+    #[arg(long)]
+    smoke: bool,
 }
 
-#[derive(Debug, Parser)]
-struct ServeRegistry {
-    #[command(flatten)]
-    registry: agent_reach_registry::RegistryArgs,
-}
-
-#[derive(Debug, Parser)]
-struct ServeRouter {
-    #[command(flatten)]
-    router: agent_reach_router::RouterArgs,
-}
+/// The smoke run's sizes: `--smoke` runs the bench with these flags.
+const SMOKE: &[&str] = &[
+    "--duration-s=1",
+    "--rounds=1",
+    "--a-quota=100",
+    "--a-connections=4",
+    "--b-rate=50",
+    "--b-connections=2",
+];
 
 fn main() -> anyhow::Result<()> {
-    let mut argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(SERVE_REGISTRY) {
-        argv.remove(1);
-        let serve = ServeRegistry::parse_from(argv);
-        let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(agent_reach_registry::run(serve.registry, std::future::pending()));
-    }
-    if argv.get(1).map(String::as_str) == Some(SERVE_ROUTER) {
-        argv.remove(1);
-        let serve = ServeRouter::parse_from(argv);
-        let runtime = tokio::runtime::Runtime::new()?;
-        return runtime.block_on(agent_reach_router::run(serve.router, std::future::pending()));
-    }
-    let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(args))
+    support::main(&[REGISTRY, ROUTER], SMOKE, Threads::Two, bench)
 }
 
 // === Open-loop load ===
@@ -131,16 +115,6 @@ impl Outcome {
         self.limited += other.limited;
         self.other += other.other;
     }
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
-
-async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    Ok(sender)
 }
 
 /// `load` for `duration`: each connection sends its share on a fixed
@@ -202,14 +176,9 @@ async fn open_loop(load: &Load, duration: Duration) -> anyhow::Result<Outcome> {
 /// `load` for `duration` on a thread and runtime of its own, so that neither
 /// tenant's client (nor the agents) queues behind the other's tasks in this
 /// process: what B measures is the router, not its neighbour's load generator.
-fn open_loop_alone(load: &Load, duration: Duration) -> std::thread::JoinHandle<anyhow::Result<Outcome>> {
+async fn open_loop_alone(load: &Load, duration: Duration) -> anyhow::Result<Outcome> {
     let load = load.clone();
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-            .block_on(open_loop(&load, duration))
-    })
+    on_own_runtime(async move { open_loop(&load, duration).await }).await
 }
 
 /// A JSON agent on a thread and runtime of its own (see [`open_loop_alone`]).
@@ -231,97 +200,43 @@ fn agent_alone() -> anyhow::Result<SocketAddr> {
     addr.recv()?
 }
 
-fn joined(handle: std::thread::JoinHandle<anyhow::Result<Outcome>>) -> anyhow::Result<Outcome> {
-    handle.join().map_err(|_| anyhow::anyhow!("a load thread panicked"))?
-}
-
 // === The run ===
 
-async fn bench(args: Args) -> anyhow::Result<()> {
+async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let a_rate = args.a_rate.unwrap_or(args.a_quota * 2.0);
     let etcd = agent_reach_testkit::Etcd::start();
-    let dir = tempfile::tempdir()?;
-    let secret = dir.path().join("hs256.secret");
-    std::fs::write(&secret, SECRET)?;
-    let assertion_key = dir.path().join("assertion.pem");
-    std::fs::write(
-        &assertion_key,
-        agent_reach_access::AssertionKey::generate()
-            .map_err(anyhow::Error::msg)?
-            .1,
-    )?;
-    let acl = dir.path().join("acl.yaml");
-    std::fs::write(
-        &acl,
-        format!(
-            "version: 1\npermissions:\n  - caller: {CALLER}\n    allow: [\"bench.*\"]\nproviders:\n  - agent: bench_agent\n    provides: [\"bench.*\"]\n"
-        ),
-    )?;
-    let map = dir.path().join("tenants.yaml");
-    std::fs::write(
-        &map,
-        format!(
+    let files = Files::write(&support::caller_acl(CALLER, "\"bench.*\""))?;
+    let map = files.write_file(
+        "tenants.yaml",
+        &format!(
             "version: 1\ntenants:\n  default: {{}}\n  team-a:\n    quotas: {{rate_per_s: {}}}\n  team-b: {{}}\n",
             args.a_quota
         ),
     )?;
-    let path_text = |path: &PathBuf| path.to_string_lossy().to_string();
-    let common = |listen: SocketAddr| {
-        vec![
-            "--listen".to_string(),
-            listen.to_string(),
-            "--acl".into(),
-            path_text(&acl),
-            "--auth-hs256-secret-file".into(),
-            path_text(&secret),
-            "--tenant-map".into(),
-            path_text(&map),
-        ]
-    };
+    let tenant_map = ["--tenant-map".to_string(), support::path_arg(&map)];
 
-    let registry_addr = free_addr();
-    let mut registry_args = common(registry_addr);
-    registry_args.extend(["--etcd".to_string(), etcd.endpoint()]);
-    let _registry = spawn_self(SERVE_REGISTRY, &registry_args)?;
-    let registry = format!("http://{registry_addr}");
+    let registry = start_registry(&files, &etcd.endpoint(), &tenant_map).await?;
     let client = reqwest::Client::new();
-    wait_for("registry", Duration::from_secs(20), async || {
-        client
-            .get(format!("{registry}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await?;
-
-    let token_of = |name: &str, tenant: &str| {
-        agent_reach_access::token::issue_hs256_for(name, Some(tenant), SECRET.as_bytes(), Duration::from_secs(86_400))
-            .map_err(anyhow::Error::msg)
-    };
+    let token_of = |name: &str, tenant: &str| tenant_token(name, Some(tenant));
     for tenant in ["team-a", "team-b"] {
         let agent = agent_alone()?;
-        register(
-            &client,
-            &registry,
-            &token_of("bench_agent", tenant)?,
-            ("bench_json-0", "bench_agent"),
-            format!("http://{agent}/invoke"),
-            CAPABILITY,
-        )
-        .await?;
+        let instance = Instance {
+            id: "bench_json-0",
+            name: "bench_agent",
+            endpoint: format!("http://{agent}/invoke"),
+            capability: CAPABILITY,
+            weight: 1,
+        };
+        register(&client, &registry.url, &token_of("bench_agent", tenant)?, instance).await?;
     }
 
-    let router_addr = free_addr();
-    let mut router_args = common(router_addr);
-    router_args.extend([
-        "--registry".to_string(),
-        registry.clone(),
-        "--assertion-key".into(),
-        path_text(&assertion_key),
-        "--threads".into(),
-        args.threads.to_string(),
-    ]);
-    let _router = spawn_self(SERVE_ROUTER, &router_args)?;
+    let options = RouterOptions {
+        threads: args.threads,
+        args: &tenant_map,
+        ..RouterOptions::default()
+    };
+    let mut router = spawn_router(&files, &registry.url, options)?;
+    let router_addr = router.addr;
     let body: bytes::Bytes = json!({ "capability": CAPABILITY, "payload": { "order_id": "SO-2024001" } })
         .to_string()
         .into();
@@ -336,30 +251,32 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     };
     let a = load_of("team-a", a_rate, args.a_connections)?;
     let b = load_of("team-b", args.b_rate, args.b_connections)?;
-    let router_invoke = format!("http://{router_addr}/v1/invoke");
-    wait_for(
-        "router with both tenants' agents",
-        Duration::from_secs(30),
-        async || {
-            let mut ready = true;
-            for load in [&a, &b] {
-                ready &= client
-                    .post(&router_invoke)
-                    .header("authorization", &load.authorization)
-                    .header("content-type", "application/json")
-                    .body(load.body.clone())
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-            }
-            ready
-        },
-    )
-    .await?;
+    let router_invoke = format!("{}/v1/invoke", router.url);
+    router
+        .wait_until(
+            "router with both tenants' agents",
+            Duration::from_secs(30),
+            async || {
+                let mut ready = true;
+                for load in [&a, &b] {
+                    let request = client
+                        .post(&router_invoke)
+                        .header("authorization", &load.authorization)
+                        .header("content-type", "application/json")
+                        .body(load.body.clone());
+                    ready &= answers_ok(request).await;
+                }
+                ready
+            },
+        )
+        .await?;
     // Warm-up: connections, pools, caches.
-    joined(open_loop_alone(&b, Duration::from_secs(2)))?;
+    if let Some(warm_up) = run.warm_up(Duration::from_secs(2)) {
+        open_loop_alone(&b, warm_up).await?;
+    }
 
     let duration = Duration::from_secs(args.duration_s);
+    run.announce("tenants-bench");
     println!(
         "tenants-bench: A quota {} req/s, A offers {a_rate} req/s over {} connections; B steady {} req/s over {} connections; {} s per measurement",
         args.a_quota, args.a_connections, args.b_rate, args.b_connections, args.duration_s
@@ -372,9 +289,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut flood_p99s = Vec::new();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     for round in 1..=args.rounds {
-        let alone = joined(open_loop_alone(&b, duration))?;
-        let (flooded, flood) = (open_loop_alone(&b, duration), open_loop_alone(&a, duration));
-        let (flooded, flood) = (joined(flooded)?, joined(flood)?);
+        let alone = open_loop_alone(&b, duration).await?;
+        let (flooded, flood) = tokio::join!(open_loop_alone(&b, duration), open_loop_alone(&a, duration));
+        let (flooded, flood) = (flooded?, flood?);
         anyhow::ensure!(
             alone.other == 0 && flooded.other == 0 && alone.limited == 0 && flooded.limited == 0,
             "tenant B had failed calls (alone: {} failed, {} limited; with A: {} failed, {} limited)",
@@ -401,13 +318,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let flood = median(&mut flood_p99s);
     let ratio = flood / alone;
     println!(
-        "median p99: B alone {alone:.0} µs, B with A flooding {flood:.0} µs ({:+.1} %): {}",
+        "median p99: B alone {alone:.0} µs, B with A flooding {flood:.0} µs ({:+.1} %){}",
         (ratio - 1.0) * 100.0,
-        if ratio <= 1.10 {
-            "met (within 10 %)"
-        } else {
-            "NOT met (over 10 %)"
-        }
+        run.verdict(ratio <= 1.10, (": met (within 10 %)", ": NOT met (over 10 %)"))
     );
     Ok(())
 }
