@@ -22,6 +22,13 @@ export default tseslint.config(
     rules: {
       // Tests assert on shapes they just decoded.
       "@typescript-eslint/no-non-null-assertion": "off",
+      // Streaming handlers written as users write them: `async function*` that need not await.
+      "@typescript-eslint/require-await": "off",
+      // node:test's `test()` returns a promise the runner itself awaits.
+      "@typescript-eslint/no-floating-promises": [
+        "error",
+        { allowForKnownSafeCalls: [{ from: "package", name: ["test", "describe", "it", "suite"], package: "node:test" }] },
+      ],
     },
   },
 );

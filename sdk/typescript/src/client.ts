@@ -203,6 +203,26 @@ export class Client {
     }
   }
 
+  /**
+   * Reports the outcome of a task delivery this agent answered `202` (DESIGN §3.10.5):
+   * `{output}` or `{error: {code, message}}`, as the agent the delivery went to (this
+   * client's token). The same report again answers `duplicate: true`; another agent's is
+   * {@link Forbidden}. `ctx.acceptAndReport` does this for a handler, with retries.
+   */
+  async reportResult(
+    taskId: string,
+    outcome: { output: unknown } | { error: { code: string; message: string } },
+  ): Promise<{ taskId: string; status: TaskStatus; duplicate: boolean }> {
+    const response = await send("router", this.#url(`/v1/tasks/${encodeURIComponent(taskId)}/result`), {
+      method: "POST",
+      headers: this.#headers(),
+      body: JSON.stringify(outcome),
+      timeoutMs: this.#timeoutMs,
+    });
+    const answer = await routerAnswer(response);
+    return { taskId: text(answer["task_id"]), status: text(answer["status"]) as TaskStatus, duplicate: answer["duplicate"] === true };
+  }
+
   /** A session's finished tasks after the cursor `after` (what a caller missed while away). */
   async sessionResults(sessionId: string, options: { after?: string; limit?: number } = {}): Promise<SessionResults> {
     const query = new URLSearchParams();

@@ -27,12 +27,12 @@ test("registers with schemas from zod and serves only after markReady", async (t
   await startAgent(t, stack, agent, false);
   const record = await stack.instance(agent.agentId);
   assert.equal(record?.["status"], "starting");
-  const [capability] = record?.["capabilities"] as Record<string, unknown>[];
-  assert.equal(capability?.["name"], "test.upper");
-  assert.equal(capability?.["version"], "1.2.0");
-  assert.equal(capability?.["timeout_ms"], 5000);
-  assert.deepEqual((capability?.["input_schema"] as { required: string[] }).required, ["text"]);
-  assert.equal((capability?.["output_schema"] as { type: string }).type, "object");
+  const capability = (record["capabilities"] as Record<string, unknown>[])[0]!;
+  assert.equal(capability["name"], "test.upper");
+  assert.equal(capability["version"], "1.2.0");
+  assert.equal(capability["timeout_ms"], 5000);
+  assert.deepEqual((capability["input_schema"] as { required: string[] }).required, ["text"]);
+  assert.equal((capability["output_schema"] as { type: string }).type, "object");
 
   const early = await stack.invoke("test.upper", { text: "a" });
   assert.equal(early.status, 503, JSON.stringify(early.body));
