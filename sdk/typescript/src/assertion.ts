@@ -220,6 +220,13 @@ export class Verifier {
     this.#issuer = issuer;
   }
 
+  /** The assertion of an `Authorization` header value verified before and still valid (no await: the hot path). */
+  cached(authorization: string | undefined): Assertion | undefined {
+    if (authorization === undefined) return undefined;
+    const cached = this.#verified.get(authorization);
+    return cached !== undefined && cached.expiresAt + LEEWAY_S > Date.now() / 1000 ? cached : undefined;
+  }
+
   /** The assertion in an `Authorization` header value, or {@link AssertionRefused}. */
   async verify(authorization: string | undefined): Promise<Assertion> {
     if (authorization === undefined || authorization === "") {
@@ -231,13 +238,13 @@ export class Verifier {
       throw new AssertionRefused("malformed", "the Authorization header is not `Bearer <JWT>`");
     }
     const now = Date.now() / 1000;
-    const cached = this.#verified.get(token);
+    const cached = this.#verified.get(authorization);
     if (cached !== undefined) {
       if (cached.expiresAt + LEEWAY_S > now) return cached;
-      this.#verified.delete(token);
+      this.#verified.delete(authorization);
     }
     const assertion = await this.#verify(token, now);
-    this.#verified.set(token, assertion);
+    this.#verified.set(authorization, assertion);
     if (this.#verified.size > Verifier.CACHE_SIZE) {
       const oldest = this.#verified.keys().next();
       if (oldest.done !== true) this.#verified.delete(oldest.value);

@@ -69,11 +69,11 @@ export class Ctx {
   readonly traceparent: string | undefined;
   /** Set on a task's delivery (`POST /v1/tasks`). */
   readonly taskId: string | undefined;
-  /** Aborted when the deadline passes or the caller goes away: pass it to your own I/O. */
-  readonly signal: AbortSignal;
+  readonly #signal: { readonly signal: AbortSignal };
   readonly #links: Links;
 
-  constructor(delivery: Delivery, links: Links, signal: AbortSignal) {
+  /** `signal` is read only when a handler asks for it (an AbortController per delivery costs). */
+  constructor(delivery: Delivery, links: Links, signal: { readonly signal: AbortSignal }) {
     this.requestId = delivery.requestId;
     this.sessionId = delivery.sessionId;
     this.contextId = delivery.contextId;
@@ -86,8 +86,13 @@ export class Ctx {
     this.priority = delivery.priority;
     this.traceparent = delivery.traceparent;
     this.taskId = delivery.taskId;
-    this.signal = signal;
+    this.#signal = signal;
     this.#links = links;
+  }
+
+  /** Aborted when the deadline passes or the caller goes away: pass it to your own I/O. */
+  get signal(): AbortSignal {
+    return this.#signal.signal;
   }
 
   /** Milliseconds left before the deadline (0 once it passed). */

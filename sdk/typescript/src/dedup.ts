@@ -11,11 +11,21 @@ export interface Answer {
   code: string;
 }
 
+interface Slot {
+  at: number;
+  key: string;
+  answer: Answer | Promise<Answer | undefined>;
+}
+
 export class Dedup {
   readonly #capacity: number;
   readonly #ttlMs: number;
-  // Insertion order is age order; a forgotten id that comes back is re-inserted at the end.
-  readonly #slots = new Map<string, { at: number; answer: Promise<Answer> }>();
+  readonly #slots = new Map<string, Slot>();
+  // The ids oldest first, in an array with a moving head rather than in the Map's own
+  // order: a Map whose oldest entries keep being deleted walks over their holes on every
+  // iteration from the start (the bench showed it), a queue does not.
+  #order: Slot[] = [];
+  #head = 0;
 
   constructor(capacity = 10_000, ttlMs = 600_000) {
     this.#capacity = Math.max(1, capacity);
@@ -23,21 +33,37 @@ export class Dedup {
   }
 
   /** The earlier answer for `key`, if one was (or is being) given. */
-  get(key: string): Promise<Answer> | undefined {
+  get(key: string): Answer | Promise<Answer | undefined> | undefined {
     return this.#slots.get(key)?.answer;
   }
 
   /** Keeps `answer` as the one for `key`. */
-  set(key: string, answer: Promise<Answer>): void {
+  set(key: string, answer: Answer | Promise<Answer | undefined>): void {
     const now = performance.now();
-    for (const [oldest, slot] of this.#slots) {
-      if (this.#slots.size < this.#capacity && now - slot.at < this.#ttlMs) break;
-      this.#slots.delete(oldest);
+    const order = this.#order;
+    while (this.#head < order.length) {
+      const oldest = order[this.#head];
+      if (oldest === undefined || (this.#slots.size < this.#capacity && now - oldest.at < this.#ttlMs)) break;
+      // Only if the id is still that entry's (a forgotten id may have come back since).
+      if (this.#slots.get(oldest.key) === oldest) this.#slots.delete(oldest.key);
+      this.#head += 1;
     }
-    this.#slots.set(key, { at: now, answer });
+    if (this.#head > 1024 && this.#head * 2 > order.length) {
+      this.#order = order.slice(this.#head);
+      this.#head = 0;
+    }
+    const slot = { at: now, key, answer };
+    this.#slots.set(key, slot);
+    this.#order.push(slot);
   }
 
-  /** Forgets `key`: its delivery ended without an answer worth repeating. */
+  /** Replaces the pending answer `pending` of `key` by its value, once known. */
+  replace(key: string, pending: Promise<Answer | undefined>, answer: Answer): void {
+    const slot = this.#slots.get(key);
+    if (slot?.answer === pending) slot.answer = answer;
+  }
+
+  /** Forgets `key`: its delivery ended without an answer worth repeating (its queue entry goes when it comes up). */
   forget(key: string): void {
     this.#slots.delete(key);
   }

@@ -98,43 +98,79 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
   } as Delivery & { payload: unknown };
 }
 
-/** Runs `work` until `deadlineMs`; the signal aborts at the deadline, or when `also` does. */
-async function untilDeadline<T>(
-  deadlineMs: number,
-  also: AbortSignal | undefined,
-  work: (signal: AbortSignal) => Promise<T>,
-): Promise<T | typeof DEADLINE> {
-  const controller = new AbortController();
-  const signal = also === undefined ? controller.signal : AbortSignal.any([controller.signal, also]);
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<typeof DEADLINE>((resolve) => {
-    timer = setTimeout(() => {
-      controller.abort(new Error("the deadline passed"));
-      resolve(DEADLINE);
-    }, Math.max(0, deadlineMs - Date.now()));
-  });
-  try {
-    return await Promise.race([work(signal), late]);
-  } finally {
-    clearTimeout(timer);
+/**
+ * One delivery's deadline: `race` settles with the work, or with {@link DEADLINE} when it
+ * passes first; the signal (made only if a handler asks for it) aborts then, or when
+ * `also` does. One timer, no AbortController unless asked: this runs for every delivery.
+ */
+class Deadline {
+  readonly #deadlineMs: number;
+  readonly #also: AbortSignal | undefined;
+  #controller: AbortController | undefined;
+  #timer: NodeJS.Timeout | undefined;
+  #passed = false;
+
+  constructor(deadlineMs: number, also?: AbortSignal) {
+    this.#deadlineMs = deadlineMs;
+    this.#also = also;
+  }
+
+  get signal(): AbortSignal {
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController();
+      if (this.#passed) this.#controller.abort(new Error("the deadline passed"));
+    }
+    return this.#also === undefined ? this.#controller.signal : AbortSignal.any([this.#controller.signal, this.#also]);
+  }
+
+  race<T>(work: PromiseLike<T>): Promise<T | typeof DEADLINE> {
+    return new Promise((resolve, reject) => {
+      this.#timer = setTimeout(() => {
+        this.#passed = true;
+        this.#controller?.abort(new Error("the deadline passed"));
+        resolve(DEADLINE);
+      }, Math.max(0, this.#deadlineMs - Date.now()));
+      work.then(resolve, reject);
+    });
+  }
+
+  clear(): void {
+    clearTimeout(this.#timer);
   }
 }
 
-/** One handler run to its answer (the handler has its place in flight). */
-async function run(state: AgentState, handler: Handler, delivery: Delivery, payload: unknown): Promise<Answer> {
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return typeof value === "object" && value !== null && typeof (value as { then?: unknown }).then === "function";
+}
+
+/** One handler run to its answer (the handler has its place in flight): at once when the handler answers at once. */
+function run(state: AgentState, handler: Handler, delivery: Delivery, payload: unknown): Answer | Promise<Answer> {
   const input = handler.input.safeParse(payload);
   if (!input.success) return schemaMismatch(handler, problems(input.error));
-  let output: unknown;
+  const deadline = new Deadline(delivery.deadlineMs);
+  let outcome: unknown;
   try {
-    const outcome = await untilDeadline(delivery.deadlineMs, undefined, (signal) =>
-      Promise.resolve(handler.run(input.data, new Ctx(delivery, state.links, signal))),
-    );
-    if (outcome === DEADLINE) return error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline");
-    output = outcome;
+    outcome = handler.run(input.data, new Ctx(delivery, state.links, deadline));
   } catch (caught) {
     return thrown(handler, caught);
   }
-  const checked = handler.output.safeParse(output);
+  if (!isThenable(outcome)) return output(handler, outcome);
+  return deadline.race(outcome).then(
+    (value) => {
+      deadline.clear();
+      if (value === DEADLINE) return error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline");
+      return output(handler, value);
+    },
+    (caught: unknown) => {
+      deadline.clear();
+      return thrown(handler, caught);
+    },
+  );
+}
+
+/** The handler's output checked against its type and encoded. */
+function output(handler: Handler, value: unknown): Answer {
+  const checked = handler.output.safeParse(value);
   if (!checked.success) {
     log.error("Handler output does not match its type.", { capability: handler.descriptor.name, error: checked.error.message });
     return error(500, "INVALID_OUTPUT", `the handler's output does not match its declared type: ${checked.error.message}`);
@@ -142,27 +178,43 @@ async function run(state: AgentState, handler: Handler, delivery: Delivery, payl
   return { status: 200, body: `{"output":${JSON.stringify(checked.data ?? null)}}`, code: "OK" };
 }
 
+/** An answer now, or later. */
+type Answered = Answer | Promise<Answer | undefined> | undefined;
+
 /**
  * One delivery, from the raw request to the answer; a streaming handler asked for events
- * writes its own answer to `response` and returns undefined.
+ * writes its own answer to `events` and gives undefined. Synchronous as far as it can be
+ * (a cached assertion, a handler that answers at once): each await on this path is a
+ * microtask per delivery, which the bench shows.
  */
-export async function serveInvoke(
+export function serveInvoke(
   state: AgentState,
   authorization: string | undefined,
   traceparent: string | undefined,
   body: string,
   events: ServerResponse | undefined,
-): Promise<Answer | undefined> {
-  let assertion: Assertion | undefined;
-  if (state.verifier !== undefined) {
-    try {
-      assertion = await state.verifier.verify(authorization);
-    } catch (caught) {
+): Answered {
+  const verifier = state.verifier;
+  if (verifier === undefined) return admit(state, undefined, traceparent, body, events);
+  const cached = verifier.cached(authorization);
+  if (cached !== undefined) return admit(state, cached, traceparent, body, events);
+  return verifier.verify(authorization).then(
+    (assertion) => admit(state, assertion, traceparent, body, events),
+    (caught: unknown) => {
       if (!(caught instanceof AssertionRefused)) throw caught;
       log.info("Delivery refused.", { reason: caught.reason, message: caught.message });
       return unauthenticated(caught);
-    }
-  }
+    },
+  );
+}
+
+function admit(
+  state: AgentState,
+  assertion: Assertion | undefined,
+  traceparent: string | undefined,
+  body: string,
+  events: ServerResponse | undefined,
+): Answered {
   const decoded = decode(body, assertion, traceparent);
   if ("status" in decoded) return decoded;
   const delivery = decoded as Delivery & { payload: unknown };
@@ -209,9 +261,20 @@ export async function serveInvoke(
   // "Not now" answers are not kept: a later delivery may find room.
   if (state.inflight >= state.maxConcurrency) return error(503, "OVERLOADED", "the agent is at its concurrency limit");
   state.begin();
-  const answer = run(state, handler, delivery, delivery.payload).finally(() => { state.end(); });
-  state.dedup.set(key, answer);
-  return answer;
+  const answer = run(state, handler, delivery, delivery.payload);
+  if ("status" in answer) {
+    state.end();
+    state.dedup.set(key, answer);
+    return answer;
+  }
+  const later = answer.then((answered) => {
+    state.end();
+    // Kept as the value from now on: a repeat answers without a microtask.
+    state.dedup.replace(key, later, answered);
+    return answered;
+  });
+  state.dedup.set(key, later);
+  return later;
 }
 
 // === Streaming handlers ===
@@ -252,10 +315,12 @@ async function stream(
     if (!response.writableFinished) gone.abort(new Error("the caller went away"));
   };
   response.on("close", onClose);
-  const iterator = open(input.data, new Ctx(delivery, state.links, gone.signal))[Symbol.asyncIterator]();
+  const deadline = new Deadline(delivery.deadlineMs, gone.signal);
+  const iterator = open(input.data, new Ctx(delivery, state.links, deadline))[Symbol.asyncIterator]();
   const next = async (): Promise<{ item: unknown } | "end" | Answer> => {
     try {
-      const pulled = await untilDeadline(delivery.deadlineMs, gone.signal, () => iterator.next());
+      const pulled = await deadline.race(iterator.next());
+      deadline.clear();
       if (pulled === DEADLINE) return error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline");
       if (pulled.done === true) return "end";
       const checked = item.safeParse(pulled.value);
@@ -306,28 +371,28 @@ async function stream(
 
 // === HTTP ===
 
-const JSON_TYPE = { "content-type": "application/json" };
-
 function answer(response: ServerResponse, answered: Answer): void {
-  response.writeHead(answered.status, { ...JSON_TYPE, "content-length": Buffer.byteLength(answered.body) });
+  response.writeHead(answered.status, ["content-type", "application/json", "content-length", String(Buffer.byteLength(answered.body))]);
   response.end(answered.body);
 }
 
-function readBody(request: IncomingMessage, limit: number): Promise<string | undefined> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    let over = false;
-    request.on("data", (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) over = true;
-      else chunks.push(chunk);
-    });
-    request.on("end", () => {
-      resolve(over ? undefined : Buffer.concat(chunks).toString());
-    });
-    request.on("error", reject);
+/** Reads the body (up to `limit` bytes; undefined beyond), then calls `done`: no promise per request. */
+function readBody(request: IncomingMessage, limit: number, done: (body: string | undefined) => void): void {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  request.on("data", (chunk: Buffer) => {
+    size += chunk.length;
+    if (size <= limit) chunks.push(chunk);
   });
+  request.on("end", () => {
+    done(size > limit ? undefined : chunks.length === 1 ? (chunks[0] ?? Buffer.alloc(0)).toString() : Buffer.concat(chunks).toString());
+  });
+}
+
+function failed(response: ServerResponse, caught: unknown): void {
+  log.error("Delivery failed.", { error: String(caught) });
+  if (!response.headersSent) answer(response, error(500, "INTERNAL", "the agent failed to answer"));
+  else response.destroy();
 }
 
 function healthz(state: AgentState | undefined, response: ServerResponse): void {
@@ -356,21 +421,31 @@ export function agentServer(stateOf: () => AgentState | undefined): Server {
       const traceparent = headers["traceparent"];
       const trace = typeof traceparent === "string" ? traceparent : undefined;
       const wantsEvents = (headers.accept ?? "").toLowerCase().includes("text/event-stream");
-      readBody(request, state.maxBodyBytes)
-        .then((body) => {
-          if (body === undefined) return error(413, "PAYLOAD_TOO_LARGE", `the envelope exceeds ${state.maxBodyBytes} bytes`);
-          return serveInvoke(state, authorization, trace, body, wantsEvents ? response : undefined);
-        })
-        .then(
-          (answered) => {
-            if (answered !== undefined) answer(response, answered);
+      readBody(request, state.maxBodyBytes, (body) => {
+        let answered: Answered;
+        try {
+          answered =
+            body === undefined
+              ? error(413, "PAYLOAD_TOO_LARGE", `the envelope exceeds ${state.maxBodyBytes} bytes`)
+              : serveInvoke(state, authorization, trace, body, wantsEvents ? response : undefined);
+        } catch (caught) {
+          failed(response, caught);
+          return;
+        }
+        if (answered === undefined) return;
+        if ("status" in answered) {
+          answer(response, answered);
+          return;
+        }
+        answered.then(
+          (later) => {
+            if (later !== undefined) answer(response, later);
           },
           (caught: unknown) => {
-            log.error("Delivery failed.", { error: String(caught) });
-            if (!response.headersSent) answer(response, error(500, "INTERNAL", "the agent failed to answer"));
-            else response.destroy();
+            failed(response, caught);
           },
         );
+      });
       return;
     }
     if (request.method === "GET" && path === "/healthz") {
