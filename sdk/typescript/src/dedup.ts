@@ -2,6 +2,11 @@
  * Deduplication by request id (DESIGN §3.5): a repeat gets the first answer, a
  * concurrent repeat waits for it. Bounded in size and age (10,000 ids, 10 minutes), as
  * the Rust and Python SDKs.
+ *
+ * Every delivery leaves its answer here for minutes, so what is kept is kept small: a
+ * succeeded answer as its body alone, the ids' order in a ring of keys and times (no
+ * object per entry). Retained objects are what the garbage collector copies; the bench
+ * showed the first version, an object per entry, costing more than the schema checks.
  */
 
 /** A finished answer: HTTP status, JSON body, and its code (`OK` or the error's). */
@@ -11,60 +16,55 @@ export interface Answer {
   code: string;
 }
 
-interface Slot {
-  at: number;
-  key: string;
-  answer: Answer | Promise<Answer | undefined>;
-}
+/** An answer as remembered: a 200 answer's body, another answer, or one still being made. */
+type Kept = string | Answer | Promise<Answer | undefined>;
 
 export class Dedup {
   readonly #capacity: number;
   readonly #ttlMs: number;
-  readonly #slots = new Map<string, Slot>();
-  // The ids oldest first, in an array with a moving head rather than in the Map's own
-  // order: a Map whose oldest entries keep being deleted walks over their holes on every
-  // iteration from the start (the bench showed it), a queue does not.
-  #order: Slot[] = [];
+  readonly #kept = new Map<string, Kept>();
+  // The ring, oldest first from `#head`: ids and when they were kept.
+  readonly #keys: (string | undefined)[];
+  readonly #times: Float64Array;
   #head = 0;
+  #count = 0;
 
   constructor(capacity = 10_000, ttlMs = 600_000) {
     this.#capacity = Math.max(1, capacity);
     this.#ttlMs = ttlMs;
+    this.#keys = new Array<string | undefined>(this.#capacity).fill(undefined);
+    this.#times = new Float64Array(this.#capacity);
   }
 
   /** The earlier answer for `key`, if one was (or is being) given. */
   get(key: string): Answer | Promise<Answer | undefined> | undefined {
-    return this.#slots.get(key)?.answer;
+    const kept = this.#kept.get(key);
+    return typeof kept === "string" ? { status: 200, body: kept, code: "OK" } : kept;
   }
 
-  /** Keeps `answer` as the one for `key`. */
+  /** Keeps `answer` as the one for `key` (a key not kept already). */
   set(key: string, answer: Answer | Promise<Answer | undefined>): void {
     const now = performance.now();
-    const order = this.#order;
-    while (this.#head < order.length) {
-      const oldest = order[this.#head];
-      if (oldest === undefined || (this.#slots.size < this.#capacity && now - oldest.at < this.#ttlMs)) break;
-      // Only if the id is still that entry's (a forgotten id may have come back since).
-      if (this.#slots.get(oldest.key) === oldest) this.#slots.delete(oldest.key);
-      this.#head += 1;
+    while (this.#count > 0 && (this.#count === this.#capacity || now - (this.#times[this.#head] ?? 0) >= this.#ttlMs)) {
+      const oldest = this.#keys[this.#head];
+      if (oldest !== undefined) this.#kept.delete(oldest);
+      this.#keys[this.#head] = undefined;
+      this.#head = (this.#head + 1) % this.#capacity;
+      this.#count -= 1;
     }
-    if (this.#head > 1024 && this.#head * 2 > order.length) {
-      this.#order = order.slice(this.#head);
-      this.#head = 0;
-    }
-    const slot = { at: now, key, answer };
-    this.#slots.set(key, slot);
-    this.#order.push(slot);
+    this.#kept.set(key, Dedup.#compact(answer));
+    const slot = (this.#head + this.#count) % this.#capacity;
+    this.#keys[slot] = key;
+    this.#times[slot] = now;
+    this.#count += 1;
   }
 
   /** Replaces the pending answer `pending` of `key` by its value, once known. */
   replace(key: string, pending: Promise<Answer | undefined>, answer: Answer): void {
-    const slot = this.#slots.get(key);
-    if (slot?.answer === pending) slot.answer = answer;
+    if (this.#kept.get(key) === pending) this.#kept.set(key, Dedup.#compact(answer));
   }
 
-  /** Forgets `key`: its delivery ended without an answer worth repeating (its queue entry goes when it comes up). */
-  forget(key: string): void {
-    this.#slots.delete(key);
+  static #compact(answer: Answer | Promise<Answer | undefined>): Kept {
+    return "status" in answer && answer.status === 200 && answer.code === "OK" ? answer.body : answer;
   }
 }

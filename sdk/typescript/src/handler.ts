@@ -65,6 +65,8 @@ export interface Handler {
   /** Set for a streaming handler: the type of one item. */
   readonly item: z.ZodType | undefined;
   readonly run: (input: unknown, ctx: Ctx) => unknown;
+  /** Whether `run` declares a `ctx` parameter (one that takes only the input is given none: a Ctx per delivery costs). */
+  readonly wantsCtx: boolean;
   readonly stream: ((input: unknown, ctx: Ctx) => AsyncIterable<unknown>) | undefined;
 }
 
@@ -112,6 +114,8 @@ export function defineHandler<I extends z.ZodType, O extends z.ZodType>(
     output: spec.output,
     item: undefined,
     run: fn as (input: unknown, ctx: Ctx) => unknown,
+    // `length` counts the parameters before any default or rest one: 1 is the input alone.
+    wantsCtx: fn.length !== 1,
     stream: undefined,
   };
 }
@@ -134,6 +138,7 @@ export function defineStreaming<I extends z.ZodType, T extends z.ZodType>(
       for await (const item of stream(input, ctx)) collected.push(item);
       return collected;
     },
+    wantsCtx: true,
     stream,
   };
 }

@@ -150,7 +150,7 @@ function run(state: AgentState, handler: Handler, delivery: Delivery, payload: u
   const deadline = new Deadline(delivery.deadlineMs);
   let outcome: unknown;
   try {
-    outcome = handler.run(input.data, new Ctx(delivery, state.links, deadline));
+    outcome = handler.wantsCtx ? handler.run(input.data, new Ctx(delivery, state.links, deadline)) : (handler.run as (input: unknown) => unknown)(input.data);
   } catch (caught) {
     return thrown(handler, caught);
   }
