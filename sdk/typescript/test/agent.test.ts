@@ -34,8 +34,17 @@ test("registers with schemas from zod and serves only after markReady", async (t
   assert.deepEqual((capability["input_schema"] as { required: string[] }).required, ["text"]);
   assert.equal((capability["output_schema"] as { type: string }).type, "object");
 
-  const early = await stack.invoke("test.upper", { text: "a" });
+  // Registered but not ready: the router sees it and sends it nothing; asked directly, it refuses.
+  let early = { status: 0, body: {} as Record<string, unknown> };
+  await waitUntil(async () => {
+    early = await stack.invoke("test.upper", { text: "a" });
+    return early.status !== 404;
+  }, 15_000, "the router's snapshot holding the starting instance");
   assert.equal(early.status, 503, JSON.stringify(early.body));
+  assert.equal((early.body["error"] as { code: string }).code, "NO_AVAILABLE_INSTANCE");
+  const assertion = await stack.assertion({ audience: agent.agentId, capability: "test.upper" });
+  const direct = await postToAgent(agent, forwarded("test.upper", { capability_version: "1.2.0" }), { authorization: `Bearer ${assertion}` });
+  assert.equal((direct.body["error"] as { code: string }).code, "NOT_READY");
   agent.markReady();
   await waitUntil(() => stack.routable("test.upper", agent.agentId), 15_000, "routable after markReady");
   const called = await stack.invoke("test.upper", { text: "abc" });
