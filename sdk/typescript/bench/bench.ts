@@ -106,6 +106,49 @@ try {
       `${name.padStart(4)}: ${middle?.rps.toFixed(0)} req/s (median of ${rounds}), p50 ${middle?.p50}, agent CPU ${median(results[name].map((r) => r.cpuUsPerRequest)).toFixed(0)} us/request`,
     );
   }
+  // The agents alone, without the router: wrk posts forwarded envelopes straight to each
+  // (unique request ids, an assertion signed with the router's key): the SDK's own cost.
+  const direct: Record<"sdk" | "bare", Run[]> = { sdk: [], bare: [] };
+  const endpoints: Record<"sdk" | "bare", string> = { sdk: "", bare: "" };
+  for (const name of ["sdk", "bare"] as const) {
+    const record = await stack.instance(`bench_${name}-1`);
+    const endpoint = record?.["endpoint"];
+    endpoints[name] = typeof endpoint === "string" ? endpoint : "";
+  }
+  const assertion = await stack.assertion({ audience: "bench_sdk-1", capability: "test.echo_sdk", ttlS: 3600 });
+  for (let round = 0; round < rounds; round += 1) {
+    const order = round % 2 === 0 ? (["sdk", "bare"] as const) : (["bare", "sdk"] as const);
+    for (const name of order) {
+      const script = join(work, `direct-${name}-${round}.lua`);
+      writeFileSync(
+        script,
+        [
+          "local counter = 0",
+          `local headers = { ["content-type"] = "application/json", ["authorization"] = "Bearer ${assertion}" }`,
+          "request = function()",
+          "  counter = counter + 1",
+          `  local body = string.format('{"version":"1.0","request_id":"d${round}-%d","capability":"test.echo_sdk","capability_version":"1.0.0","source":"tester","priority":"normal","deadline":${Date.now() + 3_600_000},"attempt":1,"payload":{"text":"hello, agent","n":42}}', counter)`,
+          '  return wrk.format("POST", nil, headers, body)',
+          "end",
+          "",
+        ].join("\n"),
+      );
+      const pid = agents[name].child.pid ?? 0;
+      const before = cpuSeconds(pid);
+      const { rps, p50, bad } = wrk(endpoints[name], script, seconds);
+      const used = cpuSeconds(pid) - before;
+      if (bad > 0) throw new Error(`direct ${name}: ${bad} non-2xx answers; see ${work}`);
+      direct[name].push({ rps, p50, cpuUsPerRequest: (used / (rps * seconds)) * 1e6 });
+    }
+  }
+  for (const name of ["sdk", "bare"] as const) {
+    console.log(
+      `${name.padStart(4)} alone: ${median(direct[name].map((r) => r.rps)).toFixed(0)} req/s (median of ${rounds}), agent CPU ${median(direct[name].map((r) => r.cpuUsPerRequest)).toFixed(0)} us/request`,
+    );
+  }
+  const alone = median(direct.sdk.map((run, i) => run.rps / (direct.bare[i]?.rps ?? 1)));
+  console.log(`the agents alone (no router): the SDK's throughput ${(alone * 100).toFixed(1)} % of the bare agent's`);
+
   const ratio = median(results.sdk.map((run, i) => run.rps / (results.bare[i]?.rps ?? 1)));
   const cost = 1 - ratio;
   const cpu = median(results.sdk.map((r) => r.cpuUsPerRequest)) / median(results.bare.map((r) => r.cpuUsPerRequest));

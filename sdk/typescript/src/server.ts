@@ -409,18 +409,25 @@ function healthz(state: AgentState | undefined, response: ServerResponse): void 
 /** The agent's HTTP server: `POST /invoke`, `GET /healthz`. */
 export function agentServer(stateOf: () => AgentState | undefined): Server {
   const server = createServer({ noDelay: true, keepAlive: true }, (request, response) => {
-    const path = request.url?.split("?", 1)[0];
+    const url = request.url ?? "";
+    const path = url.includes("?") ? url.slice(0, url.indexOf("?")) : url;
     if (request.method === "POST" && path === "/invoke") {
       const state = stateOf();
       if (state === undefined) {
         answer(response, error(503, "NOT_READY", "the agent has not started"));
         return;
       }
-      const headers = request.headers;
-      const authorization = headers.authorization;
-      const traceparent = headers["traceparent"];
-      const trace = typeof traceparent === "string" ? traceparent : undefined;
-      const wantsEvents = (headers.accept ?? "").toLowerCase().includes("text/event-stream");
+      // The three headers read from the raw list: `request.headers` builds an object of them all.
+      let authorization: string | undefined;
+      let trace: string | undefined;
+      let wantsEvents = false;
+      const raw = request.rawHeaders;
+      for (let index = 0; index + 1 < raw.length; index += 2) {
+        const name = raw[index] ?? "";
+        if (name.length === 13 && name.toLowerCase() === "authorization") authorization = raw[index + 1];
+        else if (name.length === 11 && name.toLowerCase() === "traceparent") trace = raw[index + 1];
+        else if (name.length === 6 && name.toLowerCase() === "accept") wantsEvents = (raw[index + 1] ?? "").toLowerCase().includes("text/event-stream");
+      }
       readBody(request, state.maxBodyBytes, (body) => {
         let answered: Answered;
         try {
