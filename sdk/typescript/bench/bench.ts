@@ -10,13 +10,12 @@
 // phases; the verdict is on the median round. Target (issue 40): the SDK costs <= 10 % of
 // the bare agent's requests per second.
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
-import { Process, REPO, Stack, waitUntil } from "../test/support/stack.js";
+import { Process, REPO, Stack, temporaryDirectory, waitUntil } from "../test/support/stack.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const { values } = parseArgs({
@@ -62,7 +61,7 @@ if (existsSync(join(target, "release", "agent-reach"))) {
 console.log(`node ${process.version}, ${rounds} rounds of ${seconds} s, wrk -t1 -c${connections}`);
 
 const stack = await Stack.start();
-const work = mkdtempSync(join(tmpdir(), "ts-bench-"));
+const work = temporaryDirectory("ts-bench-");
 const agents: Record<"sdk" | "bare", Process> = {
   // BENCH_PROFILE=DIR: the SDK agent writes a V8 CPU profile there when it stops.
   sdk: new Process([process.execPath, ...(process.env["BENCH_PROFILE"] === undefined ? [] : ["--cpu-prof", `--cpu-prof-dir=${process.env["BENCH_PROFILE"]}`]), join(HERE, "sdk_echo.js")], join(work, "sdk.log"), { ...stack.agentEnv("ts_agent"), AGENT_REACH_LOG: "warn" }),

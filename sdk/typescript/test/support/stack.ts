@@ -21,6 +21,13 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 export const REPO = resolve(HERE, "../../../../..");
 const START_TIMEOUT_MS = 30_000;
 
+/** A fresh temporary directory, removed when this process exits if not before. */
+export function temporaryDirectory(prefix: string): string {
+  const directory = mkdtempSync(join(tmpdir(), prefix));
+  directories.add(directory);
+  return directory;
+}
+
 export function freePort(): Promise<number> {
   return new Promise((done, fail) => {
     const server = createServer();
@@ -67,6 +74,20 @@ export function cargoBinary(name: string, cratePackage: string): string {
   return path;
 }
 
+/** Every child still running: killed when this process exits however it exits (a failed test, ^C). */
+const running = new Set<ChildProcess>();
+/** Every temporary directory not removed yet: removed at exit too. */
+const directories = new Set<string>();
+process.once("exit", () => {
+  for (const child of running) child.kill("SIGKILL");
+  for (const directory of directories) rmSync(directory, { recursive: true, force: true });
+});
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => {
+    process.exit(130);
+  });
+}
+
 /** A child process with its output in a log file; `stop()` kills it and waits until it is gone. */
 export class Process {
   readonly child: ChildProcess;
@@ -80,9 +101,13 @@ export class Process {
     this.child = spawn(command, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
     this.child.stdout?.pipe(out);
     this.child.stderr?.pipe(out);
-    this.#exited = new Promise((done) => this.child.once("exit", (code) => {
-      done(code);
-    }));
+    running.add(this.child);
+    this.#exited = new Promise((done) =>
+      this.child.once("exit", (code) => {
+        running.delete(this.child);
+        done(code);
+      }),
+    );
   }
 
   get alive(): boolean {
@@ -220,7 +245,7 @@ export class Stack {
   readonly #parts: { stop(): Promise<void> }[] = [];
 
   private constructor() {
-    this.directory = mkdtempSync(join(tmpdir(), "agent-reach-ts-"));
+    this.directory = temporaryDirectory("agent-reach-ts-");
     this.secret = randomBytes(32).toString("hex");
     this.routerKey = generateKeyPairSync("ed25519").privateKey;
   }
@@ -385,5 +410,6 @@ export class Stack {
   async stop(): Promise<void> {
     for (const part of this.#parts.reverse()) await part.stop();
     rmSync(this.directory, { recursive: true, force: true });
+    directories.delete(this.directory);
   }
 }
