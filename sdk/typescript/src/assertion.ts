@@ -213,6 +213,10 @@ export class Verifier {
   readonly #audience: string;
   readonly #issuer: string;
   readonly #verified = new Map<string, Assertion>();
+  // The last header verified: the router reuses one assertion per caller, instance and
+  // capability, so most deliveries compare one string instead of hashing it.
+  #lastHeader: string | undefined;
+  #lastAssertion: Assertion | undefined;
 
   constructor(source: KeySource, audience: string, issuer = DEFAULT_ISSUER) {
     this.#source = source;
@@ -223,7 +227,15 @@ export class Verifier {
   /** The assertion of an `Authorization` header value verified before and still valid (no await: the hot path). */
   cached(authorization: string | undefined): Assertion | undefined {
     if (authorization === undefined) return undefined;
-    const cached = this.#verified.get(authorization);
+    let cached: Assertion | undefined;
+    if (authorization === this.#lastHeader) cached = this.#lastAssertion;
+    else {
+      cached = this.#verified.get(authorization);
+      if (cached !== undefined) {
+        this.#lastHeader = authorization;
+        this.#lastAssertion = cached;
+      }
+    }
     return cached !== undefined && cached.expiresAt + LEEWAY_S > Date.now() / 1000 ? cached : undefined;
   }
 

@@ -255,8 +255,9 @@ function admit(
     return stream(state, handler, delivery, delivery.payload, events);
   }
   // Keyed by caller too: one caller's request id never answers another's request.
-  const key = delivery.source === undefined ? delivery.requestId : `${delivery.source}\u0000${delivery.requestId}`;
-  const earlier = state.dedup.get(key);
+  const caller = delivery.source ?? "";
+  const requestId = delivery.requestId;
+  const earlier = state.dedup.get(caller, requestId);
   if (earlier !== undefined) return earlier;
   // "Not now" answers are not kept: a later delivery may find room.
   if (state.inflight >= state.maxConcurrency) return error(503, "OVERLOADED", "the agent is at its concurrency limit");
@@ -264,16 +265,16 @@ function admit(
   const answer = run(state, handler, delivery, delivery.payload);
   if ("status" in answer) {
     state.end();
-    state.dedup.set(key, answer);
+    state.dedup.set(caller, requestId, answer);
     return answer;
   }
   const later = answer.then((answered) => {
     state.end();
     // Kept as the value from now on: a repeat answers without a microtask.
-    state.dedup.replace(key, later, answered);
+    state.dedup.replace(caller, requestId, later, answered);
     return answered;
   });
-  state.dedup.set(key, later);
+  state.dedup.set(caller, requestId, later);
   return later;
 }
 

@@ -37,8 +37,8 @@ export class AgentState {
   lastHeartbeat: number | undefined;
   /** Called when the status to report may have changed (the lifecycle sends a heartbeat). */
   onStatusChange: () => void = () => undefined;
-  readonly #byKey = new Map<string, Handler>();
-  readonly #byCapability = new Map<string, Handler>();
+  /** capability → version → handler, and each capability's first handler (no key built per delivery). */
+  readonly #byCapability = new Map<string, { first: Handler; versions: Map<string, Handler> }>();
   #idle: (() => void)[] = [];
 
   constructor(settings: StateSettings) {
@@ -51,13 +51,15 @@ export class AgentState {
     this.status = settings.status;
     for (const handler of settings.handlers) {
       const { name, version } = handler.descriptor;
-      this.#byKey.set(`${name}\u0000${version}`, handler);
-      if (!this.#byCapability.has(name)) this.#byCapability.set(name, handler);
+      const known = this.#byCapability.get(name);
+      if (known === undefined) this.#byCapability.set(name, { first: handler, versions: new Map([[version, handler]]) });
+      else known.versions.set(version, handler);
     }
   }
 
   handler(capability: string, version: string): Handler | undefined {
-    return this.#byKey.get(`${capability}\u0000${version}`) ?? this.#byCapability.get(capability);
+    const known = this.#byCapability.get(capability);
+    return known === undefined ? undefined : (known.versions.get(version) ?? known.first);
   }
 
   currentStatus(): Status {

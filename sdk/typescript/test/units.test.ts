@@ -8,16 +8,17 @@ import { thresholdsAt } from "../src/status.js";
 
 test("request-id memory keeps the newest ids within its capacity, a 200 answer as it was given", () => {
   const dedup = new Dedup(3, 60_000);
-  for (const id of ["a", "b", "c", "d"]) dedup.set(id, { status: 200, body: `{"output":"${id}"}`, code: "OK" });
-  assert.equal(dedup.get("a"), undefined, "the oldest id is forgotten beyond the capacity");
-  assert.deepEqual(dedup.get("d"), { status: 200, body: '{"output":"d"}', code: "OK" });
+  for (const id of ["a", "b", "c", "d"]) dedup.set("tester", id, { status: 200, body: `{"output":"${id}"}`, code: "OK" });
+  assert.equal(dedup.get("tester", "a"), undefined, "the oldest id is forgotten beyond the capacity");
+  assert.deepEqual(dedup.get("tester", "d"), { status: 200, body: '{"output":"d"}', code: "OK" });
+  assert.equal(dedup.get("someone_else", "d"), undefined, "another caller's id is another request");
   const refused = { status: 422, body: '{"error":{"code":"NO"}}', code: "NO" };
-  dedup.set("e", refused);
-  assert.deepEqual(dedup.get("e"), refused);
+  dedup.set("tester", "e", refused);
+  assert.deepEqual(dedup.get("tester", "e"), refused);
   const aged = new Dedup(10, 0);
-  aged.set("x", refused);
-  aged.set("y", refused);
-  assert.equal(aged.get("x"), undefined, "an id past its age is forgotten");
+  aged.set("tester", "x", refused);
+  aged.set("tester", "y", refused);
+  assert.equal(aged.get("tester", "x"), undefined, "an id past its age is forgotten");
 });
 
 test("load thresholds are the Rust SDK's", () => {
