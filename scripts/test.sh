@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's second command: install what tests need, then run every check
-# and every test, Rust then Python. CI (.ci/run) runs exactly this.
+# and every test, Rust, Python, then TypeScript. CI (.ci/run) runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +31,25 @@ python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" ||
 # package's binaries for its integration tests) and the tests find in the target directory.
 (cd sdk/python && ruff check . ../../benches/python && ruff format --check . ../../benches/python && mypy)
 (cd sdk/python && python -m pytest -q -p no:cacheprovider -rs) 2>&1 | tee -a "$log" || status=1
+
+# === TypeScript SDK (sdk/typescript, @agent-reach/sdk) ===
+# Lint (eslint + typescript-eslint), strict types (tsc --strict), then node's test runner
+# against real etcd, Redis and the agent-reach binary `cargo test` built above, and
+# `npm pack`: the package builds and holds its ESM code and its types.
+(cd sdk/typescript && npm run --silent lint && npm run --silent typecheck)
+(cd sdk/typescript && npm test --silent) 2>&1 | tee -a "$log" || status=1
+(
+  cd sdk/typescript
+  packed="$(mktemp -d)"
+  trap 'rm -rf "$packed"' EXIT
+  npm pack --silent --pack-destination "$packed" >/dev/null
+  contents="$(tar -tzf "$packed"/agent-reach-sdk-*.tgz)"
+  for file in package/package.json package/README.md package/dist/index.js package/dist/index.d.ts; do
+    grep -qx "$file" <<<"$contents" || { echo "npm pack: $file missing from the package" >&2; exit 1; }
+  done
+  echo "npm pack: @agent-reach/sdk packs ($(grep -c . <<<"$contents") files)"
+) || status=1
+# === end of TypeScript SDK ===
 
 # === Chaos smoke (scripts/chaos.sh, docs/chaos.md) ===
 # Five faults (agent, registry, etcd leader, Redis primary, Redis outage) under
@@ -79,10 +98,14 @@ bash -n scripts/fuzz.sh
 # === end of fuzzing smoke ===
 
 # One closing line for the whole run (cargo prints one per test binary, pytest
-# one summary per suite: "38 passed, 1 skipped in 12.16s"; a suite that crashed
+# one summary per suite: "38 passed, 1 skipped in 12.16s", node's runner "# pass 17"; a suite that crashed
 # or collected nothing still fails the run through `status`).
 awk '
   /^test result:/ { passed += $4; failed += $6 }
+  # node --test (TAP): "# pass 17", "# fail 0", "# skipped 0".
+  /^# pass [0-9]+$/ { passed += $3 }
+  /^# fail [0-9]+$/ { failed += $3 }
+  /^# skipped [0-9]+$/ { skipped += $3 }
   /[0-9]+ (passed|failed|skipped|errors?)/ && / in [0-9.]+s/ {
     for (i = 2; i <= NF; i++) {
       word = $i; gsub(/[,=]/, "", word)
