@@ -86,6 +86,11 @@ for smoke in "registry-bench" "router-bench" "router-bench --tls" "router-bench 
   fi
   echo "--- bench smoke: $smoke --smoke: $((SECONDS - started)) s"
 done
+# The TypeScript SDK's bench (the README's last row), on the debug build above.
+started=$SECONDS
+echo "--- bench smoke: typescript (npm run bench -- --smoke)"
+(cd sdk/typescript && timeout --kill-after=10 180 npm run --silent bench -- --smoke) || status=1
+echo "--- bench smoke: typescript: $((SECONDS - started)) s"
 # === end of bench smoke ===
 
 # === Fuzzing smoke (fuzz/, docs/fuzzing.md) ===

@@ -36,6 +36,8 @@ fn readme_rows() -> Vec<(String, String)> {
         .lines()
         .skip(2)
         .take_while(|line| line.starts_with('|'))
+        // The TypeScript SDK's bench is npm's (its smoke: `npm run bench -- --smoke`, below).
+        .filter(|row| !row.contains("`cd sdk/typescript && npm run bench`"))
         .map(|row| {
             let command = row.rsplit('`').nth(1).expect("a command in backticks");
             let mut words = command.split_whitespace();
@@ -74,4 +76,11 @@ fn every_bench_of_the_readme_takes_smoke_and_ci_runs_each_row() {
         let smoke = format!("\"{bench}{}{modes}\"", if modes.is_empty() { "" } else { " " });
         assert!(section.contains(&smoke), "scripts/test.sh does not smoke {smoke}");
     }
+    // The README's TypeScript row, and its smoke in the same section.
+    assert!(repository_file("README.md").contains("`cd sdk/typescript && npm run bench`"));
+    assert!(
+        section.contains("npm run --silent bench -- --smoke"),
+        "scripts/test.sh does not smoke the TypeScript SDK's bench"
+    );
+    assert!(repository_file("sdk/typescript/bench/bench.ts").contains("smoke: { type: \"boolean\""));
 }

@@ -52,7 +52,9 @@ async fn a_failed_request_logs_trace_request_and_session_ids_on_every_line() {
     let buffer = Buffer::default();
     let writer = buffer.clone();
     tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new("warn,agent_reach_router=debug"))
+        .with(tracing_subscriber::EnvFilter::new(
+            "warn,agent_reach_router=debug,agent_reach_pipeline=debug",
+        ))
         .with(agent_reach_telemetry::logs::json_layer(move || writer.clone()))
         .init();
 

@@ -1,5 +1,5 @@
 //! `console_seal`: text through the console's opening of a sign-in link's
-//! code and a session cookie (`router/src/console/seal.rs`: `Sealer::open`
+//! code and a session cookie (`console/src/seal.rs`: `Sealer::open`
 //! for each kind), as the input is and spliced into a genuine sealed value
 //! (so mutations reach past the hex decoding and the AES-GCM tag).
 //!
@@ -12,7 +12,7 @@
 
 use std::sync::OnceLock;
 
-use agent_reach_router::fuzzing::{SealKind, Sealer, Unsealed};
+use agent_reach_console::seal::{Kind as SealKind, Sealer, Unsealed};
 
 use crate::support::assertion_key;
 

@@ -14,10 +14,10 @@
 //!   byte-equal to serde_json's output for the contract types.
 
 use agent_reach_access::Caller;
+use agent_reach_pipeline::fuzzing::{self, Accepted, Refusal};
 use agent_reach_proto::envelope::{
     ForwardedEnvelope, InvokeRequest, ResultEnvelope, ResultStatus, TargetPolicy, ENVELOPE_VERSION,
 };
-use agent_reach_router::fuzzing::{self, Accepted, Refusal};
 use serde_json::value::RawValue;
 
 use crate::support::same_json;

@@ -1,5 +1,5 @@
 //! The router's whole HTTP API, composed: the fast path's routes
-//! ([`crate::http`]), the slow path's beside them ([`crate::tasks`]), and
+//! ([`agent_reach_pipeline::http`]), the slow path's beside them ([`agent_reach_tasks`]), and
 //! `/v1/broadcast`, which answers on either path (`?async=true` makes it a
 //! task), and the operator console ([`crate::console`]). Neither path's
 //! routes know the other's.
@@ -12,11 +12,11 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 
-use crate::answer::{method_not_allowed, refused};
-use crate::error::{Code, RouterError};
-use crate::pipeline::identify::{self, Identified};
-use crate::service::RouterService;
-use crate::tasks::{self, TaskApi, TaskService};
+use agent_reach_pipeline::answer::{method_not_allowed, refused};
+use agent_reach_pipeline::call::identify::{self, Identified};
+use agent_reach_pipeline::error::{Code, RouterError};
+use agent_reach_pipeline::RouterService;
+use agent_reach_tasks::{TaskApi, TaskService};
 
 /// `POST /v1/broadcast`'s query.
 #[derive(Debug, serde::Deserialize)]
@@ -37,9 +37,9 @@ struct Both {
 pub fn routes(
     service: Arc<RouterService>,
     tasks: Option<Arc<TaskService>>,
-    console: Arc<crate::console::Console>,
+    console: Arc<agent_reach_console::Console>,
 ) -> axum::Router {
-    let console = crate::console::routes(crate::console::ConsoleState {
+    let console = agent_reach_console::routes(agent_reach_console::ConsoleState {
         service: service.clone(),
         tasks: tasks.clone(),
         console,
@@ -52,10 +52,15 @@ pub fn routes(
             tasks: task_api.clone(),
         });
     let identify = service.identify().clone();
-    crate::http::routes(service.clone())
-        .merge(crate::mcp::routes(service.clone()))
-        .merge(crate::a2a::routes(task_api.clone()))
-        .merge(tasks::routes(task_api))
+    let openapi = axum::Router::new().route(
+        "/v1/openapi.json",
+        axum::routing::get(openapi).fallback(method_not_allowed),
+    );
+    agent_reach_pipeline::http::routes(service.clone())
+        .merge(openapi)
+        .merge(agent_reach_mcp::routes(service.clone()))
+        .merge(agent_reach_a2a::routes(task_api.clone()))
+        .merge(agent_reach_tasks::routes(task_api))
         .merge(broadcast_route)
         .merge(console)
         // Every route behind the one way in: identified once, before its handler.
@@ -72,11 +77,21 @@ async fn broadcast(
     match query {
         Ok(Query(BroadcastQuery {
             asynchronous: Some(true),
-        })) => tasks::submit_broadcast(&both.tasks, identified, &headers, body).await,
-        Ok(_) => crate::http::broadcast(&both.service, identified, &headers, body).await,
+        })) => agent_reach_tasks::submit_broadcast(&both.tasks, identified, &headers, body).await,
+        Ok(_) => agent_reach_pipeline::http::broadcast(&both.service, identified, &headers, body).await,
         Err(rejection) => refused(RouterError::new(
             Code::InvalidQuery,
             format!("invalid query: {}", rejection.body_text()),
         )),
     }
+}
+
+/// `GET /v1/openapi.json`: every route's description.
+async fn openapi() -> Response {
+    use axum::response::IntoResponse as _;
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document().to_string(),
+    )
+        .into_response()
 }

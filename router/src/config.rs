@@ -11,10 +11,10 @@ use std::time::Duration;
 use agent_reach_access::{AuthArgs, AuthConfig};
 use agent_reach_serving::tls::{ClientFiles, ListenerArgs, ServerFiles};
 
-use crate::tasks::{TaskArgs, TasksSettings};
-use crate::tuning::Tuning;
-use crate::watch::RegistryCredential;
 use agent_reach_access::{AssertionSettings, SigningKey};
+use agent_reach_pipeline::watch::RegistryCredential;
+use agent_reach_pipeline::Tuning;
+use agent_reach_tasks::{TaskArgs, TasksSettings};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RouterArgs {

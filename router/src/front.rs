@@ -12,16 +12,16 @@ use agent_reach_serving::front::{Answer, Door, Headers};
 use agent_reach_serving::RequestBody;
 use bytes::Bytes;
 
-use crate::tasks::TaskApi;
-use crate::tenancy::Part;
+use crate::parts::Part;
+use agent_reach_tasks::TaskApi;
 
-/// `POST /v1/invoke`, answered by [`crate::http::answer_invoke`], and
-/// `POST /a2a/{capability}`, by [`crate::a2a::answer_rpc`], of the router's
-/// one part, or of the tenant's its token names ([`crate::tenancy`]).
+/// `POST /v1/invoke`, answered by [`agent_reach_pipeline::http::answer_invoke`], and
+/// `POST /a2a/{capability}`, by [`agent_reach_a2a::answer_rpc`], of the router's
+/// one part, or of the tenant's its token names ([`crate::parts`]).
 #[derive(Clone)]
 pub(crate) enum Invoke {
     One(Arc<Part>),
-    Tenants(Arc<crate::tenancy::TenantParts>),
+    Tenants(Arc<crate::parts::TenantParts>),
 }
 
 /// Which hot route a request took.
@@ -60,11 +60,17 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
             let identified = part.service.identify().headers(&headers);
             match route {
                 Route::Invoke => {
-                    crate::http::answer_invoke(&part.service, identified, &headers, RequestBody::Read(body)).await
+                    agent_reach_pipeline::http::answer_invoke(
+                        &part.service,
+                        identified,
+                        &headers,
+                        RequestBody::Read(body),
+                    )
+                    .await
                 }
                 Route::A2a(capability) => {
                     let api = TaskApi::new(part.service.clone(), part.tasks.clone());
-                    crate::a2a::answer_rpc(&api, identified, &capability, &headers, RequestBody::Read(body)).await
+                    agent_reach_a2a::answer_rpc(&api, identified, &capability, &headers, RequestBody::Read(body)).await
                 }
             }
         }

@@ -1,59 +1,19 @@
-//! The router (DESIGN §3): turns "I need `order.query`" into a reliable call to
-//! a healthy instance, and every failure into a stable answer.
-//!
-//! The fast path: [`watch`] feeds the immutable [`snapshot`] from the
-//! registry's Watch stream; a front door ([`http`], [`front`]) authenticates
-//! and parses the envelope ([`envelope`]); [`service`] admits the call
-//! ([`admission`]: ACL, capability, version, schema, deadline), then
-//! [`select`]s among routable instances ([`health`]- and [`breaker`]-aware),
-//! [`forward`]s with the deadline and classifies the [`outcome`], retrying by
-//! the [`retry`] rules; every failure answers one shape ([`answer`]).
-//! The slow path ([`tasks`]) sits beside it and uses it; [`app`] composes the
-//! routes of both. This file is the crate's front: build, serve, run.
+//! The router as deployed (DESIGN §3): its flags ([`config`]), one part per
+//! tenant ([`parts`]): a call pipeline (`agent_reach_pipeline`) with every
+//! door in front of it ([`app`]: the pipeline's own `/v1/invoke` and
+//! broadcast, the slow path `agent_reach_tasks`, A2A `agent_reach_a2a`, MCP
+//! `agent_reach_mcp`, the console `agent_reach_console`), the front door's
+//! hot routes ([`front`]) and the OpenAPI description of it all
+//! ([`openapi`]). This file is the crate's front: build, serve, run.
 //!
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
 
-mod a2a;
-mod admission;
-mod answer;
 mod app;
-mod breaker;
-mod clock;
 mod config;
-mod console;
-mod envelope;
-mod error;
-mod forward;
 mod front;
-#[cfg(feature = "fuzzing")]
-#[doc(hidden)]
-pub mod fuzzing;
-mod health;
-mod histogram;
-mod http;
-mod json;
-mod limits;
-mod mcp;
-mod metrics;
 mod openapi;
-mod operator;
-mod outcome;
-mod pipeline;
-mod recent;
-mod retry;
-mod schema;
-mod select;
-mod service;
-mod snapshot;
-mod split;
-mod sse;
-mod stream;
-mod tasks;
-mod tenancy;
-mod trace;
-mod tuning;
-mod watch;
+mod parts;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -61,12 +21,11 @@ use std::sync::Arc;
 use anyhow::Context;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
+pub use agent_reach_pipeline::{RegistryCredential, Tuning};
+pub use agent_reach_tasks::{TagLimit, TaskArgs, TasksSettings};
 pub use config::{RouterArgs, Settings};
-pub use tasks::{TagLimit, TaskArgs, TasksSettings};
-pub use tuning::Tuning;
-pub use watch::RegistryCredential;
 
-use service::RouterService;
+use agent_reach_pipeline::RouterService;
 
 /// A built router: the fast path and, with `--redis`, the slow path beside
 /// it, for one tenant or, with a tenant map, for each tenant of the map
@@ -74,7 +33,7 @@ use service::RouterService;
 /// the task workers) stops once every clone and every server using it is gone.
 #[derive(Clone)]
 pub struct Router {
-    parts: Arc<tenancy::TenantParts>,
+    parts: Arc<parts::TenantParts>,
     /// The process's own series when the tenants' parts have their own (a tenant map).
     process_metrics: Option<prometheus::Registry>,
     tls: Option<agent_reach_serving::tls::ServerTls>,
@@ -86,9 +45,9 @@ impl Router {
         match &self.process_metrics {
             None => {
                 let registry = self.parts.home().service.metrics().registry.clone();
-                tenancy::single_routes(self.parts.clone(), registry)
+                parts::single_routes(self.parts.clone(), registry)
             }
-            Some(process) => tenancy::routes(self.parts.clone(), process.clone()),
+            Some(process) => parts::routes(self.parts.clone(), process.clone()),
         }
     }
 
@@ -109,42 +68,18 @@ impl Router {
 
     /// The instances the router can currently route to, by id (tests and diagnostics).
     pub fn routed_agent_ids(&self) -> Vec<String> {
-        self.service().snapshot().load().agent_ids()
+        self.service().routed_agent_ids()
     }
 
     /// `capability`'s traffic split as the snapshot applies it: `(version,
     /// weight)` of the versions it can draw from, highest first (tests and diagnostics).
     pub fn routed_split(&self, capability: &str) -> Option<Vec<(String, u32)>> {
-        let service = self.service();
-        let snapshot = service.snapshot().load();
-        let capability = snapshot.capabilities.get(capability)?;
-        let split = capability.split.as_ref()?;
-        Some(
-            split
-                .shares()
-                .iter()
-                .filter_map(|(index, weight)| {
-                    capability
-                        .versions
-                        .get(*index)
-                        .map(|group| (group.version_text.clone(), *weight))
-                })
-                .collect(),
-        )
+        self.service().routed_split(capability)
     }
 
     /// An instance's static weight in the snapshot (tests and diagnostics).
     pub fn routed_weight(&self, agent_id: &str) -> Option<u32> {
-        let service = self.service();
-        let snapshot = service.snapshot().load();
-        let found = snapshot
-            .capabilities
-            .values()
-            .flat_map(|capability| capability.versions.iter())
-            .flat_map(|group| group.instances.iter())
-            .find(|instance| instance.agent_id == agent_id)
-            .map(|instance| instance.weight);
-        found
+        self.service().routed_weight(agent_id)
     }
 
     /// The tenants served, by name (tests and diagnostics).
@@ -163,7 +98,7 @@ pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
     ALL.get_or_init(|| {
         openapi::PATHS
             .iter()
-            .chain(console::openapi::PATHS.iter())
+            .chain(agent_reach_console::openapi::PATHS.iter())
             .copied()
             .collect()
     })
@@ -198,7 +133,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         Some(path) => {
             Tenancy::Map(agent_reach_tenancy::TenantMapHandle::load_and_watch(path).map_err(anyhow::Error::msg)?)
         }
-        None => Tenancy::One(metrics::Metrics::new().context("registering metrics")?),
+        None => Tenancy::One(agent_reach_pipeline::metrics::Metrics::new().context("registering metrics")?),
     };
     let process_registry = match &tenancy {
         Tenancy::One(metrics) => metrics.registry.clone(),
@@ -207,15 +142,22 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     let assertions = agent_reach_access::Assertions::load(settings.assertion.clone(), &process_registry)
         .map_err(anyhow::Error::msg)?;
     assertions.watch();
-    let shared = Arc::new(tenancy::Shared {
+    let shared = Arc::new(parts::Shared {
         settings: settings.clone(),
-        tuning: Tuning {
-            serves_tls: settings.listener_tls.is_some(),
-            ..settings.tuning.clone()
+        pipeline: agent_reach_pipeline::PartConfig {
+            tuning: Tuning {
+                serves_tls: settings.listener_tls.is_some(),
+                ..settings.tuning.clone()
+            },
+            auth: settings.auth.clone(),
+            registry: settings.registry.clone(),
+            registry_tls: settings.registry_tls.clone(),
+            registry_credential: settings.registry_credential.clone(),
+            sessions: Some(Arc::new(agent_reach_console::Sessions::new(assertions.clone()))),
+            assertions,
+            agent_tls,
         },
-        assertions,
-        agent_tls,
-        console: Arc::new(console::Console::new(
+        console: Arc::new(agent_reach_console::Console::new(
             &settings.registry,
             &settings.registry_tls,
             tls.is_some(),
@@ -225,12 +167,12 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
     let (parts, process_metrics) = match tenancy {
         Tenancy::One(metrics) => {
             let part = shared.part(&settings.tenant, &agent_reach_tenancy::TenantEntry::default(), metrics)?;
-            (Arc::new(tenancy::TenantParts::single(&settings.tenant, part)), None)
+            (Arc::new(parts::TenantParts::single(&settings.tenant, part)), None)
         }
         Tenancy::Map(map) => {
             let parts = shared.parts_of(&map.current())?;
-            let parts = Arc::new(tenancy::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
-            tokio::spawn(tenancy::follow(map, Arc::downgrade(&parts), shared));
+            let parts = Arc::new(parts::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
+            tokio::spawn(parts::follow(map, Arc::downgrade(&parts), shared));
             (parts, Some(process_registry))
         }
     };
@@ -243,7 +185,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
 
 /// One tenant (its series the process's), or a tenant map's.
 enum Tenancy {
-    One(metrics::Metrics),
+    One(agent_reach_pipeline::metrics::Metrics),
     Map(agent_reach_tenancy::TenantMapHandle),
 }
 

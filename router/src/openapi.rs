@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
-use crate::error::Code;
+use agent_reach_pipeline::error::Code;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
 pub const PATHS: [(&str, &str); 17] = [
@@ -676,8 +676,8 @@ fn build() -> Value {
             "/metrics": { "get": { "summary": "Prometheus metrics", "responses": operational(vec![("200", text("Prometheus text exposition format"))]) } }
         }
     });
-    // The console's routes (`crate::console::openapi`) are described beside the rest.
-    let (paths, schemes, schemas) = crate::console::openapi::paths();
+    // The console's routes (`agent_reach_console::openapi`) are described beside the rest.
+    let (paths, schemes, schemas) = agent_reach_console::openapi::paths();
     if let Some(all) = document["paths"].as_object_mut() {
         all.extend(paths);
     }

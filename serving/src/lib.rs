@@ -14,6 +14,7 @@ pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod serve;
+pub mod sse;
 pub mod tls;
 
 pub use agent_reach_errors::BodyProblem;

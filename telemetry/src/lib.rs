@@ -9,10 +9,13 @@
 //!   the router and the SDK continue the caller's trace across hops.
 //! - [`spans`] builds request-path spans straight on the OpenTelemetry SDK
 //!   (the router's invoke, selection and attempt spans), without `tracing`.
+//! - [`histogram`] is a Prometheus histogram observed on the request path
+//!   without a shared atomic per observation (per-thread shards, summed at scrape).
 
 mod background;
 mod bursts;
 mod export;
+pub mod histogram;
 pub mod logs;
 pub mod otlp;
 pub mod propagation;

@@ -1,0 +1,405 @@
+//! The one attempt loop. Every call that goes to an instance runs its
+//! attempts here, whichever door it came through (invoke, a stream, a task's
+//! delivery, a broadcast member, A2A, MCP): pick an instance (or take the one
+//! given), sign its assertion, forward, classify the outcome, update the
+//! instance's health and breaker, and maybe retry elsewhere within the
+//! attempt limit, the retry budget and the deadline, with a span per
+//! attempt and every attempt in the call's trail.
+//!
+//! What differs between a whole answer and a stream is only how one attempt
+//! reaches its instance and what a committed answer becomes ([`Exchange`]):
+//! a stream commits once the agent's answer head says events follow, and is
+//! never retried after that.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
+use bytes::Bytes;
+
+use crate::admission::Admitted;
+use crate::call::Call;
+use crate::error::{Code, RouterError};
+use crate::forward::{header_value_or_dash, AttemptResult, ForwardHeaders, Forwarder};
+use crate::health::Observation;
+use crate::json::Forwarded;
+use crate::outcome::{
+    accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
+    Success,
+};
+use crate::recent::{Attempt, Trail};
+use crate::retry;
+use crate::schema;
+use crate::select;
+use crate::service::{log_transition, RouterService};
+use crate::snapshot::Instance;
+
+/// Which instances a call's attempts may go to.
+#[derive(Clone, Copy)]
+pub(crate) enum Targets<'a> {
+    /// Picked by the call's policy among the version's routable instances,
+    /// and retried elsewhere by the retry rules.
+    Select,
+    /// This one instance, one attempt (a broadcast member: every instance is
+    /// its own target; its breaker probe was claimed when it was chosen).
+    Only(&'a Arc<Instance>),
+}
+
+/// What one attempt's exchange came to.
+pub(crate) enum Sent<C> {
+    /// The agent committed to a streamed answer: its events follow.
+    Committed(C),
+    /// A whole answer, or a failure, as the forwarder reports it.
+    Answered(AttemptResult),
+}
+
+/// How an attempt reaches its instance: the answer read whole, or a stream
+/// opened up to its head.
+pub(crate) trait Exchange {
+    /// What a committed answer hands on (nothing, for whole answers).
+    type Committed: Send;
+
+    /// One attempt: `body` to `instance` with `headers`, until its answer
+    /// (or head), giving up at `times.0` (the deadline); `times.1` is the
+    /// attempt's start.
+    fn attempt<'a>(
+        &'a mut self,
+        forwarder: &'a Forwarder,
+        instance: &'a Instance,
+        body: Bytes,
+        headers: ForwardHeaders<'a>,
+        times: (Instant, Instant),
+    ) -> impl Future<Output = Sent<Self::Committed>> + Send + 'a;
+}
+
+/// Whole answers: the agent's JSON read to its end.
+pub(crate) struct Whole;
+
+impl Exchange for Whole {
+    type Committed = std::convert::Infallible;
+
+    async fn attempt(
+        &mut self,
+        forwarder: &Forwarder,
+        instance: &Instance,
+        body: Bytes,
+        headers: ForwardHeaders<'_>,
+        (deadline, started): (Instant, Instant),
+    ) -> Sent<Self::Committed> {
+        let _inflight = instance.state.start_request();
+        Sent::Answered(forwarder.send(&instance.uri, body, &headers, deadline, started).await)
+    }
+}
+
+/// What the attempts of an admitted call came to.
+pub(crate) enum Answered<C> {
+    /// A whole answer, checked against the output schema (or a task's `202`).
+    Done(Success),
+    /// A streamed answer, committed: no attempt follows.
+    Committed {
+        committed: C,
+        agent_id: String,
+        attempts: u32,
+    },
+}
+
+/// The attempts of `call`, admitted as `admitted`, to `targets` through
+/// `exchange`; every attempt is pushed onto `trail`.
+pub(crate) async fn run<E: Exchange>(
+    service: &RouterService,
+    call: &Call,
+    admitted: &Admitted<'_>,
+    targets: Targets<'_>,
+    exchange: &mut E,
+    trail: &mut Trail,
+) -> Result<Answered<E::Committed>, Failure> {
+    let Call {
+        caller,
+        checked,
+        trace,
+        received: now,
+        ..
+    } = call;
+    let request_id = call.request_id();
+    let policy = checked.policy;
+    let task_id = checked.task_id.as_deref();
+    let Admitted {
+        capability,
+        group,
+        deadline_ms,
+        deadline,
+        ..
+    } = *admitted;
+    if let Some(span) = &trace.span {
+        span.set(KeyValue::new("capability.version", group.version_text.clone()));
+    }
+    let fail = |error: RouterError, agent_id: Option<String>, attempts: u32| Failure {
+        error,
+        capability_version: Some(group.version_text.clone()),
+        agent_id,
+        attempts,
+    };
+    // One attempt to a given instance is not a retry candidate: it earns the budget nothing.
+    let max_attempts = match targets {
+        Targets::Select => {
+            service.budget().deposit();
+            service.tuning().max_attempts
+        }
+        Targets::Only(_) => 1,
+    };
+    let mut envelope = Forwarded::new(
+        &checked.request,
+        request_id,
+        (&capability.name, &group.version_text),
+        caller,
+        deadline_ms,
+        0,
+    );
+    envelope.task_id = task_id;
+    // Without OpenTelemetry spans, every attempt carries the router's own span id.
+    let fallback_traceparent = trace.forward_header();
+    // Selection and attempt spans only for traces that are kept (an unsampled
+    // span costs as much as a sampled one): under the request's span, or under
+    // the `tracing` span this runs in (a task's delivery) when that one is sampled.
+    let parent_span = match &trace.span {
+        Some(span) => Some(span.clone()),
+        None if trace.sampled => spans::current(),
+        None => None,
+    };
+    let limits = service.limits();
+    // At most `max_attempts` (<= 10): inline, no allocation per request.
+    let mut tried: smallvec::SmallVec<[usize; 10]> = smallvec::SmallVec::new();
+    let mut failures: Vec<LastFailure> = Vec::new();
+    let session_id = envelope.session_id;
+
+    loop {
+        let attempt = tried.len() as u32 + 1;
+        let instance: &Arc<Instance> = match targets {
+            Targets::Only(instance) => {
+                tried.push(usize::MAX);
+                instance
+            }
+            Targets::Select => {
+                // The first pick starts at the request's `now`; a retry's after its pause.
+                let picked_at = if attempt == 1 { now.instant } else { Instant::now() };
+                let select_span = parent_span.as_ref().map(|span| {
+                    span.child(
+                        "select",
+                        SpanKind::Internal,
+                        vec![
+                            KeyValue::new("policy", policy.as_str()),
+                            KeyValue::new("attempt", i64::from(attempt)),
+                        ],
+                    )
+                });
+                let picked = select::pick(group, policy, session_id, &tried, &limits).map(|(index, _)| index);
+                drop(select_span);
+                service
+                    .metrics()
+                    .selection_seconds
+                    .observe(picked_at.elapsed().as_secs_f64());
+                let Some(index) = picked else {
+                    return Err(if failures.is_empty() {
+                        fail(no_instance(capability, group), None, 0)
+                    } else {
+                        fail(
+                            exhausted(&failures),
+                            failures.last().map(|failure| failure.agent_id.clone()),
+                            attempt - 1,
+                        )
+                    });
+                };
+                tried.push(index);
+                &group.instances[index]
+            }
+        };
+        envelope.attempt = attempt;
+        let authorization =
+            match service
+                .assertions()
+                .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
+            {
+                Ok(header) => header,
+                Err(error) => {
+                    return Err(fail(
+                        RouterError::new(Code::AssertionFailed, error),
+                        Some(instance.agent_id.clone()),
+                        attempt - 1,
+                    ))
+                }
+            };
+        let body = match envelope.to_vec() {
+            Ok(body) => Bytes::from(body),
+            Err(error) => {
+                return Err(fail(
+                    RouterError::new(Code::InvalidEnvelope, format!("payload cannot be forwarded: {error}")),
+                    None,
+                    attempt - 1,
+                ))
+            }
+        };
+        // A client span per attempt; the agent's span becomes its child through `traceparent`.
+        let mut attempt_span = parent_span.as_ref().map(|span| {
+            span.child(
+                "attempt",
+                SpanKind::Client,
+                vec![
+                    KeyValue::new("agent_id", instance.agent_id.clone()),
+                    KeyValue::new("attempt", i64::from(attempt)),
+                    KeyValue::new("server.address", instance.endpoint.clone()),
+                ],
+            )
+        });
+        let traceparent = attempt_span.as_ref().map(|span| span.traceparent());
+        let headers = ForwardHeaders {
+            traceparent: traceparent
+                .as_deref()
+                .map_or(&fallback_traceparent[..], |text| header_value_or_dash(text)),
+            authorization: authorization.as_bytes(),
+        };
+        let started = Instant::now();
+        // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
+        let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
+        let sent = exchange
+            .attempt(service.forwarder(), instance, body, headers, (deadline, started))
+            .await;
+        let elapsed = started.elapsed();
+        capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
+        let agent_id = instance.agent_id.clone();
+        let (observation, outcome) = match sent {
+            Sent::Committed(committed) => {
+                let transition = instance.state.observe(Observation::Healthy(elapsed), service.breaker());
+                log_transition(transition, &agent_id, trace, request_id);
+                trail.push(attempt_of(instance, elapsed, "succeeded"));
+                if let Some(span) = &mut attempt_span {
+                    span.set(KeyValue::new("outcome", "succeeded"));
+                }
+                return Ok(Answered::Committed {
+                    committed,
+                    agent_id,
+                    attempts: attempt,
+                });
+            }
+            Sent::Answered(result) => classify(result, elapsed, fair),
+        };
+        trail.push(attempt_of(
+            instance,
+            elapsed,
+            match &outcome {
+                Outcome::Done(_) => "succeeded",
+                Outcome::Accepted => "accepted",
+                Outcome::Fatal(_) => "failed",
+                Outcome::Retryable(reason, _) => reason.as_str(),
+            },
+        ));
+        let transition = instance.state.observe(observation, service.breaker());
+        log_transition(transition, &agent_id, trace, request_id);
+        if let Some(span) = &mut attempt_span {
+            span.set(KeyValue::new(
+                "outcome",
+                match &outcome {
+                    Outcome::Done(_) => "succeeded",
+                    Outcome::Accepted => "accepted",
+                    Outcome::Fatal(_) => "failed",
+                    Outcome::Retryable(..) => "retryable",
+                },
+            ));
+            if let Outcome::Retryable(reason, _) = &outcome {
+                span.set(KeyValue::new("retry.reason", reason.as_str()));
+            }
+        }
+        drop(attempt_span);
+        let reason = match outcome {
+            Outcome::Done(output) => {
+                if let Err(error) = schema::check_output(group, output.as_deref(), &agent_id) {
+                    instance.state.count_output_mismatch();
+                    return Err(fail(error, Some(agent_id), attempt));
+                }
+                return Ok(Answered::Done(Success {
+                    capability_version: group.version_text.clone(),
+                    agent_id,
+                    attempts: attempt,
+                    output,
+                    accepted: None,
+                }));
+            }
+            Outcome::Accepted if task_id.is_some() => {
+                return Ok(Answered::Done(Success {
+                    capability_version: group.version_text.clone(),
+                    agent_id,
+                    attempts: attempt,
+                    output: None,
+                    accepted: Some(Accepted {
+                        agent_name: instance.name.clone(),
+                        deadline_ms,
+                    }),
+                }));
+            }
+            Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),
+            Outcome::Fatal(error) => return Err(fail(error, Some(agent_id), attempt)),
+            Outcome::Retryable(reason, detail) if matches!(targets, Targets::Only(_)) => {
+                // The one instance a broadcast member has: nowhere else to go.
+                return Err(fail(
+                    RouterError::new(
+                        Code::AllRetriesExhausted,
+                        format!("the instance was unavailable ({}): {detail}", reason.as_str()),
+                    ),
+                    Some(agent_id),
+                    attempt,
+                ));
+            }
+            Outcome::Retryable(reason, detail) => {
+                failures.push(LastFailure {
+                    reason,
+                    agent_id: agent_id.clone(),
+                    detail,
+                });
+                reason
+            }
+        };
+        tracing::debug!(
+            message = "Attempt failed; may retry.",
+            trace_id = %trace.trace_id, request_id, session_id = session_id.unwrap_or(""),
+            %agent_id, attempt, reason = reason.as_str()
+        );
+        if attempt >= max_attempts {
+            return Err(fail(exhausted(&failures), Some(agent_id), attempt));
+        }
+        let pause = retry::backoff(attempt);
+        if Instant::now() + pause >= deadline {
+            return Err(fail(
+                RouterError::new(
+                    Code::DeadlineExceeded,
+                    format!(
+                        "no time left to retry after {attempt} attempt(s); last: {}",
+                        reason.as_str()
+                    ),
+                )
+                .with_details(attempts_details(&failures)),
+                Some(agent_id),
+                attempt,
+            ));
+        }
+        if !service.budget().try_withdraw() {
+            service.metrics().retry_budget_exhausted.inc();
+            let mut error = exhausted(&failures);
+            error.message = format!(
+                "retry budget exhausted (retries are capped to protect agents); {}",
+                error.message
+            );
+            return Err(fail(error, Some(agent_id), attempt));
+        }
+        service.metrics().retries.with_label_values(&[reason.as_str()]).inc();
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// One attempt as the call's trail keeps it.
+fn attempt_of(instance: &Arc<Instance>, elapsed: std::time::Duration, outcome: &'static str) -> Attempt {
+    Attempt {
+        instance: instance.clone(),
+        duration_us: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+        outcome,
+    }
+}

@@ -1,0 +1,517 @@
+//! The router service, transport-free: every door hands it a [`Call`] (an
+//! identified caller and a checked envelope, `crate::pipeline`); it admits
+//! the call ([`crate::admission`]) and runs its attempts through the one
+//! loop (`crate::call::attempts`): answered whole ([`RouterService::invoke`]),
+//! streamed (`RouterService::stream`, in `crate::stream`), or delivered to
+//! every routable instance at once ([`RouterService::broadcast`]). Every
+//! call is recorded in the recent calls and its failures logged here once.
+
+use std::sync::Arc;
+
+use agent_reach_access::Assertions;
+use agent_reach_telemetry::spans::KeyValue;
+
+use crate::admission::{Admission, Admitted, Refused};
+use crate::breaker::{BreakerConfig, Transition};
+use crate::call::attempts::{self, Answered, Targets, Whole};
+use crate::call::identify::Identify;
+use crate::call::Call;
+use crate::error::RouterError;
+use crate::forward::Forwarder;
+use crate::metrics::Metrics;
+use crate::outcome::{no_instance, Failure, Success};
+use crate::recent::{Finished, RecentCalls, Trail};
+use crate::retry::RetryBudget;
+use crate::select::{self, Routable, SelectionLimits};
+use crate::snapshot::SnapshotHandle;
+use crate::trace::TraceContext;
+use crate::tuning::Tuning;
+
+pub struct RouterService {
+    tuning: Tuning,
+    breaker: BreakerConfig,
+    snapshot: Arc<SnapshotHandle>,
+    admission: Admission,
+    /// Signs the assertion every forwarded attempt carries.
+    assertions: Arc<Assertions>,
+    /// Verifies every request's credentials, once ([`crate::call::identify`]).
+    identify: Identify,
+    forwarder: Forwarder,
+    budget: RetryBudget,
+    metrics: Metrics,
+    /// The last calls, for the console's request lookup (`GET /v1/requests/{id}`).
+    recent: Arc<RecentCalls>,
+}
+
+/// One instance's outcome of a broadcast.
+pub type Delivery = (String, Result<Success, Failure>);
+
+impl RouterService {
+    pub fn new(
+        tuning: Tuning,
+        snapshot: Arc<SnapshotHandle>,
+        admission: Admission,
+        identify: Identify,
+        assertions: Arc<Assertions>,
+        forwarder: Forwarder,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            breaker: BreakerConfig {
+                failures: tuning.breaker_failures,
+                open_for: tuning.breaker_open,
+            },
+            forwarder,
+            budget: RetryBudget::new(tuning.retry_budget_percent, tuning.retry_budget_floor),
+            admission,
+            tuning,
+            snapshot,
+            identify,
+            assertions,
+            metrics,
+            recent: Arc::new(RecentCalls::new()),
+        }
+    }
+
+    /// The recent-calls ring.
+    pub fn recent(&self) -> &Arc<RecentCalls> {
+        &self.recent
+    }
+
+    /// How this part verifies credentials (the one place it does).
+    pub fn identify(&self) -> &Identify {
+        &self.identify
+    }
+
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn snapshot(&self) -> &SnapshotHandle {
+        &self.snapshot
+    }
+
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    pub fn assertions(&self) -> &Assertions {
+        &self.assertions
+    }
+
+    /// The retry budget every attempt loop draws on (the streamed invoke's too).
+    pub(crate) fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+
+    /// The agent client (the streamed invoke makes its connections with it).
+    pub(crate) fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
+    }
+
+    pub(crate) fn breaker(&self) -> &BreakerConfig {
+        &self.breaker
+    }
+
+    /// What `select` and `broadcast` need to tell whether an instance can take a request.
+    pub(crate) fn limits(&self) -> SelectionLimits<'_> {
+        self.admission.limits()
+    }
+
+    /// Sets `agent_reach_router_routable_instances` from the snapshot, at
+    /// scrape time (never on the request path): per capability, the
+    /// instances selection could pick now (the one definition, [`select::routable`]).
+    pub fn publish_routable_instances(&self) {
+        let snapshot = self.snapshot.load();
+        let limits = self.limits();
+        let gauge = &self.metrics.routable_instances;
+        // Capabilities gone from the snapshot disappear from the scrape.
+        gauge.reset();
+        for (name, capability) in snapshot.capabilities.iter() {
+            let routable: std::collections::HashSet<&str> = capability
+                .versions
+                .iter()
+                .flat_map(|group| group.instances.iter())
+                .filter(|instance| select::routable(instance, &limits).is_some())
+                .map(|instance| instance.agent_id.as_str())
+                .collect();
+            gauge
+                .with_label_values(&[name.as_str()])
+                .set(i64::try_from(routable.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A call to one instance, answered whole: admitted (an unpinned call
+    /// follows the capability's split), then the attempt loop; recorded in
+    /// the recent calls, its request span marked with a failure's code.
+    pub async fn invoke(&self, call: &Call) -> Result<Success, Failure> {
+        let snapshot = self.snapshot.load_full();
+        let admitted = self.admit(call, &snapshot)?;
+        let capability = admitted.capability;
+        let mut trail = Trail::new();
+        let result = match attempts::run(self, call, &admitted, Targets::Select, &mut Whole, &mut trail).await {
+            Ok(Answered::Done(success)) => Ok(success),
+            Ok(Answered::Committed { committed, .. }) => match committed {},
+            Err(failure) => Err(failure),
+        };
+        capability
+            .metrics
+            .record(result.as_ref().map(|_| ()).map_err(|failure| failure.error.code));
+        match &result {
+            Ok(success) => self.remember(&Recorded::of(call, Some(&success.capability_version), None), trail),
+            Err(failure) => {
+                self.failed(call, failure);
+                let recorded = Recorded::of(call, failure.capability_version.as_deref(), Some(&failure.error));
+                self.remember(&recorded, trail);
+            }
+        }
+        result
+    }
+
+    /// Admits `call` for one instance; a refusal is counted, recorded and marked on its span.
+    pub(crate) fn admit<'s>(
+        &self,
+        call: &Call,
+        snapshot: &'s crate::snapshot::Snapshot,
+    ) -> Result<Admitted<'s>, Failure> {
+        let checked = &call.checked;
+        let admitted = self.admission.admit(
+            &call.caller,
+            call.entry,
+            &checked.request,
+            checked.version_req.as_ref(),
+            snapshot,
+            call.received,
+        );
+        admitted.map_err(|refused| self.refused(call, refused))
+    }
+
+    /// A refusal at admission: counted (by its capability when it was
+    /// resolved), recorded, marked on the span.
+    fn refused(&self, call: &Call, Refused { failure, capability }: Refused<'_>) -> Failure {
+        if let (Some(span), Some(version)) = (&call.trace.span, &failure.capability_version) {
+            span.set(KeyValue::new("capability.version", version.clone()));
+        }
+        match capability {
+            Some(capability) => capability.metrics.record(Err(failure.error.code)),
+            None => self.metrics.record_rejected(failure.error.code),
+        }
+        self.failed(call, &failure);
+        let recorded = Recorded::of(call, failure.capability_version.as_deref(), Some(&failure.error));
+        self.remember(&recorded, Trail::new());
+        *failure
+    }
+
+    /// A failed call: its span says so, and so does the log.
+    pub(crate) fn failed(&self, call: &Call, failure: &Failure) {
+        if let Some(span) = &call.trace.span {
+            span.fail(failure.error.code.as_str());
+        }
+        tracing::info!(
+            message = "Invocation failed.",
+            trace_id = %call.trace.trace_id, request_id = call.request_id(),
+            session_id = call.checked.request.session_id.as_deref().unwrap_or(""),
+            capability = %call.checked.request.capability,
+            code = failure.error.code.as_str(), error = %failure.error.message,
+            attempts = failure.attempts
+        );
+    }
+
+    /// Records a finished call in the recent-calls ring.
+    pub(crate) fn remember(&self, call: &Recorded<'_>, trail: Trail) {
+        self.recent.record(&call.finished(), trail);
+    }
+
+    /// Fan-out: delivers one envelope to every routable instance of the
+    /// admitted version at once (or only to `only`, one child of an
+    /// asynchronous broadcast) and returns each instance's outcome. Admitted
+    /// for a broadcast (no split); each instance is its own target, its
+    /// attempt run by the one loop with no retry. "Routable" is selection's
+    /// ([`select::routable`]), and a breaker's half-open probe is claimed as
+    /// selection claims it.
+    pub async fn broadcast(&self, call: &Call, only: Option<&str>) -> Result<Vec<Delivery>, Failure> {
+        let checked = &call.checked;
+        let snapshot = self.snapshot.load_full();
+        let admitted = self
+            .admission
+            .admit_broadcast(
+                &call.caller,
+                call.entry,
+                &checked.request,
+                checked.version_req.as_ref(),
+                &snapshot,
+                call.received,
+            )
+            .map_err(|refused| *refused.failure)?;
+        let (capability, group) = (admitted.capability, admitted.group);
+        let limits = self.limits();
+        let targets: Vec<_> = group
+            .instances
+            .iter()
+            .filter(|instance| only.is_none_or(|agent_id| instance.agent_id == agent_id))
+            .filter(|instance| select::routable(instance, &limits) == Some(Routable::Yes))
+            .filter(|instance| {
+                let claimed = instance.state.breaker.try_acquire(limits.breaker);
+                if claimed {
+                    instance.state.sync_breaker_metric();
+                }
+                claimed
+            })
+            .collect();
+        if targets.is_empty() {
+            return Err(Failure {
+                error: no_instance(capability, group),
+                capability_version: Some(group.version_text.clone()),
+                agent_id: None,
+                attempts: 0,
+            });
+        }
+        let admitted = &admitted;
+        let deliveries = targets.into_iter().map(|instance| async move {
+            let mut trail = Trail::new();
+            let outcome = attempts::run(self, call, admitted, Targets::Only(instance), &mut Whole, &mut trail).await;
+            let outcome = match outcome {
+                Ok(Answered::Done(success)) => Ok(success),
+                Ok(Answered::Committed { committed, .. }) => match committed {},
+                Err(failure) => Err(failure),
+            };
+            ((instance.agent_id.clone(), outcome), trail)
+        });
+        let (deliveries, trails): (Vec<Delivery>, Vec<Trail>) =
+            futures::future::join_all(deliveries).await.into_iter().unzip();
+        // One record for the broadcast, every member's attempt in it.
+        let version = Some(group.version_text.as_str());
+        self.remember(
+            &Recorded::of(call, version, None),
+            trails.into_iter().flatten().collect(),
+        );
+        Ok(deliveries)
+    }
+}
+
+/// A capability as this router offers it now: its highest routed version's
+/// description and schemas (JSON texts; empty means "any"), for the
+/// protocol doors' descriptions (A2A cards, MCP tools).
+#[derive(Debug, Clone)]
+pub struct Offered {
+    pub name: String,
+    pub version: String,
+    pub described: Arc<crate::snapshot::Described>,
+}
+
+// === What the doors read of the snapshot ===
+
+impl RouterService {
+    /// `capability` as offered now, when any instance offers it.
+    pub fn offered(&self, capability: &str) -> Option<Offered> {
+        let snapshot = self.snapshot.load();
+        let found = snapshot.capabilities.get(capability)?;
+        let group = found.versions.first()?;
+        Some(Offered {
+            name: found.name.clone(),
+            version: group.version_text.clone(),
+            described: group.described.clone(),
+        })
+    }
+
+    /// Whether any instance offers `capability` now (a lookup, no copy).
+    pub fn is_offered(&self, capability: &str) -> bool {
+        self.snapshot.load().capabilities.contains_key(capability)
+    }
+
+    /// Every capability offered now, by name.
+    pub fn offerings(&self) -> Vec<Offered> {
+        let snapshot = self.snapshot.load();
+        let mut offered: Vec<Offered> = snapshot
+            .capabilities
+            .values()
+            .filter_map(|capability| {
+                let group = capability.versions.first()?;
+                Some(Offered {
+                    name: capability.name.clone(),
+                    version: group.version_text.clone(),
+                    described: group.described.clone(),
+                })
+            })
+            .collect();
+        offered.sort_by(|a, b| a.name.cmp(&b.name));
+        offered
+    }
+
+    /// The instances a broadcast of `call` would reach now (admitted as a
+    /// broadcast is, the version the highest that can take it): the
+    /// capability's name and their agent ids.
+    pub fn broadcast_targets(&self, call: &Call) -> Result<(String, Vec<String>), RouterError> {
+        let snapshot = self.snapshot.load_full();
+        let checked = &call.checked;
+        let admitted = self
+            .admission
+            .admit_broadcast(
+                &call.caller,
+                call.entry,
+                &checked.request,
+                checked.version_req.as_ref(),
+                &snapshot,
+                call.received,
+            )
+            .map_err(|refused| refused.failure.error)?;
+        let limits = self.limits();
+        let targets = admitted
+            .group
+            .instances
+            .iter()
+            .filter(|instance| select::routable(instance, &limits) == Some(Routable::Yes))
+            .map(|instance| instance.agent_id.clone())
+            .collect();
+        Ok((admitted.capability.name.clone(), targets))
+    }
+
+    /// An output reported later (a task's `202`) checked against
+    /// `capability` `version`'s output schema, when this router still
+    /// routes that version (a version gone since is checked by none); a
+    /// mismatch counts against `agent_id`.
+    pub fn check_reported_output(
+        &self,
+        (capability, version): (&str, &str),
+        agent_id: &str,
+        output: &serde_json::Value,
+    ) -> Result<(), RouterError> {
+        let snapshot = self.snapshot.load();
+        let Some(group) = snapshot
+            .capabilities
+            .get(capability)
+            .and_then(|capability| capability.versions.iter().find(|group| group.version_text == version))
+        else {
+            return Ok(());
+        };
+        let raw = serde_json::value::to_raw_value(output).map_err(|error| {
+            RouterError::new(crate::error::Code::AgentError, format!("the reported output: {error}"))
+        })?;
+        crate::schema::check_output(group, Some(&raw), agent_id).inspect_err(|_| {
+            if let Some(instance) = group.instances.iter().find(|instance| instance.agent_id == agent_id) {
+                instance.state.count_output_mismatch();
+            }
+        })
+    }
+
+    /// Whether every instance of `capability` carries the tag `key: value`
+    /// (and there is one): the slow path's per-tag delivery limits.
+    pub fn all_instances_tagged(&self, capability: &str, (key, value): (&str, &str)) -> bool {
+        let snapshot = self.snapshot.load();
+        let Some(capability) = snapshot.capabilities.get(capability) else {
+            return false;
+        };
+        let mut instances = capability
+            .versions
+            .iter()
+            .flat_map(|group| group.instances.iter())
+            .peekable();
+        instances.peek().is_some()
+            && instances.all(|instance| instance.tags.get(key).is_some_and(|tagged| tagged == value))
+    }
+
+    /// Whether the snapshot has been filled from the registry (no delivery before).
+    pub fn is_synced(&self) -> bool {
+        self.snapshot.is_synced()
+    }
+
+    /// The instances the snapshot holds, by id (tests and diagnostics).
+    pub fn routed_agent_ids(&self) -> Vec<String> {
+        self.snapshot.load().agent_ids()
+    }
+
+    /// `capability`'s traffic split as the snapshot applies it: `(version,
+    /// weight)` of the versions it can draw from, highest first.
+    pub fn routed_split(&self, capability: &str) -> Option<Vec<(String, u32)>> {
+        let snapshot = self.snapshot.load();
+        let capability = snapshot.capabilities.get(capability)?;
+        let split = capability.split.as_ref()?;
+        Some(
+            split
+                .shares()
+                .iter()
+                .filter_map(|(index, weight)| {
+                    capability
+                        .versions
+                        .get(*index)
+                        .map(|group| (group.version_text.clone(), *weight))
+                })
+                .collect(),
+        )
+    }
+
+    /// An instance's static weight in the snapshot.
+    pub fn routed_weight(&self, agent_id: &str) -> Option<u32> {
+        let snapshot = self.snapshot.load();
+        let found = snapshot
+            .capabilities
+            .values()
+            .flat_map(|capability| capability.versions.iter())
+            .flat_map(|group| group.instances.iter())
+            .find(|instance| instance.agent_id == agent_id)
+            .map(|instance| instance.weight);
+        found
+    }
+
+    /// Instances in flight across the snapshot, and how many instances it
+    /// holds (`GET /v1/tenants`' usage).
+    pub fn load_summary(&self) -> (u64, usize) {
+        let snapshot = self.snapshot.load();
+        let in_flight = snapshot
+            .capabilities
+            .values()
+            .flat_map(|capability| capability.versions.iter())
+            .flat_map(|group| group.instances.iter())
+            .map(|instance| u64::from(instance.state.inflight()))
+            .sum();
+        (in_flight, snapshot.instance_count)
+    }
+}
+
+/// A call as the recent-calls ring records it.
+pub(crate) struct Recorded<'a> {
+    call: &'a Call,
+    version: Option<&'a str>,
+    error: Option<&'a RouterError>,
+}
+
+impl<'a> Recorded<'a> {
+    pub(crate) fn of(call: &'a Call, version: Option<&'a str>, error: Option<&'a RouterError>) -> Self {
+        Self { call, version, error }
+    }
+
+    fn finished(&self) -> Finished<'_> {
+        let call = self.call;
+        let request = &call.checked.request;
+        Finished {
+            request_id: call.request_id(),
+            task_id: call.checked.task_id.as_deref(),
+            capability: &request.capability,
+            version: self.version,
+            caller: call.caller.name(),
+            session_id: request.session_id.as_deref(),
+            trace_id: &call.trace.trace_id,
+            entry: match call.entry {
+                crate::admission::Entry::Call => "call",
+                crate::admission::Entry::Delivery => "delivery",
+            },
+            started_ms: call.received.epoch_ms,
+            duration_us: u64::try_from(call.received.instant.elapsed().as_micros()).unwrap_or(u64::MAX),
+            error: self.error.map(|error| (error.code.as_str(), error.message.as_str())),
+        }
+    }
+}
+
+/// Logs a breaker transition with the ids of the request whose outcome caused it.
+pub(crate) fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
+    let trace_id = trace.trace_id.as_str();
+    match transition {
+        Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id, trace_id, request_id),
+        Transition::Closed => tracing::info!(message = "Circuit breaker closed.", agent_id, trace_id, request_id),
+        Transition::None => {}
+    }
+}

@@ -1,0 +1,166 @@
+//! What operators see of this router (the console and the CLI read it):
+//! every instance in the snapshot with its live state, and every
+//! capability's versions, split and recent statistics. Read when asked,
+//! never on the request path.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::clock;
+use crate::recent::Call;
+use crate::select;
+use crate::service::RouterService;
+
+/// The window of the capabilities' statistics.
+const WINDOW_MS: u64 = 5 * 60 * 1000;
+
+/// `GET /v1/routing/instances`: every instance in this router's snapshot,
+/// by capability and version, with its live state.
+pub fn instances(service: &RouterService) -> Value {
+    let handle = service.snapshot();
+    let staleness = handle.staleness();
+    let snapshot = handle.load();
+    let scores = snapshot.instance_scores(staleness, service.tuning().max_staleness);
+    let limits = service.limits();
+    let mut rows = Vec::new();
+    let mut names: Vec<&String> = snapshot.capabilities.keys().collect();
+    names.sort();
+    for name in names {
+        let Some(capability) = snapshot.capabilities.get(name) else {
+            continue;
+        };
+        for group in &capability.versions {
+            for instance in &group.instances {
+                let state = &instance.state;
+                let health = scores.get(instance.agent_id.as_str()).map_or(0, |(score, _)| *score);
+                rows.push(json!({
+                    "agent_id": instance.agent_id,
+                    "name": instance.name,
+                    "endpoint": instance.endpoint,
+                    "capability": name,
+                    "version": group.version_text,
+                    "status": instance.status.as_str(),
+                    "weight": instance.weight,
+                    "health": health,
+                    "breaker": state.breaker.state().as_str(),
+                    "routable": select::routable(instance, &limits).is_some(),
+                    "inflight": state.inflight(),
+                    "reported_inflight": state.reported_inflight(),
+                }));
+            }
+        }
+    }
+    json!({
+        "snapshot": {
+            "revision": snapshot.revision,
+            "synced": handle.is_synced(),
+            "registry_connected": handle.is_connected(),
+            // While connected, every instance listed renewed its lease within its TTL.
+            "staleness_ms": u64::try_from(staleness.as_millis()).unwrap_or(u64::MAX),
+        },
+        "instances": rows,
+    })
+}
+
+/// Calls, failures and latency percentiles of calls within the window.
+#[derive(Default)]
+struct Stats {
+    calls: u64,
+    failures: u64,
+    durations_us: Vec<u64>,
+}
+
+impl Stats {
+    fn view(mut self) -> Value {
+        self.durations_us.sort_unstable();
+        let percentile = |p: f64| -> Value {
+            if self.durations_us.is_empty() {
+                return Value::Null;
+            }
+            let rank = ((self.durations_us.len() as f64) * p).ceil() as usize;
+            let index = rank.clamp(1, self.durations_us.len()) - 1;
+            self.durations_us
+                .get(index)
+                .map_or(Value::Null, |us| json!(*us as f64 / 1000.0))
+        };
+        json!({
+            "calls": self.calls,
+            "failures": self.failures,
+            "failure_rate": if self.calls == 0 { 0.0 } else { self.failures as f64 / self.calls as f64 },
+            "p50_ms": percentile(0.5),
+            "p90_ms": percentile(0.9),
+            "p99_ms": percentile(0.99),
+        })
+    }
+}
+
+/// `GET /v1/routing/capabilities`: every capability's versions, traffic
+/// split and, from the recent-calls ring, its calls, failure rate and
+/// latency over the last five minutes.
+pub fn capabilities(service: &RouterService) -> Value {
+    let since = clock::epoch_ms().saturating_sub(WINDOW_MS);
+    let mut stats: BTreeMap<String, Stats> = BTreeMap::new();
+    let mut oldest = u64::MAX;
+    service.recent().each(|call: &Call| {
+        if call.started_ms < since || call.request_id.is_empty() {
+            return;
+        }
+        oldest = oldest.min(call.started_ms);
+        // Shards are held while this runs: no allocation but a capability's first.
+        let entry = match stats.get_mut(call.capability.as_str()) {
+            Some(entry) => entry,
+            None => stats.entry(call.capability.clone()).or_default(),
+        };
+        entry.calls += 1;
+        entry.failures += u64::from(call.code.is_some());
+        entry.durations_us.push(call.duration_us);
+    });
+    let snapshot = service.snapshot().load();
+    let limits = service.limits();
+    let mut names: Vec<&String> = snapshot.capabilities.keys().collect();
+    names.sort();
+    let rows: Vec<Value> = names
+        .into_iter()
+        .filter_map(|name| {
+            let capability = snapshot.capabilities.get(name)?;
+            let versions: Vec<Value> = capability
+                .versions
+                .iter()
+                .map(|group| {
+                    json!({
+                        "version": group.version_text,
+                        "instances": group.instances.len(),
+                        "routable": group.instances.iter().filter(|instance| select::routable(instance, &limits).is_some()).count(),
+                        "description": group.described.description,
+                    })
+                })
+                .collect();
+            let split = capability.split.as_ref().map(|split| {
+                split
+                    .shares()
+                    .iter()
+                    .filter_map(|(index, weight)| {
+                        capability
+                            .versions
+                            .get(*index)
+                            .map(|group| json!({ "version": group.version_text, "weight": weight }))
+                    })
+                    .collect::<Vec<_>>()
+            });
+            Some(json!({
+                "name": name,
+                "versions": versions,
+                "split": split,
+                "stats": stats.remove(name.as_str()).unwrap_or_default().view(),
+            }))
+        })
+        .collect();
+    json!({
+        "window_s": WINDOW_MS / 1000,
+        // The ring is bounded: under load the window covers less than five minutes.
+        "ring_capacity": service.recent().capacity(),
+        "oldest_call_ms": if oldest == u64::MAX { Value::Null } else { json!(oldest) },
+        "capabilities": rows,
+    })
+}

@@ -1,0 +1,134 @@
+//! The slow path as the protocol front doors use it: A2A's durable tasks
+//! (`SendMessage` that returns at once, `GetTask`, `ListTasks`, `CancelTask`,
+//! `SubscribeToTask`) and its push-notification configs, which are the
+//! task's signed callback (`agent_reach_a2a`). The same store, owner rule and
+//! callback checks as `/v1/tasks`; the protocol's shapes stay in its module.
+
+use std::sync::Arc;
+
+use agent_reach_access::Caller;
+use agent_reach_task_store::{Callback, NewTask, Task};
+use serde_json::json;
+
+use super::api::{self, Put};
+use super::{store_error, TaskApi};
+use agent_reach_pipeline::envelope::CheckedRequest;
+use agent_reach_pipeline::error::{Code, RouterError};
+use agent_reach_pipeline::RouterService;
+
+/// A task the caller may see.
+pub enum Owned {
+    Stored(Box<Task>),
+    /// Still in the router's local buffer (Redis unreachable): pending.
+    Buffered(String),
+}
+
+impl TaskApi {
+    pub fn service(&self) -> &Arc<RouterService> {
+        &self.service
+    }
+
+    /// Whether this router has the slow path (`--redis`).
+    pub fn tasks_enabled(&self) -> bool {
+        self.enabled().is_ok()
+    }
+
+    /// Submits an admitted call (its caller already authorised for the
+    /// capability) as a durable task, as `POST /v1/tasks` does: the
+    /// submission rate limit, the callback's checks, then the store (or the
+    /// local buffer). A repeated request id returns the task submitted then.
+    pub async fn submit_call(
+        &self,
+        caller: &Caller,
+        checked: &CheckedRequest,
+        callback: Option<Callback>,
+    ) -> Result<String, RouterError> {
+        let tasks = self.enabled()?;
+        self.service.admission().limit_submission(caller)?;
+        if let Some(callback) = &callback {
+            self.check_callback(callback).await?;
+        }
+        let request = &checked.request;
+        let priority = request.priority.unwrap_or_default();
+        let envelope = serde_json::to_value(request)
+            .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
+        let task = NewTask {
+            request_id: request.request_id.clone().unwrap_or_default(),
+            session_id: request.session_id.clone(),
+            caller: caller.name().unwrap_or("anonymous").to_string(),
+            capability: request.capability.clone(),
+            priority,
+            envelope,
+            callback,
+            ..NewTask::default()
+        };
+        let bound = self.service.admission().quota().and_then(|quota| quota.task_backlog());
+        Ok(match api::put(tasks, task, priority, bound).await? {
+            Put::Created(task_id) | Put::Existing(task_id) | Put::BufferedExisting(task_id) => task_id,
+        })
+    }
+
+    /// A callback's target checked as at submission (an http(s) URL to public
+    /// addresses unless `--allow-private-callbacks`).
+    pub async fn check_callback(&self, callback: &Callback) -> Result<(), RouterError> {
+        let tasks = self.enabled()?;
+        tasks.deliverer.check(callback).await.map_err(|error| {
+            RouterError::new(Code::InvalidCallback, error.to_string()).with_details(json!({ "reason": error.code() }))
+        })
+    }
+
+    /// The task `task_id` if `caller` submitted it; `TASK_NOT_FOUND` otherwise.
+    pub async fn owned(&self, caller: &Caller, task_id: &str) -> Result<Owned, RouterError> {
+        let tasks = self.enabled()?;
+        if let Some(owner) = tasks.buffer.as_ref().and_then(|buffer| buffer.caller_of(task_id)) {
+            return match caller {
+                Caller::Agent { name, .. } if **name != *owner => Err(RouterError::new(
+                    Code::TaskNotFound,
+                    format!("no task `{task_id}` for caller `{name}`"),
+                )),
+                _ => Ok(Owned::Buffered(task_id.to_string())),
+            };
+        }
+        let task = tasks.store.get(task_id).await.map_err(store_error)?;
+        api::owner_check(caller, &task)?;
+        Ok(Owned::Stored(Box::new(task)))
+    }
+
+    /// The task as stored now (after [`TaskApi::owned`] checked the caller).
+    pub async fn current(&self, task_id: &str) -> Result<Task, RouterError> {
+        self.enabled()?.store.get(task_id).await.map_err(store_error)
+    }
+
+    /// Cancels an owned task; one that already ended is `TASK_CONFLICT`.
+    pub async fn cancel(&self, task: &Task) -> Result<Task, RouterError> {
+        api::cancel_task(self.enabled()?, task).await
+    }
+
+    /// `caller`'s tasks still kept, newest first (the newest
+    /// [`agent_reach_task_store::store::CALLER_INDEX_MAX`] submitted).
+    pub async fn list(&self, caller: &Caller) -> Result<Vec<Task>, RouterError> {
+        let tasks = self.enabled()?;
+        let name = caller.name().unwrap_or("anonymous");
+        let ids = tasks.store.caller_tasks(name).await.map_err(store_error)?;
+        let found = tasks.store.get_many(&ids).await.map_err(store_error)?;
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// Sets or deletes an owned task's callback while it has not ended (one
+    /// that ended is `TASK_CONFLICT`).
+    pub async fn set_callback(&self, task: &Task, callback: Option<&Callback>) -> Result<Task, RouterError> {
+        let tasks = self.enabled()?;
+        if let Some(callback) = callback {
+            self.check_callback(callback).await?;
+        }
+        tasks
+            .store
+            .set_callback(&task.task_id, callback)
+            .await
+            .map_err(store_error)?;
+        tasks.store.get(&task.task_id).await.map_err(store_error)
+    }
+}
+
+/// How often a subscription looks for a change of state.
+pub const POLL: std::time::Duration = api::EVENTS_POLL;
