@@ -11,10 +11,11 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agent_reach_testkit::ProcessGroup;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use support::*;
@@ -23,17 +24,14 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 // === A small WebDriver client (W3C WebDriver over HTTP, as chromedriver speaks it) ===
 
+/// chromedriver and everything it starts: one process group, ended with the
+/// test (killing chromedriver alone leaves its Chromium running), and
+/// anything else naming the profile directory found and ended too.
 struct Driver {
-    process: Child,
+    _process: ProcessGroup,
     url: String,
+    /// Dropped after the processes that use it (fields drop in order).
     _profile: tempfile::TempDir,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-    }
 }
 
 struct Browser {
@@ -54,17 +52,20 @@ fn free_port() -> u16 {
 impl Browser {
     async fn start() -> Self {
         let port = free_port();
-        let process = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .arg("--allowed-ips=127.0.0.1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver (Debian's chromium-driver; scripts/setup.sh installs it)");
+        let profile = tempfile::tempdir().unwrap();
+        let process = ProcessGroup::spawn(
+            Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .arg("--allowed-ips=127.0.0.1")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            Some(&profile.path().display().to_string()),
+        )
+        .expect("chromedriver (Debian's chromium-driver; scripts/setup.sh installs it)");
         let driver = Driver {
-            process,
+            _process: process,
             url: format!("http://127.0.0.1:{port}"),
-            _profile: tempfile::tempdir().unwrap(),
+            _profile: profile,
         };
         let http = reqwest::Client::new();
         let status = format!("{}/status", driver.url);
@@ -231,9 +232,10 @@ impl Browser {
     }
 }
 
-impl Drop for Browser {
-    fn drop(&mut self) {
-        // The driver's drop kills chromedriver, which ends the browser.
+impl Browser {
+    /// The profile directory every process of this browser names.
+    fn profile(&self) -> String {
+        self.driver._profile.path().display().to_string()
     }
 }
 
@@ -636,4 +638,14 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         )
         .await;
     browser.screenshot("non-operator").await;
+
+    // Every process the browser started ends with it (chromedriver, Chromium and its helpers).
+    let profile = browser.profile();
+    assert!(
+        !ProcessGroup::processes_marked(&profile).is_empty(),
+        "Chromium runs with the profile {profile}"
+    );
+    drop(browser);
+    let left = ProcessGroup::processes_marked(&profile);
+    assert!(left.is_empty(), "processes of the browser left running: {left:?}");
 }

@@ -14,6 +14,7 @@
 //! [`pki::Pki`] writes a test CA and certificates signed by it.
 
 mod etcd_cluster;
+mod group;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "pki")]
@@ -26,6 +27,7 @@ mod services;
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
 pub use etcd_cluster::EtcdCluster;
+pub use group::ProcessGroup;
 pub use redis_ha::RedisSentinels;
 
 use std::io::{Read, Write};
