@@ -84,6 +84,14 @@ pub trait ErrorCode: Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static 
     /// The code for a route asked with a method it does not take.
     const METHOD_NOT_ALLOWED: Self;
 
+    /// The codes of refused bodies ([`ErrorCode::for_body`]): over the limit,
+    /// not JSON, an unknown field, a missing one, a value of the wrong type.
+    const PAYLOAD_TOO_LARGE: Self;
+    const MALFORMED_JSON: Self;
+    const UNKNOWN_FIELD: Self;
+    const MISSING_FIELD: Self;
+    const INVALID_FIELD_TYPE: Self;
+
     fn as_str(self) -> &'static str;
 
     fn http_status(self) -> StatusCode;
@@ -99,13 +107,27 @@ pub trait ErrorCode: Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static 
     }
 
     /// The code for a request body the edge refused.
-    fn for_body(problem: &BodyProblem) -> Self;
+    fn for_body(problem: &BodyProblem) -> Self {
+        match problem {
+            BodyProblem::TooLarge { .. } => Self::PAYLOAD_TOO_LARGE,
+            BodyProblem::Malformed { .. } => Self::MALFORMED_JSON,
+            BodyProblem::UnknownField { .. } => Self::UNKNOWN_FIELD,
+            BodyProblem::MissingField { .. } => Self::MISSING_FIELD,
+            BodyProblem::WrongType { .. } => Self::INVALID_FIELD_TYPE,
+        }
+    }
 }
 
 /// The router's codes (defined once in `agent_reach_proto`, shared with the SDKs).
 impl ErrorCode for agent_reach_proto::RouterCode {
     const UNAUTHENTICATED: Self = Self::Unauthenticated;
     const METHOD_NOT_ALLOWED: Self = Self::MethodNotAllowed;
+    // Every refused body but one over the limit is an invalid envelope.
+    const PAYLOAD_TOO_LARGE: Self = Self::PayloadTooLarge;
+    const MALFORMED_JSON: Self = Self::InvalidEnvelope;
+    const UNKNOWN_FIELD: Self = Self::InvalidEnvelope;
+    const MISSING_FIELD: Self = Self::InvalidEnvelope;
+    const INVALID_FIELD_TYPE: Self = Self::InvalidEnvelope;
 
     fn as_str(self) -> &'static str {
         agent_reach_proto::RouterCode::as_str(self)
@@ -120,13 +142,6 @@ impl ErrorCode for agent_reach_proto::RouterCode {
 
     fn is_retryable(self) -> bool {
         agent_reach_proto::RouterCode::is_retryable(self)
-    }
-
-    fn for_body(problem: &BodyProblem) -> Self {
-        match problem {
-            BodyProblem::TooLarge { .. } => Self::PayloadTooLarge,
-            _ => Self::InvalidEnvelope,
-        }
     }
 }
 
@@ -314,6 +329,11 @@ mod tests {
     impl ErrorCode for Code {
         const UNAUTHENTICATED: Self = Code::Denied;
         const METHOD_NOT_ALLOWED: Self = Code::Bad;
+        const PAYLOAD_TOO_LARGE: Self = Code::TooBig;
+        const MALFORMED_JSON: Self = Code::Bad;
+        const UNKNOWN_FIELD: Self = Code::Bad;
+        const MISSING_FIELD: Self = Code::Bad;
+        const INVALID_FIELD_TYPE: Self = Code::Bad;
 
         fn as_str(self) -> &'static str {
             match self {
@@ -330,13 +350,6 @@ mod tests {
                 Code::TooBig => StatusCode::PAYLOAD_TOO_LARGE,
                 Code::Denied => StatusCode::UNAUTHORIZED,
                 Code::Gone => StatusCode::NOT_FOUND,
-            }
-        }
-
-        fn for_body(problem: &BodyProblem) -> Self {
-            match problem {
-                BodyProblem::TooLarge { .. } => Code::TooBig,
-                _ => Code::Bad,
             }
         }
     }

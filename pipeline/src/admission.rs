@@ -18,7 +18,7 @@ use agent_reach_tenancy::Quotas;
 use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;
-use crate::clock;
+use crate::call::Call;
 use crate::error::{Code, RouterError};
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
@@ -223,55 +223,37 @@ impl Admission {
         .with_details(json!({ "caller": &**name, "reason": "not_an_operator" })))
     }
 
-    /// Admits `request` (its version requirement already parsed) at `now`
-    /// against `snapshot`, for a call that goes to one instance (invoke,
-    /// streamed or not, a task's delivery, A2A, MCP): ACL, quotas, capability,
-    /// version, schema, deadline. An unpinned call follows the capability's
-    /// traffic split ([`resolve`]); every call to one instance is admitted here.
-    pub fn admit<'s>(
-        &self,
-        caller: &Caller,
-        entry: Entry,
-        request: &InvokeRequest,
-        version_req: Option<&semver::VersionReq>,
-        snapshot: &'s Snapshot,
-        now: clock::Now,
-    ) -> Result<Admitted<'s>, Refused<'s>> {
+    /// Admits `call` against `snapshot`, for a call that goes to one
+    /// instance (invoke, streamed or not, a task's delivery, A2A, MCP): ACL,
+    /// quotas, capability, version, schema, deadline. An unpinned call follows
+    /// the capability's traffic split ([`resolve`]); every call to one instance
+    /// is admitted here.
+    pub fn admit<'s>(&self, call: &Call, snapshot: &'s Snapshot) -> Result<Admitted<'s>, Refused<'s>> {
         let limits = self.limits();
-        self.admit_with(caller, entry, request, snapshot, now, |capability| {
-            resolve(capability, version_req, &limits)
-        })
+        let requirement = call.checked.version_req.as_ref();
+        self.admit_with(call, snapshot, |capability| resolve(capability, requirement, &limits))
     }
 
     /// [`Admission::admit`] for a broadcast, which reaches every instance of
     /// one version: the split does not apply (it divides calls, and a
     /// broadcast is one call to all); the version is the highest that can
     /// take the call ([`resolve_version`]).
-    pub fn admit_broadcast<'s>(
-        &self,
-        caller: &Caller,
-        entry: Entry,
-        request: &InvokeRequest,
-        version_req: Option<&semver::VersionReq>,
-        snapshot: &'s Snapshot,
-        now: clock::Now,
-    ) -> Result<Admitted<'s>, Refused<'s>> {
+    pub fn admit_broadcast<'s>(&self, call: &Call, snapshot: &'s Snapshot) -> Result<Admitted<'s>, Refused<'s>> {
         let limits = self.limits();
-        self.admit_with(caller, entry, request, snapshot, now, |capability| {
-            resolve_version(capability, version_req, &limits)
+        let requirement = call.checked.version_req.as_ref();
+        self.admit_with(call, snapshot, |capability| {
+            resolve_version(capability, requirement, &limits)
         })
     }
 
     /// Admission with `choose` picking the version among the capability's.
     fn admit_with<'s>(
         &self,
-        caller: &Caller,
-        entry: Entry,
-        request: &InvokeRequest,
+        call: &Call,
         snapshot: &'s Snapshot,
-        now: clock::Now,
         choose: impl FnOnce(&'s Capability) -> Result<&'s Arc<VersionGroup>, RouterError>,
     ) -> Result<Admitted<'s>, Refused<'s>> {
+        let (caller, entry, request, now) = (&call.caller, call.entry, &call.checked.request, call.received);
         let refused = |error: RouterError, capability| Refused {
             failure: Box::new(error.into()),
             capability,

@@ -178,16 +178,9 @@ impl RouterService {
         call: &Call,
         snapshot: &'s crate::snapshot::Snapshot,
     ) -> Result<Admitted<'s>, Failure> {
-        let checked = &call.checked;
-        let admitted = self.admission.admit(
-            &call.caller,
-            call.entry,
-            &checked.request,
-            checked.version_req.as_ref(),
-            snapshot,
-            call.received,
-        );
-        admitted.map_err(|refused| self.refused(call, refused))
+        self.admission
+            .admit(call, snapshot)
+            .map_err(|refused| self.refused(call, refused))
     }
 
     /// A refusal at admission: counted (by its capability when it was
@@ -234,28 +227,17 @@ impl RouterService {
     /// ([`select::routable`]), and a breaker's half-open probe is claimed as
     /// selection claims it.
     pub async fn broadcast(&self, call: &Call, only: Option<&str>) -> Result<Vec<Delivery>, Failure> {
-        let checked = &call.checked;
         let snapshot = self.snapshot.load_full();
         let admitted = self
             .admission
-            .admit_broadcast(
-                &call.caller,
-                call.entry,
-                &checked.request,
-                checked.version_req.as_ref(),
-                &snapshot,
-                call.received,
-            )
+            .admit_broadcast(call, &snapshot)
             .map_err(|refused| *refused.failure)?;
         let (capability, group) = (admitted.capability, admitted.group);
-        let limits = self.limits();
-        let targets: Vec<_> = group
-            .instances
-            .iter()
+        let targets: Vec<_> = self
+            .broadcast_members(&admitted)
             .filter(|instance| only.is_none_or(|agent_id| instance.agent_id == agent_id))
-            .filter(|instance| select::routable(instance, &limits) == Some(Routable::Yes))
             .filter(|instance| {
-                let claimed = instance.state.breaker.try_acquire(limits.breaker);
+                let claimed = instance.state.breaker.try_acquire(self.breaker());
                 if claimed {
                     instance.state.sync_breaker_metric();
                 }
@@ -347,27 +329,28 @@ impl RouterService {
     /// capability's name and their agent ids.
     pub fn broadcast_targets(&self, call: &Call) -> Result<(String, Vec<String>), RouterError> {
         let snapshot = self.snapshot.load_full();
-        let checked = &call.checked;
         let admitted = self
             .admission
-            .admit_broadcast(
-                &call.caller,
-                call.entry,
-                &checked.request,
-                checked.version_req.as_ref(),
-                &snapshot,
-                call.received,
-            )
+            .admit_broadcast(call, &snapshot)
             .map_err(|refused| refused.failure.error)?;
-        let limits = self.limits();
-        let targets = admitted
-            .group
-            .instances
-            .iter()
-            .filter(|instance| select::routable(instance, &limits) == Some(Routable::Yes))
+        let targets = self
+            .broadcast_members(&admitted)
             .map(|instance| instance.agent_id.clone())
             .collect();
         Ok((admitted.capability.name.clone(), targets))
+    }
+
+    /// The instances of an admitted broadcast's version that can take it now.
+    fn broadcast_members<'a, 's>(
+        &'s self,
+        admitted: &Admitted<'a>,
+    ) -> impl Iterator<Item = &'a Arc<crate::snapshot::Instance>> + use<'a, 's> {
+        let limits = self.limits();
+        admitted
+            .group
+            .instances
+            .iter()
+            .filter(move |instance| select::routable(instance, &limits) == Some(Routable::Yes))
     }
 
     /// An output reported later (a task's `202`) checked against

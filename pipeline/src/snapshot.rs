@@ -63,6 +63,19 @@ pub struct VersionGroup {
     pub selections: prometheus::IntCounter,
 }
 
+impl VersionGroup {
+    /// The fastest instance's latency EWMA (µs; 0 before any outcome): each
+    /// instance's latency factor is relative to it.
+    pub fn fastest_ewma_us(&self) -> u64 {
+        self.instances
+            .iter()
+            .map(|instance| instance.state.ewma_us())
+            .filter(|ewma| *ewma > 0)
+            .min()
+            .unwrap_or(0)
+    }
+}
+
 /// A capability version's description and schemas as registered (JSON
 /// texts; empty means "any"), as the first instance offering it gave them.
 #[derive(Debug, Default)]
@@ -137,13 +150,7 @@ impl Snapshot {
             .values()
             .flat_map(|capability| capability.versions.iter());
         for group in groups {
-            let fastest = group
-                .instances
-                .iter()
-                .map(|instance| instance.state.ewma_us())
-                .filter(|ewma| *ewma > 0)
-                .min()
-                .unwrap_or(0);
+            let fastest = group.fastest_ewma_us();
             for instance in &group.instances {
                 let freshness = status_permille(instance.status) * (1000 - stale_permille) / 1000;
                 let score = health_score(

@@ -29,18 +29,17 @@ use agent_reach_serving::{HeaderLookup, RequestBody};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::call::attempts::{self, Answered, Exchange, Sent, Targets};
+use crate::call::attempts::{self, Answered, Exchange, Outbound, Sent, Targets};
 use crate::call::identify::Identified;
 use crate::call::{prelude, Call, Door};
 use crate::error::{Code, RouterError};
-use crate::forward::{AgentBody, AttemptResult, ForwardHeaders, Forwarder, Opened};
+use crate::forward::{AgentBody, AttemptResult, Opened};
 use crate::health::OwnedInflight;
 use crate::limits::Permit;
 use crate::metrics::{CapabilityMetrics, StreamChildren};
 use crate::outcome::Failure;
 use crate::recent::{Finished, RecentCalls, Trail};
 use crate::service::RouterService;
-use crate::snapshot::Instance;
 use agent_reach_serving::sse::{self, EventSplitter};
 
 /// What one step moves of the agent's bytes before the first event.
@@ -507,19 +506,17 @@ struct Events {
 impl Exchange for Events {
     type Committed = (AgentBody, OwnedInflight);
 
-    async fn attempt(
-        &mut self,
-        forwarder: &Forwarder,
-        instance: &Instance,
-        body: Bytes,
-        headers: ForwardHeaders<'_>,
-        (_, started): (Instant, Instant),
-    ) -> Sent<Self::Committed> {
+    async fn attempt(&mut self, outbound: Outbound<'_>) -> Sent<Self::Committed> {
+        let instance = outbound.instance;
         // Held while the answer streams: the stream takes it on.
         let inflight = instance.state.start_owned();
+        let opening =
+            outbound
+                .forwarder
+                .open_stream(&instance.uri, &outbound.body, &outbound.headers, outbound.started);
         tokio::select! {
             biased;
-            opened = forwarder.open_stream(&instance.uri, &body, &headers, started) => match opened {
+            opened = opening => match opened {
                 Opened::Events(body) => Sent::Committed((body, inflight)),
                 Opened::Other(result) => Sent::Answered(result),
             },

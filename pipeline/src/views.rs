@@ -136,16 +136,10 @@ pub fn capabilities(service: &RouterService) -> Value {
                     })
                 })
                 .collect();
-            let split = capability.split.as_ref().map(|split| {
-                split
-                    .shares()
-                    .iter()
-                    .filter_map(|(index, weight)| {
-                        capability
-                            .versions
-                            .get(*index)
-                            .map(|group| json!({ "version": group.version_text, "weight": weight }))
-                    })
+            let split = service.routed_split(name).map(|shares| {
+                shares
+                    .into_iter()
+                    .map(|(version, weight)| json!({ "version": version, "weight": weight }))
                     .collect::<Vec<_>>()
             });
             Some(json!({

@@ -2,7 +2,7 @@
 //! error itself (message, field, details, body, statuses) is the edge's
 //! shared [`ApiError`].
 
-use agent_reach_errors::{ApiError, BodyProblem, ErrorCode};
+use agent_reach_errors::{ApiError, ErrorCode};
 use http::StatusCode;
 
 use crate::store::StoreError;
@@ -52,6 +52,11 @@ pub enum Code {
 impl ErrorCode for Code {
     const UNAUTHENTICATED: Self = Code::Unauthenticated;
     const METHOD_NOT_ALLOWED: Self = Code::MethodNotAllowed;
+    const PAYLOAD_TOO_LARGE: Self = Code::PayloadTooLarge;
+    const MALFORMED_JSON: Self = Code::MalformedJson;
+    const UNKNOWN_FIELD: Self = Code::UnknownField;
+    const MISSING_FIELD: Self = Code::MissingField;
+    const INVALID_FIELD_TYPE: Self = Code::InvalidFieldType;
 
     fn as_str(self) -> &'static str {
         match self {
@@ -127,16 +132,6 @@ impl ErrorCode for Code {
             StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,
             StatusCode::INTERNAL_SERVER_ERROR => tonic::Code::Internal,
             _ => tonic::Code::InvalidArgument,
-        }
-    }
-
-    fn for_body(problem: &BodyProblem) -> Self {
-        match problem {
-            BodyProblem::TooLarge { .. } => Code::PayloadTooLarge,
-            BodyProblem::Malformed { .. } => Code::MalformedJson,
-            BodyProblem::UnknownField { .. } => Code::UnknownField,
-            BodyProblem::MissingField { .. } => Code::MissingField,
-            BodyProblem::WrongType { .. } => Code::InvalidFieldType,
         }
     }
 }

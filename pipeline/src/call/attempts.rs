@@ -60,17 +60,19 @@ pub(crate) trait Exchange {
     /// What a committed answer hands on (nothing, for whole answers).
     type Committed: Send;
 
-    /// One attempt: `body` to `instance` with `headers`, until its answer
-    /// (or head), giving up at `times.0` (the deadline); `times.1` is the
-    /// attempt's start.
-    fn attempt<'a>(
-        &'a mut self,
-        forwarder: &'a Forwarder,
-        instance: &'a Instance,
-        body: Bytes,
-        headers: ForwardHeaders<'a>,
-        times: (Instant, Instant),
-    ) -> impl Future<Output = Sent<Self::Committed>> + Send + 'a;
+    /// One attempt, until its answer (or head).
+    fn attempt<'a>(&'a mut self, outbound: Outbound<'a>) -> impl Future<Output = Sent<Self::Committed>> + Send + 'a;
+}
+
+/// One attempt's request: `body` to `instance` with `headers` through
+/// `forwarder`, giving up at `deadline`; `started` is the attempt's start.
+pub(crate) struct Outbound<'a> {
+    pub(crate) forwarder: &'a Forwarder,
+    pub(crate) instance: &'a Instance,
+    pub(crate) body: Bytes,
+    pub(crate) headers: ForwardHeaders<'a>,
+    pub(crate) deadline: Instant,
+    pub(crate) started: Instant,
 }
 
 /// Whole answers: the agent's JSON read to its end.
@@ -79,14 +81,15 @@ pub(crate) struct Whole;
 impl Exchange for Whole {
     type Committed = std::convert::Infallible;
 
-    async fn attempt(
-        &mut self,
-        forwarder: &Forwarder,
-        instance: &Instance,
-        body: Bytes,
-        headers: ForwardHeaders<'_>,
-        (deadline, started): (Instant, Instant),
-    ) -> Sent<Self::Committed> {
+    async fn attempt(&mut self, outbound: Outbound<'_>) -> Sent<Self::Committed> {
+        let Outbound {
+            forwarder,
+            instance,
+            body,
+            headers,
+            deadline,
+            started,
+        } = outbound;
         let _inflight = instance.state.start_request();
         Sent::Answered(forwarder.send(&instance.uri, body, &headers, deadline, started).await)
     }
@@ -261,9 +264,15 @@ pub(crate) async fn run<E: Exchange>(
         let started = Instant::now();
         // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
         let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
-        let sent = exchange
-            .attempt(service.forwarder(), instance, body, headers, (deadline, started))
-            .await;
+        let outbound = Outbound {
+            forwarder: service.forwarder(),
+            instance,
+            body,
+            headers,
+            deadline,
+            started,
+        };
+        let sent = exchange.attempt(outbound).await;
         let elapsed = started.elapsed();
         capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
         let agent_id = instance.agent_id.clone();

@@ -91,13 +91,7 @@ type Candidates = smallvec::SmallVec<[Candidate; 8]>;
 
 /// Routable instances in the best available tier, with effective weights.
 fn candidates(group: &VersionGroup, tried: &[usize], refused: &[usize], limits: &SelectionLimits<'_>) -> Candidates {
-    let fastest = group
-        .instances
-        .iter()
-        .map(|instance| instance.state.ewma_us())
-        .filter(|ewma| *ewma > 0)
-        .min()
-        .unwrap_or(0);
+    let fastest = group.fastest_ewma_us();
     let tier = |wanted: Routable, skip_tried: bool| -> Candidates {
         group
             .instances
