@@ -28,7 +28,7 @@ const { values } = parseArgs({
   },
 });
 // A smoke run (scripts/test.sh): every process and both agents for a second, no verdict.
-const smoke = values.smoke === true;
+const smoke = values.smoke;
 const rounds = smoke ? 1 : Number(values.rounds);
 const seconds = smoke ? 1 : Number(values["duration-s"]);
 const connections = smoke ? 4 : Number(values.connections);
