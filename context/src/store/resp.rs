@@ -178,6 +178,15 @@ impl Pipeline {
         }
     }
 
+    /// How many commands it holds.
+    pub fn len(&self) -> usize {
+        self.commands
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.commands == 0
+    }
+
     /// Adds the command `args` (its first argument is the command name).
     pub fn command(&mut self, args: &Args) -> &mut Self {
         self.bytes.push(b'*');
