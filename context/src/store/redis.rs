@@ -636,13 +636,13 @@ impl RedisStore {
         // Sized up front: the command is copied twice more on its way out.
         let mut by_sha = Args::with_capacity(64 + keys_and_args.encoded_len());
         by_sha.arg("EVALSHA").arg(&script.sha).extend(keys_and_args);
-        let mut replies = self.send(bucket, &with_wait(&by_sha, &wait)).await?.into_iter();
+        let mut replies = self.send_with_wait(bucket, &by_sha, &wait).await?.into_iter();
         let mut reply = replies.next().ok_or_else(no_reply)?;
         let mut waited = replies.next();
         if matches!(&reply, Reply::Error(message) if message.starts_with("NOSCRIPT")) {
             let mut by_code = Args::new();
             by_code.arg("EVAL").arg(&script.code).extend(keys_and_args);
-            let mut replies = self.send(bucket, &with_wait(&by_code, &wait)).await?.into_iter();
+            let mut replies = self.send_with_wait(bucket, &by_code, &wait).await?.into_iter();
             reply = replies.next().ok_or_else(no_reply)?;
             waited = replies.next();
         }
@@ -664,6 +664,21 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// `script`, then `WAIT` when there is one, in one pipeline.
+    async fn send_with_wait(
+        &self,
+        bucket: usize,
+        script: &Args,
+        wait: &Option<(agent_reach_stores::Wait, Args)>,
+    ) -> Result<Vec<Reply>, StoreError> {
+        match wait {
+            Some((_, command)) => self.send(bucket, &[script, command]).await,
+            None => self.send(bucket, &[script]).await,
+        }
+    }
+}
+
 /// Whether a script's answer may be given before the replicas have its write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Acknowledged {
@@ -671,14 +686,6 @@ enum Acknowledged {
     Replicated,
     /// A sweep or a count: as soon as the primary ran it.
     Applied,
-}
-
-/// `script`, then `WAIT` when there is one.
-fn with_wait<'a>(script: &'a Args, wait: &'a Option<(agent_reach_stores::Wait, Args)>) -> Vec<&'a Args> {
-    match wait {
-        Some((_, command)) => vec![script, command],
-        None => vec![script],
-    }
 }
 
 fn no_reply() -> StoreError {
