@@ -43,12 +43,17 @@ fn redis(policy: StorePolicy) -> Subject {
     }
 }
 
-/// The cluster reached through one seed: the rest of it is discovered.
+/// The cluster reached through a seed that does not answer and one node
+/// that does: any reachable node is enough, the rest is discovered.
 fn cluster(policy: StorePolicy) -> Subject {
     let cluster = RedisCluster::start();
-    let seed = cluster.ports()[1];
+    let url = format!(
+        "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+        agent_reach_testkit::free_port(),
+        cluster.ports()[1]
+    );
     Subject {
-        store: redis_store(&cluster.url_with_one_seed(seed), policy),
+        store: redis_store(&url, policy),
         _servers: Box::new(cluster),
     }
 }

@@ -28,10 +28,16 @@ impl Backend {
         Backend::Cluster(RedisCluster::start())
     }
 
+    /// A cluster is reached through a seed that does not answer and one
+    /// node that does: any reachable node is enough, the rest is discovered.
     fn url(&self) -> String {
         match self {
             Backend::Single(redis) => redis.url(),
-            Backend::Cluster(cluster) => cluster.url(),
+            Backend::Cluster(cluster) => format!(
+                "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+                agent_reach_testkit::free_port(),
+                cluster.ports()[2]
+            ),
         }
     }
 

@@ -208,11 +208,6 @@ impl RedisCluster {
         format!("redis+cluster://{}", hosts.join(","))
     }
 
-    /// `redis+cluster://127.0.0.1:PORT`: one seed, the rest discovered.
-    pub fn url_with_one_seed(&self, port: u16) -> String {
-        format!("redis+cluster://127.0.0.1:{port}")
-    }
-
     /// Every node's port, in start order.
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(|node| node.port).collect()
