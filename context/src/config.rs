@@ -289,6 +289,33 @@ mod tests {
     }
 
     #[test]
+    fn writes_can_wait_for_replicas() {
+        let cli = Cli::try_parse_from([
+            "context",
+            "--redis",
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "--redis-wait-replicas",
+            "1",
+            "--redis-wait-timeout-ms",
+            "250",
+            "--insecure-no-auth",
+        ])
+        .unwrap();
+        let settings = cli.args.validate().unwrap();
+        let StoreChoice::Redis { link, .. } = settings.store else {
+            panic!("a Redis store");
+        };
+        assert!(link.url.is_cluster());
+        assert_eq!(
+            link.wait,
+            Some(agent_reach_stores::Wait {
+                replicas: 1,
+                timeout: Duration::from_millis(250)
+            })
+        );
+    }
+
+    #[test]
     fn redis_tls_files_are_checked_with_the_url() {
         let cli = Cli::try_parse_from([
             "context",

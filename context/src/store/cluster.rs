@@ -8,9 +8,9 @@
 //!
 //! - the node is the slot's owner in the slot map, learnt with `CLUSTER
 //!   SLOTS` from any node that answers (the map's nodes, then the URL's
-//!   seeds), at the first request and again after any `MOVED`, a connection
-//!   that failed, or `CLUSTERDOWN` (at most one refresh at a time; a refresh
-//!   within the last 50 ms counts);
+//!   seeds; each asked for at most 500 ms), at the first request and again
+//!   after any `MOVED`, a connection that failed, or `CLUSTERDOWN` (at most
+//!   one refresh at a time; a refresh within the last 50 ms counts);
 //! - `MOVED slot host:port`: the request goes again to that node at once (the
 //!   map follows in the background);
 //! - `ASK slot host:port` (a slot migrating): again to that node, each
@@ -272,9 +272,13 @@ impl Cluster {
             asked.push(node.clone());
             let mut slots = Args::new();
             slots.arg("CLUSTER").arg("SLOTS");
-            let answer = match self.connection(&node).send(pipeline(&[&slots], false)).await {
-                Ok(mut replies) => replies.pop().ok_or_else(|| "no reply".to_string()),
-                Err(why) => Err(why),
+            // A hung node must not hold the refresh (and every request behind it) for long.
+            let bound = self.timeout.min(Duration::from_millis(500));
+            let connection = self.connection(&node);
+            let answer = match tokio::time::timeout(bound, connection.send(pipeline(&[&slots], false))).await {
+                Ok(Ok(mut replies)) => replies.pop().ok_or_else(|| "no reply".to_string()),
+                Ok(Err(why)) => Err(why),
+                Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
             };
             match answer.and_then(|reply| parse_slots(reply, &node)) {
                 Ok(map) => {
