@@ -120,6 +120,8 @@ async fn main() -> anyhow::Result<()> {
         });
         let agent = Agent::builder("bench_agent", &format!("bench-{index}"))
             .registry(&registry_url)
+            // The router's assertion keys (its JWKS): agents serve only calls it vouched for.
+            .router(&router_url)
             .token(token("bench_agent")?)
             .max_concurrency(1024)
             .handler(echo)

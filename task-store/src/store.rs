@@ -20,10 +20,10 @@
 //! - `backlog:{L}` — hash: `capability|priority` → tasks waiting (what claims
 //!   are planned on, and the backlog metric).
 //! - `callbacks:{L}` — sorted set: task id by its next callback's due time.
-//! - `followups:{L}` — sorted set: ended tasks whose effects beyond the lane
-//!   (the session result, the idempotency key's retention) are not applied
-//!   yet, by end time; applied right after the outcome, and by any router's
-//!   worker for an entry older than [`FOLLOWUP_GRACE`] (its router died).
+//! - `followups:{L}` — sorted set: ended tasks of a session whose session
+//!   result is not appended yet, by end time; appended right after the
+//!   outcome, and by any router's worker for an entry older than
+//!   [`FOLLOWUP_GRACE`] (its router died).
 //!
 //! Keys found by other names than a task id, each written alone:
 //! - `task_req:{caller}:{request_id}` — the idempotency key → task id.
@@ -57,7 +57,12 @@
 //! fresh (`extend_claim`), so only a dead router's entries are reclaimed.
 //!
 //! Every multi-key change is one Lua script on one slot; the allowed
-//! predecessor states come from [`State::predecessors`], the one transition table.
+//! predecessor states come from [`State::predecessors`], the one transition
+//! table. A worker's scripts may run twice with the same arguments and
+//! answer as the first time (a move to the state a task is in, a worker's
+//! outcome it has, a submission of the task that is stored): the cluster
+//! client sends a command again when its connection failed after it was
+//! sent. A cancel of a task that ended is refused however often it comes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -91,6 +96,16 @@ const FOLLOWUP_LEASE_MS: u64 = 30_000;
 
 /// How often a worker looks for follow-ups a dead router left.
 const FOLLOWUP_SWEEP_EVERY_MS: u64 = 1_000;
+
+/// How long a worker plans its claims on the lanes' backlog counts it read
+/// last (less what it claimed since, plus what its own router queued)
+/// before reading them again: a busy worker claims every few milliseconds,
+/// and 16 reads per claim cost Redis more than the claims. A task another
+/// router queued meanwhile waits at most this long.
+const BACKLOG_VIEW_FOR: Duration = Duration::from_millis(20);
+
+/// The lanes' backlog counts (`capability|priority` → waiting), in lane order.
+type Backlogs = Vec<HashMap<String, i64>>;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum TaskStoreError {
@@ -193,6 +208,16 @@ struct Spec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     children: Vec<String>,
     created_at_ms: u64,
+}
+
+/// What a submission's store step needs beyond the spec.
+struct StoreStep<'a> {
+    request_key: &'a str,
+    /// The backlog field, `capability|priority`.
+    field: &'a str,
+    /// Stored without queueing (a broadcast parent).
+    hold: bool,
+    bound: Option<u64>,
 }
 
 /// The answer to a submission.
@@ -324,6 +349,8 @@ pub struct TaskStore {
     next_callback_lane: AtomicUsize,
     /// When this store last looked for follow-ups a dead router left.
     last_followup_sweep_ms: AtomicU64,
+    /// The backlog counts claims are planned on, and when they were read.
+    backlog_view: std::sync::Mutex<Option<(std::time::Instant, Backlogs)>>,
 }
 
 /// Where the store connects.
@@ -481,16 +508,25 @@ const SUBMIT: &str = r#"
 -- Stores and queues a task in its lane, unless it is stored already (the
 -- request id was claimed for it before, by this submission or an earlier one).
 -- KEYS: 1 task hash, 2 queue, 3 the lane's queue set, 4 the lane's backlog,
---       5.. the other lanes' backlogs (one server only: the bound then counts
---       every lane in the same script)
+--       on one server only: 5 the idempotency key (ARGV[9] '1'), then the other
+--       lanes' backlogs (the bound then counts every lane in the same script)
 -- ARGV: 1 task id, 2 spec JSON, 3 now ms, 4 backlog field (capability|priority),
 --       5 queue it ('1'/'0': a held broadcast parent is stored only), 6 group,
 --       7 the tenant's backlog bound ('0': none): refused with {2, waiting} at or over it,
---       8 tasks waiting in lanes not counted here (a cluster's other shards, read just before)
+--       8 tasks waiting in lanes not counted here (a cluster's other shards, read just before),
+--       9 '1': store only while KEYS[5] names this task (one server, both steps sent at once),
+--       else {3, the task it names}
+local others = 5
+if ARGV[9] == '1' then
+  others = 6
+  local holder = redis.call('GET', KEYS[5])
+  if holder ~= ARGV[1] then return {3, holder or ''} end
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, ARGV[1]} end
 if ARGV[7] ~= '0' and ARGV[5] == '1' then
   local waiting = tonumber(ARGV[8])
-  for k = 4, #KEYS do
+  for _, count in ipairs(redis.call('HVALS', KEYS[4])) do waiting = waiting + tonumber(count) end
+  for k = others, #KEYS do
     for _, count in ipairs(redis.call('HVALS', KEYS[k])) do waiting = waiting + tonumber(count) end
   end
   if waiting >= tonumber(ARGV[7]) then return {2, tostring(waiting)} end
@@ -519,7 +555,10 @@ return 0
 
 const INDEX: &str = r#"
 -- Adds a task to its caller's index, keeping the newest.
--- KEYS: 1 the caller's index; ARGV: 1 task id, 2 created ms, 3 index size, 4 retention s
+-- KEYS: 1 the caller's index, 2 (one server only) the idempotency key
+-- ARGV: 1 task id, 2 created ms, 3 index size, 4 retention s,
+--       5 '1': only while KEYS[2] names this task (both steps sent at once)
+if ARGV[5] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -1 - tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
@@ -539,8 +578,11 @@ return due
 const TRANSITION: &str = r#"
 -- KEYS: 1 task hash, 2 backlog hash
 -- ARGV: 1 new state, 2 now ms, 3 attempts increment, 4.. allowed predecessor states
+-- In the new state already: done (this move run again, after a connection
+-- that failed once it was sent).
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
+if current == ARGV[1] then return {'ok', current} end
 local allowed = false
 for i = 4, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then return {'refused', current} end
@@ -557,13 +599,13 @@ return {'ok', current}
 
 const FINISH: &str = r#"
 -- Records a terminal outcome, acknowledges the queue entry, schedules the
--- callback, starts the retention clock and notes the follow-ups beyond the
--- lane (session result, idempotency key), all at once.
+-- callback, starts the retention clock and, for a task of a session, notes
+-- the session result beyond the lane as a follow-up, all at once.
 -- KEYS: 1 task hash, 2 queue, 3 backlog hash, 4 callback schedule, 5 follow-ups
 -- ARGV: 1 terminal state, 2 now ms, 3 result JSON, 4 queue entry id ('' = none),
 --       5 group, 6 retention s, 7 task id, 8 has callback ('1'/'0'),
 --       9 reporting agent ('' = not an agent's report), 10 the report's fingerprint,
---       11.. allowed predecessors
+--       11 has a session ('1'/'0'), 12.. allowed predecessors
 -- An agent's report is taken only from the agent that answered the delivery 202,
 -- once: the same report again is 'repeat', another one 'conflict'.
 local current = redis.call('HGET', KEYS[1], 'state')
@@ -581,9 +623,16 @@ if ARGV[9] ~= '' then
   entry = redis.call('HGET', KEYS[1], 'entry_id') or ''
 end
 local allowed = false
-for i = 11, #ARGV do if current == ARGV[i] then allowed = true end end
+for i = 12, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then
   if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
+  -- A worker's very outcome for its entry, recorded already (the script run
+  -- again after a connection that failed once it was sent): done. (A cancel
+  -- of an ended task stays refused.)
+  if ARGV[9] == '' and ARGV[4] ~= '' and current == ARGV[1]
+    and redis.call('HGET', KEYS[1], 'result') == ARGV[3] then
+    return {'ok', current}
+  end
   if ARGV[9] ~= '' then return {'conflict', current} end
   return {'refused', current}
 end
@@ -602,7 +651,7 @@ redis.call('HSET', KEYS[1], 'transitions',
   (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"' .. ARGV[1] .. '","at_ms":' .. ARGV[2] .. '}\n')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
-redis.call('ZADD', KEYS[5], ARGV[2], ARGV[7])
+if ARGV[11] == '1' then redis.call('ZADD', KEYS[5], ARGV[2], ARGV[7]) end
 return {'ok', current}
 "#;
 
@@ -803,6 +852,7 @@ impl TaskStore {
             },
             next_callback_lane: AtomicUsize::new(0),
             last_followup_sweep_ms: AtomicU64::new(0),
+            backlog_view: std::sync::Mutex::new(None),
         })
     }
 
@@ -1034,93 +1084,20 @@ impl TaskStore {
         };
         let connection = self.connection().await?;
         let request_key = self.request_key(&task.caller, &task.request_id);
-        // 1. Claim the request id for this task, or learn which task holds it
-        //    (and, for a bound on a cluster, count what waits in every lane meanwhile).
-        let claim = async {
-            let mut connection = connection.clone();
-            redis::cmd("SET")
-                .arg(&request_key)
-                .arg(task_id)
-                .arg("NX")
-                .arg("GET")
-                .arg("EX")
-                .arg(self.retention_s)
-                .query_async::<Option<String>>(&mut connection)
-                .await
-                .map_err(unavailable)
+        let field = format!("{}|{}", spec.capability, spec.priority.as_str());
+        let step = StoreStep {
+            request_key: &request_key,
+            field: &field,
+            hold: task.hold,
+            bound: backlog_bound,
         };
-        let waiting = async {
-            match backlog_bound {
-                Some(_) if self.is_cluster() => self.waiting_per_lane().await.map(Some),
-                _ => Ok(None),
-            }
+        let (own, id, (code, answer)) = if self.is_cluster() {
+            self.submit_in_two_steps(&connection, &spec, &step).await?
+        } else {
+            self.submit_at_once(&connection, &spec, &step).await?
         };
-        let (holder, waiting) = tokio::join!(claim, waiting);
-        let (holder, waiting) = (holder?, waiting?);
-        let own = holder.as_deref().is_none_or(|holder| holder == task_id);
-        let id = holder.unwrap_or_else(|| task_id.to_string());
         let lane = lane_of(&id);
-        let mut spec = spec;
-        spec.task_id.clone_from(&id);
-        let spec_json = serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
-        // 2. Store and queue it in its lane, unless it is there already.
         let task_key = self.task_key(&id);
-        let store = async {
-            let mut connection = connection.clone();
-            let mut invocation = self.scripts.submit.key(&task_key);
-            invocation
-                .key(self.queue_key(lane, &spec.capability, spec.priority))
-                .key(self.queues_key(lane))
-                .key(self.backlog_key(lane));
-            if backlog_bound.is_some() && !self.is_cluster() {
-                for other in (0..LANES).filter(|other| *other != lane) {
-                    invocation.key(self.backlog_key(other));
-                }
-            }
-            let elsewhere: i64 = waiting
-                .as_ref()
-                .map(|counts| {
-                    counts
-                        .iter()
-                        .enumerate()
-                        .filter(|(other, _)| *other != lane)
-                        .map(|(_, count)| *count)
-                        .sum()
-                })
-                .unwrap_or(0);
-            invocation
-                .arg(&id)
-                .arg(&spec_json)
-                .arg(spec.created_at_ms)
-                .arg(format!("{}|{}", spec.capability, spec.priority.as_str()))
-                .arg(if task.hold { "0" } else { "1" })
-                .arg(GROUP)
-                .arg(backlog_bound.unwrap_or(0))
-                .arg(elsewhere.max(0))
-                .invoke_async::<(i64, String)>(&mut connection)
-                .await
-                .map_err(unavailable)
-        };
-        // The caller's index, beside it, for a task this submission created.
-        let index = async {
-            if !own {
-                return Ok(());
-            }
-            let mut connection = connection.clone();
-            self.scripts
-                .index
-                .key(self.caller_index_key(&task.caller))
-                .arg(&id)
-                .arg(spec.created_at_ms)
-                .arg(CALLER_INDEX_MAX)
-                .arg(self.retention_s)
-                .invoke_async::<i64>(&mut connection)
-                .await
-                .map(drop)
-                .map_err(unavailable)
-        };
-        let (stored, indexed) = tokio::join!(store, index);
-        let (code, answer) = stored?;
         if code == 2 {
             if own {
                 // Refused: the request id is free again, as if never submitted
@@ -1150,15 +1127,213 @@ impl TaskStore {
                 bound: backlog_bound.unwrap_or(0),
             });
         }
-        indexed?;
+        if code == 1 && !task.hold {
+            self.note_queued(lane, &field);
+        }
         if let Some(wait) = self.wait {
             self.wait_replicated(&connection, &request_key, &task_key, wait).await?;
         }
-        Ok(if own && code == 1 {
+        // Own: the request id names this submission's task id, stored now or by
+        // an earlier attempt of this same submission (a retried write, the
+        // buffer's replay): for its caller, the one creation.
+        Ok(if own {
             Submitted::Created(id)
         } else {
             Submitted::Existing(id)
         })
+    }
+
+    /// A cluster's submission: `SET … NX GET` claims the request id (for a
+    /// bound, the other lanes' waiting tasks are counted meanwhile), then
+    /// the task it names is stored in its lane beside the caller's index.
+    /// Returns (whether this submission claimed it, the task id, the store
+    /// step's answer).
+    async fn submit_in_two_steps(
+        &self,
+        connection: &Connection,
+        spec: &Spec,
+        step: &StoreStep<'_>,
+    ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
+        let claim = async {
+            let mut connection = connection.clone();
+            self.claim_request(step.request_key, &spec.task_id)
+                .query_async::<Option<String>>(&mut connection)
+                .await
+                .map_err(unavailable)
+        };
+        let waiting = async {
+            match step.bound {
+                Some(_) => self.waiting_per_lane().await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (holder, waiting) = tokio::join!(claim, waiting);
+        let (holder, waiting) = (holder?, waiting?);
+        let own = holder.as_deref().is_none_or(|holder| holder == spec.task_id);
+        let id = holder.unwrap_or_else(|| spec.task_id.clone());
+        let lane = lane_of(&id);
+        let elsewhere: i64 = waiting.map_or(0, |counts| {
+            counts
+                .iter()
+                .enumerate()
+                .filter(|(other, _)| *other != lane)
+                .map(|(_, count)| *count)
+                .sum()
+        });
+        let store = async {
+            let mut connection = connection.clone();
+            let spec_json = self.spec_json(spec, &id)?;
+            self.store_invocation(&id, &spec_json, spec, step, elsewhere, false)
+                .invoke_async::<(i64, String)>(&mut connection)
+                .await
+                .map_err(unavailable)
+        };
+        // The caller's index, beside it, for a task this submission created.
+        let index = async {
+            if !own {
+                return Ok(());
+            }
+            let mut connection = connection.clone();
+            self.index_invocation(spec, &id, step, false)
+                .invoke_async::<i64>(&mut connection)
+                .await
+                .map(drop)
+                .map_err(unavailable)
+        };
+        let (stored, indexed) = tokio::join!(store, index);
+        let stored = stored?;
+        indexed?;
+        Ok((own, id, stored))
+    }
+
+    /// One server's submission: the claim, the store step and the caller's
+    /// index in one pipeline, the last two acting only while the claim names
+    /// this task; when another task holds the request id, its store step
+    /// follows (a repeat; or the completion of one cut between the steps).
+    async fn submit_at_once(
+        &self,
+        connection: &Connection,
+        spec: &Spec,
+        step: &StoreStep<'_>,
+    ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
+        let spec_json = self.spec_json(spec, &spec.task_id)?;
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.claim_request(step.request_key, &spec.task_id))
+            .invoke_script(&self.store_invocation(&spec.task_id, &spec_json, spec, step, 0, true))
+            .invoke_script(&self.index_invocation(spec, &spec.task_id, step, true));
+        let mut sent = connection.clone();
+        let answered = match pipe
+            .query_async::<(Option<String>, (i64, String), i64)>(&mut sent)
+            .await
+        {
+            Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // After a restart or SCRIPT FLUSH: load both, then send it all again
+                // (the claim is idempotent for this task id).
+                self.scripts.submit.load_async(&mut sent).await.map_err(unavailable)?;
+                self.scripts.index.load_async(&mut sent).await.map_err(unavailable)?;
+                pipe.query_async(&mut sent).await
+            }
+            other => other,
+        };
+        let (_, (code, holder), _) = answered.map_err(unavailable)?;
+        if code != 3 {
+            return Ok((true, spec.task_id.clone(), (code, holder)));
+        }
+        let spec_json = self.spec_json(spec, &holder)?;
+        let stored = self
+            .store_invocation(&holder, &spec_json, spec, step, 0, true)
+            .invoke_async::<(i64, String)>(&mut sent)
+            .await
+            .map_err(unavailable)?;
+        if stored.0 == 3 {
+            // The request id changed hands again meanwhile (it expired and was taken):
+            // answered as a store outage, so the caller submits again.
+            return Err(TaskStoreError::Unavailable(format!(
+                "request `{}` moved between tasks while it was submitted; submit it again",
+                spec.request_id
+            )));
+        }
+        Ok((false, holder, stored))
+    }
+
+    /// `SET <request key> <task id> NX GET EX <retention>`: claims the request
+    /// id for the task, or names the task that holds it.
+    fn claim_request(&self, request_key: &str, task_id: &str) -> redis::Cmd {
+        let mut claim = redis::cmd("SET");
+        claim
+            .arg(request_key)
+            .arg(task_id)
+            .arg("NX")
+            .arg("GET")
+            .arg("EX")
+            .arg(self.retention_s);
+        claim
+    }
+
+    /// The spec as stored for task `id`.
+    fn spec_json(&self, spec: &Spec, id: &str) -> Result<String, TaskStoreError> {
+        let mut spec = spec.clone();
+        id.clone_into(&mut spec.task_id);
+        serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))
+    }
+
+    /// The store step for task `id` in its lane; `checked`: only while the
+    /// request key names it (one server), where the bound counts every lane.
+    fn store_invocation(
+        &self,
+        id: &str,
+        spec_json: &str,
+        spec: &Spec,
+        step: &StoreStep<'_>,
+        elsewhere: i64,
+        checked: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let lane = lane_of(id);
+        let mut invocation = self.scripts.submit.key(self.task_key(id));
+        invocation
+            .key(self.queue_key(lane, &spec.capability, spec.priority))
+            .key(self.queues_key(lane))
+            .key(self.backlog_key(lane));
+        if checked {
+            invocation.key(step.request_key);
+            if step.bound.is_some() {
+                for other in (0..LANES).filter(|other| *other != lane) {
+                    invocation.key(self.backlog_key(other));
+                }
+            }
+        }
+        invocation
+            .arg(id)
+            .arg(spec_json)
+            .arg(spec.created_at_ms)
+            .arg(step.field)
+            .arg(if step.hold { "0" } else { "1" })
+            .arg(GROUP)
+            .arg(step.bound.unwrap_or(0))
+            .arg(elsewhere.max(0))
+            .arg(if checked { "1" } else { "0" });
+        invocation
+    }
+
+    /// The caller's index gaining task `id`; `checked` as for the store step.
+    fn index_invocation(
+        &self,
+        spec: &Spec,
+        id: &str,
+        step: &StoreStep<'_>,
+        checked: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.index.key(self.caller_index_key(&spec.caller));
+        if checked {
+            invocation.key(step.request_key);
+        }
+        invocation
+            .arg(id)
+            .arg(spec.created_at_ms)
+            .arg(CALLER_INDEX_MAX)
+            .arg(self.retention_s)
+            .arg(if checked { "1" } else { "0" });
+        invocation
     }
 
     /// `WAIT` for a submission's writes: on one server one `WAIT` after the
@@ -1203,7 +1378,7 @@ impl TaskStore {
     }
 
     /// Every lane's backlog hash (`capability|priority` → waiting), in lane order.
-    async fn lane_backlogs(&self) -> Result<Vec<HashMap<String, i64>>, TaskStoreError> {
+    async fn lane_backlogs(&self) -> Result<Backlogs, TaskStoreError> {
         let connection = self.connection().await?;
         let reads = (0..LANES).map(|lane| {
             let mut connection = connection.clone();
@@ -1340,7 +1515,9 @@ impl TaskStore {
 
     /// Records a terminal outcome (and acknowledges the queue entry when
     /// given); `report` (agent name, fingerprint) makes it an agent's report.
-    /// Once recorded, its follow-ups beyond the lane are applied.
+    /// Beside it the idempotency key's retention starts again (its own slot:
+    /// a failure there leaves it the retention from the submission); once
+    /// the outcome is recorded, a session's task is appended to its results.
     async fn record_end(
         &self,
         task: &Task,
@@ -1353,40 +1530,50 @@ impl TaskStore {
         let queue_key = self.queue_of(task);
         let (queue, entry_id) = entry.unwrap_or((&queue_key, ""));
         let (reporter, fingerprint) = report.unwrap_or(("", ""));
-        let mut connection = self.connection().await?;
-        let answer: Vec<String> = self
-            .scripts
-            .finish
-            .key(self.task_key(&task.task_id))
-            .key(queue)
-            .key(self.backlog_key(lane))
-            .key(self.callbacks_key(lane))
-            .key(self.followups_key(lane))
-            .arg(state.as_str())
-            .arg(now_ms())
-            .arg(result.to_string())
-            .arg(entry_id)
-            .arg(GROUP)
-            .arg(self.retention_s)
-            .arg(&task.task_id)
-            // A callback is scheduled with the outcome, durably: any router delivers it.
-            .arg(if task.callback.is_some() && state != State::Canceled {
-                "1"
-            } else {
-                "0"
-            })
-            .arg(reporter)
-            .arg(fingerprint)
-            .arg(state_args(state))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(unavailable)?;
-        if answer.first().map(String::as_str) == Some("ok") {
-            // The outcome is durable; what follows is retried by any router if this fails.
-            if let Err(error) = self.follow_up(&connection, task, state).await {
+        let connection = self.connection().await?;
+        let record = async {
+            let mut connection = connection.clone();
+            self.scripts
+                .finish
+                .key(self.task_key(&task.task_id))
+                .key(queue)
+                .key(self.backlog_key(lane))
+                .key(self.callbacks_key(lane))
+                .key(self.followups_key(lane))
+                .arg(state.as_str())
+                .arg(now_ms())
+                .arg(result.to_string())
+                .arg(entry_id)
+                .arg(GROUP)
+                .arg(self.retention_s)
+                .arg(&task.task_id)
+                // A callback is scheduled with the outcome, durably: any router delivers it.
+                .arg(if task.callback.is_some() && state != State::Canceled {
+                    "1"
+                } else {
+                    "0"
+                })
+                .arg(reporter)
+                .arg(fingerprint)
+                .arg(if task.session_id.is_some() { "1" } else { "0" })
+                .arg(state_args(state))
+                .invoke_async::<Vec<String>>(&mut connection)
+                .await
+                .map_err(unavailable)
+        };
+        let (answer, retained) = tokio::join!(record, self.retain_request(&connection, task));
+        let answer = answer?;
+        if let Err(error) = retained {
+            tracing::warn!(
+                message = "An ended task's idempotency key keeps the retention from its submission.",
+                task_id = %task.task_id, %error
+            );
+        }
+        if answer.first().map(String::as_str) == Some("ok") && task.session_id.is_some() {
+            // The outcome is durable; a worker applies this if it fails here.
+            if let Err(error) = self.publish_result(&connection, task, state).await {
                 tracing::warn!(
-                    message = "An ended task's session result or idempotency retention is not applied yet; \
-                               a worker retries it.",
+                    message = "An ended task's session result is not appended yet; a worker retries it.",
                     task_id = %task.task_id, %error
                 );
             }
@@ -1394,16 +1581,25 @@ impl TaskStore {
         Ok(answer)
     }
 
-    /// Applies an ended task's effects beyond its lane: its session result
-    /// (appended once) and its idempotency key's retention from now; then
-    /// drops its follow-up entry.
-    async fn follow_up(&self, connection: &Connection, task: &Task, state: State) -> Result<(), TaskStoreError> {
-        let publish = async {
-            let Some(session) = task.session_id.as_deref() else {
-                return Ok(());
-            };
+    /// Starts the retention of a task's idempotency key again (from its end).
+    async fn retain_request(&self, connection: &Connection, task: &Task) -> Result<(), TaskStoreError> {
+        let mut connection = connection.clone();
+        connection
+            .expire::<_, i64>(
+                self.request_key(&task.caller, &task.request_id),
+                i64::try_from(self.retention_s).unwrap_or(i64::MAX),
+            )
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    /// Appends an ended task of a session to its results (once), then drops
+    /// its follow-up entry.
+    async fn publish_result(&self, connection: &Connection, task: &Task, state: State) -> Result<(), TaskStoreError> {
+        let mut connection = connection.clone();
+        if let Some(session) = task.session_id.as_deref() {
             let (results, seen) = self.results_keys(session);
-            let mut connection = connection.clone();
             self.scripts
                 .publish
                 .key(results)
@@ -1413,24 +1609,8 @@ impl TaskStore {
                 .arg(self.retention_s)
                 .invoke_async::<i64>(&mut connection)
                 .await
-                .map(drop)
-                .map_err(unavailable)
-        };
-        let retain = async {
-            let mut connection = connection.clone();
-            connection
-                .expire::<_, i64>(
-                    self.request_key(&task.caller, &task.request_id),
-                    i64::try_from(self.retention_s).unwrap_or(i64::MAX),
-                )
-                .await
-                .map(drop)
-                .map_err(unavailable)
-        };
-        let (published, retained) = tokio::join!(publish, retain);
-        published?;
-        retained?;
-        let mut connection = connection.clone();
+                .map_err(unavailable)?;
+        }
         connection
             .zrem::<_, _, i64>(self.followups_key(lane_of(&task.task_id)), &task.task_id)
             .await
@@ -1479,8 +1659,11 @@ impl TaskStore {
         for task_id in due {
             let outcome = match self.get(&task_id).await {
                 Ok(task) if task.state.is_terminal() => {
-                    let state = task.state;
-                    self.follow_up(&connection, &task, state).await
+                    let (retained, published) = tokio::join!(
+                        self.retain_request(&connection, &task),
+                        self.publish_result(&connection, &task, task.state)
+                    );
+                    retained.and(published)
                 }
                 // Expired (or not ended after all): nothing is left to apply.
                 Ok(_) | Err(TaskStoreError::NotFound(_)) => {
@@ -1613,7 +1796,8 @@ impl TaskStore {
     /// skipped. Also applies follow-ups a dead router left (at most once a second).
     ///
     /// The claim is planned on the lanes' backlog counts (read at once from
-    /// every lane), then each lane with work is asked for its share in one
+    /// every lane, at most [`BACKLOG_VIEW_FOR`] ago, less what this store
+    /// claimed since), then each lane with work is asked for its share in one
     /// script: never more than `count` entries are taken.
     pub async fn claim(&self, consumer: &str, count: usize, round: u64) -> Result<Vec<Claimed>, TaskStoreError> {
         self.sweep_followups().await;
@@ -1622,7 +1806,7 @@ impl TaskStore {
         } else {
             [Priority::High, Priority::Normal, Priority::Low]
         };
-        let backlogs = self.lane_backlogs().await?;
+        let backlogs = self.backlog_view().await?;
         let mut plan: Vec<Vec<(String, usize)>> = vec![Vec::new(); LANES];
         let mut left = count;
         for priority in order {
@@ -1664,6 +1848,7 @@ impl TaskStore {
                 }
             }
         }
+        self.note_planned(&plan);
         let connection = self.connection().await?;
         let terminal = terminal_states();
         let claims = plan
@@ -1696,6 +1881,63 @@ impl TaskStore {
         // High priority first (as planned), whatever lane answered first.
         claimed.sort_by_key(|claimed| order.iter().position(|priority| *priority == claimed.task.priority));
         Ok(claimed)
+    }
+
+    /// The backlog counts to plan a claim on: the last ones read, unless
+    /// they are older than [`BACKLOG_VIEW_FOR`].
+    async fn backlog_view(&self) -> Result<Backlogs, TaskStoreError> {
+        if let Some((read, backlogs)) = self
+            .backlog_view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+        {
+            if read.elapsed() < BACKLOG_VIEW_FOR {
+                return Ok(backlogs.clone());
+            }
+        }
+        let backlogs = self.lane_backlogs().await?;
+        *self
+            .backlog_view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((std::time::Instant::now(), backlogs.clone()));
+        Ok(backlogs)
+    }
+
+    /// Counts a task this store just queued in the backlog view, so this
+    /// router's next claim sees it without reading the backlogs again.
+    fn note_queued(&self, lane: usize, field: &str) {
+        let mut view = self
+            .backlog_view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(counts) = view.as_mut().and_then(|(_, backlogs)| backlogs.get_mut(lane)) {
+            *counts.entry(field.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Takes what a claim asks for off the backlog view, so the next claim
+    /// within the view's life asks for what is left.
+    fn note_planned(&self, plan: &[Vec<(String, usize)>]) {
+        let mut view = self
+            .backlog_view
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some((_, backlogs)) = view.as_mut() else { return };
+        for (lane, queues) in plan.iter().enumerate() {
+            let Some(counts) = backlogs.get_mut(lane) else { continue };
+            let prefix = format!("{}:", self.lane_key("queue", lane));
+            for (queue, taken) in queues {
+                // `queue:{L}:<capability>:<priority>` counts under `<capability>|<priority>`.
+                let Some((capability, priority)) = queue.strip_prefix(&prefix).and_then(|rest| rest.rsplit_once(':'))
+                else {
+                    continue;
+                };
+                if let Some(waiting) = counts.get_mut(&format!("{capability}|{priority}")) {
+                    *waiting -= i64::try_from(*taken).unwrap_or(i64::MAX);
+                }
+            }
+        }
     }
 
     /// Takes over entries another worker took more than `min_idle` ago and

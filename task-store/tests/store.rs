@@ -122,10 +122,24 @@ async fn submission_is_durable_idempotent_and_runs_through_the_state_machine(bac
         store.transition(first.task_id(), State::Pending).await,
         Err(TaskStoreError::Refused { .. })
     ));
+    // A move run again (a retried write) is done, and counts no second attempt.
+    assert_eq!(
+        store.transition(first.task_id(), State::Running).await.unwrap(),
+        State::Running
+    );
     store
         .finish(&claimed[0], State::Succeeded, &succeeded("done"))
         .await
         .unwrap();
+    // The same outcome again (a retried write) is done; another one is refused.
+    store
+        .finish(&claimed[0], State::Succeeded, &succeeded("done"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.finish(&claimed[0], State::Failed, &succeeded("other")).await,
+        Err(TaskStoreError::Refused { .. })
+    ));
 
     let done = store.get(first.task_id()).await.unwrap();
     assert_eq!(done.state, State::Succeeded);
@@ -749,14 +763,15 @@ async fn a_submission_cut_between_its_two_steps_is_completed_by_its_retry(backen
     let claimed = store.claim("worker", 10, 0).await.unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].task.task_id, first, "stored and queued");
-    // The router's buffer replaying under the first id finds it as well.
+    // The router's buffer replaying under the first id: its one task, queued once.
     assert_eq!(
         store
             .submit_with_id(task("cut-1", Priority::Normal, Some("s-cut")), &first)
             .await
             .unwrap(),
-        Submitted::Existing(first.clone())
+        Submitted::Created(first.clone())
     );
+    assert!(store.claim("worker", 10, 1).await.unwrap().is_empty());
 }
 
 async fn a_left_follow_up_is_applied_by_a_worker(backend: Backend) {

@@ -16,15 +16,17 @@
 //! - `ASK slot host:port` (a slot migrating): again to that node, each
 //!   command preceded by `ASKING`, the map left as it is;
 //! - `TRYAGAIN` (a multi-key request while its slot's keys are split by a
-//!   migration), `CLUSTERDOWN` and a failed connection (a primary lost, its
-//!   replica not promoted yet): again after 10, 20, 40 … ms (at most 100 ms)
-//!   until the store's timeout, then the last answer or failure stands (the
-//!   service answers 503).
+//!   migration), `CLUSTERDOWN` and a connection that could not be made (a
+//!   primary lost, its replica not promoted yet): again after 10, 20, 40 …
+//!   ms (at most 100 ms) until the store's timeout, then the last answer or
+//!   failure stands (the service answers 503).
 //!
-//! Commands are resent only when the node did not run them (a redirection
-//! or `TRYAGAIN` means the command was not executed) or when the connection
-//! failed, the case the single-server client also answers "may or may not
-//! have been applied". A primary's loss is seen first as a failed connection
+//! Commands are resent only when the node did not run them: a redirection or
+//! `TRYAGAIN` (the command was not executed), or a connection that failed
+//! before they were written ([`resp::NOT_SENT`]: it could not be made). A
+//! connection that failed after they were written answers at once, as on
+//! one server ("may or may not have been applied"), the map refreshed for
+//! the next request. A primary's loss is seen first as a failed connection
 //! (refused at once, or the reply timeout of a hung host); once the cluster
 //! has promoted a replica, the refreshed map names it.
 
@@ -137,11 +139,14 @@ impl Cluster {
                 Ok(replies) if asking => replies.into_iter().skip(1).step_by(2).collect(),
                 Ok(replies) => replies,
                 Err(why) => {
-                    // The node is gone (or hung): once the cluster has promoted
-                    // a replica, a refreshed map names it.
-                    if Instant::now() + pause >= deadline {
+                    // Written, then the connection failed: the commands may have
+                    // run, so they are not sent again (503, as on one server).
+                    if !why.starts_with(resp::NOT_SENT) || Instant::now() + pause >= deadline {
+                        self.refresh_soon();
                         return Err(format!("Redis Cluster node {node}: {why}"));
                     }
+                    // Never written (the node is gone): once the cluster has
+                    // promoted a replica, a refreshed map names it.
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(100));
                     if let Err(error) = self.refresh().await {
