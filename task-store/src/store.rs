@@ -507,20 +507,23 @@ fn cluster_client_for(
 const SUBMIT: &str = r#"
 -- Stores and queues a task in its lane, unless it is stored already (the
 -- request id was claimed for it before, by this submission or an earlier one).
+-- On one server (ARGV[9] '1') it also claims the request id itself and adds
+-- the task to its caller's index, every key being on that server: the whole
+-- submission is this one script.
 -- KEYS: 1 task hash, 2 queue, 3 the lane's queue set, 4 the lane's backlog,
---       on one server only: 5 the idempotency key (ARGV[9] '1'), then the other
---       lanes' backlogs (the bound then counts every lane in the same script)
+--       on one server only: 5 the idempotency key, 6 the caller's index, then
+--       the other lanes' backlogs (the bound then counts every lane at once)
 -- ARGV: 1 task id, 2 spec JSON, 3 now ms, 4 backlog field (capability|priority),
 --       5 queue it ('1'/'0': a held broadcast parent is stored only), 6 group,
 --       7 the tenant's backlog bound ('0': none): refused with {2, waiting} at or over it,
 --       8 tasks waiting in lanes not counted here (a cluster's other shards, read just before),
---       9 '1': store only while KEYS[5] names this task (one server, both steps sent at once),
---       else {3, the task it names}
+--       9 '1': one server (claim here; another task holding the request id: {3, its id}),
+--       10 retention s, 11 index size
 local others = 5
 if ARGV[9] == '1' then
-  others = 6
+  others = 7
   local holder = redis.call('GET', KEYS[5])
-  if holder ~= ARGV[1] then return {3, holder or ''} end
+  if holder and holder ~= ARGV[1] then return {3, holder} end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, ARGV[1]} end
 if ARGV[7] ~= '0' and ARGV[5] == '1' then
@@ -530,6 +533,12 @@ if ARGV[7] ~= '0' and ARGV[5] == '1' then
     for _, count in ipairs(redis.call('HVALS', KEYS[k])) do waiting = waiting + tonumber(count) end
   end
   if waiting >= tonumber(ARGV[7]) then return {2, tostring(waiting)} end
+end
+if ARGV[9] == '1' then
+  redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[10])
+  redis.call('ZADD', KEYS[6], ARGV[3], ARGV[1])
+  redis.call('ZREMRANGEBYRANK', KEYS[6], 0, -1 - tonumber(ARGV[11]))
+  redis.call('EXPIRE', KEYS[6], ARGV[10])
 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'state', 'pending', 'attempts', 0, 'updated_at_ms', ARGV[3],
   'transitions', '{"state":"pending","at_ms":' .. ARGV[3] .. '}\n')
@@ -555,10 +564,7 @@ return 0
 
 const INDEX: &str = r#"
 -- Adds a task to its caller's index, keeping the newest.
--- KEYS: 1 the caller's index, 2 (one server only) the idempotency key
--- ARGV: 1 task id, 2 created ms, 3 index size, 4 retention s,
---       5 '1': only while KEYS[2] names this task (both steps sent at once)
-if ARGV[5] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+-- KEYS: 1 the caller's index; ARGV: 1 task id, 2 created ms, 3 index size, 4 retention s
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -1 - tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
@@ -601,11 +607,12 @@ const FINISH: &str = r#"
 -- Records a terminal outcome, acknowledges the queue entry, schedules the
 -- callback, starts the retention clock and, for a task of a session, notes
 -- the session result beyond the lane as a follow-up, all at once.
--- KEYS: 1 task hash, 2 queue, 3 backlog hash, 4 callback schedule, 5 follow-ups
+-- KEYS: 1 task hash, 2 queue, 3 backlog hash, 4 callback schedule, 5 follow-ups,
+--       6 (one server only) the idempotency key, its retention started again here
 -- ARGV: 1 terminal state, 2 now ms, 3 result JSON, 4 queue entry id ('' = none),
 --       5 group, 6 retention s, 7 task id, 8 has callback ('1'/'0'),
 --       9 reporting agent ('' = not an agent's report), 10 the report's fingerprint,
---       11 has a session ('1'/'0'), 12.. allowed predecessors
+--       11 has a session ('1'/'0'), 12 one server ('1'/'0'), 13.. allowed predecessors
 -- An agent's report is taken only from the agent that answered the delivery 202,
 -- once: the same report again is 'repeat', another one 'conflict'.
 local current = redis.call('HGET', KEYS[1], 'state')
@@ -623,7 +630,7 @@ if ARGV[9] ~= '' then
   entry = redis.call('HGET', KEYS[1], 'entry_id') or ''
 end
 local allowed = false
-for i = 12, #ARGV do if current == ARGV[i] then allowed = true end end
+for i = 13, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then
   if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
   -- A worker's very outcome for its entry, recorded already (the script run
@@ -650,6 +657,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2], 'result'
 redis.call('HSET', KEYS[1], 'transitions',
   (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"' .. ARGV[1] .. '","at_ms":' .. ARGV[2] .. '}\n')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
+if ARGV[12] == '1' then redis.call('EXPIRE', KEYS[6], ARGV[6]) end
 if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
 if ARGV[11] == '1' then redis.call('ZADD', KEYS[5], ARGV[2], ARGV[7]) end
 return {'ok', current}
@@ -1099,7 +1107,8 @@ impl TaskStore {
         let lane = lane_of(&id);
         let task_key = self.task_key(&id);
         if code == 2 {
-            if own {
+            // (One server: refused before anything was written.)
+            if own && self.is_cluster() {
                 // Refused: the request id is free again, as if never submitted
                 // (two keys, two slots: each alone).
                 let release = async {
@@ -1194,7 +1203,7 @@ impl TaskStore {
                 return Ok(());
             }
             let mut connection = connection.clone();
-            self.index_invocation(spec, &id, step, false)
+            self.index_invocation(spec, &id)
                 .invoke_async::<i64>(&mut connection)
                 .await
                 .map(drop)
@@ -1206,43 +1215,31 @@ impl TaskStore {
         Ok((own, id, stored))
     }
 
-    /// One server's submission: the claim, the store step and the caller's
-    /// index in one pipeline, the last two acting only while the claim names
-    /// this task; when another task holds the request id, its store step
-    /// follows (a repeat; or the completion of one cut between the steps).
+    /// One server's submission: one script claims the request id, stores
+    /// and queues the task and indexes it; when another task holds the
+    /// request id, the same script for that task follows (a repeat; or the
+    /// completion of a submission cut between a cluster's steps).
     async fn submit_at_once(
         &self,
         connection: &Connection,
         spec: &Spec,
         step: &StoreStep<'_>,
     ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
+        let mut connection = connection.clone();
         let spec_json = self.spec_json(spec, &spec.task_id)?;
-        let mut pipe = redis::pipe();
-        pipe.add_command(self.claim_request(step.request_key, &spec.task_id))
-            .invoke_script(&self.store_invocation(&spec.task_id, &spec_json, spec, step, 0, true))
-            .invoke_script(&self.index_invocation(spec, &spec.task_id, step, true));
-        let mut sent = connection.clone();
-        let answered = match pipe
-            .query_async::<(Option<String>, (i64, String), i64)>(&mut sent)
+        let (code, answer) = self
+            .store_invocation(&spec.task_id, &spec_json, spec, step, 0, true)
+            .invoke_async::<(i64, String)>(&mut connection)
             .await
-        {
-            Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // After a restart or SCRIPT FLUSH: load both, then send it all again
-                // (the claim is idempotent for this task id).
-                self.scripts.submit.load_async(&mut sent).await.map_err(unavailable)?;
-                self.scripts.index.load_async(&mut sent).await.map_err(unavailable)?;
-                pipe.query_async(&mut sent).await
-            }
-            other => other,
-        };
-        let (_, (code, holder), _) = answered.map_err(unavailable)?;
+            .map_err(unavailable)?;
         if code != 3 {
-            return Ok((true, spec.task_id.clone(), (code, holder)));
+            return Ok((true, spec.task_id.clone(), (code, answer)));
         }
+        let holder = answer;
         let spec_json = self.spec_json(spec, &holder)?;
         let stored = self
             .store_invocation(&holder, &spec_json, spec, step, 0, true)
-            .invoke_async::<(i64, String)>(&mut sent)
+            .invoke_async::<(i64, String)>(&mut connection)
             .await
             .map_err(unavailable)?;
         if stored.0 == 3 {
@@ -1277,8 +1274,8 @@ impl TaskStore {
         serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))
     }
 
-    /// The store step for task `id` in its lane; `checked`: only while the
-    /// request key names it (one server), where the bound counts every lane.
+    /// The store step for task `id` in its lane; `one_server`: the whole
+    /// submission (claim, store, index) in it, the bound counting every lane.
     fn store_invocation(
         &self,
         id: &str,
@@ -1286,7 +1283,7 @@ impl TaskStore {
         spec: &Spec,
         step: &StoreStep<'_>,
         elsewhere: i64,
-        checked: bool,
+        one_server: bool,
     ) -> redis::ScriptInvocation<'_> {
         let lane = lane_of(id);
         let mut invocation = self.scripts.submit.key(self.task_key(id));
@@ -1294,8 +1291,10 @@ impl TaskStore {
             .key(self.queue_key(lane, &spec.capability, spec.priority))
             .key(self.queues_key(lane))
             .key(self.backlog_key(lane));
-        if checked {
-            invocation.key(step.request_key);
+        if one_server {
+            invocation
+                .key(step.request_key)
+                .key(self.caller_index_key(&spec.caller));
             if step.bound.is_some() {
                 for other in (0..LANES).filter(|other| *other != lane) {
                     invocation.key(self.backlog_key(other));
@@ -1311,28 +1310,20 @@ impl TaskStore {
             .arg(GROUP)
             .arg(step.bound.unwrap_or(0))
             .arg(elsewhere.max(0))
-            .arg(if checked { "1" } else { "0" });
+            .arg(if one_server { "1" } else { "0" })
+            .arg(self.retention_s)
+            .arg(CALLER_INDEX_MAX);
         invocation
     }
 
-    /// The caller's index gaining task `id`; `checked` as for the store step.
-    fn index_invocation(
-        &self,
-        spec: &Spec,
-        id: &str,
-        step: &StoreStep<'_>,
-        checked: bool,
-    ) -> redis::ScriptInvocation<'_> {
+    /// The caller's index gaining task `id` (a cluster's submission).
+    fn index_invocation(&self, spec: &Spec, id: &str) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.scripts.index.key(self.caller_index_key(&spec.caller));
-        if checked {
-            invocation.key(step.request_key);
-        }
         invocation
             .arg(id)
             .arg(spec.created_at_ms)
             .arg(CALLER_INDEX_MAX)
-            .arg(self.retention_s)
-            .arg(if checked { "1" } else { "0" });
+            .arg(self.retention_s);
         invocation
     }
 
@@ -1515,9 +1506,10 @@ impl TaskStore {
 
     /// Records a terminal outcome (and acknowledges the queue entry when
     /// given); `report` (agent name, fingerprint) makes it an agent's report.
-    /// Beside it the idempotency key's retention starts again (its own slot:
-    /// a failure there leaves it the retention from the submission); once
-    /// the outcome is recorded, a session's task is appended to its results.
+    /// The idempotency key's retention starts again with it (on a cluster
+    /// beside it, the key being in its own slot: a failure there leaves it
+    /// the retention from the submission); once the outcome is recorded, a
+    /// session's task is appended to its results.
     async fn record_end(
         &self,
         task: &Task,
@@ -1531,15 +1523,20 @@ impl TaskStore {
         let (queue, entry_id) = entry.unwrap_or((&queue_key, ""));
         let (reporter, fingerprint) = report.unwrap_or(("", ""));
         let connection = self.connection().await?;
+        let one_server = !self.is_cluster();
+        let request_key = self.request_key(&task.caller, &task.request_id);
         let record = async {
             let mut connection = connection.clone();
-            self.scripts
-                .finish
-                .key(self.task_key(&task.task_id))
+            let mut invocation = self.scripts.finish.key(self.task_key(&task.task_id));
+            invocation
                 .key(queue)
                 .key(self.backlog_key(lane))
                 .key(self.callbacks_key(lane))
-                .key(self.followups_key(lane))
+                .key(self.followups_key(lane));
+            if one_server {
+                invocation.key(&request_key);
+            }
+            invocation
                 .arg(state.as_str())
                 .arg(now_ms())
                 .arg(result.to_string())
@@ -1556,12 +1553,19 @@ impl TaskStore {
                 .arg(reporter)
                 .arg(fingerprint)
                 .arg(if task.session_id.is_some() { "1" } else { "0" })
+                .arg(if one_server { "1" } else { "0" })
                 .arg(state_args(state))
                 .invoke_async::<Vec<String>>(&mut connection)
                 .await
                 .map_err(unavailable)
         };
-        let (answer, retained) = tokio::join!(record, self.retain_request(&connection, task));
+        let retain = async {
+            if one_server {
+                return Ok(());
+            }
+            self.retain_request(&connection, task).await
+        };
+        let (answer, retained) = tokio::join!(record, retain);
         let answer = answer?;
         if let Err(error) = retained {
             tracing::warn!(
