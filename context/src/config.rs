@@ -18,13 +18,15 @@ pub struct ContextArgs {
     /// Address serving gRPC and HTTP/JSON on one port.
     #[arg(long, env = "AGENT_REACH_CONTEXT_LISTEN", default_value = "127.0.0.1:7600")]
     pub listen: SocketAddr,
-    /// Redis URL: redis://HOST:PORT[/DB], or redis+sentinel://HOST:PORT,HOST:PORT,.../SERVICE[/DB]
-    /// (the Sentinels name the primary; failovers are followed without a restart);
-    /// rediss:// and rediss+sentinel:// for TLS, the server's certificate verified.
+    /// Redis URL: redis://HOST:PORT[/DB], redis+sentinel://HOST:PORT,HOST:PORT,.../SERVICE[/DB]
+    /// (the Sentinels name the primary; failovers are followed without a restart) or
+    /// redis+cluster://HOST:PORT,HOST:PORT,... (a Redis Cluster: any reachable node, the rest
+    /// discovered); rediss://, rediss+sentinel://, rediss+cluster:// for TLS, certificates verified.
     #[arg(long, env = "AGENT_REACH_REDIS", value_name = "URL")]
     pub redis: Option<String>,
+    /// TLS files, and `WAIT` for writes that must survive a failover.
     #[command(flatten)]
-    pub redis_tls: agent_reach_stores::RedisTlsArgs,
+    pub redis_link: agent_reach_stores::RedisLinkArgs,
     /// DEVELOPMENT ONLY: keep contexts in memory instead of Redis (lost on exit, not shared).
     #[arg(long, env = "AGENT_REACH_EMBEDDED_STORE", conflicts_with = "redis")]
     pub embedded_store: bool,
@@ -165,7 +167,7 @@ impl ContextArgs {
             tenant: self.tenant.clone(),
         };
         let store = match (&self.redis, self.embedded_store) {
-            (Some(url), _) => match self.redis_tls.link(url, &mut problems) {
+            (Some(url), _) => match self.redis_link.link(url, &mut problems) {
                 Some(link) => StoreChoice::Redis {
                     link: Box::new(link),
                     namespace,
@@ -284,6 +286,33 @@ mod tests {
         assert_eq!(settings.listen.to_string(), "127.0.0.1:7600");
         assert_eq!(settings.service, ContextConfig::default());
         assert!(matches!(settings.store, StoreChoice::Redis { .. }));
+    }
+
+    #[test]
+    fn writes_can_wait_for_replicas() {
+        let cli = Cli::try_parse_from([
+            "context",
+            "--redis",
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "--redis-wait-replicas",
+            "1",
+            "--redis-wait-timeout-ms",
+            "250",
+            "--insecure-no-auth",
+        ])
+        .unwrap();
+        let settings = cli.args.validate().unwrap();
+        let StoreChoice::Redis { link, .. } = settings.store else {
+            panic!("a Redis store");
+        };
+        assert!(link.url.is_cluster());
+        assert_eq!(
+            link.wait,
+            Some(agent_reach_stores::Wait {
+                replicas: 1,
+                timeout: Duration::from_millis(250)
+            })
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! One contract for every context store (acceptance point 7): the embedded
 //! store must behave like the Redis store for versions, limits, atomicity,
 //! tiers, idle sweeping and ownership. Each test runs against a real Redis
-//! (spawned by testkit) and against the embedded store.
+//! (spawned by testkit), a real Redis Cluster of three primaries and three
+//! replicas (the same key layout), and the embedded store.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -9,37 +10,58 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use agent_reach_context::model::{CloseAs, Fields, NewContext, Patch, Selection, Snapshot, StorePolicy, Tier};
 use agent_reach_context::store::{ContextStore, MemoryStore, Namespace, RedisStore, StoreError};
 use agent_reach_stores::RedisLink;
-use agent_reach_testkit::{eventually, Redis};
+use agent_reach_testkit::{eventually, Redis, RedisCluster};
 
-/// A store under test, keeping its backing process alive.
+/// A store under test, keeping its backing processes (a `Redis`, a
+/// `RedisCluster`, or nothing) alive until the test ends.
 struct Subject {
     store: Arc<dyn ContextStore>,
-    _redis: Option<Redis>,
+    _servers: Box<dyn std::any::Any>,
 }
 
-fn redis(policy: StorePolicy) -> Subject {
-    let redis = Redis::start();
+fn redis_store(url: &str, policy: StorePolicy) -> Arc<dyn ContextStore> {
     let namespace = Namespace {
         prefix: "test".into(),
         tenant: "contract".into(),
     };
-    let store = RedisStore::new(
-        &RedisLink::parse(&redis.url()).unwrap(),
-        &namespace,
-        policy,
-        Duration::from_secs(2),
+    Arc::new(
+        RedisStore::new(
+            &RedisLink::parse(url).unwrap(),
+            &namespace,
+            policy,
+            Duration::from_secs(2),
+        )
+        .unwrap(),
     )
-    .unwrap();
+}
+
+fn redis(policy: StorePolicy) -> Subject {
+    let redis = Redis::start();
     Subject {
-        store: Arc::new(store),
-        _redis: Some(redis),
+        store: redis_store(&redis.url(), policy),
+        _servers: Box::new(redis),
+    }
+}
+
+/// The cluster reached through a seed that does not answer and one node
+/// that does: any reachable node is enough, the rest is discovered.
+fn cluster(policy: StorePolicy) -> Subject {
+    let cluster = RedisCluster::start();
+    let url = format!(
+        "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+        agent_reach_testkit::free_port(),
+        cluster.ports()[1]
+    );
+    Subject {
+        store: redis_store(&url, policy),
+        _servers: Box::new(cluster),
     }
 }
 
 fn memory(policy: StorePolicy) -> Subject {
     Subject {
         store: Arc::new(MemoryStore::new(policy)),
-        _redis: None,
+        _servers: Box::new(()),
     }
 }
 
@@ -502,6 +524,10 @@ macro_rules! contract {
         mod on_redis {
             use super::*;
             $(#[tokio::test] async fn $name() { super::$name(redis($policy)).await })*
+        }
+        mod on_cluster {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(cluster($policy)).await })*
         }
         mod on_memory {
             use super::*;

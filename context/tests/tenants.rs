@@ -164,6 +164,14 @@ impl MultiTenant {
 }
 
 /// Every key in `redis` (`KEYS *`: a test database holds a handful).
+/// Where a tenant's contexts are (DESIGN §4.7 names their keys).
+fn namespace(prefix: &str, tenant: &str) -> agent_reach_context::store::Namespace {
+    agent_reach_context::store::Namespace {
+        prefix: prefix.to_string(),
+        tenant: tenant.to_string(),
+    }
+}
+
 async fn keys(redis: &Redis) -> Vec<String> {
     let client = redis::Client::open(redis.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
@@ -271,26 +279,24 @@ async fn each_tenant_has_its_own_contexts_on_its_own_placement() {
         !shared.iter().any(|key| key.contains("team-a")),
         "shared Redis: {shared:?}"
     );
-    for key in ["ctx:ctx-1", "ctx:only-a", "deadlines"] {
-        assert!(
-            own.contains(&format!("{PREFIX}:team-a:{key}")),
-            "own Redis lacks {key}: {own:?}"
-        );
+    let team_a = namespace(PREFIX, "team-a");
+    for key in [
+        team_a.context_key("ctx-1"),
+        team_a.context_key("only-a"),
+        team_a.deadlines_key("ctx-1"),
+        team_a.deadlines_key("only-a"),
+    ] {
+        assert!(own.contains(&key), "own Redis lacks {key}: {own:?}");
     }
     assert!(
         own.iter().all(|key| key.starts_with(&format!("{PREFIX}:team-a:"))),
         "own Redis: {own:?}"
     );
-    for key in [
-        "team-b:ctx:ctx-1",
-        "team-b:deadlines",
-        "default:ctx:ctx-1",
-        "default:deadlines",
-    ] {
-        assert!(
-            shared.contains(&format!("{PREFIX}:{key}")),
-            "shared Redis lacks {key}: {shared:?}"
-        );
+    for tenant in ["team-b", "default"] {
+        let namespace = namespace(PREFIX, tenant);
+        for key in [namespace.context_key("ctx-1"), namespace.deadlines_key("ctx-1")] {
+            assert!(shared.contains(&key), "shared Redis lacks {key}: {shared:?}");
+        }
     }
 
     // gRPC goes to the token's tenant too.
@@ -406,7 +412,9 @@ async fn the_tenant_map_is_followed_while_serving() {
         .await,
         "team-c was not served after it was added to the map"
     );
-    assert!(keys(&h.shared).await.contains(&format!("{PREFIX}:team-c:ctx:c-1")));
+    assert!(keys(&h.shared)
+        .await
+        .contains(&namespace(PREFIX, "team-c").context_key("c-1")));
     assert!(h.metrics().await.contains(r#"tenant="team-c""#));
 
     // A broken edit is refused; the last good map keeps serving.
@@ -453,7 +461,9 @@ async fn the_tenant_map_is_followed_while_serving() {
         "team-b's part was not rebuilt"
     );
     assert_eq!(h.create(Some("team-b"), "b-moved", json!({})).await.0, 201);
-    assert!(keys(&moved).await.contains(&format!("{PREFIX}:team-b:ctx:b-moved")));
+    assert!(keys(&moved)
+        .await
+        .contains(&namespace(PREFIX, "team-b").context_key("b-moved")));
     assert!(!keys(&h.shared).await.iter().any(|key| key.contains("b-moved")));
     assert!(Arc::ptr_eq(&team_a, &h.tenants.get("team-a").unwrap()));
 
@@ -661,10 +671,10 @@ async fn run_serves_the_tenant_map_from_its_flags() {
         .unwrap();
     assert_eq!(refused.status(), 401);
     // The default --key-prefix, on team-a's own Redis.
-    assert_eq!(
-        keys(&own).await,
-        ["agent-reach:team-a:ctx:from-run", "agent-reach:team-a:deadlines"]
-    );
+    let team_a = namespace("agent-reach", "team-a");
+    let mut expected = vec![team_a.context_key("from-run"), team_a.deadlines_key("from-run")];
+    expected.sort();
+    assert_eq!(keys(&own).await, expected);
     stop.send(()).unwrap();
     tokio::time::timeout(BOUND, served).await.unwrap().unwrap().unwrap();
 }

@@ -120,7 +120,7 @@ impl RedisTlsArgs {
             Ok(url) => {
                 if !url.tls && !tls.is_empty() {
                     problems.push(format!(
-                        "--redis-ca-file / --redis-client-cert need a TLS URL (rediss:// or rediss+sentinel://), not `{url}`"
+                        "--redis-ca-file / --redis-client-cert need a TLS URL (rediss://, rediss+sentinel:// or rediss+cluster://), not `{url}`"
                     ));
                 }
                 Some(RedisLink { url, tls, wait: None })

@@ -5,7 +5,10 @@
 //! survive a failover.
 //!
 //! - [`redis_url`]: `redis://`, `rediss://`, `redis+sentinel://`,
-//!   `rediss+sentinel://` parsed into [`RedisUrl`], printed without secrets.
+//!   `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://` parsed
+//!   into [`RedisUrl`], printed without secrets.
+//! - [`slot`]: Redis Cluster key slots and the hash tags the stores spread
+//!   their key groups with.
 //! - [`sentinel`]: asks the Sentinels for the primary ([`Sentinels`]).
 //! - [`tls`]: PEM files read and checked at start-up ([`TlsFiles`]), turned
 //!   into a rustls client configuration or the `redis` crate's certificates.
@@ -19,6 +22,7 @@
 pub mod args;
 pub mod redis_url;
 pub mod sentinel;
+pub mod slot;
 pub mod tls;
 
 pub use args::{RedisLink, RedisLinkArgs, RedisTlsArgs, Wait};

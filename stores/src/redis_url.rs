@@ -6,6 +6,8 @@
 //! rediss://…                                                    the same over TLS
 //! redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]…]/SERVICE[/DB][?sentinel_auth=none|same]
 //! rediss+sentinel://…                                           TLS to the Sentinels and to the primary
+//! redis+cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]…][/0]  a Redis Cluster, from any of these nodes
+//! rediss+cluster://…                                            the same over TLS to every node
 //! ```
 //!
 //! The `redis` crate has Sentinel support but no URL for it; this form is the
@@ -16,6 +18,11 @@
 //! Sentinels are asked without them unless `sentinel_auth=same` (Sentinels
 //! protected with the same `requirepass`). Anything else in the query is an
 //! error, so a misspelt option is never ignored.
+//!
+//! The cluster form lists seed nodes the same way (the scheme the Lettuce
+//! and go-redis cluster URLs use, `redis+cluster`): any one that answers is
+//! enough, the client discovers the rest of the topology from it
+//! (`CLUSTER SLOTS`) and follows it. A cluster has database 0 only.
 
 use percent_encoding::percent_decode_str;
 
@@ -59,6 +66,9 @@ pub enum Nodes {
         service: String,
         auth: SentinelAuth,
     },
+    /// A Redis Cluster: these nodes are where discovery starts (any one
+    /// reachable suffices); the slots' owners are asked of the cluster.
+    Cluster { seeds: Vec<HostPort> },
 }
 
 /// A parsed Redis URL. `Debug` and `Display` never show the password.
@@ -85,6 +95,8 @@ impl std::fmt::Display for RedisUrl {
             (Nodes::Direct(_), true) => "rediss",
             (Nodes::Sentinel { .. }, false) => "redis+sentinel",
             (Nodes::Sentinel { .. }, true) => "rediss+sentinel",
+            (Nodes::Cluster { .. }, false) => "redis+cluster",
+            (Nodes::Cluster { .. }, true) => "rediss+cluster",
         };
         write!(f, "{scheme}://")?;
         match (&self.username, &self.password) {
@@ -107,28 +119,36 @@ impl std::fmt::Display for RedisUrl {
                 }
                 Ok(())
             }
+            Nodes::Cluster { seeds } => {
+                let hosts: Vec<String> = seeds.iter().map(ToString::to_string).collect();
+                write!(f, "{}", hosts.join(","))
+            }
         }
     }
 }
 
 impl RedisUrl {
-    /// Parses one of the four forms; the message names what is wrong.
+    /// Parses one of the six forms; the message names what is wrong.
     pub fn parse(text: &str) -> Result<Self, String> {
         let invalid = |why: &str| format!("invalid Redis URL `{}`: {why}", redact(text));
-        let (scheme, rest) = text
-            .split_once("://")
-            .ok_or_else(|| invalid("expected redis://, rediss://, redis+sentinel:// or rediss+sentinel://"))?;
-        let (sentinel, tls) = match scheme {
-            "redis" => (false, false),
-            "rediss" => (false, true),
-            "redis+sentinel" => (true, false),
-            "rediss+sentinel" => (true, true),
+        let (scheme, rest) = text.split_once("://").ok_or_else(|| {
+            invalid("expected redis://, rediss://, redis+sentinel://, redis+cluster:// or their TLS forms")
+        })?;
+        let (form, tls) = match scheme {
+            "redis" => (Form::Direct, false),
+            "rediss" => (Form::Direct, true),
+            "redis+sentinel" => (Form::Sentinel, false),
+            "rediss+sentinel" => (Form::Sentinel, true),
+            "redis+cluster" => (Form::Cluster, false),
+            "rediss+cluster" => (Form::Cluster, true),
             other => {
                 return Err(invalid(&format!(
-                    "unknown scheme `{other}` (expected redis, rediss, redis+sentinel or rediss+sentinel)"
+                    "unknown scheme `{other}` (expected redis, rediss, redis+sentinel, rediss+sentinel, \
+                     redis+cluster or rediss+cluster)"
                 )))
             }
         };
+        let sentinel = form == Form::Sentinel;
         let (rest, query) = match rest.split_once('?') {
             Some((rest, query)) => (rest, Some(query)),
             None => (rest, None),
@@ -181,7 +201,20 @@ impl RedisUrl {
                 _ => return Err(invalid(&format!("unknown option `{pair}`"))),
             }
         }
-        let (nodes, db) = if sentinel {
+        let (nodes, db) = if form == Form::Cluster {
+            match segments.as_slice() {
+                [] => {}
+                [db] => {
+                    if parse_db(db)? != 0 {
+                        return Err(invalid(&format!(
+                            "a Redis Cluster has database 0 only, not {db} (drop the path or write /0)"
+                        )));
+                    }
+                }
+                _ => return Err(invalid("a cluster URL has no path beyond /0")),
+            }
+            (Nodes::Cluster { seeds: nodes }, 0)
+        } else if sentinel {
             let (service, db) = match segments.as_slice() {
                 [service] => (*service, 0),
                 [service, db] => (*service, parse_db(db)?),
@@ -203,7 +236,10 @@ impl RedisUrl {
             )
         } else {
             let [node] = <[HostPort; 1]>::try_from(nodes).map_err(|_| {
-                invalid("several hosts need the Sentinel form (redis+sentinel://HOST:PORT,HOST:PORT/SERVICE)")
+                invalid(
+                    "several hosts need the Sentinel form (redis+sentinel://HOST:PORT,HOST:PORT/SERVICE) \
+                     or the cluster form (redis+cluster://HOST:PORT,HOST:PORT)",
+                )
             })?;
             let db = match segments.as_slice() {
                 [] => 0,
@@ -224,6 +260,18 @@ impl RedisUrl {
     pub fn is_sentinel(&self) -> bool {
         matches!(self.nodes, Nodes::Sentinel { .. })
     }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.nodes, Nodes::Cluster { .. })
+    }
+}
+
+/// Which of the URL forms a scheme names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Direct,
+    Sentinel,
+    Cluster,
 }
 
 fn host_port(text: &str, default_port: u16) -> Result<HostPort, String> {
@@ -326,6 +374,30 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_forms_parse() {
+        let cluster = RedisUrl::parse("redis+cluster://10.0.0.1:7000,10.0.0.2,[::1]:7002").unwrap();
+        assert_eq!(
+            cluster.nodes,
+            Nodes::Cluster {
+                seeds: vec![node("10.0.0.1", 7000), node("10.0.0.2", 6379), node("::1", 7002)]
+            }
+        );
+        assert!(cluster.is_cluster() && !cluster.tls && cluster.db == 0);
+        let one = RedisUrl::parse("rediss+cluster://app:s3cret@redis.internal:7000/0").unwrap();
+        assert!(one.tls && one.is_cluster());
+        assert_eq!(
+            (one.username.as_deref(), one.password.as_deref()),
+            (Some("app"), Some("s3cret"))
+        );
+        assert_eq!(one.to_string(), "rediss+cluster://app:***@redis.internal:7000");
+        assert_eq!(
+            RedisUrl::parse(&cluster.to_string()).unwrap(),
+            cluster,
+            "printed, it parses back"
+        );
+    }
+
+    #[test]
     fn printing_never_shows_the_password() {
         let url = RedisUrl::parse("rediss+sentinel://app:hunter2@a:1,b:2/svc/1?sentinel_auth=same").unwrap();
         let shown = format!("{url} {url:?}");
@@ -356,6 +428,16 @@ mod tests {
             ("redis://:1", "has no host"),
             ("redis+sentinel://a:1,,b:2/svc", "a host is missing"),
             ("redis://[::1/0", "closing `]`"),
+            ("redis://a:1,b:2", "or the cluster form (redis+cluster://"),
+            ("redis+cluster://a:1,b:2/3", "database 0 only, not 3"),
+            ("redis+cluster://a:1/x", "`x` is not a database number"),
+            ("redis+cluster://a:1/0/svc", "no path beyond /0"),
+            (
+                "redis+cluster://a:1?sentinel_auth=same",
+                "unknown option `sentinel_auth=same`",
+            ),
+            ("redis+cluster://a:1,,b:2", "a host is missing"),
+            ("rediss+clusters://a:1", "unknown scheme `rediss+clusters`"),
         ];
         for (url, expected) in cases {
             let error = RedisUrl::parse(url).unwrap_err();

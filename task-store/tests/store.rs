@@ -1,4 +1,6 @@
-//! The task store and callbacks against a real Redis (testkit).
+//! The task store and callbacks against a real Redis (testkit): the same
+//! contract on one server (`on_redis::`) and on a Redis Cluster of three
+//! primaries and three replicas (`on_cluster::`), one key layout for both.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -8,11 +10,69 @@ use agent_reach_task_store::{
     Callback, CallbackConfig, CallbackOutcome, Deliverer, NewTask, Priority, State, StoreConfig, Submitted, TaskStore,
     TaskStoreError,
 };
-use agent_reach_testkit::Redis;
+use agent_reach_testkit::{Redis, RedisCluster};
 use serde_json::{json, Value};
 
-fn store(redis: &Redis) -> TaskStore {
-    TaskStore::new(&redis.url(), &StoreConfig::default()).unwrap()
+/// Where a test's store keeps its tasks; its servers live as long as it.
+enum Backend {
+    Single(Redis),
+    Cluster(RedisCluster),
+}
+
+impl Backend {
+    fn single() -> Self {
+        Backend::Single(Redis::start())
+    }
+
+    fn cluster() -> Self {
+        Backend::Cluster(RedisCluster::start())
+    }
+
+    /// A cluster is reached through a seed that does not answer and one
+    /// node that does: any reachable node is enough, the rest is discovered.
+    fn url(&self) -> String {
+        match self {
+            Backend::Single(redis) => redis.url(),
+            Backend::Cluster(cluster) => format!(
+                "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+                agent_reach_testkit::free_port(),
+                cluster.ports()[2]
+            ),
+        }
+    }
+
+    fn store(&self) -> TaskStore {
+        TaskStore::new(&self.url(), &StoreConfig::default()).unwrap()
+    }
+
+    /// A plain command on the node holding `key` (a cluster connection routes it).
+    fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> T {
+        match self {
+            Backend::Single(redis) => {
+                let mut connection = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
+                command.query(&mut connection).unwrap()
+            }
+            Backend::Cluster(cluster) => {
+                let seeds: Vec<String> = cluster
+                    .ports()
+                    .iter()
+                    .map(|port| format!("redis://127.0.0.1:{port}"))
+                    .collect();
+                let mut connection = redis::cluster::ClusterClient::new(seeds)
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                command.query(&mut connection).unwrap()
+            }
+        }
+    }
+}
+
+/// The key of a task's hash (DESIGN §3.10.9): in its lane, under the lane's tag.
+fn task_key(task_id: &str) -> String {
+    let lane = agent_reach_task_store::store::lane_of(task_id);
+    let tag = agent_reach_stores::slot::spread_tag("q", lane, agent_reach_task_store::store::LANES);
+    format!("agent-reach:default:task:{{{tag}}}:{task_id}")
 }
 
 fn task(request_id: &str, priority: Priority, session: Option<&str>) -> NewTask {
@@ -31,10 +91,8 @@ fn succeeded(text: &str) -> Value {
     json!({"status": "succeeded", "output": {"text": text}})
 }
 
-#[tokio::test]
-async fn submission_is_durable_idempotent_and_runs_through_the_state_machine() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn submission_is_durable_idempotent_and_runs_through_the_state_machine(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
 
     let first = store.submit(task("req-1", Priority::Normal, Some("s1"))).await.unwrap();
@@ -64,10 +122,24 @@ async fn submission_is_durable_idempotent_and_runs_through_the_state_machine() {
         store.transition(first.task_id(), State::Pending).await,
         Err(TaskStoreError::Refused { .. })
     ));
+    // A move run again (a retried write) is done, and counts no second attempt.
+    assert_eq!(
+        store.transition(first.task_id(), State::Running).await.unwrap(),
+        State::Running
+    );
     store
         .finish(&claimed[0], State::Succeeded, &succeeded("done"))
         .await
         .unwrap();
+    // The same outcome again (a retried write) is done; another one is refused.
+    store
+        .finish(&claimed[0], State::Succeeded, &succeeded("done"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.finish(&claimed[0], State::Failed, &succeeded("other")).await,
+        Err(TaskStoreError::Refused { .. })
+    ));
 
     let done = store.get(first.task_id()).await.unwrap();
     assert_eq!(done.state, State::Succeeded);
@@ -78,23 +150,12 @@ async fn submission_is_durable_idempotent_and_runs_through_the_state_machine() {
     assert!(done.transitions.windows(2).all(|pair| pair[0].at_ms <= pair[1].at_ms));
     // Finished: acknowledged (nothing left to reclaim) and on the retention clock.
     assert!(store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap().is_empty());
-    let mut connection = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(format!("agent-reach:default:task:{}", first.task_id()))
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let ttl: i64 = backend.query(redis::cmd("TTL").arg(task_key(first.task_id())));
     assert!(ttl > 0 && ttl <= 24 * 3600, "ttl {ttl}");
 }
 
-#[tokio::test]
-async fn a_dead_workers_task_is_reclaimed_not_lost() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn a_dead_workers_task_is_reclaimed_not_lost(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     let submitted = store.submit(task("req-2", Priority::Normal, None)).await.unwrap();
     let taken = store.claim("worker-dies", 10, 0).await.unwrap();
@@ -119,10 +180,8 @@ async fn a_dead_workers_task_is_reclaimed_not_lost() {
     assert_eq!((done.state, done.attempts), (State::Succeeded, 2));
 }
 
-#[tokio::test]
-async fn cancel_pending_is_never_delivered_and_cancel_running_sticks() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn cancel_pending_is_never_delivered_and_cancel_running_sticks(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     let canceled = json!({"status": "failed", "error": {"code": "CANCELED"}});
 
@@ -150,10 +209,8 @@ async fn cancel_pending_is_never_delivered_and_cancel_running_sticks() {
     assert!(matches!(store.get("t_nope").await, Err(TaskStoreError::NotFound(_))));
 }
 
-#[tokio::test]
-async fn high_priority_first_without_starving_low() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn high_priority_first_without_starving_low(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     for index in 0..4 {
         store
@@ -177,10 +234,8 @@ async fn high_priority_first_without_starving_low() {
     );
 }
 
-#[tokio::test]
-async fn a_reconnecting_session_reads_each_unconsumed_result_once() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn a_reconnecting_session_reads_each_unconsumed_result_once(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     for index in 0..3 {
         store
@@ -210,10 +265,12 @@ async fn a_reconnecting_session_reads_each_unconsumed_result_once() {
         .is_empty());
 }
 
+/// One server only: the cluster's counterpart, a shard's primary lost and
+/// its replica promoted, is `tests/cluster.rs`.
 #[tokio::test]
 async fn redis_down_is_unavailable_and_recovery_needs_no_restart() {
     let mut redis = Redis::start();
-    let store = store(&redis);
+    let store = TaskStore::new(&redis.url(), &StoreConfig::default()).unwrap();
     store.prepare().await.unwrap();
     redis.kill();
     assert!(matches!(
@@ -312,10 +369,8 @@ async fn send_until_done(store: &TaskStore, deliverer: &Deliverer, task_id: &str
     }
 }
 
-#[tokio::test]
-async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
 
     // Down for three attempts → delivered on the fourth, gaps doubling.
@@ -357,10 +412,8 @@ async fn callbacks_are_signed_retried_on_schedule_and_dead_lettered() {
     assert_eq!(serde_json::from_str::<Value>(&dead[0].1).unwrap(), succeeded("cb-2"));
 }
 
-#[tokio::test]
-async fn backlog_counts_waiting_tasks_by_capability_and_priority() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn backlog_counts_waiting_tasks_by_capability_and_priority(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     let first = store.submit(task("b-1", Priority::Normal, None)).await.unwrap();
     store.submit(task("b-2", Priority::Normal, None)).await.unwrap();
@@ -386,10 +439,8 @@ async fn backlog_counts_waiting_tasks_by_capability_and_priority() {
     assert_eq!(store.dead_letter_count().await.unwrap(), 0);
 }
 
-#[tokio::test]
-async fn only_the_worker_holding_a_claim_can_refresh_it() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn only_the_worker_holding_a_claim_can_refresh_it(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     store.submit(task("keep-1", Priority::Normal, None)).await.unwrap();
     let mut held = store.claim("worker-a", 1, 0).await.unwrap();
@@ -402,10 +453,8 @@ async fn only_the_worker_holding_a_claim_can_refresh_it() {
     assert!(!store.extend_claim(&claimed).await.unwrap(), "worker-b holds it now");
 }
 
-#[tokio::test]
-async fn an_accepted_task_takes_one_report_from_its_agent() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn an_accepted_task_takes_one_report_from_its_agent(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     let id = store
         .submit(task("rep-1", Priority::Normal, Some("s-rep")))
@@ -468,10 +517,8 @@ async fn an_accepted_task_takes_one_report_from_its_agent() {
     assert_eq!(store.session_results("s-rep", None, 10).await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     let first = store.submit(task("index-1", Priority::Normal, None)).await.unwrap();
     let second = store.submit(task("index-2", Priority::Normal, None)).await.unwrap();
@@ -538,10 +585,8 @@ async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent() {
     ));
 }
 
-#[tokio::test]
-async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
-    let redis = Redis::start();
-    let store = store(&redis);
+async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait(backend: Backend) {
+    let store = backend.store();
     store.prepare().await.unwrap();
     for request in ["b-1", "b-2"] {
         let submitted = store
@@ -598,4 +643,254 @@ async fn a_backlog_bound_refuses_submissions_once_enough_tasks_wait() {
             .unwrap(),
         Submitted::Created(_)
     ));
+}
+
+async fn tasks_of_many_capabilities_are_each_claimed_once_from_their_lanes(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    let capabilities: Vec<String> = (0..12).map(|index| format!("cap.number{index}")).collect();
+    let mut submitted = Vec::new();
+    for (index, capability) in capabilities.iter().enumerate() {
+        for copy in 0..3 {
+            let new = NewTask {
+                capability: capability.clone(),
+                ..task(&format!("spread-{index}-{copy}"), Priority::Normal, None)
+            };
+            submitted.push(store.submit(new).await.unwrap().task_id().to_string());
+        }
+    }
+    // One capability, one lane: its tasks' ids share their first digit.
+    for chunk in submitted.chunks(3) {
+        let lanes: Vec<usize> = chunk
+            .iter()
+            .map(|id| agent_reach_task_store::store::lane_of(id))
+            .collect();
+        assert!(lanes.windows(2).all(|pair| pair[0] == pair[1]), "{chunk:?}");
+    }
+    let lanes: std::collections::BTreeSet<usize> = submitted
+        .iter()
+        .map(|id| agent_reach_task_store::store::lane_of(id))
+        .collect();
+    assert!(lanes.len() >= 4, "twelve capabilities spread over lanes: {lanes:?}");
+    if let Backend::Cluster(cluster) = &backend {
+        let owners: std::collections::BTreeSet<u16> = submitted
+            .iter()
+            .filter_map(|id| cluster.owner_of(agent_reach_stores::slot::key_slot(task_key(id).as_bytes())))
+            .collect();
+        assert!(owners.len() >= 2, "the lanes spread over the shards: {owners:?}");
+    }
+    // Claims never take more than asked, take every capability's turn, and every task once.
+    let mut claimed = Vec::new();
+    for round in 0..20 {
+        let batch = store.claim("worker", 5, round).await.unwrap();
+        assert!(batch.len() <= 5);
+        if round == 0 {
+            let distinct: std::collections::BTreeSet<&str> =
+                batch.iter().map(|claimed| claimed.task.capability.as_str()).collect();
+            assert_eq!(distinct.len(), 5, "five capabilities take a turn each");
+        }
+        for taken in batch {
+            store.transition(&taken.task.task_id, State::Running).await.unwrap();
+            store.finish(&taken, State::Succeeded, &succeeded("ok")).await.unwrap();
+            claimed.push(taken.task.task_id);
+        }
+    }
+    claimed.sort();
+    submitted.sort();
+    assert_eq!(claimed, submitted, "every task claimed once");
+    assert!(store.backlog().await.unwrap().iter().all(|(_, count)| *count == 0));
+    assert_eq!(
+        store.running().await.unwrap(),
+        [(Priority::High, 0), (Priority::Normal, 0), (Priority::Low, 0)]
+    );
+}
+
+async fn one_request_id_submitted_at_once_many_times_is_one_task(backend: Backend) {
+    let store = Arc::new(backend.store());
+    store.prepare().await.unwrap();
+    let submissions = (0..16).map(|_| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .submit(task("same-request", Priority::Normal, Some("s")))
+                .await
+                .unwrap()
+        })
+    });
+    let answers: Vec<Submitted> = futures::future::join_all(submissions)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let ids: std::collections::BTreeSet<&str> = answers.iter().map(Submitted::task_id).collect();
+    assert_eq!(ids.len(), 1, "one task: {answers:?}");
+    assert_eq!(
+        answers
+            .iter()
+            .filter(|answer| matches!(answer, Submitted::Created(_)))
+            .count(),
+        1,
+        "created once, the others told it exists"
+    );
+    assert_eq!(store.claim("worker", 10, 0).await.unwrap().len(), 1, "queued once");
+    assert_eq!(
+        store.find("tester", "same-request").await.unwrap().as_deref(),
+        ids.first().copied()
+    );
+}
+
+async fn a_submission_cut_between_its_two_steps_is_completed_by_its_retry(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    // The first attempt claimed its request id under `first`, then Redis failed it
+    // before the task was stored (the caller got 503).
+    let first = store.task_id_for("demo.echo");
+    let _: () = backend.query(
+        redis::cmd("SET")
+            .arg("agent-reach:default:task_req:tester:cut-1")
+            .arg(&first)
+            .arg("EX")
+            .arg(600),
+    );
+    assert!(matches!(store.get(&first).await, Err(TaskStoreError::NotFound(_))));
+    // The caller's retry (a new id from the router) completes the first one.
+    let retry = store
+        .submit(task("cut-1", Priority::Normal, Some("s-cut")))
+        .await
+        .unwrap();
+    assert_eq!(retry, Submitted::Existing(first.clone()), "the request's one task");
+    assert_eq!(store.get(&first).await.unwrap().state, State::Pending);
+    let claimed = store.claim("worker", 10, 0).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].task.task_id, first, "stored and queued");
+    // The router's buffer replaying under the first id: its one task, queued once.
+    assert_eq!(
+        store
+            .submit_with_id(task("cut-1", Priority::Normal, Some("s-cut")), &first)
+            .await
+            .unwrap(),
+        Submitted::Created(first.clone())
+    );
+    assert!(store.claim("worker", 10, 1).await.unwrap().is_empty());
+}
+
+async fn a_left_follow_up_is_applied_by_a_worker(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    let submitted = store
+        .submit(task("left-1", Priority::Normal, Some("s-left")))
+        .await
+        .unwrap();
+    let claimed = store.claim("worker", 1, 0).await.unwrap().pop().unwrap();
+    store.transition(submitted.task_id(), State::Running).await.unwrap();
+    store
+        .finish(&claimed, State::Succeeded, &succeeded("left"))
+        .await
+        .unwrap();
+    assert_eq!(store.session_results("s-left", None, 10).await.unwrap().len(), 1);
+    // As if the router died between the outcome and its session result: the
+    // result is not in the session yet, the follow-up is noted since long.
+    let lane = agent_reach_task_store::store::lane_of(submitted.task_id());
+    let lane_tag = agent_reach_stores::slot::spread_tag("q", lane, agent_reach_task_store::store::LANES);
+    let session_tag = format!("s{:04x}", agent_reach_stores::slot::crc16(b"s-left"));
+    let _: i64 = backend.query(redis::cmd("DEL").arg(format!("agent-reach:default:results:{{{session_tag}}}:s-left")));
+    let _: i64 =
+        backend.query(redis::cmd("DEL").arg(format!("agent-reach:default:results_seen:{{{session_tag}}}:s-left")));
+    let _: i64 = backend.query(
+        redis::cmd("ZADD")
+            .arg(format!("agent-reach:default:followups:{{{lane_tag}}}"))
+            .arg(1)
+            .arg(submitted.task_id()),
+    );
+    assert!(store.session_results("s-left", None, 10).await.unwrap().is_empty());
+    // Another store (another router) polling for work applies it.
+    let other = backend.store();
+    let applied = eventually_async(Duration::from_secs(5), || async {
+        other.claim("worker-b", 10, 0).await.unwrap();
+        store.session_results("s-left", None, 10).await.unwrap().len() == 1
+    })
+    .await;
+    assert!(applied, "the session result was appended by another router");
+    other.claim("worker-b", 10, 0).await.unwrap();
+    let results = store.session_results("s-left", None, 10).await.unwrap();
+    assert_eq!(results.len(), 1, "once");
+    assert_eq!(results[0].result, Some(succeeded("left")));
+}
+
+async fn a_dead_letter_is_listed_replayed_once_and_then_gone(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    let (url, _seen) = receiver(usize::MAX).await;
+    let task = finished_task_with_callback(&store, "dl-1", &url).await;
+    let outcomes = send_until_done(&store, &deliverer(), &task.task_id).await;
+    assert_eq!(outcomes.last(), Some(&CallbackOutcome::DeadLettered { attempts: 5 }));
+    let letters = store.list_dead_letters(None, 10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        store.dead_letter_entry(&letters[0].id).await.unwrap().task_id,
+        task.task_id
+    );
+    assert_eq!(store.replay_dead_letter(&letters[0].id).await.unwrap(), task.task_id);
+    assert!(matches!(
+        store.replay_dead_letter(&letters[0].id).await,
+        Err(TaskStoreError::DeadLetterNotFound(_))
+    ));
+    assert_eq!(store.dead_letter_count().await.unwrap(), 0);
+    let due = store
+        .claim_due_callbacks(agent_reach_task_store::store::now_ms() + 60_000, 10)
+        .await
+        .unwrap();
+    assert_eq!(due, [task.task_id.as_str()], "scheduled again from its first attempt");
+}
+
+/// Polls `condition` every 20 ms until it holds or `timeout` passes.
+async fn eventually_async<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// === Running it against one server and a cluster ===
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod on_redis {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(Backend::single()).await })*
+        }
+        mod on_cluster {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(Backend::cluster()).await })*
+        }
+    };
+}
+
+contract! {
+    submission_is_durable_idempotent_and_runs_through_the_state_machine,
+    a_dead_workers_task_is_reclaimed_not_lost,
+    cancel_pending_is_never_delivered_and_cancel_running_sticks,
+    high_priority_first_without_starving_low,
+    a_reconnecting_session_reads_each_unconsumed_result_once,
+    callbacks_are_signed_retried_on_schedule_and_dead_lettered,
+    backlog_counts_waiting_tasks_by_capability_and_priority,
+    only_the_worker_holding_a_claim_can_refresh_it,
+    an_accepted_task_takes_one_report_from_its_agent,
+    a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent,
+    a_backlog_bound_refuses_submissions_once_enough_tasks_wait,
+    tasks_of_many_capabilities_are_each_claimed_once_from_their_lanes,
+    one_request_id_submitted_at_once_many_times_is_one_task,
+    a_submission_cut_between_its_two_steps_is_completed_by_its_retry,
+    a_left_follow_up_is_applied_by_a_worker,
+    a_dead_letter_is_listed_replayed_once_and_then_gone,
 }

@@ -271,7 +271,8 @@ pub(super) async fn put(
     // buffer's replay must find it there under the same one. Under a fresh id the
     // replay found the request id taken and dropped its copy, and the id the caller
     // was given answered 404 for ever (docs/chaos.md, router/tests/task_buffer.rs).
-    let task_id = agent_reach_task_store::new_task_id();
+    // In its capability's lane: a capability's tasks share a Redis Cluster slot (§3.10.9).
+    let task_id = tasks.store.task_id_for(&task.capability);
     let submitted = match &tasks.buffer {
         // Behind what waits in the buffer: order holds, a resubmission finds its first copy.
         Some(buffer) if !buffer.is_empty() => return buffered(tasks, buffer, task_id, task, priority).await,

@@ -1,5 +1,5 @@
 //! The local buffer for task submissions while Redis is unreachable
-//! (DESIGN §3.10.9): submissions are appended to a file and fsynced before
+//! (DESIGN §3.10.10): submissions are appended to a file and fsynced before
 //! the 202, so a router that stays up loses none; a background task
 //! replays them into Redis in order once it answers again, under the task
 //! ids already given out. While anything waits in the buffer, new

@@ -1,7 +1,8 @@
 //! Test support: spawns real `etcd`, `redis-server` and `prometheus` processes
 //! on free loopback ports with temporary data directories, waits until they
 //! answer, and kills them on drop; [`EtcdCluster`] runs three etcd members, [`RedisSentinels`] a
-//! Redis primary, its replica and three Sentinels.
+//! Redis primary, its replica and three Sentinels, [`RedisCluster`] a Redis
+//! Cluster of three primaries and three replicas.
 //!
 //! A missing binary fails with a message naming the package and the setup
 //! command (`scripts/setup.sh`). Everything binds to 127.0.0.1 only.
@@ -19,6 +20,7 @@ mod group;
 pub mod otlp;
 #[cfg(feature = "pki")]
 pub mod pki;
+mod redis_cluster;
 mod redis_ha;
 #[cfg(feature = "services")]
 mod services;
@@ -28,6 +30,7 @@ pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
 pub use etcd_cluster::EtcdCluster;
 pub use group::ProcessGroup;
+pub use redis_cluster::{NodeView, RedisCluster};
 pub use redis_ha::RedisSentinels;
 
 use std::io::{Read, Write};

@@ -262,10 +262,24 @@ impl Drop for RedisSentinels {
 }
 
 /// Sends one inline command and returns what came back within 300 ms.
-fn command(addr: SocketAddr, line: &str) -> Option<String> {
+pub(crate) fn command(addr: SocketAddr, line: &str) -> Option<String> {
+    send(addr, format!("{line}\r\n").as_bytes(), Duration::from_millis(300))
+}
+
+/// Sends one command as a RESP array (each argument a bulk string, so spaces
+/// and quotes need no escaping) and returns the reply within `wait`.
+pub(crate) fn call(addr: SocketAddr, args: &[&str], wait: Duration) -> Option<String> {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    send(addr, request.as_bytes(), wait)
+}
+
+fn send(addr: SocketAddr, request: &[u8], wait: Duration) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_millis(300))).ok()?;
-    stream.write_all(format!("{line}\r\n").as_bytes()).ok()?;
+    stream.set_read_timeout(Some(wait)).ok()?;
+    stream.write_all(request).ok()?;
     let mut out = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
@@ -314,7 +328,7 @@ fn reply_end(input: &[u8], at: usize) -> Option<usize> {
     }
 }
 
-fn command_ok(addr: SocketAddr, line: &str, expected: &str) -> bool {
+pub(crate) fn command_ok(addr: SocketAddr, line: &str, expected: &str) -> bool {
     command(addr, line).is_some_and(|answer| answer.starts_with(expected))
 }
 

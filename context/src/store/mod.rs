@@ -7,6 +7,7 @@
 //! or not at all. Both implementations are held to one contract test suite
 //! (`tests/store_contract.rs`).
 
+pub mod cluster;
 pub mod memory;
 pub mod redis;
 pub mod resp;

@@ -1,20 +1,27 @@
-//! The Redis store (DESIGN §4).
+//! The Redis store (DESIGN §4, §4.7): one server, Sentinel's primary or a
+//! Redis Cluster, one key layout for all three.
 //!
-//! Layout, per tenant under a configurable prefix:
-//! - `{prefix}:{tenant}:ctx:{context_id}`: one hash per context. User fields hold
+//! Every context is in one of [`BUCKETS`] buckets (CRC16 of its id); a
+//! bucket's keys carry its hash tag (`{c…}`, slots spaced evenly over the
+//! cluster's slot space: [`agent_reach_stores::slot::spread_tag`]), so a
+//! context's hash and its bucket's deadline set are one slot of a Redis
+//! Cluster, every script and read pipeline of a context goes to one node,
+//! and the contexts spread over the shards. Per tenant under a configurable
+//! prefix (`{B}` a bucket's tag):
+//! - `{prefix}:{tenant}:ctx:{B}:{context_id}`: one hash per context. User fields hold
 //!   JSON text under their own names; the reserved entries start with `_` (which
 //!   no field name can): `_version`, `_tier`, `_owner`, `_bytes` (running total of
 //!   name and value bytes, so limits need no full read), `_expires` (epoch ms at
 //!   which the TTL ends, so a read needs no PTTL). The hash carries the tier's
 //!   TTL, refreshed by every write.
-//! - `{prefix}:{tenant}:deadlines`: a sorted set, member = context id, score = the
+//! - `{prefix}:{tenant}:deadlines:{B}`: a sorted set per bucket, member = context id, score = the
 //!   epoch ms at which the context dies if nobody touches it: `now + min(idle
 //!   timeout, remaining TTL)` after a write, `now + idle timeout` after a read.
 //!   Every read and write moves it; the sweeper deletes what is past it. This is
 //!   the last-access tracking.
 //!
-//! Every write (create, patch, close) and the sweep is one Lua script, so it is
-//! atomic and one round trip. Create and the sweep take time from Redis
+//! Every write (create, patch, close) and each bucket's sweep is one Lua
+//! script, so it is atomic and one round trip. Create and the sweep take time from Redis
 //! (`TIME`); the hot paths, reads (one pipeline of plain commands, see `get`) and
 //! patches, use the service's clock, so clock skew between replicas shifts an
 //! idle deadline or a reported expiry by at most the skew (TTLs themselves are
@@ -26,13 +33,22 @@
 //! itself when Redis is back). A request on a per-core worker runtime talks to
 //! Redis through a connection driven by that same thread: no cross-thread
 //! wake-ups on the hot path. Every call is bounded by the connection's reply
-//! timeout (see `resp`).
+//! timeout (see `resp`). On a cluster each serving thread keeps such a
+//! connection per node, and `cluster` routes each request to its slot's node,
+//! following `MOVED`, `ASK` and failovers within the same bound.
+//!
+//! With `WAIT` (`--redis-wait-replicas`), each write's script is followed by
+//! `WAIT` in the same pipeline, on the same connection: a write is
+//! acknowledged only once that many replicas of its shard have it.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use agent_reach_stores::slot::{crc16, key_slot, spread_tag};
+
+use super::cluster::Cluster;
 use super::resp::{self, Args, Pipeline, Reply};
 use super::{ContextStore, StoreError};
 use crate::model::{CloseAs, NewContext, Patch, Selection, Snapshot, StorePolicy, SweepReport, Tier, Written};
@@ -43,6 +59,28 @@ const RESERVED: [&str; 5] = ["_version", "_tier", "_owner", "_bytes", "_expires"
 const READ_RESERVED: [&str; 4] = ["_version", "_tier", "_owner", "_expires"];
 /// Index entries removed per sweep script call (keeps each script short).
 const SWEEP_BATCH: usize = 500;
+/// Buckets per tenant (a context's is CRC16 of its id, modulo this). Part of
+/// the key layout: every bucket is one slot of a cluster.
+pub const BUCKETS: usize = 256;
+
+/// The buckets' hash tags (without braces) and their slots, computed once.
+fn buckets() -> &'static [(String, u16)] {
+    static BUCKET_TAGS: OnceLock<Vec<(String, u16)>> = OnceLock::new();
+    BUCKET_TAGS.get_or_init(|| {
+        (0..BUCKETS)
+            .map(|bucket| {
+                let tag = spread_tag("c", bucket, BUCKETS);
+                let slot = key_slot(tag.as_bytes());
+                (tag, slot)
+            })
+            .collect()
+    })
+}
+
+/// The bucket of a context id.
+pub fn bucket_of(context_id: &str) -> usize {
+    usize::from(crc16(context_id.as_bytes())) % BUCKETS
+}
 
 /// Shared by every script: Redis' clock in milliseconds, and variadic calls
 /// split so no `unpack` exceeds Lua's stack (1,000 arguments per call; even,
@@ -234,7 +272,7 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return {'ok'}
 ";
 
-/// KEYS: deadlines. ARGV: context key prefix, batch size.
+/// KEYS: the bucket's deadlines. ARGV: the bucket's context key prefix, batch size.
 /// The scan and the deletions run in one script, so a context touched a moment
 /// before is no longer past its deadline and stays; two replicas sweeping at
 /// once remove each context exactly once.
@@ -261,12 +299,34 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    fn context_prefix(&self) -> String {
-        format!("{}:{}:ctx:", self.prefix, self.tenant)
+    /// The key of context `id`'s hash (DESIGN §4.7).
+    pub fn context_key(&self, id: &str) -> String {
+        format!("{}{id}", self.context_prefix(bucket_of(id)))
     }
 
-    fn deadlines(&self) -> String {
-        format!("{}:{}:deadlines", self.prefix, self.tenant)
+    /// The key of the deadline set context `id` is in (its bucket's).
+    pub fn deadlines_key(&self, id: &str) -> String {
+        self.deadlines(bucket_of(id))
+    }
+
+    /// What the keys of the contexts in `bucket` start with.
+    fn context_prefix(&self, bucket: usize) -> String {
+        format!(
+            "{}:{}:ctx:{{{}}}:",
+            self.prefix,
+            self.tenant,
+            buckets()[bucket % BUCKETS].0
+        )
+    }
+
+    /// The deadline set of `bucket`.
+    fn deadlines(&self, bucket: usize) -> String {
+        format!(
+            "{}:{}:deadlines:{{{}}}",
+            self.prefix,
+            self.tenant,
+            buckets()[bucket % BUCKETS].0
+        )
     }
 }
 
@@ -351,12 +411,18 @@ thread_local! {
 type Slot = (usize, Weak<()>, u64, resp::Connection);
 
 pub struct RedisStore {
+    /// One server (or Sentinel's primary): this thread's connection to it.
     target: resp::Target,
+    /// A Redis Cluster: the slot map and a connection per node and thread.
+    cluster: Option<Arc<Cluster>>,
     id: usize,
     /// Dropped with the store; thread-local slots holding a `Weak` to it are then stale.
     alive: Arc<()>,
-    context_prefix: String,
-    deadlines: String,
+    /// Per bucket: its context key prefix, its deadline set.
+    context_prefixes: Vec<String>,
+    deadlines: Vec<String>,
+    /// `WAIT` after each write: acknowledged once this many replicas have it.
+    wait: Option<agent_reach_stores::Wait>,
     policy: StorePolicy,
     scripts: Scripts,
 }
@@ -364,7 +430,8 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("deadlines", &self.deadlines)
+            .field("deadlines", &self.deadlines.first())
+            .field("cluster", &self.cluster)
             .field("timeout", &self.target.reply_timeout)
             .finish()
     }
@@ -457,6 +524,7 @@ impl RedisStore {
         };
         let (host, port, primary) = match &parsed.nodes {
             agent_reach_stores::Nodes::Direct(node) => (node.host.clone(), node.port, None),
+            agent_reach_stores::Nodes::Cluster { .. } => (String::new(), 0, None),
             agent_reach_stores::Nodes::Sentinel { .. } => {
                 let sentinels = agent_reach_stores::Sentinels::from_url(parsed, &link.tls)
                     .ok_or_else(|| format!("`{parsed}` names no Sentinel"))?;
@@ -480,20 +548,27 @@ impl RedisStore {
             reply_timeout: timeout,
             tls,
         };
+        let cluster = match &parsed.nodes {
+            agent_reach_stores::Nodes::Cluster { seeds } => Some(Cluster::new(seeds.clone(), target.clone(), timeout)),
+            _ => None,
+        };
         Ok(Self {
             target,
+            cluster,
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             alive: Arc::new(()),
-            context_prefix: namespace.context_prefix(),
-            deadlines: namespace.deadlines(),
+            context_prefixes: (0..BUCKETS).map(|bucket| namespace.context_prefix(bucket)).collect(),
+            deadlines: (0..BUCKETS).map(|bucket| namespace.deadlines(bucket)).collect(),
+            wait: link.wait,
             scripts: Scripts::new(&policy),
             policy,
         })
     }
 
-    fn key(&self, id: &str) -> String {
-        let mut key = String::with_capacity(self.context_prefix.len() + id.len());
-        key.push_str(&self.context_prefix);
+    fn key(&self, bucket: usize, id: &str) -> String {
+        let prefix = &self.context_prefixes[bucket];
+        let mut key = String::with_capacity(prefix.len() + id.len());
+        key.push_str(prefix);
         key.push_str(id);
         key
     }
@@ -518,42 +593,108 @@ impl RedisStore {
         })
     }
 
-    /// Sends `pipeline` on this thread's connection. The connection bounds
-    /// the wait (its reply timeout): when Redis stops answering it fails what
-    /// it holds and closes, and the next call opens a fresh one, so a Redis
-    /// lost without a reset (a partition, a hung host) is recovered from when
-    /// it answers again.
-    async fn send(&self, pipeline: Pipeline) -> Result<Vec<Reply>, StoreError> {
-        self.connection().send(pipeline).await.map_err(unavailable)
+    /// Sends `commands` (all on `bucket`'s keys) as one pipeline: on this
+    /// thread's connection, or on a cluster to the node serving the bucket's
+    /// slot. The connection bounds the wait (its reply timeout): when Redis
+    /// stops answering it fails what it holds and closes, and the next call
+    /// opens a fresh one, so a Redis lost without a reset (a partition, a
+    /// hung host) is recovered from when it answers again.
+    async fn send(&self, bucket: usize, commands: &[&Args]) -> Result<Vec<Reply>, StoreError> {
+        match &self.cluster {
+            None => {
+                let size: usize = commands.iter().map(|command| 16 + command.encoded_len()).sum();
+                let mut pipeline = Pipeline::with_capacity(size);
+                for command in commands {
+                    pipeline.command(command);
+                }
+                self.connection().send(pipeline).await.map_err(unavailable)
+            }
+            Some(cluster) => cluster.send(buckets()[bucket].1, commands).await.map_err(unavailable),
+        }
     }
 
-    /// Runs `script` with `keys_and_args` (the key count first) within the call
-    /// timeout: `EVALSHA`, then `EVAL` once if Redis does not have the script
-    /// (after a restart or `SCRIPT FLUSH`).
-    async fn run(&self, script: &Script, keys_and_args: &Args) -> Result<Answer, StoreError> {
+    /// Runs `script` on `bucket`'s keys with `keys_and_args` (the key count
+    /// first) within the call timeout: `EVALSHA`, then `EVAL` once if Redis
+    /// does not have the script (after a restart or `SCRIPT FLUSH`). A
+    /// write (`Acknowledged::Replicated`) is followed by `WAIT` when the store
+    /// has it, and an `ok` is kept only once the replicas have the write.
+    async fn run(
+        &self,
+        script: &Script,
+        bucket: usize,
+        keys_and_args: &Args,
+        acknowledged: Acknowledged,
+    ) -> Result<Answer, StoreError> {
+        let wait = match acknowledged {
+            Acknowledged::Replicated => self.wait.map(|wait| {
+                let mut command = Args::with_capacity(32);
+                command.arg("WAIT").arg(u64::from(wait.replicas)).arg(wait.timeout_ms());
+                (wait, command)
+            }),
+            Acknowledged::Applied => None,
+        };
         // Sized up front: the command is copied twice more on its way out.
         let mut by_sha = Args::with_capacity(64 + keys_and_args.encoded_len());
         by_sha.arg("EVALSHA").arg(&script.sha).extend(keys_and_args);
-        let mut pipeline = Pipeline::with_capacity(16 + by_sha.encoded_len());
-        pipeline.command(&by_sha);
-        let mut reply = single(self.send(pipeline).await?)?;
+        let mut replies = self.send_with_wait(bucket, &by_sha, &wait).await?.into_iter();
+        let mut reply = replies.next().ok_or_else(no_reply)?;
+        let mut waited = replies.next();
         if matches!(&reply, Reply::Error(message) if message.starts_with("NOSCRIPT")) {
             let mut by_code = Args::new();
             by_code.arg("EVAL").arg(&script.code).extend(keys_and_args);
-            let mut pipeline = Pipeline::new();
-            pipeline.command(&by_code);
-            reply = single(self.send(pipeline).await?)?;
+            let mut replies = self.send_with_wait(bucket, &by_code, &wait).await?.into_iter();
+            reply = replies.next().ok_or_else(no_reply)?;
+            waited = replies.next();
         }
-        Answer::parse(checked(reply)?)
+        let answer = Answer::parse(checked(reply)?)?;
+        if let (Some((wait, _)), "ok") = (&wait, answer.status.as_str()) {
+            let reached = waited
+                .ok_or_else(no_reply)
+                .and_then(|reply| checked(reply)?.int().map_err(StoreError::Corrupt))?;
+            if reached < i64::from(wait.replicas) {
+                return Err(StoreError::Unavailable(format!(
+                    "the write reached {reached} of {} replicas within {} ms; it may or may not survive a \
+                     failover: read the context, then write again",
+                    wait.replicas,
+                    wait.timeout_ms()
+                )));
+            }
+        }
+        Ok(answer)
     }
+}
+
+impl RedisStore {
+    /// `script`, then `WAIT` when there is one, in one pipeline.
+    async fn send_with_wait(
+        &self,
+        bucket: usize,
+        script: &Args,
+        wait: &Option<(agent_reach_stores::Wait, Args)>,
+    ) -> Result<Vec<Reply>, StoreError> {
+        match wait {
+            Some((_, command)) => self.send(bucket, &[script, command]).await,
+            None => self.send(bucket, &[script]).await,
+        }
+    }
+}
+
+/// Whether a script's answer may be given before the replicas have its write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acknowledged {
+    /// An acknowledged write (create, patch, close): `WAIT` when the store has it.
+    Replicated,
+    /// A sweep or a count: as soon as the primary ran it.
+    Applied,
+}
+
+fn no_reply() -> StoreError {
+    StoreError::Corrupt("Redis sent no reply".to_string())
 }
 
 /// The one reply of a one-command pipeline.
 fn single(replies: Vec<Reply>) -> Result<Reply, StoreError> {
-    replies
-        .into_iter()
-        .next()
-        .ok_or_else(|| StoreError::Corrupt("Redis sent no reply".to_string()))
+    replies.into_iter().next().ok_or_else(no_reply)
 }
 
 /// An error reply as a store error: a Redis that cannot serve right now
@@ -563,7 +704,17 @@ fn checked(reply: Reply) -> Result<Reply, StoreError> {
     let Reply::Error(message) = reply else {
         return Ok(reply);
     };
-    const TRANSIENT: [&str; 6] = ["LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN", "BUSY"];
+    // MOVED and ASK: redirections still unresolved at the call's timeout (a cluster mid-failover).
+    const TRANSIENT: [&str; 8] = [
+        "LOADING",
+        "TRYAGAIN",
+        "MASTERDOWN",
+        "READONLY",
+        "CLUSTERDOWN",
+        "BUSY",
+        "MOVED",
+        "ASK",
+    ];
     if TRANSIENT.iter().any(|prefix| message.starts_with(prefix)) {
         Err(unavailable(message))
     } else {
@@ -582,15 +733,41 @@ fn text(reply: Reply) -> Result<String, StoreError> {
     reply.into_text().map_err(StoreError::Corrupt)
 }
 
+impl RedisStore {
+    /// Sweeps one bucket until a batch comes back short.
+    async fn sweep_bucket(&self, bucket: usize) -> Result<SweepReport, StoreError> {
+        let mut report = SweepReport::default();
+        loop {
+            let mut invocation = Args::new();
+            invocation
+                .arg(1usize)
+                .arg(&self.deadlines[bucket])
+                .arg(&self.context_prefixes[bucket])
+                .arg(SWEEP_BATCH);
+            let answer = self
+                .run(&self.scripts.sweep, bucket, &invocation, Acknowledged::Applied)
+                .await?;
+            let scanned = answer.unsigned(0)? as u64;
+            let idle = answer.unsigned(1)? as u64;
+            report.idle += idle;
+            report.expired += scanned - idle.min(scanned);
+            if scanned < SWEEP_BATCH as u64 {
+                return Ok(report);
+            }
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl ContextStore for RedisStore {
     async fn create(&self, id: &str, context: &NewContext) -> Result<Written, StoreError> {
         let ttl = self.policy.ttl(context.tier);
+        let bucket = bucket_of(id);
         let mut invocation = Args::new();
         invocation
             .arg(2usize)
-            .arg(&self.key(id))
-            .arg(&self.deadlines)
+            .arg(&self.key(bucket, id))
+            .arg(&self.deadlines[bucket])
             .arg(id)
             .arg(context.tier.as_str())
             .arg(&context.owner)
@@ -601,7 +778,9 @@ impl ContextStore for RedisStore {
         for (name, value) in &context.fields {
             invocation.arg(name).arg(value);
         }
-        self.run(&self.scripts.create, &invocation).await?.written(&self.policy)
+        self.run(&self.scripts.create, bucket, &invocation, Acknowledged::Replicated)
+            .await?
+            .written(&self.policy)
     }
 
     /// Reads are a plain pipeline, not a script: returning a whole hash through Lua
@@ -611,7 +790,8 @@ impl ContextStore for RedisStore {
     /// When the TTL ends first, Redis expires the hash and the sweeper later drops
     /// the index entry as `expired`.
     async fn get(&self, id: &str, selection: &Selection) -> Result<Option<Snapshot>, StoreError> {
-        let key = self.key(id);
+        let bucket = bucket_of(id);
+        let key = self.key(bucket, id);
         let deadline = now_ms().saturating_add(millis(self.policy.idle_timeout) as i64);
         let mut read = Args::new();
         match selection {
@@ -628,10 +808,13 @@ impl ContextStore for RedisStore {
             }
         };
         let mut touch = Args::new();
-        touch.arg("ZADD").arg(&self.deadlines).arg("XX").arg(deadline).arg(id);
-        let mut pipeline = Pipeline::new();
-        pipeline.command(&read).command(&touch);
-        let mut replies = self.send(pipeline).await?.into_iter();
+        touch
+            .arg("ZADD")
+            .arg(&self.deadlines[bucket])
+            .arg("XX")
+            .arg(deadline)
+            .arg(id);
+        let mut replies = self.send(bucket, &[&read, &touch]).await?.into_iter();
         let (Some(data), Some(touched)) = (replies.next(), replies.next()) else {
             return Err(StoreError::Corrupt(
                 "Redis answered a read with too few replies".to_string(),
@@ -700,11 +883,12 @@ impl ContextStore for RedisStore {
     }
 
     async fn patch(&self, id: &str, patch: &Patch) -> Result<Written, StoreError> {
+        let bucket = bucket_of(id);
         let mut invocation = Args::new();
         invocation
             .arg(2usize)
-            .arg(&self.key(id))
-            .arg(&self.deadlines)
+            .arg(&self.key(bucket, id))
+            .arg(&self.deadlines[bucket])
             .arg(id)
             .arg(&patch.if_version.map(|version| version.to_string()).unwrap_or_default())
             .arg(now_ms());
@@ -728,7 +912,9 @@ impl ContextStore for RedisStore {
                 &self.scripts.patch
             }
         };
-        self.run(script, &invocation).await?.written(&self.policy)
+        self.run(script, bucket, &invocation, Acknowledged::Replicated)
+            .await?
+            .written(&self.policy)
     }
 
     async fn close(&self, id: &str, who: &CloseAs) -> Result<(), StoreError> {
@@ -736,14 +922,17 @@ impl ContextStore for RedisStore {
             CloseAs::Anyone => "",
             CloseAs::Owner(name) => name.as_str(),
         };
+        let bucket = bucket_of(id);
         let mut invocation = Args::new();
         invocation
             .arg(2usize)
-            .arg(&self.key(id))
-            .arg(&self.deadlines)
+            .arg(&self.key(bucket, id))
+            .arg(&self.deadlines[bucket])
             .arg(id)
             .arg(owner);
-        let answer = self.run(&self.scripts.close, &invocation).await?;
+        let answer = self
+            .run(&self.scripts.close, bucket, &invocation, Acknowledged::Replicated)
+            .await?;
         if answer.status == "ok" {
             Ok(())
         } else {
@@ -751,37 +940,59 @@ impl ContextStore for RedisStore {
         }
     }
 
+    /// Every bucket at once (on one server the connection sends them in one
+    /// write; on a cluster each node gets its buckets'), each bucket's script
+    /// again while it finds a full batch.
     async fn sweep(&self) -> Result<SweepReport, StoreError> {
+        let sweeps = (0..BUCKETS).map(|bucket| self.sweep_bucket(bucket));
         let mut report = SweepReport::default();
-        loop {
-            let mut invocation = Args::new();
-            invocation
-                .arg(1usize)
-                .arg(&self.deadlines)
-                .arg(&self.context_prefix)
-                .arg(SWEEP_BATCH);
-            let answer = self.run(&self.scripts.sweep, &invocation).await?;
-            let scanned = answer.unsigned(0)? as u64;
-            let idle = answer.unsigned(1)? as u64;
-            report.idle += idle;
-            report.expired += scanned - idle.min(scanned);
-            if scanned < SWEEP_BATCH as u64 {
-                return Ok(report);
-            }
+        for swept in futures::future::join_all(sweeps).await {
+            let swept = swept?;
+            report.idle += swept.idle;
+            report.expired += swept.expired;
         }
+        Ok(report)
     }
 
     async fn live_contexts(&self) -> Result<u64, StoreError> {
-        let mut invocation = Args::new();
-        invocation.arg(1usize).arg(&self.deadlines);
-        let answer = self.run(&self.scripts.live, &invocation).await?;
-        Ok(answer.unsigned(0)? as u64)
+        let counts = (0..BUCKETS).map(|bucket| async move {
+            let mut invocation = Args::new();
+            invocation.arg(1usize).arg(&self.deadlines[bucket]);
+            let answer = self
+                .run(&self.scripts.live, bucket, &invocation, Acknowledged::Applied)
+                .await?;
+            Ok::<u64, StoreError>(answer.unsigned(0)? as u64)
+        });
+        let mut live = 0;
+        for count in futures::future::join_all(counts).await {
+            live += count?;
+        }
+        Ok(live)
     }
 
+    /// One server: it answers `PING`. A cluster: the slot map is known and
+    /// a primary answers (a shard being failed over leaves the others serving).
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut pipeline = Pipeline::new();
-        pipeline.command(Args::new().arg("PING"));
-        checked(single(self.send(pipeline).await?)?).map(drop)
+        let mut ping = Args::new();
+        ping.arg("PING");
+        let Some(cluster) = &self.cluster else {
+            return checked(single(self.send(0, &[&ping]).await?)?).map(drop);
+        };
+        cluster.ensure_map().await.map_err(unavailable)?;
+        let mut failures = Vec::new();
+        for node in cluster.primaries() {
+            match cluster.send_to(&node, &[&ping]).await.map_err(unavailable) {
+                Ok(replies) => match single(replies).and_then(checked) {
+                    Ok(_) => return Ok(()),
+                    Err(error) => failures.push(format!("{node}: {error}")),
+                },
+                Err(error) => failures.push(format!("{node}: {error}")),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "no Redis Cluster primary answered PING ({})",
+            failures.join("; ")
+        )))
     }
 }
 
@@ -904,7 +1115,44 @@ mod tests {
             prefix: "agent-reach".into(),
             tenant: "default".into(),
         };
-        assert_eq!(namespace.context_prefix(), "agent-reach:default:ctx:");
-        assert_eq!(namespace.deadlines(), "agent-reach:default:deadlines");
+        let bucket = bucket_of("c1");
+        let tag = &buckets()[bucket].0;
+        assert_eq!(
+            namespace.context_prefix(bucket),
+            format!("agent-reach:default:ctx:{{{tag}}}:")
+        );
+        assert_eq!(
+            namespace.deadlines(bucket),
+            format!("agent-reach:default:deadlines:{{{tag}}}")
+        );
+    }
+
+    #[test]
+    fn a_contexts_keys_share_a_slot_and_buckets_spread_over_the_slots() {
+        let namespace = Namespace {
+            prefix: "agent-reach".into(),
+            tenant: "default".into(),
+        };
+        for id in ["c1", "ctx_0123456789abcdef0123456789abcdef", "a{b}c", "{}"] {
+            let bucket = bucket_of(id);
+            let hash = format!("{}{id}", namespace.context_prefix(bucket));
+            assert_eq!(
+                key_slot(hash.as_bytes()),
+                key_slot(namespace.deadlines(bucket).as_bytes()),
+                "{id}"
+            );
+            assert_eq!(key_slot(hash.as_bytes()), buckets()[bucket].1);
+        }
+        // Each bucket its own slot, in its own 64-slot stretch: a cluster's
+        // primaries hold buckets in proportion to their slots.
+        for (bucket, (_, slot)) in buckets().iter().enumerate() {
+            assert_eq!(usize::from(*slot) / 64, bucket);
+        }
+        // Part of the key layout (DESIGN §4.7): a change here moves every stored context.
+        assert_eq!(bucket_of("c1"), 11);
+        assert_eq!(
+            [&buckets()[0].0, &buckets()[11].0, &buckets()[255].0],
+            ["c113", "c10", "c143"]
+        );
     }
 }

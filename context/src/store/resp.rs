@@ -29,6 +29,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+/// How a [`Connection::send`] error starts when none of its commands were
+/// written (the connection could not be made, or was gone before): sending
+/// them again elsewhere cannot run them twice. Any other error may come after
+/// Redis ran them.
+pub const NOT_SENT: &str = "not sent: ";
+
 /// One reply, as RESP2 has them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -178,6 +184,15 @@ impl Pipeline {
         }
     }
 
+    /// How many commands it holds.
+    pub fn len(&self) -> usize {
+        self.commands
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.commands == 0
+    }
+
     /// Adds the command `args` (its first argument is the command name).
     pub fn command(&mut self, args: &Args) -> &mut Self {
         self.bytes.push(b'*');
@@ -258,7 +273,7 @@ impl Connection {
         };
         self.requests
             .send(request)
-            .map_err(|_| "the Redis connection is closed".to_string())?;
+            .map_err(|_| format!("{NOT_SENT}the Redis connection is closed"))?;
         reply
             .await
             .map_err(|_| "the Redis connection ended before answering".to_string())?
@@ -291,10 +306,13 @@ async fn drive(target: Target, mut queue: mpsc::UnboundedReceiver<Request>) {
         Ok(()) => return,
         Err(why) => why,
     };
-    // Fail whatever is still queued; the closed channel tells owners to reconnect.
+    // Fail whatever is still queued (never written: a connection that could
+    // not be made fails everything this way); the closed channel tells
+    // owners to reconnect.
     queue.close();
+    let unsent = format!("{NOT_SENT}{why}");
     while let Ok(request) = queue.try_recv() {
-        let _ = request.answer.send(Err(why.clone()));
+        let _ = request.answer.send(Err(unsent.clone()));
     }
 }
 
