@@ -17,6 +17,12 @@ use agent_reach_stores::slot::key_slot;
 use agent_reach_stores::{RedisLink, Wait};
 use agent_reach_testkit::RedisCluster;
 
+/// One cluster at a time: two six-node clusters under load at once on a
+/// two-core machine let a replica's sync or a failover outrun the tests'
+/// bounds (seen once in a full run: a create's `WAIT 1` timed out, and a
+/// failover took over 30 s).
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn store(cluster: &RedisCluster, wait: Option<Wait>) -> Arc<dyn ContextStore> {
     let namespace = Namespace {
         prefix: "test".into(),
@@ -140,6 +146,7 @@ async fn create_all(store: &Arc<dyn ContextStore>, ids: &[String]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_primary_killed_under_load_loses_no_acknowledged_patch() {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let wait = Wait {
         replicas: 1,
@@ -201,6 +208,7 @@ async fn a_shard_primary_killed_under_load_loses_no_acknowledged_patch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migration_under_load_loses_no_patch_and_sweeps_on() {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let store = store(&cluster, None);
     // Writers on contexts across the shards, a few of them in the bucket that moves.

@@ -14,6 +14,11 @@ use agent_reach_stores::Wait;
 use agent_reach_task_store::store::{lane_of, LANES};
 use agent_reach_task_store::{NewTask, Priority, State, StoreConfig, Submitted, TaskStore, TaskStoreError};
 use agent_reach_testkit::RedisCluster;
+
+/// One cluster at a time: two six-node clusters under load at once on a
+/// two-core machine let a replica's sync or a failover outrun the tests'
+/// bounds.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 use serde_json::json;
 
 fn task(capability: &str, request_id: &str) -> NewTask {
@@ -204,6 +209,7 @@ fn capabilities_across(cluster: &RedisCluster, store: &TaskStore, shard: u16, co
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_primary_killed_under_load_loses_no_accepted_task() {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let config = StoreConfig {
         wait: Some(Wait {
@@ -284,6 +290,7 @@ async fn a_shard_primary_killed_under_load_loses_no_accepted_task() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_migration_under_load_loses_no_task() {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start();
     let store = Arc::new(TaskStore::new(&cluster.url(), &StoreConfig::default()).unwrap());
     store.prepare().await.unwrap();
