@@ -18,7 +18,7 @@ use agent_reach_tenancy::Quotas;
 use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;
-use crate::call::Call;
+use crate::call::{Call, Entry};
 use crate::error::{Code, RouterError};
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
@@ -74,17 +74,6 @@ impl TenantQuota {
         let limit = self.limit.load();
         self.limiter.admit_call(&self.tenant, limit.as_deref())
     }
-}
-
-/// How a call enters the router, which decides how its caller's limits apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    /// A caller's own request (invoke, broadcast): it spends a token and takes
-    /// a place in flight, or is refused 429 `RATE_LIMITED`.
-    Call,
-    /// A task's delivery: its submission spent the token, and the worker holds
-    /// its place in flight ([`Admission::enter_delivery`]).
-    Delivery,
 }
 
 /// A call the router accepted: what it routes to and until when.

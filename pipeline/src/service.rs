@@ -12,8 +12,8 @@ use agent_reach_access::Assertions;
 use agent_reach_telemetry::spans::KeyValue;
 
 use crate::admission::{Admission, Admitted, Refused};
-use crate::breaker::{BreakerConfig, Transition};
-use crate::call::attempts::{self, Answered, Targets, Whole};
+use crate::breaker::BreakerConfig;
+use crate::call::attempts::{self, Answered, Means, Targets, Whole};
 use crate::call::identify::Identify;
 use crate::call::Call;
 use crate::error::RouterError;
@@ -24,7 +24,6 @@ use crate::recent::{Finished, RecentCalls, Trail};
 use crate::retry::RetryBudget;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
-use crate::trace::TraceContext;
 use crate::tuning::Tuning;
 
 pub struct RouterService {
@@ -103,18 +102,21 @@ impl RouterService {
         &self.assertions
     }
 
-    /// The retry budget every attempt loop draws on (the streamed invoke's too).
-    pub(crate) fn budget(&self) -> &RetryBudget {
-        &self.budget
-    }
-
-    /// The agent client (the streamed invoke makes its connections with it).
-    pub(crate) fn forwarder(&self) -> &Forwarder {
-        &self.forwarder
-    }
-
     pub(crate) fn breaker(&self) -> &BreakerConfig {
         &self.breaker
+    }
+
+    /// What the attempt loop draws on for one call.
+    pub(crate) fn means(&self) -> Means<'_> {
+        Means {
+            tuning: &self.tuning,
+            budget: &self.budget,
+            limits: self.limits(),
+            metrics: &self.metrics,
+            assertions: &self.assertions,
+            forwarder: &self.forwarder,
+            breaker: &self.breaker,
+        }
     }
 
     /// What `select` and `broadcast` need to tell whether an instance can take a request.
@@ -153,7 +155,7 @@ impl RouterService {
         let admitted = self.admit(call, &snapshot)?;
         let capability = admitted.capability;
         let mut trail = Trail::new();
-        let result = match attempts::run(self, call, &admitted, Targets::Select, &mut Whole, &mut trail).await {
+        let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut trail).await {
             Ok(Answered::Done(success)) => Ok(success),
             Ok(Answered::Committed { committed, .. }) => match committed {},
             Err(failure) => Err(failure),
@@ -255,7 +257,15 @@ impl RouterService {
         let admitted = &admitted;
         let deliveries = targets.into_iter().map(|instance| async move {
             let mut trail = Trail::new();
-            let outcome = attempts::run(self, call, admitted, Targets::Only(instance), &mut Whole, &mut trail).await;
+            let outcome = attempts::run(
+                self.means(),
+                call,
+                admitted,
+                Targets::Only(instance),
+                &mut Whole,
+                &mut trail,
+            )
+            .await;
             let outcome = match outcome {
                 Ok(Answered::Done(success)) => Ok(success),
                 Ok(Answered::Committed { committed, .. }) => match committed {},
@@ -479,22 +489,12 @@ impl<'a> Recorded<'a> {
             session_id: request.session_id.as_deref(),
             trace_id: &call.trace.trace_id,
             entry: match call.entry {
-                crate::admission::Entry::Call => "call",
-                crate::admission::Entry::Delivery => "delivery",
+                crate::call::Entry::Call => "call",
+                crate::call::Entry::Delivery => "delivery",
             },
             started_ms: call.received.epoch_ms,
             duration_us: u64::try_from(call.received.instant.elapsed().as_micros()).unwrap_or(u64::MAX),
             error: self.error.map(|error| (error.code.as_str(), error.message.as_str())),
         }
-    }
-}
-
-/// Logs a breaker transition with the ids of the request whose outcome caused it.
-pub(crate) fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
-    let trace_id = trace.trace_id.as_str();
-    match transition {
-        Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id, trace_id, request_id),
-        Transition::Closed => tracing::info!(message = "Circuit breaker closed.", agent_id, trace_id, request_id),
-        Transition::None => {}
     }
 }

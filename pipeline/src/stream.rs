@@ -543,7 +543,7 @@ impl RouterService {
         let mut events = Events {
             expiry: Box::pin(tokio::time::sleep_until(admitted.deadline.into())),
         };
-        let answered = attempts::run(self, &call, &admitted, Targets::Select, &mut events, &mut trail).await;
+        let answered = attempts::run(self.means(), &call, &admitted, Targets::Select, &mut events, &mut trail).await;
         let summary = |agent_id: String, attempts: u32| Summary {
             capability: capability.name.clone(),
             capability_version: version.clone(),

@@ -18,22 +18,27 @@ use std::time::Instant;
 use agent_reach_telemetry::spans::{self, KeyValue, SpanKind};
 use bytes::Bytes;
 
+use agent_reach_access::Assertions;
+
 use crate::admission::Admitted;
+use crate::breaker::{BreakerConfig, Transition};
 use crate::call::Call;
 use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, AttemptResult, ForwardHeaders, Forwarder};
 use crate::health::Observation;
 use crate::json::Forwarded;
+use crate::metrics::Metrics;
 use crate::outcome::{
     accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
     Success,
 };
 use crate::recent::{Attempt, Trail};
-use crate::retry;
+use crate::retry::{self, RetryBudget};
 use crate::schema;
-use crate::select;
-use crate::service::{log_transition, RouterService};
+use crate::select::{self, SelectionLimits};
 use crate::snapshot::Instance;
+use crate::trace::TraceContext;
+use crate::tuning::Tuning;
 
 /// Which instances a call's attempts may go to.
 #[derive(Clone, Copy)]
@@ -107,10 +112,22 @@ pub(crate) enum Answered<C> {
     },
 }
 
+/// What the loop draws on, lent by the router's service for one call (the
+/// loop sits below the service, which hands it only these).
+pub(crate) struct Means<'a> {
+    pub(crate) tuning: &'a Tuning,
+    pub(crate) budget: &'a RetryBudget,
+    pub(crate) limits: SelectionLimits<'a>,
+    pub(crate) metrics: &'a Metrics,
+    pub(crate) assertions: &'a Assertions,
+    pub(crate) forwarder: &'a Forwarder,
+    pub(crate) breaker: &'a BreakerConfig,
+}
+
 /// The attempts of `call`, admitted as `admitted`, to `targets` through
 /// `exchange`; every attempt is pushed onto `trail`.
 pub(crate) async fn run<E: Exchange>(
-    service: &RouterService,
+    means: Means<'_>,
     call: &Call,
     admitted: &Admitted<'_>,
     targets: Targets<'_>,
@@ -146,8 +163,8 @@ pub(crate) async fn run<E: Exchange>(
     // One attempt to a given instance is not a retry candidate: it earns the budget nothing.
     let max_attempts = match targets {
         Targets::Select => {
-            service.budget().deposit();
-            service.tuning().max_attempts
+            means.budget.deposit();
+            means.tuning.max_attempts
         }
         Targets::Only(_) => 1,
     };
@@ -170,7 +187,7 @@ pub(crate) async fn run<E: Exchange>(
         None if trace.sampled => spans::current(),
         None => None,
     };
-    let limits = service.limits();
+    let limits = &means.limits;
     // At most `max_attempts` (<= 10): inline, no allocation per request.
     let mut tried: smallvec::SmallVec<[usize; 10]> = smallvec::SmallVec::new();
     let mut failures: Vec<LastFailure> = Vec::new();
@@ -196,10 +213,10 @@ pub(crate) async fn run<E: Exchange>(
                         ],
                     )
                 });
-                let picked = select::pick(group, policy, session_id, &tried, &limits).map(|(index, _)| index);
+                let picked = select::pick(group, policy, session_id, &tried, limits).map(|(index, _)| index);
                 drop(select_span);
-                service
-                    .metrics()
+                means
+                    .metrics
                     .selection_seconds
                     .observe(picked_at.elapsed().as_secs_f64());
                 let Some(index) = picked else {
@@ -219,8 +236,8 @@ pub(crate) async fn run<E: Exchange>(
         };
         envelope.attempt = attempt;
         let authorization =
-            match service
-                .assertions()
+            match means
+                .assertions
                 .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
             {
                 Ok(header) => header,
@@ -265,7 +282,7 @@ pub(crate) async fn run<E: Exchange>(
         // A timeout within a budget shorter than the instance ever needs is the caller's, not its fault.
         let fair = instance.state.fair_budget(deadline.saturating_duration_since(started));
         let outbound = Outbound {
-            forwarder: service.forwarder(),
+            forwarder: means.forwarder,
             instance,
             body,
             headers,
@@ -278,7 +295,7 @@ pub(crate) async fn run<E: Exchange>(
         let agent_id = instance.agent_id.clone();
         let (observation, outcome) = match sent {
             Sent::Committed(committed) => {
-                let transition = instance.state.observe(Observation::Healthy(elapsed), service.breaker());
+                let transition = instance.state.observe(Observation::Healthy(elapsed), means.breaker);
                 log_transition(transition, &agent_id, trace, request_id);
                 trail.push(attempt_of(instance, elapsed, "succeeded"));
                 if let Some(span) = &mut attempt_span {
@@ -302,7 +319,7 @@ pub(crate) async fn run<E: Exchange>(
                 Outcome::Retryable(reason, _) => reason.as_str(),
             },
         ));
-        let transition = instance.state.observe(observation, service.breaker());
+        let transition = instance.state.observe(observation, means.breaker);
         log_transition(transition, &agent_id, trace, request_id);
         if let Some(span) = &mut attempt_span {
             span.set(KeyValue::new(
@@ -390,8 +407,8 @@ pub(crate) async fn run<E: Exchange>(
                 attempt,
             ));
         }
-        if !service.budget().try_withdraw() {
-            service.metrics().retry_budget_exhausted.inc();
+        if !means.budget.try_withdraw() {
+            means.metrics.retry_budget_exhausted.inc();
             let mut error = exhausted(&failures);
             error.message = format!(
                 "retry budget exhausted (retries are capped to protect agents); {}",
@@ -399,7 +416,7 @@ pub(crate) async fn run<E: Exchange>(
             );
             return Err(fail(error, Some(agent_id), attempt));
         }
-        service.metrics().retries.with_label_values(&[reason.as_str()]).inc();
+        means.metrics.retries.with_label_values(&[reason.as_str()]).inc();
         tokio::time::sleep(pause).await;
     }
 }
@@ -410,5 +427,15 @@ fn attempt_of(instance: &Arc<Instance>, elapsed: std::time::Duration, outcome: &
         instance: instance.clone(),
         duration_us: u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
         outcome,
+    }
+}
+
+/// Logs a breaker transition with the ids of the request whose outcome caused it.
+pub(crate) fn log_transition(transition: Transition, agent_id: &str, trace: &TraceContext, request_id: &str) {
+    let trace_id = trace.trace_id.as_str();
+    match transition {
+        Transition::Opened => tracing::warn!(message = "Circuit breaker opened.", agent_id, trace_id, request_id),
+        Transition::Closed => tracing::info!(message = "Circuit breaker closed.", agent_id, trace_id, request_id),
+        Transition::None => {}
     }
 }

@@ -14,11 +14,21 @@ use agent_reach_access::Caller;
 use agent_reach_serving::HeaderLookup;
 use agent_reach_telemetry::spans::{self, Head, KeyValue};
 
-use crate::admission::Entry;
 use crate::answer::Known;
 use crate::clock;
 use crate::envelope::CheckedRequest;
 use crate::trace::{HexId, TraceContext};
+
+/// How a call enters the router, which decides how its caller's limits apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A caller's own request (invoke, broadcast): it spends a token and takes
+    /// a place in flight, or is refused 429 `RATE_LIMITED`.
+    Call,
+    /// A task's delivery: its submission spent the token, and the worker holds
+    /// its place in flight ([`crate::admission::Admission::enter_delivery`]).
+    Delivery,
+}
 
 /// A call on its way in: who asked, through which entry, what, under which
 /// ids and trace, and when it arrived (its deadline counts from then).
