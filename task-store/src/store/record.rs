@@ -1,0 +1,130 @@
+//! What Redis holds, read back: a task's immutable spec, its hash assembled
+//! into a [`Task`], and stream entries.
+
+use std::collections::HashMap;
+
+use redis::Value as RedisValue;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::TaskStoreError;
+use crate::model::{Accepted, Callback, Priority, State, Task, Transition};
+
+/// The immutable part of a task, stored once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Spec {
+    pub(super) task_id: String,
+    pub(super) request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) session_id: Option<String>,
+    pub(super) caller: String,
+    pub(super) capability: String,
+    pub(super) priority: Priority,
+    pub(super) envelope: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) callback: Option<Callback>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) target_agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) children: Vec<String>,
+    pub(super) created_at_ms: u64,
+}
+
+pub(super) fn assemble(fields: HashMap<String, String>) -> Result<Task, TaskStoreError> {
+    let corrupt = |what: &str| TaskStoreError::Corrupt(what.to_string());
+    let spec: Spec = serde_json::from_str(fields.get("spec").ok_or_else(|| corrupt("no spec"))?)
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    let state = fields
+        .get("state")
+        .and_then(|state| State::parse(state))
+        .ok_or_else(|| corrupt("unknown state"))?;
+    let number = |name: &str| {
+        fields
+            .get(name)
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let transitions = fields
+        .get("transitions")
+        .map(|lines| {
+            lines
+                .lines()
+                .filter(|line| !line.is_empty())
+                .map(serde_json::from_str::<Transition>)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?
+        .unwrap_or_default();
+    let result = fields
+        .get("result")
+        .map(|text| serde_json::from_str::<Value>(text))
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    let accepted = fields
+        .get("accepted")
+        .map(|text| serde_json::from_str::<Accepted>(text))
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    // Set after submission (`set_callback`): replaces the spec's; `null` deleted it.
+    let callback = match fields.get("callback") {
+        Some(text) => serde_json::from_str::<Option<Callback>>(text)
+            .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
+        None => spec.callback,
+    };
+    Ok(Task {
+        task_id: spec.task_id,
+        request_id: spec.request_id,
+        session_id: spec.session_id,
+        caller: spec.caller,
+        capability: spec.capability,
+        priority: spec.priority,
+        state,
+        envelope: spec.envelope,
+        callback,
+        target_agent: spec.target_agent,
+        parent: spec.parent,
+        children: spec.children,
+        attempts: u32::try_from(number("attempts")).unwrap_or(u32::MAX),
+        created_at_ms: spec.created_at_ms,
+        updated_at_ms: number("updated_at_ms"),
+        transitions,
+        result,
+        accepted,
+    })
+}
+
+// === Stream replies ===
+
+pub(super) fn text(value: &RedisValue) -> Option<String> {
+    match value {
+        RedisValue::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        RedisValue::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// `[[id, [field, value, ...]], ...]` → (id, fields).
+pub(super) fn entry_fields(entries: &RedisValue) -> Vec<(String, HashMap<String, String>)> {
+    let RedisValue::Array(entries) = entries else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let RedisValue::Array(parts) = entry else { return None };
+            let id = text(parts.first()?)?;
+            let mut fields = HashMap::new();
+            if let Some(RedisValue::Array(pairs)) = parts.get(1) {
+                for pair in pairs.chunks(2) {
+                    if let (Some(name), Some(value)) = (pair.first().and_then(text), pair.get(1).and_then(text)) {
+                        fields.insert(name, value);
+                    }
+                }
+            }
+            Some((id, fields))
+        })
+        .collect()
+}

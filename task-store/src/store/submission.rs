@@ -1,0 +1,353 @@
+//! Submission (see the module notes): the request id claimed for the task,
+//! then the task stored and queued in its lane (one script on one server);
+//! and the queues' consumer groups, made again for a Redis that lost them.
+
+use redis::AsyncCommands;
+
+use super::connection::Connection;
+use super::record::Spec;
+use super::{
+    lane_of, now_ms, unavailable, NewTask, Submitted, TaskStore, TaskStoreError, CALLER_INDEX_MAX, GROUP, LANES,
+};
+
+/// What a submission's store step needs beyond the spec.
+struct StoreStep<'a> {
+    request_key: &'a str,
+    /// The backlog field, `capability|priority`.
+    field: &'a str,
+    /// Stored without queueing (a broadcast parent).
+    hold: bool,
+    bound: Option<u64>,
+}
+
+impl TaskStore {
+    /// Recreates the consumer group of every queue the lanes list (a Redis
+    /// that lost them); the groups are otherwise made with each queue, by
+    /// its first submission. Idempotent.
+    pub async fn prepare(&self) -> Result<(), TaskStoreError> {
+        let connection = self.connection().await?;
+        let prepared = (0..LANES).map(|lane| {
+            let mut connection = connection.clone();
+            async move {
+                self.scripts
+                    .prepare
+                    .key(self.queues_key(lane))
+                    .arg(GROUP)
+                    .invoke_async::<i64>(&mut connection)
+                    .await
+                    .map_err(unavailable)
+            }
+        });
+        for outcome in futures::future::join_all(prepared).await {
+            outcome?;
+        }
+        Ok(())
+    }
+
+    /// Stores the task and queues it; a repeated request id from the same
+    /// caller returns the existing task instead.
+    pub async fn submit(&self, task: NewTask) -> Result<Submitted, TaskStoreError> {
+        let task_id = self.task_id_for(&task.capability);
+        self.submit_with_id(task, &task_id).await
+    }
+
+    /// [`TaskStore::submit`] under a task id chosen by the caller (the
+    /// router's local buffer gives ids out before Redis has the task).
+    pub async fn submit_with_id(&self, task: NewTask, task_id: &str) -> Result<Submitted, TaskStoreError> {
+        self.submit_within(task, task_id, None).await
+    }
+
+    /// [`TaskStore::submit_with_id`], refused with [`TaskStoreError::BacklogFull`]
+    /// when `backlog_bound` tasks or more wait already (a tenant's quota). On
+    /// one server the count and the submission are one script, so a flood
+    /// cannot overshoot it; on a cluster the other lanes' waiting tasks are
+    /// counted just before, so concurrent submissions may overshoot it by as
+    /// many as are in flight at once.
+    pub async fn submit_within(
+        &self,
+        task: NewTask,
+        task_id: &str,
+        backlog_bound: Option<u64>,
+    ) -> Result<Submitted, TaskStoreError> {
+        let spec = Spec {
+            task_id: task_id.to_string(),
+            request_id: task.request_id.clone(),
+            session_id: task.session_id,
+            caller: task.caller.clone(),
+            capability: task.capability,
+            priority: task.priority,
+            envelope: task.envelope,
+            callback: task.callback,
+            target_agent: task.target_agent,
+            parent: task.parent,
+            children: task.children,
+            created_at_ms: now_ms(),
+        };
+        let connection = self.connection().await?;
+        let request_key = self.request_key(&task.caller, &task.request_id);
+        let field = format!("{}|{}", spec.capability, spec.priority.as_str());
+        let step = StoreStep {
+            request_key: &request_key,
+            field: &field,
+            hold: task.hold,
+            bound: backlog_bound,
+        };
+        let (own, id, (code, answer)) = if self.is_cluster() {
+            self.submit_in_two_steps(&connection, &spec, &step).await?
+        } else {
+            self.submit_at_once(&connection, &spec, &step).await?
+        };
+        let lane = lane_of(&id);
+        let task_key = self.task_key(&id);
+        if code == 2 {
+            // (One server: refused before anything was written.)
+            if own && self.is_cluster() {
+                // Refused: the request id is free again, as if never submitted
+                // (two keys, two slots: each alone).
+                let release = async {
+                    let mut connection = connection.clone();
+                    self.scripts
+                        .release_request
+                        .key(&request_key)
+                        .arg(&id)
+                        .invoke_async::<i64>(&mut connection)
+                        .await
+                };
+                let unlist = async {
+                    let mut connection = connection.clone();
+                    connection
+                        .zrem::<_, _, i64>(self.caller_index_key(&task.caller), &id)
+                        .await
+                };
+                let (released, unlisted) = tokio::join!(release, unlist);
+                if let Err(error) = released.and(unlisted) {
+                    tracing::warn!(message = "Cannot free a refused submission's request id.", %error, task_id = %id);
+                }
+            }
+            return Err(TaskStoreError::BacklogFull {
+                waiting: answer.parse().unwrap_or(0),
+                bound: backlog_bound.unwrap_or(0),
+            });
+        }
+        if code == 1 && !task.hold {
+            self.note_queued(lane, &field);
+        }
+        if let Some(wait) = self.wait {
+            self.wait_replicated(&connection, &request_key, &task_key, wait).await?;
+        }
+        // Own: the request id names this submission's task id, stored now or by
+        // an earlier attempt of this same submission (a retried write, the
+        // buffer's replay): for its caller, the one creation.
+        Ok(if own {
+            Submitted::Created(id)
+        } else {
+            Submitted::Existing(id)
+        })
+    }
+
+    /// A cluster's submission: `SET … NX GET` claims the request id (for a
+    /// bound, the other lanes' waiting tasks are counted meanwhile), then
+    /// the task it names is stored in its lane beside the caller's index.
+    /// Returns (whether this submission claimed it, the task id, the store
+    /// step's answer).
+    async fn submit_in_two_steps(
+        &self,
+        connection: &Connection,
+        spec: &Spec,
+        step: &StoreStep<'_>,
+    ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
+        let claim = async {
+            let mut connection = connection.clone();
+            self.claim_request(step.request_key, &spec.task_id)
+                .query_async::<Option<String>>(&mut connection)
+                .await
+                .map_err(unavailable)
+        };
+        let waiting = async {
+            match step.bound {
+                Some(_) => self.waiting_per_lane().await.map(Some),
+                None => Ok(None),
+            }
+        };
+        let (holder, waiting) = tokio::join!(claim, waiting);
+        let (holder, waiting) = (holder?, waiting?);
+        let own = holder.as_deref().is_none_or(|holder| holder == spec.task_id);
+        let id = holder.unwrap_or_else(|| spec.task_id.clone());
+        let lane = lane_of(&id);
+        let elsewhere: i64 = waiting.map_or(0, |counts| {
+            counts
+                .iter()
+                .enumerate()
+                .filter(|(other, _)| *other != lane)
+                .map(|(_, count)| *count)
+                .sum()
+        });
+        let store = async {
+            let mut connection = connection.clone();
+            let spec_json = self.spec_json(spec, &id)?;
+            self.store_invocation(&id, &spec_json, spec, step, elsewhere, false)
+                .invoke_async::<(i64, String)>(&mut connection)
+                .await
+                .map_err(unavailable)
+        };
+        // The caller's index, beside it, for a task this submission created.
+        let index = async {
+            if !own {
+                return Ok(());
+            }
+            let mut connection = connection.clone();
+            self.index_invocation(spec, &id)
+                .invoke_async::<i64>(&mut connection)
+                .await
+                .map(drop)
+                .map_err(unavailable)
+        };
+        let (stored, indexed) = tokio::join!(store, index);
+        let stored = stored?;
+        indexed?;
+        Ok((own, id, stored))
+    }
+
+    /// One server's submission: one script claims the request id, stores
+    /// and queues the task and indexes it; when another task holds the
+    /// request id, the same script for that task follows (a repeat; or the
+    /// completion of a submission cut between a cluster's steps).
+    async fn submit_at_once(
+        &self,
+        connection: &Connection,
+        spec: &Spec,
+        step: &StoreStep<'_>,
+    ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
+        let mut connection = connection.clone();
+        let spec_json = self.spec_json(spec, &spec.task_id)?;
+        let (code, answer) = self
+            .store_invocation(&spec.task_id, &spec_json, spec, step, 0, true)
+            .invoke_async::<(i64, String)>(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        if code != 3 {
+            return Ok((true, spec.task_id.clone(), (code, answer)));
+        }
+        let holder = answer;
+        let spec_json = self.spec_json(spec, &holder)?;
+        let stored = self
+            .store_invocation(&holder, &spec_json, spec, step, 0, true)
+            .invoke_async::<(i64, String)>(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        if stored.0 == 3 {
+            // The request id changed hands again meanwhile (it expired and was taken):
+            // answered as a store outage, so the caller submits again.
+            return Err(TaskStoreError::Unavailable(format!(
+                "request `{}` moved between tasks while it was submitted; submit it again",
+                spec.request_id
+            )));
+        }
+        Ok((false, holder, stored))
+    }
+
+    /// `SET <request key> <task id> NX GET EX <retention>`: claims the request
+    /// id for the task, or names the task that holds it.
+    fn claim_request(&self, request_key: &str, task_id: &str) -> redis::Cmd {
+        let mut claim = redis::cmd("SET");
+        claim
+            .arg(request_key)
+            .arg(task_id)
+            .arg("NX")
+            .arg("GET")
+            .arg("EX")
+            .arg(self.retention_s);
+        claim
+    }
+
+    /// The spec as stored for task `id`.
+    fn spec_json(&self, spec: &Spec, id: &str) -> Result<String, TaskStoreError> {
+        let mut spec = spec.clone();
+        id.clone_into(&mut spec.task_id);
+        serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))
+    }
+
+    /// The store step for task `id` in its lane; `one_server`: the whole
+    /// submission (claim, store, index) in it, the bound counting every lane.
+    fn store_invocation(
+        &self,
+        id: &str,
+        spec_json: &str,
+        spec: &Spec,
+        step: &StoreStep<'_>,
+        elsewhere: i64,
+        one_server: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let lane = lane_of(id);
+        let mut invocation = self.scripts.submit.key(self.task_key(id));
+        invocation
+            .key(self.queue_key(lane, &spec.capability, spec.priority))
+            .key(self.queues_key(lane))
+            .key(self.backlog_key(lane));
+        if one_server {
+            invocation
+                .key(step.request_key)
+                .key(self.caller_index_key(&spec.caller));
+            if step.bound.is_some() {
+                for other in (0..LANES).filter(|other| *other != lane) {
+                    invocation.key(self.backlog_key(other));
+                }
+            }
+        }
+        invocation
+            .arg(id)
+            .arg(spec_json)
+            .arg(spec.created_at_ms)
+            .arg(step.field)
+            .arg(if step.hold { "0" } else { "1" })
+            .arg(GROUP)
+            .arg(step.bound.unwrap_or(0))
+            .arg(elsewhere.max(0))
+            .arg(if one_server { "1" } else { "0" })
+            .arg(self.retention_s)
+            .arg(CALLER_INDEX_MAX);
+        invocation
+    }
+
+    /// The caller's index gaining task `id` (a cluster's submission).
+    fn index_invocation(&self, spec: &Spec, id: &str) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.index.key(self.caller_index_key(&spec.caller));
+        invocation
+            .arg(id)
+            .arg(spec.created_at_ms)
+            .arg(CALLER_INDEX_MAX)
+            .arg(self.retention_s);
+        invocation
+    }
+
+    /// `WAIT` for a submission's writes: on one server one `WAIT` after the
+    /// last covers both; on a cluster each shard written to waits for its own.
+    async fn wait_replicated(
+        &self,
+        connection: &Connection,
+        request_key: &str,
+        task_key: &str,
+        wait: agent_reach_stores::Wait,
+    ) -> Result<(), TaskStoreError> {
+        let reached = |key: &str| {
+            let mut connection = connection.clone();
+            let key = key.to_string();
+            async move { connection.wait_for(&key, wait).await.map_err(unavailable) }
+        };
+        let least = if self.is_cluster() {
+            let (request, task) = tokio::join!(reached(request_key), reached(task_key));
+            request?.min(task?)
+        } else {
+            reached(task_key).await?
+        };
+        if least < i64::from(wait.replicas) {
+            return Err(TaskStoreError::Unavailable(format!(
+                "the task reached {least} of {} replicas within {} ms; it may survive a failover or not: \
+                 submit again with the same request_id (it is not created twice)",
+                wait.replicas,
+                wait.timeout_ms()
+            )));
+        }
+        Ok(())
+    }
+}
