@@ -13,10 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 COMPOSE_FILE = DEPLOY / "compose" / "docker-compose.yml"
+# Used on top of COMPOSE_FILE (`-f ... -f ...`): Redis Cluster instead of the one Redis.
+COMPOSE_CLUSTER_FILE = DEPLOY / "compose" / "docker-compose.redis-cluster.yml"
+# The Redis Cluster nodes and their creation: Kubernetes (the component) and Compose alike.
+REDIS_CLUSTER_SCRIPT = K8S / "components" / "redis-cluster" / "redis-cluster.sh"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
-# Every kustomization a user may apply.
-OVERLAYS = ["base", "overlays/production"]
+# Every kustomization a user may apply: on Sentinel, and on Redis Cluster
+# (the components/redis-cluster component).
+SENTINEL_OVERLAYS = ["base", "overlays/production"]
+CLUSTER_OVERLAYS = ["overlays/production-redis-cluster"]
+OVERLAYS = SENTINEL_OVERLAYS + CLUSTER_OVERLAYS
 
 Doc = dict[str, Any]
 
@@ -37,7 +44,8 @@ def kubectl() -> str:
     return found
 
 
-def kustomize(overlay: str) -> subprocess.CompletedProcess[str]:
+def kustomize(overlay: str | Path) -> subprocess.CompletedProcess[str]:
+    """`kubectl kustomize` of a directory under k8s/ (or any directory)."""
     return subprocess.run(
         [kubectl(), "kustomize", str(K8S / overlay)],
         capture_output=True,
@@ -47,7 +55,7 @@ def kustomize(overlay: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def rendered(overlay: str) -> list[Doc]:
+def rendered(overlay: str | Path) -> list[Doc]:
     result = kustomize(overlay)
     assert result.returncode == 0, f"kubectl kustomize {overlay} failed:\n{result.stderr}"
     return load_yaml_all(result.stdout)

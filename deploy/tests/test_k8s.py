@@ -9,6 +9,7 @@ against the schemas in schemas/ (strict as well); any other kind fails.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,20 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from support import DEPLOY, OVERLAYS, SCHEMAS, Doc, containers, find, kustomize, rendered
+from support import (
+    CLUSTER_OVERLAYS,
+    DEPLOY,
+    K8S,
+    OVERLAYS,
+    REDIS_CLUSTER_SCRIPT,
+    SCHEMAS,
+    SENTINEL_OVERLAYS,
+    Doc,
+    containers,
+    find,
+    kustomize,
+    rendered,
+)
 
 KUBERNETES_VERSIONS = ["1.29.0", "1.37.0"]
 CRD_SCHEMAS = {
@@ -28,6 +42,24 @@ CRD_SCHEMAS = {
 }
 SERVICES = {"registry": 7400, "router": 7500, "context": 7600}
 ACL_MOUNT = "/etc/agent-reach/acl"
+SENTINEL_URL = (
+    "redis+sentinel://"
+    + ",".join(f"redis-sentinel-{index}.redis-sentinel:26379" for index in range(3))
+    + "/agent-reach"
+)
+CLUSTER_NODES = [f"redis-cluster-{index}" for index in range(6)]
+CLUSTER_URL = "redis+cluster://" + ",".join(f"{node}.redis-cluster:6379" for node in CLUSTER_NODES)
+SENTINEL_OBJECTS = [
+    ("StatefulSet", "redis"),
+    ("StatefulSet", "redis-sentinel"),
+    ("Service", "redis"),
+    ("Service", "redis-sentinel"),
+    ("PodDisruptionBudget", "redis"),
+    ("PodDisruptionBudget", "redis-sentinel"),
+    ("ConfigMap", "redis-scripts"),
+    ("NetworkPolicy", "redis"),
+    ("NetworkPolicy", "redis-sentinel"),
+]
 
 
 def strict(schema: Any) -> Any:
@@ -170,28 +202,151 @@ def test_etcd_is_three_members_on_three_nodes(overlay: str) -> None:
     assert quorum[0]["spec"]["minAvailable"] == 2
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", SENTINEL_OVERLAYS)
 def test_redis_has_replicas_and_three_sentinels(overlay: str) -> None:
     docs = rendered(overlay)
     assert find(docs, "StatefulSet", "redis")["spec"]["replicas"] == 3, "one primary, two replicas"
-    assert find(docs, "StatefulSet", "redis-sentinel")["spec"]["replicas"] == 3
+    sentinels = find(docs, "StatefulSet", "redis-sentinel")
+    assert sentinels["spec"]["replicas"] == 3
     scripts = find(docs, "ConfigMap", "redis-scripts")["data"]
     assert "--appendonly yes --appendfsync everysec" in scripts["redis-start.sh"]
     assert "sentinel monitor agent-reach $primary 6379 2" in scripts["sentinel-start.sh"], "quorum 2 of 3"
+    assert "port 26379" in scripts["sentinel-start.sh"]
+    assert find(docs, "Service", sentinels["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
     for service in ("router", "context"):
         container = containers(deployment(docs, service))[0]
-        assert flag(container, "--redis") == "redis://redis-0.redis:6379"
+        assert flag(container, "--redis") == SENTINEL_URL, f"{service} asks every Sentinel for `agent-reach`"
+    assert not [doc for doc in docs if doc["metadata"]["name"].startswith("redis-cluster")]
 
 
-def test_redis_start_scripts_pass_shellcheck(tmp_path: Path) -> None:
-    scripts = find(rendered("base"), "ConfigMap", "redis-scripts")["data"]
+def redis_scripts(overlay: str) -> dict[str, str]:
+    docs = rendered(overlay)
+    name = "redis-cluster-scripts" if overlay in CLUSTER_OVERLAYS else "redis-scripts"
+    found: dict[str, str] = find(docs, "ConfigMap", name)["data"]
+    return found
+
+
+@pytest.mark.parametrize("overlay", ["base", *CLUSTER_OVERLAYS])
+def test_redis_start_scripts_pass_shellcheck(overlay: str, tmp_path: Path) -> None:
     shellcheck = shutil.which("shellcheck")
     assert shellcheck is not None, "shellcheck not found: run scripts/setup.sh (installs deploy/tests/requirements.txt)"
-    for name, text in scripts.items():
+    for name, text in redis_scripts(overlay).items():
         path = tmp_path / name
         path.write_text(text, encoding="utf-8")
         result = subprocess.run([shellcheck, "--shell=sh", str(path)], capture_output=True, text=True, check=False)
         assert result.returncode == 0, f"{name}:\n{result.stdout}"
+
+
+def env_of(container: Doc) -> dict[str, str]:
+    return {entry["name"]: entry["value"] for entry in container.get("env", []) if "value" in entry}
+
+
+@pytest.mark.parametrize("overlay", CLUSTER_OVERLAYS)
+def test_redis_cluster_is_six_nodes_three_primaries_a_replica_each(overlay: str) -> None:
+    docs = rendered(overlay)
+    nodes = find(docs, "StatefulSet", "redis-cluster")
+    assert nodes["spec"]["replicas"] == 6
+    assert nodes["spec"]["podManagementPolicy"] == "Parallel", "a node is ready only once the cluster is"
+    headless = find(docs, "Service", nodes["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert {port["port"] for port in headless["spec"]["ports"]} == {6379, 16379}
+    pod = nodes["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (node,) = containers(nodes)
+    assert node["command"] == ["/bin/sh", "/scripts/redis-cluster.sh", "start"]
+    assert node["readinessProbe"]["exec"]["command"] == ["/bin/sh", "/scripts/redis-cluster.sh", "ready"]
+    assert node["livenessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+    assert {"cpu", "memory"} <= set(node["resources"]["requests"]) and "memory" in node["resources"]["limits"]
+    assert node["securityContext"]["readOnlyRootFilesystem"] is True
+    assert node["securityContext"]["allowPrivilegeEscalation"] is False
+    assert [mount["mountPath"] for mount in node["volumeMounts"]] == ["/data", "/scripts"]
+    (claim,) = nodes["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data", "nodes.conf and the append-only file outlive the pod"
+    names = [f"{name}.redis-cluster.$(POD_NAMESPACE).svc" for name in CLUSTER_NODES]
+    environment = env_of(node)
+    assert environment["SELF"] == "$(POD_NAME).redis-cluster.$(POD_NAMESPACE).svc"
+    assert environment["NODES"].split() == [f"{name}:6379" for name in names]
+    assert int(environment["NODE_TIMEOUT_MS"]) > 0
+    budget = find(docs, "PodDisruptionBudget", "redis-cluster")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert matches(budget["spec"]["selector"]["matchLabels"], nodes["spec"]["template"]["metadata"]["labels"])
+    job = find(docs, "Job", "redis-cluster-create")
+    (create,) = containers(job)
+    assert create["command"] == ["/bin/sh", "/scripts/redis-cluster.sh", "create"]
+    assert env_of(create)["NODES"] == environment["NODES"]
+    assert env_of(create)["REPLICAS"] == "1", "three primaries, a replica each"
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    script = redis_scripts(overlay)["redis-cluster.sh"]
+    assert script == REDIS_CLUSTER_SCRIPT.read_text(encoding="utf-8")
+    assert 'redis-cli --cluster create $NODES --cluster-replicas "${REPLICAS:-1}" --cluster-yes' in script
+    for setting in ("--cluster-enabled yes", "--appendonly yes --appendfsync everysec", "--cluster-announce-hostname"):
+        assert setting in script
+    for service in ("router", "context"):
+        container = containers(deployment(docs, service))[0]
+        assert flag(container, "--redis") == CLUSTER_URL, f"{service}: every node a seed"
+        assert flag(container, "--redis-wait-replicas") == "1", f"{service}: each write waits for a replica"
+    for kind, name in SENTINEL_OBJECTS:
+        assert not [doc for doc in docs if doc["kind"] == kind and doc["metadata"]["name"] == name], (
+            f"{kind}/{name}: the Sentinel Redis is left out"
+        )
+    for doc in docs:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "agent-reach", f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+@pytest.mark.parametrize("overlay", CLUSTER_OVERLAYS)
+def test_redis_cluster_is_reached_only_by_routers_context_and_its_nodes(overlay: str) -> None:
+    docs = rendered(overlay)
+    policy = find(docs, "NetworkPolicy", "redis-cluster")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    node_labels = find(docs, "StatefulSet", "redis-cluster")["spec"]["template"]["metadata"]["labels"]
+    assert matches(policy["spec"]["podSelector"]["matchLabels"], node_labels)
+    allowed: dict[int, set[str]] = {}
+    for rule in policy["spec"]["ingress"]:
+        roles = {source["podSelector"]["matchLabels"]["agent-reach.io/role"] for source in rule["from"]}
+        for port in rule["ports"]:
+            allowed.setdefault(port["port"], set()).update(roles)
+    assert allowed == {
+        6379: {"router", "context", "redis-cluster-create", "redis-cluster"},
+        16379: {"redis-cluster"},
+    }, "clients on 6379, the cluster bus among the nodes only"
+    job_labels = find(docs, "Job", "redis-cluster-create")["spec"]["template"]["metadata"]["labels"]
+    assert job_labels["agent-reach.io/role"] == "redis-cluster-create"
+    assert node_labels["agent-reach.io/role"] == "redis-cluster"
+    selected = [
+        doc["metadata"]["name"]
+        for doc in docs
+        if doc["kind"] == "NetworkPolicy"
+        and doc["metadata"]["name"] != "redis-cluster"
+        and matches(doc["spec"]["podSelector"].get("matchLabels", {}), node_labels)
+    ]
+    assert not selected, f"no other policy selects the nodes: {selected}"
+
+
+def test_the_redis_cluster_component_applies_to_the_base_too(tmp_path: Path) -> None:
+    """An overlay of the base with the component, as deploy/README.md says to write one."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # Relative, as kustomize wants them.
+                "resources": [os.path.relpath(K8S / "base", tmp_path)],
+                "components": [os.path.relpath(K8S / "components" / "redis-cluster", tmp_path)],
+            }
+        ),
+        encoding="utf-8",
+    )
+    result = kustomize(tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    docs = rendered(tmp_path)
+    assert find(docs, "StatefulSet", "redis-cluster")["spec"]["replicas"] == 6
+    for service in ("router", "context"):
+        assert flag(containers(deployment(docs, service))[0], "--redis") == CLUSTER_URL
+    for version in KUBERNETES_VERSIONS:
+        for doc in docs:
+            if crd_schema(doc) is None:
+                kubernetes_validate.validate(doc, version, strict=True)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -257,8 +412,9 @@ def test_service_monitor_scrapes_every_service(overlay: str) -> None:
     assert endpoint["path"] == "/metrics"
 
 
-def test_production_overlay_scales_and_verifies_with_public_keys() -> None:
-    docs = rendered("overlays/production")
+@pytest.mark.parametrize("overlay", ["overlays/production", *CLUSTER_OVERLAYS])
+def test_production_overlay_scales_and_verifies_with_public_keys(overlay: str) -> None:
+    docs = rendered(overlay)
     for service in SERVICES:
         workload = deployment(docs, service)
         container = containers(workload)[0]
