@@ -108,6 +108,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         workers: args.workers,
         reclaim_after: Duration::from_secs(120),
         max_task_attempts: 3,
+        quota_share: Some(std::time::Duration::from_millis(100)),
         tag_limits: Vec::new(),
     });
     let router = agent_reach_router::build(&settings).await?;

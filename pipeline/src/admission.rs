@@ -125,6 +125,13 @@ impl Admission {
         self
     }
 
+    /// The callers' limiter and the tenant's (what the quota exchange shares).
+    pub(crate) fn limiters(&self) -> Vec<&Limiter> {
+        std::iter::once(&self.limiter)
+            .chain(self.quota.as_ref().map(|quota| &quota.limiter))
+            .collect()
+    }
+
     /// The tenant's quotas, when it has a tenant map's entry.
     pub fn quota(&self) -> Option<&TenantQuota> {
         self.quota.as_ref()

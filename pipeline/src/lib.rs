@@ -55,6 +55,9 @@ pub mod views;
 pub mod watch;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
+pub use limits::shares::{
+    Answered, Demand, Exchanged, QuotaLedger, Reported, DEFAULT_EVERY as DEFAULT_QUOTA_SHARE_EVERY,
+};
 pub use part::{AgentTls, PartConfig};
 pub use service::{Delivery, Offered, RouterService};
 pub use tuning::Tuning;

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub snapshot_staleness_seconds: IntGauge,
     pub registry_connected: IntGauge,
     pub watch_reconnects: IntCounter,
+    /// Quota share exchanges with the other routers (`crate::limits::shares`), by outcome.
+    pub quota_exchanges: IntCounterVec,
     /// Streamed invokes (DESIGN §8, `crate::stream`).
     pub streams: StreamMetrics,
 }
@@ -285,6 +287,14 @@ impl Metrics {
         registry.register(Box::new(snapshot_staleness_seconds.clone()))?;
         registry.register(Box::new(registry_connected.clone()))?;
         registry.register(Box::new(watch_reconnects.clone()))?;
+        let quota_exchanges = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_router_quota_exchanges_total",
+                "Quota share exchanges with the other routers on the task store's Redis, by outcome (ok, failed).",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(quota_exchanges.clone()))?;
         let streams = StreamMetrics::new(&registry)?;
         Ok(Self {
             registry,
@@ -304,6 +314,7 @@ impl Metrics {
             snapshot_staleness_seconds,
             registry_connected,
             watch_reconnects,
+            quota_exchanges,
             streams,
         })
     }

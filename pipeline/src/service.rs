@@ -98,6 +98,13 @@ impl RouterService {
         &self.admission
     }
 
+    /// Shares this service's limits and quotas with the other routers
+    /// meeting at `ledger`, exchanging every `every` until the service is
+    /// dropped (`crate::limits::shares`).
+    pub fn share_limits(self: &Arc<Self>, ledger: Arc<dyn crate::QuotaLedger>, every: std::time::Duration) {
+        tokio::spawn(crate::limits::shares::run(Arc::downgrade(self), ledger, every));
+    }
+
     pub fn assertions(&self) -> &Assertions {
         &self.assertions
     }

@@ -17,6 +17,6 @@ pub mod store;
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
 pub use model::{Accepted, Callback, Priority, State, Task, Transition};
 pub use store::{
-    new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, Reported, SessionResult, StoreConfig, Submitted, TaskStore,
-    TaskStoreError,
+    new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported,
+    SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
 };

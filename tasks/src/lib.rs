@@ -21,6 +21,7 @@ mod dead_letters;
 mod gate;
 mod metrics;
 mod protocol;
+mod quota;
 mod report;
 mod settings;
 mod worker;
@@ -139,6 +140,9 @@ impl TaskService {
         tokio::spawn(callbacks::run(Arc::downgrade(self)));
         buffer::TaskBuffer::spawn_replay(Arc::downgrade(self));
         tokio::spawn(worker::run(Arc::downgrade(service), self.clone()));
+        if let Some(every) = self.settings.quota_share {
+            service.share_limits(Arc::new(quota::StoreLedger(self.clone())), every);
+        }
     }
 
     /// The gate for a capability whose instances all carry a limited tag.

@@ -57,6 +57,12 @@ pub struct TaskArgs {
     /// A task claimed by a router that has not finished it after this many seconds is taken over.
     #[arg(long, env = "AGENT_REACH_TASK_RECLAIM_AFTER_S", default_value_t = 120)]
     pub task_reclaim_after_s: u64,
+    /// How often, in milliseconds, this router exchanges what its callers and
+    /// tenants asked for with the other routers on the same --redis, so that
+    /// tenants' quotas and acl.yaml's limits hold across all replicas (each
+    /// router enforces its share locally). 0: each replica counts its own.
+    #[arg(long, env = "AGENT_REACH_QUOTA_SHARE_MS", default_value_t = 100)]
+    pub quota_share_ms: u64,
 }
 
 impl TaskArgs {
@@ -106,6 +112,12 @@ impl TaskArgs {
         if self.task_workers == 0 {
             problems.push("--task-workers must be at least 1".to_string());
         }
+        if self.quota_share_ms > 10_000 {
+            problems.push(format!(
+                "--quota-share-ms {} must be within 0..=10000 (0: each replica counts its own)",
+                self.quota_share_ms
+            ));
+        }
         Some(TasksSettings {
             redis,
             store: StoreConfig {
@@ -125,6 +137,7 @@ impl TaskArgs {
             workers: self.task_workers,
             reclaim_after: Duration::from_secs(self.task_reclaim_after_s.max(1)),
             max_task_attempts: 3,
+            quota_share: (self.quota_share_ms > 0).then(|| Duration::from_millis(self.quota_share_ms)),
             tag_limits: self
                 .task_tag_limits
                 .iter()
@@ -152,6 +165,9 @@ pub struct TasksSettings {
     /// At most `limit` tasks at once for capabilities whose instances all carry
     /// tag `key: value` (e.g. `class: bulk` → 5); the rest wait, high priority first.
     pub tag_limits: Vec<TagLimit>,
+    /// How often limits are shared with the other routers on this Redis
+    /// (`--quota-share-ms`); `None`: each replica counts its own.
+    pub quota_share: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,5 +212,45 @@ mod tests {
         for bad in ["class=bulk", "bulk:5", "class=bulk:0", "=x:1", "class=:2"] {
             assert!(TagLimit::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        tasks: TaskArgs,
+    }
+
+    fn settings_with(share_ms: &str) -> (Option<TasksSettings>, Vec<String>) {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("callbacks.secret");
+        std::fs::write(&secret, [b'k'; 40]).unwrap();
+        let flags = Flags::parse_from([
+            "router",
+            "--redis",
+            "redis://127.0.0.1:6379",
+            "--callback-secret-file",
+            secret.to_str().unwrap(),
+            "--quota-share-ms",
+            share_ms,
+        ]);
+        let mut problems = Vec::new();
+        (flags.tasks.settings(&mut problems), problems)
+    }
+
+    #[test]
+    fn the_quota_share_interval_is_bounded_and_zero_turns_sharing_off() {
+        let (_, problems) = settings_with("60000");
+        assert!(
+            problems
+                .iter()
+                .any(|problem| problem.contains("--quota-share-ms 60000")),
+            "{problems:?}"
+        );
+        let (settings, problems) = settings_with("0");
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(settings.unwrap().quota_share, None);
+        let (settings, _) = settings_with("100");
+        assert_eq!(settings.unwrap().quota_share, Some(Duration::from_millis(100)));
     }
 }

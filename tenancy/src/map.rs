@@ -47,8 +47,9 @@ pub struct TenantEntry {
     pub quotas: Quotas,
 }
 
-/// What a tenant may use of one router (each replica counts its own, as the
-/// `limits:` of `acl.yaml` do). `None`: unbounded.
+/// What a tenant may use: of all the routers sharing a `--redis` (they
+/// exchange their shares, design §3.10.11), else of one router, as the
+/// `limits:` of `acl.yaml`. `None`: unbounded.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Quotas {
     /// Requests a second, synchronous calls and task submissions together.

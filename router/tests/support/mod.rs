@@ -208,6 +208,9 @@ pub struct Seen {
     pub streams_cancelled: AtomicUsize,
     /// Streams that ran to their end.
     pub streams_finished: AtomicUsize,
+    /// `Slow` calls working now, and the most at once.
+    pub working: AtomicUsize,
+    pub most_working: AtomicUsize,
 }
 
 /// Marks a streamed answer cancelled when dropped before it finished.
@@ -369,7 +372,10 @@ async fn handle(State(state): State<Arc<AgentState>>, headers: HeaderMap, body: 
             axum::Json(json!({ "output": { "agent_id": state.agent_id } })).into_response()
         }
         Behaviour::Slow(work) => {
+            let now = state.seen.working.fetch_add(1, Ordering::SeqCst) + 1;
+            state.seen.most_working.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(work).await;
+            state.seen.working.fetch_sub(1, Ordering::SeqCst);
             axum::Json(json!({ "output": { "agent_id": state.agent_id, "echo": envelope["payload"] } })).into_response()
         }
         Behaviour::Accept => StatusCode::ACCEPTED.into_response(),
@@ -761,6 +767,7 @@ pub fn tasks_settings(url: String) -> agent_reach_router::TasksSettings {
         workers: 16,
         reclaim_after: Duration::from_secs(30),
         max_task_attempts: 3,
+        quota_share: Some(std::time::Duration::from_millis(100)),
         tag_limits: Vec::new(),
     }
 }

@@ -71,8 +71,9 @@
 //! tasks, a session's results), `claims` (claims, reclaim, the running
 //! count), `backlog` (the counts claims are planned on), `outcome`
 //! (transitions and a task's end), `followups` (what an end leaves beyond
-//! its lane), `callbacks` (a callback and its schedule), `dead_letters`, and
-//! `record` (a task's record and stream entries, read).
+//! its lane), `callbacks` (a callback and its schedule), `dead_letters`,
+//! `record` (a task's record and stream entries, read) and `quota` (where
+//! routers share their limits).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -83,6 +84,7 @@ use serde_json::Value;
 
 use self::backlog::Backlogs;
 use self::connection::{Connection, Link};
+pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
 use self::scripts::Scripts;
 use crate::model::{Callback, Priority, State, Task};
 
@@ -95,6 +97,7 @@ mod followups;
 mod keys;
 mod lookup;
 mod outcome;
+mod quota;
 mod record;
 mod scripts;
 mod submission;

@@ -11,7 +11,12 @@
 //! the first time, or after the caller's limit changed), its tokens are
 //! behind that one caller's lock (held for a few arithmetic operations, as
 //! smooth WRR's per-group lock is) and its in-flight count is an atomic.
-
+//!
+//! Across replicas ([`shares`]): a bucket holds this router's *share* of its
+//! limit (all of it on a router alone). Routers that share a task store
+//! exchange what each of their buckets was asked for, every
+//! `--quota-share-ms`, off the request path, and each sets its shares from
+//! the answer, so the limits hold for the installation, not per replica.
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,14 +27,37 @@ use tokio::sync::Notify;
 
 use crate::error::{Code, RouterError};
 
-/// One caller's bucket and in-flight count.
+pub mod shares;
+
+/// One caller's bucket and in-flight count: this router's share of the
+/// caller's limit, and what it was asked for since the last exchange.
 #[derive(Debug)]
 pub struct Bucket {
     limit: Limit,
-    /// (tokens, microseconds since the limiter's start when they were last refilled).
-    tokens: Mutex<(f64, u64)>,
+    tokens: Mutex<Tokens>,
     inflight: AtomicU32,
+    /// This router's places of `limit.concurrency`.
+    places: AtomicU32,
+    /// Demand since the last exchange: calls that asked for a token, calls
+    /// refused a place, the most places held at once.
+    asked: AtomicU64,
+    refused_places: AtomicU32,
+    peak: AtomicU32,
+    /// Deliveries waiting for a place now.
+    waiting: AtomicU32,
+    /// When a call last used the bucket (microseconds since the limiter's start).
+    used_us: AtomicU64,
     freed: Notify,
+}
+
+/// A bucket's tokens and this router's share of the rate and the burst.
+#[derive(Debug, Clone, Copy)]
+struct Tokens {
+    tokens: f64,
+    /// Microseconds since the limiter's start when they were last refilled.
+    refilled_us: u64,
+    rate: f64,
+    burst: f64,
 }
 
 /// Why a call was refused, and when to come back.
@@ -93,43 +121,111 @@ impl Permit {
 }
 
 impl Bucket {
-    fn new(limit: Limit, now_us: u64) -> Self {
+    /// A full bucket holding `fraction` of `limit` (1: a router alone).
+    fn new(limit: Limit, now_us: u64, fraction: f64) -> Self {
+        let share = shares::Share::fraction_of(&limit, fraction);
         Self {
-            tokens: Mutex::new((f64::from(limit.burst), now_us)),
+            tokens: Mutex::new(Tokens {
+                tokens: share.burst,
+                refilled_us: now_us,
+                rate: share.rate,
+                burst: share.burst,
+            }),
             inflight: AtomicU32::new(0),
+            places: AtomicU32::new(share.places),
+            asked: AtomicU64::new(0),
+            refused_places: AtomicU32::new(0),
+            peak: AtomicU32::new(0),
+            waiting: AtomicU32::new(0),
+            used_us: AtomicU64::new(now_us),
             freed: Notify::new(),
             limit,
         }
     }
 
+    fn lock_tokens(&self) -> std::sync::MutexGuard<'_, Tokens> {
+        // Every update completes before the guard drops; a poisoned lock holds a consistent state.
+        self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Spends one token, refilling first; `Err` says how long until one is there.
     fn spend(&self, now_us: u64) -> Result<(), Duration> {
-        let Some(rate) = self.limit.rate_per_s else {
+        if self.limit.rate_per_s.is_none() {
             return Ok(());
-        };
-        // Every update completes before the guard drops; a poisoned lock holds a consistent pair.
-        let mut state = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (tokens, refilled_us) = *state;
-        let elapsed_s = now_us.saturating_sub(refilled_us) as f64 / 1e6;
-        let tokens = (tokens + elapsed_s * rate).min(f64::from(self.limit.burst));
-        *state = (tokens, now_us.max(refilled_us));
-        if tokens < 1.0 {
-            return Err(Duration::from_secs_f64((1.0 - tokens) / rate));
         }
-        state.0 = tokens - 1.0;
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.lock_tokens();
+        state.refill(now_us);
+        if state.tokens < 1.0 {
+            // A share of nothing (other routers hold the whole rate) waits for the next exchange.
+            let wait_s = if state.rate > 0.0 {
+                (1.0 - state.tokens) / state.rate
+            } else {
+                1.0
+            };
+            return Err(Duration::from_secs_f64(wait_s));
+        }
+        state.tokens -= 1.0;
         Ok(())
     }
 
     /// Takes a place in flight when one is free.
     fn try_enter(&self) -> bool {
-        let Some(bound) = self.limit.concurrency else {
+        if self.limit.concurrency.is_none() {
             return true;
-        };
-        self.inflight
+        }
+        let bound = self.places.load(Ordering::Acquire);
+        match self
+            .inflight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |inflight| {
                 (inflight < bound).then_some(inflight + 1)
-            })
-            .is_ok()
+            }) {
+            Ok(before) => {
+                self.peak.fetch_max(before + 1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => {
+                self.refused_places.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Sets this router's share (the tokens refilled at the old rate first,
+    /// and never more than the new burst).
+    fn set_share(&self, share: shares::Share, now_us: u64) {
+        {
+            let mut state = self.lock_tokens();
+            state.refill(now_us);
+            state.rate = share.rate;
+            state.burst = share.burst;
+            state.tokens = state.tokens.min(share.burst);
+        }
+        let before = self.places.swap(share.places, Ordering::AcqRel);
+        if share.places > before {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// What this bucket was asked for since the last call: calls asking for
+    /// a token, and places wanted (the most held, plus those refused or
+    /// waited for, at most the limit).
+    fn take_demand(&self) -> (u64, u32) {
+        let asked = self.asked.swap(0, Ordering::Relaxed);
+        let inflight = self.inflight.load(Ordering::Acquire);
+        let peak = self.peak.swap(inflight, Ordering::Relaxed).max(inflight);
+        let wanted = peak
+            .saturating_add(self.refused_places.swap(0, Ordering::Relaxed))
+            .saturating_add(self.waiting.load(Ordering::Relaxed));
+        (asked, wanted.min(self.limit.concurrency.unwrap_or(0)))
+    }
+}
+
+impl Tokens {
+    fn refill(&mut self, now_us: u64) {
+        let elapsed_s = now_us.saturating_sub(self.refilled_us) as f64 / 1e6;
+        self.tokens = (self.tokens + elapsed_s * self.rate).min(self.burst);
+        self.refilled_us = now_us.max(self.refilled_us);
     }
 }
 
@@ -153,6 +249,9 @@ pub struct Limiter {
     refused: prometheus::IntCounterVec,
     /// Whose buckets: callers' (`acl.yaml` limits) or tenants' (the tenant map's quotas).
     scope: Scope,
+    /// Routers sharing the limits, as the last exchange counted them (1:
+    /// alone, or no exchange yet); a new bucket starts with its equal share.
+    routers: AtomicU32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,6 +285,7 @@ impl Limiter {
             buckets: Mutex::new(ahash::AHashMap::new()),
             refused,
             scope,
+            routers: AtomicU32::new(1),
         }
     }
 
@@ -198,6 +298,7 @@ impl Limiter {
         let key = (self.id, caller.clone());
         let cached = BUCKETS.with(|buckets| buckets.borrow().get(&key).cloned());
         if let Some(bucket) = cached.filter(|bucket| bucket.limit == *limit) {
+            bucket.used_us.store(self.now_us(), Ordering::Relaxed);
             return bucket;
         }
         let bucket = {
@@ -205,7 +306,8 @@ impl Limiter {
             match buckets.get(caller) {
                 Some(bucket) if bucket.limit == *limit => bucket.clone(),
                 _ => {
-                    let bucket = Arc::new(Bucket::new(*limit, self.now_us()));
+                    let fraction = 1.0 / f64::from(self.routers.load(Ordering::Relaxed).max(1));
+                    let bucket = Arc::new(Bucket::new(*limit, self.now_us(), fraction));
                     buckets.insert(caller.clone(), bucket.clone());
                     bucket
                 }
@@ -257,15 +359,19 @@ impl Limiter {
             return Permit::unlimited();
         };
         let bucket = self.bucket(caller, limit);
+        let mut waiting = None;
         loop {
             {
                 let freed = bucket.freed.notified();
                 if !bucket.try_enter() {
+                    // Counted as wanted places while it waits (the exchange reads it).
+                    waiting.get_or_insert_with(|| Waiting::on(&bucket));
                     // A bounded wait: a place freed by a bucket replaced meanwhile wakes nobody.
                     let _ = tokio::time::timeout(Duration::from_millis(200), freed).await;
                     continue;
                 }
             }
+            drop(waiting);
             return Permit {
                 bucket: Some(bucket),
                 tenant: None,
@@ -295,6 +401,38 @@ impl Limiter {
             "limit": refusal.as_str(),
             "retry_after_s": refusal.retry_after_s(),
         }))
+    }
+}
+
+/// A delivery waiting for a place in `bucket`, counted until it is dropped.
+struct Waiting(Arc<Bucket>);
+
+impl Waiting {
+    fn on(bucket: &Arc<Bucket>) -> Self {
+        bucket.waiting.fetch_add(1, Ordering::Relaxed);
+        Self(bucket.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Limiter {
+    /// The buckets a call used within `recent` (the ones worth an exchange),
+    /// by caller (or tenant).
+    fn active(&self, recent: Duration) -> Vec<(Arc<str>, Arc<Bucket>)> {
+        let since = self
+            .now_us()
+            .saturating_sub(u64::try_from(recent.as_micros()).unwrap_or(u64::MAX));
+        let buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        buckets
+            .iter()
+            .filter(|(_, bucket)| bucket.used_us.load(Ordering::Relaxed) >= since)
+            .map(|(caller, bucket)| (caller.clone(), bucket.clone()))
+            .collect()
     }
 }
 
@@ -340,7 +478,7 @@ mod tests {
 
     #[test]
     fn a_bucket_allows_its_burst_then_refills_at_its_rate() {
-        let bucket = Bucket::new(limit(Some(10.0), 3, None), 0);
+        let bucket = Bucket::new(limit(Some(10.0), 3, None), 0, 1.0);
         for _ in 0..3 {
             assert!(bucket.spend(0).is_ok());
         }
