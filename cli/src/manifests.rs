@@ -95,6 +95,41 @@ fn compose_commands_parse() {
     assert_eq!(checked, 3, "registry, router and context");
 }
 
+/// The Redis Cluster override (`docker-compose.redis-cluster.yml`) replaces
+/// the router's and the context service's commands; each parses with the
+/// environment the base file gives that service.
+#[test]
+fn compose_redis_cluster_override_commands_parse() {
+    no_agent_reach_environment();
+    let read = |name: &str| {
+        let path = deploy_dir().join("compose").join(name);
+        let mut file: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        file.apply_merge().unwrap();
+        (path, file)
+    };
+    let (_, base) = read("docker-compose.yml");
+    let (path, overlay) = read("docker-compose.redis-cluster.yml");
+    let mut checked = 0;
+    for name in ["router", "context"] {
+        let command = strings(&overlay["services"][name]["command"]);
+        assert!(
+            command.iter().any(|arg| arg.starts_with("--redis=redis+cluster://")),
+            "{} service {name}: {command:?}",
+            path.display()
+        );
+        let env: Vec<(String, String)> = base["services"][name]["environment"]
+            .as_mapping()
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| (key.as_str().unwrap().to_string(), value.as_str().unwrap().to_string()))
+            .filter(|(key, _)| key != "AGENT_REACH_HEALTHCHECK_URL")
+            .collect();
+        assert_parses(&command, &env, &format!("{} service {name}", path.display()));
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
 /// The `agent-reach` containers of one YAML document (a Deployment or a patch of one).
 fn agent_reach_containers(doc: &Value) -> Vec<&Value> {
     let deployment = doc["metadata"]["name"].as_str().unwrap_or_default();
