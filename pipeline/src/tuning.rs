@@ -21,6 +21,8 @@ pub struct Tuning {
     /// The capability whose A2A agent card is also served at the host root
     /// (`/.well-known/agent-card.json`, `--a2a-root-capability`).
     pub a2a_root_capability: Option<String>,
+    /// Browser origins `/mcp` answers besides loopback ones (`--mcp-allowed-origin`; `*`: any).
+    pub mcp_allowed_origins: Vec<String>,
     /// Whether the listener serves TLS (A2A cards then name `https://` URLs);
     /// set by `build` from the listener's settings.
     pub serves_tls: bool,
@@ -41,6 +43,7 @@ impl Default for Tuning {
             max_staleness: Duration::from_secs(60),
             threads: 0,
             a2a_root_capability: None,
+            mcp_allowed_origins: Vec::new(),
             serves_tls: false,
         }
     }

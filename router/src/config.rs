@@ -122,6 +122,17 @@ pub struct RouterArgs {
     /// `/.well-known/agent-card.json` (its interface stays `/a2a/NAME`).
     #[arg(long, env = "AGENT_REACH_A2A_ROOT_CAPABILITY", value_name = "NAME")]
     pub a2a_root_capability: Option<String>,
+    /// A browser origin (`scheme://host[:port]`) allowed to call `/mcp`, besides loopback
+    /// origins; repeatable. Requests with another `Origin` are refused 403 (DNS rebinding
+    /// guard; requests without `Origin`, from non-browser clients, always pass). `*` allows
+    /// any origin and turns the guard off.
+    #[arg(
+        long = "mcp-allowed-origin",
+        env = "AGENT_REACH_MCP_ALLOWED_ORIGINS",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    pub mcp_allowed_origins: Vec<String>,
     #[command(flatten)]
     pub tasks: TaskArgs,
     #[command(flatten)]
@@ -270,6 +281,22 @@ impl RouterArgs {
                 None
             }
         };
+        for origin in &self.mcp_allowed_origins {
+            let valid = origin == "*"
+                || origin == "null"
+                || origin
+                    .trim_end_matches('/')
+                    .split_once("://")
+                    .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty() && !rest.contains('/'));
+            if !valid {
+                problems.push(format!(
+                    "--mcp-allowed-origin `{origin}` must be scheme://host[:port] (e.g. https://app.example.com), `null` or `*`"
+                ));
+            }
+        }
+        if self.mcp_allowed_origins.iter().any(|origin| origin == "*") {
+            tracing::warn!(message = "--mcp-allowed-origin '*': any web page may call /mcp (no DNS rebinding guard).");
+        }
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -305,6 +332,7 @@ impl RouterArgs {
                 max_staleness: Duration::from_secs(self.max_staleness_s),
                 threads: self.threads,
                 a2a_root_capability: self.a2a_root_capability.clone(),
+                mcp_allowed_origins: self.mcp_allowed_origins.clone(),
                 serves_tls: false,
             },
         })
