@@ -18,9 +18,49 @@ pub(crate) async fn card(
     headers: HeaderMap,
 ) -> Response {
     match card_of(&api, &capability, &reached(&uri, &headers)) {
-        Some(card) => axum::Json(card).into_response(),
+        Some(card) => cached(&card, &headers),
         None => not_found(format!("no agent offers capability `{capability}`")),
     }
+}
+
+/// How long a client may keep a card without asking again (spec §8.6.1):
+/// a card changes when its capability's highest version or schemas do.
+pub(crate) const CARD_MAX_AGE_S: u32 = 60;
+
+/// A card with its caching headers (spec §8.6.1): `Cache-Control` with a
+/// `max-age`, and an `ETag` hashing the card as served; `304 Not Modified`
+/// (no body) when `If-None-Match` names that tag.
+pub(crate) fn cached(card: &Value, headers: &HeaderMap) -> Response {
+    use sha2::Digest;
+    let body = card.to_string();
+    let digest = sha2::Sha256::digest(body.as_bytes());
+    let tag: String = digest[..12].iter().map(|byte| format!("{byte:02x}")).collect();
+    let etag = format!("\"{tag}\"");
+    let cache_control = format!("public, max-age={CARD_MAX_AGE_S}");
+    let matches = headers
+        .get_all(http::header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|candidate| candidate.trim().trim_start_matches("W/"))
+        .any(|candidate| candidate == "*" || candidate == etag);
+    let status = if matches {
+        StatusCode::NOT_MODIFIED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = if matches {
+        status.into_response()
+    } else {
+        ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+    };
+    let headers = response.headers_mut();
+    for (name, value) in [(http::header::ETAG, etag), (http::header::CACHE_CONTROL, cache_control)] {
+        if let Ok(value) = http::HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+    }
+    response
 }
 
 pub(crate) async fn root_card(State(api): State<TaskApi>, uri: axum::http::Uri, headers: HeaderMap) -> Response {
@@ -28,7 +68,7 @@ pub(crate) async fn root_card(State(api): State<TaskApi>, uri: axum::http::Uri, 
         return not_found("no root agent card (start the router with --a2a-root-capability NAME)".to_string());
     };
     match card_of(&api, &capability, &reached(&uri, &headers)) {
-        Some(card) => axum::Json(card).into_response(),
+        Some(card) => cached(&card, &headers),
         None => not_found(format!(
             "the root agent card is `{capability}`'s (--a2a-root-capability), and no agent offers it now"
         )),
@@ -77,6 +117,7 @@ pub(crate) fn card_of(api: &TaskApi, capability: &str, host: &str) -> Option<Val
             "streaming": true,
             // Push configs are the slow path's signed callbacks.
             "pushNotifications": api.tasks_enabled(),
+            "extendedAgentCard": false,
             "extensions": [{
                 "uri": "https://agent-reach.dev/a2a/schemas/v1",
                 "description": "The capability's JSON Schemas (draft 2020-12): a DataPart's data must match input_schema.",

@@ -55,7 +55,9 @@ const TASK_NOT_CANCELABLE: i64 = -32002;
 const PUSH_NOT_SUPPORTED: i64 = -32003;
 const UNSUPPORTED_OPERATION: i64 = -32004;
 const CONTENT_TYPE_NOT_SUPPORTED: i64 = -32005;
+const INVALID_AGENT_RESPONSE: i64 = -32006;
 const EXTENDED_CARD_NOT_CONFIGURED: i64 = -32007;
+const EXTENSION_SUPPORT_REQUIRED: i64 = -32008;
 const VERSION_NOT_SUPPORTED: i64 = -32009;
 
 /// Where A2A errors say which stable code they carry (`google.rpc.ErrorInfo`).
@@ -99,16 +101,68 @@ enum Operation {
     ExtendedCard,
 }
 
-/// A JSON-RPC error, `data` naming the stable code as A2A's ErrorInfo does.
+/// The domain of A2A's own errors' `ErrorInfo` (spec §9.5, §10.6, §11.6).
+const A2A_DOMAIN: &str = "a2a-protocol.org";
+
+/// The domain of the `ErrorInfo` naming an Agent-Reach stable code on a
+/// JSON-RPC error that is not one of A2A's (-32600, -32602, -32603).
+const AGENT_REACH_DOMAIN: &str = "agent-reach";
+
+/// The `ErrorInfo` reason of an A2A error code (§5.4): the error's name in
+/// upper snake case without `Error`; `None` for the codes JSON-RPC defines.
+pub(crate) fn a2a_reason(code: i64) -> Option<&'static str> {
+    Some(match code {
+        TASK_NOT_FOUND => "TASK_NOT_FOUND",
+        TASK_NOT_CANCELABLE => "TASK_NOT_CANCELABLE",
+        PUSH_NOT_SUPPORTED => "PUSH_NOTIFICATION_NOT_SUPPORTED",
+        UNSUPPORTED_OPERATION => "UNSUPPORTED_OPERATION",
+        CONTENT_TYPE_NOT_SUPPORTED => "CONTENT_TYPE_NOT_SUPPORTED",
+        INVALID_AGENT_RESPONSE => "INVALID_AGENT_RESPONSE",
+        EXTENDED_CARD_NOT_CONFIGURED => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+        EXTENSION_SUPPORT_REQUIRED => "EXTENSION_SUPPORT_REQUIRED",
+        VERSION_NOT_SUPPORTED => "VERSION_NOT_SUPPORTED",
+        _ => return None,
+    })
+}
+
+/// A JSON-RPC error. An A2A error (-32001..-32009) carries the spec's
+/// `ErrorInfo` (domain `a2a-protocol.org`, reason its name, the stable code
+/// and its details in `metadata` when there is one); any other code carries
+/// an `ErrorInfo` of domain `agent-reach` naming the stable code, when there
+/// is one, and no `data` otherwise.
 pub(crate) fn rpc_error(id: &Value, code: i64, message: &str, stable: Option<&RouterError>) -> Value {
     let mut error = json!({ "code": code, "message": message });
-    if let Some(stable) = stable {
-        let envelope = stable.envelope_error();
+    let envelope = stable.map(RouterError::envelope_error);
+    let mut metadata = serde_json::Map::new();
+    if let Some(envelope) = &envelope {
+        metadata.insert("code".into(), json!(envelope.code));
+        metadata.insert("retryable".into(), json!(envelope.retryable.to_string()));
+        // ErrorInfo's metadata maps strings to strings: the details' scalars, as text.
+        if let Some(Value::Object(details)) = &envelope.details {
+            for (key, value) in details {
+                let text = match value {
+                    Value::String(text) => text.clone(),
+                    Value::Number(_) | Value::Bool(_) => value.to_string(),
+                    _ => continue,
+                };
+                metadata.entry(key.clone()).or_insert(json!(text));
+            }
+        }
+    }
+    let info = match (a2a_reason(code), &envelope) {
+        (Some(reason), _) => {
+            metadata.insert("timestamp".into(), json!(rfc3339(clock::epoch_ms())));
+            Some((reason, A2A_DOMAIN))
+        }
+        (None, Some(envelope)) => Some((envelope.code.as_str(), AGENT_REACH_DOMAIN)),
+        (None, None) => None,
+    };
+    if let Some((reason, domain)) = info {
         error["data"] = json!([{
             "@type": ERROR_INFO,
-            "reason": envelope.code,
-            "domain": "agent-reach",
-            "metadata": { "code": envelope.code, "retryable": envelope.retryable.to_string() },
+            "reason": reason,
+            "domain": domain,
+            "metadata": metadata,
         }]);
     }
     json!({ "jsonrpc": "2.0", "id": id, "error": error })
@@ -178,10 +232,16 @@ mod tests {
             read(v1, false),
             Some((json!(1), true, json!({"a": 1}), Some("m\u{e9}".to_string()), None))
         );
-        let v03 = r#" {"jsonrpc":"2.0","id":"x","method":"message/send","params":{"message":{"contextId":"c","parts":[{"kind":"data","data":null}]},"configuration":null}} "#;
+        let v03 = r#" {"jsonrpc":"2.0","id":"x","method":"message/send","params":{"message":{"messageId":"m","role":"user","contextId":"c","parts":[{"kind":"data","data":null}]},"configuration":null}} "#;
         assert_eq!(
             read(v03, true),
-            Some((json!("x"), false, Value::Null, None, Some("c".to_string())))
+            Some((
+                json!("x"),
+                false,
+                Value::Null,
+                Some("m".to_string()),
+                Some("c".to_string())
+            ))
         );
         for (body, legacy) in [
             // v0.3 names only when the version allows them.
@@ -216,6 +276,31 @@ mod tests {
             (
                 r#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"parts":[{"kind":"text","data":1}]}}}"#,
                 true,
+            ),
+            // A message without its sender's fields, from an agent, or continuing a task.
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"role":"ROLE_USER","parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"","role":"ROLE_USER","parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_AGENT","parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"kind":"data","data":1}]}}}"#,
+                true,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","taskId":"t_1","parts":[{"data":1}]}}}"#,
+                false,
             ),
             // Asking more than a call, or a request that is not JSON-RPC 2.0.
             (
@@ -303,5 +388,180 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(1_796_161_401_123), "2026-12-01T21:43:21.123Z");
+    }
+
+    #[test]
+    fn rfc3339_is_read_back_with_fractions_and_offsets() {
+        for ms in [0, 951_782_400_000, 1_796_161_401_123, 4_102_444_799_999] {
+            assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms), "{}", rfc3339(ms));
+        }
+        assert_eq!(parse_rfc3339("2026-12-01T21:43:21Z"), Some(1_796_161_401_000));
+        assert_eq!(parse_rfc3339("2026-12-01T21:43:21.1234567z"), Some(1_796_161_401_123));
+        assert_eq!(parse_rfc3339("2026-12-01T23:43:21.123+02:00"), Some(1_796_161_401_123));
+        assert_eq!(parse_rfc3339("2026-12-01T20:13:21.123-01:30"), Some(1_796_161_401_123));
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), Some(0));
+        for bad in [
+            "",
+            "2026-12-01",
+            "2026-12-01 21:43:21Z",
+            "2026-13-01T21:43:21Z",
+            "2026-02-29T21:43:21Z",
+            "2026-12-01T24:00:00Z",
+            "2026-12-01T21:43:21",
+            "2026-12-01T21:43:21.Z",
+            "2026-12-01T21:43:21+0200",
+            "2026-12-01T21:43:21Zjunk",
+            "２026-12-01T21:43:21Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a2a_errors_carry_the_specs_error_info_and_others_the_stable_code() {
+        let found = rpc_error(
+            &json!(3),
+            TASK_NOT_FOUND,
+            "no task",
+            Some(&RouterError::new(Code::TaskNotFound, "no task").with_details(json!({"task_id": "t_1"}))),
+        );
+        assert_eq!(found["id"], 3);
+        let info = &found["error"]["data"][0];
+        assert_eq!(info["@type"], ERROR_INFO);
+        assert_eq!(info["domain"], "a2a-protocol.org");
+        assert_eq!(info["reason"], "TASK_NOT_FOUND");
+        assert_eq!(info["metadata"]["code"], "TASK_NOT_FOUND");
+        assert_eq!(info["metadata"]["task_id"], "t_1");
+        assert!(info["metadata"]["timestamp"].as_str().and_then(parse_rfc3339).is_some());
+        // Every A2A code has the spec's reason, with no stable error too.
+        for (code, reason) in [
+            (-32001, "TASK_NOT_FOUND"),
+            (-32002, "TASK_NOT_CANCELABLE"),
+            (-32003, "PUSH_NOTIFICATION_NOT_SUPPORTED"),
+            (-32004, "UNSUPPORTED_OPERATION"),
+            (-32005, "CONTENT_TYPE_NOT_SUPPORTED"),
+            (-32006, "INVALID_AGENT_RESPONSE"),
+            (-32007, "EXTENDED_AGENT_CARD_NOT_CONFIGURED"),
+            (-32008, "EXTENSION_SUPPORT_REQUIRED"),
+            (-32009, "VERSION_NOT_SUPPORTED"),
+        ] {
+            let error = rpc_error(&json!("a"), code, "m", None);
+            assert_eq!(error["error"]["data"][0]["reason"], reason);
+            assert_eq!(error["error"]["data"][0]["domain"], "a2a-protocol.org");
+        }
+        let forbidden = rpc_error(
+            &json!(1),
+            INVALID_REQUEST,
+            "no",
+            Some(&RouterError::new(Code::Forbidden, "no")),
+        );
+        let info = &forbidden["error"]["data"][0];
+        assert_eq!(
+            (&info["domain"], &info["reason"]),
+            (&json!("agent-reach"), &json!("FORBIDDEN"))
+        );
+        assert!(rpc_error(&json!(1), METHOD_NOT_FOUND, "m", None)["error"]
+            .get("data")
+            .is_none());
+    }
+
+    #[test]
+    fn parts_become_the_payload_by_the_documented_rule() {
+        let text_schema = r#"{"type":"object","properties":{"text":{"type":"string"},"lang":{"type":"string"}}}"#;
+        let data_schema = r#"{"type":"object","properties":{"order_id":{"type":"string"}}}"#;
+        let payload = |parts: Value, wire: Wire, schema: &str| {
+            payload_of(parts.as_array().unwrap(), wire, "x", schema).map_err(|refusal| (refusal.code, refusal.message))
+        };
+        assert_eq!(payload(json!([{"data": 5}]), Wire::V1, data_schema), Ok(json!(5)));
+        assert_eq!(
+            payload(json!([{"text": "a"}, {"text": "b"}]), Wire::V1, text_schema),
+            Ok(json!({"text": "a\nb"}))
+        );
+        assert_eq!(
+            payload(
+                json!([{"data": {"order_id": "SO-1"}}, {"data": {"count": 2}}]),
+                Wire::V1,
+                data_schema
+            ),
+            Ok(json!({"order_id": "SO-1", "count": 2}))
+        );
+        assert_eq!(
+            payload(
+                json!([{"kind": "text", "text": "hi"}, {"kind": "data", "data": {"lang": "en"}}]),
+                Wire::V03,
+                text_schema
+            ),
+            Ok(json!({"text": "hi", "lang": "en"}))
+        );
+        for (parts, wire, schema, code) in [
+            (
+                json!([{"text": "a"}]),
+                Wire::V1,
+                data_schema,
+                CONTENT_TYPE_NOT_SUPPORTED,
+            ),
+            (
+                json!([{"url": "http://x/f.pdf"}]),
+                Wire::V1,
+                data_schema,
+                CONTENT_TYPE_NOT_SUPPORTED,
+            ),
+            (
+                json!([{"kind": "file", "file": {}}]),
+                Wire::V03,
+                data_schema,
+                CONTENT_TYPE_NOT_SUPPORTED,
+            ),
+            (
+                json!([{"data": 1}, {"data": {"a": 1}}]),
+                Wire::V1,
+                data_schema,
+                INVALID_PARAMS,
+            ),
+            (
+                json!([{"data": {"a": 1}}, {"data": {"a": 2}}]),
+                Wire::V1,
+                data_schema,
+                INVALID_PARAMS,
+            ),
+            (
+                json!([{"data": {"text": "x"}}, {"text": "y"}]),
+                Wire::V1,
+                text_schema,
+                INVALID_PARAMS,
+            ),
+        ] {
+            let answer = payload(parts.clone(), wire, schema);
+            assert_eq!(
+                answer.as_ref().map_err(|(code, _)| *code),
+                Err(code),
+                "{parts}: {answer:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn list_filters_are_checked() {
+        assert_eq!(status_filter(None).ok(), Some(None));
+        assert_eq!(status_filter(Some(&json!("TASK_STATE_UNSPECIFIED"))).ok(), Some(None));
+        assert_eq!(
+            status_filter(Some(&json!("TASK_STATE_WORKING"))).ok(),
+            Some(Some("TASK_STATE_WORKING"))
+        );
+        assert_eq!(status_filter(Some(&json!(3))).ok(), Some(Some("TASK_STATE_COMPLETED")));
+        for bad in [
+            json!("WORKING"),
+            json!("TASK_STATE_DONE"),
+            json!(9),
+            json!(-1),
+            json!(true),
+        ] {
+            assert!(status_filter(Some(&bad)).is_err(), "{bad}");
+        }
+        assert_eq!(history_length(None, "h").ok(), Some(None));
+        assert_eq!(history_length(Some(&json!(0)), "h").ok(), Some(Some(0)));
+        for bad in [json!(-1), json!(1.5), json!("2")] {
+            assert!(history_length(Some(&bad), "h").is_err(), "{bad}");
+        }
     }
 }

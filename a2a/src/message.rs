@@ -42,7 +42,7 @@ pub(crate) fn invalid(message: impl Into<String>) -> Refusal {
     }
 }
 
-/// The message's one part as the payload (a DataPart's data, or a TextPart as `{"text"}`).
+/// The message's parts as the payload ([`payload_of`]), its sender's fields checked.
 pub(crate) fn message_call(
     service: &RouterService,
     caller: &Caller,
@@ -58,54 +58,171 @@ pub(crate) fn message_call(
     let Some(message) = params.get("message").filter(|message| message.is_object()) else {
         return Err(invalid("`params.message` (the Message to send) is required"));
     };
+    check_sender(message, wire)?;
     let parts = message
         .get("parts")
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    let [part] = parts else {
-        return Err(invalid(format!(
-            "the message must carry exactly one part (the payload); it has {}",
-            parts.len()
-        )));
-    };
-    let kind = part.get("kind").and_then(Value::as_str);
+    if parts.is_empty() {
+        return Err(invalid("the message must carry at least one part (the payload)"));
+    }
     let Some(offered) = service.offered(capability) else {
         return Err(not_offered(capability));
     };
-    let text_payload;
-    let payload = if let Some(data) = part.get("data").filter(|_| wire == Wire::V1 || kind == Some("data")) {
-        data
-    } else if let Some(text) = part
-        .get("text")
-        .and_then(Value::as_str)
-        .filter(|_| wire == Wire::V1 || kind == Some("text"))
-    {
-        // Parsed only for a TextPart: a DataPart (the common call) needs no schema here.
-        let input_schema = schema_value(&offered.described.input_schema);
-        if !takes_text(&input_schema) {
-            return Err(Refusal {
-                code: CONTENT_TYPE_NOT_SUPPORTED,
-                message: format!(
-                    "`{capability}` does not take text: send a DataPart whose data matches its input schema \
-                     (on its agent card); a TextPart maps to {{\"text\": …}} only for capabilities whose input has a string `text`"
-                ),
-                error: None,
-            });
-        }
-        text_payload = json!({ "text": text });
-        &text_payload
-    } else {
-        return Err(Refusal {
-            code: CONTENT_TYPE_NOT_SUPPORTED,
-            message: format!("`{capability}` takes one DataPart (application/json) or, when its input has a string `text`, one TextPart"),
-            error: None,
-        });
-    };
+    let payload = payload_of(parts, wire, capability, &offered.described.input_schema)?;
     let message_id = message.get("messageId").and_then(Value::as_str);
     let context_id = message.get("contextId").and_then(Value::as_str);
-    call_of(capability, payload.clone(), message_id, context_id)
+    call_of(capability, payload, message_id, context_id)
 }
+
+/// One part of a message, read as the payload takes it.
+enum Piece<'a> {
+    Data(&'a Value),
+    Text(&'a str),
+}
+
+/// A message's parts as the call's payload (DESIGN §8, "A2A"):
+/// - one DataPart: its `data`;
+/// - TextParts: `{"text": …}`, several joined by a newline, for a
+///   capability whose input has a string `text` (else `-32005`);
+/// - several DataParts: their objects merged (each must hold an object; a
+///   key in two is refused), with the joined text as `text` when TextParts
+///   come too;
+/// - a file (`url`, `raw`, v0.3's `file`): `-32005`, this agent takes JSON and text.
+pub(crate) fn payload_of(parts: &[Value], wire: Wire, capability: &str, input_schema: &str) -> Result<Value, Refusal> {
+    let not_supported = || {
+        Refusal {
+        code: CONTENT_TYPE_NOT_SUPPORTED,
+        message: format!(
+            "`{capability}` takes DataParts (application/json) and, when its input has a string `text`, TextParts; not files"
+        ),
+        error: None,
+    }
+    };
+    let mut pieces = Vec::with_capacity(parts.len());
+    for part in parts {
+        let kind = part.get("kind").and_then(Value::as_str);
+        let piece = if let Some(data) = part.get("data").filter(|_| wire == Wire::V1 || kind == Some("data")) {
+            Piece::Data(data)
+        } else if let Some(text) = part
+            .get("text")
+            .and_then(Value::as_str)
+            .filter(|_| wire == Wire::V1 || kind == Some("text"))
+        {
+            Piece::Text(text)
+        } else {
+            return Err(not_supported());
+        };
+        pieces.push(piece);
+    }
+    let texts: Vec<&str> = pieces
+        .iter()
+        .filter_map(|piece| match piece {
+            Piece::Text(text) => Some(*text),
+            Piece::Data(_) => None,
+        })
+        .collect();
+    let data: Vec<&Value> = pieces
+        .iter()
+        .filter_map(|piece| match piece {
+            Piece::Data(data) => Some(*data),
+            Piece::Text(_) => None,
+        })
+        .collect();
+    // Parsed only when text comes: a DataPart (the common call) needs no schema here.
+    if !texts.is_empty() && !takes_text(&schema_value(input_schema)) {
+        return Err(Refusal {
+            code: CONTENT_TYPE_NOT_SUPPORTED,
+            message: format!(
+                "`{capability}` does not take text: send a DataPart whose data matches its input schema \
+                 (on its agent card); a TextPart maps to {{\"text\": …}} only for capabilities whose input has a string `text`"
+            ),
+            error: None,
+        });
+    }
+    let text = (!texts.is_empty()).then(|| texts.join("\n"));
+    match (data.as_slice(), text) {
+        ([one], None) => Ok((*one).clone()),
+        ([], Some(text)) => Ok(json!({ "text": text })),
+        (data, text) => {
+            let mut merged = serde_json::Map::new();
+            for (index, value) in data.iter().enumerate() {
+                let Value::Object(fields) = value else {
+                    return Err(invalid(format!(
+                        "part {index} of the DataParts holds {}: several parts merge into one object only when each DataPart holds an object",
+                        kind_of(value)
+                    )));
+                };
+                for (key, value) in fields {
+                    if merged.insert(key.clone(), value.clone()).is_some() {
+                        return Err(invalid(format!(
+                            "the key `{key}` is in more than one DataPart: parts merge into one object, each key from one part"
+                        )));
+                    }
+                }
+            }
+            if let Some(text) = text {
+                if merged.insert("text".to_string(), json!(text)).is_some() {
+                    return Err(invalid(
+                        "a DataPart holds `text` and the message carries TextParts too: their joined text is the payload's `text`",
+                    ));
+                }
+            }
+            Ok(Value::Object(merged))
+        }
+    }
+}
+
+/// What a JSON value is, for a message.
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The role a client's message carries, in each wire (v1.0 also takes the enum's number, as ProtoJSON does).
+pub(crate) fn is_user_role(role: &Value, wire: Wire) -> bool {
+    match wire {
+        Wire::V1 => role == "ROLE_USER" || role == 1,
+        Wire::V03 => role == "user",
+    }
+}
+
+/// The fields every Message must carry (spec §4.1.4: `messageId`, `role`),
+/// refused `-32602` naming the field when missing or not what a client sends.
+pub(crate) fn check_sender(message: &Value, wire: Wire) -> Result<(), Refusal> {
+    if message
+        .get("messageId")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        return Err(invalid(
+            "`params.message.messageId` is required: a non-empty string the sender chose (e.g. a UUID)",
+        ));
+    }
+    let user = match wire {
+        Wire::V1 => "ROLE_USER",
+        Wire::V03 => "user",
+    };
+    match message.get("role") {
+        Some(role) if is_user_role(role, wire) => Ok(()),
+        None | Some(Value::Null) => Err(invalid(format!(
+            "`params.message.role` is required: `{user}` for a message sent to an agent"
+        ))),
+        Some(other) => Err(invalid(format!(
+            "`params.message.role` is {other}; a message sent to an agent has role `{user}`"
+        ))),
+    }
+}
+
+/// The longest `contextId` taken (it is the call's `session_id`).
+pub(crate) const MOST_CONTEXT_ID_BYTES: usize = 256;
 
 /// The checked `/v1/invoke` call a message's payload becomes (its ids, when
 /// usable, as the request and session ids; fresh ones otherwise).
@@ -115,13 +232,23 @@ pub(crate) fn call_of(
     message_id: Option<&str>,
     context_id: Option<&str>,
 ) -> Result<MessageCall, Refusal> {
-    let usable = |id: &&str| !id.is_empty() && id.len() <= 128;
+    // The sender's `messageId` is the request id when it is one (1..=128
+    // printable ASCII characters), else the request gets its own.
+    let usable = |id: &&str| !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_graphic());
     let request_id = message_id
         .filter(usable)
         .map_or_else(trace::new_request_id, str::to_string);
-    let context_id = context_id
-        .filter(usable)
-        .map_or_else(trace::new_request_id, str::to_string);
+    // A `contextId` the agent cannot take is refused, never replaced (spec §3.4.1).
+    let context_id = match context_id.filter(|id| !id.is_empty()) {
+        None => trace::new_request_id(),
+        Some(id) if id.len() <= MOST_CONTEXT_ID_BYTES => id.to_string(),
+        Some(id) => {
+            return Err(invalid(format!(
+                "`params.message.contextId` holds {} bytes; a context id (the call's session id) holds at most {MOST_CONTEXT_ID_BYTES}",
+                id.len()
+            )))
+        }
+    };
     // The context keeps a conversation on one instance (consistent_hash keys on session_id).
     let checked = envelope::call(capability, payload, request_id, Some(context_id)).map_err(|error| Refusal {
         code: INVALID_PARAMS,
@@ -169,6 +296,11 @@ pub(crate) struct PlainMessage<'a> {
     pub(crate) message_id: Option<Cow<'a, str>>,
     #[serde(default, borrow, rename = "contextId")]
     pub(crate) context_id: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub(crate) role: Option<Cow<'a, str>>,
+    /// A message naming a task continues it: never a plain call.
+    #[serde(default, rename = "taskId")]
+    pub(crate) task_id: Option<serde::de::IgnoredAny>,
     #[serde(borrow)]
     pub(crate) parts: [FromObject<PlainPart<'a>>; 1],
 }
@@ -238,8 +370,18 @@ impl<'a> PlainSend<'a> {
         let PlainMessage {
             message_id,
             context_id,
+            role,
+            task_id,
             parts: [FromObject(part)],
         } = request.params.0.message.0;
+        // The sender's fields (the general reading refuses their absence).
+        let user = match wire {
+            Wire::V1 => "ROLE_USER",
+            Wire::V03 => "user",
+        };
+        let sender = message_id.as_deref().is_some_and(|id| !id.is_empty())
+            && role.as_deref() == Some(user)
+            && task_id.is_none();
         // v1.0 takes `data` whatever `kind` says; v0.3 a part of kind `data`.
         let data = part
             .data
@@ -247,7 +389,7 @@ impl<'a> PlainSend<'a> {
         Some(Self {
             id: request.id,
             wire,
-            payload: data.filter(|_| plain)?,
+            payload: data.filter(|_| plain && sender)?,
             message_id,
             context_id,
         })

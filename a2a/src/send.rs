@@ -139,7 +139,9 @@ pub(crate) async fn send_streaming(
     wire: Wire,
 ) -> Response {
     let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
-    let task_id = call.request_id().to_string();
+    // The server's id for the task (spec §3.4.2), not the sender's `messageId`
+    // (which stays the call's request id).
+    let task_id = trace::new_request_id();
     let context_id = call.checked.request.session_id.clone().unwrap_or_default();
     let opened = match service.stream(call).await {
         Ok(opened) => opened,
@@ -152,34 +154,93 @@ pub(crate) async fn send_streaming(
         }
     };
     let opening = sse_result(&id, first);
-    let artifact_id = format!("{task_id}-output");
-    let body = futures::stream::unfold((Some(opening), Some(opened), 0u64), move |(opening, stream, count)| {
-        let (id, task_id, context_id, artifact_id) =
-            (id.clone(), task_id.clone(), context_id.clone(), artifact_id.clone());
-        async move {
-            if let Some(opening) = opening {
-                return Some((Ok::<_, std::convert::Infallible>(opening), (None, stream, count)));
+    let state = Relay {
+        id,
+        task_id,
+        context_id,
+        wire,
+        stream: Some(opened),
+        held: None,
+        chunks: 0,
+        queued: std::collections::VecDeque::from([opening]),
+    };
+    let body = futures::stream::unfold(state, |mut relay| async move {
+        let event = relay.step().await?;
+        Some((Ok::<_, std::convert::Infallible>(event), relay))
+    });
+    event_stream(Body::from_stream(body))
+}
+
+/// How long a streamed artifact chunk waits for the agent's next event or
+/// end, so that the stream's last chunk says `lastChunk: true` (spec
+/// §4.2.2): an agent ending within this of its last event (every SDK's
+/// does) has it marked; one pausing longer leaves that chunk `false`, and
+/// the `completed` status update that follows closes the artifact.
+pub(crate) const LAST_CHUNK_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A streamed message's relay: the agent's events as artifact chunks of
+/// one artifact, each held until the next item shows whether it is the last.
+pub(crate) struct Relay {
+    id: Value,
+    task_id: String,
+    context_id: String,
+    wire: Wire,
+    /// `None` once the agent's stream ended.
+    stream: Option<agent_reach_pipeline::stream::EventStream>,
+    /// The latest chunk, not yet sent: whether it is the last is not known yet.
+    held: Option<Value>,
+    chunks: u64,
+    queued: std::collections::VecDeque<bytes::Bytes>,
+}
+
+impl Relay {
+    /// The next SSE event to write; `None` after the status update that ends the task.
+    async fn step(&mut self) -> Option<bytes::Bytes> {
+        loop {
+            if let Some(event) = self.queued.pop_front() {
+                return Some(event);
             }
-            let mut stream = stream?;
-            let item = stream.next().await?;
-            let (event, rest) = match item {
-                Item::Event(event) => {
+            let mut stream = self.stream.take()?;
+            let item = if self.held.is_some() {
+                // Dropping a pending `next` loses nothing (it waits on a read
+                // that takes no bytes until they come).
+                match futures::FutureExt::now_or_never(stream.next()) {
+                    Some(item) => item,
+                    None => match tokio::time::timeout(LAST_CHUNK_WAIT, stream.next()).await {
+                        Ok(item) => item,
+                        Err(_) => {
+                            // The agent is still at work: the held chunk is not the last.
+                            self.release(false);
+                            self.stream = Some(stream);
+                            continue;
+                        }
+                    },
+                }
+            } else {
+                stream.next().await
+            };
+            match item {
+                Some(Item::Event(event)) => {
+                    self.release(false);
                     let data = event.data();
                     let value = serde_json::from_str(&data).unwrap_or_else(|_| Value::String(data.into_owned()));
-                    let update = json!({
-                        "taskId": task_id, "contextId": context_id,
-                        "artifact": { "artifactId": artifact_id, "parts": [data_part(value, wire)] },
-                        "append": count > 0, "lastChunk": false,
-                    });
-                    (sse_result(&id, artifact_update(update, wire)), Some(stream))
+                    self.held = Some(json!({
+                        "taskId": self.task_id, "contextId": self.context_id,
+                        "artifact": { "artifactId": format!("{}-output", self.task_id), "parts": [data_part(value, self.wire)] },
+                        "append": self.chunks > 0,
+                    }));
+                    self.chunks += 1;
+                    self.stream = Some(stream);
                 }
-                Item::End(end) => {
+                Some(Item::End(end)) => {
+                    self.release(true);
+                    let wire = self.wire;
                     let mut state = status(if end.is_ok() { "completed" } else { "failed" }, wire);
                     if let Err(error) = &end {
                         let envelope = serde_json::to_value(error.envelope_error()).unwrap_or(Value::Null);
                         state["message"] = error_message(&envelope, wire);
                     }
-                    let update = json!({ "taskId": task_id, "contextId": context_id, "status": state });
+                    let update = json!({ "taskId": self.task_id, "contextId": self.context_id, "status": state });
                     let result = match wire {
                         Wire::V1 => json!({ "statusUpdate": update }),
                         Wire::V03 => {
@@ -189,11 +250,20 @@ pub(crate) async fn send_streaming(
                             update
                         }
                     };
-                    (sse_result(&id, result), None)
+                    self.queued.push_back(sse_result(&self.id, result));
                 }
-            };
-            Some((Ok(event), (None, rest, count + 1)))
+                // An ended stream yields its end first: nothing follows it.
+                None => self.release(true),
+            }
         }
-    });
-    event_stream(Body::from_stream(body))
+    }
+
+    /// Queues the held chunk, if any, saying whether it is the last.
+    fn release(&mut self, last: bool) {
+        if let Some(mut update) = self.held.take() {
+            update["lastChunk"] = json!(last);
+            self.queued
+                .push_back(sse_result(&self.id, artifact_update(update, self.wire)));
+        }
+    }
 }

@@ -11,6 +11,8 @@ pub(crate) struct Asked {
     pub(crate) task: bool,
     /// A push config: the task's callback.
     pub(crate) push: Option<agent_reach_task_store::Callback>,
+    /// The history the answering Task shows (`configuration.historyLength`).
+    pub(crate) history: Option<usize>,
 }
 
 impl Asked {
@@ -20,6 +22,7 @@ impl Asked {
             return Ok(Self {
                 task: false,
                 push: None,
+                history: None,
             });
         };
         if !configuration.is_object() {
@@ -37,7 +40,8 @@ impl Asked {
             Some(config) => Some(push_config_of(config)?),
             None => None,
         };
-        Ok(Self { task, push })
+        let history = history_length(configuration.get("historyLength"), "configuration.historyLength")?;
+        Ok(Self { task, push, history })
     }
 }
 
@@ -142,8 +146,42 @@ pub(crate) fn output_artifact(task: &agent_reach_task_store::Task, wire: Wire) -
     Some(json!({ "artifactId": format!("{}-output", task.task_id), "parts": [data_part(output, wire)] }))
 }
 
+/// A task's history (spec §3.2.4): the message that started it, the only
+/// message a task here has (its output is the artifact, an error the status
+/// message). Its id is the task's request id (the sender's `messageId`).
+pub(crate) fn history(task: &agent_reach_task_store::Task, wire: Wire) -> Vec<Value> {
+    let payload = task.envelope.get("payload").cloned().unwrap_or(Value::Null);
+    let context_id = task.session_id.clone().unwrap_or_default();
+    let mut message = match wire {
+        Wire::V1 => json!({ "messageId": task.request_id, "role": "ROLE_USER" }),
+        Wire::V03 => json!({ "kind": "message", "messageId": task.request_id, "role": "user" }),
+    };
+    message["contextId"] = json!(context_id);
+    message["taskId"] = json!(task.task_id);
+    message["parts"] = json!([data_part(payload, wire)]);
+    vec![message]
+}
+
+/// How much of a task an answer shows.
+#[derive(Clone, Copy)]
+pub(crate) struct Shown {
+    /// The `artifacts` field (`[]` when there is none yet); omitted when false.
+    pub(crate) artifacts: bool,
+    /// The most recent messages of its history to show (`None`: all of it;
+    /// `Some(0)`: no `history` field).
+    pub(crate) history: Option<usize>,
+}
+
+impl Shown {
+    /// A task answered whole: its artifacts and all its history.
+    pub(crate) const WHOLE: Self = Self {
+        artifacts: true,
+        history: None,
+    };
+}
+
 /// A durable task as an A2A Task.
-pub(crate) fn task_value(task: &agent_reach_task_store::Task, wire: Wire, artifacts: bool) -> Value {
+pub(crate) fn task_value(task: &agent_reach_task_store::Task, wire: Wire, shown: Shown) -> Value {
     let result = task.result.as_ref();
     let mut metadata = json!({
         "capability": task.capability,
@@ -164,15 +202,144 @@ pub(crate) fn task_value(task: &agent_reach_task_store::Task, wire: Wire, artifa
         "status": task_status(task, wire),
         "metadata": metadata,
     });
-    if artifacts {
-        if let Some(artifact) = output_artifact(task, wire) {
-            value["artifacts"] = json!([artifact]);
-        }
+    if shown.artifacts {
+        value["artifacts"] = json!(output_artifact(task, wire).into_iter().collect::<Vec<_>>());
+    }
+    if shown.history != Some(0) {
+        let mut messages = history(task, wire);
+        let keep = shown.history.unwrap_or(usize::MAX).min(messages.len());
+        value["history"] = json!(messages.split_off(messages.len() - keep));
     }
     if wire == Wire::V03 {
         value["kind"] = json!("task");
     }
     value
+}
+
+/// A `historyLength` parameter (spec §3.2.4): absent or `null` is `None`
+/// (no limit), else a count of at least 0.
+pub(crate) fn history_length(value: Option<&Value>, name: &str) -> Result<Option<usize>, Refusal> {
+    match value.filter(|value| !value.is_null()) {
+        None => Ok(None),
+        Some(value) => match value.as_u64() {
+            Some(length) => Ok(Some(usize::try_from(length).unwrap_or(usize::MAX))),
+            None => Err(invalid(format!(
+                "`{name}` must be an integer of at least 0 (the most recent messages to return; 0 returns none), not {value}"
+            ))),
+        },
+    }
+}
+
+/// An RFC 3339 timestamp (ProtoJSON's `Timestamp`: `2026-12-01T21:43:21.123Z`,
+/// fractional seconds and a `±hh:mm` offset optional) as epoch
+/// milliseconds; one before 1970 is 0. `None` when it is not one.
+pub(crate) fn parse_rfc3339(text: &str) -> Option<u64> {
+    let bytes = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(range)?;
+        part.bytes()
+            .all(|byte| byte.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    if bytes.len() < 20 || bytes[4] != b'-' || bytes[7] != b'-' || !matches!(bytes[10], b'T' | b't') {
+        return None;
+    }
+    if bytes[13] != b':' || bytes[16] != b':' {
+        return None;
+    }
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (hours, minutes, seconds) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    let mut at = 19;
+    let mut millis = 0i64;
+    if bytes[at] == b'.' {
+        let start = at + 1;
+        let end = start + bytes[start..].iter().take_while(|byte| byte.is_ascii_digit()).count();
+        if end == start {
+            return None;
+        }
+        // Milliseconds: the first three digits, padded.
+        let fraction: String = text[start..end].chars().chain("00".chars()).take(3).collect();
+        millis = fraction.parse().ok()?;
+        at = end;
+    }
+    let offset_minutes = match &text[at..] {
+        "Z" | "z" => 0,
+        zone if zone.len() == 6 && matches!(zone.as_bytes()[0], b'+' | b'-') && zone.as_bytes()[3] == b':' => {
+            let (hours, minutes) = (digits(at + 1..at + 3)?, digits(at + 4..at + 6)?);
+            let sign = if zone.starts_with('-') { -1 } else { 1 };
+            sign * (hours * 60 + minutes)
+        }
+        _ => return None,
+    };
+    let leap = |year: i64| (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let month_days = [
+        31,
+        if leap(year) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    let valid = (1..=12).contains(&month)
+        && day >= 1
+        && day <= month_days[usize::try_from(month - 1).ok()?]
+        && hours < 24
+        && minutes < 60
+        && seconds < 61;
+    if !valid {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms = ((days * 24 + hours) * 60 + minutes - offset_minutes) * 60_000 + seconds * 1000 + millis;
+    Some(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A `ListTasks` `status` filter: `None` for none (absent, unspecified),
+/// else the A2A state name a task must be in.
+pub(crate) fn status_filter(value: Option<&Value>) -> Result<Option<&'static str>, Refusal> {
+    const STATES: [&str; 9] = [
+        "TASK_STATE_UNSPECIFIED",
+        "TASK_STATE_SUBMITTED",
+        "TASK_STATE_WORKING",
+        "TASK_STATE_COMPLETED",
+        "TASK_STATE_FAILED",
+        "TASK_STATE_CANCELED",
+        "TASK_STATE_INPUT_REQUIRED",
+        "TASK_STATE_REJECTED",
+        "TASK_STATE_AUTH_REQUIRED",
+    ];
+    let state = match value.filter(|value| !value.is_null()) {
+        None => return Ok(None),
+        // ProtoJSON takes an enum by name or by number.
+        Some(Value::String(name)) => STATES.iter().find(|state| **state == name.as_str()).copied(),
+        Some(Value::Number(number)) => number
+            .as_u64()
+            .and_then(|index| STATES.get(usize::try_from(index).ok()?))
+            .copied(),
+        Some(_) => None,
+    };
+    match state {
+        Some("TASK_STATE_UNSPECIFIED") => Ok(None),
+        Some(state) => Ok(Some(state)),
+        None => Err(invalid(format!(
+            "`status` {} is not a task state: one of {}",
+            value.map(Value::to_string).unwrap_or_default(),
+            STATES[1..].join(", ")
+        ))),
+    }
 }
 
 /// A task still in the router's local buffer (Redis unreachable): submitted.
@@ -302,6 +469,10 @@ impl Rpc<'_> {
         } else {
             Operation::Send
         };
+        let shown = Shown {
+            history: asked.history,
+            ..Shown::WHOLE
+        };
         let task_id = self
             .api
             .submit_call(self.caller, &message.checked, asked.push)
@@ -321,16 +492,66 @@ impl Rpc<'_> {
             loop {
                 let task = self.stored(&task_id, Operation::Get).await?;
                 if task.state.is_terminal() || tokio::time::Instant::now() >= until {
-                    return Ok(self.answer(task_result(task_value(&task, self.wire, true), self.wire, true)));
+                    return Ok(self.answer(task_result(task_value(&task, self.wire, shown), self.wire, true)));
                 }
                 tokio::time::sleep(agent_reach_tasks::POLL).await;
             }
         }
         let task = match self.owned(&task_id, Operation::Get).await? {
-            Owned::Stored(task) => task_value(&task, self.wire, true),
+            Owned::Stored(task) => task_value(&task, self.wire, shown),
             Owned::Buffered(task_id) => buffered_value(&task_id, self.wire),
         };
         Ok(self.answer(task_result(task, self.wire, true)))
+    }
+
+    /// A message naming a task (`message.taskId`) continues it (spec §3.4.2).
+    /// The task must be the caller's, of this capability: any other is
+    /// `-32001`. One that ended takes no more messages (`-32004`, §3.1.1);
+    /// a running one takes none either, since no capability here asks for
+    /// more input (`input-required`), so it is refused `-32004` too. `Ok`
+    /// only when the message names no task.
+    pub(crate) async fn continued(&self, message: &Value) -> Result<(), Refusal> {
+        let Some(named) = message.get("taskId").filter(|id| !id.is_null()) else {
+            return Ok(());
+        };
+        let Some(task_id) = named.as_str().filter(|id| !id.is_empty()) else {
+            return Err(invalid(
+                "`params.message.taskId` must be a task id (a non-empty string), or absent to start a task",
+            ));
+        };
+        let task = match self.owned(task_id, Operation::Get).await? {
+            Owned::Stored(task) => task,
+            Owned::Buffered(task_id) => {
+                return Err(Refusal {
+                    code: UNSUPPORTED_OPERATION,
+                    message: format!("task `{task_id}` waits in the router's local buffer and takes no messages yet"),
+                    error: None,
+                })
+            }
+        };
+        if let Some(context) = message.get("contextId").and_then(Value::as_str) {
+            if task.session_id.as_deref().is_some_and(|session| session != context) {
+                return Err(invalid(format!(
+                    "`params.message.contextId` `{context}` is not the context of task `{task_id}`; omit it or send the task's"
+                )));
+            }
+        }
+        let why = if task.state.is_terminal() {
+            format!(
+                "task `{task_id}` is {} and accepts no further messages; send one without `taskId` to start a task",
+                task_state(task.state)
+            )
+        } else {
+            format!(
+                "task `{task_id}` is {} and has not asked for input: it accepts no message until it ends",
+                task_state(task.state)
+            )
+        };
+        Err(Refusal {
+            code: UNSUPPORTED_OPERATION,
+            message: why,
+            error: None,
+        })
     }
 
     pub(crate) async fn on_task(&self, operation: Operation) -> Result<Response, Refusal> {
@@ -338,8 +559,12 @@ impl Rpc<'_> {
         match operation {
             Operation::Get => {
                 let task_id = self.string("id", "id")?;
+                let shown = Shown {
+                    history: history_length(self.params.get("historyLength"), "historyLength")?,
+                    ..Shown::WHOLE
+                };
                 Ok(self.answer(match self.owned(&task_id, operation).await? {
-                    Owned::Stored(task) => task_value(&task, wire, true),
+                    Owned::Stored(task) => task_value(&task, wire, shown),
                     Owned::Buffered(task_id) => buffered_value(&task_id, wire),
                 }))
             }
@@ -356,7 +581,7 @@ impl Rpc<'_> {
                     }
                     refusal
                 })?;
-                Ok(self.answer(task_value(&canceled, wire, true)))
+                Ok(self.answer(task_value(&canceled, wire, Shown::WHOLE)))
             }
             Operation::Subscribe => {
                 let task_id = self.string("id", "id")?;
@@ -440,36 +665,54 @@ impl Rpc<'_> {
     /// filtered by `contextId` and `status`, paged by an offset token.
     pub(crate) async fn list(&self) -> Result<Response, Refusal> {
         let params = self.params;
-        if params.get("statusTimestampAfter").is_some_and(|value| !value.is_null()) {
-            return Err(invalid(
-                "`statusTimestampAfter` is not supported here; filter by `status` or `contextId`",
-            ));
-        }
+        let after = match params.get("statusTimestampAfter").filter(|value| !value.is_null()) {
+            None => None,
+            Some(value) => Some(value.as_str().and_then(parse_rfc3339).ok_or_else(|| {
+                invalid(format!(
+                    "`statusTimestampAfter` {value} is not an RFC 3339 timestamp (e.g. \"2026-12-01T10:00:00Z\")"
+                ))
+            })?),
+        };
         let page_size = match params.get("pageSize").filter(|value| !value.is_null()) {
             None => LIST_PAGE,
             Some(value) => match value.as_u64() {
-                Some(0) => LIST_PAGE,
                 Some(size @ 1..=100) => size as usize,
-                _ => return Err(invalid("`pageSize` must be an integer within 1..=100")),
+                _ => {
+                    return Err(invalid(format!(
+                        "`pageSize` must be an integer within 1..=100 (default {LIST_PAGE}), not {value}"
+                    )))
+                }
             },
         };
-        let offset = match params.get("pageToken").and_then(Value::as_str) {
-            None | Some("") => 0,
-            Some(token) => token.parse::<usize>().map_err(|_| {
-                invalid(format!(
-                    "`pageToken` `{token}` is not one this agent handed out (pass `nextPageToken`)"
-                ))
-            })?,
+        let offset = match params.get("pageToken").filter(|value| !value.is_null()) {
+            None => 0,
+            Some(Value::String(token)) if token.is_empty() => 0,
+            Some(token) => token
+                .as_str()
+                .and_then(|token| token.parse::<usize>().ok())
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "`pageToken` {token} is not one this agent handed out (pass `nextPageToken`)"
+                    ))
+                })?,
         };
-        let context = params
-            .get("contextId")
-            .and_then(Value::as_str)
-            .filter(|id| !id.is_empty());
-        let wanted = match params.get("status").and_then(Value::as_str) {
-            None | Some("TASK_STATE_UNSPECIFIED") | Some("") => None,
-            Some(state) => Some(state.to_string()),
+        let context = match params.get("contextId").filter(|value| !value.is_null()) {
+            None => None,
+            Some(Value::String(id)) => Some(id.as_str()).filter(|id| !id.is_empty()),
+            Some(other) => return Err(invalid(format!("`contextId` must be a string, not {other}"))),
         };
-        let artifacts = params.get("includeArtifacts").and_then(Value::as_bool) == Some(true);
+        let wanted = status_filter(params.get("status"))?;
+        let artifacts = match params.get("includeArtifacts").filter(|value| !value.is_null()) {
+            None => false,
+            Some(Value::Bool(include)) => *include,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "`includeArtifacts` must be true or false, not {other}"
+                )))
+            }
+        };
+        // A list shows no history unless asked (the spec leaves the default to the agent).
+        let history = history_length(params.get("historyLength"), "historyLength")?.unwrap_or(0);
         let tasks = if self.api.tasks_enabled() {
             self.api
                 .list(self.caller)
@@ -478,21 +721,28 @@ impl Rpc<'_> {
         } else {
             Vec::new()
         };
-        let matching: Vec<_> = tasks
+        let mut matching: Vec<_> = tasks
             .iter()
             .filter(|task| task.capability == self.capability)
             .filter(|task| context.is_none_or(|context| task.session_id.as_deref() == Some(context)))
+            .filter(|task| after.is_none_or(|after| task.updated_at_ms >= after))
             .filter(|task| {
-                wanted.as_deref().is_none_or(|wanted| {
+                wanted.is_none_or(|wanted| {
                     wanted == format!("TASK_STATE_{}", task_state(task.state).to_ascii_uppercase())
                 })
             })
             .collect();
+        // Most recently updated first (spec §3.1.4); ties newest submitted first.
+        matching.sort_by_key(|task| std::cmp::Reverse(task.updated_at_ms));
+        let shown = Shown {
+            artifacts,
+            history: Some(history),
+        };
         let page: Vec<Value> = matching
             .iter()
             .skip(offset)
             .take(page_size)
-            .map(|task| task_value(task, self.wire, artifacts))
+            .map(|task| task_value(task, self.wire, shown))
             .collect();
         let next = if offset + page.len() < matching.len() {
             (offset + page.len()).to_string()
@@ -511,7 +761,7 @@ impl Rpc<'_> {
     /// enters, its output artifact when it succeeded, ending with it.
     pub(crate) fn subscription(&self, task: agent_reach_task_store::Task) -> Response {
         let (api, id, wire) = (self.api.clone(), self.id.clone(), self.wire);
-        let opening = sse_result(&id, task_result(task_value(&task, wire, true), wire, true));
+        let opening = sse_result(&id, task_result(task_value(&task, wire, Shown::WHOLE), wire, true));
         // (the last task seen, events still to send, done)
         let start = (task, vec![opening], false);
         let body = futures::stream::unfold(start, move |(last, mut queued, done)| {

@@ -179,8 +179,10 @@ def test_v0_3_method_names_are_served_when_no_newer_version_is_asked(
 @pytest.mark.parametrize(
     ("capability", "body", "status", "code", "reason"),
     [
-        ("test.a2a_price", {"jsonrpc": "2.0", "method": "SendMessage"}, 200, -32600, None),
-        ("test.a2a_price", [1, 2], 200, -32600, None),
+        ("test.a2a_price", {"jsonrpc": "2.0", "id": None, "method": "SendMessage", "params": {}}, 200, -32600, None),
+        ("test.a2a_price", {"jsonrpc": "1.0", "method": "SendMessage"}, 200, -32600, None),
+        ("test.a2a_price", "a string", 200, -32600, None),
+        ("test.a2a_price", [], 200, -32600, None),
         ("test.a2a_price", {"jsonrpc": "2.0", "id": 1, "method": "Teleport", "params": {}}, 200, -32601, None),
         ("test.a2a_price", {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": []}, 200, -32602, None),
         ("test.a2a_price", {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}, 200, -32602, None),

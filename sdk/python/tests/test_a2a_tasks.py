@@ -307,7 +307,12 @@ def rpc(stack: Stack, body: Any, caller: str = "tester") -> dict[str, Any]:
         ("CancelTask", {}, -32602),
         ("ListTasks", {"pageSize": 1000}, -32602),
         ("ListTasks", {"pageToken": "not-a-token"}, -32602),
-        ("ListTasks", {"statusTimestampAfter": "2026-01-01T00:00:00Z"}, -32602),
+        ("ListTasks", {"statusTimestampAfter": "yesterday"}, -32602),
+        ("ListTasks", {"pageSize": 0}, -32602),
+        ("ListTasks", {"status": "TASK_STATE_DONE"}, -32602),
+        ("ListTasks", {"historyLength": -1}, -32602),
+        ("ListTasks", {"includeArtifacts": "yes"}, -32602),
+        ("GetTask", {"id": "t_000000000000000000000000", "historyLength": -1}, -32602),
         ("CreateTaskPushNotificationConfig", {"taskId": "t_000000000000000000000000"}, -32602),
         ("CreateTaskPushNotificationConfig", {"taskId": "t_000000000000000000000000", "url": "http://x"}, -32001),
         ("GetTaskPushNotificationConfig", {"taskId": "t_000000000000000000000000", "id": "default"}, -32001),
@@ -354,3 +359,73 @@ def test_v0_3_task_methods_answer_in_v0_3_shapes(stack: Stack, release: threadin
     assert canceled["result"]["status"]["state"] == "canceled", canceled
     again = rpc(stack, {"jsonrpc": "2.0", "id": 4, "method": "tasks/cancel", "params": {"id": task["id"]}})
     assert again["error"]["code"] == -32002
+
+
+def test_history_filters_continuation_and_notifications_on_durable_tasks(
+    stack: Stack, release: threading.Event
+) -> None:
+    asked = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {"messageId": "m-history-1", "role": "ROLE_USER", "parts": [{"data": {"order_id": "SO-61"}}]},
+            "configuration": {"returnImmediately": True, "historyLength": 0},
+        },
+    }
+    task = rpc(stack, asked)["result"]["task"]
+    assert "history" not in task, task
+    task_id = task["id"]
+
+    def get(**params: Any) -> dict[str, Any]:
+        return rpc(stack, {"jsonrpc": "2.0", "id": 2, "method": "GetTask", "params": {"id": task_id, **params}})
+
+    # The history is the message that started the task.
+    (message,) = get()["result"]["history"]
+    assert message["messageId"] == "m-history-1"
+    assert (message["role"], message["taskId"]) == ("ROLE_USER", task_id)
+    assert message["parts"] == [{"data": {"order_id": "SO-61"}}]
+    assert len(get(historyLength=5)["result"]["history"]) == 1
+    assert "history" not in get(historyLength=0)["result"]
+
+    # A running task takes no message (it never asks for input); nor does one that ended.
+    def continue_with(params: dict[str, Any]) -> dict[str, Any]:
+        message = {"messageId": f"m-{params}", "role": "ROLE_USER", "parts": [{"data": {"order_id": "SO-62"}}]}
+        body = {"jsonrpc": "2.0", "id": 3, "method": "SendMessage", "params": {"message": {**message, **params}}}
+        return rpc(stack, body)
+
+    running = continue_with({"taskId": task_id})
+    assert running["error"]["code"] == -32004, running
+    assert running["error"]["data"][0]["reason"] == "UNSUPPORTED_OPERATION"
+    wrong_context = continue_with({"taskId": task_id, "contextId": "another-context"})
+    assert wrong_context["error"]["code"] == -32602, wrong_context
+
+    # statusTimestampAfter keeps tasks updated at or after the time.
+    def listed(**params: Any) -> list[str]:
+        answer = rpc(stack, {"jsonrpc": "2.0", "id": 4, "method": "ListTasks", "params": params})
+        return [listed_task["id"] for listed_task in answer["result"]["tasks"]]
+
+    assert task_id in listed(statusTimestampAfter="2000-01-01T00:00:00Z")
+    assert task_id in listed(statusTimestampAfter="2000-01-01T02:00:00.5+02:00")
+    assert task_id not in listed(statusTimestampAfter="2999-01-01T00:00:00Z")
+    assert task_id in listed(status=2)  # TASK_STATE_WORKING, by number as ProtoJSON allows
+    page = rpc(stack, {"jsonrpc": "2.0", "id": 5, "method": "ListTasks", "params": {"includeArtifacts": True}})
+    assert all("artifacts" in listed_task for listed_task in page["result"]["tasks"]), page
+    assert all("history" not in listed_task for listed_task in page["result"]["tasks"]), page
+    with_history = rpc(stack, {"jsonrpc": "2.0", "id": 6, "method": "ListTasks", "params": {"historyLength": 1}})
+    assert all(len(listed_task["history"]) == 1 for listed_task in with_history["result"]["tasks"])
+
+    # A notification is performed and answered with nothing: this one cancels the task.
+    cancel = {"jsonrpc": "2.0", "method": "CancelTask", "params": {"id": task_id}}
+    answer = httpx.post(
+        f"{stack.router.url}/a2a/{CAPABILITY}",
+        json=cancel,
+        headers={"authorization": f"Bearer {stack.token('tester')}"},
+        timeout=10,
+    )
+    assert (answer.status_code, answer.content) == (204, b"")
+    assert get()["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+    ended = continue_with({"taskId": task_id})
+    assert ended["error"]["code"] == -32004, ended
+    assert "canceled" in ended["error"]["message"]
+    release.set()
