@@ -1,13 +1,26 @@
 //! MCP at `/mcp` (DESIGN §8, "MCP"): every capability the caller may call is
 //! an MCP tool, over the Streamable HTTP transport.
 //!
-//! Revisions: the handshake revisions `2025-11-25` (what the `mcp` PyPI
-//! client negotiates here), `2025-06-18` and `2025-03-26`, all through
-//! `initialize`. The stateless `2026-07-28` revision's `server/discover` is
-//! answered "method not found", which current clients take as the cue to use
-//! the handshake. The server keeps no session: it issues no `Mcp-Session-Id`
-//! (ignoring one a client sends), so any router replica answers any request,
-//! and every request carries the caller's bearer token, verified each time.
+//! Revisions, chosen per request by its `MCP-Protocol-Version` header:
+//! - `2026-07-28`, stateless (what the `mcp` PyPI client picks after its
+//!   `server/discover` probe): no handshake; every request carries the
+//!   version and the client's capabilities in `_meta` (missing: 400
+//!   `-32602`), the header and `Mcp-Method` (and, for `tools/call`,
+//!   `Mcp-Name`, Base64 sentinel decoded) must match the body (else 400
+//!   `-32020` HeaderMismatch); results carry `resultType: "complete"` and
+//!   the server's identity in `_meta`; `tools/list` and `server/discover`
+//!   carry `ttlMs` and `cacheScope` (`private` for the list: it is the
+//!   token's); an unknown method is 404 `-32601`.
+//! - the handshake revisions `2025-11-25`, `2025-06-18` and `2025-03-26`,
+//!   through `initialize`; no header is `2025-03-26`, whose JSON-RPC
+//!   batches are answered (an array, in order; `202` when only
+//!   notifications came).
+//! - any other version: 400 `-32022` UnsupportedProtocolVersion with
+//!   `data: {supported, requested}`.
+//!
+//! The server keeps no session: it issues no `Mcp-Session-Id` (ignoring one
+//! a client sends), so any router replica answers any request, and every
+//! request carries the caller's bearer token, verified each time.
 //!
 //! `tools/list` lists the capabilities the caller's token may call under the
 //! current `acl.yaml` (the one authorisation, [`agent_reach_pipeline::admission`]), each at
@@ -64,6 +77,13 @@ const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 /// Implementation-defined (the range -32000..-32099): the bearer token was refused.
 const UNAUTHENTICATED: i64 = -32001;
+const INTERNAL_ERROR: i64 = -32603;
+/// MCP's own codes (2026-07-28, the range -32020..-32099).
+const HEADER_MISMATCH: i64 = -32020;
+const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+
+/// The most messages one 2025-03-26 batch may hold.
+const MOST_BATCHED: usize = 100;
 
 /// `/mcp`.
 pub fn routes(service: Arc<RouterService>) -> axum::Router {
@@ -190,6 +210,52 @@ fn refused(status: StatusCode, id: Value, code: i64, error: &RouterError) -> Res
     answer(status, rpc_error(id, code, &error.message, Some(data)))
 }
 
+/// The revision a request speaks, from its `MCP-Protocol-Version` header.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Era {
+    /// A handshake revision: `initialize`, then requests without `_meta`
+    /// rules. No header is `2025-03-26` (the spec's rule for clients older
+    /// than the header), the one revision whose JSON-RPC batches are served.
+    Legacy(&'static str),
+    /// `2026-07-28`: stateless, every request carrying its version and the
+    /// client's capabilities in `_meta`, mirrored in `Mcp-Method`/`Mcp-Name`.
+    Modern,
+}
+
+impl Era {
+    fn batches(self) -> bool {
+        self == Era::Legacy("2025-03-26")
+    }
+}
+
+/// What one message gets back.
+enum Reply {
+    Json(StatusCode, Value),
+    /// A notification accepted: `202` with no body (no element of a batch).
+    Accepted,
+    /// A `tools/call` streamed with progress (never in a batch).
+    Stream(Box<Response>),
+}
+
+impl Reply {
+    fn into_response(self) -> Response {
+        match self {
+            Reply::Json(status, body) => answer(status, body),
+            Reply::Accepted => StatusCode::ACCEPTED.into_response(),
+            Reply::Stream(response) => *response,
+        }
+    }
+}
+
+/// What every message of one HTTP request shares.
+struct Request<'a> {
+    service: &'a Arc<RouterService>,
+    caller: &'a Caller,
+    headers: &'a HeaderMap,
+    received: clock::Now,
+    era: Era,
+}
+
 async fn mcp(
     State(service): State<Arc<RouterService>>,
     identified: Identified,
@@ -208,24 +274,20 @@ async fn mcp(
             return response;
         }
     };
-    if let Some(version) = headers.value("mcp-protocol-version") {
-        let known = std::str::from_utf8(version).is_ok_and(|version| PROTOCOL_VERSIONS.contains(&version));
-        if !known {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                rpc_error(
-                    Value::Null,
-                    INVALID_REQUEST,
-                    &format!(
-                        "unsupported MCP-Protocol-Version `{}`; this server speaks {}",
-                        String::from_utf8_lossy(version),
-                        PROTOCOL_VERSIONS.join(", ")
-                    ),
-                    Some(json!({ "supported": PROTOCOL_VERSIONS })),
-                ),
-            );
-        }
-    }
+    let era = match headers.value("mcp-protocol-version") {
+        None => Era::Legacy("2025-03-26"),
+        Some(version) => match std::str::from_utf8(version) {
+            Ok(MODERN_VERSION) => Era::Modern,
+            Ok(version) => match PROTOCOL_VERSIONS.iter().find(|known| **known == version) {
+                Some(known) => Era::Legacy(known),
+                None => return unsupported_version(Value::Null, version).into_response(),
+            },
+            Err(_) => {
+                let requested = String::from_utf8_lossy(version).into_owned();
+                return unsupported_version(Value::Null, &requested).into_response();
+            }
+        },
+    };
     let bytes = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => return refused(error.status(), Value::Null, INVALID_REQUEST, &error),
@@ -244,91 +306,346 @@ async fn mcp(
             )
         }
     };
-    let Value::Object(message) = message else {
-        // Batches went away in 2025-06-18; a bare value was never a message.
-        return answer(
+    let request = Request {
+        service: &service,
+        caller: &caller,
+        headers: &headers,
+        received,
+        era,
+    };
+    match message {
+        Value::Array(batch) if era.batches() => request.batch(batch).await,
+        Value::Array(_) => answer(
             StatusCode::BAD_REQUEST,
             rpc_error(
                 Value::Null,
                 INVALID_REQUEST,
-                "a JSON-RPC message is one object (batches are not accepted)",
+                "a JSON-RPC message is one object: batches are served only under MCP-Protocol-Version 2025-03-26 \
+                 (or with no version header), the one revision that allows them",
                 None,
             ),
-        );
-    };
-    let id = message.get("id").cloned();
-    let valid_id = matches!(id, None | Some(Value::String(_) | Value::Number(_)));
-    if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") || !valid_id {
-        return answer(
-            StatusCode::BAD_REQUEST,
-            rpc_error(
-                id.filter(|_| valid_id).unwrap_or(Value::Null),
-                INVALID_REQUEST,
-                "not a JSON-RPC 2.0 message: `jsonrpc` must be \"2.0\" and `id` a string or number",
-                None,
-            ),
-        );
-    }
-    let Some(method) = message.get("method").and_then(Value::as_str) else {
-        // A response to a request of ours (we send none) or a malformed message.
-        if message.contains_key("result") || message.contains_key("error") {
-            return StatusCode::ACCEPTED.into_response();
-        }
-        return answer(
-            StatusCode::BAD_REQUEST,
-            rpc_error(
-                id.unwrap_or(Value::Null),
-                INVALID_REQUEST,
-                "a request needs a string `method`",
-                None,
-            ),
-        );
-    };
-    let Some(id) = id else {
-        // A notification (`notifications/initialized`, `notifications/cancelled`): nothing to answer.
-        return StatusCode::ACCEPTED.into_response();
-    };
-    let params = message.get("params").cloned().unwrap_or(Value::Null);
-    if !matches!(params, Value::Null | Value::Object(_)) {
-        return answer(
-            StatusCode::OK,
-            rpc_error(id, INVALID_PARAMS, "`params` must be an object", None),
-        );
-    }
-    let result = match method {
-        "initialize" => Ok(initialize(&params)),
-        "ping" => Ok(json!({})),
-        "tools/list" => Ok(list_tools(&service, &caller)),
-        "tools/call" => {
-            let progress = params
-                .pointer("/_meta/progressToken")
-                .filter(|token| token.is_string() || token.is_number());
-            match (
-                progress,
-                agent_reach_serving::sse::accepts_events(headers.value("accept")),
-            ) {
-                (Some(token), true) => {
-                    return match prepare_call(&service, &caller, &params) {
-                        Ok(Ok(prepared)) => {
-                            call_tool_streamed(&service, &caller, &headers, prepared, received, id, token.clone()).await
-                        }
-                        Ok(Err(error)) => answer(StatusCode::OK, rpc_result(id, error)),
-                        Err((code, message)) => answer(StatusCode::OK, rpc_error(id, code, &message, None)),
-                    }
-                }
-                _ => call_tool(&service, &caller, &headers, &params, received).await,
-            }
-        }
-        _ => Err((
-            METHOD_NOT_FOUND,
-            format!("method `{method}` is not served here (initialize, ping, tools/list, tools/call)"),
-        )),
-    };
-    match result {
-        Ok(result) => answer(StatusCode::OK, rpc_result(id, result)),
-        Err((code, message)) => answer(StatusCode::OK, rpc_error(id, code, &message, None)),
+        ),
+        message => request.one(message, false).await.into_response(),
     }
 }
+
+/// The revision this server speaks without a handshake.
+pub const MODERN_VERSION: &str = "2026-07-28";
+
+/// Every revision served, newest first.
+fn supported_versions() -> Vec<&'static str> {
+    std::iter::once(MODERN_VERSION).chain(PROTOCOL_VERSIONS).collect()
+}
+
+/// `UnsupportedProtocolVersionError` (400, `-32022`, `data: {supported, requested}`).
+fn unsupported_version(id: Value, requested: &str) -> Reply {
+    Reply::Json(
+        StatusCode::BAD_REQUEST,
+        rpc_error(
+            id,
+            UNSUPPORTED_PROTOCOL_VERSION,
+            &format!(
+                "unsupported MCP protocol version `{requested}`; this server speaks {}",
+                supported_versions().join(", ")
+            ),
+            Some(json!({ "supported": supported_versions(), "requested": requested })),
+        ),
+    )
+}
+
+/// A header that disagrees with the body it mirrors (400, `-32020`).
+fn header_mismatch(id: Value, message: String) -> Reply {
+    Reply::Json(
+        StatusCode::BAD_REQUEST,
+        rpc_error(id, HEADER_MISMATCH, &format!("Header mismatch: {message}"), None),
+    )
+}
+
+/// A header value as the spec encodes it: plain visible ASCII, or
+/// `=?base64?…?=` (UTF-8). `None` when it is neither.
+fn header_text(value: &[u8]) -> Option<String> {
+    use base64::Engine as _;
+    let text = std::str::from_utf8(value).ok()?;
+    if let Some(encoded) = text.strip_prefix("=?base64?").and_then(|rest| rest.strip_suffix("?=")) {
+        let decoded = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
+        return String::from_utf8(decoded).ok();
+    }
+    text.bytes()
+        .all(|byte| byte == b' ' || byte == b'\t' || byte.is_ascii_graphic())
+        .then(|| text.to_string())
+}
+
+impl Request<'_> {
+    /// A 2025-03-26 batch: each message answered in order in one array,
+    /// notifications and responses left out (`202` when nothing is left).
+    async fn batch(&self, batch: Vec<Value>) -> Response {
+        if batch.is_empty() || batch.len() > MOST_BATCHED {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                rpc_error(
+                    Value::Null,
+                    INVALID_REQUEST,
+                    &format!(
+                        "a batch holds 1 to {MOST_BATCHED} messages; this one holds {}",
+                        batch.len()
+                    ),
+                    None,
+                ),
+            );
+        }
+        let replies = futures::future::join_all(batch.into_iter().map(|message| self.one(message, true))).await;
+        let answers: Vec<Value> = replies
+            .into_iter()
+            .filter_map(|reply| match reply {
+                Reply::Json(_, body) => Some(body),
+                Reply::Accepted => None,
+                // Never: progress is not streamed in a batch.
+                Reply::Stream(_) => Some(rpc_error(
+                    Value::Null,
+                    INTERNAL_ERROR,
+                    "a streamed answer cannot be batched",
+                    None,
+                )),
+            })
+            .collect();
+        if answers.is_empty() {
+            return StatusCode::ACCEPTED.into_response();
+        }
+        answer(StatusCode::OK, Value::Array(answers))
+    }
+
+    /// One JSON-RPC message.
+    async fn one(&self, message: Value, batched: bool) -> Reply {
+        let (service, caller, headers, era) = (self.service, self.caller, self.headers, self.era);
+        let Value::Object(message) = message else {
+            return Reply::Json(
+                StatusCode::BAD_REQUEST,
+                rpc_error(Value::Null, INVALID_REQUEST, "a JSON-RPC message is an object", None),
+            );
+        };
+        let id = message.get("id").cloned();
+        let valid_id = matches!(id, None | Some(Value::String(_) | Value::Number(_)));
+        if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") || !valid_id {
+            return Reply::Json(
+                StatusCode::BAD_REQUEST,
+                rpc_error(
+                    id.filter(|_| valid_id).unwrap_or(Value::Null),
+                    INVALID_REQUEST,
+                    "not a JSON-RPC 2.0 message: `jsonrpc` must be \"2.0\" and `id` a string or number",
+                    None,
+                ),
+            );
+        }
+        let Some(method) = message.get("method").and_then(Value::as_str) else {
+            // A response to a request of ours (we send none) or a malformed message.
+            if message.contains_key("result") || message.contains_key("error") {
+                return Reply::Accepted;
+            }
+            return Reply::Json(
+                StatusCode::BAD_REQUEST,
+                rpc_error(
+                    id.unwrap_or(Value::Null),
+                    INVALID_REQUEST,
+                    "a request needs a string `method`",
+                    None,
+                ),
+            );
+        };
+        let Some(id) = id else {
+            // A notification (`notifications/initialized`, `notifications/cancelled`): nothing to answer.
+            return Reply::Accepted;
+        };
+        let params = message.get("params").cloned().unwrap_or(Value::Null);
+        if !matches!(params, Value::Null | Value::Object(_)) {
+            let status = if era == Era::Modern {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::OK
+            };
+            return Reply::Json(
+                status,
+                rpc_error(id, INVALID_PARAMS, "`params` must be an object", None),
+            );
+        }
+        if era == Era::Modern {
+            if let Err(reply) = check_modern(headers, method, &params, &id) {
+                return reply;
+            }
+        }
+        if method == "initialize" && batched {
+            return Reply::Json(
+                StatusCode::OK,
+                rpc_error(
+                    id,
+                    INVALID_REQUEST,
+                    "`initialize` may not be part of a batch (2025-03-26)",
+                    None,
+                ),
+            );
+        }
+        let result = match (method, era) {
+            ("server/discover", _) => Ok(discover()),
+            ("initialize", Era::Legacy(_)) => Ok(initialize(&params)),
+            ("ping", Era::Legacy(_)) => Ok(json!({})),
+            ("tools/list", _) => Ok(list_tools(service, caller, era)),
+            ("tools/call", _) => {
+                let progress = params
+                    .pointer("/_meta/progressToken")
+                    .filter(|token| token.is_string() || token.is_number())
+                    .filter(|_| !batched);
+                match (progress, agent_reach_serving::sse::accepts_events(headers.value("accept"))) {
+                    (Some(token), true) => {
+                        return match prepare_call(service, caller, &params) {
+                            Ok(Ok(prepared)) => {
+                                Reply::Stream(Box::new(call_tool_streamed(self, prepared, id, token.clone()).await))
+                            }
+                            Ok(Err(error)) => Reply::Json(StatusCode::OK, rpc_result(id, completed(error, era))),
+                            Err((code, message)) => {
+                                Reply::Json(StatusCode::OK, rpc_error(id, code, &message, None))
+                            }
+                        };
+                    }
+                    _ => call_tool(service, caller, headers, &params, self.received).await,
+                }
+            }
+            _ => Err((
+                METHOD_NOT_FOUND,
+                match era {
+                    Era::Modern => format!(
+                        "method `{method}` is not served here (server/discover, tools/list, tools/call under {MODERN_VERSION})"
+                    ),
+                    Era::Legacy(_) => format!(
+                        "method `{method}` is not served here (initialize, ping, server/discover, tools/list, tools/call)"
+                    ),
+                },
+            )),
+        };
+        match result {
+            Ok(result) => Reply::Json(StatusCode::OK, rpc_result(id, completed(result, era))),
+            // Under 2026-07-28 an unknown method is 404 (the transport's rule).
+            Err((METHOD_NOT_FOUND, message)) if era == Era::Modern => {
+                Reply::Json(StatusCode::NOT_FOUND, rpc_error(id, METHOD_NOT_FOUND, &message, None))
+            }
+            Err((code, message)) => Reply::Json(StatusCode::OK, rpc_error(id, code, &message, None)),
+        }
+    }
+}
+
+/// A result as its era writes it: under 2026-07-28 with `resultType` and the
+/// server's identity in `_meta`.
+fn completed(mut result: Value, era: Era) -> Value {
+    if era == Era::Modern {
+        if let Value::Object(fields) = &mut result {
+            fields.insert("resultType".into(), json!("complete"));
+            let meta = fields.entry("_meta").or_insert_with(|| json!({}));
+            if let Value::Object(meta) = meta {
+                meta.insert("io.modelcontextprotocol/serverInfo".into(), server_info());
+            }
+        }
+    }
+    result
+}
+
+fn server_info() -> Value {
+    json!({ "name": "agent-reach-router", "version": env!("CARGO_PKG_VERSION") })
+}
+
+/// A 2026-07-28 request's rules (spec: basic §"Per-request protocol
+/// fields", Streamable HTTP §"Server Validation"): `_meta` carries the
+/// protocol version (the header's) and the client's capabilities; the
+/// `Mcp-Method` header is the method, `Mcp-Name` the tool a `tools/call` names.
+fn check_modern(headers: &HeaderMap, method: &str, params: &Value, id: &Value) -> Result<(), Reply> {
+    let meta = params.get("_meta");
+    match meta
+        .and_then(|meta| meta.get("io.modelcontextprotocol/protocolVersion"))
+        .and_then(Value::as_str)
+    {
+        None => {
+            return Err(Reply::Json(
+                StatusCode::BAD_REQUEST,
+                rpc_error(
+                    id.clone(),
+                    INVALID_PARAMS,
+                    &format!(
+                        "`params._meta[\"io.modelcontextprotocol/protocolVersion\"]` is required under {MODERN_VERSION}"
+                    ),
+                    None,
+                ),
+            ))
+        }
+        Some(MODERN_VERSION) => {}
+        Some(other) => {
+            return Err(header_mismatch(
+                id.clone(),
+                format!("MCP-Protocol-Version is {MODERN_VERSION}, the body's _meta protocolVersion `{other}`"),
+            ))
+        }
+    }
+    if !meta
+        .and_then(|meta| meta.get("io.modelcontextprotocol/clientCapabilities"))
+        .is_some_and(Value::is_object)
+    {
+        return Err(Reply::Json(
+            StatusCode::BAD_REQUEST,
+            rpc_error(
+                id.clone(),
+                INVALID_PARAMS,
+                &format!(
+                    "`params._meta[\"io.modelcontextprotocol/clientCapabilities\"]` (an object) is required under {MODERN_VERSION}"
+                ),
+                None,
+            ),
+        ));
+    }
+    match headers.value("mcp-method").map(header_text) {
+        None => return Err(header_mismatch(id.clone(), "the Mcp-Method header is missing".into())),
+        Some(Some(named)) if named == method => {}
+        Some(named) => {
+            return Err(header_mismatch(
+                id.clone(),
+                format!(
+                    "Mcp-Method header value `{}` does not match body value `{method}`",
+                    named.unwrap_or_else(|| "(not a header-safe value)".into())
+                ),
+            ))
+        }
+    }
+    if method == "tools/call" {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
+        match headers.value("mcp-name").map(header_text) {
+            None => return Err(header_mismatch(id.clone(), "the Mcp-Name header is missing".into())),
+            Some(Some(named)) if named == name => {}
+            Some(named) => {
+                return Err(header_mismatch(
+                    id.clone(),
+                    format!(
+                        "Mcp-Name header value `{}` does not match body value `{name}`",
+                        named.unwrap_or_else(|| "(not a header-safe value)".into())
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long a client may keep `tools/list` or `server/discover` (2026-07-28 caching).
+pub const LIST_TTL_MS: u64 = 30_000;
+
+/// `server/discover`: the revisions served, the capabilities, who answers.
+fn discover() -> Value {
+    json!({
+        "supportedVersions": supported_versions(),
+        "capabilities": { "tools": { "listChanged": false } },
+        "instructions": INSTRUCTIONS,
+        "ttlMs": LIST_TTL_MS,
+        "cacheScope": "public",
+    })
+}
+
+const INSTRUCTIONS: &str = "Each tool is an Agent-Reach capability this token may call; calls are schema-checked, \
+                            load-balanced and retried by the router. A failed call is a tool error whose \
+                            structuredContent.error.code is the router's stable code.";
 
 /// The handshake: the client's revision when served, else our newest.
 fn initialize(params: &Value) -> Value {
@@ -344,9 +661,7 @@ fn initialize(params: &Value) -> Value {
         "protocolVersion": version,
         "capabilities": { "tools": { "listChanged": false } },
         "serverInfo": { "name": "agent-reach-router", "version": env!("CARGO_PKG_VERSION") },
-        "instructions": "Each tool is an Agent-Reach capability this token may call; calls are schema-checked, \
-                         load-balanced and retried by the router. A failed call is a tool error whose \
-                         structuredContent.error.code is the router's stable code.",
+        "instructions": INSTRUCTIONS,
     })
 }
 
@@ -377,7 +692,7 @@ fn wrapped(schema: Value, field: &str) -> Value {
     Value::Object(root)
 }
 
-fn list_tools(service: &RouterService, caller: &Caller) -> Value {
+fn list_tools(service: &RouterService, caller: &Caller, era: Era) -> Value {
     let mut tools: Vec<Value> = service
         .offerings()
         .into_iter()
@@ -407,7 +722,13 @@ fn list_tools(service: &RouterService, caller: &Caller) -> Value {
         })
         .collect();
     tools.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    json!({ "tools": tools })
+    let mut listed = json!({ "tools": tools });
+    if era == Era::Modern {
+        // The list is the caller's (filtered by acl.yaml): private to its token.
+        listed["ttlMs"] = json!(LIST_TTL_MS);
+        listed["cacheScope"] = json!("private");
+    }
+    listed
 }
 
 /// A tool error: the stable code and message, in the text and the structured content.
@@ -537,15 +858,14 @@ async fn call_tool(
 /// `notifications/progress` as they arrive (SSE), then the JSON-RPC result
 /// with the items collected. A failure before the first event is answered
 /// as JSON (a tool error), as without progress.
-async fn call_tool_streamed(
-    service: &RouterService,
-    caller: &Caller,
-    headers: &HeaderMap,
-    prepared: Prepared,
-    received: clock::Now,
-    id: Value,
-    token: Value,
-) -> Response {
+async fn call_tool_streamed(request: &Request<'_>, prepared: Prepared, id: Value, token: Value) -> Response {
+    let (service, caller, headers, received, era) = (
+        request.service,
+        request.caller,
+        request.headers,
+        request.received,
+        request.era,
+    );
     let Prepared {
         checked,
         request_id,
@@ -554,7 +874,12 @@ async fn call_tool_streamed(
     let call = Call::begin(Door::Mcp, caller.clone(), checked, headers, received);
     let opened = match service.stream(call).await {
         Ok(opened) => opened,
-        Err(failure) => return answer(StatusCode::OK, rpc_result(id, tool_error(&failure.error))),
+        Err(failure) => {
+            return answer(
+                StatusCode::OK,
+                rpc_result(id, completed(tool_error(&failure.error), era)),
+            )
+        }
     };
     let whole = opened.is_whole();
     // (the stream, the items so far)
@@ -590,9 +915,12 @@ async fn call_tool_streamed(
                         summary.capability_version.as_str(),
                         summary.attempts,
                     );
-                    rpc_result(id, tool_result(output, wraps_output || !whole, &request_id, meta))
+                    rpc_result(
+                        id,
+                        completed(tool_result(output, wraps_output || !whole, &request_id, meta), era),
+                    )
                 }
-                Item::End(Err(error)) => rpc_result(id, tool_error(&error)),
+                Item::End(Err(error)) => rpc_result(id, completed(tool_error(&error), era)),
             };
             Some((Ok(agent_reach_serving::sse::data(&message.to_string())), (None, items)))
         }
@@ -643,5 +971,34 @@ mod origin_tests {
         assert!(!origin_allowed("http://tools.example:8081", &listed), "the port counts");
         assert!(origin_allowed("null", &["null".to_string()]));
         assert!(origin_allowed("http://evil.example", &["*".to_string()]));
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::{header_text, supported_versions, MODERN_VERSION, PROTOCOL_VERSIONS};
+
+    #[test]
+    fn header_values_are_plain_ascii_or_the_base64_sentinel() {
+        assert_eq!(header_text(b"tools/call").as_deref(), Some("tools/call"));
+        assert_eq!(header_text(b"a b\tc").as_deref(), Some("a b\tc"));
+        assert_eq!(
+            header_text("=?base64?SGVsbG8sIOS4lueVjA==?=".as_bytes()).as_deref(),
+            Some("Hello, 世界")
+        );
+        assert_eq!(
+            header_text(b"=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?=").as_deref(),
+            Some("=?base64?literal?=")
+        );
+        for bad in [&b"=?base64?not base64?="[..], b"=?base64?/w==?=", b"line\nbreak", b"\xff"] {
+            assert_eq!(header_text(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn the_newest_revision_comes_first_then_the_handshake_ones() {
+        let supported = supported_versions();
+        assert_eq!(supported[0], MODERN_VERSION);
+        assert_eq!(&supported[1..], PROTOCOL_VERSIONS);
     }
 }

@@ -60,18 +60,28 @@ class Token(BaseModel):
     token: str
 
 
-def client(stack: Stack, caller: str) -> Client:
+#: How the client picks its revision: ``auto`` probes ``server/discover`` and, answered,
+#: speaks the stateless 2026-07-28; ``legacy`` forces the initialize handshake (2025-11-25).
+MODES = ["auto", "legacy"]
+
+#: The revision each mode ends up speaking with the router.
+SPOKEN = {"auto": "2026-07-28", "legacy": "2025-11-25"}
+
+
+def client(stack: Stack, caller: str, mode: str = "auto") -> Client:
     http = create_mcp_http_client(headers={"authorization": f"Bearer {stack.token(caller)}"})
-    return Client(streamable_http_client(f"{stack.router.url}/mcp", http_client=http))
+    return Client(streamable_http_client(f"{stack.router.url}/mcp", http_client=http), mode=mode)
 
 
-async def session(stack: Stack, caller: str, work: Callable[[Client], Any]) -> Any:
-    async with client(stack, caller) as connected:
+async def session(stack: Stack, caller: str, work: Callable[[Client], Any], mode: str = "auto") -> Any:
+    async with client(stack, caller, mode) as connected:
+        assert connected.protocol_version == SPOKEN[mode], connected.protocol_version
         return await work(connected)
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_an_mcp_client_lists_and_calls_the_capabilities_its_token_may_call(
-    stack: Stack, start_agent: Callable[..., Agent]
+    stack: Stack, start_agent: Callable[..., Agent], mode: str
 ) -> None:
     start_agent(pricing_agent(stack))
 
@@ -109,7 +119,7 @@ def test_an_mcp_client_lists_and_calls_the_capabilities_its_token_may_call(
         assert missing.structured_content["error"]["code"] == "AGENT_ERROR"
         assert "ORDER_NOT_FOUND" in str(missing.structured_content["error"])
 
-    asyncio.run(session(stack, "tester", as_tester))
+    asyncio.run(session(stack, "tester", as_tester, mode))
 
     async def as_demo_user(mcp: Client) -> None:
         # `demo_user` may call intent.parse only (acl.yaml): no test.* tool is listed, and calling one is refused.
@@ -120,11 +130,18 @@ def test_an_mcp_client_lists_and_calls_the_capabilities_its_token_may_call(
         assert refused.structured_content is not None
         assert refused.structured_content["error"]["code"] == "FORBIDDEN"
 
-    asyncio.run(session(stack, "demo_user", as_demo_user))
+    asyncio.run(session(stack, "demo_user", as_demo_user, mode))
 
 
-def rpc(stack: Stack, body: Any, *, token: str | None = "tester", raw: bytes | None = None) -> httpx.Response:
-    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+def rpc(
+    stack: Stack,
+    body: Any,
+    *,
+    token: str | None = "tester",
+    raw: bytes | None = None,
+    extra: dict[str, str] | None = None,
+) -> httpx.Response:
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json", **(extra or {})}
     if token is not None:
         headers["authorization"] = f"Bearer {stack.token(token)}"
     if raw is not None:
@@ -132,8 +149,9 @@ def rpc(stack: Stack, body: Any, *, token: str | None = "tester", raw: bytes | N
     return httpx.post(f"{stack.router.url}/mcp", json=body, headers=headers, timeout=10)
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_a_streaming_capability_reports_each_event_as_mcp_progress(
-    stack: Stack, start_agent: Callable[..., Agent]
+    stack: Stack, start_agent: Callable[..., Agent], mode: str
 ) -> None:
     first_seen = threading.Event()
     agent = make_agent(stack)
@@ -174,14 +192,14 @@ def test_a_streaming_capability_reports_each_event_as_mcp_progress(
         collected = await mcp.call_tool("test.mcp_tokens", {"text": "one"})
         assert collected.structured_content == {"result": [{"token": "one"}]}
 
-    asyncio.run(session(stack, "tester", as_tester))
+    asyncio.run(session(stack, "tester", as_tester, mode))
 
 
 @pytest.mark.parametrize(
     ("body", "raw", "status", "code"),
     [
         (None, b"{not json", 400, -32700),
-        ([{"jsonrpc": "2.0", "id": 1, "method": "ping"}], None, 400, -32600),
+        ([], None, 400, -32600),
         ({"jsonrpc": "1.0", "id": 1, "method": "ping"}, None, 400, -32600),
         ({"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}, None, 400, -32600),
         ({"jsonrpc": "2.0", "id": 1}, None, 400, -32600),
@@ -231,3 +249,98 @@ def test_mcp_refuses_missing_tokens_and_other_methods(stack: Stack) -> None:
         "id": "p",
         "result": {},
     }
+
+
+MODERN = "2026-07-28"
+
+
+def modern(method: str, params: dict[str, Any] | None = None, *, request_id: Any = 1) -> dict[str, Any]:
+    """A 2026-07-28 request: its version and the client's capabilities in ``_meta``."""
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**(params or {}), "_meta": meta}}
+
+
+def modern_headers(method: str, name: str | None = None) -> dict[str, str]:
+    headers = {"mcp-protocol-version": MODERN, "mcp-method": method}
+    if name is not None:
+        headers["mcp-name"] = name
+    return headers
+
+
+def test_the_stateless_revision_checks_its_headers_and_meta_and_marks_its_results(
+    stack: Stack, start_agent: Callable[..., Agent]
+) -> None:
+    start_agent(pricing_agent(stack))
+    discovered = rpc(stack, modern("server/discover"), extra=modern_headers("server/discover"))
+    assert discovered.status_code == 200, discovered.text
+    result = discovered.json()["result"]
+    assert result["resultType"] == "complete"
+    assert result["supportedVersions"][0] == MODERN
+    assert "2025-11-25" in result["supportedVersions"]
+    assert (result["cacheScope"], result["ttlMs"] > 0) == ("public", True)
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "agent-reach-router"
+
+    listed = rpc(stack, modern("tools/list"), extra=modern_headers("tools/list")).json()["result"]
+    assert listed["cacheScope"] == "private", listed  # the list is this token's (acl.yaml)
+    assert listed["ttlMs"] > 0
+    assert "test.mcp_price" in [tool["name"] for tool in listed["tools"]]
+
+    call = modern("tools/call", {"name": "test.mcp_price", "arguments": {"order_id": "SO-9"}})
+    called = rpc(stack, call, extra=modern_headers("tools/call", "test.mcp_price")).json()["result"]
+    assert (called["resultType"], called["structuredContent"]["total_cents"]) == ("complete", 250)
+    # A name outside the header-safe set travels Base64-encoded; this one is plain, encoded all the same.
+    encoded = "=?base64?dGVzdC5tY3BfcHJpY2U=?="
+    assert rpc(stack, call, extra=modern_headers("tools/call", encoded)).status_code == 200
+
+    def refused(body: Any, headers: dict[str, str]) -> tuple[int, int]:
+        answer = rpc(stack, body, extra=headers)
+        return answer.status_code, answer.json()["error"]["code"]
+
+    assert refused(call, modern_headers("tools/call", "test.other")) == (400, -32020)
+    assert refused(call, modern_headers("tools/call")) == (400, -32020)
+    assert refused(call, modern_headers("tools/list", "test.mcp_price")) == (400, -32020)
+    assert refused(call, {"mcp-protocol-version": MODERN}) == (400, -32020)
+    stale = modern("tools/list")
+    stale["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2025-11-25"
+    assert refused(stale, modern_headers("tools/list")) == (400, -32020)
+    no_meta = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    assert refused(no_meta, modern_headers("tools/list")) == (400, -32602)
+    no_capabilities = modern("tools/list")
+    del no_capabilities["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+    assert refused(no_capabilities, modern_headers("tools/list")) == (400, -32602)
+    # The handshake and ping are gone in this revision: an unknown method is 404.
+    assert refused(modern("initialize"), modern_headers("initialize")) == (404, -32601)
+    assert refused(modern("ping"), modern_headers("ping")) == (404, -32601)
+    # A batch is not a message of this revision.
+    assert refused([modern("tools/list")], modern_headers("tools/list")) == (400, -32600)
+
+    unknown = rpc(stack, modern("tools/list"), extra={"mcp-protocol-version": "1999-01-01"})
+    assert unknown.status_code == 400
+    error = unknown.json()["error"]
+    assert error["code"] == -32022
+    assert (error["data"]["requested"], MODERN in error["data"]["supported"]) == ("1999-01-01", True)
+
+
+def test_batches_are_answered_under_the_revision_that_allows_them(stack: Stack) -> None:
+    batch = [
+        {"jsonrpc": "2.0", "id": "a", "method": "ping"},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": "b", "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": "c", "method": "no/such"},
+        {"jsonrpc": "2.0", "id": "d", "method": "initialize", "params": {"protocolVersion": "2025-03-26"}},
+    ]
+    for extra in ({}, {"mcp-protocol-version": "2025-03-26"}):
+        answer = rpc(stack, batch, extra=extra)
+        assert answer.status_code == 200, answer.text
+        replies = answer.json()
+        assert [reply["id"] for reply in replies] == ["a", "b", "c", "d"], replies
+        assert replies[0]["result"] == {}
+        assert isinstance(replies[1]["result"]["tools"], list)
+        assert replies[2]["error"]["code"] == -32601
+        assert replies[3]["error"]["code"] == -32600  # initialize may not be batched
+    only_notifications = [{"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    assert rpc(stack, only_notifications).status_code == 202
+    # 2025-06-18 and later took batches away.
+    for version in ("2025-06-18", "2025-11-25"):
+        later = rpc(stack, batch, extra={"mcp-protocol-version": version})
+        assert (later.status_code, later.json()["error"]["code"]) == (400, -32600)
