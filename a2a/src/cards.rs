@@ -107,11 +107,18 @@ pub(crate) fn card_of(api: &TaskApi, capability: &str, host: &str) -> Option<Val
         "name": capability,
         "description": description,
         "version": offered.version,
-        "supportedInterfaces": [{
-            "url": format!("{scheme}://{host}/a2a/{capability}"),
-            "protocolBinding": "JSONRPC",
-            "protocolVersion": "1.0",
-        }],
+        "supportedInterfaces": [
+            {
+                "url": format!("{scheme}://{host}/a2a/{capability}"),
+                "protocolBinding": "JSONRPC",
+                "protocolVersion": "1.0",
+            },
+            {
+                "url": format!("{scheme}://{host}/a2a/{capability}/v1"),
+                "protocolBinding": "HTTP+JSON",
+                "protocolVersion": "1.0",
+            },
+        ],
         "provider": { "organization": "Agent-Reach", "url": format!("{scheme}://{host}") },
         "capabilities": {
             "streaming": true,

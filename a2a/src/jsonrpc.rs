@@ -109,6 +109,7 @@ pub async fn answer_rpc(
         headers,
         received,
         legacy_allowed,
+        rest: false,
     };
     let Value::Array(batch) = request else {
         return one.answer(&request, false).await.unwrap_or_else(nothing);
@@ -176,18 +177,20 @@ async fn answer_bytes(answer: Answer) -> Vec<u8> {
 }
 
 /// What every request of one HTTP request shares.
-struct One<'a, H> {
-    api: &'a TaskApi,
-    caller: &'a Caller,
-    capability: &'a str,
-    headers: &'a H,
-    received: clock::Now,
-    legacy_allowed: bool,
+pub(crate) struct One<'a, H> {
+    pub(crate) api: &'a TaskApi,
+    pub(crate) caller: &'a Caller,
+    pub(crate) capability: &'a str,
+    pub(crate) headers: &'a H,
+    pub(crate) received: clock::Now,
+    pub(crate) legacy_allowed: bool,
+    /// The REST binding asks (streams then carry bare `StreamResponse`s).
+    pub(crate) rest: bool,
 }
 
 impl<H: HeaderLookup> One<'_, H> {
     /// One request's answer; `None` for a notification (performed, unanswered).
-    async fn answer(&self, request: &Value, batched: bool) -> Option<Answer> {
+    pub(crate) async fn answer(&self, request: &Value, batched: bool) -> Option<Answer> {
         // A request without `id`; one that is not a request at all is answered (id null).
         let notification = request.get("id").is_none()
             && request.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
@@ -293,6 +296,7 @@ impl<H: HeaderLookup> One<'_, H> {
             params,
             id: &id,
             wire,
+            rest: self.rest,
         };
         match operation {
             Operation::Send | Operation::Stream => {
@@ -317,7 +321,7 @@ impl<H: HeaderLookup> One<'_, H> {
                         },
                     ) => send(service, caller, headers, message, received, &id, wire).await,
                     (Operation::Stream, Asked { push: None, .. }) => {
-                        send_streaming(service, caller, headers, message, received, id.clone(), wire)
+                        send_streaming(service, caller, headers, message, received, (!self.rest).then(|| id.clone()), wire)
                             .await
                             .into()
                     }

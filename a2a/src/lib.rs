@@ -33,7 +33,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use agent_reach_pipeline::call::identify::Identified;
 use agent_reach_pipeline::call::{Call, Door};
@@ -73,6 +73,7 @@ const LIST_PAGE: usize = 50;
 pub fn routes(api: TaskApi) -> axum::Router {
     axum::Router::new()
         .route("/a2a/{capability}", post(rpc))
+        .route("/a2a/{capability}/v1/{*route}", get(rest).post(rest).delete(rest))
         .route("/a2a/{capability}/.well-known/agent-card.json", get(card))
         .route("/.well-known/agent-card.json", get(root_card))
         .with_state(api)
@@ -198,6 +199,7 @@ pub(crate) fn failed(id: &Value, error: &RouterError) -> Response {
 mod cards;
 mod jsonrpc;
 mod message;
+mod rest;
 mod send;
 mod tasks;
 
@@ -205,6 +207,7 @@ use cards::*;
 pub use jsonrpc::answer_rpc;
 use jsonrpc::*;
 use message::*;
+use rest::*;
 use send::*;
 use tasks::*;
 

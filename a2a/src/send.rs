@@ -117,9 +117,15 @@ impl Sent<'_> {
     }
 }
 
-/// One SSE event carrying a JSON-RPC result.
-pub(crate) fn sse_result(id: &Value, result: Value) -> bytes::Bytes {
-    agent_reach_serving::sse::data(&json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string())
+/// One SSE event of a stream answer: a JSON-RPC result to the request's
+/// `id`, or, on the REST binding (`None`), the bare `StreamResponse`.
+pub(crate) fn sse_result(id: Option<&Value>, result: Value) -> bytes::Bytes {
+    match id {
+        Some(id) => {
+            agent_reach_serving::sse::data(&json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string())
+        }
+        None => agent_reach_serving::sse::data(&result.to_string()),
+    }
 }
 
 pub(crate) fn status(state: &str, wire: Wire) -> Value {
@@ -135,7 +141,7 @@ pub(crate) async fn send_streaming(
     headers: &impl HeaderLookup,
     call: MessageCall,
     received: clock::Now,
-    id: Value,
+    id: Option<Value>,
     wire: Wire,
 ) -> Response {
     let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
@@ -145,7 +151,7 @@ pub(crate) async fn send_streaming(
     let context_id = call.checked.request.session_id.clone().unwrap_or_default();
     let opened = match service.stream(call).await {
         Ok(opened) => opened,
-        Err(failure) => return failed(&id, &failure.error),
+        Err(failure) => return refused_stream(id.as_ref(), &failure.error),
     };
     let first = match wire {
         Wire::V1 => json!({ "task": { "id": task_id, "contextId": context_id, "status": status("working", wire) } }),
@@ -153,7 +159,7 @@ pub(crate) async fn send_streaming(
             json!({ "kind": "task", "id": task_id, "contextId": context_id, "status": status("working", wire) })
         }
     };
-    let opening = sse_result(&id, first);
+    let opening = sse_result(id.as_ref(), first);
     let state = Relay {
         id,
         task_id,
@@ -181,7 +187,8 @@ pub(crate) const LAST_CHUNK_WAIT: std::time::Duration = std::time::Duration::fro
 /// A streamed message's relay: the agent's events as artifact chunks of
 /// one artifact, each held until the next item shows whether it is the last.
 pub(crate) struct Relay {
-    id: Value,
+    /// The JSON-RPC request's id; `None` on the REST binding.
+    id: Option<Value>,
     task_id: String,
     context_id: String,
     wire: Wire,
@@ -250,7 +257,7 @@ impl Relay {
                             update
                         }
                     };
-                    self.queued.push_back(sse_result(&self.id, result));
+                    self.queued.push_back(sse_result(self.id.as_ref(), result));
                 }
                 // An ended stream yields its end first: nothing follows it.
                 None => self.release(true),
@@ -263,7 +270,13 @@ impl Relay {
         if let Some(mut update) = self.held.take() {
             update["lastChunk"] = json!(last);
             self.queued
-                .push_back(sse_result(&self.id, artifact_update(update, self.wire)));
+                .push_back(sse_result(self.id.as_ref(), artifact_update(update, self.wire)));
         }
     }
+}
+
+/// A stream refused before it opened: JSON-RPC's error to `id`, or (REST,
+/// `None`) the JSON-RPC error the REST binding translates.
+pub(crate) fn refused_stream(id: Option<&Value>, error: &RouterError) -> Response {
+    failed(id.unwrap_or(&Value::Null), error)
 }

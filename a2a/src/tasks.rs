@@ -81,6 +81,8 @@ pub(crate) struct Rpc<'a> {
     pub(crate) params: &'a Value,
     pub(crate) id: &'a Value,
     pub(crate) wire: Wire,
+    /// Answering on the REST binding: streams carry bare `StreamResponse`s.
+    pub(crate) rest: bool,
 }
 
 /// A2A's name for a durable task's state.
@@ -760,8 +762,12 @@ impl Rpc<'_> {
     /// SSE of the task's updates: the Task now, a status update per state it
     /// enters, its output artifact when it succeeded, ending with it.
     pub(crate) fn subscription(&self, task: agent_reach_task_store::Task) -> Response {
-        let (api, id, wire) = (self.api.clone(), self.id.clone(), self.wire);
-        let opening = sse_result(&id, task_result(task_value(&task, wire, Shown::WHOLE), wire, true));
+        let (api, wire) = (self.api.clone(), self.wire);
+        let id = (!self.rest).then(|| self.id.clone());
+        let opening = sse_result(
+            id.as_ref(),
+            task_result(task_value(&task, wire, Shown::WHOLE), wire, true),
+        );
         // (the last task seen, events still to send, done)
         let start = (task, vec![opening], false);
         let body = futures::stream::unfold(start, move |(last, mut queued, done)| {
@@ -779,9 +785,17 @@ impl Rpc<'_> {
                     let task = match api.current(&last.task_id).await {
                         Ok(task) => task,
                         Err(error) => {
-                            let event = agent_reach_serving::sse::data(
-                                &rpc_error(&id, INTERNAL_ERROR, &error.message, Some(&error)).to_string(),
-                            );
+                            let failure = match &id {
+                                Some(id) => rpc_error(id, INTERNAL_ERROR, &error.message, Some(&error)),
+                                None => {
+                                    rest_error(
+                                        &rpc_error(&Value::Null, INTERNAL_ERROR, &error.message, Some(&error)),
+                                        StatusCode::OK,
+                                    )
+                                    .1
+                                }
+                            };
+                            let event = agent_reach_serving::sse::data(&failure.to_string());
                             return Some((Ok(event), (last, queued, true)));
                         }
                     };
@@ -794,10 +808,10 @@ impl Rpc<'_> {
                                 "taskId": task.task_id, "contextId": task.session_id.clone().unwrap_or_default(),
                                 "artifact": artifact, "append": false, "lastChunk": true,
                             });
-                            queued.push(sse_result(&id, artifact_update(update, wire)));
+                            queued.push(sse_result(id.as_ref(), artifact_update(update, wire)));
                         }
                     }
-                    queued.push(sse_result(&id, status_update(&task, wire)));
+                    queued.push(sse_result(id.as_ref(), status_update(&task, wire)));
                     let event = queued.remove(0);
                     return Some((Ok(event), (task, queued, false)));
                 }

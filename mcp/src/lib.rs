@@ -990,7 +990,12 @@ mod header_tests {
             header_text(b"=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?=").as_deref(),
             Some("=?base64?literal?=")
         );
-        for bad in [&b"=?base64?not base64?="[..], b"=?base64?/w==?=", b"line\nbreak", b"\xff"] {
+        for bad in [
+            &b"=?base64?not base64?="[..],
+            b"=?base64?/w==?=",
+            b"line\nbreak",
+            b"\xff",
+        ] {
             assert_eq!(header_text(bad), None, "{}", String::from_utf8_lossy(bad));
         }
     }

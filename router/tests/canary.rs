@@ -274,8 +274,9 @@ async fn a_live_weight_change_shifts_traffic_without_re_registration() {
 }
 
 /// One call through each streaming door: `/v1/invoke` asking for events, an
-/// A2A `SendStreamingMessage`, an MCP `tools/call` with progress; each read
-/// to its end.
+/// A2A `SendStreamingMessage` (JSON-RPC, and REST's `message:stream`), an
+/// MCP `tools/call` with progress (a handshake revision, and the stateless
+/// 2026-07-28 with its headers); each read to its end.
 async fn stream_once(cluster: &Cluster, door: &str, n: usize) {
     let client = &cluster.client;
     let request = match door {
@@ -290,6 +291,25 @@ async fn stream_once(cluster: &Cluster, door: &str, n: usize) {
                 "jsonrpc": "2.0", "id": n, "method": "SendStreamingMessage",
                 "params": {"message": {"messageId": format!("m-{n}"), "role": "ROLE_USER",
                                        "parts": [{"data": {"order_id": format!("SO-a{n}")}}]}}
+            })),
+        "a2a-rest" => client
+            .post(cluster.url(&format!("/a2a/{CAPABILITY}/v1/message:stream")))
+            .json(&json!({
+                "message": {"messageId": format!("m-r{n}"), "role": "ROLE_USER",
+                            "parts": [{"data": {"order_id": format!("SO-r{n}")}}]}
+            })),
+        "mcp-2026" => client
+            .post(cluster.url("/mcp"))
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", CAPABILITY)
+            .json(&json!({
+                "jsonrpc": "2.0", "id": n, "method": "tools/call",
+                "params": {"name": CAPABILITY, "arguments": {"order_id": format!("SO-n{n}")},
+                           "_meta": {"progressToken": format!("p-{n}"),
+                                     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                     "io.modelcontextprotocol/clientCapabilities": {}}}
             })),
         _ => client
             .post(cluster.url("/mcp"))
@@ -343,7 +363,7 @@ async fn streamed_calls_through_every_door_follow_the_split() {
         let applied: Vec<(&str, u32)> = expected.iter().copied().filter(|(_, weight)| *weight > 0).collect();
         wait_for_split(&cluster, Some(applied)).await;
         let canary_gets_all = expected[0].1 == 100;
-        for door in ["invoke", "a2a", "mcp"] {
+        for door in ["invoke", "a2a", "a2a-rest", "mcp", "mcp-2026"] {
             let (before_v1, before_v2) = (v1.hits(), v2.hits());
             for n in 0..20 {
                 stream_once(&cluster, door, n).await;
