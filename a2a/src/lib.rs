@@ -1,13 +1,14 @@
 //! A2A at `/a2a/{capability}` (DESIGN §8, "A2A"): every capability is an A2A
-//! agent, with its agent card at `/a2a/{capability}/.well-known/agent-card.json`
-//! and the JSON-RPC binding at `POST /a2a/{capability}`.
+//! agent, with its agent card at `/a2a/{capability}/.well-known/agent-card.json`,
+//! the JSON-RPC binding at `POST /a2a/{capability}` and the HTTP+JSON (REST)
+//! binding under `/a2a/{capability}/v1/` (`rest.rs`).
 //!
 //! Methods: `SendMessage` and `SendStreamingMessage` (v1.0 names; v0.3's
 //! `message/send` and `message/stream` when `A2A-Version` is absent or
-//! `0.3`, answered in v0.3's shapes). A message's one part is the payload: a
-//! DataPart's `data`, or a TextPart as `{"text": …}` when the capability's
-//! input schema takes a string `text` (otherwise A2A's content-type error
-//! names what it accepts). The call goes through [`RouterService::invoke`]
+//! `0.3`, answered in v0.3's shapes). A message's parts are the payload
+//! (`message::payload_of`: one DataPart's `data`, TextParts as `{"text": …}`
+//! when the capability's input schema takes a string `text`, several merged;
+//! otherwise A2A's content-type error names what it accepts). The call goes through [`RouterService::invoke`]
 //! (the one admission: ACL, limits, schema, deadline; then selection,
 //! retries) or, streamed, `RouterService::stream`; the answer is a Message
 //! (its one DataPart the output), a stream is a Task whose artifact grows
@@ -20,7 +21,7 @@
 //! durable task's; `GetTask`, `ListTasks`, `CancelTask` and
 //! `SubscribeToTask` (SSE) read and cancel it, for the caller that submitted
 //! it only; a push-notification config is the task's signed callback (one per
-//! task, id `default`). Without `--redis` the card says
+//! task, its id the client's, its token and authentication sent back). Without `--redis` the card says
 //! `pushNotifications: false` and those methods answer A2A's errors.
 
 use std::borrow::Cow;
@@ -303,6 +304,14 @@ mod tests {
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","taskId":"t_1","parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","task_id":"t_1","parts":[{"data":1}]}}}"#,
+                false,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","context_id":"c","parts":[{"data":1}]}}}"#,
                 false,
             ),
             // Asking more than a call, or a request that is not JSON-RPC 2.0.

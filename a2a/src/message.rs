@@ -71,8 +71,8 @@ pub(crate) fn message_call(
         return Err(not_offered(capability));
     };
     let payload = payload_of(parts, wire, capability, &offered.described.input_schema)?;
-    let message_id = message.get("messageId").and_then(Value::as_str);
-    let context_id = message.get("contextId").and_then(Value::as_str);
+    let message_id = field(message, "messageId").and_then(Value::as_str);
+    let context_id = field(message, "contextId").and_then(Value::as_str);
     call_of(capability, payload, message_id, context_id)
 }
 
@@ -197,8 +197,7 @@ pub(crate) fn is_user_role(role: &Value, wire: Wire) -> bool {
 /// The fields every Message must carry (spec §4.1.4: `messageId`, `role`),
 /// refused `-32602` naming the field when missing or not what a client sends.
 pub(crate) fn check_sender(message: &Value, wire: Wire) -> Result<(), Refusal> {
-    if message
-        .get("messageId")
+    if field(message, "messageId")
         .and_then(Value::as_str)
         .is_none_or(str::is_empty)
     {
@@ -301,6 +300,13 @@ pub(crate) struct PlainMessage<'a> {
     /// A message naming a task continues it: never a plain call.
     #[serde(default, rename = "taskId")]
     pub(crate) task_id: Option<serde::de::IgnoredAny>,
+    /// ProtoJSON's snake_case names: the general reading takes them.
+    #[serde(default, rename = "task_id")]
+    pub(crate) task_id_snake: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "message_id")]
+    pub(crate) message_id_snake: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "context_id")]
+    pub(crate) context_id_snake: Option<serde::de::IgnoredAny>,
     #[serde(borrow)]
     pub(crate) parts: [FromObject<PlainPart<'a>>; 1],
 }
@@ -372,8 +378,12 @@ impl<'a> PlainSend<'a> {
             context_id,
             role,
             task_id,
+            task_id_snake,
+            message_id_snake,
+            context_id_snake,
             parts: [FromObject(part)],
         } = request.params.0.message.0;
+        let snake = task_id_snake.is_some() || message_id_snake.is_some() || context_id_snake.is_some();
         // The sender's fields (the general reading refuses their absence).
         let user = match wire {
             Wire::V1 => "ROLE_USER",
@@ -381,7 +391,8 @@ impl<'a> PlainSend<'a> {
         };
         let sender = message_id.as_deref().is_some_and(|id| !id.is_empty())
             && role.as_deref() == Some(user)
-            && task_id.is_none();
+            && task_id.is_none()
+            && !snake;
         // v1.0 takes `data` whatever `kind` says; v0.3 a part of kind `data`.
         let data = part
             .data

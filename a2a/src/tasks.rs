@@ -29,48 +29,124 @@ impl Asked {
             return Err(invalid("`params.configuration` must be an object"));
         }
         let task = match wire {
-            Wire::V1 => configuration.get("returnImmediately").and_then(Value::as_bool) == Some(true),
+            Wire::V1 => field(configuration, "returnImmediately").and_then(Value::as_bool) == Some(true),
             Wire::V03 => configuration.get("blocking").and_then(Value::as_bool) == Some(false),
         };
-        let field = match wire {
+        let name = match wire {
             Wire::V1 => "taskPushNotificationConfig",
             Wire::V03 => "pushNotificationConfig",
         };
-        let push = match configuration.get(field).filter(|value| !value.is_null()) {
+        let push = match field(configuration, name).filter(|value| !value.is_null()) {
             Some(config) => Some(push_config_of(config)?),
             None => None,
         };
-        let history = history_length(configuration.get("historyLength"), "configuration.historyLength")?;
+        let history = history_length(field(configuration, "historyLength"), "configuration.historyLength")?;
         Ok(Self { task, push, history })
     }
 }
 
-/// A push config as a callback: its `url`. A `token` or `authentication` is
-/// refused rather than ignored: the callback proves itself with the router's
-/// HMAC signature instead (`X-Agent-Reach-Signature`, design §3.10.6).
+/// A field of a request by its ProtoJSON name or, as ProtoJSON parsers must
+/// also accept, its proto (snake_case) name.
+pub(crate) fn field<'a>(object: &'a Value, camel: &str) -> Option<&'a Value> {
+    object.get(camel).or_else(|| {
+        let snake: String = camel
+            .chars()
+            .flat_map(|c| {
+                let lower = c.to_ascii_lowercase();
+                (c.is_ascii_uppercase().then_some('_').into_iter()).chain(std::iter::once(lower))
+            })
+            .collect();
+        object.get(snake)
+    })
+}
+
+/// Whether `text` may travel as an HTTP header value (visible ASCII and spaces, not at the ends).
+fn header_safe(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 4096
+        && text.trim() == text
+        && text.bytes().all(|byte| byte == b' ' || byte.is_ascii_graphic())
+}
+
+/// A push config (A2A spec §4.3.1) as the task's callback: its `url`, its
+/// `id` (the client's, or `default`), and the `token` and `authentication`
+/// the receiver asked to be sent back (`X-A2A-Notification-Token`,
+/// `Authorization: <scheme> <credentials>`). Every notification is also
+/// signed with `X-Agent-Reach-Signature` (design §3.10.6). ProtoJSON's
+/// snake_case names are read too.
 pub(crate) fn push_config_of(config: &Value) -> Result<agent_reach_task_store::Callback, Refusal> {
-    let config = config.get("pushNotificationConfig").unwrap_or(config);
+    let config = field(config, "pushNotificationConfig")
+        .filter(|inner| inner.is_object())
+        .unwrap_or(config);
     let Some(url) = config.get("url").and_then(Value::as_str).filter(|url| !url.is_empty()) else {
         return Err(invalid(
             "a push notification config needs a `url` (where the task's outcome is POSTed)",
         ));
     };
-    let present = |name: &str| {
-        config
-            .get(name)
-            .is_some_and(|value| !value.is_null() && value != "" && value != &json!({}))
+    let text = |name: &str| -> Result<Option<String>, Refusal> {
+        match field(config, name).filter(|value| !value.is_null()) {
+            None => Ok(None),
+            Some(Value::String(text)) if text.is_empty() => Ok(None),
+            Some(Value::String(text)) if header_safe(text) => Ok(Some(text.clone())),
+            Some(other) => Err(invalid(format!(
+                "the push config's `{name}` must be printable ASCII without surrounding spaces (it travels as a header), not {other}"
+            ))),
+        }
     };
-    if present("token") || present("authentication") {
-        return Err(invalid(
-            "push notifications here carry no token and use no authentication scheme: each is signed with \
-             `X-Agent-Reach-Signature: t=<unix s>,v1=<HMAC-SHA256 of \"<t>.<body>\">` under the router's callback \
-             secret; drop `token` and `authentication` and verify the signature",
-        ));
+    let id = text("id")?.unwrap_or_else(|| PUSH_CONFIG_ID.to_string());
+    if id.len() > 128 {
+        return Err(invalid("a push config's `id` holds at most 128 characters"));
     }
+    let token = text("token")?;
+    let authentication = match field(config, "authentication").filter(|value| !value.is_null() && *value != &json!({}))
+    {
+        None => None,
+        Some(authentication) => {
+            // v1.0 names one `scheme`; v0.3 a list, `schemes`, of which the first is used.
+            let scheme = authentication
+                .get("scheme")
+                .or_else(|| authentication.pointer("/schemes/0"))
+                .and_then(Value::as_str)
+                .filter(|scheme| {
+                    !scheme.is_empty()
+                        && scheme
+                            .bytes()
+                            .all(|byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte))
+                });
+            let Some(scheme) = scheme else {
+                return Err(invalid(
+                    "the push config's `authentication` needs a `scheme`: an HTTP authentication scheme such as `Bearer`",
+                ));
+            };
+            let credentials = match authentication.get("credentials").filter(|value| !value.is_null()) {
+                None => None,
+                Some(Value::String(credentials)) if header_safe(credentials) => Some(credentials.clone()),
+                Some(_) => {
+                    return Err(invalid(
+                        "the push config's `authentication.credentials` must be printable ASCII (they travel in the Authorization header)",
+                    ))
+                }
+            };
+            Some(agent_reach_task_store::PushAuthentication {
+                scheme: scheme.to_string(),
+                credentials,
+            })
+        }
+    };
     Ok(agent_reach_task_store::Callback {
         url: url.to_string(),
         secret_ref: None,
+        a2a: Some(agent_reach_task_store::PushConfig {
+            id,
+            token,
+            authentication,
+        }),
     })
+}
+
+/// The id of a task's push config (`default` for a callback set by `POST /v1/tasks`).
+pub(crate) fn config_id_of(callback: &agent_reach_task_store::Callback) -> &str {
+    callback.a2a.as_ref().map_or(PUSH_CONFIG_ID, |push| push.id.as_str())
 }
 
 /// One JSON-RPC call on the task methods.
@@ -412,8 +488,7 @@ impl Rpc<'_> {
     /// A required string parameter (`names`: its name in each wire, v1.0 first).
     pub(crate) fn string(&self, v1: &str, v03: &str) -> Result<String, Refusal> {
         let name = if self.wire == Wire::V1 { v1 } else { v03 };
-        self.params
-            .get(name)
+        field(self.params, name)
             .and_then(Value::as_str)
             .filter(|value| !value.is_empty())
             .map(str::to_string)
@@ -513,7 +588,7 @@ impl Rpc<'_> {
     /// more input (`input-required`), so it is refused `-32004` too. `Ok`
     /// only when the message names no task.
     pub(crate) async fn continued(&self, message: &Value) -> Result<(), Refusal> {
-        let Some(named) = message.get("taskId").filter(|id| !id.is_null()) else {
+        let Some(named) = field(message, "taskId").filter(|id| !id.is_null()) else {
             return Ok(());
         };
         let Some(task_id) = named.as_str().filter(|id| !id.is_empty()) else {
@@ -531,7 +606,7 @@ impl Rpc<'_> {
                 })
             }
         };
-        if let Some(context) = message.get("contextId").and_then(Value::as_str) {
+        if let Some(context) = field(message, "contextId").and_then(Value::as_str) {
             if task.session_id.as_deref().is_some_and(|session| session != context) {
                 return Err(invalid(format!(
                     "`params.message.contextId` `{context}` is not the context of task `{task_id}`; omit it or send the task's"
@@ -605,6 +680,23 @@ impl Rpc<'_> {
                 let task_id = self.string("taskId", "taskId")?;
                 let callback = push_config_of(self.params)?;
                 let task = self.stored(&task_id, operation).await?;
+                // One config per task (it is the task's callback): a second id is
+                // refused, not put in the first's place.
+                if let Some(held) = task
+                    .callback
+                    .as_ref()
+                    .filter(|held| config_id_of(held) != config_id_of(&callback))
+                {
+                    return Err(Refusal {
+                        code: UNSUPPORTED_OPERATION,
+                        message: format!(
+                            "task `{task_id}` has push notification config `{}`; a task here has one: delete it first, or create `{}` again to replace it",
+                            config_id_of(held),
+                            config_id_of(held)
+                        ),
+                        error: None,
+                    });
+                }
                 let task = self
                     .api
                     .set_callback(&task, Some(&callback))
@@ -615,13 +707,8 @@ impl Rpc<'_> {
             Operation::PushGet => {
                 let task_id = self.string("taskId", "id")?;
                 let task = self.stored(&task_id, operation).await?;
-                self.config_id()?;
-                match push_config_value(&task, wire) {
-                    Some(config) => Ok(self.answer(config)),
-                    None => Err(invalid(format!(
-                        "task `{task_id}` has no push notification config (set one with CreateTaskPushNotificationConfig)"
-                    ))),
-                }
+                self.config_id(&task)?;
+                Ok(self.answer(push_config_value(&task, wire).unwrap_or(Value::Null)))
             }
             Operation::PushList => {
                 let task_id = self.string("taskId", "id")?;
@@ -635,7 +722,7 @@ impl Rpc<'_> {
             Operation::PushDelete => {
                 let task_id = self.string("taskId", "id")?;
                 let task = self.stored(&task_id, operation).await?;
-                self.config_id()?;
+                self.config_id(&task)?;
                 self.api
                     .set_callback(&task, None)
                     .await
@@ -648,18 +735,37 @@ impl Rpc<'_> {
         }
     }
 
-    /// The push config id a get or delete names: absent or [`PUSH_CONFIG_ID`].
-    pub(crate) fn config_id(&self) -> Result<(), Refusal> {
+    /// The push config a get or delete names (`id`; v0.3
+    /// `pushNotificationConfigId`) is `task`'s: else `-32001` (spec §3.1.8:
+    /// a config that does not exist is TaskNotFound). Absent names the one there is.
+    pub(crate) fn config_id(&self, task: &agent_reach_task_store::Task) -> Result<(), Refusal> {
         let name = if self.wire == Wire::V1 {
             "id"
         } else {
             "pushNotificationConfigId"
         };
-        match self.params.get(name).and_then(Value::as_str) {
-            None | Some("") | Some(PUSH_CONFIG_ID) => Ok(()),
-            Some(other) => Err(invalid(format!(
-                "no push notification config `{other}`: a task has one, `{PUSH_CONFIG_ID}`"
-            ))),
+        let named = field(self.params, name)
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty());
+        match (&task.callback, named) {
+            (Some(_), None) => Ok(()),
+            (Some(held), Some(named)) if config_id_of(held) == named => Ok(()),
+            (held, named) => Err(Refusal {
+                code: TASK_NOT_FOUND,
+                message: match (held, named) {
+                    (None, _) => format!(
+                        "task `{}` has no push notification config (set one with CreateTaskPushNotificationConfig)",
+                        task.task_id
+                    ),
+                    (Some(held), named) => format!(
+                        "task `{}` has no push notification config `{}` (its one config is `{}`)",
+                        task.task_id,
+                        named.unwrap_or_default(),
+                        config_id_of(held)
+                    ),
+                },
+                error: None,
+            }),
         }
     }
 
@@ -846,12 +952,27 @@ pub(crate) fn event_stream(body: Body) -> Response {
         .into_response()
 }
 
-/// A task's push config (its callback), or `None` without one.
+/// A task's push config (its callback), or `None` without one. The token
+/// is the client's own and shown; the credentials are write-only.
 pub(crate) fn push_config_value(task: &agent_reach_task_store::Task, wire: Wire) -> Option<Value> {
     let callback = task.callback.as_ref()?;
+    let mut config = json!({ "id": config_id_of(callback), "url": callback.url });
+    if let Some(push) = &callback.a2a {
+        if let Some(token) = &push.token {
+            config["token"] = json!(token);
+        }
+        if let Some(authentication) = &push.authentication {
+            config["authentication"] = match wire {
+                Wire::V1 => json!({ "scheme": authentication.scheme }),
+                Wire::V03 => json!({ "schemes": [authentication.scheme] }),
+            };
+        }
+    }
     Some(match wire {
-        Wire::V1 => json!({ "taskId": task.task_id, "id": PUSH_CONFIG_ID, "url": callback.url }),
-        Wire::V03 => json!({ "taskId": task.task_id,
-            "pushNotificationConfig": { "id": PUSH_CONFIG_ID, "url": callback.url } }),
+        Wire::V1 => {
+            config["taskId"] = json!(task.task_id);
+            config
+        }
+        Wire::V03 => json!({ "taskId": task.task_id, "pushNotificationConfig": config }),
     })
 }

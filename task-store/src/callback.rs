@@ -22,6 +22,8 @@ use crate::store::{now_ms, TaskStore, TaskStoreError};
 
 pub const SIGNATURE_HEADER: &str = "x-agent-reach-signature";
 pub const TASK_HEADER: &str = "x-agent-reach-task-id";
+/// An A2A push config's `token`, sent back with each notification.
+pub const A2A_TOKEN_HEADER: &str = "x-a2a-notification-token";
 
 #[derive(Debug, Clone)]
 pub struct CallbackConfig {
@@ -273,12 +275,26 @@ impl Deliverer {
         self.check_target(&callback.url)
             .await
             .map_err(|error| error.to_string())?;
-        let response = self
+        let mut request = self
             .http
             .post(&callback.url)
             .header("content-type", "application/json")
             .header(TASK_HEADER, task_id)
-            .header(SIGNATURE_HEADER, sign(secret, unix_now(), body.as_bytes()))
+            .header(SIGNATURE_HEADER, sign(secret, unix_now(), body.as_bytes()));
+        // What an A2A push config asked to be sent back (checked header-safe when it was set).
+        if let Some(push) = &callback.a2a {
+            if let Some(token) = &push.token {
+                request = request.header(A2A_TOKEN_HEADER, token);
+            }
+            if let Some(authentication) = &push.authentication {
+                let value = match &authentication.credentials {
+                    Some(credentials) => format!("{} {credentials}", authentication.scheme),
+                    None => authentication.scheme.clone(),
+                };
+                request = request.header(reqwest::header::AUTHORIZATION, value);
+            }
+        }
+        let response = request
             .body(body.to_string())
             .send()
             .await
@@ -352,6 +368,7 @@ mod tests {
         let loopback = Callback {
             url: "http://127.0.0.1:9/hook".into(),
             secret_ref: None,
+            a2a: None,
         };
         assert_eq!(
             deliverer.check(&loopback).await,
@@ -360,15 +377,35 @@ mod tests {
         let bad = Callback {
             url: "ftp://x/y".into(),
             secret_ref: None,
+            a2a: None,
         };
         assert!(matches!(deliverer.check(&bad).await, Err(CallbackError::InvalidUrl(_))));
         let unknown = Callback {
             url: "http://127.0.0.1:9/hook".into(),
             secret_ref: Some("nope".into()),
+            a2a: None,
         };
         assert_eq!(
             deliverer.check(&unknown).await,
             Err(CallbackError::UnknownSecret("nope".into()))
+        );
+    }
+
+    #[test]
+    fn push_credentials_never_reach_a_log() {
+        let push = crate::PushConfig {
+            id: "hook".into(),
+            token: Some("t0k-secret".into()),
+            authentication: Some(crate::PushAuthentication {
+                scheme: "Bearer".into(),
+                credentials: Some("cred-secret".into()),
+            }),
+        };
+        let logged = format!("{push:?}");
+        assert!(logged.contains("hook") && logged.contains("Bearer"), "{logged}");
+        assert!(
+            !logged.contains("t0k-secret") && !logged.contains("cred-secret"),
+            "{logged}"
         );
     }
 }

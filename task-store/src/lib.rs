@@ -15,7 +15,7 @@ pub mod model;
 pub mod store;
 
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
-pub use model::{Accepted, Callback, Priority, State, Task, Transition};
+pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, State, Task, Transition};
 pub use store::{
     new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported,
     SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,

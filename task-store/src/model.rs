@@ -80,6 +80,55 @@ pub struct Callback {
     /// Names a signing secret configured on the router; never the secret itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<String>,
+    /// What an A2A push notification config adds (set through A2A only;
+    /// `POST /v1/tasks` refuses the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<PushConfig>,
+}
+
+/// An A2A push notification config's own fields (A2A spec §4.3): its id,
+/// and what the receiver asked to be sent with each notification.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushConfig {
+    /// The config's id, the client's or one the router gave.
+    pub id: String,
+    /// Sent as `X-A2A-Notification-Token` with each notification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Sent as `Authorization: <scheme> <credentials>` with each notification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<PushAuthentication>,
+}
+
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushAuthentication {
+    pub scheme: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+}
+
+// Written by hand: the token and the credentials never reach a log.
+impl std::fmt::Debug for PushConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("PushConfig")
+            .field("id", &self.id)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("authentication", &self.authentication)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for PushAuthentication {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("PushAuthentication")
+            .field("scheme", &self.scheme)
+            .field("credentials", &self.credentials.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -326,6 +326,7 @@ async fn finished_task_with_callback(store: &TaskStore, request_id: &str, url: &
     new.callback = Some(Callback {
         url: url.to_string(),
         secret_ref: None,
+        a2a: None,
     });
     let submitted = store.submit(new).await.unwrap();
     let claimed = store.claim("worker", 10, 0).await.unwrap();
@@ -551,6 +552,7 @@ async fn a_callers_tasks_are_listed_and_a_callback_set_later_is_the_one_sent(bac
     let hook = Callback {
         url: "https://example.com/hook".to_string(),
         secret_ref: None,
+        a2a: None,
     };
     store.set_callback(first.task_id(), Some(&hook)).await.unwrap();
     assert_eq!(store.get(first.task_id()).await.unwrap().callback, Some(hook.clone()));

@@ -144,6 +144,14 @@ impl TaskRequest {
 /// or the seeds' `{type: "http", url}`).
 fn callback_of(raw: Value) -> Result<Callback, RouterError> {
     let mut raw = raw;
+    // A2A's push config fields are set through A2A only.
+    if raw.get("a2a").is_some() {
+        return Err(RouterError::field(
+            Code::InvalidCallback,
+            "callback.a2a",
+            "`callback`: unknown field `a2a` (expected {url, secret_ref?})",
+        ));
+    }
     // The seeds' form `{type: "http", url}`: `http` is the only kind there is.
     if let Some(kind) = raw.as_object_mut().and_then(|object| object.remove("type")) {
         if kind != json!("http") {

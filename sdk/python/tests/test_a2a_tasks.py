@@ -21,11 +21,11 @@ import pytest
 from a2a.client import ClientConfig, create_client
 from a2a.helpers.proto_helpers import get_data_parts, new_data_message
 from a2a.types import (
+    AuthenticationInfo,
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
-    InvalidParamsError,
     ListTaskPushNotificationConfigsRequest,
     ListTasksRequest,
     Role,
@@ -251,18 +251,36 @@ def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, r
                     ListTaskPushNotificationConfigsRequest(task_id=other.id)
                 )
             ).configs
-            with pytest.raises(InvalidParamsError):
+            # A config that does not exist is TaskNotFound (spec §3.1.8).
+            with pytest.raises(TaskNotFoundError):
                 await client.get_task_push_notification_config(
                     GetTaskPushNotificationConfigRequest(task_id=other.id, id="default")
                 )
-            # A token is refused, not ignored: the callback is signed instead.
-            with pytest.raises(InvalidParamsError):
-                await client.create_task_push_notification_config(
-                    TaskPushNotificationConfig(task_id=other.id, url=receiver.url, token="t0k")
+            # The client's id, token and authentication: kept, and sent back with the notification.
+            created = await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(
+                    task_id=other.id,
+                    id="hook-44",
+                    url=receiver.url,
+                    token="t0k",
+                    authentication=AuthenticationInfo(scheme="Bearer", credentials="receiver-secret"),
                 )
-            await client.create_task_push_notification_config(
-                TaskPushNotificationConfig(task_id=other.id, url=receiver.url)
             )
+            assert (created.id, created.token, created.authentication.scheme) == ("hook-44", "t0k", "Bearer")
+            assert not created.authentication.credentials  # write-only
+            got = await client.get_task_push_notification_config(
+                GetTaskPushNotificationConfigRequest(task_id=other.id, id="hook-44")
+            )
+            assert (got.id, got.url, got.token) == ("hook-44", receiver.url, "t0k")
+            with pytest.raises(TaskNotFoundError):
+                await client.get_task_push_notification_config(
+                    GetTaskPushNotificationConfigRequest(task_id=other.id, id="default")
+                )
+            # One config per task: a second id is refused, not put in the first's place.
+            with pytest.raises(UnsupportedOperationError):
+                await client.create_task_push_notification_config(
+                    TaskPushNotificationConfig(task_id=other.id, id="hook-2", url=receiver.url)
+                )
             release.set()
             await poll_state(client, task.id, TaskState.TASK_STATE_COMPLETED)
             await poll_state(client, other.id, TaskState.TASK_STATE_COMPLETED)
@@ -282,6 +300,11 @@ def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, r
             expected = hmac.new(secret, f"{fields['t']}.".encode() + body, hashlib.sha256).hexdigest()
             assert hmac.compare_digest(fields["v1"], expected)
             assert b'"total_cents":700' in body
+        # The second task's config asked for its token and credentials back.
+        headers, _ = by_task[ids[1]]
+        assert headers["x-a2a-notification-token"] == "t0k"
+        assert headers["authorization"] == "Bearer receiver-secret"
+        assert "x-a2a-notification-token" not in by_task[ids[0]][0]
     finally:
         receiver.close()
 
@@ -429,3 +452,53 @@ def test_history_filters_continuation_and_notifications_on_durable_tasks(
     assert ended["error"]["code"] == -32004, ended
     assert "canceled" in ended["error"]["message"]
     release.set()
+
+
+def test_push_configs_take_protojson_snake_case_names(stack: Stack, release: threading.Event) -> None:
+    receiver = Receiver()
+    try:
+        send = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {
+                "message": {"message_id": "m-snake", "role": "ROLE_USER", "parts": [{"data": {"order_id": "SO-71"}}]},
+                "configuration": {"return_immediately": True},
+            },
+        }
+        task = rpc(stack, send)
+        assert "result" in task, task
+        task_id = task["result"]["task"]["id"]
+        created = rpc(
+            stack,
+            {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "CreateTaskPushNotificationConfig",
+                "params": {"task_id": task_id, "id": "snake", "url": receiver.url, "token": "s"},
+            },
+        )
+        assert created["result"]["id"] == "snake", created
+        got = rpc(
+            stack,
+            {
+                "jsonrpc": "2.0",
+                "id": 3,
+                "method": "GetTaskPushNotificationConfig",
+                "params": {"task_id": task_id, "id": "snake"},
+            },
+        )
+        assert got["result"]["token"] == "s", got
+        bad = rpc(
+            stack,
+            {
+                "jsonrpc": "2.0",
+                "id": 4,
+                "method": "CreateTaskPushNotificationConfig",
+                "params": {"taskId": task_id, "id": "snake", "url": receiver.url, "token": "two\nlines"},
+            },
+        )
+        assert bad["error"]["code"] == -32602, bad
+        release.set()
+    finally:
+        receiver.close()
