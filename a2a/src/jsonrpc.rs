@@ -73,7 +73,8 @@ pub async fn answer_rpc(
     };
     // The common call, read without a JSON tree; anything else (and every
     // refusal of the request's shape) takes the general reading below.
-    if let Some(plain) = PlainSend::read(&bytes, legacy_allowed) {
+    let always = service.tuning().a2a_tasks_always && api.tasks_enabled();
+    if let Some(plain) = PlainSend::read(&bytes, legacy_allowed).filter(|_| !always) {
         let id = plain.id;
         let message = match plain_call(
             service,
@@ -311,6 +312,8 @@ impl<H: HeaderLookup> One<'_, H> {
                     Ok(asked) => asked,
                     Err(refusal) => return refusal.into_response(&id).into(),
                 };
+                // `--a2a-tasks always`: every message a durable task, answered as one.
+                let always = service.tuning().a2a_tasks_always && api.tasks_enabled();
                 match (operation, asked) {
                     (
                         Operation::Send,
@@ -319,8 +322,8 @@ impl<H: HeaderLookup> One<'_, H> {
                             push: None,
                             ..
                         },
-                    ) => send(service, caller, headers, message, received, &id, wire).await,
-                    (Operation::Stream, Asked { push: None, .. }) => {
+                    ) if !always => send(service, caller, headers, message, received, &id, wire).await,
+                    (Operation::Stream, Asked { push: None, .. }) if !always => {
                         send_streaming(service, caller, headers, message, received, (!self.rest).then(|| id.clone()), wire)
                             .await
                             .into()

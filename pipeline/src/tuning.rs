@@ -21,6 +21,10 @@ pub struct Tuning {
     /// The capability whose A2A agent card is also served at the host root
     /// (`/.well-known/agent-card.json`, `--a2a-root-capability`).
     pub a2a_root_capability: Option<String>,
+    /// Every A2A message a durable task (`--a2a-tasks always`, needs `--redis`):
+    /// a plain `SendMessage` is answered with the ended Task rather than a
+    /// Message, a stream is the task's, and both are found by `GetTask`.
+    pub a2a_tasks_always: bool,
     /// Browser origins `/mcp` answers besides loopback ones (`--mcp-allowed-origin`; `*`: any).
     pub mcp_allowed_origins: Vec<String>,
     /// Whether the listener serves TLS (A2A cards then name `https://` URLs);
@@ -43,6 +47,7 @@ impl Default for Tuning {
             max_staleness: Duration::from_secs(60),
             threads: 0,
             a2a_root_capability: None,
+            a2a_tasks_always: false,
             mcp_allowed_origins: Vec::new(),
             serves_tls: false,
         }

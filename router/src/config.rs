@@ -122,6 +122,16 @@ pub struct RouterArgs {
     /// `/.well-known/agent-card.json` (its interface stays `/a2a/NAME`).
     #[arg(long, env = "AGENT_REACH_A2A_ROOT_CAPABILITY", value_name = "NAME")]
     pub a2a_root_capability: Option<String>,
+    /// When an A2A message becomes a durable task: `when-asked` (a return-at-once
+    /// or push-config send; a plain send is answered with a Message) or `always`
+    /// (every send and stream is a task GetTask and ListTasks find; needs --redis).
+    #[arg(
+        long,
+        env = "AGENT_REACH_A2A_TASKS",
+        value_name = "WHEN",
+        default_value = "when-asked"
+    )]
+    pub a2a_tasks: A2aTasks,
     /// A browser origin (`scheme://host[:port]`) allowed to call `/mcp`, besides loopback
     /// origins; repeatable. Requests with another `Origin` are refused 403 (DNS rebinding
     /// guard; requests without `Origin`, from non-browser clients, always pass). `*` allows
@@ -137,6 +147,15 @@ pub struct RouterArgs {
     pub tasks: TaskArgs,
     #[command(flatten)]
     pub auth: AuthArgs,
+}
+
+/// When an A2A message becomes a durable task (`--a2a-tasks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum A2aTasks {
+    /// A send that returns at once or carries a push config (the spec's asks).
+    WhenAsked,
+    /// Every send and stream.
+    Always,
 }
 
 #[derive(Debug, Clone)]
@@ -294,6 +313,12 @@ impl RouterArgs {
                 ));
             }
         }
+        if self.a2a_tasks == A2aTasks::Always && tasks.is_none() {
+            problems.push(
+                "--a2a-tasks always makes every A2A message a durable task: it needs the task store (--redis URL)"
+                    .to_string(),
+            );
+        }
         if self.mcp_allowed_origins.iter().any(|origin| origin == "*") {
             tracing::warn!(message = "--mcp-allowed-origin '*': any web page may call /mcp (no DNS rebinding guard).");
         }
@@ -332,6 +357,7 @@ impl RouterArgs {
                 max_staleness: Duration::from_secs(self.max_staleness_s),
                 threads: self.threads,
                 a2a_root_capability: self.a2a_root_capability.clone(),
+                a2a_tasks_always: self.a2a_tasks == A2aTasks::Always,
                 mcp_allowed_origins: self.mcp_allowed_origins.clone(),
                 serves_tls: false,
             },

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import hmac
 import http.server
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -502,3 +503,62 @@ def test_push_configs_take_protojson_snake_case_names(stack: Stack, release: thr
         release.set()
     finally:
         receiver.close()
+
+
+def test_with_a2a_tasks_always_every_message_is_a_durable_task(stack: Stack, release: threading.Event) -> None:
+    """``--a2a-tasks always``: a plain send is answered with its ended Task, a stream is the
+    task's, and GetTask and ListTasks find both (the TCK's reading of the spec)."""
+    directory = stack.directory
+    router = stack.start_router(
+        [
+            "--a2a-tasks",
+            "always",
+            "--redis",
+            stack.redis.url,
+            "--callback-secret-file",
+            str(directory / "callback.secret"),
+            "--allow-private-callbacks",
+            "--assertion-key",
+            str(directory / "assertion.pem"),
+        ]
+    )
+    try:
+        url = f"{router.url}/a2a/{CAPABILITY}"
+        headers = {"authorization": f"Bearer {stack.token('tester')}"}
+        wait_until(
+            lambda: httpx.get(f"{url}/.well-known/agent-card.json", timeout=5).status_code == 200,
+            20,
+            "the router's card",
+        )
+        release.set()  # the held agent answers at once
+        message = {"messageId": "m-always-1", "role": "ROLE_USER", "parts": [{"data": {"order_id": "SO-81"}}]}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+        answer = httpx.post(url, json=body, headers=headers, timeout=30).json()
+        task = answer["result"]["task"]
+        assert task["id"].startswith("t_"), answer
+        assert task["status"]["state"] == "TASK_STATE_COMPLETED", answer
+        assert task["artifacts"][0]["parts"] == [{"data": {"order_id": "SO-81", "total_cents": 700}}]
+        assert task["history"][0]["messageId"] == "m-always-1"
+
+        streamed_message = {**message, "messageId": "m-always-2"}
+        stream = {"jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage", "params": {"message": streamed_message}}
+        with httpx.stream("POST", url, json=stream, headers=headers, timeout=30) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        first = json.loads(events[0][len("data: ") :])["result"]["task"]
+        assert first["id"].startswith("t_"), first
+        got = httpx.post(
+            url,
+            json={"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": {"id": first["id"]}},
+            headers=headers,
+            timeout=10,
+        ).json()
+        assert got["result"]["id"] == first["id"], got
+        listed = httpx.post(
+            url, json={"jsonrpc": "2.0", "id": 4, "method": "ListTasks", "params": {}}, headers=headers, timeout=10
+        ).json()
+        ids = [listed_task["id"] for listed_task in listed["result"]["tasks"]]
+        assert task["id"] in ids
+        assert first["id"] in ids
+    finally:
+        router.stop()

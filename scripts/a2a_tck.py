@@ -1,0 +1,146 @@
+"""Runs the A2A conformance suite (a2aproject/a2a-tck, a checkout given by path) against
+the router, docs/protocols.md#the-a2a-tck: a real stack (etcd, Redis, registry, router with
+durable tasks, context service; `sdk/python/tests/support`) and an agent serving
+`text.tck_echo` (a TextPart in, its text back), then the TCK's `run_tck.py` on every
+category, its bearer token from the stack. The TCK runs in its own virtualenv (created in
+the checkout on first use, from its pinned requirements); its JSON report is written where
+`--report` says and the per-category counts printed. Nothing here is copied from the TCK.
+
+    .venv/bin/python scripts/a2a_tck.py /path/to/a2a-tck [--a2a-tasks always|when-asked]
+        [--report report.json] [run_tck args...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "sdk" / "python"))
+
+import httpx  # noqa: E402
+from agent_reach import Agent  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
+from tests.support.stack import Stack, wait_until  # noqa: E402
+
+CAPABILITY = "text.tck_echo"
+
+
+class Said(BaseModel):
+    text: str
+
+
+def tck_python(checkout: Path) -> Path:
+    """The TCK's own interpreter: a virtualenv in the checkout, made once."""
+    venv = checkout / ".venv-agent-reach"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", str(checkout)], check=True)
+    return python
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", type=Path, help="a checkout of github.com/a2aproject/a2a-tck")
+    parser.add_argument("--report", type=Path, default=Path("tck-report.json"), help="where the JSON report goes")
+    parser.add_argument("--category", default="all", help="run_tck.py's --category (default: all)")
+    parser.add_argument(
+        "--a2a-tasks",
+        choices=["when-asked", "always"],
+        default="always",
+        help="the router's --a2a-tasks (default always: the TCK expects every send to answer a Task)",
+    )
+    args, extra = parser.parse_known_args()
+    checkout = args.checkout.resolve()
+    python = tck_python(checkout)
+    stack = Stack()
+    agent = Agent(
+        "py_agent",
+        registry=stack.registry.url,
+        router=stack.router.url,
+        context=stack.context.url,
+        token=stack.token("py_agent"),
+        ttl_s=5,
+    )
+
+    @agent.handler(CAPABILITY, version="1.0.0")
+    async def echo(payload: Said) -> Said:
+        """Echo the text back."""
+        return Said(text=payload.text)
+
+    router = None
+    try:
+        agent.start(handle_signals=False)
+        agent.mark_ready()
+        wait_until(lambda: stack.routable(CAPABILITY, agent.agent_id), 20, "the echo capability routable")
+        # The TCK reads the card at the host root: a router serving the echo's card there,
+        # with the stack's tasks, callback secret and assertion key.
+        directory = stack.directory
+        router = stack.start_router(
+            [
+                "--a2a-tasks",
+                args.a2a_tasks,
+                "--a2a-root-capability",
+                CAPABILITY,
+                "--redis",
+                stack.redis.url,
+                "--callback-secret-file",
+                str(directory / "callback.secret"),
+                "--allow-private-callbacks",
+                "--assertion-key",
+                str(directory / "assertion.pem"),
+            ]
+        )
+        wait_until(
+            lambda: httpx.get(f"{router.url}/.well-known/agent-card.json", timeout=5).status_code == 200,
+            20,
+            "the root agent card",
+        )
+        env = {
+            **os.environ,
+            "A2A_AUTH_TYPE": "bearer",
+            "A2A_AUTH_TOKEN": stack.token("tester", ttl_s=6 * 3600),
+        }
+        report = args.report.resolve()
+        command = [
+            str(python),
+            "run_tck.py",
+            "--sut-url",
+            f"{router.url}/a2a/{CAPABILITY}",
+            "--category",
+            args.category,
+            "--compliance-report",
+            str(report),
+            *extra,
+        ]
+        print("+", " ".join(command), flush=True)
+        finished = subprocess.run(command, cwd=checkout, env=env, check=False)
+        summarize(checkout)
+        return finished.returncode
+    finally:
+        if router is not None:
+            router.stop()
+        agent.stop(timeout_s=10)
+        stack.stop()
+
+
+def summarize(checkout: Path) -> None:
+    """Per-category pass/fail/skip counts from the pytest JSON reports the TCK wrote."""
+    for path in sorted(checkout.glob("reports/*.json")):
+        try:
+            tests = json.loads(path.read_text()).get("tests", [])
+        except (OSError, ValueError):
+            continue
+        counts = Counter(test.get("outcome", "?") for test in tests)
+        if counts:
+            print(f"{path.name}: " + ", ".join(f"{outcome} {count}" for outcome, count in sorted(counts.items())))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
