@@ -13,6 +13,7 @@ the checkout on first use, from its pinned requirements); its JSON report is wri
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -71,7 +72,9 @@ def main() -> int:
 
     @agent.handler(CAPABILITY, version="1.0.0")
     async def echo(payload: Said) -> Said:
-        """Echo the text back."""
+        """Echo the text back, after the TCK's reference agent's 1.2 s: several TCK
+        tests look at a task while it still works."""
+        await asyncio.sleep(1.2)
         return Said(text=payload.text)
 
     router = None

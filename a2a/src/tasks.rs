@@ -680,6 +680,17 @@ impl Rpc<'_> {
                 let task_id = self.string("taskId", "taskId")?;
                 let callback = push_config_of(self.params)?;
                 let task = self.stored(&task_id, operation).await?;
+                if task.state.is_terminal() {
+                    return Err(Refusal {
+                        code: UNSUPPORTED_OPERATION,
+                        message: format!(
+                            "task `{task_id}` is {}: it sends no more notifications, so it takes no push config \
+                             (read its outcome with GetTask)",
+                            task_state(task.state)
+                        ),
+                        error: None,
+                    });
+                }
                 // One config per task (it is the task's callback): a second id is
                 // refused, not put in the first's place.
                 if let Some(held) = task
