@@ -2,7 +2,7 @@
 //! at a time, and one table of what each fault cost.
 //!
 //! ```sh
-//! scripts/chaos.sh            # every fault (about 3 minutes)
+//! scripts/chaos.sh            # every fault (about 4 minutes)
 //! scripts/chaos.sh --smoke    # five faults, short phases (CI, scripts/test.sh)
 //! ```
 //!
@@ -10,7 +10,8 @@
 //! on loopback: a 3-member etcd cluster, a Redis primary with a replica and
 //! three Sentinels (AOF `everysec`), two registries on the etcd cluster, two
 //! routers (both registries, the slow path on Sentinel with `WAIT 1` and a
-//! local task buffer, a shared assertion key) and SDK agents (this binary's
+//! local task buffer, a shared assertion key; for the two Redis Cluster faults
+//! a second stack whose routers use a three-shard Redis Cluster) and SDK agents (this binary's
 //! `agent` subcommand, verifying the routers' assertions). For agent-partition
 //! one agent runs in a network namespace the run creates, the registries and
 //! routers listen on its veth's host address, and the partition sets the
@@ -41,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agent_reach_sdk::{Agent, Ctx, Handler, HandlerError};
-use agent_reach_testkit::{free_port, http_ok, wait_until, EtcdCluster, RedisSentinels};
+use agent_reach_testkit::{free_port, http_ok, wait_until, EtcdCluster, RedisCluster, RedisSentinels};
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
@@ -131,10 +132,12 @@ enum Fault {
     RedisPrimary,
     RedisReplica,
     RedisOutage,
+    ClusterPrimaryKill,
+    ClusterReshard,
 }
 
 impl Fault {
-    const ALL: [Fault; 9] = [
+    const ALL: [Fault; 11] = [
         Fault::AgentKill,
         Fault::AgentPartition,
         Fault::RouterKill,
@@ -144,6 +147,8 @@ impl Fault {
         Fault::RedisPrimary,
         Fault::RedisReplica,
         Fault::RedisOutage,
+        Fault::ClusterPrimaryKill,
+        Fault::ClusterReshard,
     ];
     const SMOKE: [Fault; 5] = [
         Fault::AgentKill,
@@ -164,6 +169,8 @@ impl Fault {
             Fault::RedisPrimary => "redis-primary",
             Fault::RedisReplica => "redis-replica",
             Fault::RedisOutage => "redis-outage",
+            Fault::ClusterPrimaryKill => "cluster-primary-kill",
+            Fault::ClusterReshard => "cluster-reshard",
         }
     }
 
@@ -183,7 +190,21 @@ impl Fault {
             }
             Fault::RedisReplica => "kill -9 of the Redis replica (WAIT 1 falls short), restarted after 5 s".to_string(),
             Fault::RedisOutage => "Redis unreachable 10 s (primary and replica frozen)".to_string(),
+            Fault::ClusterPrimaryKill => {
+                "Redis Cluster: kill -9 of the primary serving the load's task lane, its replica promoted, restarted after 5 s"
+                    .to_string()
+            }
+            Fault::ClusterReshard => {
+                "Redis Cluster: the load's task lane (its slot) moved to another primary under load, 10 keys per MIGRATE"
+                    .to_string()
+            }
         }
+    }
+
+    /// Whether the fault needs the task store on a Redis Cluster (the run
+    /// then starts a second stack whose routers use one).
+    fn on_cluster(self) -> bool {
+        matches!(self, Fault::ClusterPrimaryKill | Fault::ClusterReshard)
     }
 
     fn parse(name: &str) -> anyhow::Result<Self> {
@@ -496,10 +517,58 @@ impl Drop for Netns {
 
 // === The stack ===
 
+/// The routers' task store: a primary with a replica behind Sentinels, or a
+/// Redis Cluster (three primaries, a replica each) for the cluster faults.
+enum TaskRedis {
+    Sentinel(RedisSentinels),
+    Cluster(RedisCluster),
+}
+
+impl TaskRedis {
+    fn url(&self) -> String {
+        match self {
+            TaskRedis::Sentinel(redis) => redis.url(),
+            TaskRedis::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    fn sentinels(&mut self) -> anyhow::Result<&mut RedisSentinels> {
+        match self {
+            TaskRedis::Sentinel(redis) => Ok(redis),
+            TaskRedis::Cluster(_) => bail!("this fault needs the Sentinel stack, and this one runs a Redis Cluster"),
+        }
+    }
+
+    fn cluster(&mut self) -> anyhow::Result<&mut RedisCluster> {
+        match self {
+            TaskRedis::Cluster(cluster) => Ok(cluster),
+            TaskRedis::Sentinel(_) => bail!("this fault needs the Redis Cluster stack, and this one runs Sentinels"),
+        }
+    }
+}
+
+/// The slot of the load's task lane (every task of a capability is in one
+/// lane: its queues, its tasks' hashes), read from a task the routers
+/// accepted: the cluster faults' target, so they hit the load's keys.
+fn load_slot(load: &Load) -> anyhow::Result<u16> {
+    let accepted = load
+        .tally
+        .accepted
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let task_id = accepted
+        .last()
+        .context("no task accepted yet: the load has no lane to aim at")?;
+    let lane = agent_reach_task_store::store::lane_of(task_id);
+    Ok(agent_reach_stores::slot::key_slot(
+        agent_reach_stores::slot::spread_tag("q", lane, agent_reach_task_store::store::LANES).as_bytes(),
+    ))
+}
+
 struct Stack {
     logs: PathBuf,
     etcd: EtcdCluster,
-    redis: RedisSentinels,
+    redis: TaskRedis,
     registries: Vec<Service>,
     routers: Vec<Service>,
     agents: Vec<Process>,
@@ -519,7 +588,7 @@ fn token(name: &str) -> anyhow::Result<String> {
 }
 
 impl Stack {
-    async fn start(args: &Args, logs: &Path, netns: Result<Netns, String>) -> anyhow::Result<Self> {
+    async fn start(args: &Args, logs: &Path, netns: Result<Netns, String>, cluster: bool) -> anyhow::Result<Self> {
         // With a namespace, the registries and routers listen on its veth's host
         // address (reachable from the host and from inside), etcd and Redis on loopback.
         let service_ip = netns
@@ -563,7 +632,11 @@ impl Stack {
         std::fs::write(&keys, &jwks.stdout)?;
 
         let etcd = tokio::task::spawn_blocking(EtcdCluster::start).await?;
-        let redis = tokio::task::spawn_blocking(RedisSentinels::start).await?;
+        let redis = if cluster {
+            TaskRedis::Cluster(tokio::task::spawn_blocking(RedisCluster::start).await?)
+        } else {
+            TaskRedis::Sentinel(tokio::task::spawn_blocking(RedisSentinels::start).await?)
+        };
         let auth = vec!["--acl".to_string(), acl, "--auth-hs256-secret-file".to_string(), secret];
         let mut registries = Vec::new();
         for index in 0..2 {
@@ -1124,41 +1197,67 @@ async fn inject(stack: &mut Stack, fault: Fault, args: &Args, load: &Load) -> an
             stack.etcd.restart(victim);
         }
         Fault::RedisPrimary => {
-            let old = stack.redis.primary_port().context("no Redis primary")?;
-            stack.redis.kill_server(old);
+            let redis = stack.redis.sentinels()?;
+            let old = redis.primary_port().context("no Redis primary")?;
+            redis.kill_server(old);
             let mut new = None;
             if !wait_until(RECOVERY_BOUND, || {
-                new = stack.redis.primary_port().filter(|port| *port != old);
-                new.is_some_and(|port| stack.redis.role(port).as_deref() == Some("master"))
+                new = redis.primary_port().filter(|port| *port != old);
+                new.is_some_and(|port| redis.role(port).as_deref() == Some("master"))
             }) {
                 bail!("the Sentinels did not promote the replica");
             }
             let new = new.context("no new primary")?;
-            stack.redis.restart_server_as_replica(old, new);
-            let _ = stack.redis.wait_replicated(new, old);
+            redis.restart_server_as_replica(old, new);
+            let _ = redis.wait_replicated(new, old);
         }
         Fault::RedisReplica => {
-            let primary = stack.redis.primary_port().context("no Redis primary")?;
+            let primary = stack.redis.sentinels()?.primary_port().context("no Redis primary")?;
             let replica = stack
                 .redis
+                .sentinels()?
                 .server_ports()
                 .into_iter()
                 .find(|port| *port != primary)
                 .context("no Redis replica")?;
-            stack.redis.kill_server(replica);
+            stack.redis.sentinels()?.kill_server(replica);
             tokio::time::sleep(Duration::from_secs(5)).await;
-            stack.redis.restart_server_as_replica(replica, primary);
-            let _ = stack.redis.wait_replicated(primary, replica);
+            stack.redis.sentinels()?.restart_server_as_replica(replica, primary);
+            let _ = stack.redis.sentinels()?.wait_replicated(primary, replica);
         }
         Fault::RedisOutage => {
-            let ports = stack.redis.server_ports();
+            let ports = stack.redis.sentinels()?.server_ports();
             for port in ports {
-                stack.redis.freeze_server(port);
+                stack.redis.sentinels()?.freeze_server(port);
             }
             tokio::time::sleep(Duration::from_secs(10)).await;
             for port in ports {
-                stack.redis.thaw_server(port);
+                stack.redis.sentinels()?.thaw_server(port);
             }
+        }
+        Fault::ClusterPrimaryKill => {
+            let slot = load_slot(load)?;
+            // Blocking (the cluster's own failover, then its rejoin): in place,
+            // the load's tasks go on on the other workers.
+            let cluster = stack.redis.cluster()?;
+            let killed = tokio::task::block_in_place(|| cluster.kill_primary_of(slot).0);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            // It rejoins as a replica of the node that took its slots.
+            let cluster = stack.redis.cluster()?;
+            tokio::task::block_in_place(|| cluster.restart(killed));
+        }
+        Fault::ClusterReshard => {
+            let slot = load_slot(load)?;
+            let cluster = stack.redis.cluster()?;
+            let moved = tokio::task::block_in_place(|| {
+                let target = cluster
+                    .primaries()
+                    .into_iter()
+                    .find(|port| Some(*port) != cluster.owner_of(slot));
+                target.map(|target| cluster.migrate_slot(slot, target, 10))
+            });
+            let moved = moved.context("the cluster has one primary: nowhere to move the slot")?;
+            println!("chaos: cluster-reshard: slot {slot} moved with {moved} keys");
         }
     }
     Ok(())
@@ -1292,30 +1391,56 @@ async fn driver(args: Args) -> anyhow::Result<()> {
         }
         Err(_) => {}
     }
-    let mut stack = Stack::start(&args, &logs, netns).await?;
-    println!(
-        "chaos: etcd x3, Redis primary + replica + 3 Sentinels, 2 registries, 2 routers, {} agents up in {:.1} s; \
-         {} calls/s and {} tasks/s; {} s of steady load around each fault",
-        args.agents,
-        started.elapsed().as_secs_f64(),
-        args.call_rate,
-        args.task_rate,
-        steady.as_secs()
-    );
+    // The Sentinel faults on one stack, then the Redis Cluster ones on a
+    // second whose routers keep their tasks in a cluster (its own directory).
+    let (on_sentinels, on_cluster): (Vec<Fault>, Vec<Fault>) =
+        faults.into_iter().partition(|fault| !fault.on_cluster());
+    let mut netns = Some(netns);
     let mut rows = Vec::new();
-    for fault in faults {
-        let row = run_fault(&mut stack, &args, fault, steady).await?;
+    let mut partition = String::new();
+    for (group, cluster) in [(on_sentinels, false), (on_cluster, true)] {
+        if group.is_empty() {
+            continue;
+        }
+        let stack_logs = if cluster { logs.join("cluster") } else { logs.clone() };
+        std::fs::create_dir_all(&stack_logs)?;
+        let netns = netns
+            .take()
+            .filter(|_| !cluster)
+            .unwrap_or_else(|| Err("not needed: agent-partition runs on the Sentinel stack".to_string()));
+        let stack_started = Instant::now();
+        let mut stack = Stack::start(&args, &stack_logs, netns, cluster).await?;
         println!(
-            "chaos: {}: calls {}/{} answered, tasks {} accepted, {} lost",
-            fault.name(),
-            row.calls_answered,
-            row.calls_sent,
-            row.tasks_accepted,
-            row.lost
+            "chaos: etcd x3, {}, 2 registries, 2 routers, {} agents up in {:.1} s; \
+             {} calls/s and {} tasks/s; {} s of steady load around each fault",
+            if cluster {
+                "a Redis Cluster (3 primaries, a replica each)"
+            } else {
+                "Redis primary + replica + 3 Sentinels"
+            },
+            args.agents,
+            stack_started.elapsed().as_secs_f64(),
+            args.call_rate,
+            args.task_rate,
+            steady.as_secs()
         );
-        rows.push(row);
+        for fault in group {
+            let row = run_fault(&mut stack, &args, fault, steady).await?;
+            println!(
+                "chaos: {}: calls {}/{} answered, tasks {} accepted, {} lost",
+                fault.name(),
+                row.calls_answered,
+                row.calls_sent,
+                row.tasks_accepted,
+                row.lost
+            );
+            rows.push(row);
+        }
+        if !cluster {
+            partition = stack.partition_method();
+        }
     }
-    print_table(&rows, &args, &stack.partition_method());
+    print_table(&rows, &args, &partition);
     let lost: usize = rows.iter().map(|row| row.lost).sum();
     println!(
         "\nchaos: {} faults in {:.0} s; {lost} tasks lost{}",
@@ -1327,7 +1452,6 @@ async fn driver(args: Args) -> anyhow::Result<()> {
             String::new()
         }
     );
-    drop(stack);
     if lost > 0 {
         bail!("{lost} accepted tasks were lost");
     }
