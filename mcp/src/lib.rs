@@ -645,7 +645,7 @@ fn discover() -> Value {
 
 const INSTRUCTIONS: &str = "Each tool is an Agent-Reach capability this token may call; calls are schema-checked, \
                             load-balanced and retried by the router. A failed call is a tool error whose \
-                            structuredContent.error.code is the router's stable code.";
+                            _meta[\"agent-reach/error\"].code is the router's stable code.";
 
 /// The handshake: the client's revision when served, else our newest.
 fn initialize(params: &Value) -> Value {
@@ -731,14 +731,30 @@ fn list_tools(service: &RouterService, caller: &Caller, era: Era) -> Value {
     listed
 }
 
-/// A tool error: the stable code and message, in the text and the structured content.
-fn tool_error(error: &RouterError) -> Value {
+/// A tool error: the stable code and message as text, the error envelope
+/// in `_meta["agent-reach/error"]` and, for a tool that declares no
+/// `outputSchema`, as `structuredContent.error` too. A tool with one gets no
+/// `structuredContent` on an error: the spec has structured content conform
+/// to the tool's output schema (the TypeScript client checks it, error or not).
+fn tool_error(error: &RouterError, structured: bool) -> Value {
     let envelope = error.envelope_error();
-    json!({
+    let mut result = json!({
         "isError": true,
         "content": [{ "type": "text", "text": format!("{}: {}", envelope.code, envelope.message) }],
-        "structuredContent": { "error": envelope },
-    })
+        "_meta": { "agent-reach/error": envelope },
+    });
+    if structured {
+        result["structuredContent"] = json!({ "error": envelope });
+    }
+    result
+}
+
+/// Whether `capability`'s tool is listed with an `outputSchema` (an unknown
+/// capability has none).
+fn declares_output(service: &RouterService, capability: &str) -> bool {
+    service
+        .offered(capability)
+        .is_some_and(|offered| schema_value(&offered.described.output_schema) != Value::Bool(true))
 }
 
 /// A `tools/call` checked and turned into the capability's call.
@@ -747,6 +763,8 @@ struct Prepared {
     request_id: String,
     /// The capability's output is not an object's: it is offered as `{"result": …}`.
     wraps_output: bool,
+    /// Its tool has no `outputSchema`: an error may carry structured content.
+    structured_errors: bool,
 }
 
 /// The call a `tools/call` asks for: `Ok(Err(tool error))` when refused
@@ -766,7 +784,7 @@ fn prepare_call(
     };
     // Authorised first, as on `/v1/invoke`: a caller learns nothing of tools it may not call.
     if let Err(error) = service.admission().authorize(caller, name) {
-        return Ok(Err(tool_error(&error)));
+        return Ok(Err(tool_error(&error, !declares_output(service, name))));
     }
     let Some(offered) = service.offered(name) else {
         return Err((
@@ -791,12 +809,13 @@ fn prepare_call(
     let request_id = trace::new_request_id();
     let checked = match envelope::call(name, payload, request_id.clone(), None) {
         Ok(checked) => checked,
-        Err(error) => return Ok(Err(tool_error(&error))),
+        Err(error) => return Ok(Err(tool_error(&error, !declares_output(service, name)))),
     };
     Ok(Ok(Prepared {
         checked,
         request_id,
         wraps_output,
+        structured_errors: schema_value(&offered.described.output_schema) == Value::Bool(true),
     }))
 }
 
@@ -832,6 +851,7 @@ async fn call_tool(
         checked,
         request_id,
         wraps_output,
+        structured_errors,
     } = match prepare_call(service, caller, params)? {
         Ok(prepared) => prepared,
         Err(error) => return Ok(error),
@@ -841,7 +861,7 @@ async fn call_tool(
         Ok(success) => {
             let output = match success.output_value() {
                 Ok(output) => output,
-                Err(error) => return Ok(tool_error(&error)),
+                Err(error) => return Ok(tool_error(&error, structured_errors)),
             };
             let meta = (
                 success.agent_id.as_str(),
@@ -850,7 +870,7 @@ async fn call_tool(
             );
             Ok(tool_result(output, wraps_output, &request_id, meta))
         }
-        Err(failure) => Ok(tool_error(&failure.error)),
+        Err(failure) => Ok(tool_error(&failure.error, structured_errors)),
     }
 }
 
@@ -870,6 +890,7 @@ async fn call_tool_streamed(request: &Request<'_>, prepared: Prepared, id: Value
         checked,
         request_id,
         wraps_output,
+        structured_errors,
     } = prepared;
     let call = Call::begin(Door::Mcp, caller.clone(), checked, headers, received);
     let opened = match service.stream(call).await {
@@ -877,7 +898,7 @@ async fn call_tool_streamed(request: &Request<'_>, prepared: Prepared, id: Value
         Err(failure) => {
             return answer(
                 StatusCode::OK,
-                rpc_result(id, completed(tool_error(&failure.error), era)),
+                rpc_result(id, completed(tool_error(&failure.error, structured_errors), era)),
             )
         }
     };
@@ -920,7 +941,7 @@ async fn call_tool_streamed(request: &Request<'_>, prepared: Prepared, id: Value
                         completed(tool_result(output, wraps_output || !whole, &request_id, meta), era),
                     )
                 }
-                Item::End(Err(error)) => rpc_result(id, completed(tool_error(&error), era)),
+                Item::End(Err(error)) => rpc_result(id, completed(tool_error(&error, structured_errors), era)),
             };
             Some((Ok(agent_reach_serving::sse::data(&message.to_string())), (None, items)))
         }

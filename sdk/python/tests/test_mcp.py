@@ -109,15 +109,19 @@ def test_an_mcp_client_lists_and_calls_the_capabilities_its_token_may_call(
         # Failures are tool errors carrying the router's stable code.
         bad = await mcp.call_tool("test.mcp_price", {"order_id": "SO-1", "count": 0})
         assert bad.is_error
-        assert bad.structured_content is not None
-        assert bad.structured_content["error"]["code"] == "SCHEMA_MISMATCH"
+        # The envelope is in _meta: the tool declares an outputSchema, which an error's content would not match.
+        assert bad.structured_content is None
+        assert bad.meta is not None
+        assert bad.meta["agent-reach/error"]["code"] == "SCHEMA_MISMATCH"
         assert bad.content[0].type == "text"
         assert "SCHEMA_MISMATCH" in bad.content[0].text
         missing = await mcp.call_tool("test.mcp_price", {"order_id": "SO-404"})
         assert missing.is_error
-        assert missing.structured_content is not None
-        assert missing.structured_content["error"]["code"] == "AGENT_ERROR"
-        assert "ORDER_NOT_FOUND" in str(missing.structured_content["error"])
+        # The envelope is in _meta: the tool declares an outputSchema, which an error's content would not match.
+        assert missing.structured_content is None
+        assert missing.meta is not None
+        assert missing.meta["agent-reach/error"]["code"] == "AGENT_ERROR"
+        assert "ORDER_NOT_FOUND" in str(missing.meta["agent-reach/error"])
 
     asyncio.run(session(stack, "tester", as_tester, mode))
 
@@ -127,8 +131,10 @@ def test_an_mcp_client_lists_and_calls_the_capabilities_its_token_may_call(
         assert not any(name.startswith("test.") for name in names), names
         refused = await mcp.call_tool("test.mcp_price", {"order_id": "SO-1"})
         assert refused.is_error
-        assert refused.structured_content is not None
-        assert refused.structured_content["error"]["code"] == "FORBIDDEN"
+        # The envelope is in _meta: the tool declares an outputSchema, which an error's content would not match.
+        assert refused.structured_content is None
+        assert refused.meta is not None
+        assert refused.meta["agent-reach/error"]["code"] == "FORBIDDEN"
 
     asyncio.run(session(stack, "demo_user", as_demo_user, mode))
 
@@ -186,8 +192,10 @@ def test_a_streaming_capability_reports_each_event_as_mcp_progress(
         # A failure after the first event is a tool error with the stable code.
         failed = await mcp.call_tool("test.mcp_tokens", {"text": "fail"}, progress_callback=on_progress)
         assert failed.is_error
-        assert failed.structured_content is not None
-        assert failed.structured_content["error"]["code"] == "AGENT_ERROR"
+        # The envelope is in _meta: the tool declares an outputSchema, which an error's content would not match.
+        assert failed.structured_content is None
+        assert failed.meta is not None
+        assert failed.meta["agent-reach/error"]["code"] == "AGENT_ERROR"
         # Without a progress callback the items arrive collected, as before.
         collected = await mcp.call_tool("test.mcp_tokens", {"text": "one"})
         assert collected.structured_content == {"result": [{"token": "one"}]}
