@@ -128,19 +128,33 @@ async fn nothing_acknowledged_is_lost(store: &Arc<dyn ContextStore>, ids: &[Stri
     }
 }
 
+/// Creates every context before the load. A create whose `WAIT` fell short
+/// (a replica still catching up on a loaded box) may or may not have landed,
+/// as the error says: it is written again until acknowledged, and an id the
+/// first write took counts as created (bounded: 20 s per id).
 async fn create_all(store: &Arc<dyn ContextStore>, ids: &[String]) {
     for id in ids {
-        store
-            .create(
-                id,
-                &NewContext {
-                    tier: Tier::Default,
-                    owner: "writer".into(),
-                    fields: counter(0),
-                },
-            )
-            .await
-            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let created = store
+                .create(
+                    id,
+                    &NewContext {
+                        tier: Tier::Default,
+                        owner: "writer".into(),
+                        fields: counter(0),
+                    },
+                )
+                .await;
+            match created {
+                Ok(_) | Err(StoreError::Exists) => break,
+                Err(StoreError::Unavailable(why)) if Instant::now() < deadline => {
+                    eprintln!("create {id}: {why}; writing again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("create {id}: {error}"),
+            }
+        }
     }
 }
 
