@@ -17,9 +17,10 @@
 //! - events/s at `--streams` (32) concurrent streams, each stream
 //!   `--events` (100) events the agent writes as fast as it can, a stream
 //!   counted once it ended with every event: the router's must be ≥ nginx's;
-//! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) must
-//!   reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent, each
-//!   side's rate the mean of three windows taken in turn with the other's.
+//! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) and
+//!   the same message over the REST binding (`POST …/v1/message:send`) must
+//!   each reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent,
+//!   each side's rate the mean of three windows taken in turn with the others'.
 //!
 //! `--smoke` (CI): the same stack and every measurement against every
 //! target, one round of 1 s without warm-ups on 4 streams of 10 events and 4
@@ -398,8 +399,27 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     if !check.contains("\"result\"") {
         bail!("A2A SendMessage failed: {check}");
     }
+    // The same message over the REST binding (the request's params as the body).
+    let rest_body = json!({
+        "message": { "messageId": "m-1", "role": "ROLE_USER", "parts": [{ "data": { "order_id": "SO-2024001" } }] }
+    })
+    .to_string();
+    let rest_url = format!("{}/a2a/{JSON_CAPABILITY}/v1/message:send", router_process.url);
+    let rest_check = client
+        .post(&rest_url)
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(rest_body.clone())
+        .send()
+        .await?
+        .text()
+        .await?;
+    if !rest_check.contains("\"message\"") {
+        bail!("REST message:send failed: {rest_check}");
+    }
     let invoke_script = support::wrk_post_script(&files, "invoke.lua", &invoke_body, &token)?;
     let a2a_script = support::wrk_post_script(&files, "a2a.lua", &send_body, &token)?;
+    let rest_script = support::wrk_post_script(&files, "rest.lua", &rest_body, &token)?;
 
     let duration = Duration::from_secs(args.duration_s);
     run.announce("protocols-bench");
@@ -418,7 +438,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     );
     let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
-    let (mut invoke_rates, mut a2a_rates) = (Vec::new(), Vec::new());
+    let (mut invoke_rates, mut a2a_rates, mut rest_rates) = (Vec::new(), Vec::new(), Vec::new());
     let measuring = |measure| args.only.contains(&measure);
     for round in 1..=args.rounds {
         // The first events, all targets in turn (as long in all as the three
@@ -467,22 +487,26 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         if let Some(warm_up) = run.warm_up(Duration::from_secs(1)) {
             let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, warm_up.as_secs());
+            let _ = wrk_requests_per_s(&rest_script, &rest_url, args.connections, warm_up.as_secs());
         }
         let windows = WRK_WINDOWS.min(args.duration_s.max(1));
         let window_s = (args.duration_s / windows).max(1);
-        let (mut invoke, mut a2a) = (0.0, 0.0);
+        let (mut invoke, mut a2a, mut rest) = (0.0, 0.0, 0.0);
         for _ in 0..windows {
             invoke += wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, window_s)? / windows as f64;
             a2a += wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, window_s)? / windows as f64;
+            rest += wrk_requests_per_s(&rest_script, &rest_url, args.connections, window_s)? / windows as f64;
         }
         println!(
-            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), {} conns",
+            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), {} conns",
             "router",
             a2a / invoke,
+            rest / invoke,
             args.connections
         );
         invoke_rates.push(invoke);
         a2a_rates.push(a2a);
+        rest_rates.push(rest);
     }
     println!("\nmedian of {} round(s):", args.rounds);
     let mut p50 = |name: &str| median(first.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
@@ -504,13 +528,23 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         run.verdict(router_rate >= nginx_rate, (" -> MET", " -> NOT MET"))
         );
     }
-    let (invoke, a2a) = (median(&mut invoke_rates), median(&mut a2a_rates));
+    let (invoke, a2a, rest) = (
+        median(&mut invoke_rates),
+        median(&mut a2a_rates),
+        median(&mut rest_rates),
+    );
     if measuring(Measure::A2a) {
         println!(
             "A2A SendMessage {a2a:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x){}",
             args.connections,
             a2a / invoke,
             run.verdict(a2a >= 0.9 * invoke, (" -> MET", " -> NOT MET"))
+        );
+        println!(
+            "A2A REST message:send {rest:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x){}",
+            args.connections,
+            rest / invoke,
+            run.verdict(rest >= 0.9 * invoke, (" -> MET", " -> NOT MET"))
         );
     }
     drop(etcd);
