@@ -74,7 +74,11 @@ const LIST_PAGE: usize = 50;
 pub fn routes(api: TaskApi) -> axum::Router {
     axum::Router::new()
         .route("/a2a/{capability}", post(rpc))
-        .route("/a2a/{capability}/v1/{*route}", get(rest).post(rest).delete(rest))
+        // Every method reaches the binding: one it does not serve is its 404, not a bare 405.
+        .route(
+            "/a2a/{capability}/v1/{*route}",
+            get(rest).post(rest).delete(rest).fallback(rest),
+        )
         .route("/a2a/{capability}/.well-known/agent-card.json", get(card))
         .route("/.well-known/agent-card.json", get(root_card))
         .with_state(api)

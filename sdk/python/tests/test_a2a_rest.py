@@ -173,6 +173,7 @@ def test_rest_errors_are_google_rpc_statuses(stack: Stack, agent: Agent) -> None
     )
     assert status(httpx.get(url(stack, PRICE, "nothing/here"), headers=headers))[:2] == (404, "NOT_FOUND")
     assert status(httpx.delete(url(stack, PRICE, "tasks/t_nope"), headers=headers))[:2] == (404, "NOT_FOUND")
+    assert status(httpx.put(url(stack, PRICE, "tasks"), json={}, headers=headers))[:2] == (404, "NOT_FOUND")
     assert status(httpx.get(url(stack, PRICE, "tasks?pagesize=5"), headers=headers))[:2] == (400, "INVALID_ARGUMENT")
     assert status(httpx.get(url(stack, PRICE, "tasks?pageSize=0"), headers=headers))[:2] == (400, "INVALID_ARGUMENT")
     assert status(httpx.get(url(stack, PRICE, "tasks/t_x?historyLength=-1"), headers=headers))[:2] == (
