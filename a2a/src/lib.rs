@@ -21,7 +21,8 @@
 //! durable task's; `GetTask`, `ListTasks`, `CancelTask` and
 //! `SubscribeToTask` (SSE) read and cancel it, for the caller that submitted
 //! it only; a push-notification config is the task's signed callback (one per
-//! task, its id the client's, its token and authentication sent back). Without `--redis` the card says
+//! task, its id the client's, its token and authentication sent back, its
+//! notification the task as a `StreamResponse`). Without `--redis` the card says
 //! `pushNotifications: false` and those methods answer A2A's errors.
 
 use std::borrow::Cow;
@@ -72,6 +73,10 @@ const LIST_PAGE: usize = 50;
 
 /// `/a2a/{capability}`, its card, and the root card.
 pub fn routes(api: TaskApi) -> axum::Router {
+    // A push config's notification is the task as a `StreamResponse` (spec §4.3.3).
+    api.set_a2a_notifications(std::sync::Arc::new(|task: &agent_reach_task_store::Task| {
+        json!({ "task": task_value(task, Wire::V1, Shown::WHOLE) }).to_string()
+    }));
     axum::Router::new()
         .route("/a2a/{capability}", post(rpc))
         // Every method reaches the binding: one it does not serve is its 404, not a bare 405.

@@ -157,9 +157,15 @@ pub enum CallbackOutcome {
     Dropped,
 }
 
+/// How the notification of a callback set through A2A (`Callback::a2a`) is
+/// written: the task as the protocol's `StreamResponse` (set by the A2A door,
+/// which owns the protocol's shapes; until it is, the result envelope).
+pub type NotificationBody = std::sync::Arc<dyn Fn(&crate::model::Task) -> String + Send + Sync>;
+
 pub struct Deliverer {
     config: CallbackConfig,
     http: reqwest::Client,
+    a2a_body: std::sync::OnceLock<NotificationBody>,
 }
 
 impl Deliverer {
@@ -170,7 +176,11 @@ impl Deliverer {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|error| format!("cannot build the callback client: {error}"))?;
-        Ok(Self { config, http })
+        Ok(Self {
+            config,
+            http,
+            a2a_body: std::sync::OnceLock::new(),
+        })
     }
 
     fn secret(&self, callback: &Callback) -> Result<&[u8], CallbackError> {
@@ -235,7 +245,10 @@ impl Deliverer {
             return Ok(CallbackOutcome::Dropped);
         };
         let attempt = store.count_callback_attempt(task_id).await?;
-        let body = task.result.as_ref().map(Value::to_string).unwrap_or_default();
+        let body = match (&callback.a2a, self.a2a_body.get()) {
+            (Some(_), Some(write)) => write(&task),
+            _ => task.result.as_ref().map(Value::to_string).unwrap_or_default(),
+        };
         let outcome = match self.attempt(callback, task_id, &body).await {
             Ok(()) => CallbackOutcome::Delivered { attempt },
             Err(error) => match self
@@ -264,6 +277,12 @@ impl Deliverer {
         Ok(outcome)
     }
 
+    /// Sets how A2A push notifications are written (the first setting holds;
+    /// `false` when one was set already).
+    pub fn set_a2a_body(&self, body: NotificationBody) -> bool {
+        self.a2a_body.set(body).is_ok()
+    }
+
     /// The waits between attempts (attempts = waits + 1).
     pub fn schedule(&self) -> &[Duration] {
         &self.config.schedule
@@ -275,10 +294,15 @@ impl Deliverer {
         self.check_target(&callback.url)
             .await
             .map_err(|error| error.to_string())?;
+        // An A2A notification is the protocol's object (spec §4.3.3's media type).
+        let media_type = match (&callback.a2a, self.a2a_body.get()) {
+            (Some(_), Some(_)) => "application/a2a+json",
+            _ => "application/json",
+        };
         let mut request = self
             .http
             .post(&callback.url)
-            .header("content-type", "application/json")
+            .header("content-type", media_type)
             .header(TASK_HEADER, task_id)
             .header(SIGNATURE_HEADER, sign(secret, unix_now(), body.as_bytes()));
         // What an A2A push config asked to be sent back (checked header-safe when it was set).

@@ -14,7 +14,7 @@ pub mod callback;
 pub mod model;
 pub mod store;
 
-pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer};
+pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer, NotificationBody};
 pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, State, Task, Transition};
 pub use store::{
     new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported,

@@ -33,6 +33,15 @@ impl TaskApi {
         self.enabled().is_ok()
     }
 
+    /// How the notifications of push configs set through A2A are written
+    /// (the protocol's `StreamResponse`); nothing without the slow path.
+    pub fn set_a2a_notifications(&self, body: agent_reach_task_store::NotificationBody) {
+        if let Ok(tasks) = self.enabled() {
+            // Set once per task service (every tenant's door asks; the first holds).
+            let _ = tasks.deliverer.set_a2a_body(body);
+        }
+    }
+
     /// Submits an admitted call (its caller already authorised for the
     /// capability) as a durable task, as `POST /v1/tasks` does: the
     /// submission rate limit, the callback's checks, then the store (or the

@@ -301,6 +301,11 @@ def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, r
             expected = hmac.new(secret, f"{fields['t']}.".encode() + body, hashlib.sha256).hexdigest()
             assert hmac.compare_digest(fields["v1"], expected)
             assert b'"total_cents":700' in body
+            # The notification is the task as a StreamResponse (spec §4.3.3).
+            assert headers["content-type"] == "application/a2a+json"
+            notified = json.loads(body)["task"]
+            assert notified["id"] == headers["x-agent-reach-task-id"]
+            assert notified["status"]["state"] == "TASK_STATE_COMPLETED"
         # The second task's config asked for its token and credentials back.
         headers, _ = by_task[ids[1]]
         assert headers["x-a2a-notification-token"] == "t0k"
