@@ -237,22 +237,26 @@ fn query_params(method: &str, query: Option<&str>, params: &mut Map<String, Valu
     Ok(())
 }
 
-/// `%XX` escapes decoded; `None` for a broken escape or bytes that are not UTF-8.
+/// `%XX` escapes decoded (`percent-encoding`); `None` for a broken escape
+/// or bytes that are not UTF-8.
 fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        if bytes[at] == b'%' {
-            let hex = text.get(at + 1..at + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            at += 3;
-        } else {
-            out.push(bytes[at]);
-            at += 1;
-        }
+    let escapes_whole = bytes
+        .iter()
+        .enumerate()
+        .filter(|(_, byte)| **byte == b'%')
+        .all(|(at, _)| {
+            bytes
+                .get(at + 1..at + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+        });
+    if !escapes_whole {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|decoded| decoded.into_owned())
 }
 
 /// A JSON-RPC answer as the REST binding's: its result as the body, its

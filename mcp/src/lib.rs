@@ -597,36 +597,28 @@ fn check_modern(headers: &HeaderMap, method: &str, params: &Value, id: &Value) -
             ),
         ));
     }
-    match headers.value("mcp-method").map(header_text) {
-        None => return Err(header_mismatch(id.clone(), "the Mcp-Method header is missing".into())),
-        Some(Some(named)) if named == method => {}
-        Some(named) => {
-            return Err(header_mismatch(
-                id.clone(),
-                format!(
-                    "Mcp-Method header value `{}` does not match body value `{method}`",
-                    named.unwrap_or_else(|| "(not a header-safe value)".into())
-                ),
-            ))
-        }
-    }
+    mirrored(headers, "Mcp-Method", method, id)?;
     if method == "tools/call" {
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
-        match headers.value("mcp-name").map(header_text) {
-            None => return Err(header_mismatch(id.clone(), "the Mcp-Name header is missing".into())),
-            Some(Some(named)) if named == name => {}
-            Some(named) => {
-                return Err(header_mismatch(
-                    id.clone(),
-                    format!(
-                        "Mcp-Name header value `{}` does not match body value `{name}`",
-                        named.unwrap_or_else(|| "(not a header-safe value)".into())
-                    ),
-                ))
-            }
-        }
+        mirrored(headers, "Mcp-Name", name, id)?;
     }
     Ok(())
+}
+
+/// The `header` mirroring `body` (its Base64 sentinel decoded) is there and
+/// equal to it; else 400 `-32020` HeaderMismatch naming both.
+fn mirrored(headers: &HeaderMap, header: &str, body: &str, id: &Value) -> Result<(), Reply> {
+    match headers.value(&header.to_ascii_lowercase()).map(header_text) {
+        None => Err(header_mismatch(id.clone(), format!("the {header} header is missing"))),
+        Some(Some(named)) if named == body => Ok(()),
+        Some(named) => Err(header_mismatch(
+            id.clone(),
+            format!(
+                "{header} header value `{}` does not match body value `{body}`",
+                named.unwrap_or_else(|| "(not a header-safe value)".into())
+            ),
+        )),
+    }
 }
 
 /// How long a client may keep `tools/list` or `server/discover` (2026-07-28 caching).
