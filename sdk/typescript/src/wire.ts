@@ -53,6 +53,17 @@ export interface InvokeResult<T = unknown> {
   envelope: Record<string, unknown>;
 }
 
+/**
+ * What serving a call cost an agent (DESIGN §9 `usage`), sent beside its output: `cost` in
+ * the abstract unit a delegation budget counts, the model's tokens and its name.
+ */
+export interface Usage {
+  cost: number;
+  input_tokens?: number;
+  output_tokens?: number;
+  model?: string;
+}
+
 /** The router's `event: result` ending a stream (the result envelope without `output`). */
 export interface StreamResult {
   requestId: string;

@@ -42,6 +42,7 @@ class Ctx:
 
     __slots__ = (
         "_links",
+        "_usage",
         "attempt",
         "capability",
         "capability_version",
@@ -89,6 +90,39 @@ class Ctx:
         #: The tenant the router's assertion names (None when unverified).
         self.tenant = tenant
         self._links = links
+        self._usage: dict[str, Any] | None = None
+
+    def report_usage(
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        model: str | None = None,
+        cost: float | None = None,
+    ) -> None:
+        """Reports what serving this call cost (DESIGN §9 ``usage``): model tokens, the model,
+        and ``cost`` in the abstract unit a delegation budget counts (default: the tokens'
+        sum). Sent beside the output, it appears on the router's and this agent's
+        ``invoke_agent`` spans (``gen_ai.usage.input_tokens``/``output_tokens``,
+        ``gen_ai.request.model``) and in the router's ``agent_reach_model_tokens_total``.
+        Several reports add up (the later model wins). Not sent with a streamed answer."""
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"report_usage: {name} must be a non-negative int, not {value!r}")
+        spent = float(cost) if cost is not None else float((input_tokens or 0) + (output_tokens or 0))
+        usage: dict[str, Any] = self._usage if self._usage is not None else {"cost": 0.0}
+        usage["cost"] = usage["cost"] + spent
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if value is not None:
+                usage[name] = usage.get(name, 0) + value
+        if model is not None:
+            usage["model"] = model
+        self._usage = usage
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """What :meth:`report_usage` reported so far (``{cost, input_tokens?, output_tokens?, model?}``)."""
+        return dict(self._usage) if self._usage is not None else None
 
     @property
     def trace_id(self) -> str | None:

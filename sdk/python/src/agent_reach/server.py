@@ -267,10 +267,11 @@ async def serve_invoke(
         except ValidationError as error:
             answer = _schema_mismatch(handler, error)
         else:
+            reporter: Ctx | None = None
             if handler.ctx_first is None:
                 arguments: tuple[Any, ...] = (value,)
             else:
-                ctx = Ctx(
+                reporter = Ctx(
                     request_id=request_id,
                     session_id=session_id,
                     context_id=context_id,
@@ -284,14 +285,15 @@ async def serve_invoke(
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
                 )
-                arguments = (ctx, value) if handler.ctx_first else (value, ctx)
+                arguments = (reporter, value) if handler.ctx_first else (value, reporter)
             if state.spans:
                 with tracing.server_span(
-                    traceparent, {"capability": capability, "request_id": request_id, "agent_id": state.agent_id}
-                ):
-                    answer = await _run(state, handler, arguments, deadline)
+                    traceparent, capability, state.agent_id, session_id, {"request_id": request_id}
+                ) as span:
+                    answer = await _run(state, handler, arguments, deadline, reporter)
+                    tracing.record_usage(span, reporter.usage if reporter is not None else None)
             else:
-                answer = await _run(state, handler, arguments, deadline)
+                answer = await _run(state, handler, arguments, deadline, reporter)
     finally:
         logs.unbind(fields)
         state.inflight -= 1
@@ -360,8 +362,11 @@ class Deadlines:
         self._check = loop.call_later(self.GRANULARITY_S, self._expire, loop) if self._running else None
 
 
-async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], deadline_ms: int) -> Answer:
-    """Runs the handler until the deadline and turns what happened into the answer."""
+async def _run(
+    state: AgentState, handler: Handler, arguments: tuple[Any, ...], deadline_ms: int, ctx: Ctx | None
+) -> Answer:
+    """Runs the handler until the deadline and turns what happened into the answer (with the
+    usage it reported through ``ctx``, DESIGN §9, beside the output)."""
     task = asyncio.current_task()
     assert task is not None, "deliveries run in a task"
     deadlines = state.deadlines
@@ -399,6 +404,9 @@ async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], 
     except (ValidationError, ValueError, TypeError) as error:
         logger.error("Handler output does not match its type.", extra={"handler": handler.name, "error": str(error)})
         return _error(500, "INVALID_OUTPUT", f"the handler's output does not match its declared type: {error}")
+    usage = ctx.usage if ctx is not None else None
+    if usage:
+        return Answer(200, b'{"output":' + encoded + b',"usage":' + json.dumps(usage).encode() + b"}", "OK")
     return Answer(200, b'{"output":' + encoded + b"}", "OK")
 
 
