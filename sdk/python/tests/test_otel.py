@@ -69,9 +69,9 @@ def test_spans_continue_the_routers_trace(stack: Stack, start_agent: Callable[..
     assert clients[0].parent is not None
     assert clients[0].parent.span_id == outer_span.context.span_id
     # The usage the inner handler reported (two reports, added up) is on its span.
-    inner = dict(inner_span.attributes or {})
-    assert (inner["gen_ai.usage.input_tokens"], inner["gen_ai.usage.output_tokens"]) == (32, 8)
-    assert inner["gen_ai.request.model"] == "tiny-1"
+    reported = dict(inner_span.attributes or {})
+    assert (reported["gen_ai.usage.input_tokens"], reported["gen_ai.usage.output_tokens"]) == (32, 8)
+    assert reported["gen_ai.request.model"] == "tiny-1"
     assert "gen_ai.usage.input_tokens" not in dict(outer_span.attributes or {})
     # ... and reached the router, which counts it by capability, model and type.
     metrics = httpx.get(f"{stack.router.url}/metrics", timeout=5).text

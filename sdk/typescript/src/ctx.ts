@@ -16,9 +16,11 @@ import {
   invokeBody,
   invokeResult,
   jsonHeaders,
+  listCapabilities,
   nowMs,
   send,
   type CallOptions,
+  type CapabilityOffer,
   type InvokeResult,
   type Priority,
   type Usage,
@@ -152,6 +154,13 @@ export class Ctx {
     const traceparent = this.#span ?? childTraceparent(this.traceparent);
     const headers = jsonHeaders(this.#links.token, { traceparent, accept });
     return { url: `${router.replace(/\/+$/, "")}/v1/invoke`, body, headers, deadlineMs };
+  }
+
+  /** The capabilities this agent may call under the router's `acl.yaml` (e.g. to offer them as a model's tools). */
+  async capabilities(): Promise<CapabilityOffer[]> {
+    const router = this.#links.router;
+    if (router === undefined) throw new TransportError("NO_ROUTER", "this agent was built without a router URL (`router`)");
+    return listCapabilities(router, this.#links.token);
   }
 
   /**
