@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from . import logs, tracing
 from .assertion import Assertion, AssertionRefused, Verifier
-from .ctx import Ctx, Links
+from .ctx import Accepted, Ctx, Links
 from .dedup import Answer, Dedup
 from .errors import AgentReachError, HandlerError
 from .handlers import Handler, validation_details
@@ -178,6 +178,7 @@ async def serve_invoke(
         context_id = envelope.get("context_id")
         source = envelope.get("source")
         priority = envelope.get("priority", "normal")
+        task_id = envelope.get("task_id")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -187,6 +188,7 @@ async def serve_invoke(
             and (session_id is None or type(session_id) is str)
             and (context_id is None or type(context_id) is str)
             and (source is None or type(source) is str)
+            and (task_id is None or type(task_id) is str)
             and priority in _PRIORITIES
         ):
             raise TypeError("a field has the wrong type")
@@ -281,6 +283,7 @@ async def serve_invoke(
                     deadline_ms=deadline,
                     attempt=attempt,
                     priority=Priority(priority),
+                    task_id=task_id,
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
@@ -386,6 +389,10 @@ async def _run(
         if deadlines.done(task):
             return _error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline")
         raise
+    except Accepted:
+        deadlines.done(task)
+        # Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
+        return Answer(202, b'{"accepted":true}', "ACCEPTED")
     except HandlerError as error:
         deadlines.done(task)
         return _error(error.status, error.code, error.message)
