@@ -42,9 +42,20 @@ export interface Traced {
 
 const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
 
+/**
+ * Whether the application registered a tracer provider (the API's global one delegates to
+ * a no-op until it does): checked per delivery, so one registered late is still used, and
+ * an application that installed the API without a provider builds no span at all.
+ */
+function recording(otel: Api): boolean {
+  const provider = otel.trace.getTracerProvider() as { getDelegate?: () => object };
+  const delegate = provider.getDelegate?.() ?? provider;
+  return delegate.constructor.name !== "NoopTracerProvider";
+}
+
 /** A delivery's span: started, or undefined when spans are off (no package, no provider). */
 export function startDelivery(delivery: Traced, agentId: string): DeliverySpan | undefined {
-  if (api === undefined) return undefined;
+  if (api === undefined || !recording(api)) return undefined;
   tracer ??= api.trace.getTracer("agent_reach");
   let parent = api.ROOT_CONTEXT;
   const [, traceId, spanId, flags] = (delivery.traceparent === undefined ? null : TRACEPARENT.exec(delivery.traceparent)) ?? [];
