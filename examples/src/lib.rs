@@ -199,7 +199,7 @@ pub async fn shipping_rules(ctx: Ctx, input: ShippingQuestion) -> Result<Chain, 
     })
 }
 
-/// The model `reply.write` reports its usage under (DESIGN §9 `usage`).
+/// The model `reply.write` reports its usage under (DESIGN §3.5 `usage`).
 pub const REPLY_MODEL: &str = "reply-template-1";
 
 /// Writes the customer-facing reply from what the context says (it may read

@@ -1,4 +1,4 @@
-//! Model usage an agent reports beside its output (DESIGN §9: `usage:
+//! Model usage an agent reports beside its output (DESIGN §3.5: `usage:
 //! {cost, input_tokens?, output_tokens?, model?}`): put on the call's request
 //! span under the OpenTelemetry GenAI conventions' names
 //! (`gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`,
@@ -59,13 +59,16 @@ fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// A model label and its `[input, output]` counters.
+type ModelSeries = (Box<str>, [IntCounter; 2]);
+
 /// One capability's series of `agent_reach_model_tokens_total`.
 #[derive(Clone)]
 pub struct ModelTokens {
     family: IntCounterVec,
     capability: Arc<str>,
-    /// (model label, [input, output] counters), at most `MODELS_PER_CAPABILITY + 1` entries.
-    seen: Arc<Mutex<Vec<(Box<str>, [IntCounter; 2])>>>,
+    /// At most `MODELS_PER_CAPABILITY + 1` entries (`_other` last).
+    seen: Arc<Mutex<Vec<ModelSeries>>>,
 }
 
 impl ModelTokens {

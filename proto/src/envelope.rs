@@ -151,7 +151,7 @@ pub struct AgentOutput {
     pub output: Value,
 }
 
-/// What serving a call cost the agent (DESIGN §9): `usage: {cost,
+/// What serving a call cost the agent (DESIGN §3.5): `usage: {cost,
 /// input_tokens?, output_tokens?, model?}` beside `output` in its answer.
 /// `cost` is the abstract unit a delegation budget counts; the tokens and the
 /// model are what the router's spans (`gen_ai.usage.*`, `gen_ai.request.model`)

@@ -99,7 +99,7 @@ impl Ctx {
         self
     }
 
-    /// Reports what serving this call cost (DESIGN §9 `usage`): model
+    /// Reports what serving this call cost (DESIGN §3.5 `usage`): model
     /// tokens, the model and an abstract cost. Sent beside the output in the
     /// answer, it appears on the router's span (`gen_ai.usage.input_tokens`,
     /// `gen_ai.usage.output_tokens`, `gen_ai.request.model`), on this

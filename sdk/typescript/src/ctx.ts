@@ -98,7 +98,7 @@ export class Ctx {
   }
 
   /**
-   * Reports what serving this call cost (DESIGN §9 `usage`): model tokens, the model, and
+   * Reports what serving this call cost (DESIGN §3.5 `usage`): model tokens, the model, and
    * `cost` in the abstract unit a delegation budget counts (default: the tokens' sum). Sent
    * beside the output, it appears on the router's and this agent's `invoke_agent` spans
    * (`gen_ai.usage.input_tokens`/`output_tokens`, `gen_ai.request.model`) and in the router's

@@ -181,7 +181,7 @@ function runHandler(state: AgentState, handler: Handler, delivery: Delivery, inp
   );
 }
 
-/** The handler's output checked against its type and encoded, with the usage it reported (DESIGN §9) beside it. */
+/** The handler's output checked against its type and encoded, with the usage it reported (DESIGN §3.5) beside it. */
 function output(handler: Handler, value: unknown, ctx: Ctx | undefined): Answer {
   const checked = handler.output.safeParse(value);
   if (!checked.success) {

@@ -54,7 +54,7 @@ export interface InvokeResult<T = unknown> {
 }
 
 /**
- * What serving a call cost an agent (DESIGN §9 `usage`), sent beside its output: `cost` in
+ * What serving a call cost an agent (DESIGN §3.5 `usage`), sent beside its output: `cost` in
  * the abstract unit a delegation budget counts, the model's tokens and its name.
  */
 export interface Usage {

@@ -132,7 +132,7 @@ class Ctx:
         model: str | None = None,
         cost: float | None = None,
     ) -> None:
-        """Reports what serving this call cost (DESIGN §9 ``usage``): model tokens, the model,
+        """Reports what serving this call cost (DESIGN §3.5 ``usage``): model tokens, the model,
         and ``cost`` in the abstract unit a delegation budget counts (default: the tokens'
         sum). Sent beside the output, it appears on the router's and this agent's
         ``invoke_agent`` spans (``gen_ai.usage.input_tokens``/``output_tokens``,

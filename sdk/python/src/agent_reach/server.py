@@ -369,7 +369,7 @@ async def _run(
     state: AgentState, handler: Handler, arguments: tuple[Any, ...], deadline_ms: int, ctx: Ctx | None
 ) -> Answer:
     """Runs the handler until the deadline and turns what happened into the answer (with the
-    usage it reported through ``ctx``, DESIGN §9, beside the output)."""
+    usage it reported through ``ctx``, DESIGN §3.5, beside the output)."""
     task = asyncio.current_task()
     assert task is not None, "deliveries run in a task"
     deadlines = state.deadlines
