@@ -322,6 +322,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let etcd_cpu = CpuMeter::start(&etcd_pids)?;
     let router_cpu = CpuMeter::start(&router_pids)?;
     let started = Instant::now();
+    let retries = Arc::new(AtomicU64::new(0));
     futures::stream::iter(0..args.agents)
         .map(|index| {
             let mut client = clients[index % clients.len()].clone();
@@ -329,6 +330,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             let capabilities = args.capabilities;
             let ttl_s = args.ttl_s;
             let beats = streams[index % streams.len()].clone();
+            let retries = retries.clone();
             async move {
                 let agent_id = format!("bench-{index:06}");
                 let request = pb::RegisterRequest {
@@ -346,7 +348,22 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
                     }],
                     ..Default::default()
                 };
-                let answer = client.register(authed(request, &token)?).await?.into_inner();
+                // An agent registers again after a failure, as the SDKs do; each retry is counted.
+                let mut tries = 0;
+                let answer = loop {
+                    match client.register(authed(request.clone(), &token)?).await {
+                        Ok(answer) => break answer.into_inner(),
+                        Err(status) if tries < 5 => {
+                            tries += 1;
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            if tries == 1 {
+                                eprintln!("registration of {agent_id} failed, retrying: {status}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                        }
+                        Err(status) => return Err(status.into()),
+                    }
+                };
                 beats
                     .send((agent_id, answer.lease_id))
                     .map_err(|_| anyhow::anyhow!("a heartbeat stream ended during registration"))?;
@@ -480,7 +497,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         if args.with_router { ", a router watching" } else { "" },
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("  registration       {registration_rate:>10.0} /s   ({:.1} s)   registries CPU {registration_registry_cpu:.2} cores   etcd CPU {registration_etcd_cpu:.2} cores", registration_time.as_secs_f64());
+    println!("  registration       {registration_rate:>10.0} /s   ({:.1} s)   registries CPU {registration_registry_cpu:.2} cores   etcd CPU {registration_etcd_cpu:.2} cores   {} retried", registration_time.as_secs_f64(), retries.load(Ordering::Relaxed));
     if args.with_router {
         println!(
             "  watching router    every agent in its snapshot {:.1} s after the first registration   CPU {registration_router_cpu:.2} cores while they registered",
@@ -509,9 +526,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         etcd_rates.renewals
     );
     println!(
-        "  heartbeat errors   {} lease expired, {} other",
+        "  heartbeat errors   {} lease expired, {} other, {} stream(s) opened again",
         expired,
-        counts.failed.load(Ordering::Relaxed)
+        counts.failed.load(Ordering::Relaxed),
+        counts.reopened.load(Ordering::Relaxed)
     );
     println!(
         "  resolve            p50 {:?}   p99 {:?}   ({} calls)",
@@ -623,36 +641,23 @@ struct Counts {
     ok: AtomicU64,
     expired: AtomicU64,
     failed: AtomicU64,
+    /// Keep-alive streams opened again after they broke.
+    reopened: AtomicU64,
 }
 
 /// One gRPC `KeepAlive` stream: each agent handed to it is renewed every
 /// `interval` from its registration (agents come in registration order, so
-/// a queue in due order is enough), until the heartbeat phase ends.
+/// a queue in due order is enough), until the heartbeat phase ends. A stream
+/// that breaks is opened again (as an SDK does), and counted.
 async fn heartbeat_stream(
-    mut client: RegistryClient<Channel>,
+    client: RegistryClient<Channel>,
     token: String,
     interval: Duration,
     mut registered: mpsc::UnboundedReceiver<(String, i64)>,
     mut ends: tokio::sync::watch::Receiver<Option<Instant>>,
     counts: Arc<Counts>,
 ) -> anyhow::Result<()> {
-    let (sender, receiver) = mpsc::channel(4096);
-    let mut answers = client
-        .keep_alive(authed(tokio_stream::wrappers::ReceiverStream::new(receiver), &token)?)
-        .await?
-        .into_inner();
-    let reader = {
-        let counts = counts.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(answer)) = answers.next().await {
-                match answer.error {
-                    None => counts.ok.fetch_add(1, Ordering::Relaxed),
-                    Some(error) if error.code == "LEASE_EXPIRED" => counts.expired.fetch_add(1, Ordering::Relaxed),
-                    Some(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
-                };
-            }
-        })
-    };
+    let (mut sender, mut reader) = open_keep_alive(client.clone(), &token, counts.clone()).await?;
     let mut due: std::collections::VecDeque<(Instant, String, i64)> = std::collections::VecDeque::new();
     let mut open = true;
     loop {
@@ -673,8 +678,11 @@ async fn heartbeat_stream(
                         lease_id,
                         ..Default::default()
                     };
-                    if sender.send(heartbeat).await.is_err() {
-                        break;
+                    if let Err(failed) = sender.send(heartbeat).await {
+                        counts.reopened.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("a keep-alive stream broke; opening it again");
+                        (sender, reader) = open_keep_alive(client.clone(), &token, counts.clone()).await?;
+                        sender.send(failed.0).await.map_err(|_| anyhow::anyhow!("a new keep-alive stream refused a heartbeat"))?;
                     }
                     due.push_back((at + interval, agent_id, lease_id));
                 }
@@ -685,4 +693,38 @@ async fn heartbeat_stream(
     drop(sender);
     let _ = tokio::time::timeout(Duration::from_secs(10), reader).await;
     Ok(())
+}
+
+/// A `KeepAlive` stream: where heartbeats go, and the task counting its answers.
+async fn open_keep_alive(
+    mut client: RegistryClient<Channel>,
+    token: &str,
+    counts: Arc<Counts>,
+) -> anyhow::Result<(mpsc::Sender<pb::KeepAliveRequest>, tokio::task::JoinHandle<()>)> {
+    let mut tries = 0;
+    let (sender, mut answers) = loop {
+        let (sender, receiver) = mpsc::channel(4096);
+        let opened = client
+            .keep_alive(authed(tokio_stream::wrappers::ReceiverStream::new(receiver), token)?)
+            .await;
+        match opened {
+            Ok(answers) => break (sender, answers.into_inner()),
+            Err(status) if tries < 5 => {
+                tries += 1;
+                eprintln!("cannot open a keep-alive stream, retrying: {status}");
+                tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+            }
+            Err(status) => return Err(status.into()),
+        }
+    };
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(answer)) = answers.next().await {
+            match answer.error {
+                None => counts.ok.fetch_add(1, Ordering::Relaxed),
+                Some(error) if error.code == "LEASE_EXPIRED" => counts.expired.fetch_add(1, Ordering::Relaxed),
+                Some(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+    });
+    Ok((sender, reader))
 }
