@@ -20,10 +20,18 @@
 //! submitted as a task and answered as an A2A Task whose state is the
 //! durable task's; `GetTask`, `ListTasks`, `CancelTask` and
 //! `SubscribeToTask` (SSE) read and cancel it, for the caller that submitted
-//! it only; a push-notification config is the task's signed callback (one per
-//! task, its id the client's, its token and authentication sent back, its
-//! notification the task as a `StreamResponse`). Without `--redis` the card says
-//! `pushNotifications: false` and those methods answer A2A's errors.
+//! it only; push-notification configs (several per task, each with the
+//! client's id, its token and authentication sent back) are kept with the
+//! task and notified, the task as a `StreamResponse`, when it ends or asks
+//! for input. Without `--redis` the card says `pushNotifications: false`
+//! and those methods answer A2A's errors.
+//!
+//! Multi-turn tasks: an agent that needs more input answers a 4xx coded
+//! `INPUT_REQUIRED` (docs/design.md); the task goes `input-required` with the
+//! agent's question as its status message (a call answered at once becomes a
+//! durable task then, so it can be continued), and a message naming the task
+//! (`taskId`) continues it: queued again, delivered with the conversation so
+//! far (`history` in the envelope), its turns in the task's history.
 
 use std::borrow::Cow;
 
@@ -42,6 +50,7 @@ use agent_reach_pipeline::call::{Call, Door};
 use agent_reach_pipeline::clock;
 use agent_reach_pipeline::envelope;
 use agent_reach_pipeline::error::{Code, RouterError};
+use agent_reach_pipeline::outcome::input_required;
 use agent_reach_pipeline::stream::Item;
 use agent_reach_pipeline::trace;
 use agent_reach_pipeline::RouterService;
@@ -64,9 +73,6 @@ const VERSION_NOT_SUPPORTED: i64 = -32009;
 
 /// Where A2A errors say which stable code they carry (`google.rpc.ErrorInfo`).
 const ERROR_INFO: &str = "type.googleapis.com/google.rpc.ErrorInfo";
-
-/// The id of a task's one push-notification config (its callback).
-const PUSH_CONFIG_ID: &str = "default";
 
 /// How many tasks a `ListTasks` page holds unless `pageSize` says (at most 100).
 const LIST_PAGE: usize = 50;
@@ -209,17 +215,21 @@ pub(crate) fn failed(id: &Value, error: &RouterError) -> Response {
 mod cards;
 mod jsonrpc;
 mod message;
+mod push;
 mod rest;
 mod send;
 mod tasks;
+mod view;
 
 use cards::*;
 pub use jsonrpc::answer_rpc;
 use jsonrpc::*;
 use message::*;
+use push::*;
 use rest::*;
 use send::*;
 use tasks::*;
+use view::*;
 
 #[cfg(test)]
 mod tests {

@@ -317,6 +317,22 @@ impl RouterService {
         })
     }
 
+    /// `payload` checked against the input schema of `capability`'s highest
+    /// version (compiled already), for a payload accepted now and delivered
+    /// later (a multi-turn task's next message); a capability no instance
+    /// offers now passes (its delivery answers for it).
+    pub fn check_payload(&self, capability: &str, payload: &serde_json::Value) -> Result<(), RouterError> {
+        let snapshot = self.snapshot.load();
+        match snapshot
+            .capabilities
+            .get(capability)
+            .and_then(|found| found.versions.first())
+        {
+            Some(group) => crate::schema::check_input(group, payload),
+            None => Ok(()),
+        }
+    }
+
     /// Whether any instance offers `capability` now (a lookup, no copy).
     pub fn is_offered(&self, capability: &str) -> bool {
         self.snapshot.load().capabilities.contains_key(capability)
