@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 from pydantic import TypeAdapter
@@ -21,6 +21,36 @@ from .errors import RouterError, TransportError
 from .wire import InvokeResult, Policy, Priority, invoke_body, invoke_result, unreachable
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One earlier turn of a multi-turn task's conversation (docs/design.md,
+    "Multi-turn tasks"), as the router delivers it with the next message: a message of
+    the caller (``role == "user"``, its ``payload``) or a time this agent asked for more
+    input (``role == "agent"``, its ``message``; see :class:`InputRequired`)."""
+
+    role: Literal["user", "agent"]
+    payload: Any = None
+    message: str | None = None
+
+
+def turns_of(history: Any) -> tuple[Turn, ...]:
+    """The envelope's ``history`` as turns; one this SDK cannot read is left out."""
+    if not isinstance(history, list):
+        return ()
+    turns = []
+    for turn in history:
+        if not isinstance(turn, dict):
+            return ()
+        role = turn.get("role")
+        if role == "user":
+            turns.append(Turn("user", payload=turn.get("payload")))
+        elif role == "agent" and isinstance(turn.get("message"), str):
+            turns.append(Turn("agent", message=turn["message"]))
+        else:
+            return ()
+    return tuple(turns)
 
 
 @dataclass
@@ -47,6 +77,7 @@ class Ctx:
         "capability_version",
         "context_id",
         "deadline_ms",
+        "history",
         "priority",
         "request_id",
         "session_id",
@@ -70,6 +101,7 @@ class Ctx:
         tenant: str | None,
         links: Links,
         priority: Priority = Priority.NORMAL,
+        history: tuple[Turn, ...] = (),
     ) -> None:
         #: The idempotency key of this request.
         self.request_id = request_id
@@ -88,6 +120,9 @@ class Ctx:
         self.traceparent = traceparent
         #: The tenant the router's assertion names (None when unverified).
         self.tenant = tenant
+        #: A multi-turn task's conversation before this message, oldest first: the
+        #: caller's earlier messages and what this agent asked (empty for a first message).
+        self.history = history
         self._links = links
 
     @property

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from . import logs, tracing
 from .assertion import Assertion, AssertionRefused, Verifier
-from .ctx import Ctx, Links
+from .ctx import Ctx, Links, turns_of
 from .dedup import Answer, Dedup
 from .errors import AgentReachError, HandlerError
 from .handlers import Handler, validation_details
@@ -239,6 +239,7 @@ async def serve_invoke(
             traceparent=traceparent,
             tenant=assertion.tenant if assertion is not None else None,
             links=state.links,
+            history=turns_of(envelope.get("history")),
         )
         streamed = (value,) if handler.ctx_first is None else ((ctx, value) if handler.ctx_first else (value, ctx))
         return await EventStream.open(state, handler, streamed, deadline)
@@ -283,6 +284,7 @@ async def serve_invoke(
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
+                    history=turns_of(envelope.get("history")),
                 )
                 arguments = (ctx, value) if handler.ctx_first else (value, ctx)
             if state.spans:
