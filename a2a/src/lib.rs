@@ -1,7 +1,9 @@
 //! A2A at `/a2a/{capability}` (DESIGN §8, "A2A"): every capability is an A2A
 //! agent, with its agent card at `/a2a/{capability}/.well-known/agent-card.json`,
-//! the JSON-RPC binding at `POST /a2a/{capability}` and the HTTP+JSON (REST)
-//! binding under `/a2a/{capability}/v1/` (`rest.rs`).
+//! the JSON-RPC binding at `POST /a2a/{capability}`, the HTTP+JSON (REST)
+//! binding under `/a2a/{capability}/v1/` (`rest.rs`) and the gRPC binding,
+//! `lf.a2a.v1.A2AService` on the router's listener, the capability in each
+//! request's `tenant` (`grpc/`).
 //!
 //! Methods: `SendMessage` and `SendStreamingMessage` (v1.0 names; v0.3's
 //! `message/send` and `message/stream` when `A2A-Version` is absent or
@@ -92,7 +94,8 @@ pub fn routes(api: TaskApi) -> axum::Router {
         )
         .route("/a2a/{capability}/.well-known/agent-card.json", get(card))
         .route("/.well-known/agent-card.json", get(root_card))
-        .with_state(api)
+        .with_state(api.clone())
+        .merge(grpc::routes(api))
 }
 
 /// The wire generation a request speaks (its method's name decides).
@@ -213,6 +216,7 @@ pub(crate) fn failed(id: &Value, error: &RouterError) -> Response {
 }
 
 mod cards;
+mod grpc;
 mod jsonrpc;
 mod message;
 mod push;

@@ -345,6 +345,7 @@ pub(crate) fn rest_error(reply: &Value, status: StatusCode) -> (StatusCode, Valu
             (http_status, grpc_name(http_status, code))
         }
         (TASK_NOT_FOUND, _) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        (INVALID_AGENT_RESPONSE, _) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
         (CONTENT_TYPE_NOT_SUPPORTED, _) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
         (-32009..=-32002, _) => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
         (METHOD_NOT_FOUND, _) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
@@ -362,7 +363,10 @@ pub(crate) fn rest_error(reply: &Value, status: StatusCode) -> (StatusCode, Valu
 /// The canonical (gRPC) code name of an HTTP error status, an A2A
 /// precondition error's `FAILED_PRECONDITION` kept.
 fn grpc_name(status: StatusCode, code: i64) -> &'static str {
-    if status == StatusCode::BAD_REQUEST && (-32009..=-32002).contains(&code) && code != CONTENT_TYPE_NOT_SUPPORTED {
+    if status == StatusCode::BAD_REQUEST
+        && (-32009..=-32002).contains(&code)
+        && !matches!(code, CONTENT_TYPE_NOT_SUPPORTED | INVALID_AGENT_RESPONSE)
+    {
         return "FAILED_PRECONDITION";
     }
     match status.as_u16() {
