@@ -56,7 +56,7 @@ use agent_reach_pipeline::outcome::input_required;
 use agent_reach_pipeline::stream::Item;
 use agent_reach_pipeline::trace;
 use agent_reach_pipeline::RouterService;
-use agent_reach_tasks::{Owned, TaskApi};
+use agent_reach_tasks::{parse_rfc3339, rfc3339, Owned, TaskApi};
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;

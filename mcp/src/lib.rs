@@ -66,6 +66,7 @@ use agent_reach_pipeline::error::RouterError;
 use agent_reach_pipeline::stream::Item;
 use agent_reach_pipeline::trace;
 use agent_reach_pipeline::RouterService;
+use agent_reach_tasks::TaskApi;
 
 /// The handshake revisions served, newest first.
 pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -86,17 +87,21 @@ const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 const MOST_BATCHED: usize = 100;
 
 mod origin;
+mod tasks;
 mod tools;
 
 use origin::check_origin;
 use tools::*;
 
 /// `/mcp`.
-pub fn routes(service: Arc<RouterService>) -> axum::Router {
+pub fn routes(api: TaskApi) -> axum::Router {
     axum::Router::new()
         .route("/mcp", post(mcp).get(not_here).delete(not_here))
-        .layer(axum::middleware::from_fn_with_state(service.clone(), check_origin))
-        .with_state(service)
+        .layer(axum::middleware::from_fn_with_state(
+            api.service().clone(),
+            check_origin,
+        ))
+        .with_state(api)
 }
 
 /// GET and DELETE: no server-initiated stream, no session to end.
@@ -175,6 +180,7 @@ impl Reply {
 
 /// What every message of one HTTP request shares.
 struct Request<'a> {
+    api: &'a TaskApi,
     service: &'a Arc<RouterService>,
     caller: &'a Caller,
     headers: &'a HeaderMap,
@@ -182,12 +188,7 @@ struct Request<'a> {
     era: Era,
 }
 
-async fn mcp(
-    State(service): State<Arc<RouterService>>,
-    identified: Identified,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn mcp(State(api): State<TaskApi>, identified: Identified, headers: HeaderMap, body: Body) -> Response {
     let received = identified.received;
     // Authenticated first: an unauthenticated caller learns nothing, not even parse errors.
     let caller = match identified.caller {
@@ -214,6 +215,7 @@ async fn mcp(
             }
         },
     };
+    let service = api.service();
     let bytes = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => return refused(error.status(), Value::Null, INVALID_REQUEST, &error),
@@ -233,7 +235,8 @@ async fn mcp(
         }
     };
     let request = Request {
-        service: &service,
+        api: &api,
+        service,
         caller: &caller,
         headers: &headers,
         received,
@@ -409,11 +412,23 @@ impl Request<'_> {
                 ),
             );
         }
+        // A tool call that becomes a task (never in a batch), and the tasks' own methods.
+        if method == "tools/call" && !batched {
+            if let Some(answered) = self.call_as_task(&params).await {
+                return reply_of(id, answered, era);
+            }
+        }
+        if method.starts_with("tasks/") {
+            if let Some(answered) = self.on_task_method(method, &params).await {
+                return reply_of(id, answered, era);
+            }
+        }
+        let tasks = self.api.tasks_enabled();
         let result = match (method, era) {
-            ("server/discover", _) => Ok(discover()),
-            ("initialize", Era::Legacy(_)) => Ok(initialize(&params)),
+            ("server/discover", _) => Ok(discover(tasks)),
+            ("initialize", Era::Legacy(_)) => Ok(initialize(&params, tasks)),
             ("ping", Era::Legacy(_)) => Ok(json!({})),
-            ("tools/list", _) => Ok(list_tools(service, caller, era)),
+            ("tools/list", _) => Ok(list_tools(service, caller, era, tasks)),
             ("tools/call", _) => {
                 let progress = params
                     .pointer("/_meta/progressToken")
@@ -446,14 +461,19 @@ impl Request<'_> {
                 },
             )),
         };
-        match result {
-            Ok(result) => Reply::Json(StatusCode::OK, rpc_result(id, completed(result, era))),
-            // Under 2026-07-28 an unknown method is 404 (the transport's rule).
-            Err((METHOD_NOT_FOUND, message)) if era == Era::Modern => {
-                Reply::Json(StatusCode::NOT_FOUND, rpc_error(id, METHOD_NOT_FOUND, &message, None))
-            }
-            Err((code, message)) => Reply::Json(StatusCode::OK, rpc_error(id, code, &message, None)),
+        reply_of(id, result, era)
+    }
+}
+
+/// A method's answer as its reply.
+fn reply_of(id: Value, result: Result<Value, (i64, String)>, era: Era) -> Reply {
+    match result {
+        Ok(result) => Reply::Json(StatusCode::OK, rpc_result(id, completed(result, era))),
+        // Under 2026-07-28 an unknown method is 404 (the transport's rule).
+        Err((METHOD_NOT_FOUND, message)) if era == Era::Modern => {
+            Reply::Json(StatusCode::NOT_FOUND, rpc_error(id, METHOD_NOT_FOUND, &message, None))
         }
+        Err((code, message)) => Reply::Json(StatusCode::OK, rpc_error(id, code, &message, None)),
     }
 }
 
@@ -462,7 +482,8 @@ impl Request<'_> {
 fn completed(mut result: Value, era: Era) -> Value {
     if era == Era::Modern {
         if let Value::Object(fields) = &mut result {
-            fields.insert("resultType".into(), json!("complete"));
+            // A task's creation says `task`; every other result is complete.
+            fields.entry("resultType").or_insert_with(|| json!("complete"));
             let meta = fields.entry("_meta").or_insert_with(|| json!({}));
             if let Value::Object(meta) = meta {
                 meta.insert("io.modelcontextprotocol/serverInfo".into(), server_info());
@@ -528,6 +549,11 @@ fn check_modern(headers: &HeaderMap, method: &str, params: &Value, id: &Value) -
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
         mirrored(headers, "Mcp-Name", name, id)?;
     }
+    // The Tasks extension's routing header: a task method names its task.
+    if matches!(method, "tasks/get" | "tasks/update" | "tasks/cancel") {
+        let task_id = params.get("taskId").and_then(Value::as_str).unwrap_or_default();
+        mirrored(headers, "Mcp-Name", task_id, id)?;
+    }
     Ok(())
 }
 
@@ -550,11 +576,16 @@ fn mirrored(headers: &HeaderMap, header: &str, body: &str, id: &Value) -> Result
 /// How long a client may keep `tools/list` or `server/discover` (2026-07-28 caching).
 pub const LIST_TTL_MS: u64 = 30_000;
 
-/// `server/discover`: the revisions served, the capabilities, who answers.
-fn discover() -> Value {
+/// `server/discover`: the revisions served, the capabilities (the Tasks
+/// extension with durable tasks), who answers.
+fn discover(tasks: bool) -> Value {
+    let mut capabilities = json!({ "tools": { "listChanged": false } });
+    if tasks {
+        capabilities["extensions"] = json!({ tasks::EXTENSION: {} });
+    }
     json!({
         "supportedVersions": supported_versions(),
-        "capabilities": { "tools": { "listChanged": false } },
+        "capabilities": capabilities,
         "instructions": INSTRUCTIONS,
         "ttlMs": LIST_TTL_MS,
         "cacheScope": "public",
@@ -565,8 +596,9 @@ const INSTRUCTIONS: &str = "Each tool is an Agent-Reach capability this token ma
                             load-balanced and retried by the router. A failed call is a tool error whose \
                             _meta[\"agent-reach/error\"].code is the router's stable code.";
 
-/// The handshake: the client's revision when served, else our newest.
-fn initialize(params: &Value) -> Value {
+/// The handshake: the client's revision when served, else our newest;
+/// 2025-11-25's tasks utility with durable tasks.
+fn initialize(params: &Value, tasks: bool) -> Value {
     let asked = params
         .get("protocolVersion")
         .and_then(Value::as_str)
@@ -575,9 +607,13 @@ fn initialize(params: &Value) -> Value {
         .iter()
         .find(|version| **version == asked)
         .unwrap_or(&PROTOCOL_VERSIONS[0]);
+    let mut capabilities = json!({ "tools": { "listChanged": false } });
+    if tasks && *version == "2025-11-25" {
+        capabilities["tasks"] = json!({ "list": {}, "cancel": {}, "requests": { "tools": { "call": {} } } });
+    }
     json!({
         "protocolVersion": version,
-        "capabilities": { "tools": { "listChanged": false } },
+        "capabilities": capabilities,
         "serverInfo": { "name": "agent-reach-router", "version": env!("CARGO_PKG_VERSION") },
         "instructions": INSTRUCTIONS,
     })

@@ -124,4 +124,3 @@ mod tests {
         assert!(origin_allowed("http://evil.example", &["*".to_string()]));
     }
 }
-

@@ -31,26 +31,35 @@ pub(crate) fn wrapped(schema: Value, field: &str) -> Value {
     Value::Object(root)
 }
 
-pub(crate) fn list_tools(service: &RouterService, caller: &Caller, era: Era) -> Value {
+/// A capability's input schema as its tool's `inputSchema` (an object's: wrapped when it is not one).
+pub(crate) fn tool_input_schema(text: &str) -> Value {
+    let input = schema_value(text);
+    if input == Value::Bool(true) {
+        json!({ "type": "object" })
+    } else if is_object_schema(&input) {
+        input
+    } else {
+        wrapped(input, "input")
+    }
+}
+
+/// The tools `caller` may call; with tasks (2025-11-25 and a router with
+/// durable tasks) each says it may be called as one.
+pub(crate) fn list_tools(service: &RouterService, caller: &Caller, era: Era, tasks: bool) -> Value {
     let mut tools: Vec<Value> = service
         .offerings()
         .into_iter()
         .filter(|capability| service.admission().authorize(caller, &capability.name).is_ok())
         .map(|capability| {
             let described = &capability.described;
-            let input = schema_value(&described.input_schema);
-            let input_schema = if input == Value::Bool(true) {
-                json!({ "type": "object" })
-            } else if is_object_schema(&input) {
-                input
-            } else {
-                wrapped(input, "input")
-            };
             let mut tool = json!({
                 "name": capability.name,
                 "description": described.description,
-                "inputSchema": input_schema,
+                "inputSchema": tool_input_schema(&described.input_schema),
             });
+            if tasks && era == Era::Legacy("2025-11-25") {
+                tool["execution"] = json!({ "taskSupport": "optional" });
+            }
             let output = schema_value(&described.output_schema);
             if is_object_schema(&output) {
                 tool["outputSchema"] = output;
@@ -295,4 +304,3 @@ pub(crate) async fn call_tool_streamed(request: &Request<'_>, prepared: Prepared
     )
         .into_response()
 }
-

@@ -300,6 +300,8 @@ pub struct Offered {
     pub name: String,
     pub version: String,
     pub described: Arc<crate::snapshot::Described>,
+    /// The version's own deadline for a call (its `timeout_ms`), if it declares one.
+    pub timeout: Option<std::time::Duration>,
 }
 
 // === What the doors read of the snapshot ===
@@ -314,6 +316,7 @@ impl RouterService {
             name: found.name.clone(),
             version: group.version_text.clone(),
             described: group.described.clone(),
+            timeout: group.timeout,
         })
     }
 
@@ -350,6 +353,7 @@ impl RouterService {
                     name: capability.name.clone(),
                     version: group.version_text.clone(),
                     described: group.described.clone(),
+                    timeout: group.timeout,
                 })
             })
             .collect();

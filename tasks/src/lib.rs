@@ -24,6 +24,7 @@ mod protocol;
 mod quota;
 mod report;
 mod settings;
+mod timestamps;
 mod worker;
 
 use std::sync::atomic::AtomicUsize;
@@ -37,6 +38,7 @@ pub use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
 pub use protocol::{Owned, POLL};
 pub use settings::{TagLimit, TaskArgs, TasksSettings};
+pub use timestamps::{parse_rfc3339, rfc3339};
 
 use agent_reach_pipeline::error::{Code, RouterError};
 use agent_reach_pipeline::RouterService;

@@ -34,6 +34,11 @@ impl TaskApi {
         self.enabled().is_ok()
     }
 
+    /// How long a task is kept once it ended (`--task-retention-s`); `None` without the slow path.
+    pub fn retention(&self) -> Option<std::time::Duration> {
+        self.enabled().ok().map(|tasks| tasks.settings.store.retention)
+    }
+
     /// How the notifications of push configs set through A2A are written
     /// (the protocol's `StreamResponse`); nothing without the slow path.
     pub fn set_a2a_notifications(&self, body: agent_reach_task_store::NotificationBody) {

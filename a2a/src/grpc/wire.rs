@@ -7,7 +7,7 @@ use agent_reach_proto::a2a as pb;
 use prost_types::value::Kind;
 use serde_json::{json, Map, Value};
 
-use super::super::{parse_rfc3339, rfc3339};
+use agent_reach_tasks::{parse_rfc3339, rfc3339};
 
 // === To ProtoJSON (requests) ===
 
