@@ -212,3 +212,88 @@ def test_the_three_bindings_give_the_same_tasks_and_errors(stack: Stack, shirts:
     ], reference
     for binding in ("HTTP+JSON", "GRPC"):
         assert results[binding] == reference, (binding, results[binding], reference)
+
+
+def test_bad_input_on_the_grpc_binding_is_a_grpc_status_never_an_internal_error(stack: Stack, shirts: None) -> None:
+    from a2a.types import a2a_pb2, a2a_pb2_grpc
+    from google.rpc import error_details_pb2, status_pb2
+
+    target = stack.router.url.removeprefix("http://")
+    token = [("authorization", f"Bearer {stack.token('tester')}")]
+
+    def refused(call: Callable[[], Any]) -> tuple[str, str | None]:
+        """The status code of a refused call, and its ErrorInfo's reason (domain a2a-protocol.org) if any."""
+        try:
+            call()
+        except grpc.RpcError as error:
+            reason = None
+            for key, value in error.trailing_metadata() or ():
+                if key == "grpc-status-details-bin":
+                    status = status_pb2.Status.FromString(value)
+                    for detail in status.details:
+                        info = error_details_pb2.ErrorInfo()
+                        if detail.Unpack(info) and info.domain == "a2a-protocol.org":
+                            reason = info.reason
+            return error.code().name, reason
+        return "OK", None
+
+    with grpc.insecure_channel(target) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)
+        message = a2a_pb2.Message(message_id="m-1", role=a2a_pb2.Role.ROLE_USER)
+        message.parts.add().text = "hi"
+        send = a2a_pb2.SendMessageRequest(tenant=CAPABILITY, message=message)
+        # Who and where: no token, no tenant, an agent that is none, a version not spoken.
+        assert refused(lambda: stub.SendMessage(send)) == ("UNAUTHENTICATED", None)
+        assert refused(lambda: stub.SendMessage(a2a_pb2.SendMessageRequest(message=message), metadata=token))[0] == (
+            "INVALID_ARGUMENT"
+        )
+        unknown = a2a_pb2.SendMessageRequest(tenant="test.nobody", message=message)
+        assert refused(lambda: stub.SendMessage(unknown, metadata=token))[0] == "NOT_FOUND"
+        version = [*token, ("a2a-version", "9.9")]
+        assert refused(lambda: stub.SendMessage(send, metadata=version)) == (
+            "FAILED_PRECONDITION",
+            "VERSION_NOT_SUPPORTED",
+        )
+        # What: no message, a message without its id, a part this agent does not take, bytes that are no message.
+        assert refused(lambda: stub.SendMessage(a2a_pb2.SendMessageRequest(tenant=CAPABILITY), metadata=token))[0] == (
+            "INVALID_ARGUMENT"
+        )
+        nameless = a2a_pb2.SendMessageRequest(
+            tenant=CAPABILITY, message=a2a_pb2.Message(role=a2a_pb2.Role.ROLE_USER, parts=message.parts)
+        )
+        assert refused(lambda: stub.SendMessage(nameless, metadata=token))[0] == "INVALID_ARGUMENT"
+        assert refused(lambda: stub.SendMessage(send, metadata=token)) == (
+            "INVALID_ARGUMENT",
+            "CONTENT_TYPE_NOT_SUPPORTED",
+        )
+        garbage = channel.unary_unary(
+            "/lf.a2a.v1.A2AService/SendMessage",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        # A body that is no protobuf message: gRPC's own rule for a request it cannot parse is
+        # INTERNAL (grpc/doc/statuscodes.md, "Error parsing request proto"), tonic's answer.
+        assert refused(lambda: garbage(b"\xff\xff\xff\xff", metadata=token))[0] == "INTERNAL"
+        # Tasks: one that is none (unary and streamed), bad list parameters.
+        unknown_task = "t_000000000000000000000000"
+        assert refused(
+            lambda: stub.GetTask(a2a_pb2.GetTaskRequest(tenant=CAPABILITY, id=unknown_task), metadata=token)
+        ) == (
+            "NOT_FOUND",
+            "TASK_NOT_FOUND",
+        )
+        subscribe = a2a_pb2.SubscribeToTaskRequest(tenant=CAPABILITY, id=unknown_task)
+        assert refused(lambda: list(stub.SubscribeToTask(subscribe, metadata=token))) == ("NOT_FOUND", "TASK_NOT_FOUND")
+        for bad in (
+            a2a_pb2.ListTasksRequest(tenant=CAPABILITY, page_size=0),
+            a2a_pb2.ListTasksRequest(tenant=CAPABILITY, page_size=101),
+            a2a_pb2.ListTasksRequest(tenant=CAPABILITY, history_length=-1),
+        ):
+            assert refused(lambda bad=bad: stub.ListTasks(bad, metadata=token))[0] == "INVALID_ARGUMENT", bad
+        config = a2a_pb2.TaskPushNotificationConfig(tenant=CAPABILITY, task_id=unknown_task)
+        assert refused(lambda: stub.CreateTaskPushNotificationConfig(config, metadata=token))[0] == "INVALID_ARGUMENT"
+        card = a2a_pb2.GetExtendedAgentCardRequest(tenant=CAPABILITY)
+        assert refused(lambda: stub.GetExtendedAgentCard(card, metadata=token)) == (
+            "FAILED_PRECONDITION",
+            "UNSUPPORTED_OPERATION",
+        )
