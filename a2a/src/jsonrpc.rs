@@ -157,7 +157,7 @@ fn nothing() -> Answer {
 /// (none is: streams are refused in batches) as JSON-RPC's internal error.
 async fn answer_bytes(answer: Answer) -> Vec<u8> {
     let body = match answer {
-        Answer::Json { body, .. } => return body,
+        Answer::Json { body, .. } | Answer::Typed { body, .. } => return body,
         Answer::Response(response) => axum::body::to_bytes(response.into_body(), usize::MAX).await,
         Answer::Stream { .. } => {
             return rpc_error(&Value::Null, INTERNAL_ERROR, "a stream cannot be batched", None)

@@ -227,6 +227,7 @@ mod view;
 
 use cards::*;
 pub use jsonrpc::answer_rpc;
+pub use rest::answer_rest_send;
 use jsonrpc::*;
 use message::*;
 use push::*;

@@ -60,6 +60,53 @@ pub(crate) async fn send(
     }
 }
 
+/// REST `message:send` answered now (the common call, read without a
+/// JSON tree): the bare `{"message": …}` (`application/a2a+json`); an agent
+/// asking for input answers `{"task": …}` ([`paused_task`]); a failure is
+/// the binding's `google.rpc.Status`.
+pub(crate) async fn send_rest(
+    api: &TaskApi,
+    caller: &Caller,
+    headers: &impl HeaderLookup,
+    call: MessageCall,
+    received: clock::Now,
+) -> Answer {
+    let service = api.service();
+    let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
+    let success = match service.invoke(&call).await {
+        Ok(success) => success,
+        Err(failure) => {
+            return match input_required(&failure.error) {
+                Some(question) => {
+                    let task = paused_task(api, caller, &call.checked.request, None, question, Wire::V1).await;
+                    Answer::Typed {
+                        status: StatusCode::OK,
+                        content_type: A2A_JSON,
+                        body: json!({ "task": task }).to_string().into_bytes(),
+                    }
+                }
+                None => translate(failed(&Value::Null, &failure.error).into()).await.into(),
+            }
+        }
+    };
+    let sent = Sent {
+        id: &Value::Null,
+        wire: Wire::V1,
+        message_id: &trace::new_request_id(),
+        context_id: call.checked.request.session_id.as_deref().unwrap_or_default(),
+        output: success.output.as_deref().map_or("null", |raw| raw.get()),
+        agent_id: &success.agent_id,
+        capability_version: &success.capability_version,
+        attempts: success.attempts,
+        request_id: call.request_id(),
+    };
+    Answer::Typed {
+        status: StatusCode::OK,
+        content_type: A2A_JSON,
+        body: sent.to_rest_vec(),
+    }
+}
+
 /// `SendMessage`'s answer: a Message whose one DataPart is the agent's
 /// output, written field by field ([`agent_reach_pipeline::json::Object`]) in the request's
 /// wire shape, equal to the `json!` shapes of [`data_part`] and the task
@@ -96,6 +143,17 @@ impl Sent<'_> {
         result.end();
         answer.end();
         Ok(out)
+    }
+
+    /// The REST binding's answer (spec §11): the bare `SendMessageResponse`, `{"message": …}`.
+    pub(crate) fn to_rest_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(224 + self.output.len());
+        let mut answer = agent_reach_pipeline::json::Object::start(&mut out);
+        let mut message = answer.object("message");
+        self.message(&mut message);
+        message.end();
+        answer.end();
+        out
     }
 
     /// The Message's fields, into `message`.

@@ -156,6 +156,91 @@ impl Grpc {
     }
 }
 
+impl Grpc {
+    /// `SendMessage`'s common call (one DataPart, no configuration, no task
+    /// named, the sender's fields as a client sends them) read from the
+    /// request's message and answered with the agent's output, with no JSON
+    /// reading between: `None` for any other request (and for a refusal
+    /// before the call), which the one reading answers.
+    async fn plain_send(
+        &self,
+        called: &Called,
+        request: &pb::SendMessageRequest,
+    ) -> Option<Result<pb::SendMessageResponse, Status>> {
+        let caller = called.identified.caller.as_ref().ok()?;
+        let message = request.message.as_ref()?;
+        let plain = request.configuration.is_none()
+            && !message.message_id.is_empty()
+            && message.role == pb::Role::User as i32
+            && message.task_id.is_empty()
+            && message.parts.len() == 1;
+        let data = match message.parts.first().and_then(|part| part.content.as_ref()) {
+            Some(pb::part::Content::Data(data)) if plain => data,
+            _ => return None,
+        };
+        let service = self.api.service();
+        let context_id = Some(message.context_id.as_str()).filter(|id| !id.is_empty());
+        let call = plain_call(
+            service,
+            caller,
+            &called.capability,
+            wire::json_of(data),
+            Some(Cow::Borrowed(message.message_id.as_str())),
+            context_id.map(Cow::Borrowed),
+        )
+        .ok()?;
+        let call = Call::begin(
+            Door::A2a,
+            caller.clone(),
+            call.checked,
+            &called.headers,
+            called.identified.received,
+        );
+        let success = match service.invoke(&call).await {
+            Ok(success) => success,
+            Err(failure) => {
+                return Some(match input_required(&failure.error) {
+                    Some(question) => {
+                        let task = paused_task(&self.api, caller, &call.checked.request, None, question, Wire::V1).await;
+                        Ok(wire::send_response(&json!({ "task": task })))
+                    }
+                    None => {
+                        let (status, reply) = read(failed(&Value::Null, &failure.error).into()).await;
+                        Err(status_of(status, &reply))
+                    }
+                })
+            }
+        };
+        let output = match success.output_value() {
+            Ok(output) => output,
+            Err(error) => {
+                let (status, reply) = read(failed(&Value::Null, &error).into()).await;
+                return Some(Err(status_of(status, &reply)));
+            }
+        };
+        let metadata = json!({
+            "agent_id": success.agent_id,
+            "capability_version": success.capability_version,
+            "attempts": success.attempts,
+            "request_id": call.request_id(),
+        });
+        let answer = pb::Message {
+            message_id: trace::new_request_id(),
+            context_id: call.checked.request.session_id.clone().unwrap_or_default(),
+            role: pb::Role::Agent as i32,
+            parts: vec![pb::Part {
+                content: Some(pb::part::Content::Data(wire::value_of(&output))),
+                ..Default::default()
+            }],
+            metadata: metadata.as_object().map(wire::struct_of),
+            ..Default::default()
+        };
+        Some(Ok(pb::SendMessageResponse {
+            payload: Some(pb::send_message_response::Payload::Message(answer)),
+        }))
+    }
+}
+
 /// An SSE event's data (its `data:` lines joined); `None` for one without.
 fn sse_data(frame: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(frame).ok()?;
@@ -170,7 +255,7 @@ fn sse_data(frame: &[u8]) -> Option<String> {
 /// An answer's HTTP status and its JSON (a JSON-RPC response).
 async fn read(answer: Answer) -> (StatusCode, Value) {
     let (status, body) = match answer {
-        Answer::Json { status, body } => (status, bytes::Bytes::from(body)),
+        Answer::Json { status, body } | Answer::Typed { status, body, .. } => (status, bytes::Bytes::from(body)),
         Answer::Response(response) => {
             let status = response.status();
             match axum::body::to_bytes(response.into_body(), usize::MAX).await {
@@ -282,6 +367,9 @@ impl A2aService for Grpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
         let called = self.called(&request, &request.get_ref().tenant)?;
+        if let Some(answered) = self.plain_send(&called, request.get_ref()).await {
+            return answered.map(Response::new);
+        }
         let params = wire::send_json(request.get_ref());
         ok(self.unary(called, "SendMessage", params).await, wire::send_response)
     }

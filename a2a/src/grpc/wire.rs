@@ -218,7 +218,7 @@ pub(crate) fn value_of(value: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-fn struct_of(object: &Map<String, Value>) -> prost_types::Struct {
+pub(crate) fn struct_of(object: &Map<String, Value>) -> prost_types::Struct {
     prost_types::Struct {
         fields: object
             .iter()
