@@ -443,11 +443,8 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
 async fn pause(tasks: &TaskService, claimed: &Claimed, question: &Turn) {
     let task_id = &claimed.task.task_id;
     match tasks.store.pause(claimed, question).await {
-        Ok(_) => tasks
-            .metrics
-            .finished
-            .with_label_values(&[State::InputRequired.as_str()])
-            .inc(),
+        // Not an end: `agent_reach_tasks_finished_total` counts it when it ends.
+        Ok(_) => {}
         // Canceled meanwhile: the entry is acknowledged, the cancel stands.
         Err(error @ (TaskStoreError::Refused { .. } | TaskStoreError::NotFound(_))) => {
             tracing::info!(message = "Task ended before its agent asked for input.", %task_id, %error)
