@@ -7,11 +7,16 @@ the checkout on first use, from its pinned requirements); its JSON report is wri
 `--report` says and the per-category counts printed. Nothing here is copied from the TCK.
 
 The TCK reaches the router through a relay of this script's (every request and answer
-passed through unchanged, streams as they come) that changes one thing: the gRPC
-interface of the cards it serves gets an `http://` scheme. The card says `host:port`, the
-spec's form for gRPC (§4.4.6, what the official clients take), and the TCK's gRPC client
-reads its address with `urlparse`, which finds no host in `host:port`
-(docs/protocols.md lists it).
+passed through unchanged, streams as they come; the cards' JSON-RPC and REST URLs name
+the relay) that changes two things more, both where the TCK's clients contradict the spec
+(docs/protocols.md lists them):
+- the gRPC interface of the cards it serves gets an `http://` scheme. The card says
+  `host:port`, the spec's form for gRPC (§4.4.6, what the official clients take), and the
+  TCK's gRPC client reads its address with `urlparse`, which finds no host in `host:port`;
+- a REST call to the host's root (`/message:send`, `/tasks/…`, `/extendedAgentCard`) goes
+  to the REST interface's path, `/a2a/{capability}/v1/…`: the TCK's REST client joins its
+  paths to the interface URL with `urljoin(url, "/message:send")`, which drops the URL's
+  path, while an interface URL may have one (§4.4.6, §11.3).
 
     .venv/bin/python scripts/a2a_tck.py /path/to/a2a-tck [--a2a-tasks always|when-asked]
         [--report report.json] [run_tck args...]
@@ -49,7 +54,8 @@ class Said(BaseModel):
 class Relay:
     """An HTTP/1.1 relay to `upstream`: requests and answers unchanged (an answer of unknown
     length, a stream, relayed as it comes), except an agent card's gRPC interface, given a
-    scheme for the TCK's gRPC client."""
+    scheme for the TCK's gRPC client, and REST calls to the root, sent to the REST
+    interface's path."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
@@ -70,7 +76,7 @@ class Relay:
                     httpx.Client(timeout=None) as client,
                     client.stream(
                         self.command,
-                        relay.upstream + self.path,
+                        relay.upstream + relay.path(self.path),
                         headers=headers,
                         content=body,
                     ) as answer,
@@ -112,12 +118,22 @@ class Relay:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def path(self, path: str) -> str:
+        """A REST call the TCK sent to the host's root (its REST client joins
+        `/message:send` and the like to the interface's URL with `urljoin`, which drops
+        the URL's path) goes to the interface's path, `/a2a/{capability}/v1`."""
+        if path.startswith(("/message:", "/tasks", "/extendedAgentCard")):
+            return f"/a2a/{CAPABILITY}/v1{path}"
+        return path
+
     def card(self, card: dict[str, Any]) -> bytes:
         for interface in card.get("supportedInterfaces", []):
-            if interface.get(
-                "protocolBinding"
-            ) == "GRPC" and "://" not in interface.get("url", ""):
-                interface["url"] = "http://" + interface["url"]
+            url = interface.get("url", "")
+            if interface.get("protocolBinding") == "GRPC" and "://" not in url:
+                interface["url"] = "http://" + url
+            elif url.startswith(self.upstream):
+                # The router names the host it was asked on, its own: the relay's instead.
+                interface["url"] = self.url + url[len(self.upstream) :]
         return json.dumps(card).encode()
 
     def stop(self) -> None:
@@ -222,7 +238,6 @@ def main() -> int:
             "A2A_AUTH_TYPE": "bearer",
             "A2A_AUTH_TOKEN": stack.token("tester", ttl_s=6 * 3600),
         }
-        # The cards name the relay's host: the router serves them for the host they were asked on.
         relay = Relay(router.url)
         report = args.report.resolve()
         command = [
