@@ -227,10 +227,10 @@ mod view;
 
 use cards::*;
 pub use jsonrpc::answer_rpc;
-pub use rest::answer_rest_send;
 use jsonrpc::*;
 use message::*;
 use push::*;
+pub use rest::answer_rest_send;
 use rest::*;
 use send::*;
 use tasks::*;

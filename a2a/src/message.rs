@@ -378,7 +378,8 @@ impl<'a> PlainSend<'a> {
     /// The REST binding's `message:send` body (the request's parameters, v1.0).
     pub(crate) fn read_rest(bytes: &'a [u8]) -> Option<Self> {
         let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-        let FromObject(params) = <FromObject<PlainParams<'a>> as serde::Deserialize>::deserialize(&mut deserializer).ok()?;
+        let FromObject(params) =
+            <FromObject<PlainParams<'a>> as serde::Deserialize>::deserialize(&mut deserializer).ok()?;
         deserializer.end().ok()?;
         Self::of(params, Wire::V1, Value::Null)
     }

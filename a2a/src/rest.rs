@@ -122,7 +122,9 @@ async fn answer_rest(
     let mut params = Map::new();
     if method == http::Method::POST {
         let read = match body {
-            RequestBody::Unread(body) => envelope::read_body(headers, body, api.service().tuning().max_body_bytes).await,
+            RequestBody::Unread(body) => {
+                envelope::read_body(headers, body, api.service().tuning().max_body_bytes).await
+            }
             RequestBody::Read(bytes) => Ok(bytes),
         };
         let bytes = match read {

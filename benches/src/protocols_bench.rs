@@ -22,7 +22,8 @@
 //!   h2load at 32 connections (one stream each, h2c) sending it over the gRPC
 //!   binding (`lf.a2a.v1.A2AService/SendMessage`), must each reach ≥ 0.9 ×
 //!   the req/s of `/v1/invoke` on the same JSON agent, each side's rate the
-//!   mean of three windows taken in turn with the others'.
+//!   mean of three windows taken in turn with the others'. A control, no
+//!   verdict: `/v1/invoke` over h2c by h2load, the gRPC side's client.
 //!
 //! `--smoke` (CI): the same stack and every measurement against every
 //! target, one round of 1 s without warm-ups on 4 streams of 10 events and 4
@@ -52,7 +53,9 @@ const CALLER: &str = "bench_caller";
 const WRK_WINDOWS: u64 = 3;
 
 #[derive(Debug, Clone, Parser)]
-#[command(about = "Streamed invoke vs nginx (SSE, buffering off); A2A SendMessage (JSON-RPC, REST, gRPC) vs /v1/invoke.")]
+#[command(
+    about = "Streamed invoke vs nginx (SSE, buffering off); A2A SendMessage (JSON-RPC, REST, gRPC) vs /v1/invoke."
+)]
 struct Args {
     /// Seconds each measurement lasts.
     #[arg(long, default_value_t = 6)]
@@ -288,12 +291,32 @@ fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
 /// h2load's req/s for `requests` (`-c` connections, one stream each, so as
 /// many in flight as wrk's connections keep). Every request must end in a
 /// 2xx (a gRPC error is a 200 too: the bench checks one call's status first).
-fn h2load_requests_per_s(body: &Path, url: &str, token: &str, connections: u32, duration_s: u64) -> anyhow::Result<f64> {
+/// `grpc`: gRPC's headers, else a JSON body's.
+fn h2load_requests_per_s(
+    body: &Path,
+    url: &str,
+    token: &str,
+    grpc: bool,
+    connections: u32,
+    duration_s: u64,
+) -> anyhow::Result<f64> {
+    let headers: &[&str] = if grpc {
+        &[
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "-H",
+            "a2a-version: 1.0",
+        ]
+    } else {
+        &["-H", "content-type: application/json"]
+    };
     let output = std::process::Command::new(agent_reach_testkit::find_binary("h2load", "nghttp2-client"))
         .args(["-t1", &format!("-c{connections}"), "-m1", &format!("-D{duration_s}")])
         .arg("-d")
         .arg(body)
-        .args(["-H", "content-type: application/grpc", "-H", "te: trailers", "-H", "a2a-version: 1.0"])
+        .args(headers)
         .args(["-H", &format!("authorization: Bearer {token}")])
         .arg(url)
         .output()
@@ -499,13 +522,18 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         request
             .metadata_mut()
             .insert("authorization", format!("Bearer {token}").parse()?);
-        let answered = grpc_client.send_message(request).await.context("gRPC SendMessage failed")?;
+        let answered = grpc_client
+            .send_message(request)
+            .await
+            .context("gRPC SendMessage failed")?;
         if answered.into_inner().payload.is_none() {
             bail!("gRPC SendMessage answered nothing");
         }
     }
     let grpc_body = files.write_bytes("grpc.bin", &grpc_frame(&grpc_request))?;
     let invoke_script = support::wrk_post_script(&files, "invoke.lua", &invoke_body, &token)?;
+    // `/v1/invoke` as h2load sends it (h2c): the same client as gRPC's, a control.
+    let invoke_file = files.write_bytes("invoke.json", invoke_body.as_bytes())?;
     let a2a_script = support::wrk_post_script(&files, "a2a.lua", &send_body, &token)?;
     let rest_script = support::wrk_post_script(&files, "rest.lua", &rest_body, &token)?;
 
@@ -526,8 +554,8 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     );
     let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
-    let (mut invoke_rates, mut a2a_rates, mut rest_rates, mut grpc_rates) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut invoke_rates, mut a2a_rates, mut rest_rates, mut grpc_rates, mut invoke_h2_rates) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let measuring = |measure| args.only.contains(&measure);
     for round in 1..=args.rounds {
         // The first events, all targets in turn (as long in all as the three
@@ -577,25 +605,39 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&rest_script, &rest_url, args.connections, warm_up.as_secs());
-            let _ = h2load_requests_per_s(&grpc_body, &grpc_url, &token, args.connections, warm_up.as_secs());
+            let _ = h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, args.connections, warm_up.as_secs());
+            let _ = h2load_requests_per_s(
+                &invoke_file,
+                &router_invoke,
+                &token,
+                false,
+                args.connections,
+                warm_up.as_secs(),
+            );
         }
         let windows = WRK_WINDOWS.min(args.duration_s.max(1));
         let window_s = (args.duration_s / windows).max(1);
-        let (mut invoke, mut a2a, mut rest, mut grpc) = (0.0, 0.0, 0.0, 0.0);
+        let (mut invoke, mut a2a, mut rest, mut grpc, mut invoke_h2) = (0.0, 0.0, 0.0, 0.0, 0.0);
         for _ in 0..windows {
             invoke += wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, window_s)? / windows as f64;
             a2a += wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, window_s)? / windows as f64;
             rest += wrk_requests_per_s(&rest_script, &rest_url, args.connections, window_s)? / windows as f64;
-            grpc += h2load_requests_per_s(&grpc_body, &grpc_url, &token, args.connections, window_s)? / windows as f64;
+            grpc += h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, args.connections, window_s)?
+                / windows as f64;
+            invoke_h2 +=
+                h2load_requests_per_s(&invoke_file, &router_invoke, &token, false, args.connections, window_s)?
+                    / windows as f64;
         }
         println!(
-            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), gRPC SendMessage {grpc:.0} req/s ({:.2}x), {} conns",
+            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), gRPC SendMessage {grpc:.0} req/s ({:.2}x; h2load's /v1/invoke over h2c {invoke_h2:.0} req/s, gRPC {:.2}x of it), {} conns",
             "router",
             a2a / invoke,
             rest / invoke,
             grpc / invoke,
+            grpc / invoke_h2,
             args.connections
         );
+        invoke_h2_rates.push(invoke_h2);
         invoke_rates.push(invoke);
         a2a_rates.push(a2a);
         rest_rates.push(rest);
@@ -621,11 +663,12 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         run.verdict(router_rate >= nginx_rate, (" -> MET", " -> NOT MET"))
         );
     }
-    let (invoke, a2a, rest, grpc) = (
+    let (invoke, a2a, rest, grpc, invoke_h2) = (
         median(&mut invoke_rates),
         median(&mut a2a_rates),
         median(&mut rest_rates),
         median(&mut grpc_rates),
+        median(&mut invoke_h2_rates),
     );
     if measuring(Measure::A2a) {
         println!(
@@ -645,6 +688,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             args.connections,
             grpc / invoke,
             run.verdict(grpc >= 0.9 * invoke, (" -> MET", " -> NOT MET"))
+        );
+        println!(
+            "  control: /v1/invoke over h2c by h2load (gRPC's client) {invoke_h2:.0} req/s; gRPC SendMessage {:.2}x of it",
+            grpc / invoke_h2
         );
     }
     drop(etcd);

@@ -47,7 +47,10 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
         // decode, no query, one path segment.
         let named = target.strip_prefix("/a2a/")?;
         let plain = |capability: &str| !capability.is_empty() && !capability.contains(['/', '%', '?', '#']);
-        if let Some(capability) = named.strip_suffix("/v1/message:send").filter(|capability| plain(capability)) {
+        if let Some(capability) = named
+            .strip_suffix("/v1/message:send")
+            .filter(|capability| plain(capability))
+        {
             return Some(Route::A2aRestSend(capability.to_string()));
         }
         plain(named).then(|| Route::A2a(named.to_string()))

@@ -201,7 +201,8 @@ impl Grpc {
             Err(failure) => {
                 return Some(match input_required(&failure.error) {
                     Some(question) => {
-                        let task = paused_task(&self.api, caller, &call.checked.request, None, question, Wire::V1).await;
+                        let task =
+                            paused_task(&self.api, caller, &call.checked.request, None, question, Wire::V1).await;
                         Ok(wire::send_response(&json!({ "task": task })))
                     }
                     None => {
