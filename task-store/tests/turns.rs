@@ -52,7 +52,7 @@ async fn a_task_asking_for_input_waits_and_a_message_continues_it(backend: Backe
     store.pause(&claimed, &question).await.unwrap();
     let waiting = store.get(&task_id).await.unwrap();
     assert_eq!(waiting.state, State::InputRequired);
-    assert_eq!(waiting.turns, [question.clone()]);
+    assert_eq!(waiting.turns, std::slice::from_ref(&question));
     assert_eq!(waiting.question(), Some(&question));
     // Acknowledged (nothing to reclaim), on the retention clock while it waits.
     assert!(store.reclaim("worker-b", Duration::ZERO, 10).await.unwrap().is_empty());
