@@ -184,6 +184,11 @@ impl Files {
 
     /// A file of the run: written into the temp dir, its path as an argument.
     pub fn write_file(&self, name: &str, contents: &str) -> anyhow::Result<PathBuf> {
+        self.write_bytes(name, contents.as_bytes())
+    }
+
+    /// A file of `contents` in the bench's directory (e.g. a request body a load generator sends).
+    pub fn write_bytes(&self, name: &str, contents: &[u8]) -> anyhow::Result<PathBuf> {
         let path = self.dir.path().join(name);
         std::fs::write(&path, contents)?;
         Ok(path)

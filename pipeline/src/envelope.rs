@@ -17,6 +17,9 @@ pub struct CheckedRequest {
     /// Set only by the task worker (never from a caller's envelope): the
     /// delivery carries it, and the agent may answer `202` and report later.
     pub task_id: Option<String>,
+    /// Set only by the task worker, delivering a multi-turn task's next turn:
+    /// the conversation so far (docs/design.md, "Multi-turn tasks").
+    pub history: Option<serde_json::Value>,
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RouterError {
@@ -101,6 +104,7 @@ pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
         version_req,
         policy,
         task_id: None,
+        history: None,
     })
 }
 

@@ -348,6 +348,8 @@ pub struct Offered {
     pub name: String,
     pub version: String,
     pub described: Arc<crate::snapshot::Described>,
+    /// The version's own deadline for a call (its `timeout_ms`), if it declares one.
+    pub timeout: Option<std::time::Duration>,
 }
 
 // === What the doors read of the snapshot ===
@@ -362,7 +364,24 @@ impl RouterService {
             name: found.name.clone(),
             version: group.version_text.clone(),
             described: group.described.clone(),
+            timeout: group.timeout,
         })
+    }
+
+    /// `payload` checked against the input schema of `capability`'s highest
+    /// version (compiled already), for a payload accepted now and delivered
+    /// later (a multi-turn task's next message); a capability no instance
+    /// offers now passes (its delivery answers for it).
+    pub fn check_payload(&self, capability: &str, payload: &serde_json::Value) -> Result<(), RouterError> {
+        let snapshot = self.snapshot.load();
+        match snapshot
+            .capabilities
+            .get(capability)
+            .and_then(|found| found.versions.first())
+        {
+            Some(group) => crate::schema::check_input(group, payload),
+            None => Ok(()),
+        }
     }
 
     /// Whether any instance offers `capability` now (a lookup, no copy).
@@ -382,6 +401,7 @@ impl RouterService {
                     name: capability.name.clone(),
                     version: group.version_text.clone(),
                     described: group.described.clone(),
+                    timeout: group.timeout,
                 })
             })
             .collect();

@@ -146,6 +146,12 @@ pub struct ForwardedEnvelope {
     /// report the outcome later with `POST /v1/tasks/{task_id}/result`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// Set on the delivery of a multi-turn task's next turn: the conversation
+    /// so far, oldest first, `{"role": "user", "payload": …}` for each
+    /// message of the caller and `{"role": "agent", "message": …}` for each
+    /// time the agent asked for more input; `payload` is the latest answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<Value>,
 }
 
 /// An agent's `200` answer.

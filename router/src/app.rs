@@ -58,7 +58,7 @@ pub fn routes(
     );
     agent_reach_pipeline::http::routes(service.clone())
         .merge(openapi)
-        .merge(agent_reach_mcp::routes(service.clone()))
+        .merge(agent_reach_mcp::routes(task_api.clone()))
         .merge(agent_reach_a2a::routes(task_api.clone()))
         .merge(agent_reach_tasks::routes(task_api))
         .merge(broadcast_route)

@@ -59,7 +59,7 @@ pub use client::{
     verify_callback, Callback, Client, SessionResult, SessionResults, TaskAccepted, TaskEvent, TaskStatus, TaskView,
     Transition,
 };
-pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, ContextTier, Ctx};
+pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, ContextTier, Ctx, Turn};
 pub use error::{CallError, HandlerError, RouterCode, StartError};
 pub use handler::{Descriptor, Handler, IntoHandler};
 pub use state::{Load, LoadThresholds, Status};

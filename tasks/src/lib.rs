@@ -24,6 +24,7 @@ mod protocol;
 mod quota;
 mod report;
 mod settings;
+mod timestamps;
 mod trail;
 mod worker;
 
@@ -38,6 +39,7 @@ pub use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
 pub use protocol::{Owned, POLL};
 pub use settings::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
+pub use timestamps::{parse_rfc3339, rfc3339};
 pub use trail::router_id;
 
 use agent_reach_pipeline::error::{Code, RouterError};

@@ -178,6 +178,7 @@ pub(crate) async fn run<E: Exchange>(
         0,
     );
     envelope.task_id = task_id;
+    envelope.history = checked.history.as_ref();
     // Without OpenTelemetry spans, every attempt carries the router's own span id.
     let fallback_traceparent = trace.forward_header();
     // Selection and attempt spans only for traces that are kept (an unsampled

@@ -335,6 +335,23 @@ export class HandlerError extends Error {
   }
 }
 
+/**
+ * "Need more input" (docs/design.md, "Multi-turn tasks"): the handler cannot answer until
+ * the caller says more; `message` says what it needs. Answered 422 with the code
+ * `INPUT_REQUIRED`: an A2A task goes `input-required` with `message` as its status message,
+ * and the caller's next message naming the task is delivered with the conversation so far
+ * (`ctx.history`). A plain `/v1/invoke` caller gets it as `AGENT_ERROR` (`details.agent_code`).
+ *
+ * ```ts
+ * if (input.size === undefined) throw new InputRequired("Which size: S, M or L?");
+ * ```
+ */
+export class InputRequired extends HandlerError {
+  constructor(message: string) {
+    super("INPUT_REQUIRED", message);
+  }
+}
+
 /** What `ctx.acceptAndReport` throws on a task's delivery: answered `202 Accepted`, reported later. */
 export class Accepted extends HandlerError {
   constructor() {

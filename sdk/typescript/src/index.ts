@@ -31,7 +31,7 @@ export {
   type TaskView,
 } from "./client.js";
 export { ContextHandle, Contexts, type ContextView, type CreateOptions, type Patch, type Tier } from "./contexts.js";
-export { Ctx, type CtxCallOptions } from "./ctx.js";
+export { Ctx, type CtxCallOptions, type Turn } from "./ctx.js";
 export {
   Accepted,
   AgentError,
@@ -46,6 +46,7 @@ export {
   Forbidden,
   HandlerDefinitionError,
   HandlerError,
+  InputRequired,
   InvalidEnvelope,
   LeaseExpired,
   NoAvailableInstance,

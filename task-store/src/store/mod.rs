@@ -84,9 +84,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use self::backlog::Backlogs;
+pub use self::callbacks::schedule_member;
 use self::connection::{Connection, Link};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
 use self::scripts::Scripts;
+pub use self::turns::MOST_PUSH_CONFIGS;
 use crate::model::{Callback, Priority, State, Task};
 
 mod backlog;
@@ -103,6 +105,7 @@ mod record;
 mod scripts;
 mod submission;
 mod trail;
+mod turns;
 
 const GROUP: &str = "workers";
 
@@ -182,6 +185,9 @@ pub struct NewTask {
     pub priority: Priority,
     pub envelope: Value,
     pub callback: Option<Callback>,
+    /// An A2A push config set with the message that made the task (its
+    /// `push:{id}` field, written with the task: notified however soon it ends).
+    pub push_config: Option<Callback>,
     /// Deliver to this instance only (a broadcast child).
     pub target_agent: Option<String>,
     /// The broadcast parent this task reports to.
@@ -233,6 +239,8 @@ pub struct DeadLetter {
     /// The stream entry id, `MS-SEQ` (MS: when it was parked).
     pub id: String,
     pub task_id: String,
+    /// The A2A push config it was for (`None`: the task's callback).
+    pub push_config: Option<String>,
     pub url: String,
     /// Why the last attempt failed.
     pub error: String,

@@ -26,7 +26,7 @@ from .agent import Agent
 from .assertion import Assertion, JwksFile, JwksUrl
 from .client import AsyncClient, Client, SessionResults, TaskAccepted, TaskView, verify_callback
 from .contexts import ContextHandle, Contexts
-from .ctx import Ctx
+from .ctx import Ctx, Turn
 from .errors import (
     AgentError,
     AgentReachError,
@@ -40,6 +40,7 @@ from .errors import (
     Forbidden,
     HandlerDefinitionError,
     HandlerError,
+    InputRequired,
     InvalidEnvelope,
     LeaseExpired,
     NoAvailableInstance,
@@ -87,6 +88,7 @@ __all__ = [
     "Forbidden",
     "HandlerDefinitionError",
     "HandlerError",
+    "InputRequired",
     "InvalidEnvelope",
     "InvokeResult",
     "JwksFile",
@@ -112,6 +114,7 @@ __all__ = [
     "TaskView",
     "TasksDisabled",
     "TransportError",
+    "Turn",
     "Unauthenticated",
     "VersionConflict",
     "VersionNotFound",
