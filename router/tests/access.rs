@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 use support::{eventually, invoke_at, order, token, AgentSpec, Behaviour, Cluster};
 
 /// `tester` may call anything (the support's policy); `order_owner`
-/// approves access to `order.*`; `ops` operates.
+/// approves access to `order.*` (and operates, for the console); `ops` operates.
 const ACL: &str = r#"version: 1
-operators: [ops]
+operators: [ops, order_owner]
 permissions:
   - caller: tester
     allow: ["*"]
@@ -272,4 +272,104 @@ async fn expired_grants_and_other_tenants_grants_are_refused() {
     .await;
     assert!(refused, "the expired grant is refused on both routers");
     assert!(support::epoch_ms() >= expires_at_ms, "refused only once expired");
+}
+
+/// The console's access routes on a router: its view of the file's rules
+/// beside the grants it applies, and the registry's access routes relayed
+/// with the operator's own token, the registry deciding who may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_shows_rules_beside_grants_and_relays_decisions() {
+    let (routers, _agent) = Routers::start().await;
+    let router = |path: &str| routers.cluster.url(path);
+    let http = &routers.http;
+    let send = |request: reqwest::RequestBuilder, caller: &str| {
+        let request = request.bearer_auth(token(caller));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
+            )
+        }
+    };
+    let ask = json!({ "capability": "order.query", "reason": "from the console test" });
+    let (_, filed) = routers.post("/v1/access-requests", "intent_parser", ask).await;
+    let id = filed["id"].as_str().unwrap().to_string();
+
+    let (status, pending) = send(http.get(router("/v1/access-requests?status=pending")), "ops").await;
+    assert_eq!(status, 200, "{pending}");
+    assert_eq!(pending["requests"][0]["id"], id.as_str());
+    let (status, body) = send(http.get(router("/v1/access-requests")), "intent_parser").await;
+    assert_eq!(
+        (status, body["error"]["details"]["reason"].as_str()),
+        (403, Some("not_an_operator")),
+        "{body}"
+    );
+    // An operator the file does not name an approver is refused by the registry.
+    let approve = router(&format!("/v1/access-requests/{id}/approve"));
+    let (status, body) = send(http.post(&approve).json(&json!({})), "ops").await;
+    assert_eq!(
+        (status, body["error"]["details"]["reason"].as_str()),
+        (403, Some("not_an_owner")),
+        "{body}"
+    );
+    let (status, approved) = send(http.post(&approve).json(&json!({ "note": "console" })), "order_owner").await;
+    assert_eq!(
+        (status, approved["decided_by"].as_str()),
+        (200, Some("order_owner")),
+        "{approved}"
+    );
+    let grant_id = approved["grant_id"].as_str().unwrap().to_string();
+
+    // The router's view: the file's rules and owners beside the grant it now applies.
+    let shown = eventually(WITHIN, || async {
+        let (_, view) = send(http.get(router("/v1/routing/access")), "ops").await;
+        view["grants"].as_array().is_some_and(|grants| grants.len() == 1)
+    })
+    .await;
+    assert!(shown, "the grant reached the router's view");
+    let (_, view) = send(http.get(router("/v1/routing/access")), "ops").await;
+    assert_eq!(
+        view["permissions"],
+        json!([{ "caller": "tester", "allow": ["*"] }]),
+        "{view}"
+    );
+    assert_eq!(
+        view["owners"],
+        json!([{ "capability": "order.*", "approvers": ["order_owner"] }])
+    );
+    let grant = &view["grants"][0];
+    assert_eq!(
+        (grant["id"].as_str(), grant["caller"].as_str()),
+        (Some(grant_id.as_str()), Some("intent_parser"))
+    );
+    assert_eq!(
+        (grant["live"].as_bool(), grant["granted_by"].as_str()),
+        (Some(true), Some("order_owner"))
+    );
+    let (status, _) = send(http.get(router("/v1/routing/access")), "tester").await;
+    assert_eq!(status, 403, "operators only");
+
+    let (status, body) = send(http.delete(router(&format!("/v1/grants/{grant_id}"))), "order_owner").await;
+    assert_eq!(status, 204, "{body}");
+    assert!(routers.until_every_router("intent_parser", 403, WITHIN).await.is_some());
+    let (status, body) = send(http.post(router("/v1/access-requests/ar-none/deny")), "order_owner").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("ACCESS_REQUEST_NOT_FOUND")),
+        "{body}"
+    );
+
+    // The page's section is served with the page's headers.
+    let script = http.get(router("/console/access.js")).send().await.unwrap();
+    assert_eq!(script.status(), 200);
+    assert!(script.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("default-src 'self'"));
+    assert!(script.text().await.unwrap().contains("/v1/routing/access"));
+    let page = http.get(router("/console")).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("/console/access.js") && page.contains("id=\"access-requests\""));
 }
