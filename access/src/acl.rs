@@ -41,7 +41,7 @@ struct RawAcl {
     /// What the trail records beyond who called what (DESIGN §9).
     #[serde(default)]
     trail: RawTrail,
-    /// Who approves access requests for which capabilities (DESIGN §9).
+    /// Who approves access requests for which capabilities (DESIGN §2.11).
     #[serde(default)]
     owners: Vec<RawOwner>,
 }

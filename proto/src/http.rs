@@ -224,7 +224,7 @@ pub struct WeightRequest {
     pub weight: u32,
 }
 
-// === Access requests and grants (DESIGN §9) ===
+// === Access requests and grants (DESIGN §2.11) ===
 
 /// `POST /v1/access-requests`: `caller` asks to call `capability`. `caller`
 /// defaults to the token's subject; naming another caller is for operators.

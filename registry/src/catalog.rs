@@ -31,7 +31,7 @@ struct State {
     by_capability: HashMap<String, BTreeSet<String>>,
     /// capability name → its traffic split (DESIGN §2.9), ordered for listings.
     splits: BTreeMap<String, Arc<Split>>,
-    /// grant id → its access grant (DESIGN §9), expired ones included until removed.
+    /// grant id → its access grant (DESIGN §2.11), expired ones included until removed.
     grants: BTreeMap<String, Arc<Grant>>,
 }
 

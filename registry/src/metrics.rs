@@ -85,6 +85,10 @@ impl Metrics {
         for status in crate::model::Status::ALL {
             instances.with_label_values(&[status.as_str()]).set(0);
         }
+        // Served from the start, at 0, so dashboards and alerts see the family.
+        for decision in ["requested", "approved", "denied", "revoked"] {
+            access_decisions.with_label_values(&[decision]);
+        }
         Ok(Self {
             registry,
             instances,

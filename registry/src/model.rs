@@ -97,7 +97,7 @@ pub struct Split {
     pub updated_by: Option<String>,
 }
 
-/// Where an access request stands (DESIGN §9). `pending` is the only
+/// Where an access request stands (DESIGN §2.11). `pending` is the only
 /// state a decision leaves; `approved` becomes `revoked` when its grant is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
