@@ -20,7 +20,7 @@ fn share(pair: &str) -> anyhow::Result<(String, Value)> {
 }
 
 /// Sends one request to the registry: its status and JSON answer (`null` for a `204`).
-async fn send(
+pub(crate) async fn send(
     connection: &Connection,
     request: reqwest::RequestBuilder,
     url: &str,
@@ -42,7 +42,7 @@ async fn send(
 }
 
 /// The answer on success; otherwise an error naming the status, the code and the message.
-fn success((status, body): (reqwest::StatusCode, Value)) -> anyhow::Result<Value> {
+pub(crate) fn success((status, body): (reqwest::StatusCode, Value)) -> anyhow::Result<Value> {
     if !status.is_success() {
         anyhow::bail!(
             "{status}: {} {}",

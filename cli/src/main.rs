@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 
 #[macro_use]
 mod out;
+mod access;
 mod canary;
 mod connection;
 mod console;
@@ -115,7 +116,14 @@ enum Command {
         #[command(flatten)]
         connection: ops::Connection,
     },
-    /// Check the access policy.
+    /// Access requests: ask to call a capability, approve or deny (owners), revoke, export the grants.
+    Access {
+        #[command(subcommand)]
+        command: access::AccessCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Check the access policy (the file, and the registry's live grants when a token is given).
     Acl {
         #[command(subcommand)]
         command: AclCommand,
@@ -152,10 +160,10 @@ enum KeysCommand {
 
 #[derive(Debug, Subcommand)]
 enum AclCommand {
-    /// May CALLER call CAPABILITY? Exit code 0 when allowed, 1 when denied.
+    /// May CALLER call CAPABILITY (by acl.yaml, or a live grant)? Exit code 0 when allowed, 1 when denied.
     Check {
         #[command(flatten)]
-        args: ops::AclCheckArgs,
+        args: access::AclCheckArgs,
         /// Print JSON instead of a sentence.
         #[arg(long)]
         json: bool,
@@ -278,7 +286,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },
-        } => ops::acl_check(&args, json),
+        } => access::acl_check(&args, json).await,
+        Command::Access { command, connection } => access::access(&connection, command).await,
         Command::Keys { command } => keys(command),
         Command::Token {
             command:

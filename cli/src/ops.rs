@@ -1,7 +1,6 @@
 //! Operator commands against running services: tables for people, `--json`
 //! for scripts.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -68,17 +67,6 @@ pub struct InvokeArgs {
     pub context_id: Option<String>,
     #[arg(long)]
     pub timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct AclCheckArgs {
-    /// The policy file.
-    #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
-    pub acl: PathBuf,
-    #[arg(long)]
-    pub caller: String,
-    #[arg(long)]
-    pub capability: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -275,25 +263,5 @@ pub async fn healthcheck(args: &HealthcheckArgs) -> anyhow::Result<()> {
         anyhow::bail!("{} answered {status}: {body}", args.url);
     }
     outln!("healthy: {} answered {status}", args.url);
-    Ok(())
-}
-
-pub fn acl_check(args: &AclCheckArgs, json: bool) -> anyhow::Result<()> {
-    let acl = agent_reach_access::Acl::load(&args.acl)?;
-    let allowed = acl.may_call(&args.caller, &args.capability);
-    if json {
-        print_json(&serde_json::json!({ "caller": args.caller, "capability": args.capability, "allowed": allowed }))?;
-    } else if allowed {
-        outln!("allowed: `{}` may call `{}`", args.caller, args.capability);
-    } else {
-        outln!(
-            "denied: no `permissions` rule lets `{}` call `{}`",
-            args.caller,
-            args.capability
-        );
-    }
-    if !allowed {
-        std::process::exit(1);
-    }
     Ok(())
 }

@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 21] = [
+pub const PATHS: [(&str, &str); 26] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -27,6 +27,11 @@ pub const PATHS: [(&str, &str); 21] = [
     ("/v1/trail/chains/{router}/records", "get"),
     ("/v1/trail/chains/{router}/heads", "get"),
     ("/v1/trail/inputs", "get"),
+    ("/v1/routing/access", "get"),
+    ("/v1/access-requests", "get"),
+    ("/v1/access-requests/{id}/approve", "post"),
+    ("/v1/access-requests/{id}/deny", "post"),
+    ("/v1/grants/{id}", "delete"),
 ];
 
 fn failed(description: &str) -> Value {
@@ -109,6 +114,47 @@ fn heartbeats() -> Value {
         }),
     );
     operation
+}
+
+/// A relayed access route (DESIGN §2.11): the registry decides who may.
+fn access_relayed(summary: &str, extra: Value) -> Value {
+    let mut operation = relayed(summary, extra);
+    operation["description"] = json!("The registry's access route (DESIGN §2.11), relayed with the operator's own token: the registry's own answer and codes pass through (FORBIDDEN with details.reason `not_an_owner` for an operator that acl.yaml's `owners:` does not name an approver of the capability, ACCESS_REQUEST_NOT_FOUND, GRANT_NOT_FOUND, ALREADY_DECIDED). Logged with the operator's name.");
+    operation
+}
+
+/// The access section's paths (DESIGN §2.11), beside the rest.
+fn access_paths() -> Value {
+    json!({
+        "/v1/routing/access": { "get": {
+            "summary": "Who may call what on this router: acl.yaml's `permissions` and `owners`, and the access grants it applies on top of them as its Watch brought them (operators)",
+            "security": security(),
+            "responses": operator(object("The file's rules and the grants.", json!({
+                "permissions": { "type": "array", "items": { "type": "object", "properties": { "caller": { "type": "string" }, "allow": { "type": "array", "items": { "type": "string" } } } } },
+                "owners": { "type": "array", "items": { "type": "object", "properties": { "capability": { "type": "string" }, "approvers": { "type": "array", "items": { "type": "string" } } } } },
+                "grants": { "type": "array", "items": { "type": "object", "properties": {
+                    "id": { "type": "string" }, "caller": { "type": "string" }, "capability": { "type": "string" },
+                    "granted_by": { "type": "string" }, "granted_at_ms": { "type": "integer" },
+                    "expires_at_ms": { "type": "integer", "nullable": true }, "request_id": { "type": "string" },
+                    "live": { "type": "boolean", "description": "False once past its expiry: it allows nothing, and stays listed until the registry removes it." }
+                } } }
+            })), vec![])
+        } },
+        "/v1/access-requests": { "get": access_relayed("Access requests, oldest first (relayed to the registry; an operator sees every one)", json!({
+            "parameters": [{ "name": "status", "in": "query", "required": false, "schema": { "type": "string", "enum": ["pending", "approved", "denied", "revoked", "expired"] } }]
+        })) },
+        "/v1/access-requests/{id}/approve": { "post": access_relayed("Approve a pending access request into a grant every router applies (an approver of its capability; relayed to the registry)", json!({
+            "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+            "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "note": { "type": "string", "maxLength": 1000 } } } } } }
+        })) },
+        "/v1/access-requests/{id}/deny": { "post": access_relayed("Deny a pending access request (an approver of its capability; relayed to the registry)", json!({
+            "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+            "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "note": { "type": "string", "maxLength": 1000 } } } } } }
+        })) },
+        "/v1/grants/{id}": { "delete": access_relayed("Revoke an access grant: every router refuses its calls once the Watch brings the removal (approvers of its capability, operators; relayed to the registry)", json!({
+            "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]
+        })) }
+    })
 }
 
 /// The console's entries of `paths`, its security schemes and its schemas.
@@ -296,5 +342,7 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
         Value::Object(map) => map,
         _ => Map::new(),
     };
-    (as_map(paths), as_map(schemes), as_map(schemas))
+    let mut paths = as_map(paths);
+    paths.extend(as_map(access_paths()));
+    (paths, as_map(schemes), as_map(schemas))
 }

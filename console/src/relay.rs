@@ -134,7 +134,7 @@ where
 }
 
 /// Relays one operator request; logs the change with the operator's name.
-async fn relay(
+pub(crate) async fn relay(
     state: &ConsoleState,
     (identified, headers): (&Identified, &HeaderMap),
     method: Method,

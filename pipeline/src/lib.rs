@@ -34,6 +34,7 @@ mod forward;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grants;
 mod health;
 pub mod http;
 pub mod json;

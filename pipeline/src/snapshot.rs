@@ -19,6 +19,7 @@ use arc_swap::ArcSwap;
 use agent_reach_proto::Status;
 
 use crate::clock;
+use crate::grants::{Grants, GrantsHandle};
 use crate::health::{health_score, latency_factor, status_permille, InstanceState};
 use crate::metrics::{CapabilityMetrics, Metrics};
 use crate::split::Split;
@@ -186,6 +187,9 @@ impl Snapshot {
 /// The live snapshot plus the watch's connection state (for `/readyz` and staleness).
 pub struct SnapshotHandle {
     current: ArcSwap<Snapshot>,
+    /// The tenant's access grants, from the same Watch, swapped on their own
+    /// (a grant changes no route, so it rebuilds no snapshot).
+    grants: Arc<GrantsHandle>,
     synced: AtomicBool,
     connected: AtomicBool,
     /// Monotonic ms when the watch was last lost (meaningful while disconnected).
@@ -202,6 +206,7 @@ impl SnapshotHandle {
     pub fn new() -> Self {
         Self {
             current: ArcSwap::from_pointee(Snapshot::empty()),
+            grants: Arc::new(GrantsHandle::default()),
             synced: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             lost_at_ms: AtomicU64::new(clock::now_ms()),
@@ -215,6 +220,11 @@ impl SnapshotHandle {
     /// An owned reference, for holding across awaits.
     pub fn load_full(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The access grants the Watch brought (admission reads them).
+    pub fn grants(&self) -> &Arc<GrantsHandle> {
+        &self.grants
     }
 
     pub fn store(&self, snapshot: Snapshot) {
@@ -275,6 +285,10 @@ pub struct SnapshotBuilder {
     previous_groups: HashMap<(String, semver::Version), Arc<VersionGroup>>,
     /// Traffic splits by capability, as the registry last sent them.
     splits: BTreeMap<String, pb::CapabilitySplit>,
+    /// Access grants by id, as the registry last sent them.
+    grants: BTreeMap<String, pb::Grant>,
+    /// Whether `grants` changed since [`SnapshotBuilder::take_grants`].
+    grants_changed: bool,
 }
 
 impl SnapshotBuilder {
@@ -288,7 +302,14 @@ impl SnapshotBuilder {
             capability_metrics: HashMap::new(),
             previous_groups: HashMap::new(),
             splits: BTreeMap::new(),
+            grants: BTreeMap::new(),
+            grants_changed: false,
         }
+    }
+
+    /// The grants index, when the grants changed since the last call.
+    pub fn take_grants(&mut self) -> Option<Grants> {
+        std::mem::take(&mut self.grants_changed).then(|| Grants::build(self.grants.values()))
     }
 
     /// The last applied revision (resume point for the next Watch).
@@ -315,7 +336,23 @@ impl SnapshotBuilder {
                     .into_iter()
                     .map(|split| (split.capability.clone(), split))
                     .collect();
+                self.grants = snapshot
+                    .grants
+                    .into_iter()
+                    .map(|grant| (grant.id.clone(), grant))
+                    .collect();
+                self.grants_changed = true;
                 true
+            }
+            // Grants change who may call, not where calls go: no rebuild.
+            Some(Kind::GrantSet(grant)) => {
+                self.grants.insert(grant.id.clone(), grant);
+                self.grants_changed = true;
+                false
+            }
+            Some(Kind::GrantRemoved(removed)) => {
+                self.grants_changed |= self.grants.remove(&removed.id).is_some();
+                false
             }
             Some(Kind::SplitSet(split)) => {
                 self.splits.insert(split.capability.clone(), split);
@@ -619,6 +656,7 @@ mod tests {
                 instances: vec![heavy, instance("l1", "1.0.0", "")],
                 reset: false,
                 splits: Vec::new(),
+                grants: Vec::new(),
                 more: false,
             }),
         ));
@@ -666,6 +704,7 @@ mod tests {
                 instances: vec![loaded.clone(), instance("a2", "1.0.0", "")],
                 reset: false,
                 splits: Vec::new(),
+                grants: Vec::new(),
                 more: false,
             }),
         ));
@@ -716,6 +755,7 @@ mod tests {
                 instances: vec![instance("a1", "1.0.0", schema), instance("a2", "1.2.0", schema)],
                 reset: false,
                 splits: Vec::new(),
+                grants: Vec::new(),
                 more: false,
             }),
         ));

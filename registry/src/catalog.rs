@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Instance, Keys, Split, Status};
+use crate::model::{Capability, Grant, Instance, Keys, Split, Status};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -31,6 +31,8 @@ struct State {
     by_capability: HashMap<String, BTreeSet<String>>,
     /// capability name → its traffic split (DESIGN §2.9), ordered for listings.
     splits: BTreeMap<String, Arc<Split>>,
+    /// grant id → its access grant (DESIGN §2.11), expired ones included until removed.
+    grants: BTreeMap<String, Arc<Grant>>,
 }
 
 impl State {
@@ -79,6 +81,14 @@ pub struct CapabilitySummary {
     pub routable_instances: usize,
 }
 
+/// What a `Watch` snapshot carries, at one revision.
+pub struct WatchSnapshot {
+    pub instances: Vec<Arc<Instance>>,
+    pub splits: Vec<Arc<Split>>,
+    pub grants: Vec<Arc<Grant>>,
+    pub revision: Revision,
+}
+
 /// Which instances serve a capability at the chosen version.
 #[derive(Debug, Clone)]
 pub struct Resolution {
@@ -120,6 +130,17 @@ pub fn decode_split(kv: &KeyValue) -> Option<Split> {
         Ok(split) => Some(split),
         Err(error) => {
             tracing::warn!(message = "Skipping undecodable traffic split.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// Decodes a stored grant; undecodable values are skipped with a warning.
+pub fn decode_grant(kv: &KeyValue) -> Option<Grant> {
+    match serde_json::from_slice::<Grant>(&kv.value) {
+        Ok(grant) => Some(grant),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable access grant.", key = %kv.key, %error);
             None
         }
     }
@@ -281,19 +302,38 @@ impl Catalog {
             .is_ok_and(|seen| seen.is_ok())
     }
 
+    /// Does any registered instance (in any status) offer `capability`?
+    pub fn offers(&self, capability: &str) -> bool {
+        self.read().by_capability.contains_key(capability)
+    }
+
     /// A capability's traffic split, if an operator set one.
     pub fn split(&self, capability: &str) -> Option<Arc<Split>> {
         self.read().splits.get(capability).cloned()
     }
 
-    /// Every instance (ordered by agent id) and every split, at one revision:
-    /// what a `Watch` snapshot carries.
-    pub fn snapshot(&self) -> (Vec<Arc<Instance>>, Vec<Arc<Split>>, Revision) {
+    /// Every grant the store holds, by id (expired ones until their lease removes them).
+    pub fn grants(&self) -> Vec<Arc<Grant>> {
+        self.read().grants.values().cloned().collect()
+    }
+
+    /// A grant by id.
+    pub fn grant(&self, id: &str) -> Option<Arc<Grant>> {
+        self.read().grants.get(id).cloned()
+    }
+
+    /// Every instance (ordered by agent id), split and grant, at one
+    /// revision: what a `Watch` snapshot carries.
+    pub fn snapshot(&self) -> WatchSnapshot {
         let state = self.read();
         let mut instances: Vec<_> = state.instances.values().map(|entry| entry.instance.clone()).collect();
         instances.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        let splits = state.splits.values().cloned().collect();
-        (instances, splits, state.revision)
+        WatchSnapshot {
+            instances,
+            splits: state.splits.values().cloned().collect(),
+            grants: state.grants.values().cloned().collect(),
+            revision: state.revision,
+        }
     }
 
     /// Applies one stored value: an instance or a split, by its key; keys of
@@ -313,6 +353,10 @@ impl Catalog {
             if let Some(split) = decode_split(kv) {
                 state.splits.insert(capability.to_string(), Arc::new(split));
             }
+        } else if let Some(id) = self.keys.grant_id_of(&kv.key) {
+            if let Some(grant) = decode_grant(kv) {
+                state.grants.insert(id.to_string(), Arc::new(grant));
+            }
         }
     }
 
@@ -323,6 +367,7 @@ impl Catalog {
             state.remove(&agent_id, &self.metrics);
         }
         state.splits.clear();
+        state.grants.clear();
         for kv in kvs {
             self.put(&mut state, &kv);
         }
@@ -340,6 +385,10 @@ impl Catalog {
                 Event::Delete { key, .. } => {
                     if let Some(capability) = self.keys.capability_of_split(&key) {
                         state.splits.remove(capability);
+                        continue;
+                    }
+                    if let Some(id) = self.keys.grant_id_of(&key) {
+                        state.grants.remove(id);
                         continue;
                     }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {

@@ -33,6 +33,7 @@ pub enum Code {
     InvalidTimeout,
     DuplicateCapability,
     InvalidSplit,
+    InvalidAccessRequest,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
@@ -40,6 +41,11 @@ pub enum Code {
     CapabilityNotFound,
     VersionNotFound,
     SplitNotFound,
+    AccessRequestNotFound,
+    GrantNotFound,
+    AlreadyAllowed,
+    AlreadyDecided,
+    NoOwner,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -83,6 +89,7 @@ impl ErrorCode for Code {
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
+            Code::InvalidAccessRequest => "INVALID_ACCESS_REQUEST",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
@@ -90,6 +97,11 @@ impl ErrorCode for Code {
             Code::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
             Code::VersionNotFound => "VERSION_NOT_FOUND",
             Code::SplitNotFound => "SPLIT_NOT_FOUND",
+            Code::AccessRequestNotFound => "ACCESS_REQUEST_NOT_FOUND",
+            Code::GrantNotFound => "GRANT_NOT_FOUND",
+            Code::AlreadyAllowed => "ALREADY_ALLOWED",
+            Code::AlreadyDecided => "ALREADY_DECIDED",
+            Code::NoOwner => "NO_OWNER",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -109,9 +121,16 @@ impl ErrorCode for Code {
             | Code::CapabilityNotFound
             | Code::VersionNotFound
             | Code::SplitNotFound
+            | Code::AccessRequestNotFound
+            | Code::GrantNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict => StatusCode::CONFLICT,
+            Code::AgentIdTaken
+            | Code::InvalidStatusTransition
+            | Code::Conflict
+            | Code::AlreadyAllowed
+            | Code::AlreadyDecided
+            | Code::NoOwner => StatusCode::CONFLICT,
             Code::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -126,7 +145,9 @@ impl ErrorCode for Code {
             StatusCode::FORBIDDEN => tonic::Code::PermissionDenied,
             StatusCode::NOT_FOUND => tonic::Code::NotFound,
             StatusCode::CONFLICT => match self {
-                Code::InvalidStatusTransition => tonic::Code::FailedPrecondition,
+                Code::InvalidStatusTransition | Code::AlreadyAllowed | Code::AlreadyDecided | Code::NoOwner => {
+                    tonic::Code::FailedPrecondition
+                }
                 _ => tonic::Code::Aborted,
             },
             StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,

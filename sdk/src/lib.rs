@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod agent;
 mod answer;
 mod call;
@@ -50,6 +51,7 @@ mod state;
 mod stream;
 mod verify;
 
+pub use access::AccessRequest;
 pub use agent::{Agent, AgentBuilder, LoadReporter};
 pub use agent_reach_proto::envelope::{ResultEnvelope, TargetPolicy, Usage};
 pub use agent_reach_proto::Priority;

@@ -17,6 +17,7 @@
 
 export { z } from "zod";
 
+export type { AccessRequest, AccessRequestOptions } from "./access.js";
 export { Agent, type AgentOptions } from "./agent.js";
 export { AssertionRefused, JwksFile, JwksUrl, type Assertion, type RefusalReason } from "./assertion.js";
 export {

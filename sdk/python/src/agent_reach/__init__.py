@@ -22,6 +22,7 @@ context.
     agent.run()   # registers, serves, heartbeats; SIGTERM drains and deregisters
 """
 
+from .access import AccessRequest
 from .agent import Agent
 from .assertion import Assertion, JwksFile, JwksUrl
 from .client import AsyncClient, Client, SessionResults, TaskAccepted, TaskView, verify_callback
@@ -67,6 +68,7 @@ from .wire import ContextView, InvokeResult, Policy, Priority
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessRequest",
     "Agent",
     "AgentError",
     "AgentReachError",
