@@ -54,11 +54,10 @@ impl Challenge {
         HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("Bearer realm=\"agent-reach\""))
     }
 
-    /// `response` with the challenge when it is a 401 without one.
+    /// `response` with the challenge when it is a 401 (in place of the bare
+    /// `Bearer` the MCP and A2A adapters answer with).
     fn response(&self, mut response: Response, request: &Reached) -> Response {
-        if response.status() == StatusCode::UNAUTHORIZED
-            && !response.headers().contains_key(http::header::WWW_AUTHENTICATE)
-        {
+        if response.status() == StatusCode::UNAUTHORIZED {
             let value = self.value(request);
             response.headers_mut().insert(http::header::WWW_AUTHENTICATE, value);
         }
