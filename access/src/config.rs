@@ -87,6 +87,15 @@ impl AuthConfig {
         matches!(self, AuthConfig::InsecureNoAuth)
     }
 
+    /// The claim that names a token's tenant: `--auth-claim-tenant` with
+    /// OIDC issuers, else `tenant` (a tenant map routes requests by it).
+    pub fn tenant_claim(&self) -> &str {
+        match self {
+            AuthConfig::Oidc(oidc) => &oidc.settings.claims.tenant,
+            _ => "tenant",
+        }
+    }
+
     /// The OIDC issuers accepted, in the order configured.
     pub fn oidc_issuers(&self) -> impl Iterator<Item = &str> {
         let issuers = match self {

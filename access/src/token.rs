@@ -481,11 +481,14 @@ fn key_with(key: DecodingKey, algorithm: Algorithm) -> (DecodingKey, Validation)
 /// tenant. `None`: no bearer token, no payload, or no claim (the `default`
 /// tenant), so the caller picks the home part.
 pub fn peek_tenant(header: Option<&[u8]>) -> Option<String> {
+    peek_tenant_claim(header, "tenant")
+}
+
+/// [`peek_tenant`] for a service whose OIDC tenant claim is `claim`
+/// (`--auth-claim-tenant`): that claim when the token has it, else `tenant`
+/// (the service's own tokens' claim).
+pub fn peek_tenant_claim(header: Option<&[u8]>, claim: &str) -> Option<String> {
     use base64::Engine as _;
-    #[derive(Deserialize)]
-    struct TenantOnly {
-        tenant: Option<String>,
-    }
     let value = header?;
     let token = value
         .strip_prefix(b"Bearer ")
@@ -497,7 +500,19 @@ pub fn peek_tenant(header: Option<&[u8]>) -> Option<String> {
         return None;
     }
     let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
-    serde_json::from_slice::<TenantOnly>(&decoded).ok()?.tenant
+    if claim == "tenant" {
+        // The common case, without building a map of every claim.
+        #[derive(Deserialize)]
+        struct TenantOnly {
+            tenant: Option<String>,
+        }
+        return serde_json::from_slice::<TenantOnly>(&decoded).ok()?.tenant;
+    }
+    let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&decoded).ok()?;
+    crate::oidc::claim(&claims, claim)
+        .or_else(|| claims.get("tenant"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
 }
 
 /// The verified caller and the token's `exp` (epoch seconds).

@@ -174,7 +174,11 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         }
         Tenancy::Map(map) => {
             let parts = shared.parts_of(&map.current())?;
-            let parts = Arc::new(parts::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
+            let parts = Arc::new(
+                parts::TenantParts::new(&settings.tenant, parts)
+                    .map_err(anyhow::Error::msg)?
+                    .with_tenant_claim(settings.auth.tenant_claim()),
+            );
             tokio::spawn(parts::follow(map, Arc::downgrade(&parts), shared));
             (parts, Some(process_registry))
         }

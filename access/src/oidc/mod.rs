@@ -316,7 +316,7 @@ fn decode_part<T: serde::de::DeserializeOwned>(part: &str, what: &str) -> Result
 
 /// The claim `name`, or, when there is none and the name has dots, the
 /// value at that path through nested objects.
-fn claim<'a>(claims: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
+pub(crate) fn claim<'a>(claims: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
     if let Some(value) = claims.get(name) {
         return Some(value);
     }
