@@ -1,4 +1,4 @@
-//! The `AUTH` flags of DESIGN §7 and §9, shared by every service's command
+//! The `AUTH` flags of DESIGN §7.1, shared by every service's command
 //! line, and the [`AuthConfig`] they make: a shared HS256 secret, a public
 //! key, OpenID Connect issuers (alone or beside one of the two), or, for
 //! development only, no authentication at all.
@@ -106,7 +106,7 @@ impl AuthConfig {
     }
 }
 
-/// The `AUTH` flags of DESIGN §7 and §9, shared by every service's command line.
+/// The `AUTH` flags of DESIGN §7.1, shared by every service's command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuthArgs {
     /// File holding the shared HS256 secret (at least 32 bytes) that tokens are signed with.

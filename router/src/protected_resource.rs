@@ -3,7 +3,7 @@
 //! authorization spec, say) finds where to get a token:
 //! `GET /.well-known/oauth-protected-resource` names the router (`resource`,
 //! the origin the client reached) and the OIDC issuers whose tokens it
-//! accepts (`authorization_servers`, DESIGN §9 "OIDC"); it is served only
+//! accepts (`authorization_servers`, DESIGN §5.3.1); it is served only
 //! when an issuer is configured. Every 401 the router answers carries
 //! `WWW-Authenticate: Bearer` (RFC 6750 §3), with `resource_metadata`
 //! pointing at that document (RFC 9728 §5.1) when there is one.

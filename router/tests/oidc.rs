@@ -1,4 +1,4 @@
-//! OIDC issuers (issue 39, DESIGN §9 "OIDC") against a real OpenID provider
+//! OIDC issuers (issue 39, DESIGN §5.3.1) against a real OpenID provider
 //! (Node's `oidc-provider`, started by testkit on a loopback port): its
 //! access tokens verified by the router with the keys it publishes, the
 //! caller named by the mapped claim, a key rotation followed without a

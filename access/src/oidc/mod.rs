@@ -1,4 +1,4 @@
-//! Tokens of OpenID Connect issuers (DESIGN §9 "OIDC"): the company's own
+//! Tokens of OpenID Connect issuers (DESIGN §5.3.1): the company's own
 //! identity provider (Keycloak, Okta, Entra, Dex, ...) issues the callers'
 //! access tokens, and every service verifies them against the issuer's
 //! published keys ([`fetch`]: discovery and JWKS, refreshed as keys rotate;

@@ -1,4 +1,4 @@
-"""OIDC issuers (issue 39, DESIGN §9 "OIDC") as an MCP client meets them: a router that
+"""OIDC issuers (issue 39, DESIGN §5.3.1) as an MCP client meets them: a router that
 accepts a real OpenID provider's tokens (Node's ``oidc-provider``, on loopback) refuses an
 anonymous MCP request with ``WWW-Authenticate: Bearer resource_metadata="…"`` (RFC 9728
 §5.1); the official ``mcp`` client's auth helpers read that pointer and the protected
