@@ -140,7 +140,12 @@ pub struct AuthArgs {
     pub auth_oidc_audience: Vec<String>,
     /// The claim of an OIDC token that names the caller (the name the ACL's `caller:` matches).
     /// A dotted path (`realm_access.name`) reaches into objects when no claim has the whole name.
-    #[arg(long, env = "AGENT_REACH_AUTH_CLAIM_NAME", default_value = "sub", value_name = "CLAIM")]
+    #[arg(
+        long,
+        env = "AGENT_REACH_AUTH_CLAIM_NAME",
+        default_value = "sub",
+        value_name = "CLAIM"
+    )]
     pub auth_claim_name: String,
     /// The claim of an OIDC token that names the caller's tenant (absent: the `default` tenant).
     #[arg(
@@ -310,7 +315,10 @@ mod tests {
     fn parse(args: &[&str]) -> Result<AuthConfig, String> {
         let mut all = vec!["service"];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all).map_err(|error| error.to_string())?.auth.config()
+        Cli::try_parse_from(all)
+            .map_err(|error| error.to_string())?
+            .auth
+            .config()
     }
 
     #[test]

@@ -34,7 +34,11 @@ pub type Groups = Arc<[Arc<str>]>;
 pub enum Caller {
     /// A verified token's caller name, tenant and groups (shared: every
     /// request of a cached token clones them).
-    Agent { name: Arc<str>, tenant: Arc<str>, groups: Groups },
+    Agent {
+        name: Arc<str>,
+        tenant: Arc<str>,
+        groups: Groups,
+    },
     /// Authentication is switched off (`--insecure-no-auth`): every request is
     /// trusted, in the `default` tenant.
     Unauthenticated,
@@ -227,6 +231,9 @@ pub struct Authenticator {
     id: usize,
 }
 
+// One per service part, behind an `Arc`: its size costs nothing, and a box
+// would cost a pointer chase on every request.
+#[allow(clippy::large_enum_variant)]
 enum Mode {
     /// `--insecure-no-auth`.
     Off,
@@ -281,7 +288,10 @@ impl Authenticator {
     }
 
     fn with_key(key: (DecodingKey, Validation)) -> Self {
-        Self::with_mode(Mode::On { key: Some(key), oidc: None })
+        Self::with_mode(Mode::On {
+            key: Some(key),
+            oidc: None,
+        })
     }
 
     /// An authenticator with the service's own `key` beside OIDC `issuers` (unit tests).
@@ -329,7 +339,9 @@ impl Authenticator {
     /// `/.well-known/oauth-protected-resource` names them).
     pub fn oidc_issuers(&self) -> impl Iterator<Item = &str> {
         let issuers = match &self.mode {
-            Mode::On { oidc: Some(issuers), .. } => Some(issuers.iter()),
+            Mode::On {
+                oidc: Some(issuers), ..
+            } => Some(issuers.iter()),
             _ => None,
         };
         issuers.into_iter().flatten()
@@ -620,7 +632,10 @@ fn issue_hs256_claims(
     if let Some(tenant) = tenant {
         check_tenant_name(tenant)?;
     }
-    if let Some(group) = groups.iter().find(|group| group.is_empty() || group.contains(char::is_whitespace)) {
+    if let Some(group) = groups
+        .iter()
+        .find(|group| group.is_empty() || group.contains(char::is_whitespace))
+    {
         return Err(format!("group `{group}` must be a non-empty name without spaces"));
     }
     let claims = Claims {

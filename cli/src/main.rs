@@ -295,9 +295,8 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
             let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-            let token =
-                agent_reach_access::token::issue_hs256_groups(&name, tenant.as_deref(), &groups, &secret, ttl)
-                    .map_err(anyhow::Error::msg)?;
+            let token = agent_reach_access::token::issue_hs256_groups(&name, tenant.as_deref(), &groups, &secret, ttl)
+                .map_err(anyhow::Error::msg)?;
             outln!("{token}");
             Ok(())
         }

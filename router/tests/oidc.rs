@@ -68,7 +68,11 @@ impl OidcRouter {
             cluster.acl_path.clone(),
         );
         let router = agent_reach_router::build(&router_settings).await.expect("router build");
-        tokio::spawn(agent_reach_router::serve(listener, router.clone(), std::future::pending()));
+        tokio::spawn(agent_reach_router::serve(
+            listener,
+            router.clone(),
+            std::future::pending(),
+        ));
         let routed = router.clone();
         let ready = eventually(Duration::from_secs(20), || {
             let routed = routed.clone();
@@ -92,7 +96,10 @@ impl OidcRouter {
         let (status, body) = self.invoke(cluster, Some(token)).await;
         assert_eq!(status, 401, "{body}");
         assert_eq!(body["error"]["code"], "UNAUTHENTICATED", "{body}");
-        body["error"]["details"]["reason"].as_str().unwrap_or_default().to_string()
+        body["error"]["details"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// Invokes with `token` until it succeeds (the keys are fetched in the background).
@@ -129,7 +136,11 @@ async fn a_real_providers_tokens_are_verified_and_its_key_rotation_followed_with
         let token = provider.token(client, &router.resource);
         assert!(router.eventually_accepted(&cluster, &token).await, "{client}'s token");
         let (status, body) = router.invoke(&cluster, Some(&token)).await;
-        assert_eq!((status, body["agent_id"].as_str()), (200, Some("order_query-1")), "{body}");
+        assert_eq!(
+            (status, body["agent_id"].as_str()),
+            (200, Some("order_query-1")),
+            "{body}"
+        );
     }
     let before = provider.token("svc-7f3a", &router.resource);
     assert_eq!(header_of(&before)["kid"], "rsa-1");
@@ -141,10 +152,16 @@ async fn a_real_providers_tokens_are_verified_and_its_key_rotation_followed_with
 
     // Rotation: new keys sign from now on, the old stay published for a while. The router
     // learns the new `kid` from the issuer's JWKS without a restart; the old token still passes.
-    assert_eq!(provider.rotate(false), ["rsa-2", "ec-2", "ed-2", "rsa-1", "ec-1", "ed-1"]);
+    assert_eq!(
+        provider.rotate(false),
+        ["rsa-2", "ec-2", "ed-2", "rsa-1", "ec-1", "ed-1"]
+    );
     let rotated = provider.token("svc-7f3a", &router.resource);
     assert_eq!(header_of(&rotated)["kid"], "rsa-2");
-    assert!(router.eventually_accepted(&cluster, &rotated).await, "the rotated key is followed");
+    assert!(
+        router.eventually_accepted(&cluster, &rotated).await,
+        "the rotated key is followed"
+    );
     assert_eq!(router.invoke(&cluster, Some(&before)).await.0, 200);
     // The old keys retired: a new token of the third generation is followed the same way.
     assert_eq!(provider.rotate(true), ["rsa-3", "ec-3", "ed-3"]);
@@ -208,13 +225,19 @@ async fn other_issuers_audiences_expired_tokens_and_algorithm_confusion_are_refu
     ] {
         let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
         header.kid = Some(kid.clone());
-        let confused = jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_secret(&secret)).unwrap();
+        let confused =
+            jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_secret(&secret)).unwrap();
         assert_eq!(router.refusal(&cluster, &confused).await, "unsupported_algorithm");
     }
     // The issuer's token with its claims edited: the signature no longer holds.
     let mut edited = claims.clone();
     edited["agent_name"] = json!("ops");
-    let tampered = format!("{}.{}.{}", parts[0], URL_SAFE_NO_PAD.encode(edited.to_string()), parts[2]);
+    let tampered = format!(
+        "{}.{}.{}",
+        parts[0],
+        URL_SAFE_NO_PAD.encode(edited.to_string()),
+        parts[2]
+    );
     assert_eq!(router.refusal(&cluster, &tampered).await, "bad_signature");
     // Refusals are never cached: the good token still passes.
     assert_eq!(router.invoke(&cluster, Some(&good)).await.0, 200);
@@ -251,9 +274,18 @@ async fn the_protected_resource_metadata_names_the_issuer_and_every_401_points_a
     // door's hot route (POST /v1/invoke) and on the axum routes (MCP, broadcast) alike.
     let pointer = format!("resource_metadata=\"{metadata_url}\"");
     let challenges = [
-        cluster.client.post(format!("{}/v1/invoke", router.resource)).json(&order("SO-1")),
-        cluster.client.post(format!("{}/mcp", router.resource)).json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})),
-        cluster.client.post(format!("{}/v1/broadcast", router.resource)).json(&order("SO-1")),
+        cluster
+            .client
+            .post(format!("{}/v1/invoke", router.resource))
+            .json(&order("SO-1")),
+        cluster
+            .client
+            .post(format!("{}/mcp", router.resource))
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})),
+        cluster
+            .client
+            .post(format!("{}/v1/broadcast", router.resource))
+            .json(&order("SO-1")),
     ];
     for request in challenges {
         let without = request.try_clone().unwrap().send().await.unwrap();
@@ -264,13 +296,27 @@ async fn the_protected_resource_metadata_names_the_issuer_and_every_401_points_a
         let with = request.bearer_auth("not.a.token").send().await.unwrap();
         assert_eq!(with.status(), 401);
         let value = with.headers()["www-authenticate"].to_str().unwrap().to_string();
-        assert!(value.contains("error=\"invalid_token\"") && value.contains(&pointer), "{value}");
+        assert!(
+            value.contains("error=\"invalid_token\"") && value.contains(&pointer),
+            "{value}"
+        );
     }
 
     // A router without an issuer serves no metadata, and its 401s carry the bare challenge.
-    let plain = cluster.client.get(cluster.url("/.well-known/oauth-protected-resource")).send().await.unwrap();
+    let plain = cluster
+        .client
+        .get(cluster.url("/.well-known/oauth-protected-resource"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(plain.status(), 404);
-    let refused = cluster.client.post(cluster.url("/v1/invoke")).json(&order("SO-1")).send().await.unwrap();
+    let refused = cluster
+        .client
+        .post(cluster.url("/v1/invoke"))
+        .json(&order("SO-1"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 401);
     assert_eq!(refused.headers()["www-authenticate"], "Bearer realm=\"agent-reach\"");
 }
@@ -316,7 +362,9 @@ async fn the_registry_takes_the_same_flags_and_an_agent_registers_with_its_provi
     })
     .await;
     assert!(registered, "the registry accepts the provider's token");
-    let wrong = register(provider.token("order_query", "https://router.example.com")).await.unwrap();
+    let wrong = register(provider.token("order_query", "https://router.example.com"))
+        .await
+        .unwrap();
     assert_eq!(wrong.status(), 401);
     let body: Value = wrong.json().await.unwrap();
     assert_eq!(body["error"]["details"]["reason"], "wrong_audience", "{body}");

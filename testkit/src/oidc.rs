@@ -118,9 +118,8 @@ impl OidcProvider {
                 .stderr(errors);
             let mut process = ProcessGroup::spawn(&mut command, temp.path().to_str())
                 .unwrap_or_else(|error| panic!("cannot start node: {error}"));
-            let said_ready = || {
-                std::fs::read_to_string(&log).is_ok_and(|text| text.lines().any(|line| line == "ready"))
-            };
+            let said_ready =
+                || std::fs::read_to_string(&log).is_ok_and(|text| text.lines().any(|line| line == "ready"));
             wait_until(START_TIMEOUT, || said_ready() || process.exited());
             if said_ready() && !process.exited() {
                 return Self {
@@ -148,8 +147,8 @@ impl OidcProvider {
             .iter()
             .find(|client| client.client_id == client_id)
             .unwrap_or_else(|| panic!("no client `{client_id}` was given to the provider"));
-        let credentials = base64::engine::general_purpose::STANDARD
-            .encode(format!("{}:{}", client.client_id, client.client_secret));
+        let credentials =
+            base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", client.client_id, client.client_secret));
         let body = format!("grant_type=client_credentials&resource={}", form_encode(resource));
         let (status, answer) = self.request(
             "POST",
@@ -219,7 +218,10 @@ impl OidcProvider {
             .nth(1)
             .and_then(|code| code.parse().ok())
             .unwrap_or_else(|| panic!("not an HTTP answer: {head}"));
-        (status, serde_json::from_str(body).unwrap_or(Value::String(body.to_string())))
+        (
+            status,
+            serde_json::from_str(body).unwrap_or(Value::String(body.to_string())),
+        )
     }
 }
 

@@ -195,11 +195,7 @@ async fn get(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
         return Err(format!("GET {url}: HTTP {}", response.status()));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|error| format!("GET {url}: {error}"))?
-    {
+    while let Some(chunk) = response.chunk().await.map_err(|error| format!("GET {url}: {error}"))? {
         if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
             return Err(format!("GET {url}: the answer exceeds {MAX_DOCUMENT_BYTES} bytes"));
         }

@@ -145,7 +145,9 @@ impl KeySet {
         let total = document.keys.len();
         let keys: Vec<Key> = document.keys.into_iter().filter_map(parse_key).collect();
         if keys.is_empty() {
-            return Err(format!("none of its {total} keys is a signature key this service can use"));
+            return Err(format!(
+                "none of its {total} keys is a signature key this service can use"
+            ));
         }
         let skipped = total - keys.len();
         Ok((Self { keys, fetched: true }, skipped))

@@ -135,10 +135,7 @@ impl Issuers {
 
     /// The issuers of `settings`, with the key caches `shared` holds (made
     /// now, their refreshers started, the first time).
-    pub(crate) fn load(
-        settings: &OidcSettings,
-        shared: &std::sync::OnceLock<SharedKeys>,
-    ) -> Result<Self, String> {
+    pub(crate) fn load(settings: &OidcSettings, shared: &std::sync::OnceLock<SharedKeys>) -> Result<Self, String> {
         let keys = match shared.get() {
             Some(keys) => keys.clone(),
             None => {
@@ -190,9 +187,7 @@ impl Issuers {
     /// Verifies `token`, whose (unverified) `iss` is `iss`, at `now_s`:
     /// the caller and the token's `exp`.
     pub(crate) fn verify(&self, iss: &str, token: &str, now_s: u64) -> Result<(Caller, u64), AuthError> {
-        let issuer = self
-            .issuer(iss)
-            .ok_or_else(|| AuthError::UnknownIssuer(shown(iss)))?;
+        let issuer = self.issuer(iss).ok_or_else(|| AuthError::UnknownIssuer(shown(iss)))?;
         let (message, signature) = token
             .rsplit_once('.')
             .ok_or_else(|| AuthError::Malformed("a JWT has three parts".to_string()))?;
@@ -267,7 +262,10 @@ impl Issuers {
             Some(Value::Array(many)) => many.iter().filter_map(Value::as_str).collect(),
             _ => Vec::new(),
         };
-        if !audiences.iter().any(|aud| issuer.audiences.iter().any(|want| want == aud)) {
+        if !audiences
+            .iter()
+            .any(|aud| issuer.audiences.iter().any(|want| want == aud))
+        {
             return Err(AuthError::WrongAudience {
                 named: audiences.iter().take(4).map(|aud| shown(aud)).collect(),
                 expected: issuer.audiences.clone(),
@@ -285,7 +283,8 @@ impl Issuers {
         let tenant: Arc<str> = match claim(claims, &self.claims.tenant) {
             None | Some(Value::Null) => DEFAULT_TENANT.into(),
             Some(Value::String(tenant)) => {
-                check_tenant_name(tenant).map_err(|why| AuthError::Invalid(format!("`{}` claim: {why}", self.claims.tenant)))?;
+                check_tenant_name(tenant)
+                    .map_err(|why| AuthError::Invalid(format!("`{}` claim: {why}", self.claims.tenant)))?;
                 tenant.as_str().into()
             }
             Some(_) => {
@@ -296,7 +295,14 @@ impl Issuers {
             }
         };
         let groups = groups_of(claim(claims, &self.claims.groups), &self.claims.groups)?;
-        Ok((Caller::Agent { name: name.into(), tenant, groups }, exp))
+        Ok((
+            Caller::Agent {
+                name: name.into(),
+                tenant,
+                groups,
+            },
+            exp,
+        ))
     }
 }
 
@@ -334,7 +340,12 @@ fn time_claim(claims: &serde_json::Map<String, Value>, name: &str) -> Result<Opt
         None => Ok(None),
         Some(Value::Number(number)) => number
             .as_u64()
-            .or_else(|| number.as_f64().filter(|seconds| *seconds >= 0.0).map(|seconds| seconds as u64))
+            .or_else(|| {
+                number
+                    .as_f64()
+                    .filter(|seconds| *seconds >= 0.0)
+                    .map(|seconds| seconds as u64)
+            })
             .map(Some)
             .ok_or_else(|| AuthError::Invalid(format!("`{name}` is not a time"))),
         Some(_) => Err(AuthError::Invalid(format!("`{name}` is not a number"))),

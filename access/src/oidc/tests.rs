@@ -100,12 +100,18 @@ fn tokens_signed_by_the_issuer_name_their_caller() {
     let mut listed = claims();
     listed["aud"] = json!(["other", "agent-reach"]);
     assert!(issuers.verify(ISS, &ec.sign(&listed), NOW).is_ok());
-    let (message, _) = ed.sign(&claims()).rsplit_once('.').map(|(m, s)| (m.to_string(), s.to_string())).unwrap();
+    let (message, _) = ed
+        .sign(&claims())
+        .rsplit_once('.')
+        .map(|(m, s)| (m.to_string(), s.to_string()))
+        .unwrap();
     let renamed_header = json!({"alg": "Ed25519", "kid": "d1"});
     let payload = message.split('.').nth(1).unwrap();
     let signing_input = format!("{}.{payload}", URL_SAFE_NO_PAD.encode(renamed_header.to_string()));
     let signature = jsonwebtoken::crypto::sign(signing_input.as_bytes(), &ed.key, Algorithm::EdDSA).unwrap();
-    assert!(issuers.verify(ISS, &format!("{signing_input}.{signature}"), NOW).is_ok());
+    assert!(issuers
+        .verify(ISS, &format!("{signing_input}.{signature}"), NOW)
+        .is_ok());
 }
 
 #[test]
@@ -164,16 +170,30 @@ fn expiry_nbf_issuer_and_audience_are_checked_with_the_skew() {
     token["exp"] = json!(NOW - 30);
     assert!(issuers.verify(ISS, &ed.sign(&token), NOW).is_ok(), "within the skew");
     token["exp"] = json!(NOW - 61);
-    assert_eq!(issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err(), AuthError::Expired);
+    assert_eq!(
+        issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err(),
+        AuthError::Expired
+    );
     let mut token = claims();
     token.as_object_mut().unwrap().remove("exp");
-    assert_eq!(issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err().reason(), "invalid");
+    assert_eq!(
+        issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err().reason(),
+        "invalid"
+    );
     let mut token = claims();
     token["nbf"] = json!(NOW + 61);
-    assert_eq!(issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err(), AuthError::NotYetValid);
+    assert_eq!(
+        issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err(),
+        AuthError::NotYetValid
+    );
     token["nbf"] = json!(NOW + 30);
     assert!(issuers.verify(ISS, &ed.sign(&token), NOW).is_ok());
-    for aud in [json!("https://other.example.com"), json!([]), json!(null), json!(["a", "b"])] {
+    for aud in [
+        json!("https://other.example.com"),
+        json!([]),
+        json!(null),
+        json!(["a", "b"]),
+    ] {
         let mut token = claims();
         token["aud"] = aud.clone();
         let error = issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err();
@@ -183,7 +203,10 @@ fn expiry_nbf_issuer_and_audience_are_checked_with_the_skew() {
     // Signed by the issuer's key, naming another issuer in its verified claims.
     let mut token = claims();
     token["iss"] = json!("https://evil.example.com");
-    assert_eq!(issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err().reason(), "unknown_issuer");
+    assert_eq!(
+        issuers.verify(ISS, &ed.sign(&token), NOW).unwrap_err().reason(),
+        "unknown_issuer"
+    );
 }
 
 #[test]
@@ -204,18 +227,32 @@ fn none_and_hmac_are_refused_whatever_the_key() {
             let mut header = Header::new(alg);
             header.kid = Some("d1".to_string());
             let token = jsonwebtoken::encode(&header, &claims(), &EncodingKey::from_secret(&secret)).unwrap();
-            assert_eq!(issuers.verify(ISS, &token, NOW).unwrap_err().reason(), "unsupported_algorithm");
+            assert_eq!(
+                issuers.verify(ISS, &token, NOW).unwrap_err().reason(),
+                "unsupported_algorithm"
+            );
         }
     }
     // A known key with an algorithm of another kind; `crit` extensions; a bad signature.
     let token = forged(&json!({"alg": "ES256", "kid": "d1"}), &claims(), &[0; 64]);
     assert_eq!(issuers.verify(ISS, &token, NOW).unwrap_err().reason(), "unknown_key");
-    let token = forged(&json!({"alg": "EdDSA", "kid": "d1", "crit": ["exp"]}), &claims(), &[0; 64]);
+    let token = forged(
+        &json!({"alg": "EdDSA", "kid": "d1", "crit": ["exp"]}),
+        &claims(),
+        &[0; 64],
+    );
     assert_eq!(issuers.verify(ISS, &token, NOW).unwrap_err().reason(), "invalid");
     let impostor = ed25519("d1");
-    assert_eq!(issuers.verify(ISS, &impostor.sign(&claims()), NOW).unwrap_err(), AuthError::BadSignature);
+    assert_eq!(
+        issuers.verify(ISS, &impostor.sign(&claims()), NOW).unwrap_err(),
+        AuthError::BadSignature
+    );
     for junk in ["", "a", "a.b", "a.b.c", "%%.e30.x"] {
-        assert_eq!(issuers.verify(ISS, junk, NOW).unwrap_err().reason(), "malformed", "{junk}");
+        assert_eq!(
+            issuers.verify(ISS, junk, NOW).unwrap_err().reason(),
+            "malformed",
+            "{junk}"
+        );
     }
 }
 
@@ -242,7 +279,10 @@ fn an_unknown_kid_asks_for_the_keys_again_without_waiting() {
     header.kid = None;
     let token = jsonwebtoken::encode(&header, &claims(), &ed.key).unwrap();
     assert_eq!(both.verify(ISS, &token, NOW).unwrap_err().reason(), "unknown_key");
-    assert!(issuers_of(&[&ed]).verify(ISS, &token, NOW).is_ok(), "the one key of its kind");
+    assert!(
+        issuers_of(&[&ed]).verify(ISS, &token, NOW).is_ok(),
+        "the one key of its kind"
+    );
 }
 
 fn issuers_of(signers: &[&Signer]) -> Issuers {
@@ -270,17 +310,28 @@ fn a_token_goes_to_the_mode_its_issuer_names() {
         assert_eq!(caller, Ok(Caller::agent("intent_parser")));
     }
     // The service's own HS256 token (no `iss`), with groups: only beside its key.
-    let own = issue_hs256_groups("order_query", None, &["finance"], SECRET, std::time::Duration::from_secs(60)).unwrap();
+    let own = issue_hs256_groups(
+        "order_query",
+        None,
+        &["finance"],
+        SECRET,
+        std::time::Duration::from_secs(60),
+    )
+    .unwrap();
     let caller = beside.verify_value_at(Some(bearer(&own).as_bytes()), now_ms).unwrap();
     assert_eq!(caller, Caller::agent("order_query").with_groups(&["finance"]));
-    let error = alone.verify_value_at(Some(bearer(&own).as_bytes()), now_ms).unwrap_err();
+    let error = alone
+        .verify_value_at(Some(bearer(&own).as_bytes()), now_ms)
+        .unwrap_err();
     assert_eq!(error.reason(), "unknown_issuer");
     // Another issuer's token (signed with some other key): refused as such by both.
     let stranger = ed25519("s1");
     let mut theirs = live.clone();
     theirs["iss"] = json!("https://login.example.org");
     for auth in [&beside, &alone] {
-        let error = auth.verify_value_at(Some(bearer(&stranger.sign(&theirs)).as_bytes()), now_ms).unwrap_err();
+        let error = auth
+            .verify_value_at(Some(bearer(&stranger.sign(&theirs)).as_bytes()), now_ms)
+            .unwrap_err();
         assert_eq!(error, AuthError::UnknownIssuer("https://login.example.org".to_string()));
     }
     // A token claiming the configured issuer but signed with the HS256 secret: the issuer's
@@ -288,9 +339,15 @@ fn a_token_goes_to_the_mode_its_issuer_names() {
     let mut header = Header::new(Algorithm::HS256);
     header.kid = Some("d1".to_string());
     let confused = jsonwebtoken::encode(&header, &live, &EncodingKey::from_secret(SECRET)).unwrap();
-    let error = beside.verify_value_at(Some(bearer(&confused).as_bytes()), now_ms).unwrap_err();
+    let error = beside
+        .verify_value_at(Some(bearer(&confused).as_bytes()), now_ms)
+        .unwrap_err();
     assert_eq!(error.reason(), "unsupported_algorithm");
     // A plain HS256 token without groups has none.
     let plain = issue_hs256("x", SECRET, std::time::Duration::from_secs(60)).unwrap();
-    assert!(beside.verify_value_at(Some(bearer(&plain).as_bytes()), now_ms).unwrap().groups().is_empty());
+    assert!(beside
+        .verify_value_at(Some(bearer(&plain).as_bytes()), now_ms)
+        .unwrap()
+        .groups()
+        .is_empty());
 }
