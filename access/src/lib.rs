@@ -17,6 +17,6 @@ pub mod token;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
 pub use assertion::{AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
-pub use config::{AuthArgs, AuthConfig, KeyFile, OidcAuth};
 pub use signer::{AssertionSettings, Assertions, SigningKey};
-pub use token::{AuthError, Authenticator, Caller};
+pub use token::{AuthArgs, AuthConfig, AuthError, Authenticator, Caller};
+pub use token::{KeyFile, OidcAuth};
