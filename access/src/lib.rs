@@ -11,9 +11,10 @@ pub mod acl;
 pub mod assertion;
 pub mod config;
 pub mod credentials;
-pub mod oidc;
 pub mod signer;
 pub mod token;
+// OpenID Connect issuers, beside `token` (whose authenticator uses them).
+pub mod oidc;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
 pub use assertion::{AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
