@@ -48,7 +48,7 @@ impl Challenge {
             value.push_str(", error=\"invalid_token\"");
         }
         // A host that could break out of the quoted string gets no pointer.
-        if let Some(host) = request.host.as_deref().filter(|_| self.metadata) {
+        if let Some(host) = request.host.as_deref() {
             value.push_str(&format!(", resource_metadata=\"{}://{host}{PATH}\"", self.scheme));
         }
         HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("Bearer realm=\"agent-reach\""))
@@ -73,7 +73,7 @@ impl Challenge {
             Answer::Stream { .. } => false,
         };
         if refused {
-            Answer::Response(self.response(answer.into_response(), &Reached::of(headers, None)))
+            Answer::Response(self.response(answer.into_response(), &self.reached(headers, None)))
         } else {
             answer
         }
@@ -84,22 +84,24 @@ impl Challenge {
 struct Reached {
     /// Whether it carried an `authorization` header.
     credential: bool,
-    /// The host it reached, when plain ([`plain_host`]).
+    /// The host it reached, when plain ([`host_of`]) and the metadata is served.
     host: Option<String>,
 }
 
-impl Reached {
-    fn of(headers: &impl HeaderLookup, uri: Option<&axum::http::Uri>) -> Self {
-        Self {
+impl Challenge {
+    /// What the challenge to a request with `headers` needs; the host only
+    /// when the metadata is served (the pointer names it).
+    fn reached(&self, headers: &impl HeaderLookup, uri: Option<&axum::http::Uri>) -> Reached {
+        Reached {
             credential: headers.value("authorization").is_some(),
-            host: host_of(headers, uri),
+            host: self.metadata.then(|| host_of(headers, uri)).flatten(),
         }
     }
 }
 
 /// The middleware over a part's axum routes.
 pub(crate) async fn layer(State(challenge): State<Challenge>, request: Request, next: Next) -> Response {
-    let reached = Reached::of(request.headers(), Some(request.uri()));
+    let reached = challenge.reached(request.headers(), Some(request.uri()));
     let response = next.run(request).await;
     challenge.response(response, &reached)
 }
