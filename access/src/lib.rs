@@ -9,6 +9,7 @@
 
 pub mod acl;
 pub mod assertion;
+pub mod caller;
 pub mod config;
 pub mod credentials;
 pub mod signer;
