@@ -186,6 +186,9 @@ enum TokenCommand {
         /// The tenant the token belongs to (its `tenant` claim); without it, `default`.
         #[arg(long)]
         tenant: Option<String>,
+        /// A group the caller belongs to (its `groups` claim; repeatable), for `group:NAME` rules.
+        #[arg(long = "group", value_name = "GROUP")]
+        groups: Vec<String>,
     },
 }
 
@@ -296,10 +299,12 @@ async fn main() -> anyhow::Result<()> {
                     secret_file,
                     ttl,
                     tenant,
+                    groups,
                 },
         } => {
             let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
-            let token = agent_reach_access::token::issue_hs256_for(&name, tenant.as_deref(), &secret, ttl)
+            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+            let token = agent_reach_access::token::issue_hs256_groups(&name, tenant.as_deref(), &groups, &secret, ttl)
                 .map_err(anyhow::Error::msg)?;
             outln!("{token}");
             Ok(())

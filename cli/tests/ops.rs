@@ -288,6 +288,10 @@ fn invoke_token_and_acl_commands() {
             &dev.secret,
             "--tenant",
             "acme",
+            "--group",
+            "finance",
+            "--group",
+            "ops",
         ],
     );
     assert!(tenant.status.success());
@@ -297,6 +301,7 @@ fn invoke_token_and_acl_commands() {
     )
     .unwrap();
     assert_eq!(claims["tenant"], "acme");
+    assert_eq!(claims["groups"], serde_json::json!(["finance", "ops"]));
     let bad_tenant = run(
         None,
         &[

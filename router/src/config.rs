@@ -188,9 +188,9 @@ impl Settings {
     /// Settings with default tuning; the registry credential follows `auth`
     /// (self-signed with the HS256 secret, or none without authentication).
     pub fn new(listen: SocketAddr, registry: impl Into<String>, auth: AuthConfig, acl: PathBuf) -> Self {
-        let registry_credential = match &auth {
-            AuthConfig::Hs256SecretFile(path) => RegistryCredential::SignWithSecret(path.clone()),
-            _ => RegistryCredential::None,
+        let registry_credential = match auth.hs256_secret_file() {
+            Some(path) => RegistryCredential::SignWithSecret(path.to_path_buf()),
+            None => RegistryCredential::None,
         };
         Self {
             listen,
@@ -252,14 +252,14 @@ impl RouterArgs {
             problems.push(why);
             AuthConfig::InsecureNoAuth
         });
-        let registry_credential = match (&self.registry_token_file, &auth) {
+        let registry_credential = match (&self.registry_token_file, auth.hs256_secret_file()) {
             (Some(path), _) => RegistryCredential::TokenFile(path.clone()),
-            (None, AuthConfig::Hs256SecretFile(path)) => RegistryCredential::SignWithSecret(path.clone()),
-            (None, AuthConfig::InsecureNoAuth) => RegistryCredential::None,
-            (None, AuthConfig::PublicKeyFile(_)) => {
+            (None, Some(secret)) => RegistryCredential::SignWithSecret(secret.to_path_buf()),
+            (None, None) if auth.is_insecure() => RegistryCredential::None,
+            (None, None) => {
                 problems.push(
-                    "with --auth-public-key the router cannot sign its own registry token: \
-                     pass --registry-token-file PATH"
+                    "without --auth-hs256-secret-file the router cannot sign its own registry token \
+                     (--auth-public-key and --auth-oidc-issuer only verify tokens): pass --registry-token-file PATH"
                         .to_string(),
                 );
                 RegistryCredential::None

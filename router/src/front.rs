@@ -66,7 +66,7 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
         async move {
             // The one way in, as the axum routes' layer: identified once, here.
             let identified = part.service.identify().headers(&headers);
-            match route {
+            let answer = match route {
                 Route::Invoke => {
                     agent_reach_pipeline::http::answer_invoke(
                         &part.service,
@@ -84,7 +84,9 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
                     let api = TaskApi::new(part.service.clone(), part.tasks.clone());
                     agent_reach_a2a::answer_rest_send(&api, identified, &capability, &headers, body).await
                 }
-            }
+            };
+            // As the axum routes' challenge layer: a 401 says how to authenticate.
+            part.challenge.answer(answer, &headers)
         }
     }
 }

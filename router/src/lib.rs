@@ -3,8 +3,9 @@
 //! door in front of it ([`app`]: the pipeline's own `/v1/invoke` and
 //! broadcast, the slow path `agent_reach_tasks`, A2A `agent_reach_a2a`, MCP
 //! `agent_reach_mcp`, the console `agent_reach_console`), the front door's
-//! hot routes ([`front`]) and the OpenAPI description of it all
-//! ([`openapi`]). This file is the crate's front: build, serve, run.
+//! hot routes ([`front`]), the OAuth protected resource metadata and the
+//! 401 challenge ([`protected_resource`]) and the OpenAPI description of it
+//! all ([`openapi`]). This file is the crate's front: build, serve, run.
 //!
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
@@ -14,6 +15,7 @@ mod config;
 mod front;
 mod openapi;
 mod parts;
+mod protected_resource;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -172,7 +174,11 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         }
         Tenancy::Map(map) => {
             let parts = shared.parts_of(&map.current())?;
-            let parts = Arc::new(parts::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
+            let parts = Arc::new(
+                parts::TenantParts::new(&settings.tenant, parts)
+                    .map_err(anyhow::Error::msg)?
+                    .with_tenant_claim(settings.auth.tenant_claim()),
+            );
             tokio::spawn(parts::follow(map, Arc::downgrade(&parts), shared));
             (parts, Some(process_registry))
         }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use agent_reach_pipeline::error::Code;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 17] = [
+pub const PATHS: [(&str, &str); 18] = [
     ("/v1/invoke", "post"),
     ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
@@ -24,6 +24,7 @@ pub const PATHS: [(&str, &str); 17] = [
     ("/v1/tenants", "get"),
     ("/v1/openapi.json", "get"),
     ("/.well-known/jwks.json", "get"),
+    ("/.well-known/oauth-protected-resource", "get"),
     ("/healthz", "get"),
     ("/readyz", "get"),
     ("/metrics", "get"),
@@ -668,6 +669,13 @@ fn build() -> Value {
             "/.well-known/jwks.json": { "get": {
                 "summary": "The public keys (RFC 7517 JWKS, Ed25519) that verify the assertion the router puts on every forwarded call; the signing key first, then the published ones",
                 "responses": operational(vec![("200", json!({ "description": "JWKS", "content": { "application/jwk-set+json": { "schema": { "type": "object", "required": ["keys"], "properties": { "keys": { "type": "array" } } } } } }))])
+            } },
+            "/.well-known/oauth-protected-resource": { "get": {
+                "summary": "OAuth 2.0 Protected Resource Metadata (RFC 9728): the router's resource identifier and the OIDC issuers whose tokens it accepts, for clients (MCP's) that look for where to get a token; every 401 points here in `WWW-Authenticate: Bearer resource_metadata=…`",
+                "responses": operational(vec![
+                    ("200", json!({ "description": "The metadata", "content": { "application/json": { "schema": { "type": "object", "required": ["resource", "authorization_servers"], "properties": { "resource": { "type": "string" }, "authorization_servers": { "type": "array", "items": { "type": "string" } }, "bearer_methods_supported": { "type": "array", "items": { "type": "string" } }, "resource_name": { "type": "string" } } } } } })),
+                    ("404", failed("NOT_FOUND: the router accepts no OIDC issuer's tokens (no --auth-oidc-issuer)."))
+                ])
             } },
             "/healthz": { "get": { "summary": "Liveness", "responses": operational(vec![("200", text("ok"))]) } },
             "/readyz": { "get": {

@@ -91,7 +91,7 @@ pub fn start_mapped_registry(etcd: &str, secret: &Path, acl: &Path, map: &Path) 
     start_registry_with(etcd, secret, acl, &["--listen", "127.0.0.1:0", "--tenant-map", map])
 }
 
-fn start_registry_with(etcd: &str, secret: &Path, acl: &Path, extra: &[&str]) -> Registry {
+pub fn start_registry_with(etcd: &str, secret: &Path, acl: &Path, extra: &[&str]) -> Registry {
     use clap::Parser;
     let mut args = vec![
         "registry",

@@ -199,7 +199,7 @@ def test_rest_errors_are_google_rpc_statuses(stack: Stack, agent: Agent) -> None
 
     unauthenticated = httpx.get(url(stack, PRICE, "tasks"))
     assert status(unauthenticated) == (401, "UNAUTHENTICATED", "UNAUTHENTICATED")
-    assert unauthenticated.headers["www-authenticate"] == "Bearer"
+    assert unauthenticated.headers["www-authenticate"] == 'Bearer realm="agent-reach"'
     forbidden = httpx.post(
         url(stack, PRICE, "message:send"), json={"message": message}, headers=auth(stack, "demo_user")
     )
