@@ -496,6 +496,7 @@ mod split_tests {
                 reset: false,
                 splits,
                 more: false,
+                policies: Vec::new(),
             })),
         });
         builder

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Instance, Keys, Split, Status};
+use crate::model::{Capability, Instance, Keys, Policy, Split, Status};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -31,6 +31,8 @@ struct State {
     by_capability: HashMap<String, BTreeSet<String>>,
     /// capability name → its traffic split (DESIGN §2.9), ordered for listings.
     splits: BTreeMap<String, Arc<Split>>,
+    /// capability name → its default selection policy (DESIGN §9).
+    policies: BTreeMap<String, Arc<Policy>>,
 }
 
 impl State {
@@ -123,6 +125,26 @@ pub fn decode_split(kv: &KeyValue) -> Option<Split> {
             None
         }
     }
+}
+
+/// Decodes a stored policy; undecodable values are skipped with a warning.
+pub fn decode_policy(kv: &KeyValue) -> Option<Policy> {
+    match serde_json::from_slice::<Policy>(&kv.value) {
+        Ok(policy) => Some(policy),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable capability policy.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// What a `Watch` snapshot carries: every instance (ordered by agent id),
+/// split and policy, at one revision.
+pub struct CatalogSnapshot {
+    pub instances: Vec<Arc<Instance>>,
+    pub splits: Vec<Arc<Split>>,
+    pub policies: Vec<Arc<Policy>>,
+    pub revision: Revision,
 }
 
 impl Catalog {
@@ -286,18 +308,27 @@ impl Catalog {
         self.read().splits.get(capability).cloned()
     }
 
-    /// Every instance (ordered by agent id) and every split, at one revision:
-    /// what a `Watch` snapshot carries.
-    pub fn snapshot(&self) -> (Vec<Arc<Instance>>, Vec<Arc<Split>>, Revision) {
+    /// A capability's default selection policy, if an operator set one.
+    pub fn policy(&self, capability: &str) -> Option<Arc<Policy>> {
+        self.read().policies.get(capability).cloned()
+    }
+
+    /// Every instance (ordered by agent id), split and policy, at one
+    /// revision: what a `Watch` snapshot carries.
+    pub fn snapshot(&self) -> CatalogSnapshot {
         let state = self.read();
         let mut instances: Vec<_> = state.instances.values().map(|entry| entry.instance.clone()).collect();
         instances.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        let splits = state.splits.values().cloned().collect();
-        (instances, splits, state.revision)
+        CatalogSnapshot {
+            instances,
+            splits: state.splits.values().cloned().collect(),
+            policies: state.policies.values().cloned().collect(),
+            revision: state.revision,
+        }
     }
 
-    /// Applies one stored value: an instance or a split, by its key; keys of
-    /// anything else under the tenant are not the catalog's.
+    /// Applies one stored value: an instance, a split or a policy, by its
+    /// key; keys of anything else under the tenant are not the catalog's.
     fn put(&self, state: &mut State, kv: &KeyValue) {
         if self.keys.agent_id_of(&kv.key).is_some() {
             if let Some(instance) = decode(kv) {
@@ -313,6 +344,10 @@ impl Catalog {
             if let Some(split) = decode_split(kv) {
                 state.splits.insert(capability.to_string(), Arc::new(split));
             }
+        } else if let Some(capability) = self.keys.capability_of_policy(&kv.key) {
+            if let Some(policy) = decode_policy(kv) {
+                state.policies.insert(capability.to_string(), Arc::new(policy));
+            }
         }
     }
 
@@ -323,6 +358,7 @@ impl Catalog {
             state.remove(&agent_id, &self.metrics);
         }
         state.splits.clear();
+        state.policies.clear();
         for kv in kvs {
             self.put(&mut state, &kv);
         }
@@ -340,6 +376,10 @@ impl Catalog {
                 Event::Delete { key, .. } => {
                     if let Some(capability) = self.keys.capability_of_split(&key) {
                         state.splits.remove(capability);
+                        continue;
+                    }
+                    if let Some(capability) = self.keys.capability_of_policy(&key) {
+                        state.policies.remove(capability);
                         continue;
                     }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {

@@ -33,6 +33,7 @@ pub enum Code {
     InvalidTimeout,
     DuplicateCapability,
     InvalidSplit,
+    InvalidPolicy,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
@@ -40,6 +41,7 @@ pub enum Code {
     CapabilityNotFound,
     VersionNotFound,
     SplitNotFound,
+    PolicyNotFound,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -83,6 +85,7 @@ impl ErrorCode for Code {
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
+            Code::InvalidPolicy => "INVALID_POLICY",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
@@ -90,6 +93,7 @@ impl ErrorCode for Code {
             Code::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
             Code::VersionNotFound => "VERSION_NOT_FOUND",
             Code::SplitNotFound => "SPLIT_NOT_FOUND",
+            Code::PolicyNotFound => "POLICY_NOT_FOUND",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -109,6 +113,7 @@ impl ErrorCode for Code {
             | Code::CapabilityNotFound
             | Code::VersionNotFound
             | Code::SplitNotFound
+            | Code::PolicyNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
             Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict => StatusCode::CONFLICT,

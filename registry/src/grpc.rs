@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{decode, decode_split};
+use crate::catalog::{decode, decode_policy, decode_split};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Instance, Split};
+use crate::model::{Capability, Instance, Policy, Split};
 use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
@@ -88,6 +88,17 @@ pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
         inflight: instance.inflight,
+        operator_weight: instance.operator_weight,
+    }
+}
+
+/// A capability's default policy on the wire.
+pub fn policy_to_pb(policy: &Policy) -> pb::CapabilityPolicy {
+    pb::CapabilityPolicy {
+        capability: policy.capability.clone(),
+        policy: policy.policy.clone(),
+        updated_at_ms: policy.updated_at_ms,
+        updated_by: policy.updated_by.clone().unwrap_or_default(),
     }
 }
 
@@ -396,13 +407,15 @@ async fn serve_watch(
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let (instances, splits, revision) = service.catalog().snapshot();
+            let catalog = service.catalog().snapshot();
+            let revision = catalog.revision;
             let budget = if paged { PAGE_BYTES } else { usize::MAX };
-            for page in snapshot_pages(
-                &instances,
-                splits.iter().map(|split| split_to_pb(split)).collect(),
-                budget,
-            ) {
+            let first = pb::Snapshot {
+                splits: catalog.splits.iter().map(|split| split_to_pb(split)).collect(),
+                policies: catalog.policies.iter().map(|policy| policy_to_pb(policy)).collect(),
+                ..Default::default()
+            };
+            for page in snapshot_pages(&catalog.instances, first, budget) {
                 let event = pb::WatchEvent {
                     revision,
                     kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot { reset, ..page })),
@@ -465,13 +478,11 @@ async fn serve_watch(
 }
 
 /// A snapshot as pages of at most `budget` encoded bytes of instances each
-/// (one instance larger than that goes alone), the splits on the first,
-/// every page but the last saying `more`. Always at least one page.
-fn snapshot_pages(instances: &[Arc<Instance>], splits: Vec<pb::CapabilitySplit>, budget: usize) -> Vec<pb::Snapshot> {
-    let mut pages = vec![pb::Snapshot {
-        splits,
-        ..Default::default()
-    }];
+/// (one instance larger than that goes alone), `first` (the splits and
+/// policies) the first, every page but the last saying `more`. Always at
+/// least one page.
+fn snapshot_pages(instances: &[Arc<Instance>], first: pb::Snapshot, budget: usize) -> Vec<pb::Snapshot> {
+    let mut pages = vec![first];
     let mut bytes = 0;
     for instance in instances {
         let instance = instance_to_pb(instance);
@@ -508,6 +519,14 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
         Event::Delete { key, .. } if keys.capability_of_split(&key).is_some() => {
             pb::watch_event::Kind::SplitCleared(pb::SplitCleared {
                 capability: keys.capability_of_split(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.capability_of_policy(&kv.key).is_some() => {
+            pb::watch_event::Kind::PolicySet(policy_to_pb(&decode_policy(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.capability_of_policy(&key).is_some() => {
+            pb::watch_event::Kind::PolicyCleared(pb::PolicyCleared {
+                capability: keys.capability_of_policy(&key)?.to_string(),
             })
         }
         Event::Put(kv) => {
@@ -547,6 +566,7 @@ mod tests {
             ttl_s: 15,
             registered_at_ms: 0,
             inflight: 0,
+            operator_weight: false,
         })
     }
 
@@ -562,7 +582,11 @@ mod tests {
             capability: "x".to_string(),
             ..Default::default()
         };
-        let pages = snapshot_pages(&with_large, vec![split], 1000);
+        let first = pb::Snapshot {
+            splits: vec![split],
+            ..Default::default()
+        };
+        let pages = snapshot_pages(&with_large, first, 1000);
         assert!(pages.len() > 5, "{}", pages.len());
         for (index, page) in pages.iter().enumerate() {
             let bytes: usize = page.instances.iter().map(prost::Message::encoded_len).sum();

@@ -58,6 +58,16 @@ pub struct Instance {
     /// existed, and while nothing was reported: 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inflight: u32,
+    /// Whether `weight` was set by an operator (`PUT /v1/agents/{id}/weight`
+    /// from a caller under `operators`) rather than by the agent: adaptive
+    /// routing never changes such a weight (DESIGN §3.4). A registration
+    /// writes a new record without it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub operator_weight: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -97,13 +107,28 @@ pub struct Split {
     pub updated_by: Option<String>,
 }
 
-/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}` and
-/// `/agent-reach/v1/{tenant}/splits/{capability}`.
+/// A capability's default selection policy (DESIGN §9): the value stored
+/// under `.../policies/{capability}`, without a lease. `policy` is a
+/// `target_policy` word (`adaptive`, `plugin:NAME`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub capability: String,
+    pub policy: String,
+    pub updated_at_ms: u64,
+    /// The operator who set it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
+/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}`,
+/// `/agent-reach/v1/{tenant}/splits/{capability}` and
+/// `/agent-reach/v1/{tenant}/policies/{capability}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
     tenant_prefix: String,
     agents_prefix: String,
     splits_prefix: String,
+    policies_prefix: String,
 }
 
 impl Keys {
@@ -112,11 +137,20 @@ impl Keys {
         Self {
             agents_prefix: format!("{tenant_prefix}agents/"),
             splits_prefix: format!("{tenant_prefix}splits/"),
+            policies_prefix: format!("{tenant_prefix}policies/"),
             tenant_prefix,
         }
     }
 
-    /// Every key of the tenant (agents and splits): what the catalog and the
+    pub fn policy(&self, capability: &str) -> String {
+        format!("{}{capability}", self.policies_prefix)
+    }
+
+    pub fn capability_of_policy<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.policies_prefix.as_str())
+    }
+
+    /// Every key of the tenant (agents, splits, policies): what the catalog and the
     /// `Watch` stream follow, in one ordered history.
     pub fn tenant_prefix(&self) -> &str {
         &self.tenant_prefix

@@ -599,7 +599,14 @@ async fn the_tenant_map_is_followed_live() {
     // readiness follows within a bounded poll.
     assert!(
         wait_for(Duration::from_secs(10), || async {
-            registry.http.get(registry.url("/readyz")).send().await.unwrap().status() == 200
+            registry
+                .http
+                .get(registry.url("/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 200
         })
         .await,
         "the registry never became ready again after team-a's part was rebuilt"

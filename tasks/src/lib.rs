@@ -19,6 +19,7 @@ mod buffer;
 mod callbacks;
 mod dead_letters;
 mod gate;
+mod history;
 mod metrics;
 mod protocol;
 mod quota;
@@ -143,6 +144,8 @@ impl TaskService {
         if let Some(every) = self.settings.quota_share {
             service.share_limits(Arc::new(quota::StoreLedger(self.clone())), every);
         }
+        // Routers on one Redis learn from each other's calls (issue 38).
+        service.share_history(Arc::new(history::StoreHistory(self.clone())));
     }
 
     /// The gate for a capability whose instances all carry a limited tag.

@@ -72,8 +72,9 @@
 //! count), `backlog` (the counts claims are planned on), `outcome`
 //! (transitions and a task's end), `followups` (what an end leaves beyond
 //! its lane), `callbacks` (a callback and its schedule), `dead_letters`,
-//! `record` (a task's record and stream entries, read) and `quota` (where
-//! routers share their limits).
+//! `record` (a task's record and stream entries, read), `quota` (where
+//! routers share their limits) and `history` (where they merge their
+//! outcome histories).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -84,6 +85,7 @@ use serde_json::Value;
 
 use self::backlog::Backlogs;
 use self::connection::{Connection, Link};
+pub use self::history::{HistorySlot, HistoryTotals};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
 use self::scripts::Scripts;
 use crate::model::{Callback, Priority, State, Task};
@@ -94,6 +96,7 @@ mod claims;
 mod connection;
 mod dead_letters;
 mod followups;
+mod history;
 mod keys;
 mod lookup;
 mod outcome;
