@@ -4,9 +4,13 @@
 //! The prediction of the failure rate at this hour:
 //! - the *pattern*: this hour of the day on each of the past six days (bucket
 //!   `n − 24·d`), summed; it counts once it holds [`MIN_PATTERN_CALLS`];
-//! - the *present*: the last minute's slices that fall in this hour's bucket
-//!   (a minute of the hour before says nothing of this one, whose pattern
-//!   may differ);
+//! - the *present*: the last minute (only its slices in this hour's bucket
+//!   when there is a pattern: a minute of the hour before says nothing of
+//!   this one, whose pattern may differ); when that holds fewer than
+//!   [`MIN_RECENT_CALLS`] attempts (an instance at the floor gets few), the
+//!   hour so far, and without a pattern the hour before as well, so a
+//!   sparsely probed instance is judged on what it did, not forgotten at
+//!   every hour's start;
 //! - together: the pattern is a prior worth at most [`PATTERN_WEIGHT`]
 //!   attempts, the present's attempts are added to it: `(K·f_pattern +
 //!   failures) / (K + calls)`. At the start of an hour that failed on past
@@ -59,11 +63,23 @@ impl Pattern {
     }
 }
 
-/// The present: the last minute, within this hour's bucket.
+/// The present: the last minute, or a wider window when it says too little.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Recent {
     pub calls: u64,
     pub failures: u64,
+    pub window: Window,
+}
+
+/// Which window [`Recent`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Window {
+    #[default]
+    LastMinute,
+    /// This hour's bucket so far.
+    HourSoFar,
+    /// This hour's bucket so far and the one before.
+    SinceLastHour,
 }
 
 impl Recent {
@@ -115,16 +131,32 @@ pub(crate) fn predict(recorded: &Recorded, clock: &Clock, now_ms: u64) -> Predic
     let mut present = Counts::default();
     for back in 0..RECENT_SLICES as u64 {
         let Some(number) = slice.checked_sub(back) else { break };
-        if clock.slice_start_ms(number) < bucket_start && back > 0 {
+        if pattern.is_some() && clock.slice_start_ms(number) < bucket_start && back > 0 {
             break;
         }
         if let Some(counts) = recorded.slice(number) {
             present.add(counts);
         }
     }
+    let mut window = Window::LastMinute;
+    if present.calls() < MIN_RECENT_CALLS {
+        let mut wider = recorded.hour(bucket).copied().unwrap_or_default();
+        let mut wider_window = Window::HourSoFar;
+        if pattern.is_none() {
+            if let Some(before) = bucket.checked_sub(1).and_then(|number| recorded.hour(number)) {
+                wider.add(before);
+                wider_window = Window::SinceLastHour;
+            }
+        }
+        if wider.calls() > present.calls() {
+            present = wider;
+            window = wider_window;
+        }
+    }
     let recent = Recent {
         calls: present.calls(),
         failures: present.failures(),
+        window,
     };
 
     let prior = pattern.map(|pattern| (pattern.calls.min(PATTERN_WEIGHT) as f64, pattern.failure_rate()));
@@ -193,7 +225,11 @@ pub fn bounded_step(current: u32, target: u32) -> u32 {
 pub fn reason(prediction: &Prediction, cause: Cause, clock: &Clock, fastest_p50_us: u64) -> String {
     let mut text = String::new();
     let percent = |rate: f64| (rate * 100.0).round() as u64;
-    let recent_window = describe_ms(clock.recent_ms());
+    let recent_window = match prediction.recent.window {
+        Window::LastMinute => format!("in the last {}", describe_ms(clock.recent_ms())),
+        Window::HourSoFar => format!("this {} so far", unit(clock)),
+        Window::SinceLastHour => format!("this {} and the one before", unit(clock)),
+    };
     match cause {
         Cause::Failures => match prediction.pattern {
             Some(pattern)
@@ -215,7 +251,7 @@ pub fn reason(prediction: &Prediction, cause: Cause, clock: &Clock, fastest_p50_
                 if prediction.recent.calls > 0 {
                     let _ = write!(
                         text,
-                        "; {} % of {} in the last {recent_window}",
+                        "; {} % of {} {recent_window}",
                         percent(prediction.recent.failure_rate()),
                         prediction.recent.calls
                     );
@@ -224,7 +260,7 @@ pub fn reason(prediction: &Prediction, cause: Cause, clock: &Clock, fastest_p50_
             _ => {
                 let _ = write!(
                     text,
-                    "failure rate {} % of {} attempt{} in the last {recent_window}",
+                    "failure rate {} % of {} attempt{} {recent_window}",
                     percent(prediction.recent.failure_rate()),
                     prediction.recent.calls,
                     if prediction.recent.calls == 1 { "" } else { "s" }
@@ -245,7 +281,7 @@ pub fn reason(prediction: &Prediction, cause: Cause, clock: &Clock, fastest_p50_
                 (Some(rate), calls) if calls > 0 => {
                     let _ = write!(
                         text,
-                        "failure rate {} % of {calls} in the last {recent_window}",
+                        "failure rate {} % of {calls} {recent_window}",
                         percent(rate)
                     );
                 }
@@ -271,6 +307,15 @@ fn hour_of_day(hour: u64, clock: &Clock) -> String {
             "in bucket {hour} of the day (buckets of {})",
             describe_ms(clock.bucket_ms)
         )
+    }
+}
+
+/// "hour", or "bucket" when time is compressed.
+fn unit(clock: &Clock) -> &'static str {
+    if clock.bucket_ms == 3_600_000 {
+        "hour"
+    } else {
+        "bucket"
     }
 }
 
@@ -333,7 +378,7 @@ mod tests {
         assert_eq!((pattern.hour, pattern.days, pattern.bad_days), (2, 5, 5));
         assert!((prediction.failure.unwrap() - 0.31).abs() < 1e-9);
         let (target, cause) = target(&prediction, 5_000);
-        assert_eq!((target, cause), (FLOOR.max(70), Cause::Failures));
+        assert_eq!((target, cause), (70, Cause::Failures));
         assert_eq!(
             reason(&prediction, cause, &clock, 5_000),
             "failure rate 31 % between 02:00 and 03:00 UTC for 5 days"
@@ -367,6 +412,27 @@ mod tests {
     }
 
     #[test]
+    fn a_sparsely_probed_instance_is_judged_on_a_wider_window_and_not_forgotten_at_the_hours_start() {
+        let clock = clock();
+        let history = History::new();
+        let start = 100 * 24 * HOUR + 5 * HOUR;
+        // Twelve failures spread over the last hour, two an hour-minute apart: few per minute.
+        for n in 0..12 {
+            fill(&history, &clock, start - HOUR + n * 5 * 60_000, 1, 1);
+        }
+        // A minute into the new hour, one more failure.
+        fill(&history, &clock, start + 30_000, 1, 1);
+        let prediction = history.with(|recorded| predict(recorded, &clock, start + 40_000));
+        assert_eq!(prediction.recent.window, Window::SinceLastHour);
+        assert_eq!(prediction.failure, Some(1.0));
+        let (_, cause) = target(&prediction, 0);
+        assert_eq!(
+            reason(&prediction, cause, &clock, 0),
+            "failure rate 100 % of 13 attempts this hour and the one before"
+        );
+    }
+
+    #[test]
     fn change_is_bounded_per_tick_and_never_below_the_floor() {
         assert_eq!(bounded_step(1000, 50), 500);
         assert_eq!(bounded_step(500, 50), 250);
@@ -395,7 +461,11 @@ mod tests {
             failure: Some(0.0),
             p50_us: Some(50_000),
             pattern: None,
-            recent: Recent { calls: 50, failures: 0 },
+            recent: Recent {
+                calls: 50,
+                failures: 0,
+                window: Window::LastMinute,
+            },
         };
         let (target, cause) = target(&prediction, 5_000);
         assert_eq!(cause, Cause::Latency);
