@@ -42,6 +42,8 @@ pub struct InstanceState {
     /// 32 bits) and when it was set (this process's ms clock, low 32 bits),
     /// one word so a reader never sees one without the other.
     peak_ewma: AtomicU64,
+    /// When an attempt last failed or was refused (this process's ms clock; 0: never).
+    last_failure_ms: AtomicU64,
     inflight: AtomicU32,
     /// What the agent itself last reported in flight (its heartbeat, through
     /// the registry record): its load from every router and direct caller.
@@ -88,6 +90,7 @@ impl InstanceState {
             health_permille: AtomicU32::new(FULL),
             ewma_us: AtomicU64::new(0),
             peak_ewma: AtomicU64::new(0),
+            last_failure_ms: AtomicU64::new(0),
             inflight: AtomicU32::new(0),
             reported_inflight: AtomicU32::new(0),
             metrics: InstanceMetricsHandle(metrics),
@@ -182,7 +185,24 @@ impl InstanceState {
         budget >= Duration::from_micros(self.ewma_us().saturating_mul(2)) + FAIR_SLACK
     }
 
+    /// The health factor (permille) with its failures forgiven over time:
+    /// the shortfall from full shrinks by `e^(-t/τ)` (τ = 10 s) with the
+    /// time since the last failure. `p2c_ewma` weighs by it, so an instance
+    /// that failed and then got no traffic is tried again (its peak-EWMA
+    /// decays on the same clock) instead of waiting for successes it cannot get.
+    pub fn forgiven_health_permille(&self) -> u32 {
+        let health = self.health_permille();
+        if health >= FULL {
+            return FULL;
+        }
+        forgiven(
+            health,
+            clock::now_ms().saturating_sub(self.last_failure_ms.load(Ordering::Relaxed)),
+        )
+    }
+
     fn degrade(&self) {
+        self.last_failure_ms.store(clock::now_ms(), Ordering::Relaxed);
         let _ = self
             .health_permille
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |health| {
@@ -247,6 +267,12 @@ fn unpack_peak(word: u64) -> (f64, u32) {
 /// Milliseconds since `at` on the process clock's low 32 bits (wraps every 49 days).
 fn elapsed_ms(at: u32) -> u32 {
     (clock::now_ms() as u32).wrapping_sub(at)
+}
+
+/// A health factor `since_ms` after the last failure, its shortfall shrunk by `e^(-t/τ)`.
+fn forgiven(health: u32, since_ms: u64) -> u32 {
+    let shortfall = f64::from(FULL.saturating_sub(health)) * (-(since_ms as f64) / PEAK_EWMA_TAU_MS).exp();
+    FULL - (shortfall.round() as u32).min(FULL)
 }
 
 /// `value` decayed towards 0 over `elapsed_ms`.
@@ -368,6 +394,26 @@ mod tests {
         assert!(state.peak_ewma_us() > 40_000.0);
         assert!(decay(50_000.0, 10_000) < 18_500.0, "one τ later: e^-1 of it");
         assert!(decay(50_000.0, 60_000) < 200.0, "an idle instance is probed again");
+    }
+
+    #[test]
+    fn failures_are_forgiven_over_time_for_p2c() {
+        let state = state();
+        let breaker = BreakerConfig {
+            failures: 100,
+            open_for: Duration::from_secs(30),
+        };
+        assert_eq!(state.forgiven_health_permille(), FULL);
+        for _ in 0..5 {
+            state.observe(Observation::Failed, &breaker);
+        }
+        assert_eq!(state.health_permille(), FLOOR);
+        assert!(state.forgiven_health_permille() <= FLOOR + 10, "just failed: not forgiven");
+        // Ten seconds later, two thirds of the shortfall are forgiven.
+        let later = forgiven(FLOOR, 10_000);
+        assert!((640..=660).contains(&later), "{later}");
+        assert_eq!(forgiven(FLOOR, 600_000), FULL);
+        assert_eq!(state.health_permille(), FLOOR, "the other policies' health is unchanged");
     }
 
     #[test]

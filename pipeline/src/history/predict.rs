@@ -3,7 +3,10 @@
 //!
 //! The prediction of the failure rate at this hour:
 //! - the *pattern*: this hour of the day on each of the past six days (bucket
-//!   `n − 24·d`), summed; it counts once it holds [`MIN_PATTERN_CALLS`];
+//!   `n − 24·d`), summed; it counts once it holds [`MIN_PATTERN_CALLS`] and
+//!   unless exactly one of those days failed (a one-off incident is not a
+//!   pattern: an hour is predicted to fail once it failed on
+//!   [`MIN_BAD_DAYS`] days, "seen twice");
 //! - the *present*: the last minute (only its slices in this hour's bucket
 //!   when there is a pattern: a minute of the hour before says nothing of
 //!   this one, whose pattern may differ); when that holds fewer than
@@ -37,8 +40,10 @@ pub const MIN_PATTERN_CALLS: u64 = 10;
 pub const MIN_RECENT_CALLS: u64 = 5;
 /// The most attempts the pattern is worth against the present's.
 pub const PATTERN_WEIGHT: u64 = 50;
-/// A past day's hour is "a failing one" from this failure rate (for the reason).
+/// A past day's hour is "a failing one" from this failure rate.
 pub const BAD_DAY: f64 = 0.10;
+/// Failing days at this hour before the pattern predicts failures.
+pub const MIN_BAD_DAYS: u32 = 2;
 /// Points of weight lost per point of failure rate.
 pub const FAILURE_SLOPE: f64 = 3.0;
 /// Past days looked at.
@@ -118,7 +123,8 @@ pub(crate) fn predict(recorded: &Recorded, clock: &Clock, now_ms: u64) -> Predic
         }
         past.add(counts);
     }
-    let pattern = (past.calls() >= MIN_PATTERN_CALLS).then_some(Pattern {
+    let recurring = bad_days == 0 || bad_days >= MIN_BAD_DAYS;
+    let pattern = (past.calls() >= MIN_PATTERN_CALLS && recurring).then_some(Pattern {
         hour: bucket % DAY,
         calls: past.calls(),
         failures: past.failures(),
@@ -386,14 +392,31 @@ mod tests {
     }
 
     #[test]
+    fn a_one_off_incident_is_not_a_pattern_until_it_recurs() {
+        let clock = clock();
+        let history = History::new();
+        let now = 100 * 24 * HOUR + 2 * HOUR + 1000;
+        fill(&history, &clock, now - 24 * HOUR, 100, 40);
+        fill(&history, &clock, now - 2 * 24 * HOUR, 100, 0);
+        let prediction = history.with(|recorded| predict(recorded, &clock, now));
+        assert_eq!((prediction.pattern, prediction.failure), (None, None), "seen once");
+        fill(&history, &clock, now - 3 * 24 * HOUR, 100, 40);
+        let prediction = history.with(|recorded| predict(recorded, &clock, now));
+        let pattern = prediction.pattern.expect("seen twice");
+        assert_eq!((pattern.days, pattern.bad_days, pattern.calls), (3, 2, 300));
+    }
+
+    #[test]
     fn the_present_outweighs_a_pattern_that_no_longer_holds() {
         let clock = clock();
         let history = History::new();
         let now = 100 * 24 * HOUR + 2 * HOUR + 30 * 60_000;
         fill(&history, &clock, now - 24 * HOUR, 100, 40);
+        fill(&history, &clock, now - 2 * 24 * HOUR, 100, 40);
         // This hour, the last minute: 200 clean attempts.
         fill(&history, &clock, now - 5_000, 200, 0);
         let prediction = history.with(|recorded| predict(recorded, &clock, now));
+        assert!(prediction.pattern.is_some());
         assert!(prediction.failure.unwrap() < 0.1, "{prediction:?}");
         // And a fresh failure with no pattern is seen in the last minute.
         let fresh = History::new();

@@ -1,10 +1,16 @@
 //! `p2c_ewma`, Finagle's and Linkerd's balancer: draw two distinct
 //! candidates at random and take the cheaper, the cost being the
 //! instance's peak-EWMA latency × (its requests in flight + 1) per unit of
-//! effective weight. Peak-EWMA believes a slow answer at once and forgets
-//! it with time (τ = 10 s), so a slow instance is left alone until its cost
-//! decays, then probed again; two random choices avoid the herd that
-//! "always the cheapest" sends to one instance between updates.
+//! weight, the weight being the static one × the health factor with
+//! failures forgiven over time (`InstanceState::forgiven_health_permille`;
+//! a failure answered fast must not make an instance look cheap, and one
+//! that failed must not stay expensive once it stops failing). Peak-EWMA
+//! believes a slow answer at once and forgets it with time (τ = 10 s), so a
+//! slow or failed instance is left alone until its cost decays, then probed
+//! again; two random choices avoid the herd that "always the cheapest"
+//! sends to one instance between updates. (The latency factor of the other
+//! policies' effective weight is left out: peak-EWMA is this policy's
+//! measure of latency.)
 //!
 //! Load is `max(own, reported)` as for `least_connections`. An instance
 //! with no answer yet costs least, so a newcomer is tried at once.
@@ -32,10 +38,12 @@ pub fn pick(group: &VersionGroup, candidates: &[Candidate]) -> usize {
     }
 }
 
-/// `(peak-EWMA µs + 1) × (load + 1) / effective weight`.
+/// `(peak-EWMA µs + 1) × (load + 1) / (static weight × forgiven health)`.
 fn cost(group: &VersionGroup, candidate: &Candidate) -> f64 {
-    let state = &group.instances[candidate.index].state;
-    (state.peak_ewma_us() + 1.0) * (load(state) as f64 + 1.0) / candidate.weight.max(1) as f64
+    let instance = &group.instances[candidate.index];
+    let state = &instance.state;
+    let weight = f64::from(instance.weight.max(1)) * f64::from(state.forgiven_health_permille().max(1));
+    (state.peak_ewma_us() + 1.0) * (load(state) as f64 + 1.0) / weight
 }
 
 thread_local! {
