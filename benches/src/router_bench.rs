@@ -297,8 +297,9 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let policy_target = args.policy.as_ref().map(|policy| format!("router {policy}"));
     let policy_script = match &args.policy {
         Some(policy) => {
-            let named = json!({ "capability": CAPABILITY, "target_policy": policy, "payload": { "order_id": "SO-2024001" } })
-                .to_string();
+            let named =
+                json!({ "capability": CAPABILITY, "target_policy": policy, "payload": { "order_id": "SO-2024001" } })
+                    .to_string();
             let check = named.clone();
             router
                 .wait_until(&format!("router with {policy}"), Duration::from_secs(20), async || {

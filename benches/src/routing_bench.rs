@@ -51,8 +51,8 @@ use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use serde_json::{json, Value};
 use support::{
-    answers_ok, caller_acl, quantile, register, spawn_router, start_registry, token, Files, Instance,
-    RouterOptions, Run, Threads, REGISTRY, ROUTER,
+    answers_ok, caller_acl, quantile, register, spawn_router, start_registry, token, Files, Instance, RouterOptions,
+    Run, Threads, REGISTRY, ROUTER,
 };
 
 const CALLER: &str = "bench_caller";
@@ -71,7 +71,9 @@ const DEGRADE_LEN: u64 = 6;
 const SHARE_WINDOW_S: usize = 3;
 
 #[derive(Debug, Clone, Parser)]
-#[command(about = "Routing simulation: four policies against scripted agents (a recurring failure window, a slow instance, a degradation then recovery).")]
+#[command(
+    about = "Routing simulation: four policies against scripted agents (a recurring failure window, a slow instance, a degradation then recovery)."
+)]
 struct Args {
     /// The outcome history's bucket (the router's --routing-history-bucket-ms): one "hour".
     #[arg(long, default_value_t = 3000)]
@@ -158,7 +160,10 @@ async fn agent(State(script): State<Arc<Script>>, body: axum::body::Bytes) -> Re
     let start_ms = script.timeline.start_ms.load(Ordering::Relaxed);
     if envelope["attempt"] == 1 && now >= start_ms {
         let second = (now - start_ms / 1000 * 1000) as usize / 1000;
-        let mut counts = script.first_attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut counts = script
+            .first_attempts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if counts.len() <= second {
             counts.resize(second + 1, 0);
         }
@@ -232,13 +237,15 @@ async fn load(
     until: Instant,
 ) -> Vec<Call> {
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let body = json!({ "capability": capability, "target_policy": policy, "payload": { "order_id": "SO-1" } }).to_string();
+    let body =
+        json!({ "capability": capability, "target_policy": policy, "payload": { "order_id": "SO-1" } }).to_string();
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut running = Vec::new();
     while Instant::now() < until {
         ticker.tick().await;
-        let (client, url, token, body, calls) = (client.clone(), url.clone(), token.clone(), body.clone(), calls.clone());
+        let (client, url, token, body, calls) =
+            (client.clone(), url.clone(), token.clone(), body.clone(), calls.clone());
         running.push(tokio::spawn(async move {
             let at_ms = epoch_ms();
             let started = Instant::now();
@@ -431,7 +438,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         let from = (first + WINDOW_AT + 24 * day) * bucket_ms;
         let to = from + WINDOW_LEN * bucket_ms;
         let inside: Vec<&Call> = calls.iter().filter(|call| (from..to).contains(&call.at_ms)).collect();
-        (inside.iter().filter(|call| call.failed_first_attempt()).count(), inside.len())
+        (
+            inside.iter().filter(|call| call.failed_first_attempt()).count(),
+            inside.len(),
+        )
     };
     for policy in POLICIES {
         let calls = &results[&(Scenario::Window, policy)];
@@ -457,7 +467,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
 
     // The slow instance.
     let p99 = |policy: &str| {
-        let mut latencies: Vec<Duration> = results[&(Scenario::Slow, policy)].iter().map(|call| call.latency).collect();
+        let mut latencies: Vec<Duration> = results[&(Scenario::Slow, policy)]
+            .iter()
+            .map(|call| call.latency)
+            .collect();
         latencies.sort();
         quantile(&latencies, 0.99)
     };
@@ -479,7 +492,13 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     );
     let mut all_recovered = true;
     for pair in pairs.iter().filter(|pair| pair.scenario == Scenario::Recover) {
-        let counts = |script: &Script| script.first_attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let counts = |script: &Script| {
+            script
+                .first_attempts
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone()
+        };
         let mine = counts(&pair.scripted);
         let others: Vec<Vec<u32>> = pair.others.iter().map(|script| counts(script)).collect();
         let at = |counts: &[u32], second: usize| u64::from(counts.get(second).copied().unwrap_or(0));
@@ -487,7 +506,11 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         let share_from = |second: usize| {
             let window = second..(second + SHARE_WINDOW_S).min(seconds);
             let own: u64 = window.clone().map(|s| at(&mine, s)).sum();
-            let all: u64 = own + others.iter().map(|other| window.clone().map(|s| at(other, s)).sum::<u64>()).sum::<u64>();
+            let all: u64 = own
+                + others
+                    .iter()
+                    .map(|other| window.clone().map(|s| at(other, s)).sum::<u64>())
+                    .sum::<u64>();
             (all > 0).then(|| own as f64 / all as f64)
         };
         let back = (recovered_s..seconds.saturating_sub(SHARE_WINDOW_S))

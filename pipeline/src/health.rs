@@ -408,12 +408,19 @@ mod tests {
             state.observe(Observation::Failed, &breaker);
         }
         assert_eq!(state.health_permille(), FLOOR);
-        assert!(state.forgiven_health_permille() <= FLOOR + 10, "just failed: not forgiven");
+        assert!(
+            state.forgiven_health_permille() <= FLOOR + 10,
+            "just failed: not forgiven"
+        );
         // Ten seconds later, two thirds of the shortfall are forgiven.
         let later = forgiven(FLOOR, 10_000);
         assert!((640..=660).contains(&later), "{later}");
         assert_eq!(forgiven(FLOOR, 600_000), FULL);
-        assert_eq!(state.health_permille(), FLOOR, "the other policies' health is unchanged");
+        assert_eq!(
+            state.health_permille(),
+            FLOOR,
+            "the other policies' health is unchanged"
+        );
     }
 
     #[test]

@@ -329,11 +329,18 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         (json!(8), json!(lease))
     );
     assert_eq!(body["registered_at_ms"], before["registered_at_ms"]);
-    assert_eq!(body["operator_weight"], json!(true), "an operator's weight is marked: {body}");
+    assert_eq!(
+        body["operator_weight"],
+        json!(true),
+        "an operator's weight is marked: {body}"
+    );
     match next_event(&mut watch).await.kind {
         Some(pb::watch_event::Kind::Updated(instance)) => {
             assert_eq!((instance.agent_id.as_str(), instance.weight), ("oq-w1", 8));
-            assert!(instance.operator_weight, "routers learn that adaptive must leave it alone");
+            assert!(
+                instance.operator_weight,
+                "routers learn that adaptive must leave it alone"
+            );
         }
         other => panic!("expected an update, got {other:?}"),
     }
@@ -369,7 +376,11 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         .put("/v1/agents/oq-w1/weight", &agent, &json!({ "weight": 2 }))
         .await;
     assert_eq!((status, body["weight"].clone()), (200, json!(2)), "{body}");
-    assert_eq!(body.get("operator_weight"), None, "the agent's own weight is not an operator's");
+    assert_eq!(
+        body.get("operator_weight"),
+        None,
+        "the agent's own weight is not an operator's"
+    );
 
     // Bad input: stable codes.
     for (body, expected) in [
@@ -596,7 +607,11 @@ async fn capability_policies_are_stored_in_etcd_watched_and_cleared_by_operators
         assert_eq!((status, code(&answer)), (status_code, expected), "{request} → {answer}");
     }
     let (status, body) = registry
-        .put(POLICY, &TestRegistry::token("order_query"), &json!({ "policy": "adaptive" }))
+        .put(
+            POLICY,
+            &TestRegistry::token("order_query"),
+            &json!({ "policy": "adaptive" }),
+        )
         .await;
     assert_eq!((status, code(&body)), (403, "FORBIDDEN"), "{body}");
     let (status, body) = registry
@@ -604,17 +619,27 @@ async fn capability_policies_are_stored_in_etcd_watched_and_cleared_by_operators
         .await;
     assert_eq!((status, code(&body)), (400, "INVALID_CAPABILITY_NAME"), "{body}");
 
-    let (status, body) = registry.put(POLICY, &ops(), &json!({ "policy": "plugin:cheapest" })).await;
+    let (status, body) = registry
+        .put(POLICY, &ops(), &json!({ "policy": "plugin:cheapest" }))
+        .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!((body["policy"].clone(), body["updated_by"].clone()), (json!("plugin:cheapest"), json!("ops")));
+    assert_eq!(
+        (body["policy"].clone(), body["updated_by"].clone()),
+        (json!("plugin:cheapest"), json!("ops"))
+    );
     match next_event(&mut watch).await.kind {
         Some(pb::watch_event::Kind::PolicySet(policy)) => {
-            assert_eq!((policy.capability.as_str(), policy.policy.as_str()), ("order.query", "plugin:cheapest"));
+            assert_eq!(
+                (policy.capability.as_str(), policy.policy.as_str()),
+                ("order.query", "plugin:cheapest")
+            );
         }
         other => panic!("expected policy_set, got {other:?}"),
     }
     // The seeds' word is stored as the policy it names.
-    let (_, body) = registry.put(POLICY, &ops(), &json!({ "policy": "weighted_random" })).await;
+    let (_, body) = registry
+        .put(POLICY, &ops(), &json!({ "policy": "weighted_random" }))
+        .await;
     assert_eq!(body["policy"], json!("weighted_round_robin"));
     next_event(&mut watch).await;
     let (_, body) = registry.put(POLICY, &ops(), &json!({ "policy": "adaptive" })).await;

@@ -40,7 +40,13 @@ fn answered_by(body: &Value) -> String {
 }
 
 /// `PUT`, `GET` or `DELETE` on the registry as `who`; (status, body or null).
-async fn registry_call(cluster: &Cluster, method: reqwest::Method, path: &str, who: &str, body: Option<Value>) -> (u16, Value) {
+async fn registry_call(
+    cluster: &Cluster,
+    method: reqwest::Method,
+    path: &str,
+    who: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut request = reqwest::Client::new()
         .request(method, format!("{}{path}", cluster.registry.url()))
         .bearer_auth(token(who));
@@ -101,7 +107,10 @@ async fn an_outside_crates_policy_is_selected_by_name_by_a_call_and_by_a_capabil
 
     // A call names the plug-in: the cheapest healthy instance takes every call.
     let named = json!({ "capability": CAPABILITY, "target_policy": "plugin:cheapest", "payload": { "order_id": "1" } });
-    assert_eq!(spread(&cluster, named, 24).await, BTreeMap::from([("small-1".to_string(), 24)]));
+    assert_eq!(
+        spread(&cluster, named, 24).await,
+        BTreeMap::from([("small-1".to_string(), 24)])
+    );
     // A plug-in this router does not have is the caller's mistake, named.
     let (status, body) = cluster
         .invoke(json!({ "capability": CAPABILITY, "target_policy": "plugin:nope", "payload": { "order_id": "1" } }))
@@ -109,11 +118,20 @@ async fn an_outside_crates_policy_is_selected_by_name_by_a_call_and_by_a_capabil
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "INVALID_ENVELOPE");
     assert_eq!(body["error"]["details"]["field"], "target_policy");
-    assert!(body["error"]["message"].as_str().unwrap().contains("plugin:cheapest"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("plugin:cheapest"),
+        "{body}"
+    );
     let (status, body) = cluster
-        .invoke(json!({ "capability": CAPABILITY, "target_policy": "plugin:Not-A-Name", "payload": { "order_id": "1" } }))
+        .invoke(
+            json!({ "capability": CAPABILITY, "target_policy": "plugin:Not-A-Name", "payload": { "order_id": "1" } }),
+        )
         .await;
-    assert_eq!((status, body["error"]["details"]["field"].clone()), (400, json!("target_policy")), "{body}");
+    assert_eq!(
+        (status, body["error"]["details"]["field"].clone()),
+        (400, json!("target_policy")),
+        "{body}"
+    );
 
     // Without a policy of its own, the capability's calls go round-robin.
     let plain = json!({ "capability": CAPABILITY, "payload": { "order_id": "1" } });
@@ -136,7 +154,10 @@ async fn an_outside_crates_policy_is_selected_by_name_by_a_call_and_by_a_capabil
     })
     .await;
     assert!(applied, "the router never applied the capability's policy");
-    assert_eq!(spread(&cluster, plain.clone(), 24).await, BTreeMap::from([("small-1".to_string(), 24)]));
+    assert_eq!(
+        spread(&cluster, plain.clone(), 24).await,
+        BTreeMap::from([("small-1".to_string(), 24)])
+    );
     // A call's own policy still wins over the capability's.
     let counts = spread(
         &cluster,
@@ -147,7 +168,14 @@ async fn an_outside_crates_policy_is_selected_by_name_by_a_call_and_by_a_capabil
     assert_eq!(counts.len(), 3, "{counts:?}");
 
     // Cleared: back to the router's default.
-    let (status, _) = registry_call(&cluster, reqwest::Method::DELETE, &format!("/v1/capabilities/{CAPABILITY}/policy"), "ops", None).await;
+    let (status, _) = registry_call(
+        &cluster,
+        reqwest::Method::DELETE,
+        &format!("/v1/capabilities/{CAPABILITY}/policy"),
+        "ops",
+        None,
+    )
+    .await;
     assert_eq!(status, 204);
     let cleared = eventually(Duration::from_secs(10), || async move {
         let (_, body) = operator_get(router, "/v1/routing/capabilities").await;
@@ -179,7 +207,14 @@ async fn adaptive_never_scales_an_operators_weight_nor_overrides_a_split_and_exp
     cluster
         .wait_for_instances(&["failing-1", "failing-2", "healthy-1", "healthy-2", "pinned-1"])
         .await;
-    let (status, body) = registry_call(&cluster, reqwest::Method::PUT, "/v1/agents/pinned-1/weight", "ops", Some(json!({ "weight": 1 }))).await;
+    let (status, body) = registry_call(
+        &cluster,
+        reqwest::Method::PUT,
+        "/v1/agents/pinned-1/weight",
+        "ops",
+        Some(json!({ "weight": 1 })),
+    )
+    .await;
     assert_eq!((status, body["operator_weight"].clone()), (200, json!(true)), "{body}");
     let (status, body) = registry_call(
         &cluster,
@@ -220,9 +255,18 @@ async fn adaptive_never_scales_an_operators_weight_nor_overrides_a_split_and_exp
     }
     assert!(learned, "the failing instances never reached the floor");
     let pinned = instance_row(router, "pinned-1", "1.0.0").await;
-    assert_eq!(pinned["learned_permille"], 1000, "an operator's weight is never scaled: {pinned}");
-    assert!(pinned["predicted_failure_permille"].as_u64().unwrap() > 500, "yet its failures are known: {pinned}");
-    assert_eq!(instance_row(router, "healthy-1", "1.0.0").await["learned_permille"], 1000);
+    assert_eq!(
+        pinned["learned_permille"], 1000,
+        "an operator's weight is never scaled: {pinned}"
+    );
+    assert!(
+        pinned["predicted_failure_permille"].as_u64().unwrap() > 500,
+        "yet its failures are known: {pinned}"
+    );
+    assert_eq!(
+        instance_row(router, "healthy-1", "1.0.0").await["learned_permille"],
+        1000
+    );
 
     // The split held: each version took about half of the calls, whatever adaptive learned.
     let total: usize = versions.values().sum();
@@ -238,12 +282,21 @@ async fn adaptive_never_scales_an_operators_weight_nor_overrides_a_split_and_exp
     assert!(changes.len() >= 4, "{body}");
     for change in changes {
         assert_ne!(change["agent_id"], "pinned-1", "{change}");
-        let (from, to) = (change["from_permille"].as_u64().unwrap(), change["to_permille"].as_u64().unwrap());
+        let (from, to) = (
+            change["from_permille"].as_u64().unwrap(),
+            change["to_permille"].as_u64().unwrap(),
+        );
         assert!(to >= from / 2 && to <= from * 2 && to >= 50, "{change}");
-        assert!(change["reason"].as_str().unwrap().starts_with("failure rate "), "{change}");
+        assert!(
+            change["reason"].as_str().unwrap().starts_with("failure rate "),
+            "{change}"
+        );
     }
     let (_, capabilities) = operator_get(router, "/v1/routing/capabilities").await;
-    assert!(!capabilities["capabilities"][0]["changes"].as_array().unwrap().is_empty());
+    assert!(!capabilities["capabilities"][0]["changes"]
+        .as_array()
+        .unwrap()
+        .is_empty());
 
     // The history behind it, per instance and version.
     let (status, history) = operator_get(router, &format!("/v1/routing/history?capability={CAPABILITY}")).await;
@@ -262,9 +315,17 @@ async fn adaptive_never_scales_an_operators_weight_nor_overrides_a_split_and_exp
         .sum();
     assert!(server_errors > 0, "{failing}");
     let (status, body) = operator_get(router, "/v1/routing/history").await;
-    assert_eq!((status, body["error"]["code"].clone()), (400, json!("INVALID_QUERY")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (400, json!("INVALID_QUERY")),
+        "{body}"
+    );
     let (status, body) = operator_get(router, "/v1/routing/history?capability=no.such").await;
-    assert_eq!((status, body["error"]["code"].clone()), (404, json!("CAPABILITY_NOT_FOUND")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (404, json!("CAPABILITY_NOT_FOUND")),
+        "{body}"
+    );
     let response = reqwest::Client::new()
         .get(cluster.url("/v1/routing/changes"))
         .bearer_auth(token(CALLER))
@@ -276,7 +337,9 @@ async fn adaptive_never_scales_an_operators_weight_nor_overrides_a_split_and_exp
 
 async fn cluster_split_applied(router: std::net::SocketAddr) -> bool {
     let (_, body) = operator_get(router, "/v1/routing/capabilities").await;
-    body["capabilities"][0]["split"].as_array().is_some_and(|split| split.len() == 2)
+    body["capabilities"][0]["split"]
+        .as_array()
+        .is_some_and(|split| split.len() == 2)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,9 +384,9 @@ async fn two_routers_on_one_redis_merge_their_outcome_histories() {
         if status != 200 {
             return 0;
         }
-        body["instances"][0]["buckets"]
-            .as_array()
-            .map_or(0, |buckets| buckets.iter().map(|bucket| bucket["calls"].as_u64().unwrap()).sum())
+        body["instances"][0]["buckets"].as_array().map_or(0, |buckets| {
+            buckets.iter().map(|bucket| bucket["calls"].as_u64().unwrap()).sum()
+        })
     };
 
     // 30 calls through the first router only.
@@ -332,7 +395,11 @@ async fn two_routers_on_one_redis_merge_their_outcome_histories() {
         assert_eq!(status, 200, "{body}");
     }
     let merged = eventually(Duration::from_secs(15), || async move { calls(other_addr).await == 30 }).await;
-    assert!(merged, "the second router never saw the first one's calls: {}", calls(other_addr).await);
+    assert!(
+        merged,
+        "the second router never saw the first one's calls: {}",
+        calls(other_addr).await
+    );
 
     // 10 through the second: both hold all 40.
     let client = reqwest::Client::new();
@@ -352,5 +419,7 @@ async fn two_routers_on_one_redis_merge_their_outcome_histories() {
         calls(other_addr).await
     );
     // What they merged is in Redis, under the tenant's history tag.
-    assert!(redis_keys(&redis).iter().any(|key| key.contains(":history:{h:default}:3000:order.query@1.0.0:merged-1")));
+    assert!(redis_keys(&redis)
+        .iter()
+        .any(|key| key.contains(":history:{h:default}:3000:order.query@1.0.0:merged-1")));
 }

@@ -285,11 +285,7 @@ pub fn reason(prediction: &Prediction, cause: Cause, clock: &Clock, fastest_p50_
             let _ = write!(text, "healthy: ");
             match (prediction.failure, prediction.recent.calls) {
                 (Some(rate), calls) if calls > 0 => {
-                    let _ = write!(
-                        text,
-                        "failure rate {} % of {calls} {recent_window}",
-                        percent(rate)
-                    );
+                    let _ = write!(text, "failure rate {} % of {calls} {recent_window}", percent(rate));
                 }
                 _ => {
                     let _ = write!(text, "no failure on record");
