@@ -56,7 +56,7 @@ pub mod views;
 pub mod watch;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
-pub use history::exchange::{HistoryLedger, SlotExchange};
+pub use history::exchange::{HistoryLedger, SlotExchange, SlotTotals};
 pub use history::Counts as HistoryCounts;
 pub use limits::shares::{
     Answered, Demand, Exchanged, QuotaLedger, Reported, DEFAULT_EVERY as DEFAULT_QUOTA_SHARE_EVERY,

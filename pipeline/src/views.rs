@@ -196,7 +196,7 @@ pub fn history(service: &RouterService, capability: &str) -> Option<Value> {
                     .filter(|(number, counts)| *number != 0 && !counts.is_empty())
                     .copied()
                     .collect();
-                held.sort_by(|a, b| b.0.cmp(&a.0));
+                held.sort_by_key(|(number, _)| std::cmp::Reverse(*number));
                 held
             });
             let buckets: Vec<Value> = buckets

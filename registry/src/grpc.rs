@@ -604,8 +604,8 @@ mod tests {
         let expected: Vec<String> = with_large.iter().map(|instance| instance.agent_id.clone()).collect();
         assert_eq!(ids, expected);
         // Unpaged (and an empty snapshot): one page, as before paging.
-        assert_eq!(snapshot_pages(&instances, Vec::new(), usize::MAX).len(), 1);
-        let empty = snapshot_pages(&[], Vec::new(), 1000);
+        assert_eq!(snapshot_pages(&instances, pb::Snapshot::default(), usize::MAX).len(), 1);
+        let empty = snapshot_pages(&[], pb::Snapshot::default(), 1000);
         assert_eq!((empty.len(), empty[0].more), (1, false));
     }
 }

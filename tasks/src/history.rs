@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_reach_pipeline::{HistoryCounts, HistoryLedger, SlotExchange};
+use agent_reach_pipeline::{HistoryCounts, HistoryLedger, SlotExchange, SlotTotals};
 use agent_reach_task_store::HistorySlot;
 use futures::future::BoxFuture;
 
@@ -23,7 +23,7 @@ impl HistoryLedger for StoreHistory {
         bucket_ms: u64,
         oldest: u64,
         slots: &'a [SlotExchange],
-    ) -> BoxFuture<'a, Result<Vec<Vec<(u64, HistoryCounts)>>, String>> {
+    ) -> BoxFuture<'a, Result<Vec<SlotTotals>, String>> {
         Box::pin(async move {
             let sent: Vec<HistorySlot> = slots
                 .iter()

@@ -34,6 +34,9 @@ pub struct SlotExchange {
     pub read: Vec<u64>,
 }
 
+/// Every router's totals of one slot's buckets: `(bucket number, counts)`.
+pub type SlotTotals = Vec<(u64, Counts)>;
+
 /// Where routers merge their outcome histories: one call an exchange, off
 /// the request path. The task store implements it on Redis.
 pub trait HistoryLedger: Send + Sync + 'static {
@@ -45,7 +48,7 @@ pub trait HistoryLedger: Send + Sync + 'static {
         bucket_ms: u64,
         oldest: u64,
         slots: &'a [SlotExchange],
-    ) -> BoxFuture<'a, Result<Vec<Vec<(u64, Counts)>>, String>>;
+    ) -> BoxFuture<'a, Result<Vec<SlotTotals>, String>>;
 }
 
 /// Exchanges `service`'s histories through `ledger` every recent window until the service is dropped.
