@@ -78,7 +78,7 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "setup: installing the pinned Python test dependencies into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check -r "${requirements[0]}" -r "${requirements[1]}"
-  # No build isolation: the pinned setuptools above builds the package, nothing unpinned is fetched.
+  # No build isolation: the pinned flit_core above builds the package, nothing unpinned is fetched.
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e sdk/python
   echo "$wanted" > "$stamp"
 else

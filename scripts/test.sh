@@ -29,7 +29,7 @@ python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" ||
 # The Python SDK: lint, strict types, then pytest against real etcd, Redis and the
 # agent-reach and example-agent binaries, which `cargo test` above built (cargo builds a
 # package's binaries for its integration tests) and the tests find in the target directory.
-(cd sdk/python && ruff check . ../../benches/python && ruff format --check . ../../benches/python && mypy)
+(cd sdk/python && ruff check . ../contract ../../benches/python && ruff format --check . ../contract ../../benches/python && mypy)
 (cd sdk/python && python -m pytest -q -p no:cacheprovider -rs) 2>&1 | tee -a "$log" || status=1
 
 # === TypeScript SDK (sdk/typescript, @agent-reach/sdk) ===
@@ -44,7 +44,7 @@ python -m pytest deploy/tests -q -p no:cacheprovider -rs 2>&1 | tee -a "$log" ||
   trap 'rm -rf "$packed"' EXIT
   npm pack --silent --pack-destination "$packed" >/dev/null
   contents="$(tar -tzf "$packed"/agent-reach-sdk-*.tgz)"
-  for file in package/package.json package/README.md package/dist/index.js package/dist/index.d.ts; do
+  for file in package/package.json package/README.md package/dist/index.js package/dist/index.d.ts package/dist/ai.js; do
     grep -qx "$file" <<<"$contents" || { echo "npm pack: $file missing from the package" >&2; exit 1; }
   done
   echo "npm pack: @agent-reach/sdk packs ($(grep -c . <<<"$contents") files)"

@@ -8,7 +8,7 @@
 
 pub mod stack;
 
-use agent_reach_sdk::{handler, Agent, CallError, Ctx, HandlerError, StartError};
+use agent_reach_sdk::{handler, Agent, CallError, Ctx, HandlerError, StartError, Usage};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -199,6 +199,9 @@ pub async fn shipping_rules(ctx: Ctx, input: ShippingQuestion) -> Result<Chain, 
     })
 }
 
+/// The model `reply.write` reports its usage under (DESIGN §3.5 `usage`).
+pub const REPLY_MODEL: &str = "reply-template-1";
+
 /// Writes the customer-facing reply from what the context says (it may read
 /// `user_id`, `intent` and `order_status`, nothing else).
 #[handler(capability = "reply.write", version = "1.0.0", description = "Phrase the reply")]
@@ -220,6 +223,10 @@ pub async fn reply_write(ctx: Ctx, input: ReplyRequest) -> Result<Reply, Handler
     } else {
         format!("Hi {user}, order {order_id} does not ship today: {}.", input.reason)
     };
+    // Phrasing is where a real agent would call a model: report what it cost,
+    // as one would (here the template's words stand in for tokens).
+    let words = |text: &str| text.split_whitespace().count() as u64;
+    ctx.report_usage(Usage::tokens(REPLY_MODEL, words(&input.reason) + 8, words(&reply)));
     Ok(Reply {
         reply,
         trace_id: trace_id(&ctx),

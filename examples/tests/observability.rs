@@ -625,6 +625,9 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
                 "count(agent_reach_tasks_backlog) > 0",
                 "agent_reach_tasks_callback_failures_total > 0",
                 "agent_reach_tasks_dead_letters > 0",
+                // The usage `reply.write` reports in its answers (DESIGN §3.5), by model and type.
+                "sum(rate(agent_reach_model_tokens_total{capability=\"reply.write\",model=\"reply-template-1\",type=\"input\"}[1m])) > 0",
+                "sum(rate(agent_reach_model_tokens_total{capability=\"reply.write\",model=\"reply-template-1\",type=\"output\"}[1m])) > 0",
             ];
             for check in checks {
                 if samples(&query(&prom, check).await, check).is_empty() {
@@ -657,6 +660,12 @@ async fn metrics_match_the_doc_and_prometheus_answers_every_dashboard_and_alert_
         .map(|name| name.as_str().unwrap().to_string())
         .collect();
     let mut checked = Vec::new();
+    assert!(
+        dashboard_expressions()
+            .iter()
+            .any(|(_, expr)| expr.contains("agent_reach_model_tokens_total")),
+        "a dashboard panel shows the model tokens agents report"
+    );
     for (place, expr) in dashboard_expressions() {
         checked.push((place, expr.clone(), expr));
     }

@@ -11,13 +11,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use agent_reach_examples::stack::{Stack, StackOptions};
-use agent_reach_examples::{scenario_instances, InstanceSpec};
+use agent_reach_examples::{scenario_instances, InstanceSpec, REPLY_MODEL};
 use agent_reach_telemetry::otlp;
 use agent_reach_testkit::otlp::{Received, Receiver};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use serde_json::{json, Value};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+
+/// Which end of a call a span is from (see `find`).
+const ROUTER: &str = "router";
+const AGENT: &str = "agent";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
@@ -91,10 +95,16 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     assert_eq!(answer["status"], "succeeded", "{answer}");
 
     // Spans end as each hop answers; flush until both hops' spans arrived.
-    let find = |spans: &[Received], name: &str, capability: &str| {
+    // Router and agent both name a call's span `invoke_agent {capability}`
+    // (OpenTelemetry GenAI conventions): the router's names its door.
+    let find = |spans: &[Received], side: &str, capability: &str| {
         spans
             .iter()
-            .find(|span| span.name == name && span.attributes.get("capability").map(String::as_str) == Some(capability))
+            .find(|span| {
+                span.name == format!("invoke_agent {capability}")
+                    && span.attributes.get("capability").map(String::as_str) == Some(capability)
+                    && span.attributes.contains_key("door") == (side == ROUTER)
+            })
             .cloned()
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -105,10 +115,10 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
             .await
             .unwrap();
         let spans = receiver.spans();
-        let complete = [("invoke", "intent.parse"), ("agent.invoke", "intent.parse")]
+        let complete = [ROUTER, AGENT]
             .into_iter()
-            .chain([("invoke", "order.query"), ("agent.invoke", "order.query")])
-            .all(|(name, capability)| find(&spans, name, capability).is_some());
+            .flat_map(|side| ["intent.parse", "order.query", "reply.write"].map(|capability| (side, capability)))
+            .all(|(side, capability)| find(&spans, side, capability).is_some());
         if complete {
             break spans;
         }
@@ -126,7 +136,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     };
 
     // Hop 1: caller → router → agent A.
-    let router_a = find(&spans, "invoke", "intent.parse").unwrap();
+    let router_a = find(&spans, ROUTER, "intent.parse").unwrap();
     assert_eq!(router_a.trace_id, trace_id, "the router continues the caller's trace");
     assert_eq!(
         router_a.parent, caller_span,
@@ -140,6 +150,12 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         ("capability.version", "1.0.0"),
         ("policy", "weighted_round_robin"),
         ("trace_id", trace_id),
+        // The GenAI conventions' attributes, beside ours.
+        ("gen_ai.operation.name", "invoke_agent"),
+        ("gen_ai.provider.name", "agent_reach"),
+        ("gen_ai.agent.name", "intent.parse"),
+        ("gen_ai.agent.id", "intent_parser-1"),
+        ("gen_ai.conversation.id", "sess-trace-1"),
     ] {
         assert_eq!(
             router_a.attributes.get(key).map(String::as_str),
@@ -147,7 +163,32 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
             "{key} on {router_a:?}"
         );
     }
-    let agent_a = find(&spans, "agent.invoke", "intent.parse").unwrap();
+    let agent_a = find(&spans, AGENT, "intent.parse").unwrap();
+    for (key, value) in [
+        ("gen_ai.operation.name", "invoke_agent"),
+        ("gen_ai.agent.name", "intent.parse"),
+        ("gen_ai.agent.id", "intent_parser-1"),
+        ("gen_ai.conversation.id", "sess-trace-1"),
+    ] {
+        assert_eq!(
+            agent_a.attributes.get(key).map(String::as_str),
+            Some(value),
+            "{key} on {agent_a:?}"
+        );
+    }
+    // The model usage `reply.write` reports is on its spans at both ends, under the GenAI names.
+    let router_reply = find(&spans, ROUTER, "reply.write").unwrap();
+    let agent_reply = find(&spans, AGENT, "reply.write").unwrap();
+    for span in [&router_reply, &agent_reply] {
+        assert_eq!(span.attributes["gen_ai.request.model"], REPLY_MODEL, "{span:?}");
+        for key in ["gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"] {
+            assert!(span.attributes[key].parse::<u64>().unwrap() > 0, "{key} on {span:?}");
+        }
+    }
+    assert!(
+        !agent_a.attributes.contains_key("gen_ai.usage.input_tokens"),
+        "no usage where none was reported"
+    );
     let attempt_a = parent_of(&agent_a);
     assert_eq!(
         attempt_a.name, "attempt",
@@ -211,7 +252,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
     );
 
     // Hop 2: agent A → router → agent B, in the same trace.
-    let router_b = find(&spans, "invoke", "order.query").unwrap();
+    let router_b = find(&spans, ROUTER, "order.query").unwrap();
     assert_eq!(
         router_b.parent, agent_a.span_id,
         "agent A's call is the parent of the router's second span"
@@ -222,7 +263,7 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         "the session travels with the call"
     );
     assert_eq!(router_b.attributes["capability.version"], "1.2.0");
-    let agent_b = find(&spans, "agent.invoke", "order.query").unwrap();
+    let agent_b = find(&spans, AGENT, "order.query").unwrap();
     let attempt_b = parent_of(&agent_b);
     assert_eq!(attempt_b.parent, router_b.span_id);
     assert!(attempt_b.attributes["agent_id"].starts_with("order_query-"));
@@ -252,6 +293,61 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         assert_eq!(span.trace_id, trace_id, "one trace: {span:?}");
     }
     assert!(receiver.services().iter().all(|name| name == "agent-reach-test"));
+
+    // An MCP `tools/call` is the GenAI conventions' `execute_tool {tool}`.
+    let tool_trace = "7af7651916cd43dd8448eb211c80319c";
+    let called: Value = client
+        .post(format!("{}/mcp", stack.router))
+        .bearer_auth(&user)
+        .header("accept", "application/json, text/event-stream")
+        .header("traceparent", format!("00-{tool_trace}-{caller_span}-01"))
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                      "params": {"name": "intent.parse",
+                                 "arguments": {"user_id": "u_42", "text": "Can my order SO-2024001 ship today?"}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(called["result"].is_object(), "{called}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let tool = loop {
+        let flushing = provider.clone();
+        // A flush that fails is retried by the loop.
+        let _ = tokio::task::spawn_blocking(move || flushing.force_flush())
+            .await
+            .unwrap();
+        if let Some(span) = receiver
+            .spans()
+            .into_iter()
+            .find(|span| span.trace_id == tool_trace && span.parent == caller_span)
+        {
+            break span;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no MCP request span for {called}; got {:#?}",
+            receiver
+                .spans()
+                .iter()
+                .filter(|span| span.trace_id == tool_trace)
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(tool.name, "execute_tool intent.parse", "{tool:?}");
+    for (key, value) in [
+        ("gen_ai.operation.name", "execute_tool"),
+        ("gen_ai.tool.name", "intent.parse"),
+        ("door", "mcp"),
+    ] {
+        assert_eq!(
+            tool.attributes.get(key).map(String::as_str),
+            Some(value),
+            "{key} on {tool:?}"
+        );
+    }
 
     // Head sampling. A caller's unsampled trace stays unsampled at every hop; a
     // trace starting at the router is kept or dropped as a whole, decided once on
@@ -291,19 +387,20 @@ async fn a_two_hop_call_is_one_trace_with_correct_parents_and_attributes() {
         spans.iter().all(|span| span.trace_id != unsampled_trace),
         "a trace the caller did not sample was exported"
     );
-    let with_request = |name: &str, request_id: &str| {
+    let with_request = |side: &str, request_id: &str| {
         spans
             .iter()
-            .find(|span| span.name == name && span.attributes.get("request_id").map(String::as_str) == Some(request_id))
+            .find(|span| {
+                span.name == "invoke_agent intent.parse"
+                    && span.attributes.contains_key("door") == (side == ROUTER)
+                    && span.attributes.get("request_id").map(String::as_str) == Some(request_id)
+            })
             .cloned()
     };
     let mut kept = 0;
     for index in 0..ROOTS {
         let request_id = format!("req-root-{index}");
-        match (
-            with_request("invoke", &request_id),
-            with_request("agent.invoke", &request_id),
-        ) {
+        match (with_request(ROUTER, &request_id), with_request(AGENT, &request_id)) {
             (Some(router), Some(agent)) => {
                 kept += 1;
                 assert_eq!(router.parent, "", "a trace started by the router has it as root");

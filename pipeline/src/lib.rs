@@ -52,6 +52,7 @@ mod split;
 pub mod stream;
 pub mod trace;
 mod tuning;
+mod usage;
 pub mod views;
 pub mod watch;
 

@@ -54,6 +54,8 @@ pub struct Metrics {
     pub quota_exchanges: IntCounterVec,
     /// Streamed invokes (DESIGN §8, `crate::stream`).
     pub streams: StreamMetrics,
+    /// Model tokens agents report in their answers' `usage` (`crate::usage`).
+    model_tokens: IntCounterVec,
 }
 
 /// The streamed invoke's numbers, by capability. Observed once or twice per
@@ -126,6 +128,8 @@ pub struct CapabilityMetrics {
     /// The streamed invoke's children, resolved by the capability's first
     /// stream (a capability nobody streams from has no stream series).
     streams: Arc<OnceLock<Arc<StreamChildren>>>,
+    /// Model tokens its agents report (`crate::usage`).
+    pub(crate) model_tokens: crate::usage::ModelTokens,
 }
 
 /// A streamed invoke's series for one capability ([`StreamMetrics`]' children).
@@ -296,6 +300,14 @@ impl Metrics {
         )?;
         registry.register(Box::new(quota_exchanges.clone()))?;
         let streams = StreamMetrics::new(&registry)?;
+        let model_tokens = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_model_tokens_total",
+                "Model tokens agents reported in their answers' usage, by capability, model and type (input, output).",
+            ),
+            &["capability", "model", "type"],
+        )?;
+        registry.register(Box::new(model_tokens.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -316,6 +328,7 @@ impl Metrics {
             watch_reconnects,
             quota_exchanges,
             streams,
+            model_tokens,
         })
     }
 
@@ -327,6 +340,7 @@ impl Metrics {
                 .collect(),
             forward_seconds: self.forward_seconds.child(capability),
             streams: Arc::default(),
+            model_tokens: crate::usage::ModelTokens::new(self.model_tokens.clone(), capability),
         }
     }
 

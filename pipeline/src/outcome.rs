@@ -55,11 +55,14 @@ impl Success {
     }
 }
 
-/// An agent's 2xx answer, `{"output": ...}` (absent: `null`), the output left as raw JSON.
+/// An agent's 2xx answer, `{"output": ..., "usage"?: ...}` (absent output:
+/// `null`), the output left as raw JSON, the usage read only when present.
 #[derive(serde::Deserialize)]
 pub(crate) struct AgentAnswer {
     #[serde(default)]
     output: Option<Box<RawValue>>,
+    #[serde(default)]
+    usage: Option<Box<RawValue>>,
 }
 
 /// A failed call: the error plus what is known for the result envelope.
@@ -89,7 +92,9 @@ pub(crate) struct LastFailure {
 }
 
 pub(crate) enum Outcome {
-    Done(Option<Box<RawValue>>),
+    /// The output and, when the agent reported it, what the call cost it
+    /// (raw: read by `crate::usage` only when present).
+    Done(Option<Box<RawValue>>, Option<Box<RawValue>>),
     /// `202 Accepted`: the agent reports the outcome later (task deliveries only).
     Accepted,
     Fatal(RouterError),
@@ -113,7 +118,10 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
         }
         AttemptResult::Answered { status, body } if status.is_success() => {
             match serde_json::from_slice::<AgentAnswer>(&body) {
-                Ok(answer) => (Observation::Healthy(elapsed), Outcome::Done(answer.output)),
+                Ok(answer) => (
+                    Observation::Healthy(elapsed),
+                    Outcome::Done(answer.output, answer.usage),
+                ),
                 Err(error) => (
                     Observation::Failed,
                     Outcome::Fatal(

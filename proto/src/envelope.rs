@@ -238,6 +238,51 @@ pub struct AgentOutput {
     pub output: Value,
 }
 
+/// What serving a call cost the agent (DESIGN §3.5): `usage: {cost,
+/// input_tokens?, output_tokens?, model?}` beside `output` in its answer.
+/// `cost` is the abstract unit a delegation budget counts; the tokens and the
+/// model are what the router's spans (`gen_ai.usage.*`, `gen_ai.request.model`)
+/// and `agent_reach_model_tokens_total` report.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    #[serde(default)]
+    pub cost: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl Usage {
+    /// `model` used `input_tokens` in and `output_tokens` out; the cost is
+    /// their sum (what a budget counts when the agent names no other unit).
+    pub fn tokens(model: impl Into<String>, input_tokens: u64, output_tokens: u64) -> Self {
+        Self {
+            cost: (input_tokens + output_tokens) as f64,
+            input_tokens: Some(input_tokens),
+            output_tokens: Some(output_tokens),
+            model: Some(model.into()),
+        }
+    }
+
+    /// This usage and `more` together (two model calls in one handler):
+    /// costs and tokens add up, the later model name wins.
+    pub fn add(&mut self, more: Usage) {
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        };
+        self.cost += more.cost;
+        self.input_tokens = sum(self.input_tokens, more.input_tokens);
+        self.output_tokens = sum(self.output_tokens, more.output_tokens);
+        if more.model.is_some() {
+            self.model = more.model;
+        }
+    }
+}
+
 /// An agent's non-2xx answer: `{"error": {"code", "message"}}`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AgentErrorBody {
@@ -337,5 +382,27 @@ mod tests {
             assert!(TargetPolicy::parse(bad).is_err(), "{bad}");
         }
         assert!(TargetPolicy::parse(&format!("plugin:{}", "a".repeat(65))).is_err());
+    }
+
+    #[test]
+    fn usage_reads_the_designs_shape_and_adds_up() {
+        let usage: Usage = serde_json::from_str(r#"{"cost":3.5,"input_tokens":12,"model":"m-1"}"#).unwrap();
+        assert_eq!(usage.cost, 3.5);
+        assert_eq!((usage.input_tokens, usage.output_tokens), (Some(12), None));
+        let mut total = Usage::tokens("m-1", 10, 5);
+        assert_eq!(total.cost, 15.0);
+        total.add(usage);
+        assert_eq!(
+            (total.cost, total.input_tokens, total.output_tokens),
+            (18.5, Some(22), Some(5))
+        );
+        assert_eq!(
+            serde_json::to_value(Usage {
+                cost: 1.0,
+                ..Usage::default()
+            })
+            .unwrap(),
+            serde_json::json!({"cost": 1.0})
+        );
     }
 }

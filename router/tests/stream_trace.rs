@@ -70,7 +70,8 @@ async fn spans_of(
         let request = spans
             .iter()
             .find(|span| {
-                span.name == "invoke" && span.attributes.get("request_id").map(String::as_str) == Some(request_id)
+                span.name.starts_with("invoke_agent ")
+                    && span.attributes.get("request_id").map(String::as_str) == Some(request_id)
             })
             .cloned();
         if let Some(request) = request {
@@ -210,4 +211,12 @@ async fn streamed_calls_are_traced_retried_and_recorded_as_calls_answered_whole(
     assert_eq!(whole_span.attributes["door"], "invoke");
     assert_eq!(streamed_span.attributes["door"], "stream");
     assert_eq!(streamed_span.attributes["capability.version"], "2.0.0");
+    // Both doors' request spans are the GenAI conventions' `invoke_agent {capability}`.
+    for span in [&whole_span, &streamed_span] {
+        assert_eq!(span.name, format!("invoke_agent {}", span.attributes["capability"]));
+        assert_eq!(span.attributes["gen_ai.operation.name"], "invoke_agent");
+        assert_eq!(span.attributes["gen_ai.agent.name"], span.attributes["capability"]);
+        // The instance that answered (`upa-1` or `upb-1`, one per way of answering).
+        assert!(span.attributes["gen_ai.agent.id"].starts_with("up"), "{span:?}");
+    }
 }

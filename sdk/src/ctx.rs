@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agent_reach_proto::context as ctxpb;
 use agent_reach_proto::context::contexts_client::ContextsClient;
-use agent_reach_proto::envelope::ResultEnvelope;
+use agent_reach_proto::envelope::{ResultEnvelope, Usage};
 use agent_reach_proto::Priority;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -45,6 +45,8 @@ struct Inner {
     links: Arc<Links>,
     /// Set on a task's delivery: what [`Ctx::accept_and_report`] reports under.
     task_id: Option<String>,
+    /// What the handler reported with [`Ctx::report_usage`], answered beside its output.
+    usage: Mutex<Option<Usage>>,
 }
 
 /// A child `traceparent`: same trace id, a new span id (W3C Trace Context).
@@ -83,6 +85,7 @@ impl Ctx {
                 traceparent,
                 links,
                 task_id: None,
+                usage: Mutex::new(None),
             }),
         }
     }
@@ -94,6 +97,37 @@ impl Ctx {
             inner.task_id = task_id;
         }
         self
+    }
+
+    /// Reports what serving this call cost (DESIGN §3.5 `usage`): model
+    /// tokens, the model and an abstract cost. Sent beside the output in the
+    /// answer, it appears on the router's span (`gen_ai.usage.input_tokens`,
+    /// `gen_ai.usage.output_tokens`, `gen_ai.request.model`), on this
+    /// agent's `invoke_agent` span and in `agent_reach_model_tokens_total`.
+    /// Several reports add up (the later model name wins). Not sent with a
+    /// streamed answer or a task's later report.
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError, Usage};
+    ///
+    /// #[handler(capability = "text.summarize", version = "1.0.0")]
+    /// async fn summarize(ctx: Ctx, text: String) -> Result<String, HandlerError> {
+    ///     let summary: String = text.chars().take(100).collect();
+    ///     ctx.report_usage(Usage::tokens("summarizer-small", 120, 24));
+    ///     Ok(summary)
+    /// }
+    /// ```
+    pub fn report_usage(&self, usage: Usage) {
+        let mut reported = self.inner.usage.lock().unwrap_or_else(PoisonError::into_inner);
+        match reported.as_mut() {
+            Some(total) => total.add(usage),
+            None => *reported = Some(usage),
+        }
+    }
+
+    /// What the handler reported so far ([`Ctx::report_usage`]).
+    pub(crate) fn usage(&self) -> Option<Usage> {
+        self.inner.usage.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// The task this delivery belongs to (`POST /v1/tasks`); `None` for a synchronous call.

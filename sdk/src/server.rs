@@ -32,16 +32,26 @@ pub(crate) fn routes(shared: Arc<Shared>) -> Router {
 }
 
 /// One span per delivery: an OpenTelemetry server span continuing the
-/// router's `traceparent` when OTLP export is on; its fields (`trace_id`,
-/// `request_id`, `session_id`) are on every log line of the handler.
+/// router's `traceparent` when OTLP export is on, named and attributed as the
+/// GenAI conventions say (`invoke_agent {capability}`, `gen_ai.*`, model
+/// usage the handler reported); its fields (`trace_id`, `request_id`,
+/// `session_id`) are on every log line of the handler.
 async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let traceparent = headers
         .get("traceparent")
         .and_then(|value| value.to_str().ok())
         .map(str::to_string);
     let span = tracing::info_span!(
-        "agent.invoke",
+        "invoke_agent",
         otel.kind = "server",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.provider.name = "agent_reach",
+        gen_ai.agent.name = tracing::field::Empty,
+        gen_ai.agent.id = %shared.config.agent_id,
+        gen_ai.conversation.id = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.request.model = tracing::field::Empty,
         trace_id = tracing::field::Empty,
         request_id = tracing::field::Empty,
         session_id = tracing::field::Empty,
@@ -134,6 +144,11 @@ async fn serve(
     span.record("request_id", envelope.request_id.as_str());
     span.record("session_id", envelope.session_id.as_deref().unwrap_or(""));
     span.record("capability", envelope.capability.as_str());
+    agent_reach_telemetry::propagation::rename(&span, format!("invoke_agent {}", envelope.capability));
+    span.record("gen_ai.agent.name", envelope.capability.as_str());
+    if let Some(session_id) = &envelope.session_id {
+        span.record("gen_ai.conversation.id", session_id.as_str());
+    }
     span.record("capability.version", envelope.capability_version.as_str());
     span.record("attempt", envelope.attempt);
     if !shared.accepts_traffic() {
@@ -202,13 +217,21 @@ async fn serve(
                 shared.links.clone(),
             )
             .for_task(envelope.task_id.clone());
+            let reported = ctx.clone();
             let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
             // A spawned task isolates panics: the agent keeps serving.
             let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
             match tokio::time::timeout(remaining, running).await {
                 Ok(Ok(Ok(output))) => Answer {
                     status: 200,
-                    body: serde_json::to_vec(&json!({ "output": output })).unwrap_or_default(),
+                    body: serde_json::to_vec(&match reported.usage() {
+                        Some(usage) => {
+                            record_usage(&span, &usage);
+                            json!({ "output": output, "usage": usage })
+                        }
+                        None => json!({ "output": output }),
+                    })
+                    .unwrap_or_default(),
                 },
                 Ok(Ok(Err(error))) => handler_error(&error),
                 Ok(Err(join_error)) => {
@@ -236,6 +259,19 @@ async fn serve(
         .await;
     span.record("http.response.status_code", answer.status);
     respond(answer)
+}
+
+/// The handler's reported usage on its `invoke_agent` span (GenAI conventions' names).
+fn record_usage(span: &tracing::Span, usage: &agent_reach_proto::envelope::Usage) {
+    if let Some(input) = usage.input_tokens {
+        span.record("gen_ai.usage.input_tokens", input);
+    }
+    if let Some(output) = usage.output_tokens {
+        span.record("gen_ai.usage.output_tokens", output);
+    }
+    if let Some(model) = &usage.model {
+        span.record("gen_ai.request.model", model.as_str());
+    }
 }
 
 /// 200 only when the agent is ready, heartbeats are fresh and it has room.

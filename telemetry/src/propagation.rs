@@ -54,6 +54,16 @@ pub fn set_parent(span: &Span, traceparent: Option<&str>) {
     }
 }
 
+/// Renames `span` once what it is about is known (the GenAI conventions name
+/// a span after its agent: `invoke_agent {capability}`), also after its
+/// context was read (the layer ignores a recorded `otel.name` then). Does
+/// nothing without an OpenTelemetry layer.
+pub fn rename(span: &Span, name: String) {
+    if active() {
+        span.context().span().update_name(name);
+    }
+}
+
 /// The remote span a `traceparent` header names, when the header is valid.
 pub(crate) fn remote_parent(header: &str) -> Option<opentelemetry::Context> {
     Some(TraceContextPropagator::new().extract(&TraceParent(header)))

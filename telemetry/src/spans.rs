@@ -232,6 +232,13 @@ impl RequestSpan {
         self.update(|data| data.attributes.push(attribute));
     }
 
+    /// Renames the span once what it is about is known (the GenAI
+    /// conventions name a span after its agent or tool: `invoke_agent
+    /// {gen_ai.agent.name}`); sampling was decided under the first name.
+    pub fn rename(&self, name: String) {
+        self.update(|data| data.name = Cow::Owned(name));
+    }
+
     /// Marks the request failed: `error.type` (OpenTelemetry semantic
     /// conventions) and an error status carrying `code`.
     pub fn fail(&self, code: &'static str) {

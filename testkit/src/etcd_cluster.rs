@@ -141,6 +141,11 @@ impl EtcdCluster {
         (0..3).map(|index| self.endpoint(index)).collect()
     }
 
+    /// Member `index`'s process id while it runs (benches read its CPU time and memory from /proc).
+    pub fn pid(&self, index: usize) -> Option<u32> {
+        self.members[index].process.as_ref().map(|process| process.child.id())
+    }
+
     /// `http://127.0.0.1:PORT` of member `index`.
     pub fn endpoint(&self, index: usize) -> String {
         format!("http://127.0.0.1:{}", self.members[index].client_port)

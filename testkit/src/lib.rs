@@ -30,7 +30,7 @@ pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
 
 pub use etcd_cluster::EtcdCluster;
 pub use group::ProcessGroup;
-pub use redis_cluster::{NodeView, RedisCluster};
+pub use redis_cluster::{ClusterShape, NodeView, RedisCluster};
 pub use redis_ha::RedisSentinels;
 
 use std::io::{Read, Write};
@@ -314,6 +314,11 @@ impl Redis {
     pub fn start_tls(pki: &pki::Pki) -> Self {
         let server = pki.server("redis");
         Self::start_with(Some((pki.ca_file.clone(), server.cert, server.key)))
+    }
+
+    /// The redis-server process id while it runs (benches read its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|process| process.child.id())
     }
 
     fn start_with(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> Self {

@@ -1,7 +1,8 @@
 //! A Redis Cluster on loopback: three primaries and three replicas (six real
 //! `redis-server --cluster-enabled yes` processes, each in its own temp dir,
 //! joined by `redis-cli --cluster create … --cluster-replicas 1`), for tests
-//! of slot redirections, a shard primary's loss and slot migration.
+//! of slot redirections, a shard primary's loss and slot migration; or
+//! another [`ClusterShape`] (benches compare one shard with three).
 //!
 //! Every wait polls the nodes (`CLUSTER INFO`, `CLUSTER NODES`, `ROLE`) until
 //! the condition holds or a bound passes; every process is killed with the
@@ -44,9 +45,33 @@ pub struct NodeView {
     pub slots: Vec<(u16, u16)>,
 }
 
-/// Three primaries and three replicas. Killed on drop; their directories are removed.
+/// How many primaries, replicas each, and whether nodes keep an append-only file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterShape {
+    /// Shards (each a primary serving a share of the 16384 slots), at least 1.
+    pub primaries: usize,
+    /// Replicas per primary (only with 3 or more primaries: `redis-cli
+    /// --cluster create` refuses fewer, and fewer are joined by hand).
+    pub replicas: usize,
+    /// `appendonly yes` with `appendfsync everysec`, as production runs;
+    /// `false`: no persistence, as the testkit's single `Redis`.
+    pub append_only: bool,
+}
+
+impl ClusterShape {
+    /// Three primaries, one replica each, append-only: what tests of failover use.
+    pub const TESTS: Self = Self {
+        primaries: 3,
+        replicas: 1,
+        append_only: true,
+    };
+}
+
+/// A Redis Cluster of real nodes (three primaries and three replicas unless
+/// shaped otherwise). Killed on drop; their directories are removed.
 pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
+    shape: ClusterShape,
     binary: PathBuf,
     cli: PathBuf,
     dir: tempfile::TempDir,
@@ -57,6 +82,16 @@ impl RedisCluster {
     /// primaries, one replica each) and waits until every node says the
     /// cluster is ok, knows all six and every replica has synced.
     pub fn start() -> Self {
+        Self::start_shaped(ClusterShape::TESTS)
+    }
+
+    /// Starts a cluster of `shape` (benches compare one shard against three).
+    pub fn start_shaped(shape: ClusterShape) -> Self {
+        assert!(shape.primaries >= 1, "a Redis Cluster needs at least one primary");
+        assert!(
+            shape.replicas == 0 || shape.primaries >= 3,
+            "replicas are joined only to three or more primaries"
+        );
         let binary = find_binary("redis-server", "redis-server");
         let cli = find_binary("redis-cli", "redis-tools");
         let mut last_log = String::new();
@@ -66,13 +101,14 @@ impl RedisCluster {
                 .tempdir()
                 .unwrap_or_else(|error| panic!("cannot create a temp dir for the Redis Cluster: {error}"));
             let mut cluster = Self {
-                nodes: (0..6)
+                nodes: (0..shape.primaries * (1 + shape.replicas))
                     .map(|_| ClusterNode {
                         port: free_port(),
                         bus_port: free_port(),
                         process: None,
                     })
                     .collect(),
+                shape,
                 binary: binary.clone(),
                 cli: cli.clone(),
                 dir,
@@ -95,18 +131,22 @@ impl RedisCluster {
             .map(|node| format!("127.0.0.1:{}", node.port))
             .collect();
         let log = self.dir.path().join("cluster-create.log");
-        let output = Command::new(&self.cli)
-            .arg("--cluster")
-            .arg("create")
-            .args(&addresses)
-            .arg("--cluster-replicas")
-            .arg("1")
-            .arg("--cluster-yes")
-            .output()
-            .map_err(|error| format!("cannot run redis-cli --cluster create: {error}"))?;
-        let _ = std::fs::write(&log, [&output.stdout[..], &output.stderr[..]].concat());
-        if !output.status.success() {
-            return Err(tail(&log));
+        if self.shape.primaries >= 3 {
+            let output = Command::new(&self.cli)
+                .arg("--cluster")
+                .arg("create")
+                .args(&addresses)
+                .arg("--cluster-replicas")
+                .arg(self.shape.replicas.to_string())
+                .arg("--cluster-yes")
+                .output()
+                .map_err(|error| format!("cannot run redis-cli --cluster create: {error}"))?;
+            let _ = std::fs::write(&log, [&output.stdout[..], &output.stderr[..]].concat());
+            if !output.status.success() {
+                return Err(tail(&log));
+            }
+        } else {
+            self.join_by_hand(&log)?;
         }
         if !self.wait_healthy(START_TIMEOUT) {
             return Err(format!(
@@ -116,6 +156,48 @@ impl RedisCluster {
             ));
         }
         Ok(())
+    }
+
+    /// One or two primaries, no replicas (`redis-cli --cluster create`
+    /// refuses fewer than three): each takes an even share of the slots,
+    /// then they meet.
+    fn join_by_hand(&self, log: &Path) -> Result<(), String> {
+        let primaries = self.nodes.len() as u32;
+        let mut said = String::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            let low = 16384 * index as u32 / primaries;
+            let high = 16384 * (index as u32 + 1) / primaries - 1;
+            let (low, high) = (low.to_string(), high.to_string());
+            let answer = call(
+                address(node.port),
+                &["CLUSTER", "ADDSLOTSRANGE", &low, &high],
+                Duration::from_secs(1),
+            );
+            said.push_str(&format!("{}: ADDSLOTSRANGE {low} {high}: {answer:?}\n", node.port));
+            if !answer.is_some_and(|answer| answer.starts_with("+OK")) {
+                let _ = std::fs::write(log, &said);
+                return Err(said);
+            }
+        }
+        let first = self.nodes[0].port.to_string();
+        for node in &self.nodes[1..] {
+            let answer = call(
+                address(node.port),
+                &["CLUSTER", "MEET", "127.0.0.1", &first],
+                Duration::from_secs(1),
+            );
+            said.push_str(&format!("{}: MEET {first}: {answer:?}\n", node.port));
+        }
+        let _ = std::fs::write(log, &said);
+        Ok(())
+    }
+
+    /// Every node's process id, in start order (benches read their CPU time).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter_map(|node| node.process.as_ref().map(|process| process.child.id()))
+            .collect()
     }
 
     fn spawn(&mut self, index: usize) -> Result<(), String> {
@@ -145,11 +227,10 @@ impl RedisCluster {
             .arg("--cluster-allow-replica-migration")
             .arg("no")
             .arg("--save")
-            .arg("")
-            .arg("--appendonly")
-            .arg("yes")
-            .arg("--appendfsync")
-            .arg("everysec");
+            .arg("");
+        if self.shape.append_only {
+            server.arg("--appendonly").arg("yes").arg("--appendfsync").arg("everysec");
+        }
         let mut guard = Guard::spawn(&mut server, &log).map_err(|error| error.to_string())?;
         let addr = address(port);
         let up = wait_until(START_TIMEOUT, || {

@@ -41,6 +41,7 @@ use crate::select::{self, Policy, SelectionLimits};
 use crate::snapshot::Instance;
 use crate::trace::TraceContext;
 use crate::tuning::Tuning;
+use crate::usage;
 
 /// Which instances a call's attempts may go to.
 #[derive(Clone, Copy)]
@@ -346,6 +347,9 @@ pub(crate) async fn run<E: Exchange>(
                 if let Some(span) = &mut attempt_span {
                     span.set(KeyValue::new("outcome", "succeeded"));
                 }
+                if let Some(span) = &trace.span {
+                    span.set(KeyValue::new("gen_ai.agent.id", agent_id.clone()));
+                }
                 return Ok(Answered::Committed {
                     committed,
                     agent_id,
@@ -364,7 +368,7 @@ pub(crate) async fn run<E: Exchange>(
             instance,
             elapsed,
             match &outcome {
-                Outcome::Done(_) => "succeeded",
+                Outcome::Done(..) => "succeeded",
                 Outcome::Accepted => "accepted",
                 Outcome::Fatal(_) => "failed",
                 Outcome::Retryable(reason, _) => reason.as_str(),
@@ -376,7 +380,7 @@ pub(crate) async fn run<E: Exchange>(
             span.set(KeyValue::new(
                 "outcome",
                 match &outcome {
-                    Outcome::Done(_) => "succeeded",
+                    Outcome::Done(..) => "succeeded",
                     Outcome::Accepted => "accepted",
                     Outcome::Fatal(_) => "failed",
                     Outcome::Retryable(..) => "retryable",
@@ -388,10 +392,16 @@ pub(crate) async fn run<E: Exchange>(
         }
         drop(attempt_span);
         let reason = match outcome {
-            Outcome::Done(output) => {
+            Outcome::Done(output, usage) => {
                 if let Err(error) = schema::check_output(group, output.as_deref(), &agent_id) {
                     instance.state.count_output_mismatch();
                     return Err(fail(error, Some(agent_id), attempt));
+                }
+                if let Some(span) = &trace.span {
+                    span.set(KeyValue::new("gen_ai.agent.id", agent_id.clone()));
+                }
+                if let Some(usage) = usage::parse(usage.as_deref(), &agent_id) {
+                    usage::record(&usage, &capability.metrics.model_tokens, trace.span.as_ref());
                 }
                 return Ok(Answered::Done(Success {
                     capability_version: group.version_text.clone(),
@@ -477,7 +487,7 @@ pub(crate) async fn run<E: Exchange>(
 fn kind_of(observation: &Observation, outcome: &Outcome) -> Option<Kind> {
     Some(match (observation, outcome) {
         (Observation::Unjudged, _) => return None,
-        (_, Outcome::Done(_) | Outcome::Accepted) => Kind::Succeeded,
+        (_, Outcome::Done(..) | Outcome::Accepted) => Kind::Succeeded,
         (Observation::Healthy(_), Outcome::Fatal(_)) => Kind::AgentError,
         (_, Outcome::Fatal(error)) if error.code == Code::DeadlineExceeded => Kind::Timeout,
         _ => Kind::ServerError,

@@ -19,6 +19,10 @@ use crate::clock;
 use crate::envelope::CheckedRequest;
 use crate::trace::{HexId, TraceContext};
 
+/// `gen_ai.provider.name` of the router's spans: the GenAI conventions'
+/// custom value for a system that is not a model vendor.
+pub const GEN_AI_PROVIDER: &str = "agent_reach";
+
 /// How a call enters the router, which decides how its caller's limits apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -68,6 +72,15 @@ impl Door {
             Door::Tasks => "tasks",
             Door::A2a => "a2a",
             Door::Mcp => "mcp",
+        }
+    }
+
+    /// The GenAI conventions' operation its request span stands for: an MCP
+    /// `tools/call` executes a tool, every other door invokes an agent.
+    fn gen_ai_operation(self) -> &'static str {
+        match self {
+            Door::Mcp => "execute_tool",
+            _ => "invoke_agent",
         }
     }
 
@@ -153,9 +166,21 @@ impl Call {
         }
     }
 
+    /// The request span, named and attributed as the OpenTelemetry GenAI
+    /// conventions say (`invoke_agent {capability}`; an MCP tool call is
+    /// `execute_tool {capability}`), with the router's own attributes beside.
     fn start_span(&mut self, door: Door, incoming: Option<&str>) {
-        let head = spans::start_request("invoke", incoming, &self.trace.trace_id, || {
-            vec![
+        let capability = &self.checked.request.capability;
+        let operation = door.gen_ai_operation();
+        let head = spans::start_request(operation, incoming, &self.trace.trace_id, || {
+            let subject = match door {
+                Door::Mcp => "gen_ai.tool.name",
+                _ => "gen_ai.agent.name",
+            };
+            let mut attributes = vec![
+                KeyValue::new("gen_ai.operation.name", operation),
+                KeyValue::new("gen_ai.provider.name", GEN_AI_PROVIDER),
+                KeyValue::new(subject, capability.clone()),
                 KeyValue::new("trace_id", self.trace.trace_id.to_string()),
                 KeyValue::new("request_id", self.request_id().to_string()),
                 KeyValue::new(
@@ -172,10 +197,17 @@ impl Call {
                         .map_or_else(|| "default".to_string(), ToString::to_string),
                 ),
                 KeyValue::new("door", door.as_str()),
-            ]
+            ];
+            if let Some(session_id) = &self.checked.request.session_id {
+                attributes.push(KeyValue::new("gen_ai.conversation.id", session_id.clone()));
+            }
+            attributes
         });
         match head {
-            Head::Sampled(span) => self.trace.span = Some(span),
+            Head::Sampled(span) => {
+                span.rename(format!("{operation} {capability}"));
+                self.trace.span = Some(span);
+            }
             // Spans are exported but this request is not in the sample: the next hop learns so.
             Head::NotSampled => self.trace.sampled = false,
             Head::Off => {}

@@ -30,6 +30,8 @@ def test_spans_continue_the_routers_trace(stack: Stack, start_agent: Callable[..
 
     @agent.handler("test.otel.inner")
     async def inner(payload: dict[str, Any], ctx: Ctx) -> str:
+        ctx.report_usage(input_tokens=30, output_tokens=7, model="tiny-1")
+        ctx.report_usage(input_tokens=2, output_tokens=1)
         return ctx.trace_id or ""
 
     @agent.handler("test.otel.outer")
@@ -49,12 +51,29 @@ def test_spans_continue_the_routers_trace(stack: Stack, start_agent: Callable[..
     )
     assert answer.json()["output"] == trace_id
     spans = exporter.get_finished_spans()
-    servers = [span for span in spans if span.name == "agent.invoke"]
+    # The OpenTelemetry GenAI conventions' names and attributes, ours beside them.
+    servers = [span for span in spans if span.name.startswith("invoke_agent ")]
     clients = [span for span in spans if span.name == "agent.call"]
     assert len(servers) == 2
     assert len(clients) == 1
     assert {format(span.context.trace_id, "032x") for span in spans} == {trace_id}
-    assert {span.attributes["capability"] for span in servers} == {"test.otel.outer", "test.otel.inner"}  # type: ignore[index]
-    outer_span = next(span for span in servers if span.attributes["capability"] == "test.otel.outer")  # type: ignore[index]
+    assert {span.name for span in servers} == {"invoke_agent test.otel.outer", "invoke_agent test.otel.inner"}
+    for span in servers:
+        attributes = dict(span.attributes or {})
+        assert attributes["gen_ai.operation.name"] == "invoke_agent"
+        assert attributes["gen_ai.provider.name"] == "agent_reach"
+        assert attributes["gen_ai.agent.name"] == attributes["capability"]
+        assert attributes["gen_ai.agent.id"] == agent.agent_id
+    outer_span = next(span for span in servers if span.name == "invoke_agent test.otel.outer")
+    inner_span = next(span for span in servers if span.name == "invoke_agent test.otel.inner")
     assert clients[0].parent is not None
     assert clients[0].parent.span_id == outer_span.context.span_id
+    # The usage the inner handler reported (two reports, added up) is on its span.
+    reported = dict(inner_span.attributes or {})
+    assert (reported["gen_ai.usage.input_tokens"], reported["gen_ai.usage.output_tokens"]) == (32, 8)
+    assert reported["gen_ai.request.model"] == "tiny-1"
+    assert "gen_ai.usage.input_tokens" not in dict(outer_span.attributes or {})
+    # ... and reached the router, which counts it by capability, model and type.
+    metrics = httpx.get(f"{stack.router.url}/metrics", timeout=5).text
+    assert 'agent_reach_model_tokens_total{capability="test.otel.inner",model="tiny-1",type="input"} 32' in metrics
+    assert 'agent_reach_model_tokens_total{capability="test.otel.inner",model="tiny-1",type="output"} 8' in metrics

@@ -36,6 +36,7 @@ import { Lifecycle } from "./lifecycle.js";
 import { log } from "./log.js";
 import { agentServer } from "./server.js";
 import { AgentState } from "./state.js";
+import { loadTelemetry } from "./telemetry.js";
 import { DEFAULT_THRESHOLDS, StatusTracker, type Load, type LoadThresholds, type Status } from "./status.js";
 
 export interface AgentOptions {
@@ -269,6 +270,7 @@ export class Agent {
   async #start(): Promise<void> {
     const problems = this.#problems();
     if (problems.length > 0) throw new ConfigError(problems);
+    await loadTelemetry();
     const o = this.#options;
     const router = (o.router ?? env("AGENT_REACH_ROUTER"))?.replace(/\/+$/, "");
     const contextUrl = o.context ?? env("AGENT_REACH_CONTEXT");

@@ -22,12 +22,14 @@ import {
   invokeResult,
   isObject,
   jsonHeaders,
+  listCapabilities,
   routerAnswer,
   text,
   count,
   send,
   type CallOptions,
   type InvokeResult,
+  type CapabilityOffer,
 } from "./wire.js";
 
 export interface ClientOptions {
@@ -125,6 +127,11 @@ export class Client {
 
   #headers(accept = "application/json"): Record<string, string> {
     return jsonHeaders(this.#token, { traceparent: childTraceparent(undefined), accept });
+  }
+
+  /** The capabilities this client's token may call under the router's `acl.yaml` (e.g. to offer them as a model's tools). */
+  async capabilities(): Promise<CapabilityOffer[]> {
+    return listCapabilities(this.#url(""), this.#token);
   }
 
   /** Calls `capability` and waits for its result envelope; a failure throws the typed error. */

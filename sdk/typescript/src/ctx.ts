@@ -16,11 +16,14 @@ import {
   invokeBody,
   invokeResult,
   jsonHeaders,
+  listCapabilities,
   nowMs,
   send,
   type CallOptions,
+  type CapabilityOffer,
   type InvokeResult,
   type Priority,
+  type Usage,
 } from "./wire.js";
 
 /** The links every delivery of one agent shares. */
@@ -71,9 +74,12 @@ export class Ctx {
   readonly taskId: string | undefined;
   readonly #signal: { readonly signal: AbortSignal };
   readonly #links: Links;
+  /** The `traceparent` of this delivery's own span, when OpenTelemetry records one: calls onwards are its children. */
+  readonly #span: string | undefined;
+  #usage: Usage | undefined;
 
   /** `signal` is read only when a handler asks for it (an AbortController per delivery costs). */
-  constructor(delivery: Delivery, links: Links, signal: { readonly signal: AbortSignal }) {
+  constructor(delivery: Delivery, links: Links, signal: { readonly signal: AbortSignal }, span?: string) {
     this.requestId = delivery.requestId;
     this.sessionId = delivery.sessionId;
     this.contextId = delivery.contextId;
@@ -88,6 +94,34 @@ export class Ctx {
     this.taskId = delivery.taskId;
     this.#signal = signal;
     this.#links = links;
+    this.#span = span;
+  }
+
+  /**
+   * Reports what serving this call cost (DESIGN §3.5 `usage`): model tokens, the model, and
+   * `cost` in the abstract unit a delegation budget counts (default: the tokens' sum). Sent
+   * beside the output, it appears on the router's and this agent's `invoke_agent` spans
+   * (`gen_ai.usage.input_tokens`/`output_tokens`, `gen_ai.request.model`) and in the router's
+   * `agent_reach_model_tokens_total`. Several reports add up (the later model wins). Not
+   * sent with a streamed answer.
+   */
+  reportUsage(usage: { inputTokens?: number; outputTokens?: number; model?: string; cost?: number }): void {
+    for (const [name, value] of [["inputTokens", usage.inputTokens], ["outputTokens", usage.outputTokens]] as const) {
+      if (value !== undefined && !(Number.isSafeInteger(value) && value >= 0)) {
+        throw new TypeError(`reportUsage: ${name} must be a non-negative integer, not ${String(value)}`);
+      }
+    }
+    const total: Usage = this.#usage ?? { cost: 0 };
+    total.cost += usage.cost ?? (usage.inputTokens ?? 0) + (usage.outputTokens ?? 0);
+    if (usage.inputTokens !== undefined) total.input_tokens = (total.input_tokens ?? 0) + usage.inputTokens;
+    if (usage.outputTokens !== undefined) total.output_tokens = (total.output_tokens ?? 0) + usage.outputTokens;
+    if (usage.model !== undefined) total.model = usage.model;
+    this.#usage = total;
+  }
+
+  /** What `reportUsage` reported so far (`{cost, input_tokens?, output_tokens?, model?}`). */
+  get usage(): Usage | undefined {
+    return this.#usage === undefined ? undefined : { ...this.#usage };
   }
 
   /** Aborted when the deadline passes or the caller goes away: pass it to your own I/O. */
@@ -117,8 +151,16 @@ export class Ctx {
       ...(this.sessionId === undefined ? {} : { sessionId: this.sessionId }),
       ...(this.contextId === undefined ? {} : { contextId: this.contextId }),
     });
-    const headers = jsonHeaders(this.#links.token, { traceparent: childTraceparent(this.traceparent), accept });
+    const traceparent = this.#span ?? childTraceparent(this.traceparent);
+    const headers = jsonHeaders(this.#links.token, { traceparent, accept });
     return { url: `${router.replace(/\/+$/, "")}/v1/invoke`, body, headers, deadlineMs };
+  }
+
+  /** The capabilities this agent may call under the router's `acl.yaml` (e.g. to offer them as a model's tools). */
+  async capabilities(): Promise<CapabilityOffer[]> {
+    const router = this.#links.router;
+    if (router === undefined) throw new TransportError("NO_ROUTER", "this agent was built without a router URL (`router`)");
+    return listCapabilities(router, this.#links.token);
   }
 
   /**

@@ -11,11 +11,15 @@
  * entry, costing more than the schema checks.
  */
 
+import type { Usage } from "./wire.js";
+
 /** A finished answer: HTTP status, JSON body, and its code (`OK` or the error's). */
 export interface Answer {
   status: number;
   body: string;
   code: string;
+  /** The usage the handler reported, already in `body`; kept for its span. */
+  usage?: Usage;
 }
 
 /** An answer as remembered: a 200 answer's body, another answer, or one still being made. */

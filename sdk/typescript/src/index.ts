@@ -70,4 +70,4 @@ export {
 export type { Descriptor, HandlerFunction, HandlerSpec, JsonSchema, StreamingFunction, StreamingSpec } from "./handler.js";
 export { CallStream } from "./sse.js";
 export type { Load, LoadThresholds, Status } from "./status.js";
-export type { CallOptions, InvokeResult, Policy, Priority, StreamResult } from "./wire.js";
+export type { CallOptions, CapabilityOffer, InvokeResult, Policy, Priority, StreamResult, Usage } from "./wire.js";

@@ -21,6 +21,7 @@ import type { Handler } from "./handler.js";
 import { problems } from "./handler.js";
 import { log } from "./log.js";
 import type { AgentState } from "./state.js";
+import { startDelivery } from "./telemetry.js";
 import { PRIORITIES, isObject, type Priority } from "./wire.js";
 
 function error(status: number, code: string, message: string, details?: Record<string, unknown>): Answer {
@@ -147,19 +148,31 @@ function isThenable(value: unknown): value is PromiseLike<unknown> {
 function run(state: AgentState, handler: Handler, delivery: Delivery, payload: unknown): Answer | Promise<Answer> {
   const input = handler.input.safeParse(payload);
   if (!input.success) return schemaMismatch(handler, problems(input.error));
+  const span = startDelivery(delivery, state.agentId);
+  if (span === undefined) return runHandler(state, handler, delivery, input.data, undefined);
+  const answered = runHandler(state, handler, delivery, input.data, span.traceparent);
+  const end = (answer: Answer): Answer => {
+    span.end(answer.status, answer.code, answer.usage);
+    return answer;
+  };
+  return "status" in answered ? end(answered) : answered.then(end);
+}
+
+function runHandler(state: AgentState, handler: Handler, delivery: Delivery, input: unknown, span: string | undefined): Answer | Promise<Answer> {
   const deadline = new Deadline(delivery.deadlineMs);
+  const ctx = handler.wantsCtx ? new Ctx(delivery, state.links, deadline, span) : undefined;
   let outcome: unknown;
   try {
-    outcome = handler.wantsCtx ? handler.run(input.data, new Ctx(delivery, state.links, deadline)) : (handler.run as (input: unknown) => unknown)(input.data);
+    outcome = ctx !== undefined ? handler.run(input, ctx) : (handler.run as (input: unknown) => unknown)(input);
   } catch (caught) {
     return thrown(handler, caught);
   }
-  if (!isThenable(outcome)) return output(handler, outcome);
+  if (!isThenable(outcome)) return output(handler, outcome, ctx);
   return deadline.race(outcome).then(
     (value) => {
       deadline.clear();
       if (value === DEADLINE) return error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline");
-      return output(handler, value);
+      return output(handler, value, ctx);
     },
     (caught: unknown) => {
       deadline.clear();
@@ -168,12 +181,16 @@ function run(state: AgentState, handler: Handler, delivery: Delivery, payload: u
   );
 }
 
-/** The handler's output checked against its type and encoded. */
-function output(handler: Handler, value: unknown): Answer {
+/** The handler's output checked against its type and encoded, with the usage it reported (DESIGN §3.5) beside it. */
+function output(handler: Handler, value: unknown, ctx: Ctx | undefined): Answer {
   const checked = handler.output.safeParse(value);
   if (!checked.success) {
     log.error("Handler output does not match its type.", { capability: handler.descriptor.name, error: checked.error.message });
     return error(500, "INVALID_OUTPUT", `the handler's output does not match its declared type: ${checked.error.message}`);
+  }
+  const usage = ctx?.usage;
+  if (usage !== undefined) {
+    return { status: 200, body: `{"output":${JSON.stringify(checked.data ?? null)},"usage":${JSON.stringify(usage)}}`, code: "OK", usage };
   }
   return { status: 200, body: `{"output":${JSON.stringify(checked.data ?? null)}}`, code: "OK" };
 }

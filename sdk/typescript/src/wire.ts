@@ -59,6 +59,17 @@ export interface InvokeResult<T = unknown> {
   envelope: Record<string, unknown>;
 }
 
+/**
+ * What serving a call cost an agent (DESIGN §3.5 `usage`), sent beside its output: `cost` in
+ * the abstract unit a delegation budget counts, the model's tokens and its name.
+ */
+export interface Usage {
+  cost: number;
+  input_tokens?: number;
+  output_tokens?: number;
+  model?: string;
+}
+
 /** The router's `event: result` ending a stream (the result envelope without `output`). */
 export interface StreamResult {
   requestId: string;
@@ -118,6 +129,65 @@ export function unreachable(service: Service, url: string, error: unknown): Tran
   const why = error instanceof Error ? (error.cause instanceof Error ? error.cause.message : error.message) : String(error);
   return new TransportError(`${service.toUpperCase()}_UNREACHABLE`, `cannot reach the ${service} at ${url}: ${why}`, {
     retryable: true,
+  });
+}
+
+/** A capability a caller may call, as the router offers it (its MCP door's `tools/list`). */
+export interface CapabilityOffer {
+  /** The capability's name (`order.query`). */
+  name: string;
+  description: string;
+  /** Its input JSON Schema; an input that is not an object is wrapped as `{input: …}` (`inputWrapped`). */
+  inputSchema: Record<string, unknown>;
+  /** Whether the payload is the `input` argument (the capability's input is not an object). */
+  inputWrapped: boolean;
+  outputSchema: Record<string, unknown> | undefined;
+}
+
+/** Whether `schema` is exactly the router's wrapper of a non-object input (`{input: …}`). */
+function isWrapped(schema: Record<string, unknown>): boolean {
+  const keys = Object.keys(schema);
+  const properties = isObject(schema["properties"]) ? Object.keys(schema["properties"]) : [];
+  const required = schema["required"];
+  return (
+    keys.every((key) => ["type", "properties", "required", "$schema", "$defs", "definitions"].includes(key)) &&
+    properties.length === 1 &&
+    properties[0] === "input" &&
+    Array.isArray(required) &&
+    required.length === 1 &&
+    required[0] === "input"
+  );
+}
+
+/** The capabilities the bearer of `token` may call under the router's `acl.yaml`, each at its highest version. */
+export async function listCapabilities(router: string, token: string): Promise<CapabilityOffer[]> {
+  const url = `${router.replace(/\/+$/, "")}/mcp`;
+  const response = await send("router", url, {
+    method: "POST",
+    headers: jsonHeaders(token, { accept: "application/json, text/event-stream" }),
+    body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "tools/list", params: {} }),
+    timeoutMs: 30_000,
+  });
+  const answer = await decodeJson(response, "router");
+  const result = isObject(answer) ? answer["result"] : undefined;
+  if (!response.ok || !isObject(result) || !Array.isArray(result["tools"])) {
+    const refusal = isObject(answer) && isObject(answer["error"]) ? answer["error"] : {};
+    const data = isObject(refusal["data"]) ? refusal["data"] : {};
+    const code = typeof data["code"] === "string" ? data["code"] : "INVALID_ANSWER";
+    const message = typeof refusal["message"] === "string" ? refusal["message"] : "";
+    throw routerError(code, `the router's tools/list answered ${response.status}: ${message}`, {
+      status: response.status,
+    });
+  }
+  return (result["tools"] as unknown[]).filter(isObject).map((tool) => {
+    const inputSchema = isObject(tool["inputSchema"]) ? tool["inputSchema"] : { type: "object" };
+    return {
+      name: String(tool["name"]),
+      description: typeof tool["description"] === "string" ? tool["description"] : "",
+      inputSchema,
+      inputWrapped: isWrapped(inputSchema),
+      outputSchema: isObject(tool["outputSchema"]) ? tool["outputSchema"] : undefined,
+    };
   });
 }
 

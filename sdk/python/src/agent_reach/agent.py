@@ -530,6 +530,12 @@ class Agent:
             logger.info(
                 "Drained: no delivery in flight.", extra={"agent_id": self.agent_id, "inflight": state.inflight}
             )
+        background = set(state.links.background)
+        if background:
+            # Accepted tasks report before the agent leaves (bounded like the in-flight wait).
+            _, pending = await asyncio.wait(background, timeout=self.drain_timeout_s)
+            if pending:
+                logger.warning("Drain timeout: accepted work still running.", extra={"tasks": len(pending)})
         await running.lifecycle.stop()
         await running.lifecycle.deregister()
         if running.server is not None and running.serving is not None:

@@ -8,16 +8,20 @@ request's deadline, session, context and trace) and to the session context.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
 
 from . import tracing
 from .contexts import ContextHandle, Contexts, blocking
-from .errors import RouterError, TransportError
+from .errors import AgentReachError, HandlerError, RouterError, TransportError
+from .logs import logger
 from .wire import InvokeResult, Policy, Priority, invoke_body, invoke_result, unreachable
 
 T = TypeVar("T")
@@ -31,6 +35,12 @@ class Links:
     router: str | None
     contexts: Contexts | None
     token: str
+    #: Work accepted with :meth:`Ctx.accept_and_report` and still running (a drain waits for it).
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class Accepted(Exception):
+    """Raised by :meth:`Ctx.accept_and_report` on a task's delivery: the SDK answers ``202``."""
 
 
 def now_ms() -> int:
@@ -42,6 +52,7 @@ class Ctx:
 
     __slots__ = (
         "_links",
+        "_usage",
         "attempt",
         "capability",
         "capability_version",
@@ -51,6 +62,7 @@ class Ctx:
         "request_id",
         "session_id",
         "source",
+        "task_id",
         "tenant",
         "traceparent",
     )
@@ -70,6 +82,7 @@ class Ctx:
         tenant: str | None,
         links: Links,
         priority: Priority = Priority.NORMAL,
+        task_id: str | None = None,
     ) -> None:
         #: The idempotency key of this request.
         self.request_id = request_id
@@ -88,7 +101,60 @@ class Ctx:
         self.traceparent = traceparent
         #: The tenant the router's assertion names (None when unverified).
         self.tenant = tenant
+        #: Set on a task's delivery (``POST /v1/tasks``): what :meth:`accept_and_report` reports under.
+        self.task_id = task_id
         self._links = links
+        self._usage: dict[str, Any] | None = None
+
+    async def accept_and_report(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Long work (DESIGN §8, accepted now, result later): on a task's delivery, answers
+        ``202 Accepted`` at once (the router releases the connection) and runs ``work()`` in
+        the background, then reports its output (or its :class:`HandlerError`, or any other
+        exception as ``HANDLER_PANICKED``) with ``POST /v1/tasks/{task_id}/result`` as this
+        agent, retried until the deadline while the router is unreachable. A synchronous call
+        has no task to report to: ``work()`` simply runs and its output is the answer, so one
+        handler serves both. A drain waits for accepted work (``drain_timeout_s``).
+        """
+        links = self._links
+        if self.task_id is None or links.router is None:
+            return await work()
+        url = f"{links.router.rstrip('/')}/v1/tasks/{quote(self.task_id, safe='')}/result"
+        running = asyncio.get_running_loop().create_task(_report(links, url, work, self.deadline_ms))
+        links.background.add(running)
+        running.add_done_callback(links.background.discard)
+        raise Accepted()
+
+    def report_usage(
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        model: str | None = None,
+        cost: float | None = None,
+    ) -> None:
+        """Reports what serving this call cost (DESIGN §3.5 ``usage``): model tokens, the model,
+        and ``cost`` in the abstract unit a delegation budget counts (default: the tokens'
+        sum). Sent beside the output, it appears on the router's and this agent's
+        ``invoke_agent`` spans (``gen_ai.usage.input_tokens``/``output_tokens``,
+        ``gen_ai.request.model``) and in the router's ``agent_reach_model_tokens_total``.
+        Several reports add up (the later model wins). Not sent with a streamed answer."""
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"report_usage: {name} must be a non-negative int, not {value!r}")
+        spent = float(cost) if cost is not None else float((input_tokens or 0) + (output_tokens or 0))
+        usage: dict[str, Any] = self._usage if self._usage is not None else {"cost": 0.0}
+        usage["cost"] = usage["cost"] + spent
+        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
+            if value is not None:
+                usage[name] = usage.get(name, 0) + value
+        if model is not None:
+            usage["model"] = model
+        self._usage = usage
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """What :meth:`report_usage` reported so far (``{cost, input_tokens?, output_tokens?, model?}``)."""
+        return dict(self._usage) if self._usage is not None else None
 
     @property
     def trace_id(self) -> str | None:
@@ -235,3 +301,33 @@ def _jsonable(payload: Any) -> Any:
     if isinstance(payload, (dict, list, str, int, float, bool)) or payload is None:
         return payload
     return TypeAdapter(type(payload)).dump_python(payload, mode="json")
+
+
+async def _report(links: Links, url: str, work: Callable[[], Awaitable[Any]], deadline_ms: int) -> None:
+    """Runs accepted work and reports its outcome once, retrying while the router cannot be reached."""
+    try:
+        body: dict[str, Any] = {"output": _jsonable(await work())}
+    except HandlerError as error:
+        body = {"error": {"code": error.code, "message": error.message}}
+    except AgentReachError as error:
+        body = {"error": {"code": error.code, "message": error.message}}
+    except Exception as error:  # noqa: BLE001 - reported, the agent keeps serving
+        logger.exception("Accepted work raised.", extra={"url": url})
+        body = {"error": {"code": "HANDLER_PANICKED", "message": f"the work raised {type(error).__name__}: {error}"}}
+    headers = {"authorization": f"Bearer {links.token}"}
+    pause = 0.1
+    while True:
+        try:
+            response = await links.http.post(url, json=body, headers=headers, timeout=10.0)
+        except httpx.HTTPError as error:
+            if now_ms() + pause * 1000 >= deadline_ms:
+                logger.error("Task result not reported before the deadline.", extra={"url": url, "error": str(error)})
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            continue
+        if response.status_code >= 300:
+            logger.error(
+                "Task result refused.", extra={"url": url, "status": response.status_code, "body": response.text[:500]}
+            )
+        return

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from . import logs, tracing
 from .assertion import Assertion, AssertionRefused, Verifier
-from .ctx import Ctx, Links
+from .ctx import Accepted, Ctx, Links
 from .dedup import Answer, Dedup
 from .errors import AgentReachError, HandlerError
 from .handlers import Handler, validation_details
@@ -178,6 +178,7 @@ async def serve_invoke(
         context_id = envelope.get("context_id")
         source = envelope.get("source")
         priority = envelope.get("priority", "normal")
+        task_id = envelope.get("task_id")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -187,6 +188,7 @@ async def serve_invoke(
             and (session_id is None or type(session_id) is str)
             and (context_id is None or type(context_id) is str)
             and (source is None or type(source) is str)
+            and (task_id is None or type(task_id) is str)
             and priority in _PRIORITIES
         ):
             raise TypeError("a field has the wrong type")
@@ -267,10 +269,11 @@ async def serve_invoke(
         except ValidationError as error:
             answer = _schema_mismatch(handler, error)
         else:
+            reporter: Ctx | None = None
             if handler.ctx_first is None:
                 arguments: tuple[Any, ...] = (value,)
             else:
-                ctx = Ctx(
+                reporter = Ctx(
                     request_id=request_id,
                     session_id=session_id,
                     context_id=context_id,
@@ -280,18 +283,20 @@ async def serve_invoke(
                     deadline_ms=deadline,
                     attempt=attempt,
                     priority=Priority(priority),
+                    task_id=task_id,
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
                 )
-                arguments = (ctx, value) if handler.ctx_first else (value, ctx)
+                arguments = (reporter, value) if handler.ctx_first else (value, reporter)
             if state.spans:
                 with tracing.server_span(
-                    traceparent, {"capability": capability, "request_id": request_id, "agent_id": state.agent_id}
-                ):
-                    answer = await _run(state, handler, arguments, deadline)
+                    traceparent, capability, state.agent_id, session_id, {"request_id": request_id}
+                ) as span:
+                    answer = await _run(state, handler, arguments, deadline, reporter)
+                    tracing.record_usage(span, reporter.usage if reporter is not None else None)
             else:
-                answer = await _run(state, handler, arguments, deadline)
+                answer = await _run(state, handler, arguments, deadline, reporter)
     finally:
         logs.unbind(fields)
         state.inflight -= 1
@@ -360,8 +365,11 @@ class Deadlines:
         self._check = loop.call_later(self.GRANULARITY_S, self._expire, loop) if self._running else None
 
 
-async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], deadline_ms: int) -> Answer:
-    """Runs the handler until the deadline and turns what happened into the answer."""
+async def _run(
+    state: AgentState, handler: Handler, arguments: tuple[Any, ...], deadline_ms: int, ctx: Ctx | None
+) -> Answer:
+    """Runs the handler until the deadline and turns what happened into the answer (with the
+    usage it reported through ``ctx``, DESIGN §3.5, beside the output)."""
     task = asyncio.current_task()
     assert task is not None, "deliveries run in a task"
     deadlines = state.deadlines
@@ -381,6 +389,10 @@ async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], 
         if deadlines.done(task):
             return _error(504, "DEADLINE_EXCEEDED", "the handler did not finish before the deadline")
         raise
+    except Accepted:
+        deadlines.done(task)
+        # Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
+        return Answer(202, b'{"accepted":true}', "ACCEPTED")
     except HandlerError as error:
         deadlines.done(task)
         return _error(error.status, error.code, error.message)
@@ -399,6 +411,9 @@ async def _run(state: AgentState, handler: Handler, arguments: tuple[Any, ...], 
     except (ValidationError, ValueError, TypeError) as error:
         logger.error("Handler output does not match its type.", extra={"handler": handler.name, "error": str(error)})
         return _error(500, "INVALID_OUTPUT", f"the handler's output does not match its declared type: {error}")
+    usage = ctx.usage if ctx is not None else None
+    if usage:
+        return Answer(200, b'{"output":' + encoded + b',"usage":' + json.dumps(usage).encode() + b"}", "OK")
     return Answer(200, b'{"output":' + encoded + b"}", "OK")
 
 

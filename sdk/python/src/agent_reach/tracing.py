@@ -73,19 +73,51 @@ def otel_active() -> bool:
     return type(provider).__name__ not in ("ProxyTracerProvider", "NoOpTracerProvider")
 
 
+#: ``gen_ai.provider.name`` on the SDK's spans, as on the router's.
+GEN_AI_PROVIDER = "agent_reach"
+
+
 @contextlib.contextmanager
-def server_span(traceparent: str | None, attributes: dict[str, str]) -> Iterator[None]:
-    """An ``agent.invoke`` server span continuing ``traceparent`` while the handler runs."""
+def server_span(
+    traceparent: str | None, capability: str, agent_id: str, session_id: str | None, attributes: dict[str, str]
+) -> Iterator[Any]:
+    """An ``invoke_agent {capability}`` server span (the OpenTelemetry GenAI conventions'
+    name and ``gen_ai.*`` attributes, ours beside them) continuing ``traceparent`` while the
+    handler runs; yields the span (None without OpenTelemetry) for :func:`record_usage`."""
     if not otel_active() or otel_trace is None or otel_context is None:
-        yield
+        yield None
         return
     carrier = {"traceparent": traceparent} if traceparent else {}
     parent = _PROPAGATOR.extract(carrier)
     tracer = otel_trace.get_tracer("agent_reach")
+    gen_ai = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": GEN_AI_PROVIDER,
+        "gen_ai.agent.name": capability,
+        "gen_ai.agent.id": agent_id,
+    }
+    if session_id:
+        gen_ai["gen_ai.conversation.id"] = session_id
     with tracer.start_as_current_span(
-        "agent.invoke", context=parent, kind=otel_trace.SpanKind.SERVER, attributes=attributes
+        f"invoke_agent {capability}",
+        context=parent,
+        kind=otel_trace.SpanKind.SERVER,
+        attributes={**gen_ai, "capability": capability, "agent_id": agent_id, **attributes},
+    ) as span:
+        yield span
+
+
+def record_usage(span: Any, usage: dict[str, Any] | None) -> None:
+    """The usage a handler reported (``ctx.report_usage``) on its span, under the GenAI names."""
+    if span is None or not usage:
+        return
+    for key, attribute in (
+        ("input_tokens", "gen_ai.usage.input_tokens"),
+        ("output_tokens", "gen_ai.usage.output_tokens"),
+        ("model", "gen_ai.request.model"),
     ):
-        yield
+        if usage.get(key) is not None:
+            span.set_attribute(attribute, usage[key])
 
 
 @contextlib.contextmanager

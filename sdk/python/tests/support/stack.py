@@ -267,6 +267,10 @@ permissions:
     allow: ["*"]
   - caller: demo_user
     allow: [intent.parse]
+  - caller: summarizer
+    allow: ["text.*"]
+  - caller: assistant
+    allow: ["text.*"]
   - caller: intent_parser
     allow: [order.query]
   - caller: order_query
@@ -291,6 +295,9 @@ context:
   - agent: py_agent
     read: ["*"]
     write: ["*"]
+  - agent: summarizer
+    read: [user_id]
+    write: [summary_words]
   - agent: intent_parser
     write: [user_id, intent]
   - agent: order_query
