@@ -165,7 +165,11 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         println!();
         println!(
             "target: >= 5,000 tasks/s end to end on one Redis: {}",
-            if runs[0].end_to_end_per_s >= 5000.0 { "MET" } else { "NOT MET" }
+            if runs[0].end_to_end_per_s >= 5000.0 {
+                "MET"
+            } else {
+                "NOT MET"
+            }
         );
     }
     Ok(())
@@ -203,6 +207,7 @@ async fn measure(args: &Args, store: Store) -> anyhow::Result<Measured> {
         reclaim_after: Duration::from_secs(120),
         max_task_attempts: 3,
         quota_share: Some(std::time::Duration::from_millis(100)),
+        trail: None,
         tag_limits: Vec::new(),
     });
     let router = agent_reach_router::build(&settings).await?;

@@ -56,6 +56,15 @@ async fn bind(address: SocketAddr, flag: &str) -> anyhow::Result<(tokio::net::Tc
 
 impl Stack {
     pub async fn start(options: StackOptions) -> anyhow::Result<Self> {
+        Self::start_with(options, |_| {}).await
+    }
+
+    /// [`Stack::start`], with `tune` adjusting the router's settings (its slow
+    /// path and trail on a Redis, say) before it is built.
+    pub async fn start_with(
+        options: StackOptions,
+        tune: impl FnOnce(&mut agent_reach_router::Settings),
+    ) -> anyhow::Result<Self> {
         let workdir = tempfile::Builder::new()
             .prefix("agent-reach-dev-")
             .tempdir()
@@ -140,6 +149,7 @@ impl Stack {
         let mut router_settings =
             agent_reach_router::Settings::new(options.router_listen, registry_url.clone(), auth, acl.clone());
         router_settings.assertion.signing = agent_reach_router::SigningKey::File(assertion_key_file.clone());
+        tune(&mut router_settings);
         let router = agent_reach_router::build(&router_settings).await?;
         let (listener, router_addr) = bind(options.router_listen, "--router-listen").await?;
         servers.push(tokio::spawn(async move {

@@ -23,11 +23,12 @@ use crate::history::exchange::HistoryLedger;
 use crate::history::Clock;
 use crate::metrics::Metrics;
 use crate::outcome::{no_instance, Failure, Success};
-use crate::recent::{Finished, RecentCalls, Trail};
+use crate::recent::{Finished, RecentCalls, Tried};
 use crate::retry::RetryBudget;
 use crate::select::plugin::Plugins;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
+use crate::trail::{self, Ending, TrailHook};
 use crate::tuning::Tuning;
 
 pub struct RouterService {
@@ -50,6 +51,8 @@ pub struct RouterService {
     changes: Changes,
     /// Whether outcome histories are exchanged with other routers (`--redis`).
     exchanging: std::sync::atomic::AtomicBool,
+    /// Where every call is recorded beyond the ring, when the trail is on.
+    trail: std::sync::OnceLock<Arc<TrailHook>>,
 }
 
 /// One instance's outcome of a broadcast.
@@ -82,7 +85,20 @@ impl RouterService {
             plugins: Plugins::new(),
             changes: Changes::default(),
             exchanging: std::sync::atomic::AtomicBool::new(false),
+            trail: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Records every call of this part in the trail from now on (set once).
+    pub fn record_trail(&self, hook: TrailHook) {
+        if self.trail.set(Arc::new(hook)).is_err() {
+            tracing::warn!(message = "The trail was set up twice for one part; the first stays.");
+        }
+    }
+
+    /// The trail's hook, when the trail is on.
+    pub(crate) fn trail(&self) -> Option<&Arc<TrailHook>> {
+        self.trail.get()
     }
 
     /// This service with `plugins` as its plugged-in policies.
@@ -161,7 +177,7 @@ impl RouterService {
         tokio::spawn(crate::limits::shares::run(Arc::downgrade(self), ledger, every));
     }
 
-    pub fn assertions(&self) -> &Assertions {
+    pub fn assertions(&self) -> &Arc<Assertions> {
         &self.assertions
     }
 
@@ -218,8 +234,8 @@ impl RouterService {
         let snapshot = self.snapshot.load_full();
         let admitted = self.admit(call, &snapshot)?;
         let capability = admitted.capability;
-        let mut trail = Trail::new();
-        let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut trail).await {
+        let mut tried = Tried::new();
+        let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut tried).await {
             Ok(Answered::Done(success)) => Ok(success),
             Ok(Answered::Committed { committed, .. }) => match committed {},
             Err(failure) => Err(failure),
@@ -228,11 +244,11 @@ impl RouterService {
             .metrics
             .record(result.as_ref().map(|_| ()).map_err(|failure| failure.error.code));
         match &result {
-            Ok(success) => self.remember(&Recorded::of(call, Some(&success.capability_version), None), trail),
+            Ok(success) => self.remember(&Recorded::answered(call, success), tried),
             Err(failure) => {
                 self.failed(call, failure);
                 let recorded = Recorded::of(call, failure.capability_version.as_deref(), Some(&failure.error));
-                self.remember(&recorded, trail);
+                self.remember(&recorded, tried);
             }
         }
         result
@@ -261,7 +277,7 @@ impl RouterService {
         }
         self.failed(call, &failure);
         let recorded = Recorded::of(call, failure.capability_version.as_deref(), Some(&failure.error));
-        self.remember(&recorded, Trail::new());
+        self.remember(&recorded, Tried::new());
         *failure
     }
 
@@ -280,9 +296,27 @@ impl RouterService {
         );
     }
 
-    /// Records a finished call in the recent-calls ring.
-    pub(crate) fn remember(&self, call: &Recorded<'_>, trail: Trail) {
-        self.recent.record(&call.finished(), trail);
+    /// Records a finished call in the recent-calls ring, and in the trail when it is on.
+    pub(crate) fn remember(&self, recorded: &Recorded<'_>, tried: Tried) {
+        let finished = recorded.finished();
+        if let Some(hook) = self.trail() {
+            let capability = &recorded.call.checked.request.capability;
+            let entry = hook.begin(recorded.call, self.admission.records_payloads(capability));
+            let ending = Ending {
+                version: recorded.version,
+                error: recorded.error,
+                success: recorded.success,
+                duration_us: finished.duration_us,
+            };
+            hook.recorder.offer(trail::finish(hook, entry, &ending, &tried));
+        }
+        self.recent.record(&finished, tried);
+    }
+
+    /// Records a finished call in the recent-calls ring only (a broadcast,
+    /// whose members the trail records one by one).
+    fn remember_in_ring(&self, recorded: &Recorded<'_>, tried: Tried) {
+        self.recent.record(&recorded.finished(), tried);
     }
 
     /// Fan-out: delivers one envelope to every routable instance of the
@@ -320,14 +354,14 @@ impl RouterService {
         }
         let admitted = &admitted;
         let deliveries = targets.into_iter().map(|instance| async move {
-            let mut trail = Trail::new();
+            let mut tried = Tried::new();
             let outcome = attempts::run(
                 self.means(),
                 call,
                 admitted,
                 Targets::Only(instance),
                 &mut Whole,
-                &mut trail,
+                &mut tried,
             )
             .await;
             let outcome = match outcome {
@@ -335,15 +369,29 @@ impl RouterService {
                 Ok(Answered::Committed { committed, .. }) => match committed {},
                 Err(failure) => Err(failure),
             };
-            ((instance.agent_id.clone(), outcome), trail)
+            ((instance.agent_id.clone(), outcome), tried)
         });
-        let (deliveries, trails): (Vec<Delivery>, Vec<Trail>) =
+        let (deliveries, tried_lists): (Vec<Delivery>, Vec<Tried>) =
             futures::future::join_all(deliveries).await.into_iter().unzip();
-        // One record for the broadcast, every member's attempt in it.
         let version = Some(group.version_text.as_str());
-        self.remember(
+        // The trail records each member's call, the ring one record for the broadcast.
+        if let Some(hook) = self.trail() {
+            let payloads = self.admission.records_payloads(&capability.name);
+            let duration_us = u64::try_from(call.received.instant.elapsed().as_micros()).unwrap_or(u64::MAX);
+            for ((_, outcome), tried) in deliveries.iter().zip(&tried_lists) {
+                let ending = Ending {
+                    version,
+                    error: outcome.as_ref().err().map(|failure| &failure.error),
+                    success: outcome.as_ref().ok(),
+                    duration_us,
+                };
+                hook.recorder
+                    .offer(trail::finish(hook, hook.begin(call, payloads), &ending, tried));
+            }
+        }
+        self.remember_in_ring(
             &Recorded::of(call, version, None),
-            trails.into_iter().flatten().collect(),
+            tried_lists.into_iter().flatten().collect(),
         );
         Ok(deliveries)
     }
@@ -534,11 +582,27 @@ pub(crate) struct Recorded<'a> {
     call: &'a Call,
     version: Option<&'a str>,
     error: Option<&'a RouterError>,
+    success: Option<&'a Success>,
 }
 
 impl<'a> Recorded<'a> {
     pub(crate) fn of(call: &'a Call, version: Option<&'a str>, error: Option<&'a RouterError>) -> Self {
-        Self { call, version, error }
+        Self {
+            call,
+            version,
+            error,
+            success: None,
+        }
+    }
+
+    /// A call answered by `success`.
+    pub(crate) fn answered(call: &'a Call, success: &'a Success) -> Self {
+        Self {
+            call,
+            version: Some(&success.capability_version),
+            error: None,
+            success: Some(success),
+        }
     }
 
     fn finished(&self) -> Finished<'_> {

@@ -67,6 +67,8 @@ router_codes! {
     InvalidCallback = "INVALID_CALLBACK", 400;
     Canceled = "CANCELED", 409;
     StreamInterrupted = "STREAM_INTERRUPTED", 502;
+    /// The router keeps no trail (no `--redis`, or `--trail off`).
+    TrailDisabled = "TRAIL_DISABLED", 501;
     /// The router's last resort: an answer it could not encode (DESIGN §3.7).
     Internal = "INTERNAL", 500;
 }

@@ -50,6 +50,7 @@ export const RouterCode = {
   ASSERTION_FAILED: "ASSERTION_FAILED",
   INVALID_CALLBACK: "INVALID_CALLBACK",
   CANCELED: "CANCELED",
+  TRAIL_DISABLED: "TRAIL_DISABLED",
   INTERNAL: "INTERNAL",
 } as const;
 export type RouterCode = (typeof RouterCode)[keyof typeof RouterCode];

@@ -74,7 +74,8 @@
 //! its lane), `callbacks` (a callback and its schedule), `dead_letters`,
 //! `record` (a task's record and stream entries, read), `quota` (where
 //! routers share their limits) and `history` (where they merge their
-//! outcome histories).
+//! outcome histories); `trail` keeps the trail's records (its own key
+//! layout in that file).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -104,6 +105,7 @@ mod quota;
 mod record;
 mod scripts;
 mod submission;
+mod trail;
 
 const GROUP: &str = "workers";
 
