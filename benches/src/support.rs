@@ -378,7 +378,11 @@ fn serve_router(argv: Vec<String>) -> anyhow::Result<()> {
             })?),
             None => None,
         };
-        agent_reach_router::run(flags, std::future::pending()).await
+        // As `agent-reach router` (cli/src/plugins.rs): the example policy plugged in.
+        let plugins = agent_reach_router::Plugins::new()
+            .with(agent_reach_policy_example::NAME, agent_reach_policy_example::Cheapest)
+            .map_err(anyhow::Error::msg)?;
+        agent_reach_router::run_with_plugins(flags, plugins, std::future::pending()).await
     })
 }
 

@@ -25,6 +25,7 @@ mod dev;
 #[cfg(test)]
 mod manifests;
 mod ops;
+mod plugins;
 mod tasks;
 mod tenants;
 mod trail;
@@ -267,7 +268,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = init_logging(cli.log_format, default_level, service)?;
     match cli.command {
         Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
-        Command::Router(args) => agent_reach_router::run(args, shutdown_signal()).await,
+        Command::Router(args) => agent_reach_router::run_with_plugins(args, plugins::all()?, shutdown_signal()).await,
         Command::Context(args) => agent_reach_context::run(args, shutdown_signal()).await,
         Command::Dev(args) => dev::run(args, shutdown_signal()).await,
         Command::Demo(args) => demo::run(args).await,

@@ -49,6 +49,17 @@ pub enum CapabilitiesCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// The policy a capability's calls use when they name none (operators):
+    /// `policy NAME adaptive`; `--clear` removes it; neither shows it.
+    Policy {
+        name: String,
+        /// weighted_round_robin, least_connections, consistent_hash, p2c_ewma, adaptive or plugin:NAME.
+        #[arg(conflicts_with = "clear")]
+        policy: Option<String>,
+        /// Remove it: the capability's calls use each router's default again.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -181,6 +192,9 @@ pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand)
         }
         CapabilitiesCommand::Split { name, shares, clear } => {
             crate::canary::split(connection, &name, &shares, clear).await
+        }
+        CapabilitiesCommand::Policy { name, policy, clear } => {
+            crate::canary::policy(connection, &name, policy.as_deref(), clear).await
         }
     }
 }

@@ -14,7 +14,7 @@
 //! Reads: [`views`] (instances, capabilities, recent calls, the slow path),
 //! from the snapshot, the recent-calls ring and the task store; never on
 //! the request path. Actions: dead-letter replay is the slow path's own
-//! route; drains, weights and traffic splits are the registry's, relayed with the
+//! route; drains, weights, traffic splits and capability policies are the registry's, relayed with the
 //! operator's own token ([`relay`]) so the registry records who did it, as is
 //! the heartbeat ages read (the lease in etcd is the only place that knows them),
 //! and access requests' decisions and revocations ([`access`], which also
@@ -96,6 +96,11 @@ pub fn routes(state: ConsoleState) -> axum::Router {
             "/v1/routing/capabilities",
             get(views::capabilities).fallback(method_not_allowed),
         )
+        .route(
+            "/v1/routing/changes",
+            get(views::weight_changes).fallback(method_not_allowed),
+        )
+        .route("/v1/routing/history", get(views::history).fallback(method_not_allowed))
         .route("/v1/requests", get(views::recent).fallback(method_not_allowed))
         .route(
             "/v1/requests/{request_id}",
@@ -141,6 +146,13 @@ pub fn routes(state: ConsoleState) -> axum::Router {
         )
         .route(
             "/v1/capabilities/{name}/split",
+            get(relay::split)
+                .put(relay::split)
+                .delete(relay::split)
+                .fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/capabilities/{name}/policy",
             get(relay::split)
                 .put(relay::split)
                 .delete(relay::split)

@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 26] = [
+pub const PATHS: [(&str, &str); 31] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -13,6 +13,8 @@ pub const PATHS: [(&str, &str); 26] = [
     ("/v1/console/session", "delete"),
     ("/v1/routing/instances", "get"),
     ("/v1/routing/capabilities", "get"),
+    ("/v1/routing/changes", "get"),
+    ("/v1/routing/history", "get"),
     ("/v1/requests", "get"),
     ("/v1/requests/{request_id}", "get"),
     ("/v1/backlog", "get"),
@@ -32,6 +34,9 @@ pub const PATHS: [(&str, &str); 26] = [
     ("/v1/access-requests/{id}/approve", "post"),
     ("/v1/access-requests/{id}/deny", "post"),
     ("/v1/grants/{id}", "delete"),
+    ("/v1/capabilities/{name}/policy", "get"),
+    ("/v1/capabilities/{name}/policy", "put"),
+    ("/v1/capabilities/{name}/policy", "delete"),
 ];
 
 fn failed(description: &str) -> Value {
@@ -202,8 +207,36 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
             "security": security(),
             "responses": operator(object("The instances and the snapshot's freshness.", json!({ "snapshot": { "type": "object" }, "instances": { "type": "array", "items": { "type": "object" } } })), vec![])
         } },
+        "/v1/routing/changes": { "get": {
+            "summary": "adaptive's recent weight changes on this router, newest first, each with its reason, e.g. \"failure rate 31 % between 02:00 and 03:00 UTC for 5 days\" (operators)",
+            "security": security(),
+            "parameters": [
+                { "name": "capability", "in": "query", "required": false, "schema": { "type": "string" } },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 }, "description": "At most this many (clamped to 1..=1000; default 50)." }
+            ],
+            "responses": operator(object("The changes (the last 512 are kept).", json!({
+                "bucket_ms": { "type": "integer" }, "capacity": { "type": "integer" },
+                "changes": { "type": "array", "items": { "type": "object", "properties": {
+                    "at_ms": { "type": "integer" }, "capability": { "type": "string" }, "version": { "type": "string" },
+                    "agent_id": { "type": "string" }, "from_permille": { "type": "integer" }, "to_permille": { "type": "integer" },
+                    "target_permille": { "type": "integer" }, "reason": { "type": "string" }
+                } } }
+            })), vec![("400", failed("INVALID_QUERY."))])
+        } },
+        "/v1/routing/history": { "get": {
+            "summary": "A capability's outcome history on this router (merged across routers with --redis): per instance and version, the hourly buckets of the last week holding attempts (succeeded, agent_error, timeout, server_error, p50/p99) and what adaptive predicts now (operators)",
+            "security": security(),
+            "parameters": [{ "name": "capability", "in": "query", "required": true, "schema": { "type": "string" } }],
+            "responses": operator(object("The history.", json!({
+                "capability": { "type": "string" }, "bucket_ms": { "type": "integer" }, "now_bucket": { "type": "integer" },
+                "instances": { "type": "array", "items": { "type": "object" } }
+            })), vec![
+                ("400", failed("INVALID_QUERY: no `capability` (details.field).")),
+                ("404", failed("CAPABILITY_NOT_FOUND: no instance of it in this router's snapshot.")),
+            ])
+        } },
         "/v1/routing/capabilities": { "get": {
-            "summary": "Every capability: versions, traffic split, and over the last five minutes of this router's recent calls: calls, failure rate, p50/p90/p99 (operators)",
+            "summary": "Every capability: versions, traffic split, default policy, adaptive's last weight changes, and over the last five minutes of this router's recent calls: calls, failure rate, p50/p90/p99 (operators)",
             "security": security(),
             "responses": operator(object("The capabilities.", json!({ "window_s": { "type": "integer" }, "ring_capacity": { "type": "integer" }, "capabilities": { "type": "array", "items": { "type": "object" } } })), vec![])
         } },
@@ -312,6 +345,14 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["weights"], "properties": { "weights": { "type": "object", "additionalProperties": { "type": "integer", "minimum": 0, "maximum": 10000 } } } } } } }
             })),
             "delete": relayed("Remove a capability's traffic split (operators; relayed to the registry)", json!({ "parameters": name }))
+        },
+        "/v1/capabilities/{name}/policy": {
+            "get": relayed("A capability's default selection policy (operators; relayed to the registry)", json!({ "parameters": name })),
+            "put": relayed("Set the policy a capability's calls use when they name none (operators; relayed to the registry)", json!({
+                "parameters": name,
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["policy"], "properties": { "policy": { "type": "string", "description": "weighted_round_robin, least_connections, consistent_hash, p2c_ewma, adaptive or plugin:NAME" } } } } } }
+            })),
+            "delete": relayed("Remove a capability's default policy: its calls use the router's default again (operators; relayed to the registry)", json!({ "parameters": name }))
         }
     });
     let schemes = json!({

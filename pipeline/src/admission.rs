@@ -547,6 +547,7 @@ mod split_tests {
                 splits,
                 grants: Vec::new(),
                 more: false,
+                policies: Vec::new(),
             })),
         });
         builder

@@ -162,6 +162,7 @@ fn whole(pages: &mut Option<WatchEvent>, event: WatchEvent) -> Option<WatchEvent
                 first.instances.extend(page.instances);
                 first.splits.extend(page.splits);
                 first.grants.extend(page.grants);
+                first.policies.extend(page.policies);
                 first.more = page.more;
             }
             first
@@ -218,6 +219,7 @@ mod tests {
                 splits: vec![pb::CapabilitySplit::default(); splits],
                 grants: Vec::new(),
                 more,
+                policies: Vec::new(),
             })),
         }
     }

@@ -118,6 +118,9 @@ pub struct AgentInstance {
     /// Requests in flight the agent last reported, as stored (DESIGN §2.3; 0 when none).
     #[serde(default)]
     pub inflight: u32,
+    /// The weight was set by an operator: adaptive routing never changes it (DESIGN §3.4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub operator_weight: bool,
 }
 
 /// `GET /v1/agents`.
@@ -208,6 +211,29 @@ pub struct CapabilitySplit {
     pub capability: String,
     /// Version → weight; at least one above 0.
     pub weights: BTreeMap<String, u32>,
+    pub updated_at_ms: u64,
+    /// The operator who set it (absent without authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+    /// The store revision of the write (`PUT` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
+/// `PUT /v1/capabilities/{name}/policy`: the capability's default selection
+/// policy, a `target_policy` word (DESIGN §9).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRequest {
+    pub policy: String,
+}
+
+/// A capability's default policy as the registry stores and reports it
+/// (`GET`/`PUT /v1/capabilities/{name}/policy`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CapabilityPolicy {
+    pub capability: String,
+    pub policy: String,
     pub updated_at_ms: u64,
     /// The operator who set it (absent without authentication).
     #[serde(default, skip_serializing_if = "Option::is_none")]

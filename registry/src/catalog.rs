@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Grant, Instance, Keys, Split, Status};
+use crate::model::{Capability, Grant, Instance, Keys, Policy, Split, Status};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -33,6 +33,8 @@ struct State {
     splits: BTreeMap<String, Arc<Split>>,
     /// grant id → its access grant (DESIGN §2.11), expired ones included until removed.
     grants: BTreeMap<String, Arc<Grant>>,
+    /// capability name → its default selection policy (DESIGN §9).
+    policies: BTreeMap<String, Arc<Policy>>,
 }
 
 impl State {
@@ -86,6 +88,7 @@ pub struct WatchSnapshot {
     pub instances: Vec<Arc<Instance>>,
     pub splits: Vec<Arc<Split>>,
     pub grants: Vec<Arc<Grant>>,
+    pub policies: Vec<Arc<Policy>>,
     pub revision: Revision,
 }
 
@@ -141,6 +144,17 @@ pub fn decode_grant(kv: &KeyValue) -> Option<Grant> {
         Ok(grant) => Some(grant),
         Err(error) => {
             tracing::warn!(message = "Skipping undecodable access grant.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// Decodes a stored policy; undecodable values are skipped with a warning.
+pub fn decode_policy(kv: &KeyValue) -> Option<Policy> {
+    match serde_json::from_slice::<Policy>(&kv.value) {
+        Ok(policy) => Some(policy),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable capability policy.", key = %kv.key, %error);
             None
         }
     }
@@ -322,7 +336,12 @@ impl Catalog {
         self.read().grants.get(id).cloned()
     }
 
-    /// Every instance (ordered by agent id), split and grant, at one
+    /// A capability's default selection policy, if an operator set one.
+    pub fn policy(&self, capability: &str) -> Option<Arc<Policy>> {
+        self.read().policies.get(capability).cloned()
+    }
+
+    /// Every instance (ordered by agent id), split, grant and policy, at one
     /// revision: what a `Watch` snapshot carries.
     pub fn snapshot(&self) -> WatchSnapshot {
         let state = self.read();
@@ -332,12 +351,13 @@ impl Catalog {
             instances,
             splits: state.splits.values().cloned().collect(),
             grants: state.grants.values().cloned().collect(),
+            policies: state.policies.values().cloned().collect(),
             revision: state.revision,
         }
     }
 
-    /// Applies one stored value: an instance or a split, by its key; keys of
-    /// anything else under the tenant are not the catalog's.
+    /// Applies one stored value: an instance, a split or a policy, by its
+    /// key; keys of anything else under the tenant are not the catalog's.
     fn put(&self, state: &mut State, kv: &KeyValue) {
         if self.keys.agent_id_of(&kv.key).is_some() {
             if let Some(instance) = decode(kv) {
@@ -357,6 +377,10 @@ impl Catalog {
             if let Some(grant) = decode_grant(kv) {
                 state.grants.insert(id.to_string(), Arc::new(grant));
             }
+        } else if let Some(capability) = self.keys.capability_of_policy(&kv.key) {
+            if let Some(policy) = decode_policy(kv) {
+                state.policies.insert(capability.to_string(), Arc::new(policy));
+            }
         }
     }
 
@@ -368,6 +392,7 @@ impl Catalog {
         }
         state.splits.clear();
         state.grants.clear();
+        state.policies.clear();
         for kv in kvs {
             self.put(&mut state, &kv);
         }
@@ -389,6 +414,10 @@ impl Catalog {
                     }
                     if let Some(id) = self.keys.grant_id_of(&key) {
                         state.grants.remove(id);
+                        continue;
+                    }
+                    if let Some(capability) = self.keys.capability_of_policy(&key) {
+                        state.policies.remove(capability);
                         continue;
                     }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {

@@ -34,6 +34,7 @@ pub enum Code {
     DuplicateCapability,
     InvalidSplit,
     InvalidAccessRequest,
+    InvalidPolicy,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
@@ -46,6 +47,7 @@ pub enum Code {
     AlreadyAllowed,
     AlreadyDecided,
     NoOwner,
+    PolicyNotFound,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -90,6 +92,7 @@ impl ErrorCode for Code {
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
             Code::InvalidAccessRequest => "INVALID_ACCESS_REQUEST",
+            Code::InvalidPolicy => "INVALID_POLICY",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
@@ -102,6 +105,7 @@ impl ErrorCode for Code {
             Code::AlreadyAllowed => "ALREADY_ALLOWED",
             Code::AlreadyDecided => "ALREADY_DECIDED",
             Code::NoOwner => "NO_OWNER",
+            Code::PolicyNotFound => "POLICY_NOT_FOUND",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -123,6 +127,7 @@ impl ErrorCode for Code {
             | Code::SplitNotFound
             | Code::AccessRequestNotFound
             | Code::GrantNotFound
+            | Code::PolicyNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
             Code::AgentIdTaken

@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{decode, decode_grant, decode_split};
+use crate::catalog::{decode, decode_grant, decode_policy, decode_split};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Grant, Instance, Split};
+use crate::model::{Capability, Grant, Instance, Policy, Split};
 use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
@@ -88,6 +88,17 @@ pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
         inflight: instance.inflight,
+        operator_weight: instance.operator_weight,
+    }
+}
+
+/// A capability's default policy on the wire.
+pub fn policy_to_pb(policy: &Policy) -> pb::CapabilityPolicy {
+    pb::CapabilityPolicy {
+        capability: policy.capability.clone(),
+        policy: policy.policy.clone(),
+        updated_at_ms: policy.updated_at_ms,
+        updated_by: policy.updated_by.clone().unwrap_or_default(),
     }
 }
 
@@ -415,6 +426,7 @@ async fn serve_watch(
             let first = pb::Snapshot {
                 splits: snapshot.splits.iter().map(|split| split_to_pb(split)).collect(),
                 grants: snapshot.grants.iter().map(|grant| grant_to_pb(grant)).collect(),
+                policies: snapshot.policies.iter().map(|policy| policy_to_pb(policy)).collect(),
                 ..Default::default()
             };
             for page in snapshot_pages(&snapshot.instances, first, budget) {
@@ -481,7 +493,7 @@ async fn serve_watch(
 
 /// A snapshot as pages of at most `budget` encoded bytes of instances each
 /// (one instance larger than that goes alone), `first` (the splits and
-/// grants) the first, every page but the last saying `more`. Always at
+/// grants, policies) the first, every page but the last saying `more`. Always at
 /// least one page.
 fn snapshot_pages(instances: &[Arc<Instance>], first: pb::Snapshot, budget: usize) -> Vec<pb::Snapshot> {
     let mut pages = vec![first];
@@ -532,6 +544,14 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
                 id: keys.grant_id_of(&key)?.to_string(),
             })
         }
+        Event::Put(kv) if keys.capability_of_policy(&kv.key).is_some() => {
+            pb::watch_event::Kind::PolicySet(policy_to_pb(&decode_policy(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.capability_of_policy(&key).is_some() => {
+            pb::watch_event::Kind::PolicyCleared(pb::PolicyCleared {
+                capability: keys.capability_of_policy(&key)?.to_string(),
+            })
+        }
         Event::Put(kv) => {
             keys.agent_id_of(&kv.key)?;
             let instance = instance_to_pb(&decode(&kv)?);
@@ -569,6 +589,7 @@ mod tests {
             ttl_s: 15,
             registered_at_ms: 0,
             inflight: 0,
+            operator_weight: false,
         })
     }
 

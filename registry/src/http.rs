@@ -88,6 +88,13 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
             "/v1/grants/{id}",
             axum::routing::delete(revoke_grant).fallback(method_not_allowed),
         )
+        .route(
+            "/v1/capabilities/{name}/policy",
+            get(get_policy)
+                .put(set_policy)
+                .delete(clear_policy)
+                .fallback(method_not_allowed),
+        )
         .route("/healthz", get(healthz).fallback(method_not_allowed))
         .route("/readyz", get(readyz).fallback(method_not_allowed))
         .route("/metrics", get(metrics).fallback(method_not_allowed))
@@ -135,6 +142,7 @@ pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
         inflight: instance.inflight,
+        operator_weight: instance.operator_weight,
     }
 }
 
@@ -373,6 +381,41 @@ async fn clear_split(
 ) -> Result<StatusCode, RegistryError> {
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     service.clear_split(&caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[tracing::instrument(name = "http.set_policy", skip_all)]
+async fn set_policy(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::CapabilityPolicy>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let request: wire::PolicyRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let written = service.set_policy(&caller, &name, request).await?;
+    Ok(Json(operator::policy_to_wire(&written.policy, Some(written.revision))))
+}
+
+#[tracing::instrument(name = "http.get_policy", skip_all)]
+async fn get_policy(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::CapabilityPolicy>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let policy = service.policy(&name)?;
+    Ok(Json(operator::policy_to_wire(&policy, None)))
+}
+
+#[tracing::instrument(name = "http.clear_policy", skip_all)]
+async fn clear_policy(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.clear_policy(&caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -58,6 +58,16 @@ pub struct Instance {
     /// existed, and while nothing was reported: 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inflight: u32,
+    /// Whether `weight` was set by an operator (`PUT /v1/agents/{id}/weight`
+    /// from a caller under `operators`) rather than by the agent: adaptive
+    /// routing never changes such a weight (DESIGN §3.4). A registration
+    /// writes a new record without it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub operator_weight: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -175,10 +185,24 @@ impl Grant {
     }
 }
 
+/// A capability's default selection policy (DESIGN §9): the value stored
+/// under `.../policies/{capability}`, without a lease. `policy` is a
+/// `target_policy` word (`adaptive`, `plugin:NAME`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub capability: String,
+    pub policy: String,
+    pub updated_at_ms: u64,
+    /// The operator who set it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
 /// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}`,
 /// `/agent-reach/v1/{tenant}/splits/{capability}`,
-/// `/agent-reach/v1/{tenant}/access-requests/{id}` and
-/// `/agent-reach/v1/{tenant}/grants/{id}`.
+/// `/agent-reach/v1/{tenant}/access-requests/{id}`,
+/// `/agent-reach/v1/{tenant}/grants/{id}` and
+/// `/agent-reach/v1/{tenant}/policies/{capability}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
     tenant_prefix: String,
@@ -186,6 +210,7 @@ pub struct Keys {
     splits_prefix: String,
     requests_prefix: String,
     grants_prefix: String,
+    policies_prefix: String,
 }
 
 impl Keys {
@@ -196,6 +221,7 @@ impl Keys {
             splits_prefix: format!("{tenant_prefix}splits/"),
             requests_prefix: format!("{tenant_prefix}access-requests/"),
             grants_prefix: format!("{tenant_prefix}grants/"),
+            policies_prefix: format!("{tenant_prefix}policies/"),
             tenant_prefix,
         }
     }
@@ -217,7 +243,15 @@ impl Keys {
         key.strip_prefix(self.grants_prefix.as_str())
     }
 
-    /// Every key of the tenant (agents, splits, grants and requests): what the catalog and the
+    pub fn policy(&self, capability: &str) -> String {
+        format!("{}{capability}", self.policies_prefix)
+    }
+
+    pub fn capability_of_policy<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.policies_prefix.as_str())
+    }
+
+    /// Every key of the tenant (agents, splits, grants, requests and policies): what the catalog and the
     /// `Watch` stream follow, in one ordered history.
     pub fn tenant_prefix(&self) -> &str {
         &self.tenant_prefix

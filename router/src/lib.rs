@@ -23,6 +23,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
+pub use agent_reach_pipeline::policy::{Plugins, SelectionPolicy};
 pub use agent_reach_pipeline::{RegistryCredential, Tuning};
 pub use agent_reach_tasks::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
 pub use agent_reach_trail::TrailSettings;
@@ -157,6 +158,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
             registry_tls: settings.registry_tls.clone(),
             registry_credential: settings.registry_credential.clone(),
             sessions: Some(Arc::new(agent_reach_console::Sessions::new(assertions.clone()))),
+            plugins: settings.plugins.clone(),
             assertions,
             agent_tls,
         },
@@ -198,9 +200,21 @@ enum Tenancy {
 
 /// Runs the router until `shutdown` resolves.
 pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let settings = args
+    run_with_plugins(args, Plugins::new(), shutdown).await
+}
+
+/// [`run`] with selection policies plugged in, each named `plugin:NAME` by
+/// calls and capabilities (the `agent-reach` binary passes its own,
+/// `cli/src/plugins.rs`).
+pub async fn run_with_plugins(
+    args: RouterArgs,
+    plugins: Plugins,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut settings = args
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
+    settings.plugins = plugins;
     let router = build(&settings).await?;
     let threads = agent_reach_serving::serve::thread_count(settings.tuning.threads);
     tracing::info!(

@@ -303,7 +303,7 @@ fn build() -> Value {
         "context_id": { "type": "string" },
         "capability": { "type": "string", "pattern": "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$" },
         "capability_version": { "type": "string", "description": "Semver requirement; absent means the highest version." },
-        "target_policy": { "type": "string", "enum": ["weighted_round_robin", "least_connections", "consistent_hash"] },
+        "target_policy": { "type": "string", "pattern": "^(weighted_round_robin|weighted_random|least_connections|consistent_hash|p2c_ewma|adaptive|plugin:[a-z][a-z0-9_]{0,63})$", "description": "How the instance is picked (DESIGN §3.4): weighted_round_robin, least_connections, consistent_hash (needs session_id), p2c_ewma, adaptive, or plugin:NAME for a policy plugged into the router. Absent: the capability's policy set by an operator, else weighted_round_robin." },
         "priority": { "type": "string", "enum": ["high", "normal", "low"] },
         "timeout_ms": { "type": "integer", "minimum": 1 },
         "deadline": { "type": "integer", "minimum": 0, "description": "Absolute epoch milliseconds; wins over timeout_ms." },

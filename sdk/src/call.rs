@@ -171,7 +171,7 @@ pub(crate) fn envelope(
             .or_else(|| inherited.context_id.map(str::to_string)),
         capability: capability.to_string(),
         capability_version: options.version.clone(),
-        target_policy: options.policy,
+        target_policy: options.policy.clone(),
         priority: options.priority.or(inherited.priority),
         timeout_ms: None,
         deadline,

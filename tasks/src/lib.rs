@@ -19,6 +19,7 @@ mod buffer;
 mod callbacks;
 mod dead_letters;
 mod gate;
+mod history;
 mod metrics;
 mod protocol;
 mod quota;
@@ -156,6 +157,8 @@ impl TaskService {
         if let Some(every) = self.settings.quota_share {
             service.share_limits(Arc::new(quota::StoreLedger(self.clone())), every);
         }
+        // Routers on one Redis learn from each other's calls (issue 38).
+        service.share_history(Arc::new(history::StoreHistory(self.clone())));
         if let (Some(trail), Some(metrics)) = (&self.settings.trail, &self.trail_metrics) {
             let recorder = agent_reach_trail::Recorder::start(
                 Arc::new(trail::StoreTrail(self.clone())),

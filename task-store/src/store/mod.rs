@@ -72,9 +72,10 @@
 //! count), `backlog` (the counts claims are planned on), `outcome`
 //! (transitions and a task's end), `followups` (what an end leaves beyond
 //! its lane), `callbacks` (a callback and its schedule), `dead_letters`,
-//! `record` (a task's record and stream entries, read) and `quota` (where
-//! routers share their limits); `trail` keeps the trail's records (its
-//! own key layout in that file).
+//! `record` (a task's record and stream entries, read), `quota` (where
+//! routers share their limits) and `history` (where they merge their
+//! outcome histories); `trail` keeps the trail's records (its own key
+//! layout in that file).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -86,6 +87,7 @@ use serde_json::Value;
 use self::backlog::Backlogs;
 pub use self::callbacks::schedule_member;
 use self::connection::{Connection, Link};
+pub use self::history::{HistorySlot, HistoryTotals};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
 use self::scripts::Scripts;
 pub use self::turns::MOST_PUSH_CONFIGS;
@@ -97,6 +99,7 @@ mod claims;
 mod connection;
 mod dead_letters;
 mod followups;
+mod history;
 mod keys;
 mod lookup;
 mod outcome;
