@@ -18,5 +18,6 @@ pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer, No
 pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, Role, State, Task, Transition, Turn};
 pub use store::{
     new_task_id, Claimed, DeadLetter, HistorySlot, HistoryTotals, LocalBuffer, NewTask, QuotaAsk, QuotaExchange,
-    QuotaLimit, QuotaReport, Reported, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError, MOST_PUSH_CONFIGS,
+    QuotaLimit, QuotaReport, Reported, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+    MOST_PUSH_CONFIGS,
 };
