@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use agent_reach_access::card_signature::{self, ProtectedHeader};
+use agent_reach_access::AssertionKey;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 
@@ -79,7 +80,10 @@ pub(crate) struct SignedCards {
 impl SignedCards {
     /// `card`, signed by the router's assertion key, with its caching headers.
     fn serve(&self, api: &TaskApi, card: Value, host: &str, headers: &HeaderMap) -> Response {
-        match self.signed(api, card, host) {
+        let key = api.service().assertions().signing_key();
+        // The key set beside the card: the router's `/.well-known/jwks.json`, on the host reached.
+        let jku = format!("{}/.well-known/jwks.json", origin(api, host));
+        match self.signed(&key, &jku, card) {
             Ok(served) => cached(&served, headers),
             Err(error) => {
                 tracing::error!(message = "Cannot sign an agent card.", %error);
@@ -94,11 +98,10 @@ impl SignedCards {
         }
     }
 
-    fn signed(&self, api: &TaskApi, card: Value, host: &str) -> Result<Arc<Served>, String> {
-        let key = api.service().assertions().signing_key();
-        // The key set beside the card: the router's `/.well-known/jwks.json`, on the host reached.
-        let jku = format!("{}/.well-known/jwks.json", origin(api, host));
-        let header = ProtectedHeader::for_key(&key, Some(&jku));
+    /// `card` signed by `key`, its key set at `jku`: signed now only if this
+    /// content was not signed with this header before.
+    fn signed(&self, key: &AssertionKey, jku: &str, card: Value) -> Result<Arc<Served>, String> {
+        let header = ProtectedHeader::for_key(key, Some(jku));
         let protected = header.encoded();
         let payload = card_signature::payload(&card).map_err(|error| error.to_string())?;
         let mut signs: Vec<u8> = Vec::with_capacity(protected.len() + 1 + payload.len());
@@ -108,7 +111,7 @@ impl SignedCards {
         if let Some(served) = self.served.load().get(&*signs) {
             return Ok(served.clone());
         }
-        let signature = card_signature::sign(&key, &header, &payload)?;
+        let signature = card_signature::sign(key, &header, &payload)?;
         let mut card = card;
         if let Value::Object(members) = &mut card {
             members.insert("signatures".to_string(), json!([signature]));
@@ -272,4 +275,55 @@ pub(crate) fn schema_value(text: &str) -> Value {
 /// Whether an input schema takes `{"text": "…"}` (a TextPart maps to it).
 pub(crate) fn takes_text(schema: &Value) -> bool {
     schema.pointer("/properties/text/type").and_then(Value::as_str) == Some("string")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_card_is_signed_once_per_content_and_key() {
+        let cards = SignedCards::default();
+        let (key, _) = AssertionKey::generate().unwrap();
+        let jku = "http://h/.well-known/jwks.json";
+        let card = json!({ "name": "x", "version": "1.0.0", "skills": [] });
+        let first = cards.signed(&key, jku, card.clone()).unwrap();
+        let again = cards.signed(&key, jku, card.clone()).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "served from the cache, not signed again");
+        // The body served is the signed card; its ETag hashes those bytes.
+        let served: Value = serde_json::from_slice(&first.body).unwrap();
+        let verifier = verifier_of(&key);
+        assert_eq!(card_signature::verify(&served, &verifier), Ok(key.kid().to_string()));
+        assert_eq!(first.etag, etag_of(&first.body));
+        // Another content, host or key: signed anew.
+        let newer = cards
+            .signed(&key, jku, json!({ "name": "x", "version": "1.1.0", "skills": [] }))
+            .unwrap();
+        let elsewhere = cards
+            .signed(&key, "http://other/.well-known/jwks.json", card.clone())
+            .unwrap();
+        let (rotated_key, _) = AssertionKey::generate().unwrap();
+        let rotated = cards.signed(&rotated_key, jku, card.clone()).unwrap();
+        let etags = [&first.etag, &newer.etag, &elsewhere.etag, &rotated.etag];
+        for (index, etag) in etags.iter().enumerate() {
+            assert_eq!(
+                etags.iter().filter(|other| *other == etag).count(),
+                1,
+                "ETag {index} is its own"
+            );
+        }
+        // Bounded: full, the cache starts over.
+        for version in 0..SIGNED_CARDS {
+            cards
+                .signed(&key, jku, json!({ "name": "x", "version": format!("9.{version}.0") }))
+                .unwrap();
+        }
+        assert!(cards.served.load().len() <= SIGNED_CARDS);
+    }
+
+    /// A verifier for one key (its JWKS).
+    fn verifier_of(key: &AssertionKey) -> agent_reach_access::AssertionVerifier {
+        let document = agent_reach_access::assertion::jwks([key]).to_string();
+        agent_reach_access::AssertionVerifier::from_jwks(document.as_bytes(), "").unwrap()
+    }
 }
