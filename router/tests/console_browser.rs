@@ -187,7 +187,8 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
             Duration::from_secs(10),
             "calls counted on the capabilities page",
             "const row = document.querySelector('#capabilities tbody tr[data-capability=\"order.query\"]');
-             return !!row && Number(row.cells[3].innerText) > 0 && row.cells[5].innerText !== '–';",
+             return !!row && Number(row.cells[3].innerText) > 0 && row.cells[5].innerText !== '–'
+               && document.getElementById('capabilities-source').innerText.includes(\"from this router's recent calls only\");",
         )
         .await;
     browser.screenshot("capabilities").await;
@@ -307,6 +308,8 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         )
         .await;
     assert!(browser.text("#request-summary").await.contains("order.query @ 2.0.0"));
+    // This router keeps no trail: the page says it searched only its own recent calls.
+    assert!(browser.text("#request-message").await.contains("The trail is off on this router"));
     browser.screenshot("request").await;
 
     browser.type_into("#request-id", "no-such-request").await;

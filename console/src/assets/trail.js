@@ -182,7 +182,11 @@ function drawSpark(svg, capability, bucketMs) {
       const v = value(b);
       if (v !== null) points.push((PAD + (i + 0.5) * step).toFixed(1) + "," + (H - PAD - v * (H - 2 * PAD)).toFixed(1));
     });
-    if (points.length) svg.appendChild(svgElement("polyline", { class: cls, points: points.join(" ") }));
+    if (!points.length) return;
+    svg.appendChild(svgElement("polyline", { class: cls, points: points.join(" ") }));
+    // The latest value as a dot (a single bucket's line is only that dot).
+    const [cx, cy] = points[points.length - 1].split(",");
+    svg.appendChild(svgElement("circle", { class: cls, cx, cy, r: 2 }));
   };
   line("failures", (b) => (b.calls ? b.failure_rate : null));
   line("p99", (b) => (b.p99_ms === null || !slowest ? null : b.p99_ms / slowest));
