@@ -8,9 +8,9 @@
 //! the page. Screenshots of each page go to `target/console-screenshots`
 //! (printed). Every wait polls a condition with a bound.
 
-mod support;
 #[path = "support/browser.rs"]
 mod browser;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -309,7 +309,10 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
         .await;
     assert!(browser.text("#request-summary").await.contains("order.query @ 2.0.0"));
     // This router keeps no trail: the page says it searched only its own recent calls.
-    assert!(browser.text("#request-message").await.contains("The trail is off on this router"));
+    assert!(browser
+        .text("#request-message")
+        .await
+        .contains("The trail is off on this router"));
     browser.screenshot("request").await;
 
     browser.type_into("#request-id", "no-such-request").await;

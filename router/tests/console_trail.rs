@@ -5,9 +5,9 @@
 //! capabilities page charts the capability's last hour from the trail.
 //! Screenshots go to `target/console-screenshots` (printed).
 
-mod support;
 #[path = "support/browser.rs"]
 mod browser;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -41,8 +41,10 @@ async fn hop(router: SocketAddr, caller: &str, request_id: &str, version: &str) 
         .post(format!("http://{router}/v1/invoke"))
         .bearer_auth(token(caller))
         .header("traceparent", TRACEPARENT)
-        .json(&json!({"capability": CAPABILITY, "capability_version": version, "request_id": request_id,
-                      "session_id": "s-graph", "payload": {"order_id": request_id}}))
+        .json(
+            &json!({"capability": CAPABILITY, "capability_version": version, "request_id": request_id,
+                      "session_id": "s-graph", "payload": {"order_id": request_id}}),
+        )
         .send()
         .await
         .unwrap()
@@ -178,7 +180,10 @@ async fn another_routers_console_draws_the_sessions_hops_and_the_capabilitys_hou
     assert!(text.contains("VERSION_NOT_FOUND"), "{text}");
     assert!(browser.text("#hops-legend").await.contains("session s-graph: 4 hop(s)"));
     let summary = browser.text("#request-summary").await;
-    assert!(summary.contains("order.query @ 2.0.0") && summary.contains("s-graph"), "{summary}");
+    assert!(
+        summary.contains("order.query @ 2.0.0") && summary.contains("s-graph"),
+        "{summary}"
+    );
     browser.screenshot("request-hops").await;
 
     // The capabilities page: the installation's figures and the hour's chart, from the trail.

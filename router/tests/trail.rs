@@ -342,12 +342,16 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
     let _agent = cluster.agent(AgentSpec::new("both-1", 1, Behaviour::Echo));
     cluster.wait_for_instances(&["both-1"]).await;
     assert!(
-        eventually(Duration::from_secs(20), || async { router_b.routed_agent_ids() == ["both-1"] }).await,
+        eventually(Duration::from_secs(20), || async {
+            router_b.routed_agent_ids() == ["both-1"]
+        })
+        .await,
         "router B never saw the agent"
     );
     let client = &cluster.client;
     let caller = token(CALLER);
-    let through_b = |request_id: &str| json!({"capability": CAPABILITY, "request_id": request_id, "payload": {"order_id": "SO-b"}});
+    let through_b =
+        |request_id: &str| json!({"capability": CAPABILITY, "request_id": request_id, "payload": {"order_id": "SO-b"}});
     assert_eq!(invoke_at(client, b, Some(&caller), &through_b("via-b-1")).await.0, 200);
     assert_eq!(invoke_at(client, b, Some(&caller), &through_b("via-b-2")).await.0, 200);
     let served_by_a = json!({"capability": CAPABILITY, "request_id": "served-by-a", "session_id": "s-two",
@@ -362,9 +366,15 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
 
     // B never saw the call: its recent calls do not hold it, its trail does.
     let (status, body) = read_as_ops(client, b, "/v1/requests/served-by-a").await;
-    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("NOT_FOUND")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("NOT_FOUND")),
+        "{body}"
+    );
     let found = eventually(Duration::from_secs(10), || async {
-        read_as_ops(client, b, "/v1/trail?request_id=served-by-a&view=tree").await.1["records"]
+        read_as_ops(client, b, "/v1/trail?request_id=served-by-a&view=tree")
+            .await
+            .1["records"]
             .as_array()
             .is_some_and(|records| records.len() == 1)
     })
@@ -373,7 +383,11 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
     assert!(found, "{answer}");
     let record = &answer["records"][0];
     assert_eq!(
-        (record["status"].as_str(), record["agent_id"].as_str(), record["session_id"].as_str()),
+        (
+            record["status"].as_str(),
+            record["agent_id"].as_str(),
+            record["session_id"].as_str()
+        ),
         (Some("succeeded"), Some("both-1"), Some("s-two"))
     );
     assert_eq!(answer["tree"][0]["request_id"], "served-by-a", "{answer}");
@@ -389,25 +403,43 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
     .await;
     let (status, stats) = read_as_ops(client, b, "/v1/trail/stats").await;
     assert!(figures_complete && status == 200, "{stats}");
-    assert_eq!((stats["source"].as_str(), stats["routers"].as_u64()), (Some("trail"), Some(2)), "{stats}");
+    assert_eq!(
+        (stats["source"].as_str(), stats["routers"].as_u64()),
+        (Some("trail"), Some(2)),
+        "{stats}"
+    );
     assert_eq!(stats["capped"], false, "{stats}");
     let figures = &stats["capabilities"][0];
     assert_eq!(figures["name"], CAPABILITY);
-    assert_eq!((figures["failed"].as_u64(), figures["routers"].as_u64()), (Some(1), Some(2)), "{figures}");
-    assert!((figures["failure_rate"].as_f64().unwrap() - 0.2).abs() < 1e-9, "{figures}");
+    assert_eq!(
+        (figures["failed"].as_u64(), figures["routers"].as_u64()),
+        (Some(1), Some(2)),
+        "{figures}"
+    );
+    assert!(
+        (figures["failure_rate"].as_f64().unwrap() - 0.2).abs() < 1e-9,
+        "{figures}"
+    );
     assert!(figures["p99_ms"].as_f64().is_some(), "{figures}");
     let buckets = figures["buckets"].as_array().unwrap();
     assert_eq!(buckets.len(), 12);
     let bucketed: u64 = buckets.iter().map(|bucket| bucket["calls"].as_u64().unwrap()).sum();
     assert_eq!(bucketed, 5, "{figures}");
-    assert_eq!(buckets[11]["calls"], 5, "the calls just made are in the last bucket: {figures}");
+    assert_eq!(
+        buckets[11]["calls"], 5,
+        "the calls just made are in the last bucket: {figures}"
+    );
     // B's own recent calls hold two of them: the figures above are not B's.
     let (_, own) = read_as_ops(client, b, "/v1/requests?limit=100").await;
     assert_eq!(own["calls"].as_array().unwrap().len(), 2, "{own}");
 
     // A cap says so: one record read per chain.
     let (_, capped) = read_as_ops(client, b, "/v1/trail/stats?limit=2").await;
-    assert_eq!((capped["capped"].as_bool(), capped["records_read"].as_u64()), (Some(true), Some(2)), "{capped}");
+    assert_eq!(
+        (capped["capped"].as_bool(), capped["records_read"].as_u64()),
+        (Some(true), Some(2)),
+        "{capped}"
+    );
     assert!(capped["oldest_read_ms"].as_u64().is_some(), "{capped}");
 
     // Bad input: a clear message and a stable code, never a 500.
@@ -421,7 +453,11 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
         "?capability=order.query".to_string(),
     ] {
         let (status, body) = read_as_ops(client, b, &format!("/v1/trail/stats{query}")).await;
-        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("INVALID_QUERY")), "{query}: {body}");
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("INVALID_QUERY")),
+            "{query}: {body}"
+        );
     }
     // Not an operator or auditor: refused.
     let response = client

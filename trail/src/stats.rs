@@ -157,7 +157,15 @@ mod tests {
             buckets: 12,
         };
         let mut records: Vec<Record> = (0..100)
-            .map(|n| record("order.query", if n % 2 == 0 { "ra" } else { "rb" }, n * 10, (n + 1) as f64, "succeeded"))
+            .map(|n| {
+                record(
+                    "order.query",
+                    if n % 2 == 0 { "ra" } else { "rb" },
+                    n * 10,
+                    (n + 1) as f64,
+                    "succeeded",
+                )
+            })
             .collect();
         records.push(record("order.query", "ra", 1150, 500.0, "failed"));
         records.push(record("pay.check", "rb", 50, 3.0, "failed"));
