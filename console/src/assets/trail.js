@@ -163,6 +163,8 @@ function drawSpark(svg, capability, bucketMs) {
     svg.appendChild(svgElement("text", { x: PAD, y: H / 2 + 4, class: "none" }, "no calls"));
     return;
   }
+  // The hour's axis, so a quiet hour still reads as an hour.
+  svg.appendChild(svgElement("line", { class: "axis", x1: PAD, y1: H - PAD + 0.5, x2: W - PAD, y2: H - PAD + 0.5 }));
   const step = (W - 2 * PAD) / buckets.length;
   const most = Math.max(1, ...buckets.map((b) => b.calls));
   const slowest = Math.max(0, ...buckets.map((b) => b.p99_ms || 0));
