@@ -35,12 +35,20 @@
 //! `plugin:cheapest`), round by round beside the default policy; verdict:
 //! its req/s at least 0.95× the default's (the ratio is printed).
 //!
-//! `--smoke` (CI, with or without `--tls`, `--tracing` and `--policy`): the same stack,
+//! `--trail` (issue 37): two more routers on one Redis (the slow path on in
+//! both), the trail off and on (payloads off: the bench's acl.yaml names
+//! none), measured round by round beside the others; verdict: the trail's
+//! req/s at least 0.95× the other's (the ratio is printed, and the records
+//! the trail wrote and dropped).
+//!
+//! `--smoke` (CI, with or without `--tls`, `--tracing`, `--policy` and `--trail`): the same stack,
 //! every target at every connection count, one round of 1 s without
 //! warm-ups; the numbers without a verdict.
 
 #[path = "support.rs"]
 mod support;
+#[path = "router_bench/trail.rs"]
+mod trail;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -90,6 +98,9 @@ struct Args {
     /// (`adaptive`, `p2c_ewma`, `plugin:cheapest`, ...) against the default policy.
     #[arg(long, value_name = "POLICY")]
     policy: Option<String>,
+    /// Also measure two routers on one Redis, the trail off and on (payloads off), and print the ratio.
+    #[arg(long)]
+    trail: bool,
     /// A smoke run (CI): every stack and comparison of the bench for a few
     /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
     /// prints the numbers, no verdict.
@@ -292,6 +303,15 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         span_sink = Some(sink);
     }
 
+    // `--trail`: a Redis, and two routers on it with the trail off and on.
+    let (trail_redis, trail_routers) = match args.trail {
+        true => {
+            let (redis, routers) = trail::start(&files, &registry.url, args.router_threads, &agent_ca, &invoke).await?;
+            (Some(redis), routers)
+        }
+        false => (None, Vec::new()),
+    };
+
     let script = support::wrk_post_script(&files, "post.lua", &envelope, &token)?;
     // `--policy`: the same router, every call naming the policy.
     let policy_target = args.policy.as_ref().map(|policy| format!("router {policy}"));
@@ -320,6 +340,9 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     targets.push(("haproxy", haproxy_url.clone(), Some(haproxy.pid())));
     for (name, url, traced) in &tracing_routers {
         targets.push((name, url.clone(), Some(traced.pid())));
+    }
+    for (name, url, router) in &trail_routers {
+        targets.push((name, url.clone(), Some(router.pid())));
     }
     run.announce("router-bench");
     println!(
@@ -490,6 +513,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     if let Some(sink) = &span_sink {
         println!("OTLP receiver got {} spans", sink.spans());
     }
+    if let Some((_, _, trailed)) = trail_routers.get(1) {
+        trail::verdict(&results, &args.connections, &run, &client, &trailed.url).await;
+    }
+    drop(trail_redis);
     drop(etcd);
     Ok(())
 }

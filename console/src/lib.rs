@@ -63,6 +63,8 @@ const CONSOLE_JS: &str = include_str!("assets/console.js");
 const CONSOLE_CSS: &str = include_str!("assets/console.css");
 /// The access section's script (its own file: the section is self-contained).
 const ACCESS_JS: &str = include_str!("assets/access.js");
+/// The trail's pictures (hop graph, capability charts): their own file too.
+const TRAIL_JS: &str = include_str!("assets/trail.js");
 
 /// What the console's routes share.
 #[derive(Clone)]
@@ -80,6 +82,7 @@ pub fn routes(state: ConsoleState) -> axum::Router {
         .route("/console/console.js", get(script).fallback(method_not_allowed))
         .route("/console/console.css", get(style).fallback(method_not_allowed))
         .route("/console/access.js", get(access_script).fallback(method_not_allowed))
+        .route("/console/trail.js", get(trail_script).fallback(method_not_allowed))
         .route("/v1/console/links", post(create_link).fallback(method_not_allowed))
         .route(
             "/v1/console/session",
@@ -110,6 +113,7 @@ pub fn routes(state: ConsoleState) -> axum::Router {
         .route("/v1/trail", get(trail::records).fallback(method_not_allowed))
         .route("/v1/trail/chains", get(trail::chains).fallback(method_not_allowed))
         .route("/v1/trail/inputs", get(trail::inputs).fallback(method_not_allowed))
+        .route("/v1/trail/stats", get(trail::stats).fallback(method_not_allowed))
         .route(
             "/v1/trail/chains/{router}/records",
             get(trail::chain_records).fallback(method_not_allowed),
@@ -195,6 +199,10 @@ async fn style() -> Response {
 
 async fn access_script() -> Response {
     asset("text/javascript; charset=utf-8", ACCESS_JS)
+}
+
+async fn trail_script() -> Response {
+    asset("text/javascript; charset=utf-8", TRAIL_JS)
 }
 
 // === Sign-in ===

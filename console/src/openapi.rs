@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 31] = [
+pub const PATHS: [(&str, &str); 32] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -29,6 +29,7 @@ pub const PATHS: [(&str, &str); 31] = [
     ("/v1/trail/chains/{router}/records", "get"),
     ("/v1/trail/chains/{router}/heads", "get"),
     ("/v1/trail/inputs", "get"),
+    ("/v1/trail/stats", "get"),
     ("/v1/routing/access", "get"),
     ("/v1/access-requests", "get"),
     ("/v1/access-requests/{id}/approve", "post"),
@@ -38,6 +39,24 @@ pub const PATHS: [(&str, &str); 31] = [
     ("/v1/capabilities/{name}/policy", "put"),
     ("/v1/capabilities/{name}/policy", "delete"),
 ];
+
+/// `GET /v1/trail/stats`'s answer (its own value: one `json!` of it all nests too deep).
+fn stats_schema() -> Value {
+    let capability = json!({ "type": "object", "properties": {
+        "name": { "type": "string" }, "calls": { "type": "integer" }, "failed": { "type": "integer" },
+        "failure_rate": { "type": "number" }, "p50_ms": { "type": "number", "nullable": true },
+        "p90_ms": { "type": "number", "nullable": true }, "p99_ms": { "type": "number", "nullable": true },
+        "routers": { "type": "integer" },
+        "buckets": { "type": "array", "items": { "type": "object", "description": "start_ms and the same figures." } }
+    } });
+    json!({
+        "source": { "type": "string", "enum": ["trail"] }, "since_ms": { "type": "integer" },
+        "until_ms": { "type": "integer" }, "bucket_ms": { "type": "integer" }, "routers": { "type": "integer" },
+        "records_read": { "type": "integer" }, "capped": { "type": "boolean" },
+        "oldest_read_ms": { "type": "integer", "nullable": true },
+        "capabilities": { "type": "array", "items": capability }
+    })
+}
 
 fn failed(description: &str) -> Value {
     json!({
@@ -318,6 +337,16 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
                 { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000 } }
             ],
             "responses": operator(object("The records.", json!({ "records": { "type": "array", "items": { "type": "object" } } })), vec![("400", failed("INVALID_QUERY: no or a bad capability name."))])
+        } },
+        "/v1/trail/stats": { "get": {
+            "summary": "The installation's figures from the trail, every router replica's records: per capability calls, failure rate and p50/p90/p99 over the window (default the last hour) and in equal buckets (default 12), for the console's capability charts (operators and auditors)",
+            "security": security(),
+            "parameters": [
+                { "name": "since_ms", "in": "query", "required": false, "schema": { "type": "integer" }, "description": "The window's start, epoch ms; default an hour ago, at most 24 h ago." },
+                { "name": "buckets", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 60 } },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 100000 }, "description": "Records read at most (default 20000), newest first, shared among the chains; `capped` says when some were left unread." }
+            ],
+            "responses": operator(object("The figures.", stats_schema()), vec![("400", failed("INVALID_QUERY: `since_ms` not within the last 24 h, `buckets` not 1..=60.")), ("501", failed("TRAIL_DISABLED."))])
         } },
         "/v1/backlog": { "get": {
             "summary": "The slow path: tasks waiting by capability and priority, running by priority, the dead letters' count (operators)",

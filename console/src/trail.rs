@@ -265,3 +265,94 @@ pub async fn inputs(
     .await;
     outcome.unwrap_or_else(refused)
 }
+
+/// Records `GET /v1/trail/stats` reads at most by default, over every chain.
+const STATS_CAP: usize = 20_000;
+/// The longest window the figures cover.
+const STATS_WINDOW_MAX_MS: u64 = 24 * 3600 * 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsQuery {
+    /// The window's start (epoch ms; default an hour ago, at most a day ago).
+    since_ms: Option<u64>,
+    /// Buckets of the window (default 12, at most 60).
+    buckets: Option<usize>,
+    /// Records read at most (default 20,000, at most 100,000).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/trail/stats?since_ms=&buckets=&limit=`: the installation's
+/// calls, failure rate and p50/p90/p99 per capability over the window
+/// (default the last hour) and in buckets (default 12), from every router
+/// replica's trail records. Reads at most `limit` records, newest first and
+/// shared among the chains; `capped` says when some were left unread.
+pub async fn stats(
+    State(state): State<ConsoleState>,
+    query: Result<Query<StatsQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = async {
+        let store = reader(&state, &identified, &headers)?;
+        let Query(query) = query.map_err(|rejection| invalid_query(rejection.body_text()))?;
+        let now = agent_reach_pipeline::clock::epoch_ms();
+        let since_ms = query.since_ms.unwrap_or(now.saturating_sub(3600 * 1000));
+        if since_ms >= now || now - since_ms > STATS_WINDOW_MAX_MS {
+            return Err(invalid_query(format!(
+                "`since_ms` is {since_ms}; give a time within the last 24 h (now is {now})"
+            )));
+        }
+        let buckets = query.buckets.unwrap_or(12);
+        if !(1..=60).contains(&buckets) {
+            return Err(invalid_query(format!("`buckets` is {buckets}; use 1 to 60")));
+        }
+        let cap = query.limit.unwrap_or(STATS_CAP).clamp(1, 100_000);
+        let chains: Vec<_> = store
+            .chains()
+            .await
+            .map_err(store_failed)?
+            .into_iter()
+            .filter(|chain| chain.last_at_ms >= since_ms)
+            .collect();
+        // Each chain its share of the cap, so one busy replica does not hide the others.
+        let share = (cap / chains.len().max(1)).max(1);
+        let mut records = Vec::new();
+        let mut capped = false;
+        for chain in &chains {
+            let stored = store
+                .chain_records_since(&chain.router, since_ms, share)
+                .await
+                .map_err(store_failed)?;
+            capped |= stored.len() >= share;
+            for stored in &stored {
+                // A record that does not parse is `trail verify`'s business, not the figures'.
+                if let Ok(record) = Record::read(stored) {
+                    records.push(record);
+                }
+            }
+        }
+        let window = agent_reach_trail::stats::Window {
+            since_ms,
+            until_ms: now,
+            buckets,
+        };
+        let oldest_ms = records.iter().map(|record| record.at_ms).min();
+        Ok::<_, RouterError>(
+            Json(json!({
+                "source": "trail",
+                "since_ms": since_ms,
+                "until_ms": now,
+                "bucket_ms": window.bucket_ms(),
+                "routers": chains.len(),
+                "records_read": records.len(),
+                "capped": capped,
+                "oldest_read_ms": if capped { oldest_ms } else { None },
+                "capabilities": agent_reach_trail::stats::by_capability(&records, window),
+            }))
+            .into_response(),
+        )
+    }
+    .await;
+    outcome.unwrap_or_else(refused)
+}

@@ -314,3 +314,175 @@ async fn a_tenants_trail_is_its_own() {
         .unwrap();
     assert_eq!(chains["chains"], json!([]), "{chains}");
 }
+
+/// `GET path` on `router` as the operator `ops`: (status, JSON answer).
+async fn read_as_ops(client: &reqwest::Client, router: std::net::SocketAddr, path: &str) -> (u16, Value) {
+    let response = client
+        .get(format!("http://{router}{path}"))
+        .bearer_auth(token("ops"))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// Issue 37, point 3: two routers on one Redis. Router B's console finds a
+/// request only router A served (its request page reads the trail, not
+/// only B's recent calls), and B's figures are the installation's: both
+/// routers' calls, per capability and in buckets of the last hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_router_shows_a_request_another_served_and_the_installations_figures() {
+    let redis = agent_reach_testkit::Redis::start();
+    let url = redis.url();
+    let second = url.clone();
+    let cluster = Cluster::start_with(|settings| settings.tasks = Some(with_trail(url, 65_536))).await;
+    let (router_b, b) = cluster
+        .another_router(|settings| settings.tasks = Some(with_trail(second, 65_536)))
+        .await;
+    let _agent = cluster.agent(AgentSpec::new("both-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["both-1"]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            router_b.routed_agent_ids() == ["both-1"]
+        })
+        .await,
+        "router B never saw the agent"
+    );
+    let client = &cluster.client;
+    let caller = token(CALLER);
+    let through_b =
+        |request_id: &str| json!({"capability": CAPABILITY, "request_id": request_id, "payload": {"order_id": "SO-b"}});
+    assert_eq!(invoke_at(client, b, Some(&caller), &through_b("via-b-1")).await.0, 200);
+    assert_eq!(invoke_at(client, b, Some(&caller), &through_b("via-b-2")).await.0, 200);
+    let served_by_a = json!({"capability": CAPABILITY, "request_id": "served-by-a", "session_id": "s-two",
+                             "payload": {"order_id": "SO-a"}});
+    assert_eq!(cluster.invoke(served_by_a).await.0, 200);
+    assert_eq!(cluster.invoke(order("SO-a-2")).await.0, 200);
+    // Refused at admission by router A: a failed call of the capability.
+    assert_eq!(
+        cluster.invoke(json!({"capability": CAPABILITY, "payload": {}})).await.0,
+        422
+    );
+
+    // B never saw the call: its recent calls do not hold it, its trail does.
+    let (status, body) = read_as_ops(client, b, "/v1/requests/served-by-a").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("NOT_FOUND")),
+        "{body}"
+    );
+    let found = eventually(Duration::from_secs(10), || async {
+        read_as_ops(client, b, "/v1/trail?request_id=served-by-a&view=tree")
+            .await
+            .1["records"]
+            .as_array()
+            .is_some_and(|records| records.len() == 1)
+    })
+    .await;
+    let (_, answer) = read_as_ops(client, b, "/v1/trail?request_id=served-by-a&view=tree").await;
+    assert!(found, "{answer}");
+    let record = &answer["records"][0];
+    assert_eq!(
+        (
+            record["status"].as_str(),
+            record["agent_id"].as_str(),
+            record["session_id"].as_str()
+        ),
+        (Some("succeeded"), Some("both-1"), Some("s-two"))
+    );
+    assert_eq!(answer["tree"][0]["request_id"], "served-by-a", "{answer}");
+    // The trail names its chain: router A's, not B's (B's chain holds only its own two).
+    let (_, chains) = read_as_ops(client, b, "/v1/trail/chains").await;
+    assert_eq!(chains["chains"].as_array().unwrap().len(), 2, "{chains}");
+
+    // B's figures count all five calls, from both routers' chains.
+    let figures_complete = eventually(Duration::from_secs(10), || async {
+        let (_, stats) = read_as_ops(client, b, "/v1/trail/stats").await;
+        stats["capabilities"][0]["calls"] == 5
+    })
+    .await;
+    let (status, stats) = read_as_ops(client, b, "/v1/trail/stats").await;
+    assert!(figures_complete && status == 200, "{stats}");
+    assert_eq!(
+        (stats["source"].as_str(), stats["routers"].as_u64()),
+        (Some("trail"), Some(2)),
+        "{stats}"
+    );
+    assert_eq!(stats["capped"], false, "{stats}");
+    let figures = &stats["capabilities"][0];
+    assert_eq!(figures["name"], CAPABILITY);
+    assert_eq!(
+        (figures["failed"].as_u64(), figures["routers"].as_u64()),
+        (Some(1), Some(2)),
+        "{figures}"
+    );
+    assert!(
+        (figures["failure_rate"].as_f64().unwrap() - 0.2).abs() < 1e-9,
+        "{figures}"
+    );
+    assert!(figures["p99_ms"].as_f64().is_some(), "{figures}");
+    let buckets = figures["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), 12);
+    let bucketed: u64 = buckets.iter().map(|bucket| bucket["calls"].as_u64().unwrap()).sum();
+    assert_eq!(bucketed, 5, "{figures}");
+    assert_eq!(
+        buckets[11]["calls"], 5,
+        "the calls just made are in the last bucket: {figures}"
+    );
+    // B's own recent calls hold two of them: the figures above are not B's.
+    let (_, own) = read_as_ops(client, b, "/v1/requests?limit=100").await;
+    assert_eq!(own["calls"].as_array().unwrap().len(), 2, "{own}");
+
+    // A cap says so: one record read per chain.
+    let (_, capped) = read_as_ops(client, b, "/v1/trail/stats?limit=2").await;
+    assert_eq!(
+        (capped["capped"].as_bool(), capped["records_read"].as_u64()),
+        (Some(true), Some(2)),
+        "{capped}"
+    );
+    assert!(capped["oldest_read_ms"].as_u64().is_some(), "{capped}");
+
+    // Bad input: a clear message and a stable code, never a 500.
+    let now = epoch_ms();
+    for query in [
+        "?since_ms=0".to_string(),
+        format!("?since_ms={}", now + 60_000),
+        "?buckets=0".to_string(),
+        "?buckets=61".to_string(),
+        "?since_ms=yesterday".to_string(),
+        "?capability=order.query".to_string(),
+    ] {
+        let (status, body) = read_as_ops(client, b, &format!("/v1/trail/stats{query}")).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("INVALID_QUERY")),
+            "{query}: {body}"
+        );
+    }
+    // Not an operator or auditor: refused.
+    let response = client
+        .get(format!("http://{b}/v1/trail/stats"))
+        .bearer_auth(&caller)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_trail_the_figures_say_it_is_off() {
+    let cluster = Cluster::start().await;
+    let (status, body) = get(&cluster, "/v1/trail/stats").await;
+    // `tester` is no operator: refused before anything else.
+    assert_eq!(status, 403, "{body}");
+    let response = cluster
+        .client
+        .get(cluster.url("/v1/trail/stats"))
+        .bearer_auth(token("ops"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 501);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "TRAIL_DISABLED", "{body}");
+}

@@ -41,7 +41,7 @@ pub use api::{submit_broadcast, TaskApi};
 pub use protocol::{Owned, POLL};
 pub use settings::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
 pub use timestamps::{parse_rfc3339, rfc3339};
-pub use trail::router_id;
+pub use trail::new_chain_id;
 
 use agent_reach_pipeline::error::{Code, RouterError};
 use agent_reach_pipeline::RouterService;
@@ -111,6 +111,8 @@ pub struct TaskService {
     awaiting: Arc<tokio::sync::Semaphore>,
     /// The trail's series, when the trail is on.
     trail_metrics: Option<agent_reach_trail::TrailMetrics>,
+    /// This slow path's trail chain (`trail::new_chain_id`).
+    chain: String,
 }
 
 impl TaskService {
@@ -145,6 +147,7 @@ impl TaskService {
                 ),
                 None => None,
             },
+            chain: trail::new_chain_id(),
         })
     }
 
@@ -163,7 +166,7 @@ impl TaskService {
             let recorder = agent_reach_trail::Recorder::start(
                 Arc::new(trail::StoreTrail(self.clone())),
                 Arc::new(agent_reach_trail::AssertionSigner(service.assertions().clone())),
-                trail::router_id(),
+                &self.chain,
                 self.store.tenant(),
                 trail.settings,
                 metrics.clone(),

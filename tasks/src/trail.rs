@@ -2,18 +2,19 @@
 //! 37): a tenant's records are kept in its Redis beside its tasks (the
 //! layout is the task store's `trail` module).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use agent_reach_trail::{Batch, ChainInfo, Index, Stored, StoredHead, TrailStore};
 
 use crate::TaskService;
 
-/// This process's chains' name: one per start (`r` and 12 hex digits), so
-/// a restarted router begins new chains instead of continuing old ones.
-pub fn router_id() -> &'static str {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(|| format!("r{:012x}", rand::random::<u64>() >> 16))
+/// A new chain's name (`r` and 12 hex digits): each slow path started (a
+/// router's start, per tenant) begins its own chain instead of continuing an
+/// old one, and two routers in one process (tests, `agent-reach dev`) never
+/// share one.
+pub fn new_chain_id() -> String {
+    format!("r{:012x}", rand::random::<u64>() >> 16)
 }
 
 /// The slow path's store, keeping the trail (shared with the writer task).
@@ -39,6 +40,10 @@ impl TrailStore for StoreTrail {
 
     async fn chain_heads(&self, router: &str, after: Option<&str>, limit: usize) -> Result<Vec<StoredHead>, String> {
         self.0.store.chain_heads(router, after, limit).await
+    }
+
+    async fn chain_records_since(&self, router: &str, since_ms: u64, limit: usize) -> Result<Vec<Stored>, String> {
+        self.0.store.chain_records_since(router, since_ms, limit).await
     }
 
     async fn recent_with_input(&self, capability: &str, limit: usize) -> Result<Vec<Stored>, String> {

@@ -9,10 +9,12 @@
 //! - [`verify`]: checking a chain and naming its first broken link.
 //! - [`tree`]: a collaboration as a tree of hops.
 //! - [`diff`]: what changed between a recorded output and a replayed one.
+//! - [`stats`]: the installation's figures per capability, from every replica's records.
 
 pub mod chain;
 pub mod diff;
 pub mod record;
+pub mod stats;
 pub mod tree;
 pub mod verify;
 pub mod writer;

@@ -55,6 +55,9 @@ pub trait TrailStore: Send + Sync + 'static {
     async fn chain_records(&self, router: &str, after: Option<&str>, limit: usize) -> Result<Vec<Stored>, String>;
     /// A chain's segment heads after `after`.
     async fn chain_heads(&self, router: &str, after: Option<&str>, limit: usize) -> Result<Vec<StoredHead>, String>;
+    /// A chain's records stored since `since_ms` (by the stream id's time),
+    /// newest first, at most `limit`: what the console's figures count.
+    async fn chain_records_since(&self, router: &str, since_ms: u64, limit: usize) -> Result<Vec<Stored>, String>;
     /// The most recent records of `capability` that hold their input (replays sample them).
     async fn recent_with_input(&self, capability: &str, limit: usize) -> Result<Vec<Stored>, String>;
 }

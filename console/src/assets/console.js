@@ -234,11 +234,17 @@ function changeWeight(item) {
 // === Capabilities ===
 
 async function loadCapabilities() {
-  const answer = await api("GET", "/v1/routing/capabilities");
+  const [answer, trail] = await Promise.all([api("GET", "/v1/routing/capabilities"), trailFigures()]);
   if (answer.status !== 200) return failed(answer);
+  // The installation's figures from the trail (every router's records) when it is on; this router's own otherwise.
+  const source = figuresSource(trail);
+  if ($("capabilities-source").textContent !== source) $("capabilities-source").textContent = source;
+  const none = { calls: 0, failure_rate: 0, p50_ms: null, p90_ms: null, p99_ms: null };
   rows($("capabilities").tBodies[0], answer.body.capabilities, (item) => item.name, (row, item) => {
-    const stats = item.stats;
+    const fromTrail = trail.state === "trail" ? trail.byName.get(item.name) : undefined;
+    const stats = trail.state === "trail" ? fromTrail || none : item.stats;
     row.dataset.capability = item.name;
+    row.dataset.source = trail.state === "trail" ? "trail" : "router";
     cell(row, 0, item.name);
     cell(row, 1, item.versions.map((v) => v.version + " (" + v.routable + "/" + v.instances + ")").join(", "));
     cell(row, 2, item.split ? item.split.map((s) => s.version + "=" + s.weight).join(" ") : "highest routable");
@@ -248,7 +254,17 @@ async function loadCapabilities() {
     cell(row, 6, stats.p90_ms === null ? null : stats.p90_ms.toFixed(1), "num");
     cell(row, 7, stats.p99_ms === null ? null : stats.p99_ms.toFixed(1), "num");
     cell(row, 8, item.policy || "router default");
-    const actions = row.cells[9] || row.insertCell();
+    const chart = row.cells[9] || row.insertCell();
+    if (trail.state === "trail") {
+      let svg = chart.querySelector("svg.spark");
+      if (!svg) { svg = document.createElementNS("http://www.w3.org/2000/svg", "svg"); svg.setAttribute("class", "spark"); chart.replaceChildren(svg); }
+      svg.dataset.capability = item.name;
+      drawSpark(svg, fromTrail, trail.data.bucket_ms);
+    } else if (chart.textContent !== "–") {
+      chart.textContent = "–";
+      chart.title = "no chart: the trail is off on this router";
+    }
+    const actions = row.cells[10] || row.insertCell();
     button(actions, "Split…", () => changeSplit(item), "split");
     button(actions, "Policy…", () => changePolicy(item), "policy");
   });
@@ -362,18 +378,35 @@ function replay(id) {
 
 // === Requests ===
 
+// A request by its id: from the trail (every router's records, and the
+// collaboration it belongs to, drawn as a graph of hops) and from this
+// router's recent calls (the attempts in detail, the task); from the ring
+// alone when the trail is off, saying so.
 async function lookup(id) {
   $("request-id").value = id;
-  const answer = await api("GET", "/v1/requests/" + encodeURIComponent(id));
-  if (answer.status !== 200) {
+  const [answer, trail] = await Promise.all([api("GET", "/v1/requests/" + encodeURIComponent(id)), trailLookup(id)]);
+  const ring = answer.status === 200 ? answer.body : null;
+  if (!ring && trail.state !== "found") {
     $("request").hidden = true;
     const code = answer.body && answer.body.error && answer.body.error.code;
-    say("request-message", code === "NOT_FOUND" ? "Unknown request id. " + problem(answer) : problem(answer), true);
+    const trailNote = trail.state === "missing" ? " Not in the trail either (all routers)."
+      : trail.state === "off" ? " The trail is off on this router, so only its recent calls were searched." : " The trail: " + (trail.message || "");
+    say("request-message", (code === "NOT_FOUND" ? "Unknown request id. " : "") + problem(answer) + trailNote, true);
     return;
   }
-  const data = answer.body;
-  const last = data.calls[0];
-  say("request-message", "Found " + data.calls.length + " call(s) for " + id + ".", false);
+  const records = trail.state === "found" ? trail.records : [];
+  const calls = ring ? ring.calls : [];
+  let message;
+  if (trail.state === "found") {
+    message = "Found " + records.length + " record(s) for " + id + " in the trail (all routers)" +
+      (ring ? ", and " + calls.length + " call(s) in this router's recent calls." : "; this router's recent calls do not hold it (another router answered it, or it is older).");
+  } else if (trail.state === "off") {
+    message = "Found " + calls.length + " call(s) for " + id + " in this router's recent calls. The trail is off on this router: other routers' calls are not shown.";
+  } else {
+    message = "Found " + calls.length + " call(s) for " + id + " in this router's recent calls." +
+      (trail.state === "missing" ? " Not in the trail yet." : " The trail: " + trail.message);
+  }
+  say("request-message", message, false);
   const summary = $("request-summary");
   summary.replaceChildren();
   const add = (name, value) => {
@@ -382,6 +415,8 @@ async function lookup(id) {
     dd.dataset.field = name;
     summary.append(dt, dd);
   };
+  const last = calls[0];
+  const record = records[records.length - 1];
   if (last) {
     add("outcome", last.outcome + (last.error ? " (" + last.error.code + ": " + last.error.message + ")" : ""));
     add("route", last.capability + (last.capability_version ? " @ " + last.capability_version : "") + " via " + last.entry);
@@ -391,14 +426,44 @@ async function lookup(id) {
     add("trace id", last.trace_id);
     add("task", last.task_id);
     add("when", new Date(last.started_at_ms).toISOString());
+  } else if (record) {
+    add("outcome", record.status + (record.code ? " (" + record.code + ")" : ""));
+    add("route", record.capability + (record.capability_version ? " @ " + record.capability_version : "") + " via " + record.door);
+    add("caller", record.caller);
+    add("attempts", record.attempts);
+    add("duration", Number(record.duration_ms).toFixed(1) + " ms");
+    add("trace id", record.trace_id);
+    add("task", record.task_id);
+    add("when", new Date(record.at_ms).toISOString());
+  }
+  if (record) {
+    add("recorded by", Array.from(new Set(records.map((r) => r.router))).join(", "));
+    add("session", record.session_id);
   }
   const attempts = [];
-  data.calls.forEach((call, n) => call.attempts.forEach((a) => attempts.push({ call: n + 1, ...a })));
+  if (calls.length) {
+    calls.forEach((call, n) => call.attempts.forEach((a) => attempts.push({ call: n + 1, ...a })));
+  } else {
+    records.forEach((r, n) => attempts.push({ call: n + 1, attempt: r.attempts, agent_id: r.agent_id, duration_ms: Number(r.duration_ms), outcome: r.code || r.status }));
+  }
   rows($("attempts").tBodies[0], attempts, (a) => a.call + "|" + a.attempt, (row, a) => {
     cell(row, 0, a.call); cell(row, 1, a.attempt); cell(row, 2, a.agent_id);
     cell(row, 3, a.duration_ms.toFixed(1), "num"); cell(row, 4, a.outcome);
   });
-  $("request-task").textContent = data.task ? JSON.stringify(data.task, null, 2) : "– (not a task)";
+  const hops = $("hops");
+  if (trail.state === "found") {
+    const collaboration = trail.collaboration;
+    const drawn = drawHops(hops, collaboration.tree, id);
+    $("hops-source").textContent = "from the trail, all routers";
+    $("hops-legend").textContent = "The " + collaboration.kind + " " + collaboration.id + ": " + collaboration.count + " hop(s)" +
+      (drawn < collaboration.count || collaboration.more ? ", the first " + drawn + " drawn" : "") + "; " + id + " is outlined, failures are red.";
+  } else {
+    hops.replaceChildren();
+    hops.setAttribute("width", 0); hops.setAttribute("height", 0);
+    $("hops-source").textContent = "";
+    $("hops-legend").textContent = trail.state === "off" ? "No graph: the trail is off on this router." : "No graph: the trail holds no record of this request yet.";
+  }
+  $("request-task").textContent = ring && ring.task ? JSON.stringify(ring.task, null, 2) : ring ? "– (not a task)" : "– (not in this router's recent calls)";
   $("request").hidden = false;
 }
 

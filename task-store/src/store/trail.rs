@@ -243,6 +243,20 @@ impl TrailStore for TaskStore {
             .collect())
     }
 
+    async fn chain_records_since(&self, router: &str, since_ms: u64, limit: usize) -> Result<Vec<Stored>, String> {
+        let mut connection = self.connection().await.map_err(|error| error.to_string())?;
+        let answer: RedisValue = redis::cmd("XREVRANGE")
+            .arg(self.trail_key(router, "records"))
+            .arg("+")
+            .arg(format!("{since_ms}-0"))
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut connection)
+            .await
+            .map_err(|error| format!("reading the trail: {error}"))?;
+        Ok(stored(&answer))
+    }
+
     async fn recent_with_input(&self, capability: &str, limit: usize) -> Result<Vec<Stored>, String> {
         let mut found = Vec::new();
         for chain in self.chains().await? {
