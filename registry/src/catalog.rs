@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Instance, Keys, Split, Status};
+use crate::model::{Capability, Instance, Keys, Split, Status, StoredWorkflow};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -31,6 +31,8 @@ struct State {
     by_capability: HashMap<String, BTreeSet<String>>,
     /// capability name → its traffic split (DESIGN §2.9), ordered for listings.
     splits: BTreeMap<String, Arc<Split>>,
+    /// workflow name → its definition (DESIGN §9), ordered for listings.
+    workflows: BTreeMap<String, Arc<StoredWorkflow>>,
 }
 
 impl State {
@@ -123,6 +125,26 @@ pub fn decode_split(kv: &KeyValue) -> Option<Split> {
             None
         }
     }
+}
+
+/// Decodes a stored workflow; undecodable values are skipped with a warning.
+pub fn decode_workflow(kv: &KeyValue) -> Option<StoredWorkflow> {
+    match serde_json::from_slice::<StoredWorkflow>(&kv.value) {
+        Ok(workflow) => Some(workflow),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable workflow.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// What a `Watch` snapshot carries: every instance (ordered by agent id),
+/// split and workflow, at one revision.
+pub struct CatalogSnapshot {
+    pub instances: Vec<Arc<Instance>>,
+    pub splits: Vec<Arc<Split>>,
+    pub workflows: Vec<Arc<StoredWorkflow>>,
+    pub revision: Revision,
 }
 
 impl Catalog {
@@ -286,18 +308,81 @@ impl Catalog {
         self.read().splits.get(capability).cloned()
     }
 
-    /// Every instance (ordered by agent id) and every split, at one revision:
-    /// what a `Watch` snapshot carries.
-    pub fn snapshot(&self) -> (Vec<Arc<Instance>>, Vec<Arc<Split>>, Revision) {
+    /// A workflow, if one is registered under `name`.
+    pub fn workflow(&self, name: &str) -> Option<Arc<StoredWorkflow>> {
+        self.read().workflows.get(name).cloned()
+    }
+
+    /// Every workflow, by name, and the revision they reflect.
+    pub fn workflows(&self) -> (Vec<Arc<StoredWorkflow>>, Revision) {
+        let state = self.read();
+        (state.workflows.values().cloned().collect(), state.revision)
+    }
+
+    /// Whether any instance (whatever its status) offers capability `name`.
+    pub fn has_capability(&self, name: &str) -> bool {
+        self.read().by_capability.contains_key(name)
+    }
+
+    /// `name` at its highest registered version matching `requirement`,
+    /// whatever the instances' status (a workflow may be registered while
+    /// its capabilities' agents start): what a workflow's check needs.
+    pub fn offer(&self, name: &str, requirement: Option<&semver::VersionReq>) -> agent_reach_workflows::Offer {
+        use agent_reach_workflows::Offer;
+        let state = self.read();
+        if state.workflows.contains_key(name) {
+            return Offer::Workflow;
+        }
+        let Some(ids) = state.by_capability.get(name) else {
+            return Offer::Unknown;
+        };
+        let offers: Vec<&Capability> = ids
+            .iter()
+            .filter_map(|id| state.instances.get(id))
+            .flat_map(|entry| {
+                entry
+                    .instance
+                    .capabilities
+                    .iter()
+                    .filter(|capability| capability.name == name)
+            })
+            .collect();
+        let best = offers
+            .iter()
+            .filter(|capability| requirement.is_none_or(|requirement| requirement.matches(&capability.version)))
+            .max_by(|a, b| a.version.cmp(&b.version));
+        match best {
+            Some(capability) => Offer::Found {
+                version: capability.version.to_string(),
+                input_schema: capability.input_schema.clone(),
+                output_schema: capability.output_schema.clone(),
+            },
+            None => {
+                let available: BTreeSet<&semver::Version> =
+                    offers.iter().map(|capability| &capability.version).collect();
+                Offer::NoVersion {
+                    available: available.into_iter().rev().map(ToString::to_string).collect(),
+                }
+            }
+        }
+    }
+
+    /// Every instance (ordered by agent id), split and workflow, at one
+    /// revision: what a `Watch` snapshot carries.
+    pub fn snapshot(&self) -> CatalogSnapshot {
         let state = self.read();
         let mut instances: Vec<_> = state.instances.values().map(|entry| entry.instance.clone()).collect();
         instances.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        let splits = state.splits.values().cloned().collect();
-        (instances, splits, state.revision)
+        CatalogSnapshot {
+            instances,
+            splits: state.splits.values().cloned().collect(),
+            workflows: state.workflows.values().cloned().collect(),
+            revision: state.revision,
+        }
     }
 
-    /// Applies one stored value: an instance or a split, by its key; keys of
-    /// anything else under the tenant are not the catalog's.
+    /// Applies one stored value: an instance, a split or a workflow, by its
+    /// key; keys of anything else under the tenant are not the catalog's.
     fn put(&self, state: &mut State, kv: &KeyValue) {
         if self.keys.agent_id_of(&kv.key).is_some() {
             if let Some(instance) = decode(kv) {
@@ -313,6 +398,10 @@ impl Catalog {
             if let Some(split) = decode_split(kv) {
                 state.splits.insert(capability.to_string(), Arc::new(split));
             }
+        } else if let Some(name) = self.keys.workflow_of(&kv.key) {
+            if let Some(workflow) = decode_workflow(kv) {
+                state.workflows.insert(name.to_string(), Arc::new(workflow));
+            }
         }
     }
 
@@ -323,6 +412,7 @@ impl Catalog {
             state.remove(&agent_id, &self.metrics);
         }
         state.splits.clear();
+        state.workflows.clear();
         for kv in kvs {
             self.put(&mut state, &kv);
         }
@@ -340,6 +430,10 @@ impl Catalog {
                 Event::Delete { key, .. } => {
                     if let Some(capability) = self.keys.capability_of_split(&key) {
                         state.splits.remove(capability);
+                        continue;
+                    }
+                    if let Some(name) = self.keys.workflow_of(&key) {
+                        state.workflows.remove(name);
                         continue;
                     }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {

@@ -33,6 +33,7 @@ pub enum Code {
     InvalidTimeout,
     DuplicateCapability,
     InvalidSplit,
+    InvalidWorkflow,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
@@ -40,6 +41,8 @@ pub enum Code {
     CapabilityNotFound,
     VersionNotFound,
     SplitNotFound,
+    WorkflowNotFound,
+    NameTaken,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -83,6 +86,7 @@ impl ErrorCode for Code {
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
+            Code::InvalidWorkflow => "INVALID_WORKFLOW",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
@@ -90,6 +94,8 @@ impl ErrorCode for Code {
             Code::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
             Code::VersionNotFound => "VERSION_NOT_FOUND",
             Code::SplitNotFound => "SPLIT_NOT_FOUND",
+            Code::WorkflowNotFound => "WORKFLOW_NOT_FOUND",
+            Code::NameTaken => "NAME_TAKEN",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -109,9 +115,12 @@ impl ErrorCode for Code {
             | Code::CapabilityNotFound
             | Code::VersionNotFound
             | Code::SplitNotFound
+            | Code::WorkflowNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict => StatusCode::CONFLICT,
+            Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict | Code::NameTaken => {
+                StatusCode::CONFLICT
+            }
             Code::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,

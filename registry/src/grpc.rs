@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{decode, decode_split};
+use crate::catalog::{decode, decode_split, decode_workflow};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Instance, Split};
+use crate::model::{Capability, Instance, Split, StoredWorkflow};
 use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
@@ -106,6 +106,17 @@ pub fn split_to_pb(split: &Split) -> pb::CapabilitySplit {
             .collect(),
         updated_at_ms: split.updated_at_ms,
         updated_by: split.updated_by.clone().unwrap_or_default(),
+    }
+}
+
+/// A workflow on the wire (the definition as compact JSON text).
+pub fn workflow_to_pb(workflow: &StoredWorkflow) -> pb::Workflow {
+    pb::Workflow {
+        name: workflow.name.clone(),
+        version: workflow.version.clone(),
+        definition_json: workflow.definition.to_string(),
+        updated_at_ms: workflow.updated_at_ms,
+        updated_by: workflow.updated_by.clone().unwrap_or_default(),
     }
 }
 
@@ -396,13 +407,19 @@ async fn serve_watch(
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let (instances, splits, revision) = service.catalog().snapshot();
+            let catalog = service.catalog().snapshot();
+            let revision = catalog.revision;
             let budget = if paged { PAGE_BYTES } else { usize::MAX };
-            for page in snapshot_pages(
-                &instances,
-                splits.iter().map(|split| split_to_pb(split)).collect(),
-                budget,
-            ) {
+            let first = pb::Snapshot {
+                splits: catalog.splits.iter().map(|split| split_to_pb(split)).collect(),
+                workflows: catalog
+                    .workflows
+                    .iter()
+                    .map(|workflow| workflow_to_pb(workflow))
+                    .collect(),
+                ..Default::default()
+            };
+            for page in snapshot_pages(&catalog.instances, first, budget) {
                 let event = pb::WatchEvent {
                     revision,
                     kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot { reset, ..page })),
@@ -465,13 +482,11 @@ async fn serve_watch(
 }
 
 /// A snapshot as pages of at most `budget` encoded bytes of instances each
-/// (one instance larger than that goes alone), the splits on the first,
-/// every page but the last saying `more`. Always at least one page.
-fn snapshot_pages(instances: &[Arc<Instance>], splits: Vec<pb::CapabilitySplit>, budget: usize) -> Vec<pb::Snapshot> {
-    let mut pages = vec![pb::Snapshot {
-        splits,
-        ..Default::default()
-    }];
+/// (one instance larger than that goes alone), `first` (the splits and
+/// workflows) the first, every page but the last saying `more`. Always at
+/// least one page.
+fn snapshot_pages(instances: &[Arc<Instance>], first: pb::Snapshot, budget: usize) -> Vec<pb::Snapshot> {
+    let mut pages = vec![first];
     let mut bytes = 0;
     for instance in instances {
         let instance = instance_to_pb(instance);
@@ -508,6 +523,14 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
         Event::Delete { key, .. } if keys.capability_of_split(&key).is_some() => {
             pb::watch_event::Kind::SplitCleared(pb::SplitCleared {
                 capability: keys.capability_of_split(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.workflow_of(&kv.key).is_some() => {
+            pb::watch_event::Kind::WorkflowSet(workflow_to_pb(&decode_workflow(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.workflow_of(&key).is_some() => {
+            pb::watch_event::Kind::WorkflowRemoved(pb::WorkflowRemoved {
+                name: keys.workflow_of(&key)?.to_string(),
             })
         }
         Event::Put(kv) => {
@@ -562,7 +585,11 @@ mod tests {
             capability: "x".to_string(),
             ..Default::default()
         };
-        let pages = snapshot_pages(&with_large, vec![split], 1000);
+        let first = pb::Snapshot {
+            splits: vec![split],
+            ..Default::default()
+        };
+        let pages = snapshot_pages(&with_large, first, 1000);
         assert!(pages.len() > 5, "{}", pages.len());
         for (index, page) in pages.iter().enumerate() {
             let bytes: usize = page.instances.iter().map(prost::Message::encoded_len).sum();
@@ -580,8 +607,8 @@ mod tests {
         let expected: Vec<String> = with_large.iter().map(|instance| instance.agent_id.clone()).collect();
         assert_eq!(ids, expected);
         // Unpaged (and an empty snapshot): one page, as before paging.
-        assert_eq!(snapshot_pages(&instances, Vec::new(), usize::MAX).len(), 1);
-        let empty = snapshot_pages(&[], Vec::new(), 1000);
+        assert_eq!(snapshot_pages(&instances, pb::Snapshot::default(), usize::MAX).len(), 1);
+        let empty = snapshot_pages(&[], pb::Snapshot::default(), 1000);
         assert_eq!((empty.len(), empty[0].more), (1, false));
     }
 }

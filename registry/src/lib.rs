@@ -29,6 +29,7 @@ mod service;
 pub mod store;
 mod tenants;
 mod validate;
+mod workflows;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -97,13 +97,31 @@ pub struct Split {
     pub updated_by: Option<String>,
 }
 
-/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}` and
-/// `/agent-reach/v1/{tenant}/splits/{capability}`.
+/// A workflow (DESIGN §9): the value stored under `.../workflows/{name}`,
+/// without a lease. `definition` is the document as checked (its JSON form,
+/// whether it was sent as JSON or YAML).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredWorkflow {
+    pub name: String,
+    pub version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub definition: serde_json::Value,
+    pub updated_at_ms: u64,
+    /// Who registered it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
+/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}`,
+/// `/agent-reach/v1/{tenant}/splits/{capability}` and
+/// `/agent-reach/v1/{tenant}/workflows/{name}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
     tenant_prefix: String,
     agents_prefix: String,
     splits_prefix: String,
+    workflows_prefix: String,
 }
 
 impl Keys {
@@ -112,6 +130,7 @@ impl Keys {
         Self {
             agents_prefix: format!("{tenant_prefix}agents/"),
             splits_prefix: format!("{tenant_prefix}splits/"),
+            workflows_prefix: format!("{tenant_prefix}workflows/"),
             tenant_prefix,
         }
     }
@@ -128,6 +147,14 @@ impl Keys {
 
     pub fn capability_of_split<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(self.splits_prefix.as_str())
+    }
+
+    pub fn workflow(&self, name: &str) -> String {
+        format!("{}{name}", self.workflows_prefix)
+    }
+
+    pub fn workflow_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.workflows_prefix.as_str())
     }
 
     pub fn agent(&self, agent_id: &str) -> String {
