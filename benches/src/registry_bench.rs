@@ -247,7 +247,10 @@ fn spawn_router(files: &Files, registries: &[Service]) -> anyhow::Result<Service
 async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let files = Files::write(&support::caller_acl("bench_caller", ECHO))?;
     run.announce("registry-bench");
-    println!("starting etcd ({} member(s)) and {} registry(ies) ...", args.etcd_members, args.registries);
+    println!(
+        "starting etcd ({} member(s)) and {} registry(ies) ...",
+        args.etcd_members, args.registries
+    );
     let etcd = EtcdStack::start(args.etcd_members)?;
     let etcd_pids = etcd.pids()?;
     let etcd_urls = etcd.endpoints().join(",");
@@ -342,10 +345,14 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         let url = router.url.clone();
         let mut held = 0;
         let waited = router
-            .wait_until("the watching router's snapshot holding every agent", Duration::from_secs(300), async || {
-                held = snapshot_instances(&http, &url).await.unwrap_or(held);
-                held >= all
-            })
+            .wait_until(
+                "the watching router's snapshot holding every agent",
+                Duration::from_secs(300),
+                async || {
+                    held = snapshot_instances(&http, &url).await.unwrap_or(held);
+                    held >= all
+                },
+            )
             .await;
         if let Err(error) = waited {
             bail!("{error} (it held {held} of {all} instances)");
@@ -451,7 +458,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let heartbeat_registry_cpu = registry_cpu.cores()?;
     let heartbeat_etcd_cpu = etcd_cpu.cores()?;
     let heartbeat_router_cpu = router_cpu.cores()?;
-    let etcd_rates = etcd.counters(&http).await?.rates_since(etcd_before, phase_start.elapsed());
+    let etcd_rates = etcd
+        .counters(&http)
+        .await?
+        .rates_since(etcd_before, phase_start.elapsed());
     let heartbeat_rate = ok.load(Ordering::Relaxed) as f64 / args.duration_s as f64;
 
     // Every page of the listing (one answer would outgrow a gRPC message).
@@ -469,7 +479,11 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             )?)
             .await?
             .into_inner();
-        live += page.agents.iter().filter(|agent| agent.agent_id != "bench-echo").count();
+        live += page
+            .agents
+            .iter()
+            .filter(|agent| agent.agent_id != "bench-echo")
+            .count();
         if page.next_page_token.is_empty() {
             break;
         }
@@ -563,8 +577,16 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         println!(
             "target: {} live agents, each registry below one core, no lease lost{}: {} (CPU {}, leases {}{})",
             args.agents,
-            if args.with_router { ", a new router's full snapshot in <= 5 s" } else { "" },
-            if cpu_ok && leases_ok && router_ok { "MET" } else { "NOT MET" },
+            if args.with_router {
+                ", a new router's full snapshot in <= 5 s"
+            } else {
+                ""
+            },
+            if cpu_ok && leases_ok && router_ok {
+                "MET"
+            } else {
+                "NOT MET"
+            },
             if cpu_ok { "ok" } else { "over" },
             if leases_ok { "ok" } else { "lost" },
             match (args.with_router, router_ok) {

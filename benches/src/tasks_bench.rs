@@ -165,7 +165,11 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         println!();
         println!(
             "target: >= 5,000 tasks/s end to end on one Redis: {}",
-            if runs[0].end_to_end_per_s >= 5000.0 { "MET" } else { "NOT MET" }
+            if runs[0].end_to_end_per_s >= 5000.0 {
+                "MET"
+            } else {
+                "NOT MET"
+            }
         );
     }
     Ok(())

@@ -6,6 +6,7 @@
 use agent_reach_proto::envelope::{InvokeRequest, TargetPolicy, ENVELOPE_VERSION};
 use agent_reach_serving::HeaderLookup;
 use axum::body::Body;
+use serde_json::Value;
 
 use crate::error::{Code, RouterError};
 
@@ -17,6 +18,12 @@ pub struct CheckedRequest {
     /// Set only by the task worker (never from a caller's envelope): the
     /// delivery carries it, and the agent may answer `202` and report later.
     pub task_id: Option<String>,
+    /// Set only by the task worker for a workflow step: the run it is part
+    /// of, forwarded and claimed in the hop assertion (`run`).
+    pub run_id: Option<String>,
+    /// Set only by the task worker for a paused task it resumes: the
+    /// handler's checkpoint, forwarded with the delivery.
+    pub checkpoint: Option<Value>,
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RouterError {
@@ -100,6 +107,8 @@ pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
         version_req,
         policy,
         task_id: None,
+        run_id: None,
+        checkpoint: None,
     })
 }
 

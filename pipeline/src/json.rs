@@ -108,6 +108,10 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) payload: &'a Value,
     /// A task's delivery: the id the agent reports a `202`'s outcome under.
     pub(crate) task_id: Option<&'a str>,
+    /// A workflow step's delivery: its run.
+    pub(crate) run_id: Option<&'a str>,
+    /// A paused task's resumed delivery: the checkpoint it paused with.
+    pub(crate) checkpoint: Option<&'a Value>,
 }
 
 impl<'a> Forwarded<'a> {
@@ -133,6 +137,8 @@ impl<'a> Forwarded<'a> {
             attempt,
             payload: &request.payload,
             task_id: None,
+            run_id: None,
+            checkpoint: None,
         }
     }
 
@@ -152,6 +158,10 @@ impl<'a> Forwarded<'a> {
         object.u64("attempt", u64::from(self.attempt));
         object.value("payload", self.payload)?;
         object.opt_str("task_id", self.task_id);
+        object.opt_str("run_id", self.run_id);
+        if let Some(checkpoint) = self.checkpoint {
+            object.value("checkpoint", checkpoint)?;
+        }
         object.end();
         Ok(out)
     }
@@ -305,7 +315,13 @@ mod tests {
             (None, None, None, "req\"\\2", Priority::Normal, Some("t_0123")),
             (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None),
         ];
+        let checkpoint = json!({"done": 3});
         for (session_id, context_id, source, request_id, priority, task_id) in cases {
+            // A task's delivery may be a run's step resumed from a checkpoint.
+            let (run_id, checkpoint) = match task_id {
+                Some(_) => (Some("r_1"), Some(&checkpoint)),
+                None => (None, None),
+            };
             let borrowed = Forwarded {
                 version: ENVELOPE_VERSION,
                 request_id,
@@ -319,6 +335,8 @@ mod tests {
                 attempt: 2,
                 payload: &payload,
                 task_id,
+                run_id,
+                checkpoint,
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
@@ -333,6 +351,8 @@ mod tests {
                 attempt: 2,
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
+                run_id: run_id.map(str::to_string),
+                checkpoint: checkpoint.cloned(),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());

@@ -54,6 +54,7 @@ mod tuning;
 mod usage;
 pub mod views;
 pub mod watch;
+pub mod workflows;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
 pub use limits::shares::{
@@ -63,3 +64,4 @@ pub use part::{AgentTls, PartConfig};
 pub use service::{Delivery, Offered, RouterService};
 pub use tuning::Tuning;
 pub use watch::RegistryCredential;
+pub use workflows::{RoutedWorkflow, Runner};

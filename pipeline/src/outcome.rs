@@ -26,8 +26,14 @@ pub struct Success {
     /// per call, and numbers keep their digits).
     pub output: Option<Box<RawValue>>,
     /// A task's delivery the agent answered `202 Accepted`: no output yet, the
-    /// agent reports it later (DESIGN §8). Never set outside task deliveries.
+    /// agent reports it later (DESIGN §8). Never set outside task deliveries,
+    /// except beside `run` for a run still going at the call's deadline.
     pub accepted: Option<Accepted>,
+    /// A call to a workflow (DESIGN §9): the run that answered it (its id is
+    /// also the envelope's `agent_id`). With `accepted`, the run had not
+    /// ended by the call's deadline: the output is `{run_id, status}` and
+    /// `/v1/invoke` answers `202`.
+    pub run: Option<String>,
 }
 
 /// What a `202` to a task delivery leaves to wait for.

@@ -40,6 +40,9 @@ pub struct RouterService {
     metrics: Metrics,
     /// The last calls, for the console's request lookup (`GET /v1/requests/{id}`).
     recent: Arc<RecentCalls>,
+    /// Runs workflows' calls (installed by the slow path; none: a workflow's
+    /// name answers `TASKS_DISABLED`, runs needing the task store).
+    runner: std::sync::OnceLock<Arc<dyn crate::workflows::Runner>>,
 }
 
 /// One instance's outcome of a broadcast.
@@ -69,6 +72,14 @@ impl RouterService {
             assertions,
             metrics,
             recent: Arc::new(RecentCalls::new()),
+            runner: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Installs what runs workflows' calls (once; the slow path does).
+    pub fn serve_workflows(&self, runner: Arc<dyn crate::workflows::Runner>) {
+        if self.runner.set(runner).is_err() {
+            tracing::warn!(message = "A workflow runner was installed twice; the first one stays.");
         }
     }
 
@@ -159,7 +170,18 @@ impl RouterService {
     /// the recent calls, its request span marked with a failure's code.
     pub async fn invoke(&self, call: &Call) -> Result<Success, Failure> {
         let snapshot = self.snapshot.load_full();
-        let admitted = self.admit(call, &snapshot)?;
+        let admitted = match self.admission.admit(call, &snapshot) {
+            Ok(admitted) => admitted,
+            // Only a name no capability has can be a workflow's: looked up on this path alone.
+            Err(refused) if refused.failure.error.code == crate::error::Code::CapabilityNotFound => {
+                let name = &call.checked.request.capability;
+                return match snapshot.workflows.get(name) {
+                    Some(routed) => self.run_workflow(call, routed.workflow.clone()).await,
+                    None => Err(self.refused(call, refused)),
+                };
+            }
+            Err(refused) => return Err(self.refused(call, refused)),
+        };
         let capability = admitted.capability;
         let mut trail = Trail::new();
         let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut trail).await {
@@ -181,20 +203,54 @@ impl RouterService {
         result
     }
 
-    /// Admits `call` for one instance; a refusal is counted, recorded and marked on its span.
-    pub(crate) fn admit<'s>(
+    /// A call to a workflow: admitted ([`Admission::admit_workflow`]), then
+    /// handed to the runner; recorded in the recent calls like any call.
+    async fn run_workflow(
         &self,
         call: &Call,
-        snapshot: &'s crate::snapshot::Snapshot,
-    ) -> Result<Admitted<'s>, Failure> {
-        self.admission
-            .admit(call, snapshot)
-            .map_err(|refused| self.refused(call, refused))
+        workflow: Arc<agent_reach_workflows::Workflow>,
+    ) -> Result<Success, Failure> {
+        let outcome = self.start_workflow(call, &workflow).await;
+        let version = workflow.version.to_string();
+        match &outcome {
+            Ok(_) => self.remember(&Recorded::of(call, Some(&version), None), Trail::new()),
+            Err(failure) => {
+                self.metrics.record_rejected(failure.error.code);
+                self.failed(call, failure);
+                self.remember(&Recorded::of(call, Some(&version), Some(&failure.error)), Trail::new());
+            }
+        }
+        outcome
+    }
+
+    /// [`RouterService::run_workflow`] without the record (a stream records its own at its end).
+    pub(crate) async fn start_workflow(
+        &self,
+        call: &Call,
+        workflow: &Arc<agent_reach_workflows::Workflow>,
+    ) -> Result<Success, Failure> {
+        match self.admission.admit_workflow(call, workflow) {
+            Err(error) => Err(Failure {
+                capability_version: Some(workflow.version.to_string()),
+                ..error.into()
+            }),
+            Ok((deadline_ms, _permit)) => match self.runner.get() {
+                Some(runner) => runner.run(call, workflow.clone(), deadline_ms).await,
+                None => Err(crate::error::RouterError::new(
+                    crate::error::Code::TasksDisabled,
+                    format!(
+                        "`{}` is a workflow; workflows run on the slow path, which needs the router's --redis",
+                        workflow.name
+                    ),
+                )
+                .into()),
+            },
+        }
     }
 
     /// A refusal at admission: counted (by its capability when it was
     /// resolved), recorded, marked on the span.
-    fn refused(&self, call: &Call, Refused { failure, capability }: Refused<'_>) -> Failure {
+    pub(crate) fn refused(&self, call: &Call, Refused { failure, capability }: Refused<'_>) -> Failure {
         if let (Some(span), Some(version)) = (&call.trace.span, &failure.capability_version) {
             span.set(KeyValue::new("capability.version", version.clone()));
         }
@@ -302,13 +358,27 @@ pub struct Offered {
     pub described: Arc<crate::snapshot::Described>,
 }
 
+fn offered_workflow(routed: &crate::workflows::RoutedWorkflow) -> Offered {
+    Offered {
+        name: routed.workflow.name.clone(),
+        version: routed.workflow.version.to_string(),
+        described: routed.described.clone(),
+    }
+}
+
 // === What the doors read of the snapshot ===
 
 impl RouterService {
-    /// `capability` as offered now, when any instance offers it.
+    /// `capability` as offered now, when any instance offers it, or a
+    /// workflow of that name (DESIGN §9: a workflow is called as a capability).
     pub fn offered(&self, capability: &str) -> Option<Offered> {
         let snapshot = self.snapshot.load();
-        let found = snapshot.capabilities.get(capability)?;
+        let Some(found) = snapshot.capabilities.get(capability) else {
+            return snapshot
+                .workflows
+                .get(capability)
+                .map(|routed| offered_workflow(routed));
+        };
         let group = found.versions.first()?;
         Some(Offered {
             name: found.name.clone(),
@@ -317,12 +387,13 @@ impl RouterService {
         })
     }
 
-    /// Whether any instance offers `capability` now (a lookup, no copy).
+    /// Whether any instance offers `capability` now, or a workflow has that name (a lookup, no copy).
     pub fn is_offered(&self, capability: &str) -> bool {
-        self.snapshot.load().capabilities.contains_key(capability)
+        let snapshot = self.snapshot.load();
+        snapshot.capabilities.contains_key(capability) || snapshot.workflows.contains_key(capability)
     }
 
-    /// Every capability offered now, by name.
+    /// Every capability offered now, and every workflow, by name.
     pub fn offerings(&self) -> Vec<Offered> {
         let snapshot = self.snapshot.load();
         let mut offered: Vec<Offered> = snapshot
@@ -336,9 +407,37 @@ impl RouterService {
                     described: group.described.clone(),
                 })
             })
+            .chain(
+                snapshot
+                    .workflows
+                    .iter()
+                    .filter(|(name, _)| !snapshot.capabilities.contains_key(*name))
+                    .map(|(_, routed)| offered_workflow(routed)),
+            )
             .collect();
         offered.sort_by(|a, b| a.name.cmp(&b.name));
         offered
+    }
+
+    /// Workflow `name` as this router knows it now.
+    pub fn workflow(&self, name: &str) -> Option<Arc<agent_reach_workflows::Workflow>> {
+        self.snapshot
+            .load()
+            .workflows
+            .get(name)
+            .map(|routed| routed.workflow.clone())
+    }
+
+    /// Every workflow this router knows now, by name.
+    pub fn workflows(&self) -> Vec<Arc<agent_reach_workflows::Workflow>> {
+        let snapshot = self.snapshot.load();
+        let mut workflows: Vec<_> = snapshot
+            .workflows
+            .values()
+            .map(|routed| routed.workflow.clone())
+            .collect();
+        workflows.sort_by(|a, b| a.name.cmp(&b.name));
+        workflows
     }
 
     /// The instances a broadcast of `call` would reach now (admitted as a

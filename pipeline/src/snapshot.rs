@@ -99,6 +99,8 @@ pub struct Snapshot {
     /// aHash: looked up on every routed request.
     pub capabilities: ahash::AHashMap<String, Capability>,
     pub instance_count: usize,
+    /// Workflows by name (DESIGN §9): looked up only for a name no capability has.
+    pub workflows: ahash::AHashMap<String, Arc<crate::workflows::RoutedWorkflow>>,
 }
 
 impl Snapshot {
@@ -107,6 +109,7 @@ impl Snapshot {
             revision: 0,
             capabilities: ahash::AHashMap::new(),
             instance_count: 0,
+            workflows: ahash::AHashMap::new(),
         }
     }
 
@@ -275,6 +278,8 @@ pub struct SnapshotBuilder {
     previous_groups: HashMap<(String, semver::Version), Arc<VersionGroup>>,
     /// Traffic splits by capability, as the registry last sent them.
     splits: BTreeMap<String, pb::CapabilitySplit>,
+    /// Workflows, as the registry last sent them, and checked.
+    workflows: crate::workflows::WorkflowBook,
 }
 
 impl SnapshotBuilder {
@@ -288,6 +293,7 @@ impl SnapshotBuilder {
             capability_metrics: HashMap::new(),
             previous_groups: HashMap::new(),
             splits: BTreeMap::new(),
+            workflows: crate::workflows::WorkflowBook::default(),
         }
     }
 
@@ -315,8 +321,11 @@ impl SnapshotBuilder {
                     .into_iter()
                     .map(|split| (split.capability.clone(), split))
                     .collect();
+                self.workflows.replace(snapshot.workflows);
                 true
             }
+            Some(Kind::WorkflowSet(workflow)) => self.workflows.set(workflow),
+            Some(Kind::WorkflowRemoved(removed)) => self.workflows.remove(&removed.name),
             Some(Kind::SplitSet(split)) => {
                 self.splits.insert(split.capability.clone(), split);
                 true
@@ -511,6 +520,7 @@ impl SnapshotBuilder {
             revision: self.revision,
             capabilities,
             instance_count: self.instances.len(),
+            workflows: self.workflows.build(),
         }
     }
 

@@ -157,6 +157,7 @@ fn whole(pages: &mut Option<WatchEvent>, event: WatchEvent) -> Option<WatchEvent
             if let (Some(Kind::Snapshot(first)), Some(Kind::Snapshot(page))) = (&mut first.kind, event.kind) {
                 first.instances.extend(page.instances);
                 first.splits.extend(page.splits);
+                first.workflows.extend(page.workflows);
                 first.more = page.more;
             }
             first
@@ -212,6 +213,7 @@ mod tests {
                 reset: false,
                 splits: vec![pb::CapabilitySplit::default(); splits],
                 more,
+                workflows: Vec::new(),
             })),
         }
     }

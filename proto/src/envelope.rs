@@ -142,6 +142,14 @@ pub struct ForwardedEnvelope {
     /// report the outcome later with `POST /v1/tasks/{task_id}/result`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// Set on a workflow step's delivery (DESIGN §9): the run it is part of,
+    /// as its hop assertion's `run` claim says too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Set on the delivery that resumes a paused task (DESIGN §9,
+    /// preemption): the checkpoint its handler returned when it paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Value>,
 }
 
 /// An agent's `200` answer.

@@ -17,6 +17,6 @@ pub mod store;
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer, NotificationBody};
 pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, State, Task, Transition};
 pub use store::{
-    new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported,
-    SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+    new_task_id, Claimed, DeadLetter, EntryOrder, LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit,
+    QuotaReport, Reported, SessionResult, StoreConfig, StoredRun, Submitted, TaskStore, TaskStoreError,
 };

@@ -162,6 +162,10 @@ pub struct Task {
     /// For a broadcast parent: the instances its children target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// The workflow run this task is a step of, or (its own id) the run it
+    /// stands for (DESIGN §9: a run's result is its parent task's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     pub attempts: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,

@@ -229,7 +229,11 @@ impl RedisCluster {
             .arg("--save")
             .arg("");
         if self.shape.append_only {
-            server.arg("--appendonly").arg("yes").arg("--appendfsync").arg("everysec");
+            server
+                .arg("--appendonly")
+                .arg("yes")
+                .arg("--appendfsync")
+                .arg("everysec");
         }
         let mut guard = Guard::spawn(&mut server, &log).map_err(|error| error.to_string())?;
         let addr = address(port);

@@ -406,12 +406,14 @@ impl Parser {
                     }
                 }
             }
-            other => return Err(ExprError {
-                at,
-                message: format!(
+            other => {
+                return Err(ExprError {
+                    at,
+                    message: format!(
                     "`{other}` is not something an expression can read: paths start with input, steps, item or index"
                 ),
-            }),
+                })
+            }
         };
         let mut segments = Vec::new();
         loop {

@@ -178,6 +178,8 @@ pub(crate) async fn run<E: Exchange>(
         0,
     );
     envelope.task_id = task_id;
+    envelope.run_id = checked.run_id.as_deref();
+    envelope.checkpoint = checked.checkpoint.as_ref();
     // Without OpenTelemetry spans, every attempt carries the router's own span id.
     let fallback_traceparent = trace.forward_header();
     // Selection and attempt spans only for traces that are kept (an unsampled
@@ -236,20 +238,22 @@ pub(crate) async fn run<E: Exchange>(
             }
         };
         envelope.attempt = attempt;
-        let authorization =
-            match means
-                .assertions
-                .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
-            {
-                Ok(header) => header,
-                Err(error) => {
-                    return Err(fail(
-                        RouterError::new(Code::AssertionFailed, error),
-                        Some(instance.agent_id.clone()),
-                        attempt - 1,
-                    ))
-                }
-            };
+        let authorization = match means.assertions.header(
+            caller,
+            (&instance.agent_id, &capability.name),
+            checked.run_id.as_deref(),
+            deadline_ms,
+            now.epoch_ms,
+        ) {
+            Ok(header) => header,
+            Err(error) => {
+                return Err(fail(
+                    RouterError::new(Code::AssertionFailed, error),
+                    Some(instance.agent_id.clone()),
+                    attempt - 1,
+                ))
+            }
+        };
         let body = match envelope.to_vec() {
             Ok(body) => Bytes::from(body),
             Err(error) => {
@@ -358,6 +362,7 @@ pub(crate) async fn run<E: Exchange>(
                     attempts: attempt,
                     output,
                     accepted: None,
+                    run: None,
                 }));
             }
             Outcome::Accepted if task_id.is_some() => {
@@ -370,6 +375,7 @@ pub(crate) async fn run<E: Exchange>(
                         agent_name: instance.name.clone(),
                         deadline_ms,
                     }),
+                    run: None,
                 }));
             }
             Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),

@@ -121,6 +121,8 @@ pub async fn envelope(
         version_req,
         policy,
         task_id: None,
+        run_id: None,
+        checkpoint: None,
     };
     Ok(Envelope {
         call: Call::begin(door, caller, checked, headers, received),

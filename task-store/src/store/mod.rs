@@ -20,6 +20,8 @@
 //! - `backlog:{L}` — hash: `capability|priority` → tasks waiting (what claims
 //!   are planned on, and the backlog metric).
 //! - `callbacks:{L}` — sorted set: task id by its next callback's due time.
+//! - `run:{L}:{run_id}`, `runs_due:{L}` — a workflow run's record and the
+//!   runs due for a look, beside the run's held task (`runs`).
 //! - `followups:{L}` — sorted set: ended tasks of a session whose session
 //!   result is not appended yet, by end time; appended right after the
 //!   outcome, and by any router's worker for an entry older than
@@ -85,6 +87,7 @@ use serde_json::Value;
 use self::backlog::Backlogs;
 use self::connection::{Connection, Link};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
+pub use self::runs::{EntryOrder, StoredRun, RECENT_RUNS};
 use self::scripts::Scripts;
 use crate::model::{Callback, Priority, State, Task};
 
@@ -99,6 +102,7 @@ mod lookup;
 mod outcome;
 mod quota;
 mod record;
+mod runs;
 mod scripts;
 mod submission;
 
@@ -186,7 +190,10 @@ pub struct NewTask {
     pub parent: Option<String>,
     /// For a broadcast parent: the instances its children target.
     pub children: Vec<String>,
-    /// Store without queueing: a broadcast parent, ended by its children.
+    /// The workflow run it is a step of (or, held, the run it stands for).
+    pub run: Option<String>,
+    /// Store without queueing: a broadcast parent, ended by its children; a
+    /// workflow run, ended by the run.
     pub hold: bool,
 }
 
@@ -296,6 +303,8 @@ pub struct TaskStore {
     retention_s: u64,
     tls: agent_reach_stores::TlsFiles,
     scripts: Scripts,
+    /// The workflow runs' scripts (`runs`).
+    run_scripts: runs::RunScripts,
     /// Where the next callback claim starts (lanes in turn).
     next_callback_lane: AtomicUsize,
     /// When this store last looked for follow-ups a dead router left.
