@@ -89,6 +89,13 @@ pub fn routes(api: TaskApi) -> axum::Router {
 /// Accepted tasks awaiting a report, per delivery slot, before they hold slots.
 const AWAITING_PER_WORKER: usize = 16;
 
+/// Told when a workflow step's task ended (its outcome recorded), on the
+/// router that recorded it, so its run advances at once (the runs crate;
+/// a run whose router died is advanced by any router's sweep instead).
+pub trait StepEnded: Send + Sync {
+    fn step_ended(&self, task: &agent_reach_task_store::Task);
+}
+
 /// The slow path's own state: the store, the callback sender, its settings,
 /// metrics and gates. The router's fast path holds none of it.
 pub struct TaskService {
@@ -104,6 +111,8 @@ pub struct TaskService {
     /// Places for accepted (`202`) tasks awaiting their report outside the
     /// delivery slots; beyond them a task waits in its slot.
     awaiting: Arc<tokio::sync::Semaphore>,
+    /// Told of every step of a workflow run that ended here.
+    step_ended: std::sync::OnceLock<Arc<dyn StepEnded>>,
 }
 
 impl TaskService {
@@ -131,7 +140,24 @@ impl TaskService {
             awaiting: Arc::new(tokio::sync::Semaphore::new(
                 settings.workers.max(1) * AWAITING_PER_WORKER,
             )),
+            step_ended: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Installs what is told of workflow steps that ended (once).
+    pub fn on_step_end(&self, hook: Arc<dyn StepEnded>) {
+        if self.step_ended.set(hook).is_err() {
+            tracing::warn!(message = "A step hook was installed twice; the first one stays.");
+        }
+    }
+
+    /// `task` ended here: if it is a workflow's step, its run hears of it.
+    fn ended(&self, task: &agent_reach_task_store::Task) {
+        if task.run.is_some() {
+            if let Some(hook) = self.step_ended.get() {
+                hook.step_ended(task);
+            }
+        }
     }
 
     /// Starts the worker and the callback sender. The worker holds `service`
@@ -179,7 +205,8 @@ impl TaskService {
     }
 }
 
-fn store_error(error: TaskStoreError) -> RouterError {
+/// A task store failure as the router answers it (the runs of workflows share it).
+pub fn store_error(error: TaskStoreError) -> RouterError {
     match error {
         TaskStoreError::BacklogFull { waiting, bound } => RouterError::new(
             Code::RateLimited,

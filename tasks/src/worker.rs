@@ -230,6 +230,7 @@ async fn await_report(tasks: &TaskService, claimed: &Claimed, accepted: &Accepte
                         .finished
                         .with_label_values(&[State::Failed.as_str()])
                         .inc();
+                    tasks.ended(&claimed.task);
                     if let Some(parent) = &claimed.task.parent {
                         complete_parent(tasks, parent).await;
                     }
@@ -292,6 +293,8 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                 // The agent may answer 202 and report under this id (DESIGN §8).
                 checked.task_id = Some(task.task_id.clone());
                 checked.request.request_id = Some(task.request_id.clone());
+                // A workflow's step: its hop assertion says which run (DESIGN §9).
+                checked.run_id.clone_from(&task.run);
                 let call = Call::delivery(caller.clone(), checked);
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
@@ -392,6 +395,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             if let Some(parent) = &task.parent {
                 complete_parent(tasks, parent).await;
             }
+            tasks.ended(task);
         }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);

@@ -50,6 +50,10 @@ export const RouterCode = {
   ASSERTION_FAILED: "ASSERTION_FAILED",
   INVALID_CALLBACK: "INVALID_CALLBACK",
   CANCELED: "CANCELED",
+  WORKFLOW_NOT_FOUND: "WORKFLOW_NOT_FOUND",
+  RUN_NOT_FOUND: "RUN_NOT_FOUND",
+  RUN_CONFLICT: "RUN_CONFLICT",
+  STEP_FAILED: "STEP_FAILED",
   INTERNAL: "INTERNAL",
 } as const;
 export type RouterCode = (typeof RouterCode)[keyof typeof RouterCode];
