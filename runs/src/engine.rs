@@ -182,8 +182,9 @@ impl Engine {
         tokio::spawn(async move { engine.advance(&run_id, false).await });
     }
 
-    /// A step's task ended on this router: record its outcome in its run, then advance the run.
-    pub fn step_ended(self: &Arc<Self>, task: &agent_reach_task_store::Task) {
+    /// A step's task ended on this router (as `state`, with `result`):
+    /// record its outcome in its run, then advance the run.
+    pub fn step_ended(self: &Arc<Self>, task: &agent_reach_task_store::Task, state: State, result: &Value) {
         let Some(run_id) = task.run.clone() else {
             return;
         };
@@ -201,7 +202,7 @@ impl Engine {
             output: None,
             error: None,
         };
-        let ended = submitted.ended(task.state, task.result.as_ref(), now_ms());
+        let ended = submitted.ended(state, Some(result), now_ms());
         let engine = self.clone();
         tokio::spawn(async move {
             if let Err(error) = engine.record(&run_id, &field, &ended).await {
@@ -269,9 +270,15 @@ impl Engine {
             self.refresh(run_id, &mut records).await?;
         }
         if stored.state == State::Pending {
-            self.store()
+            // Another router may have moved it first.
+            match self
+                .store()
                 .move_run(run_id, State::Running, &[State::Pending], None)
-                .await?;
+                .await
+            {
+                Ok(_) | Err(TaskStoreError::Refused { .. }) => {}
+                Err(error) => return Err(error),
+            }
             // The held task is the run's face on the task routes.
             let _ = self.store().transition(run_id, State::Running).await;
         }

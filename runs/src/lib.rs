@@ -46,9 +46,14 @@ pub struct Runs {
 struct Steps(std::sync::Weak<Engine>);
 
 impl StepEnded for Steps {
-    fn step_ended(&self, task: &agent_reach_task_store::Task) {
+    fn step_ended(
+        &self,
+        task: &agent_reach_task_store::Task,
+        state: agent_reach_task_store::State,
+        result: &serde_json::Value,
+    ) {
         if let Some(engine) = self.0.upgrade() {
-            engine.step_ended(task);
+            engine.step_ended(task, state, result);
         }
     }
 }

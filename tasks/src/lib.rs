@@ -30,7 +30,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_task_store::{Deliverer, TaskStore, TaskStoreError};
+use agent_reach_task_store::{Deliverer, State, TaskStore, TaskStoreError};
 use serde_json::{json, Value};
 
 pub use api::view as task_view;
@@ -93,7 +93,8 @@ const AWAITING_PER_WORKER: usize = 16;
 /// router that recorded it, so its run advances at once (the runs crate;
 /// a run whose router died is advanced by any router's sweep instead).
 pub trait StepEnded: Send + Sync {
-    fn step_ended(&self, task: &agent_reach_task_store::Task);
+    /// `task` (as it was claimed) ended as `state` with the result envelope `result`.
+    fn step_ended(&self, task: &agent_reach_task_store::Task, state: State, result: &Value);
 }
 
 /// The slow path's own state: the store, the callback sender, its settings,
@@ -151,11 +152,11 @@ impl TaskService {
         }
     }
 
-    /// `task` ended here: if it is a workflow's step, its run hears of it.
-    fn ended(&self, task: &agent_reach_task_store::Task) {
+    /// `task` ended here as `state` with `result`: if it is a workflow's step, its run hears of it.
+    fn ended(&self, task: &agent_reach_task_store::Task, state: State, result: &Value) {
         if task.run.is_some() {
             if let Some(hook) = self.step_ended.get() {
-                hook.step_ended(task);
+                hook.step_ended(task, state, result);
             }
         }
     }

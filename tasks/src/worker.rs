@@ -230,7 +230,7 @@ async fn await_report(tasks: &TaskService, claimed: &Claimed, accepted: &Accepte
                         .finished
                         .with_label_values(&[State::Failed.as_str()])
                         .inc();
-                    tasks.ended(&claimed.task);
+                    tasks.ended(&claimed.task, State::Failed, &result);
                     if let Some(parent) = &claimed.task.parent {
                         complete_parent(tasks, parent).await;
                     }
@@ -395,7 +395,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             if let Some(parent) = &task.parent {
                 complete_parent(tasks, parent).await;
             }
-            tasks.ended(task);
+            tasks.ended(task, state, &result);
         }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);

@@ -77,13 +77,14 @@ return 1
 "#;
 
 const MOVE_RUN: &str = r#"
--- Moves a run to a state if it is in one of the allowed ones; an end also
--- keeps the result, starts the retention and drops the due entry.
+-- Moves a run to a state if it is in one of the allowed ones (a run in that
+-- state already is refused: one end, one cancel); an end also keeps the
+-- result, starts the retention and drops the due entry.
 -- KEYS: 1 run hash, 2 due set
 -- ARGV: 1 state, 2 now ms, 3 result ('' for none), 4 retention s ('' keeps the hash), 5 run id, 6.. allowed
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
-if current == ARGV[1] then return {'ok', current} end
+if current == ARGV[1] then return {'refused', current} end
 local allowed = false
 for i = 6, #ARGV do if current == ARGV[i] then allowed = true end end
 if not allowed then return {'refused', current} end
