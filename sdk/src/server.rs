@@ -12,7 +12,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use futures::FutureExt;
 use serde_json::json;
 use tracing::Instrument;
 
@@ -202,63 +201,83 @@ async fn serve(
     if shared.inflight.load(Ordering::Acquire) >= shared.config.max_concurrency {
         return respond(error_answer(503, "OVERLOADED", "the agent is at its concurrency limit"));
     }
-    let answer = slot
-        .get_or_init(|| async {
-            let _guard = InflightGuard::start(shared.clone());
-            let ctx = Ctx::new(
-                envelope.request_id.clone(),
-                envelope.session_id.clone(),
-                envelope.context_id.clone(),
-                envelope.source.clone(),
-                envelope.priority,
-                envelope.deadline,
-                envelope.attempt,
-                traceparent,
-                shared.links.clone(),
-            )
-            .for_task(envelope.task_id.clone());
-            let reported = ctx.clone();
-            let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
-            // A spawned task isolates panics: the agent keeps serving.
-            let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
-            match tokio::time::timeout(remaining, running).await {
-                Ok(Ok(Ok(output))) => Answer {
-                    status: 200,
-                    body: serde_json::to_vec(&match reported.usage() {
-                        Some(usage) => {
-                            record_usage(&span, &usage);
-                            json!({ "output": output, "usage": usage })
-                        }
-                        None => json!({ "output": output }),
-                    })
-                    .unwrap_or_default(),
-                },
-                Ok(Ok(Err(error))) => handler_error(&error),
-                Ok(Err(join_error)) => {
-                    let why = join_error
-                        .try_into_panic()
-                        .ok()
-                        .and_then(|payload| {
-                            payload
-                                .downcast_ref::<&str>()
-                                .map(|text| text.to_string())
-                                .or_else(|| payload.downcast_ref::<String>().cloned())
-                        })
-                        .unwrap_or_else(|| "unknown panic".to_string());
-                    tracing::error!(message = "Handler panicked; the agent keeps serving.", panic = %why);
-                    error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}"))
-                }
-                Err(_) => error_answer(
-                    504,
-                    "DEADLINE_EXCEEDED",
-                    "the handler did not finish before the deadline",
-                ),
-            }
+    // Worked out on a task of its own: a router that dies (or a caller that
+    // leaves) mid-call does not abandon the answer, which the request-id
+    // memory then gives the redelivery instead of running the handler again.
+    let working = {
+        let (slot, shared, handler, span) = (slot.clone(), shared.clone(), handler.clone(), span.clone());
+        tokio::spawn(async move {
+            slot.get_or_init(|| answer_of(shared, handler, envelope, traceparent, span))
+                .await
+                .clone()
         })
-        .map(Clone::clone)
-        .await;
+    };
+    let answer = working
+        .await
+        .unwrap_or_else(|_| error_answer(500, "HANDLER_PANICKED", "the delivery's answer could not be worked out"));
     span.record("http.response.status_code", answer.status);
     respond(answer)
+}
+
+/// What a delivery answers: the handler run (on a task of its own, so a
+/// panic is an answer) within the deadline, its output or error.
+async fn answer_of(
+    shared: Arc<Shared>,
+    handler: crate::Handler,
+    envelope: ForwardedEnvelope,
+    traceparent: Option<String>,
+    span: tracing::Span,
+) -> Answer {
+    let _guard = InflightGuard::start(shared.clone());
+    let ctx = Ctx::new(
+        envelope.request_id.clone(),
+        envelope.session_id.clone(),
+        envelope.context_id.clone(),
+        envelope.source.clone(),
+        envelope.priority,
+        envelope.deadline,
+        envelope.attempt,
+        traceparent,
+        shared.links.clone(),
+    )
+    .for_task(envelope.task_id.clone());
+    let reported = ctx.clone();
+    let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
+    // A spawned task isolates panics: the agent keeps serving.
+    let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
+    match tokio::time::timeout(remaining, running).await {
+        Ok(Ok(Ok(output))) => Answer {
+            status: 200,
+            body: serde_json::to_vec(&match reported.usage() {
+                Some(usage) => {
+                    record_usage(&span, &usage);
+                    json!({ "output": output, "usage": usage })
+                }
+                None => json!({ "output": output }),
+            })
+            .unwrap_or_default(),
+        },
+        Ok(Ok(Err(error))) => handler_error(&error),
+        Ok(Err(join_error)) => {
+            let why = join_error
+                .try_into_panic()
+                .ok()
+                .and_then(|payload| {
+                    payload
+                        .downcast_ref::<&str>()
+                        .map(|text| text.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                })
+                .unwrap_or_else(|| "unknown panic".to_string());
+            tracing::error!(message = "Handler panicked; the agent keeps serving.", panic = %why);
+            error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}"))
+        }
+        Err(_) => error_answer(
+            504,
+            "DEADLINE_EXCEEDED",
+            "the handler did not finish before the deadline",
+        ),
+    }
 }
 
 /// The handler's reported usage on its `invoke_agent` span (GenAI conventions' names).
