@@ -166,7 +166,8 @@ pub(crate) fn task_state(state: agent_reach_task_store::State) -> &'static str {
     use agent_reach_task_store::State;
     match state {
         State::Pending => "submitted",
-        State::Running | State::Retrying => "working",
+        // A paused task (DESIGN §9) is still being worked on, from its caller's view.
+        State::Running | State::Retrying | State::Paused => "working",
         State::Succeeded => "completed",
         State::Failed => "failed",
         State::Canceled => "canceled",

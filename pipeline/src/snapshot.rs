@@ -83,6 +83,8 @@ pub struct Described {
     pub description: String,
     pub input_schema: String,
     pub output_schema: String,
+    /// Its task deliveries may be paused for higher-priority work (DESIGN §9).
+    pub preemptible: bool,
 }
 
 pub struct Capability {
@@ -438,6 +440,7 @@ impl SnapshotBuilder {
                             description: descriptor.description.clone(),
                             input_schema: descriptor.input_schema_json.clone(),
                             output_schema: descriptor.output_schema_json.clone(),
+                            preemptible: descriptor.preemptible,
                         }),
                         instances: Vec::new(),
                     });

@@ -88,6 +88,7 @@ impl WorkflowBook {
                         description: workflow.description.clone(),
                         input_schema: workflow.definition.input_schema.to_string(),
                         output_schema,
+                        preemptible: false,
                     });
                     built.insert(
                         name.clone(),

@@ -69,6 +69,10 @@ pub struct CapabilitySpec {
     /// `output_schema` (they are checked when absent or `true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check_output: Option<bool>,
+    /// `true`: its deliveries may be paused for higher-priority work and
+    /// resumed from a checkpoint (DESIGN §9, preemption); absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// `201` answer to `POST /v1/agents`.

@@ -71,6 +71,7 @@ pub fn capability_to_pb(capability: &Capability) -> pb::CapabilityDescriptor {
         output_schema_json: schema_to_text(capability.output_schema.as_ref()),
         timeout_ms: capability.timeout_ms.unwrap_or(0),
         skip_output_check: !capability.check_output,
+        preemptible: capability.preemptible,
     }
 }
 
@@ -146,6 +147,7 @@ fn register_from_pb(request: pb::RegisterRequest) -> Result<wire::RegisterReques
             description: Some(capability.description).filter(|text| !text.is_empty()),
             timeout_ms: Some(capability.timeout_ms).filter(|timeout| *timeout > 0),
             check_output: capability.skip_output_check.then_some(false),
+            preemptible: capability.preemptible.then_some(true),
         });
     }
     Ok(wire::RegisterRequest {

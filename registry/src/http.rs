@@ -103,6 +103,7 @@ pub fn capability_to_wire(capability: &Capability) -> wire::CapabilitySpec {
         output_schema: capability.output_schema.clone(),
         timeout_ms: capability.timeout_ms,
         check_output: (!capability.check_output).then_some(false),
+        preemptible: capability.preemptible.then_some(true),
     }
 }
 

@@ -27,6 +27,9 @@ pub struct Capability {
     /// written before the switch existed lack it: checked).
     #[serde(default = "checked", skip_serializing_if = "is_checked")]
     pub check_output: bool,
+    /// Its deliveries may be paused for higher-priority work (DESIGN §9).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
 }
 
 fn checked() -> bool {

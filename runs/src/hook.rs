@@ -91,6 +91,7 @@ fn answer(stored: &StoredRun, version: String, deadline_ms: u64) -> Result<Succe
             output: serde_json::value::to_raw_value(&result["output"]).ok(),
             accepted: None,
             run: Some(run_id),
+            paused: None,
         }),
         State::Failed | State::Canceled => {
             let error = &result["error"];
@@ -117,6 +118,7 @@ fn answer(stored: &StoredRun, version: String, deadline_ms: u64) -> Result<Succe
                 deadline_ms,
             }),
             run: Some(run_id),
+            paused: None,
         }),
     }
 }

@@ -93,6 +93,12 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
                     .eq_ignore_ascii_case("text/event-stream")
             })
         });
+    if headers
+        .get("x-agent-reach-control")
+        .is_some_and(|value| value.as_bytes() == b"pause")
+    {
+        return control(&shared, assertion.as_deref(), &body).instrument(span).await;
+    }
     serve(shared, traceparent, assertion, body, wants_events)
         .instrument(span)
         .await
@@ -193,6 +199,7 @@ async fn serve(
         );
         return crate::stream::serve(stream.clone(), ctx, envelope.payload, envelope.deadline, guard, span).await;
     }
+    let request_id = envelope.request_id.clone();
     let slot = shared.dedup.slot(&envelope.request_id);
     if let Some(answer) = slot.get() {
         return respond(answer.clone());
@@ -215,8 +222,78 @@ async fn serve(
     let answer = working
         .await
         .unwrap_or_else(|_| error_answer(500, "HANDLER_PANICKED", "the delivery's answer could not be worked out"));
+    if crate::answer::is_paused(&answer) {
+        // The resumed delivery (same request id) must run the handler again.
+        shared.dedup.forget(&request_id);
+    }
     span.record("http.response.status_code", answer.status);
     respond(answer)
+}
+
+/// Takes a finished delivery off the list pause requests look in.
+struct Unlist {
+    shared: Arc<Shared>,
+    request_id: Option<String>,
+}
+
+impl Drop for Unlist {
+    fn drop(&mut self) {
+        if let Some(request_id) = &self.request_id {
+            self.shared
+                .pauses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(request_id);
+        }
+    }
+}
+
+/// The router's pause request for a running delivery (DESIGN §9): `POST` to
+/// this endpoint with `x-agent-reach-control: pause` and `{request_id,
+/// capability}`, under the router's assertion for that capability. `202`
+/// when the delivery runs here (its handler sees [`Ctx::pause_requested`]),
+/// `404` otherwise.
+async fn control(shared: &Shared, assertion: Option<&AssertionClaims>, body: &[u8]) -> Response {
+    #[derive(serde::Deserialize)]
+    struct Pause {
+        request_id: String,
+        capability: String,
+    }
+    let Ok(pause) = serde_json::from_slice::<Pause>(body) else {
+        return respond(error_answer(
+            400,
+            "INVALID_ENVELOPE",
+            "a pause request is {request_id, capability}",
+        ));
+    };
+    if assertion.is_some_and(|claims| claims.cap != pause.capability) {
+        return respond(error_answer(
+            401,
+            "UNAUTHENTICATED",
+            "the assertion is for another capability",
+        ));
+    }
+    let flag = shared
+        .pauses
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&pause.request_id)
+        .cloned();
+    match flag {
+        Some(flag) => {
+            flag.store(true, Ordering::Release);
+            tracing::info!(message = "Pause requested.", request_id = %pause.request_id);
+            respond(Answer {
+                status: 202,
+                body: serde_json::to_vec(&json!({ "pause": "requested" })).unwrap_or_default(),
+            })
+        }
+        None => respond(error_answer(
+            404,
+            "NOT_FOUND",
+            "no preemptible delivery of that request id runs here",
+        )),
+    }
 }
 
 /// What a delivery answers: the handler run (on a task of its own, so a
@@ -229,6 +306,20 @@ async fn answer_of(
     span: tracing::Span,
 ) -> Answer {
     let _guard = InflightGuard::start(shared.clone());
+    // A preemptible handler's task delivery may be asked to pause (DESIGN §9).
+    let pause = (handler.descriptor.preemptible && envelope.task_id.is_some()).then(|| {
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        shared
+            .pauses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(envelope.request_id.clone(), flag.clone());
+        flag
+    });
+    let _unlisted = Unlist {
+        shared: shared.clone(),
+        request_id: pause.as_ref().map(|_| envelope.request_id.clone()),
+    };
     let ctx = Ctx::new(
         envelope.request_id.clone(),
         envelope.session_id.clone(),
@@ -240,7 +331,8 @@ async fn answer_of(
         traceparent,
         shared.links.clone(),
     )
-    .for_task(envelope.task_id.clone());
+    .for_task(envelope.task_id.clone())
+    .resumable(pause, envelope.checkpoint.clone());
     let reported = ctx.clone();
     let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
     // A spawned task isolates panics: the agent keeps serving.

@@ -15,16 +15,20 @@ pub enum State {
     Succeeded,
     Failed,
     Canceled,
+    /// Its agent paused the delivery for higher-priority work (DESIGN §9):
+    /// it is queued again, its checkpoint carried by the next delivery.
+    Paused,
 }
 
 impl State {
-    pub const ALL: [State; 6] = [
+    pub const ALL: [State; 7] = [
         State::Pending,
         State::Running,
         State::Retrying,
         State::Succeeded,
         State::Failed,
         State::Canceled,
+        State::Paused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -35,6 +39,7 @@ impl State {
             State::Succeeded => "succeeded",
             State::Failed => "failed",
             State::Canceled => "canceled",
+            State::Paused => "paused",
         }
     }
 
@@ -60,6 +65,9 @@ impl State {
                 | (Retrying, Running)
                 | (Retrying, Failed)
                 | (Retrying, Canceled)
+                | (Running, Paused)
+                | (Paused, Pending)
+                | (Paused, Canceled)
         )
     }
 
@@ -177,6 +185,10 @@ pub struct Task {
     /// Set while an agent that answered the delivery `202` has yet to report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<Accepted>,
+    /// What the handler returned when its delivery was last paused (DESIGN
+    /// §9): the next delivery carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Value>,
 }
 
 /// A delivery the agent answered `202 Accepted` (DESIGN §8): the task stays
@@ -211,8 +223,10 @@ mod tests {
         assert!(!State::Canceled.may_become(State::Canceled));
         assert_eq!(
             State::predecessors(State::Canceled),
-            [State::Pending, State::Running, State::Retrying]
+            [State::Pending, State::Running, State::Retrying, State::Paused]
         );
+        assert!(State::Running.may_become(State::Paused) && State::Paused.may_become(State::Pending));
+        assert!(!State::Paused.is_terminal() && !State::Paused.may_become(State::Running));
         assert!(State::ALL
             .iter()
             .all(|state| State::parse(state.as_str()) == Some(*state)));

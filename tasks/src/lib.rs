@@ -20,6 +20,7 @@ mod callbacks;
 mod dead_letters;
 mod gate;
 mod metrics;
+mod preempt;
 mod protocol;
 mod quota;
 mod report;
@@ -114,6 +115,8 @@ pub struct TaskService {
     awaiting: Arc<tokio::sync::Semaphore>,
     /// Told of every step of a workflow run that ended here.
     step_ended: std::sync::OnceLock<Arc<dyn StepEnded>>,
+    /// The deliveries running here, for preemption (`preempt`).
+    deliveries: preempt::Deliveries,
 }
 
 impl TaskService {
@@ -142,6 +145,7 @@ impl TaskService {
                 settings.workers.max(1) * AWAITING_PER_WORKER,
             )),
             step_ended: std::sync::OnceLock::new(),
+            deliveries: preempt::Deliveries::default(),
         })
     }
 

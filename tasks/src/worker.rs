@@ -31,6 +31,7 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
     let mut round = 0u64;
     let mut last_reclaim = Instant::now();
     let mut last_gauges = Instant::now();
+    let mut last_resume = Instant::now();
     let mut prepared = false;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -57,6 +58,13 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
         if last_gauges.elapsed() >= Duration::from_secs(2) {
             last_gauges = Instant::now();
             tasks.refresh_gauges().await;
+        }
+        // Paused tasks due again go back to their queues (any router does it, once).
+        if last_resume.elapsed() >= Duration::from_millis(50) {
+            last_resume = Instant::now();
+            if let Err(error) = tasks.store.resume_due(64).await {
+                tracing::debug!(message = "Cannot queue paused tasks again; retrying.", %error);
+            }
         }
         // Bound what waits in memory at tag gates (it stays durable in Redis meanwhile).
         if tasks.gated.load(Ordering::Acquire) >= tasks.settings.workers.max(1) * 4 {
@@ -259,6 +267,9 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
     };
     let mut attempts = 0u32;
     let mut running_since_ms;
+    // Listed while it runs: a more urgent delivery may ask it to pause (DESIGN §9).
+    let _listed = tasks.deliveries.enter(task, &caller);
+    let mut preemptions = 0u32;
     let result = loop {
         // The caller's limits: a delivery waits for a place among its calls in flight
         // (its submission already spent a token).
@@ -295,6 +306,8 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                 checked.request.request_id = Some(task.request_id.clone());
                 // A workflow's step: its hop assertion says which run (DESIGN §9).
                 checked.run_id.clone_from(&task.run);
+                // A paused task resumes from its handler's checkpoint (DESIGN §9).
+                checked.checkpoint.clone_from(&task.checkpoint);
                 let call = Call::delivery(caller.clone(), checked);
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
@@ -320,6 +333,14 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             }),
         });
         match outcome {
+            Ok((success, _)) if success.paused.is_some() => {
+                let checkpoint = success
+                    .paused
+                    .and_then(|paused| paused.checkpoint)
+                    .map_or_else(|| "null".to_string(), |raw| raw.get().to_string());
+                repause(tasks, claimed, &checkpoint, crate::preempt::RESUME_AFTER, "preempted").await;
+                return None;
+            }
             Ok((success, _)) if success.accepted.is_some() => {
                 let Some(accepted) = success.accepted else {
                     return None; // matched just above
@@ -362,6 +383,21 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                 }
             }
             Err(failure) => {
+                if crate::preempt::is_no_room(failure.error.code) {
+                    // A more urgent delivery than some running here: room is asked for.
+                    if preemptions < crate::preempt::MAX_PREEMPTIONS && tasks.deliveries.make_room(service, task).await
+                    {
+                        preemptions += 1;
+                        attempts -= 1;
+                        continue;
+                    }
+                    // A resumed task that finds no room yet: paused again, never failed for it.
+                    if let Some(checkpoint) = &task.checkpoint {
+                        let wait = crate::preempt::resume_after(task);
+                        repause(tasks, claimed, &checkpoint.to_string(), wait, "no_room").await;
+                        return None;
+                    }
+                }
                 let retry = failure.error.code.is_retryable()
                     && failure.error.code != Code::DeadlineExceeded
                     && attempts < tasks.settings.max_task_attempts;
@@ -426,6 +462,28 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
         .observe(ran);
     // A callback, if any, was scheduled durably with the outcome; `run_callbacks` sends it.
     None
+}
+
+/// Pauses a claimed task with `checkpoint` (JSON), to be queued again after `wait`.
+async fn repause(tasks: &TaskService, claimed: &Claimed, checkpoint: &str, wait: Duration, reason: &str) {
+    let due = agent_reach_task_store::store::now_ms() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    match tasks.store.pause(claimed, checkpoint, due).await {
+        Ok(()) => {
+            tasks
+                .metrics
+                .paused
+                .with_label_values(&[&claimed.task.capability, reason])
+                .inc();
+            tracing::info!(message = "Task paused.", task_id = %claimed.task.task_id, reason);
+        }
+        Err(TaskStoreError::Refused { current, .. }) => {
+            tracing::info!(message = "Task ended meanwhile; not paused.", task_id = %claimed.task.task_id, state = %current);
+        }
+        // Not recorded: the entry stays pending and the task is reclaimed (its checkpoint is lost).
+        Err(error) => {
+            tracing::warn!(message = "A paused task could not be recorded; it will be reclaimed.", task_id = %claimed.task.task_id, %error)
+        }
+    }
 }
 
 pub(super) async fn complete_parent(tasks: &TaskService, parent_id: &str) {

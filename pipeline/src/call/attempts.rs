@@ -29,8 +29,8 @@ use crate::health::Observation;
 use crate::json::Forwarded;
 use crate::metrics::Metrics;
 use crate::outcome::{
-    accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
-    Success,
+    accepted_without_task, attempts_details, classify, exhausted, no_instance, paused_without_task, Accepted, Failure,
+    LastFailure, Outcome, Success,
 };
 use crate::recent::{Attempt, Trail};
 use crate::retry::{self, RetryBudget};
@@ -323,6 +323,7 @@ pub(crate) async fn run<E: Exchange>(
             match &outcome {
                 Outcome::Done(..) => "succeeded",
                 Outcome::Accepted => "accepted",
+                Outcome::Paused(_) => "paused",
                 Outcome::Fatal(_) => "failed",
                 Outcome::Retryable(reason, _) => reason.as_str(),
             },
@@ -335,6 +336,7 @@ pub(crate) async fn run<E: Exchange>(
                 match &outcome {
                     Outcome::Done(..) => "succeeded",
                     Outcome::Accepted => "accepted",
+                    Outcome::Paused(_) => "paused",
                     Outcome::Fatal(_) => "failed",
                     Outcome::Retryable(..) => "retryable",
                 },
@@ -363,8 +365,22 @@ pub(crate) async fn run<E: Exchange>(
                     output,
                     accepted: None,
                     run: None,
+                    paused: None,
                 }));
             }
+            // A preemptible task's delivery paused for higher-priority work (DESIGN §9).
+            Outcome::Paused(checkpoint) if task_id.is_some() => {
+                return Ok(Answered::Done(Success {
+                    capability_version: group.version_text.clone(),
+                    agent_id,
+                    attempts: attempt,
+                    output: None,
+                    accepted: None,
+                    run: None,
+                    paused: Some(crate::outcome::Paused { checkpoint }),
+                }));
+            }
+            Outcome::Paused(_) => return Err(fail(paused_without_task(), Some(agent_id), attempt)),
             Outcome::Accepted if task_id.is_some() => {
                 return Ok(Answered::Done(Success {
                     capability_version: group.version_text.clone(),
@@ -376,6 +392,7 @@ pub(crate) async fn run<E: Exchange>(
                         deadline_ms,
                     }),
                     run: None,
+                    paused: None,
                 }));
             }
             Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),

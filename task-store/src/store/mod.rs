@@ -22,6 +22,8 @@
 //! - `callbacks:{L}` — sorted set: task id by its next callback's due time.
 //! - `run:{L}:{run_id}`, `runs_due:{L}` — a workflow run's record and the
 //!   runs due for a look, beside the run's held task (`runs`).
+//! - `paused:{L}` — sorted set: paused tasks (DESIGN §9) by when they are
+//!   queued again (`pauses`).
 //! - `followups:{L}` — sorted set: ended tasks of a session whose session
 //!   result is not appended yet, by end time; appended right after the
 //!   outcome, and by any router's worker for an entry older than
@@ -100,6 +102,7 @@ mod followups;
 mod keys;
 mod lookup;
 mod outcome;
+mod pauses;
 mod quota;
 mod record;
 mod runs;
@@ -305,6 +308,8 @@ pub struct TaskStore {
     scripts: Scripts,
     /// The workflow runs' scripts (`runs`).
     run_scripts: runs::RunScripts,
+    /// The paused tasks' scripts (`pauses`).
+    pause_scripts: pauses::PauseScripts,
     /// Where the next callback claim starts (lanes in turn).
     next_callback_lane: AtomicUsize,
     /// When this store last looked for follow-ups a dead router left.

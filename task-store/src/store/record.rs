@@ -96,6 +96,11 @@ pub(super) fn assemble(fields: HashMap<String, String>) -> Result<Task, TaskStor
         transitions,
         result,
         accepted,
+        checkpoint: fields
+            .get("checkpoint")
+            .map(|text| serde_json::from_str::<Value>(text))
+            .transpose()
+            .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
     })
 }
 
