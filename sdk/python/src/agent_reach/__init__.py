@@ -26,7 +26,7 @@ from .agent import Agent
 from .assertion import Assertion, JwksFile, JwksUrl
 from .client import AsyncClient, Client, SessionResults, TaskAccepted, TaskView, verify_callback
 from .contexts import ContextHandle, Contexts
-from .ctx import Ctx
+from .ctx import Ctx, Paused
 from .errors import (
     AgentError,
     AgentReachError,
@@ -96,6 +96,7 @@ __all__ = [
     "NoAvailableInstance",
     "Overloaded",
     "PayloadTooLarge",
+    "Paused",
     "Policy",
     "Priority",
     "RateLimited",
