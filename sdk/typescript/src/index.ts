@@ -50,6 +50,7 @@ export {
   LeaseExpired,
   NoAvailableInstance,
   Overloaded,
+  Paused,
   PayloadTooLarge,
   RateLimited,
   RegistrationRefused,
