@@ -150,6 +150,17 @@ async fn try_start(
     })
 }
 
+/// Who reads runs: the bearer token's caller, or an operator's console
+/// session (the console's runs page, DESIGN §3.12).
+fn reader(api: &RunApi, identified: &Identified, headers: &HeaderMap) -> Result<Caller, RouterError> {
+    match (&identified.caller, &identified.session) {
+        (Err(_), Some(_)) => {
+            Ok(agent_reach_pipeline::call::identify::operator(api.service.admission(), identified, headers)?.caller)
+        }
+        (caller, _) => caller.clone(),
+    }
+}
+
 /// The run `run_id` if `caller` started it or is an operator; `RUN_NOT_FOUND` otherwise.
 async fn owned_run(api: &RunApi, caller: &Caller, run_id: &str) -> Result<(StoredRun, RunSpec), RouterError> {
     let engine = api.engine()?;
@@ -205,9 +216,10 @@ pub(crate) async fn status(
     AxumState(api): AxumState<RunApi>,
     Path(run_id): Path<String>,
     identified: Identified,
+    headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let caller = identified.caller?;
+        let caller = reader(&api, &identified, &headers)?;
         let (stored, spec) = owned_run(&api, &caller, &run_id).await?;
         let view = view_of(api.engine()?, &stored, &spec).await?;
         Ok::<_, RouterError>(Json(view).into_response())
@@ -221,9 +233,10 @@ pub(crate) async fn cancel(
     AxumState(api): AxumState<RunApi>,
     Path(run_id): Path<String>,
     identified: Identified,
+    headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let caller = identified.caller?;
+        let caller = reader(&api, &identified, &headers)?;
         owned_run(&api, &caller, &run_id).await?;
         let engine = api.engine()?;
         engine.cancel(&run_id).await?;
@@ -243,10 +256,11 @@ pub(crate) async fn events(
     AxumState(api): AxumState<RunApi>,
     Path(run_id): Path<String>,
     identified: Identified,
+    headers: HeaderMap,
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let outcome = async {
-        let caller = identified.caller?;
+        let caller = reader(&api, &identified, &headers)?;
         owned_run(&api, &caller, &run_id).await?;
         let engine = api.engine()?.clone();
         // (engine, run id, the last view sent, ended)
@@ -314,12 +328,13 @@ pub(crate) async fn list(
     AxumState(api): AxumState<RunApi>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
     identified: Identified,
+    headers: HeaderMap,
 ) -> Response {
     let outcome = async {
         let Query(query) = query.map_err(|rejection| {
             RouterError::new(Code::InvalidQuery, format!("invalid query: {}", rejection.body_text()))
         })?;
-        let caller = identified.caller?;
+        let caller = reader(&api, &identified, &headers)?;
         let engine = api.engine()?;
         let limit = query.limit.unwrap_or(50).clamp(1, 200);
         let ids = engine
