@@ -396,6 +396,7 @@ impl Engine {
                 ..NewTask::default()
             })
             .await?;
+        self.tasks.submitted();
         let record = ItemRecord {
             attempt: call.attempt,
             status: ItemStatus::Submitted,

@@ -117,9 +117,19 @@ pub struct TaskService {
     step_ended: std::sync::OnceLock<Arc<dyn StepEnded>>,
     /// The deliveries running here, for preemption (`preempt`).
     deliveries: preempt::Deliveries,
+    /// Wakes an idle worker loop: a task was just submitted here (a run's
+    /// next step), so claim now rather than at the next idle poll.
+    submitted: tokio::sync::Notify,
 }
 
 impl TaskService {
+    /// Says a task was just submitted through this router's store: an idle
+    /// worker loop claims at once instead of at its next poll (a run's steps
+    /// follow one another without the idle poll's wait between them).
+    pub fn submitted(&self) {
+        self.submitted.notify_one();
+    }
+
     /// The store (the console's slow-path summary and task lookup read it).
     pub fn store(&self) -> &TaskStore {
         &self.store
@@ -137,6 +147,7 @@ impl TaskService {
                 .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
                 .collect(),
             gated: AtomicUsize::new(0),
+            submitted: tokio::sync::Notify::new(),
             buffer: match &settings.store.local_buffer {
                 Some(local) => Some(buffer::TaskBuffer::open(&local.dir, local.limit, registry)?),
                 None => None,

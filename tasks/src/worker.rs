@@ -91,8 +91,8 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
         match claimed {
             Ok(claimed) if claimed.is_empty() => {
                 drop(service);
-                // Idle: poll again shortly.
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                // Idle: poll again shortly, or at once when a task is submitted here.
+                let _ = tokio::time::timeout(Duration::from_millis(10), tasks.submitted.notified()).await;
             }
             Ok(claimed) => {
                 backoff = Duration::from_millis(100);
