@@ -35,6 +35,20 @@ struct RawAcl {
     /// Callers who may use the console and the operator API.
     #[serde(default)]
     operators: Vec<String>,
+    /// Callers who may read (and replay) the trail, beside the operators.
+    #[serde(default)]
+    auditors: Vec<String>,
+    /// What the trail records beyond who called what (DESIGN §9).
+    #[serde(default)]
+    trail: RawTrail,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrail {
+    /// Capabilities whose calls' input and output are recorded (credential fields redacted).
+    #[serde(default)]
+    payloads: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -156,6 +170,8 @@ pub struct Acl {
     context_write: HashMap<String, Vec<Pattern>>,
     limits: HashMap<String, Limit>,
     operators: Vec<String>,
+    auditors: Vec<String>,
+    trail_payloads: Vec<Pattern>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +275,18 @@ impl Acl {
             }
             acl.operators.push(operator.clone());
         }
+        for auditor in &raw.auditors {
+            if let Err(why) = check_agent_name(auditor) {
+                problems.push(format!("auditors: `{auditor}`: {why}"));
+            }
+            acl.auditors.push(auditor.clone());
+        }
+        for pattern in &raw.trail.payloads {
+            match Pattern::parse(pattern) {
+                Ok(pattern) => acl.trail_payloads.push(pattern),
+                Err(why) => problems.push(format!("trail.payloads: {why}")),
+            }
+        }
         if problems.is_empty() {
             Ok(acl)
         } else {
@@ -305,6 +333,16 @@ impl Acl {
     /// May `caller` use the console and the operator API?
     pub fn is_operator(&self, caller: &str) -> bool {
         self.operators.iter().any(|operator| operator == caller)
+    }
+
+    /// May `caller` read and replay the trail (`operators` and `auditors`)?
+    pub fn may_read_trail(&self, caller: &str) -> bool {
+        self.is_operator(caller) || self.auditors.iter().any(|auditor| auditor == caller)
+    }
+
+    /// Does the trail record the input and output of `capability`'s calls (`trail.payloads`)?
+    pub fn records_payloads(&self, capability: &str) -> bool {
+        any_matches(&self.trail_payloads, capability)
     }
 
     /// Whether the policy names `agent` in its context whitelist at all.
@@ -511,6 +549,31 @@ context:
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(Acl::parse("version: 1\nunknown: []\n").is_err());
         assert!(Acl::parse("not: [valid").is_err());
+    }
+
+    #[test]
+    fn auditors_and_trail_payloads_parse_and_refuse_nonsense() {
+        let acl = Acl::parse(
+            "version: 1\noperators: [ops]\nauditors: [audit_bot]\ntrail:\n  payloads: [order.*, reply.write]\n",
+        )
+        .unwrap();
+        assert!(acl.may_read_trail("ops") && acl.may_read_trail("audit_bot") && !acl.may_read_trail("order_query"));
+        assert!(
+            !acl.is_operator("audit_bot"),
+            "an auditor reads the trail, nothing more"
+        );
+        assert!(acl.records_payloads("order.query") && acl.records_payloads("reply.write"));
+        assert!(!acl.records_payloads("payment.check"));
+        assert!(
+            !Acl::parse(SAMPLE).unwrap().records_payloads("order.query"),
+            "off by default"
+        );
+        let problems = Acl::parse("version: 1\nauditors: [\"Not OK\"]\ntrail:\n  payloads: [\"Bad*\"]\n").unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            Acl::parse("version: 1\ntrail:\n  inputs: [a]\n").is_err(),
+            "unknown fields are refused"
+        );
     }
 
     #[test]

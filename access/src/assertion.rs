@@ -117,6 +117,12 @@ impl AssertionKey {
 
     /// The signed JWT for `claims`.
     pub fn sign(&self, claims: &AssertionClaims) -> Result<String, String> {
+        self.sign_document(claims)
+    }
+
+    /// Any document signed as a compact JWS (EdDSA, this key's `kid`): the
+    /// trail's segment heads, beside the assertions.
+    pub fn sign_document<T: Serialize>(&self, claims: &T) -> Result<String, String> {
         let mut header = Header::new(Algorithm::EdDSA);
         header.kid = Some(self.kid.clone());
         jsonwebtoken::encode(&header, claims, &self.encoding).map_err(|error| format!("cannot sign: {error}"))
@@ -254,6 +260,24 @@ impl AssertionVerifier {
             .map_err(|error| AssertionError::Malformed(error.to_string()))?
             .kid
             .ok_or_else(|| AssertionError::Malformed("the assertion names no key (`kid`)".to_string()))
+    }
+
+    /// Verifies a document signed with [`AssertionKey::sign_document`]: its
+    /// signature by a key of this set, nothing else (a document says itself
+    /// what it is about, and has no audience or expiry).
+    pub fn verify_document<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AssertionError> {
+        let kid = Self::key_id(token)?;
+        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_required_spec_claims::<&str>(&[]);
+        validation.validate_exp = false;
+        validation.validate_aud = false;
+        jsonwebtoken::decode::<T>(token, key, &validation)
+            .map(|data| data.claims)
+            .map_err(|error| match error.kind() {
+                jsonwebtoken::errors::ErrorKind::InvalidSignature => AssertionError::BadSignature,
+                _ => AssertionError::Malformed(error.to_string()),
+            })
     }
 
     /// Verifies an `Authorization` header value for the agent `audience`.

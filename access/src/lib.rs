@@ -8,6 +8,7 @@
 
 pub mod acl;
 pub mod assertion;
+pub mod credentials;
 pub mod signer;
 pub mod token;
 

@@ -163,6 +163,11 @@ impl Assertions {
         reload.spawn(Arc::downgrade(self), seen);
     }
 
+    /// The `iss` the router signs as.
+    pub fn issuer(&self) -> &str {
+        &self.settings.issuer
+    }
+
     /// The key signing now (the console derives its sealing key from it).
     pub fn signing_key(&self) -> Arc<AssertionKey> {
         self.keys.load().signing.clone()

@@ -292,22 +292,45 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     )
     .await?;
 
+    // === Heartbeats: each agent's from the moment it is registered ===
+    let interval = Duration::from_secs(u64::from(args.ttl_s.max(3) / 3));
+    let counts = Arc::new(Counts::default());
+    // When the heartbeat phase ends: set once every agent is registered.
+    let (end_at, ends) = tokio::sync::watch::channel(None::<Instant>);
+    let mut streams = Vec::new();
+    let mut beaters = Vec::new();
+    for stream in 0..args.streams.max(1) {
+        let (agents, registered) = mpsc::unbounded_channel();
+        streams.push(agents);
+        let client = clients[stream % clients.len()].clone();
+        beaters.push(tokio::spawn(heartbeat_stream(
+            client,
+            token.clone(),
+            interval,
+            registered,
+            ends.clone(),
+            counts.clone(),
+        )));
+    }
+
     // === Phase 1: registration ===
     println!(
-        "registering {} agents ({} concurrent) ...",
-        args.agents, args.concurrency
+        "registering {} agents ({} concurrent), each heartbeating every {:?} from its registration ...",
+        args.agents, args.concurrency, interval
     );
     let registry_cpu = CpuMeter::start(&registry_pids)?;
     let etcd_cpu = CpuMeter::start(&etcd_pids)?;
     let router_cpu = CpuMeter::start(&router_pids)?;
     let started = Instant::now();
-    let leases: Vec<(usize, String, i64)> = futures::stream::iter(0..args.agents)
+    let retries = Arc::new(AtomicU64::new(0));
+    futures::stream::iter(0..args.agents)
         .map(|index| {
-            let via = index % clients.len();
-            let mut client = clients[via].clone();
+            let mut client = clients[index % clients.len()].clone();
             let token = token.clone();
             let capabilities = args.capabilities;
             let ttl_s = args.ttl_s;
+            let beats = streams[index % streams.len()].clone();
+            let retries = retries.clone();
             async move {
                 let agent_id = format!("bench-{index:06}");
                 let request = pb::RegisterRequest {
@@ -325,15 +348,34 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
                     }],
                     ..Default::default()
                 };
-                let answer = client.register(authed(request, &token)?).await?.into_inner();
-                anyhow::Ok((via, agent_id, answer.lease_id))
+                // An agent registers again after a failure, as the SDKs do; each retry is counted.
+                let mut tries = 0;
+                let answer = loop {
+                    match client.register(authed(request.clone(), &token)?).await {
+                        Ok(answer) => break answer.into_inner(),
+                        Err(status) if tries < 5 => {
+                            tries += 1;
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            if tries == 1 {
+                                eprintln!("registration of {agent_id} failed, retrying: {status}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                        }
+                        Err(status) => return Err(status.into()),
+                    }
+                };
+                beats
+                    .send((agent_id, answer.lease_id))
+                    .map_err(|_| anyhow::anyhow!("a heartbeat stream ended during registration"))?;
+                anyhow::Ok(())
             }
         })
         .buffer_unordered(args.concurrency)
         .collect::<Vec<_>>()
         .await
         .into_iter()
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<()>, _>>()?;
+    drop(streams);
     let registration_time = started.elapsed();
     let registration_rate = args.agents as f64 / registration_time.as_secs_f64();
     let registration_registry_cpu = registry_cpu.cores()?;
@@ -361,67 +403,18 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let watched_after = started.elapsed();
 
     // === Phase 2: sustained heartbeats + resolves (+ a new router) ===
-    let interval = Duration::from_secs(u64::from(args.ttl_s.max(3) / 3));
     println!(
-        "heartbeating every {:?} over {} streams for {} s, resolving at {}/s ...",
-        interval, args.streams, args.duration_s, args.resolve_rate
+        "every agent registered; heartbeating over {} streams for {} s, resolving at {}/s ...",
+        args.streams, args.duration_s, args.resolve_rate
     );
-    let ok = Arc::new(AtomicU64::new(0));
-    let expired = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
     let registry_cpu = CpuMeter::start(&registry_pids)?;
     let etcd_cpu = CpuMeter::start(&etcd_pids)?;
     let router_cpu = CpuMeter::start(&router_pids)?;
     let etcd_before = etcd.counters(&http).await?;
+    let beats_before = counts.ok.load(Ordering::Relaxed);
     let phase_start = Instant::now();
     let phase_end = phase_start + Duration::from_secs(args.duration_s);
-    let mut tasks = Vec::new();
-    let per_stream = leases.len().div_ceil(args.streams.max(1));
-    for (stream, chunk) in leases.chunks(per_stream.max(1)).enumerate() {
-        let chunk: Vec<(String, i64)> = chunk.iter().map(|(_, id, lease)| (id.clone(), *lease)).collect();
-        let mut client = clients[stream % clients.len()].clone();
-        let token = token.clone();
-        let (ok, expired, failed) = (ok.clone(), expired.clone(), failed.clone());
-        tasks.push(tokio::spawn(async move {
-            let (sender, receiver) = mpsc::channel(4096);
-            let mut answers = client
-                .keep_alive(authed(tokio_stream::wrappers::ReceiverStream::new(receiver), &token)?)
-                .await?
-                .into_inner();
-            let reader = tokio::spawn(async move {
-                while let Some(Ok(answer)) = answers.next().await {
-                    match answer.error {
-                        None => ok.fetch_add(1, Ordering::Relaxed),
-                        Some(error) if error.code == "LEASE_EXPIRED" => expired.fetch_add(1, Ordering::Relaxed),
-                        Some(_) => failed.fetch_add(1, Ordering::Relaxed),
-                    };
-                }
-            });
-            // Spread this stream's agents evenly over the heartbeat interval.
-            let gap = interval / u32::try_from(chunk.len().max(1))?;
-            let mut ticker = tokio::time::interval(gap);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            'outer: loop {
-                for (agent_id, lease_id) in &chunk {
-                    ticker.tick().await;
-                    if Instant::now() >= phase_end {
-                        break 'outer;
-                    }
-                    let heartbeat = pb::KeepAliveRequest {
-                        agent_id: agent_id.clone(),
-                        lease_id: *lease_id,
-                        ..Default::default()
-                    };
-                    if sender.send(heartbeat).await.is_err() {
-                        break 'outer;
-                    }
-                }
-            }
-            drop(sender);
-            let _ = tokio::time::timeout(Duration::from_secs(10), reader).await;
-            anyhow::Ok(())
-        }));
-    }
+    end_at.send_replace(Some(phase_end));
     let resolver = {
         let mut client = clients[0].clone();
         let token = token.clone();
@@ -451,8 +444,8 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         true => Some(start_new_router(&files, &registries, &http, all).await?),
         false => None,
     };
-    for task in tasks {
-        task.await??;
+    for beater in beaters {
+        beater.await??;
     }
     let latencies = resolver.await??;
     let heartbeat_registry_cpu = registry_cpu.cores()?;
@@ -462,7 +455,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         .counters(&http)
         .await?
         .rates_since(etcd_before, phase_start.elapsed());
-    let heartbeat_rate = ok.load(Ordering::Relaxed) as f64 / args.duration_s as f64;
+    let heartbeat_rate = (counts.ok.load(Ordering::Relaxed) - beats_before) as f64 / args.duration_s as f64;
 
     // Every page of the listing (one answer would outgrow a gRPC message).
     let mut client = clients[clients.len() - 1].clone();
@@ -490,7 +483,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         page_token = page.next_page_token;
     }
     let lost = args.agents.saturating_sub(live);
-    let expired = expired.load(Ordering::Relaxed);
+    let expired = counts.expired.load(Ordering::Relaxed);
 
     // === Report ===
     let per_10k = |cores: f64| cores * 10_000.0 / args.agents.max(1) as f64;
@@ -504,7 +497,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         if args.with_router { ", a router watching" } else { "" },
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("  registration       {registration_rate:>10.0} /s   ({:.1} s)   registries CPU {registration_registry_cpu:.2} cores   etcd CPU {registration_etcd_cpu:.2} cores", registration_time.as_secs_f64());
+    println!("  registration       {registration_rate:>10.0} /s   ({:.1} s)   registries CPU {registration_registry_cpu:.2} cores   etcd CPU {registration_etcd_cpu:.2} cores   {} retried", registration_time.as_secs_f64(), retries.load(Ordering::Relaxed));
     if args.with_router {
         println!(
             "  watching router    every agent in its snapshot {:.1} s after the first registration   CPU {registration_router_cpu:.2} cores while they registered",
@@ -533,9 +526,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         etcd_rates.renewals
     );
     println!(
-        "  heartbeat errors   {} lease expired, {} other",
+        "  heartbeat errors   {} lease expired, {} other, {} stream(s) opened again",
         expired,
-        failed.load(Ordering::Relaxed)
+        counts.failed.load(Ordering::Relaxed),
+        counts.reopened.load(Ordering::Relaxed)
     );
     println!(
         "  resolve            p50 {:?}   p99 {:?}   ({} calls)",
@@ -639,4 +633,98 @@ async fn start_new_router(
         instances,
         call_status,
     })
+}
+
+/// Heartbeat answers over the whole run.
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    expired: AtomicU64,
+    failed: AtomicU64,
+    /// Keep-alive streams opened again after they broke.
+    reopened: AtomicU64,
+}
+
+/// One gRPC `KeepAlive` stream: each agent handed to it is renewed every
+/// `interval` from its registration (agents come in registration order, so
+/// a queue in due order is enough), until the heartbeat phase ends. A stream
+/// that breaks is opened again (as an SDK does), and counted.
+async fn heartbeat_stream(
+    client: RegistryClient<Channel>,
+    token: String,
+    interval: Duration,
+    mut registered: mpsc::UnboundedReceiver<(String, i64)>,
+    mut ends: tokio::sync::watch::Receiver<Option<Instant>>,
+    counts: Arc<Counts>,
+) -> anyhow::Result<()> {
+    let (mut sender, mut reader) = open_keep_alive(client.clone(), &token, counts.clone()).await?;
+    let mut due: std::collections::VecDeque<(Instant, String, i64)> = std::collections::VecDeque::new();
+    let mut open = true;
+    loop {
+        let end = *ends.borrow();
+        if end.is_some_and(|end| Instant::now() >= end) {
+            break;
+        }
+        let next = due.front().map(|(at, _, _)| *at);
+        tokio::select! {
+            agent = registered.recv(), if open => match agent {
+                Some((agent_id, lease_id)) => due.push_back((Instant::now() + interval, agent_id, lease_id)),
+                None => open = false,
+            },
+            _ = tokio::time::sleep_until(next.unwrap_or_else(|| Instant::now() + interval).into()), if next.is_some() => {
+                if let Some((at, agent_id, lease_id)) = due.pop_front() {
+                    let heartbeat = pb::KeepAliveRequest {
+                        agent_id: agent_id.clone(),
+                        lease_id,
+                        ..Default::default()
+                    };
+                    if let Err(failed) = sender.send(heartbeat).await {
+                        counts.reopened.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("a keep-alive stream broke; opening it again");
+                        (sender, reader) = open_keep_alive(client.clone(), &token, counts.clone()).await?;
+                        sender.send(failed.0).await.map_err(|_| anyhow::anyhow!("a new keep-alive stream refused a heartbeat"))?;
+                    }
+                    due.push_back((at + interval, agent_id, lease_id));
+                }
+            }
+            changed = ends.changed() => if changed.is_err() { break },
+        }
+    }
+    drop(sender);
+    let _ = tokio::time::timeout(Duration::from_secs(10), reader).await;
+    Ok(())
+}
+
+/// A `KeepAlive` stream: where heartbeats go, and the task counting its answers.
+async fn open_keep_alive(
+    mut client: RegistryClient<Channel>,
+    token: &str,
+    counts: Arc<Counts>,
+) -> anyhow::Result<(mpsc::Sender<pb::KeepAliveRequest>, tokio::task::JoinHandle<()>)> {
+    let mut tries = 0;
+    let (sender, mut answers) = loop {
+        let (sender, receiver) = mpsc::channel(4096);
+        let opened = client
+            .keep_alive(authed(tokio_stream::wrappers::ReceiverStream::new(receiver), token)?)
+            .await;
+        match opened {
+            Ok(answers) => break (sender, answers.into_inner()),
+            Err(status) if tries < 5 => {
+                tries += 1;
+                eprintln!("cannot open a keep-alive stream, retrying: {status}");
+                tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+            }
+            Err(status) => return Err(status.into()),
+        }
+    };
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(answer)) = answers.next().await {
+            match answer.error {
+                None => counts.ok.fetch_add(1, Ordering::Relaxed),
+                Some(error) if error.code == "LEASE_EXPIRED" => counts.expired.fetch_add(1, Ordering::Relaxed),
+                Some(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+    });
+    Ok((sender, reader))
 }

@@ -27,6 +27,7 @@ mod ops;
 mod tasks;
 mod tenants;
 mod workflows;
+mod trail;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]
@@ -119,6 +120,13 @@ enum Command {
     Tenants {
         #[command(subcommand)]
         command: tenants::TenantsCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// The trail: show a collaboration as a tree, verify the chains, replay recorded inputs (operators, auditors).
+    Trail {
+        #[command(subcommand)]
+        command: trail::TrailCommand,
         #[command(flatten)]
         connection: ops::Connection,
     },
@@ -276,6 +284,14 @@ async fn main() -> anyhow::Result<()> {
         Command::Console { args, connection } => console::console(&connection, args).await,
         Command::Requests { command, connection } => console::requests(&connection, command).await,
         Command::Tenants { command, connection } => tenants::tenants(&connection, command).await,
+        Command::Trail { command, connection } => match trail::trail(&connection, command).await {
+            Err(error) if error.downcast_ref::<trail::Coded>().is_some() => {
+                // A failure with a stable code: printed as such, exit status 2.
+                eprintln!("{error}");
+                std::process::exit(2);
+            }
+            other => other,
+        },
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },

@@ -22,6 +22,7 @@ pub mod openapi;
 mod operator;
 mod relay;
 pub mod seal;
+mod trail;
 mod views;
 
 use std::sync::Arc;
@@ -95,6 +96,17 @@ pub fn routes(state: ConsoleState) -> axum::Router {
             get(views::request).fallback(method_not_allowed),
         )
         .route("/v1/backlog", get(views::backlog).fallback(method_not_allowed))
+        .route("/v1/trail", get(trail::records).fallback(method_not_allowed))
+        .route("/v1/trail/chains", get(trail::chains).fallback(method_not_allowed))
+        .route("/v1/trail/inputs", get(trail::inputs).fallback(method_not_allowed))
+        .route(
+            "/v1/trail/chains/{router}/records",
+            get(trail::chain_records).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/trail/chains/{router}/heads",
+            get(trail::chain_heads).fallback(method_not_allowed),
+        )
         .route(
             "/v1/agents/{agent_id}/weight",
             put(relay::weight).fallback(method_not_allowed),

@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 16] = [
+pub const PATHS: [(&str, &str); 21] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -22,6 +22,11 @@ pub const PATHS: [(&str, &str); 16] = [
     ("/v1/capabilities/{name}/split", "get"),
     ("/v1/capabilities/{name}/split", "put"),
     ("/v1/capabilities/{name}/split", "delete"),
+    ("/v1/trail", "get"),
+    ("/v1/trail/chains", "get"),
+    ("/v1/trail/chains/{router}/records", "get"),
+    ("/v1/trail/chains/{router}/heads", "get"),
+    ("/v1/trail/inputs", "get"),
 ];
 
 fn failed(description: &str) -> Value {
@@ -180,6 +185,60 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
                     ("404", failed("NOT_FOUND (details.reason `request_not_found`): not among this router's recent calls; older, or answered by another replica.")),
                 ],
             )
+        } },
+        "/v1/trail": { "get": {
+            "summary": "One collaboration's trail records, oldest first, every router replica's: by session, run or request id; `view=tree` adds the tree of hops (operators and auditors; DESIGN §3.13)",
+            "security": security(),
+            "parameters": [
+                { "name": "session_id", "in": "query", "required": false, "schema": { "type": "string", "maxLength": 256 } },
+                { "name": "run_id", "in": "query", "required": false, "schema": { "type": "string", "maxLength": 256 } },
+                { "name": "request_id", "in": "query", "required": false, "schema": { "type": "string", "maxLength": 256 } },
+                { "name": "cursor", "in": "query", "required": false, "schema": { "type": "string" }, "description": "An earlier answer's `next_cursor`." },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000 } },
+                { "name": "view", "in": "query", "required": false, "schema": { "type": "string", "enum": ["list", "tree"] } }
+            ],
+            "responses": operator(
+                object("The records (DESIGN §9) and, with view=tree, the tree.", json!({ "records": { "type": "array", "items": { "type": "object" } }, "next_cursor": { "type": "string", "nullable": true }, "tree": { "type": "array", "items": { "type": "object" } } })),
+                vec![
+                    ("400", failed("INVALID_QUERY: not exactly one of session_id, run_id, request_id; a bad cursor or view.")),
+                    ("501", failed("TRAIL_DISABLED: this router keeps no trail (no --redis, or --trail off).")),
+                    ("503", failed("TASK_STORE_UNAVAILABLE: Redis did not answer.")),
+                ],
+            )
+        } },
+        "/v1/trail/chains": { "get": {
+            "summary": "The tenant's trail chains (one per router replica start), newest first (operators and auditors)",
+            "security": security(),
+            "responses": operator(object("The chains.", json!({ "chains": { "type": "array", "items": { "type": "object", "properties": { "router": { "type": "string" }, "last_at_ms": { "type": "integer" } } } } })), vec![("501", failed("TRAIL_DISABLED."))])
+        } },
+        "/v1/trail/chains/{router}/records": { "get": {
+            "summary": "A chain's records as stored (body and hash), in order: what `agent-reach trail verify` checks (operators and auditors)",
+            "security": security(),
+            "parameters": [
+                { "name": "router", "in": "path", "required": true, "schema": { "type": "string" } },
+                { "name": "after", "in": "query", "required": false, "schema": { "type": "string" }, "description": "An earlier answer's `next_after` (a stream id, `MS-SEQ`)." },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 10000 } }
+            ],
+            "responses": operator(object("The records.", json!({ "records": { "type": "array", "items": { "type": "object", "properties": { "id": { "type": "string" }, "body": { "type": "string" }, "hash": { "type": "string" } } } }, "next_after": { "type": "string", "nullable": true } })), vec![("400", failed("INVALID_QUERY: a bad `after`.")), ("404", failed("NOT_FOUND: not a chain name."))])
+        } },
+        "/v1/trail/chains/{router}/heads": { "get": {
+            "summary": "A chain's signed segment heads (JWS, the router's assertion key), in order (operators and auditors)",
+            "security": security(),
+            "parameters": [
+                { "name": "router", "in": "path", "required": true, "schema": { "type": "string" } },
+                { "name": "after", "in": "query", "required": false, "schema": { "type": "string" } },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 10000 } }
+            ],
+            "responses": operator(object("The heads.", json!({ "heads": { "type": "array", "items": { "type": "object", "properties": { "id": { "type": "string" }, "jws": { "type": "string" } } } }, "next_after": { "type": "string", "nullable": true } })), vec![("400", failed("INVALID_QUERY: a bad `after`.")), ("404", failed("NOT_FOUND: not a chain name."))])
+        } },
+        "/v1/trail/inputs": { "get": {
+            "summary": "The newest records of a capability that hold their input, newest first: what a canary by replay samples (operators and auditors)",
+            "security": security(),
+            "parameters": [
+                { "name": "capability", "in": "query", "required": true, "schema": { "type": "string" } },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 1, "maximum": 1000 } }
+            ],
+            "responses": operator(object("The records.", json!({ "records": { "type": "array", "items": { "type": "object" } } })), vec![("400", failed("INVALID_QUERY: no or a bad capability name."))])
         } },
         "/v1/backlog": { "get": {
             "summary": "The slow path: tasks waiting by capability and priority, running by priority, the dead letters' count (operators)",

@@ -220,7 +220,7 @@ impl ContextService {
             })?,
         };
         let fields = validate::fields(input.fields, &self.config.limits(), "fields")?;
-        self.config.credential_fields.check(fields.keys(), "fields")?;
+        validate::refuse_credentials(&self.config.credential_fields, fields.keys(), "fields")?;
         let access = Access::of(caller);
         let acl = self.acl.current();
         if let Some(name) = fields.keys().find(|name| !access.may_write(&acl, name)) {
@@ -325,7 +325,7 @@ impl ContextService {
         }
         let limits = self.config.limits();
         let set = validate::fields(input.set, &limits, "set")?;
-        self.config.credential_fields.check(set.keys(), "set")?;
+        validate::refuse_credentials(&self.config.credential_fields, set.keys(), "set")?;
         let delete = validate::deletions(input.delete, &set, &limits)?;
         let access = Access::of(caller);
         let acl = self.acl.current();

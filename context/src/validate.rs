@@ -20,78 +20,29 @@ pub struct Limits {
     pub max_fields: usize,
 }
 
-/// Field names that would hold credentials (DESIGN §4: credentials and
-/// secrets never belong in context). A name matches a pattern when its words
-/// (split at `.`, `_`, `-`) end with the pattern's words: with the default
-/// patterns `password`, `user.password`, `github_token`, `client_secret` and
-/// `openai_api_key` match; `token_count` and `password_hint` do not.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CredentialFields {
-    patterns: Vec<Vec<String>>,
-}
+pub use agent_reach_access::credentials::CredentialFields;
 
-/// The patterns refused unless configured otherwise (`--credential-fields`).
-pub const DEFAULT_CREDENTIAL_FIELDS: [&str; 5] = ["password", "secret", "token", "api_key", "authorization"];
-
-impl CredentialFields {
-    /// Patterns of lowercase words joined by `_` (`api_key`); an empty list refuses nothing.
-    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, String> {
-        let mut parsed = Vec::new();
-        for pattern in patterns {
-            let pattern = pattern.as_ref().trim();
-            let words: Vec<String> = pattern.split(['_', '.', '-']).map(str::to_string).collect();
-            if pattern.is_empty()
-                || words
-                    .iter()
-                    .any(|word| word.is_empty() || !word.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()))
-            {
-                return Err(format!(
-                    "credential field pattern `{pattern}` must be lowercase words joined by `_` (e.g. `api_key`)"
-                ));
-            }
-            parsed.push(words);
+/// Refuses the first of `names` that would hold a credential (`section`
+/// names where they came from in the error).
+pub fn refuse_credentials<'a>(
+    credentials: &CredentialFields,
+    names: impl IntoIterator<Item = &'a String>,
+    section: &str,
+) -> Result<(), ContextError> {
+    for name in names {
+        if let Some(pattern) = credentials.matching(name) {
+            return Err(ContextError::field(
+                Code::CredentialField,
+                format!("{section}.{name}"),
+                format!(
+                    "`{name}` looks like a credential (it ends with `{pattern}`); credentials and secrets never \
+                     belong in shared context: pass a reference (e.g. a secret's name) instead"
+                ),
+            )
+            .with_details(serde_json::json!({ "pattern": pattern })));
         }
-        Ok(Self { patterns: parsed })
     }
-
-    /// The pattern `name` matches, if any.
-    pub fn matching(&self, name: &str) -> Option<String> {
-        let words: Vec<&str> = name.split(['_', '.', '-']).collect();
-        self.patterns
-            .iter()
-            .find(|pattern| {
-                words.len() >= pattern.len()
-                    && words[words.len() - pattern.len()..]
-                        .iter()
-                        .zip(pattern.iter())
-                        .all(|(word, want)| word == want)
-            })
-            .map(|pattern| pattern.join("_"))
-    }
-
-    /// Refuses the first of `names` that would hold a credential.
-    pub fn check<'a>(&self, names: impl IntoIterator<Item = &'a String>, section: &str) -> Result<(), ContextError> {
-        for name in names {
-            if let Some(pattern) = self.matching(name) {
-                return Err(ContextError::field(
-                    Code::CredentialField,
-                    format!("{section}.{name}"),
-                    format!(
-                        "`{name}` looks like a credential (it ends with `{pattern}`); credentials and secrets never \
-                         belong in shared context: pass a reference (e.g. a secret's name) instead"
-                    ),
-                )
-                .with_details(serde_json::json!({ "pattern": pattern })));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Default for CredentialFields {
-    fn default() -> Self {
-        Self::new(&DEFAULT_CREDENTIAL_FIELDS).unwrap_or(Self { patterns: Vec::new() })
-    }
+    Ok(())
 }
 
 /// Context ids: 1..=128 of `A-Z a-z 0-9 _ - . :` (they become part of a Redis key).
@@ -214,41 +165,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn credential_fields_are_recognised_by_their_last_words() {
-        let credentials = CredentialFields::default();
-        for name in [
-            "password",
-            "user.password",
-            "github_token",
-            "client_secret",
-            "openai_api_key",
-            "authorization",
-            "db.admin-password",
-        ] {
-            assert!(credentials.matching(name).is_some(), "{name}");
-        }
-        for name in [
-            "token_count",
-            "password_hint",
-            "intent",
-            "order_status",
-            "api",
-            "key",
-            "secretary",
-        ] {
-            assert_eq!(credentials.matching(name), None, "{name}");
-        }
-        let error = credentials.check([&"user.password".to_string()], "set").unwrap_err();
+    fn a_credential_field_is_refused_with_its_field() {
+        let error =
+            refuse_credentials(&CredentialFields::default(), [&"user.password".to_string()], "set").unwrap_err();
         assert_eq!(
             (error.code, error.field.as_deref()),
             (Code::CredentialField, Some("set.user.password"))
-        );
-        assert!(CredentialFields::new(&["Bad Pattern"]).is_err());
-        assert!(CredentialFields::new(&[""]).is_err());
-        assert_eq!(
-            CredentialFields::new::<&str>(&[]).unwrap().matching("password"),
-            None,
-            "none configured"
         );
     }
 

@@ -58,6 +58,15 @@ async fn bind(address: SocketAddr, flag: &str) -> anyhow::Result<(tokio::net::Tc
 
 impl Stack {
     pub async fn start(options: StackOptions) -> anyhow::Result<Self> {
+        Self::start_with(options, |_| {}).await
+    }
+
+    /// [`Stack::start`], with `tune` adjusting the router's settings (its slow
+    /// path and trail on a Redis, say) before it is built.
+    pub async fn start_with(
+        options: StackOptions,
+        tune: impl FnOnce(&mut agent_reach_router::Settings),
+    ) -> anyhow::Result<Self> {
         let workdir = tempfile::Builder::new()
             .prefix("agent-reach-dev-")
             .tempdir()
@@ -158,8 +167,10 @@ impl Stack {
                 max_task_attempts: 3,
                 tag_limits: Vec::new(),
                 quota_share: None,
+                trail: None,
             });
         }
+        tune(&mut router_settings);
         let router = agent_reach_router::build(&router_settings).await?;
         let (listener, router_addr) = bind(options.router_listen, "--router-listen").await?;
         servers.push(tokio::spawn(async move {

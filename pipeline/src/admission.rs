@@ -204,6 +204,26 @@ impl Admission {
         .with_details(json!({ "caller": &**name, "capability": capability })))
     }
 
+    /// Does the trail record `capability`'s payloads (`trail.payloads` in `acl.yaml`)?
+    pub fn records_payloads(&self, capability: &str) -> bool {
+        self.acl.current().records_payloads(capability)
+    }
+
+    /// May `caller` read and replay this tenant's trail (`operators` and `auditors`)?
+    pub fn authorize_trail_reader(&self, caller: &Caller) -> Result<(), RouterError> {
+        let Caller::Agent { name, .. } = caller else {
+            return Ok(());
+        };
+        if self.acl.current().may_read_trail(name) {
+            return Ok(());
+        }
+        Err(RouterError::new(
+            Code::Forbidden,
+            format!("caller `{name}` may not read the trail (add it to `auditors:` or `operators:` in acl.yaml)"),
+        )
+        .with_details(json!({ "caller": &**name, "reason": "not_an_auditor" })))
+    }
+
     /// May `caller` use the operator API (`operators:` in `acl.yaml`, DESIGN §8)?
     pub fn authorize_operator(&self, caller: &Caller) -> Result<(), RouterError> {
         let Caller::Agent { name, .. } = caller else {
@@ -306,8 +326,14 @@ impl Admission {
         let permit = {
             // One policy load for the ACL and the limits.
             let acl = self.acl.current();
-            self.authorize_with(&acl, caller, &request.capability)
-                .map_err(|error| refused(error, None))?;
+            // A replay of a recorded call (`replay_of`) is a trail reader's right,
+            // beside `permissions` (`agent-reach trail replay`, DESIGN §9).
+            let replaying =
+                request.replay_of.is_some() && matches!(caller, Caller::Agent { name, .. } if acl.may_read_trail(name));
+            if !replaying {
+                self.authorize_with(&acl, caller, &request.capability)
+                    .map_err(|error| refused(error, None))?;
+            }
             // The tenant's quota first: a tenant over it is refused whoever calls.
             let tenant = match (&self.quota, entry) {
                 (Some(quota), Entry::Call) => quota.admit_call().map_err(|error| refused(error, None))?,

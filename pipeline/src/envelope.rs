@@ -72,6 +72,7 @@ pub fn call(
         timeout: None,
         trace_id: None,
         source: None,
+        replay_of: None,
         payload,
     };
     canonical(&mut request)?;
@@ -137,13 +138,15 @@ pub fn check_fields(request: &InvokeRequest) -> Result<(Option<semver::VersionRe
     if request.timeout_ms == Some(0) {
         return Err(invalid("timeout_ms", "timeout_ms must be above 0"));
     }
-    if let Some(request_id) = &request.request_id {
-        let printable = request_id.chars().all(|c| c.is_ascii_graphic());
-        if request_id.is_empty() || request_id.len() > 128 || !printable {
-            return Err(invalid(
-                "request_id",
-                "request_id must be 1..=128 printable ASCII characters without spaces",
-            ));
+    for (field, id) in [("request_id", &request.request_id), ("replay_of", &request.replay_of)] {
+        if let Some(id) = id {
+            let printable = id.chars().all(|c| c.is_ascii_graphic());
+            if id.is_empty() || id.len() > 128 || !printable {
+                return Err(invalid(
+                    field,
+                    format!("{field} must be 1..=128 printable ASCII characters without spaces"),
+                ));
+            }
         }
     }
     let policy = request.target_policy.unwrap_or_default();

@@ -50,6 +50,7 @@ mod snapshot;
 mod split;
 pub mod stream;
 pub mod trace;
+pub mod trail;
 mod tuning;
 mod usage;
 pub mod views;

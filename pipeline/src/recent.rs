@@ -31,7 +31,7 @@ pub struct Attempt {
 }
 
 /// The attempts of one call, inline up to the usual few.
-pub type Trail = smallvec::SmallVec<[Attempt; 4]>;
+pub type Tried = smallvec::SmallVec<[Attempt; 4]>;
 
 /// One recorded call.
 #[derive(Default)]
@@ -153,7 +153,7 @@ impl RecentCalls {
     }
 
     /// Records a finished call, overwriting this thread's shard's oldest.
-    pub fn record(&self, finished: &Finished<'_>, attempts: Trail) {
+    pub fn record(&self, finished: &Finished<'_>, attempts: Tried) {
         let Some(shard) = self.shards.get(my_shard()) else {
             return;
         };
@@ -229,7 +229,7 @@ mod tests {
     fn the_ring_keeps_the_newest_calls_of_each_shard_and_finds_them() {
         let ring = RecentCalls::new();
         for n in 0..(PER_SHARD as u64 + 10) {
-            ring.record(&finished(&format!("req-{n}"), n), Trail::new());
+            ring.record(&finished(&format!("req-{n}"), n), Tried::new());
         }
         let all = ring.find(|_| true, Call::view);
         assert_eq!(all.len(), PER_SHARD, "one thread fills one shard, oldest overwritten");
@@ -241,7 +241,7 @@ mod tests {
         assert_eq!(found[0].1["duration_ms"], 1.5);
         // Another thread writes another shard.
         std::thread::scope(|scope| {
-            scope.spawn(|| ring.record(&finished("elsewhere", 9999), Trail::new()));
+            scope.spawn(|| ring.record(&finished("elsewhere", 9999), Tried::new()));
         });
         assert_eq!(ring.find(|_| true, Call::view).len(), PER_SHARD + 1);
     }

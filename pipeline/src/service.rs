@@ -20,10 +20,11 @@ use crate::error::RouterError;
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::outcome::{no_instance, Failure, Success};
-use crate::recent::{Finished, RecentCalls, Trail};
+use crate::recent::{Finished, RecentCalls, Tried};
 use crate::retry::RetryBudget;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
+use crate::trail::{self, Ending, TrailHook};
 use crate::tuning::Tuning;
 
 pub struct RouterService {
@@ -43,6 +44,8 @@ pub struct RouterService {
     /// Runs workflows' calls (installed by the slow path; none: a workflow's
     /// name answers `TASKS_DISABLED`, runs needing the task store).
     runner: std::sync::OnceLock<Arc<dyn crate::workflows::Runner>>,
+    /// Where every call is recorded beyond the ring, when the trail is on.
+    trail: std::sync::OnceLock<Arc<TrailHook>>,
 }
 
 /// One instance's outcome of a broadcast.
@@ -73,6 +76,7 @@ impl RouterService {
             metrics,
             recent: Arc::new(RecentCalls::new()),
             runner: std::sync::OnceLock::new(),
+            trail: std::sync::OnceLock::new(),
         }
     }
 
@@ -81,6 +85,18 @@ impl RouterService {
         if self.runner.set(runner).is_err() {
             tracing::warn!(message = "A workflow runner was installed twice; the first one stays.");
         }
+    }
+
+    /// Records every call of this part in the trail from now on (set once).
+    pub fn record_trail(&self, hook: TrailHook) {
+        if self.trail.set(Arc::new(hook)).is_err() {
+            tracing::warn!(message = "The trail was set up twice for one part; the first stays.");
+        }
+    }
+
+    /// The trail's hook, when the trail is on.
+    pub(crate) fn trail(&self) -> Option<&Arc<TrailHook>> {
+        self.trail.get()
     }
 
     /// The recent-calls ring.
@@ -116,7 +132,7 @@ impl RouterService {
         tokio::spawn(crate::limits::shares::run(Arc::downgrade(self), ledger, every));
     }
 
-    pub fn assertions(&self) -> &Assertions {
+    pub fn assertions(&self) -> &Arc<Assertions> {
         &self.assertions
     }
 
@@ -183,8 +199,8 @@ impl RouterService {
             Err(refused) => return Err(self.refused(call, refused)),
         };
         let capability = admitted.capability;
-        let mut trail = Trail::new();
-        let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut trail).await {
+        let mut tried = Tried::new();
+        let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut tried).await {
             Ok(Answered::Done(success)) => Ok(success),
             Ok(Answered::Committed { committed, .. }) => match committed {},
             Err(failure) => Err(failure),
@@ -193,11 +209,11 @@ impl RouterService {
             .metrics
             .record(result.as_ref().map(|_| ()).map_err(|failure| failure.error.code));
         match &result {
-            Ok(success) => self.remember(&Recorded::of(call, Some(&success.capability_version), None), trail),
+            Ok(success) => self.remember(&Recorded::answered(call, success), tried),
             Err(failure) => {
                 self.failed(call, failure);
                 let recorded = Recorded::of(call, failure.capability_version.as_deref(), Some(&failure.error));
-                self.remember(&recorded, trail);
+                self.remember(&recorded, tried);
             }
         }
         result
@@ -213,11 +229,11 @@ impl RouterService {
         let outcome = self.start_workflow(call, &workflow).await;
         let version = workflow.version.to_string();
         match &outcome {
-            Ok(_) => self.remember(&Recorded::of(call, Some(&version), None), Trail::new()),
+            Ok(_) => self.remember(&Recorded::of(call, Some(&version), None), Tried::new()),
             Err(failure) => {
                 self.metrics.record_rejected(failure.error.code);
                 self.failed(call, failure);
-                self.remember(&Recorded::of(call, Some(&version), Some(&failure.error)), Trail::new());
+                self.remember(&Recorded::of(call, Some(&version), Some(&failure.error)), Tried::new());
             }
         }
         outcome
@@ -260,7 +276,7 @@ impl RouterService {
         }
         self.failed(call, &failure);
         let recorded = Recorded::of(call, failure.capability_version.as_deref(), Some(&failure.error));
-        self.remember(&recorded, Trail::new());
+        self.remember(&recorded, Tried::new());
         *failure
     }
 
@@ -279,9 +295,27 @@ impl RouterService {
         );
     }
 
-    /// Records a finished call in the recent-calls ring.
-    pub(crate) fn remember(&self, call: &Recorded<'_>, trail: Trail) {
-        self.recent.record(&call.finished(), trail);
+    /// Records a finished call in the recent-calls ring, and in the trail when it is on.
+    pub(crate) fn remember(&self, recorded: &Recorded<'_>, tried: Tried) {
+        let finished = recorded.finished();
+        if let Some(hook) = self.trail() {
+            let capability = &recorded.call.checked.request.capability;
+            let entry = hook.begin(recorded.call, self.admission.records_payloads(capability));
+            let ending = Ending {
+                version: recorded.version,
+                error: recorded.error,
+                success: recorded.success,
+                duration_us: finished.duration_us,
+            };
+            hook.recorder.offer(trail::finish(hook, entry, &ending, &tried));
+        }
+        self.recent.record(&finished, tried);
+    }
+
+    /// Records a finished call in the recent-calls ring only (a broadcast,
+    /// whose members the trail records one by one).
+    fn remember_in_ring(&self, recorded: &Recorded<'_>, tried: Tried) {
+        self.recent.record(&recorded.finished(), tried);
     }
 
     /// Fan-out: delivers one envelope to every routable instance of the
@@ -319,14 +353,14 @@ impl RouterService {
         }
         let admitted = &admitted;
         let deliveries = targets.into_iter().map(|instance| async move {
-            let mut trail = Trail::new();
+            let mut tried = Tried::new();
             let outcome = attempts::run(
                 self.means(),
                 call,
                 admitted,
                 Targets::Only(instance),
                 &mut Whole,
-                &mut trail,
+                &mut tried,
             )
             .await;
             let outcome = match outcome {
@@ -334,15 +368,29 @@ impl RouterService {
                 Ok(Answered::Committed { committed, .. }) => match committed {},
                 Err(failure) => Err(failure),
             };
-            ((instance.agent_id.clone(), outcome), trail)
+            ((instance.agent_id.clone(), outcome), tried)
         });
-        let (deliveries, trails): (Vec<Delivery>, Vec<Trail>) =
+        let (deliveries, tried_lists): (Vec<Delivery>, Vec<Tried>) =
             futures::future::join_all(deliveries).await.into_iter().unzip();
-        // One record for the broadcast, every member's attempt in it.
         let version = Some(group.version_text.as_str());
-        self.remember(
+        // The trail records each member's call, the ring one record for the broadcast.
+        if let Some(hook) = self.trail() {
+            let payloads = self.admission.records_payloads(&capability.name);
+            let duration_us = u64::try_from(call.received.instant.elapsed().as_micros()).unwrap_or(u64::MAX);
+            for ((_, outcome), tried) in deliveries.iter().zip(&tried_lists) {
+                let ending = Ending {
+                    version,
+                    error: outcome.as_ref().err().map(|failure| &failure.error),
+                    success: outcome.as_ref().ok(),
+                    duration_us,
+                };
+                hook.recorder
+                    .offer(trail::finish(hook, hook.begin(call, payloads), &ending, tried));
+            }
+        }
+        self.remember_in_ring(
             &Recorded::of(call, version, None),
-            trails.into_iter().flatten().collect(),
+            tried_lists.into_iter().flatten().collect(),
         );
         Ok(deliveries)
     }
@@ -641,11 +689,27 @@ pub(crate) struct Recorded<'a> {
     call: &'a Call,
     version: Option<&'a str>,
     error: Option<&'a RouterError>,
+    success: Option<&'a Success>,
 }
 
 impl<'a> Recorded<'a> {
     pub(crate) fn of(call: &'a Call, version: Option<&'a str>, error: Option<&'a RouterError>) -> Self {
-        Self { call, version, error }
+        Self {
+            call,
+            version,
+            error,
+            success: None,
+        }
+    }
+
+    /// A call answered by `success`.
+    pub(crate) fn answered(call: &'a Call, success: &'a Success) -> Self {
+        Self {
+            call,
+            version: Some(&success.capability_version),
+            error: None,
+            success: Some(success),
+        }
     }
 
     fn finished(&self) -> Finished<'_> {

@@ -38,9 +38,11 @@ use crate::health::OwnedInflight;
 use crate::limits::Permit;
 use crate::metrics::{CapabilityMetrics, StreamChildren};
 use crate::outcome::Failure;
-use crate::recent::{Finished, RecentCalls, Trail};
+use crate::recent::{Finished, RecentCalls, Tried};
 use crate::service::RouterService;
+use crate::trail::{Ending, TrailHook};
 use agent_reach_serving::sse::{self, EventSplitter};
+use agent_reach_trail::Entry;
 
 /// What one step moves of the agent's bytes before the first event.
 const FIRST_READ_BYTES: usize = 256;
@@ -137,12 +139,19 @@ struct Record {
     session_id: Option<String>,
     trace: crate::trace::TraceContext,
     started_ms: u64,
-    trail: Trail,
+    tried: Tried,
+    /// The trail's entry, begun when the stream opened, and where it goes.
+    trail: Option<(Arc<TrailHook>, Entry)>,
 }
 
 impl Record {
-    fn of(service: &RouterService, call: Call, trail: Trail) -> Self {
+    fn of(service: &RouterService, call: Call, tried: Tried) -> Self {
+        let trail = service.trail().map(|hook| {
+            let payloads = service.admission().records_payloads(&call.checked.request.capability);
+            (hook.clone(), hook.begin(&call, payloads))
+        });
         Self {
+            trail,
             recent: service.recent().clone(),
             request_id: call.request_id().to_string(),
             caller: match &call.caller {
@@ -152,7 +161,7 @@ impl Record {
             session_id: call.checked.request.session_id,
             trace: call.trace,
             started_ms: call.received.epoch_ms,
-            trail,
+            tried,
         }
     }
 
@@ -170,6 +179,19 @@ impl Record {
                 code = error.code.as_str(), error = %error.message, events = summary.events
             );
         }
+        let duration_us = u64::try_from(received.elapsed().as_micros()).unwrap_or(u64::MAX);
+        if let Some((hook, entry)) = self.trail.take() {
+            // A stream's output is its events, relayed and not kept: the entry holds no output.
+            let ending = Ending {
+                version: Some(&summary.capability_version),
+                error,
+                success: None,
+                duration_us,
+            };
+            let mut entry = crate::trail::finish(&hook, entry, &ending, &self.tried);
+            entry.output = None;
+            hook.recorder.offer(entry);
+        }
         self.recent.record(
             &Finished {
                 request_id: &self.request_id,
@@ -181,10 +203,10 @@ impl Record {
                 trace_id: &self.trace.trace_id,
                 entry: "call",
                 started_ms: self.started_ms,
-                duration_us: u64::try_from(received.elapsed().as_micros()).unwrap_or(u64::MAX),
+                duration_us,
                 error: error.map(|error| (error.code.as_str(), error.message.as_str())),
             },
-            std::mem::take(&mut self.trail),
+            std::mem::take(&mut self.tried),
         );
     }
 }
@@ -547,12 +569,12 @@ impl RouterService {
         let capability = admitted.capability;
         let capability_metrics = capability.metrics.clone();
         let version = admitted.group.version_text.clone();
-        let mut trail = Trail::new();
+        let mut tried = Tried::new();
         // The deadline's timer, for every attempt and then the stream's reads.
         let mut events = Events {
             expiry: Box::pin(tokio::time::sleep_until(admitted.deadline.into())),
         };
-        let answered = attempts::run(self.means(), &call, &admitted, Targets::Select, &mut events, &mut trail).await;
+        let answered = attempts::run(self.means(), &call, &admitted, Targets::Select, &mut events, &mut tried).await;
         let summary = |agent_id: String, attempts: u32| Summary {
             capability: capability.name.clone(),
             capability_version: version.clone(),
@@ -586,7 +608,7 @@ impl RouterService {
                 self.failed(&call, &failure);
                 let recorded =
                     crate::service::Recorded::of(&call, failure.capability_version.as_deref(), Some(&failure.error));
-                self.remember(&recorded, trail);
+                self.remember(&recorded, tried);
                 return Err(failure);
             }
         };
@@ -598,7 +620,7 @@ impl RouterService {
             (events.expiry, received),
             capability_metrics,
             (inflight, permit),
-            Record::of(self, call, trail),
+            Record::of(self, call, tried),
         ))
     }
 }
@@ -620,7 +642,7 @@ impl RouterService {
                 self.failed(&call, &failure);
                 self.remember(
                     &crate::service::Recorded::of(&call, Some(&version), Some(&failure.error)),
-                    Trail::new(),
+                    Tried::new(),
                 );
                 return Err(failure);
             }
@@ -641,7 +663,7 @@ impl RouterService {
             (expiry, received),
             capability_metrics,
             (None, Permit::unlimited()),
-            Record::of(self, call, Trail::new()),
+            Record::of(self, call, Tried::new()),
         ))
     }
 }

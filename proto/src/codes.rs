@@ -75,6 +75,8 @@ router_codes! {
     RunConflict = "RUN_CONFLICT", 409;
     /// A workflow's run failed because one of its steps did (`details.step`, `details.error`).
     StepFailed = "STEP_FAILED", 502;
+    /// The router keeps no trail (no `--redis`, or `--trail off`).
+    TrailDisabled = "TRAIL_DISABLED", 501;
     /// The router's last resort: an answer it could not encode (DESIGN §3.7).
     Internal = "INTERNAL", 500;
 }

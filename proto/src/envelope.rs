@@ -60,6 +60,10 @@ pub struct InvokeRequest {
     /// The seeds' `source`: accepted and ignored (the caller is who its token says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// A replay of a recorded call (`agent-reach trail replay`): the request id
+    /// it replays. Recorded in the trail; not forwarded to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
     #[serde(default)]
     pub payload: Value,
 }

@@ -22,7 +22,8 @@ use anyhow::Context;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
 pub use agent_reach_pipeline::{RegistryCredential, Tuning};
-pub use agent_reach_tasks::{TagLimit, TaskArgs, TasksSettings};
+pub use agent_reach_tasks::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
+pub use agent_reach_trail::TrailSettings;
 pub use config::{RouterArgs, Settings};
 
 use agent_reach_pipeline::RouterService;

@@ -315,6 +315,7 @@ fn build() -> Value {
         },
         "trace_id": { "type": "string", "description": "The seeds' trace id: continues that trace when no traceparent header is sent (32 hex digits are the W3C id; any other text is hashed into one)." },
         "source": { "type": "string", "description": "Accepted and ignored: the caller is who its token says." },
+        "replay_of": { "type": "string", "description": "A replay of a recorded call (`agent-reach trail replay`): the request id it replays, recorded in the trail (not forwarded)." },
         "payload": { "description": "Checked against the capability's input schema." }
     });
     // One call a reader can copy; the fuzz test (sdk/python/tests/test_router_api.py)

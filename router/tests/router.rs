@@ -1091,6 +1091,7 @@ async fn openapi_document_is_true() {
         }),
         trace_id: Some("t".into()),
         source: Some("ignored".into()),
+        replay_of: Some("r0".into()),
         payload: json!({}),
     };
     let fields: std::collections::BTreeSet<String> = serde_json::to_value(&full)

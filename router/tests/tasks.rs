@@ -343,6 +343,7 @@ fn killable_router(cluster: &Cluster, redis: &str, reclaim_after: Duration) -> (
         reclaim_after,
         max_task_attempts: 3,
         quota_share: Some(std::time::Duration::from_millis(100)),
+        trail: None,
         tag_limits: Vec::new(),
     });
     support::Process::spawn(move || async move {
@@ -569,6 +570,7 @@ async fn callbacks_follow_the_2_4_8_16_schedule_then_dead_letter() {
             reclaim_after: Duration::from_secs(120),
             max_task_attempts: 3,
             quota_share: Some(std::time::Duration::from_millis(100)),
+            trail: None,
             tag_limits: Vec::new(),
         });
     })
@@ -645,6 +647,7 @@ async fn bulk_tagged_work_is_limited_and_high_priority_overtakes() {
             reclaim_after: Duration::from_secs(120),
             max_task_attempts: 3,
             quota_share: Some(std::time::Duration::from_millis(100)),
+            trail: None,
             tag_limits: vec![agent_reach_router::TagLimit::parse("class=bulk:2").unwrap()],
         });
     })
@@ -820,6 +823,7 @@ async fn a_canceled_pending_task_is_never_delivered() {
             reclaim_after: Duration::from_secs(120),
             max_task_attempts: 3,
             quota_share: Some(std::time::Duration::from_millis(100)),
+            trail: None,
             tag_limits: vec![agent_reach_router::TagLimit::parse("class=bulk:1").unwrap()],
         });
     })

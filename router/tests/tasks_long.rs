@@ -22,6 +22,7 @@ fn tasks_settings(redis: &str, reclaim_after: Duration) -> agent_reach_router::T
         reclaim_after,
         max_task_attempts: 3,
         quota_share: Some(std::time::Duration::from_millis(100)),
+        trail: None,
         tag_limits: Vec::new(),
     }
 }

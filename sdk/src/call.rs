@@ -152,6 +152,7 @@ pub(crate) fn envelope(
         timeout: None,
         trace_id: None,
         source: None,
+        replay_of: None,
         payload,
     }
 }

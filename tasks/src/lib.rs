@@ -25,6 +25,7 @@ mod protocol;
 mod quota;
 mod report;
 mod settings;
+mod trail;
 mod worker;
 
 use std::sync::atomic::AtomicUsize;
@@ -37,7 +38,8 @@ use serde_json::{json, Value};
 pub use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
 pub use protocol::{Owned, POLL};
-pub use settings::{TagLimit, TaskArgs, TasksSettings};
+pub use settings::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
+pub use trail::router_id;
 
 use agent_reach_pipeline::error::{Code, RouterError};
 use agent_reach_pipeline::RouterService;
@@ -120,6 +122,8 @@ pub struct TaskService {
     /// Wakes an idle worker loop: a task was just submitted here (a run's
     /// next step), so claim now rather than at the next idle poll.
     submitted: tokio::sync::Notify,
+    /// The trail's series, when the trail is on.
+    trail_metrics: Option<agent_reach_trail::TrailMetrics>,
 }
 
 impl TaskService {
@@ -157,6 +161,13 @@ impl TaskService {
             )),
             step_ended: std::sync::OnceLock::new(),
             deliveries: preempt::Deliveries::default(),
+            trail_metrics: match &settings.trail {
+                Some(_) => Some(
+                    agent_reach_trail::TrailMetrics::new(registry)
+                        .map_err(|error| format!("trail metrics: {error}"))?,
+                ),
+                None => None,
+            },
         })
     }
 
@@ -185,6 +196,28 @@ impl TaskService {
         if let Some(every) = self.settings.quota_share {
             service.share_limits(Arc::new(quota::StoreLedger(self.clone())), every);
         }
+        if let (Some(trail), Some(metrics)) = (&self.settings.trail, &self.trail_metrics) {
+            let recorder = agent_reach_trail::Recorder::start(
+                Arc::new(trail::StoreTrail(self.clone())),
+                Arc::new(agent_reach_trail::AssertionSigner(service.assertions().clone())),
+                trail::router_id(),
+                self.store.tenant(),
+                trail.settings,
+                metrics.clone(),
+            );
+            service.record_trail(agent_reach_pipeline::trail::TrailHook {
+                recorder,
+                credentials: trail.credentials.clone(),
+            });
+        }
+    }
+
+    /// The trail's store (this tenant's Redis), when the trail is on.
+    pub fn trail_store(self: &Arc<Self>) -> Option<Arc<dyn agent_reach_trail::TrailStore>> {
+        self.settings
+            .trail
+            .as_ref()
+            .map(|_| Arc::new(trail::StoreTrail(self.clone())) as Arc<dyn agent_reach_trail::TrailStore>)
     }
 
     /// The gate for a capability whose instances all carry a limited tag.

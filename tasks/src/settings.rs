@@ -63,6 +63,40 @@ pub struct TaskArgs {
     /// router enforces its share locally). 0: each replica counts its own.
     #[arg(long, env = "AGENT_REACH_QUOTA_SHARE_MS", default_value_t = 100)]
     pub quota_share_ms: u64,
+    /// The trail (DESIGN §9): every call this router admits recorded in --redis, in
+    /// tamper-evident chains, off the request path; `off` records nothing.
+    #[arg(long, env = "AGENT_REACH_TRAIL", value_enum, default_value_t = Switch::On)]
+    pub trail: Switch,
+    /// How long trail records are kept, in seconds.
+    #[arg(long, env = "AGENT_REACH_TRAIL_RETENTION_S", default_value_t = 7 * 24 * 3600)]
+    pub trail_retention_s: u64,
+    /// Trail records waiting to be written at most; beyond it (Redis down or slower
+    /// than the calls) records are dropped and counted, and calls never wait.
+    #[arg(long, env = "AGENT_REACH_TRAIL_BUFFER", default_value_t = 65_536)]
+    pub trail_buffer: usize,
+    /// Members redacted from the payloads the trail records (`trail.payloads` in
+    /// acl.yaml): a name whose last words are one of these; comma separated; `none`.
+    #[arg(
+        long = "credential-fields",
+        env = "AGENT_REACH_CREDENTIAL_FIELDS",
+        value_delimiter = ',',
+        default_value = "password,secret,token,api_key,authorization"
+    )]
+    pub credential_fields: Vec<String>,
+}
+
+/// A feature on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// How the trail is kept, when it is on.
+#[derive(Debug, Clone)]
+pub struct TrailConfig {
+    pub settings: agent_reach_trail::TrailSettings,
+    pub credentials: agent_reach_access::credentials::CredentialFields,
 }
 
 impl TaskArgs {
@@ -118,7 +152,29 @@ impl TaskArgs {
                 self.quota_share_ms
             ));
         }
+        if self.trail_buffer == 0 {
+            problems.push("--trail-buffer must be at least 1".to_string());
+        }
+        let patterns: Vec<&str> = self
+            .credential_fields
+            .iter()
+            .map(String::as_str)
+            .filter(|pattern| *pattern != "none")
+            .collect();
+        let credentials = agent_reach_access::credentials::CredentialFields::new(&patterns).unwrap_or_else(|why| {
+            problems.push(format!("--credential-fields: {why}"));
+            agent_reach_access::credentials::CredentialFields::default()
+        });
+        let trail = (self.trail == Switch::On).then(|| TrailConfig {
+            settings: agent_reach_trail::TrailSettings {
+                buffer: self.trail_buffer.max(1),
+                retention: Duration::from_secs(self.trail_retention_s.max(60)),
+                ..Default::default()
+            },
+            credentials,
+        });
         Some(TasksSettings {
+            trail,
             redis,
             store: StoreConfig {
                 retention: Duration::from_secs(self.task_retention_s.max(60)),
@@ -168,6 +224,8 @@ pub struct TasksSettings {
     /// How often limits are shared with the other routers on this Redis
     /// (`--quota-share-ms`); `None`: each replica counts its own.
     pub quota_share: Option<Duration>,
+    /// The trail, kept in this Redis (`--trail`); `None`: off.
+    pub trail: Option<TrailConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

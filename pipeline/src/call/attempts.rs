@@ -4,7 +4,7 @@
 //! given), sign its assertion, forward, classify the outcome, update the
 //! instance's health and breaker, and maybe retry elsewhere within the
 //! attempt limit, the retry budget and the deadline, with a span per
-//! attempt and every attempt in the call's trail.
+//! attempt and every attempt in the call's list of attempts (`Tried`).
 //!
 //! What differs between a whole answer and a stream is only how one attempt
 //! reaches its instance and what a committed answer becomes ([`Exchange`]):
@@ -32,7 +32,7 @@ use crate::outcome::{
     accepted_without_task, attempts_details, classify, exhausted, no_instance, paused_without_task, Accepted, Failure,
     LastFailure, Outcome, Success,
 };
-use crate::recent::{Attempt, Trail};
+use crate::recent::{Attempt, Tried};
 use crate::retry::{self, RetryBudget};
 use crate::schema;
 use crate::select::{self, SelectionLimits};
@@ -126,14 +126,14 @@ pub(crate) struct Means<'a> {
 }
 
 /// The attempts of `call`, admitted as `admitted`, to `targets` through
-/// `exchange`; every attempt is pushed onto `trail`.
+/// `exchange`; every attempt is pushed onto `made`.
 pub(crate) async fn run<E: Exchange>(
     means: Means<'_>,
     call: &Call,
     admitted: &Admitted<'_>,
     targets: Targets<'_>,
     exchange: &mut E,
-    trail: &mut Trail,
+    made: &mut Tried,
 ) -> Result<Answered<E::Committed>, Failure> {
     let Call {
         caller,
@@ -302,7 +302,7 @@ pub(crate) async fn run<E: Exchange>(
             Sent::Committed(committed) => {
                 let transition = instance.state.observe(Observation::Healthy(elapsed), means.breaker);
                 log_transition(transition, &agent_id, trace, request_id);
-                trail.push(attempt_of(instance, elapsed, "succeeded"));
+                made.push(attempt_of(instance, elapsed, "succeeded"));
                 if let Some(span) = &mut attempt_span {
                     span.set(KeyValue::new("outcome", "succeeded"));
                 }
@@ -317,7 +317,7 @@ pub(crate) async fn run<E: Exchange>(
             }
             Sent::Answered(result) => classify(result, elapsed, fair),
         };
-        trail.push(attempt_of(
+        made.push(attempt_of(
             instance,
             elapsed,
             match &outcome {
@@ -454,7 +454,7 @@ pub(crate) async fn run<E: Exchange>(
     }
 }
 
-/// One attempt as the call's trail keeps it.
+/// One attempt as the call's list of attempts keeps it.
 fn attempt_of(instance: &Arc<Instance>, elapsed: std::time::Duration, outcome: &'static str) -> Attempt {
     Attempt {
         instance: instance.clone(),

@@ -44,6 +44,8 @@ pub struct Call {
     fresh_id: HexId<16>,
     pub trace: TraceContext,
     pub received: clock::Now,
+    /// The door it came through (`Door::as_str`), or `delivery` for a task's delivery.
+    pub door: &'static str,
 }
 
 /// Which door a call came through: the name of its request span and a label.
@@ -123,6 +125,7 @@ impl Call {
             fresh_id,
             trace,
             received,
+            door: door.as_str(),
         };
         if door.is_traced() {
             call.start_span(door, incoming);
@@ -145,6 +148,7 @@ impl Call {
             checked,
             trace,
             received: clock::Now::read(),
+            door: "delivery",
         }
     }
 

@@ -768,6 +768,7 @@ pub fn tasks_settings(url: String) -> agent_reach_router::TasksSettings {
         reclaim_after: Duration::from_secs(30),
         max_task_attempts: 3,
         quota_share: Some(std::time::Duration::from_millis(100)),
+        trail: None,
         tag_limits: Vec::new(),
     }
 }

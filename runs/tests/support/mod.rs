@@ -139,6 +139,7 @@ impl Stack {
             reclaim_after: tune.reclaim_after,
             max_task_attempts: 3,
             quota_share: None,
+            trail: None,
             tag_limits: Vec::new(),
         });
         settings.runs = tune.runs.clone();

@@ -124,6 +124,7 @@ impl Stack {
                 reclaim_after: Duration::from_secs(120),
                 max_task_attempts: 3,
                 quota_share: Some(std::time::Duration::from_millis(100)),
+                trail: None,
                 tag_limits: Vec::new(),
             });
             let router = agent_reach_router::build(&settings).await.unwrap();

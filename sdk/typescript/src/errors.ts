@@ -54,6 +54,7 @@ export const RouterCode = {
   RUN_NOT_FOUND: "RUN_NOT_FOUND",
   RUN_CONFLICT: "RUN_CONFLICT",
   STEP_FAILED: "STEP_FAILED",
+  TRAIL_DISABLED: "TRAIL_DISABLED",
   INTERNAL: "INTERNAL",
 } as const;
 export type RouterCode = (typeof RouterCode)[keyof typeof RouterCode];

@@ -77,7 +77,8 @@
 //! (transitions and a task's end), `followups` (what an end leaves beyond
 //! its lane), `callbacks` (a callback and its schedule), `dead_letters`,
 //! `record` (a task's record and stream entries, read) and `quota` (where
-//! routers share their limits).
+//! routers share their limits); `trail` keeps the trail's records (its
+//! own key layout in that file).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -108,6 +109,7 @@ mod record;
 mod runs;
 mod scripts;
 mod submission;
+mod trail;
 
 const GROUP: &str = "workers";
 

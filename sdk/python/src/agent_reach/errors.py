@@ -56,6 +56,7 @@ class RouterCode(StrEnum):
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
     RUN_CONFLICT = "RUN_CONFLICT"
     STEP_FAILED = "STEP_FAILED"
+    TRAIL_DISABLED = "TRAIL_DISABLED"
 
 
 class RegistryCode(StrEnum):

@@ -1,0 +1,316 @@
+//! The trail through every door (issue 37): one record per call admitted
+//! through `/v1/invoke` (whole and streamed), `/v1/broadcast` (each member),
+//! `/v1/tasks` (the delivery), A2A and MCP, and one for a call refused at
+//! admission; calls go on while the trail's Redis is down, the records that
+//! could not wait counted as dropped; a tenant's trail is its own.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+/// The slow path and the trail on `redis`, segments every 20 ms, a buffer of `buffer` records.
+fn with_trail(redis: String, buffer: usize) -> agent_reach_router::TasksSettings {
+    agent_reach_router::TasksSettings {
+        trail: Some(agent_reach_router::TrailConfig {
+            settings: agent_reach_router::TrailSettings {
+                flush_every: Duration::from_millis(20),
+                buffer,
+                ..Default::default()
+            },
+            credentials: Default::default(),
+        }),
+        ..tasks_settings(redis)
+    }
+}
+
+/// Every record of this router's chains (an operator's read of what is stored).
+async fn stored_records(client: &reqwest::Client, router: std::net::SocketAddr, operator: &str) -> Vec<Value> {
+    let chains: Value = client
+        .get(format!("http://{router}/v1/trail/chains"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut records = Vec::new();
+    for chain in chains["chains"].as_array().into_iter().flatten() {
+        let page: Value = client
+            .get(format!(
+                "http://{router}/v1/trail/chains/{}/records?limit=10000",
+                chain["router"].as_str().unwrap()
+            ))
+            .bearer_auth(operator)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for stored in page["records"].as_array().into_iter().flatten() {
+            records.push(serde_json::from_str::<Value>(stored["body"].as_str().unwrap()).unwrap());
+        }
+    }
+    records
+}
+
+fn doors(records: &[Value]) -> BTreeMap<String, usize> {
+    let mut doors = BTreeMap::new();
+    for record in records {
+        *doors
+            .entry(record["door"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    doors
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_door_leaves_its_record() {
+    let redis = agent_reach_testkit::Redis::start();
+    let url = redis.url();
+    let cluster = Cluster::start_with(|settings| settings.tasks = Some(with_trail(url, 65_536))).await;
+    let _first = cluster.agent(AgentSpec::new("trail-1", 1, Behaviour::Stream));
+    let _second = cluster.agent(AgentSpec::new("trail-2", 1, Behaviour::Stream));
+    cluster.wait_for_instances(&["trail-1", "trail-2"]).await;
+    let client = &cluster.client;
+    let caller = token(CALLER);
+
+    assert_eq!(cluster.invoke(order("SO-invoke")).await.0, 200);
+    let streamed = client
+        .post(cluster.url("/v1/invoke"))
+        .bearer_auth(&caller)
+        .header("accept", "text/event-stream")
+        .json(&order("SO-stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 200);
+    assert!(streamed.text().await.unwrap().contains("event: result"));
+    assert_eq!(post(&cluster, "/v1/broadcast", order("SO-broadcast")).await.0, 200);
+    let (status, task) = post(&cluster, "/v1/tasks", order("SO-task")).await;
+    assert_eq!(status, 202, "{task}");
+    let a2a = client
+        .post(cluster.url(&format!("/a2a/{CAPABILITY}")))
+        .bearer_auth(&caller)
+        .header("a2a-version", "1.0")
+        .json(&json!({
+            "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": {"messageId": "m-trail", "role": "ROLE_USER",
+                                   "parts": [{"data": {"order_id": "SO-a2a"}}]}}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a2a.status(), 200);
+    let mcp = client
+        .post(cluster.url("/mcp"))
+        .bearer_auth(&caller)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": CAPABILITY, "arguments": {"order_id": "SO-mcp"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mcp.status(), 200);
+    // Refused at admission (the input fails the schema): recorded too, failed with its code.
+    assert_eq!(
+        cluster.invoke(json!({"capability": CAPABILITY, "payload": {}})).await.0,
+        422
+    );
+
+    let operator = token("ops");
+    let wanted = BTreeMap::from([
+        ("a2a".to_string(), 1),
+        ("broadcast".to_string(), 2),
+        ("delivery".to_string(), 1),
+        ("invoke".to_string(), 2),
+        ("mcp".to_string(), 1),
+        ("stream".to_string(), 1),
+    ]);
+    let complete = eventually(Duration::from_secs(10), || async {
+        doors(&stored_records(client, cluster.router_addr, &operator).await) == wanted
+    })
+    .await;
+    let records = stored_records(client, cluster.router_addr, &operator).await;
+    assert!(complete, "{:?} of {records:#?}", doors(&records));
+    let refused = records
+        .iter()
+        .find(|record| record["code"] == "SCHEMA_MISMATCH")
+        .unwrap();
+    assert_eq!(refused["status"], "failed");
+    assert_eq!(refused["attempts"], 0);
+    let delivery = records.iter().find(|record| record["door"] == "delivery").unwrap();
+    assert_eq!(delivery["task_id"], task["task_id"]);
+    // Payloads are off by default: nothing of the inputs or outputs is kept.
+    assert!(records
+        .iter()
+        .all(|record| record["input"].is_null() && record["output"].is_null()));
+    // Every broadcast member's own record, one per instance.
+    let members: Vec<&str> = records
+        .iter()
+        .filter(|record| record["door"] == "broadcast")
+        .map(|record| record["agent_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        members.contains(&"trail-1") && members.contains(&"trail-2"),
+        "{members:?}"
+    );
+    // Only operators and auditors read the trail.
+    let (status, body) = get(&cluster, "/v1/trail?session_id=x").await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["details"]["reason"], "not_an_auditor", "{body}");
+    // Bad queries are refused with their code.
+    for query in [
+        "",
+        "?session_id=a&run_id=b",
+        "?request_id=a&view=graph",
+        "?request_id=a&cursor=x",
+    ] {
+        let response = client
+            .get(cluster.url(&format!("/v1/trail{query}")))
+            .bearer_auth(&operator)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{query}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "INVALID_QUERY", "{query}: {body}");
+    }
+    let response = client
+        .get(cluster.url("/v1/trail/chains/not%2Fa%2Fchain/records"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_go_on_while_the_trails_redis_is_down_and_dropped_records_are_counted() {
+    let mut redis = agent_reach_testkit::Redis::start();
+    let url = redis.url();
+    // A buffer of 4 records: an outage fills it at once.
+    let cluster = Cluster::start_with(|settings| settings.tasks = Some(with_trail(url, 4))).await;
+    let _agent = cluster.agent(AgentSpec::new("down-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["down-1"]).await;
+    let dropped = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("agent_reach_trail_dropped_total "))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(cluster.invoke(order("SO-before")).await.0, 200);
+    let operator = token("ops");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            stored_records(&cluster.client, cluster.router_addr, &operator)
+                .await
+                .len()
+                == 1
+        })
+        .await
+    );
+    assert_eq!(dropped(&cluster.metrics().await), 0);
+
+    redis.kill();
+    for n in 0..40 {
+        let (status, body) = cluster.invoke(order(&format!("SO-down-{n}"))).await;
+        assert_eq!(status, 200, "a call failed while the trail's Redis was down: {body}");
+    }
+    let metrics = cluster.metrics().await;
+    assert!(dropped(&metrics) > 0, "{metrics}");
+    assert!(metrics.contains("agent_reach_trail_write_failures_total"), "{metrics}");
+
+    // Back: what was kept is written, and calls are recorded again.
+    redis.restart();
+    assert_eq!(cluster.invoke(order("SO-after")).await.0, 200);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let records = stored_records(&cluster.client, cluster.router_addr, &operator).await;
+            records.iter().any(|record| {
+                record["request_id"].as_str().is_some()
+                    && record["status"] == "succeeded"
+                    && record["seq"].as_u64() > Some(1)
+            })
+        })
+        .await,
+        "nothing was recorded after Redis came back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_trail_is_its_own() {
+    let shared = agent_reach_testkit::Redis::start();
+    let cluster = Cluster::start().await;
+    let map_path = cluster.dir.path().join("tenants.yaml");
+    std::fs::write(
+        &map_path,
+        "version: 1\ntenants:\n  default: {}\n  team-a: {}\n  team-b: {}\n",
+    )
+    .unwrap();
+    let registry = start_mapped_registry(
+        &cluster.etcd.endpoint(),
+        &cluster.secret_path,
+        &cluster.acl_path,
+        &map_path,
+    );
+    let url = shared.url();
+    let (_router, router) = cluster
+        .another_router(|settings| {
+            settings.registry = vec![registry.url()];
+            settings.tenant_map = Some(map_path.clone());
+            settings.tasks = Some(with_trail(url, 65_536));
+        })
+        .await;
+    let client = reqwest::Client::new();
+    let _agent = Agent::start(
+        &registry.url(),
+        AgentSpec {
+            tenant: Some("team-a".to_string()),
+            ..AgentSpec::new("tenant-a-1", 1, Behaviour::Echo)
+        },
+    );
+    let a = tenant_token(CALLER, Some("team-a"));
+    let call = json!({"capability": CAPABILITY, "request_id": "only-a", "payload": {"order_id": "SO-1"}});
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            invoke_at(&client, router, Some(&a), &call).await.0 == 200
+        })
+        .await
+    );
+    let read = |tenant: &'static str| {
+        let client = client.clone();
+        async move {
+            let response = client
+                .get(format!("http://{router}/v1/trail?request_id=only-a"))
+                .bearer_auth(tenant_token("ops", Some(tenant)))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.json::<Value>().await.unwrap()["records"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    assert!(eventually(Duration::from_secs(10), || async { read("team-a").await == 1 }).await);
+    // team-b's operator, on the same router and the same Redis, sees none of it.
+    assert_eq!(read("team-b").await, 0);
+    let chains: Value = client
+        .get(format!("http://{router}/v1/trail/chains"))
+        .bearer_auth(tenant_token("ops", Some("team-b")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(chains["chains"], json!([]), "{chains}");
+}
