@@ -26,8 +26,8 @@ mod manifests;
 mod ops;
 mod tasks;
 mod tenants;
-mod workflows;
 mod trail;
+mod workflows;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]

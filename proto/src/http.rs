@@ -229,7 +229,7 @@ pub struct WeightRequest {
 }
 
 /// A workflow as the registry stores and reports it (`PUT`/`GET
-/// /v1/workflows/{name}`, DESIGN §9; docs/design.md §3.13).
+/// /v1/workflows/{name}`, DESIGN §9; docs/design.md §3.14).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WorkflowView {
     pub name: String,

@@ -1,4 +1,4 @@
-//! Workflows in the registry (DESIGN §9, docs/design.md §3.13.1): a
+//! Workflows in the registry (DESIGN §9, docs/design.md §3.14.1): a
 //! definition is checked here, once, against the capabilities registered
 //! now (every expression parses, every referenced step exists, the steps
 //! are a DAG, every input mapping can satisfy its capability's input

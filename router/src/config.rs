@@ -176,7 +176,7 @@ pub struct Settings {
     pub assertion: AssertionSettings,
     /// The slow path (`/v1/tasks`), when configured.
     pub tasks: Option<TasksSettings>,
-    /// How workflow runs pace themselves (on the slow path; docs/design.md §3.13.4).
+    /// How workflow runs pace themselves (on the slow path; docs/design.md §3.14.4).
     pub runs: agent_reach_runs::RunSettings,
     /// TLS on the listener; `None`: plain TCP.
     pub listener_tls: Option<ServerFiles>,

@@ -1,4 +1,4 @@
-//! The engine (docs/design.md §3.13.4): starts runs, advances each as its
+//! The engine (docs/design.md §3.14.4): starts runs, advances each as its
 //! steps end, ends it. A run's state lives only in the task store — its
 //! held task and its run hash — so any router can advance any run:
 //!

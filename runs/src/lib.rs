@@ -1,4 +1,4 @@
-//! Workflow runs (issue 36, DESIGN §9, docs/design.md §3.13): a registered
+//! Workflow runs (issue 36, DESIGN §9, docs/design.md §3.14): a registered
 //! workflow (the `workflows` crate's language) run durably by the router,
 //! each step a task of the slow path (`tasks`, `task-store`), delivered
 //! through the one admission and attempt loop as the caller who started

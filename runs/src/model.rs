@@ -1,4 +1,4 @@
-//! What a run keeps (docs/design.md §3.13.4): its immutable [`RunSpec`], and
+//! What a run keeps (docs/design.md §3.14.4): its immutable [`RunSpec`], and
 //! per step a [`StepRecord`] (started: how many calls, or skipped) and per
 //! call an [`ItemRecord`] (submitted as a task, then its outcome), stored as
 //! the run hash's entries (`task_store::store::runs`), each written so that

@@ -1,4 +1,4 @@
-//! The planner (docs/design.md §3.13.3): from a run's records, what comes
+//! The planner (docs/design.md §3.14.3): from a run's records, what comes
 //! next — steps to start or skip, calls to submit (first attempts, retries
 //! whose backoff has passed), when to look again, calls to cancel, and the
 //! run's end. Pure: the same records give the same plan on any router, so

@@ -139,6 +139,17 @@ async fn a_high_priority_task_pauses_preemptible_low_priority_work_which_resumes
     assert_eq!(high["status"], "succeeded", "{high}");
     assert_eq!(low["status"], "succeeded", "{low}");
     assert!(states(&low).contains(&"paused".to_string()), "{:?}", states(&low));
+    // Counted (docs/metrics.md).
+    assert!(
+        stack
+            .metric(
+                stack.router(),
+                "agent_reach_tasks_paused_total",
+                &["capability=\"work.long\"", "reason=\"preempted\""]
+            )
+            .await
+            >= 1.0
+    );
     assert!(!states(&high).contains(&"paused".to_string()));
     let resumed_from = low["result"]["output"]["resumed_from"].as_u64().unwrap();
     assert!(

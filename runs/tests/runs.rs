@@ -231,6 +231,29 @@ async fn a_fan_out_fan_in_dag_runs_each_element_within_max_parallel_and_gathers_
     assert_eq!(fan_out["depends_on"], json!(["lines"]));
     assert_eq!(step(&run, "reply")["agent_id"], "shop-1");
     assert!(step(&run, "lines")["finished_at_ms"].as_u64() <= step(&run, "stock")["started_at_ms"].as_u64());
+    // Counted (docs/metrics.md): the run, its end, and its 7 calls (1 + 5 + 1).
+    let router = stack.router();
+    let workflow = "workflow=\"shop.fanout\"";
+    assert_eq!(
+        stack
+            .metric(router, "agent_reach_runs_started_total", &[workflow])
+            .await,
+        1.0
+    );
+    assert_eq!(
+        stack
+            .metric(
+                router,
+                "agent_reach_runs_ended_total",
+                &[workflow, "state=\"succeeded\""]
+            )
+            .await,
+        1.0
+    );
+    assert_eq!(
+        stack.metric(router, "agent_reach_run_calls_total", &[workflow]).await,
+        7.0
+    );
 
     // The request id makes the start idempotent: the same run again.
     let (status, again) = stack

@@ -1,4 +1,4 @@
-//! The expression language inside `${…}` (docs/design.md §3.13.2): paths
+//! The expression language inside `${…}` (docs/design.md §3.14.2): paths
 //! into the run's data (`input.…`, `steps.ID.output.…`, `steps.ID.status`,
 //! `steps.ID.error.…`, `item.…`, `index`), JSON literals, comparisons
 //! (`==`, `!=`, `<`, `<=`, `>`, `>=`), `&&`, `||`, `!` and parentheses.

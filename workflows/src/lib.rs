@@ -1,4 +1,4 @@
-//! Workflows (issue 36, DESIGN §9, docs/design.md §3.13): a declared graph of
+//! Workflows (issue 36, DESIGN §9, docs/design.md §3.14): a declared graph of
 //! capability calls, itself callable as a capability. This crate is the
 //! definition language, shared by the registry (which checks and stores
 //! definitions), the router (which runs them) and the CLI:

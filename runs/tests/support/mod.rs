@@ -199,6 +199,24 @@ impl Stack {
         (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
     }
 
+    /// The sum of `name`'s series on `router` whose labels hold every one of `labels`.
+    pub async fn metric(&self, router: &str, name: &str, labels: &[&str]) -> f64 {
+        let text = self
+            .http
+            .get(format!("{router}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .filter_map(|line| line.rsplit_once(' ').and_then(|(_, value)| value.parse::<f64>().ok()))
+            .sum()
+    }
+
     /// Waits until every router offers `name` (its A2A card is served).
     pub async fn wait_for_offer(&self, name: &str) {
         for router in &self.routers {

@@ -1,4 +1,4 @@
-//! Workflow runs' records (DESIGN §9, docs/design.md §3.13.4). A run is a
+//! Workflow runs' records (DESIGN §9, docs/design.md §3.14.4). A run is a
 //! held task (its id, its idempotency key, its result, callback, session
 //! result and retention are that task's) plus a hash in the same lane:
 //!
