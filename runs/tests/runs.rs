@@ -254,6 +254,27 @@ async fn a_fan_out_fan_in_dag_runs_each_element_within_max_parallel_and_gathers_
         stack.metric(router, "agent_reach_run_calls_total", &[workflow]).await,
         7.0
     );
+    // The trail finds the run's calls by its id.
+    let trail_url = format!("/v1/trail?run_id={run_id}");
+    let (found, trail) = support::poll(
+        Duration::from_secs(10),
+        || async { stack.call(router, "ops", "GET", &trail_url, None).await.1 },
+        |trail: &Value| trail["records"].as_array().is_some_and(|records| records.len() >= 7),
+    )
+    .await;
+    assert!(found, "{trail}");
+    let records = trail["records"].as_array().unwrap();
+    assert!(
+        records.iter().all(|record| record["run_id"] == run_id.as_str()),
+        "{trail}"
+    );
+    assert_eq!(
+        records
+            .iter()
+            .filter(|record| record["capability"] == "stock.check")
+            .count(),
+        5
+    );
 
     // The request id makes the start idempotent: the same run again.
     let (status, again) = stack

@@ -139,7 +139,14 @@ impl Stack {
             reclaim_after: tune.reclaim_after,
             max_task_attempts: 3,
             quota_share: None,
-            trail: None,
+            // The trail on (as by default), written every 20 ms: steps' records name their run.
+            trail: Some(agent_reach_router::TrailConfig {
+                settings: agent_reach_router::TrailSettings {
+                    flush_every: Duration::from_millis(20),
+                    ..Default::default()
+                },
+                credentials: Default::default(),
+            }),
             tag_limits: Vec::new(),
         });
         settings.runs = tune.runs.clone();
