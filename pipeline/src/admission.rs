@@ -571,6 +571,7 @@ mod split_tests {
                 reset: false,
                 splits,
                 more: false,
+                workflows: Vec::new(),
             })),
         });
         builder

@@ -633,6 +633,7 @@ mod tests {
                 reset: false,
                 splits: Vec::new(),
                 more: false,
+                workflows: Vec::new(),
             }),
         ));
         let first = builder.build();
@@ -680,6 +681,7 @@ mod tests {
                 reset: false,
                 splits: Vec::new(),
                 more: false,
+                workflows: Vec::new(),
             }),
         ));
         let snapshot = builder.build();
@@ -730,6 +732,7 @@ mod tests {
                 reset: false,
                 splits: Vec::new(),
                 more: false,
+                workflows: Vec::new(),
             }),
         ));
         let first = builder.build();

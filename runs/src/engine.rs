@@ -73,12 +73,15 @@ pub struct Started {
     pub state: State,
 }
 
+/// A run's definition as written, and as checked from it.
+type Checked = (Value, Arc<Workflow>);
+
 pub struct Engine {
     tasks: Arc<TaskService>,
     service: Weak<RouterService>,
     settings: RunSettings,
     /// Checked workflows by (name, version), with the definition they were checked from.
-    workflows: Mutex<HashMap<(String, String), (Value, Arc<Workflow>)>>,
+    workflows: Mutex<HashMap<(String, String), Checked>>,
     /// Runs this router is advancing now, and whether news came meanwhile.
     advancing: Mutex<HashMap<String, bool>>,
     /// Who waits here for a run's news (a call answered when its run ends, an events stream).

@@ -77,13 +77,13 @@ async fn the_contract(store: TaskStore) {
     let due_now = a_run(&store, "run-2").await;
     assert!(store.create_run(&due_now, "{}", 0).await.unwrap());
     let leased = store.lease_due_runs(30_000, 100).await.unwrap();
-    assert_eq!(leased, [due_now.clone()]);
+    assert_eq!(leased, std::slice::from_ref(&due_now));
     assert!(
         store.lease_due_runs(30_000, 100).await.unwrap().is_empty(),
         "leased away"
     );
     store.schedule_run(&due_now, 0).await.unwrap();
-    assert_eq!(store.lease_due_runs(30_000, 100).await.unwrap(), [due_now.clone()]);
+    assert_eq!(store.lease_due_runs(30_000, 100).await.unwrap(), std::slice::from_ref(&due_now));
 
     // Running, then ended once: its result kept, its due entry gone.
     assert_eq!(

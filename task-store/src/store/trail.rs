@@ -55,7 +55,7 @@ impl TaskStore {
             .query_async(&mut connection)
             .await
             .map_err(|error| format!("reading the trail: {error}"))?;
-        Ok(answers.iter().flat_map(|answer| stored(answer)).collect())
+        Ok(answers.iter().flat_map(stored).collect())
     }
 }
 
