@@ -70,8 +70,8 @@ fn accepted_holds(accepted: &Accepted) {
             "request id {id:?}"
         );
     }
-    assert_eq!(accepted.policy, request.target_policy.unwrap_or_default());
-    if accepted.policy == TargetPolicy::ConsistentHash {
+    assert_eq!(accepted.policy, request.target_policy);
+    if accepted.policy == Some(TargetPolicy::ConsistentHash) {
         assert!(request.session_id.as_deref().is_some_and(|id| !id.is_empty()));
     }
 
@@ -124,6 +124,7 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
             attempt: 2,
             payload: request.payload.clone(),
             task_id: None,
+            history: None,
             run_id: None,
             checkpoint: None,
         };

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use crate::breaker::BreakerConfig;
 use crate::call::{Call, Entry};
 use crate::error::{Code, RouterError};
+use crate::grants::GrantsHandle;
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
 use crate::schema;
@@ -31,6 +32,8 @@ use crate::tuning::Tuning;
 /// instances can take a call (for the choice of version), and the default deadline.
 pub struct Admission {
     acl: AclHandle,
+    /// Approved access requests, applied on top of `acl` (DESIGN §2.11).
+    grants: Arc<GrantsHandle>,
     limiter: Limiter,
     /// The tenant's quotas, when the router serves a tenant map (DESIGN §8).
     quota: Option<TenantQuota>,
@@ -101,6 +104,7 @@ impl Admission {
     pub fn new(acl: AclHandle, limiter: Limiter, tuning: &Tuning) -> Self {
         Self {
             acl,
+            grants: Arc::default(),
             limiter,
             quota: None,
             breaker: BreakerConfig {
@@ -110,6 +114,22 @@ impl Admission {
             max_inflight: tuning.max_inflight_per_instance,
             default_timeout: tuning.default_timeout,
         }
+    }
+
+    /// Allows, beside the file, what a live grant of `grants` allows.
+    pub fn with_grants(mut self, grants: Arc<GrantsHandle>) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// The grants applied on top of the file (operators' view).
+    pub fn grants(&self) -> &GrantsHandle {
+        &self.grants
+    }
+
+    /// The policy in force (operators' view).
+    pub fn acl(&self) -> &AclHandle {
+        &self.acl
     }
 
     /// Bounds `tenant`'s calls by `quotas` (a router serving a tenant map).
@@ -183,9 +203,10 @@ impl Admission {
             .with_tenant(tenant)
     }
 
-    /// May `caller` call `capability` under the current `acl.yaml`? The one
-    /// place that decides it. An unauthenticated caller exists only when
-    /// authentication is switched off, and then the ACL is not enforced.
+    /// May `caller` call `capability` under the current `acl.yaml` or a live
+    /// access grant? The one place that decides it. An unauthenticated
+    /// caller exists only when authentication is switched off, and then the
+    /// ACL is not enforced.
     pub fn authorize(&self, caller: &Caller, capability: &str) -> Result<(), RouterError> {
         self.authorize_with(&self.acl.current(), caller, capability)
     }
@@ -194,12 +215,15 @@ impl Admission {
         let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
-        if acl.may_call(name, capability) {
+        // A grant is looked up (and the clock read) only when the file says no.
+        if acl.may_call(name, capability) || self.grants.load().allows(name, capability, crate::clock::epoch_ms()) {
             return Ok(());
         }
         Err(RouterError::new(
             Code::Forbidden,
-            format!("caller `{name}` may not call `{capability}` (acl.yaml permissions)"),
+            format!(
+                "caller `{name}` may not call `{capability}` (acl.yaml permissions; ask with                  `agent-reach access request --capability {capability}`)"
+            ),
         )
         .with_details(json!({ "caller": &**name, "capability": capability })))
     }
@@ -570,7 +594,9 @@ mod split_tests {
                 instances,
                 reset: false,
                 splits,
+                grants: Vec::new(),
                 more: false,
+                policies: Vec::new(),
                 workflows: Vec::new(),
             })),
         });

@@ -108,6 +108,8 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) payload: &'a Value,
     /// A task's delivery: the id the agent reports a `202`'s outcome under.
     pub(crate) task_id: Option<&'a str>,
+    /// A multi-turn task's next turn: the conversation so far.
+    pub(crate) history: Option<&'a Value>,
     /// A workflow step's delivery: its run.
     pub(crate) run_id: Option<&'a str>,
     /// A paused task's resumed delivery: the checkpoint it paused with.
@@ -137,6 +139,7 @@ impl<'a> Forwarded<'a> {
             attempt,
             payload: &request.payload,
             task_id: None,
+            history: None,
             run_id: None,
             checkpoint: None,
         }
@@ -158,6 +161,9 @@ impl<'a> Forwarded<'a> {
         object.u64("attempt", u64::from(self.attempt));
         object.value("payload", self.payload)?;
         object.opt_str("task_id", self.task_id);
+        if let Some(history) = self.history {
+            object.value("history", history)?;
+        }
         object.opt_str("run_id", self.run_id);
         if let Some(checkpoint) = self.checkpoint {
             object.value("checkpoint", checkpoint)?;
@@ -310,13 +316,31 @@ mod tests {
     #[test]
     fn the_forwarded_envelope_is_written_as_the_contract_type() {
         let payload = json!({ "order_id": "SO-1", "lines": [1, 2.5, "x\"y"] });
+        let history =
+            json!([{ "role": "user", "payload": { "size": 1 } }, { "role": "agent", "message": "which size?" }]);
         let cases = [
-            (Some("s-1"), Some("c-1"), Some("caller"), "req-1", Priority::High, None),
-            (None, None, None, "req\"\\2", Priority::Normal, Some("t_0123")),
-            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None),
+            (
+                Some("s-1"),
+                Some("c-1"),
+                Some("caller"),
+                "req-1",
+                Priority::High,
+                None,
+                None,
+            ),
+            (
+                None,
+                None,
+                None,
+                "req\"\\2",
+                Priority::Normal,
+                Some("t_0123"),
+                Some(&history),
+            ),
+            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None, None),
         ];
         let checkpoint = json!({"done": 3});
-        for (session_id, context_id, source, request_id, priority, task_id) in cases {
+        for (session_id, context_id, source, request_id, priority, task_id, turns) in cases {
             // A task's delivery may be a run's step resumed from a checkpoint.
             let (run_id, checkpoint) = match task_id {
                 Some(_) => (Some("r_1"), Some(&checkpoint)),
@@ -335,6 +359,7 @@ mod tests {
                 attempt: 2,
                 payload: &payload,
                 task_id,
+                history: turns,
                 run_id,
                 checkpoint,
             };
@@ -351,6 +376,7 @@ mod tests {
                 attempt: 2,
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
+                history: turns.cloned(),
                 run_id: run_id.map(str::to_string),
                 checkpoint: checkpoint.cloned(),
             };

@@ -33,6 +33,8 @@ pub enum Code {
     InvalidTimeout,
     DuplicateCapability,
     InvalidSplit,
+    InvalidAccessRequest,
+    InvalidPolicy,
     InvalidWorkflow,
     Unauthenticated,
     Forbidden,
@@ -41,6 +43,12 @@ pub enum Code {
     CapabilityNotFound,
     VersionNotFound,
     SplitNotFound,
+    AccessRequestNotFound,
+    GrantNotFound,
+    AlreadyAllowed,
+    AlreadyDecided,
+    NoOwner,
+    PolicyNotFound,
     WorkflowNotFound,
     NameTaken,
     LeaseExpired,
@@ -86,6 +94,8 @@ impl ErrorCode for Code {
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
+            Code::InvalidAccessRequest => "INVALID_ACCESS_REQUEST",
+            Code::InvalidPolicy => "INVALID_POLICY",
             Code::InvalidWorkflow => "INVALID_WORKFLOW",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
@@ -94,6 +104,12 @@ impl ErrorCode for Code {
             Code::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
             Code::VersionNotFound => "VERSION_NOT_FOUND",
             Code::SplitNotFound => "SPLIT_NOT_FOUND",
+            Code::AccessRequestNotFound => "ACCESS_REQUEST_NOT_FOUND",
+            Code::GrantNotFound => "GRANT_NOT_FOUND",
+            Code::AlreadyAllowed => "ALREADY_ALLOWED",
+            Code::AlreadyDecided => "ALREADY_DECIDED",
+            Code::NoOwner => "NO_OWNER",
+            Code::PolicyNotFound => "POLICY_NOT_FOUND",
             Code::WorkflowNotFound => "WORKFLOW_NOT_FOUND",
             Code::NameTaken => "NAME_TAKEN",
             Code::LeaseExpired => "LEASE_EXPIRED",
@@ -115,12 +131,19 @@ impl ErrorCode for Code {
             | Code::CapabilityNotFound
             | Code::VersionNotFound
             | Code::SplitNotFound
+            | Code::AccessRequestNotFound
+            | Code::GrantNotFound
+            | Code::PolicyNotFound
             | Code::WorkflowNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict | Code::NameTaken => {
-                StatusCode::CONFLICT
-            }
+            Code::AgentIdTaken
+            | Code::InvalidStatusTransition
+            | Code::Conflict
+            | Code::AlreadyAllowed
+            | Code::AlreadyDecided
+            | Code::NoOwner
+            | Code::NameTaken => StatusCode::CONFLICT,
             Code::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -135,7 +158,9 @@ impl ErrorCode for Code {
             StatusCode::FORBIDDEN => tonic::Code::PermissionDenied,
             StatusCode::NOT_FOUND => tonic::Code::NotFound,
             StatusCode::CONFLICT => match self {
-                Code::InvalidStatusTransition => tonic::Code::FailedPrecondition,
+                Code::InvalidStatusTransition | Code::AlreadyAllowed | Code::AlreadyDecided | Code::NoOwner => {
+                    tonic::Code::FailedPrecondition
+                }
                 _ => tonic::Code::Aborted,
             },
             StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,

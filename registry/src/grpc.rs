@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{decode, decode_split, decode_workflow};
+use crate::catalog::{decode, decode_grant, decode_policy, decode_split, decode_workflow};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Instance, Split, StoredWorkflow};
+use crate::model::{Capability, Grant, Instance, Policy, Split, StoredWorkflow};
 use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
@@ -89,6 +89,17 @@ pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
         inflight: instance.inflight,
+        operator_weight: instance.operator_weight,
+    }
+}
+
+/// A capability's default policy on the wire.
+pub fn policy_to_pb(policy: &Policy) -> pb::CapabilityPolicy {
+    pb::CapabilityPolicy {
+        capability: policy.capability.clone(),
+        policy: policy.policy.clone(),
+        updated_at_ms: policy.updated_at_ms,
+        updated_by: policy.updated_by.clone().unwrap_or_default(),
     }
 }
 
@@ -107,6 +118,19 @@ pub fn split_to_pb(split: &Split) -> pb::CapabilitySplit {
             .collect(),
         updated_at_ms: split.updated_at_ms,
         updated_by: split.updated_by.clone().unwrap_or_default(),
+    }
+}
+
+/// A grant on the wire (0: no expiry, empty: no approver without authentication).
+pub fn grant_to_pb(grant: &Grant) -> pb::Grant {
+    pb::Grant {
+        id: grant.id.clone(),
+        caller: grant.caller.clone(),
+        capability: grant.capability.clone(),
+        expires_at_ms: grant.expires_at_ms.unwrap_or(0),
+        granted_by: grant.granted_by.clone().unwrap_or_default(),
+        granted_at_ms: grant.granted_at_ms,
+        request_id: grant.request_id.clone(),
     }
 }
 
@@ -395,7 +419,7 @@ async fn serve_watch(
     let gauge = service.metrics().watch_subscribers.clone();
     gauge.inc();
     let _guard = SubscriberGuard(gauge);
-    // Agents and splits (DESIGN §2.9) in one ordered history.
+    // Agents, splits (DESIGN §2.9) and grants (§2.11) in one ordered history.
     let prefix = service.keys().tenant_prefix().to_string();
     // 0 means "the subscriber has nothing": start with a snapshot.
     let mut last = start_revision;
@@ -409,19 +433,21 @@ async fn serve_watch(
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let catalog = service.catalog().snapshot();
-            let revision = catalog.revision;
+            let snapshot = service.catalog().snapshot();
+            let revision = snapshot.revision;
             let budget = if paged { PAGE_BYTES } else { usize::MAX };
             let first = pb::Snapshot {
-                splits: catalog.splits.iter().map(|split| split_to_pb(split)).collect(),
-                workflows: catalog
+                splits: snapshot.splits.iter().map(|split| split_to_pb(split)).collect(),
+                grants: snapshot.grants.iter().map(|grant| grant_to_pb(grant)).collect(),
+                policies: snapshot.policies.iter().map(|policy| policy_to_pb(policy)).collect(),
+                workflows: snapshot
                     .workflows
                     .iter()
                     .map(|workflow| workflow_to_pb(workflow))
                     .collect(),
                 ..Default::default()
             };
-            for page in snapshot_pages(&catalog.instances, first, budget) {
+            for page in snapshot_pages(&snapshot.instances, first, budget) {
                 let event = pb::WatchEvent {
                     revision,
                     kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot { reset, ..page })),
@@ -485,7 +511,7 @@ async fn serve_watch(
 
 /// A snapshot as pages of at most `budget` encoded bytes of instances each
 /// (one instance larger than that goes alone), `first` (the splits and
-/// workflows) the first, every page but the last saying `more`. Always at
+/// grants, policies, workflows) the first, every page but the last saying `more`. Always at
 /// least one page.
 fn snapshot_pages(instances: &[Arc<Instance>], first: pb::Snapshot, budget: usize) -> Vec<pb::Snapshot> {
     let mut pages = vec![first];
@@ -525,6 +551,23 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
         Event::Delete { key, .. } if keys.capability_of_split(&key).is_some() => {
             pb::watch_event::Kind::SplitCleared(pb::SplitCleared {
                 capability: keys.capability_of_split(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.grant_id_of(&kv.key).is_some() => {
+            pb::watch_event::Kind::GrantSet(grant_to_pb(&decode_grant(&kv)?))
+        }
+        // Revoked, or expired and removed by its lease.
+        Event::Delete { key, .. } if keys.grant_id_of(&key).is_some() => {
+            pb::watch_event::Kind::GrantRemoved(pb::GrantRemoved {
+                id: keys.grant_id_of(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.capability_of_policy(&kv.key).is_some() => {
+            pb::watch_event::Kind::PolicySet(policy_to_pb(&decode_policy(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.capability_of_policy(&key).is_some() => {
+            pb::watch_event::Kind::PolicyCleared(pb::PolicyCleared {
+                capability: keys.capability_of_policy(&key)?.to_string(),
             })
         }
         Event::Put(kv) if keys.workflow_of(&kv.key).is_some() => {
@@ -572,6 +615,7 @@ mod tests {
             ttl_s: 15,
             registered_at_ms: 0,
             inflight: 0,
+            operator_weight: false,
         })
     }
 

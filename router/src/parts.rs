@@ -41,6 +41,8 @@ pub(crate) struct Part {
     pub(crate) service: Arc<RouterService>,
     pub(crate) tasks: Option<Arc<TaskService>>,
     pub(crate) app: axum::Router,
+    /// How its hot routes' 401s say how to authenticate (its axum routes' layer does the same).
+    pub(crate) challenge: crate::protected_resource::Challenge,
     /// The map's entry it serves (placement and policy file fixed; quotas updated in place).
     entry: ArcSwap<TenantEntry>,
 }
@@ -88,6 +90,7 @@ impl Shared {
             .map_err(|why| anyhow::anyhow!("tenant `{tenant}`'s workflow runs: {why}"))?;
         let app = crate::app::routes(service.clone(), (tasks.clone(), &runs), self.console.clone());
         Ok(Arc::new(Part {
+            challenge: crate::protected_resource::Challenge::of(&service),
             service,
             tasks,
             app,

@@ -331,7 +331,7 @@ async fn answer_of(
         traceparent,
         shared.links.clone(),
     )
-    .for_task(envelope.task_id.clone())
+    .for_task(envelope.task_id.clone(), envelope.history.clone())
     .resumable(pause, envelope.checkpoint.clone());
     let reported = ctx.clone();
     let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));

@@ -83,7 +83,10 @@ async fn the_contract(store: TaskStore) {
         "leased away"
     );
     store.schedule_run(&due_now, 0).await.unwrap();
-    assert_eq!(store.lease_due_runs(30_000, 100).await.unwrap(), std::slice::from_ref(&due_now));
+    assert_eq!(
+        store.lease_due_runs(30_000, 100).await.unwrap(),
+        std::slice::from_ref(&due_now)
+    );
 
     // Running, then ended once: its result kept, its due entry gone.
     assert_eq!(

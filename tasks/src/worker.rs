@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::Caller;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_task_store::{Accepted, Claimed, State, TaskStoreError};
+use agent_reach_task_store::{Accepted, Claimed, Role, State, Task, TaskStoreError, Turn};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -20,7 +20,7 @@ use super::TaskService;
 use agent_reach_pipeline::call::Call;
 use agent_reach_pipeline::envelope;
 use agent_reach_pipeline::error::{Code, RouterError};
-use agent_reach_pipeline::outcome::Failure;
+use agent_reach_pipeline::outcome::{input_required, Failure};
 use agent_reach_pipeline::RouterService;
 
 /// Claims queued tasks and delivers them, `workers` at a time, until the
@@ -308,6 +308,12 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                 checked.run_id.clone_from(&task.run);
                 // A paused task resumes from its handler's checkpoint (DESIGN §9).
                 checked.checkpoint.clone_from(&task.checkpoint);
+                // A multi-turn task's next turn: the latest answer, the conversation so far.
+                if let Some(next) = next_turn(task) {
+                    checked.request.payload = next.payload;
+                    checked.request.request_id = Some(next.request_id);
+                    checked.history = Some(next.history);
+                }
                 let call = Call::delivery(caller.clone(), checked);
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
@@ -381,6 +387,14 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     output: Some(output),
                     error: None,
                 }
+            }
+            Err(failure) if input_required(&failure.error).is_some() => {
+                let question = Turn::agent(
+                    agent_reach_pipeline::trace::new_request_id(),
+                    input_required(&failure.error).unwrap_or_default(),
+                );
+                ask_for_input(tasks, claimed, &question).await;
+                return None;
             }
             Err(failure) => {
                 if crate::preempt::is_no_room(failure.error.code) {
@@ -484,6 +498,58 @@ async fn repause(tasks: &TaskService, claimed: &Claimed, checkpoint: &str, wait:
             tracing::warn!(message = "A paused task could not be recorded; it will be reclaimed.", task_id = %claimed.task.task_id, %error)
         }
     }
+}
+
+/// The agent asked for more input: the task waits in `input_required` (its
+/// queue entry acknowledged) until a message continues it.
+async fn ask_for_input(tasks: &TaskService, claimed: &Claimed, question: &Turn) {
+    let task_id = &claimed.task.task_id;
+    match tasks.store.ask_for_input(claimed, question).await {
+        // Not an end: `agent_reach_tasks_finished_total` counts it when it ends.
+        Ok(_) => {}
+        // Canceled meanwhile: the entry is acknowledged, the cancel stands.
+        Err(error @ (TaskStoreError::Refused { .. } | TaskStoreError::NotFound(_))) => {
+            tracing::info!(message = "Task ended before its agent asked for input.", %task_id, %error)
+        }
+        // Not recorded: the entry stays claimed and is delivered again once
+        // reclaimed (the agent asks again: agents dedup by request_id).
+        Err(error) => {
+            tracing::warn!(message = "A task asking for input not recorded; it will be reclaimed.", %task_id, %error)
+        }
+    }
+}
+
+/// What a multi-turn task's next delivery carries instead of the envelope's.
+struct NextTurn {
+    payload: Value,
+    request_id: String,
+    history: Value,
+}
+
+/// The delivery of a task continued by a message (its last turn the
+/// caller's): that turn's payload under a request id of its own (the task's
+/// with the turn's number: an agent deduplicating by request id answers each
+/// turn afresh, a delivery of the same turn again alike), and the
+/// conversation before it, oldest first (docs/design.md, "Multi-turn tasks").
+/// `None` for a task's first turn.
+fn next_turn(task: &Task) -> Option<NextTurn> {
+    let (last, before) = task.turns.split_last()?;
+    if last.role != Role::User {
+        return None;
+    }
+    let answers = task.turns.iter().filter(|turn| turn.role == Role::User).count();
+    let first = json!({ "role": "user", "payload": task.envelope.get("payload").cloned().unwrap_or(Value::Null) });
+    let history = std::iter::once(first)
+        .chain(before.iter().map(|turn| match turn.role {
+            Role::User => json!({ "role": "user", "payload": turn.payload }),
+            Role::Agent => json!({ "role": "agent", "message": turn.message }),
+        }))
+        .collect();
+    Some(NextTurn {
+        payload: last.payload.clone().unwrap_or(Value::Null),
+        request_id: format!("{}.{answers}", task.request_id),
+        history: Value::Array(history),
+    })
 }
 
 pub(super) async fn complete_parent(tasks: &TaskService, parent_id: &str) {

@@ -25,7 +25,10 @@ permissions:
     allow: [demo.*]
 providers:
   - agent: echo_agent
-    provides: [demo.*]
+    provides: [demo.*, audit.*]
+owners:
+  - capability: audit.*
+    approvers: [owner]
 context:
   - agent: tester
     read: ["*"]
@@ -126,6 +129,7 @@ impl Stack {
                 quota_share: Some(std::time::Duration::from_millis(100)),
                 trail: None,
                 tag_limits: Vec::new(),
+                trail: None,
             });
             let router = agent_reach_router::build(&settings).await.unwrap();
             let (addr, task) = serve_on_free_port(|listener| async move {

@@ -55,6 +55,28 @@ export interface Delivery {
   checkpoint?: unknown;
   /** Set on a preemptible handler's task delivery: `requested` once the router asks it to pause. */
   pause?: { requested: boolean };
+  history: readonly Turn[];
+}
+
+/**
+ * One earlier turn of a multi-turn task's conversation (docs/design.md, "Multi-turn
+ * tasks"), as the router delivers it with the next message: a message of the caller (its
+ * `payload`) or a time this agent asked for more input (its `message`; see `InputRequired`).
+ */
+export type Turn = { readonly role: "user"; readonly payload: unknown } | { readonly role: "agent"; readonly message: string };
+
+/** The envelope's `history` as turns; one this SDK cannot read is left out. */
+export function turnsOf(history: unknown): readonly Turn[] {
+  if (!Array.isArray(history)) return [];
+  const turns: Turn[] = [];
+  for (const turn of history as unknown[]) {
+    if (typeof turn !== "object" || turn === null) return [];
+    const { role, payload, message } = turn as { role?: unknown; payload?: unknown; message?: unknown };
+    if (role === "user") turns.push({ role, payload: payload ?? null });
+    else if (role === "agent" && typeof message === "string") turns.push({ role, message });
+    else return [];
+  }
+  return turns;
 }
 
 export class Ctx {
@@ -79,6 +101,11 @@ export class Ctx {
   /** The checkpoint this delivery resumes from (what the handler threw `Paused` with); undefined for a first delivery. */
   readonly checkpoint: unknown;
   readonly #pause: { requested: boolean } | undefined;
+  /**
+   * A multi-turn task's conversation before this message, oldest first: the caller's
+   * earlier messages and what this agent asked (empty for a first message).
+   */
+  readonly history: readonly Turn[];
   readonly #signal: { readonly signal: AbortSignal };
   readonly #links: Links;
   /** The `traceparent` of this delivery's own span, when OpenTelemetry records one: calls onwards are its children. */
@@ -101,6 +128,7 @@ export class Ctx {
     this.taskId = delivery.taskId;
     this.checkpoint = delivery.checkpoint ?? undefined;
     this.#pause = delivery.pause;
+    this.history = delivery.history;
     this.#signal = signal;
     this.#links = links;
     this.#span = span;

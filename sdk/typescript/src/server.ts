@@ -14,7 +14,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 
 import { AssertionRefused, type Assertion } from "./assertion.js";
-import { Ctx, type Delivery } from "./ctx.js";
+import { Ctx, turnsOf, type Delivery } from "./ctx.js";
 import type { Answer } from "./dedup.js";
 import { AgentReachError, HandlerError, Paused } from "./errors.js";
 import type { Handler } from "./handler.js";
@@ -96,6 +96,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     priority: priority as Priority,
     traceparent,
     taskId: task_id,
+    history: envelope["history"] === undefined ? [] : turnsOf(envelope["history"]),
     checkpoint,
     payload: envelope["payload"] ?? null,
   } as Delivery & { payload: unknown };

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from . import logs, tracing
 from .assertion import Assertion, AssertionRefused, Verifier
-from .ctx import Accepted, Ctx, Links, Paused
+from .ctx import Accepted, Ctx, Links, Paused, turns_of
 from .dedup import Answer, Dedup
 from .errors import AgentReachError, HandlerError
 from .handlers import Handler, validation_details
@@ -275,6 +275,7 @@ async def serve_invoke(
             traceparent=traceparent,
             tenant=assertion.tenant if assertion is not None else None,
             links=state.links,
+            history=turns_of(envelope.get("history")),
         )
         streamed = (value,) if handler.ctx_first is None else ((ctx, value) if handler.ctx_first else (value, ctx))
         return await EventStream.open(state, handler, streamed, deadline)
@@ -327,6 +328,7 @@ async def serve_invoke(
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
+                    history=turns_of(envelope.get("history")),
                 )
                 arguments = (reporter, value) if handler.ctx_first else (value, reporter)
             if state.spans:
