@@ -68,7 +68,7 @@ impl Challenge {
     /// when it is a 401.
     pub(crate) fn answer(&self, answer: Answer, headers: &impl HeaderLookup) -> Answer {
         let refused = match &answer {
-            Answer::Json { status, .. } => *status == StatusCode::UNAUTHORIZED,
+            Answer::Json { status, .. } | Answer::Typed { status, .. } => *status == StatusCode::UNAUTHORIZED,
             Answer::Response(response) => response.status() == StatusCode::UNAUTHORIZED,
             Answer::Stream { .. } => false,
         };

@@ -40,7 +40,7 @@ fn smooth_wrr_continues_across_rebuilds() {
             reset: false,
             splits: Vec::new(),
             more: false,
-            policies: Vec::new(),
+            ..Default::default()
         }),
     ));
     let first = builder.build();
@@ -88,7 +88,7 @@ fn a_reported_inflight_change_alone_updates_in_place() {
             reset: false,
             splits: Vec::new(),
             more: false,
-            policies: Vec::new(),
+            ..Default::default()
         }),
     ));
     let snapshot = builder.build();
@@ -139,7 +139,7 @@ fn deltas_build_versions_highest_first_and_reuse_state_and_validators() {
             reset: false,
             splits: Vec::new(),
             more: false,
-            policies: Vec::new(),
+            ..Default::default()
         }),
     ));
     let first = builder.build();

@@ -129,7 +129,6 @@ impl Stack {
                 quota_share: Some(std::time::Duration::from_millis(100)),
                 trail: None,
                 tag_limits: Vec::new(),
-                trail: None,
             });
             let router = agent_reach_router::build(&settings).await.unwrap();
             let (addr, task) = serve_on_free_port(|listener| async move {
