@@ -2,7 +2,8 @@
 //! Redis (one server, `on_redis::`) and a Redis Cluster (`on_cluster::`): a
 //! task that asks for input waits (its entry acknowledged, on the retention
 //! clock), a message continues it (queued again, kept), and each of a
-//! task's push configs is notified on its own when the task ends or asks.
+//! task's push configs is notified on its own when the task ends or asks;
+//! a preempted (`paused`) task is not one waiting for input.
 
 use std::time::{Duration, Instant};
 
@@ -362,6 +363,94 @@ async fn a_task_holds_a_bounded_number_of_push_configs(backend: Backend) {
     assert_eq!(store.get(&task_id).await.unwrap().push_configs.len(), MOST_PUSH_CONFIGS);
 }
 
+/// The two interruptions are told apart: a preempted task (`pause`, the
+/// `paused:{L}` set, its checkpoint) is not one waiting for input
+/// (`ask_for_input`), and a turn that asks for input drops the checkpoint
+/// of an earlier preemption, so the next turn starts afresh.
+async fn a_preempted_task_and_one_asking_for_input_are_told_apart(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    let task_id = store
+        .submit(task("both-1", Priority::Low, None))
+        .await
+        .unwrap()
+        .task_id()
+        .to_string();
+    let claimed = claim_one(&store).await;
+    store
+        .pause(&claimed, r#"{"pages_done":3}"#, agent_reach_task_store::store::now_ms())
+        .await
+        .unwrap();
+    let paused = store.get(&task_id).await.unwrap();
+    assert_eq!(
+        (paused.state, paused.checkpoint.clone()),
+        (State::Paused, Some(json!({"pages_done": 3})))
+    );
+    assert!(paused.question().is_none() && paused.turns.is_empty());
+    assert_eq!(store.paused().await.unwrap(), vec![task_id.clone()]);
+    assert!(
+        matches!(
+            store.continue_task(&task_id, &Turn::user("m-1", json!({}))).await,
+            Err(TaskStoreError::Refused { current, .. }) if current == "paused"
+        ),
+        "a message continues only a task waiting for input"
+    );
+
+    // Resumed from its checkpoint, it asks for input: no longer paused, the checkpoint dropped.
+    assert_eq!(store.resume_due(10).await.unwrap(), 1);
+    let claimed = claim_one(&store).await;
+    assert_eq!(claimed.task.checkpoint, Some(json!({"pages_done": 3})));
+    store
+        .ask_for_input(&claimed, &Turn::agent("q-1", "Which pages next?"))
+        .await
+        .unwrap();
+    let waiting = store.get(&task_id).await.unwrap();
+    assert_eq!(
+        (waiting.state, waiting.checkpoint.clone()),
+        (State::InputRequired, None)
+    );
+    assert!(store.paused().await.unwrap().is_empty());
+    assert!(
+        matches!(
+            store.pause(&claimed, "null", agent_reach_task_store::store::now_ms()).await,
+            Err(TaskStoreError::Refused { current, .. }) if current == "input_required"
+        ),
+        "a task waiting for input is not preempted"
+    );
+
+    // The caller's answer queues the next turn, which carries no checkpoint.
+    store
+        .continue_task(&task_id, &Turn::user("m-2", json!({"pages": [4, 5]})))
+        .await
+        .unwrap();
+    let claimed = claim_one(&store).await;
+    assert_eq!(
+        (claimed.task.task_id.as_str(), claimed.task.checkpoint.clone()),
+        (task_id.as_str(), None)
+    );
+    let states: Vec<State> = store
+        .get(&task_id)
+        .await
+        .unwrap()
+        .transitions
+        .iter()
+        .map(|transition| transition.state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            State::Pending,
+            State::Running,
+            State::Paused,
+            State::Pending,
+            State::Running,
+            State::InputRequired,
+            State::Pending,
+            State::Running
+        ]
+    );
+}
+
 // === Running it against one server and a cluster ===
 
 macro_rules! contract {
@@ -382,4 +471,5 @@ contract! {
     a_call_answered_at_once_that_asked_for_input_is_kept_waiting,
     each_push_config_is_kept_and_notified_on_its_own,
     a_task_holds_a_bounded_number_of_push_configs,
+    a_preempted_task_and_one_asking_for_input_are_told_apart,
 }

@@ -102,7 +102,9 @@ impl TaskStore {
             .arg(&field)
             .arg(GROUP)
             .arg(task_id)
-            .arg(state_args(State::Pending))
+            // Only a task waiting for input: `pending` is also reached from
+            // `paused`, and a preempted task is resumed by its own script (`pauses.rs`).
+            .arg(State::InputRequired.as_str())
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;
