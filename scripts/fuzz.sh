@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(front_door invoke_envelope registration acl token assertion console_seal)
+targets=(front_door invoke_envelope registration acl token assertion console_seal workflow)
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
   sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
   echo "targets: ${targets[*]}"

@@ -213,7 +213,7 @@ pub(crate) async fn paused_task(
 ) -> Value {
     let task_id = task_id.unwrap_or_else(|| api.fresh_task_id(&request.capability));
     let why = if api.tasks_enabled() {
-        let kept = match api.record_paused(caller, request, &task_id, question).await {
+        let kept = match api.record_input_required(caller, request, &task_id, question).await {
             Ok(stored) => api.current(&stored).await,
             Err(error) => Err(error),
         };

@@ -22,7 +22,8 @@ impl A2aState {
     pub(crate) fn of(state: State) -> Self {
         match state {
             State::Pending => Self::Submitted,
-            State::Running | State::Retrying => Self::Working,
+            // A paused task (DESIGN §9) is still being worked on, from its caller's view.
+            State::Running | State::Retrying | State::Paused => Self::Working,
             State::Succeeded => Self::Completed,
             State::Failed => Self::Failed,
             State::Canceled => Self::Canceled,

@@ -37,6 +37,9 @@ pub struct AssertionClaims {
     pub tenant: String,
     pub iat: u64,
     pub exp: u64,
+    /// The workflow run the call is a step of (DESIGN §9); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 // === Signing ===
@@ -378,6 +381,7 @@ mod tests {
             tenant: "default".into(),
             iat: now(),
             exp,
+            run: None,
         }
     }
 

@@ -179,15 +179,32 @@ impl Assertions {
     }
 
     /// The `authorization` value for one forwarded attempt: `caller`'s call of
-    /// `capability` on `agent_id`, expiring at most at `deadline_ms`.
+    /// `capability` on `agent_id`, expiring at most at `deadline_ms`; for a
+    /// workflow's step, claiming its `run` (such assertions are signed for
+    /// their call, never cached: a run's steps are slow-path work).
     pub fn header(
         &self,
         caller: &Caller,
-        agent_id: &str,
-        capability: &str,
+        (agent_id, capability): (&str, &str),
+        run: Option<&str>,
         deadline_ms: u64,
         now_ms: u64,
     ) -> Result<Arc<str>, String> {
+        if let Some(run) = run {
+            let ttl_ms = u64::try_from(self.settings.ttl.as_millis()).unwrap_or(u64::MAX);
+            let claims = AssertionClaims {
+                run: Some(run.to_string()),
+                ..self.claims(
+                    caller,
+                    agent_id,
+                    capability,
+                    now_ms,
+                    now_ms.saturating_add(ttl_ms).min(deadline_ms),
+                )
+            };
+            let token = self.keys.load().signing.sign(&claims)?;
+            return Ok(format!("Bearer {token}").into());
+        }
         let generation = self.generation.load(Ordering::Acquire);
         let caller_name = match caller {
             Caller::Agent { name, .. } => Some(name),
@@ -218,16 +235,7 @@ impl Assertions {
             return Ok(header);
         }
         let expires_ms = now_ms.saturating_add(ttl_ms).min(deadline_ms);
-        let claims = AssertionClaims {
-            iss: self.settings.issuer.clone(),
-            sub: caller_name.map(|name| name.to_string()).unwrap_or_default(),
-            aud: agent_id.to_string(),
-            cap: capability.to_string(),
-            tenant: caller.tenant().to_string(),
-            iat: now_ms / 1000,
-            // JWT times are seconds; round down so the assertion never outlives the deadline.
-            exp: expires_ms / 1000,
-        };
+        let claims = self.claims(caller, agent_id, capability, now_ms, expires_ms);
         let token = self.keys.load().signing.sign(&claims)?;
         let header: Arc<str> = format!("Bearer {token}").into();
         // Only full-life assertions are worth keeping: one cut short by a
@@ -254,6 +262,27 @@ impl Assertions {
             });
         }
         Ok(header)
+    }
+
+    fn claims(
+        &self,
+        caller: &Caller,
+        agent_id: &str,
+        capability: &str,
+        now_ms: u64,
+        expires_ms: u64,
+    ) -> AssertionClaims {
+        AssertionClaims {
+            iss: self.settings.issuer.clone(),
+            sub: caller.name().map(str::to_string).unwrap_or_default(),
+            aud: agent_id.to_string(),
+            cap: capability.to_string(),
+            tenant: caller.tenant().to_string(),
+            iat: now_ms / 1000,
+            // JWT times are seconds; round down so the assertion never outlives the deadline.
+            exp: expires_ms / 1000,
+            run: None,
+        }
     }
 }
 
@@ -354,21 +383,25 @@ mod tests {
             .unwrap()
             .as_millis() as u64;
         let far = now + 60_000;
-        let first = assertions.header(&caller, "a-1", "order.query", far, now).unwrap();
+        let first = assertions
+            .header(&caller, ("a-1", "order.query"), None, far, now)
+            .unwrap();
         let again = assertions
-            .header(&caller, "a-1", "order.query", far, now + 1000)
+            .header(&caller, ("a-1", "order.query"), None, far, now + 1000)
             .unwrap();
         assert!(Arc::ptr_eq(&first, &again), "reused while fresh");
-        let other_agent = assertions.header(&caller, "a-2", "order.query", far, now).unwrap();
+        let other_agent = assertions
+            .header(&caller, ("a-2", "order.query"), None, far, now)
+            .unwrap();
         assert_ne!(first, other_agent, "one per instance");
         // Half its life gone: a new one.
         let later = assertions
-            .header(&caller, "a-1", "order.query", far, now + 6000)
+            .header(&caller, ("a-1", "order.query"), None, far, now + 6000)
             .unwrap();
         assert_ne!(first, later);
         // A call whose deadline is sooner than the cached expiry gets one of its own, cut to the deadline.
         let short = assertions
-            .header(&caller, "a-1", "order.query", now + 2500, now + 6000)
+            .header(&caller, ("a-1", "order.query"), None, now + 2500, now + 6000)
             .unwrap();
         assert_ne!(short, later);
         let token = short.strip_prefix("Bearer ").unwrap();
@@ -395,7 +428,9 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64;
-        let before = assertions.header(&caller, "a", "x.y", now + 60_000, now).unwrap();
+        let before = assertions
+            .header(&caller, ("a", "x.y"), None, now + 60_000, now)
+            .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(before.strip_prefix("Bearer ").unwrap()).unwrap(),
             first
@@ -406,7 +441,9 @@ mod tests {
         std::fs::write(dir.path().join("signing.pem"), next).unwrap();
         std::fs::write(dir.path().join("next.pem"), signing).unwrap();
         reload.check(&*assertions, &mut seen);
-        let after = assertions.header(&caller, "a", "x.y", now + 60_000, now).unwrap();
+        let after = assertions
+            .header(&caller, ("a", "x.y"), None, now + 60_000, now)
+            .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(after.strip_prefix("Bearer ").unwrap()).unwrap(),
             second
@@ -419,7 +456,9 @@ mod tests {
         std::fs::write(dir.path().join("signing.pem"), "garbage").unwrap();
         reload.check(&*assertions, &mut seen);
         assert_eq!(assertions.keys_valid.get(), 0);
-        let still = assertions.header(&caller, "b", "x.y", now + 60_000, now).unwrap();
+        let still = assertions
+            .header(&caller, ("b", "x.y"), None, now + 60_000, now)
+            .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(still.strip_prefix("Bearer ").unwrap()).unwrap(),
             second

@@ -16,6 +16,7 @@ const BENCHES: &[(&str, &str)] = &[
     ("protocols-bench", env!("CARGO_BIN_EXE_protocols-bench")),
     ("tasks-bench", env!("CARGO_BIN_EXE_tasks-bench")),
     ("tenants-bench", env!("CARGO_BIN_EXE_tenants-bench")),
+    ("workflows-bench", env!("CARGO_BIN_EXE_workflows-bench")),
 ];
 
 fn repository_file(path: &str) -> String {

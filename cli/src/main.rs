@@ -30,6 +30,7 @@ mod plugins;
 mod tasks;
 mod tenants;
 mod trail;
+mod workflows;
 
 #[derive(Debug, Parser)]
 #[command(name = "agent-reach", version, about = "Make AI agents reachable by capability.")]
@@ -87,6 +88,20 @@ enum Command {
     Tasks {
         #[command(subcommand)]
         command: tasks::TasksCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Workflows (against a running registry): apply a definition file, list, show one.
+    Workflows {
+        #[command(subcommand)]
+        command: workflows::WorkflowsCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Workflow runs (against a running router): show one, step by step.
+    Runs {
+        #[command(subcommand)]
+        command: workflows::RunsCommand,
         #[command(flatten)]
         connection: ops::Connection,
     },
@@ -282,6 +297,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Capabilities { command, connection } => ops::capabilities(&connection, command).await,
         Command::Invoke { args, connection } => ops::invoke(&connection, args).await,
         Command::Tasks { command, connection } => tasks::tasks(&connection, command).await,
+        Command::Workflows { command, connection } => workflows::workflows(&connection, command).await,
+        Command::Runs { command, connection } => workflows::runs(&connection, command).await,
         Command::Console { args, connection } => console::console(&connection, args).await,
         Command::Requests { command, connection } => console::requests(&connection, command).await,
         Command::Tenants { command, connection } => tenants::tenants(&connection, command).await,

@@ -163,7 +163,8 @@ fn agents_and_capabilities_commands() {
     assert!(capabilities.status.success());
     assert!(stdout(&capabilities).contains("order.query"));
     let listed = json(&run(Some(&dev), &["capabilities", "ls", "--json"]));
-    assert_eq!(listed["capabilities"].as_array().unwrap().len(), 4);
+    // The chain's four, and the three steps of its workflow (examples/workflows).
+    assert_eq!(listed["capabilities"].as_array().unwrap().len(), 7);
 
     let order = run(
         Some(&dev),
@@ -433,11 +434,8 @@ fn create_context(context: &str, token: &str) -> Value {
 // Issue 21, point 2: the canary verbs, against a dev stack whose policy names `ops` an operator.
 #[test]
 fn split_and_weight_commands() {
-    let dir = tempfile::tempdir().unwrap();
-    let acl = dir.path().join("acl.yaml");
-    let policy = std::fs::read_to_string(POLICY).unwrap();
-    std::fs::write(&acl, format!("{policy}\noperators: [ops]\n")).unwrap();
-    let dev = dev_with(&["--acl", acl.to_str().unwrap()]);
+    // The example's policy names `ops` an operator.
+    let dev = dev();
     wait_for_agents(&dev);
     let issued = run(None, &["token", "issue", "--name", "ops", "--secret-file", &dev.secret]);
     assert!(issued.status.success());
@@ -521,4 +519,103 @@ fn split_and_weight_commands() {
     let not_operator = run(Some(&dev), &["agents", "weight", "order_query-3", "2"]);
     assert_eq!(not_operator.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&not_operator.stderr).contains("FORBIDDEN"));
+}
+
+/// `workflows apply | ls | show` and `runs show` against `agent-reach dev --redis`
+/// (workflows run on the router's slow path), with the example's workflow file;
+/// a bad file refused before anything is sent, and by the registry.
+#[test]
+fn workflows_and_runs_commands() {
+    let redis = agent_reach_testkit::Redis::start();
+    let dev = dev_with(&["--redis", &redis.url()]);
+    wait_for_agents(&dev);
+    let issued = run(None, &["token", "issue", "--name", "ops", "--secret-file", &dev.secret]);
+    let ops = stdout(&issued).trim().to_string();
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/workflows/ship-today.yaml");
+
+    // Only operators (or a provider of the name) may register.
+    let refused = run(Some(&dev), &["workflows", "apply", file]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("FORBIDDEN"), "{}", stderr(&refused));
+    let applied = run(Some(&dev), &["workflows", "apply", file, "--token", &ops]);
+    assert!(applied.status.success(), "{}", stderr(&applied));
+    assert!(
+        stdout(&applied).contains("order.ship_today 1.0.0 registered: 4 step(s)"),
+        "{}",
+        stdout(&applied)
+    );
+    let listed = run(Some(&dev), &["workflows", "ls"]);
+    assert!(stdout(&listed).contains("order.ship_today"), "{}", stdout(&listed));
+    let shown = run(Some(&dev), &["workflows", "show", "order.ship_today"]);
+    assert!(
+        stdout(&shown).contains("capability: order.lookup"),
+        "{}",
+        stdout(&shown)
+    );
+    let missing = run(Some(&dev), &["workflows", "show", "no.such"]);
+    assert!(stderr(&missing).contains("WORKFLOW_NOT_FOUND"));
+
+    // A bad file: refused here (a cycle) or by the registry (an unknown capability), with where.
+    let dir = tempfile::tempdir().unwrap();
+    let cyclic = dir.path().join("cyclic.yaml");
+    std::fs::write(
+        &cyclic,
+        "name: x.cycle\nversion: 1.0.0\ninput_schema: {}\nsteps:\n  - {id: a, capability: order.lookup, input: {}, depends_on: [b]}\n  - {id: b, capability: order.lookup, input: {}, depends_on: [a]}\noutput: {}\n",
+    )
+    .unwrap();
+    let bad = run(
+        Some(&dev),
+        &["workflows", "apply", cyclic.to_str().unwrap(), "--token", &ops],
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("circle"), "{}", stderr(&bad));
+    let unknown = dir.path().join("unknown.json");
+    std::fs::write(
+        &unknown,
+        r#"{"name": "x.unknown", "version": "1.0.0", "input_schema": {}, "steps": [{"id": "a", "capability": "no.agent", "input": {}}], "output": {}}"#,
+    )
+    .unwrap();
+    let bad = run(
+        Some(&dev),
+        &["workflows", "apply", unknown.to_str().unwrap(), "--token", &ops],
+    );
+    assert!(
+        stderr(&bad).contains("INVALID_WORKFLOW") && stderr(&bad).contains("step `a`"),
+        "{}",
+        stderr(&bad)
+    );
+
+    // A run, called like a capability, shown step by step.
+    let context = create_context(&dev.context, &dev.token);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answer: Value = runtime.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/v1/invoke", dev.router))
+            .bearer_auth(&dev.token)
+            .json(&serde_json::json!({
+                "capability": "order.ship_today", "context_id": context["context_id"],
+                "payload": {"user_id": "u_1", "text": "Can my order SO-2024002 ship today?"}
+            }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    assert_eq!(answer["status"], "succeeded", "{answer}");
+    assert_eq!(answer["output"]["ships_today"], false);
+    let run_id = answer["agent_id"].as_str().unwrap();
+    let shown = run(Some(&dev), &["runs", "show", run_id]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let table = stdout(&shown);
+    assert!(table.contains("order.ship_today 1.0.0 succeeded"), "{table}");
+    assert!(table.contains("rules") && table.contains("shipping_rules-1"), "{table}");
+    let json_view = json(&run(Some(&dev), &["runs", "show", run_id, "--json"]));
+    assert_eq!(json_view["steps"].as_array().unwrap().len(), 4);
+    let nobody = run(Some(&dev), &["runs", "show", "t_000000000000000000000000"]);
+    assert!(stderr(&nobody).contains("RUN_NOT_FOUND"), "{}", stderr(&nobody));
 }

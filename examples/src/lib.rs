@@ -166,20 +166,7 @@ pub fn lookup_order(order_id: &str) -> Option<OrderStatus> {
     description = "Same-day shipping rules"
 )]
 pub async fn shipping_rules(ctx: Ctx, input: ShippingQuestion) -> Result<Chain, HandlerError> {
-    let order = &input.order;
-    let (ships_today, reason) = if order.status != "paid" {
-        (false, format!("it is not paid yet ({})", order.status))
-    } else if order.placed_at_hour >= CUTOFF_HOUR {
-        (
-            false,
-            format!("it was placed after the {CUTOFF_HOUR}:00 cutoff; it ships tomorrow"),
-        )
-    } else {
-        (
-            true,
-            format!("it is paid and leaves warehouse {} before the cutoff", order.warehouse),
-        )
-    };
+    let (ships_today, reason) = decide(&input.order);
     let envelope = ctx
         .call_envelope("reply.write", ReplyRequest { ships_today, reason })
         .await?;
@@ -198,6 +185,101 @@ pub async fn shipping_rules(ctx: Ctx, input: ShippingQuestion) -> Result<Chain, 
         trace_id: trace_id(&ctx),
     })
 }
+
+// === The same steps for the workflow (examples/workflows/ship-today.yaml) ===
+//
+// The hand-written chain has each agent call the next; as a workflow the
+// router calls each step and passes outputs on. These are the chain's own
+// decisions without the onward call.
+
+/// What `intent.classify` makes of a question.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Intent {
+    pub intent: String,
+    pub order_id: String,
+}
+
+/// What `shipping.decide` says.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Decision {
+    pub ships_today: bool,
+    pub reason: String,
+}
+
+/// The intent and the order a question names; records who asks and what they want.
+#[handler(
+    capability = "intent.classify",
+    version = "1.0.0",
+    description = "Classify a customer question (a workflow step)"
+)]
+pub async fn intent_classify(ctx: Ctx, input: Question) -> Result<Intent, HandlerError> {
+    let text = input.text.to_lowercase();
+    let intent = if text.contains("ship") && text.contains("today") {
+        "ask_ship_today"
+    } else {
+        "unknown"
+    };
+    let order_id = input
+        .text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .find(|word| word.starts_with("SO-"))
+        .ok_or_else(|| HandlerError::new("NO_ORDER_ID", "the question names no order (e.g. SO-2024001)"))?
+        .to_string();
+    ctx.context()
+        .patch()
+        .set("user_id", &input.user_id)
+        .set("intent", intent)
+        .send()
+        .await?;
+    Ok(Intent {
+        intent: intent.to_string(),
+        order_id,
+    })
+}
+
+/// The order, looked up (a workflow step).
+#[handler(
+    capability = "order.lookup",
+    version = "1.0.0",
+    description = "Look up an order (a workflow step)"
+)]
+pub async fn order_lookup(ctx: Ctx, input: OrderQuery) -> Result<OrderStatus, HandlerError> {
+    let order = lookup_order(&input.order_id)
+        .ok_or_else(|| HandlerError::new("ORDER_NOT_FOUND", format!("no order {}", input.order_id)).with_status(404))?;
+    ctx.context().patch().set("order_status", &order).send().await?;
+    Ok(order)
+}
+
+/// The shipping rules' decision (a workflow step).
+#[handler(
+    capability = "shipping.decide",
+    version = "1.0.0",
+    description = "Decide same-day shipping (a workflow step)"
+)]
+pub async fn shipping_decide(_ctx: Ctx, input: ShippingQuestion) -> Result<Decision, HandlerError> {
+    let (ships_today, reason) = decide(&input.order);
+    Ok(Decision { ships_today, reason })
+}
+
+/// The shipping rules, once for the chain and the workflow.
+fn decide(order: &OrderStatus) -> (bool, String) {
+    if order.status != "paid" {
+        (false, format!("it is not paid yet ({})", order.status))
+    } else if order.placed_at_hour >= CUTOFF_HOUR {
+        (
+            false,
+            format!("it was placed after the {CUTOFF_HOUR}:00 cutoff; it ships tomorrow"),
+        )
+    } else {
+        (
+            true,
+            format!("it is paid and leaves warehouse {} before the cutoff", order.warehouse),
+        )
+    }
+}
+
+/// The workflow of the example: the chain declared (`agent-reach demo` registers and runs it).
+pub const SHIP_TODAY_WORKFLOW: &str = include_str!("../workflows/ship-today.yaml");
 
 /// The model `reply.write` reports its usage under (DESIGN §3.5 `usage`).
 pub const REPLY_MODEL: &str = "reply-template-1";
@@ -313,9 +395,9 @@ pub async fn start_instance_at(
         .token(token)
         .weight(spec.weight);
     let builder = match spec.name {
-        "intent_parser" => builder.handler(intent_parse),
-        "order_query" => builder.handler(order_query),
-        "shipping_rules" => builder.handler(shipping_rules),
+        "intent_parser" => builder.handler(intent_parse).handler(intent_classify),
+        "order_query" => builder.handler(order_query).handler(order_lookup),
+        "shipping_rules" => builder.handler(shipping_rules).handler(shipping_decide),
         "reply_writer" => builder.handler(reply_write),
         other => return Err(StartError::Config(format!("unknown example agent `{other}`"))),
     };

@@ -24,7 +24,9 @@ pub struct StackOptions {
     pub context_listen: SocketAddr,
     /// Real etcd for the registry; embedded store when empty.
     pub etcd: Vec<String>,
-    /// Real Redis for the context service; embedded store when `None`.
+    /// Real Redis for the context service and the router's slow path
+    /// (durable tasks, workflow runs); embedded context store and no slow
+    /// path when `None`.
     pub redis: Option<String>,
     /// Access policy; the example's policy when `None`.
     pub acl: Option<PathBuf>,
@@ -149,6 +151,25 @@ impl Stack {
         let mut router_settings =
             agent_reach_router::Settings::new(options.router_listen, registry_url.clone(), auth, acl.clone());
         router_settings.assertion.signing = agent_reach_router::SigningKey::File(assertion_key_file.clone());
+        if let Some(url) = &options.redis {
+            // The slow path: durable tasks and workflow runs (their callbacks signed
+            // with a secret of this stack's own).
+            let mut callback_secret = [0u8; 32];
+            rand::thread_rng().fill_bytes(&mut callback_secret);
+            let mut callbacks = agent_reach_task_store::CallbackConfig::new(callback_secret.to_vec());
+            callbacks.allow_private_targets = true;
+            router_settings.tasks = Some(agent_reach_router::TasksSettings {
+                redis: url.clone(),
+                store: agent_reach_task_store::StoreConfig::default(),
+                callbacks,
+                workers: 64,
+                reclaim_after: Duration::from_secs(120),
+                max_task_attempts: 3,
+                tag_limits: Vec::new(),
+                quota_share: None,
+                trail: None,
+            });
+        }
         tune(&mut router_settings);
         let router = agent_reach_router::build(&router_settings).await?;
         let (listener, router_addr) = bind(options.router_listen, "--router-listen").await?;

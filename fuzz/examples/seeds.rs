@@ -179,6 +179,7 @@ fn assertion() -> Seeds {
         tenant: "default".to_string(),
         iat: ISSUED,
         exp: FAR,
+        run: None,
     };
     let sign = |claims: &AssertionClaims| format!("Bearer {}", key.sign(claims).expect("signed")).into_bytes();
     vec![
@@ -213,15 +214,43 @@ fn assertion() -> Seeds {
     ]
 }
 
+fn workflow() -> Seeds {
+    let linear = r#"{"version":"1.0.0","input_schema":{"type":"object","required":["order_id"],"properties":{"order_id":{"type":"string"}}},
+"steps":[{"id":"order","capability":"order.lookup","input":{"order_id":"${input.order_id}"}},
+{"id":"lines","capability":"stock.check","for_each":"${steps.order.output.items}","max_parallel":4,"input":{"sku":"${item.sku}","count":"${index}"}},
+{"id":"say","capability":"any.thing","when":"${steps.order.output.express == true && !(steps.lines.status != \"succeeded\")}",
+ "retry":{"max_attempts":3,"backoff_ms":100,"codes":["AGENT_ERROR"]},"timeout_ms":5000,
+ "on_failure":{"compensate":{"capability":"any.thing","input":{"undo":"${steps.order.output}"}}},
+ "input":"order ${input.order_id}: ${steps.lines.output} $${literal}"}],
+"output":{"said":"${steps.say.output}","lines":"${steps.lines.output[0]}"}}"#;
+    let yaml = "version: 2.0.0\ninput_schema: {type: object}\noutput_schema: {type: object}\nsteps:\n  - id: a\n    capability: any.thing\n    input: \"${input}\"\n  - id: b\n    capability: any.thing\n    version: \"^1\"\n    depends_on: [a]\n    on_failure: continue\n    input: {x: \"${steps.a.output.x}\", n: 3}\n  - id: c\n    capability: any.thing\n    input: {b: \"${steps.b.status}\", e: \"${steps.b.error.code}\"}\noutput: {c: \"${steps.c.output}\"}\n";
+    let cycle = r#"{"version":"1.0.0","input_schema":{},"steps":[{"id":"a","capability":"any.thing","depends_on":["b"],"input":{}},{"id":"b","capability":"any.thing","input":"${steps.a.output}"}],"output":null}"#;
+    let mapping = r#"{"version":"1.0.0","input_schema":{"type":"object","properties":{"n":{"type":"integer"}}},"steps":[{"id":"a","capability":"stock.check","input":{"sku":"${input.n}"}}],"output":"${steps.a.output}"}"#;
+    let bad = r#"{"version":"1.0.0","input_schema":{},"steps":[{"id":"a","capability":"any.thing","input":"${input.(}"},{"id":"b","capability":"nobody.here","input":"${steps.zz.output}"}],"output":"${item}"}"#;
+    let anchors = "x: &a [1, 2, *a]\nversion: 1.0.0\n";
+    [
+        ("linear-fan-when-retry", linear.to_string()),
+        ("yaml-continue", yaml.to_string()),
+        ("cycle", cycle.to_string()),
+        ("mapping", mapping.to_string()),
+        ("unknown-and-unparsed", bad.to_string()),
+        ("yaml-anchors", anchors.to_string()),
+    ]
+    .into_iter()
+    .map(|(name, text)| (name, text.into_bytes()))
+    .collect()
+}
+
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
-    let targets: [(&str, Maker); 6] = [
+    let targets: [(&str, Maker); 7] = [
         ("front_door", front_door),
         ("invoke_envelope", invoke_envelope),
         ("registration", registration),
         ("acl", acl),
         ("token", token),
         ("assertion", assertion),
+        ("workflow", workflow),
     ];
     for (target, seeds) in targets {
         let folder = root.join(target);

@@ -125,6 +125,8 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
             payload: request.payload.clone(),
             task_id: None,
             history: None,
+            run_id: None,
+            checkpoint: None,
         };
         let expected = serde_json::to_vec(&contract).expect("a forwarded envelope serialises");
         assert_eq!(

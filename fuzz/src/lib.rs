@@ -16,6 +16,7 @@ pub mod front_door;
 pub mod invoke_envelope;
 pub mod registration;
 pub mod token;
+pub mod workflow;
 
 mod support;
 
@@ -23,7 +24,7 @@ mod support;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its binary and its corpus folder.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("front_door", front_door::run),
     ("invoke_envelope", invoke_envelope::run),
     ("registration", registration::run),
@@ -31,6 +32,7 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("token", token::run),
     ("assertion", assertion::run),
     ("console_seal", console_seal::run),
+    ("workflow", workflow::run),
 ];
 
 pub use support::{assertion_key, HS256_SECRET};

@@ -108,7 +108,8 @@ fn every_target_is_tested_here_built_for_libfuzzer_and_run_by_the_script() {
             "acl",
             "token",
             "assertion",
-            "console_seal"
+            "console_seal",
+            "workflow"
         ]
     );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -164,4 +165,9 @@ fn assertion() {
 #[test]
 fn console_seal() {
     replay("console_seal", agent_reach_fuzz::console_seal::run);
+}
+
+#[test]
+fn workflow() {
+    replay("workflow", agent_reach_fuzz::workflow::run);
 }

@@ -193,7 +193,8 @@ impl Request<'_> {
     /// A task's fields in the request's flavour.
     fn task_fields(&self, task: &Task, flavor: Flavor) -> Map<String, Value> {
         let status = match (task.state, flavor) {
-            (State::Pending | State::Running | State::Retrying, _) => "working",
+            // A paused task (preempted, DESIGN §9) is still being worked on.
+            (State::Pending | State::Running | State::Retrying | State::Paused, _) => "working",
             (State::InputRequired, _) => "input_required",
             (State::Succeeded, _) => "completed",
             // A tool error is the result of a call that completed (the extension's rule).
@@ -222,6 +223,7 @@ impl Request<'_> {
             State::Pending => Some("queued for an instance".to_string()),
             State::Running => Some(format!("running (attempt {})", task.attempts.max(1))),
             State::Retrying => Some(format!("retrying after attempt {}", task.attempts)),
+            State::Paused => Some("paused for higher-priority work; resumes from its checkpoint".to_string()),
             State::InputRequired => task.question().and_then(|question| question.message.clone()),
             State::Failed | State::Canceled => task
                 .result

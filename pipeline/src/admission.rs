@@ -286,6 +286,55 @@ impl Admission {
         })
     }
 
+    /// Admits a call to a workflow (DESIGN §9): the ACL's `permissions` for
+    /// the workflow's name, the caller's and tenant's limits as any call's,
+    /// the input against the workflow's compiled input schema, the deadline
+    /// (the envelope's, else its timeout, else the router's). Returns the
+    /// absolute deadline and the call's place in flight.
+    pub fn admit_workflow(
+        &self,
+        call: &Call,
+        workflow: &agent_reach_workflows::Workflow,
+    ) -> Result<(u64, Permit), RouterError> {
+        let (caller, entry, request, now) = (&call.caller, call.entry, &call.checked.request, call.received);
+        let permit = {
+            let acl = self.acl.current();
+            self.authorize_with(&acl, caller, &request.capability)?;
+            let tenant = match (&self.quota, entry) {
+                (Some(quota), Entry::Call) => quota.admit_call()?,
+                _ => Permit::unlimited(),
+            };
+            match (caller, entry) {
+                (Caller::Agent { name, .. }, Entry::Call) if acl.has_limits() => {
+                    self.limiter.admit_call(name, acl.limit_for(name))?.with_tenant(tenant)
+                }
+                _ => Permit::unlimited().with_tenant(tenant),
+            }
+        };
+        schema::check_value(
+            &workflow.input_validator,
+            &request.payload,
+            Code::SchemaMismatch,
+            &format!("the input schema of workflow {} {}", workflow.name, workflow.version),
+        )?;
+        let deadline_ms = request.deadline.unwrap_or_else(|| {
+            let budget = request
+                .timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(self.default_timeout);
+            now.epoch_ms
+                .saturating_add(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX))
+        });
+        if deadline_ms <= now.epoch_ms {
+            return Err(RouterError::new(
+                Code::DeadlineExceeded,
+                "the deadline had passed before the call started",
+            )
+            .with_details(json!({ "deadline": deadline_ms })));
+        }
+        Ok((deadline_ms, permit))
+    }
+
     /// Admission with `choose` picking the version among the capability's.
     fn admit_with<'s>(
         &self,
@@ -548,6 +597,7 @@ mod split_tests {
                 grants: Vec::new(),
                 more: false,
                 policies: Vec::new(),
+                workflows: Vec::new(),
             })),
         });
         builder

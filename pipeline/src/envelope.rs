@@ -6,6 +6,7 @@
 use agent_reach_proto::envelope::{InvokeRequest, TargetPolicy, ENVELOPE_VERSION};
 use agent_reach_serving::HeaderLookup;
 use axum::body::Body;
+use serde_json::Value;
 
 use crate::error::{Code, RouterError};
 
@@ -21,6 +22,12 @@ pub struct CheckedRequest {
     /// Set only by the task worker, delivering a multi-turn task's next turn:
     /// the conversation so far (docs/design.md, "Multi-turn tasks").
     pub history: Option<serde_json::Value>,
+    /// Set only by the task worker for a workflow step: the run it is part
+    /// of, forwarded and claimed in the hop assertion (`run`).
+    pub run_id: Option<String>,
+    /// Set only by the task worker for a paused task it resumes: the
+    /// handler's checkpoint, forwarded with the delivery.
+    pub checkpoint: Option<Value>,
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RouterError {
@@ -106,6 +113,8 @@ pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
         policy,
         task_id: None,
         history: None,
+        run_id: None,
+        checkpoint: None,
     })
 }
 

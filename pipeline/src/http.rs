@@ -64,6 +64,14 @@ pub async fn answer_invoke(
         Err(refusal) => return refusal.answer(),
     };
     match service.invoke(&call).await {
+        // A workflow's run still going at the deadline: accepted, its result later (DESIGN §9).
+        Ok(success) if success.run.is_some() && success.accepted.is_some() => Answer::Json {
+            status: StatusCode::ACCEPTED,
+            body: success
+                .output
+                .as_deref()
+                .map_or_else(|| b"null".to_vec(), |output| output.get().as_bytes().to_vec()),
+        },
         Ok(success) => {
             let envelope = Succeeded {
                 version: ENVELOPE_VERSION,

@@ -110,6 +110,10 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) task_id: Option<&'a str>,
     /// A multi-turn task's next turn: the conversation so far.
     pub(crate) history: Option<&'a Value>,
+    /// A workflow step's delivery: its run.
+    pub(crate) run_id: Option<&'a str>,
+    /// A paused task's resumed delivery: the checkpoint it paused with.
+    pub(crate) checkpoint: Option<&'a Value>,
 }
 
 impl<'a> Forwarded<'a> {
@@ -136,6 +140,8 @@ impl<'a> Forwarded<'a> {
             payload: &request.payload,
             task_id: None,
             history: None,
+            run_id: None,
+            checkpoint: None,
         }
     }
 
@@ -157,6 +163,10 @@ impl<'a> Forwarded<'a> {
         object.opt_str("task_id", self.task_id);
         if let Some(history) = self.history {
             object.value("history", history)?;
+        }
+        object.opt_str("run_id", self.run_id);
+        if let Some(checkpoint) = self.checkpoint {
+            object.value("checkpoint", checkpoint)?;
         }
         object.end();
         Ok(out)
@@ -329,7 +339,13 @@ mod tests {
             ),
             (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None, None),
         ];
+        let checkpoint = json!({"done": 3});
         for (session_id, context_id, source, request_id, priority, task_id, turns) in cases {
+            // A task's delivery may be a run's step resumed from a checkpoint.
+            let (run_id, checkpoint) = match task_id {
+                Some(_) => (Some("r_1"), Some(&checkpoint)),
+                None => (None, None),
+            };
             let borrowed = Forwarded {
                 version: ENVELOPE_VERSION,
                 request_id,
@@ -344,6 +360,8 @@ mod tests {
                 payload: &payload,
                 task_id,
                 history: turns,
+                run_id,
+                checkpoint,
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
@@ -359,6 +377,8 @@ mod tests {
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
                 history: turns.cloned(),
+                run_id: run_id.map(str::to_string),
+                checkpoint: checkpoint.cloned(),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());

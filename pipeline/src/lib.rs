@@ -57,6 +57,7 @@ mod tuning;
 mod usage;
 pub mod views;
 pub mod watch;
+pub mod workflows;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
 pub use history::exchange::{HistoryLedger, SlotExchange, SlotTotals};
@@ -70,3 +71,4 @@ pub use select::plugin as policy;
 pub use service::{Delivery, Offered, RouterService};
 pub use tuning::Tuning;
 pub use watch::RegistryCredential;
+pub use workflows::{RoutedWorkflow, Runner};

@@ -26,8 +26,24 @@ pub struct Success {
     /// per call, and numbers keep their digits).
     pub output: Option<Box<RawValue>>,
     /// A task's delivery the agent answered `202 Accepted`: no output yet, the
-    /// agent reports it later (DESIGN §8). Never set outside task deliveries.
+    /// agent reports it later (DESIGN §8). Never set outside task deliveries,
+    /// except beside `run` for a run still going at the call's deadline.
     pub accepted: Option<Accepted>,
+    /// A task's delivery the agent paused for higher-priority work (DESIGN
+    /// §9), with the checkpoint to resume from. Never set outside task deliveries.
+    pub paused: Option<Paused>,
+    /// A call to a workflow (DESIGN §9): the run that answered it (its id is
+    /// also the envelope's `agent_id`). With `accepted`, the run had not
+    /// ended by the call's deadline: the output is `{run_id, status}` and
+    /// `/v1/invoke` answers `202`.
+    pub run: Option<String>,
+}
+
+/// A delivery its agent paused (DESIGN §9, preemption).
+#[derive(Debug)]
+pub struct Paused {
+    /// What the handler needs to resume, as it sent it (`None`: nothing).
+    pub checkpoint: Option<Box<RawValue>>,
 }
 
 /// What a `202` to a task delivery leaves to wait for.
@@ -63,6 +79,15 @@ pub(crate) struct AgentAnswer {
     output: Option<Box<RawValue>>,
     #[serde(default)]
     usage: Option<Box<RawValue>>,
+    /// `{"paused": {"checkpoint": …}}`: a preemptible delivery paused (DESIGN §9).
+    #[serde(default)]
+    paused: Option<PausedAnswer>,
+}
+
+#[derive(serde::Deserialize)]
+pub(crate) struct PausedAnswer {
+    #[serde(default)]
+    checkpoint: Option<Box<RawValue>>,
 }
 
 /// A failed call: the error plus what is known for the result envelope.
@@ -97,6 +122,8 @@ pub(crate) enum Outcome {
     Done(Option<Box<RawValue>>, Option<Box<RawValue>>),
     /// `202 Accepted`: the agent reports the outcome later (task deliveries only).
     Accepted,
+    /// The agent paused the delivery, with its checkpoint (task deliveries only).
+    Paused(Option<Box<RawValue>>),
     Fatal(RouterError),
     Retryable(RetryReason, String),
 }
@@ -118,6 +145,9 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
         }
         AttemptResult::Answered { status, body } if status.is_success() => {
             match serde_json::from_slice::<AgentAnswer>(&body) {
+                Ok(AgentAnswer {
+                    paused: Some(paused), ..
+                }) => (Observation::Healthy(elapsed), Outcome::Paused(paused.checkpoint)),
                 Ok(answer) => (
                     Observation::Healthy(elapsed),
                     Outcome::Done(answer.output, answer.usage),
@@ -224,6 +254,15 @@ pub fn input_required(error: &RouterError) -> Option<&str> {
 }
 
 /// A `202` to a call that is not a task's delivery: nothing could ever report its outcome.
+pub(crate) fn paused_without_task() -> RouterError {
+    RouterError::new(
+        Code::AgentError,
+        "the agent paused a call that is not a task's delivery: only tasks are paused (DESIGN §9)",
+    )
+    .with_details(json!({ "agent_status": 200, "agent_code": "PAUSED" }))
+    .with_passthrough(StatusCode::BAD_GATEWAY)
+}
+
 pub(crate) fn accepted_without_task() -> RouterError {
     RouterError::new(
         Code::AgentError,

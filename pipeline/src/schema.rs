@@ -30,6 +30,28 @@ pub fn check_input(group: &VersionGroup, payload: &Value) -> Result<(), RouterEr
     }
 }
 
+/// Validates `value` with `validator` (a workflow's input or output schema,
+/// compiled when the snapshot was built): `code` with each problem's pointer
+/// when it does not match, `what` naming the schema in the message.
+pub fn check_value(
+    validator: &jsonschema::Validator,
+    value: &Value,
+    code: Code,
+    what: &str,
+) -> Result<(), RouterError> {
+    match schema_problems(validator, value) {
+        None => Ok(()),
+        Some(problems) => Err(RouterError::new(
+            code,
+            format!(
+                "the value does not match {what} ({} problem(s), first at `{}`)",
+                problems.total, problems.first
+            ),
+        )
+        .with_details(json!({ "errors": problems.errors, "total": problems.total }))),
+    }
+}
+
 /// Validates an agent's answer with the version's compiled output schema
 /// (none when the agent asked for its answers to go unchecked): a mismatch is
 /// the agent's fault, 502 `OUTPUT_SCHEMA_MISMATCH`, never retried.

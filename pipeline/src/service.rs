@@ -31,6 +31,8 @@ use crate::snapshot::SnapshotHandle;
 use crate::trail::{self, Ending, TrailHook};
 use crate::tuning::Tuning;
 
+mod preemption;
+
 pub struct RouterService {
     tuning: Tuning,
     breaker: BreakerConfig,
@@ -51,6 +53,9 @@ pub struct RouterService {
     changes: Changes,
     /// Whether outcome histories are exchanged with other routers (`--redis`).
     exchanging: std::sync::atomic::AtomicBool,
+    /// Runs workflows' calls (installed by the slow path; none: a workflow's
+    /// name answers `TASKS_DISABLED`, runs needing the task store).
+    runner: std::sync::OnceLock<Arc<dyn crate::workflows::Runner>>,
     /// Where every call is recorded beyond the ring, when the trail is on.
     trail: std::sync::OnceLock<Arc<TrailHook>>,
 }
@@ -85,7 +90,15 @@ impl RouterService {
             plugins: Plugins::new(),
             changes: Changes::default(),
             exchanging: std::sync::atomic::AtomicBool::new(false),
+            runner: std::sync::OnceLock::new(),
             trail: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Installs what runs workflows' calls (once; the slow path does).
+    pub fn serve_workflows(&self, runner: Arc<dyn crate::workflows::Runner>) {
+        if self.runner.set(runner).is_err() {
+            tracing::warn!(message = "A workflow runner was installed twice; the first one stays.");
         }
     }
 
@@ -232,7 +245,18 @@ impl RouterService {
     /// the recent calls, its request span marked with a failure's code.
     pub async fn invoke(&self, call: &Call) -> Result<Success, Failure> {
         let snapshot = self.snapshot.load_full();
-        let admitted = self.admit(call, &snapshot)?;
+        let admitted = match self.admission.admit(call, &snapshot) {
+            Ok(admitted) => admitted,
+            // Only a name no capability has can be a workflow's: looked up on this path alone.
+            Err(refused) if refused.failure.error.code == crate::error::Code::CapabilityNotFound => {
+                let name = &call.checked.request.capability;
+                return match snapshot.workflows.get(name) {
+                    Some(routed) => self.run_workflow(call, routed.workflow.clone()).await,
+                    None => Err(self.refused(call, refused)),
+                };
+            }
+            Err(refused) => return Err(self.refused(call, refused)),
+        };
         let capability = admitted.capability;
         let mut tried = Tried::new();
         let result = match attempts::run(self.means(), call, &admitted, Targets::Select, &mut Whole, &mut tried).await {
@@ -254,20 +278,54 @@ impl RouterService {
         result
     }
 
-    /// Admits `call` for one instance; a refusal is counted, recorded and marked on its span.
-    pub(crate) fn admit<'s>(
+    /// A call to a workflow: admitted ([`Admission::admit_workflow`]), then
+    /// handed to the runner; recorded in the recent calls like any call.
+    async fn run_workflow(
         &self,
         call: &Call,
-        snapshot: &'s crate::snapshot::Snapshot,
-    ) -> Result<Admitted<'s>, Failure> {
-        self.admission
-            .admit(call, snapshot)
-            .map_err(|refused| self.refused(call, refused))
+        workflow: Arc<agent_reach_workflows::Workflow>,
+    ) -> Result<Success, Failure> {
+        let outcome = self.start_workflow(call, &workflow).await;
+        let version = workflow.version.to_string();
+        match &outcome {
+            Ok(_) => self.remember(&Recorded::of(call, Some(&version), None), Tried::new()),
+            Err(failure) => {
+                self.metrics.record_rejected(failure.error.code);
+                self.failed(call, failure);
+                self.remember(&Recorded::of(call, Some(&version), Some(&failure.error)), Tried::new());
+            }
+        }
+        outcome
+    }
+
+    /// [`RouterService::run_workflow`] without the record (a stream records its own at its end).
+    pub(crate) async fn start_workflow(
+        &self,
+        call: &Call,
+        workflow: &Arc<agent_reach_workflows::Workflow>,
+    ) -> Result<Success, Failure> {
+        match self.admission.admit_workflow(call, workflow) {
+            Err(error) => Err(Failure {
+                capability_version: Some(workflow.version.to_string()),
+                ..error.into()
+            }),
+            Ok((deadline_ms, _permit)) => match self.runner.get() {
+                Some(runner) => runner.run(call, workflow.clone(), deadline_ms).await,
+                None => Err(crate::error::RouterError::new(
+                    crate::error::Code::TasksDisabled,
+                    format!(
+                        "`{}` is a workflow; workflows run on the slow path, which needs the router's --redis",
+                        workflow.name
+                    ),
+                )
+                .into()),
+            },
+        }
     }
 
     /// A refusal at admission: counted (by its capability when it was
     /// resolved), recorded, marked on the span.
-    fn refused(&self, call: &Call, Refused { failure, capability }: Refused<'_>) -> Failure {
+    pub(crate) fn refused(&self, call: &Call, Refused { failure, capability }: Refused<'_>) -> Failure {
         if let (Some(span), Some(version)) = (&call.trace.span, &failure.capability_version) {
             span.set(KeyValue::new("capability.version", version.clone()));
         }
@@ -409,13 +467,29 @@ pub struct Offered {
     pub timeout: Option<std::time::Duration>,
 }
 
+fn offered_workflow(routed: &crate::workflows::RoutedWorkflow) -> Offered {
+    Offered {
+        name: routed.workflow.name.clone(),
+        version: routed.workflow.version.to_string(),
+        described: routed.described.clone(),
+        // A workflow has no deadline of its own: the call's (or the router's default) applies.
+        timeout: None,
+    }
+}
+
 // === What the doors read of the snapshot ===
 
 impl RouterService {
-    /// `capability` as offered now, when any instance offers it.
+    /// `capability` as offered now, when any instance offers it, or a
+    /// workflow of that name (DESIGN §9: a workflow is called as a capability).
     pub fn offered(&self, capability: &str) -> Option<Offered> {
         let snapshot = self.snapshot.load();
-        let found = snapshot.capabilities.get(capability)?;
+        let Some(found) = snapshot.capabilities.get(capability) else {
+            return snapshot
+                .workflows
+                .get(capability)
+                .map(|routed| offered_workflow(routed));
+        };
         let group = found.versions.first()?;
         Some(Offered {
             name: found.name.clone(),
@@ -441,12 +515,13 @@ impl RouterService {
         }
     }
 
-    /// Whether any instance offers `capability` now (a lookup, no copy).
+    /// Whether any instance offers `capability` now, or a workflow has that name (a lookup, no copy).
     pub fn is_offered(&self, capability: &str) -> bool {
-        self.snapshot.load().capabilities.contains_key(capability)
+        let snapshot = self.snapshot.load();
+        snapshot.capabilities.contains_key(capability) || snapshot.workflows.contains_key(capability)
     }
 
-    /// Every capability offered now, by name.
+    /// Every capability offered now, and every workflow, by name.
     pub fn offerings(&self) -> Vec<Offered> {
         let snapshot = self.snapshot.load();
         let mut offered: Vec<Offered> = snapshot
@@ -461,9 +536,37 @@ impl RouterService {
                     timeout: group.timeout,
                 })
             })
+            .chain(
+                snapshot
+                    .workflows
+                    .iter()
+                    .filter(|(name, _)| !snapshot.capabilities.contains_key(*name))
+                    .map(|(_, routed)| offered_workflow(routed)),
+            )
             .collect();
         offered.sort_by(|a, b| a.name.cmp(&b.name));
         offered
+    }
+
+    /// Workflow `name` as this router knows it now.
+    pub fn workflow(&self, name: &str) -> Option<Arc<agent_reach_workflows::Workflow>> {
+        self.snapshot
+            .load()
+            .workflows
+            .get(name)
+            .map(|routed| routed.workflow.clone())
+    }
+
+    /// Every workflow this router knows now, by name.
+    pub fn workflows(&self) -> Vec<Arc<agent_reach_workflows::Workflow>> {
+        let snapshot = self.snapshot.load();
+        let mut workflows: Vec<_> = snapshot
+            .workflows
+            .values()
+            .map(|routed| routed.workflow.clone())
+            .collect();
+        workflows.sort_by(|a, b| a.name.cmp(&b.name));
+        workflows
     }
 
     /// The instances a broadcast of `call` would reach now (admitted as a

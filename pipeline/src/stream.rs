@@ -556,7 +556,16 @@ impl RouterService {
     /// the one event. The call is recorded when its stream ends.
     pub async fn stream(&self, call: Call) -> Result<EventStream, Failure> {
         let snapshot = self.snapshot().load_full();
-        let admitted = self.admit(&call, &snapshot)?;
+        let admitted = match self.admission().admit(&call, &snapshot) {
+            Ok(admitted) => admitted,
+            Err(refused) if refused.failure.error.code == Code::CapabilityNotFound => {
+                return match snapshot.workflows.get(&call.checked.request.capability) {
+                    Some(routed) => self.stream_workflow(call, routed.workflow.clone()).await,
+                    None => Err(self.refused(&call, refused)),
+                };
+            }
+            Err(refused) => return Err(self.refused(&call, refused)),
+        };
         let capability = admitted.capability;
         let capability_metrics = capability.metrics.clone();
         let version = admitted.group.version_text.clone();
@@ -612,6 +621,49 @@ impl RouterService {
             capability_metrics,
             (inflight, permit),
             Record::of(self, call, tried),
+        ))
+    }
+}
+
+impl RouterService {
+    /// A workflow's call asked for events: its run's answer is the one
+    /// event, as a capability's JSON answer to a streaming request is.
+    async fn stream_workflow(
+        &self,
+        call: Call,
+        workflow: Arc<agent_reach_workflows::Workflow>,
+    ) -> Result<EventStream, Failure> {
+        let version = workflow.version.to_string();
+        let capability_metrics = self.metrics().capability(&workflow.name);
+        let success = match self.start_workflow(&call, &workflow).await {
+            Ok(success) => success,
+            Err(failure) => {
+                capability_metrics.record(Err(failure.error.code));
+                self.failed(&call, &failure);
+                self.remember(
+                    &crate::service::Recorded::of(&call, Some(&version), Some(&failure.error)),
+                    Tried::new(),
+                );
+                return Err(failure);
+            }
+        };
+        let data = Bytes::from(success.output.as_deref().map_or("null", |raw| raw.get()).to_string());
+        let summary = Summary {
+            capability: workflow.name.clone(),
+            capability_version: version,
+            agent_id: success.agent_id,
+            attempts: success.attempts,
+            events: 0,
+        };
+        let expiry = Box::pin(tokio::time::sleep(std::time::Duration::from_secs(3600)));
+        let received = call.received.instant;
+        Ok(EventStream::committed(
+            self,
+            (Source::Whole(Some(data)), summary),
+            (expiry, received),
+            capability_metrics,
+            (None, Permit::unlimited()),
+            Record::of(self, call, Tried::new()),
         ))
     }
 }

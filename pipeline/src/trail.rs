@@ -37,7 +37,8 @@ impl TrailHook {
             trace_id: call.trace.trace_id.to_string(),
             session_id: request.session_id.clone(),
             context_id: request.context_id.clone(),
-            run_id: None,
+            // A workflow step's call names its run (the worker sets it from the task).
+            run_id: call.checked.run_id.clone(),
             task_id: call.checked.task_id.clone(),
             parent_request_id: None,
             replay_of: request.replay_of.clone(),

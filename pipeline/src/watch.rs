@@ -163,6 +163,7 @@ fn whole(pages: &mut Option<WatchEvent>, event: WatchEvent) -> Option<WatchEvent
                 first.splits.extend(page.splits);
                 first.grants.extend(page.grants);
                 first.policies.extend(page.policies);
+                first.workflows.extend(page.workflows);
                 first.more = page.more;
             }
             first
@@ -220,6 +221,7 @@ mod tests {
                 grants: Vec::new(),
                 more,
                 policies: Vec::new(),
+                workflows: Vec::new(),
             })),
         }
     }

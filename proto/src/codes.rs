@@ -67,6 +67,14 @@ router_codes! {
     InvalidCallback = "INVALID_CALLBACK", 400;
     Canceled = "CANCELED", 409;
     StreamInterrupted = "STREAM_INTERRUPTED", 502;
+    /// No workflow of that name (its runs API; DESIGN §9).
+    WorkflowNotFound = "WORKFLOW_NOT_FOUND", 404;
+    /// No run of that id for this caller (or it expired).
+    RunNotFound = "RUN_NOT_FOUND", 404;
+    /// The run ended already (a cancel came too late).
+    RunConflict = "RUN_CONFLICT", 409;
+    /// A workflow's run failed because one of its steps did (`details.step`, `details.error`).
+    StepFailed = "STEP_FAILED", 502;
     /// The router keeps no trail (no `--redis`, or `--trail off`).
     TrailDisabled = "TRAIL_DISABLED", 501;
     /// The router's last resort: an answer it could not encode (DESIGN §3.7).

@@ -239,6 +239,14 @@ pub struct ForwardedEnvelope {
     /// time the agent asked for more input; `payload` is the latest answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history: Option<Value>,
+    /// Set on a workflow step's delivery (DESIGN §9): the run it is part of,
+    /// as its hop assertion's `run` claim says too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Set on the delivery that resumes a paused task (DESIGN §9,
+    /// preemption): the checkpoint its handler returned when it paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Value>,
 }
 
 /// An agent's `200` answer.

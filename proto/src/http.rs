@@ -69,6 +69,10 @@ pub struct CapabilitySpec {
     /// `output_schema` (they are checked when absent or `true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check_output: Option<bool>,
+    /// `true`: its deliveries may be paused for higher-priority work and
+    /// resumed from a checkpoint (DESIGN §9, preemption); absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
 }
 
 /// `201` answer to `POST /v1/agents`.
@@ -332,4 +336,29 @@ pub struct Grant {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GrantList {
     pub grants: Vec<Grant>,
+}
+
+/// A workflow as the registry stores and reports it (`PUT`/`GET
+/// /v1/workflows/{name}`, DESIGN §9; docs/design.md §3.14).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowView {
+    pub name: String,
+    pub version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// The definition as checked and stored (compact JSON, whatever it was sent as).
+    pub definition: serde_json::Value,
+    pub updated_at_ms: u64,
+    /// Who registered it (absent without authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+    /// The store revision of the write (`PUT` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
+/// `GET /v1/workflows`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowList {
+    pub workflows: Vec<WorkflowView>,
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Grant, Instance, Keys, Policy, Split, Status};
+use crate::model::{Capability, Grant, Instance, Keys, Policy, Split, Status, StoredWorkflow};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -35,6 +35,8 @@ struct State {
     grants: BTreeMap<String, Arc<Grant>>,
     /// capability name → its default selection policy (DESIGN §9).
     policies: BTreeMap<String, Arc<Policy>>,
+    /// workflow name → its definition (DESIGN §9), ordered for listings.
+    workflows: BTreeMap<String, Arc<StoredWorkflow>>,
 }
 
 impl State {
@@ -89,6 +91,7 @@ pub struct WatchSnapshot {
     pub splits: Vec<Arc<Split>>,
     pub grants: Vec<Arc<Grant>>,
     pub policies: Vec<Arc<Policy>>,
+    pub workflows: Vec<Arc<StoredWorkflow>>,
     pub revision: Revision,
 }
 
@@ -146,6 +149,17 @@ pub fn decode_grant(kv: &KeyValue) -> Option<Grant> {
         Ok(grant) => Some(grant),
         Err(error) => {
             tracing::warn!(message = "Skipping undecodable access grant.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// Decodes a stored workflow; undecodable values are skipped with a warning.
+pub fn decode_workflow(kv: &KeyValue) -> Option<StoredWorkflow> {
+    match serde_json::from_slice::<StoredWorkflow>(&kv.value) {
+        Ok(workflow) => Some(workflow),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable workflow.", key = %kv.key, %error);
             None
         }
     }
@@ -358,7 +372,66 @@ impl Catalog {
         self.read().policies.get(capability).cloned()
     }
 
-    /// Every instance (ordered by agent id), split, grant and policy, at one
+    /// A workflow, if one is registered under `name`.
+    pub fn workflow(&self, name: &str) -> Option<Arc<StoredWorkflow>> {
+        self.read().workflows.get(name).cloned()
+    }
+
+    /// Every workflow, by name, and the revision they reflect.
+    pub fn workflows(&self) -> (Vec<Arc<StoredWorkflow>>, Revision) {
+        let state = self.read();
+        (state.workflows.values().cloned().collect(), state.revision)
+    }
+
+    /// Whether any instance (whatever its status) offers capability `name`.
+    pub fn has_capability(&self, name: &str) -> bool {
+        self.read().by_capability.contains_key(name)
+    }
+
+    /// `name` at its highest registered version matching `requirement`,
+    /// whatever the instances' status (a workflow may be registered while
+    /// its capabilities' agents start): what a workflow's check needs.
+    pub fn offer(&self, name: &str, requirement: Option<&semver::VersionReq>) -> agent_reach_workflows::Offer {
+        use agent_reach_workflows::Offer;
+        let state = self.read();
+        if state.workflows.contains_key(name) {
+            return Offer::Workflow;
+        }
+        let Some(ids) = state.by_capability.get(name) else {
+            return Offer::Unknown;
+        };
+        let offers: Vec<&Capability> = ids
+            .iter()
+            .filter_map(|id| state.instances.get(id))
+            .flat_map(|entry| {
+                entry
+                    .instance
+                    .capabilities
+                    .iter()
+                    .filter(|capability| capability.name == name)
+            })
+            .collect();
+        let best = offers
+            .iter()
+            .filter(|capability| requirement.is_none_or(|requirement| requirement.matches(&capability.version)))
+            .max_by(|a, b| a.version.cmp(&b.version));
+        match best {
+            Some(capability) => Offer::Found {
+                version: capability.version.to_string(),
+                input_schema: capability.input_schema.clone(),
+                output_schema: capability.output_schema.clone(),
+            },
+            None => {
+                let available: BTreeSet<&semver::Version> =
+                    offers.iter().map(|capability| &capability.version).collect();
+                Offer::NoVersion {
+                    available: available.into_iter().rev().map(ToString::to_string).collect(),
+                }
+            }
+        }
+    }
+
+    /// Every instance (ordered by agent id), split, grant, policy and workflow, at one
     /// revision: what a `Watch` snapshot carries.
     pub fn snapshot(&self) -> WatchSnapshot {
         let state = self.read();
@@ -369,11 +442,12 @@ impl Catalog {
             splits: state.splits.values().cloned().collect(),
             grants: state.grants.values().cloned().collect(),
             policies: state.policies.values().cloned().collect(),
+            workflows: state.workflows.values().cloned().collect(),
             revision: state.revision,
         }
     }
 
-    /// Applies one stored value: an instance, a split or a policy, by its
+    /// Applies one stored value: an instance, a split, a grant, a policy or a workflow, by its
     /// key; keys of anything else under the tenant are not the catalog's.
     fn put(&self, state: &mut State, kv: &KeyValue) {
         if self.keys.agent_id_of(&kv.key).is_some() {
@@ -398,6 +472,10 @@ impl Catalog {
             if let Some(policy) = decode_policy(kv) {
                 state.policies.insert(capability.to_string(), Arc::new(policy));
             }
+        } else if let Some(name) = self.keys.workflow_of(&kv.key) {
+            if let Some(workflow) = decode_workflow(kv) {
+                state.workflows.insert(name.to_string(), Arc::new(workflow));
+            }
         }
     }
 
@@ -410,6 +488,7 @@ impl Catalog {
         state.splits.clear();
         state.grants.clear();
         state.policies.clear();
+        state.workflows.clear();
         for kv in kvs {
             self.put(&mut state, &kv);
         }
@@ -435,6 +514,10 @@ impl Catalog {
                     }
                     if let Some(capability) = self.keys.capability_of_policy(&key) {
                         state.policies.remove(capability);
+                        continue;
+                    }
+                    if let Some(name) = self.keys.workflow_of(&key) {
+                        state.workflows.remove(name);
                         continue;
                     }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {

@@ -35,6 +35,7 @@ pub enum Code {
     InvalidSplit,
     InvalidAccessRequest,
     InvalidPolicy,
+    InvalidWorkflow,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
@@ -48,6 +49,8 @@ pub enum Code {
     AlreadyDecided,
     NoOwner,
     PolicyNotFound,
+    WorkflowNotFound,
+    NameTaken,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -93,6 +96,7 @@ impl ErrorCode for Code {
             Code::InvalidSplit => "INVALID_SPLIT",
             Code::InvalidAccessRequest => "INVALID_ACCESS_REQUEST",
             Code::InvalidPolicy => "INVALID_POLICY",
+            Code::InvalidWorkflow => "INVALID_WORKFLOW",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
@@ -106,6 +110,8 @@ impl ErrorCode for Code {
             Code::AlreadyDecided => "ALREADY_DECIDED",
             Code::NoOwner => "NO_OWNER",
             Code::PolicyNotFound => "POLICY_NOT_FOUND",
+            Code::WorkflowNotFound => "WORKFLOW_NOT_FOUND",
+            Code::NameTaken => "NAME_TAKEN",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -128,6 +134,7 @@ impl ErrorCode for Code {
             | Code::AccessRequestNotFound
             | Code::GrantNotFound
             | Code::PolicyNotFound
+            | Code::WorkflowNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
             Code::AgentIdTaken
@@ -135,7 +142,8 @@ impl ErrorCode for Code {
             | Code::Conflict
             | Code::AlreadyAllowed
             | Code::AlreadyDecided
-            | Code::NoOwner => StatusCode::CONFLICT,
+            | Code::NoOwner
+            | Code::NameTaken => StatusCode::CONFLICT,
             Code::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,

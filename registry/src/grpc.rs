@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{decode, decode_grant, decode_policy, decode_split};
+use crate::catalog::{decode, decode_grant, decode_policy, decode_split, decode_workflow};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Grant, Instance, Policy, Split};
+use crate::model::{Capability, Grant, Instance, Policy, Split, StoredWorkflow};
 use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
@@ -71,6 +71,7 @@ pub fn capability_to_pb(capability: &Capability) -> pb::CapabilityDescriptor {
         output_schema_json: schema_to_text(capability.output_schema.as_ref()),
         timeout_ms: capability.timeout_ms.unwrap_or(0),
         skip_output_check: !capability.check_output,
+        preemptible: capability.preemptible,
     }
 }
 
@@ -133,6 +134,17 @@ pub fn grant_to_pb(grant: &Grant) -> pb::Grant {
     }
 }
 
+/// A workflow on the wire (the definition as compact JSON text).
+pub fn workflow_to_pb(workflow: &StoredWorkflow) -> pb::Workflow {
+    pb::Workflow {
+        name: workflow.name.clone(),
+        version: workflow.version.clone(),
+        definition_json: workflow.definition.to_string(),
+        updated_at_ms: workflow.updated_at_ms,
+        updated_by: workflow.updated_by.clone().unwrap_or_default(),
+    }
+}
+
 fn schema_from_text(text: &str, field: String) -> Result<Option<serde_json::Value>, RegistryError> {
     if text.trim().is_empty() {
         return Ok(None);
@@ -159,6 +171,7 @@ fn register_from_pb(request: pb::RegisterRequest) -> Result<wire::RegisterReques
             description: Some(capability.description).filter(|text| !text.is_empty()),
             timeout_ms: Some(capability.timeout_ms).filter(|timeout| *timeout > 0),
             check_output: capability.skip_output_check.then_some(false),
+            preemptible: capability.preemptible.then_some(true),
         });
     }
     Ok(wire::RegisterRequest {
@@ -427,6 +440,11 @@ async fn serve_watch(
                 splits: snapshot.splits.iter().map(|split| split_to_pb(split)).collect(),
                 grants: snapshot.grants.iter().map(|grant| grant_to_pb(grant)).collect(),
                 policies: snapshot.policies.iter().map(|policy| policy_to_pb(policy)).collect(),
+                workflows: snapshot
+                    .workflows
+                    .iter()
+                    .map(|workflow| workflow_to_pb(workflow))
+                    .collect(),
                 ..Default::default()
             };
             for page in snapshot_pages(&snapshot.instances, first, budget) {
@@ -493,7 +511,7 @@ async fn serve_watch(
 
 /// A snapshot as pages of at most `budget` encoded bytes of instances each
 /// (one instance larger than that goes alone), `first` (the splits and
-/// grants, policies) the first, every page but the last saying `more`. Always at
+/// grants, policies, workflows) the first, every page but the last saying `more`. Always at
 /// least one page.
 fn snapshot_pages(instances: &[Arc<Instance>], first: pb::Snapshot, budget: usize) -> Vec<pb::Snapshot> {
     let mut pages = vec![first];
@@ -550,6 +568,14 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
         Event::Delete { key, .. } if keys.capability_of_policy(&key).is_some() => {
             pb::watch_event::Kind::PolicyCleared(pb::PolicyCleared {
                 capability: keys.capability_of_policy(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.workflow_of(&kv.key).is_some() => {
+            pb::watch_event::Kind::WorkflowSet(workflow_to_pb(&decode_workflow(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.workflow_of(&key).is_some() => {
+            pb::watch_event::Kind::WorkflowRemoved(pb::WorkflowRemoved {
+                name: keys.workflow_of(&key)?.to_string(),
             })
         }
         Event::Put(kv) => {

@@ -28,6 +28,7 @@ use crate::model::{Capability, Instance};
 use crate::operator;
 use crate::service::{Heartbeat, RegistryService};
 use crate::validate;
+use crate::workflows;
 
 pub fn routes(service: Arc<RegistryService>) -> Router {
     Router::new()
@@ -95,6 +96,14 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
                 .delete(clear_policy)
                 .fallback(method_not_allowed),
         )
+        .route("/v1/workflows", get(list_workflows).fallback(method_not_allowed))
+        .route(
+            "/v1/workflows/{name}",
+            get(get_workflow)
+                .put(put_workflow)
+                .delete(delete_workflow)
+                .fallback(method_not_allowed),
+        )
         .route("/healthz", get(healthz).fallback(method_not_allowed))
         .route("/readyz", get(readyz).fallback(method_not_allowed))
         .route("/metrics", get(metrics).fallback(method_not_allowed))
@@ -125,6 +134,7 @@ pub fn capability_to_wire(capability: &Capability) -> wire::CapabilitySpec {
         output_schema: capability.output_schema.clone(),
         timeout_ms: capability.timeout_ms,
         check_output: (!capability.check_output).then_some(false),
+        preemptible: capability.preemptible.then_some(true),
     }
 }
 
@@ -416,6 +426,67 @@ async fn clear_policy(
 ) -> Result<StatusCode, RegistryError> {
     let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
     service.clear_policy(&caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// === Workflows (DESIGN §9) ===
+
+/// `PUT /v1/workflows/{name}`: a JSON or YAML definition, at most
+/// [`agent_reach_workflows::definition::MAX_DEFINITION_BYTES`] (larger: 413).
+#[tracing::instrument(name = "http.put_workflow", skip_all)]
+async fn put_workflow(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::WorkflowView>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let limit = agent_reach_workflows::definition::MAX_DEFINITION_BYTES;
+    let bytes = agent_reach_serving::read_limited(&headers, body, limit).await?;
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok());
+    let written = service.put_workflow(&caller, &name, &bytes, content_type).await?;
+    Ok(Json(workflows::workflow_to_wire(
+        &written.workflow,
+        Some(written.revision),
+    )))
+}
+
+#[tracing::instrument(name = "http.get_workflow", skip_all)]
+async fn get_workflow(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::WorkflowView>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let workflow = service.workflow(&name)?;
+    Ok(Json(workflows::workflow_to_wire(&workflow, None)))
+}
+
+#[tracing::instrument(name = "http.list_workflows", skip_all)]
+async fn list_workflows(
+    State(service): State<Arc<RegistryService>>,
+    headers: HeaderMap,
+) -> Result<Json<wire::WorkflowList>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    Ok(Json(wire::WorkflowList {
+        workflows: service
+            .workflows()
+            .iter()
+            .map(|workflow| workflows::workflow_to_wire(workflow, None))
+            .collect(),
+    }))
+}
+
+#[tracing::instrument(name = "http.delete_workflow", skip_all)]
+async fn delete_workflow(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.delete_workflow(&caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

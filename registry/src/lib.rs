@@ -31,6 +31,7 @@ mod service;
 pub mod store;
 mod tenants;
 mod validate;
+mod workflows;
 
 use std::future::Future;
 use std::sync::Arc;

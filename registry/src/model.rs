@@ -27,6 +27,9 @@ pub struct Capability {
     /// written before the switch existed lack it: checked).
     #[serde(default = "checked", skip_serializing_if = "is_checked")]
     pub check_output: bool,
+    /// Its deliveries may be paused for higher-priority work (DESIGN §9).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
 }
 
 fn checked() -> bool {
@@ -198,11 +201,28 @@ pub struct Policy {
     pub updated_by: Option<String>,
 }
 
+/// A workflow (DESIGN §9): the value stored under `.../workflows/{name}`,
+/// without a lease. `definition` is the document as checked (its JSON form,
+/// whether it was sent as JSON or YAML).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredWorkflow {
+    pub name: String,
+    pub version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub definition: serde_json::Value,
+    pub updated_at_ms: u64,
+    /// Who registered it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
 /// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}`,
 /// `/agent-reach/v1/{tenant}/splits/{capability}`,
 /// `/agent-reach/v1/{tenant}/access-requests/{id}`,
-/// `/agent-reach/v1/{tenant}/grants/{id}` and
-/// `/agent-reach/v1/{tenant}/policies/{capability}`.
+/// `/agent-reach/v1/{tenant}/grants/{id}`,
+/// `/agent-reach/v1/{tenant}/policies/{capability}` and
+/// `/agent-reach/v1/{tenant}/workflows/{name}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
     tenant_prefix: String,
@@ -211,6 +231,7 @@ pub struct Keys {
     requests_prefix: String,
     grants_prefix: String,
     policies_prefix: String,
+    workflows_prefix: String,
 }
 
 impl Keys {
@@ -222,6 +243,7 @@ impl Keys {
             requests_prefix: format!("{tenant_prefix}access-requests/"),
             grants_prefix: format!("{tenant_prefix}grants/"),
             policies_prefix: format!("{tenant_prefix}policies/"),
+            workflows_prefix: format!("{tenant_prefix}workflows/"),
             tenant_prefix,
         }
     }
@@ -263,6 +285,14 @@ impl Keys {
 
     pub fn capability_of_split<'k>(&self, key: &'k str) -> Option<&'k str> {
         key.strip_prefix(self.splits_prefix.as_str())
+    }
+
+    pub fn workflow(&self, name: &str) -> String {
+        format!("{}{name}", self.workflows_prefix)
+    }
+
+    pub fn workflow_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.workflows_prefix.as_str())
     }
 
     pub fn agent(&self, agent_id: &str) -> String {

@@ -190,6 +190,20 @@ impl RegistryService {
             },
         )?;
         Self::authorize_identity(caller, &registration.name)?;
+        // Capabilities and workflows share one name space (DESIGN §9).
+        for (index, capability) in registration.capabilities.iter().enumerate() {
+            if self.catalog.workflow(&capability.name).is_some() {
+                return Err(RegistryError::field(
+                    Code::NameTaken,
+                    format!("capabilities[{index}].name"),
+                    format!(
+                        "`{}` is a registered workflow; workflows and capabilities share one name space",
+                        capability.name
+                    ),
+                )
+                .with_details(serde_json::json!({ "name": capability.name, "taken_by": "workflow" })));
+            }
+        }
         if let Caller::Agent { name, .. } = caller {
             let acl = self.acl.current();
             for (index, capability) in registration.capabilities.iter().enumerate() {

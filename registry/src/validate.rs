@@ -298,6 +298,7 @@ fn capabilities(specs: Vec<CapabilitySpec>, bounds: SchemaBounds) -> Result<Vec<
             output_schema: spec.output_schema,
             timeout_ms: spec.timeout_ms,
             check_output: spec.check_output.unwrap_or(true),
+            preemptible: spec.preemptible.unwrap_or(false),
         });
     }
     Ok(out)

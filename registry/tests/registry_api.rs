@@ -363,6 +363,8 @@ fn describe(event: &pb::WatchEvent) -> String {
         pb::watch_event::Kind::GrantRemoved(removed) => format!("grant removed {}", removed.id),
         pb::watch_event::Kind::PolicySet(policy) => format!("policy {} {}", policy.capability, policy.policy),
         pb::watch_event::Kind::PolicyCleared(cleared) => format!("policy cleared {}", cleared.capability),
+        pb::watch_event::Kind::WorkflowSet(workflow) => format!("workflow {}", workflow.name),
+        pb::watch_event::Kind::WorkflowRemoved(removed) => format!("workflow removed {}", removed.name),
     }
 }
 

@@ -36,7 +36,7 @@ struct Both {
 /// Every route of the router.
 pub fn routes(
     service: Arc<RouterService>,
-    tasks: Option<Arc<TaskService>>,
+    (tasks, runs): (Option<Arc<TaskService>>, &agent_reach_runs::Runs),
     console: Arc<agent_reach_console::Console>,
 ) -> axum::Router {
     let console = agent_reach_console::routes(agent_reach_console::ConsoleState {
@@ -62,6 +62,7 @@ pub fn routes(
         .merge(crate::protected_resource::routes(service.clone()))
         .merge(agent_reach_mcp::routes(task_api.clone()))
         .merge(agent_reach_a2a::routes(task_api.clone()))
+        .merge(agent_reach_runs::routes(service.clone(), runs, task_api.clone()))
         .merge(agent_reach_tasks::routes(task_api))
         .merge(broadcast_route)
         .merge(console)

@@ -187,6 +187,8 @@ pub struct Settings {
     pub assertion: AssertionSettings,
     /// The slow path (`/v1/tasks`), when configured.
     pub tasks: Option<TasksSettings>,
+    /// How workflow runs pace themselves (on the slow path; docs/design.md §3.14.4).
+    pub runs: agent_reach_runs::RunSettings,
     /// TLS on the listener; `None`: plain TCP.
     pub listener_tls: Option<ServerFiles>,
     /// How `https://` agents are verified (and the router's client certificate).
@@ -217,6 +219,7 @@ impl Settings {
             tuning: Tuning::default(),
             assertion: AssertionSettings::default(),
             tasks: None,
+            runs: agent_reach_runs::RunSettings::default(),
             listener_tls: None,
             agent_tls: ClientFiles::default(),
             registry_tls: ClientFiles::default(),
@@ -353,6 +356,7 @@ impl RouterArgs {
         }
         Ok(Settings {
             tasks,
+            runs: agent_reach_runs::RunSettings::default(),
             assertion,
             listener_tls,
             agent_tls: ClientFiles {

@@ -103,6 +103,7 @@ pub fn openapi_paths() -> &'static [(&'static str, &'static str)] {
         openapi::PATHS
             .iter()
             .chain(agent_reach_console::openapi::PATHS.iter())
+            .chain(agent_reach_runs::openapi::PATHS.iter())
             .copied()
             .collect()
     })

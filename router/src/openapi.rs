@@ -696,5 +696,13 @@ fn build() -> Value {
     if let Some(all) = document["components"]["schemas"].as_object_mut() {
         all.extend(schemas);
     }
+    // And the runs' (`agent_reach_runs::openapi`).
+    let (paths, schemas) = agent_reach_runs::openapi::paths();
+    if let Some(all) = document["paths"].as_object_mut() {
+        all.extend(paths);
+    }
+    if let Some(all) = document["components"]["schemas"].as_object_mut() {
+        all.extend(schemas);
+    }
     document
 }

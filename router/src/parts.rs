@@ -80,11 +80,15 @@ impl Shared {
             }
             None => None,
         };
+        let registry = metrics.registry.clone();
         let service = RouterService::start(&self.pipeline, tenant, (acl, quotas), metrics)?;
         if let Some(tasks) = &tasks {
             tasks.start(&service);
         }
-        let app = crate::app::routes(service.clone(), tasks.clone(), self.console.clone());
+        // Workflows run on the slow path: without it a workflow's call answers TASKS_DISABLED.
+        let runs = agent_reach_runs::Runs::start(&service, tasks.as_ref(), settings.runs.clone(), &registry)
+            .map_err(|why| anyhow::anyhow!("tenant `{tenant}`'s workflow runs: {why}"))?;
+        let app = crate::app::routes(service.clone(), (tasks.clone(), &runs), self.console.clone());
         Ok(Arc::new(Part {
             challenge: crate::protected_resource::Challenge::of(&service),
             service,

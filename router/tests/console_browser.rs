@@ -437,6 +437,119 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
     assert!(left.is_empty(), "processes of the browser left running: {left:?}");
 }
 
+/// The runs page (issue 36): an operator opens a workflow's run and watches
+/// its DAG live — each step a box in its column after the steps it depends
+/// on, coloured by its state as the run moves, then the output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_watches_a_runs_dag_live() {
+    let redis = agent_reach_testkit::Redis::start();
+    let cluster = cluster_with_tasks(&redis).await;
+    let _one = cluster.agent(AgentSpec::new(
+        "slow-1",
+        10,
+        Behaviour::Slow(Duration::from_millis(900)),
+    ));
+    let _two = cluster.agent(AgentSpec::new(
+        "slow-2",
+        10,
+        Behaviour::Slow(Duration::from_millis(900)),
+    ));
+    cluster.wait_for_instances(&["slow-1", "slow-2"]).await;
+    let definition = json!({
+        "version": "1.0.0", "description": "A diamond of order lookups.", "input_schema": {},
+        "steps": [
+            {"id": "lookup", "capability": CAPABILITY, "input": {"order_id": "SO-1"}},
+            {"id": "left", "capability": CAPABILITY, "input": {"order_id": "SO-2"}, "depends_on": ["lookup"]},
+            {"id": "right", "capability": CAPABILITY, "input": {"order_id": "SO-3"}, "depends_on": ["lookup"]},
+            {"id": "join", "capability": CAPABILITY, "input": {"order_id": "SO-4"}, "depends_on": ["left", "right"]}
+        ],
+        "output": {"joined": "${steps.join.output.agent_id}"}
+    });
+    let registered = cluster
+        .client
+        .put(format!("{}/v1/workflows/browser.diamond", cluster.registry.url()))
+        .bearer_auth(token("ops"))
+        .json(&definition)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(registered.status(), 200, "{}", registered.text().await.unwrap());
+    let browser = Browser::start().await;
+    browser.open(&sign_in_link(&cluster, 120).await).await;
+    browser
+        .until(
+            Duration::from_secs(15),
+            "signed in",
+            "return document.getElementById('operator').innerText === 'operator: ops';",
+        )
+        .await;
+    browser.press("5").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the runs page",
+            "return location.hash === '#/runs';",
+        )
+        .await;
+    // The run starts once the page is open, to be watched from its first step.
+    let started = eventually(Duration::from_secs(10), || async {
+        post(&cluster, "/v1/workflows/browser.diamond/runs", json!({"payload": {}}))
+            .await
+            .0
+            == 202
+    })
+    .await;
+    assert!(started, "the router never learned of the workflow");
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the run listed",
+            "const row = document.querySelector('#runs tbody tr');
+             return location.hash === '#/runs' && !!row && row.cells[1].innerText === 'browser.diamond';",
+        )
+        .await;
+    browser.click("#runs tbody tr td a").await;
+    // The DAG: four boxes in three columns, four edges; a step seen running, live.
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the DAG drawn",
+            "return document.querySelectorAll('#dag g.node').length === 4 && document.querySelectorAll('#dag path.edge').length === 4;",
+        )
+        .await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "a step running",
+            "return !!document.querySelector('#dag g.node[data-status=\"running\"]');",
+        )
+        .await;
+    browser.screenshot("run-running").await;
+    let columns = browser
+        .run(
+            "const x = id => document.querySelector('#dag g.node[data-step=\"' + id + '\"]').transform.baseVal[0].matrix.e;
+             return [x('lookup'), x('left'), x('right'), x('join')];",
+        )
+        .await;
+    let columns: Vec<f64> = serde_json::from_value(columns).unwrap();
+    assert!(
+        columns[0] < columns[1] && columns[1] == columns[2] && columns[2] < columns[3],
+        "{columns:?}"
+    );
+    browser
+        .until(
+            Duration::from_secs(20),
+            "every step succeeded, live",
+            "const nodes = Array.from(document.querySelectorAll('#dag g.node'));
+             return nodes.length === 4 && nodes.every(n => n.dataset.status === 'succeeded')
+               && document.getElementById('run').dataset.status === 'succeeded'
+               && document.getElementById('run-output').innerText.includes('joined');",
+        )
+        .await;
+    assert!(browser.text("#run-steps").await.contains("slow-"));
+    browser.screenshot("run-succeeded").await;
+}
+
 /// Issue 39, point 3: an operator whom `owners:` names an approver sees a
 /// pending access request on the capabilities page, approves it there (the
 /// caller's call then goes through), sees the grant beside the file's

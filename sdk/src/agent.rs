@@ -589,6 +589,7 @@ fn register_request(shared: &Shared, bound: SocketAddr) -> pb::RegisterRequest {
                     output_schema_json: descriptor.output_schema.to_string(),
                     timeout_ms: descriptor.timeout_ms.unwrap_or(0),
                     skip_output_check: !descriptor.check_output,
+                    preemptible: descriptor.preemptible,
                 }
             })
             .collect(),

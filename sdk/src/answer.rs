@@ -51,7 +51,18 @@ impl Drop for InflightGuard {
     }
 }
 
+/// Whether `answer` is a pause's (never remembered: the resumed delivery has the same request id).
+pub(crate) fn is_paused(answer: &Answer) -> bool {
+    answer.status == 200 && answer.body.starts_with(b"{\"paused\"")
+}
+
 pub(crate) fn handler_error(error: &HandlerError) -> Answer {
+    if let Some(checkpoint) = &error.checkpoint {
+        return Answer {
+            status: 200,
+            body: serde_json::to_vec(&json!({ "paused": { "checkpoint": checkpoint } })).unwrap_or_default(),
+        };
+    }
     if error.is_accepted() {
         // Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
         return Answer {

@@ -94,6 +94,8 @@ pub enum TaskStatus {
     Succeeded,
     Failed,
     Canceled,
+    /// Paused for higher-priority work; queued again to resume from its checkpoint (DESIGN §9).
+    Paused,
 }
 
 impl TaskStatus {

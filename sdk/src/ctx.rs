@@ -45,6 +45,10 @@ struct Inner {
     links: Arc<Links>,
     /// Set on a task's delivery: what [`Ctx::accept_and_report`] reports under.
     task_id: Option<String>,
+    /// Set on a preemptible handler's task delivery: the router asked it to pause.
+    pause: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The checkpoint a resumed delivery carries.
+    checkpoint: Option<serde_json::Value>,
     /// What the handler reported with [`Ctx::report_usage`], answered beside its output.
     usage: Mutex<Option<Usage>>,
     /// A multi-turn task's conversation before this message.
@@ -98,6 +102,8 @@ impl Ctx {
                 traceparent,
                 links,
                 task_id: None,
+                pause: None,
+                checkpoint: None,
                 history: Vec::new(),
                 usage: Mutex::new(None),
             }),
@@ -122,6 +128,39 @@ impl Ctx {
             inner.history = history;
         }
         self
+    }
+
+    /// This context for a delivery that may be asked to pause (`pause`), or
+    /// that resumes from `checkpoint`.
+    pub(crate) fn resumable(
+        mut self,
+        pause: Option<Arc<std::sync::atomic::AtomicBool>>,
+        checkpoint: Option<serde_json::Value>,
+    ) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.pause = pause;
+            inner.checkpoint = checkpoint;
+        }
+        self
+    }
+
+    /// Whether the router asked this delivery to pause (DESIGN §9,
+    /// preemption): higher-priority work waits for this agent's room. A
+    /// [`preemptible`](crate::Handler::preemptible) handler looks at its
+    /// checkpoints and returns [`HandlerError::paused`] with what it needs to
+    /// resume. Always `false` for a handler not declared preemptible, and
+    /// for a call that is not a task's delivery.
+    pub fn pause_requested(&self) -> bool {
+        self.inner
+            .pause
+            .as_ref()
+            .is_some_and(|pause| pause.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The checkpoint this delivery resumes from: what the handler returned
+    /// with [`HandlerError::paused`] when its task was paused; `None` for a first delivery.
+    pub fn checkpoint(&self) -> Option<&serde_json::Value> {
+        self.inner.checkpoint.as_ref()
     }
 
     /// A multi-turn task's conversation before this message, oldest first:

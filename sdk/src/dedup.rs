@@ -37,6 +37,12 @@ impl Dedup {
         }
     }
 
+    /// Forgets `request_id`'s answer (a pause: its resumed delivery runs the handler again).
+    pub(crate) fn forget(&self, request_id: &str) {
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.slots.remove(request_id);
+    }
+
     /// The slot for `request_id`, shared by every delivery of that request.
     pub(crate) fn slot(&self, request_id: &str) -> Slot {
         // The map is only ever left consistent (no fallible step mid-update).

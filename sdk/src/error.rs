@@ -11,6 +11,8 @@ pub struct HandlerError {
     pub(crate) status: u16,
     pub(crate) code: String,
     pub(crate) message: String,
+    /// Set by [`HandlerError::paused`]: the checkpoint to resume from.
+    pub(crate) checkpoint: Option<serde_json::Value>,
 }
 
 impl HandlerError {
@@ -26,6 +28,7 @@ impl HandlerError {
             status: 422,
             code: code.into(),
             message: message.into(),
+            checkpoint: None,
         }
     }
 
@@ -57,7 +60,33 @@ impl HandlerError {
             status: 202,
             code: "ACCEPTED".to_string(),
             message: "accepted; the result is reported to the router".to_string(),
+            checkpoint: None,
         }
+    }
+
+    /// What a preemptible handler returns when [`Ctx::pause_requested`]
+    /// (crate::Ctx::pause_requested) says to pause (DESIGN §9): the task
+    /// becomes `paused`, and its resumed delivery (on any instance) carries
+    /// `checkpoint` as [`Ctx::checkpoint`](crate::Ctx::checkpoint). Not an
+    /// error the caller sees, and not remembered as the request's answer.
+    ///
+    /// ```
+    /// use agent_reach_sdk::HandlerError;
+    /// let paused = HandlerError::paused(serde_json::json!({"pages_done": 12}));
+    /// assert!(paused.is_paused());
+    /// ```
+    pub fn paused(checkpoint: impl serde::Serialize) -> Self {
+        Self {
+            status: 200,
+            code: "PAUSED".to_string(),
+            message: "paused for higher-priority work".to_string(),
+            checkpoint: Some(serde_json::to_value(checkpoint).unwrap_or(serde_json::Value::Null)),
+        }
+    }
+
+    /// Whether this is [`HandlerError::paused`]'s answer.
+    pub fn is_paused(&self) -> bool {
+        self.checkpoint.is_some()
     }
 
     /// Whether this is [`Ctx::accept_and_report`](crate::Ctx::accept_and_report)'s `202`.

@@ -30,6 +30,8 @@ pub struct Descriptor {
     pub timeout_ms: Option<u64>,
     /// Whether the router checks this handler's answers against `output_schema` (default yes).
     pub check_output: bool,
+    /// Whether its deliveries may be paused for higher-priority work ([`Handler::preemptible`]).
+    pub preemptible: bool,
 }
 
 /// A capability implementation: its descriptor and the type-erased function.
@@ -80,6 +82,7 @@ impl Handler {
             output_schema: schema_of::<O>(),
             timeout_ms: None,
             check_output: true,
+            preemptible: false,
         };
         let function = Arc::new(function);
         let invoke = move |ctx: Ctx, payload: Value| -> BoxFuture<Result<Value, HandlerError>> {
@@ -153,6 +156,7 @@ impl Handler {
             output_schema,
             timeout_ms: None,
             check_output: true,
+            preemptible: false,
         };
         let function = Arc::new(function);
         let stream = move |ctx: Ctx, payload: Value| -> BoxStream<Result<Value, HandlerError>> {
@@ -206,6 +210,18 @@ impl Handler {
     /// checked, catches an agent whose answers changed shape).
     pub fn without_output_check(mut self) -> Self {
         self.descriptor.check_output = false;
+        self
+    }
+
+    /// Declares the capability preemptible (DESIGN §9): when higher-priority
+    /// work waits for this agent's room, the router may ask a running task's
+    /// handler to pause. The handler looks at [`Ctx::pause_requested`] at its
+    /// checkpoints and, when asked, returns [`HandlerError::paused`] with a
+    /// checkpoint; the task is resumed later (on any instance) with a delivery
+    /// whose [`Ctx::checkpoint`] is that value. Only task deliveries are ever
+    /// paused; a handler that never checks simply runs to its end.
+    pub fn preemptible(mut self) -> Self {
+        self.descriptor.preemptible = true;
         self
     }
 

@@ -12,7 +12,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use futures::FutureExt;
 use serde_json::json;
 use tracing::Instrument;
 
@@ -94,6 +93,12 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
                     .eq_ignore_ascii_case("text/event-stream")
             })
         });
+    if headers
+        .get("x-agent-reach-control")
+        .is_some_and(|value| value.as_bytes() == b"pause")
+    {
+        return control(&shared, assertion.as_deref(), &body).instrument(span).await;
+    }
     serve(shared, traceparent, assertion, body, wants_events)
         .instrument(span)
         .await
@@ -194,6 +199,7 @@ async fn serve(
         );
         return crate::stream::serve(stream.clone(), ctx, envelope.payload, envelope.deadline, guard, span).await;
     }
+    let request_id = envelope.request_id.clone();
     let slot = shared.dedup.slot(&envelope.request_id);
     if let Some(answer) = slot.get() {
         return respond(answer.clone());
@@ -202,63 +208,168 @@ async fn serve(
     if shared.inflight.load(Ordering::Acquire) >= shared.config.max_concurrency {
         return respond(error_answer(503, "OVERLOADED", "the agent is at its concurrency limit"));
     }
-    let answer = slot
-        .get_or_init(|| async {
-            let _guard = InflightGuard::start(shared.clone());
-            let ctx = Ctx::new(
-                envelope.request_id.clone(),
-                envelope.session_id.clone(),
-                envelope.context_id.clone(),
-                envelope.source.clone(),
-                envelope.priority,
-                envelope.deadline,
-                envelope.attempt,
-                traceparent,
-                shared.links.clone(),
-            )
-            .for_task(envelope.task_id.clone(), envelope.history.clone());
-            let reported = ctx.clone();
-            let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
-            // A spawned task isolates panics: the agent keeps serving.
-            let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
-            match tokio::time::timeout(remaining, running).await {
-                Ok(Ok(Ok(output))) => Answer {
-                    status: 200,
-                    body: serde_json::to_vec(&match reported.usage() {
-                        Some(usage) => {
-                            record_usage(&span, &usage);
-                            json!({ "output": output, "usage": usage })
-                        }
-                        None => json!({ "output": output }),
-                    })
-                    .unwrap_or_default(),
-                },
-                Ok(Ok(Err(error))) => handler_error(&error),
-                Ok(Err(join_error)) => {
-                    let why = join_error
-                        .try_into_panic()
-                        .ok()
-                        .and_then(|payload| {
-                            payload
-                                .downcast_ref::<&str>()
-                                .map(|text| text.to_string())
-                                .or_else(|| payload.downcast_ref::<String>().cloned())
-                        })
-                        .unwrap_or_else(|| "unknown panic".to_string());
-                    tracing::error!(message = "Handler panicked; the agent keeps serving.", panic = %why);
-                    error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}"))
-                }
-                Err(_) => error_answer(
-                    504,
-                    "DEADLINE_EXCEEDED",
-                    "the handler did not finish before the deadline",
-                ),
-            }
+    // Worked out on a task of its own: a router that dies (or a caller that
+    // leaves) mid-call does not abandon the answer, which the request-id
+    // memory then gives the redelivery instead of running the handler again.
+    let working = {
+        let (slot, shared, handler, span) = (slot.clone(), shared.clone(), handler.clone(), span.clone());
+        tokio::spawn(async move {
+            slot.get_or_init(|| answer_of(shared, handler, envelope, traceparent, span))
+                .await
+                .clone()
         })
-        .map(Clone::clone)
-        .await;
+    };
+    let answer = working
+        .await
+        .unwrap_or_else(|_| error_answer(500, "HANDLER_PANICKED", "the delivery's answer could not be worked out"));
+    if crate::answer::is_paused(&answer) {
+        // The resumed delivery (same request id) must run the handler again.
+        shared.dedup.forget(&request_id);
+    }
     span.record("http.response.status_code", answer.status);
     respond(answer)
+}
+
+/// Takes a finished delivery off the list pause requests look in.
+struct Unlist {
+    shared: Arc<Shared>,
+    request_id: Option<String>,
+}
+
+impl Drop for Unlist {
+    fn drop(&mut self) {
+        if let Some(request_id) = &self.request_id {
+            self.shared
+                .pauses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(request_id);
+        }
+    }
+}
+
+/// The router's pause request for a running delivery (DESIGN §9): `POST` to
+/// this endpoint with `x-agent-reach-control: pause` and `{request_id,
+/// capability}`, under the router's assertion for that capability. `202`
+/// when the delivery runs here (its handler sees [`Ctx::pause_requested`]),
+/// `404` otherwise.
+async fn control(shared: &Shared, assertion: Option<&AssertionClaims>, body: &[u8]) -> Response {
+    #[derive(serde::Deserialize)]
+    struct Pause {
+        request_id: String,
+        capability: String,
+    }
+    let Ok(pause) = serde_json::from_slice::<Pause>(body) else {
+        return respond(error_answer(
+            400,
+            "INVALID_ENVELOPE",
+            "a pause request is {request_id, capability}",
+        ));
+    };
+    if assertion.is_some_and(|claims| claims.cap != pause.capability) {
+        return respond(error_answer(
+            401,
+            "UNAUTHENTICATED",
+            "the assertion is for another capability",
+        ));
+    }
+    let flag = shared
+        .pauses
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&pause.request_id)
+        .cloned();
+    match flag {
+        Some(flag) => {
+            flag.store(true, Ordering::Release);
+            tracing::info!(message = "Pause requested.", request_id = %pause.request_id);
+            respond(Answer {
+                status: 202,
+                body: serde_json::to_vec(&json!({ "pause": "requested" })).unwrap_or_default(),
+            })
+        }
+        None => respond(error_answer(
+            404,
+            "NOT_FOUND",
+            "no preemptible delivery of that request id runs here",
+        )),
+    }
+}
+
+/// What a delivery answers: the handler run (on a task of its own, so a
+/// panic is an answer) within the deadline, its output or error.
+async fn answer_of(
+    shared: Arc<Shared>,
+    handler: crate::Handler,
+    envelope: ForwardedEnvelope,
+    traceparent: Option<String>,
+    span: tracing::Span,
+) -> Answer {
+    let _guard = InflightGuard::start(shared.clone());
+    // A preemptible handler's task delivery may be asked to pause (DESIGN §9).
+    let pause = (handler.descriptor.preemptible && envelope.task_id.is_some()).then(|| {
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        shared
+            .pauses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(envelope.request_id.clone(), flag.clone());
+        flag
+    });
+    let _unlisted = Unlist {
+        shared: shared.clone(),
+        request_id: pause.as_ref().map(|_| envelope.request_id.clone()),
+    };
+    let ctx = Ctx::new(
+        envelope.request_id.clone(),
+        envelope.session_id.clone(),
+        envelope.context_id.clone(),
+        envelope.source.clone(),
+        envelope.priority,
+        envelope.deadline,
+        envelope.attempt,
+        traceparent,
+        shared.links.clone(),
+    )
+    .for_task(envelope.task_id.clone(), envelope.history.clone())
+    .resumable(pause, envelope.checkpoint.clone());
+    let reported = ctx.clone();
+    let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
+    // A spawned task isolates panics: the agent keeps serving.
+    let running = tokio::spawn((handler.invoke)(ctx, envelope.payload.clone()).instrument(span.clone()));
+    match tokio::time::timeout(remaining, running).await {
+        Ok(Ok(Ok(output))) => Answer {
+            status: 200,
+            body: serde_json::to_vec(&match reported.usage() {
+                Some(usage) => {
+                    record_usage(&span, &usage);
+                    json!({ "output": output, "usage": usage })
+                }
+                None => json!({ "output": output }),
+            })
+            .unwrap_or_default(),
+        },
+        Ok(Ok(Err(error))) => handler_error(&error),
+        Ok(Err(join_error)) => {
+            let why = join_error
+                .try_into_panic()
+                .ok()
+                .and_then(|payload| {
+                    payload
+                        .downcast_ref::<&str>()
+                        .map(|text| text.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                })
+                .unwrap_or_else(|| "unknown panic".to_string());
+            tracing::error!(message = "Handler panicked; the agent keeps serving.", panic = %why);
+            error_answer(500, "HANDLER_PANICKED", format!("the handler panicked: {why}"))
+        }
+        Err(_) => error_answer(
+            504,
+            "DEADLINE_EXCEEDED",
+            "the handler did not finish before the deadline",
+        ),
+    }
 }
 
 /// The handler's reported usage on its `invoke_agent` span (GenAI conventions' names).

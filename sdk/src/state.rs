@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     pub(crate) handlers: Vec<Handler>,
     pub(crate) links: Arc<Links>,
     pub(crate) dedup: Dedup,
+    /// Preemptible deliveries running now, by request id: the flag a pause request sets.
+    pub(crate) pauses: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicBool>>>,
     pub(crate) inflight: AtomicUsize,
     /// The fewest deliveries in flight since the last heartbeat: what the
     /// heartbeat reports ([`Shared::take_sustained_inflight`]).
@@ -150,6 +152,7 @@ impl Shared {
             handlers,
             links: Arc::new(links),
             dedup: Dedup::new(10_000, Duration::from_secs(600)),
+            pauses: std::sync::Mutex::new(std::collections::HashMap::new()),
             inflight: AtomicUsize::new(0),
             sustained_inflight: AtomicUsize::new(0),
             phase: AtomicU8::new(status_index(Status::Starting)),

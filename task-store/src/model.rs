@@ -1,7 +1,9 @@
 //! Tasks and their state machine: `pending → running → succeeded | failed |
-//! canceled`, with `retrying` between attempts, and `input_required` when the
+//! canceled`, with `retrying` between attempts, `input_required` when the
 //! agent asked for more input (a multi-turn task: a message continuing it
-//! makes it `pending` again). Every transition is checked here, in
+//! makes it `pending` again), and `paused` when the agent paused the delivery
+//! for higher-priority work (preemption: it is queued again at once, its
+//! checkpoint carried by the next delivery). Every transition is checked here, in
 //! [`State::may_become`], and nowhere else (the store's scripts are given the
 //! allowed predecessors computed from it).
 
@@ -20,10 +22,13 @@ pub enum State {
     /// The agent asked for more input (an interrupted state, not an end):
     /// a message continuing the task queues it again.
     InputRequired,
+    /// Its agent paused the delivery for higher-priority work (DESIGN §9):
+    /// it is queued again, its checkpoint carried by the next delivery.
+    Paused,
 }
 
 impl State {
-    pub const ALL: [State; 7] = [
+    pub const ALL: [State; 8] = [
         State::Pending,
         State::Running,
         State::Retrying,
@@ -31,6 +36,7 @@ impl State {
         State::Failed,
         State::Canceled,
         State::InputRequired,
+        State::Paused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,6 +48,7 @@ impl State {
             State::Failed => "failed",
             State::Canceled => "canceled",
             State::InputRequired => "input_required",
+            State::Paused => "paused",
         }
     }
 
@@ -80,6 +87,9 @@ impl State {
                 | (Running, InputRequired)
                 | (InputRequired, Pending)
                 | (InputRequired, Canceled)
+                | (Running, Paused)
+                | (Paused, Pending)
+                | (Paused, Canceled)
         )
     }
 
@@ -182,6 +192,10 @@ pub struct Task {
     /// For a broadcast parent: the instances its children target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// The workflow run this task is a step of, or (its own id) the run it
+    /// stands for (DESIGN §9: a run's result is its parent task's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     pub attempts: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
@@ -193,6 +207,10 @@ pub struct Task {
     /// Set while an agent that answered the delivery `202` has yet to report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<Accepted>,
+    /// What the handler returned when its delivery was last paused (DESIGN
+    /// §9): the next delivery carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Value>,
     /// The conversation after the message that started the task (whose
     /// payload is the envelope's): each question of the agent and each
     /// answer of the caller, in order. Empty for a one-turn task.
@@ -303,7 +321,13 @@ mod tests {
         assert!(!State::Canceled.may_become(State::Canceled));
         assert_eq!(
             State::predecessors(State::Canceled),
-            [State::Pending, State::Running, State::Retrying, State::InputRequired]
+            [
+                State::Pending,
+                State::Running,
+                State::Retrying,
+                State::InputRequired,
+                State::Paused
+            ]
         );
         // A multi-turn task: asked for input while running, queued again by a message.
         assert_eq!(State::predecessors(State::InputRequired), [State::Running]);
@@ -313,6 +337,15 @@ mod tests {
             "it runs again first"
         );
         assert!(!State::InputRequired.is_terminal() && State::InputRequired.is_interrupted());
+        // A preempted task: paused while running, queued again with its checkpoint.
+        assert_eq!(State::predecessors(State::Paused), [State::Running]);
+        assert!(State::Paused.may_become(State::Pending));
+        assert!(!State::Paused.is_terminal() && !State::Paused.may_become(State::Running));
+        assert!(
+            !State::Paused.is_settled(),
+            "a paused task is still being worked on: whoever waits keeps waiting"
+        );
+        assert!(!State::Paused.may_become(State::InputRequired) && !State::InputRequired.may_become(State::Paused));
         assert!(State::ALL
             .iter()
             .all(|state| State::parse(state.as_str()) == Some(*state)));

@@ -2,7 +2,8 @@
 //! Redis (one server, `on_redis::`) and a Redis Cluster (`on_cluster::`): a
 //! task that asks for input waits (its entry acknowledged, on the retention
 //! clock), a message continues it (queued again, kept), and each of a
-//! task's push configs is notified on its own when the task ends or asks.
+//! task's push configs is notified on its own when the task ends or asks;
+//! a preempted (`paused`) task is not one waiting for input.
 
 use std::time::{Duration, Instant};
 
@@ -47,9 +48,9 @@ async fn a_task_asking_for_input_waits_and_a_message_continues_it(backend: Backe
         .to_string();
     let claimed = claim_one(&store).await;
     let question = Turn::agent("q-1", "Which size?");
-    assert_eq!(store.pause(&claimed, &question).await.unwrap(), State::Running);
+    assert_eq!(store.ask_for_input(&claimed, &question).await.unwrap(), State::Running);
     // Run again (a retried write): done, nothing added.
-    store.pause(&claimed, &question).await.unwrap();
+    store.ask_for_input(&claimed, &question).await.unwrap();
     let waiting = store.get(&task_id).await.unwrap();
     assert_eq!(waiting.state, State::InputRequired);
     assert_eq!(waiting.turns, std::slice::from_ref(&question));
@@ -60,9 +61,12 @@ async fn a_task_asking_for_input_waits_and_a_message_continues_it(backend: Backe
     assert!(ttl > 0, "ttl {ttl}");
 
     let answer = Turn::user("m-2", json!({"size": "L"}));
-    assert_eq!(store.resume(&task_id, &answer).await.unwrap(), State::InputRequired);
+    assert_eq!(
+        store.continue_task(&task_id, &answer).await.unwrap(),
+        State::InputRequired
+    );
     // Run again: done, not queued twice.
-    store.resume(&task_id, &answer).await.unwrap();
+    store.continue_task(&task_id, &answer).await.unwrap();
     let queued = store.get(&task_id).await.unwrap();
     assert_eq!(queued.state, State::Pending);
     assert_eq!(queued.turns, [question.clone(), answer.clone()]);
@@ -72,7 +76,7 @@ async fn a_task_asking_for_input_waits_and_a_message_continues_it(backend: Backe
     assert_eq!(ttl, -1, "kept while it runs again");
     // A task that does not wait for input takes no message.
     assert!(matches!(
-        store.resume(&task_id, &Turn::user("m-3", json!({}))).await,
+        store.continue_task(&task_id, &Turn::user("m-3", json!({}))).await,
         Err(TaskStoreError::Refused { current, .. }) if current == "pending"
     ));
 
@@ -101,12 +105,12 @@ async fn a_task_asking_for_input_waits_and_a_message_continues_it(backend: Backe
     );
     assert_eq!(done.attempts, 2);
     assert!(matches!(
-        store.resume(&task_id, &Turn::user("m-4", json!({}))).await,
+        store.continue_task(&task_id, &Turn::user("m-4", json!({}))).await,
         Err(TaskStoreError::Refused { current, .. }) if current == "succeeded"
     ));
     assert!(matches!(
         store
-            .resume("t_000000000000000000000000", &Turn::user("m-5", json!({})))
+            .continue_task("t_000000000000000000000000", &Turn::user("m-5", json!({})))
             .await,
         Err(TaskStoreError::NotFound(_))
     ));
@@ -119,14 +123,17 @@ async fn a_task_asking_for_input_waits_and_a_message_continues_it(backend: Backe
         .task_id()
         .to_string();
     let claimed = claim_one(&store).await;
-    store.pause(&claimed, &Turn::agent("q-2", "Sure?")).await.unwrap();
+    store
+        .ask_for_input(&claimed, &Turn::agent("q-2", "Sure?"))
+        .await
+        .unwrap();
     store
         .cancel(&other, &json!({"status": "failed", "error": {"code": "CANCELED"}}))
         .await
         .unwrap();
     assert_eq!(store.get(&other).await.unwrap().state, State::Canceled);
     assert!(matches!(
-        store.pause(&claimed, &Turn::agent("q-3", "Still there?")).await,
+        store.ask_for_input(&claimed, &Turn::agent("q-3", "Still there?")).await,
         Err(TaskStoreError::Refused { .. })
     ));
 }
@@ -137,19 +144,19 @@ async fn a_call_answered_at_once_that_asked_for_input_is_kept_waiting(backend: B
     let task_id = store.task_id_for("demo.echo");
     let question = Turn::agent("q-1", "Which order?");
     let kept = store
-        .record_paused(task("paused-1", Priority::High, Some("s-p")), &task_id, &question)
+        .record_input_required(task("paused-1", Priority::High, Some("s-p")), &task_id, &question)
         .await
         .unwrap();
     assert_eq!(kept, Submitted::Created(task_id.clone()));
     // Run again (a retried write): done.
     let rerun = store
-        .record_paused(task("paused-1", Priority::High, Some("s-p")), &task_id, &question)
+        .record_input_required(task("paused-1", Priority::High, Some("s-p")), &task_id, &question)
         .await
         .unwrap();
     assert_eq!(rerun, Submitted::Created(task_id.clone()));
     // The same request under another id names the task kept then.
     let again = store
-        .record_paused(
+        .record_input_required(
             task("paused-1", Priority::High, Some("s-p")),
             &store.task_id_for("demo.echo"),
             &question,
@@ -164,7 +171,7 @@ async fn a_call_answered_at_once_that_asked_for_input_is_kept_waiting(backend: B
         "never queued for its first turn"
     );
     store
-        .resume(&task_id, &Turn::user("m-1", json!({"order_id": "SO-1"})))
+        .continue_task(&task_id, &Turn::user("m-1", json!({"order_id": "SO-1"})))
         .await
         .unwrap();
     let claimed = claim_one(&store).await;
@@ -239,7 +246,7 @@ async fn each_push_config_is_kept_and_notified_on_its_own(backend: Backend) {
 
     // Asking for input notifies every config; so does the end.
     let claimed = claim_one(&store).await;
-    store.pause(&claimed, &Turn::agent("q", "More?")).await.unwrap();
+    store.ask_for_input(&claimed, &Turn::agent("q", "More?")).await.unwrap();
     let config_attempts = |sent: &[(String, CallbackOutcome)], member: &str| {
         sent.iter()
             .filter(|(due, _)| due == member)
@@ -282,7 +289,10 @@ async fn each_push_config_is_kept_and_notified_on_its_own(backend: Backend) {
 
     // The end notifies again, each config's attempts counted afresh; a config
     // deleted before its notification is sent is dropped.
-    store.resume(&task_id, &Turn::user("m", json!({}))).await.unwrap();
+    store
+        .continue_task(&task_id, &Turn::user("m", json!({})))
+        .await
+        .unwrap();
     let claimed = claim_one(&store).await;
     store
         .finish(
@@ -353,6 +363,94 @@ async fn a_task_holds_a_bounded_number_of_push_configs(backend: Backend) {
     assert_eq!(store.get(&task_id).await.unwrap().push_configs.len(), MOST_PUSH_CONFIGS);
 }
 
+/// The two interruptions are told apart: a preempted task (`pause`, the
+/// `paused:{L}` set, its checkpoint) is not one waiting for input
+/// (`ask_for_input`), and a turn that asks for input drops the checkpoint
+/// of an earlier preemption, so the next turn starts afresh.
+async fn a_preempted_task_and_one_asking_for_input_are_told_apart(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    let task_id = store
+        .submit(task("both-1", Priority::Low, None))
+        .await
+        .unwrap()
+        .task_id()
+        .to_string();
+    let claimed = claim_one(&store).await;
+    store
+        .pause(&claimed, r#"{"pages_done":3}"#, agent_reach_task_store::store::now_ms())
+        .await
+        .unwrap();
+    let paused = store.get(&task_id).await.unwrap();
+    assert_eq!(
+        (paused.state, paused.checkpoint.clone()),
+        (State::Paused, Some(json!({"pages_done": 3})))
+    );
+    assert!(paused.question().is_none() && paused.turns.is_empty());
+    assert_eq!(store.paused().await.unwrap(), vec![task_id.clone()]);
+    assert!(
+        matches!(
+            store.continue_task(&task_id, &Turn::user("m-1", json!({}))).await,
+            Err(TaskStoreError::Refused { current, .. }) if current == "paused"
+        ),
+        "a message continues only a task waiting for input"
+    );
+
+    // Resumed from its checkpoint, it asks for input: no longer paused, the checkpoint dropped.
+    assert_eq!(store.resume_due(10).await.unwrap(), 1);
+    let claimed = claim_one(&store).await;
+    assert_eq!(claimed.task.checkpoint, Some(json!({"pages_done": 3})));
+    store
+        .ask_for_input(&claimed, &Turn::agent("q-1", "Which pages next?"))
+        .await
+        .unwrap();
+    let waiting = store.get(&task_id).await.unwrap();
+    assert_eq!(
+        (waiting.state, waiting.checkpoint.clone()),
+        (State::InputRequired, None)
+    );
+    assert!(store.paused().await.unwrap().is_empty());
+    assert!(
+        matches!(
+            store.pause(&claimed, "null", agent_reach_task_store::store::now_ms()).await,
+            Err(TaskStoreError::Refused { current, .. }) if current == "input_required"
+        ),
+        "a task waiting for input is not preempted"
+    );
+
+    // The caller's answer queues the next turn, which carries no checkpoint.
+    store
+        .continue_task(&task_id, &Turn::user("m-2", json!({"pages": [4, 5]})))
+        .await
+        .unwrap();
+    let claimed = claim_one(&store).await;
+    assert_eq!(
+        (claimed.task.task_id.as_str(), claimed.task.checkpoint.clone()),
+        (task_id.as_str(), None)
+    );
+    let states: Vec<State> = store
+        .get(&task_id)
+        .await
+        .unwrap()
+        .transitions
+        .iter()
+        .map(|transition| transition.state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            State::Pending,
+            State::Running,
+            State::Paused,
+            State::Pending,
+            State::Running,
+            State::InputRequired,
+            State::Pending,
+            State::Running
+        ]
+    );
+}
+
 // === Running it against one server and a cluster ===
 
 macro_rules! contract {
@@ -373,4 +471,5 @@ contract! {
     a_call_answered_at_once_that_asked_for_input_is_kept_waiting,
     each_push_config_is_kept_and_notified_on_its_own,
     a_task_holds_a_bounded_number_of_push_configs,
+    a_preempted_task_and_one_asking_for_input_are_told_apart,
 }

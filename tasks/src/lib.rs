@@ -21,6 +21,7 @@ mod dead_letters;
 mod gate;
 mod history;
 mod metrics;
+mod preempt;
 mod protocol;
 mod quota;
 mod report;
@@ -33,7 +34,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_task_store::{Deliverer, TaskStore, TaskStoreError};
+use agent_reach_task_store::{Deliverer, State, TaskStore, TaskStoreError};
 use serde_json::{json, Value};
 
 pub use api::view as task_view;
@@ -94,6 +95,14 @@ pub fn routes(api: TaskApi) -> axum::Router {
 /// Accepted tasks awaiting a report, per delivery slot, before they hold slots.
 const AWAITING_PER_WORKER: usize = 16;
 
+/// Told when a workflow step's task ended (its outcome recorded), on the
+/// router that recorded it, so its run advances at once (the runs crate;
+/// a run whose router died is advanced by any router's sweep instead).
+pub trait StepEnded: Send + Sync {
+    /// `task` (as it was claimed) ended as `state` with the result envelope `result`.
+    fn step_ended(&self, task: &agent_reach_task_store::Task, state: State, result: &Value);
+}
+
 /// The slow path's own state: the store, the callback sender, its settings,
 /// metrics and gates. The router's fast path holds none of it.
 pub struct TaskService {
@@ -109,6 +118,13 @@ pub struct TaskService {
     /// Places for accepted (`202`) tasks awaiting their report outside the
     /// delivery slots; beyond them a task waits in its slot.
     awaiting: Arc<tokio::sync::Semaphore>,
+    /// Told of every step of a workflow run that ended here.
+    step_ended: std::sync::OnceLock<Arc<dyn StepEnded>>,
+    /// The deliveries running here, for preemption (`preempt`).
+    deliveries: preempt::Deliveries,
+    /// Wakes an idle worker loop: a task was just submitted here (a run's
+    /// next step), so claim now rather than at the next idle poll.
+    submitted: tokio::sync::Notify,
     /// The trail's series, when the trail is on.
     trail_metrics: Option<agent_reach_trail::TrailMetrics>,
     /// This slow path's trail chain (`trail::new_chain_id`).
@@ -116,6 +132,13 @@ pub struct TaskService {
 }
 
 impl TaskService {
+    /// Says a task was just submitted through this router's store: an idle
+    /// worker loop claims at once instead of at its next poll (a run's steps
+    /// follow one another without the idle poll's wait between them).
+    pub fn submitted(&self) {
+        self.submitted.notify_one();
+    }
+
     /// The store (the console's slow-path summary and task lookup read it).
     pub fn store(&self) -> &TaskStore {
         &self.store
@@ -133,6 +156,7 @@ impl TaskService {
                 .map(|limit| (limit.clone(), Arc::new(TagGate::new(limit.limit))))
                 .collect(),
             gated: AtomicUsize::new(0),
+            submitted: tokio::sync::Notify::new(),
             buffer: match &settings.store.local_buffer {
                 Some(local) => Some(buffer::TaskBuffer::open(&local.dir, local.limit, registry)?),
                 None => None,
@@ -140,6 +164,8 @@ impl TaskService {
             awaiting: Arc::new(tokio::sync::Semaphore::new(
                 settings.workers.max(1) * AWAITING_PER_WORKER,
             )),
+            step_ended: std::sync::OnceLock::new(),
+            deliveries: preempt::Deliveries::default(),
             trail_metrics: match &settings.trail {
                 Some(_) => Some(
                     agent_reach_trail::TrailMetrics::new(registry)
@@ -149,6 +175,22 @@ impl TaskService {
             },
             chain: trail::new_chain_id(),
         })
+    }
+
+    /// Installs what is told of workflow steps that ended (once).
+    pub fn on_step_end(&self, hook: Arc<dyn StepEnded>) {
+        if self.step_ended.set(hook).is_err() {
+            tracing::warn!(message = "A step hook was installed twice; the first one stays.");
+        }
+    }
+
+    /// `task` ended here as `state` with `result`: if it is a workflow's step, its run hears of it.
+    fn ended(&self, task: &agent_reach_task_store::Task, state: State, result: &Value) {
+        if task.run.is_some() {
+            if let Some(hook) = self.step_ended.get() {
+                hook.step_ended(task, state, result);
+            }
+        }
     }
 
     /// Starts the worker and the callback sender. The worker holds `service`
@@ -220,7 +262,8 @@ impl TaskService {
     }
 }
 
-fn store_error(error: TaskStoreError) -> RouterError {
+/// A task store failure as the router answers it (the runs of workflows share it).
+pub fn store_error(error: TaskStoreError) -> RouterError {
     match error {
         TaskStoreError::BacklogFull { waiting, bound } => RouterError::new(
             Code::RateLimited,

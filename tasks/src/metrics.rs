@@ -8,6 +8,7 @@ pub(crate) struct TaskMetrics {
     pub(crate) dead_letters: prometheus::IntGauge,
     pub(crate) callback_failures: prometheus::IntCounter,
     pub(crate) state_seconds: prometheus::HistogramVec,
+    pub(crate) paused: prometheus::IntCounterVec,
 }
 
 impl TaskMetrics {
@@ -55,7 +56,15 @@ impl TaskMetrics {
         registry.register(Box::new(backlog.clone()))?;
         registry.register(Box::new(dead_letters.clone()))?;
         registry.register(Box::new(callback_failures.clone()))?;
+        let paused = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_tasks_paused_total",
+                "Task deliveries paused (DESIGN §9 preemption), by capability and why: `preempted` (its agent paused it for higher-priority work) or `no_room` (a resumed task found no room yet).",
+            ),
+            &["capability", "reason"],
+        )?;
         registry.register(Box::new(state_seconds.clone()))?;
+        registry.register(Box::new(paused.clone()))?;
         Ok(Self {
             submitted,
             finished,
@@ -63,6 +72,7 @@ impl TaskMetrics {
             dead_letters,
             callback_failures,
             state_seconds,
+            paused,
         })
     }
 }

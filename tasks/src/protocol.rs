@@ -87,7 +87,7 @@ impl TaskApi {
     /// (`question`): kept as the task `task_id` waiting in `input_required`,
     /// so that a message can continue it (the slow path delivers the next
     /// turn). Returns the task's id (a repeated request id: the task then).
-    pub async fn record_paused(
+    pub async fn record_input_required(
         &self,
         caller: &Caller,
         request: &InvokeRequest,
@@ -98,7 +98,7 @@ impl TaskApi {
         let question = Turn::agent(agent_reach_pipeline::trace::new_request_id(), question);
         let submitted = tasks
             .store
-            .record_paused(new_task(caller, request)?, task_id, &question)
+            .record_input_required(new_task(caller, request)?, task_id, &question)
             .await
             .map_err(store_error)?;
         Ok(match submitted {
@@ -122,7 +122,7 @@ impl TaskApi {
         let answer = Turn::user(message_id, payload);
         tasks
             .store
-            .resume(&task.task_id, &answer)
+            .continue_task(&task.task_id, &answer)
             .await
             .map_err(|error| match error {
                 TaskStoreError::Refused { current, .. } => RouterError::new(

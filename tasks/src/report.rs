@@ -124,6 +124,7 @@ async fn try_report(
             if let Some(parent) = &task.parent {
                 complete_parent(tasks, parent).await;
             }
+            tasks.ended(&task, state, &result);
             (state, false)
         }
         Reported::Repeated(state) => (state, true),

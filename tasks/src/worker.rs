@@ -31,6 +31,7 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
     let mut round = 0u64;
     let mut last_reclaim = Instant::now();
     let mut last_gauges = Instant::now();
+    let mut last_resume = Instant::now();
     let mut prepared = false;
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -58,6 +59,13 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
             last_gauges = Instant::now();
             tasks.refresh_gauges().await;
         }
+        // Paused tasks due again go back to their queues (any router does it, once).
+        if last_resume.elapsed() >= Duration::from_millis(50) {
+            last_resume = Instant::now();
+            if let Err(error) = tasks.store.resume_due(64).await {
+                tracing::debug!(message = "Cannot queue paused tasks again; retrying.", %error);
+            }
+        }
         // Bound what waits in memory at tag gates (it stays durable in Redis meanwhile).
         if tasks.gated.load(Ordering::Acquire) >= tasks.settings.workers.max(1) * 4 {
             drop(service);
@@ -83,8 +91,8 @@ pub(super) async fn run(service: Weak<RouterService>, tasks: Arc<TaskService>) {
         match claimed {
             Ok(claimed) if claimed.is_empty() => {
                 drop(service);
-                // Idle: poll again shortly.
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                // Idle: poll again shortly, or at once when a task is submitted here.
+                let _ = tokio::time::timeout(Duration::from_millis(10), tasks.submitted.notified()).await;
             }
             Ok(claimed) => {
                 backoff = Duration::from_millis(100);
@@ -230,6 +238,7 @@ async fn await_report(tasks: &TaskService, claimed: &Claimed, accepted: &Accepte
                         .finished
                         .with_label_values(&[State::Failed.as_str()])
                         .inc();
+                    tasks.ended(&claimed.task, State::Failed, &result);
                     if let Some(parent) = &claimed.task.parent {
                         complete_parent(tasks, parent).await;
                     }
@@ -258,6 +267,9 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
     };
     let mut attempts = 0u32;
     let mut running_since_ms;
+    // Listed while it runs: a more urgent delivery may ask it to pause (DESIGN §9).
+    let _listed = tasks.deliveries.enter(task, &caller);
+    let mut preemptions = 0u32;
     let result = loop {
         // The caller's limits: a delivery waits for a place among its calls in flight
         // (its submission already spent a token).
@@ -292,6 +304,10 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                 // The agent may answer 202 and report under this id (DESIGN §8).
                 checked.task_id = Some(task.task_id.clone());
                 checked.request.request_id = Some(task.request_id.clone());
+                // A workflow's step: its hop assertion says which run (DESIGN §9).
+                checked.run_id.clone_from(&task.run);
+                // A paused task resumes from its handler's checkpoint (DESIGN §9).
+                checked.checkpoint.clone_from(&task.checkpoint);
                 // A multi-turn task's next turn: the latest answer, the conversation so far.
                 if let Some(next) = next_turn(task) {
                     checked.request.payload = next.payload;
@@ -323,6 +339,14 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             }),
         });
         match outcome {
+            Ok((success, _)) if success.paused.is_some() => {
+                let checkpoint = success
+                    .paused
+                    .and_then(|paused| paused.checkpoint)
+                    .map_or_else(|| "null".to_string(), |raw| raw.get().to_string());
+                repause(tasks, claimed, &checkpoint, crate::preempt::RESUME_AFTER, "preempted").await;
+                return None;
+            }
             Ok((success, _)) if success.accepted.is_some() => {
                 let Some(accepted) = success.accepted else {
                     return None; // matched just above
@@ -369,10 +393,25 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     agent_reach_pipeline::trace::new_request_id(),
                     input_required(&failure.error).unwrap_or_default(),
                 );
-                pause(tasks, claimed, &question).await;
+                ask_for_input(tasks, claimed, &question).await;
                 return None;
             }
             Err(failure) => {
+                if crate::preempt::is_no_room(failure.error.code) {
+                    // A more urgent delivery than some running here: room is asked for.
+                    if preemptions < crate::preempt::MAX_PREEMPTIONS && tasks.deliveries.make_room(service, task).await
+                    {
+                        preemptions += 1;
+                        attempts -= 1;
+                        continue;
+                    }
+                    // A resumed task that finds no room yet: paused again, never failed for it.
+                    if let Some(checkpoint) = &task.checkpoint {
+                        let wait = crate::preempt::resume_after(task);
+                        repause(tasks, claimed, &checkpoint.to_string(), wait, "no_room").await;
+                        return None;
+                    }
+                }
                 let retry = failure.error.code.is_retryable()
                     && failure.error.code != Code::DeadlineExceeded
                     && attempts < tasks.settings.max_task_attempts;
@@ -406,6 +445,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
             if let Some(parent) = &task.parent {
                 complete_parent(tasks, parent).await;
             }
+            tasks.ended(task, state, &result);
         }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);
@@ -438,11 +478,33 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
     None
 }
 
+/// Pauses a claimed task with `checkpoint` (JSON), to be queued again after `wait`.
+async fn repause(tasks: &TaskService, claimed: &Claimed, checkpoint: &str, wait: Duration, reason: &str) {
+    let due = agent_reach_task_store::store::now_ms() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    match tasks.store.pause(claimed, checkpoint, due).await {
+        Ok(()) => {
+            tasks
+                .metrics
+                .paused
+                .with_label_values(&[&claimed.task.capability, reason])
+                .inc();
+            tracing::info!(message = "Task paused.", task_id = %claimed.task.task_id, reason);
+        }
+        Err(TaskStoreError::Refused { current, .. }) => {
+            tracing::info!(message = "Task ended meanwhile; not paused.", task_id = %claimed.task.task_id, state = %current);
+        }
+        // Not recorded: the entry stays pending and the task is reclaimed (its checkpoint is lost).
+        Err(error) => {
+            tracing::warn!(message = "A paused task could not be recorded; it will be reclaimed.", task_id = %claimed.task.task_id, %error)
+        }
+    }
+}
+
 /// The agent asked for more input: the task waits in `input_required` (its
 /// queue entry acknowledged) until a message continues it.
-async fn pause(tasks: &TaskService, claimed: &Claimed, question: &Turn) {
+async fn ask_for_input(tasks: &TaskService, claimed: &Claimed, question: &Turn) {
     let task_id = &claimed.task.task_id;
-    match tasks.store.pause(claimed, question).await {
+    match tasks.store.ask_for_input(claimed, question).await {
         // Not an end: `agent_reach_tasks_finished_total` counts it when it ends.
         Ok(_) => {}
         // Canceled meanwhile: the entry is acknowledged, the cancel stands.

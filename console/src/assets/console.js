@@ -4,7 +4,7 @@
 "use strict";
 
 const REFRESH_MS = 1000;
-const PAGES = ["agents", "capabilities", "slow", "requests"];
+const PAGES = ["agents", "capabilities", "slow", "requests", "runs"];
 const $ = (id) => document.getElementById(id);
 let signedIn = false;
 let timer = null;
@@ -481,6 +481,152 @@ async function loadRequests() {
   });
 }
 
+// === Runs (workflows) ===
+
+// The run shown below the list, read again on every refresh (live).
+let openRun = null;
+
+function statusLevel(status) {
+  return { succeeded: "good", failed: "bad", paused: "warn", running: "busy" }[status] || "idle";
+}
+
+async function loadRuns() {
+  const answer = await api("GET", "/v1/runs?limit=50");
+  if (answer.status === 501) {
+    say("runs-message", "Workflow runs need the router's slow path (start it with --redis). " + problem(answer), true);
+    return;
+  }
+  if (answer.status !== 200) return failed(answer);
+  $("runs-message").hidden = true;
+  const runs = answer.body.runs;
+  $("runs-empty").hidden = runs.length > 0;
+  rows($("runs").tBodies[0], runs, (r) => r.run_id, (row, r) => {
+    row.dataset.run = r.run_id;
+    row.dataset.status = r.status;
+    const first = row.cells[0] || row.insertCell();
+    let link = first.querySelector("a");
+    if (!link) { link = document.createElement("a"); link.href = "#/runs"; first.replaceChildren(link); }
+    link.textContent = r.run_id;
+    link.onclick = (event) => { event.preventDefault(); showRun(r.run_id); };
+    cell(row, 1, r.workflow); cell(row, 2, r.version); cell(row, 3, r.status); cell(row, 4, r.caller);
+    cell(row, 5, ago(r.created_at_ms));
+  });
+  if (openRun) await showRun(openRun);
+  stamp("runs-updated");
+}
+
+async function showRun(id) {
+  openRun = id;
+  const answer = await api("GET", "/v1/runs/" + encodeURIComponent(id));
+  if (answer.status !== 200) {
+    openRun = null;
+    $("run").hidden = true;
+    return say("runs-message", problem(answer), true);
+  }
+  const run = answer.body;
+  const panel = $("run");
+  panel.hidden = false;
+  panel.dataset.run = run.run_id;
+  panel.dataset.status = run.status;
+  $("run-id").textContent = run.run_id + " · " + run.workflow + " " + run.version;
+  const pill = $("run-status");
+  pill.textContent = run.status;
+  pill.className = "pill " + statusLevel(run.status);
+  drawDag($("dag"), run.steps);
+  rows($("run-steps").tBodies[0], run.steps, (s) => s.id, (row, s) => {
+    row.dataset.step = s.id;
+    row.dataset.status = s.status;
+    const duration = s.started_at_ms && s.finished_at_ms ? s.finished_at_ms - s.started_at_ms : null;
+    const agent = s.items ? s.items.length + " calls" : s.agent_id;
+    cell(row, 0, s.id); cell(row, 1, s.capability); cell(row, 2, s.skipped ? "skipped" : s.status);
+    cell(row, 3, s.attempts, "num"); cell(row, 4, agent); cell(row, 5, duration, "num");
+    cell(row, 6, s.error ? s.error.code + ": " + s.error.message : "", "wrap");
+  });
+  const result = run.error !== undefined ? run.error : run.output;
+  $("run-output").textContent = result === undefined ? "–" : JSON.stringify(result, null, 2);
+  $("run-cancel").disabled = !["pending", "running"].includes(run.status);
+  $("run-cancel").onclick = () => cancelRun(run.run_id);
+  $("run-close").onclick = () => { openRun = null; panel.hidden = true; };
+}
+
+// Lays the steps out in columns by depth (each after everything it depends on),
+// boxes redrawn only when the steps change, their state updated in place.
+function drawDag(svg, steps) {
+  const NS = "http://www.w3.org/2000/svg";
+  const W = 170, H = 50, GX = 60, GY = 18;
+  const shape = steps.map((s) => s.id + ":" + (s.depends_on || []).join(",")).join(";");
+  if (svg.dataset.shape !== shape) {
+    svg.dataset.shape = shape;
+    svg.replaceChildren();
+    const depth = new Map();
+    const byId = new Map(steps.map((s) => [s.id, s]));
+    const depthOf = (s) => {
+      if (!depth.has(s.id)) {
+        depth.set(s.id, 0);
+        depth.set(s.id, Math.max(-1, ...(s.depends_on || []).map((d) => (byId.has(d) ? depthOf(byId.get(d)) : -1))) + 1);
+      }
+      return depth.get(s.id);
+    };
+    const columns = [];
+    for (const s of steps) (columns[depthOf(s)] = columns[depthOf(s)] || []).push(s.id);
+    const at = new Map();
+    columns.forEach((ids, x) => ids.forEach((id, y) => at.set(id, { x: x * (W + GX) + 4, y: y * (H + GY) + 4 })));
+    const tallest = Math.max(1, ...columns.map((ids) => ids.length));
+    svg.setAttribute("width", columns.length * (W + GX));
+    svg.setAttribute("height", tallest * (H + GY) + 8);
+    for (const s of steps) {
+      for (const dependency of s.depends_on || []) {
+        const from = at.get(dependency), to = at.get(s.id);
+        if (!from || !to) continue;
+        const path = document.createElementNS(NS, "path");
+        const [x1, y1, x2, y2] = [from.x + W, from.y + H / 2, to.x, to.y + H / 2];
+        path.setAttribute("d", `M${x1},${y1} C${x1 + GX / 2},${y1} ${x2 - GX / 2},${y2} ${x2},${y2}`);
+        path.setAttribute("class", "edge");
+        path.dataset.from = dependency;
+        path.dataset.to = s.id;
+        svg.appendChild(path);
+      }
+    }
+    for (const s of steps) {
+      const g = document.createElementNS(NS, "g");
+      g.setAttribute("class", "node");
+      g.dataset.step = s.id;
+      const place = at.get(s.id);
+      g.setAttribute("transform", `translate(${place.x},${place.y})`);
+      const rect = document.createElementNS(NS, "rect");
+      rect.setAttribute("width", W); rect.setAttribute("height", H); rect.setAttribute("rx", 6);
+      const name = document.createElementNS(NS, "text");
+      name.setAttribute("x", 10); name.setAttribute("y", 20); name.setAttribute("class", "id");
+      name.textContent = s.id;
+      const state = document.createElementNS(NS, "text");
+      state.setAttribute("x", 10); state.setAttribute("y", 38); state.setAttribute("class", "state");
+      const title = document.createElementNS(NS, "title");
+      g.append(rect, name, state, title);
+      svg.appendChild(g);
+    }
+  }
+  for (const s of steps) {
+    const g = svg.querySelector('g.node[data-step="' + CSS.escape(s.id) + '"]');
+    if (!g) continue;
+    const status = s.skipped ? "canceled" : s.status;
+    g.dataset.status = status;
+    const label = (s.skipped ? "skipped" : s.status) + " · " + s.attempts + (s.attempts === 1 ? " call" : " calls");
+    const state = g.querySelector("text.state");
+    if (state.textContent !== label) state.textContent = label;
+    g.querySelector("title").textContent = s.capability + (s.error ? " — " + s.error.code : "");
+  }
+}
+
+function cancelRun(id) {
+  confirmAction("Cancel run", "Cancel run " + id + "? No step starts any more; calls in flight are canceled.", [], async () => {
+    const answer = await api("POST", "/v1/runs/" + encodeURIComponent(id) + "/cancel");
+    if (answer.status !== 200) return problem(answer);
+    notify("Run " + id + " canceled.");
+    refresh();
+    return true;
+  });
+}
+
 // === Pages, sign-in, refresh ===
 
 function failed(answer) {
@@ -500,6 +646,7 @@ async function refresh() {
   if (page === "agents") await loadAgents();
   else if (page === "capabilities") await loadCapabilities();
   else if (page === "slow") await loadSlow();
+  else if (page === "runs") await loadRuns();
   else await loadRequests();
 }
 
@@ -558,7 +705,7 @@ window.addEventListener("hashchange", () => {
 document.addEventListener("keydown", (event) => {
   if (!signedIn || event.target.closest("input, textarea, dialog")) return;
   if (event.key === "/") { event.preventDefault(); location.hash = "#/requests"; $("request-id").focus(); }
-  const index = "1234".indexOf(event.key);
+  const index = "12345".indexOf(event.key);
   if (index >= 0 && !event.altKey && !event.ctrlKey && !event.metaKey) location.hash = "#/" + PAGES[index];
 });
 document.addEventListener("DOMContentLoaded", () => {

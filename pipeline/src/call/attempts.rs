@@ -30,8 +30,8 @@ use crate::history::Kind;
 use crate::json::Forwarded;
 use crate::metrics::Metrics;
 use crate::outcome::{
-    accepted_without_task, attempts_details, classify, exhausted, no_instance, Accepted, Failure, LastFailure, Outcome,
-    Success,
+    accepted_without_task, attempts_details, classify, exhausted, no_instance, paused_without_task, Accepted, Failure,
+    LastFailure, Outcome, Success,
 };
 use crate::recent::{Attempt, Tried};
 use crate::retry::{self, RetryBudget};
@@ -211,6 +211,8 @@ pub(crate) async fn run<E: Exchange>(
     );
     envelope.task_id = task_id;
     envelope.history = checked.history.as_ref();
+    envelope.run_id = checked.run_id.as_deref();
+    envelope.checkpoint = checked.checkpoint.as_ref();
     // Without OpenTelemetry spans, every attempt carries the router's own span id.
     let fallback_traceparent = trace.forward_header();
     // Selection and attempt spans only for traces that are kept (an unsampled
@@ -275,20 +277,22 @@ pub(crate) async fn run<E: Exchange>(
             }
         };
         envelope.attempt = attempt;
-        let authorization =
-            match means
-                .assertions
-                .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
-            {
-                Ok(header) => header,
-                Err(error) => {
-                    return Err(fail(
-                        RouterError::new(Code::AssertionFailed, error),
-                        Some(instance.agent_id.clone()),
-                        attempt - 1,
-                    ))
-                }
-            };
+        let authorization = match means.assertions.header(
+            caller,
+            (&instance.agent_id, &capability.name),
+            checked.run_id.as_deref(),
+            deadline_ms,
+            now.epoch_ms,
+        ) {
+            Ok(header) => header,
+            Err(error) => {
+                return Err(fail(
+                    RouterError::new(Code::AssertionFailed, error),
+                    Some(instance.agent_id.clone()),
+                    attempt - 1,
+                ))
+            }
+        };
         let body = match envelope.to_vec() {
             Ok(body) => Bytes::from(body),
             Err(error) => {
@@ -375,6 +379,7 @@ pub(crate) async fn run<E: Exchange>(
             match &outcome {
                 Outcome::Done(..) => "succeeded",
                 Outcome::Accepted => "accepted",
+                Outcome::Paused(_) => "paused",
                 Outcome::Fatal(_) => "failed",
                 Outcome::Retryable(reason, _) => reason.as_str(),
             },
@@ -387,6 +392,7 @@ pub(crate) async fn run<E: Exchange>(
                 match &outcome {
                     Outcome::Done(..) => "succeeded",
                     Outcome::Accepted => "accepted",
+                    Outcome::Paused(_) => "paused",
                     Outcome::Fatal(_) => "failed",
                     Outcome::Retryable(..) => "retryable",
                 },
@@ -414,8 +420,23 @@ pub(crate) async fn run<E: Exchange>(
                     attempts: attempt,
                     output,
                     accepted: None,
+                    run: None,
+                    paused: None,
                 }));
             }
+            // A preemptible task's delivery paused for higher-priority work (DESIGN §9).
+            Outcome::Paused(checkpoint) if task_id.is_some() => {
+                return Ok(Answered::Done(Success {
+                    capability_version: group.version_text.clone(),
+                    agent_id,
+                    attempts: attempt,
+                    output: None,
+                    accepted: None,
+                    run: None,
+                    paused: Some(crate::outcome::Paused { checkpoint }),
+                }));
+            }
+            Outcome::Paused(_) => return Err(fail(paused_without_task(), Some(agent_id), attempt)),
             Outcome::Accepted if task_id.is_some() => {
                 return Ok(Answered::Done(Success {
                     capability_version: group.version_text.clone(),
@@ -426,6 +447,8 @@ pub(crate) async fn run<E: Exchange>(
                         agent_name: instance.name.clone(),
                         deadline_ms,
                     }),
+                    run: None,
+                    paused: None,
                 }));
             }
             Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),

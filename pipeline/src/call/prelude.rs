@@ -122,6 +122,8 @@ pub async fn envelope(
         policy,
         task_id: None,
         history: None,
+        run_id: None,
+        checkpoint: None,
     };
     Ok(Envelope {
         call: Call::begin(door, caller, checked, headers, received),

@@ -398,12 +398,37 @@ impl Forwarder {
         deadline: Instant,
         now: Instant,
     ) -> AttemptResult {
+        self.send_with(uri, (&body, b""), headers, deadline, now).await
+    }
+
+    /// POSTs a pause request for a running delivery (DESIGN §9): `body`
+    /// with `x-agent-reach-control: pause`, to the instance's endpoint.
+    pub async fn pause(
+        &self,
+        uri: &http::Uri,
+        body: &[u8],
+        headers: &ForwardHeaders<'_>,
+        deadline: Instant,
+        now: Instant,
+    ) -> AttemptResult {
+        self.send_with(uri, (body, b"x-agent-reach-control: pause\r\n"), headers, deadline, now)
+            .await
+    }
+
+    async fn send_with(
+        &self,
+        uri: &http::Uri,
+        (body, extra): (&[u8], &[u8]),
+        headers: &ForwardHeaders<'_>,
+        deadline: Instant,
+        now: Instant,
+    ) -> AttemptResult {
         let (authority, https) = match target(uri) {
             Ok(target) => target,
             Err(why) => return AttemptResult::ConnectFailed(why),
         };
         let path = uri.path_and_query().map_or("/", |path| path.as_str());
-        let request = encode_request(authority, path, &body, headers, b"");
+        let request = encode_request(authority, path, body, headers, extra);
         let attempt = async {
             if let Some((stream, input)) = self.take_idle(authority, https, now) {
                 // A reused connection is not probed first (that costs a syscall per call):

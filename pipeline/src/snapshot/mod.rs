@@ -92,6 +92,8 @@ pub struct Described {
     pub description: String,
     pub input_schema: String,
     pub output_schema: String,
+    /// Its task deliveries may be paused for higher-priority work (DESIGN §9).
+    pub preemptible: bool,
 }
 
 pub struct Capability {
@@ -112,6 +114,8 @@ pub struct Snapshot {
     /// aHash: looked up on every routed request.
     pub capabilities: ahash::AHashMap<String, Capability>,
     pub instance_count: usize,
+    /// Workflows by name (DESIGN §9): looked up only for a name no capability has.
+    pub workflows: ahash::AHashMap<String, Arc<crate::workflows::RoutedWorkflow>>,
 }
 
 impl Snapshot {
@@ -120,6 +124,7 @@ impl Snapshot {
             revision: 0,
             capabilities: ahash::AHashMap::new(),
             instance_count: 0,
+            workflows: ahash::AHashMap::new(),
         }
     }
 
@@ -305,6 +310,8 @@ pub struct SnapshotBuilder {
     policies: BTreeMap<String, pb::CapabilityPolicy>,
     /// Outcome histories by (capability, version, agent id).
     histories: HashMap<(String, semver::Version, String), Arc<History>>,
+    /// Workflows, as the registry last sent them, and checked.
+    workflows: crate::workflows::WorkflowBook,
 }
 
 impl SnapshotBuilder {
@@ -322,6 +329,7 @@ impl SnapshotBuilder {
             grants_changed: false,
             policies: BTreeMap::new(),
             histories: HashMap::new(),
+            workflows: crate::workflows::WorkflowBook::default(),
         }
     }
 
@@ -365,6 +373,7 @@ impl SnapshotBuilder {
                     .into_iter()
                     .map(|policy| (policy.capability.clone(), policy))
                     .collect();
+                self.workflows.replace(snapshot.workflows);
                 true
             }
             // Grants change who may call, not where calls go: no rebuild.
@@ -382,6 +391,8 @@ impl SnapshotBuilder {
                 true
             }
             Some(Kind::PolicyCleared(cleared)) => self.policies.remove(&cleared.capability).is_some(),
+            Some(Kind::WorkflowSet(workflow)) => self.workflows.set(workflow),
+            Some(Kind::WorkflowRemoved(removed)) => self.workflows.remove(&removed.name),
             Some(Kind::SplitSet(split)) => {
                 self.splits.insert(split.capability.clone(), split);
                 true
@@ -495,6 +506,7 @@ impl SnapshotBuilder {
                             description: descriptor.description.clone(),
                             input_schema: descriptor.input_schema_json.clone(),
                             output_schema: descriptor.output_schema_json.clone(),
+                            preemptible: descriptor.preemptible,
                         }),
                         instances: Vec::new(),
                     });
@@ -599,6 +611,7 @@ impl SnapshotBuilder {
             revision: self.revision,
             capabilities,
             instance_count: self.instances.len(),
+            workflows: self.workflows.build(),
         }
     }
 

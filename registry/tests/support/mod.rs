@@ -134,6 +134,17 @@ impl TestRegistry {
         .await
     }
 
+    /// `PUT` of raw bytes with a content type (workflow definitions in YAML).
+    pub async fn put_raw(&self, path: &str, token: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
+        let request = self
+            .http
+            .put(self.url(path))
+            .bearer_auth(token)
+            .header("content-type", content_type)
+            .body(body);
+        into_parts(request.send().await.unwrap()).await
+    }
+
     pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
         into_parts(self.http.get(self.url(path)).bearer_auth(token).send().await.unwrap()).await
     }

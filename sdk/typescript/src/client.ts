@@ -42,7 +42,7 @@ export interface ClientOptions {
   timeoutMs?: number;
 }
 
-export type TaskStatus = "pending" | "running" | "retrying" | "succeeded" | "failed" | "canceled";
+export type TaskStatus = "pending" | "running" | "retrying" | "succeeded" | "failed" | "canceled" | "paused";
 const TERMINAL: readonly string[] = ["succeeded", "failed", "canceled"];
 
 /** The answer to a task submission: stored (202), or the existing task of a repeated `request_id`. */

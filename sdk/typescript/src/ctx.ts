@@ -51,6 +51,10 @@ export interface Delivery {
   priority: Priority;
   traceparent: string | undefined;
   taskId: string | undefined;
+  /** The checkpoint a resumed delivery carries (DESIGN §9). */
+  checkpoint?: unknown;
+  /** Set on a preemptible handler's task delivery: `requested` once the router asks it to pause. */
+  pause?: { requested: boolean };
   history: readonly Turn[];
 }
 
@@ -94,6 +98,9 @@ export class Ctx {
   readonly traceparent: string | undefined;
   /** Set on a task's delivery (`POST /v1/tasks`). */
   readonly taskId: string | undefined;
+  /** The checkpoint this delivery resumes from (what the handler threw `Paused` with); undefined for a first delivery. */
+  readonly checkpoint: unknown;
+  readonly #pause: { requested: boolean } | undefined;
   /**
    * A multi-turn task's conversation before this message, oldest first: the caller's
    * earlier messages and what this agent asked (empty for a first message).
@@ -119,10 +126,22 @@ export class Ctx {
     this.priority = delivery.priority;
     this.traceparent = delivery.traceparent;
     this.taskId = delivery.taskId;
+    this.checkpoint = delivery.checkpoint ?? undefined;
+    this.#pause = delivery.pause;
     this.history = delivery.history;
     this.#signal = signal;
     this.#links = links;
     this.#span = span;
+  }
+
+  /**
+   * Whether the router asked this delivery to pause (DESIGN §9): higher-priority work waits
+   * for this agent's room. A `preemptible` handler looks at it at its checkpoints and, when
+   * asked, throws `new Paused(checkpoint)`. Always false for a handler not declared
+   * preemptible and for a call that is not a task's delivery.
+   */
+  get pauseRequested(): boolean {
+    return this.#pause?.requested === true;
   }
 
   /**

@@ -80,6 +80,11 @@ export class Dedup {
     this.#count += 1;
   }
 
+  /** Forgets the answer to `caller`'s `requestId` (a pause: its resumed delivery runs the handler again). */
+  forget(caller: string, requestId: string): void {
+    this.#kept.get(caller)?.delete(requestId);
+  }
+
   /** Replaces the pending answer `pending` by its value, once known. */
   replace(caller: string, requestId: string, pending: Promise<Answer | undefined>, answer: Answer): void {
     const ids = this.#kept.get(caller);

@@ -50,6 +50,10 @@ export const RouterCode = {
   ASSERTION_FAILED: "ASSERTION_FAILED",
   INVALID_CALLBACK: "INVALID_CALLBACK",
   CANCELED: "CANCELED",
+  WORKFLOW_NOT_FOUND: "WORKFLOW_NOT_FOUND",
+  RUN_NOT_FOUND: "RUN_NOT_FOUND",
+  RUN_CONFLICT: "RUN_CONFLICT",
+  STEP_FAILED: "STEP_FAILED",
   TRAIL_DISABLED: "TRAIL_DISABLED",
   INTERNAL: "INTERNAL",
 } as const;
@@ -359,6 +363,21 @@ export class InputRequired extends HandlerError {
 }
 
 /** What `ctx.acceptAndReport` throws on a task's delivery: answered `202 Accepted`, reported later. */
+/**
+ * What a preemptible handler throws when `ctx.pauseRequested` says to pause (DESIGN §9):
+ * the task becomes `paused`, and its resumed delivery (on any instance) carries
+ * `checkpoint` as `ctx.checkpoint`. Not an error the caller sees, and not remembered as
+ * the request's answer.
+ */
+export class Paused extends HandlerError {
+  readonly checkpoint: unknown;
+
+  constructor(checkpoint?: unknown) {
+    super("PAUSED", "paused for higher-priority work");
+    this.checkpoint = checkpoint ?? null;
+  }
+}
+
 export class Accepted extends HandlerError {
   constructor() {
     super("ACCEPTED", "accepted; the result is reported to the router");

@@ -22,6 +22,12 @@ interface Common<I extends z.ZodType> {
   description?: string;
   /** The capability's default deadline when a caller gives none. */
   timeoutMs?: number;
+  /**
+   * Its task deliveries may be paused for higher-priority work (DESIGN §9): the handler
+   * looks at `ctx.pauseRequested` at its checkpoints and throws `new Paused(checkpoint)`;
+   * the resumed delivery carries it as `ctx.checkpoint`.
+   */
+  preemptible?: boolean;
   /** The payload's type; its JSON Schema is registered as the input schema. */
   input: I;
 }
@@ -54,6 +60,7 @@ export interface Descriptor {
   input_schema: JsonSchema;
   output_schema: JsonSchema;
   timeout_ms?: number;
+  preemptible?: boolean;
 }
 
 /** One declared handler, as the server runs it. */
@@ -100,6 +107,7 @@ function descriptor<I extends z.ZodType>(spec: Common<I>, version: string, outpu
   };
   if (spec.description !== undefined) described.description = spec.description;
   if (spec.timeoutMs !== undefined) described.timeout_ms = spec.timeoutMs;
+  if (spec.preemptible === true) described.preemptible = true;
   return described;
 }
 

@@ -52,6 +52,7 @@ export {
   LeaseExpired,
   NoAvailableInstance,
   Overloaded,
+  Paused,
   PayloadTooLarge,
   RateLimited,
   RegistrationRefused,

@@ -16,7 +16,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { AssertionRefused, type Assertion } from "./assertion.js";
 import { Ctx, turnsOf, type Delivery } from "./ctx.js";
 import type { Answer } from "./dedup.js";
-import { AgentReachError, HandlerError } from "./errors.js";
+import { AgentReachError, HandlerError, Paused } from "./errors.js";
 import type { Handler } from "./handler.js";
 import { problems } from "./handler.js";
 import { log } from "./log.js";
@@ -36,6 +36,7 @@ function unauthenticated(refused: AssertionRefused): Answer {
 
 /** A throw from a handler, as its answer. */
 function thrown(handler: Handler, caught: unknown): Answer {
+  if (caught instanceof Paused) return { status: 200, body: JSON.stringify({ paused: { checkpoint: caught.checkpoint } }), code: "PAUSED" };
   if (caught instanceof HandlerError) return error(caught.status, caught.code, caught.message);
   // A failed call onwards: the caller learns the code at its origin.
   if (caught instanceof AgentReachError) return error(caught.retryable ? 503 : 502, caught.code, caught.message);
@@ -65,7 +66,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: not JSON");
   }
   if (!isObject(envelope)) return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: not an object");
-  const { request_id, capability, capability_version, deadline, source, session_id, context_id, task_id } = envelope;
+  const { request_id, capability, capability_version, deadline, source, session_id, context_id, task_id, checkpoint } = envelope;
   const attempt = envelope["attempt"] ?? 1;
   const priority = envelope["priority"] ?? "normal";
   if (
@@ -96,6 +97,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     traceparent,
     taskId: task_id,
     history: envelope["history"] === undefined ? [] : turnsOf(envelope["history"]),
+    checkpoint,
     payload: envelope["payload"] ?? null,
   } as Delivery & { payload: unknown };
 }
@@ -280,16 +282,27 @@ function admit(
   // "Not now" answers are not kept: a later delivery may find room.
   if (state.inflight >= state.maxConcurrency) return error(503, "OVERLOADED", "the agent is at its concurrency limit");
   state.begin();
+  // A preemptible handler's task delivery may be asked to pause (DESIGN §9).
+  if (handler.descriptor.preemptible === true && delivery.taskId !== undefined) {
+    delivery.pause = { requested: false };
+    state.pauses.set(requestId, delivery.pause);
+  }
+  const ended = (answered: Answer): void => {
+    state.end();
+    if (delivery.pause !== undefined) state.pauses.delete(requestId);
+    // Paused: the resumed delivery (same request id) runs the handler again.
+    if (answered.code === "PAUSED") state.dedup.forget(caller, requestId);
+  };
   const answer = run(state, handler, delivery, delivery.payload);
   if ("status" in answer) {
-    state.end();
     state.dedup.set(caller, requestId, answer);
+    ended(answer);
     return answer;
   }
   const later = answer.then((answered) => {
-    state.end();
     // Kept as the value from now on: a repeat answers without a microtask.
     state.dedup.replace(caller, requestId, later, answered);
+    ended(answered);
     return answered;
   });
   state.dedup.set(caller, requestId, later);
@@ -425,6 +438,40 @@ function healthz(state: AgentState | undefined, response: ServerResponse): void 
   answer(response, { status: healthy ? 200 : 503, body, code: "" });
 }
 
+/**
+ * The router's pause request for a running delivery (DESIGN §9): `{request_id, capability}`
+ * with `x-agent-reach-control: pause`, under its assertion for that capability. `202` when
+ * the delivery runs here (its handler sees `ctx.pauseRequested`), `404` otherwise.
+ */
+async function serveControl(state: AgentState, authorization: string | undefined, body: string): Promise<Answer> {
+  let assertion: Assertion | undefined;
+  if (state.verifier !== undefined) {
+    try {
+      assertion = await state.verifier.verify(authorization);
+    } catch (caught) {
+      if (!(caught instanceof AssertionRefused)) throw caught;
+      return unauthenticated(caught);
+    }
+  }
+  let request: unknown;
+  try {
+    request = JSON.parse(body);
+  } catch {
+    request = undefined;
+  }
+  if (!isObject(request) || typeof request["request_id"] !== "string" || typeof request["capability"] !== "string") {
+    return error(400, "INVALID_ENVELOPE", "a pause request is {request_id, capability}");
+  }
+  if (assertion !== undefined && assertion.capability !== request["capability"]) {
+    return unauthenticated(new AssertionRefused("capability_mismatch", "the assertion is for another capability"));
+  }
+  const pause = state.pauses.get(request["request_id"]);
+  if (pause === undefined) return error(404, "NOT_FOUND", "no preemptible delivery of that request id runs here");
+  pause.requested = true;
+  log.info("Pause requested.", { request_id: request["request_id"] });
+  return { status: 202, body: '{"pause":"requested"}', code: "OK" };
+}
+
 /** The agent's HTTP server: `POST /invoke`, `GET /healthz`. */
 export function agentServer(stateOf: () => AgentState | undefined): Server {
   const server = createServer({ noDelay: true, keepAlive: true }, (request, response) => {
@@ -440,14 +487,27 @@ export function agentServer(stateOf: () => AgentState | undefined): Server {
       let authorization: string | undefined;
       let trace: string | undefined;
       let wantsEvents = false;
+      let control = false;
       const raw = request.rawHeaders;
       for (let index = 0; index + 1 < raw.length; index += 2) {
         const name = raw[index] ?? "";
         if (name.length === 13 && name.toLowerCase() === "authorization") authorization = raw[index + 1];
         else if (name.length === 11 && name.toLowerCase() === "traceparent") trace = raw[index + 1];
         else if (name.length === 6 && name.toLowerCase() === "accept") wantsEvents = (raw[index + 1] ?? "").toLowerCase().includes("text/event-stream");
+        else if (name.length === 21 && name.toLowerCase() === "x-agent-reach-control") control = raw[index + 1] === "pause";
       }
       readBody(request, state.maxBodyBytes, (body) => {
+        if (control && body !== undefined) {
+          serveControl(state, authorization, body).then(
+            (answered) => {
+              answer(response, answered);
+            },
+            (caught: unknown) => {
+              failed(response, caught);
+            },
+          );
+          return;
+        }
         let answered: Answered;
         try {
           answered =

@@ -29,6 +29,8 @@ export class AgentState {
   ttlS: number;
   readonly status: StatusTracker;
   readonly dedup = new Dedup();
+  /** Preemptible deliveries running now, by request id: what a pause request sets (DESIGN §9). */
+  readonly pauses = new Map<string, { requested: boolean }>();
   inflight = 0;
   /** The fewest deliveries in flight since the last heartbeat (what the next one reports). */
   sustainedInflight = 0;

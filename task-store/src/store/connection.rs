@@ -195,6 +195,8 @@ impl TaskStore {
             retention_s: config.retention.as_secs().max(1),
             tls: config.tls.clone(),
             scripts: Scripts::load(),
+            run_scripts: super::runs::RunScripts::load(),
+            pause_scripts: super::pauses::PauseScripts::load(),
             next_callback_lane: AtomicUsize::new(0),
             last_followup_sweep_ms: AtomicU64::new(0),
             backlog_view: std::sync::Mutex::new(None),

@@ -20,6 +20,10 @@
 //! - `backlog:{L}` — hash: `capability|priority` → tasks waiting (what claims
 //!   are planned on, and the backlog metric).
 //! - `callbacks:{L}` — sorted set: task id by its next callback's due time.
+//! - `run:{L}:{run_id}`, `runs_due:{L}` — a workflow run's record and the
+//!   runs due for a look, beside the run's held task (`runs`).
+//! - `paused:{L}` — sorted set: paused tasks (DESIGN §9) by when they are
+//!   queued again (`pauses`).
 //! - `followups:{L}` — sorted set: ended tasks of a session whose session
 //!   result is not appended yet, by end time; appended right after the
 //!   outcome, and by any router's worker for an entry older than
@@ -89,6 +93,7 @@ pub use self::callbacks::schedule_member;
 use self::connection::{Connection, Link};
 pub use self::history::{HistorySlot, HistoryTotals};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
+pub use self::runs::{EntryOrder, StoredRun, RECENT_RUNS};
 use self::scripts::Scripts;
 pub use self::turns::MOST_PUSH_CONFIGS;
 use crate::model::{Callback, Priority, State, Task};
@@ -103,8 +108,10 @@ mod history;
 mod keys;
 mod lookup;
 mod outcome;
+mod pauses;
 mod quota;
 mod record;
+mod runs;
 mod scripts;
 mod submission;
 mod trail;
@@ -197,7 +204,10 @@ pub struct NewTask {
     pub parent: Option<String>,
     /// For a broadcast parent: the instances its children target.
     pub children: Vec<String>,
-    /// Store without queueing: a broadcast parent, ended by its children.
+    /// The workflow run it is a step of (or, held, the run it stands for).
+    pub run: Option<String>,
+    /// Store without queueing: a broadcast parent, ended by its children; a
+    /// workflow run, ended by the run.
     pub hold: bool,
 }
 
@@ -309,6 +319,10 @@ pub struct TaskStore {
     retention_s: u64,
     tls: agent_reach_stores::TlsFiles,
     scripts: Scripts,
+    /// The workflow runs' scripts (`runs`).
+    run_scripts: runs::RunScripts,
+    /// The paused tasks' scripts (`pauses`).
+    pause_scripts: pauses::PauseScripts,
     /// Where the next callback claim starts (lanes in turn).
     next_callback_lane: AtomicUsize,
     /// When this store last looked for follow-ups a dead router left.

@@ -29,6 +29,8 @@ pub(super) struct Spec {
     pub(super) parent: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) children: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) run: Option<String>,
     pub(super) created_at_ms: u64,
 }
 
@@ -88,12 +90,18 @@ pub(super) fn assemble(fields: HashMap<String, String>) -> Result<Task, TaskStor
         target_agent: spec.target_agent,
         parent: spec.parent,
         children: spec.children,
+        run: spec.run,
         attempts: u32::try_from(number("attempts")).unwrap_or(u32::MAX),
         created_at_ms: spec.created_at_ms,
         updated_at_ms: number("updated_at_ms"),
         transitions,
         result,
         accepted,
+        checkpoint: fields
+            .get("checkpoint")
+            .map(|text| serde_json::from_str::<Value>(text))
+            .transpose()
+            .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
         turns,
         push_configs,
     })

@@ -22,8 +22,8 @@ pub(super) struct Scripts {
     pub(super) release_request: Script,
     pub(super) index: Script,
     pub(super) publish: Script,
-    pub(super) pause: Script,
-    pub(super) resume: Script,
+    pub(super) ask_for_input: Script,
+    pub(super) continue_task: Script,
     pub(super) put_push: Script,
 }
 
@@ -46,8 +46,8 @@ impl Scripts {
             release_request: Script::new(RELEASE_REQUEST),
             index: Script::new(INDEX),
             publish: Script::new(PUBLISH),
-            pause: Script::new(&format!("{NOTIFY_PUSH}{PAUSE}")),
-            resume: Script::new(RESUME),
+            ask_for_input: Script::new(&format!("{NOTIFY_PUSH}{ASK_FOR_INPUT}")),
+            continue_task: Script::new(CONTINUE_TASK),
             put_push: Script::new(PUT_PUSH),
         }
     }
@@ -229,10 +229,11 @@ local function notify_push(task, schedule, now, task_id)
 end
 "#;
 
-const PAUSE: &str = r#"
+const ASK_FOR_INPUT: &str = r#"
 -- The agent asked for more input: the delivery ended, the task did not. Records
 -- its question as a turn, acknowledges the queue entry, notifies the push
--- configs, and starts the retention clock (a conversation left waiting expires).
+-- configs, drops a preemption's checkpoint (the next turn starts afresh), and
+-- starts the retention clock (a conversation left waiting expires).
 -- KEYS: 1 task hash, 2 queue, 3 callback schedule
 -- ARGV: 1 now ms, 2 the agent's turn (one JSON line), 3 queue entry id ('' = none),
 --       4 group, 5 retention s, 6 task id, 7.. allowed predecessors
@@ -252,6 +253,8 @@ if not allowed then
   return {'refused', current}
 end
 redis.call('HSET', KEYS[1], 'state', 'input_required', 'updated_at_ms', ARGV[1], 'turns', turns .. line)
+-- A checkpoint of an earlier preemption belonged to the turn that just ended.
+redis.call('HDEL', KEYS[1], 'checkpoint')
 redis.call('HSET', KEYS[1], 'transitions',
   (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"input_required","at_ms":' .. ARGV[1] .. '}\n')
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
@@ -260,7 +263,7 @@ notify_push(KEYS[1], KEYS[3], ARGV[1], ARGV[6])
 return {'ok', current}
 "#;
 
-const RESUME: &str = r#"
+const CONTINUE_TASK: &str = r#"
 -- A message continues a task that asked for input: its turn recorded, the task
 -- kept again (no retention while it runs) and queued again in its lane.
 -- KEYS: 1 task hash, 2 queue, 3 the lane's queue set, 4 backlog hash

@@ -83,6 +83,7 @@ impl TaskStore {
             target_agent: task.target_agent,
             parent: task.parent,
             children: task.children,
+            run: task.run,
             created_at_ms: now_ms(),
         };
         let connection = self.connection().await?;

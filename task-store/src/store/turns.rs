@@ -1,5 +1,6 @@
-//! Multi-turn tasks: the agent asks for more input (`pause`), a message
-//! continues the task (`resume`); and a task's A2A push configs, each a
+//! Multi-turn tasks: the agent asks for more input (`ask_for_input`), a
+//! message continues the task (`continue_task`) (not to be confused with a
+//! preempted task's `pause`/`resume`, `pauses.rs`); and a task's A2A push configs, each a
 //! field of the task's hash (`push:{id}`), notified when the task ends or
 //! asks for input. Each change is one script on the task's lane.
 
@@ -18,13 +19,13 @@ impl TaskStore {
     /// the agent's turn): the task waits in `input_required`, its queue
     /// entry acknowledged, its push configs notified. A task canceled
     /// meanwhile stays canceled (`Refused`).
-    pub async fn pause(&self, claimed: &Claimed, question: &Turn) -> Result<State, TaskStoreError> {
+    pub async fn ask_for_input(&self, claimed: &Claimed, question: &Turn) -> Result<State, TaskStoreError> {
         let queue = claimed.queue.clone();
-        self.pause_in(&claimed.task.task_id, &queue, &claimed.entry_id, question)
+        self.ask_for_input_in(&claimed.task.task_id, &queue, &claimed.entry_id, question)
             .await
     }
 
-    async fn pause_in(
+    async fn ask_for_input_in(
         &self,
         task_id: &str,
         queue: &str,
@@ -35,7 +36,7 @@ impl TaskStore {
         let mut connection = self.connection().await?;
         let answer: Vec<String> = self
             .scripts
-            .pause
+            .ask_for_input
             .key(self.task_key(task_id))
             .key(queue)
             .key(self.callbacks_key(lane_of(task_id)))
@@ -56,7 +57,7 @@ impl TaskStore {
     /// task under `task_id` that ran once and now waits in `input_required`
     /// (never queued for that first turn), so that a message can continue it.
     /// A repeated request id names the task stored then.
-    pub async fn record_paused(
+    pub async fn record_input_required(
         &self,
         task: NewTask,
         task_id: &str,
@@ -68,7 +69,7 @@ impl TaskStore {
         if let Submitted::Created(id) = &submitted {
             match self.transition(id, State::Running).await {
                 Ok(_) => {
-                    self.pause_in(id, &queue, "", question).await?;
+                    self.ask_for_input_in(id, &queue, "", question).await?;
                 }
                 // Kept already: this very call run again (a retried write).
                 Err(TaskStoreError::Refused { current, .. }) if current == State::InputRequired.as_str() => {}
@@ -81,7 +82,7 @@ impl TaskStore {
     /// A message continues a task waiting for input: `answer` (the caller's
     /// turn) recorded, the task queued again for its next delivery. One that
     /// does not wait for input is `Refused` with its state.
-    pub async fn resume(&self, task_id: &str, answer: &Turn) -> Result<State, TaskStoreError> {
+    pub async fn continue_task(&self, task_id: &str, answer: &Turn) -> Result<State, TaskStoreError> {
         let task = self.get(task_id).await?;
         // The task's own id: `task_id` may be an alias of it.
         let task_id = task.task_id.as_str();
@@ -91,7 +92,7 @@ impl TaskStore {
         let mut connection = self.connection().await?;
         let reply: Vec<String> = self
             .scripts
-            .resume
+            .continue_task
             .key(self.task_key(task_id))
             .key(self.queue_of(&task))
             .key(self.queues_key(lane))
@@ -101,7 +102,9 @@ impl TaskStore {
             .arg(&field)
             .arg(GROUP)
             .arg(task_id)
-            .arg(state_args(State::Pending))
+            // Only a task waiting for input: `pending` is also reached from
+            // `paused`, and a preempted task is resumed by its own script (`pauses.rs`).
+            .arg(State::InputRequired.as_str())
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;

@@ -27,7 +27,7 @@ from .agent import Agent
 from .assertion import Assertion, JwksFile, JwksUrl
 from .client import AsyncClient, Client, SessionResults, TaskAccepted, TaskView, verify_callback
 from .contexts import ContextHandle, Contexts
-from .ctx import Ctx, Turn
+from .ctx import Ctx, Paused, Turn
 from .errors import (
     AgentError,
     AgentReachError,
@@ -100,6 +100,7 @@ __all__ = [
     "NoAvailableInstance",
     "Overloaded",
     "PayloadTooLarge",
+    "Paused",
     "Policy",
     "Priority",
     "RateLimited",

@@ -145,6 +145,7 @@ class Agent:
         timeout_ms: int | None = None,
         input_schema: dict[str, Any] | bool | None = None,
         output_schema: dict[str, Any] | bool | None = None,
+        preemptible: bool = False,
     ) -> Callable[[F], F]:
         """Declares the decorated function (sync or async) as the handler of ``capability`` at ``version``.
 
@@ -152,7 +153,11 @@ class Agent:
         annotations (pydantic models, dataclasses, TypedDicts or plain types);
         ``input_schema``/``output_schema`` replace them with explicit JSON Schemas.
         ``timeout_ms`` is the capability's default deadline when a caller gives none;
-        ``description`` defaults to the docstring's first line. Problems raise
+        ``description`` defaults to the docstring's first line. ``preemptible=True``
+        lets the router pause its task deliveries for higher-priority work (DESIGN §9):
+        the handler looks at :attr:`Ctx.pause_requested` at its checkpoints and raises
+        :class:`~agent_reach.Paused` with a checkpoint, which the resumed delivery carries
+        as :attr:`Ctx.checkpoint`. Problems raise
         :class:`~agent_reach.errors.HandlerDefinitionError` here, at import.
         """
 
@@ -165,6 +170,7 @@ class Agent:
                 timeout_ms=timeout_ms,
                 input_schema=input_schema,
                 output_schema=output_schema,
+                preemptible=preemptible,
             )
             for existing in self.handlers:
                 if (existing.descriptor.capability, existing.descriptor.version) == (capability, version):

@@ -73,6 +73,20 @@ class Accepted(Exception):
     """Raised by :meth:`Ctx.accept_and_report` on a task's delivery: the SDK answers ``202``."""
 
 
+class Paused(Exception):
+    """Raised by a preemptible handler when :attr:`Ctx.pause_requested` says to pause
+    (DESIGN §9): the task becomes ``paused`` and its resumed delivery (on any
+    instance) carries ``checkpoint`` as :attr:`Ctx.checkpoint`. Not an error the
+    caller sees, and not remembered as the request's answer.
+
+    >>> raise Paused({"pages_done": 12})  # doctest: +SKIP
+    """
+
+    def __init__(self, checkpoint: Any = None) -> None:
+        super().__init__("paused for higher-priority work")
+        self.checkpoint = checkpoint
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -82,10 +96,12 @@ class Ctx:
 
     __slots__ = (
         "_links",
+        "_pause",
         "_usage",
         "attempt",
         "capability",
         "capability_version",
+        "checkpoint",
         "context_id",
         "deadline_ms",
         "history",
@@ -115,6 +131,8 @@ class Ctx:
         priority: Priority = Priority.NORMAL,
         task_id: str | None = None,
         history: tuple[Turn, ...] = (),
+        pause: asyncio.Event | None = None,
+        checkpoint: Any = None,
     ) -> None:
         #: The idempotency key of this request.
         self.request_id = request_id
@@ -140,6 +158,19 @@ class Ctx:
         self.history = history
         self._links = links
         self._usage: dict[str, Any] | None = None
+        self._pause = pause
+        #: The checkpoint this delivery resumes from (what the handler raised
+        #: :class:`Paused` with when its task was paused); None for a first delivery.
+        self.checkpoint = checkpoint
+
+    @property
+    def pause_requested(self) -> bool:
+        """Whether the router asked this delivery to pause (DESIGN §9): higher-priority
+        work waits for this agent's room. A ``preemptible`` handler looks at it at its
+        checkpoints and, when asked, raises :class:`Paused` with what it needs to resume.
+        Always False for a handler not declared preemptible and for a call that is not
+        a task's delivery."""
+        return self._pause is not None and self._pause.is_set()
 
     async def accept_and_report(self, work: Callable[[], Awaitable[T]]) -> T:
         """Long work (DESIGN §8, accepted now, result later): on a task's delivery, answers

@@ -45,6 +45,8 @@ class Descriptor:
     input_schema: dict[str, Any] | bool
     output_schema: dict[str, Any] | bool
     timeout_ms: int | None
+    #: Its task deliveries may be paused for higher-priority work (DESIGN §9).
+    preemptible: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -57,6 +59,8 @@ class Descriptor:
             spec["description"] = self.description
         if self.timeout_ms is not None:
             spec["timeout_ms"] = self.timeout_ms
+        if self.preemptible:
+            spec["preemptible"] = True
         return spec
 
 
@@ -99,6 +103,7 @@ def build_handler(
     timeout_ms: int | None,
     input_schema: dict[str, Any] | bool | None,
     output_schema: dict[str, Any] | bool | None,
+    preemptible: bool = False,
 ) -> Handler:
     """Inspects ``function`` and builds its handler; every problem raises
     :class:`~agent_reach.errors.HandlerDefinitionError` naming the function."""
@@ -195,6 +200,7 @@ def build_handler(
         input_schema=registered_input,
         output_schema=registered_output,
         timeout_ms=timeout_ms,
+        preemptible=preemptible,
     )
     return Handler(
         descriptor=descriptor,

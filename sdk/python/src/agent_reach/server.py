@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from . import logs, tracing
 from .assertion import Assertion, AssertionRefused, Verifier
-from .ctx import Accepted, Ctx, Links, turns_of
+from .ctx import Accepted, Ctx, Links, Paused, turns_of
 from .dedup import Answer, Dedup
 from .errors import AgentReachError, HandlerError
 from .handlers import Handler, validation_details
@@ -68,6 +68,8 @@ class AgentState:
     status: StatusTracker
     dedup: Dedup = field(default_factory=Dedup)
     metrics: Metrics = field(default_factory=Metrics)
+    #: Preemptible deliveries running now, by request id: what a pause request sets (DESIGN §9).
+    pauses: dict[str, asyncio.Event] = field(default_factory=dict)
     inflight: int = 0
     #: The fewest deliveries in flight since the last heartbeat (what the next one reports).
     sustained_inflight: int = 0
@@ -143,6 +145,37 @@ def _unauthenticated(refused: AssertionRefused) -> Answer:
     return _error(401, "UNAUTHENTICATED", refused.message, {"reason": refused.reason})
 
 
+# === Pause requests (DESIGN §9) ===
+
+
+async def serve_control(state: AgentState, authorization: str | None, body: bytes) -> Answer:
+    """The router's pause request for a running delivery: ``{request_id, capability}``
+    under its assertion for that capability, with ``x-agent-reach-control: pause``.
+    ``202`` when the delivery runs here (its handler sees ``ctx.pause_requested``),
+    ``404`` otherwise."""
+    assertion: Assertion | None = None
+    if state.verifier is not None:
+        try:
+            assertion = await state.verifier.verify(authorization)
+        except AssertionRefused as refused:
+            return _unauthenticated(refused)
+    try:
+        request = json.loads(body)
+        request_id, capability = request["request_id"], request["capability"]
+        if type(request_id) is not str or type(capability) is not str:
+            raise TypeError("a field has the wrong type")
+    except (ValueError, KeyError, TypeError) as error:
+        return _error(400, "INVALID_ENVELOPE", f"a pause request is {{request_id, capability}}: {error}")
+    if assertion is not None and assertion.capability != capability:
+        return _unauthenticated(AssertionRefused("capability_mismatch", "the assertion is for another capability"))
+    pause = state.pauses.get(request_id)
+    if pause is None:
+        return _error(404, "NOT_FOUND", "no preemptible delivery of that request id runs here")
+    pause.set()
+    logger.info("Pause requested.", extra={"request_id": request_id})
+    return Answer(202, b'{"pause":"requested"}', "OK")
+
+
 # === /invoke ===
 
 
@@ -179,6 +212,7 @@ async def serve_invoke(
         source = envelope.get("source")
         priority = envelope.get("priority", "normal")
         task_id = envelope.get("task_id")
+        checkpoint = envelope.get("checkpoint")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -264,6 +298,10 @@ async def serve_invoke(
         state.note_status()
     answer = _NO_ANSWER
     fields = logs.bind(traceparent, request_id, session_id)
+    # A preemptible handler's task delivery may be asked to pause (DESIGN §9).
+    pause: asyncio.Event | None = None
+    if handler.descriptor.preemptible and task_id is not None:
+        pause = state.pauses[request_id] = asyncio.Event()
     try:
         try:
             value = handler.input_validator.validate_python(payload)
@@ -285,6 +323,8 @@ async def serve_invoke(
                     attempt=attempt,
                     priority=Priority(priority),
                     task_id=task_id,
+                    pause=pause,
+                    checkpoint=checkpoint,
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
@@ -300,6 +340,8 @@ async def serve_invoke(
             else:
                 answer = await _run(state, handler, arguments, deadline, reporter)
     finally:
+        if pause is not None:
+            state.pauses.pop(request_id, None)
         logs.unbind(fields)
         state.inflight -= 1
         state.sustained_inflight = min(state.sustained_inflight, state.inflight)
@@ -308,9 +350,10 @@ async def serve_invoke(
         if state.inflight + 1 >= status.busy_at or state.last_status is not Status.READY:
             state.note_status()
         future.set_result(answer)
-        if answer is _NO_ANSWER:
+        if answer is _NO_ANSWER or answer.code == "PAUSED":
             # Cancelled from outside (e.g. the server stopping): waiting repeats get the 500,
             # but a later delivery of the same request runs again rather than inheriting it.
+            # Paused: the resumed delivery (same request id) runs the handler again.
             state.dedup.forget(dedup_key)
         state.metrics.observe(capability, answer, time.perf_counter() - started)
     return answer
@@ -395,6 +438,10 @@ async def _run(
         deadlines.done(task)
         # Remembered like any answer: a redelivery of this task finds it accepted, not started twice.
         return Answer(202, b'{"accepted":true}', "ACCEPTED")
+    except Paused as paused:
+        deadlines.done(task)
+        body = json.dumps({"paused": {"checkpoint": paused.checkpoint}}).encode()
+        return Answer(200, body, "PAUSED")
     except HandlerError as error:
         deadlines.done(task)
         return _error(error.status, error.code, error.message)
@@ -594,7 +641,7 @@ class AgentApp:
                 await _send(send, _error(503, "NOT_READY", "the agent has not started"))
                 return
             authorization = traceparent = None
-            wants_events = False
+            wants_events = control = False
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
@@ -602,7 +649,12 @@ class AgentApp:
                     traceparent = value.decode("latin-1")
                 elif name == b"accept":
                     wants_events = b"text/event-stream" in value.lower()
+                elif name == b"x-agent-reach-control":
+                    control = value == b"pause"
             body = await _read_body(receive, state.max_body_bytes)
+            if body is not None and control:
+                await _send(send, await serve_control(state, authorization, body))
+                return
             if body is None:
                 answer: Answer | EventStream = _error(
                     413, "PAYLOAD_TOO_LARGE", f"the envelope exceeds {state.max_body_bytes} bytes"

@@ -281,9 +281,9 @@ providers:
   - agent: "*"
     provides: ["test.*", "text.*"]
   - agent: intent_parser
-    provides: [intent.parse]
+    provides: [intent.parse, intent.classify]
   - agent: order_query
-    provides: [order.query]
+    provides: [order.query, order.lookup]
   - agent: shipping_rules
     provides: [shipping.rules]
   - agent: reply_writer

@@ -1,0 +1,680 @@
+//! The engine (docs/design.md §3.14.4): starts runs, advances each as its
+//! steps end, ends it. A run's state lives only in the task store — its
+//! held task and its run hash — so any router can advance any run:
+//!
+//! - a step's task that ends on this router is recorded at once and its run
+//!   advanced ([`Engine::step_ended`], told by the slow path's worker);
+//! - every advance leaves the run due for a look again (`runs_due`), so a
+//!   router that dies mid-advance, or whose step ended elsewhere, leaves the
+//!   run to any router's sweep ([`Engine::sweep`]), which reads the tasks in
+//!   flight first;
+//! - every decision is the planner's ([`crate::plan`]), the same on every
+//!   router, and every call is a task whose request id names its run, step,
+//!   element and attempt: advancing twice submits nothing twice.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use agent_reach_access::Caller;
+use agent_reach_pipeline::error::{Code, RouterError};
+use agent_reach_pipeline::RouterService;
+use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
+use agent_reach_proto::Priority;
+use agent_reach_task_store::store::now_ms;
+use agent_reach_task_store::{Callback, NewTask, State, StoredRun, Submitted, TaskStore, TaskStoreError};
+use agent_reach_tasks::{store_error, TaskService};
+use agent_reach_workflows::Workflow;
+use serde_json::{json, Value};
+
+use crate::model::{call_request_id, entry_of_request, step_field, ItemRecord, ItemStatus, RunSpec};
+use crate::plan::{self, Action, End, Records};
+
+/// How the engine paces itself.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// A run is due for a look by any router this long after its last
+    /// advance (the backstop: a step ended on a router that died).
+    pub check_after: Duration,
+    /// How often this router looks for due runs.
+    pub sweep_every: Duration,
+    /// A due run is leased to the router looking at it this long.
+    pub lease: Duration,
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        Self {
+            check_after: Duration::from_secs(10),
+            sweep_every: Duration::from_millis(500),
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A run to start.
+pub struct Start<'a> {
+    pub workflow: &'a Workflow,
+    pub caller: &'a Caller,
+    pub input: Value,
+    pub request_id: String,
+    pub session_id: Option<String>,
+    pub context_id: Option<String>,
+    pub priority: Priority,
+    pub callback: Option<Callback>,
+    pub trace_id: Option<String>,
+}
+
+/// A run started (or found: the same caller's request id again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub run_id: String,
+    pub duplicate: bool,
+    pub state: State,
+}
+
+/// A run's definition as written, and as checked from it.
+type Checked = (Value, Arc<Workflow>);
+
+pub struct Engine {
+    tasks: Arc<TaskService>,
+    service: Weak<RouterService>,
+    settings: RunSettings,
+    /// Checked workflows by (name, version), with the definition they were checked from.
+    workflows: Mutex<HashMap<(String, String), Checked>>,
+    /// Runs this router is advancing now, and whether news came meanwhile.
+    advancing: Mutex<HashMap<String, bool>>,
+    /// Who waits here for a run's news (a call answered when its run ends, an events stream).
+    waiters: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    pub(crate) metrics: crate::metrics::RunMetrics,
+}
+
+impl Engine {
+    pub fn new(
+        tasks: Arc<TaskService>,
+        service: Weak<RouterService>,
+        settings: RunSettings,
+        registry: &prometheus::Registry,
+    ) -> Result<Arc<Self>, String> {
+        Ok(Arc::new(Self {
+            tasks,
+            service,
+            settings,
+            workflows: Mutex::new(HashMap::new()),
+            advancing: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(HashMap::new()),
+            metrics: crate::metrics::RunMetrics::register(registry)?,
+        }))
+    }
+
+    pub fn store(&self) -> &TaskStore {
+        self.tasks.store()
+    }
+
+    pub(crate) fn service(&self) -> Option<Arc<RouterService>> {
+        self.service.upgrade()
+    }
+
+    /// Starts a run of `start.workflow`: its held task (idempotent by the
+    /// caller's request id) and its record, then its first advance.
+    pub async fn start(self: &Arc<Self>, start: Start<'_>) -> Result<Started, RouterError> {
+        let workflow = start.workflow;
+        let caller = start.caller.name().unwrap_or("anonymous").to_string();
+        let spec = RunSpec {
+            workflow: workflow.name.clone(),
+            version: workflow.version.to_string(),
+            definition: serde_json::to_value(&workflow.definition).unwrap_or(Value::Null),
+            input: start.input.clone(),
+            caller: caller.clone(),
+            request_id: start.request_id.clone(),
+            session_id: start.session_id.clone(),
+            context_id: start.context_id.clone(),
+            priority: start.priority,
+            trace_id: start.trace_id.clone(),
+            created_at_ms: now_ms(),
+        };
+        let envelope = json!({
+            "capability": workflow.name, "request_id": start.request_id, "session_id": start.session_id,
+            "context_id": start.context_id, "priority": start.priority, "payload": start.input,
+        });
+        let submitted = self
+            .store()
+            .submit(NewTask {
+                request_id: start.request_id,
+                session_id: start.session_id,
+                caller,
+                capability: workflow.name.clone(),
+                priority: start.priority,
+                envelope,
+                callback: start.callback,
+                hold: true,
+                ..NewTask::default()
+            })
+            .await
+            .map_err(store_error)?;
+        let run_id = submitted.task_id().to_string();
+        let spec_json =
+            serde_json::to_string(&spec).map_err(|error| RouterError::new(Code::Internal, error.to_string()))?;
+        let grace = u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
+        let created = self
+            .store()
+            .create_run(&run_id, &spec_json, grace)
+            .await
+            .map_err(store_error)?;
+        if created {
+            self.metrics.started.with_label_values(&[&workflow.name]).inc();
+            tracing::info!(message = "Run started.", %run_id, workflow = %workflow.name, version = %workflow.version);
+            self.kick(&run_id);
+            return Ok(Started {
+                run_id,
+                duplicate: false,
+                state: State::Pending,
+            });
+        }
+        let stored = self.store().run(&run_id).await.map_err(run_error)?;
+        Ok(Started {
+            duplicate: matches!(submitted, Submitted::Existing(_)),
+            run_id,
+            state: stored.state,
+        })
+    }
+
+    /// Advances `run_id` in the background.
+    pub fn kick(self: &Arc<Self>, run_id: &str) {
+        let (engine, run_id) = (self.clone(), run_id.to_string());
+        tokio::spawn(async move { engine.advance(&run_id, false).await });
+    }
+
+    /// A step's task ended on this router (as `state`, with `result`):
+    /// record its outcome in its run, then advance the run.
+    pub fn step_ended(self: &Arc<Self>, task: &agent_reach_task_store::Task, state: State, result: &Value) {
+        let Some(run_id) = task.run.clone() else {
+            return;
+        };
+        let Some((field, attempt)) = entry_of_request(&run_id, &task.request_id) else {
+            return;
+        };
+        let submitted = ItemRecord {
+            attempt,
+            status: ItemStatus::Submitted,
+            task_id: task.task_id.clone(),
+            submitted_at_ms: task.created_at_ms,
+            finished_at_ms: None,
+            agent_id: None,
+            capability_version: None,
+            output: None,
+            error: None,
+        };
+        let ended = submitted.ended(state, Some(result), now_ms());
+        let engine = self.clone();
+        tokio::spawn(async move {
+            if let Err(error) = engine.record(&run_id, &field, &ended).await {
+                // The sweep reads the task itself later.
+                tracing::warn!(message = "A step's outcome is not in its run yet; a sweep finds it.", %run_id, %error);
+            }
+            engine.advance(&run_id, false).await;
+        });
+    }
+
+    async fn record(&self, run_id: &str, field: &str, record: &ItemRecord) -> Result<bool, TaskStoreError> {
+        let json = serde_json::to_string(record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+        self.store().put_run_entry(run_id, field, record.order(), &json).await
+    }
+
+    /// Advances a run, one advance at a time on this router (news arriving
+    /// meanwhile makes the running advance go round once more).
+    pub(crate) async fn advance(self: &Arc<Self>, run_id: &str, refresh: bool) {
+        {
+            let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(news) = advancing.get_mut(run_id) {
+                *news = true;
+                return;
+            }
+            advancing.insert(run_id.to_string(), false);
+        }
+        let mut refresh = refresh;
+        loop {
+            if let Err(error) = self.advance_once(run_id, refresh).await {
+                tracing::warn!(message = "A run could not advance; it is due again later.", %run_id, %error);
+            }
+            refresh = false;
+            let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match advancing.get_mut(run_id) {
+                Some(news) if *news => *news = false,
+                _ => {
+                    advancing.remove(run_id);
+                    break;
+                }
+            }
+        }
+        self.notify(run_id);
+    }
+
+    async fn advance_once(self: &Arc<Self>, run_id: &str, refresh: bool) -> Result<(), TaskStoreError> {
+        let stored = match self.store().run(run_id).await {
+            Ok(stored) => stored,
+            Err(TaskStoreError::NotFound(_)) => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        if stored.state.is_terminal() {
+            return Ok(());
+        }
+        let spec: RunSpec =
+            serde_json::from_str(&stored.spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+        let workflow = match self.workflow(&spec) {
+            Ok(workflow) => workflow,
+            Err(problem) => {
+                let error = json!({"code": "INTERNAL", "message": format!("the run's definition does not check: {problem}"), "retryable": false});
+                return self.finish(run_id, &spec, End::Failed(error)).await;
+            }
+        };
+        let mut records = Records::from_entries(&stored.entries);
+        if refresh {
+            self.refresh(run_id, &mut records).await?;
+        }
+        if stored.state == State::Pending {
+            // Another router may have moved it first.
+            match self
+                .store()
+                .move_run(run_id, State::Running, &[State::Pending], None)
+                .await
+            {
+                Ok(_) | Err(TaskStoreError::Refused { .. }) => {}
+                Err(error) => return Err(error),
+            }
+            // The held task is the run's face on the task routes.
+            let _ = self.store().transition(run_id, State::Running).await;
+        }
+        let now = now_ms();
+        let actions = plan::plan(&workflow, &spec, &mut records, now);
+        let mut wake = now + u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
+        for action in actions {
+            match action {
+                Action::Start { step, record } => {
+                    let json =
+                        serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+                    let field = step_field(&workflow.steps[step].id);
+                    self.store()
+                        .put_run_entry(
+                            run_id,
+                            &field,
+                            agent_reach_task_store::EntryOrder { attempt: 0, rank: 0 },
+                            &json,
+                        )
+                        .await?;
+                }
+                Action::Call(call) => self.call(run_id, &spec, &workflow, call, now).await?,
+                Action::WakeAt(at) => {
+                    wake = wake.min(at);
+                    self.wake_at(run_id, at);
+                }
+                Action::Cancel(task_ids) => self.cancel_tasks(&task_ids).await,
+                Action::Finish(end) => return self.finish(run_id, &spec, end).await,
+            }
+        }
+        self.store().schedule_run(run_id, wake).await
+    }
+
+    /// Reads every task the run has in flight and records those that ended
+    /// (a sweep's first step: their router may have died before recording them).
+    async fn refresh(&self, run_id: &str, records: &mut Records) -> Result<(), TaskStoreError> {
+        let in_flight: Vec<(String, ItemRecord)> = records
+            .items
+            .iter()
+            .map(|(field, record)| (field.clone(), record.clone()))
+            .chain(
+                records
+                    .compensations
+                    .iter()
+                    .map(|(step, record)| (crate::model::compensation_field(step), record.clone())),
+            )
+            .filter(|(_, record)| !record.is_ended() && !record.task_id.is_empty())
+            .collect();
+        for (field, record) in in_flight {
+            let ended = match self.store().get(&record.task_id).await {
+                Ok(task) if task.state.is_terminal() => {
+                    record.ended(task.state, task.result.as_ref(), task.updated_at_ms)
+                }
+                Ok(_) => continue,
+                // Gone (expired) while the run waited: a failure, never a wait without end.
+                Err(TaskStoreError::NotFound(_)) => ItemRecord {
+                    status: ItemStatus::Failed,
+                    finished_at_ms: Some(now_ms()),
+                    error: Some(json!({"code": "TASK_NOT_FOUND", "message": "the step's task is gone"})),
+                    ..record
+                },
+                Err(error) => return Err(error),
+            };
+            self.record(run_id, &field, &ended).await?;
+            records.set_entry(&field, ended);
+        }
+        Ok(())
+    }
+
+    /// Submits one call as a task (the same request id whoever submits it) and records it.
+    async fn call(
+        &self,
+        run_id: &str,
+        spec: &RunSpec,
+        workflow: &Workflow,
+        call: plan::Call,
+        now: u64,
+    ) -> Result<(), TaskStoreError> {
+        let step = &workflow.steps[call.step];
+        let (capability, version, timeout_ms) = match (&call.item, &step.on_failure) {
+            (None, agent_reach_workflows::OnFailure::Compensate(compensation)) => (
+                compensation.capability.as_str(),
+                compensation.version.as_ref(),
+                compensation.timeout_ms,
+            ),
+            _ => (step.capability.as_str(), step.version.as_ref(), step.timeout_ms),
+        };
+        let request_id = call_request_id(run_id, &step.id, call.item, call.attempt);
+        let mut envelope = json!({
+            "capability": capability, "request_id": request_id, "priority": spec.priority, "payload": call.payload,
+        });
+        let optional = [
+            ("capability_version", version.map(ToString::to_string)),
+            ("session_id", spec.session_id.clone()),
+            ("context_id", spec.context_id.clone()),
+            ("trace_id", spec.trace_id.clone()),
+        ];
+        for (field, value) in optional {
+            if let Some(value) = value {
+                envelope[field] = json!(value);
+            }
+        }
+        if let Some(timeout_ms) = timeout_ms {
+            envelope["timeout_ms"] = json!(timeout_ms);
+        }
+        let submitted = self
+            .store()
+            .submit(NewTask {
+                request_id,
+                caller: spec.caller.clone(),
+                capability: capability.to_string(),
+                priority: spec.priority,
+                envelope,
+                run: Some(run_id.to_string()),
+                ..NewTask::default()
+            })
+            .await?;
+        self.tasks.submitted();
+        let record = ItemRecord {
+            attempt: call.attempt,
+            status: ItemStatus::Submitted,
+            task_id: submitted.task_id().to_string(),
+            submitted_at_ms: now,
+            finished_at_ms: None,
+            agent_id: None,
+            capability_version: None,
+            output: None,
+            error: None,
+        };
+        self.metrics.calls.with_label_values(&[&spec.workflow]).inc();
+        self.record(run_id, &call.field, &record).await.map(drop)
+    }
+
+    /// A retry's backoff on this router (the run is also due by then for any router).
+    fn wake_at(self: &Arc<Self>, run_id: &str, at_ms: u64) {
+        let (engine, run_id) = (Arc::downgrade(self), run_id.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms()))).await;
+            if let Some(engine) = engine.upgrade() {
+                engine.advance(&run_id, false).await;
+            }
+        });
+    }
+
+    async fn cancel_tasks(&self, task_ids: &[String]) {
+        for task_id in task_ids {
+            let result = json!({
+                "version": ENVELOPE_VERSION, "request_id": "", "status": "failed",
+                "error": {"code": "CANCELED", "message": "the run no longer needs this call", "retryable": false},
+            });
+            match self.store().cancel(task_id, &result).await {
+                Ok(_) | Err(TaskStoreError::Refused { .. } | TaskStoreError::NotFound(_)) => {}
+                Err(error) => tracing::warn!(message = "A run's call could not be canceled.", %task_id, %error),
+            }
+        }
+    }
+
+    /// Ends the run once (another router may have ended it first), then its held task.
+    async fn finish(&self, run_id: &str, spec: &RunSpec, end: End) -> Result<(), TaskStoreError> {
+        let (state, result, envelope) = match end {
+            End::Succeeded(output) => (
+                State::Succeeded,
+                json!({"output": output}),
+                self.envelope(run_id, spec, ResultStatus::Succeeded, Some(output), None),
+            ),
+            End::Failed(error) => (
+                State::Failed,
+                json!({"error": error}),
+                self.envelope(run_id, spec, ResultStatus::Failed, None, Some(error)),
+            ),
+        };
+        match self
+            .store()
+            .move_run(
+                run_id,
+                state,
+                &[State::Pending, State::Running],
+                Some(&result.to_string()),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(TaskStoreError::Refused { .. }) => return Ok(()),
+            Err(error) => return Err(error),
+        }
+        self.metrics
+            .ended
+            .with_label_values(&[&spec.workflow, state.as_str()])
+            .inc();
+        tracing::info!(message = "Run ended.", %run_id, workflow = %spec.workflow, state = state.as_str());
+        self.end_held_task(run_id, state, &envelope).await;
+        Ok(())
+    }
+
+    /// The run's result as a result envelope (its held task's, its callback's).
+    fn envelope(
+        &self,
+        run_id: &str,
+        spec: &RunSpec,
+        status: ResultStatus,
+        output: Option<Value>,
+        error: Option<Value>,
+    ) -> Value {
+        let mut envelope = serde_json::to_value(ResultEnvelope {
+            version: ENVELOPE_VERSION.to_string(),
+            request_id: spec.request_id.clone(),
+            status,
+            capability: Some(spec.workflow.clone()),
+            capability_version: Some(spec.version.clone()),
+            agent_id: Some(run_id.to_string()),
+            attempts: 1,
+            duration_ms: now_ms().saturating_sub(spec.created_at_ms),
+            output,
+            error: None,
+        })
+        .unwrap_or(Value::Null);
+        if let Some(error) = error {
+            envelope["error"] = error;
+        }
+        envelope
+    }
+
+    /// Ends the run's held task (its callback, its session result) as the run ended.
+    async fn end_held_task(&self, run_id: &str, state: State, envelope: &Value) {
+        let _ = self.store().transition(run_id, State::Running).await;
+        match self.store().complete(run_id, state, envelope).await {
+            // A delivery of `/v1/tasks` that is itself this run (its worker records it too).
+            Ok(_) | Err(TaskStoreError::Refused { .. }) => {}
+            Err(error) => tracing::warn!(message = "A run's task could not be ended.", %run_id, %error),
+        }
+    }
+
+    /// Cancels a run: no call of it starts any more, those in flight are
+    /// canceled, compensations do not run. `RUN_CONFLICT` once it ended.
+    pub async fn cancel(&self, run_id: &str) -> Result<(), RouterError> {
+        let result = json!({"error": {"code": "CANCELED", "message": "the run was canceled", "retryable": false}});
+        match self
+            .store()
+            .move_run(
+                run_id,
+                State::Canceled,
+                &[State::Pending, State::Running],
+                Some(&result.to_string()),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(TaskStoreError::Refused { current, .. }) => {
+                return Err(RouterError::new(
+                    Code::RunConflict,
+                    format!("the run is `{current}` already; it cannot be canceled"),
+                )
+                .with_details(json!({"status": current})))
+            }
+            Err(error) => return Err(run_error(error)),
+        }
+        let stored = self.store().run(run_id).await.map_err(run_error)?;
+        let records = Records::from_entries(&stored.entries);
+        let in_flight: Vec<String> = records
+            .in_flight()
+            .into_iter()
+            .map(|(_, record)| record.task_id.clone())
+            .filter(|task_id| !task_id.is_empty())
+            .collect();
+        self.cancel_tasks(&in_flight).await;
+        if let Ok(spec) = serde_json::from_str::<RunSpec>(&stored.spec) {
+            self.metrics
+                .ended
+                .with_label_values(&[&spec.workflow, State::Canceled.as_str()])
+                .inc();
+            let envelope = self.envelope(
+                run_id,
+                &spec,
+                ResultStatus::Failed,
+                None,
+                Some(json!({"code": "CANCELED", "message": "the run was canceled", "retryable": false})),
+            );
+            let _ = self.store().cancel(run_id, &envelope).await;
+        }
+        tracing::info!(message = "Run canceled.", %run_id, calls_canceled = in_flight.len());
+        self.notify(run_id);
+        Ok(())
+    }
+
+    /// The checked workflow a run started with: the router's own when it is
+    /// the same definition, else checked once and kept.
+    pub(crate) fn workflow(&self, spec: &RunSpec) -> Result<Arc<Workflow>, agent_reach_workflows::Problem> {
+        if let Some(current) = self.service().and_then(|service| service.workflow(&spec.workflow)) {
+            if current.version.to_string() == spec.version
+                && serde_json::to_value(&current.definition).is_ok_and(|definition| definition == spec.definition)
+            {
+                return Ok(current);
+            }
+        }
+        let key = (spec.workflow.clone(), spec.version.clone());
+        let mut workflows = self.workflows.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((definition, workflow)) = workflows.get(&key) {
+            if *definition == spec.definition {
+                return Ok(workflow.clone());
+            }
+        }
+        let workflow = Arc::new(Workflow::from_stored(&spec.workflow, spec.definition.clone())?);
+        if workflows.len() >= 256 {
+            workflows.clear();
+        }
+        workflows.insert(key, (spec.definition.clone(), workflow.clone()));
+        Ok(workflow)
+    }
+
+    /// Looks at the runs due now (leased to this router), each read afresh.
+    pub(crate) async fn sweep(self: &Arc<Self>) {
+        let lease = u64::try_from(self.settings.lease.as_millis()).unwrap_or(u64::MAX);
+        match self.store().lease_due_runs(lease, 64).await {
+            Ok(due) => {
+                for run_id in due {
+                    let engine = self.clone();
+                    tokio::spawn(async move { engine.advance(&run_id, true).await });
+                }
+            }
+            Err(error) => tracing::debug!(message = "Cannot look for due runs; retrying.", %error),
+        }
+    }
+
+    /// Runs the sweep until the engine is dropped.
+    pub fn spawn_sweep(self: &Arc<Self>) {
+        let engine = Arc::downgrade(self);
+        let every = self.settings.sweep_every;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(engine) = engine.upgrade() else { return };
+                if engine.service().is_some_and(|service| service.is_synced()) {
+                    engine.sweep().await;
+                }
+            }
+        });
+    }
+
+    // === Waiting for news ===
+
+    fn notify(&self, run_id: &str) {
+        let waiters = self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(notify) = waiters.get(run_id) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// The notifier of `run_id`'s news, shared by everyone waiting for it here.
+    pub(crate) fn waiter(&self, run_id: &str) -> Arc<tokio::sync::Notify> {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        waiters.entry(run_id.to_string()).or_default().clone()
+    }
+
+    /// Done waiting: the last waiter of a run takes its notifier away.
+    pub(crate) fn release_waiter(&self, run_id: &str, notify: Arc<tokio::sync::Notify>) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The map's and this one: nobody else waits.
+        if Arc::strong_count(&notify) <= 2 {
+            waiters.remove(run_id);
+        }
+    }
+
+    /// The run as stored once it ended, or as it is at `until`. News of this
+    /// router wakes it at once; a run advanced elsewhere is read again every
+    /// [`crate::POLL`].
+    pub async fn wait(&self, run_id: &str, until: tokio::time::Instant) -> Result<StoredRun, RouterError> {
+        let notify = self.waiter(run_id);
+        let outcome = loop {
+            // Listening before reading: news between the two is not lost.
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let stored = match self.store().run(run_id).await {
+                Ok(stored) => stored,
+                Err(error) => break Err(run_error(error)),
+            };
+            let now = tokio::time::Instant::now();
+            if stored.state.is_terminal() || now >= until {
+                break Ok(stored);
+            }
+            let _ = tokio::time::timeout((until - now).min(crate::POLL), notified).await;
+        };
+        self.release_waiter(run_id, notify);
+        outcome
+    }
+}
+
+/// A store failure reading a run: an unknown run is `RUN_NOT_FOUND`.
+pub fn run_error(error: TaskStoreError) -> RouterError {
+    match error {
+        TaskStoreError::NotFound(run_id) => {
+            RouterError::new(Code::RunNotFound, format!("no run `{run_id}` (or it expired)"))
+        }
+        other => store_error(other),
+    }
+}

@@ -1,0 +1,322 @@
+//! Workflow runs' records (DESIGN §9, docs/design.md §3.14.4). A run is a
+//! held task (its id, its idempotency key, its result, callback, session
+//! result and retention are that task's) plus a hash in the same lane:
+//!
+//! - `run:{L}:{run_id}` — hash: `spec` (immutable JSON, the runs crate's),
+//!   `state`, `updated_at_ms`, `result` once ended, and one field per step,
+//!   per call of a step and per compensation (`s:…`, `i:…`, `c:…`), each
+//!   `ATTEMPT.RANK|JSON`: a write lands only if its (attempt, rank) is not
+//!   below the stored one's, so routers advancing one run at once never
+//!   move a call back (a later attempt, or an end, wins).
+//! - `runs_due:{L}` — sorted set: run id by when any router should look at
+//!   it again (the backstop for a router that died mid-advance; a router
+//!   leases a due run by pushing its time out, as callbacks are leased).
+//! - `runs_recent` — sorted set: the newest run ids by creation time (the
+//!   console's list), at most [`RECENT_RUNS`].
+//!
+//! Every change to a run's hash and its due entry is one script on the
+//! lane's slot. What the fields mean is the runs crate's; the store keeps
+//! them ordered and durable.
+
+use std::collections::BTreeMap;
+
+use redis::AsyncCommands;
+
+use super::{lane_of, now_ms, unavailable, TaskStore, TaskStoreError, LANES};
+use crate::model::State;
+
+/// How many run ids the recent-runs index keeps.
+pub const RECENT_RUNS: isize = 1000;
+
+/// A run's record as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRun {
+    pub run_id: String,
+    /// The immutable spec (JSON).
+    pub spec: String,
+    pub state: State,
+    pub updated_at_ms: u64,
+    /// The steps' and calls' records (JSON) by field, without their order prefix.
+    pub entries: BTreeMap<String, String>,
+    /// The run's result (JSON) once it ended.
+    pub result: Option<String>,
+}
+
+/// Where an entry stands: a later attempt, and within one attempt a later
+/// rank (e.g. an end after a start), replaces it; nothing earlier does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EntryOrder {
+    pub attempt: u32,
+    pub rank: u8,
+}
+
+const CREATE_RUN: &str = r#"
+-- Stores a run's spec unless the run exists, as `pending`, due for a first
+-- look after the grace (the router that created it looks at once).
+-- KEYS: 1 run hash, 2 due set; ARGV: 1 spec, 2 now ms, 3 due ms, 4 run id
+if redis.call('HSETNX', KEYS[1], 'spec', ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'updated_at_ms', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"#;
+
+const PUT_ENTRY: &str = r#"
+-- Writes an entry unless the stored one is later (attempt, then rank).
+-- KEYS: 1 run hash; ARGV: 1 field, 2 attempt, 3 rank, 4 json, 5 now ms
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local attempt, rank = string.match(old, '^(%d+)%.(%d+)|')
+  attempt = tonumber(attempt) or 0
+  rank = tonumber(rank) or 0
+  local new_attempt, new_rank = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if attempt > new_attempt or (attempt == new_attempt and rank > new_rank) then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '.' .. ARGV[3] .. '|' .. ARGV[4], 'updated_at_ms', ARGV[5])
+return 1
+"#;
+
+const MOVE_RUN: &str = r#"
+-- Moves a run to a state if it is in one of the allowed ones (a run in that
+-- state already is refused: one end, one cancel); an end also keeps the
+-- result, starts the retention and drops the due entry.
+-- KEYS: 1 run hash, 2 due set
+-- ARGV: 1 state, 2 now ms, 3 result ('' for none), 4 retention s ('' keeps the hash), 5 run id, 6.. allowed
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+if current == ARGV[1] then return {'refused', current} end
+local allowed = false
+for i = 6, #ARGV do if current == ARGV[i] then allowed = true end end
+if not allowed then return {'refused', current} end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[3]) end
+if ARGV[4] ~= '' then
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  redis.call('ZREM', KEYS[2], ARGV[5])
+end
+return {'ok', current}
+"#;
+
+/// The run scripts, loaded once.
+pub(super) struct RunScripts {
+    create: redis::Script,
+    put_entry: redis::Script,
+    move_run: redis::Script,
+}
+
+impl RunScripts {
+    pub(super) fn load() -> Self {
+        Self {
+            create: redis::Script::new(CREATE_RUN),
+            put_entry: redis::Script::new(PUT_ENTRY),
+            move_run: redis::Script::new(MOVE_RUN),
+        }
+    }
+}
+
+impl TaskStore {
+    fn run_key(&self, run_id: &str) -> String {
+        format!("{}:{run_id}", self.lane_key("run", lane_of(run_id)))
+    }
+
+    fn runs_due_key(&self, lane: usize) -> String {
+        self.lane_key("runs_due", lane)
+    }
+
+    fn runs_recent_key(&self) -> String {
+        format!("{}:runs_recent", self.namespace)
+    }
+
+    /// Stores run `run_id` (the id of its held task) with `spec`, due for a
+    /// look by any router after `grace_ms`; `false` when it exists already.
+    pub async fn create_run(&self, run_id: &str, spec: &str, grace_ms: u64) -> Result<bool, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let now = now_ms();
+        let created: i64 = self
+            .run_scripts
+            .create
+            .key(self.run_key(run_id))
+            .key(self.runs_due_key(lane_of(run_id)))
+            .arg(spec)
+            .arg(now)
+            .arg(now + grace_ms)
+            .arg(run_id)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        if created == 1 {
+            // The console's list: best effort, beside the run (another slot).
+            let recent = self.runs_recent_key();
+            let indexed: Result<(), redis::RedisError> = async {
+                connection.zadd::<_, _, _, i64>(&recent, run_id, now).await?;
+                connection
+                    .zremrangebyrank::<_, i64>(&recent, 0, -(RECENT_RUNS + 1))
+                    .await?;
+                Ok(())
+            }
+            .await;
+            if let Err(error) = indexed {
+                tracing::warn!(message = "A run is missing from the recent runs' index.", %run_id, %error);
+            }
+        }
+        Ok(created == 1)
+    }
+
+    /// Run `run_id` as stored.
+    pub async fn run(&self, run_id: &str) -> Result<StoredRun, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let fields: std::collections::HashMap<String, String> =
+            connection.hgetall(self.run_key(run_id)).await.map_err(unavailable)?;
+        if fields.is_empty() {
+            return Err(TaskStoreError::NotFound(run_id.to_string()));
+        }
+        let mut stored = StoredRun {
+            run_id: run_id.to_string(),
+            spec: String::new(),
+            state: State::Pending,
+            updated_at_ms: 0,
+            entries: BTreeMap::new(),
+            result: None,
+        };
+        for (field, value) in fields {
+            match field.as_str() {
+                "spec" => stored.spec = value,
+                "state" => {
+                    stored.state = State::parse(&value)
+                        .ok_or_else(|| TaskStoreError::Corrupt(format!("run {run_id} has state `{value}`")))?
+                }
+                "updated_at_ms" => stored.updated_at_ms = value.parse().unwrap_or(0),
+                "result" => stored.result = Some(value),
+                _ => {
+                    let json = value.split_once('|').map_or(value.as_str(), |(_, json)| json);
+                    stored.entries.insert(field, json.to_string());
+                }
+            }
+        }
+        if stored.spec.is_empty() {
+            return Err(TaskStoreError::Corrupt(format!("run {run_id} has no spec")));
+        }
+        Ok(stored)
+    }
+
+    /// Writes `field` of run `run_id` unless the stored entry is later than
+    /// `order`; `true` when written. A run that is gone (expired) is `NotFound`.
+    pub async fn put_run_entry(
+        &self,
+        run_id: &str,
+        field: &str,
+        order: EntryOrder,
+        json: &str,
+    ) -> Result<bool, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let written: i64 = self
+            .run_scripts
+            .put_entry
+            .key(self.run_key(run_id))
+            .arg(field)
+            .arg(order.attempt)
+            .arg(order.rank)
+            .arg(json)
+            .arg(now_ms())
+            .invoke_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        match written {
+            -1 => Err(TaskStoreError::NotFound(run_id.to_string())),
+            written => Ok(written == 1),
+        }
+    }
+
+    /// Moves run `run_id` to `state` from one of `from`; a terminal state
+    /// keeps `result`, starts the retention and drops the run's due entry.
+    /// Returns the state it was in; `Refused` when it is in another.
+    pub async fn move_run(
+        &self,
+        run_id: &str,
+        state: State,
+        from: &[State],
+        result: Option<&str>,
+    ) -> Result<State, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let mut invocation = self.run_scripts.move_run.key(self.run_key(run_id));
+        invocation
+            .key(self.runs_due_key(lane_of(run_id)))
+            .arg(state.as_str())
+            .arg(now_ms())
+            .arg(result.unwrap_or(""))
+            .arg(if state.is_terminal() {
+                self.retention_s.to_string()
+            } else {
+                String::new()
+            })
+            .arg(run_id);
+        for allowed in from {
+            invocation.arg(allowed.as_str());
+        }
+        let answer: Vec<String> = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
+        let parse = |text: Option<&String>| {
+            text.and_then(|text| State::parse(text))
+                .ok_or_else(|| TaskStoreError::Corrupt(format!("run {run_id} has an unknown state")))
+        };
+        match answer.first().map(String::as_str) {
+            Some("ok") => parse(answer.get(1)),
+            Some("refused") => Err(TaskStoreError::Refused {
+                current: answer.get(1).cloned().unwrap_or_default(),
+                wanted: state.as_str().to_string(),
+            }),
+            Some("missing") => Err(TaskStoreError::NotFound(run_id.to_string())),
+            other => Err(TaskStoreError::Corrupt(format!("unexpected script answer {other:?}"))),
+        }
+    }
+
+    /// Run `run_id` is due for a look by any router at `at_ms` (unless it ended).
+    pub async fn schedule_run(&self, run_id: &str, at_ms: u64) -> Result<(), TaskStoreError> {
+        let mut connection = self.connection().await?;
+        // XX: an ended run's entry is gone and stays gone.
+        redis::cmd("ZADD")
+            .arg(self.runs_due_key(lane_of(run_id)))
+            .arg("XX")
+            .arg(at_ms)
+            .arg(run_id)
+            .query_async::<i64>(&mut connection)
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    /// Runs due for a look now (at most `limit`), each leased to this
+    /// router for `lease_ms` (its due time pushed out), lanes in turn.
+    pub async fn lease_due_runs(&self, lease_ms: u64, limit: usize) -> Result<Vec<String>, TaskStoreError> {
+        let connection = self.connection().await?;
+        let now = now_ms();
+        let leases = (0..LANES).map(|lane| {
+            let mut connection = connection.clone();
+            async move {
+                self.scripts
+                    .lease_due
+                    .key(self.runs_due_key(lane))
+                    .arg(now)
+                    .arg(now + lease_ms)
+                    .arg(limit)
+                    .invoke_async::<Vec<String>>(&mut connection)
+                    .await
+            }
+        });
+        let mut due = Vec::new();
+        for leased in futures::future::join_all(leases).await {
+            due.extend(leased.map_err(unavailable)?);
+        }
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    /// The newest runs' ids, newest first (at most `limit`).
+    pub async fn recent_runs(&self, limit: usize) -> Result<Vec<String>, TaskStoreError> {
+        let mut connection = self.connection().await?;
+        let stop = isize::try_from(limit).unwrap_or(isize::MAX).saturating_sub(1);
+        connection
+            .zrevrange(self.runs_recent_key(), 0, stop)
+            .await
+            .map_err(unavailable)
+    }
+}
