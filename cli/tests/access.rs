@@ -10,10 +10,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// The example's policy, with an operator and an owner of `order.*`.
+/// The example's policy (which names `ops` an operator), with an owner of `order.*`.
 fn policy() -> String {
     let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/acl.yaml")).unwrap();
-    format!("{example}\noperators: [ops]\nowners:\n  - capability: order.*\n    approvers: [order_owner]\n")
+    assert!(
+        example.lines().any(|line| line == "operators: [ops]"),
+        "the example policy names ops an operator"
+    );
+    format!("{example}\nowners:\n  - capability: order.*\n    approvers: [order_owner]\n")
 }
 
 struct Dev {
