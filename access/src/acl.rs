@@ -15,6 +15,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Deserialize;
 
+use crate::delegation::Delegation;
+
 /// How often the file is checked for changes; edits apply within this bound.
 pub const RELOAD_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -69,6 +71,12 @@ struct RawPermission {
     caller: String,
     #[serde(default)]
     allow: Vec<String>,
+    /// Only when the call's delegation chain passed through one of these callers.
+    #[serde(default)]
+    via: Vec<String>,
+    /// Only on behalf of these original subjects (names, or `group:NAME`).
+    #[serde(default)]
+    subjects: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -147,6 +155,40 @@ fn any_matches(patterns: &[Pattern], name: &str) -> bool {
     patterns.iter().any(|pattern| pattern.matches(name))
 }
 
+// === Permissions ===
+
+/// Who a permission is for beyond its caller (DESIGN §9): an original subject by name, or a group of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    Name(String),
+    Group(String),
+}
+
+/// One `permissions` entry: what its caller may call, and under which chain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Permission {
+    allow: Vec<Pattern>,
+    /// Empty: any chain (or none). Else the chain must have passed through one of them.
+    via: Vec<String>,
+    /// Empty: on anyone's behalf. Else only for these original subjects.
+    subjects: Vec<Subject>,
+}
+
+impl Permission {
+    fn allows(&self, capability: &str, delegation: &Delegation, caller: &str) -> bool {
+        any_matches(&self.allow, capability)
+            && (self.via.is_empty() || self.via.iter().any(|name| delegation.passed_through(name)))
+            && (self.subjects.is_empty() || {
+                let subject = delegation.original_subject(caller);
+                let groups = delegation.subject_groups();
+                self.subjects.iter().any(|wanted| match wanted {
+                    Subject::Name(name) => name == subject,
+                    Subject::Group(group) => groups.iter().any(|held| held == group),
+                })
+            })
+    }
+}
+
 // === Limits ===
 
 /// How much one caller may ask of one router (DESIGN §8): a token bucket of
@@ -164,7 +206,7 @@ pub struct Limit {
 /// A validated policy. Rules keyed by agent name; `*` as a name applies to every agent.
 #[derive(Debug, Default, Clone)]
 pub struct Acl {
-    permissions: HashMap<String, Vec<Pattern>>,
+    permissions: HashMap<String, Vec<Permission>>,
     providers: HashMap<String, Vec<Pattern>>,
     context_read: HashMap<String, Vec<Pattern>>,
     context_write: HashMap<String, Vec<Pattern>>,
@@ -207,6 +249,8 @@ impl Acl {
             problems.push(format!("version {} is not supported (expected 1)", raw.version));
         }
         let mut acl = Acl::default();
+        // Problems with `via:` and `subjects:`, reported after the patterns'.
+        let mut conditions = Vec::new();
         let mut add = |section: &str, who: &str, items: &[String], into: &mut HashMap<String, Vec<Pattern>>| {
             if who != "*" {
                 if let Err(why) = check_agent_name(who) {
@@ -222,7 +266,41 @@ impl Acl {
             }
         };
         for rule in &raw.permissions {
-            add("permissions", &rule.caller, &rule.allow, &mut acl.permissions);
+            let mut allow = HashMap::new();
+            add("permissions", &rule.caller, &rule.allow, &mut allow);
+            for name in &rule.via {
+                if let Err(why) = check_agent_name(name) {
+                    conditions.push(format!("permissions of `{}`: via `{name}`: {why}", rule.caller));
+                }
+            }
+            let mut subjects = Vec::new();
+            for subject in &rule.subjects {
+                let parsed = match subject.strip_prefix("group:") {
+                    Some(group) if !group.is_empty() && group.len() <= 256 => Subject::Group(group.to_string()),
+                    Some(_) => {
+                        conditions.push(format!(
+                            "permissions of `{}`: subject `{subject}`: a group name is 1..=256 characters",
+                            rule.caller
+                        ));
+                        continue;
+                    }
+                    None => {
+                        if let Err(why) = check_agent_name(subject) {
+                            conditions.push(format!(
+                                "permissions of `{}`: subject `{subject}`: {why} (or `group:NAME`)",
+                                rule.caller
+                            ));
+                        }
+                        Subject::Name(subject.clone())
+                    }
+                };
+                subjects.push(parsed);
+            }
+            acl.permissions.entry(rule.caller.clone()).or_default().push(Permission {
+                allow: allow.remove(&rule.caller).unwrap_or_default(),
+                via: rule.via.clone(),
+                subjects,
+            });
         }
         for rule in &raw.providers {
             add("providers", &rule.agent, &rule.provides, &mut acl.providers);
@@ -275,6 +353,7 @@ impl Acl {
             }
             acl.operators.push(operator.clone());
         }
+        problems.append(&mut conditions);
         for auditor in &raw.auditors {
             if let Err(why) = check_agent_name(auditor) {
                 problems.push(format!("auditors: `{auditor}`: {why}"));
@@ -299,9 +378,20 @@ impl Acl {
             || rules.get("*").is_some_and(|patterns| any_matches(patterns, what))
     }
 
-    /// May `caller` invoke `capability` (router)?
+    /// May `caller` invoke `capability` on its own behalf, with no chain (router)?
     pub fn may_call(&self, caller: &str, capability: &str) -> bool {
-        Self::allowed(&self.permissions, caller, capability)
+        self.may_call_in(caller, capability, &Delegation::direct(Vec::new()))
+    }
+
+    /// May `caller` invoke `capability` within `delegation` (its chain: `via:`
+    /// and `subjects:` entries apply)? Any entry of the caller, or of `*`, that
+    /// allows it is enough.
+    pub fn may_call_in(&self, caller: &str, capability: &str, delegation: &Delegation) -> bool {
+        [caller, "*"]
+            .iter()
+            .filter_map(|who| self.permissions.get(*who))
+            .flatten()
+            .any(|permission| permission.allows(capability, delegation, caller))
     }
 
     /// May `agent` register `capability` (registry)?

@@ -9,10 +9,12 @@
 pub mod acl;
 pub mod assertion;
 pub mod credentials;
+pub mod delegation;
 pub mod signer;
 pub mod token;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
-pub use assertion::{AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
+pub use assertion::{Actor, AssertionClaims, AssertionError, AssertionKey, AssertionVerifier, BudgetClaim};
+pub use delegation::Delegation;
 pub use signer::{AssertionSettings, Assertions, SigningKey};
 pub use token::{AuthArgs, AuthConfig, AuthError, Authenticator, Caller};

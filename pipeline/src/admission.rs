@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_reach_access::acl::Limit;
-use agent_reach_access::{Acl, AclHandle, Caller};
-use agent_reach_proto::envelope::InvokeRequest;
+use agent_reach_access::{Acl, AclHandle, Caller, Delegation};
+use agent_reach_proto::envelope::{BudgetLeft, InvokeRequest};
 use agent_reach_tenancy::Quotas;
 use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;
 use crate::call::{Call, Entry};
+use crate::delegation::{delegation_of, Budgets, ChainRules, Ledger};
 use crate::error::{Code, RouterError};
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
@@ -37,6 +38,11 @@ pub struct Admission {
     breaker: BreakerConfig,
     max_inflight: u32,
     default_timeout: Duration,
+    /// Checks the upstream assertions agents present when they call onwards.
+    assertions: Arc<agent_reach_access::Assertions>,
+    chains: ChainRules,
+    /// Every chain's budget this part holds.
+    budgets: Budgets,
 }
 
 /// One tenant's quotas on this router: its bucket and places in flight
@@ -87,6 +93,10 @@ pub struct Admitted<'s> {
     pub deadline: Instant,
     /// The caller's place in flight (a call's; a delivery's is held by the worker).
     pub permit: Permit,
+    /// Who the call acts for, its depth, its budget (the next hop's assertion carries it).
+    pub delegation: Delegation,
+    /// The chain's budget ledger and what was left once this call was charged, when it has one.
+    pub budget: Option<(Arc<Ledger>, BudgetLeft)>,
 }
 
 /// A call admission refused: the failure to answer, and the capability when
@@ -98,7 +108,12 @@ pub struct Refused<'s> {
 }
 
 impl Admission {
-    pub fn new(acl: AclHandle, limiter: Limiter, tuning: &Tuning) -> Self {
+    pub fn new(
+        acl: AclHandle,
+        limiter: Limiter,
+        tuning: &Tuning,
+        assertions: Arc<agent_reach_access::Assertions>,
+    ) -> Self {
         Self {
             acl,
             limiter,
@@ -109,6 +124,9 @@ impl Admission {
             },
             max_inflight: tuning.max_inflight_per_instance,
             default_timeout: tuning.default_timeout,
+            assertions,
+            chains: tuning.chains,
+            budgets: Budgets::default(),
         }
     }
 
@@ -191,17 +209,34 @@ impl Admission {
     }
 
     fn authorize_with(&self, acl: &Acl, caller: &Caller, capability: &str) -> Result<(), RouterError> {
+        self.authorize_in(acl, caller, capability, &Delegation::direct(Vec::new()))
+    }
+
+    /// May `caller` call `capability` within `delegation` (`via:` and `subjects:` apply)?
+    fn authorize_in(
+        &self,
+        acl: &Acl,
+        caller: &Caller,
+        capability: &str,
+        delegation: &Delegation,
+    ) -> Result<(), RouterError> {
         let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
-        if acl.may_call(name, capability) {
+        if acl.may_call_in(name, capability, delegation) {
             return Ok(());
         }
-        Err(RouterError::new(
-            Code::Forbidden,
-            format!("caller `{name}` may not call `{capability}` (acl.yaml permissions)"),
-        )
-        .with_details(json!({ "caller": &**name, "capability": capability })))
+        let mut details = json!({ "caller": &**name, "capability": capability });
+        let message = if delegation.depth > 1 {
+            details["chain"] = json!(delegation.names(name));
+            format!(
+                "caller `{name}` may not call `{capability}` on behalf of `{}` through this chain (acl.yaml permissions, via:, subjects:)",
+                delegation.original_subject(name)
+            )
+        } else {
+            format!("caller `{name}` may not call `{capability}` (acl.yaml permissions)")
+        };
+        Err(RouterError::new(Code::Forbidden, message).with_details(details))
     }
 
     /// Does the trail record `capability`'s payloads (`trail.payloads` in `acl.yaml`)?
@@ -274,6 +309,28 @@ impl Admission {
             failure: Box::new(error.into()),
             capability,
         };
+        // Who the call acts for: the chain of the call the caller serves, when it presents one.
+        let mut delegation = delegation_of(
+            caller,
+            call.upstream.as_ref(),
+            snapshot,
+            &self.assertions,
+            &self.chains,
+            now.epoch_ms,
+        )
+        .map_err(|error| refused(error, None))?;
+        if delegation.depth > 1 {
+            let names = delegation.names(caller.name().unwrap_or(""));
+            if let Some(span) = &call.trace.span {
+                span.set(agent_reach_telemetry::spans::KeyValue::new("agent_reach.chain", names.join(" > ")));
+                span.set(agent_reach_telemetry::spans::KeyValue::new(
+                    "agent_reach.on_behalf_of",
+                    names.first().cloned().unwrap_or_default(),
+                ));
+                span.set(agent_reach_telemetry::spans::KeyValue::new("agent_reach.depth", i64::from(delegation.depth)));
+            }
+            let _ = call.chain.set(names);
+        }
         let permit = {
             // One policy load for the ACL and the limits.
             let acl = self.acl.current();
@@ -282,7 +339,7 @@ impl Admission {
             let replaying =
                 request.replay_of.is_some() && matches!(caller, Caller::Agent { name, .. } if acl.may_read_trail(name));
             if !replaying {
-                self.authorize_with(&acl, caller, &request.capability)
+                self.authorize_in(&acl, caller, &request.capability, &delegation)
                     .map_err(|error| refused(error, None))?;
             }
             // The tenant's quota first: a tenant over it is refused whoever calls.
@@ -319,6 +376,11 @@ impl Admission {
                 .with_details(json!({ "deadline": deadline_ms })),
             ));
         }
+        // Last, once the call is otherwise admitted: a refused call spends nothing.
+        let budget = self
+            .budgets
+            .charge(&mut delegation, request.budget.as_ref(), deadline_ms)
+            .map_err(in_version)?;
         group.selections.inc();
         Ok(Admitted {
             capability,
@@ -326,6 +388,8 @@ impl Admission {
             deadline_ms,
             deadline: now.instant_for(deadline_ms),
             permit,
+            delegation,
+            budget,
         })
     }
 

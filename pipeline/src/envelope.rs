@@ -67,6 +67,7 @@ pub fn call(
         source: None,
         replay_of: None,
         payload,
+        budget: None,
     };
     canonical(&mut request)?;
     check(request)

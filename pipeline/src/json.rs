@@ -6,7 +6,7 @@
 //! result envelopes); tests keep each writer byte-equal to the contract type.
 
 use agent_reach_access::Caller;
-use agent_reach_proto::envelope::{InvokeRequest, Priority, ENVELOPE_VERSION};
+use agent_reach_proto::envelope::{BudgetLeft, InvokeRequest, Priority, ENVELOPE_VERSION};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -108,6 +108,8 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) payload: &'a Value,
     /// A task's delivery: the id the agent reports a `202`'s outcome under.
     pub(crate) task_id: Option<&'a str>,
+    /// What is left of the chain's budget, this call charged.
+    pub(crate) budget: Option<BudgetLeft>,
 }
 
 impl<'a> Forwarded<'a> {
@@ -133,6 +135,7 @@ impl<'a> Forwarded<'a> {
             attempt,
             payload: &request.payload,
             task_id: None,
+            budget: None,
         }
     }
 
@@ -152,6 +155,9 @@ impl<'a> Forwarded<'a> {
         object.u64("attempt", u64::from(self.attempt));
         object.value("payload", self.payload)?;
         object.opt_str("task_id", self.task_id);
+        if let Some(budget) = &self.budget {
+            object.raw("budget", Some(&budget_json(budget)));
+        }
         object.end();
         Ok(out)
     }
@@ -169,6 +175,8 @@ pub(crate) struct Succeeded<'a> {
     pub(crate) attempts: u32,
     pub(crate) duration_ms: u64,
     pub(crate) output: Option<&'a RawValue>,
+    /// What is left of the call's budget, when it carried one.
+    pub(crate) budget: Option<BudgetLeft>,
 }
 
 impl Succeeded<'_> {
@@ -185,9 +193,17 @@ impl Succeeded<'_> {
         object.u64("attempts", u64::from(self.attempts));
         object.u64("duration_ms", self.duration_ms);
         object.raw("output", output);
+        if let Some(budget) = &self.budget {
+            object.raw("budget", Some(&budget_json(budget)));
+        }
         object.end();
         out
     }
+}
+
+/// `{"calls_left": …, "cost_left": …}` as serde_json writes [`BudgetLeft`].
+fn budget_json(budget: &BudgetLeft) -> String {
+    serde_json::to_string(budget).unwrap_or_else(|_| "null".to_string())
 }
 
 /// `text` as a JSON string, escaped as serde_json escapes it (only `"`, `\`
@@ -319,6 +335,7 @@ mod tests {
                 attempt: 2,
                 payload: &payload,
                 task_id,
+                budget: Some(BudgetLeft { calls_left: 3, cost_left: 1.5 }),
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
@@ -333,6 +350,7 @@ mod tests {
                 attempt: 2,
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
+                budget: Some(BudgetLeft { calls_left: 3, cost_left: 1.5 }),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());
@@ -354,6 +372,7 @@ mod tests {
                 attempts: 2,
                 duration_ms: 7,
                 output: Some(&output),
+                budget: None,
             }
             .to_vec(),
         )
@@ -375,6 +394,7 @@ mod tests {
             duration_ms: 7,
             output: parsed.output.clone(),
             error: None,
+            budget: None,
         };
         assert_eq!(parsed, expected);
         let reference = serde_json::to_value(&expected).unwrap();
@@ -391,6 +411,7 @@ mod tests {
             attempts: 1,
             duration_ms: 0,
             output: None,
+            budget: None,
         }
         .to_vec();
         let reference = ResultEnvelope {
@@ -404,6 +425,7 @@ mod tests {
             duration_ms: 0,
             output: Some(serde_json::Value::Null),
             error: None,
+            budget: None,
         };
         assert_eq!(
             String::from_utf8(written).unwrap(),

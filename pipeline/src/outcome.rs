@@ -28,6 +28,8 @@ pub struct Success {
     /// A task's delivery the agent answered `202 Accepted`: no output yet, the
     /// agent reports it later (DESIGN §8). Never set outside task deliveries.
     pub accepted: Option<Accepted>,
+    /// What is left of the call's budget once it ended, when it carried one.
+    pub budget: Option<agent_reach_proto::envelope::BudgetLeft>,
 }
 
 /// What a `202` to a task delivery leaves to wait for.

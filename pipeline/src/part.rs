@@ -64,7 +64,7 @@ impl RouterService {
             metrics.clone(),
         ));
         let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
-        let mut admission = admission::Admission::new(acl, limiter, &config.tuning);
+        let mut admission = admission::Admission::new(acl, limiter, &config.tuning, config.assertions.clone());
         if let Some(quotas) = quotas {
             admission = admission.with_quota(tenant, quotas);
         }

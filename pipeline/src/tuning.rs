@@ -30,6 +30,8 @@ pub struct Tuning {
     /// Whether the listener serves TLS (A2A cards then name `https://` URLs);
     /// set by `build` from the listener's settings.
     pub serves_tls: bool,
+    /// How deep delegation chains may go, how late an upstream assertion counts.
+    pub chains: crate::delegation::ChainRules,
 }
 
 impl Default for Tuning {
@@ -50,6 +52,7 @@ impl Default for Tuning {
             a2a_tasks_always: false,
             mcp_allowed_origins: Vec::new(),
             serves_tls: false,
+            chains: crate::delegation::ChainRules::default(),
         }
     }
 }

@@ -316,6 +316,7 @@ fn build() -> Value {
         "trace_id": { "type": "string", "description": "The seeds' trace id: continues that trace when no traceparent header is sent (32 hex digits are the W3C id; any other text is hashed into one)." },
         "source": { "type": "string", "description": "Accepted and ignored: the caller is who its token says." },
         "replay_of": { "type": "string", "description": "A replay of a recorded call (`agent-reach trail replay`): the request id it replays, recorded in the trail (not forwarded)." },
+        "budget": { "type": "object", "additionalProperties": false, "description": "A budget for this call and every call made on its behalf down the delegation chain: `calls` in all (this one included) and `cost`, an abstract unit agents report in `usage.cost`. Over it: 402 BUDGET_EXHAUSTED.", "properties": { "calls": { "type": "integer", "minimum": 0 }, "cost": { "type": "number" } } },
         "payload": { "description": "Checked against the capability's input schema." }
     });
     // One call a reader can copy; the fuzz test (sdk/python/tests/test_router_api.py)

@@ -154,6 +154,7 @@ pub(crate) fn envelope(
         source: None,
         replay_of: None,
         payload,
+        budget: None,
     }
 }
 
@@ -190,10 +191,14 @@ impl RouterLink {
     }
 
     /// Sends one envelope to `POST /v1/invoke` and decodes the result envelope.
+    /// A handler's call presents `upstream`: the router's assertion for the
+    /// call it serves and that call's request id, so the router carries the
+    /// delegation chain (and its budget) on to the next hop (DESIGN §9).
     pub(crate) async fn invoke(
         &self,
         request: &InvokeRequest,
         traceparent: Option<&str>,
+        upstream: Option<(&str, &str)>,
         within: Duration,
     ) -> Result<ResultEnvelope, CallError> {
         let mut call = self
@@ -204,6 +209,11 @@ impl RouterLink {
             .json(request);
         if let Some(traceparent) = traceparent {
             call = call.header("traceparent", traceparent);
+        }
+        if let Some((assertion, request_id)) = upstream {
+            call = call
+                .header("agent-reach-upstream", assertion)
+                .header("agent-reach-upstream-request", request_id);
         }
         let response = call.send().await.map_err(|error| self.unreachable(&error))?;
         let status = response.status().as_u16();

@@ -16,7 +16,7 @@ use futures::FutureExt;
 use serde_json::json;
 use tracing::Instrument;
 
-use agent_reach_access::assertion::{AssertionClaims, AssertionError};
+use agent_reach_access::assertion::{bearer, AssertionClaims, AssertionError};
 
 use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::call::now_ms;
@@ -76,7 +76,8 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         Some(keys) => {
             let header = headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes());
             match keys.verify(header, &shared.config.agent_id).await {
-                Ok(claims) => Some(claims),
+                // The token is kept: onward calls present it upstream.
+                Ok(claims) => bearer(header).ok().map(|token| (token.to_string(), claims)),
                 Err(error) => return span.in_scope(|| refuse(&error)),
             }
         }
@@ -121,7 +122,7 @@ fn refuse(error: &AssertionError) -> Response {
 async fn serve(
     shared: Arc<Shared>,
     traceparent: Option<String>,
-    assertion: Option<Arc<AssertionClaims>>,
+    assertion: Option<(String, Arc<AssertionClaims>)>,
     body: Bytes,
     wants_events: bool,
 ) -> Response {
@@ -135,7 +136,7 @@ async fn serve(
             ))
         }
     };
-    if let Some(claims) = &assertion {
+    if let Some((_, claims)) = &assertion {
         if let Err(error) = crate::verify::matches_envelope(claims, envelope.source.as_deref(), &envelope.capability) {
             return refuse(&error);
         }
@@ -191,7 +192,8 @@ async fn serve(
             envelope.attempt,
             traceparent,
             shared.links.clone(),
-        );
+        )
+        .with_delegation(assertion, envelope.budget);
         return crate::stream::serve(stream.clone(), ctx, envelope.payload, envelope.deadline, guard, span).await;
     }
     let slot = shared.dedup.slot(&envelope.request_id);
@@ -216,7 +218,8 @@ async fn serve(
                 traceparent,
                 shared.links.clone(),
             )
-            .for_task(envelope.task_id.clone());
+            .for_task(envelope.task_id.clone())
+            .with_delegation(assertion, envelope.budget);
             let reported = ctx.clone();
             let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
             // A spawned task isolates panics: the agent keeps serving.

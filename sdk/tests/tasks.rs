@@ -123,6 +123,7 @@ async fn a_handler_accepts_a_task_and_reports_its_result_later() {
         max_task_attempts: 3,
         quota_share: Some(std::time::Duration::from_millis(100)),
         tag_limits: Vec::new(),
+        trail: None,
     });
     let router = agent_reach_router::build(&settings).await.unwrap();
     let routed = router.clone();

@@ -178,6 +178,7 @@ pub(crate) async fn run<E: Exchange>(
         0,
     );
     envelope.task_id = task_id;
+    envelope.budget = admitted.budget.as_ref().map(|(_, left)| *left);
     // Without OpenTelemetry spans, every attempt carries the router's own span id.
     let fallback_traceparent = trace.forward_header();
     // Selection and attempt spans only for traces that are kept (an unsampled
@@ -236,11 +237,21 @@ pub(crate) async fn run<E: Exchange>(
             }
         };
         envelope.attempt = attempt;
-        let authorization =
-            match means
-                .assertions
-                .header(caller, &instance.agent_id, &capability.name, deadline_ms, now.epoch_ms)
-            {
+        // A chain that reaches this capability on this instance again loops.
+        if admitted.delegation.visited(&capability.name, &instance.agent_id) {
+            return Err(fail(
+                loop_detected(caller, &capability.name, &instance.agent_id, &admitted.delegation),
+                Some(instance.agent_id.clone()),
+                attempt - 1,
+            ));
+        }
+        let authorization = match means.assertions.header(
+            caller,
+            (&instance.agent_id, &capability.name),
+            &admitted.delegation,
+            deadline_ms,
+            now.epoch_ms,
+        ) {
                 Ok(header) => header,
                 Err(error) => {
                     return Err(fail(
@@ -351,6 +362,9 @@ pub(crate) async fn run<E: Exchange>(
                 }
                 if let Some(usage) = usage::parse(usage.as_deref(), &agent_id) {
                     usage::record(&usage, &capability.metrics.model_tokens, trace.span.as_ref());
+                    if let Some((ledger, _)) = &admitted.budget {
+                        ledger.spend(usage.cost);
+                    }
                 }
                 return Ok(Answered::Done(Success {
                     capability_version: group.version_text.clone(),
@@ -358,6 +372,7 @@ pub(crate) async fn run<E: Exchange>(
                     attempts: attempt,
                     output,
                     accepted: None,
+                    budget: admitted.budget.as_ref().map(|(ledger, _)| ledger.left()),
                 }));
             }
             Outcome::Accepted if task_id.is_some() => {
@@ -370,6 +385,7 @@ pub(crate) async fn run<E: Exchange>(
                         agent_name: instance.name.clone(),
                         deadline_ms,
                     }),
+                    budget: admitted.budget.as_ref().map(|(ledger, _)| ledger.left()),
                 }));
             }
             Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),
@@ -429,6 +445,21 @@ pub(crate) async fn run<E: Exchange>(
         means.metrics.retries.with_label_values(&[reason.as_str()]).inc();
         tokio::time::sleep(pause).await;
     }
+}
+
+/// The refusal of a call whose chain already reached `capability` on `agent_id`.
+fn loop_detected(caller: &agent_reach_access::Caller, capability: &str, agent_id: &str, delegation: &agent_reach_access::Delegation) -> RouterError {
+    let name = caller.name().unwrap_or("");
+    RouterError::new(
+        Code::LoopDetected,
+        format!("the delegation chain already reached `{capability}` on `{agent_id}`: a loop"),
+    )
+    .with_details(serde_json::json!({
+        "capability": capability,
+        "agent_id": agent_id,
+        "depth": delegation.depth,
+        "chain": delegation.names(name),
+    }))
 }
 
 /// One attempt as the call's list of attempts keeps it.

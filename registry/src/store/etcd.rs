@@ -139,7 +139,14 @@ impl Members {
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(5))
                 .keep_alive_timeout(Duration::from_secs(3))
-                .keep_alive_while_idle(true);
+                .keep_alive_while_idle(true)
+                // A request that times out is cancelled (a local stream reset). h2 closes a
+                // connection after 1024 such resets over its life (GOAWAY
+                // `too_many_internal_resets`), failing every request on it: under load a
+                // registry lost its etcd connections so (registry-bench, 100,000 agents).
+                // etcd is a trusted peer: remember more resets, and no lifetime limit.
+                .http2_max_concurrent_reset_streams(4096)
+                .http2_max_local_error_reset_streams(None);
             if url.starts_with("https://") {
                 // Without files: the system's roots, verification on.
                 let config = tls

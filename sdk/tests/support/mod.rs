@@ -125,6 +125,7 @@ impl Stack {
                 max_task_attempts: 3,
                 quota_share: Some(std::time::Duration::from_millis(100)),
                 tag_limits: Vec::new(),
+                trail: None,
             });
             let router = agent_reach_router::build(&settings).await.unwrap();
             let (addr, task) = serve_on_free_port(|listener| async move {

@@ -51,6 +51,18 @@ export interface Delivery {
   priority: Priority;
   traceparent: string | undefined;
   taskId: string | undefined;
+  /** The router's assertion for this delivery (calls onwards present it upstream). */
+  assertionToken?: string | undefined;
+  /** The delegation chain the assertion vouches for. */
+  chain?: readonly string[] | undefined;
+  /** What is left of the chain's budget, this call charged. */
+  budget?: Budget | undefined;
+}
+
+/** What is left of a delegation chain's budget (DESIGN §9). */
+export interface Budget {
+  callsLeft: number;
+  costLeft: number;
 }
 
 export class Ctx {
@@ -72,6 +84,14 @@ export class Ctx {
   readonly traceparent: string | undefined;
   /** Set on a task's delivery (`POST /v1/tasks`). */
   readonly taskId: string | undefined;
+  /**
+   * The delegation chain the router vouches for (DESIGN §9): the original subject first, each
+   * agent it passed through, the immediate caller last. Empty without an assertion (insecure mode).
+   */
+  readonly chain: readonly string[];
+  /** What is left of the chain's budget (this call charged), when the call carries one. */
+  readonly budget: Budget | undefined;
+  readonly #upstream: string | undefined;
   readonly #signal: { readonly signal: AbortSignal };
   readonly #links: Links;
   /** The `traceparent` of this delivery's own span, when OpenTelemetry records one: calls onwards are its children. */
@@ -92,9 +112,17 @@ export class Ctx {
     this.priority = delivery.priority;
     this.traceparent = delivery.traceparent;
     this.taskId = delivery.taskId;
+    this.chain = delivery.chain ?? [];
+    this.budget = delivery.budget;
+    this.#upstream = delivery.assertionToken;
     this.#signal = signal;
     this.#links = links;
     this.#span = span;
+  }
+
+  /** On whose behalf this call is made: the chain's original subject (the caller itself for a direct call). */
+  get onBehalfOf(): string | undefined {
+    return this.chain[0];
   }
 
   /**
@@ -152,7 +180,10 @@ export class Ctx {
       ...(this.contextId === undefined ? {} : { contextId: this.contextId }),
     });
     const traceparent = this.#span ?? childTraceparent(this.traceparent);
-    const headers = jsonHeaders(this.#links.token, { traceparent, accept });
+    // The router carries this call's delegation chain (and budget) on from the upstream assertion.
+    const upstream =
+      this.#upstream === undefined ? {} : { "agent-reach-upstream": this.#upstream, "agent-reach-upstream-request": this.requestId };
+    const headers = jsonHeaders(this.#links.token, { traceparent, accept, ...upstream });
     return { url: `${router.replace(/\/+$/, "")}/v1/invoke`, body, headers, deadlineMs };
   }
 

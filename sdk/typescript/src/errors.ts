@@ -51,6 +51,9 @@ export const RouterCode = {
   INVALID_CALLBACK: "INVALID_CALLBACK",
   CANCELED: "CANCELED",
   TRAIL_DISABLED: "TRAIL_DISABLED",
+  DEPTH_EXCEEDED: "DEPTH_EXCEEDED",
+  LOOP_DETECTED: "LOOP_DETECTED",
+  BUDGET_EXHAUSTED: "BUDGET_EXHAUSTED",
   INTERNAL: "INTERNAL",
 } as const;
 export type RouterCode = (typeof RouterCode)[keyof typeof RouterCode];

@@ -31,7 +31,7 @@ export {
   type TaskView,
 } from "./client.js";
 export { ContextHandle, Contexts, type ContextView, type CreateOptions, type Patch, type Tier } from "./contexts.js";
-export { Ctx, type CtxCallOptions } from "./ctx.js";
+export { Ctx, type Budget, type CtxCallOptions } from "./ctx.js";
 export {
   Accepted,
   AgentError,

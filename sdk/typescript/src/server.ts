@@ -65,7 +65,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: not JSON");
   }
   if (!isObject(envelope)) return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: not an object");
-  const { request_id, capability, capability_version, deadline, source, session_id, context_id, task_id } = envelope;
+  const { request_id, capability, capability_version, deadline, source, session_id, context_id, task_id, budget } = envelope;
   const attempt = envelope["attempt"] ?? 1;
   const priority = envelope["priority"] ?? "normal";
   if (
@@ -78,6 +78,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     (context_id !== undefined && typeof context_id !== "string") ||
     (source !== undefined && typeof source !== "string") ||
     (task_id !== undefined && typeof task_id !== "string") ||
+    (budget !== undefined && !isObject(budget)) ||
     !PRIORITIES.includes(priority as Priority)
   ) {
     return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: a field is missing or has the wrong type");
@@ -95,6 +96,9 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     priority: priority as Priority,
     traceparent,
     taskId: task_id,
+    assertionToken: assertion?.token,
+    chain: assertion?.chain,
+    budget: isObject(budget) ? { callsLeft: Number(budget["calls_left"]), costLeft: Number(budget["cost_left"]) } : undefined,
     payload: envelope["payload"] ?? null,
   } as Delivery & { payload: unknown };
 }

@@ -52,8 +52,11 @@ class Ctx:
 
     __slots__ = (
         "_links",
+        "_upstream",
         "_usage",
         "attempt",
+        "budget",
+        "chain",
         "capability",
         "capability_version",
         "context_id",
@@ -83,6 +86,9 @@ class Ctx:
         links: Links,
         priority: Priority = Priority.NORMAL,
         task_id: str | None = None,
+        assertion_token: str | None = None,
+        chain: tuple[str, ...] = (),
+        budget: dict[str, Any] | None = None,
     ) -> None:
         #: The idempotency key of this request.
         self.request_id = request_id
@@ -105,6 +111,21 @@ class Ctx:
         self.task_id = task_id
         self._links = links
         self._usage: dict[str, Any] | None = None
+        #: The delegation chain the router vouches for (DESIGN §9): the original subject
+        #: first, each agent it passed through, the immediate caller last. Empty when the
+        #: router sent no assertion (insecure development mode).
+        self.chain: tuple[str, ...] = chain
+        #: What is left of the chain's budget (``{"calls_left", "cost_left"}``, this call
+        #: charged) when the call carries one; calls this handler makes spend from it.
+        self.budget = budget
+        # What calls onwards present upstream: the router's assertion for this call, and its id.
+        self._upstream = (assertion_token, request_id) if assertion_token else None
+
+    @property
+    def on_behalf_of(self) -> str | None:
+        """On whose behalf this call is made: the chain's original subject (the caller itself
+        for a direct call); None without an assertion."""
+        return self.chain[0] if self.chain else None
 
     async def accept_and_report(self, work: Callable[[], Awaitable[T]]) -> T:
         """Long work (DESIGN §8, accepted now, result later): on a task's delivery, answers
@@ -256,6 +277,9 @@ class Ctx:
                 "authorization": f"Bearer {links.token}",
                 "traceparent": tracing.child_traceparent(self.traceparent),
             }
+            if self._upstream is not None:
+                # The router carries this call's delegation chain (and budget) on from it.
+                headers["agent-reach-upstream"], headers["agent-reach-upstream-request"] = self._upstream
             url = f"{links.router.rstrip('/')}/v1/invoke"
             try:
                 response = await links.http.post(url, json=body, headers=headers, timeout=timeout)

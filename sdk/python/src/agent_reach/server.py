@@ -179,6 +179,7 @@ async def serve_invoke(
         source = envelope.get("source")
         priority = envelope.get("priority", "normal")
         task_id = envelope.get("task_id")
+        budget = envelope.get("budget")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -189,6 +190,7 @@ async def serve_invoke(
             and (context_id is None or type(context_id) is str)
             and (source is None or type(source) is str)
             and (task_id is None or type(task_id) is str)
+            and (budget is None or type(budget) is dict)
             and priority in _PRIORITIES
         ):
             raise TypeError("a field has the wrong type")
@@ -241,6 +243,9 @@ async def serve_invoke(
             traceparent=traceparent,
             tenant=assertion.tenant if assertion is not None else None,
             links=state.links,
+            assertion_token=assertion.token if assertion is not None else None,
+            chain=assertion.chain if assertion is not None else (),
+            budget=budget,
         )
         streamed = (value,) if handler.ctx_first is None else ((ctx, value) if handler.ctx_first else (value, ctx))
         return await EventStream.open(state, handler, streamed, deadline)
@@ -287,6 +292,9 @@ async def serve_invoke(
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
+                    assertion_token=assertion.token if assertion is not None else None,
+                    chain=assertion.chain if assertion is not None else (),
+                    budget=budget,
                 )
                 arguments = (reporter, value) if handler.ctx_first else (value, reporter)
             if state.spans:
