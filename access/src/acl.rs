@@ -296,11 +296,14 @@ impl Acl {
                 };
                 subjects.push(parsed);
             }
-            acl.permissions.entry(rule.caller.clone()).or_default().push(Permission {
-                allow: allow.remove(&rule.caller).unwrap_or_default(),
-                via: rule.via.clone(),
-                subjects,
-            });
+            acl.permissions
+                .entry(rule.caller.clone())
+                .or_default()
+                .push(Permission {
+                    allow: allow.remove(&rule.caller).unwrap_or_default(),
+                    via: rule.via.clone(),
+                    subjects,
+                });
         }
         for rule in &raw.providers {
             add("providers", &rule.agent, &rule.provides, &mut acl.providers);

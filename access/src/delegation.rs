@@ -143,7 +143,10 @@ mod tests {
         assert_eq!(from_b.subject_groups(), ["staff"], "the subject's groups stay with it");
         // RFC 8693 nesting: the outermost `act` is the latest hop.
         let act = from_b.act.as_ref().unwrap();
-        assert_eq!((act.sub.as_str(), act.act.as_ref().unwrap().sub.as_str()), ("intent_parser", "user"));
+        assert_eq!(
+            (act.sub.as_str(), act.act.as_ref().unwrap().sub.as_str()),
+            ("intent_parser", "user")
+        );
         let direct = Delegation::direct(vec!["staff".into()]);
         assert_eq!((direct.depth, direct.original_subject("me")), (1, "me"));
         assert_eq!(direct.subject_groups(), ["staff"]);

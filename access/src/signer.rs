@@ -27,8 +27,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 
-use crate::delegation::Delegation;
 use crate::assertion::{jwks, AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
+use crate::delegation::Delegation;
 use crate::Caller;
 
 /// Where the signing key comes from.
@@ -425,21 +425,55 @@ mod tests {
             .unwrap()
             .as_millis() as u64;
         let far = now + 60_000;
-        let first = assertions.header(&caller, ("a-1", "order.query"), &Delegation::direct(Vec::new()), far, now).unwrap();
+        let first = assertions
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                far,
+                now,
+            )
+            .unwrap();
         let again = assertions
-            .header(&caller, ("a-1", "order.query"), &Delegation::direct(Vec::new()), far, now + 1000)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                far,
+                now + 1000,
+            )
             .unwrap();
         assert!(Arc::ptr_eq(&first, &again), "reused while fresh");
-        let other_agent = assertions.header(&caller, ("a-2", "order.query"), &Delegation::direct(Vec::new()), far, now).unwrap();
+        let other_agent = assertions
+            .header(
+                &caller,
+                ("a-2", "order.query"),
+                &Delegation::direct(Vec::new()),
+                far,
+                now,
+            )
+            .unwrap();
         assert_ne!(first, other_agent, "one per instance");
         // Half its life gone: a new one.
         let later = assertions
-            .header(&caller, ("a-1", "order.query"), &Delegation::direct(Vec::new()), far, now + 6000)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                far,
+                now + 6000,
+            )
             .unwrap();
         assert_ne!(first, later);
         // A call whose deadline is sooner than the cached expiry gets one of its own, cut to the deadline.
         let short = assertions
-            .header(&caller, ("a-1", "order.query"), &Delegation::direct(Vec::new()), now + 2500, now + 6000)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                now + 2500,
+                now + 6000,
+            )
             .unwrap();
         assert_ne!(short, later);
         let token = short.strip_prefix("Bearer ").unwrap();
@@ -466,7 +500,15 @@ mod tests {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64;
-        let before = assertions.header(&caller, ("a", "x.y"), &Delegation::direct(Vec::new()), now + 60_000, now).unwrap();
+        let before = assertions
+            .header(
+                &caller,
+                ("a", "x.y"),
+                &Delegation::direct(Vec::new()),
+                now + 60_000,
+                now,
+            )
+            .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(before.strip_prefix("Bearer ").unwrap()).unwrap(),
             first
@@ -477,7 +519,15 @@ mod tests {
         std::fs::write(dir.path().join("signing.pem"), next).unwrap();
         std::fs::write(dir.path().join("next.pem"), signing).unwrap();
         reload.check(&*assertions, &mut seen);
-        let after = assertions.header(&caller, ("a", "x.y"), &Delegation::direct(Vec::new()), now + 60_000, now).unwrap();
+        let after = assertions
+            .header(
+                &caller,
+                ("a", "x.y"),
+                &Delegation::direct(Vec::new()),
+                now + 60_000,
+                now,
+            )
+            .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(after.strip_prefix("Bearer ").unwrap()).unwrap(),
             second
@@ -490,7 +540,15 @@ mod tests {
         std::fs::write(dir.path().join("signing.pem"), "garbage").unwrap();
         reload.check(&*assertions, &mut seen);
         assert_eq!(assertions.keys_valid.get(), 0);
-        let still = assertions.header(&caller, ("b", "x.y"), &Delegation::direct(Vec::new()), now + 60_000, now).unwrap();
+        let still = assertions
+            .header(
+                &caller,
+                ("b", "x.y"),
+                &Delegation::direct(Vec::new()),
+                now + 60_000,
+                now,
+            )
+            .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(still.strip_prefix("Bearer ").unwrap()).unwrap(),
             second

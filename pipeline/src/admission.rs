@@ -322,12 +322,18 @@ impl Admission {
         if delegation.depth > 1 {
             let names = delegation.names(caller.name().unwrap_or(""));
             if let Some(span) = &call.trace.span {
-                span.set(agent_reach_telemetry::spans::KeyValue::new("agent_reach.chain", names.join(" > ")));
+                span.set(agent_reach_telemetry::spans::KeyValue::new(
+                    "agent_reach.chain",
+                    names.join(" > "),
+                ));
                 span.set(agent_reach_telemetry::spans::KeyValue::new(
                     "agent_reach.on_behalf_of",
                     names.first().cloned().unwrap_or_default(),
                 ));
-                span.set(agent_reach_telemetry::spans::KeyValue::new("agent_reach.depth", i64::from(delegation.depth)));
+                span.set(agent_reach_telemetry::spans::KeyValue::new(
+                    "agent_reach.depth",
+                    i64::from(delegation.depth),
+                ));
             }
             let _ = call.chain.set(names);
         }

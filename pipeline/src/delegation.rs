@@ -111,7 +111,10 @@ pub fn delegation_of(
     if claims.tenant != caller.tenant() {
         return Err(unauthenticated(
             "upstream_not_yours",
-            format!("the upstream assertion is of tenant `{}`, not the caller's", claims.tenant),
+            format!(
+                "the upstream assertion is of tenant `{}`, not the caller's",
+                claims.tenant
+            ),
         ));
     }
     // The assertion's audience must be an instance of the caller: an agent
@@ -151,7 +154,9 @@ pub fn delegation_of(
                 delegation.depth, rules.max_depth
             ),
         )
-        .with_details(json!({ "depth": delegation.depth, "max_depth": rules.max_depth, "chain": delegation.names(name) })));
+        .with_details(
+            json!({ "depth": delegation.depth, "max_depth": rules.max_depth, "chain": delegation.names(name) }),
+        ));
     }
     Ok(delegation)
 }
@@ -186,7 +191,9 @@ impl Ledger {
                     left.cost.max(0.0)
                 ),
             )
-            .with_details(json!({ "calls_left": left.calls.max(0), "cost_left": left.cost.max(0.0), "budget": self.id })));
+            .with_details(
+                json!({ "calls_left": left.calls.max(0), "cost_left": left.cost.max(0.0), "budget": self.id }),
+            ));
         }
         left.calls -= 1;
         Ok(BudgetLeft {
@@ -244,7 +251,9 @@ impl Default for Budgets {
 
 impl Budgets {
     fn shard(&self, id: &str) -> &Mutex<HashMap<String, Arc<Ledger>>> {
-        let index = id.bytes().fold(0usize, |hash, byte| hash.wrapping_mul(31).wrapping_add(usize::from(byte)));
+        let index = id.bytes().fold(0usize, |hash, byte| {
+            hash.wrapping_mul(31).wrapping_add(usize::from(byte))
+        });
         &self.shards[index % SHARDS]
     }
 
@@ -344,7 +353,10 @@ mod tests {
         assert_eq!((admitted, refused), (5, 6));
         assert_eq!(ledger.left().calls_left, 0);
         // No budget, no ledger.
-        assert!(budgets.charge(&mut Delegation::direct(Vec::new()), None, 1_000).unwrap().is_none());
+        assert!(budgets
+            .charge(&mut Delegation::direct(Vec::new()), None, 1_000)
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -370,6 +382,9 @@ mod tests {
             budget: root.budget.clone(),
             ..Delegation::default()
         };
-        assert_eq!(budgets.charge(&mut last, None, 1_000).unwrap_err().code, Code::BudgetExhausted);
+        assert_eq!(
+            budgets.charge(&mut last, None, 1_000).unwrap_err().code,
+            Code::BudgetExhausted
+        );
     }
 }

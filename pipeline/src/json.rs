@@ -335,7 +335,10 @@ mod tests {
                 attempt: 2,
                 payload: &payload,
                 task_id,
-                budget: Some(BudgetLeft { calls_left: 3, cost_left: 1.5 }),
+                budget: Some(BudgetLeft {
+                    calls_left: 3,
+                    cost_left: 1.5,
+                }),
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
@@ -350,7 +353,10 @@ mod tests {
                 attempt: 2,
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
-                budget: Some(BudgetLeft { calls_left: 3, cost_left: 1.5 }),
+                budget: Some(BudgetLeft {
+                    calls_left: 3,
+                    cost_left: 1.5,
+                }),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());

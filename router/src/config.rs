@@ -251,7 +251,10 @@ impl RouterArgs {
             problems.push(format!("--max-depth {} must be 1..=64", self.max_depth));
         }
         if self.upstream_grace_s > 86_400 {
-            problems.push(format!("--upstream-grace-s {} must be at most 86400", self.upstream_grace_s));
+            problems.push(format!(
+                "--upstream-grace-s {} must be at most 86400",
+                self.upstream_grace_s
+            ));
         }
         if self.breaker_failures == 0 {
             problems.push("--breaker-failures must be at least 1".to_string());

@@ -252,15 +252,15 @@ pub(crate) async fn run<E: Exchange>(
             deadline_ms,
             now.epoch_ms,
         ) {
-                Ok(header) => header,
-                Err(error) => {
-                    return Err(fail(
-                        RouterError::new(Code::AssertionFailed, error),
-                        Some(instance.agent_id.clone()),
-                        attempt - 1,
-                    ))
-                }
-            };
+            Ok(header) => header,
+            Err(error) => {
+                return Err(fail(
+                    RouterError::new(Code::AssertionFailed, error),
+                    Some(instance.agent_id.clone()),
+                    attempt - 1,
+                ))
+            }
+        };
         let body = match envelope.to_vec() {
             Ok(body) => Bytes::from(body),
             Err(error) => {
@@ -448,7 +448,12 @@ pub(crate) async fn run<E: Exchange>(
 }
 
 /// The refusal of a call whose chain already reached `capability` on `agent_id`.
-fn loop_detected(caller: &agent_reach_access::Caller, capability: &str, agent_id: &str, delegation: &agent_reach_access::Delegation) -> RouterError {
+fn loop_detected(
+    caller: &agent_reach_access::Caller,
+    capability: &str,
+    agent_id: &str,
+    delegation: &agent_reach_access::Delegation,
+) -> RouterError {
     let name = caller.name().unwrap_or("");
     RouterError::new(
         Code::LoopDetected,
