@@ -17,6 +17,11 @@ use serde::Deserialize;
 
 use crate::delegation::Delegation;
 
+mod chain;
+
+use chain::{parse_chain_rules, Permission, RawChainRule};
+pub use chain::{Subject, MAX_DEPTH_LIMIT};
+
 /// How often the file is checked for changes; edits apply within this bound.
 pub const RELOAD_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -43,6 +48,9 @@ struct RawAcl {
     /// What the trail records beyond who called what (DESIGN §9).
     #[serde(default)]
     trail: RawTrail,
+    /// Per-capability `max_depth` of delegation chains (docs/design.md §3.14).
+    #[serde(default)]
+    chains: Vec<RawChainRule>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -155,40 +163,6 @@ fn any_matches(patterns: &[Pattern], name: &str) -> bool {
     patterns.iter().any(|pattern| pattern.matches(name))
 }
 
-// === Permissions ===
-
-/// Who a permission is for beyond its caller (DESIGN §9): an original subject by name, or a group of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
-    Name(String),
-    Group(String),
-}
-
-/// One `permissions` entry: what its caller may call, and under which chain.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Permission {
-    allow: Vec<Pattern>,
-    /// Empty: any chain (or none). Else the chain must have passed through one of them.
-    via: Vec<String>,
-    /// Empty: on anyone's behalf. Else only for these original subjects.
-    subjects: Vec<Subject>,
-}
-
-impl Permission {
-    fn allows(&self, capability: &str, delegation: &Delegation, caller: &str) -> bool {
-        any_matches(&self.allow, capability)
-            && (self.via.is_empty() || self.via.iter().any(|name| delegation.passed_through(name)))
-            && (self.subjects.is_empty() || {
-                let subject = delegation.original_subject(caller);
-                let groups = delegation.subject_groups();
-                self.subjects.iter().any(|wanted| match wanted {
-                    Subject::Name(name) => name == subject,
-                    Subject::Group(group) => groups.iter().any(|held| held == group),
-                })
-            })
-    }
-}
-
 // === Limits ===
 
 /// How much one caller may ask of one router (DESIGN §8): a token bucket of
@@ -214,6 +188,8 @@ pub struct Acl {
     operators: Vec<String>,
     auditors: Vec<String>,
     trail_payloads: Vec<Pattern>,
+    /// `chains:`: (capability pattern, max_depth), first match wins.
+    chain_depths: Vec<(Pattern, u32)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -268,42 +244,9 @@ impl Acl {
         for rule in &raw.permissions {
             let mut allow = HashMap::new();
             add("permissions", &rule.caller, &rule.allow, &mut allow);
-            for name in &rule.via {
-                if let Err(why) = check_agent_name(name) {
-                    conditions.push(format!("permissions of `{}`: via `{name}`: {why}", rule.caller));
-                }
-            }
-            let mut subjects = Vec::new();
-            for subject in &rule.subjects {
-                let parsed = match subject.strip_prefix("group:") {
-                    Some(group) if !group.is_empty() && group.len() <= 256 => Subject::Group(group.to_string()),
-                    Some(_) => {
-                        conditions.push(format!(
-                            "permissions of `{}`: subject `{subject}`: a group name is 1..=256 characters",
-                            rule.caller
-                        ));
-                        continue;
-                    }
-                    None => {
-                        if let Err(why) = check_agent_name(subject) {
-                            conditions.push(format!(
-                                "permissions of `{}`: subject `{subject}`: {why} (or `group:NAME`)",
-                                rule.caller
-                            ));
-                        }
-                        Subject::Name(subject.clone())
-                    }
-                };
-                subjects.push(parsed);
-            }
-            acl.permissions
-                .entry(rule.caller.clone())
-                .or_default()
-                .push(Permission {
-                    allow: allow.remove(&rule.caller).unwrap_or_default(),
-                    via: rule.via.clone(),
-                    subjects,
-                });
+            let allow = allow.remove(&rule.caller).unwrap_or_default();
+            let permission = Permission::parse(&rule.caller, allow, &rule.via, &rule.subjects, &mut conditions);
+            acl.permissions.entry(rule.caller.clone()).or_default().push(permission);
         }
         for rule in &raw.providers {
             add("providers", &rule.agent, &rule.provides, &mut acl.providers);
@@ -357,6 +300,7 @@ impl Acl {
             acl.operators.push(operator.clone());
         }
         problems.append(&mut conditions);
+        acl.chain_depths = parse_chain_rules(&raw.chains, &mut problems);
         for auditor in &raw.auditors {
             if let Err(why) = check_agent_name(auditor) {
                 problems.push(format!("auditors: `{auditor}`: {why}"));
@@ -436,6 +380,15 @@ impl Acl {
     /// Does the trail record the input and output of `capability`'s calls (`trail.payloads`)?
     pub fn records_payloads(&self, capability: &str) -> bool {
         any_matches(&self.trail_payloads, capability)
+    }
+
+    /// The `max_depth` acl.yaml's `chains:` sets for chains reaching
+    /// `capability` (the first matching entry), if any.
+    pub fn max_depth_for(&self, capability: &str) -> Option<u32> {
+        self.chain_depths
+            .iter()
+            .find(|(pattern, _)| pattern.matches(capability))
+            .map(|(_, max_depth)| *max_depth)
     }
 
     /// Whether the policy names `agent` in its context whitelist at all.

@@ -76,8 +76,12 @@ pub struct Actor {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BudgetClaim {
     pub id: String,
-    pub calls_left: i64,
-    pub cost_left: f64,
+    /// Absent: no limit on calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_left: Option<i64>,
+    /// Absent: no limit on cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_left: Option<f64>,
 }
 
 // === Signing ===

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;
 use crate::call::{Call, Entry};
-use crate::delegation::{delegation_of, Budgets, ChainRules, Ledger};
+use crate::delegation::{check_depth, delegation_of, Budgets, ChainRules, Ledger};
 use crate::error::{Code, RouterError};
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
@@ -348,6 +348,11 @@ impl Admission {
                 self.authorize_in(&acl, caller, &request.capability, &delegation)
                     .map_err(|error| refused(error, None))?;
             }
+            if delegation.depth > 1 {
+                let max_depth = acl.max_depth_for(&request.capability).unwrap_or(self.chains.max_depth);
+                check_depth(&delegation, max_depth, caller, &request.capability)
+                    .map_err(|error| refused(error, None))?;
+            }
             // The tenant's quota first: a tenant over it is refused whoever calls.
             let tenant = match (&self.quota, entry) {
                 (Some(quota), Entry::Call) => quota.admit_call().map_err(|error| refused(error, None))?,
@@ -385,7 +390,7 @@ impl Admission {
         // Last, once the call is otherwise admitted: a refused call spends nothing.
         let budget = self
             .budgets
-            .charge(&mut delegation, request.budget.as_ref(), deadline_ms)
+            .charge(&mut delegation, request.budget.as_ref(), now.epoch_ms, deadline_ms)
             .map_err(in_version)?;
         group.selections.inc();
         Ok(Admitted {

@@ -58,7 +58,8 @@ impl Upstream {
 /// How deep chains may go and how late an upstream assertion still counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChainRules {
-    /// Hops a chain may have (`--max-depth`, 16).
+    /// Hops a chain may have (`--max-depth`, 16), unless acl.yaml's `chains:`
+    /// names another for the capability called.
     pub max_depth: u32,
     /// How long past its expiry an upstream assertion is believed
     /// (`--upstream-grace-s`, 300 s): an agent may call onwards late in a long call.
@@ -90,11 +91,11 @@ pub fn delegation_of(
     now_ms: u64,
 ) -> Result<Delegation, RouterError> {
     let Some(upstream) = upstream else {
-        return Ok(Delegation::direct(Vec::new()));
+        return Ok(Delegation::direct(groups_of(caller)));
     };
     let Caller::Agent { name, .. } = caller else {
         // Without authentication there is no caller to check the assertion against.
-        return Ok(Delegation::direct(Vec::new()));
+        return Ok(Delegation::direct(groups_of(caller)));
     };
     let claims = assertions
         .verify_own(&upstream.token, now_ms, rules.upstream_grace)
@@ -145,20 +146,42 @@ pub fn delegation_of(
             ))
         }
     }
-    let delegation = Delegation::onward(&claims);
-    if delegation.depth > rules.max_depth {
-        return Err(RouterError::new(
-            Code::DepthExceeded,
-            format!(
-                "the delegation chain would be {} hops deep; at most {} (--max-depth): a loop, or a chain too long",
-                delegation.depth, rules.max_depth
-            ),
-        )
-        .with_details(
-            json!({ "depth": delegation.depth, "max_depth": rules.max_depth, "chain": delegation.names(name) }),
-        ));
+    Ok(Delegation::onward(&claims))
+}
+
+/// The groups of a caller who begins a chain (its verified token's, for
+/// `subjects: [group:NAME]`); the chain carries them on from its first hop.
+/// The one place a call's subject groups come from.
+pub fn groups_of(_caller: &Caller) -> Vec<String> {
+    // Tokens name no groups yet (OIDC's groups claim, DESIGN §9, brings them).
+    Vec::new()
+}
+
+/// Refuses a chain deeper than `max_depth` hops (`--max-depth`, or the
+/// capability's `chains:` entry in acl.yaml).
+pub fn check_depth(
+    delegation: &Delegation,
+    max_depth: u32,
+    caller: &Caller,
+    capability: &str,
+) -> Result<(), RouterError> {
+    if delegation.depth <= max_depth {
+        return Ok(());
     }
-    Ok(delegation)
+    Err(RouterError::new(
+        Code::DepthExceeded,
+        format!(
+            "the delegation chain would be {} hops deep to reach `{capability}`; at most {max_depth} \
+             (--max-depth, or `chains:` in acl.yaml): a loop, or a chain too long",
+            delegation.depth
+        ),
+    )
+    .with_details(json!({
+        "depth": delegation.depth,
+        "max_depth": max_depth,
+        "capability": capability,
+        "chain": delegation.names(caller.name().unwrap_or("")),
+    })))
 }
 
 // === Budgets ===
@@ -172,50 +195,61 @@ pub struct Ledger {
 
 #[derive(Debug, Clone, Copy)]
 struct Left {
-    calls: i64,
-    cost: f64,
+    /// `None`: no limit on calls.
+    calls: Option<i64>,
+    /// `None`: no limit on cost.
+    cost: Option<f64>,
     /// When the entry may go (epoch ms).
     until_ms: u64,
+}
+
+impl Left {
+    fn view(&self) -> BudgetLeft {
+        BudgetLeft {
+            calls_left: self.calls.map(|calls| calls.max(0)),
+            cost_left: self.cost.map(|cost| cost.max(0.0)),
+        }
+    }
 }
 
 impl Ledger {
     /// Charges one call, or refuses it when no call (or no cost) is left.
     fn charge_call(&self) -> Result<BudgetLeft, RouterError> {
         let mut left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
-        if left.calls <= 0 || left.cost <= 0.0 {
+        let spent = left.calls.is_some_and(|calls| calls <= 0) || left.cost.is_some_and(|cost| cost <= 0.0);
+        if spent {
+            let view = left.view();
             return Err(RouterError::new(
                 Code::BudgetExhausted,
                 format!(
-                    "the chain's budget is spent ({} call(s), {} cost left)",
-                    left.calls.max(0),
-                    left.cost.max(0.0)
+                    "the delegation chain's budget is spent ({} call(s), {} cost left): give the first call a larger `budget`",
+                    view.calls_left.map_or("unlimited".to_string(), |calls| calls.to_string()),
+                    view.cost_left.map_or("unlimited".to_string(), |cost| cost.to_string()),
                 ),
             )
-            .with_details(
-                json!({ "calls_left": left.calls.max(0), "cost_left": left.cost.max(0.0), "budget": self.id }),
-            ));
+            .with_details(json!({ "calls_left": view.calls_left, "cost_left": view.cost_left, "budget": self.id })));
         }
-        left.calls -= 1;
-        Ok(BudgetLeft {
-            calls_left: left.calls,
-            cost_left: left.cost,
-        })
+        if let Some(calls) = &mut left.calls {
+            *calls -= 1;
+        }
+        Ok(left.view())
     }
 
-    /// Subtracts what an agent reported it cost.
-    pub fn spend(&self, cost: f64) {
-        if cost.is_finite() && cost > 0.0 {
-            self.left.lock().unwrap_or_else(PoisonError::into_inner).cost -= cost;
+    /// Subtracts what an agent reported it cost; answers what was subtracted.
+    pub fn spend(&self, cost: f64) -> f64 {
+        if !(cost.is_finite() && cost > 0.0) {
+            return 0.0;
         }
+        let mut left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(left) = &mut left.cost {
+            *left -= cost;
+        }
+        cost
     }
 
     /// What is left now.
     pub fn left(&self) -> BudgetLeft {
-        let left = self.left.lock().unwrap_or_else(PoisonError::into_inner);
-        BudgetLeft {
-            calls_left: left.calls.max(0),
-            cost_left: left.cost.max(0.0),
-        }
+        self.left.lock().unwrap_or_else(PoisonError::into_inner).view()
     }
 
     /// The claim an assertion carries.
@@ -258,29 +292,26 @@ impl Budgets {
     }
 
     /// Charges a call of `delegation`'s chain (the budget it carries), or of a
-    /// new chain given `given` (a call that begins one). `None`: no budget.
-    /// The delegation then carries the chain's claim for the next hop.
+    /// new chain given `given` (a call that begins one; a chained call's
+    /// `budget` field is ignored: the chain's own budget binds it). `None`: no
+    /// budget. The delegation then carries the chain's claim for the next hop.
     pub fn charge(
         &self,
         delegation: &mut Delegation,
         given: Option<&BudgetGiven>,
+        now_ms: u64,
         deadline_ms: u64,
     ) -> Result<Option<(Arc<Ledger>, BudgetLeft)>, RouterError> {
+        let left = |calls, cost| Left {
+            calls,
+            cost,
+            until_ms: deadline_ms.saturating_add(KEEP_AFTER_DEADLINE_MS),
+        };
         let ledger = match (&delegation.budget, given) {
-            (Some(claim), _) => self.ledger_of(claim, deadline_ms),
+            (Some(claim), _) => self.ledger(&claim.id, now_ms, || left(claim.calls_left, claim.cost_left)),
             (None, Some(given)) => {
                 let id = format!("b{:016x}", rand::random::<u64>());
-                let ledger = Arc::new(Ledger {
-                    id: id.clone(),
-                    left: Mutex::new(Left {
-                        calls: given.calls.map_or(i64::MAX, i64::from),
-                        // No cost limit: the largest finite number (JSON has no infinity).
-                        cost: given.cost.unwrap_or(f64::MAX),
-                        until_ms: deadline_ms.saturating_add(KEEP_AFTER_DEADLINE_MS),
-                    }),
-                });
-                self.insert(&id, ledger.clone(), deadline_ms);
-                ledger
+                self.ledger(&id, now_ms, || left(given.calls.map(i64::from), given.cost))
             }
             (None, None) => return Ok(None),
         };
@@ -289,32 +320,23 @@ impl Budgets {
         Ok(Some((ledger, left)))
     }
 
-    /// The ledger `claim` names: this router's, or one begun from the claim.
-    fn ledger_of(&self, claim: &BudgetClaim, deadline_ms: u64) -> Arc<Ledger> {
-        let shard = self.shard(&claim.id);
-        let mut ledgers = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        ledgers
-            .entry(claim.id.clone())
-            .or_insert_with(|| {
-                Arc::new(Ledger {
-                    id: claim.id.clone(),
-                    left: Mutex::new(Left {
-                        calls: claim.calls_left,
-                        cost: claim.cost_left,
-                        until_ms: deadline_ms.saturating_add(KEEP_AFTER_DEADLINE_MS),
-                    }),
-                })
-            })
-            .clone()
-    }
-
-    fn insert(&self, id: &str, ledger: Arc<Ledger>, now_ms: u64) {
+    /// The ledger `id`: this router's, or a new one from `begin` (a new
+    /// chain, or one begun on another router: its claim says what is left).
+    fn ledger(&self, id: &str, now_ms: u64, begin: impl FnOnce() -> Left) -> Arc<Ledger> {
         let shard = self.shard(id);
         let mut ledgers = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ledger) = ledgers.get(id) {
+            return ledger.clone();
+        }
         if ledgers.len() >= SWEEP_AT {
             ledgers.retain(|_, ledger| ledger.left.lock().unwrap_or_else(PoisonError::into_inner).until_ms > now_ms);
         }
-        ledgers.insert(id.to_string(), ledger);
+        let ledger = Arc::new(Ledger {
+            id: id.to_string(),
+            left: Mutex::new(begin()),
+        });
+        ledgers.insert(id.to_string(), ledger.clone());
+        ledger
     }
 }
 
@@ -330,8 +352,8 @@ mod tests {
             calls: Some(5),
             cost: None,
         };
-        let (ledger, left) = budgets.charge(&mut root, Some(&given), 1_000).unwrap().unwrap();
-        assert_eq!(left.calls_left, 4);
+        let (ledger, left) = budgets.charge(&mut root, Some(&given), 0, 1_000).unwrap().unwrap();
+        assert_eq!(left.calls_left, Some(4));
         // Every later call of the chain carries its claim, from any hop.
         let mut admitted = 1;
         let mut refused = 0;
@@ -341,7 +363,7 @@ mod tests {
                 depth: 2,
                 ..Delegation::default()
             };
-            match budgets.charge(&mut hop, None, 1_000) {
+            match budgets.charge(&mut hop, None, 0, 1_000) {
                 Ok(Some(_)) => admitted += 1,
                 Ok(None) => panic!("a chained call lost its budget"),
                 Err(error) => {
@@ -351,10 +373,10 @@ mod tests {
             }
         }
         assert_eq!((admitted, refused), (5, 6));
-        assert_eq!(ledger.left().calls_left, 0);
+        assert_eq!(ledger.left().calls_left, Some(0));
         // No budget, no ledger.
         assert!(budgets
-            .charge(&mut Delegation::direct(Vec::new()), None, 1_000)
+            .charge(&mut Delegation::direct(Vec::new()), None, 0, 1_000)
             .unwrap()
             .is_none());
     }
@@ -367,23 +389,29 @@ mod tests {
             calls: None,
             cost: Some(100.0),
         };
-        let (ledger, _) = budgets.charge(&mut root, Some(&given), 1_000).unwrap().unwrap();
+        let (ledger, _) = budgets.charge(&mut root, Some(&given), 0, 1_000).unwrap().unwrap();
         ledger.spend(60.0);
         ledger.spend(f64::NAN);
         ledger.spend(-5.0);
-        assert_eq!(ledger.left().cost_left, 40.0);
+        assert_eq!(
+            ledger.left(),
+            BudgetLeft {
+                calls_left: None,
+                cost_left: Some(40.0)
+            }
+        );
         let mut next = Delegation {
             budget: root.budget.clone(),
             ..Delegation::default()
         };
-        assert!(budgets.charge(&mut next, None, 1_000).is_ok());
+        assert!(budgets.charge(&mut next, None, 0, 1_000).is_ok());
         ledger.spend(50.0);
         let mut last = Delegation {
             budget: root.budget.clone(),
             ..Delegation::default()
         };
         assert_eq!(
-            budgets.charge(&mut last, None, 1_000).unwrap_err().code,
+            budgets.charge(&mut last, None, 0, 1_000).unwrap_err().code,
             Code::BudgetExhausted
         );
     }

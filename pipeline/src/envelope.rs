@@ -141,6 +141,14 @@ pub fn check_fields(request: &InvokeRequest) -> Result<(Option<semver::VersionRe
             }
         }
     }
+    if let Some(budget) = &request.budget {
+        if budget.calls.is_none() && budget.cost.is_none() {
+            return Err(invalid("budget", "a budget names `calls`, `cost` or both"));
+        }
+        if budget.cost.is_some_and(|cost| !(cost.is_finite() && cost >= 0.0)) {
+            return Err(invalid("budget", "budget.cost must be a number of at least 0"));
+        }
+    }
     let policy = request.target_policy.unwrap_or_default();
     if policy == TargetPolicy::ConsistentHash && request.session_id.as_deref().unwrap_or("").is_empty() {
         return Err(invalid(
@@ -247,6 +255,19 @@ mod tests {
             ),
             "session_id"
         );
+        for bad in [
+            r#"{"capability":"a","budget":{}}"#,
+            r#"{"capability":"a","budget":{"cost":-1}}"#,
+        ] {
+            assert_eq!(field_of(check_text(bad).err().unwrap()), "budget", "{bad}");
+        }
+        for bad in [
+            r#"{"capability":"a","budget":{"calls":-1}}"#,
+            r#"{"capability":"a","budget":{"calls":5,"tokens":3}}"#,
+            r#"{"capability":"a","budget":5}"#,
+        ] {
+            assert_eq!(parse(bad.as_bytes()).unwrap_err().code, Code::InvalidEnvelope, "{bad}");
+        }
         let ok = check_text(r#"{"capability":"order.query","capability_version":"^1.2"}"#)
             .ok()
             .unwrap();

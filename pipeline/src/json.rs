@@ -336,8 +336,8 @@ mod tests {
                 payload: &payload,
                 task_id,
                 budget: Some(BudgetLeft {
-                    calls_left: 3,
-                    cost_left: 1.5,
+                    calls_left: Some(3),
+                    cost_left: None,
                 }),
             };
             let owned = ForwardedEnvelope {
@@ -354,8 +354,8 @@ mod tests {
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
                 budget: Some(BudgetLeft {
-                    calls_left: 3,
-                    cost_left: 1.5,
+                    calls_left: Some(3),
+                    cost_left: None,
                 }),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();

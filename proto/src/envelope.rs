@@ -83,11 +83,14 @@ pub struct BudgetGiven {
 }
 
 /// What is left of a chain's budget: in a forwarded envelope (for the
-/// handler), in a result envelope (after the call and all it caused).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+/// handler), in a result envelope (after the call and all it caused). A
+/// member is absent when the budget given set no limit of that kind.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct BudgetLeft {
-    pub calls_left: i64,
-    pub cost_left: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_left: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_left: Option<f64>,
 }
 
 /// A relative timeout in the seeds' form: `{"value": 15, "unit": "s"}`.

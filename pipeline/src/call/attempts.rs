@@ -363,7 +363,7 @@ pub(crate) async fn run<E: Exchange>(
                 if let Some(usage) = usage::parse(usage.as_deref(), &agent_id) {
                     usage::record(&usage, &capability.metrics.model_tokens, trace.span.as_ref());
                     if let Some((ledger, _)) = &admitted.budget {
-                        ledger.spend(usage.cost);
+                        capability.metrics.budget_cost.inc_by(ledger.spend(usage.cost));
                     }
                 }
                 return Ok(Answered::Done(Success {
