@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use agent_reach_proto::envelope::{InvokeRequest, ResultEnvelope, ResultStatus, TargetPolicy};
+use agent_reach_proto::envelope::{BudgetGiven, InvokeRequest, ResultEnvelope, ResultStatus, TargetPolicy};
 use agent_reach_proto::Priority;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -47,6 +47,7 @@ pub struct CallOptions {
     session_id: Option<String>,
     context_id: Option<String>,
     request_id: Option<String>,
+    budget: Option<BudgetGiven>,
 }
 
 impl CallOptions {
@@ -70,6 +71,16 @@ impl CallOptions {
     /// A handler's calls carry its own request's priority unless set here.
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = Some(priority);
+        self
+    }
+
+    /// A budget for this call and every call made on its behalf down the
+    /// delegation chain (DESIGN §9): `calls` in all, and `cost` in the unit
+    /// agents report with [`crate::Ctx::report_usage`]; `None` is no limit of
+    /// that kind. A handler's calls spend from the budget of the chain they
+    /// belong to, whatever they set here.
+    pub fn budget(mut self, calls: Option<u32>, cost: Option<f64>) -> Self {
+        self.budget = Some(BudgetGiven { calls, cost });
         self
     }
 
@@ -154,7 +165,7 @@ pub(crate) fn envelope(
         source: None,
         replay_of: None,
         payload,
-        budget: None,
+        budget: options.budget,
     }
 }
 
