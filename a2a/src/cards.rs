@@ -118,6 +118,13 @@ pub(crate) fn card_of(api: &TaskApi, capability: &str, host: &str) -> Option<Val
                 "protocolBinding": "HTTP+JSON",
                 "protocolVersion": "1.0",
             },
+            // gRPC takes an address (spec §4.4.6); the agent is the request's `tenant`.
+            {
+                "url": host,
+                "protocolBinding": "GRPC",
+                "protocolVersion": "1.0",
+                "tenant": capability,
+            },
         ],
         "provider": { "organization": "Agent-Reach", "url": format!("{scheme}://{host}") },
         "capabilities": {

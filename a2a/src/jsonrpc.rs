@@ -87,7 +87,7 @@ pub async fn answer_rpc(
             Ok(message) => message,
             Err(refusal) => return refusal.into_response(&id).into(),
         };
-        return send(service, &caller, headers, message, received, &id, plain.wire).await;
+        return send(api, &caller, headers, message, received, &id, plain.wire).await;
     }
     let request: Value = match serde_json::from_slice(&bytes) {
         Ok(request) => request,
@@ -157,7 +157,7 @@ fn nothing() -> Answer {
 /// (none is: streams are refused in batches) as JSON-RPC's internal error.
 async fn answer_bytes(answer: Answer) -> Vec<u8> {
     let body = match answer {
-        Answer::Json { body, .. } => return body,
+        Answer::Json { body, .. } | Answer::Typed { body, .. } => return body,
         Answer::Response(response) => axum::body::to_bytes(response.into_body(), usize::MAX).await,
         Answer::Stream { .. } => {
             return rpc_error(&Value::Null, INTERNAL_ERROR, "a stream cannot be batched", None)
@@ -305,13 +305,22 @@ impl<H: HeaderLookup> One<'_, H> {
                     Ok(message) => message,
                     Err(refusal) => return refusal.into_response(&id).into(),
                 };
-                if let Err(refusal) = call.continued(&params["message"]).await {
-                    return refusal.into_response(&id).into();
-                }
+                let continued = match call.continued(&params["message"]).await {
+                    Ok(continued) => continued,
+                    Err(refusal) => return refusal.into_response(&id).into(),
+                };
                 let asked = match Asked::of(params, wire) {
                     Ok(asked) => asked,
                     Err(refusal) => return refusal.into_response(&id).into(),
                 };
+                // A message continuing a task that asked for input.
+                if let Some(task) = continued {
+                    return call
+                        .resume(task, message, asked, operation == Operation::Stream)
+                        .await
+                        .unwrap_or_else(|refusal| refusal.into_response(&id))
+                        .into();
+                }
                 // `--a2a-tasks always`: every message a durable task, answered as one.
                 let always = service.tuning().a2a_tasks_always && api.tasks_enabled();
                 match (operation, asked) {
@@ -322,9 +331,9 @@ impl<H: HeaderLookup> One<'_, H> {
                             push: None,
                             ..
                         },
-                    ) if !always => send(service, caller, headers, message, received, &id, wire).await,
+                    ) if !always => send(api, caller, headers, message, received, &id, wire).await,
                     (Operation::Stream, Asked { push: None, .. }) if !always => {
-                        send_streaming(service, caller, headers, message, received, (!self.rest).then(|| id.clone()), wire)
+                        send_streaming(api, caller, headers, message, received, (!self.rest).then(|| id.clone()), wire)
                             .await
                             .into()
                     }

@@ -1,7 +1,9 @@
 //! A2A at `/a2a/{capability}` (DESIGN §8, "A2A"): every capability is an A2A
 //! agent, with its agent card at `/a2a/{capability}/.well-known/agent-card.json`,
-//! the JSON-RPC binding at `POST /a2a/{capability}` and the HTTP+JSON (REST)
-//! binding under `/a2a/{capability}/v1/` (`rest.rs`).
+//! the JSON-RPC binding at `POST /a2a/{capability}`, the HTTP+JSON (REST)
+//! binding under `/a2a/{capability}/v1/` (`rest.rs`) and the gRPC binding,
+//! `lf.a2a.v1.A2AService` on the router's listener, the capability in each
+//! request's `tenant` (`grpc/`).
 //!
 //! Methods: `SendMessage` and `SendStreamingMessage` (v1.0 names; v0.3's
 //! `message/send` and `message/stream` when `A2A-Version` is absent or
@@ -20,10 +22,18 @@
 //! submitted as a task and answered as an A2A Task whose state is the
 //! durable task's; `GetTask`, `ListTasks`, `CancelTask` and
 //! `SubscribeToTask` (SSE) read and cancel it, for the caller that submitted
-//! it only; a push-notification config is the task's signed callback (one per
-//! task, its id the client's, its token and authentication sent back, its
-//! notification the task as a `StreamResponse`). Without `--redis` the card says
-//! `pushNotifications: false` and those methods answer A2A's errors.
+//! it only; push-notification configs (several per task, each with the
+//! client's id, its token and authentication sent back) are kept with the
+//! task and notified, the task as a `StreamResponse`, when it ends or asks
+//! for input. Without `--redis` the card says `pushNotifications: false`
+//! and those methods answer A2A's errors.
+//!
+//! Multi-turn tasks: an agent that needs more input answers a 4xx coded
+//! `INPUT_REQUIRED` (docs/design.md); the task goes `input-required` with the
+//! agent's question as its status message (a call answered at once becomes a
+//! durable task then, so it can be continued), and a message naming the task
+//! (`taskId`) continues it: queued again, delivered with the conversation so
+//! far (`history` in the envelope), its turns in the task's history.
 
 use std::borrow::Cow;
 
@@ -42,10 +52,11 @@ use agent_reach_pipeline::call::{Call, Door};
 use agent_reach_pipeline::clock;
 use agent_reach_pipeline::envelope;
 use agent_reach_pipeline::error::{Code, RouterError};
+use agent_reach_pipeline::outcome::input_required;
 use agent_reach_pipeline::stream::Item;
 use agent_reach_pipeline::trace;
 use agent_reach_pipeline::RouterService;
-use agent_reach_tasks::{Owned, TaskApi};
+use agent_reach_tasks::{parse_rfc3339, rfc3339, Owned, TaskApi};
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
@@ -65,9 +76,6 @@ const VERSION_NOT_SUPPORTED: i64 = -32009;
 /// Where A2A errors say which stable code they carry (`google.rpc.ErrorInfo`).
 const ERROR_INFO: &str = "type.googleapis.com/google.rpc.ErrorInfo";
 
-/// The id of a task's one push-notification config (its callback).
-const PUSH_CONFIG_ID: &str = "default";
-
 /// How many tasks a `ListTasks` page holds unless `pageSize` says (at most 100).
 const LIST_PAGE: usize = 50;
 
@@ -86,7 +94,8 @@ pub fn routes(api: TaskApi) -> axum::Router {
         )
         .route("/a2a/{capability}/.well-known/agent-card.json", get(card))
         .route("/.well-known/agent-card.json", get(root_card))
-        .with_state(api)
+        .with_state(api.clone())
+        .merge(grpc::routes(api))
 }
 
 /// The wire generation a request speaks (its method's name decides).
@@ -207,19 +216,25 @@ pub(crate) fn failed(id: &Value, error: &RouterError) -> Response {
 }
 
 mod cards;
+mod grpc;
 mod jsonrpc;
 mod message;
+mod push;
 mod rest;
 mod send;
 mod tasks;
+mod view;
 
 use cards::*;
 pub use jsonrpc::answer_rpc;
 use jsonrpc::*;
 use message::*;
+use push::*;
+pub use rest::answer_rest_send;
 use rest::*;
 use send::*;
 use tasks::*;
+use view::*;
 
 #[cfg(test)]
 mod tests {

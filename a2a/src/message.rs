@@ -360,6 +360,7 @@ impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for MapOnly<D> {
 }
 
 impl<'a> PlainSend<'a> {
+    /// A JSON-RPC `SendMessage` request (v0.3's `message/send` when allowed).
     pub(crate) fn read(bytes: &'a [u8], legacy_allowed: bool) -> Option<Self> {
         let mut deserializer = serde_json::Deserializer::from_slice(bytes);
         let FromObject(request) =
@@ -370,9 +371,23 @@ impl<'a> PlainSend<'a> {
             "message/send" if legacy_allowed => Wire::V03,
             _ => return None,
         };
-        let plain = request.jsonrpc == "2.0"
-            && matches!(request.id, Value::String(_) | Value::Number(_))
-            && request.params.0.configuration.is_none();
+        let rpc = request.jsonrpc == "2.0" && matches!(request.id, Value::String(_) | Value::Number(_));
+        Self::of(request.params.0, wire, request.id).filter(|_| rpc)
+    }
+
+    /// The REST binding's `message:send` body (the request's parameters, v1.0).
+    pub(crate) fn read_rest(bytes: &'a [u8]) -> Option<Self> {
+        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+        let FromObject(params) =
+            <FromObject<PlainParams<'a>> as serde::Deserialize>::deserialize(&mut deserializer).ok()?;
+        deserializer.end().ok()?;
+        Self::of(params, Wire::V1, Value::Null)
+    }
+
+    /// The plain call `params` ask for: no `configuration`, one DataPart, the
+    /// sender's fields as a client sends them, no task named.
+    fn of(params: PlainParams<'a>, wire: Wire, id: Value) -> Option<Self> {
+        let plain = params.configuration.is_none();
         let PlainMessage {
             message_id,
             context_id,
@@ -382,7 +397,7 @@ impl<'a> PlainSend<'a> {
             message_id_snake,
             context_id_snake,
             parts: [FromObject(part)],
-        } = request.params.0.message.0;
+        } = params.message.0;
         let snake = task_id_snake.is_some() || message_id_snake.is_some() || context_id_snake.is_some();
         // The sender's fields (the general reading refuses their absence).
         let user = match wire {
@@ -398,7 +413,7 @@ impl<'a> PlainSend<'a> {
             .data
             .filter(|_| wire == Wire::V1 || part.kind.as_deref() == Some("data"));
         Some(Self {
-            id: request.id,
+            id,
             wire,
             payload: data.filter(|_| plain && sender)?,
             message_id,

@@ -8,7 +8,7 @@
 use super::*;
 
 /// The REST answer's media type (spec §11.1).
-const A2A_JSON: &str = "application/a2a+json";
+pub(crate) const A2A_JSON: &str = "application/a2a+json";
 
 /// `GET`, `POST` and `DELETE` under `/a2a/{capability}/v1/`.
 pub(crate) async fn rest(
@@ -19,6 +19,81 @@ pub(crate) async fn rest(
     identified: Identified,
     headers: HeaderMap,
     body: Body,
+) -> Response {
+    let request = RestRequest {
+        capability: &capability,
+        method: &method,
+        route: &route,
+        query: query.as_deref(),
+    };
+    answer_rest(&api, identified, request, &headers, RequestBody::Unread(body)).await
+}
+
+/// `POST /a2a/{capability}/v1/message:send` on the front door's hot route
+/// (router/src/front.rs): the common call (one DataPart, no configuration)
+/// read without a JSON tree and answered as [`send_rest`] writes it; any
+/// other request, and every refusal, by the REST reading ([`answer_rest`]),
+/// so both readings agree on every request.
+pub async fn answer_rest_send(
+    api: &TaskApi,
+    identified: Identified,
+    capability: &str,
+    headers: &impl HeaderLookup,
+    body: bytes::Bytes,
+) -> Answer {
+    let version_spoken = matches!(
+        headers.value("a2a-version").map(<[u8]>::trim_ascii),
+        None | Some(b"") | Some(b"1.0") | Some(b"1.0.0")
+    );
+    let always = api.service().tuning().a2a_tasks_always && api.tasks_enabled();
+    if let (Ok(caller), true, false) = (&identified.caller, version_spoken, always) {
+        if let Some(plain) = PlainSend::read_rest(&body) {
+            let called = plain_call(
+                api.service(),
+                caller,
+                capability,
+                plain.payload,
+                plain.message_id,
+                plain.context_id,
+            );
+            if let Ok(message) = called {
+                return send_rest(api, caller, headers, message, identified.received).await;
+            }
+        }
+    }
+    let request = RestRequest {
+        capability,
+        method: &http::Method::POST,
+        route: "message:send",
+        query: None,
+    };
+    answer_rest(api, identified, request, headers, RequestBody::Read(body))
+        .await
+        .into()
+}
+
+/// A REST request's target.
+pub(crate) struct RestRequest<'a> {
+    capability: &'a str,
+    method: &'a http::Method,
+    /// The path after `/v1/`.
+    route: &'a str,
+    query: Option<&'a str>,
+}
+
+/// A REST request, read as the JSON-RPC request of its operation and
+/// answered by the one reading ([`One::answer`]), its answer translated.
+async fn answer_rest(
+    api: &TaskApi,
+    identified: Identified,
+    RestRequest {
+        capability,
+        method,
+        route,
+        query,
+    }: RestRequest<'_>,
+    headers: &impl HeaderLookup,
+    body: RequestBody,
 ) -> Response {
     let received = identified.received;
     let caller = match identified.caller {
@@ -40,13 +115,19 @@ pub(crate) async fn rest(
             );
         }
     }
-    let (rpc_method, path_params) = match operation_of(&method, &route) {
+    let (rpc_method, path_params) = match operation_of(method, route) {
         Ok(found) => found,
         Err(refusal) => return status_reply(refusal.0, &rpc_error(&Value::Null, refusal.1, &refusal.2, None)),
     };
     let mut params = Map::new();
     if method == http::Method::POST {
-        let bytes = match envelope::read_body(&headers, body, api.service().tuning().max_body_bytes).await {
+        let read = match body {
+            RequestBody::Unread(body) => {
+                envelope::read_body(headers, body, api.service().tuning().max_body_bytes).await
+            }
+            RequestBody::Read(bytes) => Ok(bytes),
+        };
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(error) => return translate(failed(&Value::Null, &error).into()).await,
         };
@@ -57,7 +138,7 @@ pub(crate) async fn rest(
             }
         };
     }
-    if let Err(problem) = query_params(rpc_method, query.as_deref(), &mut params) {
+    if let Err(problem) = query_params(rpc_method, query, &mut params) {
         return status_reply(
             StatusCode::BAD_REQUEST,
             &rpc_error(&Value::Null, INVALID_PARAMS, &problem, None),
@@ -84,10 +165,10 @@ pub(crate) async fn rest(
     }
     let request = json!({ "jsonrpc": "2.0", "id": 0, "method": rpc_method, "params": params });
     let one = One {
-        api: &api,
+        api,
         caller: &caller,
-        capability: &capability,
-        headers: &headers,
+        capability,
+        headers,
         received,
         legacy_allowed: false,
         rest: true,
@@ -261,10 +342,12 @@ fn percent_decode(text: &str) -> Option<String> {
 
 /// A JSON-RPC answer as the REST binding's: its result as the body, its
 /// error as a `google.rpc.Status`; a stream as it is.
-async fn translate(answer: Answer) -> Response {
+pub(crate) async fn translate(answer: Answer) -> Response {
     let (status, mut headers, body) = match answer {
         Answer::Stream { .. } => return answer.into_response(),
-        Answer::Json { status, body } => (status, HeaderMap::new(), bytes::Bytes::from(body)),
+        Answer::Json { status, body } | Answer::Typed { status, body, .. } => {
+            (status, HeaderMap::new(), bytes::Bytes::from(body))
+        }
         Answer::Response(response) => {
             let is_stream = response
                 .headers()
@@ -345,6 +428,7 @@ pub(crate) fn rest_error(reply: &Value, status: StatusCode) -> (StatusCode, Valu
             (http_status, grpc_name(http_status, code))
         }
         (TASK_NOT_FOUND, _) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        (INVALID_AGENT_RESPONSE, _) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
         (CONTENT_TYPE_NOT_SUPPORTED, _) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
         (-32009..=-32002, _) => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
         (METHOD_NOT_FOUND, _) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
@@ -362,7 +446,10 @@ pub(crate) fn rest_error(reply: &Value, status: StatusCode) -> (StatusCode, Valu
 /// The canonical (gRPC) code name of an HTTP error status, an A2A
 /// precondition error's `FAILED_PRECONDITION` kept.
 fn grpc_name(status: StatusCode, code: i64) -> &'static str {
-    if status == StatusCode::BAD_REQUEST && (-32009..=-32002).contains(&code) && code != CONTENT_TYPE_NOT_SUPPORTED {
+    if status == StatusCode::BAD_REQUEST
+        && (-32009..=-32002).contains(&code)
+        && !matches!(code, CONTENT_TYPE_NOT_SUPPORTED | INVALID_AGENT_RESPONSE)
+    {
         return "FAILED_PRECONDITION";
     }
     match status.as_u16() {

@@ -4,7 +4,7 @@
 use super::*;
 
 pub(crate) async fn send(
-    service: &RouterService,
+    api: &TaskApi,
     caller: &Caller,
     headers: &impl HeaderLookup,
     call: MessageCall,
@@ -12,11 +12,23 @@ pub(crate) async fn send(
     id: &Value,
     wire: Wire,
 ) -> Answer {
+    let service = api.service();
     let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
     let result = service.invoke(&call).await;
     let success = match result {
         Ok(success) => success,
-        Err(failure) => return failed(id, &failure.error).into(),
+        Err(failure) => {
+            return match input_required(&failure.error) {
+                Some(question) => {
+                    let task = paused_task(api, caller, &call.checked.request, None, question, wire).await;
+                    json_reply(
+                        StatusCode::OK,
+                        json!({ "jsonrpc": "2.0", "id": id, "result": task_result(task, wire, true) }),
+                    )
+                }
+                None => failed(id, &failure.error).into(),
+            }
+        }
     };
     let sent = Sent {
         id,
@@ -45,6 +57,53 @@ pub(crate) async fn send(
                 None,
             ),
         ),
+    }
+}
+
+/// REST `message:send` answered now (the common call, read without a
+/// JSON tree): the bare `{"message": …}` (`application/a2a+json`); an agent
+/// asking for input answers `{"task": …}` ([`paused_task`]); a failure is
+/// the binding's `google.rpc.Status`.
+pub(crate) async fn send_rest(
+    api: &TaskApi,
+    caller: &Caller,
+    headers: &impl HeaderLookup,
+    call: MessageCall,
+    received: clock::Now,
+) -> Answer {
+    let service = api.service();
+    let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
+    let success = match service.invoke(&call).await {
+        Ok(success) => success,
+        Err(failure) => {
+            return match input_required(&failure.error) {
+                Some(question) => {
+                    let task = paused_task(api, caller, &call.checked.request, None, question, Wire::V1).await;
+                    Answer::Typed {
+                        status: StatusCode::OK,
+                        content_type: A2A_JSON,
+                        body: json!({ "task": task }).to_string().into_bytes(),
+                    }
+                }
+                None => translate(failed(&Value::Null, &failure.error).into()).await.into(),
+            }
+        }
+    };
+    let sent = Sent {
+        id: &Value::Null,
+        wire: Wire::V1,
+        message_id: &trace::new_request_id(),
+        context_id: call.checked.request.session_id.as_deref().unwrap_or_default(),
+        output: success.output.as_deref().map_or("null", |raw| raw.get()),
+        agent_id: &success.agent_id,
+        capability_version: &success.capability_version,
+        attempts: success.attempts,
+        request_id: call.request_id(),
+    };
+    Answer::Typed {
+        status: StatusCode::OK,
+        content_type: A2A_JSON,
+        body: sent.to_rest_vec(),
     }
 }
 
@@ -84,6 +143,17 @@ impl Sent<'_> {
         result.end();
         answer.end();
         Ok(out)
+    }
+
+    /// The REST binding's answer (spec §11): the bare `SendMessageResponse`, `{"message": …}`.
+    pub(crate) fn to_rest_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(224 + self.output.len());
+        let mut answer = agent_reach_pipeline::json::Object::start(&mut out);
+        let mut message = answer.object("message");
+        self.message(&mut message);
+        message.end();
+        answer.end();
+        out
     }
 
     /// The Message's fields, into `message`.
@@ -128,15 +198,68 @@ pub(crate) fn sse_result(id: Option<&Value>, result: Value) -> bytes::Bytes {
     }
 }
 
-pub(crate) fn status(state: &str, wire: Wire) -> Value {
-    match wire {
-        Wire::V1 => json!({ "state": format!("TASK_STATE_{}", state.to_ascii_uppercase()) }),
-        Wire::V03 => json!({ "state": state }),
+/// A call answered at once whose agent asked for more input (`question`):
+/// a Task in `input-required`, its status message the question. With the
+/// slow path it is kept as a durable task (`task_id`, or a fresh id) that a
+/// message naming it continues; without it (or with its store unreachable)
+/// it is answered all the same, its metadata saying it cannot be continued.
+pub(crate) async fn paused_task(
+    api: &TaskApi,
+    caller: &Caller,
+    request: &agent_reach_proto::envelope::InvokeRequest,
+    task_id: Option<String>,
+    question: &str,
+    wire: Wire,
+) -> Value {
+    let task_id = task_id.unwrap_or_else(|| api.fresh_task_id(&request.capability));
+    let why = if api.tasks_enabled() {
+        let kept = match api.record_paused(caller, request, &task_id, question).await {
+            Ok(stored) => api.current(&stored).await,
+            Err(error) => Err(error),
+        };
+        match kept {
+            Ok(task) => return task_value(&task, wire, Shown::WHOLE),
+            Err(error) => {
+                tracing::warn!(message = "A task asking for input could not be kept; answered as one that cannot be continued.", %task_id, %error);
+                format!(
+                    "the task store could not keep it ({}): send the whole input again in a new message",
+                    error.message
+                )
+            }
+        }
+    } else {
+        "this router keeps no tasks (it runs without --redis): send the whole input again in a new message".to_string()
+    };
+    let context_id = request.session_id.clone().unwrap_or_default();
+    let message_id = request.request_id.clone().unwrap_or_default();
+    let mut question = agent_text(&trace::new_request_id(), question, wire);
+    let mut first = user_data(&message_id, request.payload.clone(), wire);
+    for message in [&mut question, &mut first] {
+        message["taskId"] = json!(task_id);
+        message["contextId"] = json!(context_id);
     }
+    let mut state = status(A2aState::InputRequired, wire);
+    state["message"] = question;
+    state["timestamp"] = json!(rfc3339(clock::epoch_ms()));
+    let mut value = json!({
+        "id": task_id,
+        "contextId": context_id,
+        "status": state,
+        "history": [first],
+        "artifacts": [],
+        "metadata": { "capability": request.capability, "request_id": message_id, "continuable": false, "note": why },
+    });
+    if wire == Wire::V03 {
+        value["kind"] = json!("task");
+    }
+    value
 }
 
+/// `SendStreamingMessage` answered now: the agent's events relayed as a
+/// task's artifact chunks; an agent asking for input instead answers the
+/// task in `input-required` ([`paused_task`]), and the stream ends.
 pub(crate) async fn send_streaming(
-    service: &RouterService,
+    api: &TaskApi,
     caller: &Caller,
     headers: &impl HeaderLookup,
     call: MessageCall,
@@ -144,20 +267,30 @@ pub(crate) async fn send_streaming(
     id: Option<Value>,
     wire: Wire,
 ) -> Response {
+    // Kept for a task asking for input (the call is the stream's).
+    let request = call.checked.request.clone();
     let call = Call::begin(Door::A2a, caller.clone(), call.checked, headers, received);
     // The server's id for the task (spec §3.4.2), not the sender's `messageId`
-    // (which stays the call's request id).
-    let task_id = trace::new_request_id();
+    // (which stays the call's request id): a task id of the slow path, under
+    // which it is kept if the agent asks for input.
+    let task_id = api.fresh_task_id(&request.capability);
     let context_id = call.checked.request.session_id.clone().unwrap_or_default();
-    let opened = match service.stream(call).await {
+    let opened = match api.service().stream(call).await {
         Ok(opened) => opened,
-        Err(failure) => return refused_stream(id.as_ref(), &failure.error),
+        Err(failure) => match input_required(&failure.error) {
+            Some(question) => {
+                let task = paused_task(api, caller, &request, Some(task_id), question, wire).await;
+                let event = sse_result(id.as_ref(), task_result(task, wire, true));
+                let body = futures::stream::iter([Ok::<_, std::convert::Infallible>(event)]);
+                return event_stream(Body::from_stream(body));
+            }
+            None => return refused_stream(id.as_ref(), &failure.error),
+        },
     };
+    let working = status(A2aState::Working, wire);
     let first = match wire {
-        Wire::V1 => json!({ "task": { "id": task_id, "contextId": context_id, "status": status("working", wire) } }),
-        Wire::V03 => {
-            json!({ "kind": "task", "id": task_id, "contextId": context_id, "status": status("working", wire) })
-        }
+        Wire::V1 => json!({ "task": { "id": task_id, "contextId": context_id, "status": working } }),
+        Wire::V03 => json!({ "kind": "task", "id": task_id, "contextId": context_id, "status": working }),
     };
     let opening = sse_result(id.as_ref(), first);
     let state = Relay {
@@ -242,7 +375,12 @@ impl Relay {
                 Some(Item::End(end)) => {
                     self.release(true);
                     let wire = self.wire;
-                    let mut state = status(if end.is_ok() { "completed" } else { "failed" }, wire);
+                    let ended = if end.is_ok() {
+                        A2aState::Completed
+                    } else {
+                        A2aState::Failed
+                    };
+                    let mut state = status(ended, wire);
                     if let Err(error) = &end {
                         let envelope = serde_json::to_value(error.envelope_error()).unwrap_or(Value::Null);
                         state["message"] = error_message(&envelope, wire);

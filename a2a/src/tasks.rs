@@ -1,15 +1,16 @@
-//! Durable tasks (the slow path): a message answered by a task, and the task
-//! operations (get, cancel, subscribe, list, push configs) over `agent_reach_tasks`.
+//! Durable tasks (the slow path): a message answered by a task, a message
+//! continuing a task that asked for input, and the task operations (get,
+//! cancel, subscribe, list) over `agent_reach_tasks`; push configs are in
+//! `push.rs`, how a task shows in `view.rs`.
 
 use super::*;
-
-// === Durable tasks (the slow path) ===
+use agent_reach_task_store::{State, Task};
 
 /// What a `SendMessage`'s `configuration` asks beyond a plain call.
 pub(crate) struct Asked {
     /// Answer with the task at once (v1.0 `returnImmediately`, v0.3 `blocking: false`).
     pub(crate) task: bool,
-    /// A push config: the task's callback.
+    /// A push config, kept with the task (`push.rs`).
     pub(crate) push: Option<agent_reach_task_store::Callback>,
     /// The history the answering Task shows (`configuration.historyLength`).
     pub(crate) history: Option<usize>,
@@ -60,95 +61,6 @@ pub(crate) fn field<'a>(object: &'a Value, camel: &str) -> Option<&'a Value> {
     })
 }
 
-/// Whether `text` may travel as an HTTP header value (visible ASCII and spaces, not at the ends).
-fn header_safe(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 4096
-        && text.trim() == text
-        && text.bytes().all(|byte| byte == b' ' || byte.is_ascii_graphic())
-}
-
-/// A push config (A2A spec §4.3.1) as the task's callback: its `url`, its
-/// `id` (the client's, or `default`), and the `token` and `authentication`
-/// the receiver asked to be sent back (`X-A2A-Notification-Token`,
-/// `Authorization: <scheme> <credentials>`). Every notification is also
-/// signed with `X-Agent-Reach-Signature` (design §3.10.6). ProtoJSON's
-/// snake_case names are read too.
-pub(crate) fn push_config_of(config: &Value) -> Result<agent_reach_task_store::Callback, Refusal> {
-    let config = field(config, "pushNotificationConfig")
-        .filter(|inner| inner.is_object())
-        .unwrap_or(config);
-    let Some(url) = config.get("url").and_then(Value::as_str).filter(|url| !url.is_empty()) else {
-        return Err(invalid(
-            "a push notification config needs a `url` (where the task's outcome is POSTed)",
-        ));
-    };
-    let text = |name: &str| -> Result<Option<String>, Refusal> {
-        match field(config, name).filter(|value| !value.is_null()) {
-            None => Ok(None),
-            Some(Value::String(text)) if text.is_empty() => Ok(None),
-            Some(Value::String(text)) if header_safe(text) => Ok(Some(text.clone())),
-            Some(other) => Err(invalid(format!(
-                "the push config's `{name}` must be printable ASCII without surrounding spaces (it travels as a header), not {other}"
-            ))),
-        }
-    };
-    let id = text("id")?.unwrap_or_else(|| PUSH_CONFIG_ID.to_string());
-    if id.len() > 128 {
-        return Err(invalid("a push config's `id` holds at most 128 characters"));
-    }
-    let token = text("token")?;
-    let authentication = match field(config, "authentication").filter(|value| !value.is_null() && *value != &json!({}))
-    {
-        None => None,
-        Some(authentication) => {
-            // v1.0 names one `scheme`; v0.3 a list, `schemes`, of which the first is used.
-            let scheme = authentication
-                .get("scheme")
-                .or_else(|| authentication.pointer("/schemes/0"))
-                .and_then(Value::as_str)
-                .filter(|scheme| {
-                    !scheme.is_empty()
-                        && scheme
-                            .bytes()
-                            .all(|byte| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte))
-                });
-            let Some(scheme) = scheme else {
-                return Err(invalid(
-                    "the push config's `authentication` needs a `scheme`: an HTTP authentication scheme such as `Bearer`",
-                ));
-            };
-            let credentials = match authentication.get("credentials").filter(|value| !value.is_null()) {
-                None => None,
-                Some(Value::String(credentials)) if header_safe(credentials) => Some(credentials.clone()),
-                Some(_) => {
-                    return Err(invalid(
-                        "the push config's `authentication.credentials` must be printable ASCII (they travel in the Authorization header)",
-                    ))
-                }
-            };
-            Some(agent_reach_task_store::PushAuthentication {
-                scheme: scheme.to_string(),
-                credentials,
-            })
-        }
-    };
-    Ok(agent_reach_task_store::Callback {
-        url: url.to_string(),
-        secret_ref: None,
-        a2a: Some(agent_reach_task_store::PushConfig {
-            id,
-            token,
-            authentication,
-        }),
-    })
-}
-
-/// The id of a task's push config (`default` for a callback set by `POST /v1/tasks`).
-pub(crate) fn config_id_of(callback: &agent_reach_task_store::Callback) -> &str {
-    callback.a2a.as_ref().map_or(PUSH_CONFIG_ID, |push| push.id.as_str())
-}
-
 /// One JSON-RPC call on the task methods.
 pub(crate) struct Rpc<'a> {
     pub(crate) api: &'a TaskApi,
@@ -159,300 +71,6 @@ pub(crate) struct Rpc<'a> {
     pub(crate) wire: Wire,
     /// Answering on the REST binding: streams carry bare `StreamResponse`s.
     pub(crate) rest: bool,
-}
-
-/// A2A's name for a durable task's state.
-pub(crate) fn task_state(state: agent_reach_task_store::State) -> &'static str {
-    use agent_reach_task_store::State;
-    match state {
-        State::Pending => "submitted",
-        State::Running | State::Retrying => "working",
-        State::Succeeded => "completed",
-        State::Failed => "failed",
-        State::Canceled => "canceled",
-    }
-}
-
-/// Epoch milliseconds as RFC 3339 in UTC (`2026-12-01T21:43:21.123Z`).
-pub(crate) fn rfc3339(epoch_ms: u64) -> String {
-    let (days, ms_of_day) = (epoch_ms / 86_400_000, epoch_ms % 86_400_000);
-    // Howard Hinnant's civil_from_days, for days since 1970-01-01 (never negative here).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (hours, minutes) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60);
-    let (seconds, millis) = (ms_of_day / 1000 % 60, ms_of_day % 1000);
-    format!("{year:04}-{month:02}-{day:02}T{hours:02}:{minutes:02}:{seconds:02}.{millis:03}Z")
-}
-
-/// A status message carrying an error envelope (`metadata.error`) and its text.
-pub(crate) fn error_message(error: &Value, wire: Wire) -> Value {
-    let text = format!(
-        "{}: {}",
-        error.get("code").and_then(Value::as_str).unwrap_or("ERROR"),
-        error.get("message").and_then(Value::as_str).unwrap_or("")
-    );
-    match wire {
-        Wire::V1 => json!({ "messageId": trace::new_request_id(), "role": "ROLE_AGENT",
-                "parts": [{ "text": text }], "metadata": { "error": error } }),
-        Wire::V03 => json!({ "kind": "message", "messageId": trace::new_request_id(), "role": "agent",
-                "parts": [{ "kind": "text", "text": text }], "metadata": { "error": error } }),
-    }
-}
-
-/// A durable task's status: its state, when it entered it, and the error of a failed or canceled one.
-pub(crate) fn task_status(task: &agent_reach_task_store::Task, wire: Wire) -> Value {
-    let mut value = status(task_state(task.state), wire);
-    value["timestamp"] = json!(rfc3339(task.updated_at_ms));
-    if let Some(error) = task.result.as_ref().and_then(|result| result.get("error")) {
-        if !error.is_null() {
-            value["message"] = error_message(error, wire);
-        }
-    }
-    value
-}
-
-/// The output artifact of a task that succeeded.
-pub(crate) fn output_artifact(task: &agent_reach_task_store::Task, wire: Wire) -> Option<Value> {
-    let output = task.result.as_ref()?.get("output")?.clone();
-    Some(json!({ "artifactId": format!("{}-output", task.task_id), "parts": [data_part(output, wire)] }))
-}
-
-/// A task's history (spec §3.2.4): the message that started it, the only
-/// message a task here has (its output is the artifact, an error the status
-/// message). Its id is the task's request id (the sender's `messageId`).
-pub(crate) fn history(task: &agent_reach_task_store::Task, wire: Wire) -> Vec<Value> {
-    let payload = task.envelope.get("payload").cloned().unwrap_or(Value::Null);
-    let context_id = task.session_id.clone().unwrap_or_default();
-    let mut message = match wire {
-        Wire::V1 => json!({ "messageId": task.request_id, "role": "ROLE_USER" }),
-        Wire::V03 => json!({ "kind": "message", "messageId": task.request_id, "role": "user" }),
-    };
-    message["contextId"] = json!(context_id);
-    message["taskId"] = json!(task.task_id);
-    message["parts"] = json!([data_part(payload, wire)]);
-    vec![message]
-}
-
-/// How much of a task an answer shows.
-#[derive(Clone, Copy)]
-pub(crate) struct Shown {
-    /// The `artifacts` field (`[]` when there is none yet); omitted when false.
-    pub(crate) artifacts: bool,
-    /// The most recent messages of its history to show (`None`: all of it;
-    /// `Some(0)`: no `history` field).
-    pub(crate) history: Option<usize>,
-}
-
-impl Shown {
-    /// A task answered whole: its artifacts and all its history.
-    pub(crate) const WHOLE: Self = Self {
-        artifacts: true,
-        history: None,
-    };
-}
-
-/// A durable task as an A2A Task.
-pub(crate) fn task_value(task: &agent_reach_task_store::Task, wire: Wire, shown: Shown) -> Value {
-    let result = task.result.as_ref();
-    let mut metadata = json!({
-        "capability": task.capability,
-        "request_id": task.request_id,
-        "attempts": task.attempts,
-    });
-    for field in ["agent_id", "capability_version"] {
-        if let Some(value) = result
-            .and_then(|result| result.get(field))
-            .filter(|value| !value.is_null())
-        {
-            metadata[field] = value.clone();
-        }
-    }
-    let mut value = json!({
-        "id": task.task_id,
-        "contextId": task.session_id.clone().unwrap_or_default(),
-        "status": task_status(task, wire),
-        "metadata": metadata,
-    });
-    if shown.artifacts {
-        value["artifacts"] = json!(output_artifact(task, wire).into_iter().collect::<Vec<_>>());
-    }
-    if shown.history != Some(0) {
-        let mut messages = history(task, wire);
-        let keep = shown.history.unwrap_or(usize::MAX).min(messages.len());
-        value["history"] = json!(messages.split_off(messages.len() - keep));
-    }
-    if wire == Wire::V03 {
-        value["kind"] = json!("task");
-    }
-    value
-}
-
-/// A `historyLength` parameter (spec §3.2.4): absent or `null` is `None`
-/// (no limit), else a count of at least 0.
-pub(crate) fn history_length(value: Option<&Value>, name: &str) -> Result<Option<usize>, Refusal> {
-    match value.filter(|value| !value.is_null()) {
-        None => Ok(None),
-        Some(value) => match value.as_u64() {
-            Some(length) => Ok(Some(usize::try_from(length).unwrap_or(usize::MAX))),
-            None => Err(invalid(format!(
-                "`{name}` must be an integer of at least 0 (the most recent messages to return; 0 returns none), not {value}"
-            ))),
-        },
-    }
-}
-
-/// An RFC 3339 timestamp (ProtoJSON's `Timestamp`: `2026-12-01T21:43:21.123Z`,
-/// fractional seconds and a `±hh:mm` offset optional) as epoch
-/// milliseconds; one before 1970 is 0. `None` when it is not one.
-pub(crate) fn parse_rfc3339(text: &str) -> Option<u64> {
-    let bytes = text.as_bytes();
-    let digits = |range: std::ops::Range<usize>| -> Option<i64> {
-        let part = text.get(range)?;
-        part.bytes()
-            .all(|byte| byte.is_ascii_digit())
-            .then(|| part.parse().ok())?
-    };
-    if bytes.len() < 20 || bytes[4] != b'-' || bytes[7] != b'-' || !matches!(bytes[10], b'T' | b't') {
-        return None;
-    }
-    if bytes[13] != b':' || bytes[16] != b':' {
-        return None;
-    }
-    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
-    let (hours, minutes, seconds) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
-    let mut at = 19;
-    let mut millis = 0i64;
-    if bytes[at] == b'.' {
-        let start = at + 1;
-        let end = start + bytes[start..].iter().take_while(|byte| byte.is_ascii_digit()).count();
-        if end == start {
-            return None;
-        }
-        // Milliseconds: the first three digits, padded.
-        let fraction: String = text[start..end].chars().chain("00".chars()).take(3).collect();
-        millis = fraction.parse().ok()?;
-        at = end;
-    }
-    let offset_minutes = match &text[at..] {
-        "Z" | "z" => 0,
-        zone if zone.len() == 6 && matches!(zone.as_bytes()[0], b'+' | b'-') && zone.as_bytes()[3] == b':' => {
-            let (hours, minutes) = (digits(at + 1..at + 3)?, digits(at + 4..at + 6)?);
-            let sign = if zone.starts_with('-') { -1 } else { 1 };
-            sign * (hours * 60 + minutes)
-        }
-        _ => return None,
-    };
-    let leap = |year: i64| (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-    let month_days = [
-        31,
-        if leap(year) { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    let valid = (1..=12).contains(&month)
-        && day >= 1
-        && day <= month_days[usize::try_from(month - 1).ok()?]
-        && hours < 24
-        && minutes < 60
-        && seconds < 61;
-    if !valid {
-        return None;
-    }
-    // Howard Hinnant's days_from_civil.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let ms = ((days * 24 + hours) * 60 + minutes - offset_minutes) * 60_000 + seconds * 1000 + millis;
-    Some(u64::try_from(ms).unwrap_or(0))
-}
-
-/// A `ListTasks` `status` filter: `None` for none (absent, unspecified),
-/// else the A2A state name a task must be in.
-pub(crate) fn status_filter(value: Option<&Value>) -> Result<Option<&'static str>, Refusal> {
-    const STATES: [&str; 9] = [
-        "TASK_STATE_UNSPECIFIED",
-        "TASK_STATE_SUBMITTED",
-        "TASK_STATE_WORKING",
-        "TASK_STATE_COMPLETED",
-        "TASK_STATE_FAILED",
-        "TASK_STATE_CANCELED",
-        "TASK_STATE_INPUT_REQUIRED",
-        "TASK_STATE_REJECTED",
-        "TASK_STATE_AUTH_REQUIRED",
-    ];
-    let state = match value.filter(|value| !value.is_null()) {
-        None => return Ok(None),
-        // ProtoJSON takes an enum by name or by number.
-        Some(Value::String(name)) => STATES.iter().find(|state| **state == name.as_str()).copied(),
-        Some(Value::Number(number)) => number
-            .as_u64()
-            .and_then(|index| STATES.get(usize::try_from(index).ok()?))
-            .copied(),
-        Some(_) => None,
-    };
-    match state {
-        Some("TASK_STATE_UNSPECIFIED") => Ok(None),
-        Some(state) => Ok(Some(state)),
-        None => Err(invalid(format!(
-            "`status` {} is not a task state: one of {}",
-            value.map(Value::to_string).unwrap_or_default(),
-            STATES[1..].join(", ")
-        ))),
-    }
-}
-
-/// A task still in the router's local buffer (Redis unreachable): submitted.
-pub(crate) fn buffered_value(task_id: &str, wire: Wire) -> Value {
-    let mut value = json!({ "id": task_id, "contextId": "", "status": status("submitted", wire) });
-    if wire == Wire::V03 {
-        value["kind"] = json!("task");
-    }
-    value
-}
-
-/// A status update for `task`.
-pub(crate) fn status_update(task: &agent_reach_task_store::Task, wire: Wire) -> Value {
-    let update = json!({
-        "taskId": task.task_id,
-        "contextId": task.session_id.clone().unwrap_or_default(),
-        "status": task_status(task, wire),
-    });
-    match wire {
-        Wire::V1 => json!({ "statusUpdate": update }),
-        Wire::V03 => {
-            let mut update = update;
-            update["kind"] = json!("status-update");
-            update["final"] = json!(task.state.is_terminal());
-            update
-        }
-    }
-}
-
-/// A Task as a result of its wire (v1.0 wraps it as `{"task": …}` where a Message could be).
-pub(crate) fn task_result(task: Value, wire: Wire, wrapped: bool) -> Value {
-    match wire {
-        Wire::V1 if wrapped => json!({ "task": task }),
-        _ => task,
-    }
 }
 
 /// A router error on a task method: A2A's code for it, else [`failed`]'s.
@@ -538,58 +156,70 @@ impl Rpc<'_> {
     }
 
     /// `SendMessage` / `SendStreamingMessage` as a durable task: submitted,
-    /// then answered at once (`returnImmediately`), once it ended (a push
-    /// config without it, within the call's deadline), or streamed.
+    /// then answered as [`Rpc::answer_task`] says.
     pub(crate) async fn submit(&self, message: MessageCall, asked: Asked, streamed: bool) -> Result<Response, Refusal> {
         let operation = if asked.push.is_some() {
             Operation::PushSet
         } else {
             Operation::Send
         };
+        let task_id = self
+            .api
+            .submit_call(self.caller, &message.checked, asked.push.clone())
+            .await
+            .map_err(|error| task_refusal(error, operation))?;
+        self.answer_task(&task_id, &asked, streamed, &message).await
+    }
+
+    /// A message's answer once it made or continued durable task `task_id`:
+    /// streamed (the Task, then its updates until it settles), at once
+    /// (`returnImmediately`), or (a blocking send, spec §3.2.2) once it
+    /// ended or asks for input, within the call's deadline.
+    async fn answer_task(
+        &self,
+        task_id: &str,
+        asked: &Asked,
+        streamed: bool,
+        message: &MessageCall,
+    ) -> Result<Response, Refusal> {
         let shown = Shown {
             history: asked.history,
             ..Shown::WHOLE
         };
-        let task_id = self
-            .api
-            .submit_call(self.caller, &message.checked, asked.push)
-            .await
-            .map_err(|error| task_refusal(error, operation))?;
         if streamed {
-            let task = self.stored(&task_id, Operation::Subscribe).await?;
+            let task = self.stored(task_id, Operation::Subscribe).await?;
             return Ok(self.subscription(task));
         }
         if !asked.task {
-            // Blocking with a push config: wait for the outcome, within the call's deadline.
             let timeout = message.checked.request.timeout_ms.map_or(
                 self.api.service().tuning().default_timeout,
                 std::time::Duration::from_millis,
             );
             let until = tokio::time::Instant::now() + timeout;
             loop {
-                let task = self.stored(&task_id, Operation::Get).await?;
-                if task.state.is_terminal() || tokio::time::Instant::now() >= until {
+                let task = self.stored(task_id, Operation::Get).await?;
+                if task.state.is_settled() || tokio::time::Instant::now() >= until {
                     return Ok(self.answer(task_result(task_value(&task, self.wire, shown), self.wire, true)));
                 }
                 tokio::time::sleep(agent_reach_tasks::POLL).await;
             }
         }
-        let task = match self.owned(&task_id, Operation::Get).await? {
+        let task = match self.owned(task_id, Operation::Get).await? {
             Owned::Stored(task) => task_value(&task, self.wire, shown),
             Owned::Buffered(task_id) => buffered_value(&task_id, self.wire),
         };
         Ok(self.answer(task_result(task, self.wire, true)))
     }
 
-    /// A message naming a task (`message.taskId`) continues it (spec §3.4.2).
-    /// The task must be the caller's, of this capability: any other is
-    /// `-32001`. One that ended takes no more messages (`-32004`, §3.1.1);
-    /// a running one takes none either, since no capability here asks for
-    /// more input (`input-required`), so it is refused `-32004` too. `Ok`
-    /// only when the message names no task.
-    pub(crate) async fn continued(&self, message: &Value) -> Result<(), Refusal> {
+    /// The task a message names (`message.taskId`, spec §3.4.2), which it
+    /// continues: `None` when it names none (the message starts a task). The
+    /// task must be the caller's, of this capability: any other is `-32001`;
+    /// a `contextId` other than the task's is refused (§3.4.3). Only a task
+    /// waiting for input takes a message: one that ended is `-32004`
+    /// (§3.1.1), one still working `-32004` too.
+    pub(crate) async fn continued(&self, message: &Value) -> Result<Option<Task>, Refusal> {
         let Some(named) = field(message, "taskId").filter(|id| !id.is_null()) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(task_id) = named.as_str().filter(|id| !id.is_empty()) else {
             return Err(invalid(
@@ -606,29 +236,72 @@ impl Rpc<'_> {
                 })
             }
         };
-        if let Some(context) = field(message, "contextId").and_then(Value::as_str) {
+        if let Some(context) = field(message, "contextId")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+        {
             if task.session_id.as_deref().is_some_and(|session| session != context) {
                 return Err(invalid(format!(
                     "`params.message.contextId` `{context}` is not the context of task `{task_id}`; omit it or send the task's"
                 )));
             }
         }
-        let why = if task.state.is_terminal() {
-            format!(
+        let why = match task.state {
+            State::InputRequired => return Ok(Some(*task)),
+            state if state.is_terminal() => format!(
                 "task `{task_id}` is {} and accepts no further messages; send one without `taskId` to start a task",
-                task_state(task.state)
-            )
-        } else {
-            format!(
-                "task `{task_id}` is {} and has not asked for input: it accepts no message until it ends",
-                task_state(task.state)
-            )
+                task_state(state)
+            ),
+            state => format!(
+                "task `{task_id}` is {} and has not asked for input: it takes a message once it does",
+                task_state(state)
+            ),
         };
         Err(Refusal {
             code: UNSUPPORTED_OPERATION,
             message: why,
             error: None,
         })
+    }
+
+    /// A message continuing `task` (waiting for input): its payload checked
+    /// against the capability's input schema now (a mismatch is the
+    /// caller's, and leaves the task waiting), a push config it carries
+    /// added, then the task queued again with it; answered as a send is.
+    pub(crate) async fn resume(
+        &self,
+        task: Task,
+        message: MessageCall,
+        asked: Asked,
+        streamed: bool,
+    ) -> Result<Response, Refusal> {
+        let request = &message.checked.request;
+        self.api
+            .service()
+            .check_payload(&task.capability, &request.payload)
+            .map_err(Refusal::stable)?;
+        if let Some(config) = &asked.push {
+            self.api
+                .put_push_config(&task, config)
+                .await
+                .map_err(|error| task_refusal(error, Operation::PushSet))?;
+        }
+        let message_id = request.request_id.clone().unwrap_or_else(trace::new_request_id);
+        self.api
+            .continue_task(self.caller, &task, &message_id, request.payload.clone())
+            .await
+            .map_err(|error| {
+                let mut refusal = task_refusal(error, Operation::Send);
+                if refusal.code == UNSUPPORTED_OPERATION {
+                    // Another message continued it first: it is no longer waiting.
+                    refusal.message = format!(
+                        "task `{}` no longer waits for input (another message continued it): {}",
+                        task.task_id, refusal.message
+                    );
+                }
+                refusal
+            })?;
+        self.answer_task(&task.task_id, &asked, streamed, &message).await
     }
 
     pub(crate) async fn on_task(&self, operation: Operation) -> Result<Response, Refusal> {
@@ -676,107 +349,13 @@ impl Rpc<'_> {
                 Ok(self.subscription(task))
             }
             Operation::List => self.list().await,
-            Operation::PushSet => {
-                let task_id = self.string("taskId", "taskId")?;
-                let callback = push_config_of(self.params)?;
-                let task = self.stored(&task_id, operation).await?;
-                if task.state.is_terminal() {
-                    return Err(Refusal {
-                        code: UNSUPPORTED_OPERATION,
-                        message: format!(
-                            "task `{task_id}` is {}: it sends no more notifications, so it takes no push config \
-                             (read its outcome with GetTask)",
-                            task_state(task.state)
-                        ),
-                        error: None,
-                    });
-                }
-                // One config per task (it is the task's callback): a second id is
-                // refused, not put in the first's place.
-                if let Some(held) = task
-                    .callback
-                    .as_ref()
-                    .filter(|held| config_id_of(held) != config_id_of(&callback))
-                {
-                    return Err(Refusal {
-                        code: UNSUPPORTED_OPERATION,
-                        message: format!(
-                            "task `{task_id}` has push notification config `{}`; a task here has one: delete it first, or create `{}` again to replace it",
-                            config_id_of(held),
-                            config_id_of(held)
-                        ),
-                        error: None,
-                    });
-                }
-                let task = self
-                    .api
-                    .set_callback(&task, Some(&callback))
-                    .await
-                    .map_err(|error| task_refusal(error, operation))?;
-                Ok(self.answer(push_config_value(&task, wire).unwrap_or(Value::Null)))
-            }
-            Operation::PushGet => {
-                let task_id = self.string("taskId", "id")?;
-                let task = self.stored(&task_id, operation).await?;
-                self.config_id(&task)?;
-                Ok(self.answer(push_config_value(&task, wire).unwrap_or(Value::Null)))
-            }
-            Operation::PushList => {
-                let task_id = self.string("taskId", "id")?;
-                let task = self.stored(&task_id, operation).await?;
-                let configs: Vec<Value> = push_config_value(&task, wire).into_iter().collect();
-                Ok(self.answer(match wire {
-                    Wire::V1 => json!({ "configs": configs, "nextPageToken": "" }),
-                    Wire::V03 => json!(configs),
-                }))
-            }
-            Operation::PushDelete => {
-                let task_id = self.string("taskId", "id")?;
-                let task = self.stored(&task_id, operation).await?;
-                self.config_id(&task)?;
-                self.api
-                    .set_callback(&task, None)
-                    .await
-                    .map_err(|error| task_refusal(error, operation))?;
-                Ok(self.answer(Value::Null))
-            }
+            Operation::PushSet => self.push_set().await,
+            Operation::PushGet => self.push_get().await,
+            Operation::PushList => self.push_list().await,
+            Operation::PushDelete => self.push_delete().await,
             Operation::Send | Operation::Stream | Operation::ExtendedCard => {
                 Err(invalid(format!("{operation:?} is not a task method")))
             }
-        }
-    }
-
-    /// The push config a get or delete names (`id`; v0.3
-    /// `pushNotificationConfigId`) is `task`'s: else `-32001` (spec §3.1.8:
-    /// a config that does not exist is TaskNotFound). Absent names the one there is.
-    pub(crate) fn config_id(&self, task: &agent_reach_task_store::Task) -> Result<(), Refusal> {
-        let name = if self.wire == Wire::V1 {
-            "id"
-        } else {
-            "pushNotificationConfigId"
-        };
-        let named = field(self.params, name)
-            .and_then(Value::as_str)
-            .filter(|id| !id.is_empty());
-        match (&task.callback, named) {
-            (Some(_), None) => Ok(()),
-            (Some(held), Some(named)) if config_id_of(held) == named => Ok(()),
-            (held, named) => Err(Refusal {
-                code: TASK_NOT_FOUND,
-                message: match (held, named) {
-                    (None, _) => format!(
-                        "task `{}` has no push notification config (set one with CreateTaskPushNotificationConfig)",
-                        task.task_id
-                    ),
-                    (Some(held), named) => format!(
-                        "task `{}` has no push notification config `{}` (its one config is `{}`)",
-                        task.task_id,
-                        named.unwrap_or_default(),
-                        config_id_of(held)
-                    ),
-                },
-                error: None,
-            }),
         }
     }
 
@@ -876,9 +455,11 @@ impl Rpc<'_> {
         })))
     }
 
-    /// SSE of the task's updates: the Task now, a status update per state it
-    /// enters, its output artifact when it succeeded, ending with it.
-    pub(crate) fn subscription(&self, task: agent_reach_task_store::Task) -> Response {
+    /// SSE of the task's updates: the Task now, then a status update per
+    /// state it enters (its output artifact first when it succeeded), ending
+    /// once it ends or asks for input after the subscription began (a task
+    /// already waiting for input is followed until its next settling).
+    pub(crate) fn subscription(&self, task: Task) -> Response {
         let (api, wire) = (self.api.clone(), self.wire);
         let id = (!self.rest).then(|| self.id.clone());
         let opening = sse_result(
@@ -919,7 +500,7 @@ impl Rpc<'_> {
                     if task.state == last.state && task.transitions.len() == last.transitions.len() {
                         continue;
                     }
-                    if task.state == agent_reach_task_store::State::Succeeded {
+                    if task.state == State::Succeeded {
                         if let Some(artifact) = output_artifact(&task, wire) {
                             let update = json!({
                                 "taskId": task.task_id, "contextId": task.session_id.clone().unwrap_or_default(),
@@ -930,60 +511,11 @@ impl Rpc<'_> {
                     }
                     queued.push(sse_result(id.as_ref(), status_update(&task, wire)));
                     let event = queued.remove(0);
-                    return Some((Ok(event), (task, queued, false)));
+                    let settled = task.state.is_settled();
+                    return Some((Ok(event), (task, queued, settled)));
                 }
             }
         });
         event_stream(Body::from_stream(body))
     }
-}
-
-/// An artifact update in the request's wire shape.
-pub(crate) fn artifact_update(update: Value, wire: Wire) -> Value {
-    match wire {
-        Wire::V1 => json!({ "artifactUpdate": update }),
-        Wire::V03 => {
-            let mut update = update;
-            update["kind"] = json!("artifact-update");
-            update
-        }
-    }
-}
-
-/// An SSE answer, unbuffered by proxies.
-pub(crate) fn event_stream(body: Body) -> Response {
-    (
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-            (http::header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        body,
-    )
-        .into_response()
-}
-
-/// A task's push config (its callback), or `None` without one. The token
-/// is the client's own and shown; the credentials are write-only.
-pub(crate) fn push_config_value(task: &agent_reach_task_store::Task, wire: Wire) -> Option<Value> {
-    let callback = task.callback.as_ref()?;
-    let mut config = json!({ "id": config_id_of(callback), "url": callback.url });
-    if let Some(push) = &callback.a2a {
-        if let Some(token) = &push.token {
-            config["token"] = json!(token);
-        }
-        if let Some(authentication) = &push.authentication {
-            config["authentication"] = match wire {
-                Wire::V1 => json!({ "scheme": authentication.scheme }),
-                Wire::V03 => json!({ "schemes": [authentication.scheme] }),
-            };
-        }
-    }
-    Some(match wire {
-        Wire::V1 => {
-            config["taskId"] = json!(task.task_id);
-            config
-        }
-        Wire::V03 => json!({ "taskId": task.task_id, "pushNotificationConfig": config }),
-    })
 }

@@ -51,6 +51,16 @@ struct RawAcl {
     /// Per-capability `max_depth` of delegation chains (docs/design.md §3.14).
     #[serde(default)]
     chains: Vec<RawChainRule>,
+    /// Who approves access requests for which capabilities (DESIGN §2.11).
+    #[serde(default)]
+    owners: Vec<RawOwner>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOwner {
+    capability: String,
+    approvers: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -159,6 +169,16 @@ pub fn check_dotted(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+impl std::fmt::Display for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pattern::Any => f.write_str("*"),
+            Pattern::Prefix(prefix) => write!(f, "{prefix}*"),
+            Pattern::Exact(exact) => f.write_str(exact),
+        }
+    }
+}
+
 fn any_matches(patterns: &[Pattern], name: &str) -> bool {
     patterns.iter().any(|pattern| pattern.matches(name))
 }
@@ -190,6 +210,16 @@ pub struct Acl {
     trail_payloads: Vec<Pattern>,
     /// `chains:`: (capability pattern, max_depth), first match wins.
     chain_depths: Vec<(Pattern, u32)>,
+    /// `owners:` in file order: who may approve access to what.
+    owners: Vec<Owner>,
+}
+
+/// One `owners:` entry: the callers who approve (or deny) access requests
+/// for the capabilities `capability` matches, and revoke their grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub capability: Pattern,
+    pub approvers: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -313,6 +343,30 @@ impl Acl {
                 Err(why) => problems.push(format!("trail.payloads: {why}")),
             }
         }
+        for owner in &raw.owners {
+            let pattern = match Pattern::parse(&owner.capability) {
+                Ok(pattern) => pattern,
+                Err(why) => {
+                    problems.push(format!("owners: {why}"));
+                    continue;
+                }
+            };
+            if owner.approvers.is_empty() {
+                problems.push(format!("owners of `{}`: name at least one approver", owner.capability));
+            }
+            for approver in &owner.approvers {
+                if let Err(why) = check_agent_name(approver) {
+                    problems.push(format!(
+                        "owners of `{}`: approver `{approver}`: {why}",
+                        owner.capability
+                    ));
+                }
+            }
+            acl.owners.push(Owner {
+                capability: pattern,
+                approvers: owner.approvers.clone(),
+            });
+        }
         if problems.is_empty() {
             Ok(acl)
         } else {
@@ -389,6 +443,47 @@ impl Acl {
             .iter()
             .find(|(pattern, _)| pattern.matches(capability))
             .map(|(_, max_depth)| *max_depth)
+    }
+
+    /// Who may approve access to `capability`: every approver of every
+    /// `owners:` entry matching it, in file order, each once.
+    pub fn approvers_of(&self, capability: &str) -> Vec<&str> {
+        let mut approvers: Vec<&str> = Vec::new();
+        for owner in self.owners.iter().filter(|owner| owner.capability.matches(capability)) {
+            for approver in &owner.approvers {
+                if !approvers.contains(&approver.as_str()) {
+                    approvers.push(approver);
+                }
+            }
+        }
+        approvers
+    }
+
+    /// May `caller` approve, deny and revoke access to `capability` (`owners:`)?
+    pub fn is_approver(&self, caller: &str, capability: &str) -> bool {
+        self.owners.iter().any(|owner| {
+            owner.capability.matches(capability) && owner.approvers.iter().any(|approver| approver == caller)
+        })
+    }
+
+    /// The `owners:` entries, in file order.
+    pub fn owners(&self) -> &[Owner] {
+        &self.owners
+    }
+
+    /// The `permissions:` rules as written (patterns as text), by caller:
+    /// what operators see beside the live grants.
+    pub fn permission_rules(&self) -> Vec<(String, Vec<String>)> {
+        let mut rules: Vec<(String, Vec<String>)> = self
+            .permissions
+            .iter()
+            .map(|(caller, permissions)| {
+                let patterns = permissions.iter().flat_map(Permission::rule_texts).collect();
+                (caller.clone(), patterns)
+            })
+            .collect();
+        rules.sort();
+        rules
     }
 
     /// Whether the policy names `agent` in its context whitelist at all.
@@ -658,6 +753,34 @@ context:
             Acl::parse("version: 1\nlimits:\n  - caller: a\n    rate: 3\n").is_err(),
             "unknown field"
         );
+    }
+
+    #[test]
+    fn owners_parse_name_approvers_and_refuse_nonsense() {
+        let acl = Acl::parse(
+            "version: 1\nowners:\n  - capability: order.*\n    approvers: [alice, bob]\n  - capability: order.query\n    approvers: [carol, alice]\n  - capability: \"*\"\n    approvers: [root]\n",
+        )
+        .unwrap();
+        assert_eq!(acl.approvers_of("order.query"), ["alice", "bob", "carol", "root"]);
+        assert_eq!(acl.approvers_of("payment.check"), ["root"]);
+        assert!(acl.is_approver("carol", "order.query") && !acl.is_approver("carol", "order.detail"));
+        assert!(!acl.is_approver("dave", "order.query"));
+        assert_eq!(acl.owners()[0].capability.to_string(), "order.*");
+        assert!(
+            Acl::parse(SAMPLE).unwrap().approvers_of("order.query").is_empty(),
+            "none by default"
+        );
+        let problems = Acl::parse(
+            "version: 1\nowners:\n  - capability: Bad*\n    approvers: [a]\n  - capability: x\n    approvers: []\n  - capability: y\n    approvers: [\"Not OK\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(
+            Acl::parse("version: 1\nowners:\n  - capability: x\n").is_err(),
+            "approvers are required"
+        );
+        let rules = Acl::parse(SAMPLE).unwrap().permission_rules();
+        assert_eq!(rules[0], ("*".to_string(), vec!["health.*".to_string()]));
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! Who is calling, and what they may do: bearer-token verification
-//! ([`token`]), the `acl.yaml` policy with hot reload ([`acl`]), the hop
+//! ([`token`], configured by the `AUTH` flags of [`config`]; OpenID Connect
+//! issuers in [`oidc`]), the `acl.yaml` policy with hot reload ([`acl`]), the hop
 //! assertions the router signs and agents verify ([`assertion`]), and the
 //! router's signer with its key files ([`signer`]).
 //!
@@ -8,13 +9,18 @@
 
 pub mod acl;
 pub mod assertion;
+pub mod caller;
+pub mod config;
 pub mod credentials;
 pub mod delegation;
 pub mod signer;
 pub mod token;
+// OpenID Connect issuers, beside `token` (whose authenticator uses them).
+pub mod oidc;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
 pub use assertion::{Actor, AssertionClaims, AssertionError, AssertionKey, AssertionVerifier, BudgetClaim};
 pub use delegation::Delegation;
 pub use signer::{AssertionSettings, Assertions, SigningKey};
 pub use token::{AuthArgs, AuthConfig, AuthError, Authenticator, Caller};
+pub use token::{KeyFile, OidcAuth};

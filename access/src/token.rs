@@ -1,137 +1,28 @@
 //! Bearer JWT verification. `sub` is the caller's agent name, `tenant` (DESIGN
 //! §8) the tenant it belongs to: absent means `default`, so tokens issued
-//! before tenants existed keep working.
+//! before tenants existed keep working; `groups`, when present, the groups
+//! it belongs to.
 //!
 //! Development uses a shared HS256 secret file; production uses an Ed25519 or
-//! RSA public key (PEM). `--insecure-no-auth` turns verification off and says
-//! so loudly at start-up.
+//! RSA public key (PEM), or the tokens of OpenID Connect issuers
+//! ([`crate::oidc`], alone or beside one of the keys: a token whose `iss`
+//! is a configured issuer is verified with that issuer's keys, any other
+//! with the service's own key). `--insecure-no-auth` turns verification off
+//! and says so loudly at start-up.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::{AuthArgs, AuthConfig, KeyFile, OidcAuth};
+
 /// Seconds of clock skew tolerated on `exp`.
 const LEEWAY_S: u64 = 5;
 
-/// How a service verifies tokens; built from the `AUTH` flags of DESIGN §7.
-#[derive(Debug, Clone)]
-pub enum AuthConfig {
-    Hs256SecretFile(PathBuf),
-    PublicKeyFile(PathBuf),
-    /// No verification at all. Development only.
-    InsecureNoAuth,
-}
-
-impl AuthConfig {
-    /// Picks the one mode the flags name; exactly one must be given.
-    pub fn from_flags(
-        hs256_secret_file: Option<PathBuf>,
-        public_key_file: Option<PathBuf>,
-        insecure_no_auth: bool,
-    ) -> Result<Self, String> {
-        match (hs256_secret_file, public_key_file, insecure_no_auth) {
-            (Some(path), None, false) => Ok(Self::Hs256SecretFile(path)),
-            (None, Some(path), false) => Ok(Self::PublicKeyFile(path)),
-            (None, None, true) => Ok(Self::InsecureNoAuth),
-            (None, None, false) => Err("no authentication configured: pass --auth-hs256-secret-file PATH, \
-                 --auth-public-key PATH, or (development only) --insecure-no-auth"
-                .to_string()),
-            _ => Err("pass only one of --auth-hs256-secret-file, --auth-public-key, --insecure-no-auth".to_string()),
-        }
-    }
-}
-
-/// The `AUTH` flags of DESIGN §7, shared by every service's command line.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct AuthArgs {
-    /// File holding the shared HS256 secret (at least 32 bytes) that tokens are signed with.
-    #[arg(long, env = "AGENT_REACH_AUTH_HS256_SECRET_FILE", value_name = "PATH")]
-    pub auth_hs256_secret_file: Option<PathBuf>,
-    /// PEM file with the Ed25519 or RSA public key that verifies tokens (production).
-    #[arg(long, env = "AGENT_REACH_AUTH_PUBLIC_KEY", value_name = "PATH")]
-    pub auth_public_key: Option<PathBuf>,
-    /// DEVELOPMENT ONLY: accept every request without a token and skip the ACL.
-    #[arg(long, env = "AGENT_REACH_INSECURE_NO_AUTH")]
-    pub insecure_no_auth: bool,
-}
-
-impl AuthArgs {
-    pub fn config(&self) -> Result<AuthConfig, String> {
-        AuthConfig::from_flags(
-            self.auth_hs256_secret_file.clone(),
-            self.auth_public_key.clone(),
-            self.insecure_no_auth,
-        )
-    }
-}
-
-/// The tenant of a token without a `tenant` claim, and of every request when
-/// authentication is off.
-pub const DEFAULT_TENANT: &str = "default";
-
-/// The verified identity of a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Caller {
-    /// A verified token's `sub` and `tenant` (shared: every request of a cached
-    /// token clones them).
-    Agent {
-        name: std::sync::Arc<str>,
-        tenant: std::sync::Arc<str>,
-    },
-    /// Authentication is switched off (`--insecure-no-auth`): every request is
-    /// trusted, in the `default` tenant.
-    Unauthenticated,
-}
-
-impl Caller {
-    /// A caller of the `default` tenant (tests, the task worker's replays).
-    pub fn agent(name: &str) -> Self {
-        Self::in_tenant(name, DEFAULT_TENANT)
-    }
-
-    pub fn in_tenant(name: &str, tenant: &str) -> Self {
-        Caller::Agent {
-            name: name.into(),
-            tenant: tenant.into(),
-        }
-    }
-
-    /// The verified name, if any.
-    pub fn name(&self) -> Option<&str> {
-        match self {
-            Caller::Agent { name, .. } => Some(name),
-            Caller::Unauthenticated => None,
-        }
-    }
-
-    /// The verified tenant (`default` without authentication).
-    pub fn tenant(&self) -> &str {
-        match self {
-            Caller::Agent { tenant, .. } => tenant,
-            Caller::Unauthenticated => DEFAULT_TENANT,
-        }
-    }
-}
-
-/// A tenant name (DESIGN §8): 1 to 63 lowercase letters, digits, `-` and `_`,
-/// starting with a letter, so that it fits a key segment, a metric label and
-/// a Kubernetes namespace alike.
-pub fn check_tenant_name(tenant: &str) -> Result<(), String> {
-    let mut chars = tenant.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
-    if tenant.len() > 63
-        || !first_ok
-        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
-    {
-        return Err(format!(
-            "tenant `{}` is not a tenant name: 1 to 63 lowercase letters, digits, `-` and `_`, starting with a letter",
-            tenant.escape_debug()
-        ));
-    }
-    Ok(())
-}
+pub use crate::caller::{check_tenant_name, Caller, Groups, DEFAULT_TENANT};
 
 /// Why a request was not authenticated. All map to `UNAUTHENTICATED` / 401.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -144,12 +35,27 @@ pub enum AuthError {
     BadSignature,
     #[error("token has expired; issue a new one")]
     Expired,
+    #[error("token is not valid yet (`nbf`); check the clocks of the issuer and this service")]
+    NotYetValid,
     #[error("token is not valid: {0}")]
     Invalid(String),
     #[error(
         "the token is for tenant `{0}`, which this service does not serve; use a token of this installation's tenant"
     )]
     OtherTenant(String),
+    #[error("the token's issuer `{0}` is not one this service trusts (see --auth-oidc-issuer)")]
+    UnknownIssuer(String),
+    #[error(
+        "the token is for audience {named:?}, not this service's {expected:?}: ask the issuer for a token for this service (RFC 8707 `resource`)"
+    )]
+    WrongAudience { named: Vec<String>, expected: Vec<String> },
+    #[error(
+        "the token's algorithm `{0}` is refused: OIDC tokens are accepted signed with {accepted} only",
+        accepted = crate::oidc::ACCEPTED_ALGORITHMS
+    )]
+    UnsupportedAlgorithm(String),
+    #[error("{0}")]
+    UnknownKey(String),
 }
 
 impl AuthError {
@@ -162,8 +68,13 @@ impl AuthError {
             AuthError::Malformed(_) => "malformed",
             AuthError::BadSignature => "bad_signature",
             AuthError::Expired => "expired",
+            AuthError::NotYetValid => "not_yet_valid",
             AuthError::Invalid(_) => "invalid",
             AuthError::OtherTenant(_) => "other_tenant",
+            AuthError::UnknownIssuer(_) => "unknown_issuer",
+            AuthError::WrongAudience { .. } => "wrong_audience",
+            AuthError::UnsupportedAlgorithm(_) => "unsupported_algorithm",
+            AuthError::UnknownKey(_) => "unknown_key",
         }
     }
 }
@@ -176,6 +87,9 @@ struct Claims {
     iat: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tenant: Option<String>,
+    /// The caller's groups (read from any token; `issue_hs256_groups` writes them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    groups: Option<serde_json::Value>,
 }
 
 /// How long a verified token is trusted without checking it again.
@@ -209,27 +123,46 @@ fn now_ms() -> u64 {
 }
 
 /// Verifies bearer tokens. Cheap to clone-share behind an `Arc`; verification
-/// takes no lock.
+/// takes no lock and never waits on the network (an OIDC issuer's keys are
+/// fetched in the background, [`crate::oidc`]).
 pub struct Authenticator {
-    key: Option<(DecodingKey, Validation)>,
+    mode: Mode,
     /// The one tenant this service serves (DESIGN §8): a verified token of any
     /// other tenant is refused. `None`: every tenant (a tenant-aware service).
-    tenant: Option<std::sync::Arc<str>>,
+    tenant: Option<Arc<str>>,
     /// Tells apart authenticators sharing a thread (tests run several services in one process).
     id: usize,
+}
+
+// One per service part, behind an `Arc`: its size costs nothing, and a box
+// would cost a pointer chase on every request.
+#[allow(clippy::large_enum_variant)]
+enum Mode {
+    /// `--insecure-no-auth`.
+    Off,
+    /// At least one of the two.
+    On {
+        /// The service's own key (HS256 secret or public key).
+        key: Option<(DecodingKey, Validation)>,
+        /// OIDC issuers.
+        oidc: Option<crate::oidc::Issuers>,
+    },
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print key material.
         f.debug_struct("Authenticator")
-            .field("enabled", &self.key.is_some())
+            .field("enabled", &self.is_enabled())
+            .field("oidc_issuers", &self.oidc_issuers().collect::<Vec<_>>())
             .finish()
     }
 }
 
 impl Authenticator {
-    /// Loads the key the config names. Errors name the file and the problem.
+    /// Loads the key the config names, and starts fetching its OIDC issuers'
+    /// keys (on the current tokio runtime; the authenticators loaded from one
+    /// config share them). Errors name the file and the problem.
     pub fn load(config: &AuthConfig) -> Result<Self, String> {
         match config {
             AuthConfig::InsecureNoAuth => {
@@ -237,52 +170,50 @@ impl Authenticator {
                     message = "AUTHENTICATION IS DISABLED (--insecure-no-auth): every request is trusted \
                                and the ACL is not enforced. Never run this in production."
                 );
-                Ok(Self {
-                    key: None,
-                    tenant: None,
-                    id: NEXT_AUTHENTICATOR.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                })
+                Ok(Self::with_mode(Mode::Off))
             }
-            AuthConfig::Hs256SecretFile(path) => {
-                let secret = read_key_file(path)?;
-                let secret = trim_secret(&secret);
-                if secret.len() < 32 {
-                    return Err(format!(
-                        "HS256 secret in {} is {} bytes; use at least 32 random bytes",
-                        path.display(),
-                        secret.len()
-                    ));
-                }
-                Ok(Self::with_key(DecodingKey::from_secret(secret), Algorithm::HS256))
-            }
-            AuthConfig::PublicKeyFile(path) => {
-                let pem = read_key_file(path)?;
-                if let Ok(key) = DecodingKey::from_ed_pem(&pem) {
-                    return Ok(Self::with_key(key, Algorithm::EdDSA));
-                }
-                if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
-                    return Ok(Self::with_key(key, Algorithm::RS256));
-                }
-                Err(format!(
-                    "{} is not an Ed25519 or RSA public key in PEM format",
-                    path.display()
-                ))
+            AuthConfig::Hs256SecretFile(path) => Ok(Self::with_key(load_key(&KeyFile::Hs256SecretFile(path.clone()))?)),
+            AuthConfig::PublicKeyFile(path) => Ok(Self::with_key(load_key(&KeyFile::PublicKeyFile(path.clone()))?)),
+            AuthConfig::Oidc(oidc) => {
+                let key = oidc.beside.as_ref().map(load_key).transpose()?;
+                let issuers = crate::oidc::Issuers::load(&oidc.settings, &oidc.shared)?;
+                Ok(Self::with_mode(Mode::On {
+                    key,
+                    oidc: Some(issuers),
+                }))
             }
         }
     }
 
     /// An authenticator for an HS256 secret held in memory (tests, `agent-reach dev`).
     pub fn hs256(secret: &[u8]) -> Self {
-        Self::with_key(DecodingKey::from_secret(secret), Algorithm::HS256)
+        Self::with_key(key_with(DecodingKey::from_secret(secret), Algorithm::HS256))
     }
 
-    fn with_key(key: DecodingKey, algorithm: Algorithm) -> Self {
-        let mut validation = Validation::new(algorithm);
-        validation.leeway = LEEWAY_S;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+    fn with_key(key: (DecodingKey, Validation)) -> Self {
+        Self::with_mode(Mode::On {
+            key: Some(key),
+            oidc: None,
+        })
+    }
+
+    /// An authenticator with the service's own `key` beside OIDC `issuers` (unit tests).
+    #[cfg(test)]
+    pub(crate) fn with_oidc(key: Option<&[u8]>, issuers: crate::oidc::Issuers) -> Self {
+        Self::with_mode(Mode::On {
+            key: key.map(|secret| key_with(DecodingKey::from_secret(secret), Algorithm::HS256)),
+            oidc: Some(issuers),
+        })
+    }
+
+    fn with_mode(mode: Mode) -> Self {
+        let tenant = match mode {
+            Mode::Off => None,
+            Mode::On { .. } => Some(DEFAULT_TENANT.into()),
+        };
         Self {
-            key: Some((key, validation)),
-            tenant: Some(DEFAULT_TENANT.into()),
+            mode,
+            tenant,
             id: NEXT_AUTHENTICATOR.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
@@ -290,7 +221,7 @@ impl Authenticator {
     /// Serves `tenant` only (the default: `default`): tokens of other tenants
     /// are refused with [`AuthError::OtherTenant`].
     pub fn serving(mut self, tenant: &str) -> Self {
-        if self.key.is_some() {
+        if self.is_enabled() {
             self.tenant = Some(tenant.into());
         }
         self
@@ -304,7 +235,19 @@ impl Authenticator {
 
     /// Whether tokens are checked at all.
     pub fn is_enabled(&self) -> bool {
-        self.key.is_some()
+        matches!(self.mode, Mode::On { .. })
+    }
+
+    /// The OIDC issuers whose tokens are accepted (the router's
+    /// `/.well-known/oauth-protected-resource` names them).
+    pub fn oidc_issuers(&self) -> impl Iterator<Item = &str> {
+        let issuers = match &self.mode {
+            Mode::On {
+                oidc: Some(issuers), ..
+            } => Some(issuers.iter()),
+            _ => None,
+        };
+        issuers.into_iter().flatten()
     }
 
     /// Verifies an `Authorization` header value.
@@ -322,7 +265,7 @@ impl Authenticator {
     /// [`Authenticator::verify_value`] at `now_ms` (epoch milliseconds), for a
     /// caller that has read the clock for the request already.
     pub fn verify_value_at(&self, header: Option<&[u8]>, now_ms: u64) -> Result<Caller, AuthError> {
-        let Some((key, validation)) = &self.key else {
+        let Mode::On { key, oidc } = &self.mode else {
             return Ok(Caller::Unauthenticated);
         };
         let header = header.ok_or(AuthError::Missing)?;
@@ -349,14 +292,34 @@ impl Authenticator {
         if let Some(caller) = cached {
             return Ok(caller);
         }
-        let (caller, expires_at_s) = verify_token(token, key, validation)?;
+        let (caller, expires_at_s, leeway_s) = match oidc {
+            None => verify_own(token, key.as_ref(), None)?,
+            Some(issuers) => {
+                // The mode the token's (unverified) `iss` names: one of the
+                // issuers, else the service's own key.
+                let iss = crate::oidc::peek_issuer(token);
+                match iss.as_deref().filter(|iss| issuers.names(iss)) {
+                    Some(iss) => {
+                        let (caller, exp) = issuers.verify(iss, token, now / 1000)?;
+                        (caller, exp, issuers.skew_s())
+                    }
+                    None => verify_own(token, key.as_ref(), iss.as_deref()).map_err(|error| match (error, iss) {
+                        // Not the service's own token either: say whose it was.
+                        (AuthError::BadSignature | AuthError::Invalid(_), Some(iss)) => {
+                            AuthError::UnknownIssuer(crate::oidc::shown(&iss))
+                        }
+                        (error, _) => error,
+                    })?,
+                }
+            }
+        };
         if let Some(served) = &self.tenant {
             if caller.tenant() != &**served {
                 // Not cached: refusals never are.
                 return Err(AuthError::OtherTenant(caller.tenant().to_string()));
             }
         }
-        let valid_until_ms = (now + CACHE_TTL_MS).min(expires_at_s.saturating_add(LEEWAY_S).saturating_mul(1000));
+        let valid_until_ms = (now + CACHE_TTL_MS).min(expires_at_s.saturating_add(leeway_s).saturating_mul(1000));
         VERIFIED.with(|cache| {
             let mut cache = cache.borrow_mut();
             if cache.len() >= CACHE_CAPACITY {
@@ -375,17 +338,72 @@ impl Authenticator {
     }
 }
 
+/// A token (of the unverified issuer `iss`) verified with the service's own
+/// key: the caller, its `exp` and the leeway on it.
+fn verify_own(
+    token: &str,
+    key: Option<&(DecodingKey, Validation)>,
+    iss: Option<&str>,
+) -> Result<(Caller, u64, u64), AuthError> {
+    let (key, validation) = key.ok_or_else(|| {
+        AuthError::UnknownIssuer(iss.map_or_else(|| "(none: the token names no `iss`)".to_string(), crate::oidc::shown))
+    })?;
+    let (caller, exp) = verify_token(token, key, validation)?;
+    Ok((caller, exp, LEEWAY_S))
+}
+
+/// The key a key file holds, with the validation of its algorithm.
+fn load_key(file: &KeyFile) -> Result<(DecodingKey, Validation), String> {
+    match file {
+        KeyFile::Hs256SecretFile(path) => {
+            let secret = read_key_file(path)?;
+            let secret = trim_secret(&secret);
+            if secret.len() < 32 {
+                return Err(format!(
+                    "HS256 secret in {} is {} bytes; use at least 32 random bytes",
+                    path.display(),
+                    secret.len()
+                ));
+            }
+            Ok(key_with(DecodingKey::from_secret(secret), Algorithm::HS256))
+        }
+        KeyFile::PublicKeyFile(path) => {
+            let pem = read_key_file(path)?;
+            if let Ok(key) = DecodingKey::from_ed_pem(&pem) {
+                return Ok(key_with(key, Algorithm::EdDSA));
+            }
+            if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
+                return Ok(key_with(key, Algorithm::RS256));
+            }
+            Err(format!(
+                "{} is not an Ed25519 or RSA public key in PEM format",
+                path.display()
+            ))
+        }
+    }
+}
+
+fn key_with(key: DecodingKey, algorithm: Algorithm) -> (DecodingKey, Validation) {
+    let mut validation = Validation::new(algorithm);
+    validation.leeway = LEEWAY_S;
+    validation.set_required_spec_claims(&["exp", "sub"]);
+    (key, validation)
+}
+
 /// The `tenant` claim of a bearer token, read WITHOUT verifying anything: it
 /// only picks which tenant's part of a process verifies the token (DESIGN §8),
 /// and that part refuses a token whose claim was not signed, or of another
 /// tenant. `None`: no bearer token, no payload, or no claim (the `default`
 /// tenant), so the caller picks the home part.
 pub fn peek_tenant(header: Option<&[u8]>) -> Option<String> {
+    peek_tenant_claim(header, "tenant")
+}
+
+/// [`peek_tenant`] for a service whose OIDC tenant claim is `claim`
+/// (`--auth-claim-tenant`): that claim when the token has it, else `tenant`
+/// (the service's own tokens' claim).
+pub fn peek_tenant_claim(header: Option<&[u8]>, claim: &str) -> Option<String> {
     use base64::Engine as _;
-    #[derive(Deserialize)]
-    struct TenantOnly {
-        tenant: Option<String>,
-    }
     let value = header?;
     let token = value
         .strip_prefix(b"Bearer ")
@@ -397,7 +415,19 @@ pub fn peek_tenant(header: Option<&[u8]>) -> Option<String> {
         return None;
     }
     let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
-    serde_json::from_slice::<TenantOnly>(&decoded).ok()?.tenant
+    if claim == "tenant" {
+        // The common case, without building a map of every claim.
+        #[derive(Deserialize)]
+        struct TenantOnly {
+            tenant: Option<String>,
+        }
+        return serde_json::from_slice::<TenantOnly>(&decoded).ok()?.tenant;
+    }
+    let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&decoded).ok()?;
+    crate::oidc::claim(&claims, claim)
+        .or_else(|| claims.get("tenant"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
 }
 
 /// The verified caller and the token's `exp` (epoch seconds).
@@ -413,9 +443,11 @@ fn verify_token(token: &str, key: &DecodingKey, validation: &Validation) -> Resu
                     tenant.into()
                 }
             };
+            let groups = crate::oidc::groups_of(data.claims.groups.as_ref(), "groups")?;
             let caller = Caller::Agent {
                 name: data.claims.sub.into(),
                 tenant,
+                groups,
             };
             Ok((caller, data.claims.exp))
         }
@@ -457,6 +489,7 @@ pub fn issue_hs256_for(name: &str, tenant: Option<&str>, secret: &[u8], ttl: Dur
     issue_hs256_claims(
         name,
         tenant,
+        &[],
         trim_secret(secret),
         now,
         now.saturating_add(ttl.as_secs()),
@@ -465,18 +498,55 @@ pub fn issue_hs256_for(name: &str, tenant: Option<&str>, secret: &[u8], ttl: Dur
 
 /// Issues an HS256 token with explicit `iat`/`exp` (tests of expiry).
 pub fn issue_hs256_at(name: &str, secret: &[u8], iat: u64, exp: u64) -> Result<String, String> {
-    issue_hs256_claims(name, None, secret, iat, exp)
+    issue_hs256_claims(name, None, &[], secret, iat, exp)
 }
 
-fn issue_hs256_claims(name: &str, tenant: Option<&str>, secret: &[u8], iat: u64, exp: u64) -> Result<String, String> {
+/// [`issue_hs256_for`] with a `groups` claim listing `groups` (tests of
+/// group rules; `agent-reach token issue --group`).
+pub fn issue_hs256_groups(
+    name: &str,
+    tenant: Option<&str>,
+    groups: &[&str],
+    secret: &[u8],
+    ttl: Duration,
+) -> Result<String, String> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|error| format!("system clock before 1970: {error}"))?
+        .as_secs();
+    issue_hs256_claims(
+        name,
+        tenant,
+        groups,
+        trim_secret(secret),
+        now,
+        now.saturating_add(ttl.as_secs()),
+    )
+}
+
+fn issue_hs256_claims(
+    name: &str,
+    tenant: Option<&str>,
+    groups: &[&str],
+    secret: &[u8],
+    iat: u64,
+    exp: u64,
+) -> Result<String, String> {
     if let Some(tenant) = tenant {
         check_tenant_name(tenant)?;
+    }
+    if let Some(group) = groups
+        .iter()
+        .find(|group| group.is_empty() || group.contains(char::is_whitespace))
+    {
+        return Err(format!("group `{group}` must be a non-empty name without spaces"));
     }
     let claims = Claims {
         sub: name.to_string(),
         exp,
         iat: Some(iat),
         tenant: tenant.map(str::to_string),
+        groups: (!groups.is_empty()).then(|| serde_json::json!(groups)),
     };
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),

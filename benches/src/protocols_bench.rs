@@ -8,7 +8,7 @@
 //!
 //! Starts a real etcd (testkit); the registry and the router run as child
 //! processes (this binary re-executed), the agents in this process, nginx
-//! and wrk from the distribution's packages (`scripts/setup.sh`). Targets,
+//! wrk and h2load from the distribution's packages (`scripts/setup.sh`). Targets,
 //! each judged on its median of `--rounds` interleaved rounds:
 //! - time to first event at one stream (sequential streams, the three
 //!   targets taking turns stream by stream for 3 × `--duration-s`): p50
@@ -18,9 +18,12 @@
 //!   `--events` (100) events the agent writes as fast as it can, a stream
 //!   counted once it ended with every event: the router's must be ≥ nginx's;
 //! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) and
-//!   the same message over the REST binding (`POST …/v1/message:send`) must
-//!   each reach ≥ 0.9 × the req/s of `/v1/invoke` on the same JSON agent,
-//!   each side's rate the mean of three windows taken in turn with the others'.
+//!   the same message over the REST binding (`POST …/v1/message:send`), and
+//!   h2load at 32 connections (one stream each, h2c) sending it over the gRPC
+//!   binding (`lf.a2a.v1.A2AService/SendMessage`), must each reach ≥ 0.9 ×
+//!   the req/s of `/v1/invoke` on the same JSON agent, each side's rate the
+//!   mean of three windows taken in turn with the others'. A control, no
+//!   verdict: `/v1/invoke` over h2c by h2load, the gRPC side's client.
 //!
 //! `--smoke` (CI): the same stack and every measurement against every
 //! target, one round of 1 s without warm-ups on 4 streams of 10 events and 4
@@ -50,7 +53,9 @@ const CALLER: &str = "bench_caller";
 const WRK_WINDOWS: u64 = 3;
 
 #[derive(Debug, Clone, Parser)]
-#[command(about = "Streamed invoke vs nginx (SSE, buffering off); A2A SendMessage vs /v1/invoke.")]
+#[command(
+    about = "Streamed invoke vs nginx (SSE, buffering off); A2A SendMessage (JSON-RPC, REST, gRPC) vs /v1/invoke."
+)]
 struct Args {
     /// Seconds each measurement lasts.
     #[arg(long, default_value_t = 6)]
@@ -97,7 +102,7 @@ enum Measure {
     FirstEvent,
     /// Events/s over concurrent streams.
     Events,
-    /// A2A `SendMessage` against `/v1/invoke` (wrk).
+    /// A2A `SendMessage` (JSON-RPC, REST, gRPC) against `/v1/invoke` (wrk, h2load).
     A2a,
 }
 
@@ -270,7 +275,73 @@ async fn events_per_s(target: &Target, streams: usize, events: usize, duration: 
     Ok((complete * events) as f64 / started.elapsed().as_secs_f64())
 }
 
-// === wrk ===
+// === wrk, h2load ===
+
+/// A gRPC request body as h2load sends it from a file: the message framed
+/// (uncompressed, its length in 4 bytes big-endian).
+fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
+    let encoded = message.encode_to_vec();
+    let mut framed = Vec::with_capacity(5 + encoded.len());
+    framed.push(0);
+    framed.extend_from_slice(&u32::try_from(encoded.len()).unwrap_or(u32::MAX).to_be_bytes());
+    framed.extend_from_slice(&encoded);
+    framed
+}
+
+/// h2load's req/s for `requests` (`-c` connections, one stream each, so as
+/// many in flight as wrk's connections keep). Every request must end in a
+/// 2xx (a gRPC error is a 200 too: the bench checks one call's status first).
+/// `grpc`: gRPC's headers, else a JSON body's.
+fn h2load_requests_per_s(
+    body: &Path,
+    url: &str,
+    token: &str,
+    grpc: bool,
+    connections: u32,
+    duration_s: u64,
+) -> anyhow::Result<f64> {
+    let headers: &[&str] = if grpc {
+        &[
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "-H",
+            "a2a-version: 1.0",
+        ]
+    } else {
+        &["-H", "content-type: application/json"]
+    };
+    let output = std::process::Command::new(agent_reach_testkit::find_binary("h2load", "nghttp2-client"))
+        .args(["-t1", &format!("-c{connections}"), "-m1", &format!("-D{duration_s}")])
+        .arg("-d")
+        .arg(body)
+        .args(headers)
+        .args(["-H", &format!("authorization: Bearer {token}")])
+        .arg(url)
+        .output()
+        .context("running h2load (apt-get install nghttp2-client)")?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let rate = text
+        .lines()
+        .find_map(|line| line.strip_prefix("finished in "))
+        .and_then(|line| line.split(", ").nth(1))
+        .and_then(|rate| rate.strip_suffix(" req/s"))
+        .and_then(|rate| rate.trim().parse::<f64>().ok())
+        .with_context(|| format!("h2load printed no rate: {text}"))?;
+    let failed = text
+        .lines()
+        .find(|line| line.starts_with("requests:"))
+        .is_some_and(|line| !line.contains(" 0 failed, 0 errored, 0 timeout"));
+    let non_2xx = text
+        .lines()
+        .find(|line| line.starts_with("status codes:"))
+        .is_some_and(|line| !line.contains(" 0 3xx, 0 4xx, 0 5xx"));
+    if failed || non_2xx {
+        bail!("h2load saw errors against {url}: {text}");
+    }
+    Ok(rate)
+}
 
 fn wrk_requests_per_s(script: &Path, url: &str, connections: u32, duration_s: u64) -> anyhow::Result<f64> {
     let output = Wrk {
@@ -417,7 +488,52 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     if !rest_check.contains("\"message\"") {
         bail!("REST message:send failed: {rest_check}");
     }
+    // The same message over the gRPC binding (the agent is the request's `tenant`).
+    let grpc_request = agent_reach_proto::a2a::SendMessageRequest {
+        tenant: JSON_CAPABILITY.to_string(),
+        message: Some(agent_reach_proto::a2a::Message {
+            message_id: "m-1".to_string(),
+            role: agent_reach_proto::a2a::Role::User as i32,
+            parts: vec![agent_reach_proto::a2a::Part {
+                content: Some(agent_reach_proto::a2a::part::Content::Data(prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StructValue(prost_types::Struct {
+                        fields: [(
+                            "order_id".to_string(),
+                            prost_types::Value {
+                                kind: Some(prost_types::value::Kind::StringValue("SO-2024001".to_string())),
+                            },
+                        )]
+                        .into(),
+                    })),
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let grpc_url = format!("{}/lf.a2a.v1.A2AService/SendMessage", router_process.url);
+    {
+        let channel = tonic::transport::Endpoint::from_shared(router_process.url.clone())?
+            .connect()
+            .await?;
+        let mut grpc_client = agent_reach_proto::a2a::a2a_service_client::A2aServiceClient::new(channel);
+        let mut request = tonic::Request::new(grpc_request.clone());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse()?);
+        let answered = grpc_client
+            .send_message(request)
+            .await
+            .context("gRPC SendMessage failed")?;
+        if answered.into_inner().payload.is_none() {
+            bail!("gRPC SendMessage answered nothing");
+        }
+    }
+    let grpc_body = files.write_bytes("grpc.bin", &grpc_frame(&grpc_request))?;
     let invoke_script = support::wrk_post_script(&files, "invoke.lua", &invoke_body, &token)?;
+    // `/v1/invoke` as h2load sends it (h2c): the same client as gRPC's, a control.
+    let invoke_file = files.write_bytes("invoke.json", invoke_body.as_bytes())?;
     let a2a_script = support::wrk_post_script(&files, "a2a.lua", &send_body, &token)?;
     let rest_script = support::wrk_post_script(&files, "rest.lua", &rest_body, &token)?;
 
@@ -438,7 +554,8 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     );
     let mut first: std::collections::HashMap<&str, Vec<f64>> = Default::default();
     let mut rates: std::collections::HashMap<&str, Vec<f64>> = Default::default();
-    let (mut invoke_rates, mut a2a_rates, mut rest_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut invoke_rates, mut a2a_rates, mut rest_rates, mut grpc_rates, mut invoke_h2_rates) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let measuring = |measure| args.only.contains(&measure);
     for round in 1..=args.rounds {
         // The first events, all targets in turn (as long in all as the three
@@ -488,25 +605,43 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&rest_script, &rest_url, args.connections, warm_up.as_secs());
+            let _ = h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, args.connections, warm_up.as_secs());
+            let _ = h2load_requests_per_s(
+                &invoke_file,
+                &router_invoke,
+                &token,
+                false,
+                args.connections,
+                warm_up.as_secs(),
+            );
         }
         let windows = WRK_WINDOWS.min(args.duration_s.max(1));
         let window_s = (args.duration_s / windows).max(1);
-        let (mut invoke, mut a2a, mut rest) = (0.0, 0.0, 0.0);
+        let (mut invoke, mut a2a, mut rest, mut grpc, mut invoke_h2) = (0.0, 0.0, 0.0, 0.0, 0.0);
         for _ in 0..windows {
             invoke += wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, window_s)? / windows as f64;
             a2a += wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, window_s)? / windows as f64;
             rest += wrk_requests_per_s(&rest_script, &rest_url, args.connections, window_s)? / windows as f64;
+            grpc += h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, args.connections, window_s)?
+                / windows as f64;
+            invoke_h2 +=
+                h2load_requests_per_s(&invoke_file, &router_invoke, &token, false, args.connections, window_s)?
+                    / windows as f64;
         }
         println!(
-            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), {} conns",
+            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), gRPC SendMessage {grpc:.0} req/s ({:.2}x; h2load's /v1/invoke over h2c {invoke_h2:.0} req/s, gRPC {:.2}x of it), {} conns",
             "router",
             a2a / invoke,
             rest / invoke,
+            grpc / invoke,
+            grpc / invoke_h2,
             args.connections
         );
+        invoke_h2_rates.push(invoke_h2);
         invoke_rates.push(invoke);
         a2a_rates.push(a2a);
         rest_rates.push(rest);
+        grpc_rates.push(grpc);
     }
     println!("\nmedian of {} round(s):", args.rounds);
     let mut p50 = |name: &str| median(first.get_mut(name).map_or(&mut [][..], Vec::as_mut_slice));
@@ -528,10 +663,12 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         run.verdict(router_rate >= nginx_rate, (" -> MET", " -> NOT MET"))
         );
     }
-    let (invoke, a2a, rest) = (
+    let (invoke, a2a, rest, grpc, invoke_h2) = (
         median(&mut invoke_rates),
         median(&mut a2a_rates),
         median(&mut rest_rates),
+        median(&mut grpc_rates),
+        median(&mut invoke_h2_rates),
     );
     if measuring(Measure::A2a) {
         println!(
@@ -545,6 +682,16 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             args.connections,
             rest / invoke,
             run.verdict(rest >= 0.9 * invoke, (" -> MET", " -> NOT MET"))
+        );
+        println!(
+            "A2A gRPC SendMessage {grpc:.0} req/s vs /v1/invoke {invoke:.0} req/s at {} conns ({:.2}x){}",
+            args.connections,
+            grpc / invoke,
+            run.verdict(grpc >= 0.9 * invoke, (" -> MET", " -> NOT MET"))
+        );
+        println!(
+            "  control: /v1/invoke over h2c by h2load (gRPC's client) {invoke_h2:.0} req/s; gRPC SendMessage {:.2}x of it",
+            grpc / invoke_h2
         );
     }
     drop(etcd);

@@ -30,7 +30,12 @@
 //! required` and the same CA, and the router still signs an assertion per
 //! call. Same verdicts.
 //!
-//! `--smoke` (CI, with or without `--tls` and `--tracing`): the same stack,
+//! `--policy POLICY` (issue 38): the same router also measured with every
+//! call naming `target_policy: POLICY` (e.g. `adaptive`, `p2c_ewma`,
+//! `plugin:cheapest`), round by round beside the default policy; verdict:
+//! its req/s at least 0.95× the default's (the ratio is printed).
+//!
+//! `--smoke` (CI, with or without `--tls`, `--tracing` and `--policy`): the same stack,
 //! every target at every connection count, one round of 1 s without
 //! warm-ups; the numbers without a verdict.
 
@@ -81,6 +86,10 @@ struct Args {
     /// Agents behind TLS, verified by the router and by HAProxy alike.
     #[arg(long)]
     tls: bool,
+    /// Also measure the router with every call naming this `target_policy`
+    /// (`adaptive`, `p2c_ewma`, `plugin:cheapest`, ...) against the default policy.
+    #[arg(long, value_name = "POLICY")]
+    policy: Option<String>,
     /// A smoke run (CI): every stack and comparison of the bench for a few
     /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
     /// prints the numbers, no verdict.
@@ -284,11 +293,31 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     }
 
     let script = support::wrk_post_script(&files, "post.lua", &envelope, &token)?;
+    // `--policy`: the same router, every call naming the policy.
+    let policy_target = args.policy.as_ref().map(|policy| format!("router {policy}"));
+    let policy_script = match &args.policy {
+        Some(policy) => {
+            let named =
+                json!({ "capability": CAPABILITY, "target_policy": policy, "payload": { "order_id": "SO-2024001" } })
+                    .to_string();
+            let check = named.clone();
+            router
+                .wait_until(&format!("router with {policy}"), Duration::from_secs(20), async || {
+                    answers_ok(client.post(&router_url).bearer_auth(&token).body(check.clone())).await
+                })
+                .await?;
+            Some(support::wrk_post_script(&files, "policy.lua", &named, &token)?)
+        }
+        None => None,
+    };
     let mut targets = vec![
         ("direct agent", format!("{scheme}://{}/invoke", agents[0].0), None),
         ("router", router_url.clone(), Some(router.pid())),
-        ("haproxy", haproxy_url.clone(), Some(haproxy.pid())),
     ];
+    if let Some(name) = &policy_target {
+        targets.push((name.as_str(), router_url.clone(), Some(router.pid())));
+    }
+    targets.push(("haproxy", haproxy_url.clone(), Some(haproxy.pid())));
     for (name, url, traced) in &tracing_routers {
         targets.push((name, url.clone(), Some(traced.pid())));
     }
@@ -316,13 +345,18 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     for &connections in &args.connections {
         for round in 1..=round_count {
             for (name, url, pid) in &targets {
+                // The policy target is the same router, with its own script.
+                let script = match (&policy_target, &policy_script) {
+                    (Some(target), Some(policy)) if target == name => policy,
+                    _ => &script,
+                };
                 // A short warm-up fills connection pools.
                 if let Some(warm_up) = run.warm_up(Duration::from_secs(2)) {
-                    let _ = run_wrk(&script, url, connections, warm_up.as_secs(), &args);
+                    let _ = run_wrk(script, url, connections, warm_up.as_secs(), &args);
                 }
                 let cpu_before = pid.map(cpu);
                 let agents_before = cpu(std::process::id());
-                let mut result = run_wrk(&script, url, connections, args.duration_s, &args)?;
+                let mut result = run_wrk(script, url, connections, args.duration_s, &args)?;
                 let requests = result.requests_per_s * args.duration_s as f64;
                 result.agents_cpu_per_request_us = (cpu(std::process::id()) - agents_before) * 1e6 / requests;
                 if let (Some(pid), Some(before)) = (pid, cpu_before) {
@@ -394,6 +428,26 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
                 "{connections:>2} conn: added p50: router {router_added:.0}us vs haproxy {haproxy_added:.0}us{}",
                 run.verdict(router_added <= haproxy_added, (" -> MET", " -> NOT MET"))
             );
+        }
+    }
+    if let Some(target) = &policy_target {
+        for &connections in &args.connections {
+            let get = |name: &str| results.get(&(name.to_string(), connections));
+            if let (Some(default), Some(named)) = (get("router"), get(target)) {
+                let ratio = named.requests_per_s / default.requests_per_s;
+                println!(
+                    "{connections:>2} conn: {target} {:.0} req/s vs the default policy {:.0} req/s: {ratio:.3}x{}",
+                    named.requests_per_s,
+                    default.requests_per_s,
+                    run.verdict(ratio >= 0.95, (" -> MET (>= 0.95x)", " -> NOT MET (< 0.95x)"))
+                );
+                if let (Some(named_cpu), Some(default_cpu)) = (named.cpu_per_request_us, default.cpu_per_request_us) {
+                    println!(
+                        "{connections:>2} conn: router CPU per request: default {default_cpu:.1}us, {target} {named_cpu:.1}us ({:+.2}us)",
+                        named_cpu - default_cpu
+                    );
+                }
+            }
         }
     }
     for &connections in &args.connections {

@@ -184,6 +184,11 @@ impl Files {
 
     /// A file of the run: written into the temp dir, its path as an argument.
     pub fn write_file(&self, name: &str, contents: &str) -> anyhow::Result<PathBuf> {
+        self.write_bytes(name, contents.as_bytes())
+    }
+
+    /// A file of `contents` in the bench's directory (e.g. a request body a load generator sends).
+    pub fn write_bytes(&self, name: &str, contents: &[u8]) -> anyhow::Result<PathBuf> {
         let path = self.dir.path().join(name);
         std::fs::write(&path, contents)?;
         Ok(path)
@@ -373,7 +378,11 @@ fn serve_router(argv: Vec<String>) -> anyhow::Result<()> {
             })?),
             None => None,
         };
-        agent_reach_router::run(flags, std::future::pending()).await
+        // As `agent-reach router` (cli/src/plugins.rs): the example policy plugged in.
+        let plugins = agent_reach_router::Plugins::new()
+            .with(agent_reach_policy_example::NAME, agent_reach_policy_example::Cheapest)
+            .map_err(anyhow::Error::msg)?;
+        agent_reach_router::run_with_plugins(flags, plugins, std::future::pending()).await
     })
 }
 

@@ -11,6 +11,7 @@ use std::process::Command;
 const BENCHES: &[(&str, &str)] = &[
     ("registry-bench", env!("CARGO_BIN_EXE_registry-bench")),
     ("router-bench", env!("CARGO_BIN_EXE_router-bench")),
+    ("routing-bench", env!("CARGO_BIN_EXE_routing-bench")),
     ("context-bench", env!("CARGO_BIN_EXE_context-bench")),
     ("protocols-bench", env!("CARGO_BIN_EXE_protocols-bench")),
     ("tasks-bench", env!("CARGO_BIN_EXE_tasks-bench")),
@@ -42,7 +43,9 @@ fn readme_rows() -> Vec<(String, String)> {
             let command = row.rsplit('`').nth(1).expect("a command in backticks");
             let mut words = command.split_whitespace();
             let bench = words.next().expect("a bench name").to_string();
-            let modes: Vec<&str> = words.filter(|word| matches!(*word, "--tls" | "--tracing")).collect();
+            let modes: Vec<&str> = words
+                .filter(|word| matches!(*word, "--tls" | "--tracing") || word.starts_with("--policy="))
+                .collect();
             (bench, modes.join(" "))
         })
         .collect()

@@ -1,5 +1,6 @@
-//! Canary commands (DESIGN §2.9): `capabilities split`, `agents weight` and `agents drain`,
-//! the operator API of the registry from the command line.
+//! Canary commands (DESIGN §2.9): `capabilities split`, `capabilities
+//! policy`, `agents weight` and `agents drain`, the operator API of the
+//! registry from the command line.
 
 use anyhow::Context;
 use serde_json::{json, Value};
@@ -20,7 +21,7 @@ fn share(pair: &str) -> anyhow::Result<(String, Value)> {
 }
 
 /// Sends one request to the registry: its status and JSON answer (`null` for a `204`).
-async fn send(
+pub(crate) async fn send(
     connection: &Connection,
     request: reqwest::RequestBuilder,
     url: &str,
@@ -42,7 +43,7 @@ async fn send(
 }
 
 /// The answer on success; otherwise an error naming the status, the code and the message.
-fn success((status, body): (reqwest::StatusCode, Value)) -> anyhow::Result<Value> {
+pub(crate) fn success((status, body): (reqwest::StatusCode, Value)) -> anyhow::Result<Value> {
     if !status.is_success() {
         anyhow::bail!(
             "{status}: {} {}",
@@ -111,6 +112,46 @@ pub async fn split(connection: &Connection, name: &str, shares: &[String], clear
         return print_json(&answer);
     }
     print_split(&answer);
+    Ok(())
+}
+
+/// `capabilities policy NAME [POLICY] [--clear]`.
+pub async fn policy(connection: &Connection, name: &str, policy: Option<&str>, clear: bool) -> anyhow::Result<()> {
+    let url = format!("{}/v1/capabilities/{name}/policy", connection.registry);
+    let client = reqwest::Client::new();
+    let answer = match (policy, clear) {
+        (_, true) => {
+            success(send(connection, client.delete(&url), &url).await?)?;
+            Value::Null
+        }
+        (Some(policy), false) => {
+            success(send(connection, client.put(&url).json(&json!({ "policy": policy })), &url).await?)?
+        }
+        (None, false) => {
+            let (status, body) = send(connection, client.get(&url), &url).await?;
+            if body["error"]["code"] == "POLICY_NOT_FOUND" {
+                Value::Null
+            } else {
+                success((status, body))?
+            }
+        }
+    };
+    if connection.json {
+        return print_json(&if answer.is_null() {
+            json!({ "capability": name, "policy": null })
+        } else {
+            answer
+        });
+    }
+    if answer.is_null() {
+        outln!("{name}: no policy of its own; calls that name none use the router's default (weighted_round_robin)");
+    } else {
+        outln!(
+            "{name}: calls that name no policy use {} (set by {})",
+            text(&answer["policy"]),
+            text(&answer["updated_by"])
+        );
+    }
     Ok(())
 }
 

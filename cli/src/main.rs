@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 
 #[macro_use]
 mod out;
+mod access;
 mod canary;
 mod connection;
 mod console;
@@ -24,6 +25,7 @@ mod dev;
 #[cfg(test)]
 mod manifests;
 mod ops;
+mod plugins;
 mod tasks;
 mod tenants;
 mod trail;
@@ -115,7 +117,14 @@ enum Command {
         #[command(flatten)]
         connection: ops::Connection,
     },
-    /// Check the access policy.
+    /// Access requests: ask to call a capability, approve or deny (owners), revoke, export the grants.
+    Access {
+        #[command(subcommand)]
+        command: access::AccessCommand,
+        #[command(flatten)]
+        connection: ops::Connection,
+    },
+    /// Check the access policy (the file, and the registry's live grants when a token is given).
     Acl {
         #[command(subcommand)]
         command: AclCommand,
@@ -152,10 +161,10 @@ enum KeysCommand {
 
 #[derive(Debug, Subcommand)]
 enum AclCommand {
-    /// May CALLER call CAPABILITY? Exit code 0 when allowed, 1 when denied.
+    /// May CALLER call CAPABILITY (by acl.yaml, or a live grant)? Exit code 0 when allowed, 1 when denied.
     Check {
         #[command(flatten)]
-        args: ops::AclCheckArgs,
+        args: access::AclCheckArgs,
         /// Print JSON instead of a sentence.
         #[arg(long)]
         json: bool,
@@ -178,6 +187,9 @@ enum TokenCommand {
         /// The tenant the token belongs to (its `tenant` claim); without it, `default`.
         #[arg(long)]
         tenant: Option<String>,
+        /// A group the caller belongs to (its `groups` claim; repeatable), for `group:NAME` rules.
+        #[arg(long = "group", value_name = "GROUP")]
+        groups: Vec<String>,
     },
 }
 
@@ -256,7 +268,7 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = init_logging(cli.log_format, default_level, service)?;
     match cli.command {
         Command::Registry(args) => agent_reach_registry::run(args, shutdown_signal()).await,
-        Command::Router(args) => agent_reach_router::run(args, shutdown_signal()).await,
+        Command::Router(args) => agent_reach_router::run_with_plugins(args, plugins::all()?, shutdown_signal()).await,
         Command::Context(args) => agent_reach_context::run(args, shutdown_signal()).await,
         Command::Dev(args) => dev::run(args, shutdown_signal()).await,
         Command::Demo(args) => demo::run(args).await,
@@ -278,7 +290,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Healthcheck(args) => ops::healthcheck(&args).await,
         Command::Acl {
             command: AclCommand::Check { args, json },
-        } => ops::acl_check(&args, json),
+        } => access::acl_check(&args, json).await,
+        Command::Access { command, connection } => access::access(&connection, command).await,
         Command::Keys { command } => keys(command),
         Command::Token {
             command:
@@ -287,10 +300,12 @@ async fn main() -> anyhow::Result<()> {
                     secret_file,
                     ttl,
                     tenant,
+                    groups,
                 },
         } => {
             let secret = agent_reach_access::token::read_hs256_secret(&secret_file).map_err(anyhow::Error::msg)?;
-            let token = agent_reach_access::token::issue_hs256_for(&name, tenant.as_deref(), &secret, ttl)
+            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+            let token = agent_reach_access::token::issue_hs256_groups(&name, tenant.as_deref(), &groups, &secret, ttl)
                 .map_err(anyhow::Error::msg)?;
             outln!("{token}");
             Ok(())

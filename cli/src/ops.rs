@@ -1,7 +1,6 @@
 //! Operator commands against running services: tables for people, `--json`
 //! for scripts.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -50,6 +49,17 @@ pub enum CapabilitiesCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// The policy a capability's calls use when they name none (operators):
+    /// `policy NAME adaptive`; `--clear` removes it; neither shows it.
+    Policy {
+        name: String,
+        /// weighted_round_robin, least_connections, consistent_hash, p2c_ewma, adaptive or plugin:NAME.
+        #[arg(conflicts_with = "clear")]
+        policy: Option<String>,
+        /// Remove it: the capability's calls use each router's default again.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -68,17 +78,6 @@ pub struct InvokeArgs {
     pub context_id: Option<String>,
     #[arg(long)]
     pub timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct AclCheckArgs {
-    /// The policy file.
-    #[arg(long, env = "AGENT_REACH_ACL", default_value = "acl.yaml")]
-    pub acl: PathBuf,
-    #[arg(long)]
-    pub caller: String,
-    #[arg(long)]
-    pub capability: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -194,6 +193,9 @@ pub async fn capabilities(connection: &Connection, command: CapabilitiesCommand)
         CapabilitiesCommand::Split { name, shares, clear } => {
             crate::canary::split(connection, &name, &shares, clear).await
         }
+        CapabilitiesCommand::Policy { name, policy, clear } => {
+            crate::canary::policy(connection, &name, policy.as_deref(), clear).await
+        }
     }
 }
 
@@ -275,25 +277,5 @@ pub async fn healthcheck(args: &HealthcheckArgs) -> anyhow::Result<()> {
         anyhow::bail!("{} answered {status}: {body}", args.url);
     }
     outln!("healthy: {} answered {status}", args.url);
-    Ok(())
-}
-
-pub fn acl_check(args: &AclCheckArgs, json: bool) -> anyhow::Result<()> {
-    let acl = agent_reach_access::Acl::load(&args.acl)?;
-    let allowed = acl.may_call(&args.caller, &args.capability);
-    if json {
-        print_json(&serde_json::json!({ "caller": args.caller, "capability": args.capability, "allowed": allowed }))?;
-    } else if allowed {
-        outln!("allowed: `{}` may call `{}`", args.caller, args.capability);
-    } else {
-        outln!(
-            "denied: no `permissions` rule lets `{}` call `{}`",
-            args.caller,
-            args.capability
-        );
-    }
-    if !allowed {
-        std::process::exit(1);
-    }
     Ok(())
 }

@@ -288,6 +288,10 @@ fn invoke_token_and_acl_commands() {
             &dev.secret,
             "--tenant",
             "acme",
+            "--group",
+            "finance",
+            "--group",
+            "ops",
         ],
     );
     assert!(tenant.status.success());
@@ -297,6 +301,7 @@ fn invoke_token_and_acl_commands() {
     )
     .unwrap();
     assert_eq!(claims["tenant"], "acme");
+    assert_eq!(claims["groups"], serde_json::json!(["finance", "ops"]));
     let bad_tenant = run(
         None,
         &[
@@ -483,6 +488,24 @@ fn split_and_weight_commands() {
     assert!(stdout(&cleared).contains("cleared"));
     let none = json(&run(Some(&dev), &["capabilities", "split", "order.query", "--json"]));
     assert_eq!(none["split"], serde_json::Value::Null);
+
+    // A capability's default policy (issue 38).
+    let none = run(Some(&dev), &["capabilities", "policy", "order.query"]);
+    assert!(stdout(&none).contains("no policy of its own"), "{}", stdout(&none));
+    let set = as_ops(&["capabilities", "policy", "order.query", "adaptive"]);
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    assert!(stdout(&set).contains("use adaptive (set by ops)"), "{}", stdout(&set));
+    let shown = json(&run(Some(&dev), &["capabilities", "policy", "order.query", "--json"]));
+    assert_eq!(shown["policy"], "adaptive");
+    let bad = as_ops(&["capabilities", "policy", "order.query", "random"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("INVALID_POLICY"));
+    let refused = run(Some(&dev), &["capabilities", "policy", "order.query", "p2c_ewma"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("FORBIDDEN"));
+    let cleared = as_ops(&["capabilities", "policy", "order.query", "--clear"]);
+    assert!(cleared.status.success(), "{}", String::from_utf8_lossy(&cleared.stderr));
+    let none = json(&run(Some(&dev), &["capabilities", "policy", "order.query", "--json"]));
+    assert_eq!(none["policy"], serde_json::Value::Null);
 
     // A live weight: changed in place, visible at once.
     let weighed = as_ops(&["agents", "weight", "order_query-3", "7"]);

@@ -121,6 +121,7 @@ async fn dead_letters_are_listed_shown_and_replayed() {
     store
         .dead_letter(
             &task,
+            None,
             "https://hooks.example.com/done",
             "https://hooks.example.com/done answered 503",
         )

@@ -14,10 +14,13 @@
 //! Reads: [`views`] (instances, capabilities, recent calls, the slow path),
 //! from the snapshot, the recent-calls ring and the task store; never on
 //! the request path. Actions: dead-letter replay is the slow path's own
-//! route; drains, weights and traffic splits are the registry's, relayed with the
+//! route; drains, weights, traffic splits and capability policies are the registry's, relayed with the
 //! operator's own token ([`relay`]) so the registry records who did it, as is
-//! the heartbeat ages read (the lease in etcd is the only place that knows them).
+//! the heartbeat ages read (the lease in etcd is the only place that knows them),
+//! and access requests' decisions and revocations ([`access`], which also
+//! shows the file's rules beside the grants this router applies).
 
+mod access;
 pub mod openapi;
 mod operator;
 mod relay;
@@ -58,6 +61,8 @@ const SESSION_TTL_S: u64 = 8 * 3600;
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const CONSOLE_JS: &str = include_str!("assets/console.js");
 const CONSOLE_CSS: &str = include_str!("assets/console.css");
+/// The access section's script (its own file: the section is self-contained).
+const ACCESS_JS: &str = include_str!("assets/access.js");
 
 /// What the console's routes share.
 #[derive(Clone)]
@@ -74,6 +79,7 @@ pub fn routes(state: ConsoleState) -> axum::Router {
         .route("/console/", get(index).fallback(method_not_allowed))
         .route("/console/console.js", get(script).fallback(method_not_allowed))
         .route("/console/console.css", get(style).fallback(method_not_allowed))
+        .route("/console/access.js", get(access_script).fallback(method_not_allowed))
         .route("/v1/console/links", post(create_link).fallback(method_not_allowed))
         .route(
             "/v1/console/session",
@@ -90,6 +96,11 @@ pub fn routes(state: ConsoleState) -> axum::Router {
             "/v1/routing/capabilities",
             get(views::capabilities).fallback(method_not_allowed),
         )
+        .route(
+            "/v1/routing/changes",
+            get(views::weight_changes).fallback(method_not_allowed),
+        )
+        .route("/v1/routing/history", get(views::history).fallback(method_not_allowed))
         .route("/v1/requests", get(views::recent).fallback(method_not_allowed))
         .route(
             "/v1/requests/{request_id}",
@@ -116,8 +127,32 @@ pub fn routes(state: ConsoleState) -> axum::Router {
             post(relay::drain).fallback(method_not_allowed),
         )
         .route("/v1/heartbeats", get(relay::heartbeats).fallback(method_not_allowed))
+        .route("/v1/routing/access", get(access::view).fallback(method_not_allowed))
+        .route(
+            "/v1/access-requests",
+            get(access::requests).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/access-requests/{id}/approve",
+            post(access::decide).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/access-requests/{id}/deny",
+            post(access::decide).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/grants/{id}",
+            axum::routing::delete(access::revoke).fallback(method_not_allowed),
+        )
         .route(
             "/v1/capabilities/{name}/split",
+            get(relay::split)
+                .put(relay::split)
+                .delete(relay::split)
+                .fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/capabilities/{name}/policy",
             get(relay::split)
                 .put(relay::split)
                 .delete(relay::split)
@@ -156,6 +191,10 @@ async fn script() -> Response {
 
 async fn style() -> Response {
     asset("text/css; charset=utf-8", CONSOLE_CSS)
+}
+
+async fn access_script() -> Response {
+    asset("text/javascript; charset=utf-8", ACCESS_JS)
 }
 
 // === Sign-in ===

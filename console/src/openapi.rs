@@ -5,7 +5,7 @@
 use serde_json::{json, Map, Value};
 
 /// Every console path with each of its methods.
-pub const PATHS: [(&str, &str); 21] = [
+pub const PATHS: [(&str, &str); 31] = [
     ("/console", "get"),
     ("/v1/console/links", "post"),
     ("/v1/console/session", "get"),
@@ -13,6 +13,8 @@ pub const PATHS: [(&str, &str); 21] = [
     ("/v1/console/session", "delete"),
     ("/v1/routing/instances", "get"),
     ("/v1/routing/capabilities", "get"),
+    ("/v1/routing/changes", "get"),
+    ("/v1/routing/history", "get"),
     ("/v1/requests", "get"),
     ("/v1/requests/{request_id}", "get"),
     ("/v1/backlog", "get"),
@@ -27,6 +29,14 @@ pub const PATHS: [(&str, &str); 21] = [
     ("/v1/trail/chains/{router}/records", "get"),
     ("/v1/trail/chains/{router}/heads", "get"),
     ("/v1/trail/inputs", "get"),
+    ("/v1/routing/access", "get"),
+    ("/v1/access-requests", "get"),
+    ("/v1/access-requests/{id}/approve", "post"),
+    ("/v1/access-requests/{id}/deny", "post"),
+    ("/v1/grants/{id}", "delete"),
+    ("/v1/capabilities/{name}/policy", "get"),
+    ("/v1/capabilities/{name}/policy", "put"),
+    ("/v1/capabilities/{name}/policy", "delete"),
 ];
 
 fn failed(description: &str) -> Value {
@@ -111,6 +121,47 @@ fn heartbeats() -> Value {
     operation
 }
 
+/// A relayed access route (DESIGN §2.11): the registry decides who may.
+fn access_relayed(summary: &str, extra: Value) -> Value {
+    let mut operation = relayed(summary, extra);
+    operation["description"] = json!("The registry's access route (DESIGN §2.11), relayed with the operator's own token: the registry's own answer and codes pass through (FORBIDDEN with details.reason `not_an_owner` for an operator that acl.yaml's `owners:` does not name an approver of the capability, ACCESS_REQUEST_NOT_FOUND, GRANT_NOT_FOUND, ALREADY_DECIDED). Logged with the operator's name.");
+    operation
+}
+
+/// The access section's paths (DESIGN §2.11), beside the rest.
+fn access_paths() -> Value {
+    json!({
+        "/v1/routing/access": { "get": {
+            "summary": "Who may call what on this router: acl.yaml's `permissions` and `owners`, and the access grants it applies on top of them as its Watch brought them (operators)",
+            "security": security(),
+            "responses": operator(object("The file's rules and the grants.", json!({
+                "permissions": { "type": "array", "items": { "type": "object", "properties": { "caller": { "type": "string" }, "allow": { "type": "array", "items": { "type": "string" } } } } },
+                "owners": { "type": "array", "items": { "type": "object", "properties": { "capability": { "type": "string" }, "approvers": { "type": "array", "items": { "type": "string" } } } } },
+                "grants": { "type": "array", "items": { "type": "object", "properties": {
+                    "id": { "type": "string" }, "caller": { "type": "string" }, "capability": { "type": "string" },
+                    "granted_by": { "type": "string" }, "granted_at_ms": { "type": "integer" },
+                    "expires_at_ms": { "type": "integer", "nullable": true }, "request_id": { "type": "string" },
+                    "live": { "type": "boolean", "description": "False once past its expiry: it allows nothing, and stays listed until the registry removes it." }
+                } } }
+            })), vec![])
+        } },
+        "/v1/access-requests": { "get": access_relayed("Access requests, oldest first (relayed to the registry; an operator sees every one)", json!({
+            "parameters": [{ "name": "status", "in": "query", "required": false, "schema": { "type": "string", "enum": ["pending", "approved", "denied", "revoked", "expired"] } }]
+        })) },
+        "/v1/access-requests/{id}/approve": { "post": access_relayed("Approve a pending access request into a grant every router applies (an approver of its capability; relayed to the registry)", json!({
+            "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+            "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "note": { "type": "string", "maxLength": 1000 } } } } } }
+        })) },
+        "/v1/access-requests/{id}/deny": { "post": access_relayed("Deny a pending access request (an approver of its capability; relayed to the registry)", json!({
+            "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+            "requestBody": { "required": false, "content": { "application/json": { "schema": { "type": "object", "properties": { "note": { "type": "string", "maxLength": 1000 } } } } } }
+        })) },
+        "/v1/grants/{id}": { "delete": access_relayed("Revoke an access grant: every router refuses its calls once the Watch brings the removal (approvers of its capability, operators; relayed to the registry)", json!({
+            "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]
+        })) }
+    })
+}
+
 /// The console's entries of `paths`, its security schemes and its schemas.
 pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
     let name = json!([{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }]);
@@ -156,8 +207,36 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
             "security": security(),
             "responses": operator(object("The instances and the snapshot's freshness.", json!({ "snapshot": { "type": "object" }, "instances": { "type": "array", "items": { "type": "object" } } })), vec![])
         } },
+        "/v1/routing/changes": { "get": {
+            "summary": "adaptive's recent weight changes on this router, newest first, each with its reason, e.g. \"failure rate 31 % between 02:00 and 03:00 UTC for 5 days\" (operators)",
+            "security": security(),
+            "parameters": [
+                { "name": "capability", "in": "query", "required": false, "schema": { "type": "string" } },
+                { "name": "limit", "in": "query", "required": false, "schema": { "type": "integer", "minimum": 0 }, "description": "At most this many (clamped to 1..=1000; default 50)." }
+            ],
+            "responses": operator(object("The changes (the last 512 are kept).", json!({
+                "bucket_ms": { "type": "integer" }, "capacity": { "type": "integer" },
+                "changes": { "type": "array", "items": { "type": "object", "properties": {
+                    "at_ms": { "type": "integer" }, "capability": { "type": "string" }, "version": { "type": "string" },
+                    "agent_id": { "type": "string" }, "from_permille": { "type": "integer" }, "to_permille": { "type": "integer" },
+                    "target_permille": { "type": "integer" }, "reason": { "type": "string" }
+                } } }
+            })), vec![("400", failed("INVALID_QUERY."))])
+        } },
+        "/v1/routing/history": { "get": {
+            "summary": "A capability's outcome history on this router (merged across routers with --redis): per instance and version, the hourly buckets of the last week holding attempts (succeeded, agent_error, timeout, server_error, p50/p99) and what adaptive predicts now (operators)",
+            "security": security(),
+            "parameters": [{ "name": "capability", "in": "query", "required": true, "schema": { "type": "string" } }],
+            "responses": operator(object("The history.", json!({
+                "capability": { "type": "string" }, "bucket_ms": { "type": "integer" }, "now_bucket": { "type": "integer" },
+                "instances": { "type": "array", "items": { "type": "object" } }
+            })), vec![
+                ("400", failed("INVALID_QUERY: no `capability` (details.field).")),
+                ("404", failed("CAPABILITY_NOT_FOUND: no instance of it in this router's snapshot.")),
+            ])
+        } },
         "/v1/routing/capabilities": { "get": {
-            "summary": "Every capability: versions, traffic split, and over the last five minutes of this router's recent calls: calls, failure rate, p50/p90/p99 (operators)",
+            "summary": "Every capability: versions, traffic split, default policy, adaptive's last weight changes, and over the last five minutes of this router's recent calls: calls, failure rate, p50/p90/p99 (operators)",
             "security": security(),
             "responses": operator(object("The capabilities.", json!({ "window_s": { "type": "integer" }, "ring_capacity": { "type": "integer" }, "capabilities": { "type": "array", "items": { "type": "object" } } })), vec![])
         } },
@@ -266,6 +345,14 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["weights"], "properties": { "weights": { "type": "object", "additionalProperties": { "type": "integer", "minimum": 0, "maximum": 10000 } } } } } } }
             })),
             "delete": relayed("Remove a capability's traffic split (operators; relayed to the registry)", json!({ "parameters": name }))
+        },
+        "/v1/capabilities/{name}/policy": {
+            "get": relayed("A capability's default selection policy (operators; relayed to the registry)", json!({ "parameters": name })),
+            "put": relayed("Set the policy a capability's calls use when they name none (operators; relayed to the registry)", json!({
+                "parameters": name,
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "required": ["policy"], "properties": { "policy": { "type": "string", "description": "weighted_round_robin, least_connections, consistent_hash, p2c_ewma, adaptive or plugin:NAME" } } } } } }
+            })),
+            "delete": relayed("Remove a capability's default policy: its calls use the router's default again (operators; relayed to the registry)", json!({ "parameters": name }))
         }
     });
     let schemes = json!({
@@ -296,5 +383,7 @@ pub fn paths() -> (Map<String, Value>, Map<String, Value>, Map<String, Value>) {
         Value::Object(map) => map,
         _ => Map::new(),
     };
-    (as_map(paths), as_map(schemes), as_map(schemas))
+    let mut paths = as_map(paths);
+    paths.extend(as_map(access_paths()));
+    (paths, as_map(schemes), as_map(schemas))
 }

@@ -1,6 +1,6 @@
 //! The registry's operator routes on the router (`POST /v1/agents/{id}/drain`,
 //! `PUT /v1/agents/{id}/weight`,
-//! `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`, and the one read
+//! `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split` and `…/policy`, and the one read
 //! only the registry can answer, `GET /v1/heartbeats`): the same paths,
 //! bodies and answers as the registry's own (DESIGN §2.9), relayed with the
 //! operator's own token so the registry checks and records who did it. The
@@ -134,7 +134,7 @@ where
 }
 
 /// Relays one operator request; logs the change with the operator's name.
-async fn relay(
+pub(crate) async fn relay(
     state: &ConsoleState,
     (identified, headers): (&Identified, &HeaderMap),
     method: Method,
@@ -199,7 +199,8 @@ pub async fn drain(
     relay(&state, (&identified, &headers), Method::POST, &uri, body).await
 }
 
-/// `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split`, relayed.
+/// `GET`/`PUT`/`DELETE /v1/capabilities/{name}/split` (and `…/policy`, the
+/// capability's default selection policy), relayed.
 pub async fn split(
     State(state): State<ConsoleState>,
     method: Method,

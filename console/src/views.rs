@@ -1,5 +1,7 @@
 //! The console's reads, for operators: this router's routing view
-//! (`GET /v1/routing/instances`, `GET /v1/routing/capabilities`), its recent
+//! (`GET /v1/routing/instances`, `GET /v1/routing/capabilities`, what
+//! `adaptive` learned: `GET /v1/routing/changes` and
+//! `GET /v1/routing/history`), its recent
 //! calls (`GET /v1/requests`, `GET /v1/requests/{request_id}`) and the slow
 //! path (`GET /v1/backlog`). Each reads the snapshot, the recent-calls ring
 //! or the task store when asked; nothing here runs on the request path.
@@ -36,6 +38,72 @@ pub async fn capabilities(State(state): State<ConsoleState>, identified: Identif
         return refused(error);
     }
     Json(agent_reach_pipeline::views::capabilities(&state.service)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangesQuery {
+    limit: Option<usize>,
+    capability: Option<String>,
+}
+
+/// `GET /v1/routing/changes?capability=C&limit=N`: `adaptive`'s recent
+/// weight changes with their reasons, newest first.
+pub async fn weight_changes(
+    State(state): State<ConsoleState>,
+    query: Result<Query<ChangesQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = (|| {
+        operator(state.service.admission(), &identified, &headers)?;
+        let Query(query) = query.map_err(invalid_query)?;
+        let limit = query.limit.unwrap_or(50).clamp(1, 1000);
+        Ok::<_, RouterError>(
+            Json(agent_reach_pipeline::views::weight_changes(
+                &state.service,
+                query.capability.as_deref(),
+                limit,
+            ))
+            .into_response(),
+        )
+    })();
+    outcome.unwrap_or_else(refused)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    capability: Option<String>,
+}
+
+/// `GET /v1/routing/history?capability=C`: each instance's outcome history
+/// (hourly buckets of the last week) and what it predicts now.
+pub async fn history(
+    State(state): State<ConsoleState>,
+    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+    identified: Identified,
+    headers: HeaderMap,
+) -> Response {
+    let outcome = (|| {
+        operator(state.service.admission(), &identified, &headers)?;
+        let Query(query) = query.map_err(invalid_query)?;
+        let Some(capability) = query.capability else {
+            return Err(RouterError::field(
+                Code::InvalidQuery,
+                "capability",
+                "name the capability: GET /v1/routing/history?capability=NAME",
+            ));
+        };
+        let view = agent_reach_pipeline::views::history(&state.service, &capability).ok_or_else(|| {
+            RouterError::new(
+                Code::CapabilityNotFound,
+                format!("no instance of `{capability}` is in this router's snapshot"),
+            )
+        })?;
+        Ok::<_, RouterError>(Json(view).into_response())
+    })();
+    outcome.unwrap_or_else(refused)
 }
 
 #[derive(Debug, Deserialize)]

@@ -87,7 +87,9 @@ impl Tenants {
                 .with_context(|| format!("building tenant `{tenant}`'s part ({})", entry.placement()))?;
             parts.push((tenant.to_string(), Part::new(service)));
         }
-        let parts = Parts::new(&home, parts).map_err(anyhow::Error::msg)?;
+        let parts = Parts::new(&home, parts)
+            .map_err(anyhow::Error::msg)?
+            .with_tenant_claim(settings.auth.tenant_claim());
         let placements: Vec<String> = current
             .tenants()
             .map(|(name, entry)| format!("{name} ({})", entry.placement()))

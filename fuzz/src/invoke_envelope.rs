@@ -70,8 +70,8 @@ fn accepted_holds(accepted: &Accepted) {
             "request id {id:?}"
         );
     }
-    assert_eq!(accepted.policy, request.target_policy.unwrap_or_default());
-    if accepted.policy == TargetPolicy::ConsistentHash {
+    assert_eq!(accepted.policy, request.target_policy);
+    if accepted.policy == Some(TargetPolicy::ConsistentHash) {
         assert!(request.session_id.as_deref().is_some_and(|id| !id.is_empty()));
     }
 
@@ -125,6 +125,7 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
             payload: request.payload.clone(),
             task_id: None,
             budget: None,
+            history: None,
         };
         let expected = serde_json::to_vec(&contract).expect("a forwarded envelope serialises");
         assert_eq!(

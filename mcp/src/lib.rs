@@ -66,6 +66,7 @@ use agent_reach_pipeline::error::RouterError;
 use agent_reach_pipeline::stream::Item;
 use agent_reach_pipeline::trace;
 use agent_reach_pipeline::RouterService;
+use agent_reach_tasks::TaskApi;
 
 /// The handshake revisions served, newest first.
 pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -85,92 +86,22 @@ const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 /// The most messages one 2025-03-26 batch may hold.
 const MOST_BATCHED: usize = 100;
 
+mod origin;
+mod tasks;
+mod tools;
+
+use origin::check_origin;
+use tools::*;
+
 /// `/mcp`.
-pub fn routes(service: Arc<RouterService>) -> axum::Router {
+pub fn routes(api: TaskApi) -> axum::Router {
     axum::Router::new()
         .route("/mcp", post(mcp).get(not_here).delete(not_here))
-        .layer(axum::middleware::from_fn_with_state(service.clone(), check_origin))
-        .with_state(service)
-}
-
-/// Refuses a request whose `Origin` is neither loopback nor allowed (403).
-async fn check_origin(
-    State(service): State<Arc<RouterService>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let Some(origin) = request.headers().get(http::header::ORIGIN) else {
-        return next.run(request).await;
-    };
-    let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-    if origin_allowed(&origin, &service.tuning().mcp_allowed_origins) {
-        return next.run(request).await;
-    }
-    answer(
-        StatusCode::FORBIDDEN,
-        rpc_error(
-            Value::Null,
-            INVALID_REQUEST,
-            &format!(
-                "Origin `{origin}` may not use this MCP server (DNS rebinding guard): \
-                 only loopback origins and those given with --mcp-allowed-origin may"
-            ),
-            Some(json!({ "code": "FORBIDDEN", "details": { "origin": origin } })),
-        ),
-    )
-}
-
-/// `scheme://host[:port]` lowercased, without a default port or a trailing slash.
-fn normalized_origin(origin: &str) -> Option<(String, String, String)> {
-    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-    let (scheme, rest) = origin.split_once("://")?;
-    if rest.is_empty() || rest.contains('/') || rest.contains('@') {
-        return None;
-    }
-    // `[v6]:port` or `host:port`, the port optional.
-    let (host, port) = match rest.strip_prefix('[') {
-        Some(v6) => {
-            let (address, after) = v6.split_once(']')?;
-            (
-                format!("[{address}]"),
-                after.strip_prefix(':').unwrap_or(after).to_string(),
-            )
-        }
-        None => match rest.rsplit_once(':') {
-            Some((host, port)) => (host.to_string(), port.to_string()),
-            None => (rest.to_string(), String::new()),
-        },
-    };
-    if host.is_empty() || host == "[]" || !port.bytes().all(|byte| byte.is_ascii_digit()) {
-        return None;
-    }
-    let port = match (scheme, port.as_str()) {
-        ("http", "80") | ("https", "443") => String::new(),
-        _ => port,
-    };
-    Some((scheme.to_string(), host, port))
-}
-
-/// Whether a browser page at `origin` may call: a loopback origin, or one of `allowed` (`*`: any).
-fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
-    if allowed.iter().any(|entry| entry == "*") {
-        return true;
-    }
-    if origin.trim() == "null" {
-        return allowed.iter().any(|entry| entry == "null");
-    }
-    let Some(seen) = normalized_origin(origin) else {
-        return false;
-    };
-    let host = seen.1.trim_start_matches('[').trim_end_matches(']');
-    let loopback = host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|address| address.is_loopback());
-    loopback
-        || allowed
-            .iter()
-            .any(|entry| normalized_origin(entry).as_ref() == Some(&seen))
+        .layer(axum::middleware::from_fn_with_state(
+            api.service().clone(),
+            check_origin,
+        ))
+        .with_state(api)
 }
 
 /// GET and DELETE: no server-initiated stream, no session to end.
@@ -249,6 +180,7 @@ impl Reply {
 
 /// What every message of one HTTP request shares.
 struct Request<'a> {
+    api: &'a TaskApi,
     service: &'a Arc<RouterService>,
     caller: &'a Caller,
     headers: &'a HeaderMap,
@@ -256,12 +188,7 @@ struct Request<'a> {
     era: Era,
 }
 
-async fn mcp(
-    State(service): State<Arc<RouterService>>,
-    identified: Identified,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn mcp(State(api): State<TaskApi>, identified: Identified, headers: HeaderMap, body: Body) -> Response {
     let received = identified.received;
     // Authenticated first: an unauthenticated caller learns nothing, not even parse errors.
     let caller = match identified.caller {
@@ -288,6 +215,7 @@ async fn mcp(
             }
         },
     };
+    let service = api.service();
     let bytes = match envelope::read_body(&headers, body, service.tuning().max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => return refused(error.status(), Value::Null, INVALID_REQUEST, &error),
@@ -307,7 +235,8 @@ async fn mcp(
         }
     };
     let request = Request {
-        service: &service,
+        api: &api,
+        service,
         caller: &caller,
         headers: &headers,
         received,
@@ -483,11 +412,23 @@ impl Request<'_> {
                 ),
             );
         }
+        // A tool call that becomes a task (never in a batch), and the tasks' own methods.
+        if method == "tools/call" && !batched {
+            if let Some(answered) = self.call_as_task(&params).await {
+                return reply_of(id, answered, era);
+            }
+        }
+        if method.starts_with("tasks/") {
+            if let Some(answered) = self.on_task_method(method, &params).await {
+                return reply_of(id, answered, era);
+            }
+        }
+        let tasks = self.api.tasks_enabled();
         let result = match (method, era) {
-            ("server/discover", _) => Ok(discover()),
-            ("initialize", Era::Legacy(_)) => Ok(initialize(&params)),
+            ("server/discover", _) => Ok(discover(tasks)),
+            ("initialize", Era::Legacy(_)) => Ok(initialize(&params, tasks)),
             ("ping", Era::Legacy(_)) => Ok(json!({})),
-            ("tools/list", _) => Ok(list_tools(service, caller, era)),
+            ("tools/list", _) => Ok(list_tools(service, caller, era, tasks)),
             ("tools/call", _) => {
                 let progress = params
                     .pointer("/_meta/progressToken")
@@ -520,14 +461,19 @@ impl Request<'_> {
                 },
             )),
         };
-        match result {
-            Ok(result) => Reply::Json(StatusCode::OK, rpc_result(id, completed(result, era))),
-            // Under 2026-07-28 an unknown method is 404 (the transport's rule).
-            Err((METHOD_NOT_FOUND, message)) if era == Era::Modern => {
-                Reply::Json(StatusCode::NOT_FOUND, rpc_error(id, METHOD_NOT_FOUND, &message, None))
-            }
-            Err((code, message)) => Reply::Json(StatusCode::OK, rpc_error(id, code, &message, None)),
+        reply_of(id, result, era)
+    }
+}
+
+/// A method's answer as its reply.
+fn reply_of(id: Value, result: Result<Value, (i64, String)>, era: Era) -> Reply {
+    match result {
+        Ok(result) => Reply::Json(StatusCode::OK, rpc_result(id, completed(result, era))),
+        // Under 2026-07-28 an unknown method is 404 (the transport's rule).
+        Err((METHOD_NOT_FOUND, message)) if era == Era::Modern => {
+            Reply::Json(StatusCode::NOT_FOUND, rpc_error(id, METHOD_NOT_FOUND, &message, None))
         }
+        Err((code, message)) => Reply::Json(StatusCode::OK, rpc_error(id, code, &message, None)),
     }
 }
 
@@ -536,7 +482,8 @@ impl Request<'_> {
 fn completed(mut result: Value, era: Era) -> Value {
     if era == Era::Modern {
         if let Value::Object(fields) = &mut result {
-            fields.insert("resultType".into(), json!("complete"));
+            // A task's creation says `task`; every other result is complete.
+            fields.entry("resultType").or_insert_with(|| json!("complete"));
             let meta = fields.entry("_meta").or_insert_with(|| json!({}));
             if let Value::Object(meta) = meta {
                 meta.insert("io.modelcontextprotocol/serverInfo".into(), server_info());
@@ -602,6 +549,11 @@ fn check_modern(headers: &HeaderMap, method: &str, params: &Value, id: &Value) -
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
         mirrored(headers, "Mcp-Name", name, id)?;
     }
+    // The Tasks extension's routing header: a task method names its task.
+    if matches!(method, "tasks/get" | "tasks/update" | "tasks/cancel") {
+        let task_id = params.get("taskId").and_then(Value::as_str).unwrap_or_default();
+        mirrored(headers, "Mcp-Name", task_id, id)?;
+    }
     Ok(())
 }
 
@@ -624,11 +576,16 @@ fn mirrored(headers: &HeaderMap, header: &str, body: &str, id: &Value) -> Result
 /// How long a client may keep `tools/list` or `server/discover` (2026-07-28 caching).
 pub const LIST_TTL_MS: u64 = 30_000;
 
-/// `server/discover`: the revisions served, the capabilities, who answers.
-fn discover() -> Value {
+/// `server/discover`: the revisions served, the capabilities (the Tasks
+/// extension with durable tasks), who answers.
+fn discover(tasks: bool) -> Value {
+    let mut capabilities = json!({ "tools": { "listChanged": false } });
+    if tasks {
+        capabilities["extensions"] = json!({ tasks::EXTENSION: {} });
+    }
     json!({
         "supportedVersions": supported_versions(),
-        "capabilities": { "tools": { "listChanged": false } },
+        "capabilities": capabilities,
         "instructions": INSTRUCTIONS,
         "ttlMs": LIST_TTL_MS,
         "cacheScope": "public",
@@ -639,8 +596,9 @@ const INSTRUCTIONS: &str = "Each tool is an Agent-Reach capability this token ma
                             load-balanced and retried by the router. A failed call is a tool error whose \
                             _meta[\"agent-reach/error\"].code is the router's stable code.";
 
-/// The handshake: the client's revision when served, else our newest.
-fn initialize(params: &Value) -> Value {
+/// The handshake: the client's revision when served, else our newest;
+/// 2025-11-25's tasks utility with durable tasks.
+fn initialize(params: &Value, tasks: bool) -> Value {
     let asked = params
         .get("protocolVersion")
         .and_then(Value::as_str)
@@ -649,342 +607,16 @@ fn initialize(params: &Value) -> Value {
         .iter()
         .find(|version| **version == asked)
         .unwrap_or(&PROTOCOL_VERSIONS[0]);
+    let mut capabilities = json!({ "tools": { "listChanged": false } });
+    if tasks && *version == "2025-11-25" {
+        capabilities["tasks"] = json!({ "list": {}, "cancel": {}, "requests": { "tools": { "call": {} } } });
+    }
     json!({
         "protocolVersion": version,
-        "capabilities": { "tools": { "listChanged": false } },
+        "capabilities": capabilities,
         "serverInfo": { "name": "agent-reach-router", "version": env!("CARGO_PKG_VERSION") },
         "instructions": INSTRUCTIONS,
     })
-}
-
-/// A JSON Schema text as a value; empty (or unparsable, which the registry refuses) means "anything".
-fn schema_value(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or(Value::Bool(true))
-}
-
-/// Whether a schema describes objects only (MCP's `inputSchema`/`outputSchema` must).
-fn is_object_schema(schema: &Value) -> bool {
-    schema.get("type").and_then(Value::as_str) == Some("object")
-}
-
-/// `{"input": schema}`, keeping `$schema` and `$defs` at the root for its references.
-fn wrapped(schema: Value, field: &str) -> Value {
-    let mut inner = schema;
-    let mut root = Map::new();
-    root.insert("type".into(), json!("object"));
-    if let Value::Object(inner) = &mut inner {
-        for key in ["$schema", "$defs", "definitions"] {
-            if let Some(value) = inner.remove(key) {
-                root.insert(key.into(), value);
-            }
-        }
-    }
-    root.insert("properties".into(), json!({ field: inner }));
-    root.insert("required".into(), json!([field]));
-    Value::Object(root)
-}
-
-fn list_tools(service: &RouterService, caller: &Caller, era: Era) -> Value {
-    let mut tools: Vec<Value> = service
-        .offerings()
-        .into_iter()
-        .filter(|capability| service.admission().authorize(caller, &capability.name).is_ok())
-        .map(|capability| {
-            let described = &capability.described;
-            let input = schema_value(&described.input_schema);
-            let input_schema = if input == Value::Bool(true) {
-                json!({ "type": "object" })
-            } else if is_object_schema(&input) {
-                input
-            } else {
-                wrapped(input, "input")
-            };
-            let mut tool = json!({
-                "name": capability.name,
-                "description": described.description,
-                "inputSchema": input_schema,
-            });
-            let output = schema_value(&described.output_schema);
-            if is_object_schema(&output) {
-                tool["outputSchema"] = output;
-            } else if output != Value::Bool(true) {
-                tool["outputSchema"] = wrapped(output, "result");
-            }
-            tool
-        })
-        .collect();
-    tools.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    let mut listed = json!({ "tools": tools });
-    if era == Era::Modern {
-        // The list is the caller's (filtered by acl.yaml): private to its token.
-        listed["ttlMs"] = json!(LIST_TTL_MS);
-        listed["cacheScope"] = json!("private");
-    }
-    listed
-}
-
-/// A tool error: the stable code and message as text, the error envelope
-/// in `_meta["agent-reach/error"]` and, for a tool that declares no
-/// `outputSchema`, as `structuredContent.error` too. A tool with one gets no
-/// `structuredContent` on an error: the spec has structured content conform
-/// to the tool's output schema (the TypeScript client checks it, error or not).
-fn tool_error(error: &RouterError, structured: bool) -> Value {
-    let envelope = error.envelope_error();
-    let mut result = json!({
-        "isError": true,
-        "content": [{ "type": "text", "text": format!("{}: {}", envelope.code, envelope.message) }],
-        "_meta": { "agent-reach/error": envelope },
-    });
-    if structured {
-        result["structuredContent"] = json!({ "error": envelope });
-    }
-    result
-}
-
-/// Whether `capability`'s tool is listed with an `outputSchema` (an unknown
-/// capability has none).
-fn declares_output(service: &RouterService, capability: &str) -> bool {
-    service
-        .offered(capability)
-        .is_some_and(|offered| schema_value(&offered.described.output_schema) != Value::Bool(true))
-}
-
-/// A `tools/call` checked and turned into the capability's call.
-struct Prepared {
-    checked: envelope::CheckedRequest,
-    request_id: String,
-    /// The capability's output is not an object's: it is offered as `{"result": …}`.
-    wraps_output: bool,
-    /// Its tool has no `outputSchema`: an error may carry structured content.
-    structured_errors: bool,
-}
-
-/// The call a `tools/call` asks for: `Ok(Err(tool error))` when refused
-/// (forbidden, a bad envelope), `Err` for JSON-RPC's errors (bad params, unknown tool).
-fn prepare_call(
-    service: &RouterService,
-    caller: &Caller,
-    params: &Value,
-) -> Result<Result<Prepared, Value>, (i64, String)> {
-    let Some(name) = params.get("name").and_then(Value::as_str) else {
-        return Err((INVALID_PARAMS, "tools/call needs `name`, the tool's name".to_string()));
-    };
-    let arguments = match params.get("arguments") {
-        None | Some(Value::Null) => Value::Object(Map::new()),
-        Some(Value::Object(arguments)) => Value::Object(arguments.clone()),
-        Some(_) => return Err((INVALID_PARAMS, "`arguments` must be an object".to_string())),
-    };
-    // Authorised first, as on `/v1/invoke`: a caller learns nothing of tools it may not call.
-    if let Err(error) = service.admission().authorize(caller, name) {
-        return Ok(Err(tool_error(&error, !declares_output(service, name))));
-    }
-    let Some(offered) = service.offered(name) else {
-        return Err((
-            INVALID_PARAMS,
-            format!("unknown tool `{name}` (no agent offers that capability; tools/list names those you may call)"),
-        ));
-    };
-    // A tool whose capability does not take an object was offered as `{"input": …}`.
-    let takes_object = {
-        let input = schema_value(&offered.described.input_schema);
-        input == Value::Bool(true) || is_object_schema(&input)
-    };
-    let wraps_output = {
-        let output = schema_value(&offered.described.output_schema);
-        output != Value::Bool(true) && !is_object_schema(&output)
-    };
-    let payload = if takes_object {
-        arguments
-    } else {
-        arguments.get("input").cloned().unwrap_or(Value::Null)
-    };
-    let request_id = trace::new_request_id();
-    let checked = match envelope::call(name, payload, request_id.clone(), None) {
-        Ok(checked) => checked,
-        Err(error) => return Ok(Err(tool_error(&error, !declares_output(service, name)))),
-    };
-    Ok(Ok(Prepared {
-        checked,
-        request_id,
-        wraps_output,
-        structured_errors: schema_value(&offered.described.output_schema) == Value::Bool(true),
-    }))
-}
-
-/// A tool's successful result: the output structured (wrapped when not an
-/// object) and as JSON text, with where it came from.
-fn tool_result(output: Value, wraps_output: bool, request_id: &str, meta: (&str, &str, u32)) -> Value {
-    let (agent_id, capability_version, attempts) = meta;
-    let structured = match (&output, wraps_output) {
-        (Value::Object(_), false) => output.clone(),
-        _ => json!({ "result": output }),
-    };
-    json!({
-        "content": [{ "type": "text", "text": output.to_string() }],
-        "structuredContent": structured,
-        "isError": false,
-        "_meta": {
-            "agent-reach/request_id": request_id,
-            "agent-reach/agent_id": agent_id,
-            "agent-reach/capability_version": capability_version,
-            "agent-reach/attempts": attempts,
-        },
-    })
-}
-
-async fn call_tool(
-    service: &RouterService,
-    caller: &Caller,
-    headers: &HeaderMap,
-    params: &Value,
-    received: clock::Now,
-) -> Result<Value, (i64, String)> {
-    let Prepared {
-        checked,
-        request_id,
-        wraps_output,
-        structured_errors,
-    } = match prepare_call(service, caller, params)? {
-        Ok(prepared) => prepared,
-        Err(error) => return Ok(error),
-    };
-    let call = Call::begin(Door::Mcp, caller.clone(), checked, headers, received);
-    match service.invoke(&call).await {
-        Ok(success) => {
-            let output = match success.output_value() {
-                Ok(output) => output,
-                Err(error) => return Ok(tool_error(&error, structured_errors)),
-            };
-            let meta = (
-                success.agent_id.as_str(),
-                success.capability_version.as_str(),
-                success.attempts,
-            );
-            Ok(tool_result(output, wraps_output, &request_id, meta))
-        }
-        Err(failure) => Ok(tool_error(&failure.error, structured_errors)),
-    }
-}
-
-/// `tools/call` with progress: the capability's events relayed as
-/// `notifications/progress` as they arrive (SSE), then the JSON-RPC result
-/// with the items collected. A failure before the first event is answered
-/// as JSON (a tool error), as without progress.
-async fn call_tool_streamed(request: &Request<'_>, prepared: Prepared, id: Value, token: Value) -> Response {
-    let (service, caller, headers, received, era) = (
-        request.service,
-        request.caller,
-        request.headers,
-        request.received,
-        request.era,
-    );
-    let Prepared {
-        checked,
-        request_id,
-        wraps_output,
-        structured_errors,
-    } = prepared;
-    let call = Call::begin(Door::Mcp, caller.clone(), checked, headers, received);
-    let opened = match service.stream(call).await {
-        Ok(opened) => opened,
-        Err(failure) => {
-            return answer(
-                StatusCode::OK,
-                rpc_result(id, completed(tool_error(&failure.error, structured_errors), era)),
-            )
-        }
-    };
-    let whole = opened.is_whole();
-    // (the stream, the items so far)
-    let start = (Some(opened), Vec::<Value>::new());
-    let body = futures::stream::unfold(start, move |(stream, mut items)| {
-        let (id, token, request_id) = (id.clone(), token.clone(), request_id.clone());
-        async move {
-            let mut stream = stream?;
-            let message = match stream.next().await? {
-                Item::Event(event) => {
-                    let data = event.data();
-                    let item = serde_json::from_str(&data).unwrap_or_else(|_| Value::String(data.to_string()));
-                    items.push(item);
-                    let notification = json!({
-                        "jsonrpc": "2.0",
-                        "method": "notifications/progress",
-                        "params": { "progressToken": token, "progress": items.len(), "message": data },
-                    });
-                    return Some((
-                        Ok::<_, std::convert::Infallible>(agent_reach_serving::sse::data(&notification.to_string())),
-                        (Some(stream), items),
-                    ));
-                }
-                Item::End(Ok(summary)) => {
-                    // A JSON answer is the output itself; events are items, collected.
-                    let output = if whole {
-                        items.pop().unwrap_or(Value::Null)
-                    } else {
-                        Value::Array(std::mem::take(&mut items))
-                    };
-                    let meta = (
-                        summary.agent_id.as_str(),
-                        summary.capability_version.as_str(),
-                        summary.attempts,
-                    );
-                    rpc_result(
-                        id,
-                        completed(tool_result(output, wraps_output || !whole, &request_id, meta), era),
-                    )
-                }
-                Item::End(Err(error)) => rpc_result(id, completed(tool_error(&error, structured_errors), era)),
-            };
-            Some((Ok(agent_reach_serving::sse::data(&message.to_string())), (None, items)))
-        }
-    });
-    (
-        [
-            (http::header::CONTENT_TYPE, "text/event-stream"),
-            (http::header::CACHE_CONTROL, "no-cache"),
-            (http::header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
-}
-
-#[cfg(test)]
-mod origin_tests {
-    use super::origin_allowed;
-
-    #[test]
-    fn loopback_and_listed_origins_pass_and_others_do_not() {
-        let none: Vec<String> = Vec::new();
-        for origin in [
-            "http://localhost:3000",
-            "http://127.0.0.1:7500",
-            "http://[::1]:8080",
-            "https://LOCALHOST",
-        ] {
-            assert!(origin_allowed(origin, &none), "{origin}");
-        }
-        for origin in [
-            "http://evil.example",
-            "http://localhost.evil.example",
-            "http://127.0.0.1.evil.example",
-            "null",
-            "not an origin",
-            "http://user@localhost",
-        ] {
-            assert!(!origin_allowed(origin, &none), "{origin}");
-        }
-        let listed = vec![
-            "https://app.example.com".to_string(),
-            "http://tools.example:8080/".to_string(),
-        ];
-        assert!(origin_allowed("https://app.example.com:443", &listed));
-        assert!(origin_allowed("http://TOOLS.example:8080", &listed));
-        assert!(!origin_allowed("http://app.example.com", &listed), "the scheme counts");
-        assert!(!origin_allowed("http://tools.example:8081", &listed), "the port counts");
-        assert!(origin_allowed("null", &["null".to_string()]));
-        assert!(origin_allowed("http://evil.example", &["*".to_string()]));
-    }
 }
 
 #[cfg(test)]

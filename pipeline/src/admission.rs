@@ -19,8 +19,9 @@ use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;
 use crate::call::{Call, Entry};
-use crate::delegation::{check_depth, delegation_of, Budgets, ChainRules, Ledger};
+use crate::delegation::{check_depth, delegation_of, groups_of, Budgets, ChainRules, Ledger};
 use crate::error::{Code, RouterError};
+use crate::grants::GrantsHandle;
 use crate::limits::{Limiter, Permit};
 use crate::outcome::Failure;
 use crate::schema;
@@ -32,6 +33,8 @@ use crate::tuning::Tuning;
 /// instances can take a call (for the choice of version), and the default deadline.
 pub struct Admission {
     acl: AclHandle,
+    /// Approved access requests, applied on top of `acl` (DESIGN §2.11).
+    grants: Arc<GrantsHandle>,
     limiter: Limiter,
     /// The tenant's quotas, when the router serves a tenant map (DESIGN §8).
     quota: Option<TenantQuota>,
@@ -116,6 +119,7 @@ impl Admission {
     ) -> Self {
         Self {
             acl,
+            grants: Arc::default(),
             limiter,
             quota: None,
             breaker: BreakerConfig {
@@ -128,6 +132,22 @@ impl Admission {
             chains: tuning.chains,
             budgets: Budgets::default(),
         }
+    }
+
+    /// Allows, beside the file, what a live grant of `grants` allows.
+    pub fn with_grants(mut self, grants: Arc<GrantsHandle>) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// The grants applied on top of the file (operators' view).
+    pub fn grants(&self) -> &GrantsHandle {
+        &self.grants
+    }
+
+    /// The policy in force (operators' view).
+    pub fn acl(&self) -> &AclHandle {
+        &self.acl
     }
 
     /// Bounds `tenant`'s calls by `quotas` (a router serving a tenant map).
@@ -201,15 +221,17 @@ impl Admission {
             .with_tenant(tenant)
     }
 
-    /// May `caller` call `capability` under the current `acl.yaml`? The one
-    /// place that decides it. An unauthenticated caller exists only when
-    /// authentication is switched off, and then the ACL is not enforced.
+    /// May `caller` call `capability` under the current `acl.yaml` or a live
+    /// access grant? The one place that decides it. An unauthenticated
+    /// caller exists only when authentication is switched off, and then the
+    /// ACL is not enforced.
     pub fn authorize(&self, caller: &Caller, capability: &str) -> Result<(), RouterError> {
         self.authorize_with(&self.acl.current(), caller, capability)
     }
 
+    /// [`Admission::authorize`] of a call made on the caller's own behalf (no chain).
     fn authorize_with(&self, acl: &Acl, caller: &Caller, capability: &str) -> Result<(), RouterError> {
-        self.authorize_in(acl, caller, capability, &Delegation::direct(Vec::new()))
+        self.authorize_in(acl, caller, capability, &Delegation::direct(groups_of(caller)))
     }
 
     /// May `caller` call `capability` within `delegation` (`via:` and `subjects:` apply)?
@@ -223,18 +245,26 @@ impl Admission {
         let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
-        if acl.may_call_in(name, capability, delegation) {
+        // A grant is looked up (and the clock read) only when the file says no.
+        // Grants name no chain: they allow the caller whatever chain it serves.
+        if acl.may_call_in(name, capability, delegation)
+            || self.grants.load().allows(name, capability, crate::clock::epoch_ms())
+        {
             return Ok(());
         }
         let mut details = json!({ "caller": &**name, "capability": capability });
         let message = if delegation.depth > 1 {
             details["chain"] = json!(delegation.names(name));
             format!(
-                "caller `{name}` may not call `{capability}` on behalf of `{}` through this chain (acl.yaml permissions, via:, subjects:)",
+                "caller `{name}` may not call `{capability}` on behalf of `{}` through this chain \
+                 (acl.yaml permissions, their via: and subjects:)",
                 delegation.original_subject(name)
             )
         } else {
-            format!("caller `{name}` may not call `{capability}` (acl.yaml permissions)")
+            format!(
+                "caller `{name}` may not call `{capability}` (acl.yaml permissions; ask with \
+                 `agent-reach access request --capability {capability}`)"
+            )
         };
         Err(RouterError::new(Code::Forbidden, message).with_details(details))
     }
@@ -596,7 +626,9 @@ mod split_tests {
                 instances,
                 reset: false,
                 splits,
+                grants: Vec::new(),
                 more: false,
+                policies: Vec::new(),
             })),
         });
         builder

@@ -13,10 +13,14 @@ use crate::error::{Code, RouterError};
 pub struct CheckedRequest {
     pub request: InvokeRequest,
     pub version_req: Option<semver::VersionReq>,
-    pub policy: TargetPolicy,
+    /// The policy the caller named, if any (else the capability's, else the default).
+    pub policy: Option<TargetPolicy>,
     /// Set only by the task worker (never from a caller's envelope): the
     /// delivery carries it, and the agent may answer `202` and report later.
     pub task_id: Option<String>,
+    /// Set only by the task worker, delivering a multi-turn task's next turn:
+    /// the conversation so far (docs/design.md, "Multi-turn tasks").
+    pub history: Option<serde_json::Value>,
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> RouterError {
@@ -102,12 +106,15 @@ pub fn check(request: InvokeRequest) -> Result<CheckedRequest, RouterError> {
         version_req,
         policy,
         task_id: None,
+        history: None,
     })
 }
 
 /// [`check`] without taking the request: the requirement and policy it
 /// parses, or the first field at fault.
-pub fn check_fields(request: &InvokeRequest) -> Result<(Option<semver::VersionReq>, TargetPolicy), RouterError> {
+pub fn check_fields(
+    request: &InvokeRequest,
+) -> Result<(Option<semver::VersionReq>, Option<TargetPolicy>), RouterError> {
     if let Some(version) = &request.version {
         if version != ENVELOPE_VERSION {
             return Err(invalid(
@@ -149,8 +156,8 @@ pub fn check_fields(request: &InvokeRequest) -> Result<(Option<semver::VersionRe
             return Err(invalid("budget", "budget.cost must be a number of at least 0"));
         }
     }
-    let policy = request.target_policy.unwrap_or_default();
-    if policy == TargetPolicy::ConsistentHash && request.session_id.as_deref().unwrap_or("").is_empty() {
+    let policy = request.target_policy.clone();
+    if policy == Some(TargetPolicy::ConsistentHash) && request.session_id.as_deref().unwrap_or("").is_empty() {
         return Err(invalid(
             "session_id",
             "target_policy `consistent_hash` is keyed by session_id; send one",

@@ -16,7 +16,7 @@ use crate::json;
 pub struct Accepted {
     pub request: InvokeRequest,
     pub version_req: Option<semver::VersionReq>,
-    pub policy: TargetPolicy,
+    pub policy: Option<TargetPolicy>,
 }
 
 /// How the router refuses an envelope: the status, the stable code's string,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use agent_reach_proto::Status;
 
 use crate::breaker::{Breaker, BreakerConfig, BreakerState, Transition};
+use crate::clock;
 use crate::metrics::InstanceMetrics;
 
 /// Full health, in permille.
@@ -25,6 +26,10 @@ const STEP: u32 = 100;
 const LATENCY_SLACK_US: u64 = 20_000;
 /// The latency factor never drops below 10 %.
 const LATENCY_FLOOR: u64 = 100;
+/// Peak-EWMA's time constant (Finagle's and Linkerd's default): a sample
+/// weighs `1 - e^(-Δt/τ)` against the value before it, and an instance that
+/// gets no sample decays towards 0, so `p2c_ewma` probes it again.
+const PEAK_EWMA_TAU_MS: f64 = 10_000.0;
 
 /// Runtime state of one instance, kept across snapshot swaps (keyed by `agent_id`).
 #[derive(Debug)]
@@ -33,6 +38,12 @@ pub struct InstanceState {
     health_permille: AtomicU32,
     /// Exponentially weighted moving average of successful latencies, µs (0 = no sample yet).
     ewma_us: AtomicU64,
+    /// Peak-EWMA of answered latencies for `p2c_ewma`: the value (µs, high
+    /// 32 bits) and when it was set (this process's ms clock, low 32 bits),
+    /// one word so a reader never sees one without the other.
+    peak_ewma: AtomicU64,
+    /// When an attempt last failed or was refused (this process's ms clock; 0: never).
+    last_failure_ms: AtomicU64,
     inflight: AtomicU32,
     /// What the agent itself last reported in flight (its heartbeat, through
     /// the registry record): its load from every router and direct caller.
@@ -78,6 +89,8 @@ impl InstanceState {
             breaker: Breaker::new(),
             health_permille: AtomicU32::new(FULL),
             ewma_us: AtomicU64::new(0),
+            peak_ewma: AtomicU64::new(0),
+            last_failure_ms: AtomicU64::new(0),
             inflight: AtomicU32::new(0),
             reported_inflight: AtomicU32::new(0),
             metrics: InstanceMetricsHandle(metrics),
@@ -115,6 +128,13 @@ impl InstanceState {
 
     pub fn ewma_us(&self) -> u64 {
         self.ewma_us.load(Ordering::Relaxed)
+    }
+
+    /// The peak-EWMA latency now (µs; 0 before any answer): the last value
+    /// decayed towards 0 by the time since it was set.
+    pub fn peak_ewma_us(&self) -> f64 {
+        let (value, at) = unpack_peak(self.peak_ewma.load(Ordering::Relaxed));
+        decay(value, elapsed_ms(at))
     }
 
     /// Effective weight in thousandths of a static weight unit.
@@ -165,7 +185,24 @@ impl InstanceState {
         budget >= Duration::from_micros(self.ewma_us().saturating_mul(2)) + FAIR_SLACK
     }
 
+    /// The health factor (permille) with its failures forgiven over time:
+    /// the shortfall from full shrinks by `e^(-t/τ)` (τ = 10 s) with the
+    /// time since the last failure. `p2c_ewma` weighs by it, so an instance
+    /// that failed and then got no traffic is tried again (its peak-EWMA
+    /// decays on the same clock) instead of waiting for successes it cannot get.
+    pub fn forgiven_health_permille(&self) -> u32 {
+        let health = self.health_permille();
+        if health >= FULL {
+            return FULL;
+        }
+        forgiven(
+            health,
+            clock::now_ms().saturating_sub(self.last_failure_ms.load(Ordering::Relaxed)),
+        )
+    }
+
     fn degrade(&self) {
+        self.last_failure_ms.store(clock::now_ms(), Ordering::Relaxed);
         let _ = self
             .health_permille
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |health| {
@@ -175,6 +212,7 @@ impl InstanceState {
 
     fn record_latency(&self, latency: Duration) {
         let sample = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.record_peak(sample);
         let _ = self.ewma_us.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
             // α = 1/8, like TCP's smoothed RTT.
             Some(if old == 0 {
@@ -183,6 +221,27 @@ impl InstanceState {
                 old - old / 8 + sample / 8
             })
         });
+    }
+
+    /// Peak-EWMA (Finagle's): a sample above the decayed value replaces it at
+    /// once (a slow answer is believed at once); one below is averaged in by
+    /// the time since the last sample.
+    fn record_peak(&self, sample_us: u64) {
+        let now = clock::now_ms() as u32;
+        let sample = sample_us.min(u64::from(u32::MAX)) as f64;
+        let _ = self
+            .peak_ewma
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
+                let (value, at) = unpack_peak(word);
+                let elapsed = f64::from(now.wrapping_sub(at));
+                let next = if sample >= value {
+                    sample
+                } else {
+                    let keep = (-elapsed / PEAK_EWMA_TAU_MS).exp();
+                    value * keep + sample * (1.0 - keep)
+                };
+                Some(pack_peak(next, now))
+            });
     }
 
     /// Sets the scrape-time gauges: the health score and the requests in flight.
@@ -195,6 +254,33 @@ impl InstanceState {
     pub fn sync_breaker_metric(&self) {
         self.metrics.0.breaker_state.set(self.breaker.state().gauge_value());
     }
+}
+
+fn pack_peak(value_us: f64, at_ms: u32) -> u64 {
+    ((value_us.clamp(0.0, f64::from(u32::MAX)) as u64) << 32) | u64::from(at_ms)
+}
+
+fn unpack_peak(word: u64) -> (f64, u32) {
+    ((word >> 32) as f64, word as u32)
+}
+
+/// Milliseconds since `at` on the process clock's low 32 bits (wraps every 49 days).
+fn elapsed_ms(at: u32) -> u32 {
+    (clock::now_ms() as u32).wrapping_sub(at)
+}
+
+/// A health factor `since_ms` after the last failure, its shortfall shrunk by `e^(-t/τ)`.
+fn forgiven(health: u32, since_ms: u64) -> u32 {
+    let shortfall = f64::from(FULL.saturating_sub(health)) * (-(since_ms as f64) / PEAK_EWMA_TAU_MS).exp();
+    FULL - (shortfall.round() as u32).min(FULL)
+}
+
+/// `value` decayed towards 0 over `elapsed_ms`.
+fn decay(value: f64, elapsed_ms: u32) -> f64 {
+    if value == 0.0 {
+        return 0.0;
+    }
+    value * (-f64::from(elapsed_ms) / PEAK_EWMA_TAU_MS).exp()
 }
 
 /// Latency factor in permille: 1000 unless this instance is clearly slower than the fastest.
@@ -294,6 +380,47 @@ mod tests {
         assert_eq!(health_score(0, 1000, 1000), 0, "draining or stale");
         let state = state();
         assert_eq!(state.metrics.0.health_score.get(), 100, "new instances start healthy");
+    }
+
+    #[test]
+    fn peak_ewma_takes_peaks_at_once_and_decays_towards_zero() {
+        let state = state();
+        assert_eq!(state.peak_ewma_us(), 0.0, "no answer yet: the cheapest");
+        state.record_peak(1_000);
+        state.record_peak(50_000);
+        assert!(state.peak_ewma_us() > 49_000.0, "a peak is believed at once");
+        // A fast sample right after barely moves it (little time passed).
+        state.record_peak(1_000);
+        assert!(state.peak_ewma_us() > 40_000.0);
+        assert!(decay(50_000.0, 10_000) < 18_500.0, "one τ later: e^-1 of it");
+        assert!(decay(50_000.0, 60_000) < 200.0, "an idle instance is probed again");
+    }
+
+    #[test]
+    fn failures_are_forgiven_over_time_for_p2c() {
+        let state = state();
+        let breaker = BreakerConfig {
+            failures: 100,
+            open_for: Duration::from_secs(30),
+        };
+        assert_eq!(state.forgiven_health_permille(), FULL);
+        for _ in 0..5 {
+            state.observe(Observation::Failed, &breaker);
+        }
+        assert_eq!(state.health_permille(), FLOOR);
+        assert!(
+            state.forgiven_health_permille() <= FLOOR + 10,
+            "just failed: not forgiven"
+        );
+        // Ten seconds later, two thirds of the shortfall are forgiven.
+        let later = forgiven(FLOOR, 10_000);
+        assert!((640..=660).contains(&later), "{later}");
+        assert_eq!(forgiven(FLOOR, 600_000), FULL);
+        assert_eq!(
+            state.health_permille(),
+            FLOOR,
+            "the other policies' health is unchanged"
+        );
     }
 
     #[test]

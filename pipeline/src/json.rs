@@ -110,6 +110,8 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) task_id: Option<&'a str>,
     /// What is left of the chain's budget, this call charged.
     pub(crate) budget: Option<BudgetLeft>,
+    /// A multi-turn task's next turn: the conversation so far.
+    pub(crate) history: Option<&'a Value>,
 }
 
 impl<'a> Forwarded<'a> {
@@ -136,6 +138,7 @@ impl<'a> Forwarded<'a> {
             payload: &request.payload,
             task_id: None,
             budget: None,
+            history: None,
         }
     }
 
@@ -157,6 +160,9 @@ impl<'a> Forwarded<'a> {
         object.opt_str("task_id", self.task_id);
         if let Some(budget) = &self.budget {
             object.raw("budget", Some(&budget_json(budget)));
+        }
+        if let Some(history) = self.history {
+            object.value("history", history)?;
         }
         object.end();
         Ok(out)
@@ -316,12 +322,30 @@ mod tests {
     #[test]
     fn the_forwarded_envelope_is_written_as_the_contract_type() {
         let payload = json!({ "order_id": "SO-1", "lines": [1, 2.5, "x\"y"] });
+        let history =
+            json!([{ "role": "user", "payload": { "size": 1 } }, { "role": "agent", "message": "which size?" }]);
         let cases = [
-            (Some("s-1"), Some("c-1"), Some("caller"), "req-1", Priority::High, None),
-            (None, None, None, "req\"\\2", Priority::Normal, Some("t_0123")),
-            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None),
+            (
+                Some("s-1"),
+                Some("c-1"),
+                Some("caller"),
+                "req-1",
+                Priority::High,
+                None,
+                None,
+            ),
+            (
+                None,
+                None,
+                None,
+                "req\"\\2",
+                Priority::Normal,
+                Some("t_0123"),
+                Some(&history),
+            ),
+            (Some("s\u{1}"), None, Some("c\n"), "r", Priority::Low, None, None),
         ];
-        for (session_id, context_id, source, request_id, priority, task_id) in cases {
+        for (session_id, context_id, source, request_id, priority, task_id, turns) in cases {
             let borrowed = Forwarded {
                 version: ENVELOPE_VERSION,
                 request_id,
@@ -339,6 +363,7 @@ mod tests {
                     calls_left: Some(3),
                     cost_left: None,
                 }),
+                history: turns,
             };
             let owned = ForwardedEnvelope {
                 version: ENVELOPE_VERSION.to_string(),
@@ -357,6 +382,7 @@ mod tests {
                     calls_left: Some(3),
                     cost_left: None,
                 }),
+                history: turns.cloned(),
             };
             let written = String::from_utf8(borrowed.to_vec().unwrap()).unwrap();
             assert_eq!(written, serde_json::to_string(&owned).unwrap());

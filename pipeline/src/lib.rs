@@ -35,7 +35,9 @@ mod forward;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grants;
 mod health;
+pub mod history;
 pub mod http;
 pub mod json;
 mod limits;
@@ -58,10 +60,14 @@ pub mod views;
 pub mod watch;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
+pub use history::exchange::{HistoryLedger, SlotExchange, SlotTotals};
+pub use history::Counts as HistoryCounts;
 pub use limits::shares::{
     Answered, Demand, Exchanged, QuotaLedger, Reported, DEFAULT_EVERY as DEFAULT_QUOTA_SHARE_EVERY,
 };
 pub use part::{AgentTls, PartConfig};
+/// Selection policies teams plug in (`plugin:NAME`, DESIGN §3.4).
+pub use select::plugin as policy;
 pub use service::{Delivery, Offered, RouterService};
 pub use tuning::Tuning;
 pub use watch::RegistryCredential;

@@ -206,6 +206,25 @@ pub(crate) fn classify(result: AttemptResult, elapsed: Duration, fair: bool) -> 
     }
 }
 
+/// The stable code an agent answers (with any 4xx status) when it needs more
+/// input before it can answer (docs/design.md, "Multi-turn tasks"): its
+/// message says what it needs.
+pub const INPUT_REQUIRED: &str = "INPUT_REQUIRED";
+
+/// What the agent asked for, when a call failed because it needs more input
+/// (an `AGENT_ERROR` passing through a 4xx answer coded [`INPUT_REQUIRED`]).
+pub fn input_required(error: &RouterError) -> Option<&str> {
+    let asks = error.code == Code::AgentError
+        && error.passthrough.is_some_and(|status| status.is_client_error())
+        && error
+            .details
+            .as_deref()
+            .and_then(|details| details.get("agent_code"))
+            .and_then(Value::as_str)
+            == Some(INPUT_REQUIRED);
+    asks.then_some(error.message.as_str())
+}
+
 /// A `202` to a call that is not a task's delivery: nothing could ever report its outcome.
 pub(crate) fn accepted_without_task() -> RouterError {
     RouterError::new(

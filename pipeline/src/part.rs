@@ -33,6 +33,8 @@ pub struct PartConfig {
     pub agent_tls: AgentTls,
     /// Console sessions (an operator's sealed token), accepted by the operator routes.
     pub sessions: Option<Arc<dyn Sessions>>,
+    /// Selection policies plugged into the router (`plugin:NAME`).
+    pub plugins: crate::select::plugin::Plugins,
 }
 
 impl RouterService {
@@ -64,18 +66,24 @@ impl RouterService {
             metrics.clone(),
         ));
         let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
-        let mut admission = admission::Admission::new(acl, limiter, &config.tuning, config.assertions.clone());
+        let mut admission = admission::Admission::new(acl, limiter, &config.tuning, config.assertions.clone())
+            .with_grants(snapshot.grants().clone());
         if let Some(quotas) = quotas {
             admission = admission.with_quota(tenant, quotas);
         }
-        Ok(Arc::new(RouterService::new(
-            config.tuning.clone(),
-            snapshot,
-            admission,
-            identify,
-            config.assertions.clone(),
-            forward::Forwarder::new(config.tuning.pool_idle_per_instance, config.agent_tls.clone()),
-            metrics,
-        )))
+        let service = Arc::new(
+            RouterService::new(
+                config.tuning.clone(),
+                snapshot,
+                admission,
+                identify,
+                config.assertions.clone(),
+                forward::Forwarder::new(config.tuning.pool_idle_per_instance, config.agent_tls.clone()),
+                metrics,
+            )
+            .with_plugins(config.plugins.clone()),
+        );
+        service.learn_from_outcomes();
+        Ok(service)
     }
 }

@@ -18,10 +18,14 @@ use crate::call::identify::Identify;
 use crate::call::Call;
 use crate::error::RouterError;
 use crate::forward::Forwarder;
+use crate::history::changes::Changes;
+use crate::history::exchange::HistoryLedger;
+use crate::history::Clock;
 use crate::metrics::Metrics;
 use crate::outcome::{no_instance, Failure, Success};
 use crate::recent::{Finished, RecentCalls, Tried};
 use crate::retry::RetryBudget;
+use crate::select::plugin::Plugins;
 use crate::select::{self, Routable, SelectionLimits};
 use crate::snapshot::SnapshotHandle;
 use crate::trail::{self, Ending, TrailHook};
@@ -41,6 +45,12 @@ pub struct RouterService {
     metrics: Metrics,
     /// The last calls, for the console's request lookup (`GET /v1/requests/{id}`).
     recent: Arc<RecentCalls>,
+    /// The selection policies plugged into this router (`plugin:NAME`).
+    plugins: Plugins,
+    /// `adaptive`'s recent weight changes and their reasons, for operators.
+    changes: Changes,
+    /// Whether outcome histories are exchanged with other routers (`--redis`).
+    exchanging: std::sync::atomic::AtomicBool,
     /// Where every call is recorded beyond the ring, when the trail is on.
     trail: std::sync::OnceLock<Arc<TrailHook>>,
 }
@@ -72,6 +82,9 @@ impl RouterService {
             assertions,
             metrics,
             recent: Arc::new(RecentCalls::new()),
+            plugins: Plugins::new(),
+            changes: Changes::default(),
+            exchanging: std::sync::atomic::AtomicBool::new(false),
             trail: std::sync::OnceLock::new(),
         }
     }
@@ -86,6 +99,49 @@ impl RouterService {
     /// The trail's hook, when the trail is on.
     pub(crate) fn trail(&self) -> Option<&Arc<TrailHook>> {
         self.trail.get()
+    }
+
+    /// This service with `plugins` as its plugged-in policies.
+    pub fn with_plugins(mut self, plugins: Plugins) -> Self {
+        self.plugins = plugins;
+        self
+    }
+
+    /// The selection policies plugged into this router.
+    pub fn plugins(&self) -> &Plugins {
+        &self.plugins
+    }
+
+    /// `adaptive`'s recent weight changes, with their reasons.
+    pub fn weight_changes(&self) -> &Changes {
+        &self.changes
+    }
+
+    /// The outcome history's clock (its bucket from the tuning).
+    pub fn history_clock(&self) -> Clock {
+        Clock::new(self.tuning.history_bucket)
+    }
+
+    /// Starts learning from outcomes (`crate::history::learn`) until the service is dropped.
+    pub fn learn_from_outcomes(self: &Arc<Self>) {
+        tokio::spawn(crate::history::learn::run(Arc::downgrade(self), self.history_clock()));
+    }
+
+    /// Merges this service's outcome histories with the other routers'
+    /// through `ledger`, off the request path, until the service is dropped
+    /// (`crate::history::exchange`).
+    pub fn share_history(self: &Arc<Self>, ledger: Arc<dyn HistoryLedger>) {
+        self.exchanging.store(true, std::sync::atomic::Ordering::Relaxed);
+        tokio::spawn(crate::history::exchange::run(
+            Arc::downgrade(self),
+            ledger,
+            self.history_clock(),
+        ));
+    }
+
+    /// Whether histories are exchanged (their drained counts are then kept to send).
+    pub(crate) fn history_exchanging(&self) -> bool {
+        self.exchanging.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The recent-calls ring.
@@ -139,6 +195,7 @@ impl RouterService {
             assertions: &self.assertions,
             forwarder: &self.forwarder,
             breaker: &self.breaker,
+            plugins: &self.plugins,
         }
     }
 
@@ -348,6 +405,8 @@ pub struct Offered {
     pub name: String,
     pub version: String,
     pub described: Arc<crate::snapshot::Described>,
+    /// The version's own deadline for a call (its `timeout_ms`), if it declares one.
+    pub timeout: Option<std::time::Duration>,
 }
 
 // === What the doors read of the snapshot ===
@@ -362,7 +421,24 @@ impl RouterService {
             name: found.name.clone(),
             version: group.version_text.clone(),
             described: group.described.clone(),
+            timeout: group.timeout,
         })
+    }
+
+    /// `payload` checked against the input schema of `capability`'s highest
+    /// version (compiled already), for a payload accepted now and delivered
+    /// later (a multi-turn task's next message); a capability no instance
+    /// offers now passes (its delivery answers for it).
+    pub fn check_payload(&self, capability: &str, payload: &serde_json::Value) -> Result<(), RouterError> {
+        let snapshot = self.snapshot.load();
+        match snapshot
+            .capabilities
+            .get(capability)
+            .and_then(|found| found.versions.first())
+        {
+            Some(group) => crate::schema::check_input(group, payload),
+            None => Ok(()),
+        }
     }
 
     /// Whether any instance offers `capability` now (a lookup, no copy).
@@ -382,6 +458,7 @@ impl RouterService {
                     name: capability.name.clone(),
                     version: group.version_text.clone(),
                     described: group.described.clone(),
+                    timeout: group.timeout,
                 })
             })
             .collect();

@@ -32,6 +32,10 @@ pub struct Tuning {
     pub serves_tls: bool,
     /// How deep delegation chains may go, how late an upstream assertion counts.
     pub chains: crate::delegation::ChainRules,
+    /// The outcome history's bucket (`--routing-history-bucket-ms`): an hour
+    /// in production, so 24 buckets are a day; shorter only to compress time
+    /// in tests and benches (DESIGN §3.4.1).
+    pub history_bucket: Duration,
 }
 
 impl Default for Tuning {
@@ -53,6 +57,7 @@ impl Default for Tuning {
             mcp_allowed_origins: Vec::new(),
             serves_tls: false,
             chains: crate::delegation::ChainRules::default(),
+            history_bucket: Duration::from_secs(3600),
         }
     }
 }

@@ -1,13 +1,15 @@
 //! What operators see of this router (the console and the CLI read it):
-//! every instance in the snapshot with its live state, and every
-//! capability's versions, split and recent statistics. Read when asked,
-//! never on the request path.
+//! every instance in the snapshot with its live state, every capability's
+//! versions, split, policy and recent statistics, what `adaptive` learned
+//! and why its weights changed, and the outcome history it learned from.
+//! Read when asked, never on the request path.
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
 use crate::clock;
+use crate::history::{Counts, Kind};
 use crate::recent::Call;
 use crate::select;
 use crate::service::RouterService;
@@ -31,7 +33,7 @@ pub fn instances(service: &RouterService) -> Value {
             continue;
         };
         for group in &capability.versions {
-            for instance in &group.instances {
+            for (instance, history) in group.instances.iter().zip(&group.histories) {
                 let state = &instance.state;
                 let health = scores.get(instance.agent_id.as_str()).map_or(0, |(score, _)| *score);
                 rows.push(json!({
@@ -47,6 +49,11 @@ pub fn instances(service: &RouterService) -> Value {
                     "routable": select::routable(instance, &limits).is_some(),
                     "inflight": state.inflight(),
                     "reported_inflight": state.reported_inflight(),
+                    "operator_weight": instance.operator_weight,
+                    "learned_permille": history.learned_permille(),
+                    "predicted_failure_permille": history.predicted_failure_permille(),
+                    "predicted_p50_ms": history.predicted_p50().map(|p50| p50.as_secs_f64() * 1000.0),
+                    "peak_ewma_ms": state.peak_ewma_us() / 1000.0,
                 }));
             }
         }
@@ -146,6 +153,8 @@ pub fn capabilities(service: &RouterService) -> Value {
                 "name": name,
                 "versions": versions,
                 "split": split,
+                "policy": capability.policy.as_ref().map(ToString::to_string),
+                "changes": service.weight_changes().newest(Some(name), 5),
                 "stats": stats.remove(name.as_str()).unwrap_or_default().view(),
             }))
         })
@@ -157,4 +166,72 @@ pub fn capabilities(service: &RouterService) -> Value {
         "oldest_call_ms": if oldest == u64::MAX { Value::Null } else { json!(oldest) },
         "capabilities": rows,
     })
+}
+
+/// `GET /v1/routing/changes`: `adaptive`'s recent weight changes, newest
+/// first, each with its reason (of one capability when given).
+pub fn weight_changes(service: &RouterService, capability: Option<&str>, limit: usize) -> Value {
+    json!({
+        "bucket_ms": service.history_clock().bucket_ms,
+        "capacity": crate::history::changes::CAPACITY,
+        "changes": service.weight_changes().newest(capability, limit),
+    })
+}
+
+/// `GET /v1/routing/history?capability=NAME`: each instance's outcome
+/// history in each version of `capability` (the buckets holding attempts,
+/// newest first) and what it predicts now; `None` when no instance offers it.
+pub fn history(service: &RouterService, capability: &str) -> Option<Value> {
+    let clock = service.history_clock();
+    let now_ms = clock::epoch_ms();
+    let snapshot = service.snapshot().load();
+    let found = snapshot.capabilities.get(capability)?;
+    let mut rows = Vec::new();
+    for group in &found.versions {
+        for (instance, history) in group.instances.iter().zip(&group.histories) {
+            let buckets = history.with(|recorded| {
+                let mut held: Vec<(u64, Counts)> = recorded
+                    .hours
+                    .iter()
+                    .filter(|(number, counts)| *number != 0 && !counts.is_empty())
+                    .copied()
+                    .collect();
+                held.sort_by_key(|(number, _)| std::cmp::Reverse(*number));
+                held
+            });
+            let buckets: Vec<Value> = buckets
+                .into_iter()
+                .map(|(number, counts)| {
+                    let ms = |q: f64| counts.latency_quantile_us(q).map(|us| us as f64 / 1000.0);
+                    json!({
+                        "bucket": number,
+                        "start_ms": clock.bucket_start_ms(number),
+                        "hour_of_day": number % crate::history::DAY,
+                        "calls": counts.calls(),
+                        "succeeded": counts.kind(Kind::Succeeded),
+                        "agent_error": counts.kind(Kind::AgentError),
+                        "timeout": counts.kind(Kind::Timeout),
+                        "server_error": counts.kind(Kind::ServerError),
+                        "p50_ms": ms(0.5),
+                        "p99_ms": ms(0.99),
+                    })
+                })
+                .collect();
+            rows.push(json!({
+                "agent_id": instance.agent_id,
+                "version": group.version_text,
+                "operator_weight": instance.operator_weight,
+                "learned_permille": history.learned_permille(),
+                "predicted_failure_permille": history.predicted_failure_permille(),
+                "predicted_p50_ms": history.predicted_p50().map(|p50| p50.as_secs_f64() * 1000.0),
+                "buckets": buckets,
+            }));
+        }
+    }
+    Some(json!({
+        "capability": capability,
+        "bucket_ms": clock.bucket_ms,
+        "now_bucket": clock.bucket(now_ms),
+        "instances": rows,
+    }))
 }

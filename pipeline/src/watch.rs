@@ -137,6 +137,10 @@ async fn watch_once(
                 changed |= builder.apply(event);
             }
         }
+        // Grants first: a call admitted against the new snapshot sees them too.
+        if let Some(grants) = builder.take_grants() {
+            handle.grants().store(grants);
+        }
         if changed || !handle.is_synced() {
             handle.store(builder.build());
         }
@@ -157,6 +161,8 @@ fn whole(pages: &mut Option<WatchEvent>, event: WatchEvent) -> Option<WatchEvent
             if let (Some(Kind::Snapshot(first)), Some(Kind::Snapshot(page))) = (&mut first.kind, event.kind) {
                 first.instances.extend(page.instances);
                 first.splits.extend(page.splits);
+                first.grants.extend(page.grants);
+                first.policies.extend(page.policies);
                 first.more = page.more;
             }
             first
@@ -211,7 +217,9 @@ mod tests {
                     .collect(),
                 reset: false,
                 splits: vec![pb::CapabilitySplit::default(); splits],
+                grants: Vec::new(),
                 more,
+                policies: Vec::new(),
             })),
         }
     }

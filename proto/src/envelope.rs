@@ -118,26 +118,113 @@ impl Timeout {
     }
 }
 
-/// How the router picks an instance among the routable ones.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, Default)]
-#[serde(rename_all = "snake_case")]
+/// How the router picks an instance among the routable ones (DESIGN §3.4).
+///
+/// On the wire a word: `weighted_round_robin` (the seeds' `weighted_random`
+/// is the same), `least_connections`, `consistent_hash`, `p2c_ewma`,
+/// `adaptive`, or `plugin:NAME` for a policy a team registered in the router
+/// (`NAME`: `[a-z][a-z0-9_]*`, at most 64 characters).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum TargetPolicy {
     /// Smooth weighted round-robin (nginx's algorithm); the seeds' `weighted_random` is this.
     #[default]
-    #[serde(alias = "weighted_random")]
     WeightedRoundRobin,
     LeastConnections,
     /// Keyed by `session_id`.
     ConsistentHash,
+    /// Power of two choices on peak-EWMA latency × requests in flight.
+    P2cEwma,
+    /// Weights learned from each instance's recorded outcomes.
+    Adaptive,
+    /// A policy plugged into the router under this name (`plugin:NAME` on the wire).
+    Plugin(String),
 }
 
+/// The prefix of a plugged-in policy's name on the wire.
+pub const PLUGIN_PREFIX: &str = "plugin:";
+
+/// The longest name of a plugged-in policy.
+pub const MAX_PLUGIN_NAME: usize = 64;
+
 impl TargetPolicy {
-    pub fn as_str(self) -> &'static str {
+    /// Every built-in policy, by its wire name.
+    pub const BUILT_IN: [TargetPolicy; 5] = [
+        TargetPolicy::WeightedRoundRobin,
+        TargetPolicy::LeastConnections,
+        TargetPolicy::ConsistentHash,
+        TargetPolicy::P2cEwma,
+        TargetPolicy::Adaptive,
+    ];
+
+    /// The wire name; a plugged-in policy's is its bare `NAME` (see [`Display`](std::fmt::Display)
+    /// for `plugin:NAME`).
+    pub fn as_str(&self) -> &str {
         match self {
             TargetPolicy::WeightedRoundRobin => "weighted_round_robin",
             TargetPolicy::LeastConnections => "least_connections",
             TargetPolicy::ConsistentHash => "consistent_hash",
+            TargetPolicy::P2cEwma => "p2c_ewma",
+            TargetPolicy::Adaptive => "adaptive",
+            TargetPolicy::Plugin(name) => name,
         }
+    }
+
+    /// Parses a wire name, or says what is wrong with it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(name) = text.strip_prefix(PLUGIN_PREFIX) {
+            check_plugin_name(name)?;
+            return Ok(TargetPolicy::Plugin(name.to_string()));
+        }
+        if text == "weighted_random" {
+            return Ok(TargetPolicy::WeightedRoundRobin);
+        }
+        Self::BUILT_IN
+            .into_iter()
+            .find(|policy| policy.as_str() == text)
+            .ok_or_else(|| {
+                format!(
+                    "unknown target_policy `{text}`: expected weighted_round_robin, least_connections, \
+                     consistent_hash, p2c_ewma, adaptive or plugin:NAME"
+                )
+            })
+    }
+}
+
+/// A plugged-in policy's name: `[a-z][a-z0-9_]*`, 1..=64 characters.
+pub fn check_plugin_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let starts = chars.next().is_some_and(|first| first.is_ascii_lowercase());
+    let rest = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if starts && rest && name.len() <= MAX_PLUGIN_NAME {
+        Ok(())
+    } else {
+        Err(format!(
+            "policy plugin name `{name}` must be [a-z][a-z0-9_]*, at most {MAX_PLUGIN_NAME} characters"
+        ))
+    }
+}
+
+impl std::fmt::Display for TargetPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetPolicy::Plugin(name) => write!(f, "{PLUGIN_PREFIX}{name}"),
+            other => f.write_str(other.as_str()),
+        }
+    }
+}
+
+impl TryFrom<String> for TargetPolicy {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        Self::parse(&text)
+    }
+}
+
+impl From<TargetPolicy> for String {
+    fn from(policy: TargetPolicy) -> String {
+        policy.to_string()
     }
 }
 
@@ -174,6 +261,12 @@ pub struct ForwardedEnvelope {
     /// What is left of the chain's budget (this call charged), when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetLeft>,
+    /// Set on the delivery of a multi-turn task's next turn: the conversation
+    /// so far, oldest first, `{"role": "user", "payload": …}` for each
+    /// message of the caller and `{"role": "agent", "message": …}` for each
+    /// time the agent asked for more input; `payload` is the latest answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<Value>,
 }
 
 /// An agent's `200` answer.
@@ -304,6 +397,33 @@ mod tests {
         assert!(serde_json::from_str::<InvokeRequest>(bad).is_err());
         let policy = r#"{"capability":"a","target_policy":"random"}"#;
         assert!(serde_json::from_str::<InvokeRequest>(policy).is_err());
+    }
+
+    #[test]
+    fn policies_round_trip_and_plugin_names_are_checked() {
+        for text in [
+            "weighted_round_robin",
+            "least_connections",
+            "consistent_hash",
+            "p2c_ewma",
+            "adaptive",
+            "plugin:cheapest",
+        ] {
+            let policy: TargetPolicy = serde_json::from_value(serde_json::json!(text)).unwrap();
+            assert_eq!(serde_json::to_value(&policy).unwrap(), serde_json::json!(text));
+        }
+        assert_eq!(
+            TargetPolicy::parse("weighted_random"),
+            Ok(TargetPolicy::WeightedRoundRobin)
+        );
+        assert_eq!(
+            TargetPolicy::parse("plugin:a_1"),
+            Ok(TargetPolicy::Plugin("a_1".to_string()))
+        );
+        for bad in ["plugin:", "plugin:Cheap", "plugin:1a", "plugin:a-b", "random", ""] {
+            assert!(TargetPolicy::parse(bad).is_err(), "{bad}");
+        }
+        assert!(TargetPolicy::parse(&format!("plugin:{}", "a".repeat(65))).is_err());
     }
 
     #[test]

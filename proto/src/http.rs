@@ -118,6 +118,9 @@ pub struct AgentInstance {
     /// Requests in flight the agent last reported, as stored (DESIGN §2.3; 0 when none).
     #[serde(default)]
     pub inflight: u32,
+    /// The weight was set by an operator: adaptive routing never changes it (DESIGN §3.4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub operator_weight: bool,
 }
 
 /// `GET /v1/agents`.
@@ -217,9 +220,116 @@ pub struct CapabilitySplit {
     pub revision: Option<i64>,
 }
 
+/// `PUT /v1/capabilities/{name}/policy`: the capability's default selection
+/// policy, a `target_policy` word (DESIGN §9).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRequest {
+    pub policy: String,
+}
+
+/// A capability's default policy as the registry stores and reports it
+/// (`GET`/`PUT /v1/capabilities/{name}/policy`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CapabilityPolicy {
+    pub capability: String,
+    pub policy: String,
+    pub updated_at_ms: u64,
+    /// The operator who set it (absent without authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+    /// The store revision of the write (`PUT` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
 /// `PUT /v1/agents/{agent_id}/weight`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WeightRequest {
     pub weight: u32,
+}
+
+// === Access requests and grants (DESIGN §2.11) ===
+
+/// `POST /v1/access-requests`: `caller` asks to call `capability`. `caller`
+/// defaults to the token's subject; naming another caller is for operators.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessRequestBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
+    pub capability: String,
+    pub reason: String,
+    /// The grant's life once approved, in seconds (absent: until revoked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+}
+
+/// `POST /v1/access-requests/{id}/approve|deny`: an optional note kept on the request.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessDecisionBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// An access request as the registry reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AccessRequest {
+    pub id: String,
+    /// `pending`, `approved`, `denied`, `revoked` or `expired`.
+    pub status: String,
+    pub caller: String,
+    pub capability: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// Who filed it (the token's subject; absent without authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    pub requested_at_ms: u64,
+    /// The approvers `owners:` names for the capability (pending requests).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at_ms: Option<u64>,
+}
+
+/// `GET /v1/access-requests`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AccessRequestList {
+    pub requests: Vec<AccessRequest>,
+}
+
+/// A live grant: `caller` may call `capability` beside what acl.yaml allows.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Grant {
+    pub id: String,
+    pub caller: String,
+    pub capability: String,
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_by: Option<String>,
+    pub granted_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+}
+
+/// `GET /v1/grants`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GrantList {
+    pub grants: Vec<Grant>,
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use crate::metrics::Metrics;
-use crate::model::{Capability, Instance, Keys, Split, Status};
+use crate::model::{Capability, Grant, Instance, Keys, Policy, Split, Status};
 use crate::store::{Event, KeyValue, Revision, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -31,6 +31,10 @@ struct State {
     by_capability: HashMap<String, BTreeSet<String>>,
     /// capability name → its traffic split (DESIGN §2.9), ordered for listings.
     splits: BTreeMap<String, Arc<Split>>,
+    /// grant id → its access grant (DESIGN §2.11), expired ones included until removed.
+    grants: BTreeMap<String, Arc<Grant>>,
+    /// capability name → its default selection policy (DESIGN §9).
+    policies: BTreeMap<String, Arc<Policy>>,
 }
 
 impl State {
@@ -79,6 +83,15 @@ pub struct CapabilitySummary {
     pub routable_instances: usize,
 }
 
+/// What a `Watch` snapshot carries, at one revision.
+pub struct WatchSnapshot {
+    pub instances: Vec<Arc<Instance>>,
+    pub splits: Vec<Arc<Split>>,
+    pub grants: Vec<Arc<Grant>>,
+    pub policies: Vec<Arc<Policy>>,
+    pub revision: Revision,
+}
+
 /// Which instances serve a capability at the chosen version.
 #[derive(Debug, Clone)]
 pub struct Resolution {
@@ -120,6 +133,28 @@ pub fn decode_split(kv: &KeyValue) -> Option<Split> {
         Ok(split) => Some(split),
         Err(error) => {
             tracing::warn!(message = "Skipping undecodable traffic split.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// Decodes a stored grant; undecodable values are skipped with a warning.
+pub fn decode_grant(kv: &KeyValue) -> Option<Grant> {
+    match serde_json::from_slice::<Grant>(&kv.value) {
+        Ok(grant) => Some(grant),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable access grant.", key = %kv.key, %error);
+            None
+        }
+    }
+}
+
+/// Decodes a stored policy; undecodable values are skipped with a warning.
+pub fn decode_policy(kv: &KeyValue) -> Option<Policy> {
+    match serde_json::from_slice::<Policy>(&kv.value) {
+        Ok(policy) => Some(policy),
+        Err(error) => {
+            tracing::warn!(message = "Skipping undecodable capability policy.", key = %kv.key, %error);
             None
         }
     }
@@ -281,23 +316,48 @@ impl Catalog {
             .is_ok_and(|seen| seen.is_ok())
     }
 
+    /// Does any registered instance (in any status) offer `capability`?
+    pub fn offers(&self, capability: &str) -> bool {
+        self.read().by_capability.contains_key(capability)
+    }
+
     /// A capability's traffic split, if an operator set one.
     pub fn split(&self, capability: &str) -> Option<Arc<Split>> {
         self.read().splits.get(capability).cloned()
     }
 
-    /// Every instance (ordered by agent id) and every split, at one revision:
-    /// what a `Watch` snapshot carries.
-    pub fn snapshot(&self) -> (Vec<Arc<Instance>>, Vec<Arc<Split>>, Revision) {
+    /// Every grant the store holds, by id (expired ones until their lease removes them).
+    pub fn grants(&self) -> Vec<Arc<Grant>> {
+        self.read().grants.values().cloned().collect()
+    }
+
+    /// A grant by id.
+    pub fn grant(&self, id: &str) -> Option<Arc<Grant>> {
+        self.read().grants.get(id).cloned()
+    }
+
+    /// A capability's default selection policy, if an operator set one.
+    pub fn policy(&self, capability: &str) -> Option<Arc<Policy>> {
+        self.read().policies.get(capability).cloned()
+    }
+
+    /// Every instance (ordered by agent id), split, grant and policy, at one
+    /// revision: what a `Watch` snapshot carries.
+    pub fn snapshot(&self) -> WatchSnapshot {
         let state = self.read();
         let mut instances: Vec<_> = state.instances.values().map(|entry| entry.instance.clone()).collect();
         instances.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        let splits = state.splits.values().cloned().collect();
-        (instances, splits, state.revision)
+        WatchSnapshot {
+            instances,
+            splits: state.splits.values().cloned().collect(),
+            grants: state.grants.values().cloned().collect(),
+            policies: state.policies.values().cloned().collect(),
+            revision: state.revision,
+        }
     }
 
-    /// Applies one stored value: an instance or a split, by its key; keys of
-    /// anything else under the tenant are not the catalog's.
+    /// Applies one stored value: an instance, a split or a policy, by its
+    /// key; keys of anything else under the tenant are not the catalog's.
     fn put(&self, state: &mut State, kv: &KeyValue) {
         if self.keys.agent_id_of(&kv.key).is_some() {
             if let Some(instance) = decode(kv) {
@@ -313,6 +373,14 @@ impl Catalog {
             if let Some(split) = decode_split(kv) {
                 state.splits.insert(capability.to_string(), Arc::new(split));
             }
+        } else if let Some(id) = self.keys.grant_id_of(&kv.key) {
+            if let Some(grant) = decode_grant(kv) {
+                state.grants.insert(id.to_string(), Arc::new(grant));
+            }
+        } else if let Some(capability) = self.keys.capability_of_policy(&kv.key) {
+            if let Some(policy) = decode_policy(kv) {
+                state.policies.insert(capability.to_string(), Arc::new(policy));
+            }
         }
     }
 
@@ -323,6 +391,8 @@ impl Catalog {
             state.remove(&agent_id, &self.metrics);
         }
         state.splits.clear();
+        state.grants.clear();
+        state.policies.clear();
         for kv in kvs {
             self.put(&mut state, &kv);
         }
@@ -340,6 +410,14 @@ impl Catalog {
                 Event::Delete { key, .. } => {
                     if let Some(capability) = self.keys.capability_of_split(&key) {
                         state.splits.remove(capability);
+                        continue;
+                    }
+                    if let Some(id) = self.keys.grant_id_of(&key) {
+                        state.grants.remove(id);
+                        continue;
+                    }
+                    if let Some(capability) = self.keys.capability_of_policy(&key) {
+                        state.policies.remove(capability);
                         continue;
                     }
                     let Some(agent_id) = self.keys.agent_id_of(&key) else {

@@ -33,6 +33,8 @@ pub enum Code {
     InvalidTimeout,
     DuplicateCapability,
     InvalidSplit,
+    InvalidAccessRequest,
+    InvalidPolicy,
     Unauthenticated,
     Forbidden,
     AgentIdTaken,
@@ -40,6 +42,12 @@ pub enum Code {
     CapabilityNotFound,
     VersionNotFound,
     SplitNotFound,
+    AccessRequestNotFound,
+    GrantNotFound,
+    AlreadyAllowed,
+    AlreadyDecided,
+    NoOwner,
+    PolicyNotFound,
     LeaseExpired,
     InvalidStatusTransition,
     Conflict,
@@ -83,6 +91,8 @@ impl ErrorCode for Code {
             Code::InvalidTimeout => "INVALID_TIMEOUT",
             Code::DuplicateCapability => "DUPLICATE_CAPABILITY",
             Code::InvalidSplit => "INVALID_SPLIT",
+            Code::InvalidAccessRequest => "INVALID_ACCESS_REQUEST",
+            Code::InvalidPolicy => "INVALID_POLICY",
             Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::AgentIdTaken => "AGENT_ID_TAKEN",
@@ -90,6 +100,12 @@ impl ErrorCode for Code {
             Code::CapabilityNotFound => "CAPABILITY_NOT_FOUND",
             Code::VersionNotFound => "VERSION_NOT_FOUND",
             Code::SplitNotFound => "SPLIT_NOT_FOUND",
+            Code::AccessRequestNotFound => "ACCESS_REQUEST_NOT_FOUND",
+            Code::GrantNotFound => "GRANT_NOT_FOUND",
+            Code::AlreadyAllowed => "ALREADY_ALLOWED",
+            Code::AlreadyDecided => "ALREADY_DECIDED",
+            Code::NoOwner => "NO_OWNER",
+            Code::PolicyNotFound => "POLICY_NOT_FOUND",
             Code::LeaseExpired => "LEASE_EXPIRED",
             Code::InvalidStatusTransition => "INVALID_STATUS_TRANSITION",
             Code::Conflict => "CONFLICT",
@@ -109,9 +125,17 @@ impl ErrorCode for Code {
             | Code::CapabilityNotFound
             | Code::VersionNotFound
             | Code::SplitNotFound
+            | Code::AccessRequestNotFound
+            | Code::GrantNotFound
+            | Code::PolicyNotFound
             | Code::LeaseExpired
             | Code::NotFound => StatusCode::NOT_FOUND,
-            Code::AgentIdTaken | Code::InvalidStatusTransition | Code::Conflict => StatusCode::CONFLICT,
+            Code::AgentIdTaken
+            | Code::InvalidStatusTransition
+            | Code::Conflict
+            | Code::AlreadyAllowed
+            | Code::AlreadyDecided
+            | Code::NoOwner => StatusCode::CONFLICT,
             Code::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -126,7 +150,9 @@ impl ErrorCode for Code {
             StatusCode::FORBIDDEN => tonic::Code::PermissionDenied,
             StatusCode::NOT_FOUND => tonic::Code::NotFound,
             StatusCode::CONFLICT => match self {
-                Code::InvalidStatusTransition => tonic::Code::FailedPrecondition,
+                Code::InvalidStatusTransition | Code::AlreadyAllowed | Code::AlreadyDecided | Code::NoOwner => {
+                    tonic::Code::FailedPrecondition
+                }
                 _ => tonic::Code::Aborted,
             },
             StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,

@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::catalog::{decode, decode_split};
+use crate::catalog::{decode, decode_grant, decode_policy, decode_split};
 use crate::error::{Code, RegistryError};
-use crate::model::{Capability, Instance, Split};
+use crate::model::{Capability, Grant, Instance, Policy, Split};
 use crate::service::{Heartbeat, RegistryService};
 use crate::store::{Event, Revision, StoreError};
 use crate::validate;
@@ -88,6 +88,17 @@ pub fn instance_to_pb(instance: &Instance) -> pb::AgentInstance {
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
         inflight: instance.inflight,
+        operator_weight: instance.operator_weight,
+    }
+}
+
+/// A capability's default policy on the wire.
+pub fn policy_to_pb(policy: &Policy) -> pb::CapabilityPolicy {
+    pb::CapabilityPolicy {
+        capability: policy.capability.clone(),
+        policy: policy.policy.clone(),
+        updated_at_ms: policy.updated_at_ms,
+        updated_by: policy.updated_by.clone().unwrap_or_default(),
     }
 }
 
@@ -106,6 +117,19 @@ pub fn split_to_pb(split: &Split) -> pb::CapabilitySplit {
             .collect(),
         updated_at_ms: split.updated_at_ms,
         updated_by: split.updated_by.clone().unwrap_or_default(),
+    }
+}
+
+/// A grant on the wire (0: no expiry, empty: no approver without authentication).
+pub fn grant_to_pb(grant: &Grant) -> pb::Grant {
+    pb::Grant {
+        id: grant.id.clone(),
+        caller: grant.caller.clone(),
+        capability: grant.capability.clone(),
+        expires_at_ms: grant.expires_at_ms.unwrap_or(0),
+        granted_by: grant.granted_by.clone().unwrap_or_default(),
+        granted_at_ms: grant.granted_at_ms,
+        request_id: grant.request_id.clone(),
     }
 }
 
@@ -382,7 +406,7 @@ async fn serve_watch(
     let gauge = service.metrics().watch_subscribers.clone();
     gauge.inc();
     let _guard = SubscriberGuard(gauge);
-    // Agents and splits (DESIGN §2.9) in one ordered history.
+    // Agents, splits (DESIGN §2.9) and grants (§2.11) in one ordered history.
     let prefix = service.keys().tenant_prefix().to_string();
     // 0 means "the subscriber has nothing": start with a snapshot.
     let mut last = start_revision;
@@ -396,13 +420,16 @@ async fn serve_watch(
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let (instances, splits, revision) = service.catalog().snapshot();
+            let snapshot = service.catalog().snapshot();
+            let revision = snapshot.revision;
             let budget = if paged { PAGE_BYTES } else { usize::MAX };
-            for page in snapshot_pages(
-                &instances,
-                splits.iter().map(|split| split_to_pb(split)).collect(),
-                budget,
-            ) {
+            let first = pb::Snapshot {
+                splits: snapshot.splits.iter().map(|split| split_to_pb(split)).collect(),
+                grants: snapshot.grants.iter().map(|grant| grant_to_pb(grant)).collect(),
+                policies: snapshot.policies.iter().map(|policy| policy_to_pb(policy)).collect(),
+                ..Default::default()
+            };
+            for page in snapshot_pages(&snapshot.instances, first, budget) {
                 let event = pb::WatchEvent {
                     revision,
                     kind: Some(pb::watch_event::Kind::Snapshot(pb::Snapshot { reset, ..page })),
@@ -465,13 +492,11 @@ async fn serve_watch(
 }
 
 /// A snapshot as pages of at most `budget` encoded bytes of instances each
-/// (one instance larger than that goes alone), the splits on the first,
-/// every page but the last saying `more`. Always at least one page.
-fn snapshot_pages(instances: &[Arc<Instance>], splits: Vec<pb::CapabilitySplit>, budget: usize) -> Vec<pb::Snapshot> {
-    let mut pages = vec![pb::Snapshot {
-        splits,
-        ..Default::default()
-    }];
+/// (one instance larger than that goes alone), `first` (the splits and
+/// grants, policies) the first, every page but the last saying `more`. Always at
+/// least one page.
+fn snapshot_pages(instances: &[Arc<Instance>], first: pb::Snapshot, budget: usize) -> Vec<pb::Snapshot> {
+    let mut pages = vec![first];
     let mut bytes = 0;
     for instance in instances {
         let instance = instance_to_pb(instance);
@@ -508,6 +533,23 @@ fn delta(service: &RegistryService, event: Event) -> Option<pb::WatchEvent> {
         Event::Delete { key, .. } if keys.capability_of_split(&key).is_some() => {
             pb::watch_event::Kind::SplitCleared(pb::SplitCleared {
                 capability: keys.capability_of_split(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.grant_id_of(&kv.key).is_some() => {
+            pb::watch_event::Kind::GrantSet(grant_to_pb(&decode_grant(&kv)?))
+        }
+        // Revoked, or expired and removed by its lease.
+        Event::Delete { key, .. } if keys.grant_id_of(&key).is_some() => {
+            pb::watch_event::Kind::GrantRemoved(pb::GrantRemoved {
+                id: keys.grant_id_of(&key)?.to_string(),
+            })
+        }
+        Event::Put(kv) if keys.capability_of_policy(&kv.key).is_some() => {
+            pb::watch_event::Kind::PolicySet(policy_to_pb(&decode_policy(&kv)?))
+        }
+        Event::Delete { key, .. } if keys.capability_of_policy(&key).is_some() => {
+            pb::watch_event::Kind::PolicyCleared(pb::PolicyCleared {
+                capability: keys.capability_of_policy(&key)?.to_string(),
             })
         }
         Event::Put(kv) => {
@@ -547,6 +589,7 @@ mod tests {
             ttl_s: 15,
             registered_at_ms: 0,
             inflight: 0,
+            operator_weight: false,
         })
     }
 
@@ -562,7 +605,11 @@ mod tests {
             capability: "x".to_string(),
             ..Default::default()
         };
-        let pages = snapshot_pages(&with_large, vec![split], 1000);
+        let first = pb::Snapshot {
+            splits: vec![split],
+            ..Default::default()
+        };
+        let pages = snapshot_pages(&with_large, first, 1000);
         assert!(pages.len() > 5, "{}", pages.len());
         for (index, page) in pages.iter().enumerate() {
             let bytes: usize = page.instances.iter().map(prost::Message::encoded_len).sum();
@@ -580,8 +627,8 @@ mod tests {
         let expected: Vec<String> = with_large.iter().map(|instance| instance.agent_id.clone()).collect();
         assert_eq!(ids, expected);
         // Unpaged (and an empty snapshot): one page, as before paging.
-        assert_eq!(snapshot_pages(&instances, Vec::new(), usize::MAX).len(), 1);
-        let empty = snapshot_pages(&[], Vec::new(), 1000);
+        assert_eq!(snapshot_pages(&instances, pb::Snapshot::default(), usize::MAX).len(), 1);
+        let empty = snapshot_pages(&[], pb::Snapshot::default(), 1000);
         assert_eq!((empty.len(), empty[0].more), (1, false));
     }
 }

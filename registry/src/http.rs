@@ -23,6 +23,7 @@ use crate::error::{Code, RegistryError};
 async fn method_not_allowed(method: http::Method, uri: http::Uri) -> axum::response::Response {
     agent_reach_errors::method_not_allowed::<Code>(method, uri).await
 }
+use crate::access::{Decision, GrantFilter};
 use crate::model::{Capability, Instance};
 use crate::operator;
 use crate::service::{Heartbeat, RegistryService};
@@ -62,6 +63,36 @@ pub fn routes(service: Arc<RegistryService>) -> Router {
             get(get_split)
                 .put(set_split)
                 .delete(clear_split)
+                .fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/access-requests",
+            get(list_access_requests)
+                .post(request_access)
+                .fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/access-requests/{id}",
+            get(get_access_request).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/access-requests/{id}/approve",
+            axum::routing::post(approve_access).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/access-requests/{id}/deny",
+            axum::routing::post(deny_access).fallback(method_not_allowed),
+        )
+        .route("/v1/grants", get(list_grants).fallback(method_not_allowed))
+        .route(
+            "/v1/grants/{id}",
+            axum::routing::delete(revoke_grant).fallback(method_not_allowed),
+        )
+        .route(
+            "/v1/capabilities/{name}/policy",
+            get(get_policy)
+                .put(set_policy)
+                .delete(clear_policy)
                 .fallback(method_not_allowed),
         )
         .route("/healthz", get(healthz).fallback(method_not_allowed))
@@ -111,6 +142,7 @@ pub fn instance_to_wire(instance: &Instance) -> wire::AgentInstance {
         ttl_s: instance.ttl_s,
         registered_at_ms: instance.registered_at_ms,
         inflight: instance.inflight,
+        operator_weight: instance.operator_weight,
     }
 }
 
@@ -352,6 +384,41 @@ async fn clear_split(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[tracing::instrument(name = "http.set_policy", skip_all)]
+async fn set_policy(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::CapabilityPolicy>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let request: wire::PolicyRequest = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let written = service.set_policy(&caller, &name, request).await?;
+    Ok(Json(operator::policy_to_wire(&written.policy, Some(written.revision))))
+}
+
+#[tracing::instrument(name = "http.get_policy", skip_all)]
+async fn get_policy(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::CapabilityPolicy>, RegistryError> {
+    service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let policy = service.policy(&name)?;
+    Ok(Json(operator::policy_to_wire(&policy, None)))
+}
+
+#[tracing::instrument(name = "http.clear_policy", skip_all)]
+async fn clear_policy(
+    State(service): State<Arc<RegistryService>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.clear_policy(&caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[tracing::instrument(name = "http.set_weight", skip_all)]
 async fn set_weight(
     State(service): State<Arc<RegistryService>>,
@@ -397,6 +464,139 @@ async fn heartbeats(
             .collect(),
         observed_at_ms: crate::service::now_ms(),
     }))
+}
+
+// === Access requests and grants (DESIGN §2.11) ===
+
+/// Parses a query string strictly: an unknown parameter is `UNKNOWN_FIELD`.
+fn query<T>(query: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, RegistryError> {
+    query.map(|Query(query)| query).map_err(|rejection| {
+        RegistryError::new(Code::UnknownField, format!("invalid query: {}", rejection.body_text()))
+    })
+}
+
+/// `POST /v1/access-requests`: `201` a new pending request, `200` the one
+/// already pending for the same caller and capability.
+#[tracing::instrument(name = "http.request_access", skip_all)]
+async fn request_access(
+    State(service): State<Arc<RegistryService>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let request: wire::AccessRequestBody = parse_body(&headers, body, service.config().max_body_bytes).await?;
+    let (request, created) = service.request_access(&caller, request).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(request)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AccessRequestsQuery {
+    status: Option<String>,
+}
+
+#[tracing::instrument(name = "http.list_access_requests", skip_all)]
+async fn list_access_requests(
+    State(service): State<Arc<RegistryService>>,
+    query_string: Result<Query<AccessRequestsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Json<wire::AccessRequestList>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let AccessRequestsQuery { status } = query(query_string)?;
+    let requests = service.access_requests(&caller, status.as_deref()).await?;
+    Ok(Json(wire::AccessRequestList { requests }))
+}
+
+#[tracing::instrument(name = "http.get_access_request", skip_all)]
+async fn get_access_request(
+    State(service): State<Arc<RegistryService>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<wire::AccessRequest>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    Ok(Json(service.access_request(&caller, &id).await?))
+}
+
+/// The optional decision body: empty, or `{note}`.
+async fn decision_body(
+    service: &RegistryService,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<wire::AccessDecisionBody, RegistryError> {
+    let limit = service.config().max_body_bytes;
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| RegistryError::new(Code::PayloadTooLarge, format!("the body is over {limit} bytes")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(wire::AccessDecisionBody::default());
+    }
+    parse_body(headers, Body::from(bytes), limit).await
+}
+
+async fn decide(
+    service: Arc<RegistryService>,
+    (id, headers, body): (String, HeaderMap, Body),
+    decision: Decision,
+) -> Result<Json<wire::AccessRequest>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let wire::AccessDecisionBody { note } = decision_body(&service, &headers, body).await?;
+    Ok(Json(service.decide(&caller, &id, decision, note).await?))
+}
+
+/// `POST /v1/access-requests/{id}/approve` (its capability's approvers): `{id, status: "approved", grant_id, …}`.
+#[tracing::instrument(name = "http.approve_access", skip_all)]
+async fn approve_access(
+    State(service): State<Arc<RegistryService>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::AccessRequest>, RegistryError> {
+    decide(service, (id, headers, body), Decision::Approve).await
+}
+
+/// `POST /v1/access-requests/{id}/deny` (its capability's approvers).
+#[tracing::instrument(name = "http.deny_access", skip_all)]
+async fn deny_access(
+    State(service): State<Arc<RegistryService>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<wire::AccessRequest>, RegistryError> {
+    decide(service, (id, headers, body), Decision::Deny).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantsQuery {
+    caller: Option<String>,
+    capability: Option<String>,
+}
+
+#[tracing::instrument(name = "http.list_grants", skip_all)]
+async fn list_grants(
+    State(service): State<Arc<RegistryService>>,
+    query_string: Result<Query<GrantsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Json<wire::GrantList>, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    let GrantsQuery { caller: of, capability } = query(query_string)?;
+    let filter = GrantFilter { caller: of, capability };
+    Ok(Json(wire::GrantList {
+        grants: service.grants(&caller, &filter),
+    }))
+}
+
+/// `DELETE /v1/grants/{id}` (the capability's approvers, operators): `204`.
+#[tracing::instrument(name = "http.revoke_grant", skip_all)]
+async fn revoke_grant(
+    State(service): State<Arc<RegistryService>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, RegistryError> {
+    let caller = service.authenticate(headers.get(http::header::AUTHORIZATION))?;
+    service.revoke_grant(&caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn healthz() -> &'static str {

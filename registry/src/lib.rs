@@ -5,6 +5,7 @@
 //! - `catalog`: the in-memory view every read is served from, fed by a store watch.
 //! - `service`: register / heartbeat / deregister / resolve, transport-free.
 //! - `operator`: traffic splits and live weights (the operator API), transport-free.
+//! - `access`: access requests, their approval by `owners:`, and grants, transport-free.
 //! - `validate`: registration checks with stable codes; `error`: the one error type.
 //! - `http` and `grpc`: the two faces of one port; [`app`] joins them.
 //! - `tenants`: one part (a service) per tenant of the tenant map, each
@@ -14,6 +15,7 @@
 //! flags ([`RegistryArgs`]) and settings ([`Settings`], [`RegistryConfig`]),
 //! and the [`store`] seam the contract suite holds every store to.
 
+mod access;
 mod catalog;
 mod config;
 mod error;

@@ -15,6 +15,7 @@ pub struct Metrics {
     pub lease_expiries: IntCounter,
     pub watch_subscribers: IntGauge,
     pub catalog_revision: IntGauge,
+    pub access_decisions: IntCounterVec,
 }
 
 impl Metrics {
@@ -64,6 +65,14 @@ impl Metrics {
             "agent_reach_registry_catalog_revision",
             "Store revision the registry's in-memory catalog reflects.",
         )?;
+        let access_decisions = IntCounterVec::new(
+            Opts::new(
+                "agent_reach_registry_access_decisions_total",
+                "Access requests filed and decided, and grants revoked (requested, approved, denied, revoked).",
+            ),
+            &["decision"],
+        )?;
+        registry.register(Box::new(access_decisions.clone()))?;
         registry.register(Box::new(instances.clone()))?;
         registry.register(Box::new(registrations.clone()))?;
         registry.register(Box::new(deregistrations.clone()))?;
@@ -76,6 +85,10 @@ impl Metrics {
         for status in crate::model::Status::ALL {
             instances.with_label_values(&[status.as_str()]).set(0);
         }
+        // Served from the start, at 0, so dashboards and alerts see the family.
+        for decision in ["requested", "approved", "denied", "revoked"] {
+            access_decisions.with_label_values(&[decision]);
+        }
         Ok(Self {
             registry,
             instances,
@@ -87,6 +100,7 @@ impl Metrics {
             lease_expiries,
             watch_subscribers,
             catalog_revision,
+            access_decisions,
         })
     }
 

@@ -58,6 +58,16 @@ pub struct Instance {
     /// existed, and while nothing was reported: 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inflight: u32,
+    /// Whether `weight` was set by an operator (`PUT /v1/agents/{id}/weight`
+    /// from a caller under `operators`) rather than by the agent: adaptive
+    /// routing never changes such a weight (DESIGN §3.4). A registration
+    /// writes a new record without it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub operator_weight: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -97,13 +107,110 @@ pub struct Split {
     pub updated_by: Option<String>,
 }
 
-/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}` and
-/// `/agent-reach/v1/{tenant}/splits/{capability}`.
+/// Where an access request stands (DESIGN §2.11). `pending` is the only
+/// state a decision leaves; `approved` becomes `revoked` when its grant is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessStatus {
+    Pending,
+    Approved,
+    Denied,
+    Revoked,
+}
+
+impl AccessStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessStatus::Pending => "pending",
+            AccessStatus::Approved => "approved",
+            AccessStatus::Denied => "denied",
+            AccessStatus::Revoked => "revoked",
+        }
+    }
+}
+
+/// An access request: the value stored under `.../access-requests/{id}`,
+/// without a lease (kept, decided or not, as the record of who asked and
+/// who decided).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessRequest {
+    pub id: String,
+    pub caller: String,
+    pub capability: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    pub status: AccessStatus,
+    /// The token's subject that filed it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    pub requested_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_id: Option<String>,
+    /// The grant's expiry, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at_ms: Option<u64>,
+}
+
+/// An approved request's grant: the value stored under `.../grants/{id}`,
+/// on a lease of its `ttl_s` when it expires (routers stop it at
+/// `expires_at_ms` by their clock; the lease removes the key after).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub id: String,
+    pub caller: String,
+    pub capability: String,
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_by: Option<String>,
+    pub granted_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+}
+
+impl Grant {
+    /// Live at `now_ms` (epoch): not yet past its expiry.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_none_or(|expires| now_ms < expires)
+    }
+}
+
+/// A capability's default selection policy (DESIGN §9): the value stored
+/// under `.../policies/{capability}`, without a lease. `policy` is a
+/// `target_policy` word (`adaptive`, `plugin:NAME`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub capability: String,
+    pub policy: String,
+    pub updated_at_ms: u64,
+    /// The operator who set it; `None` without authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_by: Option<String>,
+}
+
+/// Key layout (DESIGN §2.4): `/agent-reach/v1/{tenant}/agents/{agent_id}`,
+/// `/agent-reach/v1/{tenant}/splits/{capability}`,
+/// `/agent-reach/v1/{tenant}/access-requests/{id}`,
+/// `/agent-reach/v1/{tenant}/grants/{id}` and
+/// `/agent-reach/v1/{tenant}/policies/{capability}`.
 #[derive(Debug, Clone)]
 pub struct Keys {
     tenant_prefix: String,
     agents_prefix: String,
     splits_prefix: String,
+    requests_prefix: String,
+    grants_prefix: String,
+    policies_prefix: String,
 }
 
 impl Keys {
@@ -112,11 +219,39 @@ impl Keys {
         Self {
             agents_prefix: format!("{tenant_prefix}agents/"),
             splits_prefix: format!("{tenant_prefix}splits/"),
+            requests_prefix: format!("{tenant_prefix}access-requests/"),
+            grants_prefix: format!("{tenant_prefix}grants/"),
+            policies_prefix: format!("{tenant_prefix}policies/"),
             tenant_prefix,
         }
     }
 
-    /// Every key of the tenant (agents and splits): what the catalog and the
+    pub fn access_request(&self, id: &str) -> String {
+        format!("{}{id}", self.requests_prefix)
+    }
+
+    /// Every access request of the tenant (listings read the store).
+    pub fn access_requests(&self) -> &str {
+        &self.requests_prefix
+    }
+
+    pub fn grant(&self, id: &str) -> String {
+        format!("{}{id}", self.grants_prefix)
+    }
+
+    pub fn grant_id_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.grants_prefix.as_str())
+    }
+
+    pub fn policy(&self, capability: &str) -> String {
+        format!("{}{capability}", self.policies_prefix)
+    }
+
+    pub fn capability_of_policy<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.policies_prefix.as_str())
+    }
+
+    /// Every key of the tenant (agents, splits, grants, requests and policies): what the catalog and the
     /// `Watch` stream follow, in one ordered history.
     pub fn tenant_prefix(&self) -> &str {
         &self.tenant_prefix

@@ -1,6 +1,7 @@
 //! The operator API (DESIGN §2.9): a capability's traffic split between
-//! versions for unpinned callers, and a live instance's weight, both changed
-//! without any agent re-registering; and an operator's drain of an instance. Transport-free like `service`; the HTTP
+//! versions for unpinned callers, its default selection policy (DESIGN §9),
+//! and a live instance's weight, all changed without any agent
+//! re-registering; and an operator's drain of an instance. Transport-free like `service`; the HTTP
 //! handlers call these. Also the operators' one read that goes to the store
 //! rather than the catalog: every live instance's last heartbeat, from its lease.
 //!
@@ -12,12 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use agent_reach_access::Caller;
-use agent_reach_proto::http::SplitRequest;
+use agent_reach_proto::http::{PolicyRequest, SplitRequest};
 use agent_reach_proto::Status;
 
 use crate::catalog::Entry;
 use crate::error::{Code, RegistryError};
-use crate::model::{Instance, Split};
+use crate::model::{Instance, Policy, Split};
 use crate::service::{now_ms, RegistryService, CATALOG_WAIT, WRITE_ATTEMPTS};
 use crate::store::{Condition, LeaseTtl, Put, StoreError};
 use crate::validate::{self, MAX_WEIGHT};
@@ -37,6 +38,23 @@ pub struct HeartbeatAge {
     pub agent_id: String,
     pub lease_id: i64,
     pub lease: LeaseTtl,
+}
+
+/// A policy after its write: what the store holds and the write's revision.
+pub struct PolicyWritten {
+    pub policy: Policy,
+    pub revision: i64,
+}
+
+/// The policy's HTTP form.
+pub fn policy_to_wire(policy: &Policy, revision: Option<i64>) -> agent_reach_proto::http::CapabilityPolicy {
+    agent_reach_proto::http::CapabilityPolicy {
+        capability: policy.capability.clone(),
+        policy: policy.policy.clone(),
+        updated_at_ms: policy.updated_at_ms,
+        updated_by: policy.updated_by.clone(),
+        revision,
+    }
 }
 
 /// A split after its write: what the store holds and the write's revision.
@@ -210,6 +228,71 @@ impl RegistryService {
         })
     }
 
+    // === Default policy ===
+
+    /// Sets (or replaces) `name`'s default selection policy: what its calls
+    /// that name no `target_policy` use (DESIGN §9). Any `target_policy`
+    /// word is accepted, `plugin:NAME` included: which plugins exist is each
+    /// router's business (a router without that plugin uses its default and
+    /// says so in its log).
+    #[tracing::instrument(skip_all, fields(capability = %name))]
+    pub async fn set_policy(
+        &self,
+        caller: &Caller,
+        name: &str,
+        request: PolicyRequest,
+    ) -> Result<PolicyWritten, RegistryError> {
+        let updated_by = operator(self, caller, "set a capability's policy")?;
+        capability_name(name)?;
+        let policy = agent_reach_proto::envelope::TargetPolicy::parse(request.policy.trim())
+            .map_err(|why| RegistryError::field(Code::InvalidPolicy, "policy", why))?;
+        let policy = Policy {
+            capability: name.to_string(),
+            policy: policy.to_string(),
+            updated_at_ms: now_ms(),
+            updated_by,
+        };
+        let value = serde_json::to_vec(&policy)
+            .map_err(|error| RegistryError::new(Code::Internal, format!("cannot encode the policy: {error}")))?;
+        // No lease: a capability's policy outlives every instance offering it.
+        let put = Put {
+            key: self.keys().policy(name),
+            value,
+            lease: 0,
+        };
+        let revision = self.store().txn(Vec::new(), vec![put], Vec::new()).await?;
+        self.catalog().wait_for(revision, CATALOG_WAIT).await;
+        tracing::info!(message = "Capability policy set.", policy = %policy.policy, revision);
+        Ok(PolicyWritten { policy, revision })
+    }
+
+    /// Removes `name`'s default policy; its calls use each router's default
+    /// again. Removing a policy that is not there succeeds.
+    #[tracing::instrument(skip_all, fields(capability = %name))]
+    pub async fn clear_policy(&self, caller: &Caller, name: &str) -> Result<(), RegistryError> {
+        operator(self, caller, "clear a capability's policy")?;
+        capability_name(name)?;
+        let revision = self
+            .store()
+            .txn(Vec::new(), Vec::new(), vec![self.keys().policy(name)])
+            .await?;
+        self.catalog().wait_for(revision, CATALOG_WAIT).await;
+        tracing::info!(message = "Capability policy cleared.", revision);
+        Ok(())
+    }
+
+    /// `name`'s default policy (any valid token may read it).
+    pub fn policy(&self, name: &str) -> Result<Arc<Policy>, RegistryError> {
+        capability_name(name)?;
+        self.catalog().policy(name).ok_or_else(|| {
+            RegistryError::field(
+                Code::PolicyNotFound,
+                "name",
+                format!("capability `{name}` has no policy of its own: its calls use the router's default"),
+            )
+        })
+    }
+
     // === Heartbeat ages ===
 
     /// Every live instance's last heartbeat, by `agent_id`. Read from the
@@ -246,7 +329,9 @@ impl RegistryService {
 
     /// Changes a live instance's weight on its record, under its own lease, so
     /// routers pick it up from the `Watch` and the agent keeps heartbeating as
-    /// before. The agent's next registration sets its own weight again.
+    /// before. The agent's next registration sets its own weight again. A
+    /// weight an operator sets (anyone but the agent itself) is marked
+    /// `operator_weight`: adaptive routing never changes it.
     #[tracing::instrument(skip_all, fields(agent_id = %agent_id, weight = weight))]
     pub async fn set_weight(
         &self,
@@ -264,12 +349,12 @@ impl RegistryService {
         }
         let not_found = || RegistryError::new(Code::AgentNotFound, format!("no instance `{agent_id}` is registered"));
         let mut entry = self.current_entry(agent_id).await?.ok_or_else(not_found)?;
-        self.may_weigh(caller, &entry.instance)?;
+        let by_operator = self.may_weigh(caller, &entry.instance)?;
         for attempt in 0..WRITE_ATTEMPTS {
-            if entry.instance.weight == weight {
+            if entry.instance.weight == weight && entry.instance.operator_weight == by_operator {
                 return Ok(entry.instance);
             }
-            match self.write_weight(&entry, weight).await {
+            match self.write_weight(&entry, weight, by_operator).await {
                 Ok(instance) => {
                     tracing::info!(message = "Instance weight changed.", from = entry.instance.weight);
                     return Ok(instance);
@@ -327,16 +412,21 @@ impl RegistryService {
         ))
     }
 
-    /// Operators, and the agent itself.
-    fn may_weigh(&self, caller: &Caller, instance: &Instance) -> Result<(), RegistryError> {
+    /// Operators, and the agent itself: whether the caller is an operator
+    /// (without authentication everyone is).
+    fn may_weigh(&self, caller: &Caller, instance: &Instance) -> Result<bool, RegistryError> {
         match caller {
-            Caller::Agent { name, .. } if **name == *instance.name => Ok(()),
-            _ => operator(self, caller, "change an instance's weight").map(|_| ()),
+            Caller::Agent { name, .. } if **name == *instance.name => Ok(false),
+            _ => operator(self, caller, "change an instance's weight").map(|_| true),
         }
     }
 
-    async fn write_weight(&self, entry: &Entry, weight: u32) -> Result<Arc<Instance>, StoreError> {
-        self.write_instance(entry, |instance| instance.weight = weight).await
+    async fn write_weight(&self, entry: &Entry, weight: u32, by_operator: bool) -> Result<Arc<Instance>, StoreError> {
+        self.write_instance(entry, |instance| {
+            instance.weight = weight;
+            instance.operator_weight = by_operator;
+        })
+        .await
     }
 
     /// Writes `entry`'s record changed by `change`, if no one wrote it since it was read.

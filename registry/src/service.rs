@@ -234,6 +234,7 @@ impl RegistryService {
                 ttl_s: registration.ttl_s,
                 registered_at_ms: now_ms(),
                 inflight: 0,
+                operator_weight: false,
             };
             let value = serde_json::to_vec(&instance)
                 .map_err(|error| RegistryError::new(Code::Internal, format!("cannot encode the record: {error}")))?;

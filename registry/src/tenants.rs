@@ -166,7 +166,9 @@ impl Registry {
                 .with_context(|| format!("tenant `{tenant}` of {}", map_path.display()))?;
             parts.push((tenant.to_string(), part));
         }
-        let parts = Parts::new(&home, parts).map_err(anyhow::Error::msg)?;
+        let parts = Parts::new(&home, parts)
+            .map_err(anyhow::Error::msg)?
+            .with_tenant_claim(kit.auth.tenant_claim());
         let tenancy = Tenancy::new(map).context("registering metrics")?;
         tenancy.tenants.set(i64::try_from(parts.len()).unwrap_or(i64::MAX));
         let changes = tenancy.map.subscribe();

@@ -1,7 +1,8 @@
 //! The operator API (issue 21, point 2) against a real etcd: traffic splits
-//! stored under `/agent-reach/v1/{tenant}/splits/{capability}` and published
-//! on the `Watch` stream, live weights written on the instance's record under
-//! its lease; who may call them; and a stable code for every bad body.
+//! stored under `/agent-reach/v1/{tenant}/splits/{capability}` and capability
+//! policies under `…/policies/{capability}` (issue 38), both published on the
+//! `Watch` stream, live weights written on the instance's record under its
+//! lease; who may call them; and a stable code for every bad body.
 
 mod support;
 
@@ -328,9 +329,18 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         (json!(8), json!(lease))
     );
     assert_eq!(body["registered_at_ms"], before["registered_at_ms"]);
+    assert_eq!(
+        body["operator_weight"],
+        json!(true),
+        "an operator's weight is marked: {body}"
+    );
     match next_event(&mut watch).await.kind {
         Some(pb::watch_event::Kind::Updated(instance)) => {
             assert_eq!((instance.agent_id.as_str(), instance.weight), ("oq-w1", 8));
+            assert!(
+                instance.operator_weight,
+                "routers learn that adaptive must leave it alone"
+            );
         }
         other => panic!("expected an update, got {other:?}"),
     }
@@ -366,6 +376,11 @@ async fn a_live_weight_changes_under_the_lease_and_survives_heartbeats() {
         .put("/v1/agents/oq-w1/weight", &agent, &json!({ "weight": 2 }))
         .await;
     assert_eq!((status, body["weight"].clone()), (200, json!(2)), "{body}");
+    assert_eq!(
+        body.get("operator_weight"),
+        None,
+        "the agent's own weight is not an operator's"
+    );
 
     // Bad input: stable codes.
     for (body, expected) in [
@@ -553,4 +568,123 @@ async fn heartbeat_ages_come_from_etcd_and_agree_across_replicas() {
 async fn heartbeat_ages_on_the_embedded_store() {
     let registry = TestRegistry::start(StoreChoice::Embedded).await;
     heartbeat_ages_follow_the_lease(&registry, &registry).await;
+}
+
+const POLICY: &str = "/v1/capabilities/order.query/policy";
+
+/// A capability's default policy (DESIGN §9): set by operators, stored in
+/// etcd without a lease, in the Watch's snapshot and deltas, cleared; bad
+/// policies and callers get stable codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capability_policies_are_stored_in_etcd_watched_and_cleared_by_operators() {
+    let etcd = Etcd::start();
+    let registry = TestRegistry::start(on(&etcd)).await;
+    let mut watch = registry
+        .grpc()
+        .await
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: false,
+            },
+            &ops(),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    next_event(&mut watch).await; // the snapshot
+
+    let (status, body) = registry.get(POLICY, &ops()).await;
+    assert_eq!((status, code(&body)), (404, "POLICY_NOT_FOUND"), "{body}");
+    for (request, status_code, expected) in [
+        (json!({ "policy": "random" }), 400, "INVALID_POLICY"),
+        (json!({ "policy": "plugin:Bad-Name" }), 400, "INVALID_POLICY"),
+        (json!({ "policy": 3 }), 400, "INVALID_FIELD_TYPE"),
+        (json!({}), 400, "MISSING_FIELD"),
+        (json!({ "policy": "adaptive", "why": "x" }), 400, "UNKNOWN_FIELD"),
+    ] {
+        let (status, answer) = registry.put(POLICY, &ops(), &request).await;
+        assert_eq!((status, code(&answer)), (status_code, expected), "{request} → {answer}");
+    }
+    let (status, body) = registry
+        .put(
+            POLICY,
+            &TestRegistry::token("order_query"),
+            &json!({ "policy": "adaptive" }),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (403, "FORBIDDEN"), "{body}");
+    let (status, body) = registry
+        .put("/v1/capabilities/Bad/policy", &ops(), &json!({ "policy": "adaptive" }))
+        .await;
+    assert_eq!((status, code(&body)), (400, "INVALID_CAPABILITY_NAME"), "{body}");
+
+    let (status, body) = registry
+        .put(POLICY, &ops(), &json!({ "policy": "plugin:cheapest" }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["policy"].clone(), body["updated_by"].clone()),
+        (json!("plugin:cheapest"), json!("ops"))
+    );
+    match next_event(&mut watch).await.kind {
+        Some(pb::watch_event::Kind::PolicySet(policy)) => {
+            assert_eq!(
+                (policy.capability.as_str(), policy.policy.as_str()),
+                ("order.query", "plugin:cheapest")
+            );
+        }
+        other => panic!("expected policy_set, got {other:?}"),
+    }
+    // The seeds' word is stored as the policy it names.
+    let (_, body) = registry
+        .put(POLICY, &ops(), &json!({ "policy": "weighted_random" }))
+        .await;
+    assert_eq!(body["policy"], json!("weighted_round_robin"));
+    next_event(&mut watch).await;
+    let (_, body) = registry.put(POLICY, &ops(), &json!({ "policy": "adaptive" })).await;
+    assert_eq!(body["policy"], json!("adaptive"));
+    next_event(&mut watch).await;
+
+    let store = EtcdStore::connect(&[etcd.endpoint()]).unwrap();
+    let stored = store
+        .get("/agent-reach/v1/default/policies/order.query")
+        .await
+        .unwrap()
+        .expect("the policy's key");
+    assert_eq!(stored.lease, 0, "a policy outlives every instance");
+
+    // A fresh registry's Watch carries it in its snapshot.
+    let sibling = registry.sibling(on(&etcd)).await;
+    let mut sibling_watch = sibling
+        .grpc()
+        .await
+        .watch(authed(
+            pb::WatchRequest {
+                start_revision: 0,
+                paged: true,
+            },
+            &ops(),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    match next_event(&mut sibling_watch).await.kind {
+        Some(pb::watch_event::Kind::Snapshot(snapshot)) => {
+            assert_eq!(snapshot.policies.len(), 1);
+            assert_eq!(snapshot.policies[0].policy, "adaptive");
+        }
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+
+    let (status, _) = registry.delete(POLICY, &ops()).await;
+    assert_eq!(status, 204);
+    match next_event(&mut watch).await.kind {
+        Some(pb::watch_event::Kind::PolicyCleared(cleared)) => assert_eq!(cleared.capability, "order.query"),
+        other => panic!("expected policy_cleared, got {other:?}"),
+    }
+    let (status, body) = registry.get(POLICY, &ops()).await;
+    assert_eq!((status, code(&body)), (404, "POLICY_NOT_FOUND"), "{body}");
+    let (status, _) = registry.delete(POLICY, &ops()).await;
+    assert_eq!(status, 204, "clearing a policy that is not there reaches the goal");
 }

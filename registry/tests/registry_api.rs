@@ -359,6 +359,10 @@ fn describe(event: &pb::WatchEvent) -> String {
         pb::watch_event::Kind::Removed(removed) => format!("removed {}", removed.agent_id),
         pb::watch_event::Kind::SplitSet(split) => format!("split {}", split.capability),
         pb::watch_event::Kind::SplitCleared(cleared) => format!("split cleared {}", cleared.capability),
+        pb::watch_event::Kind::GrantSet(grant) => format!("grant {}", grant.id),
+        pb::watch_event::Kind::GrantRemoved(removed) => format!("grant removed {}", removed.id),
+        pb::watch_event::Kind::PolicySet(policy) => format!("policy {} {}", policy.capability, policy.policy),
+        pb::watch_event::Kind::PolicyCleared(cleared) => format!("policy cleared {}", cleared.capability),
     }
 }
 

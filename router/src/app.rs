@@ -56,15 +56,22 @@ pub fn routes(
         "/v1/openapi.json",
         axum::routing::get(openapi).fallback(method_not_allowed),
     );
+    let challenge = crate::protected_resource::Challenge::of(&service);
     agent_reach_pipeline::http::routes(service.clone())
         .merge(openapi)
-        .merge(agent_reach_mcp::routes(service.clone()))
+        .merge(crate::protected_resource::routes(service.clone()))
+        .merge(agent_reach_mcp::routes(task_api.clone()))
         .merge(agent_reach_a2a::routes(task_api.clone()))
         .merge(agent_reach_tasks::routes(task_api))
         .merge(broadcast_route)
         .merge(console)
         // Every route behind the one way in: identified once, before its handler.
         .layer(axum::middleware::from_fn_with_state(identify, identify::layer))
+        // Every 401 says how to authenticate (RFC 6750, RFC 9728 §5.1).
+        .layer(axum::middleware::from_fn_with_state(
+            challenge,
+            crate::protected_resource::layer,
+        ))
 }
 
 async fn broadcast(

@@ -12,6 +12,7 @@ use agent_reach_access::{AuthArgs, AuthConfig};
 use agent_reach_serving::tls::{ClientFiles, ListenerArgs, ServerFiles};
 
 use agent_reach_access::{AssertionSettings, SigningKey};
+use agent_reach_pipeline::policy::Plugins;
 use agent_reach_pipeline::watch::RegistryCredential;
 use agent_reach_pipeline::Tuning;
 use agent_reach_tasks::{TaskArgs, TasksSettings};
@@ -151,6 +152,16 @@ pub struct RouterArgs {
         value_name = "ORIGIN"
     )]
     pub mcp_allowed_origins: Vec<String>,
+    /// The outcome history's bucket, in milliseconds (DESIGN §3.4.1): `adaptive` learns
+    /// per bucket, 24 buckets make its day and 168 its week. Keep the default (an
+    /// hour) in production; a shorter bucket compresses time for tests and benches.
+    #[arg(
+        long,
+        env = "AGENT_REACH_ROUTING_HISTORY_BUCKET_MS",
+        default_value_t = 3_600_000,
+        value_name = "MS"
+    )]
+    pub routing_history_bucket_ms: u64,
     #[command(flatten)]
     pub tasks: TaskArgs,
     #[command(flatten)]
@@ -190,15 +201,18 @@ pub struct Settings {
     pub agent_tls: ClientFiles,
     /// How an `https://` registry is verified.
     pub registry_tls: ClientFiles,
+    /// Selection policies plugged into this router (`plugin:NAME`; the
+    /// `agent-reach` binary registers its own in `cli/src/plugins.rs`).
+    pub plugins: Plugins,
 }
 
 impl Settings {
     /// Settings with default tuning; the registry credential follows `auth`
     /// (self-signed with the HS256 secret, or none without authentication).
     pub fn new(listen: SocketAddr, registry: impl Into<String>, auth: AuthConfig, acl: PathBuf) -> Self {
-        let registry_credential = match &auth {
-            AuthConfig::Hs256SecretFile(path) => RegistryCredential::SignWithSecret(path.clone()),
-            _ => RegistryCredential::None,
+        let registry_credential = match auth.hs256_secret_file() {
+            Some(path) => RegistryCredential::SignWithSecret(path.to_path_buf()),
+            None => RegistryCredential::None,
         };
         Self {
             listen,
@@ -214,6 +228,7 @@ impl Settings {
             listener_tls: None,
             agent_tls: ClientFiles::default(),
             registry_tls: ClientFiles::default(),
+            plugins: Plugins::new(),
         }
     }
 }
@@ -262,6 +277,17 @@ impl RouterArgs {
         if self.breaker_open_ms == 0 {
             problems.push("--breaker-open-ms must be above 0".to_string());
         }
+        if !(100..=86_400_000).contains(&self.routing_history_bucket_ms) {
+            problems.push(format!(
+                "--routing-history-bucket-ms {} must be within 100..=86400000 (an hour, 3600000, outside tests and benches)",
+                self.routing_history_bucket_ms
+            ));
+        } else if self.routing_history_bucket_ms != 3_600_000 {
+            tracing::warn!(
+                message = "Outcome history buckets are not an hour: time is compressed for adaptive routing (a test or bench setting).",
+                bucket_ms = self.routing_history_bucket_ms
+            );
+        }
         if self.max_inflight_per_instance == 0 {
             problems.push("--max-inflight-per-instance must be at least 1".to_string());
         }
@@ -269,14 +295,14 @@ impl RouterArgs {
             problems.push(why);
             AuthConfig::InsecureNoAuth
         });
-        let registry_credential = match (&self.registry_token_file, &auth) {
+        let registry_credential = match (&self.registry_token_file, auth.hs256_secret_file()) {
             (Some(path), _) => RegistryCredential::TokenFile(path.clone()),
-            (None, AuthConfig::Hs256SecretFile(path)) => RegistryCredential::SignWithSecret(path.clone()),
-            (None, AuthConfig::InsecureNoAuth) => RegistryCredential::None,
-            (None, AuthConfig::PublicKeyFile(_)) => {
+            (None, Some(secret)) => RegistryCredential::SignWithSecret(secret.to_path_buf()),
+            (None, None) if auth.is_insecure() => RegistryCredential::None,
+            (None, None) => {
                 problems.push(
-                    "with --auth-public-key the router cannot sign its own registry token: \
-                     pass --registry-token-file PATH"
+                    "without --auth-hs256-secret-file the router cannot sign its own registry token \
+                     (--auth-public-key and --auth-oidc-issuer only verify tokens): pass --registry-token-file PATH"
                         .to_string(),
                 );
                 RegistryCredential::None
@@ -354,6 +380,7 @@ impl RouterArgs {
                 ca: self.registry_ca_file.clone(),
                 identity: None,
             },
+            plugins: Plugins::new(),
             listen: self.listen,
             registry: self.registry.clone(),
             registry_credential,
@@ -381,6 +408,7 @@ impl RouterArgs {
                     max_depth: self.max_depth,
                     upstream_grace: Duration::from_secs(self.upstream_grace_s),
                 },
+                history_bucket: Duration::from_millis(self.routing_history_bucket_ms),
             },
         })
     }

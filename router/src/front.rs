@@ -1,9 +1,9 @@
 //! The router's hot routes for the edge's front door
-//! ([`agent_reach_serving::front`]): `POST /v1/invoke` (streamed or not) and
-//! `POST /a2a/{capability}` take the front door's own HTTP/1.1 loop and the
-//! same handlers as the axum routes; every other request (and any that is
-//! not plain HTTP/1.1 with a `Content-Length` body) goes to hyper and the
-//! axum routes.
+//! ([`agent_reach_serving::front`]): `POST /v1/invoke` (streamed or not),
+//! `POST /a2a/{capability}` and `POST /a2a/{capability}/v1/message:send`
+//! take the front door's own HTTP/1.1 loop and the same handlers as the axum
+//! routes; every other request (and any that is not plain HTTP/1.1 with a
+//! `Content-Length` body) goes to hyper and the axum routes.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,8 +27,10 @@ pub(crate) enum Invoke {
 /// Which hot route a request took.
 pub(crate) enum Route {
     Invoke,
-    /// The capability named in the path.
+    /// JSON-RPC; the capability named in the path.
     A2a(String),
+    /// REST `message:send`; the capability named in the path.
+    A2aRestSend(String),
 }
 
 impl agent_reach_serving::front::HotRoutes for Invoke {
@@ -43,9 +45,15 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
         }
         // Only names the axum route would take as they are: no escapes to
         // decode, no query, one path segment.
-        let capability = target.strip_prefix("/a2a/")?;
-        let plain = !capability.is_empty() && !capability.contains(['/', '%', '?', '#']);
-        plain.then(|| Route::A2a(capability.to_string()))
+        let named = target.strip_prefix("/a2a/")?;
+        let plain = |capability: &str| !capability.is_empty() && !capability.contains(['/', '%', '?', '#']);
+        if let Some(capability) = named
+            .strip_suffix("/v1/message:send")
+            .filter(|capability| plain(capability))
+        {
+            return Some(Route::A2aRestSend(capability.to_string()));
+        }
+        plain(named).then(|| Route::A2a(named.to_string()))
     }
 
     fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
@@ -58,7 +66,7 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
         async move {
             // The one way in, as the axum routes' layer: identified once, here.
             let identified = part.service.identify().headers(&headers);
-            match route {
+            let answer = match route {
                 Route::Invoke => {
                     agent_reach_pipeline::http::answer_invoke(
                         &part.service,
@@ -72,7 +80,13 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
                     let api = TaskApi::new(part.service.clone(), part.tasks.clone());
                     agent_reach_a2a::answer_rpc(&api, identified, &capability, &headers, RequestBody::Read(body)).await
                 }
-            }
+                Route::A2aRestSend(capability) => {
+                    let api = TaskApi::new(part.service.clone(), part.tasks.clone());
+                    agent_reach_a2a::answer_rest_send(&api, identified, &capability, &headers, body).await
+                }
+            };
+            // As the axum routes' challenge layer: a 401 says how to authenticate.
+            part.challenge.answer(answer, &headers)
         }
     }
 }

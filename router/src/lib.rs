@@ -3,8 +3,9 @@
 //! door in front of it ([`app`]: the pipeline's own `/v1/invoke` and
 //! broadcast, the slow path `agent_reach_tasks`, A2A `agent_reach_a2a`, MCP
 //! `agent_reach_mcp`, the console `agent_reach_console`), the front door's
-//! hot routes ([`front`]) and the OpenAPI description of it all
-//! ([`openapi`]). This file is the crate's front: build, serve, run.
+//! hot routes ([`front`]), the OAuth protected resource metadata and the
+//! 401 challenge ([`protected_resource`]) and the OpenAPI description of it
+//! all ([`openapi`]). This file is the crate's front: build, serve, run.
 //!
 //! Architecture invariant: the request path never calls the registry, etcd or
 //! Redis, takes no global lock and never compiles a schema.
@@ -14,6 +15,7 @@ mod config;
 mod front;
 mod openapi;
 mod parts;
+mod protected_resource;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 pub use agent_reach_access::{AssertionSettings, SigningKey};
+pub use agent_reach_pipeline::policy::{Plugins, SelectionPolicy};
 pub use agent_reach_pipeline::{RegistryCredential, Tuning};
 pub use agent_reach_tasks::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
 pub use agent_reach_trail::TrailSettings;
@@ -155,6 +158,7 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
             registry_tls: settings.registry_tls.clone(),
             registry_credential: settings.registry_credential.clone(),
             sessions: Some(Arc::new(agent_reach_console::Sessions::new(assertions.clone()))),
+            plugins: settings.plugins.clone(),
             assertions,
             agent_tls,
         },
@@ -172,7 +176,11 @@ pub async fn build(settings: &Settings) -> anyhow::Result<Router> {
         }
         Tenancy::Map(map) => {
             let parts = shared.parts_of(&map.current())?;
-            let parts = Arc::new(parts::TenantParts::new(&settings.tenant, parts).map_err(anyhow::Error::msg)?);
+            let parts = Arc::new(
+                parts::TenantParts::new(&settings.tenant, parts)
+                    .map_err(anyhow::Error::msg)?
+                    .with_tenant_claim(settings.auth.tenant_claim()),
+            );
             tokio::spawn(parts::follow(map, Arc::downgrade(&parts), shared));
             (parts, Some(process_registry))
         }
@@ -192,9 +200,21 @@ enum Tenancy {
 
 /// Runs the router until `shutdown` resolves.
 pub async fn run(args: RouterArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let settings = args
+    run_with_plugins(args, Plugins::new(), shutdown).await
+}
+
+/// [`run`] with selection policies plugged in, each named `plugin:NAME` by
+/// calls and capabilities (the `agent-reach` binary passes its own,
+/// `cli/src/plugins.rs`).
+pub async fn run_with_plugins(
+    args: RouterArgs,
+    plugins: Plugins,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut settings = args
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
+    settings.plugins = plugins;
     let router = build(&settings).await?;
     let threads = agent_reach_serving::serve::thread_count(settings.tuning.threads);
     tracing::info!(

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use agent_reach_pipeline::error::Code;
 
 /// Paths the router serves, with their methods (the test compares with `http::routes`).
-pub const PATHS: [(&str, &str); 17] = [
+pub const PATHS: [(&str, &str); 18] = [
     ("/v1/invoke", "post"),
     ("/v1/broadcast", "post"),
     ("/v1/tasks", "post"),
@@ -24,6 +24,7 @@ pub const PATHS: [(&str, &str); 17] = [
     ("/v1/tenants", "get"),
     ("/v1/openapi.json", "get"),
     ("/.well-known/jwks.json", "get"),
+    ("/.well-known/oauth-protected-resource", "get"),
     ("/healthz", "get"),
     ("/readyz", "get"),
     ("/metrics", "get"),
@@ -302,7 +303,7 @@ fn build() -> Value {
         "context_id": { "type": "string" },
         "capability": { "type": "string", "pattern": "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$" },
         "capability_version": { "type": "string", "description": "Semver requirement; absent means the highest version." },
-        "target_policy": { "type": "string", "enum": ["weighted_round_robin", "least_connections", "consistent_hash"] },
+        "target_policy": { "type": "string", "pattern": "^(weighted_round_robin|weighted_random|least_connections|consistent_hash|p2c_ewma|adaptive|plugin:[a-z][a-z0-9_]{0,63})$", "description": "How the instance is picked (DESIGN §3.4): weighted_round_robin, least_connections, consistent_hash (needs session_id), p2c_ewma, adaptive, or plugin:NAME for a policy plugged into the router. Absent: the capability's policy set by an operator, else weighted_round_robin." },
         "priority": { "type": "string", "enum": ["high", "normal", "low"] },
         "timeout_ms": { "type": "integer", "minimum": 1 },
         "deadline": { "type": "integer", "minimum": 0, "description": "Absolute epoch milliseconds; wins over timeout_ms." },
@@ -669,6 +670,13 @@ fn build() -> Value {
             "/.well-known/jwks.json": { "get": {
                 "summary": "The public keys (RFC 7517 JWKS, Ed25519) that verify the assertion the router puts on every forwarded call; the signing key first, then the published ones",
                 "responses": operational(vec![("200", json!({ "description": "JWKS", "content": { "application/jwk-set+json": { "schema": { "type": "object", "required": ["keys"], "properties": { "keys": { "type": "array" } } } } } }))])
+            } },
+            "/.well-known/oauth-protected-resource": { "get": {
+                "summary": "OAuth 2.0 Protected Resource Metadata (RFC 9728): the router's resource identifier and the OIDC issuers whose tokens it accepts, for clients (MCP's) that look for where to get a token; every 401 points here in `WWW-Authenticate: Bearer resource_metadata=…`",
+                "responses": operational(vec![
+                    ("200", json!({ "description": "The metadata", "content": { "application/json": { "schema": { "type": "object", "required": ["resource", "authorization_servers"], "properties": { "resource": { "type": "string" }, "authorization_servers": { "type": "array", "items": { "type": "string" } }, "bearer_methods_supported": { "type": "array", "items": { "type": "string" } }, "resource_name": { "type": "string" } } } } } })),
+                    ("404", failed("NOT_FOUND: the router accepts no OIDC issuer's tokens (no --auth-oidc-issuer)."))
+                ])
             } },
             "/healthz": { "get": { "summary": "Liveness", "responses": operational(vec![("200", text("ok"))]) } },
             "/readyz": { "get": {

@@ -41,6 +41,8 @@ pub(crate) struct Part {
     pub(crate) service: Arc<RouterService>,
     pub(crate) tasks: Option<Arc<TaskService>>,
     pub(crate) app: axum::Router,
+    /// How its hot routes' 401s say how to authenticate (its axum routes' layer does the same).
+    pub(crate) challenge: crate::protected_resource::Challenge,
     /// The map's entry it serves (placement and policy file fixed; quotas updated in place).
     entry: ArcSwap<TenantEntry>,
 }
@@ -84,6 +86,7 @@ impl Shared {
         }
         let app = crate::app::routes(service.clone(), tasks.clone(), self.console.clone());
         Ok(Arc::new(Part {
+            challenge: crate::protected_resource::Challenge::of(&service),
             service,
             tasks,
             app,

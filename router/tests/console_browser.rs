@@ -649,3 +649,103 @@ async fn an_operator_watches_agents_replays_a_dead_letter_and_looks_up_a_failed_
     let left = ProcessGroup::processes_marked(&profile);
     assert!(left.is_empty(), "processes of the browser left running: {left:?}");
 }
+
+/// Issue 39, point 3: an operator whom `owners:` names an approver sees a
+/// pending access request on the capabilities page, approves it there (the
+/// caller's call then goes through), sees the grant beside the file's
+/// rules, and revokes it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_approves_and_revokes_access_on_the_page() {
+    const ACL: &str = "version: 1\noperators: [ops]\npermissions:\n  - caller: tester\n    allow: [\"*\"]\n\
+                       providers:\n  - agent: \"*\"\n    provides: [\"*\"]\nowners:\n  - capability: order.*\n    approvers: [ops]\n";
+    let cluster = Cluster::start_with_acl(ACL, |_| {}).await;
+    let _agent = cluster.agent(AgentSpec::new("echo-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["echo-1"]).await;
+    let filed: Value = cluster
+        .client
+        .post(format!("{}/v1/access-requests", cluster.registry.url()))
+        .bearer_auth(token("intent_parser"))
+        .json(&json!({ "capability": CAPABILITY, "reason": "intents need order status" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = filed["id"].as_str().expect("a request id").to_string();
+    let calls = |expected: u16| {
+        let cluster = &cluster;
+        async move {
+            eventually(Duration::from_secs(5), || async {
+                cluster.invoke_as(Some(&token("intent_parser")), order("SO-1")).await.0 == expected
+            })
+            .await
+        }
+    };
+    assert!(calls(403).await);
+
+    let browser = Browser::start().await;
+    browser.open(&sign_in_link(&cluster, 120).await).await;
+    browser
+        .until(
+            Duration::from_secs(15),
+            "signed in",
+            "return document.getElementById('operator').innerText === 'operator: ops';",
+        )
+        .await;
+    browser.press("2").await;
+    let pending = format!("#access-requests tbody tr[data-key=\"{id}\"]");
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the pending request",
+            &format!("const row = document.querySelector('{pending}'); return !!row && row.innerText.includes('intent_parser');"),
+        )
+        .await;
+    browser.screenshot("access-pending").await;
+    browser.click(&format!("{pending} button[data-name=\"approve\"]")).await;
+    browser.type_into("#field-note", "approved on the page").await;
+    browser.click("#confirm-ok").await;
+    let granted = "#access-rules tbody tr[data-key=\"intent_parser\"]";
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the grant beside the file's rules",
+            &format!(
+                "const row = document.querySelector('{granted}');
+                 const tester = document.querySelector('#access-rules tbody tr[data-key=\"tester\"]');
+                 return !!row && row.cells[2].innerText.includes('order.query') && !!tester && tester.cells[1].innerText === '*'
+                   && !document.querySelector('{pending}');"
+            ),
+        )
+        .await;
+    assert!(calls(200).await, "the approved caller's call goes through");
+    let decided: Value = cluster
+        .client
+        .get(format!("{}/v1/access-requests/{id}", cluster.registry.url()))
+        .bearer_auth(token("ops"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (decided["decided_by"].as_str(), decided["note"].as_str()),
+        (Some("ops"), Some("approved on the page"))
+    );
+    browser.screenshot("access-granted").await;
+
+    browser
+        .click(&format!("{granted} button[data-name^=\"revoke-\"]"))
+        .await;
+    browser.click("#confirm-ok").await;
+    browser
+        .until(
+            Duration::from_secs(10),
+            "the grant gone",
+            &format!("return !document.querySelector('{granted}');"),
+        )
+        .await;
+    assert!(calls(403).await, "the revoked caller is refused");
+}

@@ -270,7 +270,7 @@ impl AgentBuilder {
             address: self.config.listen.to_string(),
             error,
         })?;
-        let http = http_client(self.ca_file.as_deref())?;
+        let http = crate::call::http_client(self.ca_file.as_deref())?;
         let tls = agent_reach_serving::tls::listener(self.tls.as_ref())
             .map_err(|error| StartError::Config(format!("the agent's TLS: {error}")))?;
         if tls.is_some() && self.config.endpoint.is_none() {
@@ -300,6 +300,7 @@ impl AgentBuilder {
             };
             Some(Keys::start(source, self.issuer, http.clone()))
         };
+        let registry_http = http.clone();
         let links = Links {
             router: self.router.map(|router| RouterLink {
                 http,
@@ -347,6 +348,7 @@ impl AgentBuilder {
         let lifecycle = tokio::spawn(lifecycle(shared.clone(), registry.clone(), bound, lifecycle_stop));
         Ok(Agent {
             shared,
+            http: registry_http,
             registry,
             bound,
             server,
@@ -359,7 +361,9 @@ impl AgentBuilder {
 
 /// A running agent.
 pub struct Agent {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
+    /// The HTTP client (the registry's access requests; the CA file's trust).
+    pub(crate) http: reqwest::Client,
     registry: Arc<Registries>,
     bound: SocketAddr,
     server: tokio::task::JoinHandle<()>,
@@ -776,25 +780,4 @@ async fn keep_alive_session(
             },
         }
     }
-}
-
-/// The HTTP client for the router and JWKS: trusting only `ca` when given.
-pub(crate) fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, StartError> {
-    let mut builder = reqwest::Client::builder();
-    if let Some(path) = ca {
-        let pem = std::fs::read(path)
-            .map_err(|error| StartError::Config(format!("cannot read the CA file {}: {error}", path.display())))?;
-        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|error| StartError::Config(format!("{}: not PEM certificates: {error}", path.display())))?;
-        if certificates.is_empty() {
-            return Err(StartError::Config(format!("{}: no certificate in it", path.display())));
-        }
-        builder = builder.tls_built_in_root_certs(false);
-        for certificate in certificates {
-            builder = builder.add_root_certificate(certificate);
-        }
-    }
-    builder
-        .build()
-        .map_err(|error| StartError::Config(format!("the HTTP client: {error}")))
 }

@@ -12,6 +12,32 @@ use serde_json::Value;
 
 use crate::error::CallError;
 
+/// The HTTP client for the router, the registry and JWKS: trusting only `ca` when given.
+pub(crate) fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, crate::error::StartError> {
+    let mut builder = reqwest::Client::builder();
+    if let Some(path) = ca {
+        let pem = std::fs::read(path).map_err(|error| {
+            crate::error::StartError::Config(format!("cannot read the CA file {}: {error}", path.display()))
+        })?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|error| {
+            crate::error::StartError::Config(format!("{}: not PEM certificates: {error}", path.display()))
+        })?;
+        if certificates.is_empty() {
+            return Err(crate::error::StartError::Config(format!(
+                "{}: no certificate in it",
+                path.display()
+            )));
+        }
+        builder = builder.tls_built_in_root_certs(false);
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|error| crate::error::StartError::Config(format!("the HTTP client: {error}")))
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -156,7 +182,7 @@ pub(crate) fn envelope(
             .or_else(|| inherited.context_id.map(str::to_string)),
         capability: capability.to_string(),
         capability_version: options.version.clone(),
-        target_policy: options.policy,
+        target_policy: options.policy.clone(),
         priority: options.priority.or(inherited.priority),
         timeout_ms: None,
         deadline,

@@ -243,7 +243,7 @@ impl Client {
     /// [`AgentBuilder::ca_file`](crate::AgentBuilder::ca_file)).
     pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Result<Self, CallError> {
         let path = path.into();
-        self.link.http = crate::agent::http_client(Some(&path))
+        self.link.http = crate::call::http_client(Some(&path))
             .map_err(|error| CallError::new("INVALID_CLIENT_CONFIG", error.to_string()))?;
         self.ca_file = Some(path);
         match self.context_url.take() {

@@ -52,6 +52,19 @@ struct Inner {
     assertion: Option<(String, Arc<agent_reach_access::AssertionClaims>)>,
     /// What is left of the chain's budget, this call charged.
     budget: Option<agent_reach_proto::envelope::BudgetLeft>,
+    /// A multi-turn task's conversation before this message.
+    history: Vec<Turn>,
+}
+
+/// One earlier turn of a multi-turn task's conversation (docs/design.md,
+/// "Multi-turn tasks"), as the router delivers it with the next message.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Turn {
+    /// A message of the caller: its payload.
+    User { payload: Value },
+    /// The agent asked for more input ([`HandlerError::input_required`]).
+    Agent { message: String },
 }
 
 /// A child `traceparent`: same trace id, a new span id (W3C Trace Context).
@@ -90,6 +103,7 @@ impl Ctx {
                 traceparent,
                 links,
                 task_id: None,
+                history: Vec::new(),
                 usage: Mutex::new(None),
                 assertion: None,
                 budget: None,
@@ -148,13 +162,44 @@ impl Ctx {
         self.inner.budget
     }
 
-    /// This context for a task's delivery (`task_id` from the envelope).
-    pub(crate) fn for_task(mut self, task_id: Option<String>) -> Self {
+    /// This context for a task's delivery (`task_id` and, for a multi-turn
+    /// task's next message, `history`, from the envelope; a history this SDK
+    /// cannot read is left out, and logged).
+    pub(crate) fn for_task(mut self, task_id: Option<String>, history: Option<Value>) -> Self {
+        let history = match history.map(serde_json::from_value::<Vec<Turn>>) {
+            None => Vec::new(),
+            Some(Ok(history)) => history,
+            Some(Err(error)) => {
+                tracing::warn!(message = "The delivery's history is not one this SDK reads; left out.", %error);
+                Vec::new()
+            }
+        };
         // Called right after `new`, before the context is shared.
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.task_id = task_id;
+            inner.history = history;
         }
         self
+    }
+
+    /// A multi-turn task's conversation before this message, oldest first:
+    /// the caller's earlier messages and what this agent asked each time it
+    /// answered [`HandlerError::input_required`]. Empty for a first message.
+    ///
+    /// ```
+    /// use agent_reach_sdk::{handler, Ctx, HandlerError, Turn};
+    ///
+    /// #[handler(capability = "shirt.order", version = "1.0.0")]
+    /// async fn order(ctx: Ctx, size: Option<String>) -> Result<String, HandlerError> {
+    ///     let earlier = ctx.history().iter().filter(|turn| matches!(turn, Turn::User { .. })).count();
+    ///     match size {
+    ///         Some(size) => Ok(format!("ordered size {size} after {earlier} earlier message(s)")),
+    ///         None => Err(HandlerError::input_required("Which size: S, M or L?")),
+    ///     }
+    /// }
+    /// ```
+    pub fn history(&self) -> &[Turn] {
+        &self.inner.history
     }
 
     /// Reports what serving this call cost (DESIGN §3.5 `usage`): model

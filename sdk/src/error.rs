@@ -65,6 +65,29 @@ impl HandlerError {
         self.status == 202
     }
 
+    /// "Need more input" (docs/design.md, "Multi-turn tasks"): the handler
+    /// cannot answer until the caller says more; `message` says what it
+    /// needs. Answered 422 with the code `INPUT_REQUIRED`: an A2A task goes
+    /// `input-required` with `message` as its status message, and the
+    /// caller's next message naming the task is delivered with the
+    /// conversation so far ([`Ctx::history`](crate::Ctx::history)). A plain
+    /// `/v1/invoke` caller gets it as `AGENT_ERROR` (`details.agent_code`).
+    ///
+    /// ```
+    /// use agent_reach_sdk::HandlerError;
+    /// let error = HandlerError::input_required("Which size: S, M or L?");
+    /// assert_eq!((error.status(), error.code()), (422, "INPUT_REQUIRED"));
+    /// assert!(error.is_input_required());
+    /// ```
+    pub fn input_required(message: impl Into<String>) -> Self {
+        Self::new(INPUT_REQUIRED, message)
+    }
+
+    /// Whether this is [`HandlerError::input_required`]'s answer.
+    pub fn is_input_required(&self) -> bool {
+        self.code == INPUT_REQUIRED && (400..500).contains(&self.status)
+    }
+
     /// The input did not match the handler's type (HTTP 400).
     pub fn invalid_input(message: impl Into<String>) -> Self {
         Self::new("INVALID_INPUT", message).with_status(400)
@@ -82,6 +105,9 @@ impl HandlerError {
         &self.message
     }
 }
+
+/// The code of a handler's answer asking for more input.
+const INPUT_REQUIRED: &str = "INPUT_REQUIRED";
 
 impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod agent;
 mod answer;
 mod call;
@@ -50,6 +51,7 @@ mod state;
 mod stream;
 mod verify;
 
+pub use access::AccessRequest;
 pub use agent::{Agent, AgentBuilder, LoadReporter};
 pub use agent_reach_proto::envelope::{BudgetGiven, BudgetLeft, ResultEnvelope, TargetPolicy, Usage};
 pub use agent_reach_proto::Priority;
@@ -59,7 +61,7 @@ pub use client::{
     verify_callback, Callback, Client, SessionResult, SessionResults, TaskAccepted, TaskEvent, TaskStatus, TaskView,
     Transition,
 };
-pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, ContextTier, Ctx};
+pub use ctx::{ContextHandle, ContextPatch, ContextSnapshot, ContextTier, Ctx, Turn};
 pub use error::{CallError, HandlerError, RouterCode, StartError};
 pub use handler::{Descriptor, Handler, IntoHandler};
 pub use state::{Load, LoadThresholds, Status};

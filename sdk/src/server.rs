@@ -218,7 +218,7 @@ async fn serve(
                 traceparent,
                 shared.links.clone(),
             )
-            .for_task(envelope.task_id.clone())
+            .for_task(envelope.task_id.clone(), envelope.history.clone())
             .with_delegation(assertion, envelope.budget);
             let reported = ctx.clone();
             let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));

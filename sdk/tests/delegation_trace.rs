@@ -69,8 +69,20 @@ async fn each_chained_calls_span_names_the_chain_and_whom_it_acts_for() {
     tracing_subscriber::registry().with(otlp::layer(&provider)).init();
 
     let stack = Stack::start_with(1, ACL, |_, _| {}).await;
-    let _intent = start(&stack, "intent_parser", "ip-1", step("intent.parse", Some("order.query"))).await;
-    let _order = start(&stack, "order_query", "oq-1", step("order.query", Some("payment.check"))).await;
+    let _intent = start(
+        &stack,
+        "intent_parser",
+        "ip-1",
+        step("intent.parse", Some("order.query")),
+    )
+    .await;
+    let _order = start(
+        &stack,
+        "order_query",
+        "oq-1",
+        step("order.query", Some("payment.check")),
+    )
+    .await;
     let _payment = start(&stack, "payment", "pay-1", step("payment.check", None)).await;
 
     let body = json!({"capability": "intent.parse", "payload": {}, "timeout_ms": 10_000});
@@ -78,10 +90,17 @@ async fn each_chained_calls_span_names_the_chain_and_whom_it_acts_for() {
     loop {
         let (status, answer) = stack.invoke_as(stack.router(), "alice", &[], body.clone()).await;
         if status == 200 {
-            assert_eq!(answer["output"]["chain"], json!(["alice", "intent_parser", "order_query"]), "{answer}");
+            assert_eq!(
+                answer["output"]["chain"],
+                json!(["alice", "intent_parser", "order_query"]),
+                "{answer}"
+            );
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the chain never answered: {answer}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the chain never answered: {answer}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -90,7 +109,9 @@ async fn each_chained_calls_span_names_the_chain_and_whom_it_acts_for() {
     loop {
         let flushing = provider.clone();
         // A flush that fails (the receiver not ready yet) is retried by the loop.
-        let _ = tokio::task::spawn_blocking(move || flushing.force_flush()).await.unwrap();
+        let _ = tokio::task::spawn_blocking(move || flushing.force_flush())
+            .await
+            .unwrap();
         let spans = receiver.spans();
         let chained = |chain: &str| {
             spans

@@ -122,8 +122,8 @@ async fn a_handler_accepts_a_task_and_reports_its_result_later() {
         reclaim_after: Duration::from_millis(200),
         max_task_attempts: 3,
         quota_share: Some(std::time::Duration::from_millis(100)),
-        tag_limits: Vec::new(),
         trail: None,
+        tag_limits: Vec::new(),
     });
     let router = agent_reach_router::build(&settings).await.unwrap();
     let routed = router.clone();

@@ -230,21 +230,28 @@ impl Deliverer {
     /// records what comes next: done, the next attempt (after 2, 4, 8, 16 s by
     /// default), or the dead-letter stream after the last. Any router may call
     /// this for any scheduled task; the schedule's lease keeps it to one.
-    pub async fn send_due(&self, store: &TaskStore, task_id: &str) -> Result<CallbackOutcome, TaskStoreError> {
+    pub async fn send_due(&self, store: &TaskStore, member: &str) -> Result<CallbackOutcome, TaskStoreError> {
+        // `{task id}` for the task's callback, `{task id}#{config id}` for an A2A push config.
+        let (task_id, config_id) = crate::store::schedule_member(member);
         let task = match store.get(task_id).await {
             Ok(task) => task,
             // Expired with its retention: nothing left to send.
             Err(TaskStoreError::NotFound(_)) => {
-                store.reschedule_callback(task_id, None).await?;
+                store.reschedule_callback(member, None).await?;
                 return Ok(CallbackOutcome::Dropped);
             }
             Err(error) => return Err(error),
         };
-        let Some(callback) = &task.callback else {
-            store.reschedule_callback(task_id, None).await?;
+        let callback = match config_id {
+            None => task.callback.as_ref(),
+            // Deleted since it was scheduled: nothing to send.
+            Some(id) => task.push_config(id),
+        };
+        let Some(callback) = callback else {
+            store.reschedule_callback(member, None).await?;
             return Ok(CallbackOutcome::Dropped);
         };
-        let attempt = store.count_callback_attempt(task_id).await?;
+        let attempt = store.count_callback_attempt(member).await?;
         let body = match (&callback.a2a, self.a2a_body.get()) {
             (Some(_), Some(write)) => write(&task),
             _ => task.result.as_ref().map(Value::to_string).unwrap_or_default(),
@@ -259,7 +266,7 @@ impl Deliverer {
                 Some(wait) => {
                     tracing::warn!(message = "Callback attempt failed; scheduled again.", task_id, attempt, %error);
                     let due_ms = now_ms() + u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-                    store.reschedule_callback(task_id, Some(due_ms)).await?;
+                    store.reschedule_callback(member, Some(due_ms)).await?;
                     return Ok(CallbackOutcome::Retrying { attempt, due_ms });
                 }
                 None => {
@@ -268,12 +275,12 @@ impl Deliverer {
                         task_id, attempts = attempt, url = %callback.url, %error
                     );
                     // If this fails the callback stays scheduled and is tried again.
-                    store.dead_letter(&task, &callback.url, &error).await?;
+                    store.dead_letter(&task, config_id, &callback.url, &error).await?;
                     CallbackOutcome::DeadLettered { attempts: attempt }
                 }
             },
         };
-        store.reschedule_callback(task_id, None).await?;
+        store.reschedule_callback(member, None).await?;
         Ok(outcome)
     }
 

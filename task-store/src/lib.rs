@@ -15,8 +15,9 @@ pub mod model;
 pub mod store;
 
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer, NotificationBody};
-pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, State, Task, Transition};
+pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, Role, State, Task, Transition, Turn};
 pub use store::{
-    new_task_id, Claimed, DeadLetter, LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported,
-    SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+    new_task_id, Claimed, DeadLetter, HistorySlot, HistoryTotals, LocalBuffer, NewTask, QuotaAsk, QuotaExchange,
+    QuotaLimit, QuotaReport, Reported, SessionResult, StoreConfig, Submitted, TaskStore, TaskStoreError,
+    MOST_PUSH_CONFIGS,
 };

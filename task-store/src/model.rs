@@ -1,7 +1,9 @@
 //! Tasks and their state machine: `pending → running → succeeded | failed |
-//! canceled`, with `retrying` between attempts. Every transition is checked
-//! here, in [`State::may_become`], and nowhere else (the store's scripts are
-//! given the allowed predecessors computed from it).
+//! canceled`, with `retrying` between attempts, and `input_required` when the
+//! agent asked for more input (a multi-turn task: a message continuing it
+//! makes it `pending` again). Every transition is checked here, in
+//! [`State::may_become`], and nowhere else (the store's scripts are given the
+//! allowed predecessors computed from it).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,16 +17,20 @@ pub enum State {
     Succeeded,
     Failed,
     Canceled,
+    /// The agent asked for more input (an interrupted state, not an end):
+    /// a message continuing the task queues it again.
+    InputRequired,
 }
 
 impl State {
-    pub const ALL: [State; 6] = [
+    pub const ALL: [State; 7] = [
         State::Pending,
         State::Running,
         State::Retrying,
         State::Succeeded,
         State::Failed,
         State::Canceled,
+        State::InputRequired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -35,6 +41,7 @@ impl State {
             State::Succeeded => "succeeded",
             State::Failed => "failed",
             State::Canceled => "canceled",
+            State::InputRequired => "input_required",
         }
     }
 
@@ -44,6 +51,16 @@ impl State {
 
     pub fn is_terminal(self) -> bool {
         matches!(self, State::Succeeded | State::Failed | State::Canceled)
+    }
+
+    /// An interrupted state: the task waits for its caller, not for an agent.
+    pub fn is_interrupted(self) -> bool {
+        self == State::InputRequired
+    }
+
+    /// Ended or interrupted: no agent works on the task, whoever waits for it may stop.
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || self.is_interrupted()
     }
 
     /// The one transition table.
@@ -60,6 +77,9 @@ impl State {
                 | (Retrying, Running)
                 | (Retrying, Failed)
                 | (Retrying, Canceled)
+                | (Running, InputRequired)
+                | (InputRequired, Pending)
+                | (InputRequired, Canceled)
         )
     }
 
@@ -173,6 +193,82 @@ pub struct Task {
     /// Set while an agent that answered the delivery `202` has yet to report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<Accepted>,
+    /// The conversation after the message that started the task (whose
+    /// payload is the envelope's): each question of the agent and each
+    /// answer of the caller, in order. Empty for a one-turn task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<Turn>,
+    /// A2A push notification configs (A2A spec §4.3), by id; each one is
+    /// notified when the task ends or asks for input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub push_configs: Vec<Callback>,
+}
+
+impl Task {
+    /// The agent's question, while the task waits for input.
+    pub fn question(&self) -> Option<&Turn> {
+        self.turns
+            .last()
+            .filter(|turn| self.state == State::InputRequired && turn.role == Role::Agent)
+    }
+
+    /// The push config `id` of this task.
+    pub fn push_config(&self, id: &str) -> Option<&Callback> {
+        self.push_configs
+            .iter()
+            .find(|config| config.a2a.as_ref().is_some_and(|push| push.id == id))
+    }
+}
+
+/// Who spoke a turn of a multi-turn task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The caller: its message's payload.
+    User,
+    /// The agent: its request for more input.
+    Agent,
+}
+
+/// One turn of a multi-turn task after its first message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Turn {
+    pub role: Role,
+    /// The sender's message id (a caller's `messageId`; one the router made
+    /// for the agent's question). A caller's is its delivery's request id.
+    pub message_id: String,
+    /// A caller's turn: the payload it sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    /// An agent's turn: what it asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub at_ms: u64,
+}
+
+impl Turn {
+    /// The caller's answer `payload`, sent as message `message_id`.
+    pub fn user(message_id: impl Into<String>, payload: Value) -> Self {
+        Self {
+            role: Role::User,
+            message_id: message_id.into(),
+            payload: Some(payload),
+            message: None,
+            at_ms: crate::store::now_ms(),
+        }
+    }
+
+    /// The agent's request for more input.
+    pub fn agent(message_id: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            role: Role::Agent,
+            message_id: message_id.into(),
+            payload: None,
+            message: Some(message.into()),
+            at_ms: crate::store::now_ms(),
+        }
+    }
 }
 
 /// A delivery the agent answered `202 Accepted` (DESIGN §8): the task stays
@@ -207,8 +303,16 @@ mod tests {
         assert!(!State::Canceled.may_become(State::Canceled));
         assert_eq!(
             State::predecessors(State::Canceled),
-            [State::Pending, State::Running, State::Retrying]
+            [State::Pending, State::Running, State::Retrying, State::InputRequired]
         );
+        // A multi-turn task: asked for input while running, queued again by a message.
+        assert_eq!(State::predecessors(State::InputRequired), [State::Running]);
+        assert!(State::InputRequired.may_become(State::Pending));
+        assert!(
+            !State::InputRequired.may_become(State::Succeeded),
+            "it runs again first"
+        );
+        assert!(!State::InputRequired.is_terminal() && State::InputRequired.is_interrupted());
         assert!(State::ALL
             .iter()
             .all(|state| State::parse(state.as_str()) == Some(*state)));

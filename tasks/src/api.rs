@@ -53,9 +53,10 @@ impl TaskApi {
     }
 }
 
-/// Public view of a task.
+/// Public view of a task; a multi-turn task's conversation after its first
+/// message as `turns` (the agent's questions and the caller's answers).
 pub fn view(task: &agent_reach_task_store::Task) -> Value {
-    json!({
+    let mut view = json!({
         "task_id": task.task_id,
         "request_id": task.request_id,
         "session_id": task.session_id,
@@ -69,7 +70,11 @@ pub fn view(task: &agent_reach_task_store::Task) -> Value {
             "status": transition.state.as_str(), "at": transition.at_ms
         })).collect::<Vec<_>>(),
         "result": task.result,
-    })
+    });
+    if !task.turns.is_empty() {
+        view["turns"] = json!(task.turns);
+    }
+    view
 }
 
 /// The task `task_id` of an authenticated caller allowed to see it: the common

@@ -27,6 +27,10 @@ fn view(letter: &DeadLetter, with_result: bool) -> Value {
         "error": letter.error,
         "parked_at": parked_at,
     });
+    // An A2A push config's notification names its config.
+    if let Some(config) = &letter.push_config {
+        view["push_config"] = json!(config);
+    }
     if with_result {
         view["result"] = letter.result.clone().unwrap_or(Value::Null);
     }

@@ -19,11 +19,13 @@ mod buffer;
 mod callbacks;
 mod dead_letters;
 mod gate;
+mod history;
 mod metrics;
 mod protocol;
 mod quota;
 mod report;
 mod settings;
+mod timestamps;
 mod trail;
 mod worker;
 
@@ -38,6 +40,7 @@ pub use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
 pub use protocol::{Owned, POLL};
 pub use settings::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
+pub use timestamps::{parse_rfc3339, rfc3339};
 pub use trail::router_id;
 
 use agent_reach_pipeline::error::{Code, RouterError};
@@ -154,6 +157,8 @@ impl TaskService {
         if let Some(every) = self.settings.quota_share {
             service.share_limits(Arc::new(quota::StoreLedger(self.clone())), every);
         }
+        // Routers on one Redis learn from each other's calls (issue 38).
+        service.share_history(Arc::new(history::StoreHistory(self.clone())));
         if let (Some(trail), Some(metrics)) = (&self.settings.trail, &self.trail_metrics) {
             let recorder = agent_reach_trail::Recorder::start(
                 Arc::new(trail::StoreTrail(self.clone())),

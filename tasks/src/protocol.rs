@@ -7,14 +7,15 @@
 use std::sync::Arc;
 
 use agent_reach_access::Caller;
-use agent_reach_task_store::{Callback, NewTask, Task};
-use serde_json::json;
+use agent_reach_task_store::{Callback, NewTask, Submitted, Task, TaskStoreError, Turn};
+use serde_json::{json, Value};
 
 use super::api::{self, Put};
 use super::{store_error, TaskApi};
 use agent_reach_pipeline::envelope::CheckedRequest;
 use agent_reach_pipeline::error::{Code, RouterError};
 use agent_reach_pipeline::RouterService;
+use agent_reach_proto::envelope::InvokeRequest;
 
 /// A task the caller may see.
 pub enum Owned {
@@ -33,6 +34,11 @@ impl TaskApi {
         self.enabled().is_ok()
     }
 
+    /// How long a task is kept once it ended (`--task-retention-s`); `None` without the slow path.
+    pub fn retention(&self) -> Option<std::time::Duration> {
+        self.enabled().ok().map(|tasks| tasks.settings.store.retention)
+    }
+
     /// How the notifications of push configs set through A2A are written
     /// (the protocol's `StreamResponse`); nothing without the slow path.
     pub fn set_a2a_notifications(&self, body: agent_reach_task_store::NotificationBody) {
@@ -44,37 +50,91 @@ impl TaskApi {
 
     /// Submits an admitted call (its caller already authorised for the
     /// capability) as a durable task, as `POST /v1/tasks` does: the
-    /// submission rate limit, the callback's checks, then the store (or the
-    /// local buffer). A repeated request id returns the task submitted then.
+    /// submission rate limit, the push config's checks, then the store (or
+    /// the local buffer). A repeated request id returns the task submitted then.
     pub async fn submit_call(
         &self,
         caller: &Caller,
         checked: &CheckedRequest,
-        callback: Option<Callback>,
+        push_config: Option<Callback>,
     ) -> Result<String, RouterError> {
         let tasks = self.enabled()?;
         self.service.admission().limit_submission(caller)?;
-        if let Some(callback) = &callback {
-            self.check_callback(callback).await?;
+        if let Some(config) = &push_config {
+            self.check_callback(config).await?;
         }
-        let request = &checked.request;
-        let priority = request.priority.unwrap_or_default();
-        let envelope = serde_json::to_value(request)
-            .map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
         let task = NewTask {
-            request_id: request.request_id.clone().unwrap_or_default(),
-            session_id: request.session_id.clone(),
-            caller: caller.name().unwrap_or("anonymous").to_string(),
-            capability: request.capability.clone(),
-            priority,
-            envelope,
-            callback,
-            ..NewTask::default()
+            push_config,
+            ..new_task(caller, &checked.request)?
         };
+        let priority = task.priority;
         let bound = self.service.admission().quota().and_then(|quota| quota.task_backlog());
         Ok(match api::put(tasks, task, priority, bound).await? {
             Put::Created(task_id) | Put::Existing(task_id) | Put::BufferedExisting(task_id) => task_id,
         })
+    }
+
+    /// A fresh task id for `capability`, in its lane (a router without the
+    /// slow path gives a request id: such a task is never stored).
+    pub fn fresh_task_id(&self, capability: &str) -> String {
+        match self.enabled() {
+            Ok(tasks) => tasks.store.task_id_for(capability),
+            Err(_) => agent_reach_pipeline::trace::new_request_id(),
+        }
+    }
+
+    /// A call answered at once whose agent asked for more input
+    /// (`question`): kept as the task `task_id` waiting in `input_required`,
+    /// so that a message can continue it (the slow path delivers the next
+    /// turn). Returns the task's id (a repeated request id: the task then).
+    pub async fn record_paused(
+        &self,
+        caller: &Caller,
+        request: &InvokeRequest,
+        task_id: &str,
+        question: &str,
+    ) -> Result<String, RouterError> {
+        let tasks = self.enabled()?;
+        let question = Turn::agent(agent_reach_pipeline::trace::new_request_id(), question);
+        let submitted = tasks
+            .store
+            .record_paused(new_task(caller, request)?, task_id, &question)
+            .await
+            .map_err(store_error)?;
+        Ok(match submitted {
+            Submitted::Created(id) | Submitted::Existing(id) => id,
+        })
+    }
+
+    /// Continues the owned task `task`, waiting for input, with the caller's
+    /// next message (`message_id`, its `payload`): recorded as a turn, the
+    /// task queued again (the submission rate limit applies, as to a new
+    /// task). A task that does not wait for input is `TASK_CONFLICT`.
+    pub async fn continue_task(
+        &self,
+        caller: &Caller,
+        task: &Task,
+        message_id: &str,
+        payload: Value,
+    ) -> Result<Task, RouterError> {
+        let tasks = self.enabled()?;
+        self.service.admission().limit_submission(caller)?;
+        let answer = Turn::user(message_id, payload);
+        tasks
+            .store
+            .resume(&task.task_id, &answer)
+            .await
+            .map_err(|error| match error {
+                TaskStoreError::Refused { current, .. } => RouterError::new(
+                    Code::TaskConflict,
+                    format!(
+                        "task `{}` is `{current}`: only a task waiting for input takes another message",
+                        task.task_id
+                    ),
+                ),
+                other => store_error(other),
+            })?;
+        tasks.store.get(&task.task_id).await.map_err(store_error)
     }
 
     /// A callback's target checked as at submission (an http(s) URL to public
@@ -123,20 +183,53 @@ impl TaskApi {
         Ok(found.into_iter().flatten().collect())
     }
 
-    /// Sets or deletes an owned task's callback while it has not ended (one
-    /// that ended is `TASK_CONFLICT`).
-    pub async fn set_callback(&self, task: &Task, callback: Option<&Callback>) -> Result<Task, RouterError> {
+    /// Creates or replaces an owned task's A2A push config (`config.a2a`
+    /// names its id), whatever its state; a task holds at most
+    /// [`agent_reach_task_store::MOST_PUSH_CONFIGS`] (`TASK_CONFLICT` beyond).
+    pub async fn put_push_config(&self, task: &Task, config: &Callback) -> Result<Task, RouterError> {
         let tasks = self.enabled()?;
-        if let Some(callback) = callback {
-            self.check_callback(callback).await?;
-        }
+        self.check_callback(config).await?;
         tasks
             .store
-            .set_callback(&task.task_id, callback)
+            .put_push_config(&task.task_id, config)
             .await
-            .map_err(store_error)?;
+            .map_err(|error| match error {
+                TaskStoreError::Refused { .. } => RouterError::new(
+                    Code::TaskConflict,
+                    format!(
+                        "task `{}` holds {} push notification configs, the most a task may: delete one first",
+                        task.task_id,
+                        agent_reach_task_store::MOST_PUSH_CONFIGS
+                    ),
+                ),
+                other => store_error(other),
+            })?;
         tasks.store.get(&task.task_id).await.map_err(store_error)
     }
+
+    /// Deletes an owned task's push config `id`; `false` when it has none of that id.
+    pub async fn delete_push_config(&self, task: &Task, id: &str) -> Result<bool, RouterError> {
+        self.enabled()?
+            .store
+            .delete_push_config(&task.task_id, id)
+            .await
+            .map_err(store_error)
+    }
+}
+
+/// The task an admitted call becomes (its envelope as stored, its ids and priority).
+fn new_task(caller: &Caller, request: &InvokeRequest) -> Result<NewTask, RouterError> {
+    let envelope =
+        serde_json::to_value(request).map_err(|error| RouterError::new(Code::InvalidEnvelope, error.to_string()))?;
+    Ok(NewTask {
+        request_id: request.request_id.clone().unwrap_or_default(),
+        session_id: request.session_id.clone(),
+        caller: caller.name().unwrap_or("anonymous").to_string(),
+        capability: request.capability.clone(),
+        priority: request.priority.unwrap_or_default(),
+        envelope,
+        ..NewTask::default()
+    })
 }
 
 /// How often a subscription looks for a change of state.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use agent_reach_access::Caller;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
-use agent_reach_task_store::{Accepted, Claimed, State, TaskStoreError};
+use agent_reach_task_store::{Accepted, Claimed, Role, State, Task, TaskStoreError, Turn};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -20,7 +20,7 @@ use super::TaskService;
 use agent_reach_pipeline::call::Call;
 use agent_reach_pipeline::envelope;
 use agent_reach_pipeline::error::{Code, RouterError};
-use agent_reach_pipeline::outcome::Failure;
+use agent_reach_pipeline::outcome::{input_required, Failure};
 use agent_reach_pipeline::RouterService;
 
 /// Claims queued tasks and delivers them, `workers` at a time, until the
@@ -293,6 +293,12 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                 // The agent may answer 202 and report under this id (DESIGN §8).
                 checked.task_id = Some(task.task_id.clone());
                 checked.request.request_id = Some(task.request_id.clone());
+                // A multi-turn task's next turn: the latest answer, the conversation so far.
+                if let Some(next) = next_turn(task) {
+                    checked.request.payload = next.payload;
+                    checked.request.request_id = Some(next.request_id);
+                    checked.history = Some(next.history);
+                }
                 let call = Call::delivery(caller.clone(), checked);
                 match &task.target_agent {
                     // A broadcast child: its one instance, or nothing.
@@ -360,6 +366,14 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     budget: None,
                 }
             }
+            Err(failure) if input_required(&failure.error).is_some() => {
+                let question = Turn::agent(
+                    agent_reach_pipeline::trace::new_request_id(),
+                    input_required(&failure.error).unwrap_or_default(),
+                );
+                pause(tasks, claimed, &question).await;
+                return None;
+            }
             Err(failure) => {
                 let retry = failure.error.code.is_retryable()
                     && failure.error.code != Code::DeadlineExceeded
@@ -425,6 +439,58 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
         .observe(ran);
     // A callback, if any, was scheduled durably with the outcome; `run_callbacks` sends it.
     None
+}
+
+/// The agent asked for more input: the task waits in `input_required` (its
+/// queue entry acknowledged) until a message continues it.
+async fn pause(tasks: &TaskService, claimed: &Claimed, question: &Turn) {
+    let task_id = &claimed.task.task_id;
+    match tasks.store.pause(claimed, question).await {
+        // Not an end: `agent_reach_tasks_finished_total` counts it when it ends.
+        Ok(_) => {}
+        // Canceled meanwhile: the entry is acknowledged, the cancel stands.
+        Err(error @ (TaskStoreError::Refused { .. } | TaskStoreError::NotFound(_))) => {
+            tracing::info!(message = "Task ended before its agent asked for input.", %task_id, %error)
+        }
+        // Not recorded: the entry stays claimed and is delivered again once
+        // reclaimed (the agent asks again: agents dedup by request_id).
+        Err(error) => {
+            tracing::warn!(message = "A task asking for input not recorded; it will be reclaimed.", %task_id, %error)
+        }
+    }
+}
+
+/// What a multi-turn task's next delivery carries instead of the envelope's.
+struct NextTurn {
+    payload: Value,
+    request_id: String,
+    history: Value,
+}
+
+/// The delivery of a task continued by a message (its last turn the
+/// caller's): that turn's payload under a request id of its own (the task's
+/// with the turn's number: an agent deduplicating by request id answers each
+/// turn afresh, a delivery of the same turn again alike), and the
+/// conversation before it, oldest first (docs/design.md, "Multi-turn tasks").
+/// `None` for a task's first turn.
+fn next_turn(task: &Task) -> Option<NextTurn> {
+    let (last, before) = task.turns.split_last()?;
+    if last.role != Role::User {
+        return None;
+    }
+    let answers = task.turns.iter().filter(|turn| turn.role == Role::User).count();
+    let first = json!({ "role": "user", "payload": task.envelope.get("payload").cloned().unwrap_or(Value::Null) });
+    let history = std::iter::once(first)
+        .chain(before.iter().map(|turn| match turn.role {
+            Role::User => json!({ "role": "user", "payload": turn.payload }),
+            Role::Agent => json!({ "role": "agent", "message": turn.message }),
+        }))
+        .collect();
+    Some(NextTurn {
+        payload: last.payload.clone().unwrap_or(Value::Null),
+        request_id: format!("{}.{answers}", task.request_id),
+        history: Value::Array(history),
+    })
 }
 
 pub(super) async fn complete_parent(tasks: &TaskService, parent_id: &str) {

@@ -23,6 +23,8 @@ use axum::response::Response;
 /// Each tenant's part, and the home tenant's (always present).
 pub struct Parts<T> {
     table: ArcSwap<Table<T>>,
+    /// The claim naming a token's tenant (`--auth-claim-tenant` with OIDC issuers).
+    tenant_claim: Arc<str>,
 }
 
 struct Table<T> {
@@ -41,6 +43,7 @@ impl<T: Clone> Parts<T> {
                 home,
                 home_part: part,
             }),
+            tenant_claim: "tenant".into(),
         }
     }
 
@@ -48,7 +51,14 @@ impl<T: Clone> Parts<T> {
     pub fn new(home: &str, parts: impl IntoIterator<Item = (String, T)>) -> Result<Self, String> {
         Ok(Self {
             table: ArcSwap::from_pointee(Table::new(home, parts)?),
+            tenant_claim: "tenant".into(),
         })
+    }
+
+    /// Reads a token's tenant from `claim` (`AuthConfig::tenant_claim`), then `tenant`.
+    pub fn with_tenant_claim(mut self, claim: &str) -> Self {
+        self.tenant_claim = claim.into();
+        self
     }
 
     /// Replaces every part at once (the tenant map changed); in-flight
@@ -103,7 +113,7 @@ impl<T: Clone> Parts<T> {
         if table.by_name.len() == 1 {
             return table.home_part.clone();
         }
-        agent_reach_access::token::peek_tenant(authorization)
+        agent_reach_access::token::peek_tenant_claim(authorization, &self.tenant_claim)
             .and_then(|tenant| table.by_name.get(tenant.as_str()).cloned())
             .unwrap_or_else(|| table.home_part.clone())
     }
@@ -219,6 +229,25 @@ mod tests {
         )
         .unwrap();
         format!("Bearer {token}")
+    }
+
+    #[test]
+    fn an_oidc_tenant_claim_routes_as_configured_and_the_own_tokens_claim_still_does() {
+        use base64::Engine as _;
+        let unsigned = |claims: serde_json::Value| {
+            let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(claims.to_string());
+            format!("Bearer e30.{payload}.c2ln")
+        };
+        let parts = Parts::new("default", [("default".to_string(), 0), ("team-a".to_string(), 1)])
+            .unwrap()
+            .with_tenant_claim("org.id");
+        let nested = unsigned(serde_json::json!({"sub": "x", "org": {"id": "team-a"}}));
+        assert_eq!(parts.for_authorization(Some(nested.as_bytes())), 1);
+        let dotted = unsigned(serde_json::json!({"sub": "x", "org.id": "team-a"}));
+        assert_eq!(parts.for_authorization(Some(dotted.as_bytes())), 1);
+        assert_eq!(parts.for_authorization(Some(bearer(Some("team-a")).as_bytes())), 1);
+        let other = unsigned(serde_json::json!({"sub": "x", "org": {"id": 7}}));
+        assert_eq!(parts.for_authorization(Some(other.as_bytes())), 0);
     }
 
     #[test]

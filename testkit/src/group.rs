@@ -28,6 +28,11 @@ impl ProcessGroup {
         })
     }
 
+    /// Whether the group's leader has exited.
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
     /// The group leader's pid (the group's id).
     pub fn id(&self) -> u32 {
         self.child.id()

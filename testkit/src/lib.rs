@@ -12,10 +12,14 @@
 //! feature: [`eventually`] (poll a condition with a bound), [`hs256_token`],
 //! [`Isolated`] (a service on its own runtime, killable like a process) and
 //! [`RegistryProcess`] (the real registry run that way). With `pki`,
-//! [`pki::Pki`] writes a test CA and certificates signed by it.
+//! [`pki::Pki`] writes a test CA and certificates signed by it. With `oidc`,
+//! [`oidc::OidcProvider`] runs a real OpenID provider (Node's
+//! `oidc-provider`, from `testkit/oidc-provider`).
 
 mod etcd_cluster;
 mod group;
+#[cfg(feature = "oidc")]
+pub mod oidc;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 #[cfg(feature = "pki")]

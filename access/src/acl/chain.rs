@@ -78,6 +78,32 @@ impl Permission {
         }
     }
 
+    /// Its patterns as written, each with its chain conditions, if any
+    /// (`payment.check (via intent_parser; subjects alice, group:staff)`).
+    pub(super) fn rule_texts(&self) -> impl Iterator<Item = String> + '_ {
+        let mut conditions = Vec::new();
+        if !self.via.is_empty() {
+            conditions.push(format!("via {}", self.via.join(", ")));
+        }
+        if !self.subjects.is_empty() {
+            let subjects: Vec<String> = self
+                .subjects
+                .iter()
+                .map(|subject| match subject {
+                    Subject::Name(name) => name.clone(),
+                    Subject::Group(group) => format!("group:{group}"),
+                })
+                .collect();
+            conditions.push(format!("subjects {}", subjects.join(", ")));
+        }
+        let suffix = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", conditions.join("; "))
+        };
+        self.allow.iter().map(move |pattern| format!("{pattern}{suffix}"))
+    }
+
     /// Whether this entry lets `caller` call `capability` within `delegation`.
     pub(super) fn allows(&self, capability: &str, delegation: &Delegation, caller: &str) -> bool {
         any_matches(&self.allow, capability)

@@ -247,10 +247,35 @@ async function loadCapabilities() {
     cell(row, 5, stats.p50_ms === null ? null : stats.p50_ms.toFixed(1), "num");
     cell(row, 6, stats.p90_ms === null ? null : stats.p90_ms.toFixed(1), "num");
     cell(row, 7, stats.p99_ms === null ? null : stats.p99_ms.toFixed(1), "num");
-    const actions = row.cells[8] || row.insertCell();
+    cell(row, 8, item.policy || "router default");
+    const actions = row.cells[9] || row.insertCell();
     button(actions, "Split…", () => changeSplit(item), "split");
+    button(actions, "Policy…", () => changePolicy(item), "policy");
   });
+  const changes = await api("GET", "/v1/routing/changes?limit=50");
+  if (changes.status === 200) {
+    rows($("weight-changes").tBodies[0], changes.body.changes, (c) => c.at_ms + "|" + c.capability + "|" + c.version + "|" + c.agent_id, (row, c) => {
+      cell(row, 0, new Date(c.at_ms).toLocaleTimeString());
+      cell(row, 1, c.capability);
+      cell(row, 2, c.version);
+      cell(row, 3, c.agent_id);
+      cell(row, 4, c.from_permille + " → " + c.to_permille, "num");
+      cell(row, 5, c.reason);
+    });
+  }
   stamp("capabilities-updated");
+}
+
+function changePolicy(item) {
+  confirmAction("Change default policy", "Calls to " + item.name + " that name no target_policy use this one: weighted_round_robin, least_connections, consistent_hash, p2c_ewma, adaptive or plugin:NAME. Leave empty for the router's default.",
+    [{ name: "policy", label: "Policy", value: item.policy || "" }], async (values) => {
+      const path = "/v1/capabilities/" + encodeURIComponent(item.name) + "/policy";
+      const answer = values.policy ? await api("PUT", path, { policy: values.policy }) : await api("DELETE", path);
+      if (answer.status >= 300) return problem(answer);
+      notify("Policy of " + item.name + (values.policy ? " set to " + values.policy : " cleared") + ".");
+      refresh();
+      return true;
+    });
 }
 
 function changeSplit(item) {

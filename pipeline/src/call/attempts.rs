@@ -26,6 +26,7 @@ use crate::call::Call;
 use crate::error::{Code, RouterError};
 use crate::forward::{header_value_or_dash, AttemptResult, ForwardHeaders, Forwarder};
 use crate::health::Observation;
+use crate::history::Kind;
 use crate::json::Forwarded;
 use crate::metrics::Metrics;
 use crate::outcome::{
@@ -35,7 +36,8 @@ use crate::outcome::{
 use crate::recent::{Attempt, Tried};
 use crate::retry::{self, RetryBudget};
 use crate::schema;
-use crate::select::{self, SelectionLimits};
+use crate::select::plugin::{CallView, Plugins};
+use crate::select::{self, Policy, SelectionLimits};
 use crate::snapshot::Instance;
 use crate::trace::TraceContext;
 use crate::tuning::Tuning;
@@ -123,6 +125,8 @@ pub(crate) struct Means<'a> {
     pub(crate) assertions: &'a Assertions,
     pub(crate) forwarder: &'a Forwarder,
     pub(crate) breaker: &'a BreakerConfig,
+    /// The policies plugged into this router (`plugin:NAME`).
+    pub(crate) plugins: &'a Plugins,
 }
 
 /// The attempts of `call`, admitted as `admitted`, to `targets` through
@@ -143,7 +147,6 @@ pub(crate) async fn run<E: Exchange>(
         ..
     } = call;
     let request_id = call.request_id();
-    let policy = checked.policy;
     let task_id = checked.task_id.as_deref();
     let Admitted {
         capability,
@@ -160,6 +163,31 @@ pub(crate) async fn run<E: Exchange>(
         capability_version: Some(group.version_text.clone()),
         agent_id,
         attempts,
+    };
+    // The caller's policy, else the capability's (DESIGN §9), else the default.
+    let named = checked
+        .policy
+        .as_ref()
+        .or(capability.policy.as_ref())
+        .unwrap_or(&select::DEFAULT);
+    let policy = match Policy::resolve(named, means.plugins) {
+        Ok(policy) => policy,
+        Err(name) if checked.policy.is_some() => {
+            return Err(fail(unknown_plugin(name, means.plugins), None, 0));
+        }
+        Err(name) => {
+            // The operator's choice names a plug-in this router lacks: said once per snapshot.
+            if !capability
+                .policy_reported
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    message = "The capability's policy names a plug-in this router does not have; its calls use weighted_round_robin.",
+                    capability = %capability.name, plugin = name
+                );
+            }
+            Policy::WeightedRoundRobin
+        }
     };
     // One attempt to a given instance is not a retry candidate: it earns the budget nothing.
     let max_attempts = match targets {
@@ -179,6 +207,7 @@ pub(crate) async fn run<E: Exchange>(
     );
     envelope.task_id = task_id;
     envelope.budget = admitted.budget.as_ref().map(|(_, left)| *left);
+    envelope.history = checked.history.as_ref();
     // Without OpenTelemetry spans, every attempt carries the router's own span id.
     let fallback_traceparent = trace.forward_header();
     // Selection and attempt spans only for traces that are kept (an unsampled
@@ -210,12 +239,18 @@ pub(crate) async fn run<E: Exchange>(
                         "select",
                         SpanKind::Internal,
                         vec![
-                            KeyValue::new("policy", policy.as_str()),
+                            KeyValue::new("policy", named.to_string()),
                             KeyValue::new("attempt", i64::from(attempt)),
                         ],
                     )
                 });
-                let picked = select::pick(group, policy, session_id, &tried, limits).map(|(index, _)| index);
+                let call = CallView {
+                    capability: &capability.name,
+                    version: &group.version_text,
+                    session_id,
+                    attempt,
+                };
+                let picked = select::pick(group, policy, &call, &tried, limits).map(|(index, _)| index);
                 drop(select_span);
                 means
                     .metrics
@@ -305,8 +340,19 @@ pub(crate) async fn run<E: Exchange>(
         let elapsed = started.elapsed();
         capability.metrics.forward_seconds.observe(elapsed.as_secs_f64());
         let agent_id = instance.agent_id.clone();
+        let history = match targets {
+            Targets::Select => tried.last().and_then(|index| group.histories.get(*index)),
+            Targets::Only(only) => group
+                .instances
+                .iter()
+                .position(|instance| Arc::ptr_eq(instance, only))
+                .and_then(|index| group.histories.get(index)),
+        };
         let (observation, outcome) = match sent {
             Sent::Committed(committed) => {
+                if let Some(history) = history {
+                    history.record(Kind::Succeeded, Some(elapsed));
+                }
                 let transition = instance.state.observe(Observation::Healthy(elapsed), means.breaker);
                 log_transition(transition, &agent_id, trace, request_id);
                 made.push(attempt_of(instance, elapsed, "succeeded"));
@@ -324,6 +370,12 @@ pub(crate) async fn run<E: Exchange>(
             }
             Sent::Answered(result) => classify(result, elapsed, fair),
         };
+        if let (Some(history), Some(kind)) = (history, kind_of(&observation, &outcome)) {
+            history.record(
+                kind,
+                matches!(kind, Kind::Succeeded | Kind::AgentError).then_some(elapsed),
+            );
+        }
         made.push(attempt_of(
             instance,
             elapsed,
@@ -465,6 +517,35 @@ fn loop_detected(
         "depth": delegation.depth,
         "chain": delegation.names(name),
     }))
+}
+
+/// How the outcome history counts an attempt; `None` for one it does not
+/// judge (a timeout within a budget shorter than the instance ever needs).
+fn kind_of(observation: &Observation, outcome: &Outcome) -> Option<Kind> {
+    Some(match (observation, outcome) {
+        (Observation::Unjudged, _) => return None,
+        (_, Outcome::Done(..) | Outcome::Accepted) => Kind::Succeeded,
+        (Observation::Healthy(_), Outcome::Fatal(_)) => Kind::AgentError,
+        (_, Outcome::Fatal(error)) if error.code == Code::DeadlineExceeded => Kind::Timeout,
+        _ => Kind::ServerError,
+    })
+}
+
+/// A call naming a plug-in this router does not have.
+fn unknown_plugin(name: &str, plugins: &Plugins) -> RouterError {
+    let known: Vec<String> = plugins.names().map(|name| format!("plugin:{name}")).collect();
+    RouterError::field(
+        Code::InvalidEnvelope,
+        "target_policy",
+        format!(
+            "this router has no policy plugin `{name}` (plugged in: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ),
+    )
 }
 
 /// One attempt as the call's list of attempts keeps it.

@@ -77,6 +77,11 @@ impl Identify {
         Self { auth, sessions: None }
     }
 
+    /// The authenticator (its OIDC issuers name the router's protected resource metadata).
+    pub fn authenticator(&self) -> &Arc<Authenticator> {
+        &self.auth
+    }
+
     /// Also accepts console sessions (for the operator routes).
     pub fn with_sessions(mut self, sessions: Arc<dyn Sessions>) -> Self {
         self.sessions = Some(sessions);

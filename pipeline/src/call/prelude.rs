@@ -121,6 +121,7 @@ pub async fn envelope(
         version_req,
         policy,
         task_id: None,
+        history: None,
     };
     Ok(Envelope {
         call: Call::begin(door, caller, checked, headers, received),

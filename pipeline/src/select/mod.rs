@@ -1,16 +1,23 @@
 //! Instance selection: which instances may take a request now ([`routable`]:
 //! status, breaker, in-flight bound), which of those a retry prefers (not
-//! tried yet), then one of three policies picks among them. Policies only see
-//! indices and effective weights, so they are small pure-ish functions tested
-//! on their own.
+//! tried yet), then a policy picks among them: one of the five built in
+//! (`wrr`, `least_conn`, `hash`, `p2c`, `adaptive`) or one plugged in
+//! ([`plugin`]). Policies see candidates (indices and effective weights)
+//! and the group's per-instance state, so they are small pure-ish
+//! functions tested on their own.
 
+pub mod adaptive;
 pub mod hash;
 pub mod least_conn;
+pub mod p2c;
+pub mod plugin;
 pub mod wrr;
 
 use agent_reach_proto::envelope::TargetPolicy;
 
 use agent_reach_proto::Status;
+
+use plugin::{CallView, Plugins, SelectionPolicy};
 
 use crate::breaker::BreakerConfig;
 use crate::snapshot::{Instance, VersionGroup};
@@ -53,13 +60,39 @@ pub struct Candidate {
     pub weight: i64,
 }
 
-/// Picks an instance for one attempt, skipping `tried` (indices of earlier
-/// attempts) when any other instance can take it. Claims the half-open probe
-/// of a breaker when it picks an instance whose breaker just expired.
+/// A call's policy, resolved: built in, or a plug-in found by its name.
+#[derive(Clone, Copy)]
+pub enum Policy<'p> {
+    WeightedRoundRobin,
+    LeastConnections,
+    ConsistentHash,
+    P2cEwma,
+    Adaptive,
+    Plugin(&'p dyn SelectionPolicy),
+}
+
+impl<'p> Policy<'p> {
+    /// `policy` as this router runs it; a plug-in this router does not have is `Err` (its name).
+    pub fn resolve<'n>(policy: &'n TargetPolicy, plugins: &'p Plugins) -> Result<Self, &'n str> {
+        Ok(match policy {
+            TargetPolicy::WeightedRoundRobin => Policy::WeightedRoundRobin,
+            TargetPolicy::LeastConnections => Policy::LeastConnections,
+            TargetPolicy::ConsistentHash => Policy::ConsistentHash,
+            TargetPolicy::P2cEwma => Policy::P2cEwma,
+            TargetPolicy::Adaptive => Policy::Adaptive,
+            TargetPolicy::Plugin(name) => Policy::Plugin(plugins.get(name).ok_or(name.as_str())?),
+        })
+    }
+}
+
+/// Picks an instance for one attempt of `call` by `policy`, skipping
+/// `tried` (indices of earlier attempts) when any other instance can take
+/// it. Claims the half-open probe of a breaker when it picks an instance
+/// whose breaker just expired.
 pub fn pick<'a>(
     group: &'a VersionGroup,
-    policy: TargetPolicy,
-    session_id: Option<&str>,
+    policy: Policy<'_>,
+    call: &CallView<'_>,
     tried: &[usize],
     limits: &SelectionLimits<'_>,
 ) -> Option<(usize, &'a Instance)> {
@@ -70,9 +103,14 @@ pub fn pick<'a>(
         if candidates.is_empty() {
             return None;
         }
-        let chosen = match (policy, session_id) {
-            (TargetPolicy::ConsistentHash, Some(key)) => hash::pick(group, &candidates, key),
-            (TargetPolicy::LeastConnections, _) => least_conn::pick(group, &candidates),
+        let chosen = match (policy, call.session_id) {
+            (Policy::ConsistentHash, Some(key)) => hash::pick(group, &candidates, key),
+            (Policy::LeastConnections, _) => least_conn::pick(group, &candidates),
+            (Policy::P2cEwma, _) => p2c::pick(group, &candidates),
+            (Policy::Adaptive, _) => adaptive::pick(group, &candidates),
+            (Policy::Plugin(policy), _) => {
+                plugin::pick(policy, group, &candidates, call).unwrap_or_else(|| wrr::pick(group, &candidates))
+            }
             _ => wrr::pick(group, &candidates),
         };
         let instance = &group.instances[chosen];
@@ -88,6 +126,9 @@ pub fn pick<'a>(
 
 /// Candidates, inline up to a group of 8 instances (no allocation per pick).
 type Candidates = smallvec::SmallVec<[Candidate; 8]>;
+
+/// The default policy: a call that names none, of a capability without a policy of its own.
+pub const DEFAULT: TargetPolicy = TargetPolicy::WeightedRoundRobin;
 
 /// Routable instances in the best available tier, with effective weights.
 fn candidates(group: &VersionGroup, tried: &[usize], refused: &[usize], limits: &SelectionLimits<'_>) -> Candidates {

@@ -40,9 +40,14 @@ pub struct TestRegistry {
 
 impl TestRegistry {
     pub async fn start(store: StoreChoice) -> Self {
+        Self::start_with_acl(store, ACL).await
+    }
+
+    /// A registry whose `acl.yaml` is `acl`.
+    pub async fn start_with_acl(store: StoreChoice, acl: &str) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         let acl_path = dir.path().join("acl.yaml");
-        std::fs::write(&acl_path, ACL).unwrap();
+        std::fs::write(&acl_path, acl).unwrap();
         Self::start_in(store, dir, acl_path).await
     }
 

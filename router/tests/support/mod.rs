@@ -91,7 +91,7 @@ pub fn start_mapped_registry(etcd: &str, secret: &Path, acl: &Path, map: &Path) 
     start_registry_with(etcd, secret, acl, &["--listen", "127.0.0.1:0", "--tenant-map", map])
 }
 
-fn start_registry_with(etcd: &str, secret: &Path, acl: &Path, extra: &[&str]) -> Registry {
+pub fn start_registry_with(etcd: &str, secret: &Path, acl: &Path, extra: &[&str]) -> Registry {
     use clap::Parser;
     let mut args = vec![
         "registry",
@@ -582,12 +582,17 @@ impl Cluster {
 
     /// Starts etcd, the registry and the router; `tune` adjusts router settings.
     pub async fn start_with(tune: impl FnOnce(&mut agent_reach_router::Settings)) -> Self {
+        Self::start_with_acl(ACL, tune).await
+    }
+
+    /// [`Cluster::start_with`], the registry and router following `acl` as their `acl.yaml`.
+    pub async fn start_with_acl(acl: &str, tune: impl FnOnce(&mut agent_reach_router::Settings)) -> Self {
         let etcd = Etcd::start();
         let dir = tempfile::tempdir().expect("tempdir");
         let secret_path = dir.path().join("hs256.secret");
         std::fs::write(&secret_path, SECRET).expect("secret");
         let acl_path = dir.path().join("acl.yaml");
-        std::fs::write(&acl_path, ACL).expect("acl");
+        std::fs::write(&acl_path, acl).expect("acl");
         let registry = start_registry(&etcd.endpoint(), &secret_path, &acl_path, None);
         let mut settings = agent_reach_router::Settings::new(
             "127.0.0.1:0".parse().expect("addr"),

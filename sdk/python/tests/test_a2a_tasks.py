@@ -220,7 +220,9 @@ class Receiver:
         self.server.server_close()
 
 
-def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, release: threading.Event) -> None:
+def test_push_notification_configs_are_kept_with_the_task_and_each_is_notified(
+    stack: Stack, release: threading.Event
+) -> None:
     receiver = Receiver()
     secret = (stack.directory / "callback.secret").read_bytes().strip()
 
@@ -228,36 +230,48 @@ def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, r
         push = TaskPushNotificationConfig(url=receiver.url)
         async with connect(stack, push=push) as client:
             task = await submit(client, "SO-43")
-            config = await client.get_task_push_notification_config(
-                GetTaskPushNotificationConfigRequest(task_id=task.id, id="default")
+            # A config sent without an id gets one the server makes (spec §3.1.7).
+            listed = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=task.id)
             )
-            assert (config.task_id, config.id, config.url) == (task.id, "default", receiver.url)
+            assert [config.url for config in listed.configs] == [receiver.url]
+            made = listed.configs[0].id
+            assert made, listed
+            config = await client.get_task_push_notification_config(
+                GetTaskPushNotificationConfigRequest(task_id=task.id, id=made)
+            )
+            assert (config.task_id, config.id, config.url) == (task.id, made, receiver.url)
 
         async with connect(stack) as client:
-            # Set, listed, deleted and set again on a task still running.
+            # Created, listed, deleted and created again on a task still running.
             other = await submit(client, "SO-44")
             created = await client.create_task_push_notification_config(
                 TaskPushNotificationConfig(task_id=other.id, url=receiver.url)
             )
             assert created.url == receiver.url
+            assert created.id
             listed = await client.list_task_push_notification_configs(
                 ListTaskPushNotificationConfigsRequest(task_id=other.id)
             )
-            assert [config.url for config in listed.configs] == [receiver.url]
+            assert [config.id for config in listed.configs] == [created.id]
             await client.delete_task_push_notification_config(
-                DeleteTaskPushNotificationConfigRequest(task_id=other.id, id="default")
+                DeleteTaskPushNotificationConfigRequest(task_id=other.id, id=created.id)
             )
             assert not (
                 await client.list_task_push_notification_configs(
                     ListTaskPushNotificationConfigsRequest(task_id=other.id)
                 )
             ).configs
-            # A config that does not exist is TaskNotFound (spec §3.1.8).
+            # A config that does not exist is TaskNotFound (spec §3.1.8), to get or to delete.
             with pytest.raises(TaskNotFoundError):
                 await client.get_task_push_notification_config(
-                    GetTaskPushNotificationConfigRequest(task_id=other.id, id="default")
+                    GetTaskPushNotificationConfigRequest(task_id=other.id, id=created.id)
                 )
-            # The client's id, token and authentication: kept, and sent back with the notification.
+            with pytest.raises(TaskNotFoundError):
+                await client.delete_task_push_notification_config(
+                    DeleteTaskPushNotificationConfigRequest(task_id=other.id, id=created.id)
+                )
+            # The client's ids, token and authentication: kept, and sent back with the notification.
             created = await client.create_task_push_notification_config(
                 TaskPushNotificationConfig(
                     task_id=other.id,
@@ -273,30 +287,41 @@ def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, r
                 GetTaskPushNotificationConfigRequest(task_id=other.id, id="hook-44")
             )
             assert (got.id, got.url, got.token) == ("hook-44", receiver.url, "t0k")
-            with pytest.raises(TaskNotFoundError):
-                await client.get_task_push_notification_config(
-                    GetTaskPushNotificationConfigRequest(task_id=other.id, id="default")
-                )
-            # One config per task: a second id is refused, not put in the first's place.
-            with pytest.raises(UnsupportedOperationError):
-                await client.create_task_push_notification_config(
-                    TaskPushNotificationConfig(task_id=other.id, id="hook-2", url=receiver.url)
-                )
+            # Several per task, each by its id; the same id again replaces it.
+            await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=other.id, id="hook-2", url=receiver.url, token="old")
+            )
+            await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=other.id, id="hook-2", url=receiver.url, token="second")
+            )
+            listed = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=other.id)
+            )
+            assert [(config.id, config.token) for config in listed.configs] == [
+                ("hook-2", "second"),
+                ("hook-44", "t0k"),
+            ]
             release.set()
             await poll_state(client, task.id, TaskState.TASK_STATE_COMPLETED)
             await poll_state(client, other.id, TaskState.TASK_STATE_COMPLETED)
-            with pytest.raises(UnsupportedOperationError):
-                await client.create_task_push_notification_config(
-                    TaskPushNotificationConfig(task_id=other.id, url=receiver.url)
-                )
+            # A task that ended still takes a config (and is notified of nothing more).
+            late = await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=other.id, id="late", url=receiver.url)
+            )
+            assert late.id == "late"
         return f"{task.id} {other.id}"
 
     try:
         ids = asyncio.run(scenario()).split()
-        wait_until(lambda: len(receiver.received) >= 2, 15, "both push notifications")
-        by_task = {headers["x-agent-reach-task-id"]: (headers, body) for headers, body in receiver.received}
-        assert sorted(by_task) == sorted(ids)
-        for headers, body in by_task.values():
+        wait_until(lambda: len(receiver.received) >= 3, 15, "three push notifications")
+        by_token: dict[str | None, tuple[dict[str, str], bytes]] = {
+            headers.get("x-a2a-notification-token"): (headers, body) for headers, body in receiver.received
+        }
+        assert sorted(by_token, key=str) == sorted([None, "t0k", "second"], key=str), list(by_token)
+        assert sorted(headers["x-agent-reach-task-id"] for headers, _ in receiver.received) == sorted(
+            [ids[0], ids[1], ids[1]]
+        )
+        for headers, body in by_token.values():
             fields = dict(part.split("=", 1) for part in headers["x-agent-reach-signature"].split(","))
             expected = hmac.new(secret, f"{fields['t']}.".encode() + body, hashlib.sha256).hexdigest()
             assert hmac.compare_digest(fields["v1"], expected)
@@ -306,11 +331,10 @@ def test_push_notification_configs_are_the_tasks_signed_callback(stack: Stack, r
             notified = json.loads(body)["task"]
             assert notified["id"] == headers["x-agent-reach-task-id"]
             assert notified["status"]["state"] == "TASK_STATE_COMPLETED"
-        # The second task's config asked for its token and credentials back.
-        headers, _ = by_task[ids[1]]
-        assert headers["x-a2a-notification-token"] == "t0k"
-        assert headers["authorization"] == "Bearer receiver-secret"
-        assert "x-a2a-notification-token" not in by_task[ids[0]][0]
+        # The second task's config asked for its credentials back; the other ones none.
+        assert by_token["t0k"][0]["authorization"] == "Bearer receiver-secret"
+        assert "authorization" not in by_token["second"][0]
+        assert by_token[None][0]["x-agent-reach-task-id"] == ids[0]
     finally:
         receiver.close()
 

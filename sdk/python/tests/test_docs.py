@@ -9,6 +9,7 @@ snippet spells out for a reader (``REPLACED``), each checked to be there.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 from starlette.applications import Starlette
+
+from agent_reach import Agent
 
 from .support.stack import Process, Stack, free_port, wait_until
 
@@ -211,7 +214,43 @@ def run_seeds(stack: Stack, tmp_path: Path, scripts: list[Script]) -> None:
     script.sigterm(stack, "agent_001")
 
 
+def run_access(stack: Stack, tmp_path: Path, scripts: list[Script]) -> None:
+    summarizer = Agent(
+        "summarizer",
+        agent_id="summarizer-access",
+        registry=stack.registry.url,
+        router=stack.router.url,
+        token=stack.token("summarizer"),
+        ttl_s=3,
+    )
+
+    @summarizer.handler("text.summarize")
+    def summarize(payload: dict[str, str]) -> dict[str, str]:
+        return {"summary": payload["text"][:10]}
+
+    summarizer.start(handle_signals=False)
+    try:
+        summarizer.mark_ready()
+        wait_until(lambda: stack.routable("text.summarize", "summarizer-access"), 30, "text.summarize routable")
+        script = Script(stack, tmp_path, "access", block("Asking for access at run time"), "reporter")
+        scripts.append(script)
+        agent_id = script.wait_routable(stack, "text.brief")
+        wait_until(lambda: "access to text.summarize: pending" in script.process.tail(), 30, "the request filed")
+        found = re.search(r"pending (ar-[0-9a-f]+) \['owner'\]", script.process.tail())
+        assert found, script.process.tail()
+        owner = {"authorization": f"Bearer {stack.token('owner')}"}
+        approved = httpx.post(f"{stack.registry.url}/v1/access-requests/{found[1]}/approve", headers=owner)
+        assert approved.status_code == 200, approved.text
+        wait_until(lambda: invoke(stack, "text.brief", {"text": "a long text"}).status_code == 200, 5, "allowed")
+        answer = invoke(stack, "text.brief", {"text": "a long text"})
+        assert answer.json()["output"] == {"summary": {"summary": "a long tex"}}, answer.text
+        script.sigterm(stack, agent_id)
+    finally:
+        summarizer.stop(timeout_s=30)
+
+
 RUNNERS: dict[str, Callable[[Stack, Path, list[Script]], None]] = {
+    "Asking for access at run time": run_access,
     "An agent in ten lines": run_ten_lines,
     "Calling other capabilities and the session context": run_calls,
     "Programs that are not agents: `Client` and `AsyncClient`": run_calls,

@@ -239,7 +239,9 @@ def test_mcp_refuses_missing_tokens_and_other_methods(stack: Stack) -> None:
             f"{stack.router.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
         )
         assert answer.status_code == 401, answer.text
-        assert answer.headers["www-authenticate"] == "Bearer"
+        # RFC 6750: `invalid_token` only when a token was sent (no issuer here: no metadata pointer).
+        invalid = "" if token is None else ', error="invalid_token"'
+        assert answer.headers["www-authenticate"] == f'Bearer realm="agent-reach"{invalid}'
         assert answer.json()["error"]["data"]["code"] == "UNAUTHENTICATED"
     assert httpx.get(f"{stack.router.url}/mcp").status_code == 405
     assert httpx.delete(f"{stack.router.url}/mcp").status_code == 405

@@ -25,7 +25,10 @@ permissions:
     allow: [demo.*]
 providers:
   - agent: echo_agent
-    provides: [demo.*]
+    provides: [demo.*, audit.*]
+owners:
+  - capability: audit.*
+    approvers: [owner]
 context:
   - agent: tester
     read: ["*"]
@@ -134,8 +137,8 @@ impl Stack {
                 reclaim_after: Duration::from_secs(120),
                 max_task_attempts: 3,
                 quota_share: Some(std::time::Duration::from_millis(100)),
-                tag_limits: Vec::new(),
                 trail: None,
+                tag_limits: Vec::new(),
             });
             configure(index, &mut settings);
             let router = agent_reach_router::build(&settings).await.unwrap();

@@ -19,6 +19,7 @@ import type { AddressInfo } from "node:net";
 
 import type { z } from "zod";
 
+import { requestAccess, type AccessRequest, type AccessRequestOptions } from "./access.js";
 import { DEFAULT_ISSUER, INSECURE_ENV, JwksFile, JwksUrl, Verifier, insecureFromEnv, type KeySource } from "./assertion.js";
 import { Contexts } from "./contexts.js";
 import type { Links } from "./ctx.js";
@@ -191,6 +192,22 @@ export class Agent {
     }
     state.status.reported = load;
     state.noteStatus();
+  }
+
+  // === Access ===
+
+  /**
+   * Asks to call `capability` as this agent (`POST /v1/access-requests` on its registry),
+   * with `reason` for the approvers acl.yaml's `owners:` names; once approved the grant lasts
+   * `ttlS` seconds (absent: until revoked). Safe at every start: a request still pending is
+   * answered again, not filed twice; `{status: "allowed"}` once it may call. Throws
+   * `RegistryError` with the registry's code (`CAPABILITY_NOT_FOUND`: no agent offers it
+   * yet; `NO_OWNER`: no one could approve it).
+   */
+  requestAccess(capability: string, reason: string, options: AccessRequestOptions = {}): Promise<AccessRequest> {
+    const o = this.#options;
+    const registries = registriesOf(o.registry ?? env("AGENT_REACH_REGISTRY"));
+    return requestAccess(registries, o.token ?? env("AGENT_REACH_TOKEN") ?? "", capability, reason, options);
   }
 
   // === Running ===

@@ -57,12 +57,34 @@ export interface Delivery {
   chain?: readonly string[] | undefined;
   /** What is left of the chain's budget, this call charged. */
   budget?: Budget | undefined;
+  history: readonly Turn[];
 }
 
-/** What is left of a delegation chain's budget (DESIGN §9). */
+/** What is left of a delegation chain's budget (DESIGN §9); a member is absent when the budget set no limit of that kind. */
 export interface Budget {
-  callsLeft: number;
-  costLeft: number;
+  callsLeft?: number;
+  costLeft?: number;
+}
+
+/**
+ * One earlier turn of a multi-turn task's conversation (docs/design.md, "Multi-turn
+ * tasks"), as the router delivers it with the next message: a message of the caller (its
+ * `payload`) or a time this agent asked for more input (its `message`; see `InputRequired`).
+ */
+export type Turn = { readonly role: "user"; readonly payload: unknown } | { readonly role: "agent"; readonly message: string };
+
+/** The envelope's `history` as turns; one this SDK cannot read is left out. */
+export function turnsOf(history: unknown): readonly Turn[] {
+  if (!Array.isArray(history)) return [];
+  const turns: Turn[] = [];
+  for (const turn of history as unknown[]) {
+    if (typeof turn !== "object" || turn === null) return [];
+    const { role, payload, message } = turn as { role?: unknown; payload?: unknown; message?: unknown };
+    if (role === "user") turns.push({ role, payload: payload ?? null });
+    else if (role === "agent" && typeof message === "string") turns.push({ role, message });
+    else return [];
+  }
+  return turns;
 }
 
 export class Ctx {
@@ -92,6 +114,11 @@ export class Ctx {
   /** What is left of the chain's budget (this call charged), when the call carries one. */
   readonly budget: Budget | undefined;
   readonly #upstream: string | undefined;
+  /**
+   * A multi-turn task's conversation before this message, oldest first: the caller's
+   * earlier messages and what this agent asked (empty for a first message).
+   */
+  readonly history: readonly Turn[];
   readonly #signal: { readonly signal: AbortSignal };
   readonly #links: Links;
   /** The `traceparent` of this delivery's own span, when OpenTelemetry records one: calls onwards are its children. */
@@ -115,6 +142,7 @@ export class Ctx {
     this.chain = delivery.chain ?? [];
     this.budget = delivery.budget;
     this.#upstream = delivery.assertionToken;
+    this.history = delivery.history;
     this.#signal = signal;
     this.#links = links;
     this.#span = span;

@@ -90,6 +90,12 @@ export const RegistryCode = {
   VERSION_NOT_FOUND: "VERSION_NOT_FOUND",
   LEASE_EXPIRED: "LEASE_EXPIRED",
   INVALID_STATUS_TRANSITION: "INVALID_STATUS_TRANSITION",
+  INVALID_ACCESS_REQUEST: "INVALID_ACCESS_REQUEST",
+  ACCESS_REQUEST_NOT_FOUND: "ACCESS_REQUEST_NOT_FOUND",
+  GRANT_NOT_FOUND: "GRANT_NOT_FOUND",
+  ALREADY_ALLOWED: "ALREADY_ALLOWED",
+  ALREADY_DECIDED: "ALREADY_DECIDED",
+  NO_OWNER: "NO_OWNER",
   CONFLICT: "CONFLICT",
   NOT_FOUND: "NOT_FOUND",
   STORE_UNAVAILABLE: "STORE_UNAVAILABLE",
@@ -335,6 +341,23 @@ export class HandlerError extends Error {
   /** The input is unusable for a reason its schema cannot say (400 `INVALID_INPUT`). */
   static invalidInput(message: string): HandlerError {
     return new HandlerError("INVALID_INPUT", message, { status: 400 });
+  }
+}
+
+/**
+ * "Need more input" (docs/design.md, "Multi-turn tasks"): the handler cannot answer until
+ * the caller says more; `message` says what it needs. Answered 422 with the code
+ * `INPUT_REQUIRED`: an A2A task goes `input-required` with `message` as its status message,
+ * and the caller's next message naming the task is delivered with the conversation so far
+ * (`ctx.history`). A plain `/v1/invoke` caller gets it as `AGENT_ERROR` (`details.agent_code`).
+ *
+ * ```ts
+ * if (input.size === undefined) throw new InputRequired("Which size: S, M or L?");
+ * ```
+ */
+export class InputRequired extends HandlerError {
+  constructor(message: string) {
+    super("INPUT_REQUIRED", message);
   }
 }
 

@@ -17,6 +17,7 @@
 
 export { z } from "zod";
 
+export type { AccessRequest, AccessRequestOptions } from "./access.js";
 export { Agent, type AgentOptions } from "./agent.js";
 export { AssertionRefused, JwksFile, JwksUrl, type Assertion, type RefusalReason } from "./assertion.js";
 export {
@@ -31,7 +32,7 @@ export {
   type TaskView,
 } from "./client.js";
 export { ContextHandle, Contexts, type ContextView, type CreateOptions, type Patch, type Tier } from "./contexts.js";
-export { Ctx, type Budget, type CtxCallOptions } from "./ctx.js";
+export { Ctx, type Budget, type CtxCallOptions, type Turn } from "./ctx.js";
 export {
   Accepted,
   AgentError,
@@ -46,6 +47,7 @@ export {
   Forbidden,
   HandlerDefinitionError,
   HandlerError,
+  InputRequired,
   InvalidEnvelope,
   LeaseExpired,
   NoAvailableInstance,

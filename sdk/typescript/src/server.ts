@@ -14,7 +14,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 
 import { AssertionRefused, type Assertion } from "./assertion.js";
-import { Ctx, type Delivery } from "./ctx.js";
+import { Ctx, turnsOf, type Budget, type Delivery } from "./ctx.js";
 import type { Answer } from "./dedup.js";
 import { AgentReachError, HandlerError } from "./errors.js";
 import type { Handler } from "./handler.js";
@@ -98,7 +98,8 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     taskId: task_id,
     assertionToken: assertion?.token,
     chain: assertion?.chain,
-    budget: isObject(budget) ? { callsLeft: Number(budget["calls_left"]), costLeft: Number(budget["cost_left"]) } : undefined,
+    budget: isObject(budget) ? budgetOf(budget) : undefined,
+    history: envelope["history"] === undefined ? [] : turnsOf(envelope["history"]),
     payload: envelope["payload"] ?? null,
   } as Delivery & { payload: unknown };
 }
@@ -488,4 +489,13 @@ export function agentServer(stateOf: () => AgentState | undefined): Server {
   server.keepAliveTimeout = 65_000;
   server.headersTimeout = 70_000;
   return server;
+}
+
+/** The envelope's `budget` (`{calls_left?, cost_left?}`) as a `Budget`; a member that is not a number is left out. */
+function budgetOf(budget: Record<string, unknown>): Budget {
+  const { calls_left: calls, cost_left: cost } = budget;
+  return {
+    ...(typeof calls === "number" ? { callsLeft: calls } : {}),
+    ...(typeof cost === "number" ? { costLeft: cost } : {}),
+  };
 }

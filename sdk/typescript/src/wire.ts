@@ -21,8 +21,14 @@ import {
 
 export const ENVELOPE_VERSION = "1.0";
 
-/** How the router picks an instance (`target_policy`). */
-export type Policy = "weighted_round_robin" | "least_connections" | "consistent_hash" | "p2c_ewma" | "adaptive";
+/** How the router picks an instance (`target_policy`); `plugin:NAME` names a policy plugged into the router. */
+export type Policy =
+  | "weighted_round_robin"
+  | "least_connections"
+  | "consistent_hash"
+  | "p2c_ewma"
+  | "adaptive"
+  | `plugin:${string}`;
 export type Priority = "high" | "normal" | "low";
 export const PRIORITIES: readonly Priority[] = ["high", "normal", "low"];
 

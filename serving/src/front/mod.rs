@@ -96,6 +96,12 @@ pub enum Answer {
         status: http::StatusCode,
         body: Vec<u8>,
     },
+    /// [`Answer::Json`] under another JSON media type (e.g. `application/a2a+json`).
+    Typed {
+        status: http::StatusCode,
+        content_type: &'static str,
+        body: Vec<u8>,
+    },
     /// `200 OK` with `headers` (names in lowercase) and a body of unknown
     /// length (server-sent events), written chunked as its frames come: no
     /// response object or header map built for a stream.
@@ -128,6 +134,11 @@ impl axum::response::IntoResponse for Answer {
             Answer::Json { status, body } => {
                 (status, [(http::header::CONTENT_TYPE, "application/json")], body).into_response()
             }
+            Answer::Typed {
+                status,
+                content_type,
+                body,
+            } => (status, [(http::header::CONTENT_TYPE, content_type)], body).into_response(),
             Answer::Stream { headers, body } => {
                 let mut response = axum::response::Response::new(body);
                 for (name, value) in headers {

@@ -13,6 +13,15 @@ pub(crate) async fn encode_response(answer: Answer, output: &mut Vec<u8>) -> Opt
             output.extend_from_slice(b"content-type: application/json\r\n");
             return Some(finish_answer(&body, output));
         }
+        Answer::Typed {
+            status,
+            content_type,
+            body,
+        } => {
+            status_line(status, output);
+            header_line(b"content-type", content_type.as_bytes(), output);
+            return Some(finish_answer(&body, output));
+        }
         Answer::Response(response) => response,
         // `Connection::run` writes streams with `write_streamed`; collected whole here.
         stream @ Answer::Stream { .. } => axum::response::IntoResponse::into_response(stream),

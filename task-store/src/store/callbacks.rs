@@ -73,23 +73,42 @@ impl TaskStore {
         Ok(due)
     }
 
-    /// Counts one more callback attempt for `task_id`; returns the count.
-    pub async fn count_callback_attempt(&self, task_id: &str) -> Result<u32, TaskStoreError> {
+    /// Counts one more attempt of the scheduled callback `member` (see
+    /// [`schedule_member`]); returns the count.
+    pub async fn count_callback_attempt(&self, member: &str) -> Result<u32, TaskStoreError> {
+        let (task_id, _) = schedule_member(member);
         let mut connection = self.connection().await?;
         let count: i64 = connection
-            .hincr(self.task_key(task_id), "callback_attempts", 1)
+            .hincr(self.task_key(task_id), attempts_field(member), 1)
             .await
             .map_err(unavailable)?;
         Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
-    /// Schedules the next callback attempt, or (`None`) drops it: delivered or dead-lettered.
-    pub async fn reschedule_callback(&self, task_id: &str, due_ms: Option<u64>) -> Result<(), TaskStoreError> {
+    /// Schedules the next attempt of callback `member`, or (`None`) drops it: delivered or dead-lettered.
+    pub async fn reschedule_callback(&self, member: &str, due_ms: Option<u64>) -> Result<(), TaskStoreError> {
         let mut connection = self.connection().await?;
-        let schedule = self.callbacks_key(lane_of(task_id));
+        let schedule = self.callbacks_key(lane_of(schedule_member(member).0));
         match due_ms {
-            Some(due) => connection.zadd(schedule, task_id, due).await.map_err(unavailable),
-            None => connection.zrem(schedule, task_id).await.map_err(unavailable),
+            Some(due) => connection.zadd(schedule, member, due).await.map_err(unavailable),
+            None => connection.zrem(schedule, member).await.map_err(unavailable),
         }
+    }
+}
+
+/// A member of the callback schedule: `{task id}` for the task's callback,
+/// `{task id}#{config id}` for one of its A2A push configs (task ids hold no `#`).
+pub fn schedule_member(member: &str) -> (&str, Option<&str>) {
+    match member.split_once('#') {
+        Some((task_id, config_id)) => (task_id, Some(config_id)),
+        None => (member, None),
+    }
+}
+
+/// The task's field counting the attempts of callback `member`.
+pub(super) fn attempts_field(member: &str) -> String {
+    match schedule_member(member).1 {
+        Some(config_id) => format!("callback_attempts#{config_id}"),
+        None => "callback_attempts".to_string(),
     }
 }

@@ -10,14 +10,25 @@ use crate::model::Task;
 
 impl TaskStore {
     /// Parks an undeliverable callback with its result; nothing is lost.
-    pub async fn dead_letter(&self, task: &Task, url: &str, error: &str) -> Result<(), TaskStoreError> {
+    /// `push_config`: the A2A push config it was for (`None`: the task's callback).
+    pub async fn dead_letter(
+        &self,
+        task: &Task,
+        push_config: Option<&str>,
+        url: &str,
+        error: &str,
+    ) -> Result<(), TaskStoreError> {
         let mut connection = self.connection().await?;
         let result = task.result.as_ref().map(Value::to_string).unwrap_or_default();
-        let _: String = redis::cmd("XADD")
-            .arg(self.dead_letter_key())
+        let mut add = redis::cmd("XADD");
+        add.arg(self.dead_letter_key())
             .arg("*")
             .arg("task_id")
-            .arg(&task.task_id)
+            .arg(&task.task_id);
+        if let Some(id) = push_config {
+            add.arg("push_config").arg(id);
+        }
+        let _: String = add
             .arg("url")
             .arg(url)
             .arg("error")
@@ -89,6 +100,7 @@ impl TaskStore {
                 DeadLetter {
                     result: fields.get("result").and_then(|text| serde_json::from_str(text).ok()),
                     task_id: field("task_id"),
+                    push_config: fields.get("push_config").cloned(),
                     url: field("url"),
                     error: field("error"),
                     id,
@@ -105,14 +117,19 @@ impl TaskStore {
     /// the dead letter to replay again, never a callback lost.
     pub async fn replay_dead_letter(&self, id: &str) -> Result<String, TaskStoreError> {
         let letter = self.dead_letter_entry(id).await?;
+        let member = match &letter.push_config {
+            Some(config_id) => format!("{}#{config_id}", letter.task_id),
+            None => letter.task_id.clone(),
+        };
         let mut connection = self.connection().await?;
         let answer: String = self
             .scripts
             .replay
             .key(self.task_key(&letter.task_id))
             .key(self.callbacks_key(lane_of(&letter.task_id)))
-            .arg(&letter.task_id)
+            .arg(&member)
             .arg(now_ms())
+            .arg(super::callbacks::attempts_field(&member))
             .invoke_async(&mut connection)
             .await
             .map_err(unavailable)?;

@@ -72,9 +72,10 @@
 //! count), `backlog` (the counts claims are planned on), `outcome`
 //! (transitions and a task's end), `followups` (what an end leaves beyond
 //! its lane), `callbacks` (a callback and its schedule), `dead_letters`,
-//! `record` (a task's record and stream entries, read) and `quota` (where
-//! routers share their limits); `trail` keeps the trail's records (its
-//! own key layout in that file).
+//! `record` (a task's record and stream entries, read), `quota` (where
+//! routers share their limits) and `history` (where they merge their
+//! outcome histories); `trail` keeps the trail's records (its own key
+//! layout in that file).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -84,9 +85,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use self::backlog::Backlogs;
+pub use self::callbacks::schedule_member;
 use self::connection::{Connection, Link};
+pub use self::history::{HistorySlot, HistoryTotals};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
 use self::scripts::Scripts;
+pub use self::turns::MOST_PUSH_CONFIGS;
 use crate::model::{Callback, Priority, State, Task};
 
 mod backlog;
@@ -95,6 +99,7 @@ mod claims;
 mod connection;
 mod dead_letters;
 mod followups;
+mod history;
 mod keys;
 mod lookup;
 mod outcome;
@@ -103,6 +108,7 @@ mod record;
 mod scripts;
 mod submission;
 mod trail;
+mod turns;
 
 const GROUP: &str = "workers";
 
@@ -182,6 +188,9 @@ pub struct NewTask {
     pub priority: Priority,
     pub envelope: Value,
     pub callback: Option<Callback>,
+    /// An A2A push config set with the message that made the task (its
+    /// `push:{id}` field, written with the task: notified however soon it ends).
+    pub push_config: Option<Callback>,
     /// Deliver to this instance only (a broadcast child).
     pub target_agent: Option<String>,
     /// The broadcast parent this task reports to.
@@ -233,6 +242,8 @@ pub struct DeadLetter {
     /// The stream entry id, `MS-SEQ` (MS: when it was parked).
     pub id: String,
     pub task_id: String,
+    /// The A2A push config it was for (`None`: the task's callback).
+    pub push_config: Option<String>,
     pub url: String,
     /// Why the last attempt failed.
     pub error: String,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::TaskStoreError;
-use crate::model::{Accepted, Callback, Priority, State, Task, Transition};
+use crate::model::{Accepted, Callback, Priority, State, Task, Transition, Turn};
 
 /// The immutable part of a task, stored once.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,18 +46,19 @@ pub(super) fn assemble(fields: HashMap<String, String>) -> Result<Task, TaskStor
             .and_then(|value| value.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let transitions = fields
-        .get("transitions")
-        .map(|lines| {
-            lines
-                .lines()
-                .filter(|line| !line.is_empty())
-                .map(serde_json::from_str::<Transition>)
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .transpose()
-        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?
-        .unwrap_or_default();
+    let transitions: Vec<Transition> = json_lines(&fields, "transitions")?;
+    let turns: Vec<Turn> = json_lines(&fields, "turns")?;
+    // A2A push configs, one field each (`push:{id}`), in id order.
+    let mut push_configs = fields
+        .iter()
+        .filter(|(name, _)| name.starts_with(PUSH_FIELD))
+        .map(|(_, text)| serde_json::from_str::<Callback>(text))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+    push_configs.sort_by(|a, b| {
+        let id = |config: &Callback| config.a2a.as_ref().map(|push| push.id.clone()).unwrap_or_default();
+        id(a).cmp(&id(b))
+    });
     let result = fields
         .get("result")
         .map(|text| serde_json::from_str::<Value>(text))
@@ -93,7 +94,31 @@ pub(super) fn assemble(fields: HashMap<String, String>) -> Result<Task, TaskStor
         transitions,
         result,
         accepted,
+        turns,
+        push_configs,
     })
+}
+
+/// What starts the field of a task's A2A push config (`push:{id}`).
+pub(super) const PUSH_FIELD: &str = "push:";
+
+/// A field holding one JSON value a line (`transitions`, `turns`); absent: none.
+fn json_lines<T: serde::de::DeserializeOwned>(
+    fields: &HashMap<String, String>,
+    name: &str,
+) -> Result<Vec<T>, TaskStoreError> {
+    fields
+        .get(name)
+        .map(|lines| {
+            lines
+                .lines()
+                .filter(|line| !line.is_empty())
+                .map(serde_json::from_str::<T>)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()
+        .map_err(|error| TaskStoreError::Corrupt(format!("`{name}`: {error}")))
+        .map(Option::unwrap_or_default)
 }
 
 // === Stream replies ===

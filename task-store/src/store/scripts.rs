@@ -22,6 +22,9 @@ pub(super) struct Scripts {
     pub(super) release_request: Script,
     pub(super) index: Script,
     pub(super) publish: Script,
+    pub(super) pause: Script,
+    pub(super) resume: Script,
+    pub(super) put_push: Script,
 }
 
 impl Scripts {
@@ -30,7 +33,7 @@ impl Scripts {
         Self {
             submit: Script::new(SUBMIT),
             transition: Script::new(TRANSITION),
-            finish: Script::new(FINISH),
+            finish: Script::new(&format!("{NOTIFY_PUSH}{FINISH}")),
             claim: Script::new(&format!("{TAKE}{CLAIM}")),
             reclaim: Script::new(&format!("{TAKE}{RECLAIM}")),
             running: Script::new(RUNNING),
@@ -43,6 +46,9 @@ impl Scripts {
             release_request: Script::new(RELEASE_REQUEST),
             index: Script::new(INDEX),
             publish: Script::new(PUBLISH),
+            pause: Script::new(&format!("{NOTIFY_PUSH}{PAUSE}")),
+            resume: Script::new(RESUME),
+            put_push: Script::new(PUT_PUSH),
         }
     }
 }
@@ -61,7 +67,7 @@ const SUBMIT: &str = r#"
 --       7 the tenant's backlog bound ('0': none): refused with {2, waiting} at or over it,
 --       8 tasks waiting in lanes not counted here (a cluster's other shards, read just before),
 --       9 '1': one server (claim here; another task holding the request id: {3, its id}),
---       10 retention s, 11 index size
+--       10 retention s, 11 index size, 12 a push config's field ('': none), 13 its JSON
 local others = 5
 if ARGV[9] == '1' then
   others = 7
@@ -85,6 +91,7 @@ if ARGV[9] == '1' then
 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'state', 'pending', 'attempts', 0, 'updated_at_ms', ARGV[3],
   'transitions', '{"state":"pending","at_ms":' .. ARGV[3] .. '}\n')
+if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], ARGV[12], ARGV[13]) end
 if ARGV[5] == '1' then
   if redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[6], '0', 'MKSTREAM')
@@ -192,6 +199,7 @@ local has_callback = ARGV[8] == '1'
 local replaced = redis.call('HGET', KEYS[1], 'callback')
 if replaced then has_callback = replaced ~= 'null' and ARGV[1] ~= 'canceled' end
 if has_callback then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[7]) end
+notify_push(KEYS[1], KEYS[4], ARGV[2], ARGV[7])
 if current == 'pending' then
   local field = redis.call('HGET', KEYS[1], 'backlog')
   if field then redis.call('HINCRBY', KEYS[3], field, -1) end
@@ -204,6 +212,97 @@ if ARGV[12] == '1' then redis.call('EXPIRE', KEYS[6], ARGV[6]) end
 if entry ~= '' then redis.call('XACK', KEYS[2], ARGV[5], entry) end
 if ARGV[11] == '1' then redis.call('ZADD', KEYS[5], ARGV[2], ARGV[7]) end
 return {'ok', current}
+"#;
+
+/// Shared by the scripts that end or interrupt a task: every A2A push config
+/// (field `push:{id}`) is scheduled for a notification now, as the schedule's
+/// member `{task id}#{id}` (task ids hold no `#`), its attempts counted afresh.
+const NOTIFY_PUSH: &str = r#"
+local function notify_push(task, schedule, now, task_id)
+  for _, field in ipairs(redis.call('HKEYS', task)) do
+    if string.sub(field, 1, 5) == 'push:' then
+      local id = string.sub(field, 6)
+      redis.call('ZADD', schedule, now, task_id .. '#' .. id)
+      redis.call('HDEL', task, 'callback_attempts#' .. id)
+    end
+  end
+end
+"#;
+
+const PAUSE: &str = r#"
+-- The agent asked for more input: the delivery ended, the task did not. Records
+-- its question as a turn, acknowledges the queue entry, notifies the push
+-- configs, and starts the retention clock (a conversation left waiting expires).
+-- KEYS: 1 task hash, 2 queue, 3 callback schedule
+-- ARGV: 1 now ms, 2 the agent's turn (one JSON line), 3 queue entry id ('' = none),
+--       4 group, 5 retention s, 6 task id, 7.. allowed predecessors
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+local line = ARGV[2] .. '\n'
+local turns = redis.call('HGET', KEYS[1], 'turns') or ''
+-- Run again after a connection that failed once it was sent: done.
+if current == 'input_required' and string.sub(turns, -#line) == line then
+  if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
+  return {'ok', current}
+end
+local allowed = false
+for i = 7, #ARGV do if current == ARGV[i] then allowed = true end end
+if not allowed then
+  if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
+  return {'refused', current}
+end
+redis.call('HSET', KEYS[1], 'state', 'input_required', 'updated_at_ms', ARGV[1], 'turns', turns .. line)
+redis.call('HSET', KEYS[1], 'transitions',
+  (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"input_required","at_ms":' .. ARGV[1] .. '}\n')
+if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+notify_push(KEYS[1], KEYS[3], ARGV[1], ARGV[6])
+return {'ok', current}
+"#;
+
+const RESUME: &str = r#"
+-- A message continues a task that asked for input: its turn recorded, the task
+-- kept again (no retention while it runs) and queued again in its lane.
+-- KEYS: 1 task hash, 2 queue, 3 the lane's queue set, 4 backlog hash
+-- ARGV: 1 now ms, 2 the caller's turn (one JSON line), 3 backlog field, 4 group,
+--       5 task id, 6.. allowed predecessors
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then return {'missing'} end
+local line = ARGV[2] .. '\n'
+local turns = redis.call('HGET', KEYS[1], 'turns') or ''
+-- Run again after a connection that failed once it was sent: done.
+if string.sub(turns, -#line) == line then return {'ok', current} end
+local allowed = false
+for i = 6, #ARGV do if current == ARGV[i] then allowed = true end end
+if not allowed then return {'refused', current} end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'updated_at_ms', ARGV[1], 'turns', turns .. line)
+redis.call('HSET', KEYS[1], 'transitions',
+  (redis.call('HGET', KEYS[1], 'transitions') or '') .. '{"state":"pending","at_ms":' .. ARGV[1] .. '}\n')
+redis.call('PERSIST', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[4], '0', 'MKSTREAM')
+  redis.call('SADD', KEYS[3], KEYS[2])
+end
+redis.call('HSET', KEYS[1], 'backlog', ARGV[3])
+redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
+redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[5])
+return {'ok', current}
+"#;
+
+const PUT_PUSH: &str = r#"
+-- Creates or replaces an A2A push config of a task (field `push:{id}`), at most
+-- ARGV[3] per task.
+-- KEYS: 1 task hash; ARGV: 1 field, 2 config JSON, 3 most configs
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  local held = 0
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 5) == 'push:' then held = held + 1 end
+  end
+  if held >= tonumber(ARGV[3]) then return {'full', tostring(held)} end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return {'ok', ''}
 "#;
 
 const PUBLISH: &str = r#"
@@ -332,9 +431,9 @@ return {'ok', current}
 const REPLAY: &str = r#"
 -- Schedules a dead-lettered callback again from its first attempt: due now,
 -- its attempt count reset (the dead letter is removed after this).
--- KEYS: 1 task hash, 2 callback schedule; ARGV: 1 task id, 2 now ms
+-- KEYS: 1 task hash, 2 callback schedule; ARGV: 1 schedule member, 2 now ms, 3 its attempts field
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'expired' end
-redis.call('HSET', KEYS[1], 'callback_attempts', 0)
+redis.call('HSET', KEYS[1], ARGV[3], 0)
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 'ok'
 "#;

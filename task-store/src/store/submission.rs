@@ -18,6 +18,8 @@ struct StoreStep<'a> {
     /// Stored without queueing (a broadcast parent).
     hold: bool,
     bound: Option<u64>,
+    /// The task's first A2A push config: (id, the config's JSON).
+    push: Option<(String, String)>,
 }
 
 impl TaskStore {
@@ -86,11 +88,19 @@ impl TaskStore {
         let connection = self.connection().await?;
         let request_key = self.request_key(&task.caller, &task.request_id);
         let field = format!("{}|{}", spec.capability, spec.priority.as_str());
+        let push = match &task.push_config {
+            Some(config) => Some((
+                config.a2a.as_ref().map(|push| push.id.clone()).unwrap_or_default(),
+                serde_json::to_string(config).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
+            )),
+            None => None,
+        };
         let step = StoreStep {
             request_key: &request_key,
             field: &field,
             hold: task.hold,
             bound: backlog_bound,
+            push,
         };
         let (own, id, (code, answer)) = if self.is_cluster() {
             self.submit_in_two_steps(&connection, &spec, &step).await?
@@ -306,6 +316,10 @@ impl TaskStore {
             .arg(if one_server { "1" } else { "0" })
             .arg(self.retention_s)
             .arg(CALLER_INDEX_MAX);
+        match &step.push {
+            Some((id, config)) => invocation.arg(format!("{}{id}", super::record::PUSH_FIELD)).arg(config),
+            None => invocation.arg("").arg(""),
+        };
         invocation
     }
 

@@ -22,11 +22,12 @@ context.
     agent.run()   # registers, serves, heartbeats; SIGTERM drains and deregisters
 """
 
+from .access import AccessRequest
 from .agent import Agent
 from .assertion import Assertion, JwksFile, JwksUrl
 from .client import AsyncClient, Client, SessionResults, TaskAccepted, TaskView, verify_callback
 from .contexts import ContextHandle, Contexts
-from .ctx import Ctx
+from .ctx import Ctx, Turn
 from .errors import (
     AgentError,
     AgentReachError,
@@ -40,6 +41,7 @@ from .errors import (
     Forbidden,
     HandlerDefinitionError,
     HandlerError,
+    InputRequired,
     InvalidEnvelope,
     LeaseExpired,
     NoAvailableInstance,
@@ -66,6 +68,7 @@ from .wire import ContextView, InvokeResult, Policy, Priority
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessRequest",
     "Agent",
     "AgentError",
     "AgentReachError",
@@ -87,6 +90,7 @@ __all__ = [
     "Forbidden",
     "HandlerDefinitionError",
     "HandlerError",
+    "InputRequired",
     "InvalidEnvelope",
     "InvokeResult",
     "JwksFile",
@@ -112,6 +116,7 @@ __all__ = [
     "TaskView",
     "TasksDisabled",
     "TransportError",
+    "Turn",
     "Unauthenticated",
     "VersionConflict",
     "VersionNotFound",

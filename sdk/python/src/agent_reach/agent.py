@@ -34,6 +34,7 @@ import httpx
 import uvicorn
 
 from . import logs, tracing, trust
+from .access import AccessRequest, request_access
 from .assertion import DEFAULT_ISSUER, INSECURE_ENV, JwksFile, JwksUrl, KeySource, Verifier, insecure_from_env
 from .contexts import Contexts
 from .ctx import Links
@@ -246,6 +247,29 @@ class Agent:
             function()
         else:
             loop.call_soon_threadsafe(function)
+
+    # === Access ===
+
+    async def request_access(self, capability: str, reason: str, *, ttl_s: int | None = None) -> AccessRequest:
+        """Asks to call ``capability`` as this agent (``POST /v1/access-requests`` on its
+        registry), with ``reason`` for the approvers ``owners:`` names in acl.yaml; once approved
+        the grant lasts ``ttl_s`` seconds (``None``: until revoked). Safe at every start: a request
+        still pending is answered again, not filed twice; ``status="allowed"`` once it may call.
+        Raises :class:`RegistryError` with the registry's code (``CAPABILITY_NOT_FOUND``: no agent
+        offers it yet; ``NO_OWNER``: no one could approve it)::
+
+            @agent.on_start
+            async def ask() -> None:
+                await agent.request_access("payment.check", "order_query checks payments")
+        """
+        return await request_access(
+            self.registries,
+            self.token,
+            trust.verify(self.ca_file),
+            capability=capability,
+            reason=reason,
+            ttl_s=ttl_s,
+        )
 
     # === Running ===
 

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -25,6 +25,36 @@ from .logs import logger
 from .wire import InvokeResult, Policy, Priority, invoke_body, invoke_result, unreachable
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One earlier turn of a multi-turn task's conversation (docs/design.md,
+    "Multi-turn tasks"), as the router delivers it with the next message: a message of
+    the caller (``role == "user"``, its ``payload``) or a time this agent asked for more
+    input (``role == "agent"``, its ``message``; see :class:`InputRequired`)."""
+
+    role: Literal["user", "agent"]
+    payload: Any = None
+    message: str | None = None
+
+
+def turns_of(history: Any) -> tuple[Turn, ...]:
+    """The envelope's ``history`` as turns; one this SDK cannot read is left out."""
+    if not isinstance(history, list):
+        return ()
+    turns = []
+    for turn in history:
+        if not isinstance(turn, dict):
+            return ()
+        role = turn.get("role")
+        if role == "user":
+            turns.append(Turn("user", payload=turn.get("payload")))
+        elif role == "agent" and isinstance(turn.get("message"), str):
+            turns.append(Turn("agent", message=turn["message"]))
+        else:
+            return ()
+    return tuple(turns)
 
 
 @dataclass
@@ -61,6 +91,7 @@ class Ctx:
         "chain",
         "context_id",
         "deadline_ms",
+        "history",
         "priority",
         "request_id",
         "session_id",
@@ -89,6 +120,7 @@ class Ctx:
         assertion_token: str | None = None,
         chain: tuple[str, ...] = (),
         budget: dict[str, Any] | None = None,
+        history: tuple[Turn, ...] = (),
     ) -> None:
         #: The idempotency key of this request.
         self.request_id = request_id
@@ -109,6 +141,9 @@ class Ctx:
         self.tenant = tenant
         #: Set on a task's delivery (``POST /v1/tasks``): what :meth:`accept_and_report` reports under.
         self.task_id = task_id
+        #: A multi-turn task's conversation before this message, oldest first: the
+        #: caller's earlier messages and what this agent asked (empty for a first message).
+        self.history = history
         self._links = links
         self._usage: dict[str, Any] | None = None
         #: The delegation chain the router vouches for (DESIGN §9): the original subject

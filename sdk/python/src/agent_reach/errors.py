@@ -91,6 +91,12 @@ class RegistryCode(StrEnum):
     VERSION_NOT_FOUND = "VERSION_NOT_FOUND"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     INVALID_STATUS_TRANSITION = "INVALID_STATUS_TRANSITION"
+    INVALID_ACCESS_REQUEST = "INVALID_ACCESS_REQUEST"
+    ACCESS_REQUEST_NOT_FOUND = "ACCESS_REQUEST_NOT_FOUND"
+    GRANT_NOT_FOUND = "GRANT_NOT_FOUND"
+    ALREADY_ALLOWED = "ALREADY_ALLOWED"
+    ALREADY_DECIDED = "ALREADY_DECIDED"
+    NO_OWNER = "NO_OWNER"
     CONFLICT = "CONFLICT"
     NOT_FOUND = "NOT_FOUND"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
@@ -449,3 +455,18 @@ class HandlerError(Exception):
     def invalid_input(cls, message: str) -> HandlerError:
         """The input is unusable for a reason the schema cannot say (400)."""
         return cls("INVALID_INPUT", message, status=400)
+
+
+class InputRequired(HandlerError):
+    """Asks for more input (docs/design.md, "Multi-turn tasks"): the handler cannot answer
+    until the caller says more; ``message`` says what it needs. Answered 422 with the code
+    ``INPUT_REQUIRED``: an A2A task goes ``input-required`` with ``message`` as its status
+    message, and the caller's next message naming the task is delivered with the
+    conversation so far (:attr:`Ctx.history`). A plain ``/v1/invoke`` caller gets it as
+    ``AGENT_ERROR`` (``details["agent_code"]``).
+
+    >>> raise InputRequired("Which size: S, M or L?")                    # doctest: +SKIP
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("INPUT_REQUIRED", message)

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from . import logs, tracing
 from .assertion import Assertion, AssertionRefused, Verifier
-from .ctx import Accepted, Ctx, Links
+from .ctx import Accepted, Ctx, Links, turns_of
 from .dedup import Answer, Dedup
 from .errors import AgentReachError, HandlerError
 from .handlers import Handler, validation_details
@@ -246,6 +246,7 @@ async def serve_invoke(
             assertion_token=assertion.token if assertion is not None else None,
             chain=assertion.chain if assertion is not None else (),
             budget=budget,
+            history=turns_of(envelope.get("history")),
         )
         streamed = (value,) if handler.ctx_first is None else ((ctx, value) if handler.ctx_first else (value, ctx))
         return await EventStream.open(state, handler, streamed, deadline)
@@ -295,6 +296,7 @@ async def serve_invoke(
                     assertion_token=assertion.token if assertion is not None else None,
                     chain=assertion.chain if assertion is not None else (),
                     budget=budget,
+                    history=turns_of(envelope.get("history")),
                 )
                 arguments = (reporter, value) if handler.ctx_first else (value, reporter)
             if state.spans:

@@ -19,12 +19,19 @@ ENVELOPE_VERSION = "1.0"
 
 
 class Policy(StrEnum):
-    """How the router picks an instance (``target_policy``)."""
+    """How the router picks an instance (``target_policy``).
+
+    A policy plugged into the router is named by a plain string, ``"plugin:NAME"``.
+    """
 
     WEIGHTED_ROUND_ROBIN = "weighted_round_robin"
     LEAST_CONNECTIONS = "least_connections"
     #: Keyed by ``session_id``: a conversation stays on one instance.
     CONSISTENT_HASH = "consistent_hash"
+    #: Power of two choices on peak-EWMA latency x requests in flight.
+    P2C_EWMA = "p2c_ewma"
+    #: Weights learned from each instance's outcomes per hour of the day.
+    ADAPTIVE = "adaptive"
 
 
 class Priority(StrEnum):

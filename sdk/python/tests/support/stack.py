@@ -301,6 +301,11 @@ providers:
     provides: [shipping.rules]
   - agent: reply_writer
     provides: [reply.write]
+owners:
+  - capability: "test.asked"
+    approvers: [owner]
+  - capability: "text.summarize"
+    approvers: [owner]
 context:
   - agent: tester
     read: ["*"]

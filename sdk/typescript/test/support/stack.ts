@@ -189,6 +189,9 @@ permissions:
 providers:
   - agent: "*"
     provides: ["test.*", "text.*"]
+owners:
+  - capability: test.asked
+    approvers: [owner]
 context:
   - agent: tester
     read: ["*"]

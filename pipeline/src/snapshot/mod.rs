@@ -18,8 +18,12 @@ use arc_swap::ArcSwap;
 
 use agent_reach_proto::Status;
 
+use agent_reach_proto::envelope::TargetPolicy;
+
 use crate::clock;
+use crate::grants::{Grants, GrantsHandle};
 use crate::health::{health_score, latency_factor, status_permille, InstanceState};
+use crate::history::History;
 use crate::metrics::{CapabilityMetrics, Metrics};
 use crate::split::Split;
 
@@ -33,6 +37,8 @@ pub struct Instance {
     /// `endpoint` parsed once.
     pub uri: http::Uri,
     pub weight: u32,
+    /// `weight` was set by an operator: `adaptive` never scales it.
+    pub operator_weight: bool,
     pub status: Status,
     /// The instance's tags (e.g. `class: bulk`), for per-tag task limits.
     pub tags: std::collections::BTreeMap<String, String>,
@@ -54,6 +60,9 @@ pub struct VersionGroup {
     /// How the version describes itself (the MCP and A2A front doors advertise it).
     pub described: Arc<Described>,
     pub instances: Vec<Arc<Instance>>,
+    /// Each instance's outcome history in this version (by position, as
+    /// `instances`), carried across snapshots.
+    pub histories: Vec<Arc<History>>,
     /// Smooth WRR's `current_weight` per instance. A lock per group, held for a
     /// few additions: nginx's per-upstream peer lock, not a global one.
     pub wrr_current: Mutex<Vec<i64>>,
@@ -92,6 +101,10 @@ pub struct Capability {
     pub metrics: CapabilityMetrics,
     /// The operator's traffic split between versions for unpinned calls, if any.
     pub split: Option<Split>,
+    /// The operator's default policy for calls that name none, if any (DESIGN §9).
+    pub policy: Option<TargetPolicy>,
+    /// A default policy naming a plug-in this router lacks was reported (once per snapshot).
+    pub policy_reported: AtomicBool,
 }
 
 pub struct Snapshot {
@@ -186,6 +199,9 @@ impl Snapshot {
 /// The live snapshot plus the watch's connection state (for `/readyz` and staleness).
 pub struct SnapshotHandle {
     current: ArcSwap<Snapshot>,
+    /// The tenant's access grants, from the same Watch, swapped on their own
+    /// (a grant changes no route, so it rebuilds no snapshot).
+    grants: Arc<GrantsHandle>,
     synced: AtomicBool,
     connected: AtomicBool,
     /// Monotonic ms when the watch was last lost (meaningful while disconnected).
@@ -202,6 +218,7 @@ impl SnapshotHandle {
     pub fn new() -> Self {
         Self {
             current: ArcSwap::from_pointee(Snapshot::empty()),
+            grants: Arc::new(GrantsHandle::default()),
             synced: AtomicBool::new(false),
             connected: AtomicBool::new(false),
             lost_at_ms: AtomicU64::new(clock::now_ms()),
@@ -215,6 +232,11 @@ impl SnapshotHandle {
     /// An owned reference, for holding across awaits.
     pub fn load_full(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The access grants the Watch brought (admission reads them).
+    pub fn grants(&self) -> &Arc<GrantsHandle> {
+        &self.grants
     }
 
     pub fn store(&self, snapshot: Snapshot) {
@@ -275,6 +297,14 @@ pub struct SnapshotBuilder {
     previous_groups: HashMap<(String, semver::Version), Arc<VersionGroup>>,
     /// Traffic splits by capability, as the registry last sent them.
     splits: BTreeMap<String, pb::CapabilitySplit>,
+    /// Access grants by id, as the registry last sent them.
+    grants: BTreeMap<String, pb::Grant>,
+    /// Whether `grants` changed since [`SnapshotBuilder::take_grants`].
+    grants_changed: bool,
+    /// Default policies by capability, as the registry last sent them.
+    policies: BTreeMap<String, pb::CapabilityPolicy>,
+    /// Outcome histories by (capability, version, agent id).
+    histories: HashMap<(String, semver::Version, String), Arc<History>>,
 }
 
 impl SnapshotBuilder {
@@ -288,7 +318,16 @@ impl SnapshotBuilder {
             capability_metrics: HashMap::new(),
             previous_groups: HashMap::new(),
             splits: BTreeMap::new(),
+            grants: BTreeMap::new(),
+            grants_changed: false,
+            policies: BTreeMap::new(),
+            histories: HashMap::new(),
         }
+    }
+
+    /// The grants index, when the grants changed since the last call.
+    pub fn take_grants(&mut self) -> Option<Grants> {
+        std::mem::take(&mut self.grants_changed).then(|| Grants::build(self.grants.values()))
     }
 
     /// The last applied revision (resume point for the next Watch).
@@ -315,8 +354,34 @@ impl SnapshotBuilder {
                     .into_iter()
                     .map(|split| (split.capability.clone(), split))
                     .collect();
+                self.grants = snapshot
+                    .grants
+                    .into_iter()
+                    .map(|grant| (grant.id.clone(), grant))
+                    .collect();
+                self.grants_changed = true;
+                self.policies = snapshot
+                    .policies
+                    .into_iter()
+                    .map(|policy| (policy.capability.clone(), policy))
+                    .collect();
                 true
             }
+            // Grants change who may call, not where calls go: no rebuild.
+            Some(Kind::GrantSet(grant)) => {
+                self.grants.insert(grant.id.clone(), grant);
+                self.grants_changed = true;
+                false
+            }
+            Some(Kind::GrantRemoved(removed)) => {
+                self.grants_changed |= self.grants.remove(&removed.id).is_some();
+                false
+            }
+            Some(Kind::PolicySet(policy)) => {
+                self.policies.insert(policy.capability.clone(), policy);
+                true
+            }
+            Some(Kind::PolicyCleared(cleared)) => self.policies.remove(&cleared.capability).is_some(),
             Some(Kind::SplitSet(split)) => {
                 self.splits.insert(split.capability.clone(), split);
                 true
@@ -401,6 +466,7 @@ impl SnapshotBuilder {
                 endpoint: record.endpoint.clone(),
                 uri,
                 weight: record.weight.max(1),
+                operator_weight: record.operator_weight,
                 status,
                 tags: record
                     .tags
@@ -440,6 +506,7 @@ impl SnapshotBuilder {
         }
         self.states = live_states;
 
+        let mut live_histories = HashMap::new();
         let mut capabilities = ahash::AHashMap::with_capacity(by_capability.len());
         for (name, versions) in by_capability {
             let mut groups = Vec::with_capacity(versions.len());
@@ -462,6 +529,15 @@ impl SnapshotBuilder {
                     live_validators.insert(text.clone(), validator.clone());
                 }
                 let carried = self.carried_wrr(&name, &version, &instances);
+                let histories = instances
+                    .iter()
+                    .map(|instance| {
+                        let key = (name.clone(), version.clone(), instance.agent_id.clone());
+                        let history = self.histories.get(&key).cloned().unwrap_or_default();
+                        live_histories.insert(key, history.clone());
+                        history
+                    })
+                    .collect();
                 let selections = self.metrics.version_selections(&name, &version.to_string());
                 groups.push(Arc::new(VersionGroup {
                     version_text: version.to_string(),
@@ -471,6 +547,7 @@ impl SnapshotBuilder {
                     output_validator,
                     described,
                     instances,
+                    histories,
                     wrr_current: Mutex::new(carried),
                     rotation: AtomicUsize::new(0),
                     selections,
@@ -485,6 +562,14 @@ impl SnapshotBuilder {
                 .splits
                 .get(&name)
                 .and_then(|record| Split::build(record, groups.iter().map(|group| &group.version)));
+            let policy = self.policies.get(&name).and_then(|record| {
+                TargetPolicy::parse(&record.policy)
+                    .inspect_err(|why| {
+                        // A registry newer than this router may know more policies.
+                        tracing::warn!(message = "Capability policy not understood; its calls use the default.", capability = %name, %why);
+                    })
+                    .ok()
+            });
             capabilities.insert(
                 name.clone(),
                 Capability {
@@ -492,10 +577,13 @@ impl SnapshotBuilder {
                     versions: groups,
                     metrics,
                     split,
+                    policy,
+                    policy_reported: AtomicBool::new(false),
                 },
             );
         }
         self.validators = live_validators;
+        self.histories = live_histories;
         self.previous_groups = capabilities
             .values()
             .flat_map(|capability: &Capability| {
@@ -579,164 +667,4 @@ impl SnapshotBuilder {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn instance(id: &str, version: &str, schema: &str) -> pb::AgentInstance {
-        pb::AgentInstance {
-            agent_id: id.to_string(),
-            name: "a".to_string(),
-            endpoint: format!("http://127.0.0.1:1/{id}"),
-            protocol: "http".to_string(),
-            weight: 1,
-            status: "ready".to_string(),
-            capabilities: vec![pb::CapabilityDescriptor {
-                name: "order.query".to_string(),
-                version: version.to_string(),
-                input_schema_json: schema.to_string(),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }
-    }
-
-    fn event(revision: i64, kind: pb::watch_event::Kind) -> pb::WatchEvent {
-        pb::WatchEvent {
-            revision,
-            kind: Some(kind),
-        }
-    }
-
-    #[test]
-    fn smooth_wrr_continues_across_rebuilds() {
-        use pb::watch_event::Kind;
-        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
-        let mut heavy = instance("h1", "1.0.0", "");
-        heavy.weight = 3;
-        builder.apply(event(
-            1,
-            Kind::Snapshot(pb::Snapshot {
-                instances: vec![heavy, instance("l1", "1.0.0", "")],
-                reset: false,
-                splits: Vec::new(),
-                more: false,
-            }),
-        ));
-        let first = builder.build();
-        let group = first.capabilities["order.query"].versions[0].clone();
-        let candidates: Vec<crate::select::Candidate> = group
-            .instances
-            .iter()
-            .enumerate()
-            .map(|(index, instance)| crate::select::Candidate {
-                index,
-                weight: i64::from(instance.weight),
-            })
-            .collect();
-        crate::select::wrr::pick(&group, &candidates);
-        let before: HashMap<String, i64> = group
-            .instances
-            .iter()
-            .zip(group.wrr_current.lock().unwrap().iter())
-            .map(|(instance, current)| (instance.agent_id.clone(), *current))
-            .collect();
-        assert!(before.values().any(|current| *current != 0));
-        // An unrelated change rebuilds the snapshot; the cycle goes on where it was.
-        builder.apply(event(2, Kind::Updated(instance("l1", "1.0.0", ""))));
-        let second = builder.build();
-        let rebuilt = &second.capabilities["order.query"].versions[0];
-        let after: HashMap<String, i64> = rebuilt
-            .instances
-            .iter()
-            .zip(rebuilt.wrr_current.lock().unwrap().iter())
-            .map(|(instance, current)| (instance.agent_id.clone(), *current))
-            .collect();
-        assert_eq!(before, after);
-    }
-
-    #[test]
-    fn a_reported_inflight_change_alone_updates_in_place() {
-        use pb::watch_event::Kind;
-        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
-        let mut loaded = instance("a1", "1.0.0", "");
-        loaded.inflight = 3;
-        builder.apply(event(
-            1,
-            Kind::Snapshot(pb::Snapshot {
-                instances: vec![loaded.clone(), instance("a2", "1.0.0", "")],
-                reset: false,
-                splits: Vec::new(),
-                more: false,
-            }),
-        ));
-        let snapshot = builder.build();
-        let group = &snapshot.capabilities["order.query"].versions[0];
-        let state = |id: &str| {
-            group
-                .instances
-                .iter()
-                .find(|instance| instance.agent_id == id)
-                .unwrap()
-                .state
-                .clone()
-        };
-        assert_eq!(state("a1").reported_inflight(), 3, "a snapshot carries the reports");
-        assert_eq!(state("a2").reported_inflight(), 0);
-        loaded.inflight = 9;
-        assert!(
-            !builder.apply(event(2, Kind::Updated(loaded.clone()))),
-            "only the load moved: no rebuild"
-        );
-        assert_eq!(state("a1").reported_inflight(), 9, "seen by the live snapshot at once");
-        assert_eq!(builder.revision(), 2);
-        loaded.status = "busy".to_string();
-        loaded.inflight = 10;
-        assert!(
-            builder.apply(event(3, Kind::Updated(loaded))),
-            "a status change rebuilds"
-        );
-        let rebuilt = builder.build();
-        let a1 = rebuilt.capabilities["order.query"].versions[0]
-            .instances
-            .iter()
-            .find(|instance| instance.agent_id == "a1")
-            .unwrap()
-            .clone();
-        assert_eq!((a1.status, a1.state.reported_inflight()), (Status::Busy, 10));
-    }
-
-    #[test]
-    fn deltas_build_versions_highest_first_and_reuse_state_and_validators() {
-        use pb::watch_event::Kind;
-        let mut builder = SnapshotBuilder::new(Metrics::new().unwrap());
-        let schema = r#"{"type":"object","required":["order_id"]}"#;
-        builder.apply(event(
-            5,
-            Kind::Snapshot(pb::Snapshot {
-                instances: vec![instance("a1", "1.0.0", schema), instance("a2", "1.2.0", schema)],
-                reset: false,
-                splits: Vec::new(),
-                more: false,
-            }),
-        ));
-        let first = builder.build();
-        assert_eq!(first.revision, 5);
-        let capability = &first.capabilities["order.query"];
-        assert_eq!(capability.versions[0].version_text, "1.2.0");
-        assert_eq!(builder.compiled_schemas(), 1, "one schema text, compiled once");
-        let validator = capability.versions[0].validator.clone().unwrap();
-        let state = capability.versions[0].instances[0].state.clone();
-
-        builder.apply(event(6, Kind::Added(instance("a3", "1.2.0", schema))));
-        let second = builder.build();
-        let group = &second.capabilities["order.query"].versions[0];
-        assert_eq!(group.instances.len(), 2);
-        assert!(Arc::ptr_eq(group.validator.as_ref().unwrap(), &validator));
-        assert!(Arc::ptr_eq(&group.instances[0].state, &state));
-
-        builder.apply(event(7, Kind::Removed(pb::InstanceRemoved { agent_id: "a1".into() })));
-        let third = builder.build();
-        assert_eq!(third.capabilities["order.query"].versions.len(), 1);
-        assert_eq!(builder.revision(), 7);
-    }
-}
+mod tests;
