@@ -24,9 +24,11 @@ permissions:
     allow: [intent.parse, spy.*, loop.*, hop.*, fan.*, cost.*]
   - caller: bob
     allow: [intent.parse]
+  - caller: carol
+    allow: [intent.parse]
   - caller: intent_parser
     allow: [order.query]
-    subjects: [alice]
+    subjects: [alice, "group:staff"]
   - caller: order_query
     allow: [payment.check]
     via: [intent_parser]
@@ -278,6 +280,34 @@ async fn a_three_agent_chain_knows_whom_it_acts_for_and_a_forged_one_is_not_beli
         "{by_bob}"
     );
     assert_eq!(refused["details"]["chain"], json!(["bob", "intent_parser"]), "{by_bob}");
+
+    // `group:staff`: carol, whose token lists the group, may begin the chain; bob's lists another.
+    for (caller, group, refused) in [("carol", "staff", false), ("bob", "guests", true)] {
+        let grouped = agent_reach_access::token::issue_hs256_groups(
+            caller,
+            None,
+            &[group],
+            support::SECRET.as_bytes(),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/invoke", stack.router()))
+            .bearer_auth(grouped)
+            .json(&json!({"capability": "intent.parse", "payload": {}, "timeout_ms": 10_000}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let answer: Value = response.json().await.unwrap();
+        let onward = &answer["output"]["next"];
+        if refused {
+            assert_eq!(onward["code"], "FORBIDDEN", "{caller} in {group}: {answer}");
+        } else {
+            let at_payment = &onward["output"]["next"]["output"];
+            assert_eq!(at_payment["on_behalf_of"], caller, "{caller} in {group}: {answer}");
+        }
+    }
 
     // Forged upstreams: made up, re-signed with another key, edited, or another agent's.
     assert!(
