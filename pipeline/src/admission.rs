@@ -420,7 +420,7 @@ impl Admission {
         // Last, once the call is otherwise admitted: a refused call spends nothing.
         let budget = self
             .budgets
-            .charge(&mut delegation, request.budget.as_ref(), now.epoch_ms, deadline_ms)
+            .charge(&mut delegation, request.budget.as_ref())
             .map_err(in_version)?;
         group.selections.inc();
         Ok(Admitted {

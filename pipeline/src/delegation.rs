@@ -13,7 +13,7 @@
 //! believed was left (docs/design.md §3.14).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use agent_reach_access::{Assertions, BudgetClaim, Caller, Delegation};
@@ -199,8 +199,6 @@ struct Left {
     calls: Option<i64>,
     /// `None`: no limit on cost.
     cost: Option<f64>,
-    /// When the entry may go (epoch ms).
-    until_ms: u64,
 }
 
 impl Left {
@@ -265,26 +263,38 @@ impl Ledger {
 
 /// Shards of the ledgers (a chain's calls lock only its shard, briefly).
 const SHARDS: usize = 16;
-/// Ledgers per shard before the expired ones are swept.
-const SWEEP_AT: usize = 4096;
-/// How long a ledger outlives its first call's deadline (onward calls of long calls, tasks).
-const KEEP_AFTER_DEADLINE_MS: u64 = 3_600_000;
+/// Entries per shard before the first sweep of the ledgers no call holds.
+const SWEEP_AT: usize = 1024;
 
-/// Every chain's ledger this router holds.
+/// One shard: ledgers by id, held by the calls in flight of their chains
+/// (each admitted call keeps an `Arc`); an entry whose chain has no call in
+/// flight is dead and swept.
+#[derive(Default)]
+struct Shard {
+    ledgers: HashMap<String, Weak<Ledger>>,
+    /// The size at which the next sweep runs: twice what the last one left,
+    /// so sweeping stays amortised O(1) per new chain.
+    sweep_at: usize,
+}
+
+/// Every chain's ledger this router holds, while a call of the chain is in
+/// flight. A chain met again after all its calls ended (an agent calling
+/// onwards after it answered) starts again from what its assertion's claim
+/// says was left when it was signed.
 pub struct Budgets {
-    shards: Box<[Mutex<HashMap<String, Arc<Ledger>>>]>,
+    shards: Box<[Mutex<Shard>]>,
 }
 
 impl Default for Budgets {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
         }
     }
 }
 
 impl Budgets {
-    fn shard(&self, id: &str) -> &Mutex<HashMap<String, Arc<Ledger>>> {
+    fn shard(&self, id: &str) -> &Mutex<Shard> {
         let index = id.bytes().fold(0usize, |hash, byte| {
             hash.wrapping_mul(31).wrapping_add(usize::from(byte))
         });
@@ -294,24 +304,18 @@ impl Budgets {
     /// Charges a call of `delegation`'s chain (the budget it carries), or of a
     /// new chain given `given` (a call that begins one; a chained call's
     /// `budget` field is ignored: the chain's own budget binds it). `None`: no
-    /// budget. The delegation then carries the chain's claim for the next hop.
+    /// budget. The delegation then carries the chain's claim for the next hop;
+    /// the caller holds the ledger for as long as the call is in flight.
     pub fn charge(
         &self,
         delegation: &mut Delegation,
         given: Option<&BudgetGiven>,
-        now_ms: u64,
-        deadline_ms: u64,
     ) -> Result<Option<(Arc<Ledger>, BudgetLeft)>, RouterError> {
-        let left = |calls, cost| Left {
-            calls,
-            cost,
-            until_ms: deadline_ms.saturating_add(KEEP_AFTER_DEADLINE_MS),
-        };
         let ledger = match (&delegation.budget, given) {
-            (Some(claim), _) => self.ledger(&claim.id, now_ms, || left(claim.calls_left, claim.cost_left)),
+            (Some(claim), _) => self.ledger(&claim.id, claim.calls_left, claim.cost_left),
             (None, Some(given)) => {
                 let id = format!("b{:016x}", rand::random::<u64>());
-                self.ledger(&id, now_ms, || left(given.calls.map(i64::from), given.cost))
+                self.ledger(&id, given.calls.map(i64::from), given.cost)
             }
             (None, None) => return Ok(None),
         };
@@ -320,23 +324,33 @@ impl Budgets {
         Ok(Some((ledger, left)))
     }
 
-    /// The ledger `id`: this router's, or a new one from `begin` (a new
-    /// chain, or one begun on another router: its claim says what is left).
-    fn ledger(&self, id: &str, now_ms: u64, begin: impl FnOnce() -> Left) -> Arc<Ledger> {
-        let shard = self.shard(id);
-        let mut ledgers = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(ledger) = ledgers.get(id) {
-            return ledger.clone();
+    /// The ledger `id`: the one a call in flight holds, or a new one with
+    /// `calls` and `cost` left (a new chain, or one met again: its claim says
+    /// what was left).
+    fn ledger(&self, id: &str, calls: Option<i64>, cost: Option<f64>) -> Arc<Ledger> {
+        let mut shard = self.shard(id).lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ledger) = shard.ledgers.get(id).and_then(Weak::upgrade) {
+            return ledger;
         }
-        if ledgers.len() >= SWEEP_AT {
-            ledgers.retain(|_, ledger| ledger.left.lock().unwrap_or_else(PoisonError::into_inner).until_ms > now_ms);
+        if shard.ledgers.len() >= shard.sweep_at.max(SWEEP_AT) {
+            shard.ledgers.retain(|_, ledger| ledger.strong_count() > 0);
+            shard.sweep_at = shard.ledgers.len().saturating_mul(2);
         }
         let ledger = Arc::new(Ledger {
             id: id.to_string(),
-            left: Mutex::new(begin()),
+            left: Mutex::new(Left { calls, cost }),
         });
-        ledgers.insert(id.to_string(), ledger.clone());
+        shard.ledgers.insert(id.to_string(), Arc::downgrade(&ledger));
         ledger
+    }
+
+    /// Ledgers this router holds an entry for, live or not yet swept (tests).
+    #[cfg(test)]
+    fn entries(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).ledgers.len())
+            .sum()
     }
 }
 
@@ -352,7 +366,7 @@ mod tests {
             calls: Some(5),
             cost: None,
         };
-        let (ledger, left) = budgets.charge(&mut root, Some(&given), 0, 1_000).unwrap().unwrap();
+        let (ledger, left) = budgets.charge(&mut root, Some(&given)).unwrap().unwrap();
         assert_eq!(left.calls_left, Some(4));
         // Every later call of the chain carries its claim, from any hop.
         let mut admitted = 1;
@@ -363,7 +377,7 @@ mod tests {
                 depth: 2,
                 ..Delegation::default()
             };
-            match budgets.charge(&mut hop, None, 0, 1_000) {
+            match budgets.charge(&mut hop, None) {
                 Ok(Some(_)) => admitted += 1,
                 Ok(None) => panic!("a chained call lost its budget"),
                 Err(error) => {
@@ -376,7 +390,7 @@ mod tests {
         assert_eq!(ledger.left().calls_left, Some(0));
         // No budget, no ledger.
         assert!(budgets
-            .charge(&mut Delegation::direct(Vec::new()), None, 0, 1_000)
+            .charge(&mut Delegation::direct(Vec::new()), None)
             .unwrap()
             .is_none());
     }
@@ -389,7 +403,7 @@ mod tests {
             calls: None,
             cost: Some(100.0),
         };
-        let (ledger, _) = budgets.charge(&mut root, Some(&given), 0, 1_000).unwrap().unwrap();
+        let (ledger, _) = budgets.charge(&mut root, Some(&given)).unwrap().unwrap();
         ledger.spend(60.0);
         ledger.spend(f64::NAN);
         ledger.spend(-5.0);
@@ -404,15 +418,44 @@ mod tests {
             budget: root.budget.clone(),
             ..Delegation::default()
         };
-        assert!(budgets.charge(&mut next, None, 0, 1_000).is_ok());
+        assert!(budgets.charge(&mut next, None).is_ok());
         ledger.spend(50.0);
         let mut last = Delegation {
             budget: root.budget.clone(),
             ..Delegation::default()
         };
-        assert_eq!(
-            budgets.charge(&mut last, None, 0, 1_000).unwrap_err().code,
-            Code::BudgetExhausted
+        assert_eq!(budgets.charge(&mut last, None).unwrap_err().code, Code::BudgetExhausted);
+    }
+
+    #[test]
+    fn a_ledger_lives_while_a_call_of_its_chain_holds_it_and_dead_ones_are_swept() {
+        let budgets = Budgets::default();
+        let given = BudgetGiven {
+            calls: Some(3),
+            cost: None,
+        };
+        for _ in 0..(SWEEP_AT * SHARDS * 4) {
+            // Each call begins a chain and ends at once.
+            let (ledger, _) = budgets
+                .charge(&mut Delegation::direct(Vec::new()), Some(&given))
+                .unwrap()
+                .unwrap();
+            drop(ledger);
+        }
+        assert!(
+            budgets.entries() <= SWEEP_AT * SHARDS,
+            "dead ledgers swept: {}",
+            budgets.entries()
         );
+        // A chain whose root call is in flight keeps its ledger for its onward calls.
+        let mut root = Delegation::direct(Vec::new());
+        let (held, _) = budgets.charge(&mut root, Some(&given)).unwrap().unwrap();
+        let mut onward = Delegation {
+            budget: root.budget.clone(),
+            ..Delegation::default()
+        };
+        let (same, left) = budgets.charge(&mut onward, None).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&held, &same));
+        assert_eq!(left.calls_left, Some(1));
     }
 }
