@@ -92,9 +92,16 @@ pub fn routes(api: TaskApi) -> axum::Router {
             "/a2a/{capability}/v1/{*route}",
             get(rest).post(rest).delete(rest).fallback(rest),
         )
-        .route("/a2a/{capability}/.well-known/agent-card.json", get(card))
-        .route("/.well-known/agent-card.json", get(root_card))
         .with_state(api.clone())
+        .merge(
+            axum::Router::new()
+                .route("/a2a/{capability}/.well-known/agent-card.json", get(card))
+                .route("/.well-known/agent-card.json", get(root_card))
+                .with_state(cards::CardState {
+                    api: api.clone(),
+                    signed: Default::default(),
+                }),
+        )
         .merge(grpc::routes(api))
 }
 

@@ -169,6 +169,13 @@ impl AssertionKey {
         header.kid = Some(self.kid.clone());
         jsonwebtoken::encode(&header, claims, &self.encoding).map_err(|error| format!("cannot sign: {error}"))
     }
+
+    /// The base64url EdDSA signature of a JWS signing input (a detached JWS:
+    /// the A2A card signatures of [`crate::card_signature`]).
+    pub fn sign_bytes(&self, signing_input: &[u8]) -> Result<String, String> {
+        jsonwebtoken::crypto::sign(signing_input, &self.encoding, Algorithm::EdDSA)
+            .map_err(|error| format!("cannot sign: {error}"))
+    }
 }
 
 /// RFC 7638: base64url(SHA-256 of the JWK's required members, in order).
@@ -345,6 +352,21 @@ impl AssertionVerifier {
             });
         }
         Ok(claims)
+    }
+
+    /// Verifies a detached EdDSA signature (base64url) of `signing_input` by
+    /// the key `kid`: `UnknownKey` when the set has no such key, `BadSignature`
+    /// when it does not verify.
+    pub fn verify_bytes(&self, kid: &str, signing_input: &[u8], signature: &str) -> Result<(), AssertionError> {
+        let key = self
+            .keys
+            .get(kid)
+            .ok_or_else(|| AssertionError::UnknownKey(kid.to_string()))?;
+        match jsonwebtoken::crypto::verify(signature, signing_input, key, Algorithm::EdDSA) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(AssertionError::BadSignature),
+            Err(error) => Err(AssertionError::Malformed(error.to_string())),
+        }
     }
 
     /// Verifies an `Authorization` header value for the agent `audience`.

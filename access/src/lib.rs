@@ -2,7 +2,9 @@
 //! ([`token`], configured by the `AUTH` flags of [`config`]; OpenID Connect
 //! issuers in [`oidc`]), the `acl.yaml` policy with hot reload ([`acl`]), the hop
 //! assertions the router signs and agents verify ([`assertion`]), and the
-//! router's signer with its key files ([`signer`]).
+//! router's signer with its key files ([`signer`]), and the signatures of
+//! the A2A cards the router serves ([`card_signature`], over RFC 8785's
+//! canonical JSON, [`jcs`]).
 //!
 //! Every service (registry, router, context) enforces its own part of the same
 //! file, so the rules and their parsing live here once.
@@ -10,9 +12,11 @@
 pub mod acl;
 pub mod assertion;
 pub mod caller;
+pub mod card_signature;
 pub mod config;
 pub mod credentials;
 pub mod delegation;
+pub mod jcs;
 pub mod signer;
 pub mod token;
 // OpenID Connect issuers, beside `token` (whose authenticator uses them).

@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 mod out;
 mod access;
 mod canary;
+mod cards;
 mod connection;
 mod console;
 mod demo;
@@ -123,6 +124,11 @@ enum Command {
         command: access::AccessCommand,
         #[command(flatten)]
         connection: ops::Connection,
+    },
+    /// A2A agent cards: verify the signature of one (the router signs every card it serves).
+    Cards {
+        #[command(subcommand)]
+        command: cards::CardsCommand,
     },
     /// Check the access policy (the file, and the registry's live grants when a token is given).
     Acl {
@@ -293,6 +299,11 @@ async fn main() -> anyhow::Result<()> {
         } => access::acl_check(&args, json).await,
         Command::Access { command, connection } => access::access(&connection, command).await,
         Command::Keys { command } => keys(command),
+        Command::Cards { command } => match cards::cards(command).await {
+            // 1: the card does not verify; 2: it or its keys could not be read.
+            0 => Ok(()),
+            status => std::process::exit(status),
+        },
         Command::Token {
             command:
                 TokenCommand::Issue {

@@ -107,6 +107,8 @@ pub struct Catalog {
     state: RwLock<State>,
     revision: tokio::sync::watch::Sender<Revision>,
     synced: AtomicBool,
+    /// Woken when `synced` becomes true ([`Catalog::synced_within`]).
+    synced_news: tokio::sync::Notify,
     metrics: Metrics,
     /// Removals this process asked for; any other removal is a lease expiry
     /// (or another registry's deregistration) and is counted as an expiry.
@@ -167,6 +169,7 @@ impl Catalog {
             state: RwLock::new(State::default()),
             revision: tokio::sync::watch::channel(0).0,
             synced: AtomicBool::new(false),
+            synced_news: tokio::sync::Notify::new(),
             metrics,
             expected_removals: Mutex::new(HashSet::new()),
             stopped: tokio::sync::watch::channel(false).0,
@@ -198,6 +201,20 @@ impl Catalog {
     /// True once the first full listing was loaded and the watch is live.
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+    }
+
+    /// Waits until the catalog is in sync, at most `bound`; whether it is.
+    pub async fn synced_within(&self, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let news = self.synced_news.notified();
+            if self.is_synced() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, news).await.is_err() {
+                return self.is_synced();
+            }
+        }
     }
 
     pub fn revision(&self) -> Revision {
@@ -496,6 +513,7 @@ impl Catalog {
                 }
             };
             this.synced.store(true, Ordering::Release);
+            this.synced_news.notify_waiters();
             backoff = Duration::from_millis(100);
             drop(this);
             while let Some(batch) = stream.next().await {

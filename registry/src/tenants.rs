@@ -229,20 +229,26 @@ impl Registry {
 
 // === Following the map ===
 
+/// How long a tenant map edit waits for a new part's catalog to be in sync
+/// before swapping it in anyway.
+const NEW_PART_SYNC: Duration = Duration::from_secs(10);
+
 /// Applies every valid edit of the map until the registry is dropped (the
 /// channel closes with its handle).
 async fn follow_the_map(inner: Weak<Inner>, mut changes: tokio::sync::watch::Receiver<Arc<TenantMap>>) {
     while changes.changed().await.is_ok() {
         let map = changes.borrow_and_update().clone();
         let Some(inner) = inner.upgrade() else { return };
-        inner.apply(&map);
+        inner.apply(&map).await;
     }
 }
 
 impl Inner {
-    /// Builds the parts `map` needs (reusing unchanged ones) and swaps them in
-    /// at once; retires the parts of tenants it no longer names.
-    fn apply(&self, map: &TenantMap) {
+    /// Builds the parts `map` needs (reusing unchanged ones), waits (at most
+    /// [`NEW_PART_SYNC`]) until each new part's catalog is in sync with the
+    /// store, and swaps them in at once, so a rebuilt tenant never answers
+    /// from an empty catalog; retires the parts of tenants it no longer names.
+    async fn apply(&self, map: &TenantMap) {
         let Some(tenancy) = &self.tenancy else { return };
         let current: BTreeMap<Arc<str>, Part> = self.parts.all().into_iter().collect();
         let mut next = Vec::new();
@@ -260,6 +266,19 @@ impl Inner {
                     }
                     Err(error) => problems.push(format!("tenant `{tenant}`: {error:#}")),
                 },
+            }
+        }
+        if problems.is_empty() {
+            for (tenant, part) in &next {
+                let built = !current
+                    .get(tenant.as_str())
+                    .is_some_and(|old| Arc::ptr_eq(&old.0, &part.0));
+                if built && !part.0.service.catalog().synced_within(NEW_PART_SYNC).await {
+                    tracing::warn!(
+                        message = "A tenant's new catalog is not yet in sync with the store; serving it while it syncs.",
+                        %tenant
+                    );
+                }
             }
         }
         let outcome = if problems.is_empty() {

@@ -170,6 +170,10 @@ pub(crate) async fn run<E: Exchange>(
         .as_ref()
         .or(capability.policy.as_ref())
         .unwrap_or(&select::DEFAULT);
+    if let Some(span) = &trace.span {
+        // The policy this call's selection follows (the select spans say it per attempt too).
+        span.set(KeyValue::new("policy", named.to_string()));
+    }
     let policy = match Policy::resolve(named, means.plugins) {
         Ok(policy) => policy,
         Err(name) if checked.policy.is_some() => {

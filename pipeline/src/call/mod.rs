@@ -202,13 +202,6 @@ impl Call {
                 ),
                 KeyValue::new("capability", self.checked.request.capability.clone()),
                 KeyValue::new("caller", self.caller.name().unwrap_or("").to_string()),
-                KeyValue::new(
-                    "policy",
-                    self.checked
-                        .policy
-                        .as_ref()
-                        .map_or_else(|| "default".to_string(), ToString::to_string),
-                ),
                 KeyValue::new("door", door.as_str()),
             ];
             if let Some(session_id) = &self.checked.request.session_id {

@@ -1,9 +1,9 @@
 """The A2A MUSTs of issue 34 on the JSON-RPC binding (``/a2a/{capability}``, DESIGN §8,
 docs/protocols.md), against the real router and agents: the spec's ``ErrorInfo``, the
 sender's required fields, several parts to one payload, a message naming a task, JSON-RPC
-notifications and batches, the card's caching headers, and streams whose task id is the
-server's and whose last chunk says so. The official ``a2a-sdk`` client drives what it can
-express; raw JSON-RPC covers the rest."""
+notifications and batches, the card's caching headers and signature (checked by the SDK's
+verifier), and streams whose task id is the server's and whose last chunk says so. The
+official ``a2a-sdk`` client drives what it can express; raw JSON-RPC covers the rest."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import jwt
 import pytest
-from a2a.client import ClientConfig, create_client
+from a2a.client import A2ACardResolver, ClientConfig, create_client
+from a2a.client.card_resolver import parse_agent_card
 from a2a.helpers.proto_helpers import get_data_parts, new_data_message
-from a2a.types import Role, SendMessageRequest, TaskNotFoundError
+from a2a.types import AgentCard, Role, SendMessageRequest, TaskNotFoundError
+from a2a.utils.signing import InvalidSignaturesError, NoSignatureError, create_signature_verifier
 from pydantic import BaseModel, Field
 
 from agent_reach import Agent
@@ -277,3 +280,39 @@ def test_a_stream_has_the_servers_task_id_and_marks_its_last_chunk(stack: Stack,
         assert events[5].status_update.task_id == task_id
 
     asyncio.run(go())
+
+
+def test_cards_are_signed_and_the_official_sdks_verifier_checks_them(stack: Stack, agent: Agent) -> None:
+    """The card's signature (A2A §8.4) verifies with a2a-sdk's own verifier,
+    the key found from the `kid` and `jku` the signature names; an edited card does not."""
+    del agent
+    jwks_url = f"{stack.router.url}/.well-known/jwks.json"
+    asked: list[tuple[str | None, str | None]] = []
+
+    def key_provider(kid: str | None, jku: str | None) -> jwt.PyJWK:
+        asked.append((kid, jku))
+        assert jku == jwks_url
+        assert kid is not None
+        return jwt.PyJWKSet.from_dict(httpx.get(jku).json())[kid]
+
+    verifier = create_signature_verifier(key_provider, algorithms=["EdDSA"])
+
+    async def resolve() -> AgentCard:
+        async with httpx.AsyncClient(timeout=10) as http:
+            resolver = A2ACardResolver(http, f"{stack.router.url}/a2a/{PRICE}")
+            return await resolver.get_agent_card(signature_verifier=verifier)
+
+    card = asyncio.run(resolve())
+    assert card.name == PRICE
+    (signature,) = card.signatures
+    (kid, _), *_ = asked
+    assert kid == httpx.get(jwks_url).json()["keys"][0]["kid"]
+    assert signature.protected
+
+    served = httpx.get(f"{stack.router.url}/a2a/{PRICE}/.well-known/agent-card.json").json()
+    edited = {**served, "description": "Prices orders, and sends the card's caller elsewhere."}
+    with pytest.raises(InvalidSignaturesError):
+        verifier(parse_agent_card(edited))
+    unsigned = {key: value for key, value in served.items() if key != "signatures"}
+    with pytest.raises(NoSignatureError):
+        verifier(parse_agent_card(unsigned))
