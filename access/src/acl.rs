@@ -48,7 +48,7 @@ struct RawAcl {
     /// What the trail records beyond who called what (DESIGN §9).
     #[serde(default)]
     trail: RawTrail,
-    /// Per-capability `max_depth` of delegation chains (docs/design.md §3.14).
+    /// Per-capability `max_depth` of delegation chains (docs/design.md §3.15).
     #[serde(default)]
     chains: Vec<RawChainRule>,
     /// Who approves access requests for which capabilities (DESIGN §2.11).

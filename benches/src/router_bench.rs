@@ -204,7 +204,7 @@ fn start_haproxy(
     Ok(ChildGuard(child))
 }
 
-/// The header an agent presents its upstream assertion in (docs/design.md §3.14).
+/// The header an agent presents its upstream assertion in (docs/design.md §3.15).
 const UPSTREAM_HEADER: &str = "agent-reach-upstream";
 
 /// An upstream assertion as the router gives it to `bench_agent-up` (an

@@ -10,7 +10,7 @@
 //! first call; a router that meets a chain begun elsewhere starts from what
 //! the upstream assertion says is left (at most half an assertion's life
 //! old), so a chain spread over several routers may spend up to what each
-//! believed was left (docs/design.md §3.14).
+//! believed was left (docs/design.md §3.15).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};

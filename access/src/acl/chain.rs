@@ -1,5 +1,5 @@
 //! What `acl.yaml` says about delegation chains (DESIGN §9, docs/design.md
-//! §3.14): a permission's `via:` (reached only through these callers) and
+//! §3.15): a permission's `via:` (reached only through these callers) and
 //! `subjects:` (only on behalf of these original subjects, or members of
 //! these groups), and the `chains:` section's per-capability `max_depth`.
 
