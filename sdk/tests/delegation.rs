@@ -632,8 +632,13 @@ async fn a_budget_is_shared_down_the_chain_and_its_spend_is_visible() {
     // Cost: 100 given. cost.b reports 60 twice (100 → 40 → -20), so its third
     // call is refused; cost.a's own 30 comes last. Calls: 10 → 9 (a) → 8, 7 (b, b).
     let before = metrics(&stack).await;
-    let (status, spent) = call(&stack, "alice", "cost.a", json!({"budget": {"calls": 10, "cost": 100}})).await;
-    assert_eq!(status, 200, "{spent}");
+    // Given from a `Client` (a program that is not an agent), as `CallOptions::budget`.
+    let client = agent_reach_sdk::Client::new(stack.router(), token("alice")).unwrap();
+    let options = agent_reach_sdk::CallOptions::new()
+        .budget(Some(10), Some(100.0))
+        .timeout(Duration::from_secs(10));
+    let envelope = client.invoke_envelope("cost.a", json!({}), &options).await.unwrap();
+    let spent = serde_json::to_value(&envelope).unwrap();
     let calls = spent["output"]["calls"].as_array().unwrap();
     assert_eq!(
         spent["output"]["seen"]["budget"],
