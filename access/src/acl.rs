@@ -15,8 +15,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Deserialize;
 
-use crate::delegation::Delegation;
-
 mod chain;
 
 use chain::{parse_chain_rules, Permission, RawChainRule};
@@ -379,22 +377,6 @@ impl Acl {
             || rules.get("*").is_some_and(|patterns| any_matches(patterns, what))
     }
 
-    /// May `caller` invoke `capability` on its own behalf, with no chain (router)?
-    pub fn may_call(&self, caller: &str, capability: &str) -> bool {
-        self.may_call_in(caller, capability, &Delegation::direct(Vec::new()))
-    }
-
-    /// May `caller` invoke `capability` within `delegation` (its chain: `via:`
-    /// and `subjects:` entries apply)? Any entry of the caller, or of `*`, that
-    /// allows it is enough.
-    pub fn may_call_in(&self, caller: &str, capability: &str, delegation: &Delegation) -> bool {
-        [caller, "*"]
-            .iter()
-            .filter_map(|who| self.permissions.get(*who))
-            .flatten()
-            .any(|permission| permission.allows(capability, delegation, caller))
-    }
-
     /// May `agent` register `capability` (registry)?
     pub fn may_provide(&self, agent: &str, capability: &str) -> bool {
         Self::allowed(&self.providers, agent, capability)
@@ -434,15 +416,6 @@ impl Acl {
     /// Does the trail record the input and output of `capability`'s calls (`trail.payloads`)?
     pub fn records_payloads(&self, capability: &str) -> bool {
         any_matches(&self.trail_payloads, capability)
-    }
-
-    /// The `max_depth` acl.yaml's `chains:` sets for chains reaching
-    /// `capability` (the first matching entry), if any.
-    pub fn max_depth_for(&self, capability: &str) -> Option<u32> {
-        self.chain_depths
-            .iter()
-            .find(|(pattern, _)| pattern.matches(capability))
-            .map(|(_, max_depth)| *max_depth)
     }
 
     /// Who may approve access to `capability`: every approver of every

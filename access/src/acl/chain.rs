@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::{any_matches, check_agent_name, Pattern};
+use super::{any_matches, check_agent_name, Acl, Pattern};
 use crate::delegation::Delegation;
 
 /// The deepest chain a `chains:` entry may allow (as `--max-depth`).
@@ -116,6 +116,35 @@ impl Permission {
                     Subject::Group(group) => groups.iter().any(|held| held == group),
                 })
             })
+    }
+}
+
+// === The policy's chain rules ===
+
+impl Acl {
+    /// May `caller` invoke `capability` on its own behalf, with no chain (router)?
+    pub fn may_call(&self, caller: &str, capability: &str) -> bool {
+        self.may_call_in(caller, capability, &Delegation::direct(Vec::new()))
+    }
+
+    /// May `caller` invoke `capability` within `delegation` (its chain: `via:`
+    /// and `subjects:` entries apply)? Any entry of the caller, or of `*`, that
+    /// allows it is enough.
+    pub fn may_call_in(&self, caller: &str, capability: &str, delegation: &Delegation) -> bool {
+        [caller, "*"]
+            .iter()
+            .filter_map(|who| self.permissions.get(*who))
+            .flatten()
+            .any(|permission| permission.allows(capability, delegation, caller))
+    }
+
+    /// The `max_depth` acl.yaml's `chains:` sets for chains reaching
+    /// `capability` (the first matching entry), if any.
+    pub fn max_depth_for(&self, capability: &str) -> Option<u32> {
+        self.chain_depths
+            .iter()
+            .find(|(pattern, _)| pattern.matches(capability))
+            .map(|(_, max_depth)| *max_depth)
     }
 }
 
