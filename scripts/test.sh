@@ -70,7 +70,7 @@ scripts/chaos.sh --smoke 2>&1 | tee -a "$log" || status=1
 # bench starts inherits the mark below).
 bench_dir="${CARGO_TARGET_DIR:-target}/debug"
 for smoke in "registry-bench" "router-bench" "router-bench --tls" "router-bench --tracing" \
-  "router-bench --policy=adaptive" "router-bench --trail" "routing-bench" \
+  "router-bench --policy=adaptive" "router-bench --trail" "router-bench --chains" "routing-bench" \
   "context-bench" "protocols-bench" "tasks-bench" "tenants-bench" "workflows-bench"; do
   read -r -a command <<<"$smoke"
   mark="bench-smoke-$$-${command[0]}-$RANDOM"

@@ -15,6 +15,11 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use serde::Deserialize;
 
+mod chain;
+
+use chain::{parse_chain_rules, Permission, RawChainRule};
+pub use chain::{Subject, MAX_DEPTH_LIMIT};
+
 /// How often the file is checked for changes; edits apply within this bound.
 pub const RELOAD_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -41,6 +46,9 @@ struct RawAcl {
     /// What the trail records beyond who called what (DESIGN §9).
     #[serde(default)]
     trail: RawTrail,
+    /// Per-capability `max_depth` of delegation chains (docs/design.md §3.15).
+    #[serde(default)]
+    chains: Vec<RawChainRule>,
     /// Who approves access requests for which capabilities (DESIGN §2.11).
     #[serde(default)]
     owners: Vec<RawOwner>,
@@ -79,6 +87,12 @@ struct RawPermission {
     caller: String,
     #[serde(default)]
     allow: Vec<String>,
+    /// Only when the call's delegation chain passed through one of these callers.
+    #[serde(default)]
+    via: Vec<String>,
+    /// Only on behalf of these original subjects (names, or `group:NAME`).
+    #[serde(default)]
+    subjects: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,7 +198,7 @@ pub struct Limit {
 /// A validated policy. Rules keyed by agent name; `*` as a name applies to every agent.
 #[derive(Debug, Default, Clone)]
 pub struct Acl {
-    permissions: HashMap<String, Vec<Pattern>>,
+    permissions: HashMap<String, Vec<Permission>>,
     providers: HashMap<String, Vec<Pattern>>,
     context_read: HashMap<String, Vec<Pattern>>,
     context_write: HashMap<String, Vec<Pattern>>,
@@ -192,6 +206,8 @@ pub struct Acl {
     operators: Vec<String>,
     auditors: Vec<String>,
     trail_payloads: Vec<Pattern>,
+    /// `chains:`: (capability pattern, max_depth), first match wins.
+    chain_depths: Vec<(Pattern, u32)>,
     /// `owners:` in file order: who may approve access to what.
     owners: Vec<Owner>,
 }
@@ -237,6 +253,8 @@ impl Acl {
             problems.push(format!("version {} is not supported (expected 1)", raw.version));
         }
         let mut acl = Acl::default();
+        // Problems with `via:` and `subjects:`, reported after the patterns'.
+        let mut conditions = Vec::new();
         let mut add = |section: &str, who: &str, items: &[String], into: &mut HashMap<String, Vec<Pattern>>| {
             if who != "*" {
                 if let Err(why) = check_agent_name(who) {
@@ -252,7 +270,11 @@ impl Acl {
             }
         };
         for rule in &raw.permissions {
-            add("permissions", &rule.caller, &rule.allow, &mut acl.permissions);
+            let mut allow = HashMap::new();
+            add("permissions", &rule.caller, &rule.allow, &mut allow);
+            let allow = allow.remove(&rule.caller).unwrap_or_default();
+            let permission = Permission::parse(&rule.caller, allow, &rule.via, &rule.subjects, &mut conditions);
+            acl.permissions.entry(rule.caller.clone()).or_default().push(permission);
         }
         for rule in &raw.providers {
             add("providers", &rule.agent, &rule.provides, &mut acl.providers);
@@ -305,6 +327,8 @@ impl Acl {
             }
             acl.operators.push(operator.clone());
         }
+        problems.append(&mut conditions);
+        acl.chain_depths = parse_chain_rules(&raw.chains, &mut problems);
         for auditor in &raw.auditors {
             if let Err(why) = check_agent_name(auditor) {
                 problems.push(format!("auditors: `{auditor}`: {why}"));
@@ -351,11 +375,6 @@ impl Acl {
     fn allowed(rules: &HashMap<String, Vec<Pattern>>, who: &str, what: &str) -> bool {
         rules.get(who).is_some_and(|patterns| any_matches(patterns, what))
             || rules.get("*").is_some_and(|patterns| any_matches(patterns, what))
-    }
-
-    /// May `caller` invoke `capability` (router)?
-    pub fn may_call(&self, caller: &str, capability: &str) -> bool {
-        Self::allowed(&self.permissions, caller, capability)
     }
 
     /// May `agent` register `capability` (registry)?
@@ -431,7 +450,10 @@ impl Acl {
         let mut rules: Vec<(String, Vec<String>)> = self
             .permissions
             .iter()
-            .map(|(caller, patterns)| (caller.clone(), patterns.iter().map(ToString::to_string).collect()))
+            .map(|(caller, permissions)| {
+                let patterns = permissions.iter().flat_map(Permission::rule_texts).collect();
+                (caller.clone(), patterns)
+            })
             .collect();
         rules.sort();
         rules

@@ -25,7 +25,7 @@ pub const DEFAULT_ISSUER: &str = "agent-reach-router";
 pub const LEEWAY_S: u64 = 5;
 
 /// What an assertion says.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AssertionClaims {
     pub iss: String,
     /// The verified caller; empty only when the router runs without authentication.
@@ -40,6 +40,51 @@ pub struct AssertionClaims {
     /// The workflow run the call is a step of (DESIGN §9); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// The delegation chain before this hop (RFC 8693 `act`): the call the
+    /// caller was serving, outermost first, nested down to the original
+    /// subject's. Absent on a call made by its original subject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act: Option<Actor>,
+    /// Hops in the chain, this one included (absent: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// The chain's budget, when the call carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetClaim>,
+    /// The caller's groups, on a call made by its original subject (a
+    /// chained call carries them on its innermost `act`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
+/// One earlier hop of a delegation chain (RFC 8693 `act` nesting): `sub`
+/// called `cap` on the instance `agent_id`; `act` is the hop before it. The
+/// innermost is the original subject's own call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Actor {
+    pub sub: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The original subject's groups (on the innermost hop only, when its token named them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act: Option<Box<Actor>>,
+}
+
+/// A delegation chain's budget as the router last knew it (`id` names the
+/// chain's ledger; the router holding it enforces what is exactly left).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetClaim {
+    pub id: String,
+    /// Absent: no limit on calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_left: Option<i64>,
+    /// Absent: no limit on cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_left: Option<f64>,
 }
 
 // === Signing ===
@@ -287,6 +332,31 @@ impl AssertionVerifier {
             })
     }
 
+    /// Verifies an assertion of these keys' issuer for any audience, its
+    /// expiry left to the caller (the router, checking its own assertion an
+    /// agent presents upstream, allows a grace).
+    pub fn verify_own(&self, token: &str) -> Result<AssertionClaims, AssertionError> {
+        let kid = Self::key_id(token)?;
+        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_required_spec_claims(&["exp", "iat", "sub", "aud", "iss"]);
+        validation.validate_exp = false;
+        validation.validate_aud = false;
+        let claims = jsonwebtoken::decode::<AssertionClaims>(token, key, &validation)
+            .map(|data| data.claims)
+            .map_err(|error| match error.kind() {
+                jsonwebtoken::errors::ErrorKind::InvalidSignature => AssertionError::BadSignature,
+                _ => AssertionError::Malformed(error.to_string()),
+            })?;
+        if claims.iss != self.issuer {
+            return Err(AssertionError::WrongIssuer {
+                expected: self.issuer.clone(),
+                got: claims.iss,
+            });
+        }
+        Ok(claims)
+    }
+
     /// Verifies a detached EdDSA signature (base64url) of `signing_input` by
     /// the key `kid`: `UnknownKey` when the set has no such key, `BadSignature`
     /// when it does not verify.
@@ -381,7 +451,7 @@ mod tests {
             tenant: "default".into(),
             iat: now(),
             exp,
-            run: None,
+            ..Default::default()
         }
     }
 

@@ -15,6 +15,7 @@ pub mod caller;
 pub mod card_signature;
 pub mod config;
 pub mod credentials;
+pub mod delegation;
 pub mod jcs;
 pub mod signer;
 pub mod token;
@@ -22,7 +23,8 @@ pub mod token;
 pub mod oidc;
 
 pub use acl::{Acl, AclError, AclHandle, Pattern};
-pub use assertion::{AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
+pub use assertion::{Actor, AssertionClaims, AssertionError, AssertionKey, AssertionVerifier, BudgetClaim};
+pub use delegation::Delegation;
 pub use signer::{AssertionSettings, Assertions, SigningKey};
 pub use token::{AuthArgs, AuthConfig, AuthError, Authenticator, Caller};
 pub use token::{KeyFile, OidcAuth};

@@ -27,7 +27,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 
-use crate::assertion::{jwks, AssertionClaims, AssertionKey};
+use crate::assertion::{jwks, AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
+use crate::delegation::Delegation;
 use crate::Caller;
 
 /// Where the signing key comes from.
@@ -72,6 +73,8 @@ pub struct KeySet {
     signing: Arc<AssertionKey>,
     published: Vec<AssertionKey>,
     jwks: Bytes,
+    /// What checks the router's own assertions when an agent presents one upstream.
+    verifier: AssertionVerifier,
 }
 
 /// Tells apart the key sets (and routers) a thread's cached assertions were signed under.
@@ -92,6 +95,7 @@ struct Cached {
     tenant: Box<str>,
     agent_id: Box<str>,
     capability: Box<str>,
+    delegation: Delegation,
     /// `Bearer <jwt>`.
     header: Arc<str>,
     issued_ms: u64,
@@ -101,8 +105,16 @@ struct Cached {
 /// Entries per thread before the cache is cleared (bounds memory under churn).
 const CACHE_CAPACITY: usize = 4096;
 
+/// An upstream assertion already verified on this thread.
+struct VerifiedUpstream {
+    generation: u64,
+    token: Box<str>,
+    claims: AssertionClaims,
+}
+
 thread_local! {
     static CACHE: RefCell<ahash::AHashMap<u64, Cached>> = RefCell::new(ahash::AHashMap::new());
+    static VERIFIED: RefCell<ahash::AHashMap<u64, VerifiedUpstream>> = RefCell::new(ahash::AHashMap::new());
     /// One hasher per thread: the map is keyed by this hash of (caller, instance, capability).
     static HASHER: ahash::RandomState = ahash::RandomState::new();
 }
@@ -178,14 +190,61 @@ impl Assertions {
         self.keys.load().jwks.clone()
     }
 
+    /// The claims of an assertion this router (or a replica sharing its keys)
+    /// signed, presented by an agent calling onwards while it serves that
+    /// call: its signature by a key in use, its issuer, and its expiry give or
+    /// take `grace` (an agent may call onwards late in a long call). Verified
+    /// once per thread and token, then read from a cache.
+    pub fn verify_own(&self, token: &str, now_ms: u64, grace: Duration) -> Result<AssertionClaims, AssertionError> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let key = HASHER.with(|state| state.hash_one(token));
+        let cached = VERIFIED.with(|cache| {
+            let cache = cache.borrow();
+            let entry = cache.get(&key)?;
+            (entry.generation == generation && &*entry.token == token).then(|| entry.claims.clone())
+        });
+        let claims = match cached {
+            Some(claims) => claims,
+            None => {
+                let claims = self.keys.load().verifier.verify_own(token)?;
+                VERIFIED.with(|cache| {
+                    let mut cache = cache.borrow_mut();
+                    if cache.len() >= CACHE_CAPACITY {
+                        cache.clear();
+                    }
+                    cache.insert(
+                        key,
+                        VerifiedUpstream {
+                            generation,
+                            token: token.into(),
+                            claims: claims.clone(),
+                        },
+                    );
+                });
+                claims
+            }
+        };
+        let grace_s = grace.as_secs();
+        if claims.exp.saturating_add(grace_s).saturating_mul(1000) < now_ms {
+            return Err(AssertionError::Expired);
+        }
+        Ok(claims)
+    }
+
     /// The `authorization` value for one forwarded attempt: `caller`'s call of
-    /// `capability` on `agent_id`, expiring at most at `deadline_ms`; for a
-    /// workflow's step, claiming its `run` (such assertions are signed for
-    /// their call, never cached: a run's steps are slow-path work).
+    /// `capability` on `agent_id` within `delegation` (its chain, depth and
+    /// budget), expiring at most at `deadline_ms`. Assertions are reused
+    /// for the same caller, instance, capability and chain (a budget by its
+    /// ledger id: the `budget` an assertion carries is what was left when it
+    /// was signed, at most half an assertion's life ago; the router's ledger
+    /// holds what is exactly left); for a workflow's step, claiming its `run` (such
+    /// assertions are signed for their call, never cached: a run's steps are
+    /// slow-path work).
     pub fn header(
         &self,
         caller: &Caller,
         (agent_id, capability): (&str, &str),
+        delegation: &Delegation,
         run: Option<&str>,
         deadline_ms: u64,
         now_ms: u64,
@@ -198,6 +257,7 @@ impl Assertions {
                     caller,
                     agent_id,
                     capability,
+                    delegation,
                     now_ms,
                     now_ms.saturating_add(ttl_ms).min(deadline_ms),
                 )
@@ -216,6 +276,10 @@ impl Assertions {
             caller.tenant().hash(&mut hasher);
             agent_id.hash(&mut hasher);
             capability.hash(&mut hasher);
+            delegation.act.hash(&mut hasher);
+            delegation.depth.hash(&mut hasher);
+            delegation.budget.as_ref().map(|budget| &budget.id).hash(&mut hasher);
+            delegation.groups.hash(&mut hasher);
             hasher.finish()
         });
         let ttl_ms = u64::try_from(self.settings.ttl.as_millis()).unwrap_or(u64::MAX);
@@ -226,7 +290,8 @@ impl Assertions {
                 && entry.caller.as_deref() == caller_name.map(|name| &**name)
                 && &*entry.tenant == caller.tenant()
                 && &*entry.agent_id == agent_id
-                && &*entry.capability == capability;
+                && &*entry.capability == capability
+                && entry.delegation.same_chain(delegation);
             // At least half its life left, and never past this call's deadline.
             let fresh = now_ms < entry.issued_ms + ttl_ms / 2 && entry.expires_ms <= deadline_ms;
             (same && fresh).then(|| entry.header.clone())
@@ -235,7 +300,7 @@ impl Assertions {
             return Ok(header);
         }
         let expires_ms = now_ms.saturating_add(ttl_ms).min(deadline_ms);
-        let claims = self.claims(caller, agent_id, capability, now_ms, expires_ms);
+        let claims = self.claims(caller, agent_id, capability, delegation, now_ms, expires_ms);
         let token = self.keys.load().signing.sign(&claims)?;
         let header: Arc<str> = format!("Bearer {token}").into();
         // Only full-life assertions are worth keeping: one cut short by a
@@ -254,6 +319,7 @@ impl Assertions {
                         tenant: caller.tenant().into(),
                         agent_id: agent_id.into(),
                         capability: capability.into(),
+                        delegation: delegation.clone(),
                         header: header.clone(),
                         issued_ms: now_ms,
                         expires_ms,
@@ -269,6 +335,7 @@ impl Assertions {
         caller: &Caller,
         agent_id: &str,
         capability: &str,
+        delegation: &Delegation,
         now_ms: u64,
         expires_ms: u64,
     ) -> AssertionClaims {
@@ -282,6 +349,11 @@ impl Assertions {
             // JWT times are seconds; round down so the assertion never outlives the deadline.
             exp: expires_ms / 1000,
             run: None,
+            act: delegation.act.clone(),
+            // A direct call's depth (1) goes without saying.
+            depth: (delegation.depth > 1).then_some(delegation.depth),
+            budget: delegation.budget.clone(),
+            groups: delegation.groups.clone(),
         }
     }
 }
@@ -320,10 +392,12 @@ fn keys_from(settings: &AssertionSettings, files: &[Vec<u8>]) -> Result<KeySet, 
     }
     let document = jwks(std::iter::once(&*signing).chain(published.iter()));
     let jwks = Bytes::from(serde_json::to_vec(&document).map_err(|error| error.to_string())?);
+    let verifier = AssertionVerifier::from_jwks(&jwks, &settings.issuer)?;
     Ok(KeySet {
         signing,
         published,
         jwks,
+        verifier,
     })
 }
 
@@ -384,24 +458,59 @@ mod tests {
             .as_millis() as u64;
         let far = now + 60_000;
         let first = assertions
-            .header(&caller, ("a-1", "order.query"), None, far, now)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                None,
+                far,
+                now,
+            )
             .unwrap();
         let again = assertions
-            .header(&caller, ("a-1", "order.query"), None, far, now + 1000)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                None,
+                far,
+                now + 1000,
+            )
             .unwrap();
         assert!(Arc::ptr_eq(&first, &again), "reused while fresh");
         let other_agent = assertions
-            .header(&caller, ("a-2", "order.query"), None, far, now)
+            .header(
+                &caller,
+                ("a-2", "order.query"),
+                &Delegation::direct(Vec::new()),
+                None,
+                far,
+                now,
+            )
             .unwrap();
         assert_ne!(first, other_agent, "one per instance");
         // Half its life gone: a new one.
         let later = assertions
-            .header(&caller, ("a-1", "order.query"), None, far, now + 6000)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                None,
+                far,
+                now + 6000,
+            )
             .unwrap();
         assert_ne!(first, later);
         // A call whose deadline is sooner than the cached expiry gets one of its own, cut to the deadline.
         let short = assertions
-            .header(&caller, ("a-1", "order.query"), None, now + 2500, now + 6000)
+            .header(
+                &caller,
+                ("a-1", "order.query"),
+                &Delegation::direct(Vec::new()),
+                None,
+                now + 2500,
+                now + 6000,
+            )
             .unwrap();
         assert_ne!(short, later);
         let token = short.strip_prefix("Bearer ").unwrap();
@@ -429,7 +538,14 @@ mod tests {
             .unwrap()
             .as_millis() as u64;
         let before = assertions
-            .header(&caller, ("a", "x.y"), None, now + 60_000, now)
+            .header(
+                &caller,
+                ("a", "x.y"),
+                &Delegation::direct(Vec::new()),
+                None,
+                now + 60_000,
+                now,
+            )
             .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(before.strip_prefix("Bearer ").unwrap()).unwrap(),
@@ -442,7 +558,14 @@ mod tests {
         std::fs::write(dir.path().join("next.pem"), signing).unwrap();
         reload.check(&*assertions, &mut seen);
         let after = assertions
-            .header(&caller, ("a", "x.y"), None, now + 60_000, now)
+            .header(
+                &caller,
+                ("a", "x.y"),
+                &Delegation::direct(Vec::new()),
+                None,
+                now + 60_000,
+                now,
+            )
             .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(after.strip_prefix("Bearer ").unwrap()).unwrap(),
@@ -457,7 +580,14 @@ mod tests {
         reload.check(&*assertions, &mut seen);
         assert_eq!(assertions.keys_valid.get(), 0);
         let still = assertions
-            .header(&caller, ("b", "x.y"), None, now + 60_000, now)
+            .header(
+                &caller,
+                ("b", "x.y"),
+                &Delegation::direct(Vec::new()),
+                None,
+                now + 60_000,
+                now,
+            )
             .unwrap();
         assert_eq!(
             AssertionVerifier::key_id(still.strip_prefix("Bearer ").unwrap()).unwrap(),

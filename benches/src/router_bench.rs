@@ -41,7 +41,15 @@
 //! req/s at least 0.95× the other's (the ratio is printed, and the records
 //! the trail wrote and dropped).
 //!
-//! `--smoke` (CI, with or without `--tls`, `--tracing`, `--policy` and `--trail`): the same stack,
+//! `--chains` (issue 39): the same router also measured with every call made
+//! within a delegation chain that carries a budget: the caller (`bench_agent`)
+//! presents an upstream assertion signed with the router's key (the chain
+//! `bench_caller > bench_agent`, a budget claim), the router verifies it,
+//! checks its owner in the snapshot, applies a `subjects:` rule and charges
+//! the chain's ledger, and each forwarded assertion carries the chain. Round
+//! by round beside the plain calls; verdict: ≥ 0.95× their req/s.
+//!
+//! `--smoke` (CI, with or without `--tls`, `--tracing`, `--policy`, `--trail` and `--chains`): the same stack,
 //! every target at every connection count, one round of 1 s without
 //! warm-ups; the numbers without a verdict.
 
@@ -101,6 +109,10 @@ struct Args {
     /// Also measure two routers on one Redis, the trail off and on (payloads off), and print the ratio.
     #[arg(long)]
     trail: bool,
+    /// Also measure the router with every call made within a delegation chain
+    /// carrying a budget (an upstream assertion) against plain calls.
+    #[arg(long)]
+    chains: bool,
     /// A smoke run (CI): every stack and comparison of the bench for a few
     /// seconds on tiny sizes (the flags it adds are printed first), no warm-ups;
     /// prints the numbers, no verdict.
@@ -203,13 +215,63 @@ fn start_haproxy(
     Ok(ChildGuard(child))
 }
 
+/// The header an agent presents its upstream assertion in (docs/design.md §3.15).
+const UPSTREAM_HEADER: &str = "agent-reach-upstream";
+
+/// An upstream assertion as the router gives it to `bench_agent-up` (an
+/// instance of `bench_agent` registered for `bench.upstream`, never called):
+/// `bench_caller`'s call, signed with the run's key, carrying a budget no
+/// run spends (`--chains`).
+async fn upstream_assertion(
+    files: &Files,
+    client: &reqwest::Client,
+    registry: &str,
+    agent: SocketAddr,
+    scheme: &str,
+) -> anyhow::Result<String> {
+    let instance = Instance {
+        id: "bench_agent-up",
+        name: "bench_agent",
+        endpoint: format!("{scheme}://{agent}/invoke"),
+        capability: "bench.upstream",
+        weight: 1,
+    };
+    register(client, registry, &token("bench_agent")?, instance).await?;
+    let key = agent_reach_access::AssertionKey::from_pkcs8_pem(&std::fs::read(&files.assertion_key)?)
+        .map_err(anyhow::Error::msg)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let claims = agent_reach_access::AssertionClaims {
+        iss: agent_reach_access::assertion::DEFAULT_ISSUER.to_string(),
+        sub: CALLER.to_string(),
+        aud: "bench_agent-up".to_string(),
+        cap: "bench.upstream".to_string(),
+        tenant: "default".to_string(),
+        iat: now,
+        exp: now + 86_400,
+        budget: Some(agent_reach_access::BudgetClaim {
+            id: "bench-chain".to_string(),
+            calls_left: Some(i64::MAX / 2),
+            cost_left: None,
+        }),
+        ..Default::default()
+    };
+    key.sign(&claims).map_err(anyhow::Error::msg)
+}
+
 fn main() -> anyhow::Result<()> {
     support::main(&[REGISTRY, ROUTER], SMOKE, Threads::Two, bench)
 }
 
 async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let etcd = agent_reach_testkit::Etcd::start();
-    let files = Files::write(&support::caller_acl(CALLER, CAPABILITY))?;
+    // `support::caller_acl`, and `bench_agent` calling onwards only on behalf of `bench_caller` (`--chains`).
+    let acl = format!(
+        "version: 1\npermissions:\n  - caller: {CALLER}\n    allow: [{CAPABILITY}]\n  - caller: bench_agent\n    \
+         allow: [{CAPABILITY}]\n    subjects: [{CALLER}]\nproviders:\n  - agent: bench_agent\n    provides: [\"bench.*\"]\n"
+    );
+    let files = Files::write(&acl)?;
     let registry = start_registry(&files, &etcd.endpoint(), &[]).await?;
     let client = reqwest::Client::new();
 
@@ -330,12 +392,43 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // `--chains`: the same router, every call made by `bench_agent` within a chain carrying a budget.
+    let chains_target = args.chains.then_some("router chains");
+    let chains_script = match chains_target {
+        Some(name) => {
+            let upstream = upstream_assertion(&files, &client, &registry.url, agents[0].0, scheme).await?;
+            let agent_token = support::token("bench_agent")?;
+            let check = envelope.clone();
+            router
+                .wait_until(name, Duration::from_secs(20), async || {
+                    let call = client
+                        .post(&router_url)
+                        .bearer_auth(&agent_token)
+                        .header(UPSTREAM_HEADER, &upstream)
+                        .body(check.clone());
+                    answers_ok(call).await
+                })
+                .await?;
+            let script = files.write_file(
+                "chains.lua",
+                &format!(
+                    "wrk.method = \"POST\"\nwrk.body = '{envelope}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n\
+                     wrk.headers[\"Authorization\"] = \"Bearer {agent_token}\"\nwrk.headers[\"{UPSTREAM_HEADER}\"] = \"{upstream}\"\n"
+                ),
+            )?;
+            Some(script)
+        }
+        None => None,
+    };
     let mut targets = vec![
         ("direct agent", format!("{scheme}://{}/invoke", agents[0].0), None),
         ("router", router_url.clone(), Some(router.pid())),
     ];
     if let Some(name) = &policy_target {
         targets.push((name.as_str(), router_url.clone(), Some(router.pid())));
+    }
+    if let Some(name) = chains_target {
+        targets.push((name, router_url.clone(), Some(router.pid())));
     }
     targets.push(("haproxy", haproxy_url.clone(), Some(haproxy.pid())));
     for (name, url, traced) in &tracing_routers {
@@ -369,8 +462,9 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         for round in 1..=round_count {
             for (name, url, pid) in &targets {
                 // The policy target is the same router, with its own script.
-                let script = match (&policy_target, &policy_script) {
-                    (Some(target), Some(policy)) if target == name => policy,
+                let script = match (&policy_target, &policy_script, &chains_script) {
+                    (Some(target), Some(policy), _) if target == name => policy,
+                    (_, _, Some(chains)) if chains_target == Some(*name) => chains,
                     _ => &script,
                 };
                 // A short warm-up fills connection pools.
@@ -468,6 +562,26 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
                     println!(
                         "{connections:>2} conn: router CPU per request: default {default_cpu:.1}us, {target} {named_cpu:.1}us ({:+.2}us)",
                         named_cpu - default_cpu
+                    );
+                }
+            }
+        }
+    }
+    if let Some(target) = chains_target {
+        for &connections in &args.connections {
+            let get = |name: &str| results.get(&(name.to_string(), connections));
+            if let (Some(plain), Some(chained)) = (get("router"), get(target)) {
+                let ratio = chained.requests_per_s / plain.requests_per_s;
+                println!(
+                    "{connections:>2} conn: {target} {:.0} req/s vs plain calls {:.0} req/s: {ratio:.3}x{}",
+                    chained.requests_per_s,
+                    plain.requests_per_s,
+                    run.verdict(ratio >= 0.95, (" -> MET (>= 0.95x)", " -> NOT MET (< 0.95x)"))
+                );
+                if let (Some(chained_cpu), Some(plain_cpu)) = (chained.cpu_per_request_us, plain.cpu_per_request_us) {
+                    println!(
+                        "{connections:>2} conn: router CPU per request: plain {plain_cpu:.1}us, chains {chained_cpu:.1}us ({:+.2}us)",
+                        chained_cpu - plain_cpu
                     );
                 }
             }

@@ -58,7 +58,7 @@ impl Sealer {
             tenant: String::new(),
             iat: 0,
             exp: 0,
-            run: None,
+            ..AssertionClaims::default()
         };
         let signature = signing.sign(&claims)?;
         let digest = ring::digest::digest(&ring::digest::SHA256, signature.as_bytes());

@@ -179,7 +179,7 @@ fn assertion() -> Seeds {
         tenant: "default".to_string(),
         iat: ISSUED,
         exp: FAR,
-        run: None,
+        ..AssertionClaims::default()
     };
     let sign = |claims: &AssertionClaims| format!("Bearer {}", key.sign(claims).expect("signed")).into_bytes();
     vec![

@@ -124,6 +124,7 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
             attempt: 2,
             payload: request.payload.clone(),
             task_id: None,
+            budget: None,
             history: None,
             run_id: None,
             checkpoint: None,
@@ -157,6 +158,7 @@ fn writers_match_the_contract_types(request: &InvokeRequest) {
         duration_ms: 17,
         output: Some(request.payload.clone()),
         error: None,
+        budget: None,
     };
     let expected = serde_json::to_vec(&contract).expect("a result envelope serialises");
     assert_eq!(

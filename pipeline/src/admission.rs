@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_reach_access::acl::Limit;
-use agent_reach_access::{Acl, AclHandle, Caller};
-use agent_reach_proto::envelope::InvokeRequest;
+use agent_reach_access::{Acl, AclHandle, Caller, Delegation};
+use agent_reach_proto::envelope::{BudgetLeft, InvokeRequest};
 use agent_reach_tenancy::Quotas;
 use serde_json::{json, Value};
 
 use crate::breaker::BreakerConfig;
 use crate::call::{Call, Entry};
+use crate::delegation::{check_depth, delegation_of, groups_of, Budgets, ChainRules, Ledger};
 use crate::error::{Code, RouterError};
 use crate::grants::GrantsHandle;
 use crate::limits::{Limiter, Permit};
@@ -40,6 +41,11 @@ pub struct Admission {
     breaker: BreakerConfig,
     max_inflight: u32,
     default_timeout: Duration,
+    /// Checks the upstream assertions agents present when they call onwards.
+    assertions: Arc<agent_reach_access::Assertions>,
+    chains: ChainRules,
+    /// Every chain's budget this part holds.
+    budgets: Budgets,
 }
 
 /// One tenant's quotas on this router: its bucket and places in flight
@@ -90,6 +96,10 @@ pub struct Admitted<'s> {
     pub deadline: Instant,
     /// The caller's place in flight (a call's; a delivery's is held by the worker).
     pub permit: Permit,
+    /// Who the call acts for, its depth, its budget (the next hop's assertion carries it).
+    pub delegation: Delegation,
+    /// The chain's budget ledger and what was left once this call was charged, when it has one.
+    pub budget: Option<(Arc<Ledger>, BudgetLeft)>,
 }
 
 /// A call admission refused: the failure to answer, and the capability when
@@ -101,7 +111,12 @@ pub struct Refused<'s> {
 }
 
 impl Admission {
-    pub fn new(acl: AclHandle, limiter: Limiter, tuning: &Tuning) -> Self {
+    pub fn new(
+        acl: AclHandle,
+        limiter: Limiter,
+        tuning: &Tuning,
+        assertions: Arc<agent_reach_access::Assertions>,
+    ) -> Self {
         Self {
             acl,
             grants: Arc::default(),
@@ -113,6 +128,9 @@ impl Admission {
             },
             max_inflight: tuning.max_inflight_per_instance,
             default_timeout: tuning.default_timeout,
+            assertions,
+            chains: tuning.chains,
+            budgets: Budgets::default(),
         }
     }
 
@@ -211,21 +229,44 @@ impl Admission {
         self.authorize_with(&self.acl.current(), caller, capability)
     }
 
+    /// [`Admission::authorize`] of a call made on the caller's own behalf (no chain).
     fn authorize_with(&self, acl: &Acl, caller: &Caller, capability: &str) -> Result<(), RouterError> {
+        self.authorize_in(acl, caller, capability, &Delegation::direct(groups_of(caller)))
+    }
+
+    /// May `caller` call `capability` within `delegation` (`via:` and `subjects:` apply)?
+    fn authorize_in(
+        &self,
+        acl: &Acl,
+        caller: &Caller,
+        capability: &str,
+        delegation: &Delegation,
+    ) -> Result<(), RouterError> {
         let Caller::Agent { name, .. } = caller else {
             return Ok(());
         };
         // A grant is looked up (and the clock read) only when the file says no.
-        if acl.may_call(name, capability) || self.grants.load().allows(name, capability, crate::clock::epoch_ms()) {
+        // Grants name no chain: they allow the caller whatever chain it serves.
+        if acl.may_call_in(name, capability, delegation)
+            || self.grants.load().allows(name, capability, crate::clock::epoch_ms())
+        {
             return Ok(());
         }
-        Err(RouterError::new(
-            Code::Forbidden,
+        let mut details = json!({ "caller": &**name, "capability": capability });
+        let message = if delegation.depth > 1 {
+            details["chain"] = json!(delegation.names(name));
             format!(
-                "caller `{name}` may not call `{capability}` (acl.yaml permissions; ask with                  `agent-reach access request --capability {capability}`)"
-            ),
-        )
-        .with_details(json!({ "caller": &**name, "capability": capability })))
+                "caller `{name}` may not call `{capability}` on behalf of `{}` through this chain \
+                 (acl.yaml permissions, their via: and subjects:)",
+                delegation.original_subject(name)
+            )
+        } else {
+            format!(
+                "caller `{name}` may not call `{capability}` (acl.yaml permissions; ask with \
+                 `agent-reach access request --capability {capability}`)"
+            )
+        };
+        Err(RouterError::new(Code::Forbidden, message).with_details(details))
     }
 
     /// Does the trail record `capability`'s payloads (`trail.payloads` in `acl.yaml`)?
@@ -347,6 +388,34 @@ impl Admission {
             failure: Box::new(error.into()),
             capability,
         };
+        // Who the call acts for: the chain of the call the caller serves, when it presents one.
+        let mut delegation = delegation_of(
+            caller,
+            call.upstream.as_ref(),
+            snapshot,
+            &self.assertions,
+            &self.chains,
+            now.epoch_ms,
+        )
+        .map_err(|error| refused(error, None))?;
+        if delegation.depth > 1 {
+            let names = delegation.names(caller.name().unwrap_or(""));
+            if let Some(span) = &call.trace.span {
+                span.set(agent_reach_telemetry::spans::KeyValue::new(
+                    "agent_reach.chain",
+                    names.join(" > "),
+                ));
+                span.set(agent_reach_telemetry::spans::KeyValue::new(
+                    "agent_reach.on_behalf_of",
+                    names.first().cloned().unwrap_or_default(),
+                ));
+                span.set(agent_reach_telemetry::spans::KeyValue::new(
+                    "agent_reach.depth",
+                    i64::from(delegation.depth),
+                ));
+            }
+            let _ = call.chain.set(names);
+        }
         let permit = {
             // One policy load for the ACL and the limits.
             let acl = self.acl.current();
@@ -355,7 +424,12 @@ impl Admission {
             let replaying =
                 request.replay_of.is_some() && matches!(caller, Caller::Agent { name, .. } if acl.may_read_trail(name));
             if !replaying {
-                self.authorize_with(&acl, caller, &request.capability)
+                self.authorize_in(&acl, caller, &request.capability, &delegation)
+                    .map_err(|error| refused(error, None))?;
+            }
+            if delegation.depth > 1 {
+                let max_depth = acl.max_depth_for(&request.capability).unwrap_or(self.chains.max_depth);
+                check_depth(&delegation, max_depth, caller, &request.capability)
                     .map_err(|error| refused(error, None))?;
             }
             // The tenant's quota first: a tenant over it is refused whoever calls.
@@ -392,6 +466,11 @@ impl Admission {
                 .with_details(json!({ "deadline": deadline_ms })),
             ));
         }
+        // Last, once the call is otherwise admitted: a refused call spends nothing.
+        let budget = self
+            .budgets
+            .charge(&mut delegation, request.budget.as_ref())
+            .map_err(in_version)?;
         group.selections.inc();
         Ok(Admitted {
             capability,
@@ -399,6 +478,8 @@ impl Admission {
             deadline_ms,
             deadline: now.instant_for(deadline_ms),
             permit,
+            delegation,
+            budget,
         })
     }
 

@@ -65,6 +65,7 @@ pub fn failed_answer(known: Known, failure: Failure) -> Answer {
         duration_ms: known.started.elapsed().as_millis() as u64,
         output: None,
         error: Some(failure.error.envelope_error()),
+        budget: None,
     };
     let answer = json_answer(failure.error.status(), &envelope);
     match retry_after {

@@ -78,6 +78,7 @@ pub fn call(
         source: None,
         replay_of: None,
         payload,
+        budget: None,
     };
     canonical(&mut request)?;
     check(request)
@@ -154,6 +155,14 @@ pub fn check_fields(
                     format!("{field} must be 1..=128 printable ASCII characters without spaces"),
                 ));
             }
+        }
+    }
+    if let Some(budget) = &request.budget {
+        if budget.calls.is_none() && budget.cost.is_none() {
+            return Err(invalid("budget", "a budget names `calls`, `cost` or both"));
+        }
+        if budget.cost.is_some_and(|cost| !(cost.is_finite() && cost >= 0.0)) {
+            return Err(invalid("budget", "budget.cost must be a number of at least 0"));
         }
     }
     let policy = request.target_policy.clone();
@@ -262,6 +271,19 @@ mod tests {
             ),
             "session_id"
         );
+        for bad in [
+            r#"{"capability":"a","budget":{}}"#,
+            r#"{"capability":"a","budget":{"cost":-1}}"#,
+        ] {
+            assert_eq!(field_of(check_text(bad).err().unwrap()), "budget", "{bad}");
+        }
+        for bad in [
+            r#"{"capability":"a","budget":{"calls":-1}}"#,
+            r#"{"capability":"a","budget":{"calls":5,"tokens":3}}"#,
+            r#"{"capability":"a","budget":5}"#,
+        ] {
+            assert_eq!(parse(bad.as_bytes()).unwrap_err().code, Code::InvalidEnvelope, "{bad}");
+        }
         let ok = check_text(r#"{"capability":"order.query","capability_version":"^1.2"}"#)
             .ok()
             .unwrap();

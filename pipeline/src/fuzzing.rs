@@ -92,6 +92,7 @@ pub fn succeeded_envelope(
         attempts,
         duration_ms,
         output,
+        budget: None,
     }
     .to_vec()
 }

@@ -82,6 +82,7 @@ pub async fn answer_invoke(
                 attempts: success.attempts,
                 duration_ms: call.received.instant.elapsed().as_millis() as u64,
                 output: success.output.as_deref(),
+                budget: success.budget,
             };
             Answer::Json {
                 status: StatusCode::OK,

@@ -6,7 +6,7 @@
 //! result envelopes); tests keep each writer byte-equal to the contract type.
 
 use agent_reach_access::Caller;
-use agent_reach_proto::envelope::{InvokeRequest, Priority, ENVELOPE_VERSION};
+use agent_reach_proto::envelope::{BudgetLeft, InvokeRequest, Priority, ENVELOPE_VERSION};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -108,6 +108,8 @@ pub(crate) struct Forwarded<'a> {
     pub(crate) payload: &'a Value,
     /// A task's delivery: the id the agent reports a `202`'s outcome under.
     pub(crate) task_id: Option<&'a str>,
+    /// What is left of the chain's budget, this call charged.
+    pub(crate) budget: Option<BudgetLeft>,
     /// A multi-turn task's next turn: the conversation so far.
     pub(crate) history: Option<&'a Value>,
     /// A workflow step's delivery: its run.
@@ -139,6 +141,7 @@ impl<'a> Forwarded<'a> {
             attempt,
             payload: &request.payload,
             task_id: None,
+            budget: None,
             history: None,
             run_id: None,
             checkpoint: None,
@@ -161,6 +164,9 @@ impl<'a> Forwarded<'a> {
         object.u64("attempt", u64::from(self.attempt));
         object.value("payload", self.payload)?;
         object.opt_str("task_id", self.task_id);
+        if let Some(budget) = &self.budget {
+            object.raw("budget", Some(&budget_json(budget)));
+        }
         if let Some(history) = self.history {
             object.value("history", history)?;
         }
@@ -185,6 +191,8 @@ pub(crate) struct Succeeded<'a> {
     pub(crate) attempts: u32,
     pub(crate) duration_ms: u64,
     pub(crate) output: Option<&'a RawValue>,
+    /// What is left of the call's budget, when it carried one.
+    pub(crate) budget: Option<BudgetLeft>,
 }
 
 impl Succeeded<'_> {
@@ -201,9 +209,17 @@ impl Succeeded<'_> {
         object.u64("attempts", u64::from(self.attempts));
         object.u64("duration_ms", self.duration_ms);
         object.raw("output", output);
+        if let Some(budget) = &self.budget {
+            object.raw("budget", Some(&budget_json(budget)));
+        }
         object.end();
         out
     }
+}
+
+/// `{"calls_left": …, "cost_left": …}` as serde_json writes [`BudgetLeft`].
+fn budget_json(budget: &BudgetLeft) -> String {
+    serde_json::to_string(budget).unwrap_or_else(|_| "null".to_string())
 }
 
 /// `text` as a JSON string, escaped as serde_json escapes it (only `"`, `\`
@@ -359,6 +375,10 @@ mod tests {
                 attempt: 2,
                 payload: &payload,
                 task_id,
+                budget: Some(BudgetLeft {
+                    calls_left: Some(3),
+                    cost_left: None,
+                }),
                 history: turns,
                 run_id,
                 checkpoint,
@@ -376,6 +396,10 @@ mod tests {
                 attempt: 2,
                 payload: payload.clone(),
                 task_id: task_id.map(str::to_string),
+                budget: Some(BudgetLeft {
+                    calls_left: Some(3),
+                    cost_left: None,
+                }),
                 history: turns.cloned(),
                 run_id: run_id.map(str::to_string),
                 checkpoint: checkpoint.cloned(),
@@ -400,6 +424,7 @@ mod tests {
                 attempts: 2,
                 duration_ms: 7,
                 output: Some(&output),
+                budget: None,
             }
             .to_vec(),
         )
@@ -421,6 +446,7 @@ mod tests {
             duration_ms: 7,
             output: parsed.output.clone(),
             error: None,
+            budget: None,
         };
         assert_eq!(parsed, expected);
         let reference = serde_json::to_value(&expected).unwrap();
@@ -437,6 +463,7 @@ mod tests {
             attempts: 1,
             duration_ms: 0,
             output: None,
+            budget: None,
         }
         .to_vec();
         let reference = ResultEnvelope {
@@ -450,6 +477,7 @@ mod tests {
             duration_ms: 0,
             output: Some(serde_json::Value::Null),
             error: None,
+            budget: None,
         };
         assert_eq!(
             String::from_utf8(written).unwrap(),

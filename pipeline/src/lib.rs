@@ -28,6 +28,7 @@ pub mod answer;
 mod breaker;
 pub mod call;
 pub mod clock;
+pub mod delegation;
 pub mod envelope;
 pub mod error;
 mod forward;

@@ -7,7 +7,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Counter, CounterVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::error::Code;
 use agent_reach_telemetry::histogram::{Histogram, HistogramFamily};
@@ -56,6 +58,8 @@ pub struct Metrics {
     pub streams: StreamMetrics,
     /// Model tokens agents report in their answers' `usage` (`crate::usage`).
     model_tokens: IntCounterVec,
+    /// Cost agents reported on calls that carried a budget (subtracted from their chains').
+    budget_cost: CounterVec,
 }
 
 /// The streamed invoke's numbers, by capability. Observed once or twice per
@@ -130,6 +134,8 @@ pub struct CapabilityMetrics {
     streams: Arc<OnceLock<Arc<StreamChildren>>>,
     /// Model tokens its agents report (`crate::usage`).
     pub(crate) model_tokens: crate::usage::ModelTokens,
+    /// Cost its agents reported on calls carrying a budget (`agent_reach_budget_cost_spent_total`).
+    pub(crate) budget_cost: Counter,
 }
 
 /// A streamed invoke's series for one capability ([`StreamMetrics`]' children).
@@ -308,6 +314,15 @@ impl Metrics {
             &["capability", "model", "type"],
         )?;
         registry.register(Box::new(model_tokens.clone()))?;
+        let budget_cost = CounterVec::new(
+            Opts::new(
+                "agent_reach_budget_cost_spent_total",
+                "Cost agents reported in their answers' usage on calls carrying a delegation budget, \
+                 subtracted from the chains' budgets, by capability.",
+            ),
+            &["capability"],
+        )?;
+        registry.register(Box::new(budget_cost.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -329,6 +344,7 @@ impl Metrics {
             quota_exchanges,
             streams,
             model_tokens,
+            budget_cost,
         })
     }
 
@@ -341,6 +357,7 @@ impl Metrics {
             forward_seconds: self.forward_seconds.child(capability),
             streams: Arc::default(),
             model_tokens: crate::usage::ModelTokens::new(self.model_tokens.clone(), capability),
+            budget_cost: self.budget_cost.with_label_values(&[capability]),
         }
     }
 

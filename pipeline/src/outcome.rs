@@ -37,6 +37,8 @@ pub struct Success {
     /// ended by the call's deadline: the output is `{run_id, status}` and
     /// `/v1/invoke` answers `202`.
     pub run: Option<String>,
+    /// What is left of the call's budget once it ended, when it carried one.
+    pub budget: Option<agent_reach_proto::envelope::BudgetLeft>,
 }
 
 /// A delivery its agent paused (DESIGN §9, preemption).

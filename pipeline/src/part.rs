@@ -66,8 +66,8 @@ impl RouterService {
             metrics.clone(),
         ));
         let limiter = limits::Limiter::new(&metrics.registry).context("registering metrics")?;
-        let mut admission =
-            admission::Admission::new(acl, limiter, &config.tuning).with_grants(snapshot.grants().clone());
+        let mut admission = admission::Admission::new(acl, limiter, &config.tuning, config.assertions.clone())
+            .with_grants(snapshot.grants().clone());
         if let Some(quotas) = quotas {
             admission = admission.with_quota(tenant, quotas);
         }

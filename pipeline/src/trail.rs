@@ -40,10 +40,10 @@ impl TrailHook {
             // A workflow step's call names its run (the worker sets it from the task).
             run_id: call.checked.run_id.clone(),
             task_id: call.checked.task_id.clone(),
-            parent_request_id: None,
+            parent_request_id: call.upstream.as_ref().and_then(|upstream| upstream.request_id.clone()),
             replay_of: request.replay_of.clone(),
             caller: call.caller.name().unwrap_or("").to_string(),
-            chain: None,
+            chain: call.chain.get().map(|names| serde_json::json!(names)),
             door: call.door,
             capability: request.capability.clone(),
             capability_version: None,

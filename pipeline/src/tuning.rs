@@ -30,6 +30,8 @@ pub struct Tuning {
     /// Whether the listener serves TLS (A2A cards then name `https://` URLs);
     /// set by `build` from the listener's settings.
     pub serves_tls: bool,
+    /// How deep delegation chains may go, how late an upstream assertion counts.
+    pub chains: crate::delegation::ChainRules,
     /// The outcome history's bucket (`--routing-history-bucket-ms`): an hour
     /// in production, so 24 buckets are a day; shorter only to compress time
     /// in tests and benches (DESIGN §3.4.1).
@@ -54,6 +56,7 @@ impl Default for Tuning {
             a2a_tasks_always: false,
             mcp_allowed_origins: Vec::new(),
             serves_tls: false,
+            chains: crate::delegation::ChainRules::default(),
             history_bucket: Duration::from_secs(3600),
         }
     }

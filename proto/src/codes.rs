@@ -77,6 +77,12 @@ router_codes! {
     StepFailed = "STEP_FAILED", 502;
     /// The router keeps no trail (no `--redis`, or `--trail off`).
     TrailDisabled = "TRAIL_DISABLED", 501;
+    /// A delegation chain deeper than the capability's `max_depth` (DESIGN §9).
+    DepthExceeded = "DEPTH_EXCEEDED", 403;
+    /// A chain that reaches the same capability on the same instance again.
+    LoopDetected = "LOOP_DETECTED", 403;
+    /// The chain's budget has no call (or cost) left.
+    BudgetExhausted = "BUDGET_EXHAUSTED", 402;
     /// The router's last resort: an answer it could not encode (DESIGN §3.7).
     Internal = "INTERNAL", 500;
 }

@@ -64,8 +64,33 @@ pub struct InvokeRequest {
     /// it replays. Recorded in the trail; not forwarded to the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// A budget for this call and every call made on its behalf down the
+    /// chain (DESIGN §9): calls in all, and an abstract cost agents report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetGiven>,
     #[serde(default)]
     pub payload: Value,
+}
+
+/// A budget given with a call (`budget: {calls, cost}`); an absent member is no limit of that kind.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetGiven {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+}
+
+/// What is left of a chain's budget: in a forwarded envelope (for the
+/// handler), in a result envelope (after the call and all it caused). A
+/// member is absent when the budget given set no limit of that kind.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct BudgetLeft {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_left: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_left: Option<f64>,
 }
 
 /// A relative timeout in the seeds' form: `{"value": 15, "unit": "s"}`.
@@ -233,6 +258,9 @@ pub struct ForwardedEnvelope {
     /// report the outcome later with `POST /v1/tasks/{task_id}/result`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// What is left of the chain's budget (this call charged), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetLeft>,
     /// Set on the delivery of a multi-turn task's next turn: the conversation
     /// so far, oldest first, `{"role": "user", "payload": …}` for each
     /// message of the caller and `{"role": "agent", "message": …}` for each
@@ -343,6 +371,10 @@ pub struct ResultEnvelope {
     pub output: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<EnvelopeError>,
+    /// What is left of the call's budget once it (and all it caused) ended,
+    /// when it carried one: the spend is what was given less this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetLeft>,
 }
 
 /// `error` of a failed result envelope.

@@ -83,6 +83,14 @@ pub struct RouterArgs {
     /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
     #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
     pub max_staleness_s: u64,
+    /// Hops a delegation chain may have (an agent calling onwards within a call
+    /// adds one); deeper is refused 403 DEPTH_EXCEEDED (DESIGN §9).
+    #[arg(long, env = "AGENT_REACH_MAX_DEPTH", default_value_t = 16)]
+    pub max_depth: u32,
+    /// How long past its expiry an agent's upstream assertion still carries the
+    /// chain it was given (an agent may call onwards late in a long call), in seconds.
+    #[arg(long, env = "AGENT_REACH_UPSTREAM_GRACE_S", default_value_t = 300)]
+    pub upstream_grace_s: u64,
     /// The Ed25519 private key (PKCS#8 PEM) that signs the assertion every forwarded call
     /// carries (`agent-reach keys generate --out PATH` makes one). Reloaded when it changes;
     /// every router replica must hold the same keys.
@@ -257,6 +265,15 @@ impl RouterArgs {
         if self.retry_budget_percent > 100 {
             problems.push("--retry-budget-percent must be within 0..=100".to_string());
         }
+        if !(1..=64).contains(&self.max_depth) {
+            problems.push(format!("--max-depth {} must be 1..=64", self.max_depth));
+        }
+        if self.upstream_grace_s > 86_400 {
+            problems.push(format!(
+                "--upstream-grace-s {} must be at most 86400",
+                self.upstream_grace_s
+            ));
+        }
         if self.breaker_failures == 0 {
             problems.push("--breaker-failures must be at least 1".to_string());
         }
@@ -391,6 +408,10 @@ impl RouterArgs {
                 a2a_tasks_always: self.a2a_tasks == A2aTasks::Always,
                 mcp_allowed_origins: self.mcp_allowed_origins.clone(),
                 serves_tls: false,
+                chains: agent_reach_pipeline::delegation::ChainRules {
+                    max_depth: self.max_depth,
+                    upstream_grace: Duration::from_secs(self.upstream_grace_s),
+                },
                 history_bucket: Duration::from_millis(self.routing_history_bucket_ms),
             },
         })

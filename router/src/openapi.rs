@@ -69,7 +69,10 @@ fn text(description: &str) -> Value {
 fn authenticated(mut responses: serde_json::Map<String, Value>) -> Value {
     responses.insert(
         "401".into(),
-        failed("UNAUTHENTICATED: no, a malformed, expired or forged bearer token."),
+        failed(
+            "UNAUTHENTICATED: no, a malformed, expired or forged bearer token; or an \
+             `agent-reach-upstream` assertion not believed (details.reason `upstream_*`).",
+        ),
     );
     responses.insert("405".into(), failed("METHOD_NOT_ALLOWED."));
     Value::Object(responses)
@@ -117,7 +120,17 @@ fn build() -> Value {
     let envelope_failures = || {
         vec![
             ("400", failed("INVALID_ENVELOPE (details.field names the field).")),
-            ("403", failed("FORBIDDEN (details name caller and capability).")),
+            (
+                "402",
+                failed("BUDGET_EXHAUSTED: the delegation chain's budget has no call or cost left."),
+            ),
+            (
+                "403",
+                failed(
+                    "FORBIDDEN (details name caller and capability, and the chain for a chained call); \
+                     DEPTH_EXCEEDED or LOOP_DETECTED for a delegation chain too deep or looping.",
+                ),
+            ),
             (
                 "404",
                 failed("CAPABILITY_NOT_FOUND or VERSION_NOT_FOUND (details.available lists versions)."),
@@ -317,6 +330,7 @@ fn build() -> Value {
         "trace_id": { "type": "string", "description": "The seeds' trace id: continues that trace when no traceparent header is sent (32 hex digits are the W3C id; any other text is hashed into one)." },
         "source": { "type": "string", "description": "Accepted and ignored: the caller is who its token says." },
         "replay_of": { "type": "string", "description": "A replay of a recorded call (`agent-reach trail replay`): the request id it replays, recorded in the trail (not forwarded)." },
+        "budget": { "type": "object", "additionalProperties": false, "minProperties": 1, "description": "A budget for this call and every call made on its behalf down the delegation chain (design §3.15): `calls` in all (this one included) and `cost`, an abstract unit agents report in `usage.cost`; an absent member is no limit of that kind. Ignored on a chained call (the chain's budget binds it). Spent: 402 BUDGET_EXHAUSTED.", "properties": { "calls": { "type": "integer", "minimum": 0, "maximum": 4294967295u64 }, "cost": { "type": "number", "minimum": 0 } } },
         "payload": { "description": "Checked against the capability's input schema." }
     });
     // One call a reader can copy; the fuzz test (sdk/python/tests/test_router_api.py)
@@ -384,7 +398,12 @@ fn build() -> Value {
                         "attempts": { "type": "integer" },
                         "duration_ms": { "type": "integer" },
                         "output": { "description": "The agent's output (succeeded only)." },
-                        "error": { "$ref": "#/components/schemas/EnvelopeError" }
+                        "error": { "$ref": "#/components/schemas/EnvelopeError" },
+                        "budget": {
+                            "type": "object",
+                            "description": "What was left of the call's delegation budget once it (and all it caused) ended, when it carried one; a member is absent when the budget set no limit of that kind.",
+                            "properties": { "calls_left": { "type": "integer" }, "cost_left": { "type": "number" } }
+                        }
                     }
                 },
                 "EnvelopeError": {

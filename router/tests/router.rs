@@ -1098,6 +1098,10 @@ async fn openapi_document_is_true() {
         source: Some("ignored".into()),
         replay_of: Some("r0".into()),
         payload: json!({}),
+        budget: Some(agent_reach_proto::envelope::BudgetGiven {
+            calls: Some(1),
+            cost: None,
+        }),
     };
     let fields: std::collections::BTreeSet<String> = serde_json::to_value(&full)
         .unwrap()

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use agent_reach_proto::envelope::{InvokeRequest, ResultEnvelope, ResultStatus, TargetPolicy};
+use agent_reach_proto::envelope::{BudgetGiven, InvokeRequest, ResultEnvelope, ResultStatus, TargetPolicy};
 use agent_reach_proto::Priority;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -73,6 +73,7 @@ pub struct CallOptions {
     session_id: Option<String>,
     context_id: Option<String>,
     request_id: Option<String>,
+    budget: Option<BudgetGiven>,
 }
 
 impl CallOptions {
@@ -96,6 +97,16 @@ impl CallOptions {
     /// A handler's calls carry its own request's priority unless set here.
     pub fn priority(mut self, priority: Priority) -> Self {
         self.priority = Some(priority);
+        self
+    }
+
+    /// A budget for this call and every call made on its behalf down the
+    /// delegation chain (DESIGN §9): `calls` in all, and `cost` in the unit
+    /// agents report with [`crate::Ctx::report_usage`]; `None` is no limit of
+    /// that kind. A handler's calls spend from the budget of the chain they
+    /// belong to, whatever they set here.
+    pub fn budget(mut self, calls: Option<u32>, cost: Option<f64>) -> Self {
+        self.budget = Some(BudgetGiven { calls, cost });
         self
     }
 
@@ -180,6 +191,7 @@ pub(crate) fn envelope(
         source: None,
         replay_of: None,
         payload,
+        budget: options.budget,
     }
 }
 
@@ -216,10 +228,14 @@ impl RouterLink {
     }
 
     /// Sends one envelope to `POST /v1/invoke` and decodes the result envelope.
+    /// A handler's call presents `upstream`: the router's assertion for the
+    /// call it serves and that call's request id, so the router carries the
+    /// delegation chain (and its budget) on to the next hop (DESIGN §9).
     pub(crate) async fn invoke(
         &self,
         request: &InvokeRequest,
         traceparent: Option<&str>,
+        upstream: Option<(&str, &str)>,
         within: Duration,
     ) -> Result<ResultEnvelope, CallError> {
         let mut call = self
@@ -230,6 +246,11 @@ impl RouterLink {
             .json(request);
         if let Some(traceparent) = traceparent {
             call = call.header("traceparent", traceparent);
+        }
+        if let Some((assertion, request_id)) = upstream {
+            call = call
+                .header("agent-reach-upstream", assertion)
+                .header("agent-reach-upstream-request", request_id);
         }
         let response = call.send().await.map_err(|error| self.unreachable(&error))?;
         let status = response.status().as_u16();

@@ -355,7 +355,7 @@ impl Client {
     ) -> Result<ResultEnvelope, CallError> {
         let request = call::envelope(capability, to_payload(input)?, options, &Inherited::default());
         let within = call::answer_within(request.deadline, self.timeout);
-        self.link.invoke(&request, None, within).await
+        self.link.invoke(&request, None, None, within).await
     }
 
     // === Tasks ===

@@ -51,6 +51,11 @@ struct Inner {
     checkpoint: Option<serde_json::Value>,
     /// What the handler reported with [`Ctx::report_usage`], answered beside its output.
     usage: Mutex<Option<Usage>>,
+    /// The router's assertion for this call (verified) and its claims: the
+    /// delegation chain, and what onward calls present upstream.
+    assertion: Option<(String, Arc<agent_reach_access::AssertionClaims>)>,
+    /// What is left of the chain's budget, this call charged.
+    budget: Option<agent_reach_proto::envelope::BudgetLeft>,
     /// A multi-turn task's conversation before this message.
     history: Vec<Turn>,
 }
@@ -106,8 +111,61 @@ impl Ctx {
                 checkpoint: None,
                 history: Vec::new(),
                 usage: Mutex::new(None),
+                assertion: None,
+                budget: None,
             }),
         }
+    }
+
+    /// This context with the router's verified assertion (`token`, `claims`)
+    /// and the envelope's budget.
+    pub(crate) fn with_delegation(
+        mut self,
+        assertion: Option<(String, Arc<agent_reach_access::AssertionClaims>)>,
+        budget: Option<agent_reach_proto::envelope::BudgetLeft>,
+    ) -> Self {
+        // Called right after `new`, before the context is shared.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.assertion = assertion;
+            inner.budget = budget;
+        }
+        self
+    }
+
+    fn delegation(&self) -> Option<(agent_reach_access::Delegation, &str)> {
+        let (_, claims) = self.inner.assertion.as_ref()?;
+        Some((
+            agent_reach_access::Delegation {
+                act: claims.act.clone(),
+                depth: claims.depth.unwrap_or(1),
+                budget: None,
+                groups: claims.groups.clone(),
+            },
+            claims.sub.as_str(),
+        ))
+    }
+
+    /// The delegation chain this call belongs to, as the router vouches for
+    /// it: the original subject first, then each agent it passed through, the
+    /// immediate caller last (`["user", "intent_parser", "order_query"]`).
+    /// Empty when the router sent no assertion (`insecure` development mode).
+    pub fn chain(&self) -> Vec<String> {
+        self.delegation()
+            .map(|(delegation, caller)| delegation.names(caller))
+            .unwrap_or_default()
+    }
+
+    /// On whose behalf this call is made: the chain's original subject (the
+    /// caller itself for a direct call).
+    pub fn on_behalf_of(&self) -> Option<String> {
+        self.delegation()
+            .map(|(delegation, caller)| delegation.original_subject(caller).to_string())
+    }
+
+    /// What is left of the chain's budget (this call charged), when the call
+    /// carries one; calls this handler makes spend from it.
+    pub fn budget(&self) -> Option<agent_reach_proto::envelope::BudgetLeft> {
+        self.inner.budget
     }
 
     /// This context for a task's delivery (`task_id` and, for a multi-turn
@@ -391,7 +449,12 @@ impl Ctx {
         let traceparent = agent_reach_telemetry::propagation::traceparent(&tracing::Span::current())
             .unwrap_or_else(|| child_traceparent(self.traceparent()));
         let within = call::answer_within(request.deadline, Duration::from_secs(60));
-        router.invoke(&request, Some(&traceparent), within).await
+        let upstream = self
+            .inner
+            .assertion
+            .as_ref()
+            .map(|(token, _)| (token.as_str(), self.inner.request_id.as_str()));
+        router.invoke(&request, Some(&traceparent), upstream, within).await
     }
 
     /// The session context named by this request's `context_id`.

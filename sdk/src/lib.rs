@@ -53,7 +53,7 @@ mod verify;
 
 pub use access::AccessRequest;
 pub use agent::{Agent, AgentBuilder, LoadReporter};
-pub use agent_reach_proto::envelope::{ResultEnvelope, TargetPolicy, Usage};
+pub use agent_reach_proto::envelope::{BudgetGiven, BudgetLeft, ResultEnvelope, TargetPolicy, Usage};
 pub use agent_reach_proto::Priority;
 pub use agent_reach_sdk_macros::handler;
 pub use call::CallOptions;

@@ -15,7 +15,7 @@ use axum::Router;
 use serde_json::json;
 use tracing::Instrument;
 
-use agent_reach_access::assertion::{AssertionClaims, AssertionError};
+use agent_reach_access::assertion::{bearer, AssertionClaims, AssertionError};
 
 use crate::answer::{error_answer, handler_error, respond, InflightGuard};
 use crate::call::now_ms;
@@ -75,7 +75,8 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         Some(keys) => {
             let header = headers.get(http::header::AUTHORIZATION).map(|value| value.as_bytes());
             match keys.verify(header, &shared.config.agent_id).await {
-                Ok(claims) => Some(claims),
+                // The token is kept: onward calls present it upstream.
+                Ok(claims) => bearer(header).ok().map(|token| (token.to_string(), claims)),
                 Err(error) => return span.in_scope(|| refuse(&error)),
             }
         }
@@ -97,7 +98,7 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         .get("x-agent-reach-control")
         .is_some_and(|value| value.as_bytes() == b"pause")
     {
-        return control(&shared, assertion.as_deref(), &body).instrument(span).await;
+        return control(&shared, assertion.as_ref().map(|(_, claims)| &**claims), &body).instrument(span).await;
     }
     serve(shared, traceparent, assertion, body, wants_events)
         .instrument(span)
@@ -126,7 +127,7 @@ fn refuse(error: &AssertionError) -> Response {
 async fn serve(
     shared: Arc<Shared>,
     traceparent: Option<String>,
-    assertion: Option<Arc<AssertionClaims>>,
+    assertion: Option<(String, Arc<AssertionClaims>)>,
     body: Bytes,
     wants_events: bool,
 ) -> Response {
@@ -140,7 +141,7 @@ async fn serve(
             ))
         }
     };
-    if let Some(claims) = &assertion {
+    if let Some((_, claims)) = &assertion {
         if let Err(error) = crate::verify::matches_envelope(claims, envelope.source.as_deref(), &envelope.capability) {
             return refuse(&error);
         }
@@ -196,7 +197,8 @@ async fn serve(
             envelope.attempt,
             traceparent,
             shared.links.clone(),
-        );
+        )
+        .with_delegation(assertion, envelope.budget);
         return crate::stream::serve(stream.clone(), ctx, envelope.payload, envelope.deadline, guard, span).await;
     }
     let request_id = envelope.request_id.clone();
@@ -214,7 +216,7 @@ async fn serve(
     let working = {
         let (slot, shared, handler, span) = (slot.clone(), shared.clone(), handler.clone(), span.clone());
         tokio::spawn(async move {
-            slot.get_or_init(|| answer_of(shared, handler, envelope, traceparent, span))
+            slot.get_or_init(|| answer_of(shared, handler, envelope, traceparent, assertion, span))
                 .await
                 .clone()
         })
@@ -303,6 +305,7 @@ async fn answer_of(
     handler: crate::Handler,
     envelope: ForwardedEnvelope,
     traceparent: Option<String>,
+    assertion: Option<(String, Arc<AssertionClaims>)>,
     span: tracing::Span,
 ) -> Answer {
     let _guard = InflightGuard::start(shared.clone());
@@ -332,7 +335,8 @@ async fn answer_of(
         shared.links.clone(),
     )
     .for_task(envelope.task_id.clone(), envelope.history.clone())
-    .resumable(pause, envelope.checkpoint.clone());
+    .resumable(pause, envelope.checkpoint.clone())
+    .with_delegation(assertion, envelope.budget.clone());
     let reported = ctx.clone();
     let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
     // A spawned task isolates panics: the agent keeps serving.

@@ -481,7 +481,7 @@ impl TestKeys {
             tenant: "default".into(),
             iat: (now - 1) as u64,
             exp: (now + life_s) as u64,
-            run: None,
+            ..Default::default()
         }
     }
 

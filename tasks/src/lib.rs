@@ -322,6 +322,7 @@ fn failed_envelope(task: &agent_reach_task_store::Task, error: &RouterError, att
         duration_ms: 0,
         output: None,
         error: Some(error.envelope_error()),
+        budget: None,
     };
     serde_json::to_value(envelope).unwrap_or(Value::Null)
 }

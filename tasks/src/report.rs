@@ -179,6 +179,7 @@ fn result_envelope(api: &TaskApi, task: &Task, accepted: &Accepted, report: Repo
         duration_ms: agent_reach_task_store::store::now_ms().saturating_sub(accepted.at_ms),
         output,
         error,
+        budget: None,
     };
     (state, serde_json::to_value(envelope).unwrap_or(Value::Null))
 }

@@ -229,6 +229,7 @@ async fn await_report(tasks: &TaskService, claimed: &Claimed, accepted: &Accepte
                 duration_ms: now.saturating_sub(accepted.at_ms),
                 output: None,
                 error: Some(error.envelope_error()),
+                budget: None,
             };
             let result = serde_json::to_value(&result).unwrap_or(Value::Null);
             match tasks.store.finish(claimed, State::Failed, &result).await {
@@ -386,6 +387,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     duration_ms: started.elapsed().as_millis() as u64,
                     output: Some(output),
                     error: None,
+                    budget: None,
                 }
             }
             Err(failure) if input_required(&failure.error).is_some() => {
@@ -430,6 +432,7 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     duration_ms: started.elapsed().as_millis() as u64,
                     output: None,
                     error: Some(failure.error.envelope_error()),
+                    budget: None,
                 };
             }
         }

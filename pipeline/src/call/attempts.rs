@@ -210,6 +210,7 @@ pub(crate) async fn run<E: Exchange>(
         0,
     );
     envelope.task_id = task_id;
+    envelope.budget = admitted.budget.as_ref().map(|(_, left)| *left);
     envelope.history = checked.history.as_ref();
     envelope.run_id = checked.run_id.as_deref();
     envelope.checkpoint = checked.checkpoint.as_ref();
@@ -277,9 +278,18 @@ pub(crate) async fn run<E: Exchange>(
             }
         };
         envelope.attempt = attempt;
+        // A chain that reaches this capability on this instance again loops.
+        if admitted.delegation.visited(&capability.name, &instance.agent_id) {
+            return Err(fail(
+                loop_detected(caller, &capability.name, &instance.agent_id, &admitted.delegation),
+                Some(instance.agent_id.clone()),
+                attempt - 1,
+            ));
+        }
         let authorization = match means.assertions.header(
             caller,
             (&instance.agent_id, &capability.name),
+            &admitted.delegation,
             checked.run_id.as_deref(),
             deadline_ms,
             now.epoch_ms,
@@ -413,6 +423,9 @@ pub(crate) async fn run<E: Exchange>(
                 }
                 if let Some(usage) = usage::parse(usage.as_deref(), &agent_id) {
                     usage::record(&usage, &capability.metrics.model_tokens, trace.span.as_ref());
+                    if let Some((ledger, _)) = &admitted.budget {
+                        capability.metrics.budget_cost.inc_by(ledger.spend(usage.cost));
+                    }
                 }
                 return Ok(Answered::Done(Success {
                     capability_version: group.version_text.clone(),
@@ -422,6 +435,7 @@ pub(crate) async fn run<E: Exchange>(
                     accepted: None,
                     run: None,
                     paused: None,
+                    budget: admitted.budget.as_ref().map(|(ledger, _)| ledger.left()),
                 }));
             }
             // A preemptible task's delivery paused for higher-priority work (DESIGN §9).
@@ -449,6 +463,7 @@ pub(crate) async fn run<E: Exchange>(
                     }),
                     run: None,
                     paused: None,
+                    budget: admitted.budget.as_ref().map(|(ledger, _)| ledger.left()),
                 }));
             }
             Outcome::Accepted => return Err(fail(accepted_without_task(), Some(agent_id), attempt)),
@@ -508,6 +523,26 @@ pub(crate) async fn run<E: Exchange>(
         means.metrics.retries.with_label_values(&[reason.as_str()]).inc();
         tokio::time::sleep(pause).await;
     }
+}
+
+/// The refusal of a call whose chain already reached `capability` on `agent_id`.
+fn loop_detected(
+    caller: &agent_reach_access::Caller,
+    capability: &str,
+    agent_id: &str,
+    delegation: &agent_reach_access::Delegation,
+) -> RouterError {
+    let name = caller.name().unwrap_or("");
+    RouterError::new(
+        Code::LoopDetected,
+        format!("the delegation chain already reached `{capability}` on `{agent_id}`: a loop"),
+    )
+    .with_details(serde_json::json!({
+        "capability": capability,
+        "agent_id": agent_id,
+        "depth": delegation.depth,
+        "chain": delegation.names(name),
+    }))
 }
 
 /// How the outcome history counts an attempt; `None` for one it does not

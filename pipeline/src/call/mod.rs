@@ -46,6 +46,11 @@ pub struct Call {
     pub received: clock::Now,
     /// The door it came through (`Door::as_str`), or `delivery` for a task's delivery.
     pub door: &'static str,
+    /// The call the caller (an agent) serves while it makes this one, when it says so.
+    pub upstream: Option<crate::delegation::Upstream>,
+    /// The delegation chain, once admission has checked it (names, original
+    /// subject first; set only for a chained call): the trail records it.
+    pub chain: std::sync::OnceLock<Vec<String>>,
 }
 
 /// Which door a call came through: the name of its request span and a label.
@@ -126,6 +131,8 @@ impl Call {
             trace,
             received,
             door: door.as_str(),
+            upstream: crate::delegation::Upstream::from_headers(headers),
+            chain: std::sync::OnceLock::new(),
         };
         if door.is_traced() {
             call.start_span(door, incoming);
@@ -149,6 +156,8 @@ impl Call {
             trace,
             received: clock::Now::read(),
             door: "delivery",
+            upstream: None,
+            chain: std::sync::OnceLock::new(),
         }
     }
 

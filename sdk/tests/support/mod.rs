@@ -73,13 +73,23 @@ where
 impl Stack {
     /// etcd, Redis, a registry, `routers` routers (each with tasks on) and a context service.
     pub async fn start(routers: usize) -> Self {
+        Self::start_with(routers, ACL, |_, _| {}).await
+    }
+
+    /// [`Stack::start`] with the policy `acl`, each router's settings
+    /// adjusted by `configure(index, settings)` before it is built.
+    pub async fn start_with(
+        routers: usize,
+        acl_text: &str,
+        configure: impl Fn(usize, &mut agent_reach_router::Settings),
+    ) -> Self {
         let etcd = Etcd::start();
         let redis = Redis::start();
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("secret");
         std::fs::write(&secret, SECRET).unwrap();
         let acl = dir.path().join("acl.yaml");
-        std::fs::write(&acl, ACL).unwrap();
+        std::fs::write(&acl, acl_text).unwrap();
         let auth = AuthConfig::Hs256SecretFile(secret.clone());
         let mut tasks = Vec::new();
 
@@ -109,7 +119,7 @@ impl Stack {
         let mut router_urls = Vec::new();
         // Replicas share one signing key: agents verify every router's assertions with router 0's keys.
         let signing = std::sync::Arc::new(agent_reach_access::assertion::AssertionKey::generate().unwrap().0);
-        for _ in 0..routers {
+        for index in 0..routers {
             let mut settings = agent_reach_router::Settings::new(
                 "127.0.0.1:0".parse().unwrap(),
                 registry_url.clone(),
@@ -130,6 +140,7 @@ impl Stack {
                 trail: None,
                 tag_limits: Vec::new(),
             });
+            configure(index, &mut settings);
             let router = agent_reach_router::build(&settings).await.unwrap();
             let (addr, task) = serve_on_free_port(|listener| async move {
                 let _ = agent_reach_router::serve(listener, router, std::future::pending()).await;
@@ -231,13 +242,19 @@ impl Stack {
 
     /// `POST /v1/invoke` on `router` as `tester`: (HTTP status, result envelope).
     pub async fn invoke_on(&self, router: &str, body: Value) -> (u16, Value) {
-        let response = reqwest::Client::new()
+        self.invoke_as(router, "tester", &[], body).await
+    }
+
+    /// `POST /v1/invoke` on `router` as `caller`, with `headers`: (HTTP status, result envelope).
+    pub async fn invoke_as(&self, router: &str, caller: &str, headers: &[(&str, &str)], body: Value) -> (u16, Value) {
+        let mut request = reqwest::Client::new()
             .post(format!("{router}/v1/invoke"))
-            .bearer_auth(token("tester"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+            .bearer_auth(token(caller))
+            .json(&body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.unwrap();
         (response.status().as_u16(), response.json().await.unwrap())
     }
 

@@ -53,6 +53,23 @@ export interface Assertion {
   capability: string;
   tenant: string;
   expiresAt: number;
+  /** The assertion itself: a handler's calls onwards present it upstream (`agent-reach-upstream`). */
+  token: string;
+  /** The delegation chain the router vouches for: the original subject first, the immediate caller last (DESIGN §9 `act`). */
+  chain: readonly string[];
+}
+
+/** The names of an RFC 8693 `act` nesting (latest hop outermost), original subject first, then `caller`. */
+export function chainOf(act: unknown, caller: string): string[] {
+  const names: string[] = [];
+  let hop = act;
+  while (typeof hop === "object" && hop !== null && typeof (hop as { sub?: unknown }).sub === "string") {
+    names.push((hop as { sub: string }).sub);
+    hop = (hop as { act?: unknown }).act;
+  }
+  names.reverse();
+  names.push(caller);
+  return names;
 }
 
 type Keys = Map<string, CryptoKey>;
@@ -314,6 +331,8 @@ export class Verifier {
       capability: cap,
       tenant: typeof tenant === "string" ? tenant : "default",
       expiresAt: exp,
+      token,
+      chain: chainOf(claims["act"], sub),
     };
   }
 }

@@ -55,7 +55,19 @@ export interface Delivery {
   checkpoint?: unknown;
   /** Set on a preemptible handler's task delivery: `requested` once the router asks it to pause. */
   pause?: { requested: boolean };
+  /** The router's assertion for this delivery (calls onwards present it upstream). */
+  assertionToken?: string | undefined;
+  /** The delegation chain the assertion vouches for. */
+  chain?: readonly string[] | undefined;
+  /** What is left of the chain's budget, this call charged. */
+  budget?: Budget | undefined;
   history: readonly Turn[];
+}
+
+/** What is left of a delegation chain's budget (DESIGN §9); a member is absent when the budget set no limit of that kind. */
+export interface Budget {
+  callsLeft?: number;
+  costLeft?: number;
 }
 
 /**
@@ -102,6 +114,14 @@ export class Ctx {
   readonly checkpoint: unknown;
   readonly #pause: { requested: boolean } | undefined;
   /**
+   * The delegation chain the router vouches for (DESIGN §9): the original subject first, each
+   * agent it passed through, the immediate caller last. Empty without an assertion (insecure mode).
+   */
+  readonly chain: readonly string[];
+  /** What is left of the chain's budget (this call charged), when the call carries one. */
+  readonly budget: Budget | undefined;
+  readonly #upstream: string | undefined;
+  /**
    * A multi-turn task's conversation before this message, oldest first: the caller's
    * earlier messages and what this agent asked (empty for a first message).
    */
@@ -128,10 +148,18 @@ export class Ctx {
     this.taskId = delivery.taskId;
     this.checkpoint = delivery.checkpoint ?? undefined;
     this.#pause = delivery.pause;
+    this.chain = delivery.chain ?? [];
+    this.budget = delivery.budget;
+    this.#upstream = delivery.assertionToken;
     this.history = delivery.history;
     this.#signal = signal;
     this.#links = links;
     this.#span = span;
+  }
+
+  /** On whose behalf this call is made: the chain's original subject (the caller itself for a direct call). */
+  get onBehalfOf(): string | undefined {
+    return this.chain[0];
   }
 
   /**
@@ -199,7 +227,10 @@ export class Ctx {
       ...(this.contextId === undefined ? {} : { contextId: this.contextId }),
     });
     const traceparent = this.#span ?? childTraceparent(this.traceparent);
-    const headers = jsonHeaders(this.#links.token, { traceparent, accept });
+    // The router carries this call's delegation chain (and budget) on from the upstream assertion.
+    const upstream =
+      this.#upstream === undefined ? {} : { "agent-reach-upstream": this.#upstream, "agent-reach-upstream-request": this.requestId };
+    const headers = jsonHeaders(this.#links.token, { traceparent, accept, ...upstream });
     return { url: `${router.replace(/\/+$/, "")}/v1/invoke`, body, headers, deadlineMs };
   }
 

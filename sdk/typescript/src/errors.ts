@@ -55,6 +55,9 @@ export const RouterCode = {
   RUN_CONFLICT: "RUN_CONFLICT",
   STEP_FAILED: "STEP_FAILED",
   TRAIL_DISABLED: "TRAIL_DISABLED",
+  DEPTH_EXCEEDED: "DEPTH_EXCEEDED",
+  LOOP_DETECTED: "LOOP_DETECTED",
+  BUDGET_EXHAUSTED: "BUDGET_EXHAUSTED",
   INTERNAL: "INTERNAL",
 } as const;
 export type RouterCode = (typeof RouterCode)[keyof typeof RouterCode];

@@ -32,7 +32,7 @@ export {
   type TaskView,
 } from "./client.js";
 export { ContextHandle, Contexts, type ContextView, type CreateOptions, type Patch, type Tier } from "./contexts.js";
-export { Ctx, type CtxCallOptions, type Turn } from "./ctx.js";
+export { Ctx, type Budget, type CtxCallOptions, type Turn } from "./ctx.js";
 export {
   Accepted,
   AgentError,

@@ -14,7 +14,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 
 import { AssertionRefused, type Assertion } from "./assertion.js";
-import { Ctx, turnsOf, type Delivery } from "./ctx.js";
+import { Ctx, turnsOf, type Budget, type Delivery } from "./ctx.js";
 import type { Answer } from "./dedup.js";
 import { AgentReachError, HandlerError, Paused } from "./errors.js";
 import type { Handler } from "./handler.js";
@@ -66,7 +66,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: not JSON");
   }
   if (!isObject(envelope)) return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: not an object");
-  const { request_id, capability, capability_version, deadline, source, session_id, context_id, task_id, checkpoint } = envelope;
+  const { request_id, capability, capability_version, deadline, source, session_id, context_id, task_id, checkpoint, budget } = envelope;
   const attempt = envelope["attempt"] ?? 1;
   const priority = envelope["priority"] ?? "normal";
   if (
@@ -79,6 +79,7 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     (context_id !== undefined && typeof context_id !== "string") ||
     (source !== undefined && typeof source !== "string") ||
     (task_id !== undefined && typeof task_id !== "string") ||
+    (budget !== undefined && !isObject(budget)) ||
     !PRIORITIES.includes(priority as Priority)
   ) {
     return error(400, "INVALID_ENVELOPE", "cannot decode the forwarded envelope: a field is missing or has the wrong type");
@@ -96,6 +97,9 @@ function decode(body: string, assertion: Assertion | undefined, traceparent: str
     priority: priority as Priority,
     traceparent,
     taskId: task_id,
+    assertionToken: assertion?.token,
+    chain: assertion?.chain,
+    budget: isObject(budget) ? budgetOf(budget) : undefined,
     history: envelope["history"] === undefined ? [] : turnsOf(envelope["history"]),
     checkpoint,
     payload: envelope["payload"] ?? null,
@@ -545,4 +549,13 @@ export function agentServer(stateOf: () => AgentState | undefined): Server {
   server.keepAliveTimeout = 65_000;
   server.headersTimeout = 70_000;
   return server;
+}
+
+/** The envelope's `budget` (`{calls_left?, cost_left?}`) as a `Budget`; a member that is not a number is left out. */
+function budgetOf(budget: Record<string, unknown>): Budget {
+  const { calls_left: calls, cost_left: cost } = budget;
+  return {
+    ...(typeof calls === "number" ? { callsLeft: calls } : {}),
+    ...(typeof cost === "number" ? { costLeft: cost } : {}),
+  };
 }

@@ -58,6 +58,12 @@ class Assertion:
     capability: str
     tenant: str
     expires_at: int
+    #: The assertion itself: a handler's calls onwards present it upstream
+    #: (``agent-reach-upstream``), so the router carries the delegation chain on.
+    token: str = ""
+    #: The delegation chain the router vouches for: the original subject first, each
+    #: agent it passed through, the immediate caller last (DESIGN §9 ``act``).
+    chain: tuple[str, ...] = ()
 
 
 def parse_jwks(document: Any, origin: str) -> dict[str, Ed25519PublicKey]:
@@ -334,7 +340,21 @@ class Verifier:
             capability=capability,
             tenant=tenant if isinstance(tenant, str) else "default",
             expires_at=int(exp),
+            token=token,
+            chain=chain_of(claims.get("act"), caller),
         )
+
+
+def chain_of(act: Any, caller: str) -> tuple[str, ...]:
+    """The names of an RFC 8693 ``act`` nesting (latest hop outermost), original subject
+    first, then ``caller``; a malformed nesting counts as none."""
+    names: list[str] = []
+    while isinstance(act, dict) and isinstance(act.get("sub"), str):
+        names.append(act["sub"])
+        act = act.get("act")
+    names.reverse()
+    names.append(caller)
+    return tuple(names)
 
 
 def insecure_from_env() -> bool:

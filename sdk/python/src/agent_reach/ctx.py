@@ -97,11 +97,14 @@ class Ctx:
     __slots__ = (
         "_links",
         "_pause",
+        "_upstream",
         "_usage",
         "attempt",
+        "budget",
         "capability",
         "capability_version",
         "checkpoint",
+        "chain",
         "context_id",
         "deadline_ms",
         "history",
@@ -130,6 +133,9 @@ class Ctx:
         links: Links,
         priority: Priority = Priority.NORMAL,
         task_id: str | None = None,
+        assertion_token: str | None = None,
+        chain: tuple[str, ...] = (),
+        budget: dict[str, Any] | None = None,
         history: tuple[Turn, ...] = (),
         pause: asyncio.Event | None = None,
         checkpoint: Any = None,
@@ -162,6 +168,15 @@ class Ctx:
         #: The checkpoint this delivery resumes from (what the handler raised
         #: :class:`Paused` with when its task was paused); None for a first delivery.
         self.checkpoint = checkpoint
+        #: The delegation chain the router vouches for (DESIGN §9): the original subject
+        #: first, each agent it passed through, the immediate caller last. Empty when the
+        #: router sent no assertion (insecure development mode).
+        self.chain: tuple[str, ...] = chain
+        #: What is left of the chain's budget (``{"calls_left", "cost_left"}``, this call
+        #: charged) when the call carries one; calls this handler makes spend from it.
+        self.budget = budget
+        # What calls onwards present upstream: the router's assertion for this call, and its id.
+        self._upstream = (assertion_token, request_id) if assertion_token else None
 
     @property
     def pause_requested(self) -> bool:
@@ -171,6 +186,12 @@ class Ctx:
         Always False for a handler not declared preemptible and for a call that is not
         a task's delivery."""
         return self._pause is not None and self._pause.is_set()
+
+    @property
+    def on_behalf_of(self) -> str | None:
+        """On whose behalf this call is made: the chain's original subject (the caller itself
+        for a direct call); None without an assertion."""
+        return self.chain[0] if self.chain else None
 
     async def accept_and_report(self, work: Callable[[], Awaitable[T]]) -> T:
         """Long work (DESIGN §8, accepted now, result later): on a task's delivery, answers
@@ -322,6 +343,9 @@ class Ctx:
                 "authorization": f"Bearer {links.token}",
                 "traceparent": tracing.child_traceparent(self.traceparent),
             }
+            if self._upstream is not None:
+                # The router carries this call's delegation chain (and budget) on from it.
+                headers["agent-reach-upstream"], headers["agent-reach-upstream-request"] = self._upstream
             url = f"{links.router.rstrip('/')}/v1/invoke"
             try:
                 response = await links.http.post(url, json=body, headers=headers, timeout=timeout)

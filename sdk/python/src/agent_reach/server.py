@@ -213,6 +213,7 @@ async def serve_invoke(
         priority = envelope.get("priority", "normal")
         task_id = envelope.get("task_id")
         checkpoint = envelope.get("checkpoint")
+        budget = envelope.get("budget")
         if not (
             type(request_id) is str
             and type(capability) is str
@@ -223,6 +224,7 @@ async def serve_invoke(
             and (context_id is None or type(context_id) is str)
             and (source is None or type(source) is str)
             and (task_id is None or type(task_id) is str)
+            and (budget is None or type(budget) is dict)
             and priority in _PRIORITIES
         ):
             raise TypeError("a field has the wrong type")
@@ -275,6 +277,9 @@ async def serve_invoke(
             traceparent=traceparent,
             tenant=assertion.tenant if assertion is not None else None,
             links=state.links,
+            assertion_token=assertion.token if assertion is not None else None,
+            chain=assertion.chain if assertion is not None else (),
+            budget=budget,
             history=turns_of(envelope.get("history")),
         )
         streamed = (value,) if handler.ctx_first is None else ((ctx, value) if handler.ctx_first else (value, ctx))
@@ -328,6 +333,9 @@ async def serve_invoke(
                     traceparent=traceparent,
                     tenant=assertion.tenant if assertion is not None else None,
                     links=state.links,
+                    assertion_token=assertion.token if assertion is not None else None,
+                    chain=assertion.chain if assertion is not None else (),
+                    budget=budget,
                     history=turns_of(envelope.get("history")),
                 )
                 arguments = (reporter, value) if handler.ctx_first else (value, reporter)

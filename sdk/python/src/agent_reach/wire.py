@@ -57,6 +57,9 @@ class InvokeResult:
     duration_ms: int
     output: Any
     envelope: dict[str, Any] = field(repr=False)
+    #: What is left of the call's delegation budget once it (and all it caused) ended,
+    #: ``{"calls_left"?, "cost_left"?}``, when it carried one (DESIGN §9).
+    budget: dict[str, Any] | None = None
 
 
 def invoke_body(
@@ -123,6 +126,7 @@ def invoke_result(response: httpx.Response) -> InvokeResult:
         duration_ms=int(envelope.get("duration_ms", 0)),
         output=envelope.get("output"),
         envelope=envelope,
+        budget=envelope["budget"] if isinstance(envelope.get("budget"), dict) else None,
     )
 
 

@@ -277,6 +277,19 @@ permissions:
     allow: [shipping.rules]
   - caller: shipping_rules
     allow: [reply.write]
+  - caller: py_alice
+    allow: ["test.chain.*"]
+  - caller: py_bob
+    allow: [test.chain.first]
+  - caller: chain_first
+    allow: [test.chain.middle]
+    subjects: [py_alice]
+  - caller: chain_middle
+    allow: [test.chain.last]
+    via: [chain_first]
+  - caller: chain_relay
+    allow: ["test.chain.*"]
+auditors: [py_auditor]
 providers:
   - agent: "*"
     provides: ["test.*", "text.*"]

@@ -186,6 +186,16 @@ permissions:
     allow: ["*"]
   - caller: ts_agent
     allow: ["*"]
+  - caller: ts_alice
+    allow: ["test.chain.*"]
+  - caller: ts_bob
+    allow: [test.chain.first]
+  - caller: ts_first
+    allow: [test.chain.middle]
+    subjects: [ts_alice]
+  - caller: ts_middle
+    allow: [test.chain.last]
+    via: [ts_first]
 providers:
   - agent: "*"
     provides: ["test.*", "text.*"]
