@@ -45,7 +45,9 @@ fn readme_rows() -> Vec<(String, String)> {
             let mut words = command.split_whitespace();
             let bench = words.next().expect("a bench name").to_string();
             let modes: Vec<&str> = words
-                .filter(|word| matches!(*word, "--tls" | "--tracing" | "--trail" | "--chains") || word.starts_with("--policy="))
+                .filter(|word| {
+                    matches!(*word, "--tls" | "--tracing" | "--trail" | "--chains") || word.starts_with("--policy=")
+                })
                 .collect();
             (bench, modes.join(" "))
         })

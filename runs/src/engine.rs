@@ -496,6 +496,7 @@ impl Engine {
             duration_ms: now_ms().saturating_sub(spec.created_at_ms),
             output,
             error: None,
+            budget: None,
         })
         .unwrap_or(Value::Null);
         if let Some(error) = error {

@@ -92,6 +92,7 @@ fn answer(stored: &StoredRun, version: String, deadline_ms: u64) -> Result<Succe
             accepted: None,
             run: Some(run_id),
             paused: None,
+            budget: None,
         }),
         State::Failed | State::Canceled => {
             let error = &result["error"];
@@ -119,6 +120,7 @@ fn answer(stored: &StoredRun, version: String, deadline_ms: u64) -> Result<Succe
             }),
             run: Some(run_id),
             paused: None,
+            budget: None,
         }),
     }
 }

@@ -98,7 +98,9 @@ async fn invoke(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
         .get("x-agent-reach-control")
         .is_some_and(|value| value.as_bytes() == b"pause")
     {
-        return control(&shared, assertion.as_ref().map(|(_, claims)| &**claims), &body).instrument(span).await;
+        return control(&shared, assertion.as_ref().map(|(_, claims)| &**claims), &body)
+            .instrument(span)
+            .await;
     }
     serve(shared, traceparent, assertion, body, wants_events)
         .instrument(span)
@@ -336,7 +338,7 @@ async fn answer_of(
     )
     .for_task(envelope.task_id.clone(), envelope.history.clone())
     .resumable(pause, envelope.checkpoint.clone())
-    .with_delegation(assertion, envelope.budget.clone());
+    .with_delegation(assertion, envelope.budget);
     let reported = ctx.clone();
     let remaining = Duration::from_millis(envelope.deadline.saturating_sub(now_ms()));
     // A spawned task isolates panics: the agent keeps serving.

@@ -448,6 +448,7 @@ pub(crate) async fn run<E: Exchange>(
                     accepted: None,
                     run: None,
                     paused: Some(crate::outcome::Paused { checkpoint }),
+                    budget: admitted.budget.as_ref().map(|(ledger, _)| ledger.left()),
                 }));
             }
             Outcome::Paused(_) => return Err(fail(paused_without_task(), Some(agent_id), attempt)),

@@ -40,6 +40,8 @@ impl RouterService {
             let Ok(authorization) = self.assertions.header(
                 caller,
                 (&instance.agent_id, capability),
+                // A pause request is the router's own, outside any chain.
+                &agent_reach_access::Delegation::direct(Vec::new()),
                 None,
                 deadline_ms,
                 now.epoch_ms,
