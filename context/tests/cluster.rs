@@ -161,6 +161,16 @@ async fn create_all(store: &Arc<dyn ContextStore>, ids: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_primary_killed_under_load_loses_no_acknowledged_patch() {
     let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
+    // Bounded: one run in three on 2026-12-06 hung here (every task parked,
+    // a patch or read through the cluster client never answering after the
+    // failover); a hang must fail the test, not the whole suite. The cause
+    // is not found yet.
+    tokio::time::timeout(Duration::from_secs(180), a_shard_primary_killed())
+        .await
+        .expect("the shard primary kill test did not finish within 180 s: a store call never answered");
+}
+
+async fn a_shard_primary_killed() {
     let cluster = RedisCluster::start();
     let wait = Wait {
         replicas: 1,
