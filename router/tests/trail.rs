@@ -300,7 +300,9 @@ async fn a_tenants_trail_is_its_own() {
                 .len()
         }
     };
-    assert!(eventually(Duration::from_secs(10), || async { read("team-a").await == 1 }).await);
+    // At least the call answered 200; the polls before the tenant's part could
+    // route may have left refused calls under the same request id.
+    assert!(eventually(Duration::from_secs(10), || async { read("team-a").await >= 1 }).await);
     // team-b's operator, on the same router and the same Redis, sees none of it.
     assert_eq!(read("team-b").await, 0);
     let chains: Value = client
