@@ -181,6 +181,24 @@ fn stream_id(after: Option<String>) -> Result<Option<String>, RouterError> {
     }
 }
 
+/// The trail, the page's start and its size.
+type ChainPage = (Arc<dyn TrailStore>, Option<String>, usize);
+
+/// What both chain listings read first: the trail (for a reader), the page's
+/// start (`after`, checked) and its size (1000 by default, 1..=10,000).
+fn chain_page(
+    state: &ConsoleState,
+    identified: &Identified,
+    headers: &HeaderMap,
+    query: Result<Query<ChainQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<ChainPage, RouterError> {
+    let store = reader(state, identified, headers)?;
+    let Query(query) = query.map_err(|rejection| invalid_query(rejection.body_text()))?;
+    let after = stream_id(query.after)?;
+    let limit = query.limit.unwrap_or(1000).clamp(1, 10_000);
+    Ok((store, after, limit))
+}
+
 /// `GET /v1/trail/chains/{router}/records?after=&limit=`: the chain's
 /// records as stored (body and hash), in order.
 pub async fn chain_records(
@@ -191,10 +209,7 @@ pub async fn chain_records(
     headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let store = reader(&state, &identified, &headers)?;
-        let Query(query) = query.map_err(|rejection| invalid_query(rejection.body_text()))?;
-        let after = stream_id(query.after)?;
-        let limit = query.limit.unwrap_or(1000).clamp(1, 10_000);
+        let (store, after, limit) = chain_page(&state, &identified, &headers, query)?;
         let records = store
             .chain_records(chain_name(&router)?, after.as_deref(), limit)
             .await
@@ -215,10 +230,7 @@ pub async fn chain_heads(
     headers: HeaderMap,
 ) -> Response {
     let outcome = async {
-        let store = reader(&state, &identified, &headers)?;
-        let Query(query) = query.map_err(|rejection| invalid_query(rejection.body_text()))?;
-        let after = stream_id(query.after)?;
-        let limit = query.limit.unwrap_or(1000).clamp(1, 10_000);
+        let (store, after, limit) = chain_page(&state, &identified, &headers, query)?;
         let heads = store
             .chain_heads(chain_name(&router)?, after.as_deref(), limit)
             .await
