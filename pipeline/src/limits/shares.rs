@@ -10,9 +10,10 @@
 //! otherwise each router gets what it asked for plus an equal part of what
 //! is left. A rate share is taken as computed. Places are whole (apportioned
 //! by largest remainder) and *granted* by the ledger: a router asks for its
-//! share and holds at most what the other live routers do not hold (and at
-//! least what it has in flight), so the places held never add up to more
-//! than the limit. Nothing here is on the request path: a call spends a
+//! share and holds at most what the other live routers do not hold; the
+//! ledger records for it at least what it may still fill until the answer
+//! is applied (its places before the exchange, or its calls in flight when
+//! more), so the places held never add up to more than the limit. Nothing here is on the request path: a call spends a
 //! local token and takes a local place, as on a router alone.
 //!
 //! Accuracy (what `docs/design.md` §3.10.11 states, and `router/tests/global_quota.rs`
@@ -20,10 +21,14 @@
 //! limit's, and its burst is the limit's (each share's burst is at least one
 //! token, so at most one token more per router). When demand moves, the
 //! rate shares follow within two exchanges. Calls in flight never exceed
-//! `concurrency` while every router exchanges within its report's expiry,
-//! except that a bucket a router has not used for [`ACTIVE`] starts with an
-//! equal share, `⌊concurrency / routers⌋`, until its first exchange (so a
-//! caller's first call may be refused, `Retry-After: 1`, when that is 0).
+//! `concurrency` while every router exchanges within its report's expiry
+//! and every router's bucket for the limit has had its first grant. The
+//! exception: a bucket new on a router (or unused for [`ACTIVE`]) starts
+//! with an equal share, `⌊concurrency / routers⌋`, that no grant covers,
+//! until its first exchange (at most `every` later). In that interval calls
+//! in flight may exceed the limit by that share for each router whose bucket
+//! is new (and a caller's first call may be refused, `Retry-After: 1`, when
+//! the share is 0).
 //! A router that stops reporting (killed, cut off) holds its share until
 //! its report expires (`5 × every`, at least 1 s); the others then take it
 //! over. While the ledger is unreachable a router keeps the shares it last
@@ -60,7 +65,8 @@ pub struct Demand {
     pub limit: u32,
     /// The places this router would hold: its share by the last answer.
     pub target: u32,
-    /// The places it holds now (calls in flight).
+    /// The places it may fill until the answer is applied: its places
+    /// now, or the calls in flight when more.
     pub holding: u32,
 }
 
@@ -268,7 +274,15 @@ pub(crate) async fn run(service: Weak<RouterService>, ledger: Arc<dyn QuotaLedge
                     places,
                     limit: bucket.limit.concurrency.unwrap_or(0),
                     target,
-                    holding: bucket.inflight.load(Ordering::Acquire),
+                    // What the router may fill until this exchange's answer
+                    // is applied: its places now (or more, when calls took
+                    // them before a share shrank). Reporting only the calls
+                    // in flight let the others take a place this router
+                    // could still fill before the answer came back.
+                    holding: bucket
+                        .places
+                        .load(Ordering::Acquire)
+                        .max(bucket.inflight.load(Ordering::Acquire)),
                 });
                 entries.push(Entry { limiter: index, bucket });
             }
