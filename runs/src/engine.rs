@@ -22,7 +22,7 @@ use agent_reach_pipeline::RouterService;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
 use agent_reach_proto::Priority;
 use agent_reach_task_store::store::now_ms;
-use agent_reach_task_store::{Callback, NewTask, State, StoredRun, Submitted, TaskStore, TaskStoreError};
+use agent_reach_task_store::{Callback, NewTask, RunEntry, State, StoredRun, Submitted, TaskStore, TaskStoreError};
 use agent_reach_tasks::{store_error, TaskService};
 use agent_reach_workflows::Workflow;
 use serde_json::{json, Value};
@@ -76,12 +76,21 @@ pub struct Started {
 /// A run's definition as written, and as checked from it.
 type Checked = (Value, Arc<Workflow>);
 
+/// A run's spec and its checked workflow.
+type Known = (Arc<RunSpec>, Arc<Workflow>);
+
+/// Runs' specs kept at most (cleared when full: a cache, never the truth).
+const SPECS_KEPT: usize = 4096;
+
 pub struct Engine {
     tasks: Arc<TaskService>,
     service: Weak<RouterService>,
     settings: RunSettings,
     /// Checked workflows by (name, version), with the definition they were checked from.
     workflows: Mutex<HashMap<(String, String), Checked>>,
+    /// Runs' specs as read and checked (a run's spec never changes), so an
+    /// advance does not parse the spec and compare definitions each time.
+    specs: Mutex<HashMap<String, Known>>,
     /// Runs this router is advancing now, and whether news came meanwhile.
     advancing: Mutex<HashMap<String, bool>>,
     /// Who waits here for a run's news (a call answered when its run ends, an events stream).
@@ -101,6 +110,7 @@ impl Engine {
             service,
             settings,
             workflows: Mutex::new(HashMap::new()),
+            specs: Mutex::new(HashMap::new()),
             advancing: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
             metrics: crate::metrics::RunMetrics::register(registry)?,
@@ -257,15 +267,34 @@ impl Engine {
             Err(error) => return Err(error),
         };
         if stored.state.is_terminal() {
+            self.forget_spec(run_id);
             return Ok(());
         }
-        let spec: RunSpec =
-            serde_json::from_str(&stored.spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
-        let workflow = match self.workflow(&spec) {
-            Ok(workflow) => workflow,
-            Err(problem) => {
-                let error = json!({"code": "INTERNAL", "message": format!("the run's definition does not check: {problem}"), "retryable": false});
-                return self.finish(run_id, &spec, End::Failed(error)).await;
+        let known = self
+            .specs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(run_id)
+            .cloned();
+        let (spec, workflow) = match known {
+            Some(known) => known,
+            None => {
+                let spec: Arc<RunSpec> = Arc::new(
+                    serde_json::from_str(&stored.spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
+                );
+                let workflow = match self.workflow(&spec) {
+                    Ok(workflow) => workflow,
+                    Err(problem) => {
+                        let error = json!({"code": "INTERNAL", "message": format!("the run's definition does not check: {problem}"), "retryable": false});
+                        return self.finish(run_id, &spec, End::Failed(error)).await;
+                    }
+                };
+                let mut specs = self.specs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if specs.len() >= SPECS_KEPT {
+                    specs.clear();
+                }
+                specs.insert(run_id.to_string(), (spec.clone(), workflow.clone()));
+                (spec, workflow)
             }
         };
         let mut records = Records::from_entries(&stored.entries);
@@ -288,31 +317,46 @@ impl Engine {
         let now = now_ms();
         let actions = plan::plan(&workflow, &spec, &mut records, now);
         let mut wake = now + u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
+        // What this advance decided is written at once, with the run's next
+        // due time, after its calls are submitted: a router that dies before
+        // leaves the run due, and the next advance submits the same calls
+        // again under the same request ids (found, not duplicated).
+        let mut entries = Vec::new();
         for action in actions {
             match action {
                 Action::Start { step, record } => {
                     let json =
                         serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
-                    let field = step_field(&workflow.steps[step].id);
-                    self.store()
-                        .put_run_entry(
-                            run_id,
-                            &field,
-                            agent_reach_task_store::EntryOrder { attempt: 0, rank: 0 },
-                            &json,
-                        )
-                        .await?;
+                    entries.push(RunEntry {
+                        field: step_field(&workflow.steps[step].id),
+                        order: agent_reach_task_store::EntryOrder { attempt: 0, rank: 0 },
+                        json,
+                    });
                 }
-                Action::Call(call) => self.call(run_id, &spec, &workflow, call, now).await?,
+                Action::Call(call) => entries.push(self.call(run_id, &spec, &workflow, call, now).await?),
                 Action::WakeAt(at) => {
                     wake = wake.min(at);
                     self.wake_at(run_id, at);
                 }
                 Action::Cancel(task_ids) => self.cancel_tasks(&task_ids).await,
-                Action::Finish(end) => return self.finish(run_id, &spec, end).await,
+                Action::Finish(end) => {
+                    self.store().put_run_entries(run_id, &entries, None).await?;
+                    self.forget_spec(run_id);
+                    return self.finish(run_id, &spec, end).await;
+                }
             }
         }
-        self.store().schedule_run(run_id, wake).await
+        self.store()
+            .put_run_entries(run_id, &entries, Some(wake))
+            .await
+            .map(drop)
+    }
+
+    fn forget_spec(&self, run_id: &str) {
+        self.specs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(run_id);
     }
 
     /// Reads every task the run has in flight and records those that ended
@@ -351,7 +395,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Submits one call as a task (the same request id whoever submits it) and records it.
+    /// Submits one call as a task (the same request id whoever submits it);
+    /// answers its record, for the advance to write.
     async fn call(
         &self,
         run_id: &str,
@@ -359,7 +404,7 @@ impl Engine {
         workflow: &Workflow,
         call: plan::Call,
         now: u64,
-    ) -> Result<(), TaskStoreError> {
+    ) -> Result<RunEntry, TaskStoreError> {
         let step = &workflow.steps[call.step];
         let (capability, version, timeout_ms) = match (&call.item, &step.on_failure) {
             (None, agent_reach_workflows::OnFailure::Compensate(compensation)) => (
@@ -412,7 +457,12 @@ impl Engine {
             error: None,
         };
         self.metrics.calls.with_label_values(&[&spec.workflow]).inc();
-        self.record(run_id, &call.field, &record).await.map(drop)
+        let json = serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+        Ok(RunEntry {
+            field: call.field,
+            order: record.order(),
+            json,
+        })
     }
 
     /// A retry's backoff on this router (the run is also due by then for any router).

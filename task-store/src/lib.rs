@@ -18,6 +18,6 @@ pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer, No
 pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, Role, State, Task, Transition, Turn};
 pub use store::{
     new_task_id, Claimed, DeadLetter, EntryOrder, HistorySlot, HistoryTotals, LocalBuffer, NewTask, QuotaAsk,
-    QuotaExchange, QuotaLimit, QuotaReport, Reported, SessionResult, StoreConfig, StoredRun, Submitted, TaskStore,
-    TaskStoreError, MOST_PUSH_CONFIGS,
+    QuotaExchange, QuotaLimit, QuotaReport, Reported, RunEntry, SessionResult, StoreConfig, StoredRun, Submitted,
+    TaskStore, TaskStoreError, MOST_PUSH_CONFIGS,
 };

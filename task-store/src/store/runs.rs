@@ -42,6 +42,14 @@ pub struct StoredRun {
     pub result: Option<String>,
 }
 
+/// One entry of a run to write: its field, where it stands, its record (JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEntry {
+    pub field: String,
+    pub order: EntryOrder,
+    pub json: String,
+}
+
 /// Where an entry stands: a later attempt, and within one attempt a later
 /// rank (e.g. an end after a start), replaces it; nothing earlier does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -60,20 +68,32 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
 "#;
 
-const PUT_ENTRY: &str = r#"
--- Writes an entry unless the stored one is later (attempt, then rank).
--- KEYS: 1 run hash; ARGV: 1 field, 2 attempt, 3 rank, 4 json, 5 now ms
+const PUT_ENTRIES: &str = r#"
+-- Writes each entry unless the stored one is later (attempt, then rank),
+-- then, when asked, the run's due time (XX: an ended run stays undue).
+-- KEYS: 1 run hash, 2 due set
+-- ARGV: 1 now ms, 2 due ms ('' for none), 3 run id, then per entry: field, attempt, rank, json
+-- Returns -1 when the run is gone, else how many entries were written.
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then
-  local attempt, rank = string.match(old, '^(%d+)%.(%d+)|')
-  attempt = tonumber(attempt) or 0
-  rank = tonumber(rank) or 0
-  local new_attempt, new_rank = tonumber(ARGV[2]), tonumber(ARGV[3])
-  if attempt > new_attempt or (attempt == new_attempt and rank > new_rank) then return 0 end
+local written = 0
+for i = 4, #ARGV, 4 do
+  local field, new_attempt, new_rank = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local old = redis.call('HGET', KEYS[1], field)
+  local later = false
+  if old then
+    local attempt, rank = string.match(old, '^(%d+)%.(%d+)|')
+    attempt = tonumber(attempt) or 0
+    rank = tonumber(rank) or 0
+    later = attempt > new_attempt or (attempt == new_attempt and rank > new_rank)
+  end
+  if not later then
+    redis.call('HSET', KEYS[1], field, ARGV[i + 1] .. '.' .. ARGV[i + 2] .. '|' .. ARGV[i + 3])
+    written = written + 1
+  end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '.' .. ARGV[3] .. '|' .. ARGV[4], 'updated_at_ms', ARGV[5])
-return 1
+if written > 0 then redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[1]) end
+if ARGV[2] ~= '' then redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3]) end
+return written
 "#;
 
 const MOVE_RUN: &str = r#"
@@ -100,7 +120,7 @@ return {'ok', current}
 /// The run scripts, loaded once.
 pub(super) struct RunScripts {
     create: redis::Script,
-    put_entry: redis::Script,
+    put_entries: redis::Script,
     move_run: redis::Script,
 }
 
@@ -108,7 +128,7 @@ impl RunScripts {
     pub(super) fn load() -> Self {
         Self {
             create: redis::Script::new(CREATE_RUN),
-            put_entry: redis::Script::new(PUT_ENTRY),
+            put_entries: redis::Script::new(PUT_ENTRIES),
             move_run: redis::Script::new(MOVE_RUN),
         }
     }
@@ -208,22 +228,47 @@ impl TaskStore {
         order: EntryOrder,
         json: &str,
     ) -> Result<bool, TaskStoreError> {
-        let mut connection = self.connection().await?;
-        let written: i64 = self
-            .run_scripts
-            .put_entry
-            .key(self.run_key(run_id))
-            .arg(field)
-            .arg(order.attempt)
-            .arg(order.rank)
-            .arg(json)
-            .arg(now_ms())
-            .invoke_async(&mut connection)
+        let entry = RunEntry {
+            field: field.to_string(),
+            order,
+            json: json.to_string(),
+        };
+        self.put_run_entries(run_id, std::slice::from_ref(&entry), None)
             .await
-            .map_err(unavailable)?;
+            .map(|written| written == 1)
+    }
+
+    /// Writes each of `entries` (as [`Self::put_run_entry`] does) and, with
+    /// `due_at_ms`, the run's due time (as [`Self::schedule_run`]), in one
+    /// script: what an advance of the run decided, written at once. Answers
+    /// how many entries were written.
+    pub async fn put_run_entries(
+        &self,
+        run_id: &str,
+        entries: &[RunEntry],
+        due_at_ms: Option<u64>,
+    ) -> Result<usize, TaskStoreError> {
+        if entries.is_empty() && due_at_ms.is_none() {
+            return Ok(0);
+        }
+        let mut connection = self.connection().await?;
+        let mut invocation = self.run_scripts.put_entries.key(self.run_key(run_id));
+        invocation
+            .key(self.runs_due_key(lane_of(run_id)))
+            .arg(now_ms())
+            .arg(due_at_ms.map_or_else(String::new, |due| due.to_string()))
+            .arg(run_id);
+        for entry in entries {
+            invocation
+                .arg(&entry.field)
+                .arg(entry.order.attempt)
+                .arg(entry.order.rank)
+                .arg(&entry.json);
+        }
+        let written: i64 = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
         match written {
             -1 => Err(TaskStoreError::NotFound(run_id.to_string())),
-            written => Ok(written == 1),
+            written => Ok(usize::try_from(written).unwrap_or(0)),
         }
     }
 
