@@ -165,8 +165,19 @@ async fn shop(stack: &Stack, seen: &Arc<Seen>) -> Agent {
             }
         })
     };
+    let ask = {
+        let seen = seen.clone();
+        Handler::new("shop.ask", "1.0.0", move |ctx: Ctx, _: OrderQuery| {
+            let seen = seen.clone();
+            async move {
+                seen.ran(&ctx);
+                Err::<Reply, _>(HandlerError::input_required("which warehouse should ship it?"))
+            }
+        })
+    };
     let agent = stack
         .agent("shop", "shop-1")
+        .handler(ask)
         .handler(lines)
         .handler(stock)
         .handler(reply("shop.reply"))
@@ -405,6 +416,41 @@ async fn a_failing_step_is_retried_then_compensated_and_the_run_fails_with_the_s
         .filter(|id| id.contains("/charge/0/"))
         .count();
     assert_eq!(charges, 3, "three attempts, each its own request id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_whose_agent_asks_for_input_fails_with_input_required_instead_of_waiting() {
+    let stack = Stack::start(1).await;
+    let seen = Arc::new(Seen::default());
+    let _agent = shop(&stack, &seen).await;
+    let definition = json!({
+        "version": "1.0.0",
+        "input_schema": order_schema(),
+        "steps": [
+            {"id": "ask", "capability": "shop.ask", "input": {"order_id": "${input.order_id}"},
+             "on_failure": "continue"},
+            {"id": "reply", "capability": "shop.reply", "depends_on": ["ask"],
+             "input": {"order_id": "${input.order_id}", "mode": "${steps.ask.error.details.agent_code}"}}
+        ],
+        "output": {"reply": "${steps.reply.output.text}", "question": "${steps.ask.error.message}"}
+    });
+    assert_eq!(stack.put_workflow("shop.asking", &definition).await.0, 200);
+    stack.wait_for_offer("shop.asking").await;
+    let run_id = stack
+        .start_run("shop.asking", json!({"payload": {"order_id": "SO-4"}}))
+        .await;
+    // Ends (a step waiting for an answer nobody can give would leave it running).
+    let run = stack.ended(stack.router(), &run_id, Duration::from_secs(30)).await;
+    assert_eq!(run["status"], "succeeded", "{run}");
+    let ask = step(&run, "ask");
+    assert_eq!(ask["status"], "failed", "{ask}");
+    assert_eq!(ask["error"]["code"], "AGENT_ERROR", "{ask}");
+    assert_eq!(ask["error"]["details"]["agent_code"], "INPUT_REQUIRED", "{ask}");
+    assert_eq!(
+        run["output"],
+        json!({"reply": "SO-4 by INPUT_REQUIRED: 0 line(s)", "question": "which warehouse should ship it?"}),
+        "{run}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

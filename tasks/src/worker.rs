@@ -390,7 +390,10 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
                     budget: None,
                 }
             }
-            Err(failure) if input_required(&failure.error).is_some() => {
+            // A workflow's step cannot be asked a question (nobody converses
+            // with a run's steps): it fails with `INPUT_REQUIRED` below, and
+            // its step's `on_failure` decides (docs/design.md §3.14).
+            Err(failure) if input_required(&failure.error).is_some() && task.run.is_none() => {
                 let question = Turn::agent(
                     agent_reach_pipeline::trace::new_request_id(),
                     input_required(&failure.error).unwrap_or_default(),
