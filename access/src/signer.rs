@@ -109,7 +109,8 @@ const CACHE_CAPACITY: usize = 4096;
 struct VerifiedUpstream {
     generation: u64,
     token: Box<str>,
-    claims: AssertionClaims,
+    /// Shared: a chained call reads the claims, it never needs its own copy.
+    claims: Arc<AssertionClaims>,
 }
 
 thread_local! {
@@ -195,7 +196,12 @@ impl Assertions {
     /// call: its signature by a key in use, its issuer, and its expiry give or
     /// take `grace` (an agent may call onwards late in a long call). Verified
     /// once per thread and token, then read from a cache.
-    pub fn verify_own(&self, token: &str, now_ms: u64, grace: Duration) -> Result<AssertionClaims, AssertionError> {
+    pub fn verify_own(
+        &self,
+        token: &str,
+        now_ms: u64,
+        grace: Duration,
+    ) -> Result<Arc<AssertionClaims>, AssertionError> {
         let generation = self.generation.load(Ordering::Acquire);
         let key = HASHER.with(|state| state.hash_one(token));
         let cached = VERIFIED.with(|cache| {
@@ -206,7 +212,7 @@ impl Assertions {
         let claims = match cached {
             Some(claims) => claims,
             None => {
-                let claims = self.keys.load().verifier.verify_own(token)?;
+                let claims = Arc::new(self.keys.load().verifier.verify_own(token)?);
                 VERIFIED.with(|cache| {
                     let mut cache = cache.borrow_mut();
                     if cache.len() >= CACHE_CAPACITY {

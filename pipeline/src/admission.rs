@@ -46,6 +46,10 @@ pub struct Admission {
     chains: ChainRules,
     /// Every chain's budget this part holds.
     budgets: Budgets,
+    /// Whether a chained call's names are kept for the trail (set once the
+    /// trail is on; a sampled span takes them too). Built only then: most
+    /// chained calls on a router without a trail need none.
+    name_chains: std::sync::atomic::AtomicBool,
 }
 
 /// One tenant's quotas on this router: its bucket and places in flight
@@ -131,6 +135,7 @@ impl Admission {
             assertions,
             chains: tuning.chains,
             budgets: Budgets::default(),
+            name_chains: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -274,6 +279,11 @@ impl Admission {
         self.acl.current().records_payloads(capability)
     }
 
+    /// Keeps chained calls' names from now on (the trail records them).
+    pub(crate) fn name_chains(&self) {
+        self.name_chains.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// May `caller` read and replay this tenant's trail (`operators` and `auditors`)?
     pub fn authorize_trail_reader(&self, caller: &Caller) -> Result<(), RouterError> {
         let Caller::Agent { name, .. } = caller else {
@@ -398,7 +408,8 @@ impl Admission {
             now.epoch_ms,
         )
         .map_err(|error| refused(error, None))?;
-        if delegation.depth > 1 {
+        let naming = call.trace.span.is_some() || self.name_chains.load(std::sync::atomic::Ordering::Relaxed);
+        if delegation.depth > 1 && naming {
             let names = delegation.names(caller.name().unwrap_or(""));
             if let Some(span) = &call.trace.span {
                 span.set(agent_reach_telemetry::spans::KeyValue::new(

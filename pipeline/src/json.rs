@@ -217,9 +217,26 @@ impl Succeeded<'_> {
     }
 }
 
-/// `{"calls_left": …, "cost_left": …}` as serde_json writes [`BudgetLeft`].
+/// `{"calls_left": …, "cost_left": …}` as serde_json writes [`BudgetLeft`]
+/// (written by hand: a chained call's every answer carries it).
 fn budget_json(budget: &BudgetLeft) -> String {
-    serde_json::to_string(budget).unwrap_or_else(|_| "null".to_string())
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(48);
+    out.push('{');
+    if let Some(calls) = budget.calls_left {
+        // Writing into a String cannot fail.
+        let _ = write!(out, "\"calls_left\":{calls}");
+    }
+    if let Some(cost) = budget.cost_left {
+        if budget.calls_left.is_some() {
+            out.push(',');
+        }
+        out.push_str("\"cost_left\":");
+        // serde_json's own number format (`5.0`, `null` for what is not finite).
+        out.push_str(&serde_json::to_string(&cost).unwrap_or_else(|_| "null".to_string()));
+    }
+    out.push('}');
+    out
 }
 
 /// `text` as a JSON string, escaped as serde_json escapes it (only `"`, `\`
@@ -264,6 +281,38 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_budget_is_written_as_serde_json_writes_it() {
+        for budget in [
+            BudgetLeft {
+                calls_left: Some(5),
+                cost_left: Some(12.5),
+            },
+            BudgetLeft {
+                calls_left: Some(-1),
+                cost_left: None,
+            },
+            BudgetLeft {
+                calls_left: None,
+                cost_left: Some(3.0),
+            },
+            BudgetLeft {
+                calls_left: None,
+                cost_left: Some(f64::NAN),
+            },
+            BudgetLeft {
+                calls_left: None,
+                cost_left: None,
+            },
+        ] {
+            assert_eq!(
+                budget_json(&budget),
+                serde_json::to_string(&budget).unwrap(),
+                "{budget:?}"
+            );
+        }
+    }
 
     #[test]
     fn strings_are_escaped_as_serde_json_escapes_them() {

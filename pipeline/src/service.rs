@@ -104,6 +104,7 @@ impl RouterService {
 
     /// Records every call of this part in the trail from now on (set once).
     pub fn record_trail(&self, hook: TrailHook) {
+        self.admission.name_chains();
         if self.trail.set(Arc::new(hook)).is_err() {
             tracing::warn!(message = "The trail was set up twice for one part; the first stays.");
         }
