@@ -12,7 +12,7 @@
 //! - `trail:chains` — sorted set: chains by their last write (ms).
 //!
 //! A batch is two round trips: the chain's records, heads and indexes in one
-//! pipeline (one slot), then the chains set.
+//! script (one slot; see [`TRAIL_APPEND`]), then the chains set.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -26,6 +26,74 @@ use super::TaskStore;
 
 /// Record ids kept per capability for replays to sample.
 pub const INPUTS_KEPT: isize = 10_000;
+
+/// A batch in one script (one command and one answer, instead of three a
+/// record: the pipeline's encoding and replies were half of the trail's
+/// cost in the router, `router-bench --trail`'s profile). Idempotent: a
+/// batch written before (a retry after a lost answer) finds its records
+/// there and writes nothing twice.
+const TRAIL_APPEND: &str = r#"
+-- KEYS: 1 records stream, 2 heads stream, 3.. index lists (request, session, run, inputs)
+-- ARGV: 1 retention s, 2 oldest ms (MINID), 3 head id, 4 head JWS, 5 records n, 6 inputs kept,
+--       then per record: id, body, hash; then per index list: kind ('i' index, 'n' inputs),
+--       count, and the positions (0-based) of its records
+local n = tonumber(ARGV[5])
+local base = 7
+local function order(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms) or 0, tonumber(seq) or 0
+end
+local last_ms, last_seq = -1, -1
+local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #top > 0 then last_ms, last_seq = order(top[1][1]) end
+local function fresh(id)
+  local ms, seq = order(id)
+  return ms > last_ms or (ms == last_ms and seq > last_seq)
+end
+local written = 0
+for r = 0, n - 1 do
+  local at = base + r * 3
+  if fresh(ARGV[at]) then
+    if written == 0 then
+      redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[2], ARGV[at], 'r', ARGV[at + 1], 'h', ARGV[at + 2])
+    else
+      redis.call('XADD', KEYS[1], ARGV[at], 'r', ARGV[at + 1], 'h', ARGV[at + 2])
+    end
+    written = written + 1
+  end
+end
+if written == 0 and n > 0 then return 0 end
+local heads = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local head_ms, head_seq = order(ARGV[3])
+local newer = true
+if #heads > 0 then
+  local ms, seq = order(heads[1][1])
+  newer = head_ms > ms or (head_ms == ms and head_seq > seq)
+end
+if newer then redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[2], ARGV[3], 'j', ARGV[4]) end
+local a = base + n * 3
+for k = 3, #KEYS do
+  local kind, count = ARGV[a], tonumber(ARGV[a + 1])
+  a = a + 2
+  local ids = {}
+  for j = 1, count do
+    local id = ARGV[base + tonumber(ARGV[a + j - 1]) * 3]
+    if fresh(id) then ids[#ids + 1] = id end
+  end
+  a = a + count
+  if #ids > 0 then
+    redis.call('RPUSH', KEYS[k], unpack(ids))
+    if kind == 'n' then redis.call('LTRIM', KEYS[k], -tonumber(ARGV[6]), -1) end
+    redis.call('EXPIRE', KEYS[k], ARGV[1])
+  end
+end
+return written
+"#;
+
+fn trail_append() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(TRAIL_APPEND))
+}
 
 impl TaskStore {
     fn chain_tag(router: &str) -> String {
@@ -88,67 +156,70 @@ impl TrailStore for TaskStore {
         let mut connection = self.connection().await.map_err(|error| error.to_string())?;
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
         let retention_s = retention.as_secs().max(1);
-        let records = self.trail_key(&batch.router, "records");
-        let mut pipe = redis::pipe();
         let oldest = batch.at_ms.saturating_sub(retention_ms);
-        for (index, sealed) in batch.records.iter().enumerate() {
-            let command = pipe.cmd("XADD").arg(&records);
-            if index == 0 {
-                command.arg("MINID").arg("~").arg(oldest);
+        // The index keys (each once per batch, however many records it
+        // names), and per key the positions of its records in the batch.
+        let mut keys: Vec<(String, bool, Vec<usize>)> = Vec::new();
+        let mut at: HashMap<String, usize> = HashMap::new();
+        let mut add = |key: String, inputs: bool, position: usize| match at.get(&key) {
+            Some(&index) => keys[index].2.push(position),
+            None => {
+                at.insert(key.clone(), keys.len());
+                keys.push((key, inputs, vec![position]));
             }
-            command
-                .arg(&sealed.stored.id)
-                .arg("r")
-                .arg(&sealed.stored.body)
-                .arg("h")
-                .arg(&sealed.stored.hash)
-                .ignore();
-        }
-        pipe.cmd("XADD")
-            .arg(self.trail_key(&batch.router, "heads"))
-            .arg("MINID")
-            .arg("~")
-            .arg(oldest)
-            .arg(&batch.head.id)
-            .arg("j")
-            .arg(&batch.head.jws)
-            .ignore();
-        // Each index key once per batch, however many of its records it holds.
-        let mut indexes: HashMap<String, Vec<&str>> = HashMap::new();
-        for sealed in &batch.records {
-            let id = sealed.stored.id.as_str();
-            let mut add = |kind: &str, value: &str| {
-                indexes
-                    .entry(self.trail_key(&batch.router, &format!("ix:{kind}:{value}")))
-                    .or_default()
-                    .push(id)
-            };
-            add("request", &sealed.request_id);
+        };
+        for (position, sealed) in batch.records.iter().enumerate() {
+            add(
+                self.trail_key(&batch.router, &format!("ix:request:{}", sealed.request_id)),
+                false,
+                position,
+            );
             if let Some(session) = &sealed.session_id {
-                add("session", session);
+                add(
+                    self.trail_key(&batch.router, &format!("ix:session:{session}")),
+                    false,
+                    position,
+                );
             }
             if let Some(run) = &sealed.run_id {
-                add("run", run);
+                add(self.trail_key(&batch.router, &format!("ix:run:{run}")), false, position);
+            }
+            if sealed.has_input {
+                add(
+                    self.trail_key(&batch.router, &format!("inputs:{}", sealed.capability)),
+                    true,
+                    position,
+                );
             }
         }
-        for (key, ids) in &indexes {
-            pipe.cmd("RPUSH").arg(key).arg(ids).ignore();
-            pipe.cmd("EXPIRE").arg(key).arg(retention_s).ignore();
+        let mut invocation = trail_append().prepare_invoke();
+        invocation
+            .key(self.trail_key(&batch.router, "records"))
+            .key(self.trail_key(&batch.router, "heads"));
+        for (key, _, _) in &keys {
+            invocation.key(key);
         }
-        let mut inputs: HashMap<String, Vec<&str>> = HashMap::new();
-        for sealed in batch.records.iter().filter(|sealed| sealed.has_input) {
-            inputs
-                .entry(self.trail_key(&batch.router, &format!("inputs:{}", sealed.capability)))
-                .or_default()
-                .push(&sealed.stored.id);
+        invocation
+            .arg(retention_s)
+            .arg(oldest)
+            .arg(&batch.head.id)
+            .arg(&batch.head.jws)
+            .arg(batch.records.len())
+            .arg(INPUTS_KEPT);
+        for sealed in &batch.records {
+            invocation
+                .arg(&sealed.stored.id)
+                .arg(&sealed.stored.body)
+                .arg(&sealed.stored.hash);
         }
-        for (key, ids) in &inputs {
-            pipe.cmd("RPUSH").arg(key).arg(ids).ignore();
-            pipe.cmd("LTRIM").arg(key).arg(-INPUTS_KEPT).arg(-1).ignore();
-            pipe.cmd("EXPIRE").arg(key).arg(retention_s).ignore();
+        for (_, inputs, positions) in &keys {
+            invocation.arg(if *inputs { "n" } else { "i" }).arg(positions.len());
+            for position in positions {
+                invocation.arg(*position);
+            }
         }
-        let _: () = pipe
-            .query_async(&mut connection)
+        let _: i64 = invocation
+            .invoke_async(&mut connection)
             .await
             .map_err(|error| format!("writing the trail: {error}"))?;
         // Another slot on a cluster: its own command.

@@ -1,0 +1,120 @@
+//! The trail's layout (issue 37) on a real Redis and a real Redis Cluster:
+//! a batch's records, head and indexes are written in one script, every
+//! index finds its records, and a batch written again (a retry after a lost
+//! answer) writes nothing twice.
+
+use std::time::Duration;
+
+use agent_reach_task_store::{StoreConfig, TaskStore};
+use agent_reach_trail::{Batch, Index, Sealed, Stored, StoredHead, TrailStore};
+
+const ROUTER: &str = "r1";
+
+fn sealed(ms: u64, seq: u64, request: &str, session: Option<&str>, input: bool) -> Sealed {
+    Sealed {
+        seq,
+        stored: Stored {
+            id: format!("{ms}-{seq}"),
+            body: format!(r#"{{"seq":{seq},"request_id":"{request}"}}"#),
+            hash: format!("h{seq}"),
+        },
+        request_id: request.to_string(),
+        session_id: session.map(str::to_string),
+        run_id: None,
+        capability: "order.query".to_string(),
+        has_input: input,
+    }
+}
+
+fn batch(ms: u64, segment: u64, records: Vec<Sealed>) -> Batch {
+    Batch {
+        router: ROUTER.to_string(),
+        records,
+        head: StoredHead {
+            id: format!("{ms}-{segment}"),
+            jws: format!("head-{segment}"),
+        },
+        at_ms: ms,
+    }
+}
+
+async fn batches_land_once(url: &str) {
+    let store = TaskStore::new(url, &StoreConfig::default()).expect("store");
+    let retention = Duration::from_secs(3600);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let first = batch(
+        now,
+        1,
+        vec![
+            sealed(now, 1, "req-a", Some("sess-1"), true),
+            sealed(now, 2, "req-b", Some("sess-1"), false),
+            // A second record of one request (its retry on another attempt).
+            sealed(now, 3, "req-a", None, false),
+        ],
+    );
+    store.append(&first, retention).await.expect("append");
+    // The answer was lost and the writer tries again: nothing twice.
+    store.append(&first, retention).await.expect("append again");
+    let second = batch(now + 5, 2, vec![sealed(now + 5, 4, "req-c", Some("sess-1"), true)]);
+    store.append(&second, retention).await.expect("append the next batch");
+
+    let records = store.chain_records(ROUTER, None, 100).await.unwrap();
+    let ids: Vec<&str> = records.iter().map(|stored| stored.id.as_str()).collect();
+    let expected = [
+        format!("{now}-1"),
+        format!("{now}-2"),
+        format!("{now}-3"),
+        format!("{}-4", now + 5),
+    ];
+    assert_eq!(ids, expected.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(records[1].hash, "h2");
+    assert_eq!(records[1].body, r#"{"seq":2,"request_id":"req-b"}"#);
+    let heads = store.chain_heads(ROUTER, None, 10).await.unwrap();
+    assert_eq!(
+        heads.iter().map(|head| head.jws.as_str()).collect::<Vec<_>>(),
+        ["head-1", "head-2"]
+    );
+
+    let of = |index: Index| {
+        let store = &store;
+        async move {
+            store
+                .records_of(&index, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|stored| stored.hash)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(of(Index::Request("req-a".into())).await, ["h1", "h3"]);
+    assert_eq!(of(Index::Request("req-c".into())).await, ["h4"]);
+    assert_eq!(of(Index::Session("sess-1".into())).await, ["h1", "h2", "h4"]);
+    assert!(of(Index::Run("none".into())).await.is_empty());
+    let inputs: Vec<String> = store
+        .recent_with_input("order.query", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|stored| stored.hash)
+        .collect();
+    let mut inputs = inputs;
+    inputs.sort();
+    assert_eq!(inputs, ["h1", "h4"]);
+    assert_eq!(store.chains().await.unwrap()[0].router, ROUTER);
+}
+
+#[tokio::test]
+async fn a_batch_lands_once_with_its_indexes_on_one_redis() {
+    let redis = agent_reach_testkit::Redis::start();
+    batches_land_once(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn a_batch_lands_once_with_its_indexes_on_a_redis_cluster() {
+    let cluster = agent_reach_testkit::RedisCluster::start();
+    batches_land_once(&cluster.url()).await;
+}
