@@ -96,6 +96,8 @@ struct Cached {
     agent_id: Box<str>,
     capability: Box<str>,
     delegation: Delegation,
+    /// The workflow run the assertion claims (a step's call), if any.
+    run: Option<Box<str>>,
     /// `Bearer <jwt>`.
     header: Arc<str>,
     issued_ms: u64,
@@ -115,6 +117,9 @@ struct VerifiedUpstream {
 
 thread_local! {
     static CACHE: RefCell<ahash::AHashMap<u64, Cached>> = RefCell::new(ahash::AHashMap::new());
+    /// Workflow steps' assertions (each claims its run), apart: runs come and
+    /// go, and their churn must not clear the assertions of plain calls.
+    static RUN_CACHE: RefCell<ahash::AHashMap<u64, Cached>> = RefCell::new(ahash::AHashMap::new());
     static VERIFIED: RefCell<ahash::AHashMap<u64, VerifiedUpstream>> = RefCell::new(ahash::AHashMap::new());
     /// One hasher per thread: the map is keyed by this hash of (caller, instance, capability).
     static HASHER: ahash::RandomState = ahash::RandomState::new();
@@ -243,9 +248,9 @@ impl Assertions {
     /// for the same caller, instance, capability and chain (a budget by its
     /// ledger id: the `budget` an assertion carries is what was left when it
     /// was signed, at most half an assertion's life ago; the router's ledger
-    /// holds what is exactly left); for a workflow's step, claiming its `run` (such
-    /// assertions are signed for their call, never cached: a run's steps are
-    /// slow-path work).
+    /// holds what is exactly left); for a workflow's step, claiming its `run`,
+    /// reused by the same run's steps on the same instance and capability (a
+    /// cache of their own, so runs' churn leaves plain calls' assertions be).
     pub fn header(
         &self,
         caller: &Caller,
@@ -255,22 +260,6 @@ impl Assertions {
         deadline_ms: u64,
         now_ms: u64,
     ) -> Result<Arc<str>, String> {
-        if let Some(run) = run {
-            let ttl_ms = u64::try_from(self.settings.ttl.as_millis()).unwrap_or(u64::MAX);
-            let claims = AssertionClaims {
-                run: Some(run.to_string()),
-                ..self.claims(
-                    caller,
-                    agent_id,
-                    capability,
-                    delegation,
-                    now_ms,
-                    now_ms.saturating_add(ttl_ms).min(deadline_ms),
-                )
-            };
-            let token = self.keys.load().signing.sign(&claims)?;
-            return Ok(format!("Bearer {token}").into());
-        }
         let generation = self.generation.load(Ordering::Acquire);
         let caller_name = match caller {
             Caller::Agent { name, .. } => Some(name),
@@ -286,10 +275,15 @@ impl Assertions {
             delegation.depth.hash(&mut hasher);
             delegation.budget.as_ref().map(|budget| &budget.id).hash(&mut hasher);
             delegation.groups.hash(&mut hasher);
+            run.hash(&mut hasher);
             hasher.finish()
         });
+        // A run's steps that reach the same instance and capability (a
+        // `for_each`, or steps of one capability) share one assertion, as
+        // plain calls do: one signature and one verification by the agent.
+        let cache = if run.is_some() { &RUN_CACHE } else { &CACHE };
         let ttl_ms = u64::try_from(self.settings.ttl.as_millis()).unwrap_or(u64::MAX);
-        let reusable = CACHE.with(|cache| {
+        let reusable = cache.with(|cache| {
             let cache = cache.borrow();
             let entry = cache.get(&key)?;
             let same = entry.generation == generation
@@ -297,7 +291,8 @@ impl Assertions {
                 && &*entry.tenant == caller.tenant()
                 && &*entry.agent_id == agent_id
                 && &*entry.capability == capability
-                && entry.delegation.same_chain(delegation);
+                && entry.delegation.same_chain(delegation)
+                && entry.run.as_deref() == run;
             // At least half its life left, and never past this call's deadline.
             let fresh = now_ms < entry.issued_ms + ttl_ms / 2 && entry.expires_ms <= deadline_ms;
             (same && fresh).then(|| entry.header.clone())
@@ -306,13 +301,16 @@ impl Assertions {
             return Ok(header);
         }
         let expires_ms = now_ms.saturating_add(ttl_ms).min(deadline_ms);
-        let claims = self.claims(caller, agent_id, capability, delegation, now_ms, expires_ms);
+        let claims = AssertionClaims {
+            run: run.map(str::to_string),
+            ..self.claims(caller, agent_id, capability, delegation, now_ms, expires_ms)
+        };
         let token = self.keys.load().signing.sign(&claims)?;
         let header: Arc<str> = format!("Bearer {token}").into();
         // Only full-life assertions are worth keeping: one cut short by a
         // near deadline would serve no later call.
         if expires_ms == now_ms.saturating_add(ttl_ms) {
-            CACHE.with(|cache| {
+            cache.with(|cache| {
                 let mut cache = cache.borrow_mut();
                 if cache.len() >= CACHE_CAPACITY {
                     cache.clear();
@@ -326,6 +324,7 @@ impl Assertions {
                         agent_id: agent_id.into(),
                         capability: capability.into(),
                         delegation: delegation.clone(),
+                        run: run.map(Box::from),
                         header: header.clone(),
                         issued_ms: now_ms,
                         expires_ms,
@@ -452,6 +451,43 @@ mod tests {
 
     fn verifier(assertions: &Assertions) -> AssertionVerifier {
         AssertionVerifier::from_jwks(&assertions.jwks(), DEFAULT_ISSUER).unwrap()
+    }
+
+    #[test]
+    fn a_runs_steps_on_one_target_share_an_assertion_that_names_the_run() {
+        let assertions = Assertions::load(AssertionSettings::default(), &prometheus::Registry::new()).unwrap();
+        let caller = Caller::agent("intent_parser");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let far = now + 60_000;
+        let direct = Delegation::direct(Vec::new());
+        let step = |run: Option<&str>, capability: &str| {
+            assertions
+                .header(&caller, ("a-1", capability), &direct, run, far, now)
+                .unwrap()
+        };
+        let first = step(Some("t_run1"), "order.query");
+        assert!(
+            Arc::ptr_eq(&first, &step(Some("t_run1"), "order.query")),
+            "one run, one target: reused"
+        );
+        assert_ne!(first, step(Some("t_run2"), "order.query"), "another run: its own");
+        assert_ne!(
+            first,
+            step(Some("t_run1"), "shipping.rules"),
+            "another capability: its own"
+        );
+        let plain = step(None, "order.query");
+        assert_ne!(first, plain, "a plain call never gets a run's assertion");
+        let claims = |header: &Arc<str>| {
+            verifier(&assertions)
+                .verify(header.strip_prefix("Bearer ").unwrap(), "a-1")
+                .unwrap()
+        };
+        assert_eq!(claims(&first).run.as_deref(), Some("t_run1"));
+        assert_eq!(claims(&plain).run, None);
     }
 
     #[test]
