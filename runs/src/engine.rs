@@ -54,7 +54,7 @@ impl Default for RunSettings {
 
 /// A run to start.
 pub struct Start<'a> {
-    pub workflow: &'a Workflow,
+    pub workflow: &'a Arc<Workflow>,
     pub caller: &'a Caller,
     pub input: Value,
     pub request_id: String,
@@ -172,6 +172,14 @@ impl Engine {
             .await
             .map_err(store_error)?;
         if created {
+            // This router's first advance needs neither parse nor check.
+            {
+                let mut specs = self.specs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if specs.len() >= SPECS_KEPT {
+                    specs.clear();
+                }
+                specs.insert(run_id.clone(), (Arc::new(spec), workflow.clone()));
+            }
             self.metrics.started.with_label_values(&[&workflow.name]).inc();
             tracing::info!(message = "Run started.", %run_id, workflow = %workflow.name, version = %workflow.version);
             self.kick(&run_id);
