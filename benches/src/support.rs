@@ -770,3 +770,119 @@ pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
+
+/// Serves on a free loopback port (`serve` gets the bound listener, on a task of its own).
+pub async fn serve_on_free_port<F, Fut>(serve: F) -> anyhow::Result<SocketAddr>
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(serve(listener));
+    Ok(addr)
+}
+
+/// The slow-path benches' stack in this process (tasks-bench, workflows-bench):
+/// a registry on its embedded store, a router with the slow path on `redis`
+/// (`workers` deliveries at once, quotas shared, no trail), and two SDK echo
+/// agents (`bench.echo`, as `bench_agent`) the router routes to.
+pub struct EchoStack {
+    pub files: Files,
+    pub agents: Vec<agent_reach_sdk::Agent>,
+    pub registry: String,
+    pub router: String,
+}
+
+impl EchoStack {
+    pub async fn start(acl: &str, redis: String, workers: usize) -> anyhow::Result<Self> {
+        use agent_reach_access::AuthConfig;
+        let files = Files::write(acl)?;
+        let (secret, acl) = (files.secret.clone(), files.acl.clone());
+        let any: SocketAddr = "127.0.0.1:0".parse()?;
+        let registry = agent_reach_registry::build(&agent_reach_registry::Settings {
+            listen: any,
+            store: agent_reach_registry::StoreChoice::Embedded,
+            acl: acl.clone(),
+            auth: AuthConfig::Hs256SecretFile(secret.clone()),
+            service: agent_reach_registry::RegistryConfig::default(),
+            listener_tls: None,
+        })
+        .await?;
+        let registry_addr = serve_on_free_port(|listener| async move {
+            let _ = agent_reach_registry::serve(listener, registry, std::future::pending()).await;
+        })
+        .await?;
+        let registry = format!("http://{registry_addr}");
+
+        let mut settings =
+            agent_reach_router::Settings::new(any, registry.clone(), AuthConfig::Hs256SecretFile(secret), acl);
+        let mut callbacks = agent_reach_task_store::CallbackConfig::new(SECRET.as_bytes().to_vec());
+        callbacks.allow_private_targets = true;
+        settings.tasks = Some(agent_reach_router::TasksSettings {
+            redis,
+            store: agent_reach_task_store::StoreConfig::default(),
+            callbacks,
+            workers,
+            reclaim_after: Duration::from_secs(120),
+            max_task_attempts: 3,
+            quota_share: Some(Duration::from_millis(100)),
+            trail: None,
+            tag_limits: Vec::new(),
+        });
+        let router = agent_reach_router::build(&settings).await?;
+        let router_addr = serve_on_free_port(|listener| async move {
+            let _ = agent_reach_router::serve(listener, router, std::future::pending()).await;
+        })
+        .await?;
+        let router = format!("http://{router_addr}");
+
+        let mut agents = Vec::new();
+        for index in 0..2 {
+            let echo = agent_reach_sdk::Handler::new(
+                "bench.echo",
+                "1.0.0",
+                |_ctx: agent_reach_sdk::Ctx, input: serde_json::Value| async move {
+                    Ok::<_, agent_reach_sdk::HandlerError>(input)
+                },
+            );
+            // Hop assertions are mandatory: the agent fetches the keys the router
+            // signs them with from its `/.well-known/jwks.json`, as in production.
+            let agent = agent_reach_sdk::Agent::builder("bench_agent", &format!("bench-{index}"))
+                .registry(&registry)
+                .router(&router)
+                .token(token("bench_agent")?)
+                .max_concurrency(1024)
+                .handler(echo)
+                .start()
+                .await?;
+            agent.mark_ready();
+            agents.push(agent);
+        }
+        Ok(Self {
+            files,
+            agents,
+            registry,
+            router,
+        })
+    }
+
+    /// Waits until the router routes to both agents (a broadcast reaches two), as `caller`.
+    pub async fn wait_for_agents(&self, client: &reqwest::Client, caller: &str) -> anyhow::Result<()> {
+        wait_for("the router with both agents", Duration::from_secs(30), async || {
+            let probe = client
+                .post(format!("{}/v1/broadcast", self.router))
+                .bearer_auth(caller)
+                .json(&serde_json::json!({"capability": "bench.echo", "payload": {}}))
+                .send()
+                .await;
+            let Ok(probe) = probe else { return false };
+            let outcomes = probe
+                .json::<serde_json::Value>()
+                .await
+                .map(|probe| probe["outcomes"].as_array().map(Vec::len));
+            matches!(outcomes, Ok(Some(2)))
+        })
+        .await
+    }
+}

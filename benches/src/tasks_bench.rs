@@ -23,17 +23,14 @@
 #[path = "support.rs"]
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_reach_access::AuthConfig;
-use agent_reach_sdk::{Agent, Ctx, Handler, HandlerError};
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures::StreamExt;
-use serde_json::{json, Value};
-use support::{token, wait_for, Files, Run, Threads, SECRET};
+use serde_json::json;
+use support::{token, EchoStack, Run, Threads};
 
 const ACL: &str = "version: 1\npermissions:\n  - caller: bench\n    allow: [bench.*]\nproviders:\n  - agent: bench_agent\n    provides: [bench.*]\n";
 
@@ -61,17 +58,6 @@ struct Args {
 
 /// The smoke run's sizes: `--smoke` runs the bench with these flags.
 const SMOKE: &[&str] = &["--tasks=200", "--concurrency=8", "--workers=16", "--cluster-shards=3"];
-
-async fn serve_on_free_port<F, Fut>(serve: F) -> anyhow::Result<SocketAddr>
-where
-    F: FnOnce(tokio::net::TcpListener) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(serve(listener));
-    Ok(addr)
-}
 
 fn finished(metrics: &str) -> u64 {
     metrics
@@ -176,85 +162,13 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
 }
 
 async fn measure(args: &Args, store: Store) -> anyhow::Result<Measured> {
-    let files = Files::write(ACL)?;
-    let (secret, acl) = (files.secret.clone(), files.acl.clone());
-    let any: SocketAddr = "127.0.0.1:0".parse()?;
-
-    let registry = agent_reach_registry::build(&agent_reach_registry::Settings {
-        listen: any,
-        store: agent_reach_registry::StoreChoice::Embedded,
-        acl: acl.clone(),
-        auth: AuthConfig::Hs256SecretFile(secret.clone()),
-        service: agent_reach_registry::RegistryConfig::default(),
-        listener_tls: None,
-    })
-    .await?;
-    let registry_addr = serve_on_free_port(|listener| async move {
-        let _ = agent_reach_registry::serve(listener, registry, std::future::pending()).await;
-    })
-    .await?;
-    let registry_url = format!("http://{registry_addr}");
-
-    let mut settings =
-        agent_reach_router::Settings::new(any, registry_url.clone(), AuthConfig::Hs256SecretFile(secret), acl);
-    let mut callbacks = agent_reach_task_store::CallbackConfig::new(SECRET.as_bytes().to_vec());
-    callbacks.allow_private_targets = true;
-    settings.tasks = Some(agent_reach_router::TasksSettings {
-        redis: store.url(),
-        store: agent_reach_task_store::StoreConfig::default(),
-        callbacks,
-        workers: args.workers,
-        reclaim_after: Duration::from_secs(120),
-        max_task_attempts: 3,
-        quota_share: Some(std::time::Duration::from_millis(100)),
-        trail: None,
-        tag_limits: Vec::new(),
-    });
-    let router = agent_reach_router::build(&settings).await?;
-    let router_addr = serve_on_free_port(|listener| async move {
-        let _ = agent_reach_router::serve(listener, router, std::future::pending()).await;
-    })
-    .await?;
-    let router_url = format!("http://{router_addr}");
-
-    let mut agents = Vec::new();
-    for index in 0..2 {
-        let echo = Handler::new("bench.echo", "1.0.0", |_ctx: Ctx, input: Value| async move {
-            Ok::<_, HandlerError>(input)
-        });
-        // Hop assertions are mandatory: the agent fetches the keys the router
-        // signs them with from its `/.well-known/jwks.json`, as in production.
-        let agent = Agent::builder("bench_agent", &format!("bench-{index}"))
-            .registry(&registry_url)
-            .router(&router_url)
-            .token(token("bench_agent")?)
-            .max_concurrency(1024)
-            .handler(echo)
-            .start()
-            .await?;
-        agent.mark_ready();
-        agents.push(agent);
-    }
+    let echo = EchoStack::start(ACL, store.url(), args.workers).await?;
+    let router_url = echo.router.clone();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
     let caller = token("bench")?;
-    // Wait until the router can route to both agents.
-    wait_for("the router with both agents", Duration::from_secs(30), async || {
-        let probe = client
-            .post(format!("{router_url}/v1/broadcast"))
-            .bearer_auth(&caller)
-            .json(&json!({"capability": "bench.echo", "payload": {}}))
-            .send()
-            .await;
-        let Ok(probe) = probe else { return false };
-        let outcomes = probe
-            .json::<Value>()
-            .await
-            .map(|probe| probe["outcomes"].as_array().map(Vec::len));
-        matches!(outcomes, Ok(Some(2)))
-    })
-    .await?;
+    echo.wait_for_agents(&client, &caller).await?;
 
     println!();
     println!(
@@ -349,12 +263,12 @@ async fn measure(args: &Args, store: Store) -> anyhow::Result<Measured> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    for agent in agents {
+    for agent in echo.agents {
         agent.shutdown().await;
     }
     let store_name = store.name();
     drop(store);
-    let _ = files.dir.close().context("removing the temp dir");
+    let _ = echo.files.dir.close().context("removing the temp dir");
     Ok(Measured {
         store: store_name,
         submitted_per_s,

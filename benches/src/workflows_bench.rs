@@ -29,17 +29,14 @@
 #[path = "support.rs"]
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_reach_access::AuthConfig;
-use agent_reach_sdk::{Agent, Ctx, Handler, HandlerError};
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures::StreamExt;
 use serde_json::{json, Value};
-use support::{quantile, token, wait_for, Files, Run, Threads, SECRET};
+use support::{quantile, token, wait_for, EchoStack, Run, Threads};
 
 const ACL: &str = "version: 1\npermissions:\n  - caller: bench\n    allow: [bench.*]\nproviders:\n  - agent: bench_agent\n    provides: [bench.*]\n";
 
@@ -100,118 +97,27 @@ fn counter(metrics: &str, name: &str, labels: &str) -> u64 {
 /// The stack: a registry, a router on Redis, two echo agents.
 struct Stack {
     _redis: agent_reach_testkit::Redis,
-    files: Files,
-    agents: Vec<Agent>,
-    registry: String,
-    router: String,
+    echo: EchoStack,
     client: reqwest::Client,
     caller: Arc<String>,
-}
-
-async fn serve_on_free_port<F, Fut>(serve: F) -> anyhow::Result<SocketAddr>
-where
-    F: FnOnce(tokio::net::TcpListener) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(serve(listener));
-    Ok(addr)
 }
 
 impl Stack {
     async fn start(args: &Args) -> anyhow::Result<Self> {
         let redis = agent_reach_testkit::Redis::start();
-        let files = Files::write(ACL)?;
-        let (secret, acl) = (files.secret.clone(), files.acl.clone());
-        let any: SocketAddr = "127.0.0.1:0".parse()?;
-        let registry = agent_reach_registry::build(&agent_reach_registry::Settings {
-            listen: any,
-            store: agent_reach_registry::StoreChoice::Embedded,
-            acl: acl.clone(),
-            auth: AuthConfig::Hs256SecretFile(secret.clone()),
-            service: agent_reach_registry::RegistryConfig::default(),
-            listener_tls: None,
-        })
-        .await?;
-        let registry_addr = serve_on_free_port(|listener| async move {
-            let _ = agent_reach_registry::serve(listener, registry, std::future::pending()).await;
-        })
-        .await?;
-        let registry_url = format!("http://{registry_addr}");
-
-        let mut settings =
-            agent_reach_router::Settings::new(any, registry_url.clone(), AuthConfig::Hs256SecretFile(secret), acl);
-        let mut callbacks = agent_reach_task_store::CallbackConfig::new(SECRET.as_bytes().to_vec());
-        callbacks.allow_private_targets = true;
-        settings.tasks = Some(agent_reach_router::TasksSettings {
-            redis: redis.url(),
-            store: agent_reach_task_store::StoreConfig::default(),
-            callbacks,
-            workers: args.workers,
-            reclaim_after: Duration::from_secs(120),
-            max_task_attempts: 3,
-            quota_share: Some(Duration::from_millis(100)),
-            trail: None,
-            tag_limits: Vec::new(),
-        });
-        let router = agent_reach_router::build(&settings).await?;
-        let router_addr = serve_on_free_port(|listener| async move {
-            let _ = agent_reach_router::serve(listener, router, std::future::pending()).await;
-        })
-        .await?;
-        let router_url = format!("http://{router_addr}");
-
-        let mut agents = Vec::new();
-        for index in 0..2 {
-            let echo = Handler::new("bench.echo", "1.0.0", |_ctx: Ctx, input: Value| async move {
-                Ok::<_, HandlerError>(input)
-            });
-            let agent = Agent::builder("bench_agent", &format!("bench-{index}"))
-                .registry(&registry_url)
-                .router(&router_url)
-                .token(token("bench_agent")?)
-                .max_concurrency(1024)
-                .handler(echo)
-                .start()
-                .await?;
-            agent.mark_ready();
-            agents.push(agent);
-        }
+        let echo = EchoStack::start(ACL, redis.url(), args.workers).await?;
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(args.concurrency.max(2))
             .build()?;
         let stack = Self {
             _redis: redis,
-            files,
-            agents,
-            registry: registry_url,
-            router: router_url,
+            echo,
             client,
             caller: Arc::new(token("bench")?),
         };
-        stack.wait_for_agents().await?;
+        stack.echo.wait_for_agents(&stack.client, &stack.caller).await?;
         stack.put_workflows().await?;
         Ok(stack)
-    }
-
-    async fn wait_for_agents(&self) -> anyhow::Result<()> {
-        wait_for("the router with both agents", Duration::from_secs(30), async || {
-            let probe = self
-                .client
-                .post(format!("{}/v1/broadcast", self.router))
-                .bearer_auth(self.caller.as_str())
-                .json(&json!({"capability": "bench.echo", "payload": {}}))
-                .send()
-                .await;
-            let Ok(probe) = probe else { return false };
-            let outcomes = probe
-                .json::<Value>()
-                .await
-                .map(|probe| probe["outcomes"].as_array().map(Vec::len));
-            matches!(outcomes, Ok(Some(2)))
-        })
-        .await
     }
 
     /// Registers both workflows (as the agents' provider, whom the policy
@@ -242,7 +148,7 @@ impl Stack {
         for (name, definition) in [(LINEAR, linear), (FAN, fan)] {
             let response = self
                 .client
-                .put(format!("{}/v1/workflows/{name}", self.registry))
+                .put(format!("{}/v1/workflows/{name}", self.echo.registry))
                 .bearer_auth(&provider)
                 .json(&definition)
                 .send()
@@ -262,7 +168,7 @@ impl Stack {
                 async || {
                     let probe = self
                         .client
-                        .post(format!("{}/v1/workflows/{name}/runs", self.router))
+                        .post(format!("{}/v1/workflows/{name}/runs", self.echo.router))
                         .bearer_auth(self.caller.as_str())
                         .json(&json!({"payload": "not an object"}))
                         .send()
@@ -278,7 +184,7 @@ impl Stack {
     async fn metrics(&self) -> anyhow::Result<String> {
         Ok(self
             .client
-            .get(format!("{}/metrics", self.router))
+            .get(format!("{}/metrics", self.echo.router))
             .send()
             .await?
             .text()
@@ -298,7 +204,7 @@ impl Stack {
     ) -> anyhow::Result<(Duration, Duration)> {
         let before = done(&self.metrics().await?);
         let started = Instant::now();
-        let url = format!("{}{path}", self.router);
+        let url = format!("{}{path}", self.echo.router);
         let submitted = futures::stream::iter((0..count).map(body))
             .map(|body| {
                 let (client, url, caller) = (self.client.clone(), url.clone(), self.caller.clone());
@@ -341,7 +247,7 @@ impl Stack {
         let started = Instant::now();
         let response = self
             .client
-            .post(format!("{}/v1/invoke", self.router))
+            .post(format!("{}/v1/invoke", self.echo.router))
             .bearer_auth(self.caller.as_str())
             .json(&json!({"capability": capability, "payload": payload}))
             .send()
@@ -358,10 +264,10 @@ impl Stack {
     }
 
     async fn shutdown(self) -> anyhow::Result<()> {
-        for agent in self.agents {
+        for agent in self.echo.agents {
             agent.shutdown().await;
         }
-        self.files.dir.close().context("removing the temp dir")
+        self.echo.files.dir.close().context("removing the temp dir")
     }
 }
 

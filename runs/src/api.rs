@@ -220,12 +220,17 @@ pub(crate) async fn status(
 ) -> Response {
     let outcome = async {
         let caller = reader(&api, &identified, &headers)?;
-        let (stored, spec) = owned_run(&api, &caller, &run_id).await?;
-        let view = view_of(api.engine()?, &stored, &spec).await?;
-        Ok::<_, RouterError>(Json(view).into_response())
+        current_view(&api, &caller, &run_id).await
     }
     .await;
     outcome.unwrap_or_else(refused)
+}
+
+/// The run's view as stored now, when `caller` may read it.
+async fn current_view(api: &RunApi, caller: &Caller, run_id: &str) -> Result<Response, RouterError> {
+    let (stored, spec) = owned_run(api, caller, run_id).await?;
+    let view = view_of(api.engine()?, &stored, &spec).await?;
+    Ok(Json(view).into_response())
 }
 
 #[tracing::instrument(name = "runs.cancel", skip_all, fields(run_id = %run_id))]
@@ -238,11 +243,8 @@ pub(crate) async fn cancel(
     let outcome = async {
         let caller = reader(&api, &identified, &headers)?;
         owned_run(&api, &caller, &run_id).await?;
-        let engine = api.engine()?;
-        engine.cancel(&run_id).await?;
-        let (stored, spec) = owned_run(&api, &caller, &run_id).await?;
-        let view = view_of(engine, &stored, &spec).await?;
-        Ok::<_, RouterError>(Json(view).into_response())
+        api.engine()?.cancel(&run_id).await?;
+        current_view(&api, &caller, &run_id).await
     }
     .await;
     outcome.unwrap_or_else(refused)
