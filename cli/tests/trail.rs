@@ -359,71 +359,74 @@ async fn a_collaboration_is_recorded_shown_verified_and_replayed() {
 
     v2.shutdown().await;
 
-    // Editing one record in Redis is detected, and named.
+    // Editing one record in Redis is detected, and named. A segment's
+    // records are its text's lines, `{seq} {hash} {body}`.
     let mut redis_connection = redis_connection(&redis).await;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("agent-reach:default:trail:*:records")
+        .arg("agent-reach:default:trail:*:segments")
         .query_async(&mut redis_connection)
         .await
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+    let segments: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
         .arg(&keys[0])
         .arg("-")
         .arg("+")
         .query_async(&mut redis_connection)
         .await
         .unwrap();
-    let target = entries.len() / 2;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut redis_connection)
-        .await
-        .unwrap();
-    for (index, (id, fields)) in entries.iter().enumerate() {
-        let mut command = redis::cmd("XADD");
-        command.arg(&keys[0]).arg(id);
-        for (name, value) in fields {
-            let value = if index == target && name == "r" {
-                value.replace("\"attempts\":1", "\"attempts\":2")
-            } else {
-                value.clone()
-            };
-            command.arg(name).arg(value);
+    let records: usize = segments.iter().map(|(_, fields)| fields[0].1.lines().count()).sum();
+    assert!(records >= 3, "{segments:?}");
+    let target = records / 2 + 1;
+    // Rewrites the chain's segments with `edit` applied to each record's line.
+    let rewrite = |edit: &dyn Fn(&str) -> Option<String>| {
+        let segments = segments.clone();
+        let key = keys[0].clone();
+        let mut connection = redis_connection.clone();
+        let edited: Vec<(String, String)> = segments
+            .iter()
+            .map(|(id, fields)| {
+                let text: String = fields[0].1.lines().filter_map(edit).map(|line| line + "\n").collect();
+                (id.clone(), text)
+            })
+            .collect();
+        async move {
+            let _: () = redis::cmd("DEL").arg(&key).query_async(&mut connection).await.unwrap();
+            for (id, text) in edited {
+                let _: String = redis::cmd("XADD")
+                    .arg(&key)
+                    .arg(id)
+                    .arg("s")
+                    .arg(text)
+                    .query_async(&mut connection)
+                    .await
+                    .unwrap();
+            }
         }
-        let _: String = command.query_async(&mut redis_connection).await.unwrap();
-    }
+    };
+    let prefix = format!("{target} ");
+    rewrite(&|line: &str| {
+        Some(if line.starts_with(&prefix) {
+            line.replace("\"attempts\":1", "\"attempts\":2")
+        } else {
+            line.to_string()
+        })
+    })
+    .await;
     let caught = trail(&stack, "auditor", &["verify"]);
     assert_eq!(caught.status.code(), Some(1), "{}", stdout(&caught));
     assert!(stdout(&caught).contains("BROKEN"), "{}", stdout(&caught));
     assert!(
-        stdout(&caught).contains(&format!("record {} was changed", target + 1)),
+        stdout(&caught).contains(&format!("record {target} was changed")),
         "{}",
         stdout(&caught)
     );
     assert!(stderr(&caught).contains("TRAIL_BROKEN"), "{}", stderr(&caught));
 
     // Put it back, then delete one record: named as missing.
-    let _: () = redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async(&mut redis_connection)
-        .await
-        .unwrap();
-    for (id, fields) in &entries {
-        let mut command = redis::cmd("XADD");
-        command.arg(&keys[0]).arg(id);
-        for (name, value) in fields {
-            command.arg(name).arg(value);
-        }
-        let _: String = command.query_async(&mut redis_connection).await.unwrap();
-    }
+    rewrite(&|line: &str| Some(line.to_string())).await;
     assert!(trail(&stack, "auditor", &["verify"]).status.success());
-    let _: i64 = redis::cmd("XDEL")
-        .arg(&keys[0])
-        .arg(&entries[1].0)
-        .query_async(&mut redis_connection)
-        .await
-        .unwrap();
+    rewrite(&|line: &str| (!line.starts_with("2 ")).then(|| line.to_string())).await;
     let caught = trail(&stack, "auditor", &["verify"]);
     assert_eq!(caught.status.code(), Some(1), "{}", stdout(&caught));
     assert!(stdout(&caught).contains("record 2 is missing"), "{}", stdout(&caught));

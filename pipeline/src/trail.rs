@@ -1,7 +1,7 @@
 //! What the pipeline hands the trail (`agent_reach_trail`, issue 37): one
 //! entry per admitted or refused call, built where the call is recorded in
-//! the recent calls, offered to the trail's recorder (a `try_send`, never a
-//! wait). Inputs and outputs go in only for the capabilities `acl.yaml`
+//! the recent calls, offered to the trail's recorder (a push into a bounded
+//! buffer, never a wait). Inputs and outputs go in only for the capabilities `acl.yaml`
 //! names under `trail.payloads`, with credential fields redacted.
 
 use std::sync::Arc;

@@ -1,7 +1,9 @@
 //! The trail's layout (issue 37) on a real Redis and a real Redis Cluster:
-//! a batch's records, head and indexes are written in one script, every
-//! index finds its records, and a batch written again (a retry after a lost
-//! answer) writes nothing twice.
+//! a batch is one segment written with its head and indexes in one script,
+//! every index finds its records (a request named in several batches
+//! included), a chain reads back page by page from the middle of a
+//! segment, and a batch written again (a retry after a lost answer) writes
+//! nothing twice.
 
 use std::time::Duration;
 
@@ -61,7 +63,11 @@ async fn batches_land_once(url: &str) {
     let second = batch(now + 5, 2, vec![sealed(now + 5, 4, "req-c", Some("sess-1"), true)]);
     store.append(&second, retention).await.expect("append the next batch");
 
-    let records = store.chain_records(ROUTER, None, 100).await.unwrap();
+    // A request named again in a later batch (a task's delivery after its 202).
+    let third = batch(now + 9, 3, vec![sealed(now + 9, 5, "req-a", None, false)]);
+    store.append(&third, retention).await.expect("append the third batch");
+
+    let records = store.chain_records(ROUTER, None, 4).await.unwrap();
     let ids: Vec<&str> = records.iter().map(|stored| stored.id.as_str()).collect();
     let expected = [
         format!("{now}-1"),
@@ -72,10 +78,27 @@ async fn batches_land_once(url: &str) {
     assert_eq!(ids, expected.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(records[1].hash, "h2");
     assert_eq!(records[1].body, r#"{"seq":2,"request_id":"req-b"}"#);
+    // Paging from the middle of a segment, and newest first since a time.
+    let page: Vec<String> = store
+        .chain_records(ROUTER, Some(&format!("{now}-2")), 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|stored| stored.hash)
+        .collect();
+    assert_eq!(page, ["h3", "h4"]);
+    let since: Vec<String> = store
+        .chain_records_since(ROUTER, now + 1, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|stored| stored.hash)
+        .collect();
+    assert_eq!(since, ["h5", "h4"]);
     let heads = store.chain_heads(ROUTER, None, 10).await.unwrap();
     assert_eq!(
         heads.iter().map(|head| head.jws.as_str()).collect::<Vec<_>>(),
-        ["head-1", "head-2"]
+        ["head-1", "head-2", "head-3"]
     );
 
     let of = |index: Index| {
@@ -90,7 +113,7 @@ async fn batches_land_once(url: &str) {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(of(Index::Request("req-a".into())).await, ["h1", "h3"]);
+    assert_eq!(of(Index::Request("req-a".into())).await, ["h1", "h3", "h5"]);
     assert_eq!(of(Index::Request("req-c".into())).await, ["h4"]);
     assert_eq!(of(Index::Session("sess-1".into())).await, ["h1", "h2", "h4"]);
     assert!(of(Index::Run("none".into())).await.is_empty());

@@ -56,6 +56,16 @@ pub struct Batch {
     pub at_ms: u64,
 }
 
+impl Batch {
+    /// The id the store keeps the segment under: its last record's
+    /// (`{ms}-{last seq}`), so that the segment holding record `{ms}-{seq}`
+    /// is the first whose id is not below it.
+    pub fn segment_id(&self) -> String {
+        let last = self.records.last().map_or(0, |sealed| sealed.seq);
+        format!("{}-{last}", self.at_ms)
+    }
+}
+
 /// Signs a segment head: the router's assertion key, or a test's.
 pub trait HeadSigner: Send + Sync {
     fn sign(&self, claims: &HeadClaims) -> Result<String, String>;
@@ -96,15 +106,21 @@ impl Chain {
     /// Seals `entries` as the next segment at `now_ms`: numbers and links
     /// them, and signs the head. The chain advances only here; a batch that
     /// then cannot be written is retried as it is.
-    pub fn seal(&mut self, entries: &[Entry], now_ms: u64, signer: &dyn HeadSigner) -> Result<Batch, String> {
+    pub fn seal(
+        &mut self,
+        entries: impl IntoIterator<Item = Entry>,
+        now_ms: u64,
+        signer: &dyn HeadSigner,
+    ) -> Result<Batch, String> {
         let ms = now_ms.max(self.last_ms);
         let first_seq = self.next_seq;
-        let mut records = Vec::with_capacity(entries.len());
+        let entries = entries.into_iter();
+        let mut records = Vec::with_capacity(entries.size_hint().0);
         let mut seq = self.next_seq;
         let mut last_hash = self.last_hash.clone();
         for entry in entries {
-            let body = serde_json::to_string(&Body::of(entry, seq, &self.router, &self.tenant, &last_hash))
-                .map_err(|error| format!("cannot write a trail record: {error}"))?;
+            let mut body = String::with_capacity(512);
+            Body::of(&entry, seq, &self.router, &self.tenant, &last_hash).write(&mut body)?;
             let hash = hash_of(body.as_bytes());
             records.push(Sealed {
                 seq,
@@ -113,11 +129,11 @@ impl Chain {
                     body,
                     hash: hash.clone(),
                 },
-                request_id: entry.request_id.clone(),
-                session_id: entry.session_id.clone(),
-                run_id: entry.run_id.clone(),
-                capability: entry.capability.clone(),
                 has_input: entry.input.is_some(),
+                request_id: entry.request_id,
+                session_id: entry.session_id,
+                run_id: entry.run_id,
+                capability: entry.capability,
             });
             last_hash = hash;
             seq += 1;
@@ -192,8 +208,8 @@ pub(crate) mod tests {
     fn records_are_numbered_and_linked_across_batches() {
         let signer = TestSigner::new();
         let mut chain = Chain::new("r-a", "default");
-        let first = chain.seal(&[entry("a"), entry("b")], 1000, &signer).unwrap();
-        let second = chain.seal(&[entry("c")], 900, &signer).unwrap();
+        let first = chain.seal([entry("a"), entry("b")], 1000, &signer).unwrap();
+        let second = chain.seal([entry("c")], 900, &signer).unwrap();
         let bodies: Vec<crate::Record> = first
             .records
             .iter()

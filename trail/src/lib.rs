@@ -5,6 +5,7 @@
 //!
 //! - [`record`]: what a record holds, as stored and as read.
 //! - [`chain`]: numbering, linking and signing segments (one chain per router replica and tenant).
+//! - [`segment`]: a sealed batch as the one text the store keeps.
 //! - [`writer`]: the [`Recorder`] the pipeline offers records to, the writer task, the store trait.
 //! - [`verify`]: checking a chain and naming its first broken link.
 //! - [`tree`]: a collaboration as a tree of hops.
@@ -14,6 +15,7 @@
 pub mod chain;
 pub mod diff;
 pub mod record;
+pub mod segment;
 pub mod stats;
 pub mod tree;
 pub mod verify;

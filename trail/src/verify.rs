@@ -269,7 +269,7 @@ mod tests {
         (0..3)
             .map(|batch| {
                 let entries: Vec<_> = (0..4).map(|n| entry(&format!("q-{batch}-{n}"))).collect();
-                chain.seal(&entries, 1000 + batch, signer).unwrap()
+                chain.seal(entries, 1000 + batch, signer).unwrap()
             })
             .collect()
     }

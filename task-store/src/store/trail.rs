@@ -2,22 +2,33 @@
 //! the tasks, under `{prefix}:{tenant}`, one hash tag per chain (a router
 //! replica's) so that a chain and its indexes are one slot of a Redis
 //! Cluster while chains spread over the shards (`{C}`: the chain's tag):
-//! - `trail:{C}:records` — stream: one entry per record, id `{ms}-{seq}`,
-//!   fields `r` (the body) and `h` (its hash); trimmed to the retention.
+//! - `trail:{C}:segments` — stream: one entry per segment (a written
+//!   batch), id `{ms}-{last seq}` (its last record's id), field `s` the
+//!   segment's text (`agent_reach_trail::segment`: a line per record);
+//!   trimmed to the retention.
 //! - `trail:{C}:heads` — stream: one entry per segment, id `{ms}-{segment}`, field `j` (the signed head).
-//! - `trail:{C}:ix:{request|session|run}:{id}` — list of the record ids an
-//!   index names, expiring with the retention.
+//! - `trail:{C}:written` — the last segment whose head and lists are written.
+//! - `trail:{C}:ix:request:{hour}` — hash: request id → its record ids
+//!   (comma-separated) among the segments sealed in that hour (epoch ms of
+//!   the hour's start); `trail:{C}:ix:request:hours` the hours written
+//!   (sorted set). Both expire an hour after the retention.
+//! - `trail:{C}:ix:{session|run}:{id}` — list of the record ids an index
+//!   names, expiring with the retention.
 //! - `trail:{C}:inputs:{capability}` — list of the newest record ids holding
 //!   their input (at most [`INPUTS_KEPT`]), what replays sample.
 //! - `trail:chains` — sorted set: chains by their last write (ms).
 //!
-//! A batch is two round trips: the chain's records, heads and indexes in one
-//! script (one slot; see [`TRAIL_APPEND`]), then the chains set.
+//! A record `{ms}-{seq}` is read from the first segment whose id is not
+//! below it. Redis does per-batch work, and per record only the request
+//! index's field: one stream entry, one hash read and one hash write for
+//! every request id of the batch, one list push per session, run or
+//! capability named (`router-bench --trail`: an entry and an index key per
+//! record cost Redis more than the call it recorded).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use agent_reach_trail::{Batch, ChainInfo, Index, Stored, StoredHead, TrailStore};
+use agent_reach_trail::{segment, Batch, ChainInfo, Index, Stored, StoredHead, TrailStore};
 use async_trait::async_trait;
 use redis::Value as RedisValue;
 
@@ -27,67 +38,56 @@ use super::TaskStore;
 /// Record ids kept per capability for replays to sample.
 pub const INPUTS_KEPT: isize = 10_000;
 
-/// A batch in one script (one command and one answer, instead of three a
-/// record: the pipeline's encoding and replies were half of the trail's
-/// cost in the router, `router-bench --trail`'s profile). Idempotent: a
-/// batch written before (a retry after a lost answer) finds its records
-/// there and writes nothing twice.
+/// The request index's buckets.
+const HOUR_MS: u64 = 3_600_000;
+
+/// Segments read per command when a reader walks a chain.
+const SEGMENTS_PER_READ: usize = 8;
+
+/// A batch's head and lists in one script, idempotent: a batch written
+/// before (a retry after a lost answer) finds its segment named in
+/// `trail:{C}:written` and writes nothing twice. Neither the segment's text
+/// nor the request index goes through it: a script turns every argument
+/// into a Lua string and back (for the text, hundreds of kilobytes a batch;
+/// for the index, a microsecond a record on Redis's side in `router-bench
+/// --trail`), and their writes are idempotent on their own (see
+/// [`TaskStore::append`]).
 const TRAIL_APPEND: &str = r#"
--- KEYS: 1 records stream, 2 heads stream, 3.. index lists (request, session, run, inputs)
--- ARGV: 1 retention s, 2 oldest ms (MINID), 3 head id, 4 head JWS, 5 records n, 6 inputs kept,
---       then per record: id, body, hash; then per index list: kind ('i' index, 'n' inputs),
---       count, and the positions (0-based) of its records
-local n = tonumber(ARGV[5])
-local base = 7
+-- KEYS: 1 written (the last segment whose head and lists are written),
+--       2 heads stream, 3 request index hours (sorted set), 4.. lists
+-- ARGV: 1 retention s, 2 oldest ms (MINID), 3 segment id, 4 head id,
+--       5 head JWS, 6 inputs kept, 7 the hour (ms), 8 requests n,
+--       then per list: kind ('i' index, 'n' inputs), count, the record ids
 local function order(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms) or 0, tonumber(seq) or 0
 end
-local last_ms, last_seq = -1, -1
-local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #top > 0 then last_ms, last_seq = order(top[1][1]) end
-local function fresh(id)
-  local ms, seq = order(id)
-  return ms > last_ms or (ms == last_ms and seq > last_seq)
+local keep = tonumber(ARGV[1]) + 3600
+local written = redis.call('GET', KEYS[1])
+if written then
+  local ms, seq = order(ARGV[3])
+  local top_ms, top_seq = order(written)
+  if ms < top_ms or (ms == top_ms and seq <= top_seq) then return 0 end
 end
-local written = 0
-for r = 0, n - 1 do
-  local at = base + r * 3
-  if fresh(ARGV[at]) then
-    if written == 0 then
-      redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[2], ARGV[at], 'r', ARGV[at + 1], 'h', ARGV[at + 2])
-    else
-      redis.call('XADD', KEYS[1], ARGV[at], 'r', ARGV[at + 1], 'h', ARGV[at + 2])
-    end
-    written = written + 1
-  end
+redis.call('SET', KEYS[1], ARGV[3], 'EX', keep)
+redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[2], ARGV[4], 'j', ARGV[5])
+if tonumber(ARGV[8]) > 0 then
+  redis.call('ZADD', KEYS[3], ARGV[7], ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (tonumber(ARGV[2]) - 3600000))
+  redis.call('EXPIRE', KEYS[3], keep)
 end
-if written == 0 and n > 0 then return 0 end
-local heads = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-local head_ms, head_seq = order(ARGV[3])
-local newer = true
-if #heads > 0 then
-  local ms, seq = order(heads[1][1])
-  newer = head_ms > ms or (head_ms == ms and head_seq > seq)
-end
-if newer then redis.call('XADD', KEYS[2], 'MINID', '~', ARGV[2], ARGV[3], 'j', ARGV[4]) end
-local a = base + n * 3
-for k = 3, #KEYS do
+local a = 9
+local slice = 1000
+for k = 4, #KEYS do
   local kind, count = ARGV[a], tonumber(ARGV[a + 1])
-  a = a + 2
-  local ids = {}
-  for j = 1, count do
-    local id = ARGV[base + tonumber(ARGV[a + j - 1]) * 3]
-    if fresh(id) then ids[#ids + 1] = id end
+  for from = a + 2, a + 1 + count, slice do
+    redis.call('RPUSH', KEYS[k], unpack(ARGV, from, math.min(a + 1 + count, from + slice - 1)))
   end
-  a = a + count
-  if #ids > 0 then
-    redis.call('RPUSH', KEYS[k], unpack(ids))
-    if kind == 'n' then redis.call('LTRIM', KEYS[k], -tonumber(ARGV[6]), -1) end
-    redis.call('EXPIRE', KEYS[k], ARGV[1])
-  end
+  if kind == 'n' then redis.call('LTRIM', KEYS[k], -tonumber(ARGV[6]), -1) end
+  redis.call('EXPIRE', KEYS[k], ARGV[1])
+  a = a + 2 + count
 end
-return written
+return 1
 "#;
 
 fn trail_append() -> &'static redis::Script {
@@ -108,35 +108,96 @@ impl TaskStore {
         format!("{}:trail:chains", self.namespace)
     }
 
-    /// The stored records of `router`'s chain with these stream ids, in order.
-    async fn records_by_id(&self, router: &str, ids: &[String]) -> Result<Vec<Stored>, String> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// Up to [`SEGMENTS_PER_READ`] segments of `router`'s chain between
+    /// `from` and `to` (stream range bounds), oldest first, or newest first
+    /// when `reverse`; each with its records.
+    async fn segments(
+        &self,
+        router: &str,
+        from: &str,
+        to: &str,
+        reverse: bool,
+    ) -> Result<Vec<(String, Vec<Stored>)>, String> {
         let mut connection = self.connection().await.map_err(|error| error.to_string())?;
-        let key = self.trail_key(router, "records");
-        let mut pipe = redis::pipe();
-        for id in ids {
-            pipe.cmd("XRANGE").arg(&key).arg(id).arg(id);
-        }
-        let answers: Vec<RedisValue> = pipe
+        let (command, first, second) = if reverse {
+            ("XREVRANGE", to, from)
+        } else {
+            ("XRANGE", from, to)
+        };
+        let answer: RedisValue = redis::cmd(command)
+            .arg(self.trail_key(router, "segments"))
+            .arg(first)
+            .arg(second)
+            .arg("COUNT")
+            .arg(SEGMENTS_PER_READ)
             .query_async(&mut connection)
             .await
             .map_err(|error| format!("reading the trail: {error}"))?;
-        Ok(answers.iter().flat_map(stored).collect())
+        Ok(entry_fields(&answer)
+            .into_iter()
+            .map(|(id, fields)| {
+                let records = fields
+                    .get("s")
+                    .map(|text| segment::decode(&id, text))
+                    .unwrap_or_default();
+                (id, records)
+            })
+            .collect())
+    }
+
+    /// The stored records of `router`'s chain with these ids, in the
+    /// order given (one read per segment they fall in; an id no segment
+    /// holds any more is left out).
+    async fn records_by_id(&self, router: &str, ids: &[String]) -> Result<Vec<Stored>, String> {
+        let mut wanted: Vec<&str> = ids.iter().map(String::as_str).collect();
+        wanted.sort_by_key(|id| stream_order(id));
+        wanted.dedup();
+        let mut found: HashMap<&str, Stored> = HashMap::new();
+        let mut at = 0;
+        while at < wanted.len() {
+            let segments = self.segments(router, wanted[at], "+", false).await?;
+            let Some((_, records)) = segments.into_iter().next() else {
+                break;
+            };
+            let last = records.last().map(|stored| stream_order(&stored.id));
+            for stored in records {
+                if let Some(id) = wanted[at..].iter().find(|id| **id == stored.id) {
+                    found.insert(id, stored);
+                }
+            }
+            // Past this segment (or past an id that no segment holds).
+            let before = at;
+            while at < wanted.len() && last.is_some_and(|last| stream_order(wanted[at]) <= last) {
+                at += 1;
+            }
+            if at == before {
+                at += 1;
+            }
+        }
+        Ok(ids.iter().filter_map(|id| found.remove(id.as_str())).collect())
     }
 }
 
-/// The records of an XRANGE answer.
-fn stored(answer: &RedisValue) -> Vec<Stored> {
-    entry_fields(answer)
-        .into_iter()
-        .map(|(id, mut fields)| Stored {
-            id,
-            body: fields.remove("r").unwrap_or_default(),
-            hash: fields.remove("h").unwrap_or_default(),
-        })
-        .collect()
+/// The stream range after `after` (exclusive), or from the start.
+fn start_after(after: Option<&str>) -> String {
+    after.map_or_else(|| "-".to_string(), |after| format!("({after}"))
+}
+
+/// A request's record ids in the index: those it held (`before`), then
+/// `ids` (comma-separated) not among them.
+fn merged(before: Option<String>, ids: &str) -> String {
+    match before {
+        None => ids.to_string(),
+        Some(mut held) => {
+            for id in ids.split(',') {
+                if !held.split(',').any(|old| old == id) {
+                    held.push(',');
+                    held.push_str(id);
+                }
+            }
+            held
+        }
+    }
 }
 
 /// A stream id's order: its milliseconds, then its sequence number.
@@ -145,83 +206,134 @@ fn stream_order(id: &str) -> (u64, u64) {
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
 
-/// The stream range after `after` (exclusive), or from the start.
-fn start_after(after: Option<&str>) -> String {
-    after.map_or_else(|| "-".to_string(), |after| format!("({after}"))
-}
-
 #[async_trait]
 impl TrailStore for TaskStore {
+    /// Five round trips: the request index's values for the batch's
+    /// request ids (a request named in an earlier batch of the hour keeps
+    /// those records), the segment, the script, the index's write, the
+    /// chains set. Only this chain's writer writes its
+    /// keys, so reading the index before writing it races with nobody; the
+    /// write is idempotent (an id already listed is not added again), so a
+    /// retried batch leaves the index as one write would.
     async fn append(&self, batch: &Batch, retention: Duration) -> Result<(), String> {
         let mut connection = self.connection().await.map_err(|error| error.to_string())?;
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
         let retention_s = retention.as_secs().max(1);
         let oldest = batch.at_ms.saturating_sub(retention_ms);
-        // The index keys (each once per batch, however many records it
-        // names), and per key the positions of its records in the batch.
-        let mut keys: Vec<(String, bool, Vec<usize>)> = Vec::new();
-        let mut at: HashMap<String, usize> = HashMap::new();
-        let mut add = |key: String, inputs: bool, position: usize| match at.get(&key) {
-            Some(&index) => keys[index].2.push(position),
+        let hour = batch.at_ms / HOUR_MS * HOUR_MS;
+        let index_key = self.trail_key(&batch.router, &format!("ix:request:{hour}"));
+        // Each request id once, with its records' ids; each list key once,
+        // with its records' ids.
+        let mut requests: Vec<(&str, String)> = Vec::with_capacity(batch.records.len());
+        let mut request_at: HashMap<&str, usize> = HashMap::with_capacity(batch.records.len());
+        let mut lists: Vec<(String, bool, Vec<String>)> = Vec::new();
+        let mut list_at: HashMap<String, usize> = HashMap::new();
+        let mut list = |key: String, inputs: bool, id: &str| match list_at.get(&key) {
+            Some(&index) => lists[index].2.push(id.to_string()),
             None => {
-                at.insert(key.clone(), keys.len());
-                keys.push((key, inputs, vec![position]));
+                list_at.insert(key.clone(), lists.len());
+                lists.push((key, inputs, vec![id.to_string()]));
             }
         };
-        for (position, sealed) in batch.records.iter().enumerate() {
-            add(
-                self.trail_key(&batch.router, &format!("ix:request:{}", sealed.request_id)),
-                false,
-                position,
-            );
+        for sealed in &batch.records {
+            let id = sealed.stored.id.as_str();
+            match request_at.get(sealed.request_id.as_str()) {
+                Some(&index) => {
+                    requests[index].1.push(',');
+                    requests[index].1.push_str(id);
+                }
+                None => {
+                    request_at.insert(&sealed.request_id, requests.len());
+                    requests.push((&sealed.request_id, id.to_string()));
+                }
+            }
             if let Some(session) = &sealed.session_id {
-                add(
+                list(
                     self.trail_key(&batch.router, &format!("ix:session:{session}")),
                     false,
-                    position,
+                    id,
                 );
             }
             if let Some(run) = &sealed.run_id {
-                add(self.trail_key(&batch.router, &format!("ix:run:{run}")), false, position);
+                list(self.trail_key(&batch.router, &format!("ix:run:{run}")), false, id);
             }
             if sealed.has_input {
-                add(
+                list(
                     self.trail_key(&batch.router, &format!("inputs:{}", sealed.capability)),
                     true,
-                    position,
+                    id,
                 );
+            }
+        }
+        // What the index already holds for these requests.
+        let before: Vec<Option<String>> = if requests.is_empty() {
+            Vec::new()
+        } else {
+            let mut command = redis::cmd("HMGET");
+            command.arg(&index_key);
+            for (request, _) in &requests {
+                command.arg(*request);
+            }
+            command
+                .query_async(&mut connection)
+                .await
+                .map_err(|error| format!("reading the trail's index: {error}"))?
+        };
+        // The segment: a stream id at or below the stream's top means it
+        // was written before.
+        let segment_id = batch.segment_id();
+        let added: Result<String, redis::RedisError> = redis::cmd("XADD")
+            .arg(self.trail_key(&batch.router, "segments"))
+            .arg("MINID")
+            .arg("~")
+            .arg(oldest)
+            .arg(&segment_id)
+            .arg("s")
+            .arg(segment::encode(&batch.records))
+            .query_async(&mut connection)
+            .await;
+        if let Err(error) = added {
+            if !error.to_string().contains("equal or smaller") {
+                return Err(format!("writing the trail: {error}"));
             }
         }
         let mut invocation = trail_append().prepare_invoke();
         invocation
-            .key(self.trail_key(&batch.router, "records"))
-            .key(self.trail_key(&batch.router, "heads"));
-        for (key, _, _) in &keys {
+            .key(self.trail_key(&batch.router, "written"))
+            .key(self.trail_key(&batch.router, "heads"))
+            .key(self.trail_key(&batch.router, "ix:request:hours"));
+        for (key, _, _) in &lists {
             invocation.key(key);
         }
         invocation
             .arg(retention_s)
             .arg(oldest)
+            .arg(&segment_id)
             .arg(&batch.head.id)
             .arg(&batch.head.jws)
-            .arg(batch.records.len())
-            .arg(INPUTS_KEPT);
-        for sealed in &batch.records {
-            invocation
-                .arg(&sealed.stored.id)
-                .arg(&sealed.stored.body)
-                .arg(&sealed.stored.hash);
-        }
-        for (_, inputs, positions) in &keys {
-            invocation.arg(if *inputs { "n" } else { "i" }).arg(positions.len());
-            for position in positions {
-                invocation.arg(*position);
-            }
+            .arg(INPUTS_KEPT)
+            .arg(hour)
+            .arg(requests.len());
+        for (_, inputs, ids) in &lists {
+            invocation.arg(if *inputs { "n" } else { "i" }).arg(ids.len()).arg(ids);
         }
         let _: i64 = invocation
             .invoke_async(&mut connection)
             .await
             .map_err(|error| format!("writing the trail: {error}"))?;
+        if !requests.is_empty() {
+            let mut pipe = redis::pipe();
+            let command = pipe.cmd("HSET").arg(&index_key);
+            for ((request, ids), before) in requests.iter().zip(before) {
+                command.arg(*request).arg(merged(before, ids));
+            }
+            command.ignore();
+            pipe.cmd("EXPIRE").arg(&index_key).arg(retention_s + 3600).ignore();
+            let _: () = pipe
+                .query_async(&mut connection)
+                .await
+                .map_err(|error| format!("writing the trail's index: {error}"))?;
+        }
         // Another slot on a cluster: its own command.
         let _: () = redis::pipe()
             .cmd("ZADD")
@@ -263,15 +375,44 @@ impl TrailStore for TaskStore {
         let (kind, value) = index.parts();
         let mut found = Vec::new();
         for chain in self.chains().await? {
+            let room = limit.saturating_sub(found.len());
             let mut connection = self.connection().await.map_err(|error| error.to_string())?;
-            let ids: Vec<String> = redis::cmd("LRANGE")
-                .arg(self.trail_key(&chain.router, &format!("ix:{kind}:{value}")))
-                .arg(0)
-                .arg(isize::try_from(limit).unwrap_or(isize::MAX).saturating_sub(1))
-                .query_async(&mut connection)
-                .await
-                .map_err(|error| format!("reading the trail's index: {error}"))?;
-            found.extend(self.records_by_id(&chain.router, &ids).await?);
+            let ids: Vec<String> = if let Index::Request(request) = index {
+                // Every hour of the chain's request index that may hold it.
+                let hours: Vec<u64> = redis::cmd("ZRANGE")
+                    .arg(self.trail_key(&chain.router, "ix:request:hours"))
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|error| format!("reading the trail's index: {error}"))?;
+                let mut pipe = redis::pipe();
+                for hour in &hours {
+                    pipe.cmd("HGET")
+                        .arg(self.trail_key(&chain.router, &format!("ix:request:{hour}")))
+                        .arg(request);
+                }
+                let lists: Vec<Option<String>> = pipe
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|error| format!("reading the trail's index: {error}"))?;
+                lists
+                    .iter()
+                    .flatten()
+                    .flat_map(|ids| ids.split(','))
+                    .map(str::to_string)
+                    .collect()
+            } else {
+                redis::cmd("LRANGE")
+                    .arg(self.trail_key(&chain.router, &format!("ix:{kind}:{value}")))
+                    .arg(0)
+                    .arg(isize::try_from(room).unwrap_or(isize::MAX).saturating_sub(1))
+                    .query_async(&mut connection)
+                    .await
+                    .map_err(|error| format!("reading the trail's index: {error}"))?
+            };
+            let ids = &ids[..ids.len().min(room)];
+            found.extend(self.records_by_id(&chain.router, ids).await?);
             if found.len() >= limit {
                 found.truncate(limit);
                 break;
@@ -281,17 +422,34 @@ impl TrailStore for TaskStore {
     }
 
     async fn chain_records(&self, router: &str, after: Option<&str>, limit: usize) -> Result<Vec<Stored>, String> {
-        let mut connection = self.connection().await.map_err(|error| error.to_string())?;
-        let answer: RedisValue = redis::cmd("XRANGE")
-            .arg(self.trail_key(router, "records"))
-            .arg(start_after(after))
-            .arg("+")
-            .arg("COUNT")
-            .arg(limit.max(1))
-            .query_async(&mut connection)
-            .await
-            .map_err(|error| format!("reading the trail: {error}"))?;
-        Ok(stored(&answer))
+        let limit = limit.max(1);
+        let after_order = after.map(stream_order);
+        // The segment holding the record after `after` is the first whose
+        // id is above `after` (a segment's id is its last record's).
+        let mut from = start_after(after);
+        let mut found = Vec::new();
+        loop {
+            let segments = self.segments(router, &from, "+", false).await?;
+            let Some((last_id, _)) = segments.last() else {
+                return Ok(found);
+            };
+            from = format!("({last_id}");
+            let read = segments.len();
+            for (_, records) in segments {
+                for stored in records {
+                    if after_order.is_some_and(|after| stream_order(&stored.id) <= after) {
+                        continue;
+                    }
+                    found.push(stored);
+                    if found.len() == limit {
+                        return Ok(found);
+                    }
+                }
+            }
+            if read < SEGMENTS_PER_READ {
+                return Ok(found);
+            }
+        }
     }
 
     async fn chain_heads(&self, router: &str, after: Option<&str>, limit: usize) -> Result<Vec<StoredHead>, String> {
@@ -315,17 +473,30 @@ impl TrailStore for TaskStore {
     }
 
     async fn chain_records_since(&self, router: &str, since_ms: u64, limit: usize) -> Result<Vec<Stored>, String> {
-        let mut connection = self.connection().await.map_err(|error| error.to_string())?;
-        let answer: RedisValue = redis::cmd("XREVRANGE")
-            .arg(self.trail_key(router, "records"))
-            .arg("+")
-            .arg(format!("{since_ms}-0"))
-            .arg("COUNT")
-            .arg(limit.max(1))
-            .query_async(&mut connection)
-            .await
-            .map_err(|error| format!("reading the trail: {error}"))?;
-        Ok(stored(&answer))
+        let limit = limit.max(1);
+        let from = format!("{since_ms}-0");
+        let mut to = "+".to_string();
+        let mut found = Vec::new();
+        loop {
+            let segments = self.segments(router, &from, &to, true).await?;
+            let Some((oldest_id, _)) = segments.last() else {
+                return Ok(found);
+            };
+            to = format!("({oldest_id}");
+            let read = segments.len();
+            // Every record of a segment shares its `ms`: all are since `since_ms`.
+            for (_, records) in segments {
+                for stored in records.into_iter().rev() {
+                    found.push(stored);
+                    if found.len() == limit {
+                        return Ok(found);
+                    }
+                }
+            }
+            if read < SEGMENTS_PER_READ {
+                return Ok(found);
+            }
+        }
     }
 
     async fn recent_with_input(&self, capability: &str, limit: usize) -> Result<Vec<Stored>, String> {
