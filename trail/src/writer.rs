@@ -391,8 +391,19 @@ mod tests {
         }
     }
 
-    fn metrics() -> TrailMetrics {
-        TrailMetrics::new(&prometheus::Registry::new()).unwrap()
+    /// A recorder writing to a [`Kept`] store, with its metrics.
+    fn start(settings: TrailSettings) -> (Arc<Kept>, TrailMetrics, Arc<Recorder>) {
+        let store = Arc::new(Kept::default());
+        let metrics = TrailMetrics::new(&prometheus::Registry::new()).unwrap();
+        let recorder = Recorder::start(
+            store.clone(),
+            Arc::new(TestSigner::new()),
+            "r-a",
+            "default",
+            settings,
+            metrics.clone(),
+        );
+        (store, metrics, recorder)
     }
 
     async fn until(what: impl Fn() -> bool) {
@@ -405,21 +416,11 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_offered_from_many_threads_are_chained_in_segments() {
-        let store = Arc::new(Kept::default());
-        let metrics = metrics();
-        let settings = TrailSettings {
+        let (store, metrics, recorder) = start(TrailSettings {
             batch: 64,
             flush_every: Duration::from_millis(20),
             ..TrailSettings::default()
-        };
-        let recorder = Recorder::start(
-            store.clone(),
-            Arc::new(TestSigner::new()),
-            "r-a",
-            "default",
-            settings,
-            metrics.clone(),
-        );
+        });
         let threads: Vec<_> = (0..4)
             .map(|thread| {
                 let recorder = recorder.clone();
@@ -446,23 +447,13 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_buffer_drops_and_counts_and_nothing_sealed_is_lost() {
-        let store = Arc::new(Kept::default());
-        store.down.store(true, Ordering::SeqCst);
-        let metrics = metrics();
-        let settings = TrailSettings {
+        let (store, metrics, recorder) = start(TrailSettings {
             buffer: 8,
             batch: 4,
             flush_every: Duration::from_millis(5),
             ..TrailSettings::default()
-        };
-        let recorder = Recorder::start(
-            store.clone(),
-            Arc::new(TestSigner::new()),
-            "r-a",
-            "default",
-            settings,
-            metrics.clone(),
-        );
+        });
+        store.down.store(true, Ordering::SeqCst);
         // The writer takes the first records and retries them; the rest
         // fill the buffers and overflow.
         recorder.offer(entry("first"));
@@ -480,20 +471,10 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_writer_writes_what_it_holds_and_ends_with_the_recorder() {
-        let store = Arc::new(Kept::default());
-        let metrics = metrics();
-        let settings = TrailSettings {
+        let (store, metrics, recorder) = start(TrailSettings {
             flush_every: Duration::from_secs(3600),
             ..TrailSettings::default()
-        };
-        let recorder = Recorder::start(
-            store.clone(),
-            Arc::new(TestSigner::new()),
-            "r-a",
-            "default",
-            settings,
-            metrics.clone(),
-        );
+        });
         recorder.offer(entry("a"));
         recorder.offer(entry("b"));
         // Not due for an hour: the recorder's end is what writes them.
