@@ -46,6 +46,7 @@ fn with_trail(redis: String) -> impl FnOnce(&mut agent_reach_router::Settings) {
                     ..Default::default()
                 },
                 credentials: Default::default(),
+                otlp: None,
             }),
             tag_limits: Vec::new(),
         });

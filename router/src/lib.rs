@@ -25,7 +25,7 @@ use anyhow::Context;
 pub use agent_reach_access::{AssertionSettings, SigningKey};
 pub use agent_reach_pipeline::policy::{Plugins, SelectionPolicy};
 pub use agent_reach_pipeline::{RegistryCredential, Tuning};
-pub use agent_reach_tasks::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
+pub use agent_reach_tasks::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig, TrailOtlp};
 pub use agent_reach_trail::TrailSettings;
 pub use config::{RouterArgs, Settings};
 

@@ -30,6 +30,7 @@ fn with_trail(redis: String) -> agent_reach_router::TasksSettings {
                 ..Default::default()
             },
             credentials: Default::default(),
+            otlp: None,
         }),
         ..tasks_settings(redis)
     }

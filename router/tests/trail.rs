@@ -22,6 +22,7 @@ fn with_trail(redis: String, buffer: usize) -> agent_reach_router::TasksSettings
                 ..Default::default()
             },
             credentials: Default::default(),
+            otlp: None,
         }),
         ..tasks_settings(redis)
     }
@@ -487,4 +488,124 @@ async fn without_the_trail_the_figures_say_it_is_off() {
     assert_eq!(response.status(), 501);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "TRAIL_DISABLED", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_also_exported_as_otlp_logs_when_asked() {
+    let redis = agent_reach_testkit::Redis::start();
+    let receiver = agent_reach_testkit::otlp::Receiver::start().await;
+    let mut tasks = with_trail(redis.url(), 1024);
+    if let Some(trail) = tasks.trail.as_mut() {
+        trail.otlp = Some(agent_reach_router::TrailOtlp {
+            endpoint: receiver.endpoint().to_string(),
+            headers: vec![("x-collector-key".to_string(), "k-1".to_string())],
+        });
+    }
+    let cluster = Cluster::start_with(|settings| settings.tasks = Some(tasks)).await;
+    let _agent = cluster.agent(AgentSpec::new("logs-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["logs-1"]).await;
+    let (status, answer) = cluster.invoke(order("SO-logs")).await;
+    assert_eq!(status, 200, "{answer}");
+    let request_id = answer["request_id"].as_str().unwrap().to_string();
+    // Refused at admission: recorded as failed, exported at ERROR.
+    let (status, _) = cluster
+        .invoke(json!({ "capability": "nothing.here", "payload": {} }))
+        .await;
+    assert!(status >= 400);
+    assert!(
+        eventually(Duration::from_secs(20), || async { receiver.logs().len() >= 2 }).await,
+        "the collector received {:?}",
+        receiver.logs()
+    );
+    let logs = receiver.logs();
+    let served = logs
+        .iter()
+        .find(|log| log.attributes.get("agent_reach.request_id") == Some(&request_id))
+        .expect("the served call's record");
+    assert_eq!(served.scope, "agent-reach.trail");
+    assert_eq!(served.severity_text, "INFO");
+    assert_eq!(served.attributes["agent_reach.capability"], CAPABILITY);
+    assert_eq!(served.attributes["agent_reach.status"], "succeeded");
+    assert_eq!(served.resource["service.name"], "agent-reach-router");
+    assert_eq!(served.trace_id.len(), 32);
+    // The body is the stored record, the hash the one the chain holds.
+    let body: Value = serde_json::from_str(&served.body).unwrap();
+    assert_eq!(body["request_id"], request_id.as_str());
+    assert_eq!(
+        served.attributes["agent_reach.trail.hash"],
+        agent_reach_trail::hash_of(served.body.as_bytes())
+    );
+    let stored = stored_records(&cluster.client, cluster.router_addr, &token("ops")).await;
+    assert!(stored.iter().any(|record| record["request_id"] == request_id.as_str()));
+    let refused = logs
+        .iter()
+        .find(|log| log.attributes.get("agent_reach.capability").map(String::as_str) == Some("nothing.here"))
+        .expect("the refused call's record");
+    assert_eq!(refused.severity_text, "ERROR");
+    assert!(refused.attributes.contains_key("agent_reach.code"), "{refused:?}");
+    // The configured headers go with every export, and the exports are counted.
+    assert!(receiver.log_calls().iter().all(|call| call
+        .metadata
+        .get("x-collector-key")
+        .and_then(|value| value.to_str().ok())
+        == Some("k-1")));
+    // Counted once the collector has answered (a moment after it stored them).
+    let exported = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("agent_reach_trail_otlp_exported_total "))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            exported(&cluster.metrics().await) >= 2
+        })
+        .await,
+        "{}",
+        cluster.metrics().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_costs_no_record_and_is_counted() {
+    let redis = agent_reach_testkit::Redis::start();
+    // A loopback port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut tasks = with_trail(redis.url(), 1024);
+    if let Some(trail) = tasks.trail.as_mut() {
+        trail.otlp = Some(agent_reach_router::TrailOtlp {
+            endpoint: format!("http://{closed}"),
+            headers: Vec::new(),
+        });
+    }
+    let cluster = Cluster::start_with(|settings| settings.tasks = Some(tasks)).await;
+    let _agent = cluster.agent(AgentSpec::new("nolog-1", 1, Behaviour::Echo));
+    cluster.wait_for_instances(&["nolog-1"]).await;
+    let (status, answer) = cluster.invoke(order("SO-nolog")).await;
+    assert_eq!(status, 200, "{answer}");
+    let failures = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("agent_reach_trail_otlp_failures_total "))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            failures(&cluster.metrics().await) >= 1
+        })
+        .await,
+        "{}",
+        cluster.metrics().await
+    );
+    // Redis holds the record all the same.
+    let stored = stored_records(&cluster.client, cluster.router_addr, &token("ops")).await;
+    assert!(
+        stored.iter().any(|record| record["request_id"] == answer["request_id"]),
+        "{stored:?}"
+    );
 }

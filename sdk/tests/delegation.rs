@@ -223,6 +223,7 @@ async fn a_three_agent_chain_knows_whom_it_acts_for_and_a_forged_one_is_not_beli
                     ..Default::default()
                 },
                 credentials: Default::default(),
+                otlp: None,
             });
         }
     })

@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 pub use api::view as task_view;
 pub use api::{submit_broadcast, TaskApi};
 pub use protocol::{Owned, POLL};
-pub use settings::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig};
+pub use settings::{Switch, TagLimit, TaskArgs, TasksSettings, TrailConfig, TrailOtlp};
 pub use timestamps::{parse_rfc3339, rfc3339};
 pub use trail::new_chain_id;
 
@@ -205,8 +205,18 @@ impl TaskService {
         // Routers on one Redis learn from each other's calls (issue 38).
         service.share_history(Arc::new(history::StoreHistory(self.clone())));
         if let (Some(trail), Some(metrics)) = (&self.settings.trail, &self.trail_metrics) {
+            let logs = trail.otlp.as_ref().and_then(|otlp| {
+                trail::TrailLogs::start(otlp, &self.chain, self.store.tenant(), metrics)
+                    .map_err(|error| {
+                        tracing::error!(message = "Cannot export the trail as OTLP logs; records are kept in Redis only.", %error)
+                    })
+                    .ok()
+            });
             let recorder = agent_reach_trail::Recorder::start(
-                Arc::new(trail::StoreTrail(self.clone())),
+                Arc::new(trail::StoreTrail {
+                    service: self.clone(),
+                    logs,
+                }),
                 Arc::new(agent_reach_trail::AssertionSigner(service.assertions().clone())),
                 &self.chain,
                 self.store.tenant(),
@@ -222,10 +232,12 @@ impl TaskService {
 
     /// The trail's store (this tenant's Redis), when the trail is on.
     pub fn trail_store(self: &Arc<Self>) -> Option<Arc<dyn agent_reach_trail::TrailStore>> {
-        self.settings
-            .trail
-            .as_ref()
-            .map(|_| Arc::new(trail::StoreTrail(self.clone())) as Arc<dyn agent_reach_trail::TrailStore>)
+        self.settings.trail.as_ref().map(|_| {
+            Arc::new(trail::StoreTrail {
+                service: self.clone(),
+                logs: None,
+            }) as Arc<dyn agent_reach_trail::TrailStore>
+        })
     }
 
     /// The gate for a capability whose instances all carry a limited tag.

@@ -74,6 +74,11 @@ pub struct TaskArgs {
     /// than the calls) records are dropped and counted, and calls never wait.
     #[arg(long, env = "AGENT_REACH_TRAIL_BUFFER", default_value_t = 65_536)]
     pub trail_buffer: usize,
+    /// Also export every written trail record as an OTLP log record to this
+    /// OTLP/gRPC collector (`http://host:4317`); headers from
+    /// `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_LOGS_HEADERS`.
+    #[arg(long, env = "AGENT_REACH_TRAIL_OTLP_ENDPOINT")]
+    pub trail_otlp_endpoint: Option<String>,
     /// Members redacted from the payloads the trail records (`trail.payloads` in
     /// acl.yaml): a name whose last words are one of these; comma separated; `none`.
     #[arg(
@@ -97,6 +102,34 @@ pub enum Switch {
 pub struct TrailConfig {
     pub settings: agent_reach_trail::TrailSettings,
     pub credentials: agent_reach_access::credentials::CredentialFields,
+    /// Where written records are also exported as OTLP logs (`--trail-otlp-endpoint`).
+    pub otlp: Option<TrailOtlp>,
+}
+
+/// An OTLP/gRPC collector the trail's records are copied to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrailOtlp {
+    pub endpoint: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl TrailOtlp {
+    /// `endpoint` (an `http://` or `https://` URL) with the headers of the
+    /// `OTEL_EXPORTER_OTLP_*HEADERS` variables.
+    pub fn new(endpoint: &str) -> Result<Self, String> {
+        let parsed = url::Url::parse(endpoint)
+            .map_err(|error| format!("--trail-otlp-endpoint `{endpoint}` is not a URL: {error}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(format!(
+                "--trail-otlp-endpoint `{endpoint}` must be an http:// or https:// URL of an OTLP/gRPC collector, e.g. http://127.0.0.1:4317"
+            ));
+        }
+        let headers = agent_reach_telemetry::otlp_logs::headers_from_env().map_err(|error| error.to_string())?;
+        Ok(Self {
+            endpoint: endpoint.to_string(),
+            headers,
+        })
+    }
 }
 
 impl TaskArgs {
@@ -165,6 +198,14 @@ impl TaskArgs {
             problems.push(format!("--credential-fields: {why}"));
             agent_reach_access::credentials::CredentialFields::default()
         });
+        let otlp = match (&self.trail_otlp_endpoint, self.trail) {
+            (Some(endpoint), Switch::On) => TrailOtlp::new(endpoint).map_err(|why| problems.push(why)).ok(),
+            (Some(_), Switch::Off) => {
+                problems.push("--trail-otlp-endpoint needs the trail on (it exports the trail's records)".to_string());
+                None
+            }
+            (None, _) => None,
+        };
         let trail = (self.trail == Switch::On).then(|| TrailConfig {
             settings: agent_reach_trail::TrailSettings {
                 buffer: self.trail_buffer.max(1),
@@ -172,6 +213,7 @@ impl TaskArgs {
                 ..Default::default()
             },
             credentials,
+            otlp,
         });
         Some(TasksSettings {
             trail,
@@ -279,21 +321,45 @@ mod tests {
     }
 
     fn settings_with(share_ms: &str) -> (Option<TasksSettings>, Vec<String>) {
+        settings_from(&["--quota-share-ms", share_ms])
+    }
+
+    fn settings_from(extra: &[&str]) -> (Option<TasksSettings>, Vec<String>) {
         use clap::Parser;
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("callbacks.secret");
         std::fs::write(&secret, [b'k'; 40]).unwrap();
-        let flags = Flags::parse_from([
+        let mut args = vec![
             "router",
             "--redis",
             "redis://127.0.0.1:6379",
             "--callback-secret-file",
             secret.to_str().unwrap(),
-            "--quota-share-ms",
-            share_ms,
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let flags = Flags::parse_from(args);
         let mut problems = Vec::new();
         (flags.tasks.settings(&mut problems), problems)
+    }
+
+    #[test]
+    fn the_trails_otlp_endpoint_is_a_collectors_url_and_needs_the_trail() {
+        let (settings, problems) = settings_from(&["--trail-otlp-endpoint", "http://127.0.0.1:4317"]);
+        assert!(problems.is_empty(), "{problems:?}");
+        let otlp = settings.unwrap().trail.unwrap().otlp.unwrap();
+        assert_eq!(otlp.endpoint, "http://127.0.0.1:4317");
+        for bad in ["127.0.0.1:4317", "ftp://collector:4317", "http://"] {
+            let (_, problems) = settings_from(&["--trail-otlp-endpoint", bad]);
+            assert!(
+                problems.iter().any(|problem| problem.contains("--trail-otlp-endpoint")),
+                "{bad}: {problems:?}"
+            );
+        }
+        let (_, problems) = settings_from(&["--trail", "off", "--trail-otlp-endpoint", "http://127.0.0.1:4317"]);
+        assert!(
+            problems.iter().any(|problem| problem.contains("needs the trail on")),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -43,18 +43,7 @@ impl Exporter {
     /// A client of `endpoint` (`http://host:port`), connected on first use.
     /// Must be called inside a Tokio runtime.
     pub fn new(endpoint: &str, headers: &[(String, String)], timeout: Duration) -> anyhow::Result<Self> {
-        let channel = Endpoint::from_shared(endpoint.to_string())
-            .with_context(|| format!("`{endpoint}` is not a valid OTLP endpoint URL"))?
-            .timeout(timeout)
-            .connect_lazy();
-        let mut metadata = MetadataMap::new();
-        for (name, value) in headers {
-            let key = MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
-                .with_context(|| format!("OTLP header name `{name}` is not a valid gRPC metadata key"))?;
-            let value = MetadataValue::try_from(value.as_str())
-                .with_context(|| format!("the value of OTLP header `{name}` is not valid gRPC metadata"))?;
-            metadata.insert(key, value);
-        }
+        let (channel, metadata) = connect(endpoint, headers, timeout)?;
         Ok(Self {
             client: TraceServiceClient::new(channel),
             metadata,
@@ -62,6 +51,28 @@ impl Exporter {
             resource: ResourceAttributesWithSchema::default(),
         })
     }
+}
+
+/// A lazily connected channel to the OTLP/gRPC `endpoint` and the metadata
+/// every export sends: the spans' and the trail's logs' exporters alike.
+pub(crate) fn connect(
+    endpoint: &str,
+    headers: &[(String, String)],
+    timeout: Duration,
+) -> anyhow::Result<(Channel, MetadataMap)> {
+    let channel = Endpoint::from_shared(endpoint.to_string())
+        .with_context(|| format!("`{endpoint}` is not a valid OTLP endpoint URL"))?
+        .timeout(timeout)
+        .connect_lazy();
+    let mut metadata = MetadataMap::new();
+    for (name, value) in headers {
+        let key = MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .with_context(|| format!("OTLP header name `{name}` is not a valid gRPC metadata key"))?;
+        let value = MetadataValue::try_from(value.as_str())
+            .with_context(|| format!("the value of OTLP header `{name}` is not valid gRPC metadata"))?;
+        metadata.insert(key, value);
+    }
+    Ok((channel, metadata))
 }
 
 impl SpanExporter for Exporter {

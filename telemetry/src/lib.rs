@@ -5,6 +5,8 @@
 //!   line, so a request's `trace_id`, `request_id` and `session_id` are on
 //!   every line logged while serving it), plus an OpenTelemetry layer exporting
 //!   spans over OTLP when the standard `OTEL_*` variables ask for it (`otlp.rs`).
+//! - [`otlp_logs`] exports log records over OTLP/gRPC (the trail's copy of
+//!   its records for log pipelines, `--trail-otlp-endpoint`).
 //! - [`propagation`] reads and writes W3C `traceparent` headers for spans, so
 //!   the router and the SDK continue the caller's trace across hops.
 //! - [`spans`] builds request-path spans straight on the OpenTelemetry SDK
@@ -18,6 +20,7 @@ mod export;
 pub mod histogram;
 pub mod logs;
 pub mod otlp;
+pub mod otlp_logs;
 pub mod propagation;
 pub mod spans;
 

@@ -112,7 +112,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `key=value,key2=value2` (values percent-encoded, as the OTLP exporter
 /// specification says) → pairs; an entry without a key or `=` is an error.
-fn parse_headers(name: &str, text: &str) -> anyhow::Result<Vec<(String, String)>> {
+pub(crate) fn parse_headers(name: &str, text: &str) -> anyhow::Result<Vec<(String, String)>> {
     text.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())

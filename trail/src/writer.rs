@@ -94,6 +94,10 @@ pub struct TrailMetrics {
     pub dropped: prometheus::IntCounter,
     pub write_failures: prometheus::IntCounter,
     pub segments: prometheus::IntCounter,
+    /// Records exported as OTLP logs (`--trail-otlp-endpoint`).
+    pub otlp_exported: prometheus::IntCounter,
+    /// Records whose OTLP export failed or was skipped (kept in the store all the same).
+    pub otlp_failures: prometheus::IntCounter,
 }
 
 impl TrailMetrics {
@@ -114,6 +118,14 @@ impl TrailMetrics {
                 "Failed writes of a trail segment (each is retried).",
             )?,
             segments: counter("agent_reach_trail_segments_total", "Trail segments sealed and written.")?,
+            otlp_exported: counter(
+                "agent_reach_trail_otlp_exported_total",
+                "Trail records exported as OTLP logs (--trail-otlp-endpoint).",
+            )?,
+            otlp_failures: counter(
+                "agent_reach_trail_otlp_failures_total",
+                "Trail records not exported as OTLP logs: the collector failed or was slower than the trail (the records are in the store all the same).",
+            )?,
         })
     }
 }

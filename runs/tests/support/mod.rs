@@ -146,6 +146,7 @@ impl Stack {
                     ..Default::default()
                 },
                 credentials: Default::default(),
+                otlp: None,
             }),
             tag_limits: Vec::new(),
         });
