@@ -453,14 +453,19 @@ mod tests {
         AssertionVerifier::from_jwks(&assertions.jwks(), DEFAULT_ISSUER).unwrap()
     }
 
-    #[test]
-    fn a_runs_steps_on_one_target_share_an_assertion_that_names_the_run() {
+    /// Assertions with a fresh key, an agent caller and the time now (ms).
+    fn signing_setup() -> (Arc<Assertions>, Caller, u64) {
         let assertions = Assertions::load(AssertionSettings::default(), &prometheus::Registry::new()).unwrap();
-        let caller = Caller::agent("intent_parser");
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as u64;
+        (assertions, Caller::agent("intent_parser"), now)
+    }
+
+    #[test]
+    fn a_runs_steps_on_one_target_share_an_assertion_that_names_the_run() {
+        let (assertions, caller, now) = signing_setup();
         let far = now + 60_000;
         let direct = Delegation::direct(Vec::new());
         let step = |run: Option<&str>, capability: &str| {
@@ -492,12 +497,7 @@ mod tests {
 
     #[test]
     fn assertions_are_cached_per_call_target_and_never_outlive_the_deadline() {
-        let assertions = Assertions::load(AssertionSettings::default(), &prometheus::Registry::new()).unwrap();
-        let caller = Caller::agent("intent_parser");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
+        let (assertions, caller, now) = signing_setup();
         let far = now + 60_000;
         let first = assertions
             .header(

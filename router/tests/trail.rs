@@ -490,20 +490,44 @@ async fn without_the_trail_the_figures_say_it_is_off() {
     assert_eq!(body["error"]["code"], "TRAIL_DISABLED", "{body}");
 }
 
+/// A router with the trail on `redis` exported to the OTLP collector at
+/// `endpoint`, and an echo agent `agent` it routes to.
+async fn exporting_to(
+    redis: String,
+    endpoint: String,
+    headers: Vec<(String, String)>,
+    agent: &str,
+) -> (Cluster, Agent) {
+    let mut tasks = with_trail(redis, 1024);
+    if let Some(trail) = tasks.trail.as_mut() {
+        trail.otlp = Some(agent_reach_router::TrailOtlp { endpoint, headers });
+    }
+    let cluster = Cluster::start_with(|settings| settings.tasks = Some(tasks)).await;
+    let handle = cluster.agent(AgentSpec::new(agent, 1, Behaviour::Echo));
+    cluster.wait_for_instances(&[agent]).await;
+    (cluster, handle)
+}
+
+/// A counter's value on the router's `/metrics` (0 when absent).
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_are_also_exported_as_otlp_logs_when_asked() {
     let redis = agent_reach_testkit::Redis::start();
     let receiver = agent_reach_testkit::otlp::Receiver::start().await;
-    let mut tasks = with_trail(redis.url(), 1024);
-    if let Some(trail) = tasks.trail.as_mut() {
-        trail.otlp = Some(agent_reach_router::TrailOtlp {
-            endpoint: receiver.endpoint().to_string(),
-            headers: vec![("x-collector-key".to_string(), "k-1".to_string())],
-        });
-    }
-    let cluster = Cluster::start_with(|settings| settings.tasks = Some(tasks)).await;
-    let _agent = cluster.agent(AgentSpec::new("logs-1", 1, Behaviour::Echo));
-    cluster.wait_for_instances(&["logs-1"]).await;
+    let (cluster, _agent) = exporting_to(
+        redis.url(),
+        receiver.endpoint().to_string(),
+        vec![("x-collector-key".to_string(), "k-1".to_string())],
+        "logs-1",
+    )
+    .await;
     let (status, answer) = cluster.invoke(order("SO-logs")).await;
     assert_eq!(status, 200, "{answer}");
     let request_id = answer["request_id"].as_str().unwrap().to_string();
@@ -550,16 +574,9 @@ async fn records_are_also_exported_as_otlp_logs_when_asked() {
         .and_then(|value| value.to_str().ok())
         == Some("k-1")));
     // Counted once the collector has answered (a moment after it stored them).
-    let exported = |metrics: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("agent_reach_trail_otlp_exported_total "))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    };
     assert!(
         eventually(Duration::from_secs(10), || async {
-            exported(&cluster.metrics().await) >= 2
+            counter(&cluster.metrics().await, "agent_reach_trail_otlp_exported_total") >= 2
         })
         .await,
         "{}",
@@ -575,28 +592,12 @@ async fn a_collector_that_is_down_costs_no_record_and_is_counted() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut tasks = with_trail(redis.url(), 1024);
-    if let Some(trail) = tasks.trail.as_mut() {
-        trail.otlp = Some(agent_reach_router::TrailOtlp {
-            endpoint: format!("http://{closed}"),
-            headers: Vec::new(),
-        });
-    }
-    let cluster = Cluster::start_with(|settings| settings.tasks = Some(tasks)).await;
-    let _agent = cluster.agent(AgentSpec::new("nolog-1", 1, Behaviour::Echo));
-    cluster.wait_for_instances(&["nolog-1"]).await;
+    let (cluster, _agent) = exporting_to(redis.url(), format!("http://{closed}"), Vec::new(), "nolog-1").await;
     let (status, answer) = cluster.invoke(order("SO-nolog")).await;
     assert_eq!(status, 200, "{answer}");
-    let failures = |metrics: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("agent_reach_trail_otlp_failures_total "))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    };
     assert!(
         eventually(Duration::from_secs(20), || async {
-            failures(&cluster.metrics().await) >= 1
+            counter(&cluster.metrics().await, "agent_reach_trail_otlp_failures_total") >= 1
         })
         .await,
         "{}",

@@ -28,6 +28,10 @@ fn sealed(ms: u64, seq: u64, request: &str, session: Option<&str>, input: bool) 
     }
 }
 
+fn hashes(records: Vec<Stored>) -> Vec<String> {
+    records.into_iter().map(|stored| stored.hash).collect()
+}
+
 fn batch(ms: u64, segment: u64, records: Vec<Sealed>) -> Batch {
     Batch {
         router: ROUTER.to_string(),
@@ -68,6 +72,7 @@ async fn batches_land_once(url: &str, single: bool) {
     // 202), written after a failure that left only its segment stored: the
     // retry completes it and stores the segment once.
     let third = batch(now + 9, 3, vec![sealed(now + 9, 5, "req-a", None, false)]);
+    let mut direct = None;
     if single {
         let mut connection = redis::Client::open(url)
             .unwrap()
@@ -87,8 +92,14 @@ async fn batches_land_once(url: &str, single: bool) {
             .query_async(&mut connection)
             .await
             .unwrap();
+        direct = Some((connection, keys[0].clone()));
     }
     store.append(&third, retention).await.expect("append the third batch");
+    // One stream entry per segment, however many records and retries.
+    if let Some((mut connection, key)) = direct {
+        let entries: u64 = redis::cmd("XLEN").arg(&key).query_async(&mut connection).await.unwrap();
+        assert_eq!(entries, 3);
+    }
 
     let records = store.chain_records(ROUTER, None, 4).await.unwrap();
     let ids: Vec<&str> = records.iter().map(|stored| stored.id.as_str()).collect();
@@ -102,21 +113,9 @@ async fn batches_land_once(url: &str, single: bool) {
     assert_eq!(records[1].hash, "h2");
     assert_eq!(records[1].body, r#"{"seq":2,"request_id":"req-b"}"#);
     // Paging from the middle of a segment, and newest first since a time.
-    let page: Vec<String> = store
-        .chain_records(ROUTER, Some(&format!("{now}-2")), 2)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|stored| stored.hash)
-        .collect();
+    let page = hashes(store.chain_records(ROUTER, Some(&format!("{now}-2")), 2).await.unwrap());
     assert_eq!(page, ["h3", "h4"]);
-    let since: Vec<String> = store
-        .chain_records_since(ROUTER, now + 1, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|stored| stored.hash)
-        .collect();
+    let since = hashes(store.chain_records_since(ROUTER, now + 1, 10).await.unwrap());
     assert_eq!(since, ["h5", "h4"]);
     let heads = store.chain_heads(ROUTER, None, 10).await.unwrap();
     assert_eq!(

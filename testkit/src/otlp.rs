@@ -158,11 +158,6 @@ impl TraceService for Receiver {
             for scope in resource_spans.scope_spans {
                 count += scope.spans.len();
                 for span in scope.spans {
-                    let attributes = span
-                        .attributes
-                        .iter()
-                        .map(|attribute| (attribute.key.clone(), text(&attribute.value)))
-                        .collect();
                     self.spans
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -172,7 +167,7 @@ impl TraceService for Receiver {
                             span_id: hex(&span.span_id),
                             parent: hex(&span.parent_span_id),
                             kind: span.kind,
-                            attributes,
+                            attributes: attributes(&span.attributes),
                         });
                 }
             }
