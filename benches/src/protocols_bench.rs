@@ -19,7 +19,8 @@
 //!   counted once it ended with every event: the router's must be ≥ nginx's;
 //! - wrk at 32 connections: A2A `SendMessage` (JSON-RPC, a DataPart) and
 //!   the same message over the REST binding (`POST …/v1/message:send`), and
-//!   h2load at 32 connections (one stream each, h2c) sending it over the gRPC
+//!   h2load keeping 32 calls in flight (4 connections of 8 streams, h2c, as a
+//!   gRPC client multiplexes its channel; `--h2-streams`) sending it over the gRPC
 //!   binding (`lf.a2a.v1.A2AService/SendMessage`), must each reach ≥ 0.9 ×
 //!   the req/s of `/v1/invoke` on the same JSON agent, each side's rate the
 //!   mean of three windows taken in turn with the others'. A control, no
@@ -72,9 +73,15 @@ struct Args {
     /// Request threads of the router (`--threads`) and nginx's worker processes alike (0: one per core).
     #[arg(long, default_value_t = 0)]
     proxy_threads: usize,
-    /// wrk connections of the A2A-vs-invoke measurement.
+    /// wrk connections of the A2A-vs-invoke measurement (calls in flight).
     #[arg(long, default_value_t = 32)]
     connections: u32,
+    /// Concurrent streams h2load keeps on each HTTP/2 connection (gRPC and
+    /// its h2c control): `--connections` / this many connections, so as many
+    /// calls in flight as wrk keeps. gRPC clients multiplex a channel's calls
+    /// on one connection; 1 measures HTTP/2 as if it were HTTP/1.1.
+    #[arg(long, default_value_t = 8)]
+    h2_streams: u32,
     /// Run only these measurements (for profiling one of them; a verdict
     /// needs all three, the default).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Measure::FirstEvent, Measure::Events, Measure::A2a])]
@@ -288,8 +295,8 @@ fn grpc_frame(message: &impl prost::Message) -> Vec<u8> {
     framed
 }
 
-/// h2load's req/s for `requests` (`-c` connections, one stream each, so as
-/// many in flight as wrk's connections keep). Every request must end in a
+/// h2load's req/s for `requests` (`connections` of `streams` concurrent
+/// streams each, as many in flight as wrk's connections keep). Every request must end in a
 /// 2xx (a gRPC error is a 200 too: the bench checks one call's status first).
 /// `grpc`: gRPC's headers, else a JSON body's.
 fn h2load_requests_per_s(
@@ -297,7 +304,7 @@ fn h2load_requests_per_s(
     url: &str,
     token: &str,
     grpc: bool,
-    connections: u32,
+    (connections, streams): (u32, u32),
     duration_s: u64,
 ) -> anyhow::Result<f64> {
     let headers: &[&str] = if grpc {
@@ -313,7 +320,12 @@ fn h2load_requests_per_s(
         &["-H", "content-type: application/json"]
     };
     let output = std::process::Command::new(agent_reach_testkit::find_binary("h2load", "nghttp2-client"))
-        .args(["-t1", &format!("-c{connections}"), "-m1", &format!("-D{duration_s}")])
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-m{streams}"),
+            &format!("-D{duration_s}"),
+        ])
         .arg("-d")
         .arg(body)
         .args(headers)
@@ -557,6 +569,8 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let (mut invoke_rates, mut a2a_rates, mut rest_rates, mut grpc_rates, mut invoke_h2_rates) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let measuring = |measure| args.only.contains(&measure);
+    let h2_streams = args.h2_streams.clamp(1, args.connections.max(1));
+    let h2 = (args.connections.div_ceil(h2_streams), h2_streams);
     for round in 1..=args.rounds {
         // The first events, all targets in turn (as long in all as the three
         // measured one after the other would be).
@@ -605,15 +619,8 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             let _ = wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, warm_up.as_secs());
             let _ = wrk_requests_per_s(&rest_script, &rest_url, args.connections, warm_up.as_secs());
-            let _ = h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, args.connections, warm_up.as_secs());
-            let _ = h2load_requests_per_s(
-                &invoke_file,
-                &router_invoke,
-                &token,
-                false,
-                args.connections,
-                warm_up.as_secs(),
-            );
+            let _ = h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, h2, warm_up.as_secs());
+            let _ = h2load_requests_per_s(&invoke_file, &router_invoke, &token, false, h2, warm_up.as_secs());
         }
         let windows = WRK_WINDOWS.min(args.duration_s.max(1));
         let window_s = (args.duration_s / windows).max(1);
@@ -622,20 +629,20 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             invoke += wrk_requests_per_s(&invoke_script, &router_invoke, args.connections, window_s)? / windows as f64;
             a2a += wrk_requests_per_s(&a2a_script, &a2a_url, args.connections, window_s)? / windows as f64;
             rest += wrk_requests_per_s(&rest_script, &rest_url, args.connections, window_s)? / windows as f64;
-            grpc += h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, args.connections, window_s)?
-                / windows as f64;
+            grpc += h2load_requests_per_s(&grpc_body, &grpc_url, &token, true, h2, window_s)? / windows as f64;
             invoke_h2 +=
-                h2load_requests_per_s(&invoke_file, &router_invoke, &token, false, args.connections, window_s)?
-                    / windows as f64;
+                h2load_requests_per_s(&invoke_file, &router_invoke, &token, false, h2, window_s)? / windows as f64;
         }
         println!(
-            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), gRPC SendMessage {grpc:.0} req/s ({:.2}x; h2load's /v1/invoke over h2c {invoke_h2:.0} req/s, gRPC {:.2}x of it), {} conns",
+            "{:<14} {round:>6} /v1/invoke {invoke:.0} req/s, A2A SendMessage {a2a:.0} req/s ({:.2}x), REST message:send {rest:.0} req/s ({:.2}x), gRPC SendMessage {grpc:.0} req/s ({:.2}x; h2load's /v1/invoke over h2c {invoke_h2:.0} req/s, gRPC {:.2}x of it), {} conns (h2: {} of {} streams)",
             "router",
             a2a / invoke,
             rest / invoke,
             grpc / invoke,
             grpc / invoke_h2,
-            args.connections
+            args.connections,
+            h2.0,
+            h2.1
         );
         invoke_h2_rates.push(invoke_h2);
         invoke_rates.push(invoke);
