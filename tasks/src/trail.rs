@@ -158,3 +158,89 @@ fn log_line(stored: &Stored) -> agent_reach_telemetry::otlp_logs::LogLine {
         attributes,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_reach_trail::{Chain, Entry, HeadClaims, HeadSigner};
+
+    struct FixedSigner;
+
+    impl HeadSigner for FixedSigner {
+        fn sign(&self, _claims: &HeadClaims) -> Result<String, String> {
+            Ok("signature".to_string())
+        }
+        fn issuer(&self) -> &str {
+            "agent-reach-router"
+        }
+    }
+
+    fn batch(chain: &mut Chain, records: usize) -> Batch {
+        let entries = (0..records).map(|index| Entry {
+            at_ms: 1_700_000_000_000,
+            request_id: format!("req-{index}"),
+            trace_id: "t".into(),
+            caller: "caller".into(),
+            door: "invoke",
+            capability: "order.query".into(),
+            attempts: 1,
+            status: "succeeded",
+            ..Entry::default()
+        });
+        chain.seal(entries, 1_700_000_000_000, &FixedSigner).unwrap()
+    }
+
+    /// A collector that takes connections and never answers holds every
+    /// export in flight: past `EXPORTS_IN_FLIGHT` a segment is skipped at
+    /// once and its records counted as failures (the writer never waits);
+    /// once the collector goes away the exports end and free their places.
+    #[tokio::test]
+    async fn a_segment_past_the_exports_in_flight_is_skipped_and_counted() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (close, closed) = tokio::sync::oneshot::channel::<()>();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            tokio::select! {
+                _ = closed => {}
+                _ = async {
+                    while let Ok((socket, _)) = listener.accept().await {
+                        held.push(socket);
+                    }
+                } => {}
+            }
+        });
+        let registry = prometheus::Registry::new();
+        let metrics = agent_reach_trail::TrailMetrics::new(&registry).unwrap();
+        let otlp = crate::TrailOtlp::new(&format!("http://{addr}")).unwrap();
+        let logs = TrailLogs::start(&otlp, "rtest", "acme", &metrics).unwrap();
+        let mut chain = Chain::new("rtest", "acme");
+
+        for _ in 0..EXPORTS_IN_FLIGHT {
+            logs.export(&batch(&mut chain, 2));
+        }
+        assert_eq!(logs.in_flight.available_permits(), 0);
+        assert_eq!(metrics.otlp_failures.get(), 0);
+        logs.export(&batch(&mut chain, 3));
+        assert_eq!(
+            metrics.otlp_failures.get(),
+            3,
+            "the skipped segment's records are counted"
+        );
+        assert_eq!(metrics.otlp_exported.get(), 0);
+
+        close.send(()).unwrap();
+        silent.await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while logs.in_flight.available_permits() < EXPORTS_IN_FLIGHT {
+            assert!(tokio::time::Instant::now() < deadline, "the exports never ended");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            metrics.otlp_failures.get(),
+            3 + 2 * EXPORTS_IN_FLIGHT as u64,
+            "the exports the gone collector failed are counted too"
+        );
+        assert_eq!(metrics.otlp_exported.get(), 0);
+    }
+}
