@@ -91,11 +91,21 @@ pub struct Engine {
     /// Runs' specs as read and checked (a run's spec never changes), so an
     /// advance does not parse the spec and compare definitions each time.
     specs: Mutex<HashMap<String, Known>>,
-    /// Runs this router is advancing now, and whether news came meanwhile.
-    advancing: Mutex<HashMap<String, bool>>,
+    /// Runs this router is advancing now: whether news came meanwhile, and
+    /// the steps' outcomes its next pass writes with its decisions.
+    advancing: Mutex<HashMap<String, Advancing>>,
     /// Who waits here for a run's news (a call answered when its run ends, an events stream).
     waiters: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     pub(crate) metrics: crate::metrics::RunMetrics,
+}
+
+/// A run being advanced on this router.
+#[derive(Default)]
+struct Advancing {
+    /// News came meanwhile: go round once more.
+    news: bool,
+    /// Steps' outcomes (entry field, record) not written yet.
+    ended: Vec<(String, ItemRecord)>,
 }
 
 impl Engine {
@@ -204,7 +214,9 @@ impl Engine {
     }
 
     /// A step's task ended on this router (as `state`, with `result`):
-    /// record its outcome in its run, then advance the run.
+    /// advance its run, the advance writing the outcome with what it decides
+    /// (one script). A router that dies before leaves the run due: the
+    /// sweep reads the ended task and records it then.
     pub fn step_ended(self: &Arc<Self>, task: &agent_reach_task_store::Task, state: State, result: &Value) {
         let Some(run_id) = task.run.clone() else {
             return;
@@ -225,13 +237,7 @@ impl Engine {
         };
         let ended = submitted.ended(state, Some(result), now_ms());
         let engine = self.clone();
-        tokio::spawn(async move {
-            if let Err(error) = engine.record(&run_id, &field, &ended).await {
-                // The sweep reads the task itself later.
-                tracing::warn!(message = "A step's outcome is not in its run yet; a sweep finds it.", %run_id, %error);
-            }
-            engine.advance(&run_id, false).await;
-        });
+        tokio::spawn(async move { engine.advance_with(&run_id, false, Some((field, ended))).await });
     }
 
     async fn record(&self, run_id: &str, field: &str, record: &ItemRecord) -> Result<bool, TaskStoreError> {
@@ -242,23 +248,49 @@ impl Engine {
     /// Advances a run, one advance at a time on this router (news arriving
     /// meanwhile makes the running advance go round once more).
     pub(crate) async fn advance(self: &Arc<Self>, run_id: &str, refresh: bool) {
+        self.advance_with(run_id, refresh, None).await;
+    }
+
+    /// [`Engine::advance`], with a step's outcome (entry field, record) for
+    /// the advance to write.
+    async fn advance_with(self: &Arc<Self>, run_id: &str, refresh: bool, ended: Option<(String, ItemRecord)>) {
         {
             let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(news) = advancing.get_mut(run_id) {
-                *news = true;
+            if let Some(running) = advancing.get_mut(run_id) {
+                running.news = true;
+                running.ended.extend(ended);
                 return;
             }
-            advancing.insert(run_id.to_string(), false);
+            advancing.insert(
+                run_id.to_string(),
+                Advancing {
+                    news: false,
+                    ended: ended.into_iter().collect(),
+                },
+            );
         }
         let mut refresh = refresh;
         loop {
-            if let Err(error) = self.advance_once(run_id, refresh).await {
+            let ended = self
+                .advancing
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get_mut(run_id)
+                .map(|running| std::mem::take(&mut running.ended))
+                .unwrap_or_default();
+            if let Err(error) = self.advance_once(run_id, refresh, &ended).await {
                 tracing::warn!(message = "A run could not advance; it is due again later.", %run_id, %error);
+                // The outcomes on their own, as the sweep would record them.
+                for (field, record) in &ended {
+                    if let Err(error) = self.record(run_id, field, record).await {
+                        tracing::warn!(message = "A step's outcome is not in its run yet; a sweep finds it.", %run_id, %error);
+                    }
+                }
             }
             refresh = false;
             let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match advancing.get_mut(run_id) {
-                Some(news) if *news => *news = false,
+                Some(running) if running.news => running.news = false,
                 _ => {
                     advancing.remove(run_id);
                     break;
@@ -268,7 +300,14 @@ impl Engine {
         self.notify(run_id);
     }
 
-    async fn advance_once(self: &Arc<Self>, run_id: &str, refresh: bool) -> Result<(), TaskStoreError> {
+    /// One pass: read the run, apply `ended` (steps' outcomes not written
+    /// yet), plan, submit, write the outcomes and decisions in one script.
+    async fn advance_once(
+        self: &Arc<Self>,
+        run_id: &str,
+        refresh: bool,
+        ended: &[(String, ItemRecord)],
+    ) -> Result<(), TaskStoreError> {
         let stored = match self.store().run(run_id).await {
             Ok(stored) => stored,
             Err(TaskStoreError::NotFound(_)) => return Ok(()),
@@ -306,6 +345,28 @@ impl Engine {
             }
         };
         let mut records = Records::from_entries(&stored.entries);
+        // What this advance decided is written at once, with the run's next
+        // due time, after its calls are submitted: a router that dies before
+        // leaves the run due, and the next advance submits the same calls
+        // again under the same request ids (found, not duplicated). The
+        // steps' outcomes go first (as the script writes them: unless the
+        // stored entry is later).
+        let mut entries = Vec::new();
+        for (field, record) in ended {
+            if records
+                .entry(field)
+                .is_some_and(|stored| stored.order() > record.order())
+            {
+                continue;
+            }
+            let json = serde_json::to_string(record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+            entries.push(RunEntry {
+                field: field.clone(),
+                order: record.order(),
+                json,
+            });
+            records.set_entry(field, record.clone());
+        }
         if refresh {
             self.refresh(run_id, &mut records).await?;
         }
@@ -325,11 +386,6 @@ impl Engine {
         let now = now_ms();
         let actions = plan::plan(&workflow, &spec, &mut records, now);
         let mut wake = now + u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
-        // What this advance decided is written at once, with the run's next
-        // due time, after its calls are submitted: a router that dies before
-        // leaves the run due, and the next advance submits the same calls
-        // again under the same request ids (found, not duplicated).
-        let mut entries = Vec::new();
         for action in actions {
             match action {
                 Action::Start { step, record } => {
@@ -565,8 +621,16 @@ impl Engine {
 
     /// Ends the run's held task (its callback, its session result) as the run ended.
     async fn end_held_task(&self, run_id: &str, state: State, envelope: &Value) {
-        let _ = self.store().transition(run_id, State::Running).await;
-        match self.store().complete(run_id, state, envelope).await {
+        // Running since the run's first advance; moved here first only when
+        // that move was lost (the task still pending).
+        let mut ended = self.store().complete(run_id, state, envelope).await;
+        if let Err(TaskStoreError::Refused { current, .. }) = &ended {
+            if State::parse(current).is_some_and(|current| !current.is_terminal()) {
+                let _ = self.store().transition(run_id, State::Running).await;
+                ended = self.store().complete(run_id, state, envelope).await;
+            }
+        }
+        match ended {
             // A delivery of `/v1/tasks` that is itself this run (its worker records it too).
             Ok(_) | Err(TaskStoreError::Refused { .. }) => {}
             Err(error) => tracing::warn!(message = "A run's task could not be ended.", %run_id, %error),
