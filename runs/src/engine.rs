@@ -192,7 +192,14 @@ impl Engine {
             }
             self.metrics.started.with_label_values(&[&workflow.name]).inc();
             tracing::info!(message = "Run started.", %run_id, workflow = %workflow.name, version = %workflow.version);
-            self.kick(&run_id);
+            self.kick(StoredRun {
+                run_id: run_id.clone(),
+                spec: spec_json,
+                state: State::Pending,
+                updated_at_ms: now_ms(),
+                entries: Default::default(),
+                result: None,
+            });
             return Ok(Started {
                 run_id,
                 duplicate: false,
@@ -207,10 +214,15 @@ impl Engine {
         })
     }
 
-    /// Advances `run_id` in the background.
-    pub fn kick(self: &Arc<Self>, run_id: &str) {
-        let (engine, run_id) = (self.clone(), run_id.to_string());
-        tokio::spawn(async move { engine.advance(&run_id, false).await });
+    /// Advances a run this router has just created (as `created`, not read
+    /// back: no other router looks at it before its grace ends, and one that
+    /// did would only make this advance's writes the refused repeats of its own).
+    fn kick(self: &Arc<Self>, created: StoredRun) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let run_id = created.run_id.clone();
+            engine.advance_with(&run_id, false, None, Some(created)).await;
+        });
     }
 
     /// A step's task ended on this router (as `state`, with `result`):
@@ -237,7 +249,7 @@ impl Engine {
         };
         let ended = submitted.ended(state, Some(result), now_ms());
         let engine = self.clone();
-        tokio::spawn(async move { engine.advance_with(&run_id, false, Some((field, ended))).await });
+        tokio::spawn(async move { engine.advance_with(&run_id, false, Some((field, ended)), None).await });
     }
 
     async fn record(&self, run_id: &str, field: &str, record: &ItemRecord) -> Result<bool, TaskStoreError> {
@@ -248,12 +260,18 @@ impl Engine {
     /// Advances a run, one advance at a time on this router (news arriving
     /// meanwhile makes the running advance go round once more).
     pub(crate) async fn advance(self: &Arc<Self>, run_id: &str, refresh: bool) {
-        self.advance_with(run_id, refresh, None).await;
+        self.advance_with(run_id, refresh, None, None).await;
     }
 
     /// [`Engine::advance`], with a step's outcome (entry field, record) for
-    /// the advance to write.
-    async fn advance_with(self: &Arc<Self>, run_id: &str, refresh: bool, ended: Option<(String, ItemRecord)>) {
+    /// the advance to write, or the run as this router created it.
+    async fn advance_with(
+        self: &Arc<Self>,
+        run_id: &str,
+        refresh: bool,
+        ended: Option<(String, ItemRecord)>,
+        mut created: Option<StoredRun>,
+    ) {
         {
             let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(running) = advancing.get_mut(run_id) {
@@ -278,7 +296,7 @@ impl Engine {
                 .get_mut(run_id)
                 .map(|running| std::mem::take(&mut running.ended))
                 .unwrap_or_default();
-            if let Err(error) = self.advance_once(run_id, refresh, &ended).await {
+            if let Err(error) = self.advance_once(run_id, refresh, &ended, created.take()).await {
                 tracing::warn!(message = "A run could not advance; it is due again later.", %run_id, %error);
                 // The outcomes on their own, as the sweep would record them.
                 for (field, record) in &ended {
@@ -300,18 +318,22 @@ impl Engine {
         self.notify(run_id);
     }
 
-    /// One pass: read the run, apply `ended` (steps' outcomes not written
+    /// One pass: read the run (unless this router just created it), apply `ended` (steps' outcomes not written
     /// yet), plan, submit, write the outcomes and decisions in one script.
     async fn advance_once(
         self: &Arc<Self>,
         run_id: &str,
         refresh: bool,
         ended: &[(String, ItemRecord)],
+        created: Option<StoredRun>,
     ) -> Result<(), TaskStoreError> {
-        let stored = match self.store().run(run_id).await {
-            Ok(stored) => stored,
-            Err(TaskStoreError::NotFound(_)) => return Ok(()),
-            Err(error) => return Err(error),
+        let stored = match created {
+            Some(created) => created,
+            None => match self.store().run(run_id).await {
+                Ok(stored) => stored,
+                Err(TaskStoreError::NotFound(_)) => return Ok(()),
+                Err(error) => return Err(error),
+            },
         };
         if stored.state.is_terminal() {
             self.forget_spec(run_id);

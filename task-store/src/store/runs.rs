@@ -167,14 +167,13 @@ impl TaskStore {
         if created == 1 {
             // The console's list: best effort, beside the run (another slot).
             let recent = self.runs_recent_key();
-            let indexed: Result<(), redis::RedisError> = async {
-                connection.zadd::<_, _, _, i64>(&recent, run_id, now).await?;
-                connection
-                    .zremrangebyrank::<_, i64>(&recent, 0, -(RECENT_RUNS + 1))
-                    .await?;
-                Ok(())
-            }
-            .await;
+            let indexed: Result<(), redis::RedisError> = redis::pipe()
+                .zadd(&recent, run_id, now)
+                .ignore()
+                .zremrangebyrank(&recent, 0, -(RECENT_RUNS + 1))
+                .ignore()
+                .query_async(&mut connection)
+                .await;
             if let Err(error) = indexed {
                 tracing::warn!(message = "A run is missing from the recent runs' index.", %run_id, %error);
             }
