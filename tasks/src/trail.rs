@@ -177,14 +177,7 @@ mod tests {
 
     fn batch(chain: &mut Chain, records: usize) -> Batch {
         let entries = (0..records).map(|index| Entry {
-            at_ms: 1_700_000_000_000,
             request_id: format!("req-{index}"),
-            trace_id: "t".into(),
-            caller: "caller".into(),
-            door: "invoke",
-            capability: "order.query".into(),
-            attempts: 1,
-            status: "succeeded",
             ..Entry::default()
         });
         chain.seal(entries, 1_700_000_000_000, &FixedSigner).unwrap()

@@ -80,14 +80,7 @@ impl Settings {
             }
         }
         let service_name = set("OTEL_SERVICE_NAME").unwrap_or_else(|| default_service_name.to_string());
-        // The signal-specific variables win, header by header.
-        let mut headers: Vec<(String, String)> = Vec::new();
-        for name in ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"] {
-            for (key, value) in parse_headers(name, set(name).as_deref().unwrap_or(""))? {
-                headers.retain(|(other, _)| !other.eq_ignore_ascii_case(&key));
-                headers.push((key, value));
-            }
-        }
+        let headers = signal_headers("OTEL_EXPORTER_OTLP_TRACES_HEADERS", set)?;
         let timeout = match set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
             .map(|value| ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", value))
             .or_else(|| set("OTEL_EXPORTER_OTLP_TIMEOUT").map(|value| ("OTEL_EXPORTER_OTLP_TIMEOUT", value)))
@@ -110,9 +103,26 @@ impl Settings {
 /// The OTLP default export timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `OTEL_EXPORTER_OTLP_HEADERS`, then the signal's own variable (`signal`),
+/// as `var` reads them: the signal's own winning, header by header. The span
+/// exporter's and the trail's log exporter's alike.
+pub(crate) fn signal_headers(
+    signal: &str,
+    var: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for name in ["OTEL_EXPORTER_OTLP_HEADERS", signal] {
+        for (key, value) in parse_headers(name, var(name).as_deref().unwrap_or(""))? {
+            headers.retain(|(other, _)| !other.eq_ignore_ascii_case(&key));
+            headers.push((key, value));
+        }
+    }
+    Ok(headers)
+}
+
 /// `key=value,key2=value2` (values percent-encoded, as the OTLP exporter
 /// specification says) → pairs; an entry without a key or `=` is an error.
-pub(crate) fn parse_headers(name: &str, text: &str) -> anyhow::Result<Vec<(String, String)>> {
+fn parse_headers(name: &str, text: &str) -> anyhow::Result<Vec<(String, String)>> {
     text.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())

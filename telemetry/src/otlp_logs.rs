@@ -86,15 +86,7 @@ impl LogExporter {
 /// (the signal's own winning, header by header), as the span exporter reads
 /// its own.
 pub fn headers_from_env() -> anyhow::Result<Vec<(String, String)>> {
-    let mut headers: Vec<(String, String)> = Vec::new();
-    for name in ["OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_LOGS_HEADERS"] {
-        let text = std::env::var(name).unwrap_or_default();
-        for (key, value) in crate::otlp::parse_headers(name, &text)? {
-            headers.retain(|(other, _)| !other.eq_ignore_ascii_case(&key));
-            headers.push((key, value));
-        }
-    }
-    Ok(headers)
+    crate::otlp::signal_headers("OTEL_EXPORTER_OTLP_LOGS_HEADERS", |name| std::env::var(name).ok())
 }
 
 fn text_value(key: &str, value: String) -> KeyValue {
