@@ -4,9 +4,11 @@
 use std::cell::Cell;
 
 use agent_reach_telemetry::spans::RequestSpan;
+use agent_reach_trail::request_id;
 use rand::Rng;
 
-/// An id of `N` lowercase hex digits (trace ids 32, span and request ids 16),
+/// An id of `N` lowercase hex digits (trace ids 32, span ids 16, generated
+/// request ids 28: [`HexId::request`]),
 /// held inline: made or copied per request without an allocation.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct HexId<const N: usize>([u8; N]);
@@ -184,9 +186,24 @@ fn parse(text: &str) -> Option<(HexId<32>, u8)> {
     Some((trace_id, u8::from_str_radix(flags, 16).ok()?))
 }
 
-/// A fresh request id (16 hex characters) for envelopes that bring none.
+impl HexId<{ request_id::LEN }> {
+    /// A fresh request id for a call arrived at `epoch_ms`: the time as 12
+    /// hex digits, then 16 random ones (`agent_reach_trail::request_id`:
+    /// the trail finds a request's records by that time).
+    pub fn request(epoch_ms: u64) -> Self {
+        let mut text = [0_u8; request_id::LEN];
+        let (time, random) = text.split_at_mut(request_id::LEN - 16);
+        let mut digits = [0_u8; 12];
+        request_id::write_time(epoch_ms, &mut digits);
+        time.copy_from_slice(&digits);
+        random.copy_from_slice(&HexId::<16>::random().0);
+        Self(text)
+    }
+}
+
+/// A fresh request id (28 hex characters, [`HexId::request`]) for envelopes that bring none.
 pub fn new_request_id() -> String {
-    HexId::<16>::random().as_str().to_string()
+    HexId::request(crate::clock::epoch_ms()).as_str().to_string()
 }
 
 #[cfg(test)]
@@ -251,5 +268,17 @@ mod tests {
             let digits: std::collections::HashSet<u8> = ids.iter().map(|id| id.0[place]).collect();
             assert_eq!(digits.len(), 16, "place {place}");
         }
+    }
+
+    #[test]
+    fn a_generated_request_id_says_when_it_was_made_and_is_random_after() {
+        let at = 1_765_000_123_456;
+        let one = HexId::request(at);
+        let two = HexId::request(at);
+        assert_eq!(one.len(), 28);
+        assert_eq!(request_id::time_of(&one), Some(at));
+        assert_eq!(request_id::time_of(&new_request_id()).map(|ms| ms > at), Some(true));
+        assert_eq!(one[..12], two[..12]);
+        assert_ne!(one[12..], two[12..]);
     }
 }

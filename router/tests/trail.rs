@@ -360,7 +360,12 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
     let served_by_a = json!({"capability": CAPABILITY, "request_id": "served-by-a", "session_id": "s-two",
                              "payload": {"order_id": "SO-a"}});
     assert_eq!(cluster.invoke(served_by_a).await.0, 200);
-    assert_eq!(cluster.invoke(order("SO-a-2")).await.0, 200);
+    // A request id the router made (its time in front): found by its time's
+    // bucket, not by a field of the hour's hash.
+    let (status, generated) = cluster.invoke(order("SO-a-2")).await;
+    assert_eq!(status, 200, "{generated}");
+    let generated = generated["request_id"].as_str().unwrap().to_string();
+    assert_eq!(generated.len(), 28, "{generated}");
     // Refused at admission by router A: a failed call of the capability.
     assert_eq!(
         cluster.invoke(json!({"capability": CAPABILITY, "payload": {}})).await.0,
@@ -394,6 +399,14 @@ async fn any_router_shows_a_request_another_served_and_the_installations_figures
         (Some("succeeded"), Some("both-1"), Some("s-two"))
     );
     assert_eq!(answer["tree"][0]["request_id"], "served-by-a", "{answer}");
+    let found = eventually(Duration::from_secs(10), || async {
+        let (_, answer) = read_as_ops(client, b, &format!("/v1/trail?request_id={generated}")).await;
+        answer["records"]
+            .as_array()
+            .is_some_and(|records| records.len() == 1 && records[0]["request_id"] == generated.as_str())
+    })
+    .await;
+    assert!(found, "router B finds the generated request id {generated}");
     // The trail names its chain: router A's, not B's (B's chain holds only its own two).
     let (_, chains) = read_as_ops(client, b, "/v1/trail/chains").await;
     assert_eq!(chains["chains"].as_array().unwrap().len(), 2, "{chains}");

@@ -44,9 +44,11 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |elapsed| u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// A fresh request id: 16 random hex digits.
+/// A fresh request id, shaped as the router makes them (design §3.13): the
+/// epoch milliseconds as 12 hex digits, then 16 random ones. The trail
+/// finds a request id of that shape by its time, with no index write.
 pub(crate) fn new_id() -> String {
-    format!("{:016x}", rand::random::<u64>())
+    format!("{:012x}{:016x}", now_ms() & 0xffff_ffff_ffff, rand::random::<u64>())
 }
 
 /// How to make one call: which versions, which policy, how urgent, how long
@@ -333,7 +335,7 @@ mod tests {
         assert_eq!(plain.context_id.as_deref(), Some("c-1"));
         assert_eq!(plain.priority, Some(Priority::High));
         assert_eq!(plain.deadline, inherited.deadline_ms);
-        assert_eq!(plain.request_id.as_ref().map(String::len), Some(16));
+        assert_eq!(plain.request_id.as_ref().map(String::len), Some(28));
 
         let options = CallOptions::new()
             .version("^2")

@@ -3,7 +3,8 @@
 //! every index finds its records (a request named in several batches
 //! included), a chain reads back page by page from the middle of a
 //! segment, and a batch written again (a retry after a lost answer) writes
-//! nothing twice.
+//! nothing twice (a generated request id's bucket may list a record twice:
+//! a lookup still names it once).
 
 use std::time::Duration;
 
@@ -23,8 +24,7 @@ fn sealed(ms: u64, seq: u64, request: &str, session: Option<&str>, input: bool) 
         request_id: request.to_string(),
         session_id: session.map(str::to_string),
         run_id: None,
-        capability: "order.query".to_string(),
-        has_input: input,
+        input_of: input.then(|| "order.query".to_string()),
     }
 }
 
@@ -150,6 +150,79 @@ async fn batches_land_once(url: &str, single: bool) {
     inputs.sort();
     assert_eq!(inputs, ["h1", "h4"]);
     assert_eq!(store.chains().await.unwrap()[0].router, ROUTER);
+
+    // Generated request ids (their time in front) are listed in their
+    // time's bucket, with no field in the hour's hash; an id of that shape
+    // whose time is implausible (a day ahead) is a field like any other. A
+    // batch written twice lists its records twice: a lookup names each once.
+    let generated = format!("{:012x}0123456789abcdef", now - 2_000);
+    let ahead = format!("{:012x}fedcba9876543210", now + 86_400_000);
+    let fourth = batch(
+        now + 12,
+        4,
+        vec![
+            sealed(now + 12, 6, &generated, None, false),
+            sealed(now + 12, 7, &ahead, None, false),
+        ],
+    );
+    store.append(&fourth, retention).await.expect("append the fourth batch");
+    store.append(&fourth, retention).await.expect("append it again");
+    let fifth = batch(now + 15, 5, vec![sealed(now + 15, 8, &generated, None, false)]);
+    store.append(&fifth, retention).await.expect("append the fifth batch");
+    assert_eq!(of(Index::Request(generated.clone())).await, ["h6", "h8"]);
+    assert_eq!(of(Index::Request(ahead.clone())).await, ["h7"]);
+    if single {
+        let mut connection = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let mut named = 0;
+        for key in redis::cmd("KEYS")
+            .arg("*trail:*:ix:request:*")
+            .query_async::<Vec<String>>(&mut connection)
+            .await
+            .unwrap()
+        {
+            if key.ends_with(":hours") {
+                continue;
+            }
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            assert!(!fields.contains(&generated), "{key} names {generated}");
+            named += usize::from(fields.contains(&ahead));
+        }
+        assert_eq!(named, 1, "the implausible id is a field of the hour's hash");
+        let bucket = (now - 2_000) / 1_000 * 1_000;
+        let buckets: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*trail:*:ix:rq:{bucket}"))
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(buckets.len(), 1);
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(&buckets[0])
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(ttl > 3600, "a bucket outlives the records it lists: {ttl}");
+        // Redis forgot the script (a restart): the next batch loads it again.
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let sixth = batch(now + 20, 6, vec![sealed(now + 20, 9, "req-d", None, false)]);
+        store
+            .append(&sixth, retention)
+            .await
+            .expect("append after a script flush");
+        assert_eq!(store.chain_heads(ROUTER, None, 10).await.unwrap().len(), 6);
+        assert_eq!(of(Index::Request("req-d".into())).await, ["h9"]);
+    }
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::record::{hash_of, Body, Entry, Stored, GENESIS};
+use crate::record::{hash_of, push_decimal, Rendered, Stored, GENESIS};
 
 /// What a segment head says; signed as a JWS (EdDSA) with the router's key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,9 +41,8 @@ pub struct Sealed {
     pub request_id: String,
     pub session_id: Option<String>,
     pub run_id: Option<String>,
-    pub capability: String,
-    /// Whether the record holds a recorded input (replays sample those).
-    pub has_input: bool,
+    /// The capability, for a record holding its recorded input (replays sample those).
+    pub input_of: Option<String>,
 }
 
 /// A batch: records of one chain and their segment's head.
@@ -106,9 +105,9 @@ impl Chain {
     /// Seals `entries` as the next segment at `now_ms`: numbers and links
     /// them, and signs the head. The chain advances only here; a batch that
     /// then cannot be written is retried as it is.
-    pub fn seal(
+    pub fn seal<R: Into<Rendered>>(
         &mut self,
-        entries: impl IntoIterator<Item = Entry>,
+        entries: impl IntoIterator<Item = R>,
         now_ms: u64,
         signer: &dyn HeadSigner,
     ) -> Result<Batch, String> {
@@ -117,27 +116,30 @@ impl Chain {
         let entries = entries.into_iter();
         let mut records = Vec::with_capacity(entries.size_hint().0);
         let mut seq = self.next_seq;
-        let mut last_hash = self.last_hash.clone();
         for entry in entries {
-            let mut body = String::with_capacity(512);
-            Body::of(&entry, seq, &self.router, &self.tenant, &last_hash).write(&mut body)?;
+            let entry: Rendered = entry.into();
+            let prev_hash = records
+                .last()
+                .map_or(self.last_hash.as_str(), |sealed: &Sealed| &sealed.stored.hash);
+            let body = entry.body(seq, &self.router, &self.tenant, prev_hash);
             let hash = hash_of(body.as_bytes());
+            let mut id = String::with_capacity(32);
+            push_decimal(&mut id, ms);
+            id.push('-');
+            push_decimal(&mut id, seq);
             records.push(Sealed {
                 seq,
-                stored: Stored {
-                    id: format!("{ms}-{seq}"),
-                    body,
-                    hash: hash.clone(),
-                },
-                has_input: entry.input.is_some(),
-                request_id: entry.request_id,
+                stored: Stored { id, body, hash },
+                request_id: entry.request_id().to_string(),
+                input_of: entry.input_of,
                 session_id: entry.session_id,
                 run_id: entry.run_id,
-                capability: entry.capability,
             });
-            last_hash = hash;
             seq += 1;
         }
+        let last_hash = records
+            .last()
+            .map_or_else(|| self.last_hash.clone(), |sealed| sealed.stored.hash.clone());
         let claims = HeadClaims {
             iss: signer.issuer().to_string(),
             router: self.router.clone(),
@@ -171,6 +173,7 @@ impl Chain {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::Entry;
 
     /// Signs with a fresh Ed25519 key (the router's kind).
     pub(crate) struct TestSigner(pub agent_reach_access::AssertionKey);

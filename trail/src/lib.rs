@@ -5,6 +5,7 @@
 //!
 //! - [`record`]: what a record holds, as stored and as read.
 //! - [`chain`]: numbering, linking and signing segments (one chain per router replica and tenant).
+//! - [`request_id`]: the request ids the router generates, which say when they were made.
 //! - [`segment`]: a sealed batch as the one text the store keeps.
 //! - [`writer`]: the [`Recorder`] the pipeline offers records to, the writer task, the store trait.
 //! - [`verify`]: checking a chain and naming its first broken link.
@@ -15,6 +16,7 @@
 pub mod chain;
 pub mod diff;
 pub mod record;
+pub mod request_id;
 pub mod segment;
 pub mod stats;
 pub mod tree;
@@ -22,6 +24,6 @@ pub mod verify;
 pub mod writer;
 
 pub use chain::{Batch, Chain, HeadClaims, HeadSigner, Sealed, StoredHead};
-pub use record::{hash_of, Entry, Record, Stored, GENESIS};
+pub use record::{hash_of, Entry, Record, Rendered, Stored, GENESIS};
 pub use verify::{Broken, HeadKeys, Report, Verifier};
 pub use writer::{AssertionSigner, ChainInfo, Index, Recorder, TrailMetrics, TrailSettings, TrailStore};

@@ -8,8 +8,6 @@
 //! the hash of the record before it in the same chain: changing, removing
 //! or reordering a record breaks a link.
 
-use std::fmt::Write as _;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::Digest as _;
@@ -56,11 +54,123 @@ pub struct Entry {
     pub output: Option<Value>,
 }
 
-/// The stored text of a record: the entry, its place in the chain and the
-/// previous record's hash. Field order is the struct's, fixed; written by
-/// hand ([`Body::write`]: serde's derive was the largest part of sealing in
-/// `router-bench --trail`'s profile), byte for byte what serde_json writes
-/// (a test holds it to that; the derive is that test's reference).
+/// An entry as it waits for its segment: its body's own members written out
+/// on the thread that offered it, while its strings are in that thread's
+/// cache, as one text. The writer, a hundred milliseconds and another core
+/// later, reads one text instead of a dozen strings (`router-bench
+/// --trail`'s profile: the writer's time went to cache misses on the
+/// entries' strings), and only puts the chain's members around it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    pub(crate) at_ms: u64,
+    /// `"request_id":…` through `"output":…` (compact JSON, the body's
+    /// members between `tenant` and `prev_hash`), then the raw request id.
+    text: String,
+    members: usize,
+    pub(crate) session_id: Option<String>,
+    pub(crate) run_id: Option<String>,
+    /// The capability, for a record holding its input (replays sample those).
+    pub(crate) input_of: Option<String>,
+}
+
+impl Rendered {
+    /// `entry`'s members, written as serde_json writes the body (fields in
+    /// [`Body`]'s order; a test holds the two byte for byte).
+    pub fn of(entry: Entry) -> Self {
+        let mut text = String::with_capacity(384 + entry.request_id.len());
+        let mut json = Writer {
+            out: &mut text,
+            first: true,
+        };
+        json.string("request_id", &entry.request_id);
+        json.string("trace_id", &entry.trace_id);
+        json.optional("session_id", entry.session_id.as_deref());
+        json.optional("context_id", entry.context_id.as_deref());
+        json.optional("run_id", entry.run_id.as_deref());
+        json.optional("task_id", entry.task_id.as_deref());
+        json.optional("parent_request_id", entry.parent_request_id.as_deref());
+        json.optional("replay_of", entry.replay_of.as_deref());
+        json.string("caller", &entry.caller);
+        json.value("chain", entry.chain.as_ref());
+        json.string("door", entry.door);
+        json.string("capability", &entry.capability);
+        json.optional("capability_version", entry.capability_version.as_deref());
+        json.optional("agent_id", entry.agent_id.as_deref());
+        json.optional("agent", entry.agent.as_deref());
+        json.number("attempts", u64::from(entry.attempts));
+        json.key("duration_ms");
+        push_f64(json.out, entry.duration_ms);
+        json.string("status", entry.status);
+        json.optional("code", entry.code);
+        json.value("input", entry.input.as_ref());
+        json.value("output", entry.output.as_ref());
+        let members = text.len();
+        text.push_str(&entry.request_id);
+        Self {
+            at_ms: entry.at_ms,
+            text,
+            members,
+            input_of: entry.input.is_some().then_some(entry.capability),
+            session_id: entry.session_id,
+            run_id: entry.run_id,
+        }
+    }
+
+    /// The request id, as given.
+    pub fn request_id(&self) -> &str {
+        &self.text[self.members..]
+    }
+
+    /// The stored body of this record at `seq` of `router`'s chain for
+    /// `tenant`, after the record whose hash is `prev_hash`: the chain's
+    /// members around the entry's own.
+    pub(crate) fn body(&self, seq: u64, router: &str, tenant: &str, prev_hash: &str) -> String {
+        let mut body = String::with_capacity(self.members + router.len() + tenant.len() + 160);
+        body.push('{');
+        let mut json = Writer {
+            out: &mut body,
+            first: true,
+        };
+        json.number("seq", seq);
+        json.number("at_ms", self.at_ms);
+        json.string("router", router);
+        json.string("tenant", tenant);
+        body.push(',');
+        body.push_str(&self.text[..self.members]);
+        let mut json = Writer {
+            out: &mut body,
+            first: false,
+        };
+        json.string("prev_hash", prev_hash);
+        body.push('}');
+        body
+    }
+}
+
+impl From<Entry> for Rendered {
+    fn from(entry: Entry) -> Self {
+        Self::of(entry)
+    }
+}
+
+/// `value` as serde_json writes an `f64` (`2.0`; `null` when not finite),
+/// on the stack: the longest is 24 bytes (`-1.7976931348623157e308`).
+fn push_f64(out: &mut String, value: f64) {
+    let mut number = [0_u8; 32];
+    let mut cursor = std::io::Cursor::new(&mut number[..]);
+    // Neither can fail: a number fits the buffer, and it is ASCII.
+    let written = serde_json::to_writer(&mut cursor, &value)
+        .ok()
+        .and_then(|()| usize::try_from(cursor.position()).ok())
+        .and_then(|written| std::str::from_utf8(&number[..written]).ok());
+    out.push_str(written.unwrap_or("null"));
+}
+
+/// The stored text of a record as serde's derive writes it: the reference
+/// [`Rendered`] is held to byte for byte (writing it by hand took serde's
+/// derive, the largest part of sealing in `router-bench --trail`'s
+/// profile, off the writer). Field order is the struct's, fixed.
+#[cfg(test)]
 #[derive(Serialize)]
 pub(crate) struct Body<'a> {
     pub seq: u64,
@@ -104,6 +214,7 @@ pub(crate) struct Body<'a> {
     pub prev_hash: &'a str,
 }
 
+#[cfg(test)]
 impl<'a> Body<'a> {
     pub(crate) fn of(entry: &'a Entry, seq: u64, router: &'a str, tenant: &'a str, prev_hash: &'a str) -> Self {
         Self {
@@ -137,47 +248,7 @@ impl<'a> Body<'a> {
     }
 }
 
-impl Body<'_> {
-    /// The body as compact JSON, as serde_json writes it.
-    pub(crate) fn write(&self, out: &mut String) -> Result<(), String> {
-        let mut json = Writer { out, first: true };
-        json.number("seq", self.seq);
-        json.number("at_ms", self.at_ms);
-        json.string("router", self.router);
-        json.string("tenant", self.tenant);
-        json.string("request_id", self.request_id);
-        json.string("trace_id", self.trace_id);
-        json.optional("session_id", self.session_id);
-        json.optional("context_id", self.context_id);
-        json.optional("run_id", self.run_id);
-        json.optional("task_id", self.task_id);
-        json.optional("parent_request_id", self.parent_request_id);
-        json.optional("replay_of", self.replay_of);
-        json.string("caller", self.caller);
-        json.value("chain", self.chain)?;
-        json.string("door", self.door);
-        json.string("capability", self.capability);
-        json.optional("capability_version", self.capability_version);
-        json.optional("agent_id", self.agent_id);
-        json.optional("agent", self.agent);
-        json.number("attempts", u64::from(self.attempts));
-        json.key("duration_ms");
-        // serde_json's number format (`2.0`; `null` when not finite).
-        json.out.push_str(
-            &serde_json::to_string(&self.duration_ms)
-                .map_err(|error| format!("cannot write a trail record: {error}"))?,
-        );
-        json.string("status", self.status);
-        json.optional("code", self.code);
-        json.value("input", self.input)?;
-        json.value("output", self.output)?;
-        json.string("prev_hash", self.prev_hash);
-        json.out.push('}');
-        Ok(())
-    }
-}
-
-/// A JSON object written member by member.
+/// A JSON object's members written one by one (the braces are the caller's).
 struct Writer<'o> {
     out: &'o mut String,
     first: bool,
@@ -185,7 +256,9 @@ struct Writer<'o> {
 
 impl Writer<'_> {
     fn key(&mut self, name: &str) {
-        self.out.push(if self.first { '{' } else { ',' });
+        if !self.first {
+            self.out.push(',');
+        }
         self.first = false;
         self.out.push('"');
         self.out.push_str(name);
@@ -194,13 +267,17 @@ impl Writer<'_> {
 
     fn number(&mut self, name: &str, value: u64) {
         self.key(name);
-        // Writing into a String cannot fail.
-        let _ = write!(self.out, "{value}");
+        push_decimal(self.out, value);
     }
 
     fn string(&mut self, name: &str, value: &str) {
         self.key(name);
-        if value.bytes().any(|byte| byte < 0x20 || byte == b'"' || byte == b'\\') {
+        // Without an early exit the scan is vectorised: most strings (ids,
+        // names) hold nothing to escape.
+        let escapes = value.bytes().fold(false, |seen, byte| {
+            seen | (byte < 0x20) | (byte == b'"') | (byte == b'\\')
+        });
+        if escapes {
             // serde_json's escapes; writing a string cannot fail.
             self.out.push_str(&serde_json::to_string(value).unwrap_or_default());
         } else {
@@ -216,14 +293,30 @@ impl Writer<'_> {
         }
     }
 
-    fn value(&mut self, name: &str, value: Option<&Value>) -> Result<(), String> {
+    fn value(&mut self, name: &str, value: Option<&Value>) {
         if let Some(value) = value {
             self.key(name);
-            self.out.push_str(
-                &serde_json::to_string(value).map_err(|error| format!("cannot write a trail record: {error}"))?,
-            );
+            // A `Value` always serialises (its map keys are strings).
+            self.out
+                .push_str(&serde_json::to_string(value).unwrap_or_else(|_| "null".to_string()));
         }
-        Ok(())
+    }
+}
+
+/// `value` in decimal, as `{value}` formats it, without the formatting machinery.
+pub(crate) fn push_decimal(out: &mut String, mut value: u64) {
+    let mut digits = [0_u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        out.push(char::from(digit));
     }
 }
 
@@ -329,15 +422,24 @@ mod tests {
             input: Some(serde_json::json!({"text": "é\u{1}", "n": 1.5})),
             output: Some(serde_json::json!(null)),
         };
-        for (entry, duration) in [(full, 2.0), (Entry::default(), f64::NAN), (Entry::default(), 0.125)] {
+        let cases = [
+            (full, 42, 2.0),
+            (Entry::default(), 0, f64::NAN),
+            (Entry::default(), 10, 0.125),
+            (Entry::default(), u64::MAX, f64::INFINITY),
+            (Entry::default(), 9, -f64::MAX),
+            (Entry::default(), 1_000_000, 1e-7),
+            (Entry::default(), 99, 123_456.789),
+        ];
+        for (entry, seq, duration) in cases {
             let entry = Entry {
                 duration_ms: duration,
+                at_ms: seq / 2,
                 ..entry
             };
-            let body = Body::of(&entry, 42, "r-a", "t\u{7f}", GENESIS);
-            let mut written = String::new();
-            body.write(&mut written).unwrap();
-            assert_eq!(written, serde_json::to_string(&body).unwrap());
+            let written = Rendered::of(entry.clone()).body(seq, "r-a", "t\u{7f}", GENESIS);
+            let reference = serde_json::to_string(&Body::of(&entry, seq, "r-a", "t\u{7f}", GENESIS)).unwrap();
+            assert_eq!(written, reference);
         }
     }
 
@@ -360,8 +462,10 @@ mod tests {
             input: Some(serde_json::json!({"order_id": "SO-1"})),
             ..Entry::default()
         };
-        let mut body = String::new();
-        Body::of(&entry, 7, "r-a", "default", GENESIS).write(&mut body).unwrap();
+        let rendered = Rendered::of(entry.clone());
+        assert_eq!(rendered.request_id(), "r-1");
+        assert_eq!(rendered.input_of.as_deref(), Some("order.query"));
+        let body = rendered.body(7, "r-a", "default", GENESIS);
         let stored = Stored {
             id: "1-7".into(),
             hash: hash_of(body.as_bytes()),

@@ -13,26 +13,47 @@
 //! is `{ms}-{seq}`, `ms` the segment's (every record of a segment shares
 //! it); the segment's own id is its last record's.
 
-use std::fmt::Write as _;
-
 use crate::chain::Sealed;
 use crate::record::Stored;
 
 /// The text of `records` (a batch's, in chain order).
 pub fn encode(records: &[Sealed]) -> String {
-    let size = records
-        .iter()
-        .map(|sealed| sealed.stored.body.len() + sealed.stored.hash.len() + 24)
-        .sum();
-    let mut text = String::with_capacity(size);
-    for sealed in records {
-        // Writing into a String cannot fail.
-        let _ = write!(text, "{} {}", sealed.seq, sealed.stored.hash);
-        text.push(' ');
-        text.push_str(&sealed.stored.body);
-        text.push('\n');
-    }
+    let mut text = String::with_capacity(encoded_len(records));
+    write_parts(records, |part| text.push_str(part));
     text
+}
+
+/// The length of [`encode`]'s text for `records`.
+pub fn encoded_len(records: &[Sealed]) -> usize {
+    records
+        .iter()
+        .map(|sealed| decimal_len(sealed.seq) + sealed.stored.hash.len() + sealed.stored.body.len() + 3)
+        .sum()
+}
+
+/// Hands [`encode`]'s text to `part` piece by piece: a store writes it
+/// straight into its command this way, with no text of its own.
+pub fn write_parts(records: &[Sealed], mut part: impl FnMut(&str)) {
+    let mut seq = String::with_capacity(20);
+    for sealed in records {
+        seq.clear();
+        crate::record::push_decimal(&mut seq, sealed.seq);
+        part(&seq);
+        part(" ");
+        part(&sealed.stored.hash);
+        part(" ");
+        part(&sealed.stored.body);
+        part("\n");
+    }
+}
+
+fn decimal_len(mut value: u64) -> usize {
+    let mut digits = 1;
+    while value >= 10 {
+        value /= 10;
+        digits += 1;
+    }
+    digits
 }
 
 /// The records of a segment stored with id `segment_id` (`{ms}-{last seq}`).
@@ -75,6 +96,12 @@ mod tests {
         let written: Vec<&Stored> = batch.records.iter().map(|sealed| &sealed.stored).collect();
         assert_eq!(read.iter().collect::<Vec<_>>(), written);
         assert_eq!(batch.segment_id(), "1000-3");
+        assert_eq!(encoded_len(&batch.records), text.len());
+        for seq in [0, 9, 10, 99, 100, u64::MAX] {
+            let mut one = batch.records[..1].to_vec();
+            one[0].seq = seq;
+            assert_eq!(encoded_len(&one), encode(&one).len(), "seq {seq}");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::chain::{Batch, Chain, HeadClaims, HeadSigner, StoredHead};
-use crate::record::{Entry, Stored};
+use crate::record::{Entry, Rendered, Stored};
 
 /// Where records are looked up by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +143,7 @@ pub struct Recorder {
 }
 
 struct Shared {
-    buffers: Box<[Mutex<Vec<Entry>>]>,
+    buffers: Box<[Mutex<Vec<Rendered>>]>,
     /// Records one buffer holds at most (the buffer setting, shared out).
     room: usize,
     /// Records that fill a segment: a buffer this full wakes the writer early.
@@ -163,7 +163,7 @@ impl Shared {
     }
 
     /// Moves every waiting record into `entries`.
-    fn drain_into(&self, entries: &mut Vec<Entry>) {
+    fn drain_into(&self, entries: &mut Vec<Rendered>) {
         for buffer in self.buffers.iter() {
             entries.append(&mut lock(buffer));
         }
@@ -171,7 +171,7 @@ impl Shared {
 }
 
 /// A buffer, even one a panicking thread held (it holds plain records).
-fn lock(buffer: &Mutex<Vec<Entry>>) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+fn lock(buffer: &Mutex<Vec<Rendered>>) -> std::sync::MutexGuard<'_, Vec<Rendered>> {
     buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -219,8 +219,11 @@ impl Recorder {
         Arc::new(Self { shared, metrics })
     }
 
-    /// Hands `entry` to the writer, or counts it dropped when its buffer is full.
+    /// Hands `entry` to the writer, or counts it dropped when its buffer is
+    /// full. Its members are written here ([`Rendered`]), on the offering
+    /// thread, and not by the writer.
     pub fn offer(&self, entry: Entry) {
+        let entry = Rendered::of(entry);
         let shared = &*self.shared;
         let held = {
             let mut buffer = lock(&shared.buffers[buffer_of_this_thread(shared.buffers.len())]);

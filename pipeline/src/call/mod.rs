@@ -41,7 +41,7 @@ pub struct Call {
     pub entry: Entry,
     pub checked: CheckedRequest,
     /// The request id when the envelope names none (made once, inline).
-    fresh_id: HexId<16>,
+    fresh_id: HexId<{ agent_reach_trail::request_id::LEN }>,
     pub trace: TraceContext,
     pub received: clock::Now,
     /// The door it came through (`Door::as_str`), or `delivery` for a task's delivery.
@@ -112,7 +112,7 @@ impl Call {
         headers: &impl HeaderLookup,
         received: clock::Now,
     ) -> Self {
-        let fresh_id = HexId::<16>::random();
+        let fresh_id = HexId::request(received.epoch_ms);
         let header = headers.value("traceparent");
         let mut incoming = header.and_then(|value| std::str::from_utf8(value).ok());
         let mut trace = TraceContext::from_header(header);
@@ -148,13 +148,14 @@ impl Call {
             Some(trace_id) => TraceContext::from_caller_trace_id(trace_id),
             None => TraceContext::from_header(None),
         };
+        let received = clock::Now::read();
         Self {
-            fresh_id: HexId::<16>::random(),
+            fresh_id: HexId::request(received.epoch_ms),
             caller,
             entry: Entry::Delivery,
             checked,
             trace,
-            received: clock::Now::read(),
+            received,
             door: "delivery",
             upstream: None,
             chain: std::sync::OnceLock::new(),

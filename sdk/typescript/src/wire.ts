@@ -82,8 +82,13 @@ export interface StreamResult {
   envelope: Record<string, unknown>;
 }
 
+/**
+ * A request id shaped as the router and the other SDKs make them: the epoch
+ * milliseconds as 12 hex digits, then 16 random ones (the trail finds an id
+ * of that shape by its time, with no index write).
+ */
 export function newRequestId(): string {
-  return randomBytes(8).toString("hex");
+  return Date.now().toString(16).padStart(12, "0") + randomBytes(8).toString("hex");
 }
 
 export function nowMs(): number {

@@ -8,10 +8,15 @@
 //!   trimmed to the retention.
 //! - `trail:{C}:heads` — stream: one entry per segment, id `{ms}-{segment}`, field `j` (the signed head).
 //! - `trail:{C}:written` — the last segment whose head and lists are written.
-//! - `trail:{C}:ix:request:{hour}` — hash: request id → its record ids
-//!   (comma-separated) among the segments sealed in that hour (epoch ms of
-//!   the hour's start); `trail:{C}:ix:request:hours` the hours written
-//!   (sorted set). Both expire an hour after the retention.
+//! - `trail:{C}:ix:rq:{bucket}` — string: a line `{request id} {record id}`
+//!   per record whose request id is one the router generates
+//!   (`agent_reach_trail::request_id`: its time in front), in the bucket of
+//!   that time (1 s; epoch ms of its start); appended, never read, when a
+//!   batch is written. Expires an hour after the retention.
+//! - `trail:{C}:ix:request:{hour}` — hash: any other request id → its
+//!   record ids (comma-separated) among the segments sealed in that hour
+//!   (epoch ms of the hour's start); `trail:{C}:ix:request:hours` the hours
+//!   written (sorted set). Both expire an hour after the retention.
 //! - `trail:{C}:ix:{session|run}:{id}` — list of the record ids an index
 //!   names, expiring with the retention.
 //! - `trail:{C}:inputs:{capability}` — list of the newest record ids holding
@@ -19,16 +24,18 @@
 //! - `trail:chains` — sorted set: chains by their last write (ms).
 //!
 //! A record `{ms}-{seq}` is read from the first segment whose id is not
-//! below it. Redis does per-batch work, and per record only the request
-//! index's field: one stream entry, one hash read and one hash write for
-//! every request id of the batch, one list push per session, run or
-//! capability named (`router-bench --trail`: an entry and an index key per
-//! record cost Redis more than the call it recorded).
+//! below it. Redis does per-batch work: one stream entry, one append per
+//! bucket the batch's generated request ids fall in, one list push per
+//! session, run or capability named, and per record only a line of those
+//! writes; only a request id the router did not generate costs a field of
+//! the hour's hash, read and written (`router-bench --trail`: an entry and
+//! an index key per record cost Redis more than the call it recorded; the
+//! hash's fields, 3.7 µs of Redis a record, were still most of the rest).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use agent_reach_trail::{segment, Batch, ChainInfo, Index, Stored, StoredHead, TrailStore};
+use agent_reach_trail::{request_id, segment, Batch, ChainInfo, Index, Stored, StoredHead, TrailStore};
 use async_trait::async_trait;
 use redis::Value as RedisValue;
 
@@ -183,6 +190,24 @@ fn start_after(after: Option<&str>) -> String {
     after.map_or_else(|| "-".to_string(), |after| format!("({after}"))
 }
 
+/// A segment's text ([`segment::encode`]) as a command's argument, written
+/// straight into the command: a batch's text is hundreds of kilobytes, and
+/// building it first cost an allocation and a copy of it.
+struct SegmentText<'a>(&'a [agent_reach_trail::Sealed]);
+
+impl redis::ToRedisArgs for SegmentText<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        let mut writer = out.writer_for_next_arg();
+        segment::write_parts(self.0, |part| {
+            // The command's buffer is a Vec: writing to it cannot fail.
+            let _ = std::io::Write::write_all(&mut writer, part.as_bytes());
+        });
+    }
+}
+
 /// A request's record ids in the index: those it held (`before`), then
 /// `ids` (comma-separated) not among them.
 fn merged(before: Option<String>, ids: &str) -> String {
@@ -200,6 +225,32 @@ fn merged(before: Option<String>, ids: &str) -> String {
     }
 }
 
+/// How far ahead of the chain's clock a generated request id's time may be
+/// (another router's or an SDK's clock) and still be taken as its time.
+const CLOCK_SKEW_MS: u64 = 300_000;
+
+/// The bucket of the request index a record of `request_id`, sealed at
+/// `at_ms`, is listed in: for an id of the generated shape whose time is
+/// plausible (not further ahead than [`CLOCK_SKEW_MS`], not older than the
+/// retention), the bucket of its time; otherwise none (the hour's hash). A
+/// lookup reads the bucket its id names, so a record is always listed where
+/// its id's readers look, whoever made the id; and the buckets a chain can
+/// write are bounded by the retention, whatever ids callers send.
+fn bucket_for(request_id: &str, at_ms: u64, retention_ms: u64) -> Option<u64> {
+    let made = request_id::time_of(request_id)?;
+    (made <= at_ms.saturating_add(CLOCK_SKEW_MS) && made.saturating_add(retention_ms) >= at_ms)
+        .then(|| made / request_id::BUCKET_MS * request_id::BUCKET_MS)
+}
+
+/// The record ids `text` (a bucket's lines, `{request id} {record id}`) lists for `request`.
+fn listed_in(text: &str, request: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(id, _)| *id == request)
+        .map(|(_, record)| record.to_string())
+        .collect()
+}
+
 /// A stream id's order: its milliseconds, then its sequence number.
 fn stream_order(id: &str) -> (u64, u64) {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
@@ -208,13 +259,17 @@ fn stream_order(id: &str) -> (u64, u64) {
 
 #[async_trait]
 impl TrailStore for TaskStore {
-    /// Five round trips: the request index's values for the batch's
-    /// request ids (a request named in an earlier batch of the hour keeps
-    /// those records), the segment, the script, the index's write, the
-    /// chains set. Only this chain's writer writes its
-    /// keys, so reading the index before writing it races with nobody; the
-    /// write is idempotent (an id already listed is not added again), so a
-    /// retried batch leaves the index as one write would.
+    /// Three round trips at most: the hash's values for the batch's request
+    /// ids of other shapes, when it has any (a request named in an earlier
+    /// batch of the hour keeps those records); the segment, the script and
+    /// the index's writes (the buckets' appends, the hash's fields) in one
+    /// pipeline; the chains set (another slot on a cluster). Only this
+    /// chain's writer writes its keys, so reading the hash before writing it
+    /// races with nobody. Every step is idempotent, so a batch written again
+    /// after a failure (or a lost answer) ends as one write would: the
+    /// segment is refused by its stream id, the script finds it named in
+    /// `written`, the hash adds no record id it already lists, and a
+    /// bucket's append lists a record twice, which a lookup names once.
     async fn append(&self, batch: &Batch, retention: Duration) -> Result<(), String> {
         let mut connection = self.connection().await.map_err(|error| error.to_string())?;
         let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
@@ -235,16 +290,35 @@ impl TrailStore for TaskStore {
                 lists.push((key, inputs, vec![id.to_string()]));
             }
         };
+        // A generated request id names its own bucket (its records are
+        // listed there, one line each, with no read); any other is a field
+        // of the hour's hash.
+        let mut buckets: Vec<(u64, String)> = Vec::new();
         for sealed in &batch.records {
             let id = sealed.stored.id.as_str();
-            match request_at.get(sealed.request_id.as_str()) {
-                Some(&index) => {
-                    requests[index].1.push(',');
-                    requests[index].1.push_str(id);
-                }
-                None => {
-                    request_at.insert(&sealed.request_id, requests.len());
-                    requests.push((&sealed.request_id, id.to_string()));
+            if let Some(bucket) = bucket_for(&sealed.request_id, batch.at_ms, retention_ms) {
+                let at = match buckets.iter().position(|(start, _)| *start == bucket) {
+                    Some(at) => at,
+                    None => {
+                        buckets.push((bucket, String::with_capacity(batch.records.len() * 48)));
+                        buckets.len() - 1
+                    }
+                };
+                let text = &mut buckets[at].1;
+                text.push_str(&sealed.request_id);
+                text.push(' ');
+                text.push_str(id);
+                text.push('\n');
+            } else {
+                match request_at.get(sealed.request_id.as_str()) {
+                    Some(&index) => {
+                        requests[index].1.push(',');
+                        requests[index].1.push_str(id);
+                    }
+                    None => {
+                        request_at.insert(&sealed.request_id, requests.len());
+                        requests.push((&sealed.request_id, id.to_string()));
+                    }
                 }
             }
             if let Some(session) = &sealed.session_id {
@@ -257,12 +331,8 @@ impl TrailStore for TaskStore {
             if let Some(run) = &sealed.run_id {
                 list(self.trail_key(&batch.router, &format!("ix:run:{run}")), false, id);
             }
-            if sealed.has_input {
-                list(
-                    self.trail_key(&batch.router, &format!("inputs:{}", sealed.capability)),
-                    true,
-                    id,
-                );
+            if let Some(capability) = &sealed.input_of {
+                list(self.trail_key(&batch.router, &format!("inputs:{capability}")), true, id);
             }
         }
         // What the index already holds for these requests.
@@ -281,58 +351,92 @@ impl TrailStore for TaskStore {
         };
         // The segment: a stream id at or below the stream's top means it
         // was written before.
+        // The segment, the script and the index's writes in one round trip,
+        // each answer read on its own (a segment written before is refused
+        // by its stream id and taken as written).
         let segment_id = batch.segment_id();
-        let added: Result<String, redis::RedisError> = redis::cmd("XADD")
-            .arg(self.trail_key(&batch.router, "segments"))
-            .arg("MINID")
-            .arg("~")
-            .arg(oldest)
-            .arg(&segment_id)
-            .arg("s")
-            .arg(segment::encode(&batch.records))
-            .query_async(&mut connection)
-            .await;
-        if let Err(error) = added {
-            if !error.to_string().contains("equal or smaller") {
-                return Err(format!("writing the trail: {error}"));
-            }
+        let mut keys = vec![
+            self.trail_key(&batch.router, "written"),
+            self.trail_key(&batch.router, "heads"),
+            self.trail_key(&batch.router, "ix:request:hours"),
+        ];
+        keys.extend(lists.iter().map(|(key, _, _)| key.clone()));
+        let mut index_values: Vec<(&str, String)> = Vec::with_capacity(requests.len());
+        for ((request, ids), before) in requests.iter().zip(before) {
+            index_values.push((request, merged(before, ids)));
         }
-        let mut invocation = trail_append().prepare_invoke();
-        invocation
-            .key(self.trail_key(&batch.router, "written"))
-            .key(self.trail_key(&batch.router, "heads"))
-            .key(self.trail_key(&batch.router, "ix:request:hours"));
-        for (key, _, _) in &lists {
-            invocation.key(key);
-        }
-        invocation
-            .arg(retention_s)
-            .arg(oldest)
-            .arg(&segment_id)
-            .arg(&batch.head.id)
-            .arg(&batch.head.jws)
-            .arg(INPUTS_KEPT)
-            .arg(hour)
-            .arg(requests.len());
-        for (_, inputs, ids) in &lists {
-            invocation.arg(if *inputs { "n" } else { "i" }).arg(ids.len()).arg(ids);
-        }
-        let _: i64 = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|error| format!("writing the trail: {error}"))?;
-        if !requests.is_empty() {
+        let script = trail_append();
+        let mut loaded = false;
+        loop {
             let mut pipe = redis::pipe();
-            let command = pipe.cmd("HSET").arg(&index_key);
-            for ((request, ids), before) in requests.iter().zip(before) {
-                command.arg(*request).arg(merged(before, ids));
+            pipe.ignore_errors();
+            let mut segment_write = redis::Cmd::with_capacity(8, segment::encoded_len(&batch.records) + 256);
+            segment_write
+                .arg("XADD")
+                .arg(self.trail_key(&batch.router, "segments"))
+                .arg("MINID")
+                .arg("~")
+                .arg(oldest)
+                .arg(&segment_id)
+                .arg("s")
+                .arg(SegmentText(&batch.records));
+            pipe.add_command(segment_write);
+            let evalsha = pipe
+                .cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(retention_s)
+                .arg(oldest)
+                .arg(&segment_id)
+                .arg(&batch.head.id)
+                .arg(&batch.head.jws)
+                .arg(INPUTS_KEPT)
+                .arg(hour)
+                .arg(requests.len());
+            for (_, inputs, ids) in &lists {
+                evalsha.arg(if *inputs { "n" } else { "i" }).arg(ids.len()).arg(ids);
             }
-            command.ignore();
-            pipe.cmd("EXPIRE").arg(&index_key).arg(retention_s + 3600).ignore();
-            let _: () = pipe
+            if !index_values.is_empty() {
+                let command = pipe.cmd("HSET").arg(&index_key);
+                for (request, ids) in &index_values {
+                    command.arg(*request).arg(ids);
+                }
+                pipe.cmd("EXPIRE").arg(&index_key).arg(retention_s + 3600);
+            }
+            for (bucket, text) in &buckets {
+                let key = self.trail_key(&batch.router, &format!("ix:rq:{bucket}"));
+                pipe.cmd("APPEND").arg(&key).arg(text);
+                pipe.cmd("EXPIRE").arg(&key).arg(retention_s + 3600);
+            }
+            let answers: Vec<redis::RedisResult<RedisValue>> = pipe
                 .query_async(&mut connection)
                 .await
-                .map_err(|error| format!("writing the trail's index: {error}"))?;
+                .map_err(|error| format!("writing the trail: {error}"))?;
+            let mut answers = answers.into_iter();
+            if let Some(Err(error)) = answers.next() {
+                if !error.to_string().contains("equal or smaller") {
+                    return Err(format!("writing the trail: {error}"));
+                }
+            }
+            match answers.next() {
+                // Redis restarted (or flushed its scripts): load it, write
+                // again (every step is idempotent).
+                Some(Err(error)) if error.code() == Some("NOSCRIPT") && !loaded => {
+                    script
+                        .load_async(&mut connection)
+                        .await
+                        .map_err(|error| format!("writing the trail: {error}"))?;
+                    loaded = true;
+                    continue;
+                }
+                Some(Err(error)) => return Err(format!("writing the trail: {error}")),
+                _ => {}
+            }
+            if let Some(Err(error)) = answers.find(Result::is_err) {
+                return Err(format!("writing the trail's index: {error}"));
+            }
+            break;
         }
         // Another slot on a cluster: its own command.
         let _: () = redis::pipe()
@@ -378,30 +482,53 @@ impl TrailStore for TaskStore {
             let room = limit.saturating_sub(found.len());
             let mut connection = self.connection().await.map_err(|error| error.to_string())?;
             let ids: Vec<String> = if let Index::Request(request) = index {
-                // Every hour of the chain's request index that may hold it.
-                let hours: Vec<u64> = redis::cmd("ZRANGE")
-                    .arg(self.trail_key(&chain.router, "ix:request:hours"))
-                    .arg(0)
-                    .arg(-1)
-                    .query_async(&mut connection)
-                    .await
-                    .map_err(|error| format!("reading the trail's index: {error}"))?;
-                let mut pipe = redis::pipe();
-                for hour in &hours {
-                    pipe.cmd("HGET")
-                        .arg(self.trail_key(&chain.router, &format!("ix:request:{hour}")))
-                        .arg(request);
+                // The bucket a generated id names, and every hour of the
+                // chain's hash that may hold an id of any other shape.
+                let hours_key = self.trail_key(&chain.router, "ix:request:hours");
+                let read = |error: redis::RedisError| format!("reading the trail's index: {error}");
+                let (hours, listed): (Vec<u64>, Option<String>) = match request_id::bucket_of(request) {
+                    Some(bucket) => redis::pipe()
+                        .cmd("ZRANGE")
+                        .arg(&hours_key)
+                        .arg(0)
+                        .arg(-1)
+                        .cmd("GET")
+                        .arg(self.trail_key(&chain.router, &format!("ix:rq:{bucket}")))
+                        .query_async(&mut connection)
+                        .await
+                        .map_err(read)?,
+                    None => {
+                        let hours = redis::cmd("ZRANGE")
+                            .arg(&hours_key)
+                            .arg(0)
+                            .arg(-1)
+                            .query_async(&mut connection)
+                            .await
+                            .map_err(read)?;
+                        (hours, None)
+                    }
+                };
+                let mut ids = listed.map(|text| listed_in(&text, request)).unwrap_or_default();
+                if !hours.is_empty() {
+                    let mut pipe = redis::pipe();
+                    for hour in &hours {
+                        pipe.cmd("HGET")
+                            .arg(self.trail_key(&chain.router, &format!("ix:request:{hour}")))
+                            .arg(request);
+                    }
+                    let lists: Vec<Option<String>> = pipe
+                        .query_async(&mut connection)
+                        .await
+                        .map_err(|error| format!("reading the trail's index: {error}"))?;
+                    ids.extend(
+                        lists
+                            .iter()
+                            .flatten()
+                            .flat_map(|ids| ids.split(','))
+                            .map(str::to_string),
+                    );
                 }
-                let lists: Vec<Option<String>> = pipe
-                    .query_async(&mut connection)
-                    .await
-                    .map_err(|error| format!("reading the trail's index: {error}"))?;
-                lists
-                    .iter()
-                    .flatten()
-                    .flat_map(|ids| ids.split(','))
-                    .map(str::to_string)
-                    .collect()
+                ids
             } else {
                 redis::cmd("LRANGE")
                     .arg(self.trail_key(&chain.router, &format!("ix:{kind}:{value}")))

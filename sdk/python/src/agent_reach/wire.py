@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -41,8 +42,10 @@ class Priority(StrEnum):
 
 
 def new_request_id() -> str:
-    """16 random hex digits, as the Rust SDK makes them."""
-    return os.urandom(8).hex()
+    """A request id shaped as the router and the Rust SDK make them: the
+    epoch milliseconds as 12 hex digits, then 16 random ones (the trail
+    finds an id of that shape by its time, with no index write)."""
+    return f"{time.time_ns() // 1_000_000 & 0xFFFFFFFFFFFF:012x}{os.urandom(8).hex()}"
 
 
 @dataclass(frozen=True)
