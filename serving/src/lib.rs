@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 
 /// `value` in decimal, written at the end of `digits` (20 digits hold any
 /// u64), without a formatter: lengths and counts on the wire (HTTP
-/// `content-length`, RESP).
+/// `content-length`, RESP) and in the trail's records.
 pub fn decimal(mut value: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     loop {

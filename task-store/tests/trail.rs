@@ -44,6 +44,15 @@ fn batch(ms: u64, segment: u64, records: Vec<Sealed>) -> Batch {
     }
 }
 
+/// A connection of the test's own to a single Redis.
+async fn direct_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 /// `single`: one Redis (the test then writes to it directly).
 async fn batches_land_once(url: &str, single: bool) {
     let store = TaskStore::new(url, &StoreConfig::default()).expect("store");
@@ -74,11 +83,7 @@ async fn batches_land_once(url: &str, single: bool) {
     let third = batch(now + 9, 3, vec![sealed(now + 9, 5, "req-a", None, false)]);
     let mut direct = None;
     if single {
-        let mut connection = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut connection = direct_connection(url).await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg("*trail:*:segments")
             .query_async(&mut connection)
@@ -172,11 +177,7 @@ async fn batches_land_once(url: &str, single: bool) {
     assert_eq!(of(Index::Request(generated.clone())).await, ["h6", "h8"]);
     assert_eq!(of(Index::Request(ahead.clone())).await, ["h7"]);
     if single {
-        let mut connection = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut connection = direct_connection(url).await;
         let mut named = 0;
         for key in redis::cmd("KEYS")
             .arg("*trail:*:ix:request:*")

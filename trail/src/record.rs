@@ -304,18 +304,9 @@ impl Writer<'_> {
 }
 
 /// `value` in decimal, as `{value}` formats it, without the formatting machinery.
-pub(crate) fn push_decimal(out: &mut String, mut value: u64) {
+pub(crate) fn push_decimal(out: &mut String, value: u64) {
     let mut digits = [0_u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[at..] {
+    for &digit in agent_reach_serving::decimal(value, &mut digits) {
         out.push(char::from(digit));
     }
 }
