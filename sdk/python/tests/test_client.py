@@ -25,6 +25,7 @@ from agent_reach import (
     Unauthenticated,
     verify_callback,
 )
+from agent_reach.wire import new_request_id
 
 from .conftest import make_agent
 from .support.stack import Stack
@@ -103,6 +104,17 @@ def test_callback_signatures_verify() -> None:
     assert not verify_callback(b"x" * 32, header, body, now=now)
     assert not verify_callback(secret, header, body, now=now + 3600)  # a replay
     assert not verify_callback(secret, "v1=zz", body, now=now)
+
+
+def test_request_ids_are_made_as_the_router_makes_them() -> None:
+    before = time.time_ns() // 1_000_000
+    first, second = new_request_id(), new_request_id()
+    after = time.time_ns() // 1_000_000
+    for made in (first, second):
+        assert len(made) == 28, made
+        assert all(c in "0123456789abcdef" for c in made), made
+        assert before <= int(made[:12], 16) <= after, made
+    assert first[12:] != second[12:]
 
 
 def test_unreachable_router_is_a_transport_error() -> None:

@@ -42,7 +42,7 @@ export interface CallOptions {
   timeoutMs?: number;
   sessionId?: string;
   contextId?: string;
-  /** The idempotency key; 16 random hex digits when absent. */
+  /** The idempotency key; generated when absent ({@link newRequestId}). */
   requestId?: string;
 }
 

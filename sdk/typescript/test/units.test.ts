@@ -5,6 +5,7 @@ import { test } from "node:test";
 import { Dedup } from "../src/dedup.js";
 import { serverEvents } from "../src/sse.js";
 import { thresholdsAt } from "../src/status.js";
+import { newRequestId } from "../src/wire.js";
 
 test("request-id memory keeps the newest ids within its capacity, a 200 answer as it was given", () => {
   const dedup = new Dedup(3, 60_000);
@@ -19,6 +20,18 @@ test("request-id memory keeps the newest ids within its capacity, a 200 answer a
   aged.set("tester", "x", refused);
   aged.set("tester", "y", refused);
   assert.equal(aged.get("tester", "x"), undefined, "an id past its age is forgotten");
+});
+
+test("request ids are made as the router makes them: the epoch ms in 12 hex digits, then 16 random", () => {
+  const before = Date.now();
+  const [first, second] = [newRequestId(), newRequestId()];
+  const after = Date.now();
+  for (const made of [first, second]) {
+    assert.match(made, /^[0-9a-f]{28}$/);
+    const at = Number.parseInt(made.slice(0, 12), 16);
+    assert.ok(before <= at && at <= after, made);
+  }
+  assert.notEqual(first.slice(12), second.slice(12));
 });
 
 test("load thresholds are the Rust SDK's", () => {
