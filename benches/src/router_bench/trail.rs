@@ -48,6 +48,29 @@ pub async fn start(
     Ok((redis, routers))
 }
 
+/// Each round's trail-on req/s over its trail-off req/s (the two ran back
+/// to back, so a pair shares the box's phase): how the ratio spreads.
+pub fn round_by_round(rounds: &HashMap<(String, u32), Vec<WrkResult>>, connections: &[u32]) {
+    for &connections in connections {
+        let get = |name: &str| rounds.get(&(name.to_string(), connections));
+        if let (Some(off), Some(on)) = (get(TRAIL_OFF), get(TRAIL_ON)) {
+            let ratios: Vec<f64> = off
+                .iter()
+                .zip(on)
+                .map(|(off, on)| on.requests_per_s / off.requests_per_s)
+                .collect();
+            let mut sorted = ratios.clone();
+            sorted.sort_by(f64::total_cmp);
+            let listed: Vec<String> = ratios.iter().map(|ratio| format!("{ratio:.3}")).collect();
+            println!(
+                "{connections:>2} conn, round by round: trail on / off {} (median {:.3}x)",
+                listed.join(" "),
+                sorted[sorted.len() / 2]
+            );
+        }
+    }
+}
+
 /// The trail's verdict: its router's req/s against the other's (≥ 0.95×), and what it recorded.
 pub async fn verdict(
     results: &HashMap<(String, u32), WrkResult>,
