@@ -158,27 +158,31 @@ async fn batches_land_once(url: &str, single: bool) {
 
     // Generated request ids (their time in front) are listed in their
     // time's bucket, with no field in the hour's hash; an id of that shape
-    // whose time is implausible (a day ahead) is a field like any other. A
-    // batch written twice lists its records twice: a lookup names each once.
+    // whose time is implausible (a day ahead, or older than the retention)
+    // is a field like any other. A batch written twice lists its records
+    // twice: a lookup names each once.
     let generated = format!("{:012x}0123456789abcdef", now - 2_000);
     let ahead = format!("{:012x}fedcba9876543210", now + 86_400_000);
+    let old = format!("{:012x}00112233445566ff", now - 2 * 3_600_000);
     let fourth = batch(
         now + 12,
         4,
         vec![
             sealed(now + 12, 6, &generated, None, false),
             sealed(now + 12, 7, &ahead, None, false),
+            sealed(now + 12, 8, &old, None, false),
         ],
     );
     store.append(&fourth, retention).await.expect("append the fourth batch");
     store.append(&fourth, retention).await.expect("append it again");
-    let fifth = batch(now + 15, 5, vec![sealed(now + 15, 8, &generated, None, false)]);
+    let fifth = batch(now + 15, 5, vec![sealed(now + 15, 9, &generated, None, false)]);
     store.append(&fifth, retention).await.expect("append the fifth batch");
-    assert_eq!(of(Index::Request(generated.clone())).await, ["h6", "h8"]);
+    assert_eq!(of(Index::Request(generated.clone())).await, ["h6", "h9"]);
     assert_eq!(of(Index::Request(ahead.clone())).await, ["h7"]);
+    assert_eq!(of(Index::Request(old.clone())).await, ["h8"]);
     if single {
         let mut connection = direct_connection(url).await;
-        let mut named = 0;
+        let (mut named, mut named_old) = (0, 0);
         for key in redis::cmd("KEYS")
             .arg("*trail:*:ix:request:*")
             .query_async::<Vec<String>>(&mut connection)
@@ -195,8 +199,10 @@ async fn batches_land_once(url: &str, single: bool) {
                 .unwrap();
             assert!(!fields.contains(&generated), "{key} names {generated}");
             named += usize::from(fields.contains(&ahead));
+            named_old += usize::from(fields.contains(&old));
         }
-        assert_eq!(named, 1, "the implausible id is a field of the hour's hash");
+        assert_eq!(named, 1, "the id a day ahead is a field of the hour's hash");
+        assert_eq!(named_old, 1, "the id older than the retention is a field of the hour's hash");
         let bucket = (now - 2_000) / 1_000 * 1_000;
         let buckets: Vec<String> = redis::cmd("KEYS")
             .arg(format!("*trail:*:ix:rq:{bucket}"))
@@ -216,13 +222,13 @@ async fn batches_land_once(url: &str, single: bool) {
             .query_async(&mut connection)
             .await
             .unwrap();
-        let sixth = batch(now + 20, 6, vec![sealed(now + 20, 9, "req-d", None, false)]);
+        let sixth = batch(now + 20, 6, vec![sealed(now + 20, 10, "req-d", None, false)]);
         store
             .append(&sixth, retention)
             .await
             .expect("append after a script flush");
         assert_eq!(store.chain_heads(ROUTER, None, 10).await.unwrap().len(), 6);
-        assert_eq!(of(Index::Request("req-d".into())).await, ["h9"]);
+        assert_eq!(of(Index::Request("req-d".into())).await, ["h10"]);
     }
 }
 
