@@ -202,7 +202,10 @@ async fn batches_land_once(url: &str, single: bool) {
             named_old += usize::from(fields.contains(&old));
         }
         assert_eq!(named, 1, "the id a day ahead is a field of the hour's hash");
-        assert_eq!(named_old, 1, "the id older than the retention is a field of the hour's hash");
+        assert_eq!(
+            named_old, 1,
+            "the id older than the retention is a field of the hour's hash"
+        );
         let bucket = (now - 2_000) / 1_000 * 1_000;
         let buckets: Vec<String> = redis::cmd("KEYS")
             .arg(format!("*trail:*:ix:rq:{bucket}"))

@@ -223,10 +223,17 @@ impl Recorder {
     /// full. Its members are written here ([`Rendered`]), on the offering
     /// thread, and not by the writer.
     pub fn offer(&self, entry: Entry) {
-        let entry = Rendered::of(entry);
         let shared = &*self.shared;
+        let buffer = &shared.buffers[buffer_of_this_thread(shared.buffers.len())];
+        // A full buffer (the store down or behind) drops the record before
+        // it is rendered: no work for what is not kept.
+        if lock(buffer).len() >= shared.room {
+            self.metrics.dropped.inc();
+            return;
+        }
+        let entry = Rendered::of(entry);
         let held = {
-            let mut buffer = lock(&shared.buffers[buffer_of_this_thread(shared.buffers.len())]);
+            let mut buffer = lock(buffer);
             if buffer.len() >= shared.room {
                 None
             } else {
