@@ -13,7 +13,7 @@
 //! req/s and p50/p99 per target and the verdict against the target: router
 //! req/s ≥ HAProxy's, and the router's added p50 at 1 connection ≤ HAProxy's.
 //! Each target is measured in `--rounds` interleaved rounds (default 3, 5 with
-//! `--tracing`) and judged on its median round.
+//! `--tracing` or `--trail`) and judged on its median round.
 //!
 //! `--tracing` (issue 7, acceptance point 5) adds two routers in the same run,
 //! set up as the `agent-reach router` binary sets itself up (logs at `info`):
@@ -83,7 +83,8 @@ struct Args {
     /// Rounds: every target is measured this many times, the rounds interleaved,
     /// and judged on its median round (a single run on a shared 2-core box
     /// swings by ±5 %, enough to flip a verdict). Default 3, or 5 with
-    /// `--tracing`, whose verdict compares two routers within a few per cent.
+    /// `--tracing` or `--trail`, whose verdicts compare two routers within a
+    /// few per cent.
     #[arg(long)]
     rounds: Option<u32>,
     /// wrk threads.
@@ -455,7 +456,10 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         "{:<16} {:>6} {:>6} {:>12} {:>10} {:>10} {:>14} {:>12}  errors",
         "target", "conns", "round", "req/s", "p50", "p99", "proxy CPU/req", "agents CPU/req"
     );
-    let round_count = args.rounds.unwrap_or(if args.tracing { 5 } else { 3 }).max(1);
+    let round_count = args
+        .rounds
+        .unwrap_or(if args.tracing || args.trail { 5 } else { 3 })
+        .max(1);
     let cpu = |pid: u32| cpu_seconds(pid).unwrap_or(f64::NAN);
     // Every round of every target, then each target's median round.
     let mut rounds: std::collections::HashMap<(String, u32), Vec<WrkResult>> = std::collections::HashMap::new();
