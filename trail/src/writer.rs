@@ -143,7 +143,7 @@ pub struct Recorder {
 }
 
 struct Shared {
-    buffers: Box<[Mutex<Vec<Rendered>>]>,
+    buffers: Box<[Buffer]>,
     /// Records one buffer holds at most (the buffer setting, shared out).
     room: usize,
     /// Records that fill a segment: a buffer this full wakes the writer early.
@@ -154,20 +154,34 @@ struct Shared {
 
 impl Shared {
     fn is_empty(&self) -> bool {
-        self.buffers.iter().all(|buffer| lock(buffer).is_empty())
+        self.buffers.iter().all(|buffer| lock(&buffer.records).is_empty())
     }
 
     /// Whether some buffer holds a segment's worth.
     fn has_a_segment(&self) -> bool {
-        self.buffers.iter().any(|buffer| lock(buffer).len() >= self.batch)
+        self.buffers
+            .iter()
+            .any(|buffer| lock(&buffer.records).len() >= self.batch)
     }
 
     /// Moves every waiting record into `entries`.
     fn drain_into(&self, entries: &mut Vec<Rendered>) {
         for buffer in self.buffers.iter() {
-            entries.append(&mut lock(buffer));
+            let mut records = lock(&buffer.records);
+            entries.append(&mut records);
+            buffer.full.store(false, Ordering::Relaxed);
         }
     }
+}
+
+/// One request thread's (or a few's) records waiting for the writer.
+#[derive(Default)]
+struct Buffer {
+    records: Mutex<Vec<Rendered>>,
+    /// Set (under the lock) when `records` reaches the room, cleared when
+    /// the writer empties it: an offer reads it first and drops a record
+    /// without rendering it or taking the lock.
+    full: AtomicBool,
 }
 
 /// A buffer, even one a panicking thread held (it holds plain records).
@@ -202,7 +216,7 @@ impl Recorder {
             .clamp(1, 64)
             .min(settings.buffer.max(1));
         let shared = Arc::new(Shared {
-            buffers: (0..count).map(|_| Mutex::new(Vec::new())).collect(),
+            buffers: (0..count).map(|_| Buffer::default()).collect(),
             room: (settings.buffer / count).max(1),
             batch: settings.batch.max(1),
             wake: Notify::new(),
@@ -227,18 +241,21 @@ impl Recorder {
         let buffer = &shared.buffers[buffer_of_this_thread(shared.buffers.len())];
         // A full buffer (the store down or behind) drops the record before
         // it is rendered: no work for what is not kept.
-        if lock(buffer).len() >= shared.room {
+        if buffer.full.load(Ordering::Relaxed) {
             self.metrics.dropped.inc();
             return;
         }
         let entry = Rendered::of(entry);
         let held = {
-            let mut buffer = lock(buffer);
-            if buffer.len() >= shared.room {
+            let mut records = lock(&buffer.records);
+            if records.len() >= shared.room {
                 None
             } else {
-                buffer.push(entry);
-                Some(buffer.len())
+                records.push(entry);
+                if records.len() >= shared.room {
+                    buffer.full.store(true, Ordering::Relaxed);
+                }
+                Some(records.len())
             }
         };
         match held {
@@ -487,8 +504,12 @@ mod tests {
         store.down.store(false, Ordering::SeqCst);
         let offered = 101 - metrics.dropped.get();
         until(|| metrics.written.get() == offered).await;
-        let batches = store.batches.lock().unwrap();
-        assert_eq!(batches[0].records[0].request_id, "first");
+        assert_eq!(store.batches.lock().unwrap()[0].records[0].request_id, "first");
+        // Emptied by the writer, the buffers take records again.
+        let dropped = metrics.dropped.get();
+        recorder.offer(entry("after"));
+        until(|| metrics.written.get() == offered + 1).await;
+        assert_eq!(metrics.dropped.get(), dropped);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,13 +59,11 @@ pub fn round_by_round(rounds: &HashMap<(String, u32), Vec<WrkResult>>, connectio
                 .zip(on)
                 .map(|(off, on)| on.requests_per_s / off.requests_per_s)
                 .collect();
-            let mut sorted = ratios.clone();
-            sorted.sort_by(f64::total_cmp);
             let listed: Vec<String> = ratios.iter().map(|ratio| format!("{ratio:.3}")).collect();
             println!(
                 "{connections:>2} conn, round by round: trail on / off {} (median {:.3}x)",
                 listed.join(" "),
-                sorted[sorted.len() / 2]
+                support::median(&mut ratios.clone())
             );
         }
     }
