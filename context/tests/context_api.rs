@@ -1,7 +1,7 @@
 //! The context service end to end over HTTP and gRPC against a real Redis
 //! (issue 4, acceptance points 1-6; 7 is `store_contract.rs`, 8 the bench).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! a tenant mapped to its own Redis writes nothing to the shared one (checked
 //! in Redis itself), and the map is followed while the service runs.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

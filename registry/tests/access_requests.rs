@@ -5,7 +5,7 @@
 //! may do what; a stable code for every bad input, and nothing written then;
 //! another tenant's requests and grants are not found.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

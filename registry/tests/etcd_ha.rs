@@ -3,7 +3,7 @@
 //! (SIGKILL) while 50 agents heartbeat over HTTP loses a registration or
 //! keeps new registrations out.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

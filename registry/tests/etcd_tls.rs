@@ -2,7 +2,7 @@
 //! verification on, a CA bundle and a client identity from files, and a
 //! clear STORE_UNAVAILABLE naming the certificate problem without them.
 
-mod support;
+use crate::support;
 
 use agent_reach_registry::store::etcd::EtcdTls;
 use agent_reach_registry::store::{EtcdStore, Store};

@@ -4,7 +4,7 @@
 //! `Watch` stream, live weights written on the instance's record under its
 //! lease; who may call them; and a stable code for every bad body.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

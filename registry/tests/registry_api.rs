@@ -1,7 +1,7 @@
 //! The registry's acceptance tests (issue 2), against a real etcd spawned by
 //! testkit and registries served in-process on loopback ports.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! streams live in its own part under its own key prefix; a token can only
 //! ever reach its own tenant's records; the map is followed live.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

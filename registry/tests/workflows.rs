@@ -5,7 +5,7 @@
 //! pointer, and nothing stored; the name space shared with capabilities;
 //! who may register.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

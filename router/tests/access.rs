@@ -6,7 +6,7 @@
 //! publishes it; a non-owner's approval is refused; bad input has its code;
 //! a grant of another tenant does not apply.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! split; clearing it returns to highest-version routing; a live weight
 //! change shifts traffic without the agent registering again.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

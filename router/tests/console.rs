@@ -3,7 +3,7 @@
 //! slow path) and the relayed registry actions, each refusal with its
 //! stable code. `console_browser.rs` drives the page itself.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -8,9 +8,8 @@
 //! the page. Screenshots of each page go to `target/console-screenshots`
 //! (printed). Every wait polls a condition with a bound.
 
-#[path = "support/browser.rs"]
-mod browser;
-mod support;
+use crate::browser;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

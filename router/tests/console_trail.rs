@@ -5,9 +5,8 @@
 //! capabilities page charts the capability's last hour from the trail.
 //! Screenshots go to `target/console-screenshots` (printed).
 
-#[path = "support/browser.rs"]
-mod browser;
-mod support;
+use crate::browser;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

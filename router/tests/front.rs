@@ -5,7 +5,7 @@
 //! router, registry (on real etcd) and HTTP agent; every other router test
 //! goes through the same front door with a real HTTP client.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! and exchanging demand through the task store every 100 ms. The numbers
 //! are printed (`--nocapture`) for docs/benchmarks.md.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

@@ -5,7 +5,7 @@
 //! non-browser client) are served as before. Bad `--mcp-allowed-origin`
 //! values are refused at start.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::*;

@@ -7,7 +7,7 @@
 //! their reasons; `/.well-known/oauth-protected-resource` and the
 //! `WWW-Authenticate` pointer on a 401; the registry taking the same flags.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! real HTTP test agents on loopback (acceptance points 1–10 of the router
 //! issue). Waiting is always polling a condition with a bound.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

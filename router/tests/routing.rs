@@ -7,7 +7,7 @@
 //! changes; `p2c_ewma` keeps away from a slow instance; two routers on one
 //! Redis merge their outcome histories.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! request, the deadline bounds the whole stream, and https:// agents stream
 //! over verified TLS.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

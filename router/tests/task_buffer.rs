@@ -3,7 +3,7 @@
 //! and replays them in order when Redis is back; beyond the bound, 503
 //! TASK_BUFFER_FULL. Against a real Redis, killed and started again.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

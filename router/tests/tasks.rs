@@ -1,7 +1,7 @@
 //! The slow path through the router: real Redis (tasks), real etcd and
 //! registry, real HTTP agents (router test support).
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 

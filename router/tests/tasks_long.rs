@@ -4,7 +4,7 @@
 //! /v1/tasks/{id}/result`, once, as themselves, within the task's deadline.
 //! Real Redis, etcd, registry, routers and HTTP agents (router test support).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

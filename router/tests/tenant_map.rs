@@ -5,7 +5,7 @@
 //! placement (team-a on its own Redis, nothing of it on the shared one), a
 //! tenant over its quota refused alone, the map followed live.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! its tasks live under its own keys, and a token of the other tenant is
 //! refused by the router and the registry alike (401, reason `other_tenant`).
 
-mod support;
+use crate::support;
 
 use base64::Engine;
 use serde_json::{json, Value};

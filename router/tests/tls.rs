@@ -7,7 +7,7 @@
 //! by the router over gRPC with TLS. Real etcd, registry, router and agents;
 //! certificates from a throwaway CA (`agent_reach_testkit::pki`).
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! admission; calls go on while the trail's Redis is down, the records that
 //! could not wait counted as dropped; a tenant's trail is its own.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! answered those redeliveries, so no handler ran twice. Each step's call
 //! carried a hop assertion naming its run.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! high one runs, and the low one resumes from its checkpoint. Work of a
 //! capability not declared preemptible is never asked to pause.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! step retried then compensated, a cancel mid-run, each step called as the
 //! caller who started the run, and bad input refused with its stable code.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

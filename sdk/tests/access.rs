@@ -4,7 +4,7 @@
 //! an owner approves, it is allowed, and its calls go through the router;
 //! bad input has the registry's code.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

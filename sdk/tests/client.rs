@@ -5,7 +5,7 @@
 //! events, cancel, session results). etcd, Redis, the registry, the router and
 //! the context service are real; so are the agents and the callback receiver.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

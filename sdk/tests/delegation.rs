@@ -6,7 +6,7 @@
 //! that many calls across a fan-out tree; reported cost is subtracted and
 //! the rest is visible to handlers, in the result envelope and the metrics.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! heartbeats' in-flight count reaches the routers through the registry, and
 //! routers steer by both. etcd, Redis, the registry and routers are real.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@ use agent_reach_task_store::{
 use agent_reach_testkit::Redis;
 use serde_json::{json, Value};
 
-mod support;
+use crate::support;
 use support::{deliverer, receiver, task, task_key, Backend};
 
 fn succeeded(text: &str) -> Value {

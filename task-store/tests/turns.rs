@@ -13,7 +13,7 @@ use agent_reach_task_store::{
 };
 use serde_json::{json, Value};
 
-mod support;
+use crate::support;
 use support::{deliverer, receiver, task, task_key, Backend};
 
 fn push(id: &str, url: &str) -> Callback {

@@ -14,7 +14,8 @@
 //! [`RegistryProcess`] (the real registry run that way). With `pki`,
 //! [`pki::Pki`] writes a test CA and certificates signed by it. With `oidc`,
 //! [`oidc::OidcProvider`] runs a real OpenID provider (Node's
-//! `oidc-provider`, from `testkit/oidc-provider`).
+//! `oidc-provider`, from `testkit/oidc-provider`). [`assert_every_test_file_runs`]
+//! keeps a package's one integration-test binary whole.
 
 mod etcd_cluster;
 mod group;
@@ -28,6 +29,7 @@ mod redis_cluster;
 mod redis_ha;
 #[cfg(feature = "services")]
 mod services;
+mod test_files;
 
 #[cfg(feature = "services")]
 pub use services::{eventually, hs256_token, Isolated, RegistryProcess};
@@ -36,6 +38,7 @@ pub use etcd_cluster::EtcdCluster;
 pub use group::ProcessGroup;
 pub use redis_cluster::{ClusterShape, NodeView, RedisCluster};
 pub use redis_ha::RedisSentinels;
+pub use test_files::assert_every_test_file_runs;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,37 @@
+//! The package's integration tests, linked as one test binary: every other
+//! file in this directory is a module here, so a clean test build links one
+//! binary instead of one per file (each is ~115 MB; one per file filled a CI
+//! disk). Files that install a process-wide tracing subscriber stay binaries
+//! of their own, listed in Cargo.toml; `every_test_file_runs` below fails when a
+//! file is in neither place.
+
+mod support;
+// The WebDriver client of the console's browser tests.
+#[path = "support/browser.rs"]
+mod browser;
+
+mod a2a_flags;
+mod access;
+mod canary;
+mod console;
+mod console_browser;
+mod console_trail;
+mod front;
+mod global_quota;
+mod mcp_origin;
+mod oidc;
+mod router;
+mod routing;
+mod stream;
+mod task_buffer;
+mod tasks;
+mod tasks_long;
+mod tenant_map;
+mod tenants;
+mod tls;
+mod trail;
+
+#[test]
+fn every_test_file_runs() {
+    agent_reach_testkit::assert_every_test_file_runs(env!("CARGO_MANIFEST_DIR"));
+}
