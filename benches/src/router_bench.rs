@@ -37,8 +37,9 @@
 //!
 //! `--trail` (issue 37): two more routers on one Redis (the slow path on in
 //! both), the trail off and on (payloads off: the bench's acl.yaml names
-//! none), measured round by round beside the others (off then on in odd
-//! rounds, on then off in even ones; each round's ratio printed); verdict:
+//! none), measured round by round beside the others, the two in turns of
+//! 2-s windows within a round (off first in odd rounds, on first in even
+//! ones; each round's ratio printed); verdict:
 //! the trail's req/s at least 0.95× the other's (the ratio of the medians is
 //! printed, and the records the trail wrote and dropped).
 //!
@@ -465,33 +466,70 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let mut rounds: std::collections::HashMap<(String, u32), Vec<WrkResult>> = std::collections::HashMap::new();
     for &connections in &args.connections {
         for round in 1..=round_count {
-            // The trail's two routers run off then on in odd rounds, on then
-            // off in even ones: neither always follows the other, so a drift
-            // of the box across a round is not charged to one of them.
+            // The trail's two routers take turns off first in odd rounds, on
+            // first in even ones: neither always follows the other, so a
+            // drift of the box across a round is not charged to one of them.
             let mut order: Vec<_> = targets.iter().collect();
             let place = |wanted: &str| order.iter().position(|(name, _, _)| *name == wanted);
             if let (0, Some(off), Some(on)) = (round % 2, place(trail::TRAIL_OFF), place(trail::TRAIL_ON)) {
                 order.swap(off, on);
             }
-            for (name, url, pid) in order {
+            // One measurement of a target: wrk for `seconds`, with the CPU its
+            // process (and this one, the agents) spent over it.
+            let measure = |name: &str, url: &str, pid: Option<&u32>, seconds: u64| -> anyhow::Result<WrkResult> {
                 // The policy target is the same router, with its own script.
                 let script = match (&policy_target, &policy_script, &chains_script) {
                     (Some(target), Some(policy), _) if target == name => policy,
-                    (_, _, Some(chains)) if chains_target == Some(*name) => chains,
+                    (_, _, Some(chains)) if chains_target == Some(name) => chains,
                     _ => &script,
                 };
-                // A short warm-up fills connection pools.
-                if let Some(warm_up) = run.warm_up(Duration::from_secs(2)) {
-                    let _ = run_wrk(script, url, connections, warm_up.as_secs(), &args);
-                }
-                let cpu_before = pid.map(cpu);
+                let cpu_before = pid.map(|pid| cpu(*pid));
                 let agents_before = cpu(std::process::id());
-                let mut result = run_wrk(script, url, connections, args.duration_s, &args)?;
-                let requests = result.requests_per_s * args.duration_s as f64;
+                let mut result = run_wrk(script, url, connections, seconds, &args)?;
+                let requests = result.requests_per_s * seconds as f64;
                 result.agents_cpu_per_request_us = (cpu(std::process::id()) - agents_before) * 1e6 / requests;
                 if let (Some(pid), Some(before)) = (pid, cpu_before) {
                     result.cpu_per_request_us = Some((cpu(*pid) - before) * 1e6 / requests);
                 }
+                Ok(result)
+            };
+            let warm_up = |name: &str, url: &str| {
+                // A short warm-up fills connection pools.
+                if let Some(seconds) = run.warm_up(Duration::from_secs(2)) {
+                    let _ = measure(name, url, None, seconds.as_secs());
+                }
+            };
+            // The trail's pair in this round's order.
+            let pair: Vec<_> = order
+                .iter()
+                .copied()
+                .filter(|(name, _, _)| trail::is_trail(name))
+                .collect();
+            let mut pair_done = false;
+            for (name, url, pid) in order {
+                if trail::is_trail(name) {
+                    // The trail's two routers are measured together, in
+                    // alternating windows (`trail::alternate`), where the
+                    // first of them comes in this round's order.
+                    if pair_done {
+                        continue;
+                    }
+                    pair_done = true;
+                    for (name, url, _) in &pair {
+                        warm_up(name, url);
+                    }
+                    let results = trail::alternate(args.duration_s, pair.len(), |index, seconds| {
+                        let (name, url, pid) = pair[index];
+                        measure(name, url, pid.as_ref(), seconds)
+                    })?;
+                    for ((name, _, _), result) in pair.iter().zip(results) {
+                        print_row(name, connections, &round.to_string(), &result);
+                        rounds.entry((name.to_string(), connections)).or_default().push(result);
+                    }
+                    continue;
+                }
+                warm_up(name, url);
+                let result = measure(name, url, pid.as_ref(), args.duration_s)?;
                 print_row(name, connections, &round.to_string(), &result);
                 rounds.entry((name.to_string(), connections)).or_default().push(result);
             }

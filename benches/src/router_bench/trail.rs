@@ -11,6 +11,67 @@ use super::WrkResult;
 pub const TRAIL_OFF: &str = "router trail off";
 pub const TRAIL_ON: &str = "router trail on";
 
+/// The length of one window of the two routers' turns ([`alternate`]).
+pub const WINDOW_S: u64 = 2;
+
+/// Whether `name` is one of the trail's two routers.
+pub fn is_trail(name: &str) -> bool {
+    name == TRAIL_OFF || name == TRAIL_ON
+}
+
+/// Measures `count` targets in turns, windows of [`WINDOW_S`] each (a
+/// round's `duration_s` in all for each target), so that every drift of
+/// the box over the round falls on all of them alike: one result per
+/// target, its req/s over all its windows, its CPU per request weighted
+/// by each window's requests, its p50 and p99 the median of its windows'.
+/// `measure(index, seconds)` measures target `index` once.
+pub fn alternate(
+    duration_s: u64,
+    count: usize,
+    mut measure: impl FnMut(usize, u64) -> anyhow::Result<WrkResult>,
+) -> anyhow::Result<Vec<WrkResult>> {
+    let window_s = WINDOW_S.min(duration_s.max(1));
+    let windows = (duration_s / window_s).max(1);
+    let mut measured: Vec<Vec<WrkResult>> = (0..count).map(|_| Vec::new()).collect();
+    for _ in 0..windows {
+        for (index, results) in measured.iter_mut().enumerate() {
+            results.push(measure(index, window_s)?);
+        }
+    }
+    Ok(measured.iter().map(|results| combined(results, window_s)).collect())
+}
+
+/// One target's windows as one result.
+fn combined(windows: &[WrkResult], window_s: u64) -> WrkResult {
+    let requests: Vec<f64> = windows
+        .iter()
+        .map(|window| window.requests_per_s * window_s as f64)
+        .collect();
+    let total: f64 = requests.iter().sum();
+    let weighted = |value: fn(&WrkResult) -> f64| {
+        windows
+            .iter()
+            .zip(&requests)
+            .map(|(window, requests)| value(window) * requests)
+            .sum::<f64>()
+            / total
+    };
+    let median_of = |value: fn(&WrkResult) -> f64| support::median(&mut windows.iter().map(value).collect::<Vec<_>>());
+    let mut errors: Vec<&str> = windows.iter().map(|window| window.errors.as_str()).collect();
+    errors.dedup();
+    WrkResult {
+        requests_per_s: total / (windows.len() as u64 * window_s) as f64,
+        p50_us: median_of(|window| window.p50_us),
+        p99_us: median_of(|window| window.p99_us),
+        errors: errors.join("; "),
+        cpu_per_request_us: windows
+            .iter()
+            .all(|window| window.cpu_per_request_us.is_some())
+            .then(|| weighted(|window| window.cpu_per_request_us.unwrap_or(f64::NAN))),
+        agents_cpu_per_request_us: weighted(|window| window.agents_cpu_per_request_us),
+    }
+}
+
 /// Two routers on a fresh Redis, the slow path on in both, the trail off
 /// and on: the same load's cost of recording every call (payloads off).
 pub async fn start(
@@ -112,4 +173,58 @@ pub async fn verdict(
         series("agent_reach_trail_dropped_total "),
         series("agent_reach_trail_segments_total ")
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(requests_per_s: f64, p50_us: f64, cpu_per_request_us: f64) -> WrkResult {
+        WrkResult {
+            requests_per_s,
+            p50_us,
+            p99_us: p50_us * 4.0,
+            errors: String::new(),
+            cpu_per_request_us: Some(cpu_per_request_us),
+            agents_cpu_per_request_us: 10.0,
+        }
+    }
+
+    #[test]
+    fn the_routers_take_turns_and_each_windows_add_up() {
+        let mut turns = Vec::new();
+        // Target 0 gets slower window by window (the box drifting), target 1 is flat.
+        let results = alternate(6, 2, |index, seconds| {
+            assert_eq!(seconds, WINDOW_S);
+            turns.push(index);
+            let nth = turns.iter().filter(|&&turn| turn == index).count() as f64;
+            Ok(match index {
+                0 => window(1000.0 / nth, 100.0 * nth, 10.0 * nth),
+                _ => window(500.0, 50.0, 20.0),
+            })
+        })
+        .unwrap();
+        assert_eq!(turns, [0, 1, 0, 1, 0, 1], "three windows of 2 s each, in turns");
+        // 2,000 + 1,000 + 666.7 requests over 6 s.
+        assert!((results[0].requests_per_s - (1000.0 + 500.0 + 1000.0 / 3.0) / 3.0).abs() < 1e-9);
+        assert_eq!(results[0].p50_us, 200.0, "the median window's p50");
+        // CPU per request weighted by each window's requests: (10·2000 + 20·1000 + 30·666.7) / 3666.7.
+        let cpu = results[0].cpu_per_request_us.unwrap();
+        assert!((cpu - 60_000.0 / (11_000.0 / 3.0)).abs() < 1e-9, "{cpu}");
+        assert_eq!(results[1].requests_per_s, 500.0);
+        assert_eq!(results[1].cpu_per_request_us, Some(20.0));
+    }
+
+    #[test]
+    fn a_run_shorter_than_a_window_is_one_window() {
+        let mut seconds_asked = Vec::new();
+        let results = alternate(1, 2, |_, seconds| {
+            seconds_asked.push(seconds);
+            Ok(window(100.0, 1.0, 1.0))
+        })
+        .unwrap();
+        assert_eq!(seconds_asked, [1, 1]);
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0].requests_per_s, 100.0);
+    }
 }
