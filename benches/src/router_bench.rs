@@ -466,14 +466,6 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     let mut rounds: std::collections::HashMap<(String, u32), Vec<WrkResult>> = std::collections::HashMap::new();
     for &connections in &args.connections {
         for round in 1..=round_count {
-            // The trail's two routers take turns off first in odd rounds, on
-            // first in even ones: neither always follows the other, so a
-            // drift of the box across a round is not charged to one of them.
-            let mut order: Vec<_> = targets.iter().collect();
-            let place = |wanted: &str| order.iter().position(|(name, _, _)| *name == wanted);
-            if let (0, Some(off), Some(on)) = (round % 2, place(trail::TRAIL_OFF), place(trail::TRAIL_ON)) {
-                order.swap(off, on);
-            }
             // One measurement of a target: wrk for `seconds`, with the CPU its
             // process (and this one, the agents) spent over it.
             let measure = |name: &str, url: &str, pid: Option<&u32>, seconds: u64| -> anyhow::Result<WrkResult> {
@@ -499,22 +491,20 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
                     let _ = measure(name, url, None, seconds.as_secs());
                 }
             };
-            // The trail's pair in this round's order.
-            let pair: Vec<_> = order
-                .iter()
-                .copied()
-                .filter(|(name, _, _)| trail::is_trail(name))
-                .collect();
-            let mut pair_done = false;
-            for (name, url, pid) in order {
+            // The trail's two routers take turns, off first in odd rounds, on
+            // first in even ones: neither always follows the other, so a
+            // drift of the box across a round is not charged to one of them.
+            let mut pair: Vec<_> = targets.iter().filter(|(name, _, _)| trail::is_trail(name)).collect();
+            if round % 2 == 0 {
+                pair.reverse();
+            }
+            for (name, url, pid) in &targets {
                 if trail::is_trail(name) {
-                    // The trail's two routers are measured together, in
-                    // alternating windows (`trail::alternate`), where the
-                    // first of them comes in this round's order.
-                    if pair_done {
+                    // Both are measured together (`trail::alternate`), in
+                    // the trail-off router's place among the targets.
+                    if *name != trail::TRAIL_OFF {
                         continue;
                     }
-                    pair_done = true;
                     for (name, url, _) in &pair {
                         warm_up(name, url);
                     }

@@ -48,11 +48,12 @@ fn combined(windows: &[WrkResult], window_s: u64) -> WrkResult {
         .map(|window| window.requests_per_s * window_s as f64)
         .collect();
     let total: f64 = requests.iter().sum();
-    let weighted = |value: fn(&WrkResult) -> f64| {
-        windows
+    // A per-request figure over all windows: each window's weighted by its requests.
+    let weighted = |values: Vec<f64>| {
+        values
             .iter()
             .zip(&requests)
-            .map(|(window, requests)| value(window) * requests)
+            .map(|(value, requests)| value * requests)
             .sum::<f64>()
             / total
     };
@@ -66,9 +67,10 @@ fn combined(windows: &[WrkResult], window_s: u64) -> WrkResult {
         errors: errors.join("; "),
         cpu_per_request_us: windows
             .iter()
-            .all(|window| window.cpu_per_request_us.is_some())
-            .then(|| weighted(|window| window.cpu_per_request_us.unwrap_or(f64::NAN))),
-        agents_cpu_per_request_us: weighted(|window| window.agents_cpu_per_request_us),
+            .map(|window| window.cpu_per_request_us)
+            .collect::<Option<Vec<f64>>>()
+            .map(weighted),
+        agents_cpu_per_request_us: weighted(windows.iter().map(|window| window.agents_cpu_per_request_us).collect()),
     }
 }
 
@@ -109,8 +111,9 @@ pub async fn start(
     Ok((redis, routers))
 }
 
-/// Each round's trail-on req/s over its trail-off req/s (the two ran back
-/// to back, so a pair shares the box's phase): how the ratio spreads.
+/// Each round's trail-on req/s over its trail-off req/s (the two took
+/// turns within the round, so a pair shares the box's phase): how the
+/// ratio spreads.
 pub fn round_by_round(rounds: &HashMap<(String, u32), Vec<WrkResult>>, connections: &[u32]) {
     for &connections in connections {
         let get = |name: &str| rounds.get(&(name.to_string(), connections));
