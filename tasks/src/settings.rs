@@ -74,6 +74,12 @@ pub struct TaskArgs {
     /// than the calls) records are dropped and counted, and calls never wait.
     #[arg(long, env = "AGENT_REACH_TRAIL_BUFFER", default_value_t = 65_536)]
     pub trail_buffer: usize,
+    /// What CPU sealing the trail's records gets: `idle`, only what the calls
+    /// leave (a SCHED_IDLE thread on Linux; while the calls keep every core
+    /// busy and that thread is starved, the calls' priority); `normal`, the
+    /// calls' own priority always.
+    #[arg(long, env = "AGENT_REACH_TRAIL_WRITER_PRIORITY", value_enum, default_value_t = TrailPriority::Idle)]
+    pub trail_writer_priority: TrailPriority,
     /// Also export every written trail record as an OTLP log record to this
     /// OTLP/gRPC collector (`http://host:4317`); headers from
     /// `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_LOGS_HEADERS`.
@@ -95,6 +101,13 @@ pub struct TaskArgs {
 pub enum Switch {
     On,
     Off,
+}
+
+/// What CPU the trail's sealing gets (`--trail-writer-priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TrailPriority {
+    Idle,
+    Normal,
 }
 
 /// How the trail is kept, when it is on.
@@ -210,6 +223,10 @@ impl TaskArgs {
             settings: agent_reach_trail::TrailSettings {
                 buffer: self.trail_buffer.max(1),
                 retention: Duration::from_secs(self.trail_retention_s.max(60)),
+                priority: match self.trail_writer_priority {
+                    TrailPriority::Idle => agent_reach_trail::WriterPriority::Idle,
+                    TrailPriority::Normal => agent_reach_trail::WriterPriority::Normal,
+                },
                 ..Default::default()
             },
             credentials,
@@ -360,6 +377,19 @@ mod tests {
             problems.iter().any(|problem| problem.contains("needs the trail on")),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn the_trail_seals_at_idle_priority_unless_told_otherwise() {
+        let priority = |extra: &[&str]| settings_from(extra).0.unwrap().trail.unwrap().settings.priority;
+        assert_eq!(priority(&[]), agent_reach_trail::WriterPriority::Idle);
+        assert_eq!(
+            priority(&["--trail-writer-priority", "normal"]),
+            agent_reach_trail::WriterPriority::Normal
+        );
+        use clap::Parser;
+        let refused = Flags::try_parse_from(["router", "--trail-writer-priority", "high"]);
+        assert!(refused.is_err_and(|error| error.to_string().contains("idle, normal")));
     }
 
     #[test]

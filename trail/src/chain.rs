@@ -72,7 +72,7 @@ pub trait HeadSigner: Send + Sync {
 }
 
 /// The state of one chain between batches.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Chain {
     router: String,
     tenant: String,

@@ -8,6 +8,7 @@
 //! - [`request_id`]: the request ids the router generates, which say when they were made.
 //! - [`segment`]: a sealed batch as the one text the store keeps.
 //! - [`writer`]: the [`Recorder`] the pipeline offers records to, the writer task, the store trait.
+//! - [`sealer`]: where segments are sealed (an idle-priority thread by default).
 //! - [`verify`]: checking a chain and naming its first broken link.
 //! - [`tree`]: a collaboration as a tree of hops.
 //! - [`diff`]: what changed between a recorded output and a replayed one.
@@ -17,6 +18,7 @@ pub mod chain;
 pub mod diff;
 pub mod record;
 pub mod request_id;
+pub mod sealer;
 pub mod segment;
 pub mod stats;
 pub mod tree;
@@ -25,5 +27,6 @@ pub mod writer;
 
 pub use chain::{Batch, Chain, HeadClaims, HeadSigner, Sealed, StoredHead};
 pub use record::{hash_of, Entry, Record, Rendered, Stored, GENESIS};
+pub use sealer::WriterPriority;
 pub use verify::{Broken, HeadKeys, Report, Verifier};
 pub use writer::{AssertionSigner, ChainInfo, Index, Recorder, TrailMetrics, TrailSettings, TrailStore};

@@ -116,6 +116,12 @@ impl Rendered {
         }
     }
 
+    /// About the bytes its line of a segment takes: its members, and the
+    /// chain's (seq, time, router, tenant, hashes) around them.
+    pub(crate) fn stored_len(&self) -> usize {
+        self.members + 256
+    }
+
     /// The request id, as given.
     pub fn request_id(&self) -> &str {
         &self.text[self.members..]

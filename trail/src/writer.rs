@@ -8,13 +8,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::chain::{Batch, Chain, HeadClaims, HeadSigner, StoredHead};
 use crate::record::{Entry, Rendered, Stored};
+use crate::sealer::{preferably_idle, Ran, WriterPriority};
 
 /// Where records are looked up by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +71,16 @@ pub struct TrailSettings {
     pub buffer: usize,
     /// Records per segment at most.
     pub batch: usize,
+    /// A segment's records' text at most (bytes, about; a record larger
+    /// than this is a segment on its own). A batch's buffers (the
+    /// segment's command, the store's pipeline) stay below the allocator's
+    /// huge-object size (512 KiB in mimalloc v3): above it each would be
+    /// fresh memory, its pages zeroed, every batch (`router-bench --trail`'s
+    /// profile: ~0.5 µs a record in `clear_page_erms` with 1,024-record
+    /// segments of ~560 KB).
+    pub segment_bytes: usize,
+    /// What CPU sealing gets ([`WriterPriority`]).
+    pub priority: WriterPriority,
     /// How long a record waits for its segment to fill at most.
     pub flush_every: Duration,
     /// How long records are kept.
@@ -81,6 +92,8 @@ impl Default for TrailSettings {
         Self {
             buffer: 65_536,
             batch: 1024,
+            segment_bytes: 256 * 1024,
+            priority: WriterPriority::Idle,
             flush_every: Duration::from_millis(100),
             retention: Duration::from_secs(7 * 24 * 3600),
         }
@@ -228,6 +241,9 @@ impl Recorder {
             chain: Chain::new(router, tenant),
             settings,
             metrics: metrics.clone(),
+            dropped_told: (0, None),
+            starved_until: None,
+            starved_told: None,
         };
         tokio::spawn(writer.run(shared.clone()));
         Arc::new(Self { shared, metrics })
@@ -294,7 +310,22 @@ struct Writer {
     chain: Chain,
     settings: TrailSettings,
     metrics: TrailMetrics,
+    /// The dropped counter when the writer last said so, and when.
+    dropped_told: (u64, Option<Instant>),
+    /// Sealing at the calls' priority until then: the idle thread was starved.
+    starved_until: Option<Instant>,
+    /// When the writer last said the idle thread was starved.
+    starved_told: Option<Instant>,
 }
+
+/// How often at most the writer says records were dropped, or sealing starved.
+const TOLD_EVERY: Duration = Duration::from_secs(60);
+
+/// How long a sealing job may wait for the idle-priority thread to start
+/// it (a batch is 1-2 ms of CPU; a thread that gets none in this long is
+/// starved), and how long sealing then stays at the calls' priority.
+const STARVED_AFTER: Duration = Duration::from_millis(500);
+const STARVED_FOR: Duration = Duration::from_secs(10);
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -328,19 +359,66 @@ impl Writer {
                 }
             }
             shared.drain_into(&mut entries);
-            while !entries.is_empty() {
-                let count = entries.len().min(self.settings.batch.max(1));
-                let batch = match self.chain.seal(entries.drain(..count), now_ms(), &*self.signer) {
-                    Ok(batch) => batch,
-                    Err(error) => {
-                        // Nothing was chained: the records are lost, and said so.
-                        tracing::error!(message = "Cannot seal a trail segment; its records are dropped.", %error, records = count);
-                        self.metrics.dropped.inc_by(count as u64);
-                        continue;
-                    }
-                };
+            self.tell_drops();
+            for batch in self.seal(&mut entries).await {
                 self.write(&batch, &shared).await;
             }
+        }
+    }
+
+    /// Seals `entries` (emptying it) as segments, where the priority says:
+    /// at idle priority unless that thread is starved (then at the calls'
+    /// priority for a while: a router whose calls keep every core busy pays
+    /// the trail's CPU rather than drop its records).
+    async fn seal(&mut self, entries: &mut Vec<Rendered>) -> Vec<Batch> {
+        let limits = (self.settings.batch, self.settings.segment_bytes);
+        let signer = self.signer.clone();
+        let dropped = self.metrics.dropped.clone();
+        let starved = self.starved_until.is_some_and(|until| Instant::now() < until);
+        if self.settings.priority == WriterPriority::Normal || starved {
+            return seal_segments(&mut self.chain, entries, limits, &*signer, &dropped);
+        }
+        // The chain goes with its records and comes back advanced; a job
+        // that is lost leaves it as it was, as if they had never been offered.
+        let started = Instant::now();
+        let count = entries.len() as u64;
+        let state = (self.chain.clone(), std::mem::take(entries));
+        let sealed = preferably_idle(
+            state,
+            move |(chain, taken): &mut (Chain, Vec<Rendered>)| seal_segments(chain, taken, limits, &*signer, &dropped),
+            STARVED_AFTER,
+        )
+        .await;
+        let Some(((chain, taken), batches, ran)) = sealed else {
+            self.metrics.dropped.inc_by(count);
+            return Vec::new();
+        };
+        self.chain = chain;
+        // Empty, its capacity kept for the next batch.
+        *entries = taken;
+        if ran == Ran::Here || started.elapsed() > STARVED_AFTER {
+            self.starved_until = Some(Instant::now() + STARVED_FOR);
+            if self.starved_told.is_none_or(|at| at.elapsed() >= TOLD_EVERY) {
+                tracing::info!(
+                    message = "The trail's idle-priority sealing gets no CPU (calls keep every core busy); sealing at the calls' priority for a while.",
+                    router = %self.chain.router(), for_s = STARVED_FOR.as_secs()
+                );
+                self.starved_told = Some(Instant::now());
+            }
+        }
+        batches
+    }
+
+    /// Warns (once a minute at most) when records were dropped since it last did.
+    fn tell_drops(&mut self) {
+        let dropped = self.metrics.dropped.get();
+        let (told, at) = self.dropped_told;
+        if dropped > told && at.is_none_or(|at| at.elapsed() >= TOLD_EVERY) {
+            tracing::warn!(
+                message = "Trail records were dropped: the trail's buffers were full (Redis down or slower than the calls).",
+                dropped = dropped - told, router = %self.chain.router()
+            );
+            self.dropped_told = (dropped, Some(std::time::Instant::now()));
         }
     }
 
@@ -381,6 +459,46 @@ impl Writer {
             }
         }
     }
+}
+
+/// Seals `entries` (emptying it) as the next segments of `chain`, each at
+/// most `limits` (records, bytes); records whose segment cannot be signed
+/// are dropped and counted.
+fn seal_segments(
+    chain: &mut Chain,
+    entries: &mut Vec<Rendered>,
+    (batch, bytes): (usize, usize),
+    signer: &dyn HeadSigner,
+    dropped: &prometheus::IntCounter,
+) -> Vec<Batch> {
+    let mut batches = Vec::new();
+    while !entries.is_empty() {
+        let count = segment_len(entries, batch, bytes);
+        match chain.seal(entries.drain(..count), now_ms(), signer) {
+            Ok(batch) => batches.push(batch),
+            Err(error) => {
+                // Nothing was chained: the records are lost, and said so.
+                tracing::error!(message = "Cannot seal a trail segment; its records are dropped.", %error, records = count);
+                dropped.inc_by(count as u64);
+            }
+        }
+    }
+    batches
+}
+
+/// How many of `entries` (at least one) the next segment takes: at most
+/// `batch` records and, past the first, `bytes` of their text.
+fn segment_len(entries: &[Rendered], batch: usize, bytes: usize) -> usize {
+    let mut taken = 0;
+    let mut count = 0;
+    for entry in entries.iter().take(batch.max(1)) {
+        taken += entry.stored_len();
+        if count > 0 && taken > bytes {
+            break;
+        }
+        count += 1;
+    }
+    count
 }
 
 fn now_ms() -> u64 {
@@ -453,35 +571,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_segment_takes_records_up_to_its_count_and_its_bytes() {
+        let entries: Vec<Rendered> = (0..10).map(|n| Rendered::of(entry(&format!("r-{n}")))).collect();
+        let one = entries[0].stored_len();
+        assert_eq!(segment_len(&entries, 1024, usize::MAX), 10);
+        assert_eq!(segment_len(&entries, 4, usize::MAX), 4);
+        assert_eq!(segment_len(&entries, 1024, 3 * one), 3);
+        assert_eq!(segment_len(&entries, 1024, 3 * one + 1), 3);
+        // A record larger than the bound is a segment on its own.
+        assert_eq!(segment_len(&entries, 1024, 1), 1);
+        assert_eq!(segment_len(&entries, 0, 1), 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_offered_from_many_threads_are_chained_in_segments() {
-        let (store, metrics, recorder) = start(TrailSettings {
-            batch: 64,
-            flush_every: Duration::from_millis(20),
-            ..TrailSettings::default()
-        });
-        let threads: Vec<_> = (0..4)
-            .map(|thread| {
-                let recorder = recorder.clone();
-                std::thread::spawn(move || {
-                    for n in 0..250 {
-                        recorder.offer(entry(&format!("{thread}-{n}")));
-                    }
+        for priority in [WriterPriority::Idle, WriterPriority::Normal] {
+            let (store, metrics, recorder) = start(TrailSettings {
+                batch: 64,
+                flush_every: Duration::from_millis(20),
+                priority,
+                ..TrailSettings::default()
+            });
+            let threads: Vec<_> = (0..4)
+                .map(|thread| {
+                    let recorder = recorder.clone();
+                    std::thread::spawn(move || {
+                        for n in 0..250 {
+                            recorder.offer(entry(&format!("{thread}-{n}")));
+                        }
+                    })
                 })
-            })
-            .collect();
-        for thread in threads {
-            thread.join().unwrap();
+                .collect();
+            for thread in threads {
+                thread.join().unwrap();
+            }
+            until(|| metrics.written.get() == 1000).await;
+            let batches = store.batches.lock().unwrap();
+            let seqs: Vec<u64> = batches
+                .iter()
+                .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
+                .collect();
+            assert_eq!(seqs, (1..=1000).collect::<Vec<_>>(), "{priority:?}");
+            assert!(batches.iter().all(|batch| batch.records.len() <= 64));
+            assert_eq!(metrics.dropped.get(), 0);
         }
-        until(|| metrics.written.get() == 1000).await;
-        let batches = store.batches.lock().unwrap();
-        let seqs: Vec<u64> = batches
-            .iter()
-            .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
-            .collect();
-        assert_eq!(seqs, (1..=1000).collect::<Vec<_>>());
-        assert!(batches.iter().all(|batch| batch.records.len() <= 64));
-        assert_eq!(metrics.dropped.get(), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

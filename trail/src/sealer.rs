@@ -1,0 +1,232 @@
+//! Where segments are sealed: the trail's CPU-heavy part (each record's body
+//! and SHA-256, the head's signature).
+//!
+//! By default ([`WriterPriority::Idle`]) sealing runs on one process-wide
+//! thread scheduled `SCHED_IDLE` on Linux: it runs only on CPU nothing else
+//! wants, so the trail takes a router's spare cycles and not its calls'. On
+//! `router-bench --trail` (2 cores shared by the router, the agents, wrk and
+//! Redis) sealing on the runtime's threads cost the router ~11 % of its
+//! req/s at 32 connections; at idle priority ~2 % (at `SCHED_BATCH`, which
+//! span export uses, ~10 %: the trail's CPU still came out of the calls').
+//! When the calls keep every core busy an idle thread gets no CPU: a job it
+//! has not started within half a second is sealed by the writer itself, at
+//! the calls' priority, and so are the next ten seconds' (the writer says
+//! so in the log), so a saturated router pays the trail's CPU rather than
+//! drop its records. [`WriterPriority::Normal`]
+//! (`--trail-writer-priority normal`) always seals at the calls' priority.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+/// What CPU the trail's sealing gets (`--trail-writer-priority`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriterPriority {
+    /// Only CPU nothing else wants (a `SCHED_IDLE` thread on Linux), unless
+    /// that thread is starved (then the calls' priority, for a while).
+    #[default]
+    Idle,
+    /// The calls' own priority (on the runtime's threads).
+    Normal,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The idle-priority thread's queue, the thread started on first use;
+/// `None` when it cannot be started (then jobs run on their caller).
+fn idle_thread() -> Option<&'static mpsc::Sender<Job>> {
+    static THREAD: OnceLock<Option<mpsc::Sender<Job>>> = OnceLock::new();
+    THREAD
+        .get_or_init(|| {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            let started = std::thread::Builder::new()
+                .name("trail-sealer".to_string())
+                .spawn(move || {
+                    lower_priority();
+                    for job in queue {
+                        // A job that panics loses its own answer (its caller
+                        // hears so), never the thread.
+                        if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+                            tracing::error!(message = "A trail sealing job panicked; its records are dropped.");
+                        }
+                    }
+                });
+            match started {
+                Ok(_) => Some(jobs),
+                Err(error) => {
+                    tracing::warn!(
+                        message = "Cannot start the trail's idle-priority sealing thread; segments are sealed at the calls' priority.",
+                        %error
+                    );
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Schedules the calling thread `SCHED_IDLE` (Linux; elsewhere nothing). A
+/// thread may always lower itself, so failure only means it keeps the calls'
+/// priority; it is reported, not fatal.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid, initialised sched_param that outlives
+        // the call; pid 0 means the calling thread.
+        let result = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if result != 0 {
+            tracing::warn!(
+                message = "Cannot schedule the trail's sealing thread SCHED_IDLE; it competes with the calls.",
+                error = %std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Where a job ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ran {
+    /// On the idle-priority thread.
+    Idle,
+    /// On its caller, the idle thread not having started it within its patience.
+    Here,
+}
+
+/// Runs `work` on `state` on the idle-priority thread (one job at a time)
+/// and waits for it; when the thread has not started it within `patience`
+/// (the cores busy with calls: an idle thread gets no CPU then), or there is
+/// no such thread, runs it here instead. A job the thread has started is
+/// waited for, however long it takes. `None` when the job panicked (its
+/// state is lost with it).
+pub(crate) async fn preferably_idle<S, T, W>(state: S, work: W, patience: std::time::Duration) -> Option<(S, T, Ran)>
+where
+    S: Send + 'static,
+    T: Send + 'static,
+    W: FnOnce(&mut S) -> T + Send + 'static,
+{
+    // Whoever takes the job out of the slot runs it: the idle thread, or
+    // the caller once its patience is out.
+    let slot = Arc::new(Mutex::new(Some((state, work))));
+    let (answer, mut answered) = tokio::sync::oneshot::channel();
+    let queued = {
+        let slot = slot.clone();
+        move || {
+            let taken = take(&slot);
+            if let Some((mut state, work)) = taken {
+                let out = work(&mut state);
+                // The caller may have gone (its runtime stopping): nobody to answer.
+                let _ = answer.send((state, out));
+            }
+        }
+    };
+    // A send fails only if the thread has gone, which it never does (it
+    // outlives every job); the job is then run here.
+    let sent = idle_thread().is_some_and(|thread| thread.send(Box::new(queued)).is_ok());
+    if sent {
+        if let Ok(answer) = tokio::time::timeout(patience, &mut answered).await {
+            return answer.ok().map(|(state, out)| (state, out, Ran::Idle));
+        }
+    }
+    let taken = take(&slot);
+    match taken {
+        Some((mut state, work)) => {
+            let out = work(&mut state);
+            Some((state, out, Ran::Here))
+        }
+        None => answered.await.ok().map(|(state, out)| (state, out, Ran::Idle)),
+    }
+}
+
+/// The job in `slot`, if nobody has taken it (a slot a panicking job held
+/// is empty: its job was taken).
+fn take<J>(slot: &Mutex<Option<J>>) -> Option<J> {
+    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+}
+
+/// The scheduling policy of the calling thread (tests).
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn policy_of_this_thread() -> libc::c_int {
+    // SAFETY: no arguments but pid 0 (the calling thread); reads only.
+    unsafe { libc::sched_getscheduler(0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const PATIENT: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn jobs_run_on_the_idle_priority_thread_and_answer_their_callers() {
+        let ((), name, ran) = preferably_idle(
+            (),
+            |_: &mut ()| std::thread::current().name().map(str::to_string),
+            PATIENT,
+        )
+        .await
+        .unwrap();
+        assert_eq!((name.as_deref(), ran), (Some("trail-sealer"), Ran::Idle));
+        #[cfg(target_os = "linux")]
+        assert_eq!(
+            preferably_idle((), |_: &mut ()| policy_of_this_thread(), PATIENT)
+                .await
+                .unwrap()
+                .1,
+            libc::SCHED_IDLE
+        );
+        // Many callers at once: each job runs once, on its own state, and
+        // its answer reaches its caller.
+        let answers: Vec<_> = (0..20_u32)
+            .map(|n| {
+                tokio::spawn(preferably_idle(
+                    n,
+                    |n: &mut u32| {
+                        *n += 1;
+                        *n * 2
+                    },
+                    PATIENT,
+                ))
+            })
+            .collect();
+        for (n, answer) in (0..20_u32).zip(answers) {
+            let (state, out, _) = answer.await.unwrap().unwrap();
+            assert_eq!((state, out), (n + 1, (n + 1) * 2));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_the_busy_thread_has_not_started_runs_on_its_caller() {
+        // Occupy the thread until released (as calls on every core would).
+        let (started, running) = tokio::sync::oneshot::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let busy = tokio::spawn(preferably_idle(
+            (),
+            move |_: &mut ()| {
+                let _ = started.send(());
+                released.recv().ok()
+            },
+            PATIENT,
+        ));
+        running.await.unwrap();
+        let (state, thread, ran) = preferably_idle(
+            7_u32,
+            |_: &mut u32| std::thread::current().name().map(str::to_string),
+            Duration::from_millis(50),
+        )
+        .await
+        .unwrap();
+        assert_eq!((state, ran), (7, Ran::Here));
+        assert_ne!(thread.as_deref(), Some("trail-sealer"));
+        release.send(()).unwrap();
+        assert_eq!(busy.await.unwrap().unwrap().2, Ran::Idle);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_answers_none_and_the_thread_goes_on() {
+        let panicked: Option<((), (), Ran)> = preferably_idle((), |_: &mut ()| panic!("on purpose"), PATIENT).await;
+        assert_eq!(panicked, None);
+        assert_eq!(preferably_idle(2, |n: &mut i32| *n + 2, PATIENT).await.unwrap().1, 4);
+    }
+}
