@@ -556,7 +556,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             );
         }
     }
-    trail::round_by_round(&rounds, &args.connections);
+    let paired = trail::round_by_round(&rounds, &args.connections);
     let mut results = std::collections::HashMap::new();
     println!("\nmedian of {round_count} round(s):");
     for &connections in &args.connections {
@@ -670,7 +670,7 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
         println!("OTLP receiver got {} spans", sink.spans());
     }
     if let Some((_, _, trailed)) = trail_routers.get(1) {
-        trail::verdict(&results, &args.connections, &run, &client, &trailed.url).await;
+        trail::verdict(&results, &paired, &args.connections, &run, &client, &trailed.url).await;
     }
     drop(trail_redis);
     drop(etcd);

@@ -11,8 +11,12 @@ use super::WrkResult;
 pub const TRAIL_OFF: &str = "router trail off";
 pub const TRAIL_ON: &str = "router trail on";
 
-/// The length of one window of the two routers' turns ([`alternate`]).
-pub const WINDOW_S: u64 = 2;
+/// The length of one window of the two routers' turns ([`alternate`]):
+/// short, so that a round samples each router in many placements of its
+/// threads on the cores (at one connection a window's req/s depends on
+/// where the scheduler put wrk, the router's thread and the agent's, and
+/// 2-s windows left rounds 10 % apart).
+pub const WINDOW_S: u64 = 1;
 
 /// Whether `name` is one of the trail's two routers.
 pub fn is_trail(name: &str) -> bool {
@@ -113,8 +117,9 @@ pub async fn start(
 
 /// Each round's trail-on req/s over its trail-off req/s (the two took
 /// turns within the round, so a pair shares the box's phase): how the
-/// ratio spreads.
-pub fn round_by_round(rounds: &HashMap<(String, u32), Vec<WrkResult>>, connections: &[u32]) {
+/// ratio spreads, and its median per connection count, the verdict's figure.
+pub fn round_by_round(rounds: &HashMap<(String, u32), Vec<WrkResult>>, connections: &[u32]) -> HashMap<u32, f64> {
+    let mut medians = HashMap::new();
     for &connections in connections {
         let get = |name: &str| rounds.get(&(name.to_string(), connections));
         if let (Some(off), Some(on)) = (get(TRAIL_OFF), get(TRAIL_ON)) {
@@ -123,19 +128,28 @@ pub fn round_by_round(rounds: &HashMap<(String, u32), Vec<WrkResult>>, connectio
                 .zip(on)
                 .map(|(off, on)| on.requests_per_s / off.requests_per_s)
                 .collect();
+            if ratios.is_empty() {
+                continue;
+            }
             let listed: Vec<String> = ratios.iter().map(|ratio| format!("{ratio:.3}")).collect();
+            let median = support::median(&mut ratios.clone());
             println!(
-                "{connections:>2} conn, round by round: trail on / off {} (median {:.3}x)",
-                listed.join(" "),
-                support::median(&mut ratios.clone())
+                "{connections:>2} conn, round by round: trail on / off {} (median {median:.3}x)",
+                listed.join(" ")
             );
+            medians.insert(connections, median);
         }
     }
+    medians
 }
 
-/// The trail's verdict: its router's req/s against the other's (≥ 0.95×), and what it recorded.
+/// The trail's verdict: the median of the rounds' ratios ([`round_by_round`]:
+/// each round's pair measured in turns, so each ratio compares the two
+/// routers at the same moment of the box) ≥ 0.95×, beside each router's
+/// median round, and what the trail recorded.
 pub async fn verdict(
     results: &HashMap<(String, u32), WrkResult>,
+    paired: &HashMap<u32, f64>,
     connections: &[u32],
     run: &Run,
     client: &reqwest::Client,
@@ -143,12 +157,13 @@ pub async fn verdict(
 ) {
     for &connections in connections {
         let get = |name: &str| results.get(&(name.to_string(), connections));
-        if let (Some(off), Some(on)) = (get(TRAIL_OFF), get(TRAIL_ON)) {
-            let ratio = on.requests_per_s / off.requests_per_s;
+        if let (Some(off), Some(on), Some(&ratio)) = (get(TRAIL_OFF), get(TRAIL_ON), paired.get(&connections)) {
             println!(
-                "{connections:>2} conn: trail on {:.0} req/s vs trail off {:.0} req/s: {ratio:.3}x{}",
+                "{connections:>2} conn: trail on {:.0} req/s vs trail off {:.0} req/s (median rounds, {:.3}x); \
+                 rounds' median ratio {ratio:.3}x{}",
                 on.requests_per_s,
                 off.requests_per_s,
+                on.requests_per_s / off.requests_per_s,
                 run.verdict(ratio >= 0.95, (" -> MET (>= 0.95x)", " -> NOT MET (< 0.95x)"))
             );
             if let (Some(on_cpu), Some(off_cpu)) = (on.cpu_per_request_us, off.cpu_per_request_us) {
@@ -197,7 +212,7 @@ mod tests {
     fn the_routers_take_turns_and_each_windows_add_up() {
         let mut turns = Vec::new();
         // Target 0 gets slower window by window (the box drifting), target 1 is flat.
-        let results = alternate(6, 2, |index, seconds| {
+        let results = alternate(3 * WINDOW_S, 2, |index, seconds| {
             assert_eq!(seconds, WINDOW_S);
             turns.push(index);
             let nth = turns.iter().filter(|&&turn| turn == index).count() as f64;
@@ -207,11 +222,12 @@ mod tests {
             })
         })
         .unwrap();
-        assert_eq!(turns, [0, 1, 0, 1, 0, 1], "three windows of 2 s each, in turns");
-        // 2,000 + 1,000 + 666.7 requests over 6 s.
+        assert_eq!(turns, [0, 1, 0, 1, 0, 1], "three windows each, in turns");
+        // 1,000, 500 and 333.3 req/s over three windows of equal length.
         assert!((results[0].requests_per_s - (1000.0 + 500.0 + 1000.0 / 3.0) / 3.0).abs() < 1e-9);
         assert_eq!(results[0].p50_us, 200.0, "the median window's p50");
-        // CPU per request weighted by each window's requests: (10·2000 + 20·1000 + 30·666.7) / 3666.7.
+        // CPU per request weighted by each window's requests (in the ratio 1,000 : 500 : 333.3):
+        // (10·2000 + 20·1000 + 30·666.7) / 3666.7.
         let cpu = results[0].cpu_per_request_us.unwrap();
         assert!((cpu - 60_000.0 / (11_000.0 / 3.0)).abs() < 1e-9, "{cpu}");
         assert_eq!(results[1].requests_per_s, 500.0);
