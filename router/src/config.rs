@@ -80,6 +80,15 @@ pub struct RouterArgs {
     /// Request-serving threads (one single-threaded runtime each); 0 means one per CPU core.
     #[arg(long, env = "AGENT_REACH_ROUTER_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// Transparent huge pages for this process: `off` (the default) turns them
+    /// off for the router alone (`PR_SET_THP_DISABLE` on Linux, as Redis does),
+    /// whatever the system's setting; `on` leaves the system's setting. With
+    /// them on, the allocator's arenas are huge-page backed and memory it
+    /// takes back and reuses is faulted in 2 MB at a time: on `router-bench
+    /// --trail` zeroing those pages was the trail's largest cost at one
+    /// connection (docs/benchmarks.md).
+    #[arg(long, env = "AGENT_REACH_TRANSPARENT_HUGE_PAGES", value_enum, default_value_t = agent_reach_tasks::Switch::Off)]
+    pub transparent_huge_pages: agent_reach_tasks::Switch,
     /// Snapshot age without a registry connection after which `/readyz` fails, in seconds.
     #[arg(long, env = "AGENT_REACH_MAX_STALENESS_S", default_value_t = 60)]
     pub max_staleness_s: u64,

@@ -212,6 +212,9 @@ pub async fn run_with_plugins(
     plugins: Plugins,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    if args.transparent_huge_pages == Switch::Off {
+        transparent_huge_pages_off();
+    }
     let mut settings = args
         .validate()
         .map_err(|problems| anyhow::anyhow!("invalid router configuration:\n  - {}", problems.join("\n  - ")))?;
@@ -222,6 +225,26 @@ pub async fn run_with_plugins(
         message = "Router listening.", address = %settings.listen, registry = ?settings.registry, threads
     );
     serve_per_core(settings.listen, threads, router, shutdown).await
+}
+
+/// Turns transparent huge pages off for this process (Linux; elsewhere
+/// nothing): `--transparent-huge-pages off`. Later page faults then fill
+/// 4-KiB pages, not 2-MB ones, whatever the allocator asked with
+/// `madvise`. A failure leaves them as the system has them; it is
+/// reported, not fatal.
+fn transparent_huge_pages_off() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no
+        // memory of ours; it sets a flag of this process.
+        let result = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if result != 0 {
+            tracing::warn!(
+                message = "Cannot turn transparent huge pages off for the router; they stay as the system has them.",
+                error = %std::io::Error::last_os_error()
+            );
+        }
+    }
 }
 
 /// Serves on `threads` threads (0: one per core), each a single-threaded
@@ -251,4 +274,36 @@ pub async fn serve(
         .serve(listener, shutdown)
         .await
         .context("router server failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        router: RouterArgs,
+    }
+
+    #[test]
+    fn transparent_huge_pages_are_off_unless_asked_for() {
+        let flags = |extra: &[&str]| {
+            Flags::parse_from([&["router"], extra].concat())
+                .router
+                .transparent_huge_pages
+        };
+        assert_eq!(flags(&[]), Switch::Off);
+        assert_eq!(flags(&["--transparent-huge-pages", "on"]), Switch::On);
+        assert!(Flags::try_parse_from(["router", "--transparent-huge-pages", "maybe"]).is_err());
+        transparent_huge_pages_off();
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: PR_GET_THP_DISABLE takes plain integers and reads a flag of this process.
+            let disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+            assert_eq!(disabled, 1);
+        }
+    }
 }

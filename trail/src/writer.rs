@@ -418,7 +418,7 @@ impl Writer {
                 message = "Trail records were dropped: the trail's buffers were full (Redis down or slower than the calls).",
                 dropped = dropped - told, router = %self.chain.router()
             );
-            self.dropped_told = (dropped, Some(std::time::Instant::now()));
+            self.dropped_told = (dropped, Some(Instant::now()));
         }
     }
 
