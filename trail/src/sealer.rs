@@ -5,9 +5,11 @@
 //! thread scheduled `SCHED_IDLE` on Linux: it runs only on CPU nothing else
 //! wants, so the trail takes a router's spare cycles and not its calls'. On
 //! `router-bench --trail` (2 cores shared by the router, the agents, wrk and
-//! Redis) sealing on the runtime's threads cost the router ~11 % of its
-//! req/s at 32 connections; at idle priority ~2 % (at `SCHED_BATCH`, which
-//! span export uses, ~10 %: the trail's CPU still came out of the calls').
+//! Redis) the trail cost the router ~11 % of its req/s at 32 connections
+//! with sealing on the runtime's threads, ~4-6 % with sealing here (the
+//! store's writes stay on the runtime); sealing on a `SCHED_BATCH` thread,
+//! as span export does, changed nothing: the trail's CPU still came out of
+//! the calls' (docs/benchmarks.md).
 //! When the calls keep every core busy an idle thread gets no CPU: a job it
 //! has not started within half a second is sealed by the writer itself, at
 //! the calls' priority, and so are the next ten seconds' (the writer says
