@@ -619,6 +619,44 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_are_written_while_the_idle_thread_is_starved() {
+        // Keep the idle-priority thread busy, as calls on every core would.
+        let (started, running) = tokio::sync::oneshot::channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::spawn(crate::sealer::preferably_idle(
+            (),
+            move |_: &mut ()| {
+                let _ = started.send(());
+                released.recv().ok()
+            },
+            Duration::from_secs(60),
+        ));
+        running.await.unwrap();
+        let (store, metrics, recorder) = start(TrailSettings {
+            flush_every: Duration::from_millis(20),
+            ..TrailSettings::default()
+        });
+        for n in 0..3 {
+            recorder.offer(entry(&format!("r-{n}")));
+        }
+        // The writer seals them itself once its patience is out.
+        until(|| metrics.written.get() == 3).await;
+        recorder.offer(entry("r-3"));
+        until(|| metrics.written.get() == 4).await;
+        assert_eq!(metrics.dropped.get(), 0);
+        let seqs: Vec<u64> = store
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
+            .collect();
+        assert_eq!(seqs, [1, 2, 3, 4]);
+        release.send(()).unwrap();
+        busy.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_buffer_drops_and_counts_and_nothing_sealed_is_lost() {
         let (store, metrics, recorder) = start(TrailSettings {
             buffer: 8,
