@@ -141,14 +141,14 @@ struct Record {
     started_ms: u64,
     tried: Tried,
     /// The trail's entry, begun when the stream opened, and where it goes.
-    trail: Option<(Arc<TrailHook>, Entry)>,
+    trail: Option<(Arc<TrailHook>, Entry<'static>)>,
 }
 
 impl Record {
     fn of(service: &RouterService, call: Call, tried: Tried) -> Self {
         let trail = service.trail().map(|hook| {
             let payloads = service.admission().records_payloads(&call.checked.request.capability);
-            (hook.clone(), hook.begin(&call, payloads))
+            (hook.clone(), hook.begin(&call, payloads).into_owned())
         });
         Self {
             trail,

@@ -4,6 +4,7 @@
 //! buffer, never a wait). Inputs and outputs go in only for the capabilities `acl.yaml`
 //! names under `trail.payloads`, with credential fields redacted.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use agent_reach_access::credentials::CredentialFields;
@@ -28,24 +29,29 @@ impl TrailHook {
     }
 
     /// The entry of `call` as it began: ids, caller, door, capability and,
-    /// when `payloads`, its input. The end is filled in by [`finish`].
-    pub(crate) fn begin(&self, call: &Call, payloads: bool) -> Entry {
+    /// when `payloads`, its input, borrowed from the call where they can be.
+    /// The end is filled in by [`finish`].
+    pub(crate) fn begin<'a>(&self, call: &'a Call, payloads: bool) -> Entry<'a> {
         let request = &call.checked.request;
         Entry {
             at_ms: call.received.epoch_ms,
-            request_id: call.request_id().to_string(),
-            trace_id: call.trace.trace_id.to_string(),
-            session_id: request.session_id.clone(),
-            context_id: request.context_id.clone(),
+            request_id: Cow::Borrowed(call.request_id()),
+            trace_id: Cow::Owned(call.trace.trace_id.to_string()),
+            session_id: request.session_id.as_deref().map(Cow::Borrowed),
+            context_id: request.context_id.as_deref().map(Cow::Borrowed),
             // A workflow step's call names its run (the worker sets it from the task).
-            run_id: call.checked.run_id.clone(),
-            task_id: call.checked.task_id.clone(),
-            parent_request_id: call.upstream.as_ref().and_then(|upstream| upstream.request_id.clone()),
-            replay_of: request.replay_of.clone(),
-            caller: call.caller.name().unwrap_or("").to_string(),
+            run_id: call.checked.run_id.as_deref().map(Cow::Borrowed),
+            task_id: call.checked.task_id.as_deref().map(Cow::Borrowed),
+            parent_request_id: call
+                .upstream
+                .as_ref()
+                .and_then(|upstream| upstream.request_id.as_deref())
+                .map(Cow::Borrowed),
+            replay_of: request.replay_of.as_deref().map(Cow::Borrowed),
+            caller: Cow::Borrowed(call.caller.name().unwrap_or("")),
             chain: call.chain.get().map(|names| serde_json::json!(names)),
             door: call.door,
-            capability: request.capability.clone(),
+            capability: Cow::Borrowed(&request.capability),
             capability_version: None,
             agent_id: None,
             agent: None,
@@ -68,13 +74,13 @@ pub(crate) struct Ending<'a> {
 }
 
 /// Completes `entry` with how the call ended and its attempts.
-pub(crate) fn finish(hook: &TrailHook, mut entry: Entry, ending: &Ending<'_>, tried: &Tried) -> Entry {
+pub(crate) fn finish<'a>(hook: &TrailHook, mut entry: Entry<'a>, ending: &Ending<'a>, tried: &'a Tried) -> Entry<'a> {
     if let Some(last) = tried.last() {
-        entry.agent_id = Some(last.instance.agent_id.clone());
-        entry.agent = Some(last.instance.name.clone());
+        entry.agent_id = Some(Cow::Borrowed(&last.instance.agent_id));
+        entry.agent = Some(Cow::Borrowed(&last.instance.name));
     }
     entry.attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
-    entry.capability_version = ending.version.map(str::to_string);
+    entry.capability_version = ending.version.map(Cow::Borrowed);
     entry.duration_ms = ending.duration_us as f64 / 1000.0;
     match (ending.error, ending.success) {
         (Some(error), _) => {

@@ -177,7 +177,7 @@ mod tests {
 
     fn batch(chain: &mut Chain, records: usize) -> Batch {
         let entries = (0..records).map(|index| Entry {
-            request_id: format!("req-{index}"),
+            request_id: format!("req-{index}").into(),
             ..Entry::default()
         });
         chain.seal(entries, 1_700_000_000_000, &FixedSigner).unwrap()

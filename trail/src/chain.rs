@@ -193,10 +193,10 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn entry(request_id: &str) -> Entry {
+    pub(crate) fn entry(request_id: &str) -> Entry<'static> {
         Entry {
             at_ms: 1_700_000_000_000,
-            request_id: request_id.into(),
+            request_id: request_id.to_string().into(),
             trace_id: "t".into(),
             caller: "caller".into(),
             door: "invoke",

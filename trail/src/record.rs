@@ -8,6 +8,8 @@
 //! the hash of the record before it in the same chain: changing, removing
 //! or reordering a record breaks a link.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::Digest as _;
@@ -15,34 +17,36 @@ use sha2::Digest as _;
 /// The `prev_hash` of a chain's first record.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// One finished call as the pipeline hands it over: owned, so the request
-/// path copies a handful of strings and nothing waits on the trail.
+/// One finished call as the pipeline hands it over. Its strings are
+/// borrowed from the call where the call is recorded at once (rendered on
+/// the offering thread, [`Rendered::of`]: no copy of each), owned where the
+/// entry waits for the call's end ([`Entry::into_owned`], a stream's).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Entry {
+pub struct Entry<'a> {
     /// When the call arrived (epoch ms).
     pub at_ms: u64,
-    pub request_id: String,
-    pub trace_id: String,
-    pub session_id: Option<String>,
-    pub context_id: Option<String>,
-    pub run_id: Option<String>,
-    pub task_id: Option<String>,
+    pub request_id: Cow<'a, str>,
+    pub trace_id: Cow<'a, str>,
+    pub session_id: Option<Cow<'a, str>>,
+    pub context_id: Option<Cow<'a, str>>,
+    pub run_id: Option<Cow<'a, str>>,
+    pub task_id: Option<Cow<'a, str>>,
     /// The request this call was made while serving (an agent calling
     /// onwards), when the router knows it.
-    pub parent_request_id: Option<String>,
+    pub parent_request_id: Option<Cow<'a, str>>,
     /// A replayed call: the request id it replays.
-    pub replay_of: Option<String>,
+    pub replay_of: Option<Cow<'a, str>>,
     /// The verified caller (empty without authentication).
-    pub caller: String,
+    pub caller: Cow<'a, str>,
     /// The delegation chain, outermost first (RFC 8693 `act`), when known.
     pub chain: Option<Value>,
     /// Which door: `invoke`, `stream`, `broadcast`, `delivery`, `a2a`, `mcp`.
     pub door: &'static str,
-    pub capability: String,
-    pub capability_version: Option<String>,
+    pub capability: Cow<'a, str>,
+    pub capability_version: Option<Cow<'a, str>>,
     /// The instance of the last attempt, and its agent name.
-    pub agent_id: Option<String>,
-    pub agent: Option<String>,
+    pub agent_id: Option<Cow<'a, str>>,
+    pub agent: Option<Cow<'a, str>>,
     pub attempts: u32,
     pub duration_ms: f64,
     /// `succeeded`, `failed` or `accepted` (answered 202, its result later).
@@ -52,6 +56,37 @@ pub struct Entry {
     /// Recorded only where the policy allows it, credential fields redacted.
     pub input: Option<Value>,
     pub output: Option<Value>,
+}
+
+impl Entry<'_> {
+    /// The entry with its strings copied, to outlive what it borrowed.
+    pub fn into_owned(self) -> Entry<'static> {
+        let owned = |text: Cow<'_, str>| Cow::Owned(text.into_owned());
+        Entry {
+            at_ms: self.at_ms,
+            request_id: owned(self.request_id),
+            trace_id: owned(self.trace_id),
+            session_id: self.session_id.map(owned),
+            context_id: self.context_id.map(owned),
+            run_id: self.run_id.map(owned),
+            task_id: self.task_id.map(owned),
+            parent_request_id: self.parent_request_id.map(owned),
+            replay_of: self.replay_of.map(owned),
+            caller: owned(self.caller),
+            chain: self.chain,
+            door: self.door,
+            capability: owned(self.capability),
+            capability_version: self.capability_version.map(owned),
+            agent_id: self.agent_id.map(owned),
+            agent: self.agent.map(owned),
+            attempts: self.attempts,
+            duration_ms: self.duration_ms,
+            status: self.status,
+            code: self.code,
+            input: self.input,
+            output: self.output,
+        }
+    }
 }
 
 /// An entry as it waits for its segment: its body's own members written out
@@ -76,7 +111,7 @@ pub struct Rendered {
 impl Rendered {
     /// `entry`'s members, written as serde_json writes the body (fields in
     /// [`Body`]'s order; a test holds the two byte for byte).
-    pub fn of(entry: Entry) -> Self {
+    pub fn of(entry: Entry<'_>) -> Self {
         let mut text = String::with_capacity(384 + entry.request_id.len());
         let mut json = Writer {
             out: &mut text,
@@ -110,9 +145,9 @@ impl Rendered {
             at_ms: entry.at_ms,
             text,
             members,
-            input_of: entry.input.is_some().then_some(entry.capability),
-            session_id: entry.session_id,
-            run_id: entry.run_id,
+            input_of: entry.input.is_some().then(|| entry.capability.into_owned()),
+            session_id: entry.session_id.map(Cow::into_owned),
+            run_id: entry.run_id.map(Cow::into_owned),
         }
     }
 
@@ -153,8 +188,8 @@ impl Rendered {
     }
 }
 
-impl From<Entry> for Rendered {
-    fn from(entry: Entry) -> Self {
+impl From<Entry<'_>> for Rendered {
+    fn from(entry: Entry<'_>) -> Self {
         Self::of(entry)
     }
 }
@@ -222,7 +257,7 @@ pub(crate) struct Body<'a> {
 
 #[cfg(test)]
 impl<'a> Body<'a> {
-    pub(crate) fn of(entry: &'a Entry, seq: u64, router: &'a str, tenant: &'a str, prev_hash: &'a str) -> Self {
+    pub(crate) fn of(entry: &'a Entry<'_>, seq: u64, router: &'a str, tenant: &'a str, prev_hash: &'a str) -> Self {
         Self {
             seq,
             at_ms: entry.at_ms,

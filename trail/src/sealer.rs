@@ -1,21 +1,25 @@
-//! Where segments are sealed: the trail's CPU-heavy part (each record's body
-//! and SHA-256, the head's signature).
+//! Where segments are sealed and written: the trail's CPU-heavy part (each
+//! record's body and SHA-256, the head's signature, the store's commands
+//! for the batch).
 //!
-//! By default ([`WriterPriority::Idle`]) sealing runs on one process-wide
+//! By default ([`WriterPriority::Idle`]) that runs on one process-wide
 //! thread scheduled `SCHED_IDLE` on Linux: it runs only on CPU nothing else
-//! wants, so the trail takes a router's spare cycles and not its calls'. On
-//! `router-bench --trail` (2 cores shared by the router, the agents, wrk and
-//! Redis) the trail cost the router ~11 % of its req/s at 32 connections
-//! with sealing on the runtime's threads, ~4-6 % with sealing here (the
-//! store's writes stay on the runtime); sealing on a `SCHED_BATCH` thread,
-//! as span export does, changed nothing: the trail's CPU still came out of
-//! the calls' (docs/benchmarks.md).
+//! wants, so the trail takes a router's spare cycles and not its calls'. A
+//! job is a future polled there within its caller's runtime (its I/O and
+//! what it spawns stay the runtime's: the store's connections are never
+//! driven by this thread). On `router-bench --trail` (2 cores shared by the
+//! router, the agents, wrk and Redis) the trail cost the router ~11 % of
+//! its req/s at 32 connections with sealing on the runtime's threads, ~4-6 %
+//! with sealing here; sealing on a `SCHED_BATCH` thread, as span export
+//! does, changed nothing: the trail's CPU still came out of the calls'
+//! (docs/benchmarks.md).
 //! When the calls keep every core busy an idle thread gets no CPU: a job it
-//! has not started within half a second is sealed by the writer itself, at
-//! the calls' priority, and so are the next ten seconds' (the writer says
-//! so in the log), so a saturated router pays the trail's CPU rather than
-//! drop its records. [`WriterPriority::Normal`]
-//! (`--trail-writer-priority normal`) always seals at the calls' priority.
+//! has not started within half a second, and a batch it fell behind on
+//! (more than a quarter of the buffer waiting), is run by the writer itself
+//! at the calls' priority (counted, and said in the log), so a saturated
+//! router pays the trail's CPU rather than drop its records.
+//! [`WriterPriority::Normal`] (`--trail-writer-priority normal`) always
+//! runs it at the calls' priority.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
@@ -94,30 +98,32 @@ pub(crate) enum Ran {
     Here,
 }
 
-/// Runs `work` on `state` on the idle-priority thread (one job at a time)
+/// Runs the future `work` makes on the idle-priority thread (one job at a
+/// time), within the caller's runtime (what it spawns, its I/O and its
+/// timers are the runtime's: only its own polling is on the idle thread),
 /// and waits for it; when the thread has not started it within `patience`
-/// (the cores busy with calls: an idle thread gets no CPU then), or there is
-/// no such thread, runs it here instead. A job the thread has started is
-/// waited for, however long it takes. `None` when the job panicked (its
-/// state is lost with it).
-pub(crate) async fn preferably_idle<S, T, W>(state: S, work: W, patience: std::time::Duration) -> Option<(S, T, Ran)>
+/// (the cores busy with calls: an idle thread gets no CPU then), or there
+/// is no such thread, runs it here instead. A job the thread has started is
+/// waited for, however long it takes. `None` when the job panicked.
+pub(crate) async fn preferably_idle<T, W, F>(work: W, patience: std::time::Duration) -> Option<(T, Ran)>
 where
-    S: Send + 'static,
+    W: FnOnce() -> F + Send + 'static,
+    F: std::future::Future<Output = T> + Send,
     T: Send + 'static,
-    W: FnOnce(&mut S) -> T + Send + 'static,
 {
     // Whoever takes the job out of the slot runs it: the idle thread, or
     // the caller once its patience is out.
-    let slot = Arc::new(Mutex::new(Some((state, work))));
+    let slot = Arc::new(Mutex::new(Some(work)));
     let (answer, mut answered) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Handle::current();
     let queued = {
         let slot = slot.clone();
         move || {
-            let taken = take(&slot);
-            if let Some((mut state, work)) = taken {
-                let out = work(&mut state);
+            if let Some(work) = take(&slot) {
+                // This thread is in no runtime: blocking on the caller's is allowed.
+                let out = runtime.block_on(work());
                 // The caller may have gone (its runtime stopping): nobody to answer.
-                let _ = answer.send((state, out));
+                let _ = answer.send(out);
             }
         }
     };
@@ -126,16 +132,13 @@ where
     let sent = idle_thread().is_some_and(|thread| thread.send(Box::new(queued)).is_ok());
     if sent {
         if let Ok(answer) = tokio::time::timeout(patience, &mut answered).await {
-            return answer.ok().map(|(state, out)| (state, out, Ran::Idle));
+            return answer.ok().map(|out| (out, Ran::Idle));
         }
     }
     let taken = take(&slot);
     match taken {
-        Some((mut state, work)) => {
-            let out = work(&mut state);
-            Some((state, out, Ran::Here))
-        }
-        None => answered.await.ok().map(|(state, out)| (state, out, Ran::Idle)),
+        Some(work) => Some((work().await, Ran::Here)),
+        None => answered.await.ok().map(|out| (out, Ran::Idle)),
     }
 }
 
@@ -162,40 +165,41 @@ mod tests {
 
     #[tokio::test]
     async fn jobs_run_on_the_idle_priority_thread_and_answer_their_callers() {
-        let ((), name, ran) = preferably_idle(
-            (),
-            |_: &mut ()| std::thread::current().name().map(str::to_string),
+        let (name, ran) = preferably_idle(|| async { std::thread::current().name().map(str::to_string) }, PATIENT)
+            .await
+            .unwrap();
+        assert_eq!((name.as_deref(), ran), (Some("trail-sealer"), Ran::Idle));
+        #[cfg(target_os = "linux")]
+        assert_eq!(
+            preferably_idle(|| async { policy_of_this_thread() }, PATIENT)
+                .await
+                .unwrap()
+                .0,
+            libc::SCHED_IDLE
+        );
+        // Many callers at once: each job runs once, and its answer reaches
+        // its caller.
+        let answers: Vec<_> = (0..20_u32)
+            .map(|n| tokio::spawn(preferably_idle(move || async move { n * 2 }, PATIENT)))
+            .collect();
+        for (n, answer) in (0..20_u32).zip(answers) {
+            assert_eq!(answer.await.unwrap().unwrap().0, n * 2);
+        }
+        // A job awaits within its caller's runtime: its timers and what it
+        // spawns are the runtime's.
+        let (spawned, ran) = preferably_idle(
+            || async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::spawn(async { std::thread::current().name().map(str::to_string) })
+                    .await
+                    .unwrap()
+            },
             PATIENT,
         )
         .await
         .unwrap();
-        assert_eq!((name.as_deref(), ran), (Some("trail-sealer"), Ran::Idle));
-        #[cfg(target_os = "linux")]
-        assert_eq!(
-            preferably_idle((), |_: &mut ()| policy_of_this_thread(), PATIENT)
-                .await
-                .unwrap()
-                .1,
-            libc::SCHED_IDLE
-        );
-        // Many callers at once: each job runs once, on its own state, and
-        // its answer reaches its caller.
-        let answers: Vec<_> = (0..20_u32)
-            .map(|n| {
-                tokio::spawn(preferably_idle(
-                    n,
-                    |n: &mut u32| {
-                        *n += 1;
-                        *n * 2
-                    },
-                    PATIENT,
-                ))
-            })
-            .collect();
-        for (n, answer) in (0..20_u32).zip(answers) {
-            let (state, out, _) = answer.await.unwrap().unwrap();
-            assert_eq!((state, out), (n + 1, (n + 1) * 2));
-        }
+        assert_eq!(ran, Ran::Idle);
+        assert_ne!(spawned.as_deref(), Some("trail-sealer"));
     }
 
     #[tokio::test]
@@ -204,31 +208,29 @@ mod tests {
         let (started, running) = tokio::sync::oneshot::channel::<()>();
         let (release, released) = mpsc::channel::<()>();
         let busy = tokio::spawn(preferably_idle(
-            (),
-            move |_: &mut ()| {
+            move || async move {
                 let _ = started.send(());
                 released.recv().ok()
             },
             PATIENT,
         ));
         running.await.unwrap();
-        let (state, thread, ran) = preferably_idle(
-            7_u32,
-            |_: &mut u32| std::thread::current().name().map(str::to_string),
+        let (thread, ran) = preferably_idle(
+            || async { std::thread::current().name().map(str::to_string) },
             Duration::from_millis(50),
         )
         .await
         .unwrap();
-        assert_eq!((state, ran), (7, Ran::Here));
+        assert_eq!(ran, Ran::Here);
         assert_ne!(thread.as_deref(), Some("trail-sealer"));
         release.send(()).unwrap();
-        assert_eq!(busy.await.unwrap().unwrap().2, Ran::Idle);
+        assert_eq!(busy.await.unwrap().unwrap().1, Ran::Idle);
     }
 
     #[tokio::test]
     async fn a_panicking_job_answers_none_and_the_thread_goes_on() {
-        let panicked: Option<((), (), Ran)> = preferably_idle((), |_: &mut ()| panic!("on purpose"), PATIENT).await;
+        let panicked: Option<((), Ran)> = preferably_idle(|| async { panic!("on purpose") }, PATIENT).await;
         assert_eq!(panicked, None);
-        assert_eq!(preferably_idle(2, |n: &mut i32| *n + 2, PATIENT).await.unwrap().1, 4);
+        assert_eq!(preferably_idle(|| async { 2 + 2 }, PATIENT).await.unwrap().0, 4);
     }
 }

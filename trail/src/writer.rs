@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use tokio::sync::Notify;
 
 use crate::chain::{Batch, Chain, HeadClaims, HeadSigner, StoredHead};
@@ -111,6 +112,9 @@ pub struct TrailMetrics {
     pub otlp_exported: prometheus::IntCounter,
     /// Records whose OTLP export failed or was skipped (kept in the store all the same).
     pub otlp_failures: prometheus::IntCounter,
+    /// Segments sealed at the calls' priority because the idle-priority
+    /// sealing thread was starved (`--trail-writer-priority idle`).
+    pub sealed_starved: prometheus::IntCounter,
 }
 
 impl TrailMetrics {
@@ -138,6 +142,10 @@ impl TrailMetrics {
             otlp_failures: counter(
                 "agent_reach_trail_otlp_failures_total",
                 "Trail records not exported as OTLP logs: the collector failed or was slower than the trail (the records are in the store all the same).",
+            )?,
+            sealed_starved: counter(
+                "agent_reach_trail_sealed_starved_total",
+                "Trail segments sealed at the calls' priority because the idle-priority sealing thread got no CPU (the calls kept every core busy).",
             )?,
         })
     }
@@ -242,7 +250,6 @@ impl Recorder {
             settings,
             metrics: metrics.clone(),
             dropped_told: (0, None),
-            starved_until: None,
             starved_told: None,
         };
         tokio::spawn(writer.run(shared.clone()));
@@ -252,7 +259,7 @@ impl Recorder {
     /// Hands `entry` to the writer, or counts it dropped when its buffer is
     /// full. Its members are written here ([`Rendered`]), on the offering
     /// thread, and not by the writer.
-    pub fn offer(&self, entry: Entry) {
+    pub fn offer(&self, entry: Entry<'_>) {
         let shared = &*self.shared;
         let buffer = &shared.buffers[buffer_of_this_thread(shared.buffers.len())];
         // A full buffer (the store down or behind) drops the record before
@@ -312,8 +319,6 @@ struct Writer {
     metrics: TrailMetrics,
     /// The dropped counter when the writer last said so, and when.
     dropped_told: (u64, Option<Instant>),
-    /// Sealing at the calls' priority until then: the idle thread was starved.
-    starved_until: Option<Instant>,
     /// When the writer last said the idle thread was starved.
     starved_told: Option<Instant>,
 }
@@ -321,11 +326,17 @@ struct Writer {
 /// How often at most the writer says records were dropped, or sealing starved.
 const TOLD_EVERY: Duration = Duration::from_secs(60);
 
-/// How long a sealing job may wait for the idle-priority thread to start
-/// it (a batch is 1-2 ms of CPU; a thread that gets none in this long is
-/// starved), and how long sealing then stays at the calls' priority.
+/// How long a job may wait for the idle-priority thread to start it (a
+/// batch is a few ms of CPU; a thread that gets none in this long is
+/// starved): then the writer runs it itself.
 const STARVED_AFTER: Duration = Duration::from_millis(500);
-const STARVED_FOR: Duration = Duration::from_secs(10);
+
+/// A batch of more than this share of the buffer (1/4) is sealed at the
+/// calls' priority: the records waited that long because the idle thread
+/// fell behind (each batch is otherwise what `flush_every`, 100 ms, or a
+/// segment's worth brought), and sealing it there too would leave the
+/// next one closer to a full buffer.
+const BEHIND_SHARE: usize = 4;
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -360,53 +371,81 @@ impl Writer {
             }
             shared.drain_into(&mut entries);
             self.tell_drops();
-            for batch in self.seal(&mut entries).await {
-                self.write(&batch, &shared).await;
+            if let Some((error, unwritten)) = self.seal_and_write(&mut entries).await {
+                let mut failed = Some(error);
+                for batch in unwritten {
+                    let first = match failed.take() {
+                        Some(error) => Err(error),
+                        None => write_once(&*self.store, &batch, self.settings.retention, &self.metrics).await,
+                    };
+                    self.write(&batch, &shared, first).await;
+                }
             }
         }
     }
 
-    /// Seals `entries` (emptying it) as segments, where the priority says:
-    /// at idle priority unless that thread is starved (then at the calls'
-    /// priority for a while: a router whose calls keep every core busy pays
-    /// the trail's CPU rather than drop its records).
-    async fn seal(&mut self, entries: &mut Vec<Rendered>) -> Vec<Batch> {
+    /// Seals `entries` (emptying it) as segments and writes them once each,
+    /// in order, where the priority says: at idle priority unless that
+    /// thread is starved or behind (then at the calls' priority: a router
+    /// whose calls keep every core busy pays the trail's CPU rather than
+    /// drop its records). The idle thread prepares and sends the store's
+    /// commands too; their I/O is the runtime's. What a write failed on
+    /// (its error, that segment and those after it) is the caller's to retry.
+    async fn seal_and_write(&mut self, entries: &mut Vec<Rendered>) -> Unwritten {
         let limits = (self.settings.batch, self.settings.segment_bytes);
-        let signer = self.signer.clone();
-        let dropped = self.metrics.dropped.clone();
-        let starved = self.starved_until.is_some_and(|until| Instant::now() < until);
-        if self.settings.priority == WriterPriority::Normal || starved {
-            return seal_segments(&mut self.chain, entries, limits, &*signer, &dropped);
-        }
+        let (signer, store, metrics) = (self.signer.clone(), self.store.clone(), self.metrics.clone());
+        let retention = self.settings.retention;
         // The chain goes with its records and comes back advanced; a job
         // that is lost leaves it as it was, as if they had never been offered.
-        let started = Instant::now();
-        let count = entries.len() as u64;
         let state = (self.chain.clone(), std::mem::take(entries));
-        let sealed = preferably_idle(
-            state,
-            move |(chain, taken): &mut (Chain, Vec<Rendered>)| seal_segments(chain, taken, limits, &*signer, &dropped),
-            STARVED_AFTER,
-        )
-        .await;
-        let Some(((chain, taken), batches, ran)) = sealed else {
+        let count = state.1.len() as u64;
+        let job = move || async move {
+            let (mut chain, mut taken) = state;
+            let batches = seal_segments(&mut chain, &mut taken, limits, &*signer, &metrics.dropped);
+            let sealed = batches.len() as u64;
+            let mut batches = batches.into_iter();
+            let mut unwritten = None;
+            while let Some(batch) = batches.next() {
+                if let Err(error) = write_once(&*store, &batch, retention, &metrics).await {
+                    unwritten = Some((error, std::iter::once(batch).chain(batches).collect()));
+                    break;
+                }
+            }
+            (chain, taken, sealed, unwritten)
+        };
+        let idle = self.settings.priority == WriterPriority::Idle;
+        if !idle || count as usize > self.settings.buffer / BEHIND_SHARE {
+            let (chain, taken, sealed, unwritten) = job().await;
+            (self.chain, *entries) = (chain, taken);
+            if idle {
+                self.starved(sealed, count);
+            }
+            return unwritten;
+        }
+        let Some(((chain, taken, sealed, unwritten), ran)) = preferably_idle(job, STARVED_AFTER).await else {
             self.metrics.dropped.inc_by(count);
-            return Vec::new();
+            return None;
         };
         self.chain = chain;
         // Empty, its capacity kept for the next batch.
         *entries = taken;
-        if ran == Ran::Here || started.elapsed() > STARVED_AFTER {
-            self.starved_until = Some(Instant::now() + STARVED_FOR);
-            if self.starved_told.is_none_or(|at| at.elapsed() >= TOLD_EVERY) {
-                tracing::info!(
-                    message = "The trail's idle-priority sealing gets no CPU (calls keep every core busy); sealing at the calls' priority for a while.",
-                    router = %self.chain.router(), for_s = STARVED_FOR.as_secs()
-                );
-                self.starved_told = Some(Instant::now());
-            }
+        if ran == Ran::Here {
+            self.starved(sealed, count);
         }
-        batches
+        unwritten
+    }
+
+    /// Counts `segments` sealed at the calls' priority, the idle thread
+    /// starved or behind, and says so (once a minute at most).
+    fn starved(&mut self, segments: u64, records: u64) {
+        self.metrics.sealed_starved.inc_by(segments);
+        if self.starved_told.is_none_or(|at| at.elapsed() >= TOLD_EVERY) {
+            tracing::info!(
+                message = "The trail's idle-priority sealing gets too little CPU (calls keep every core busy); this batch is sealed at the calls' priority.",
+                router = %self.chain.router(), records
+            );
+            self.starved_told = Some(Instant::now());
+        }
     }
 
     /// Warns (once a minute at most) when records were dropped since it last did.
@@ -422,26 +461,20 @@ impl Writer {
         }
     }
 
-    /// Writes `batch`, again and again until it is written (or nobody can offer more).
-    async fn write(&self, batch: &Batch, shared: &Shared) {
+    /// Writes `batch`, whose last write came out as `result`, again and
+    /// again until it is written (or nobody can offer more).
+    async fn write(&self, batch: &Batch, shared: &Shared, mut result: Result<(), String>) {
         let mut wait = RETRY_MIN;
         let mut failing = false;
         loop {
-            match self.store.append(batch, self.settings.retention).await {
+            match result {
                 Ok(()) => {
-                    self.metrics.written.inc_by(batch.records.len() as u64);
-                    self.metrics.segments.inc();
                     if failing {
                         tracing::info!(message = "Trail writes succeed again.", router = %batch.router);
                     }
-                    tracing::debug!(
-                        message = "Trail segment sealed.", router = %batch.router,
-                        head = %crate::record::hash_of(batch.head.jws.as_bytes()), records = batch.records.len()
-                    );
                     return;
                 }
                 Err(error) => {
-                    self.metrics.write_failures.inc();
                     if !failing {
                         tracing::warn!(
                             message = "Cannot write the trail; retrying (calls go on, records beyond the buffer are dropped).",
@@ -457,8 +490,41 @@ impl Writer {
                     wait = (wait * 2).min(RETRY_MAX);
                 }
             }
+            result = write_once(&*self.store, batch, self.settings.retention, &self.metrics).await;
         }
     }
+}
+
+/// A write that failed: its error, and the segments from the one it failed
+/// on (in order: a segment written after one that is not would be refused by
+/// its stream id once that one is).
+type Unwritten = Option<(String, Vec<Batch>)>;
+
+/// Writes `batch` once, counting it written or its failure. A store that
+/// panics has failed this write like any other: the chain, advanced past
+/// segments already written, must not be lost with it.
+async fn write_once(
+    store: &dyn TrailStore,
+    batch: &Batch,
+    retention: Duration,
+    metrics: &TrailMetrics,
+) -> Result<(), String> {
+    let written = std::panic::AssertUnwindSafe(store.append(batch, retention))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err("the store panicked while writing".to_string()));
+    match &written {
+        Ok(()) => {
+            metrics.written.inc_by(batch.records.len() as u64);
+            metrics.segments.inc();
+            tracing::debug!(
+                message = "Trail segment sealed.", router = %batch.router,
+                head = %crate::record::hash_of(batch.head.jws.as_bytes()), records = batch.records.len()
+            );
+        }
+        Err(_) => metrics.write_failures.inc(),
+    }
+    written
 }
 
 /// Seals `entries` (emptying it) as the next segments of `chain`, each at
@@ -512,16 +578,21 @@ mod tests {
     use super::*;
     use crate::chain::tests::{entry, TestSigner};
 
-    /// Keeps what it is given; refuses while `down`.
+    /// Keeps what it is given; refuses while `down`; panics once when told to.
     #[derive(Default)]
     struct Kept {
         batches: Mutex<Vec<Batch>>,
         down: AtomicBool,
+        panic_once: AtomicBool,
     }
 
     #[async_trait]
     impl TrailStore for Kept {
         async fn append(&self, batch: &Batch, _retention: Duration) -> Result<(), String> {
+            assert!(
+                !self.panic_once.swap(false, Ordering::SeqCst),
+                "the store panics, on purpose"
+            );
             if self.down.load(Ordering::SeqCst) {
                 return Err("down".into());
             }
@@ -624,8 +695,7 @@ mod tests {
         let (started, running) = tokio::sync::oneshot::channel::<()>();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let busy = tokio::spawn(crate::sealer::preferably_idle(
-            (),
-            move |_: &mut ()| {
+            move || async move {
                 let _ = started.send(());
                 released.recv().ok()
             },
@@ -654,6 +724,65 @@ mod tests {
         assert_eq!(seqs, [1, 2, 3, 4]);
         release.send(()).unwrap();
         busy.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_the_idle_thread_fell_behind_on_is_sealed_at_the_calls_priority() {
+        // Records wait for the recorder's end (not due for an hour); the
+        // writer then takes them as one batch. A quarter of this buffer is 16.
+        let settings = TrailSettings {
+            buffer: 64,
+            flush_every: Duration::from_secs(3600),
+            ..TrailSettings::default()
+        };
+        for (threads, behind) in [(1, false), (8, true)] {
+            let (store, metrics, recorder) = start(settings);
+            let offering: Vec<_> = (0..threads)
+                .map(|thread| {
+                    let recorder = recorder.clone();
+                    std::thread::spawn(move || {
+                        for n in 0..3 {
+                            recorder.offer(entry(&format!("{thread}-{n}")));
+                        }
+                    })
+                })
+                .collect();
+            for thread in offering {
+                thread.join().unwrap();
+            }
+            drop(recorder);
+            until(|| metrics.written.get() + metrics.dropped.get() == 3 * threads).await;
+            assert_eq!(metrics.dropped.get(), 0);
+            assert_eq!(store.batches.lock().unwrap().len(), 1);
+            assert_eq!(metrics.sealed_starved.get() == 1, behind, "{threads} threads");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_that_panics_fails_that_write_and_the_chain_goes_on() {
+        for priority in [WriterPriority::Idle, WriterPriority::Normal] {
+            let (store, metrics, recorder) = start(TrailSettings {
+                flush_every: Duration::from_millis(5),
+                priority,
+                ..TrailSettings::default()
+            });
+            recorder.offer(entry("a"));
+            until(|| metrics.written.get() == 1).await;
+            store.panic_once.store(true, Ordering::SeqCst);
+            recorder.offer(entry("b"));
+            until(|| metrics.written.get() == 2).await;
+            recorder.offer(entry("c"));
+            until(|| metrics.written.get() == 3).await;
+            assert_eq!(metrics.write_failures.get(), 1, "{priority:?}");
+            let seqs: Vec<u64> = store
+                .batches
+                .lock()
+                .unwrap()
+                .iter()
+                .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
+                .collect();
+            assert_eq!(seqs, [1, 2, 3], "{priority:?}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

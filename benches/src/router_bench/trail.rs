@@ -186,10 +186,11 @@ pub async fn verdict(
             .map_or_else(|| "?".to_string(), |value| format!("{value:.0}"))
     };
     println!(
-        "trail: {} records written, {} dropped, {} segments",
+        "trail: {} records written, {} dropped, {} segments ({} sealed at the calls' priority, the idle thread starved)",
         series("agent_reach_trail_records_total "),
         series("agent_reach_trail_dropped_total "),
-        series("agent_reach_trail_segments_total ")
+        series("agent_reach_trail_segments_total "),
+        series("agent_reach_trail_sealed_starved_total ")
     );
 }
 
