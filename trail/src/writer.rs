@@ -634,6 +634,34 @@ mod tests {
         (store, metrics, recorder)
     }
 
+    /// Offers `each` records from each of `threads` threads of their own, and waits for them.
+    fn offer_from_threads(recorder: &Arc<Recorder>, threads: usize, each: usize) {
+        let offering: Vec<_> = (0..threads)
+            .map(|thread| {
+                let recorder = recorder.clone();
+                std::thread::spawn(move || {
+                    for n in 0..each {
+                        recorder.offer(entry(&format!("{thread}-{n}")));
+                    }
+                })
+            })
+            .collect();
+        for thread in offering {
+            thread.join().unwrap();
+        }
+    }
+
+    /// The seqs of the records `store` was given, in the order written.
+    fn seqs(store: &Kept) -> Vec<u64> {
+        store
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
+            .collect()
+    }
+
     async fn until(what: impl Fn() -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !what() {
@@ -664,27 +692,15 @@ mod tests {
                 priority,
                 ..TrailSettings::default()
             });
-            let threads: Vec<_> = (0..4)
-                .map(|thread| {
-                    let recorder = recorder.clone();
-                    std::thread::spawn(move || {
-                        for n in 0..250 {
-                            recorder.offer(entry(&format!("{thread}-{n}")));
-                        }
-                    })
-                })
-                .collect();
-            for thread in threads {
-                thread.join().unwrap();
-            }
+            offer_from_threads(&recorder, 4, 250);
             until(|| metrics.written.get() == 1000).await;
-            let batches = store.batches.lock().unwrap();
-            let seqs: Vec<u64> = batches
+            assert_eq!(seqs(&store), (1..=1000).collect::<Vec<_>>(), "{priority:?}");
+            assert!(store
+                .batches
+                .lock()
+                .unwrap()
                 .iter()
-                .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
-                .collect();
-            assert_eq!(seqs, (1..=1000).collect::<Vec<_>>(), "{priority:?}");
-            assert!(batches.iter().all(|batch| batch.records.len() <= 64));
+                .all(|batch| batch.records.len() <= 64));
             assert_eq!(metrics.dropped.get(), 0);
         }
     }
@@ -714,14 +730,7 @@ mod tests {
         recorder.offer(entry("r-3"));
         until(|| metrics.written.get() == 4).await;
         assert_eq!(metrics.dropped.get(), 0);
-        let seqs: Vec<u64> = store
-            .batches
-            .lock()
-            .unwrap()
-            .iter()
-            .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
-            .collect();
-        assert_eq!(seqs, [1, 2, 3, 4]);
+        assert_eq!(seqs(&store), [1, 2, 3, 4]);
         release.send(()).unwrap();
         busy.await.unwrap();
     }
@@ -737,21 +746,9 @@ mod tests {
         };
         for (threads, behind) in [(1, false), (8, true)] {
             let (store, metrics, recorder) = start(settings);
-            let offering: Vec<_> = (0..threads)
-                .map(|thread| {
-                    let recorder = recorder.clone();
-                    std::thread::spawn(move || {
-                        for n in 0..3 {
-                            recorder.offer(entry(&format!("{thread}-{n}")));
-                        }
-                    })
-                })
-                .collect();
-            for thread in offering {
-                thread.join().unwrap();
-            }
+            offer_from_threads(&recorder, threads, 3);
             drop(recorder);
-            until(|| metrics.written.get() + metrics.dropped.get() == 3 * threads).await;
+            until(|| metrics.written.get() + metrics.dropped.get() == 3 * threads as u64).await;
             assert_eq!(metrics.dropped.get(), 0);
             assert_eq!(store.batches.lock().unwrap().len(), 1);
             assert_eq!(metrics.sealed_starved.get() == 1, behind, "{threads} threads");
@@ -774,14 +771,7 @@ mod tests {
             recorder.offer(entry("c"));
             until(|| metrics.written.get() == 3).await;
             assert_eq!(metrics.write_failures.get(), 1, "{priority:?}");
-            let seqs: Vec<u64> = store
-                .batches
-                .lock()
-                .unwrap()
-                .iter()
-                .flat_map(|batch| batch.records.iter().map(|sealed| sealed.seq))
-                .collect();
-            assert_eq!(seqs, [1, 2, 3], "{priority:?}");
+            assert_eq!(seqs(&store), [1, 2, 3], "{priority:?}");
         }
     }
 
