@@ -74,10 +74,10 @@ pub struct TaskArgs {
     /// than the calls) records are dropped and counted, and calls never wait.
     #[arg(long, env = "AGENT_REACH_TRAIL_BUFFER", default_value_t = 65_536)]
     pub trail_buffer: usize,
-    /// What CPU sealing the trail's records gets: `idle`, only what the calls
-    /// leave (a SCHED_IDLE thread on Linux; while the calls keep every core
-    /// busy and that thread is starved, the calls' priority); `normal`, the
-    /// calls' own priority always.
+    /// What CPU sealing and writing the trail's records gets: `idle`, only
+    /// what the calls leave (a SCHED_IDLE thread on Linux; the calls'
+    /// priority for a batch that thread has not started within 0.5 s or fell
+    /// behind on); `normal`, the calls' own priority always.
     #[arg(long, env = "AGENT_REACH_TRAIL_WRITER_PRIORITY", value_enum, default_value_t = TrailPriority::Idle)]
     pub trail_writer_priority: TrailPriority,
     /// Also export every written trail record as an OTLP log record to this
@@ -103,7 +103,7 @@ pub enum Switch {
     Off,
 }
 
-/// What CPU the trail's sealing gets (`--trail-writer-priority`).
+/// What CPU sealing and writing the trail's records gets (`--trail-writer-priority`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TrailPriority {
     Idle,

@@ -8,7 +8,7 @@
 //! - [`request_id`]: the request ids the router generates, which say when they were made.
 //! - [`segment`]: a sealed batch as the one text the store keeps.
 //! - [`writer`]: the [`Recorder`] the pipeline offers records to, the writer task, the store trait.
-//! - [`sealer`]: where segments are sealed (an idle-priority thread by default).
+//! - [`sealer`]: where segments are sealed and written (an idle-priority thread by default).
 //! - [`verify`]: checking a chain and naming its first broken link.
 //! - [`tree`]: a collaboration as a tree of hops.
 //! - [`diff`]: what changed between a recorded output and a replayed one.

@@ -24,11 +24,13 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
-/// What CPU the trail's sealing gets (`--trail-writer-priority`).
+/// What CPU sealing and writing the trail's segments gets
+/// (`--trail-writer-priority`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WriterPriority {
-    /// Only CPU nothing else wants (a `SCHED_IDLE` thread on Linux), unless
-    /// that thread is starved (then the calls' priority, for a while).
+    /// Only CPU nothing else wants (a `SCHED_IDLE` thread on Linux), except
+    /// for a batch that thread has not started within 0.5 s or fell behind
+    /// on (then the calls' priority).
     #[default]
     Idle,
     /// The calls' own priority (on the runtime's threads).

@@ -112,8 +112,9 @@ pub struct TrailMetrics {
     pub otlp_exported: prometheus::IntCounter,
     /// Records whose OTLP export failed or was skipped (kept in the store all the same).
     pub otlp_failures: prometheus::IntCounter,
-    /// Segments sealed at the calls' priority because the idle-priority
-    /// sealing thread was starved (`--trail-writer-priority idle`).
+    /// Segments sealed and written at the calls' priority because the
+    /// idle-priority thread had not started their batch in time or fell
+    /// behind (`--trail-writer-priority idle`).
     pub sealed_starved: prometheus::IntCounter,
 }
 
@@ -145,7 +146,7 @@ impl TrailMetrics {
             )?,
             sealed_starved: counter(
                 "agent_reach_trail_sealed_starved_total",
-                "Trail segments sealed at the calls' priority because the idle-priority sealing thread got no CPU (the calls kept every core busy).",
+                "Trail segments sealed and written at the calls' priority because the idle-priority sealing thread had not started their batch within 0.5 s or fell behind (the calls kept every core busy).",
             )?,
         })
     }
@@ -374,11 +375,7 @@ impl Writer {
             if let Some((error, unwritten)) = self.seal_and_write(&mut entries).await {
                 let mut failed = Some(error);
                 for batch in unwritten {
-                    let first = match failed.take() {
-                        Some(error) => Err(error),
-                        None => write_once(&*self.store, &batch, self.settings.retention, &self.metrics).await,
-                    };
-                    self.write(&batch, &shared, first).await;
+                    self.write(&batch, &shared, failed.take()).await;
                 }
             }
         }
@@ -414,22 +411,19 @@ impl Writer {
             (chain, taken, sealed, unwritten)
         };
         let idle = self.settings.priority == WriterPriority::Idle;
-        if !idle || count as usize > self.settings.buffer / BEHIND_SHARE {
-            let (chain, taken, sealed, unwritten) = job().await;
-            (self.chain, *entries) = (chain, taken);
-            if idle {
-                self.starved(sealed, count);
-            }
-            return unwritten;
-        }
-        let Some(((chain, taken, sealed, unwritten), ran)) = preferably_idle(job, STARVED_AFTER).await else {
+        let ran = if !idle || count as usize > self.settings.buffer / BEHIND_SHARE {
+            Some((job().await, Ran::Here))
+        } else {
+            preferably_idle(job, STARVED_AFTER).await
+        };
+        let Some(((chain, taken, sealed, unwritten), ran)) = ran else {
             self.metrics.dropped.inc_by(count);
             return None;
         };
         self.chain = chain;
         // Empty, its capacity kept for the next batch.
         *entries = taken;
-        if ran == Ran::Here {
+        if idle && ran == Ran::Here {
             self.starved(sealed, count);
         }
         unwritten
@@ -461,12 +455,16 @@ impl Writer {
         }
     }
 
-    /// Writes `batch`, whose last write came out as `result`, again and
-    /// again until it is written (or nobody can offer more).
-    async fn write(&self, batch: &Batch, shared: &Shared, mut result: Result<(), String>) {
+    /// Writes `batch` (whose last write failed with `failed`, when it was
+    /// tried), again and again until it is written (or nobody can offer more).
+    async fn write(&self, batch: &Batch, shared: &Shared, mut failed: Option<String>) {
         let mut wait = RETRY_MIN;
         let mut failing = false;
         loop {
+            let result = match failed.take() {
+                Some(error) => Err(error),
+                None => write_once(&*self.store, batch, self.settings.retention, &self.metrics).await,
+            };
             match result {
                 Ok(()) => {
                     if failing {
@@ -490,7 +488,6 @@ impl Writer {
                     wait = (wait * 2).min(RETRY_MAX);
                 }
             }
-            result = write_once(&*self.store, batch, self.settings.retention, &self.metrics).await;
         }
     }
 }
@@ -753,6 +750,47 @@ mod tests {
             assert_eq!(store.batches.lock().unwrap().len(), 1);
             assert_eq!(metrics.sealed_starved.get() == 1, behind, "{threads} threads");
         }
+    }
+
+    /// Signs as [`TestSigner`] does; panics once when told to.
+    struct PanickingSigner {
+        signer: TestSigner,
+        panic_once: AtomicBool,
+    }
+
+    impl HeadSigner for PanickingSigner {
+        fn sign(&self, claims: &HeadClaims) -> Result<String, String> {
+            assert!(
+                !self.panic_once.swap(false, Ordering::SeqCst),
+                "the signer panics, on purpose"
+            );
+            self.signer.sign(claims)
+        }
+        fn issuer(&self) -> &str {
+            self.signer.issuer()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_lost_on_the_idle_thread_drops_its_records_and_leaves_the_chain_as_it_was() {
+        let store = Arc::new(Kept::default());
+        let metrics = TrailMetrics::new(&prometheus::Registry::new()).unwrap();
+        let signer = Arc::new(PanickingSigner {
+            signer: TestSigner::new(),
+            panic_once: AtomicBool::new(true),
+        });
+        let settings = TrailSettings {
+            flush_every: Duration::from_millis(5),
+            ..TrailSettings::default()
+        };
+        let recorder = Recorder::start(store.clone(), signer, "r-a", "default", settings, metrics.clone());
+        recorder.offer(entry("lost"));
+        until(|| metrics.dropped.get() == 1).await;
+        recorder.offer(entry("kept"));
+        until(|| metrics.written.get() == 1).await;
+        // The chain goes on from where it was: the lost record never took a seq.
+        assert_eq!(seqs(&store), [1]);
+        assert_eq!(store.batches.lock().unwrap()[0].records[0].request_id, "kept");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
