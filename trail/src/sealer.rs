@@ -22,6 +22,8 @@
 //! runs it at the calls' priority.
 
 use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt as _;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
 /// What CPU sealing and writing the trail's segments gets
@@ -139,9 +141,24 @@ where
     }
     let taken = take(&slot);
     match taken {
-        Some(work) => Some((work().await, Ran::Here)),
+        Some(work) => here(work).await.map(|out| (out, Ran::Here)),
         None => answered.await.ok().map(|out| (out, Ran::Idle)),
     }
+}
+
+/// Runs the future `work` makes on its caller. `None` when the job
+/// panicked: it loses its own answer, as on the idle thread, never its
+/// caller's task.
+pub(crate) async fn here<T, W, F>(work: W) -> Option<T>
+where
+    W: FnOnce() -> F,
+    F: std::future::Future<Output = T>,
+{
+    let out = AssertUnwindSafe(async move { work().await }).catch_unwind().await;
+    if out.is_err() {
+        tracing::error!(message = "A trail sealing job panicked; its records are dropped.");
+    }
+    out.ok()
 }
 
 /// The job in `slot`, if nobody has taken it (a slot a panicking job held

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::chain::{Batch, Chain, HeadClaims, HeadSigner, StoredHead};
 use crate::record::{Entry, Rendered, Stored};
-use crate::sealer::{preferably_idle, Ran, WriterPriority};
+use crate::sealer::{here, preferably_idle, Ran, WriterPriority};
 
 /// Where records are looked up by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -412,7 +412,7 @@ impl Writer {
         };
         let idle = self.settings.priority == WriterPriority::Idle;
         let ran = if !idle || count as usize > self.settings.buffer / BEHIND_SHARE {
-            Some((job().await, Ran::Here))
+            here(job).await.map(|out| (out, Ran::Here))
         } else {
             preferably_idle(job, STARVED_AFTER).await
         };
@@ -772,25 +772,34 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_job_lost_on_the_idle_thread_drops_its_records_and_leaves_the_chain_as_it_was() {
-        let store = Arc::new(Kept::default());
-        let metrics = TrailMetrics::new(&prometheus::Registry::new()).unwrap();
-        let signer = Arc::new(PanickingSigner {
-            signer: TestSigner::new(),
-            panic_once: AtomicBool::new(true),
-        });
-        let settings = TrailSettings {
-            flush_every: Duration::from_millis(5),
-            ..TrailSettings::default()
-        };
-        let recorder = Recorder::start(store.clone(), signer, "r-a", "default", settings, metrics.clone());
-        recorder.offer(entry("lost"));
-        until(|| metrics.dropped.get() == 1).await;
-        recorder.offer(entry("kept"));
-        until(|| metrics.written.get() == 1).await;
-        // The chain goes on from where it was: the lost record never took a seq.
-        assert_eq!(seqs(&store), [1]);
-        assert_eq!(store.batches.lock().unwrap()[0].records[0].request_id, "kept");
+    async fn a_job_that_panics_drops_its_records_and_leaves_the_chain_as_it_was() {
+        // On the idle thread, and on the writer's own task (where a panic
+        // once ended the writer, and with it every later record).
+        for priority in [WriterPriority::Idle, WriterPriority::Normal] {
+            let store = Arc::new(Kept::default());
+            let metrics = TrailMetrics::new(&prometheus::Registry::new()).unwrap();
+            let signer = Arc::new(PanickingSigner {
+                signer: TestSigner::new(),
+                panic_once: AtomicBool::new(true),
+            });
+            let settings = TrailSettings {
+                flush_every: Duration::from_millis(5),
+                priority,
+                ..TrailSettings::default()
+            };
+            let recorder = Recorder::start(store.clone(), signer, "r-a", "default", settings, metrics.clone());
+            recorder.offer(entry("lost"));
+            until(|| metrics.dropped.get() == 1).await;
+            recorder.offer(entry("kept"));
+            until(|| metrics.written.get() == 1).await;
+            // The chain goes on from where it was: the lost record never took a seq.
+            assert_eq!(seqs(&store), [1], "{priority:?}");
+            assert_eq!(
+                store.batches.lock().unwrap()[0].records[0].request_id,
+                "kept",
+                "{priority:?}"
+            );
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
