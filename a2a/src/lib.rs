@@ -222,6 +222,48 @@ pub(crate) fn failed(id: &Value, error: &RouterError) -> Response {
     response
 }
 
+/// The gRPC path of `SendMessage` (the front door's HTTP/2 hot route takes it).
+pub const SEND_MESSAGE_PATH: &str = "/lf.a2a.v1.A2AService/SendMessage";
+
+/// Whether an HTTP/2 request is a `SendMessage` [`answer_grpc_send`] may
+/// take: `POST` to its path as gRPC (`application/grpc`, or `+proto`), its
+/// message not compressed (no `grpc-encoding` but `identity`).
+pub fn is_plain_grpc_send(request: &http::request::Parts) -> bool {
+    let header = |name: &str| request.headers.get(name).map(http::HeaderValue::as_bytes);
+    request.method == http::Method::POST
+        && request.uri.path() == SEND_MESSAGE_PATH
+        && request.uri.query().is_none()
+        && matches!(
+            header("content-type"),
+            Some(b"application/grpc") | Some(b"application/grpc+proto")
+        )
+        && matches!(header("grpc-encoding"), None | Some(b"identity"))
+}
+
+/// `SendMessage` over gRPC answered without tonic's server and the axum
+/// routes between (the router's front door, for an HTTP/2 request
+/// [`is_plain_grpc_send`] took): its one message read from the body, the
+/// same [`A2aService::send_message`] answer, written as tonic writes a
+/// unary answer (the message, then `grpc-status` in trailers; an error as
+/// a trailers-only answer). A body that is anything but one uncompressed
+/// message within the body limit ending the stream (several messages,
+/// trailers, a message over the limit or that does not decode) goes to
+/// `app`, the axum routes, as it came: tonic answers it as it always did.
+pub async fn answer_grpc_send(
+    api: &TaskApi,
+    identified: Identified,
+    request: http::Request<Body>,
+    app: axum::Router,
+) -> http::Response<Body> {
+    let limit = api.service().tuning().max_body_bytes;
+    let (parts, body) = request.into_parts();
+    let message = match grpc::one_message(body, limit).await {
+        Ok(message) => message,
+        Err(body) => return agent_reach_serving::front::answer_by(app, http::Request::from_parts(parts, body)).await,
+    };
+    grpc::answer_send(api, identified, parts.headers, message).await
+}
+
 mod cards;
 mod grpc;
 mod jsonrpc;

@@ -3,7 +3,9 @@
 //! `POST /a2a/{capability}` and `POST /a2a/{capability}/v1/message:send`
 //! take the front door's own HTTP/1.1 loop and the same handlers as the axum
 //! routes; every other request (and any that is not plain HTTP/1.1 with a
-//! `Content-Length` body) goes to hyper and the axum routes.
+//! `Content-Length` body) goes to hyper and the axum routes. On HTTP/2 (which
+//! hyper reads and writes), gRPC `SendMessage` skips the axum routes and
+//! tonic's server: [`agent_reach_a2a::answer_grpc_send`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,6 +33,8 @@ pub(crate) enum Route {
     A2a(String),
     /// REST `message:send`; the capability named in the path.
     A2aRestSend(String),
+    /// gRPC `SendMessage` (HTTP/2).
+    GrpcSend,
 }
 
 impl agent_reach_serving::front::HotRoutes for Invoke {
@@ -58,11 +62,8 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
 
     fn call(&self, route: Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send {
         use agent_reach_serving::HeaderLookup as _;
-        let part = match self {
-            // Borrowed for the call: the connection holds the door (and so the part) throughout.
-            Invoke::One(part) => std::borrow::Cow::Borrowed(part),
-            Invoke::Tenants(parts) => std::borrow::Cow::Owned(parts.for_authorization(headers.value("authorization"))),
-        };
+        // Borrowed for the call: the connection holds the door (and so the part) throughout.
+        let part = self.part(headers.value("authorization"));
         async move {
             // The one way in, as the axum routes' layer: identified once, here.
             let identified = part.service.identify().headers(&headers);
@@ -84,9 +85,53 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
                     let api = TaskApi::new(part.service.clone(), part.tasks.clone());
                     agent_reach_a2a::answer_rest_send(&api, identified, &capability, &headers, body).await
                 }
+                // Taken only by `route_h2`: the HTTP/1.1 loop never routes here.
+                Route::GrpcSend => Answer::Response(agent_reach_pipeline::answer::refused(
+                    agent_reach_pipeline::error::RouterError::new(
+                        agent_reach_pipeline::error::Code::Internal,
+                        "gRPC routed on HTTP/1.1 (a bug: report it)",
+                    ),
+                )),
             };
             // As the axum routes' challenge layer: a 401 says how to authenticate.
             part.challenge.answer(answer, &headers)
+        }
+    }
+
+    /// gRPC `SendMessage` ([`agent_reach_a2a::is_plain_grpc_send`]).
+    fn route_h2(&self, request: &http::request::Parts) -> Option<Route> {
+        agent_reach_a2a::is_plain_grpc_send(request).then_some(Route::GrpcSend)
+    }
+
+    fn call_h2(
+        &self,
+        route: Route,
+        request: http::Request<axum::body::Body>,
+        app: axum::Router,
+    ) -> impl Future<Output = http::Response<axum::body::Body>> + Send {
+        use agent_reach_serving::HeaderLookup as _;
+        let part = self.part(request.headers().value("authorization"));
+        async move {
+            match route {
+                Route::GrpcSend => {
+                    // The one way in, as the axum routes' layer: identified once, here
+                    // (gRPC answers are HTTP 200: the challenge layer adds nothing to them).
+                    let identified = part.service.identify().header_map(request.headers());
+                    let api = TaskApi::new(part.service.clone(), part.tasks.clone());
+                    agent_reach_a2a::answer_grpc_send(&api, identified, request, app).await
+                }
+                _ => agent_reach_serving::front::answer_by(app, request).await,
+            }
+        }
+    }
+}
+
+impl Invoke {
+    /// The part a request with `authorization` is for.
+    fn part(&self, authorization: Option<&[u8]>) -> std::borrow::Cow<'_, Arc<Part>> {
+        match self {
+            Invoke::One(part) => std::borrow::Cow::Borrowed(part),
+            Invoke::Tenants(parts) => std::borrow::Cow::Owned(parts.for_authorization(authorization)),
         }
     }
 }

@@ -481,3 +481,249 @@ async fn a2a_answers_on_the_hot_route_are_the_axum_routes() {
     assert!(answer["result"]["message"]["parts"][0]["data"].is_object(), "{answer}");
     assert_eq!(answer["result"]["message"]["metadata"]["request_id"], "m-1", "{answer}");
 }
+
+/// One gRPC call's answer over HTTP/2: the HTTP status, the content type,
+/// the body (messages, framed) and `grpc-status` / `grpc-message` (in
+/// trailers, or in the headers of a trailers-only answer).
+#[derive(Debug, PartialEq)]
+struct GrpcAnswer {
+    status: u16,
+    content_type: Option<String>,
+    body: Vec<u8>,
+    grpc_status: Option<String>,
+    grpc_message: Option<String>,
+}
+
+/// Sends `body` (DATA frames as given, then `trailers` if any) as a gRPC
+/// request to `path` on `client`'s HTTP/2 connection, with `headers`.
+async fn grpc_call(
+    client: &h2::client::SendRequest<bytes::Bytes>,
+    path: &str,
+    headers: &[(&str, &str)],
+    frames: Vec<Vec<u8>>,
+    trailers: Option<http::HeaderMap>,
+) -> GrpcAnswer {
+    let mut request = http::Request::post(format!("http://router{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut client = client.clone().ready().await.expect("the connection takes a stream");
+    let (answer, mut sending) = client.send_request(request.body(()).unwrap(), false).unwrap();
+    let last = frames.len().saturating_sub(1);
+    for (at, frame) in frames.into_iter().enumerate() {
+        sending
+            .send_data(frame.into(), at == last && trailers.is_none())
+            .unwrap();
+    }
+    if let Some(trailers) = trailers {
+        sending.send_trailers(trailers).unwrap();
+    }
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("an answer came")
+        .expect("an answer");
+    let (head, mut received) = answer.into_parts();
+    let header = |map: &http::HeaderMap, name: &str| {
+        map.get(name)
+            .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    };
+    let mut body = Vec::new();
+    while let Some(data) = received.data().await {
+        let data = data.expect("the body");
+        let _ = received.flow_control().release_capacity(data.len());
+        body.extend_from_slice(&data);
+    }
+    let trailers = received.trailers().await.expect("the trailers").unwrap_or_default();
+    let status_of = |name| header(&trailers, name).or_else(|| header(&head.headers, name));
+    GrpcAnswer {
+        status: head.status.as_u16(),
+        content_type: header(&head.headers, "content-type"),
+        body,
+        grpc_status: status_of("grpc-status"),
+        grpc_message: status_of("grpc-message"),
+    }
+}
+
+/// `message` as one gRPC message (uncompressed).
+fn grpc_frame(message: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0];
+    frame.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_send_message_on_the_http2_hot_route_is_answered_as_tonic_answers_it() {
+    use agent_reach_proto::a2a as pb;
+    use prost::Message as _;
+
+    let (cluster, _agent) = cluster_with_an_agent().await;
+    let tcp = TcpStream::connect(cluster.router_addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.expect("an HTTP/2 connection");
+    let driven = tokio::spawn(connection);
+
+    let send = |tenant: &str, data: Value| {
+        let data = prost_types::Value {
+            kind: Some(prost_types::value::Kind::StructValue(prost_types::Struct {
+                fields: data
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(key, value)| {
+                        let value = prost_types::Value {
+                            kind: Some(prost_types::value::Kind::StringValue(
+                                value.as_str().unwrap().to_string(),
+                            )),
+                        };
+                        (key.clone(), value)
+                    })
+                    .collect(),
+            })),
+        };
+        pb::SendMessageRequest {
+            tenant: tenant.to_string(),
+            message: Some(pb::Message {
+                message_id: "m-1".to_string(),
+                role: pb::Role::User as i32,
+                parts: vec![pb::Part {
+                    content: Some(pb::part::Content::Data(data)),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let plain = send(CAPABILITY, serde_json::json!({ "order_id": "g-1" }));
+    let bearer = format!("Bearer {}", token(CALLER));
+    let authorized: &[(&str, &str)] = &[("authorization", bearer.as_str())];
+    let other_version = [("authorization", bearer.as_str()), ("a2a-version", "9.9")];
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-extra", http::HeaderValue::from_static("1"));
+    let oversized = send(CAPABILITY, serde_json::json!({ "order_id": "x".repeat(2 << 20) }));
+    let mut compressed = grpc_frame(&plain);
+    compressed[0] = 1;
+    let mut truncated = grpc_frame(&plain);
+    truncated.pop();
+    // (name, headers, DATA frames, trailers, the gRPC status expected)
+    type Case<'a> = (
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        Vec<Vec<u8>>,
+        Option<http::HeaderMap>,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        ("plain", authorized, vec![grpc_frame(&plain)], None, "0"),
+        (
+            "split in frames",
+            authorized,
+            grpc_frame(&plain).chunks(7).map(<[u8]>::to_vec).collect(),
+            None,
+            "0",
+        ),
+        ("no token", &[], vec![grpc_frame(&plain)], None, "16"),
+        (
+            "an agent that is none",
+            authorized,
+            vec![grpc_frame(&send(
+                "no.such.agent",
+                serde_json::json!({ "order_id": "g-1" }),
+            ))],
+            None,
+            "5",
+        ),
+        (
+            "a payload the schema refuses",
+            authorized,
+            vec![grpc_frame(&send(CAPABILITY, serde_json::json!({ "other": "g-1" })))],
+            None,
+            "3",
+        ),
+        (
+            "a version not spoken",
+            &other_version,
+            vec![grpc_frame(&plain)],
+            None,
+            "9",
+        ),
+        (
+            "not protobuf",
+            authorized,
+            vec![grpc_frame(b"\xff\xff\xff\xff")],
+            None,
+            "13",
+        ),
+        (
+            "two messages",
+            authorized,
+            vec![grpc_frame(&plain), grpc_frame(&plain)],
+            None,
+            "0",
+        ),
+        (
+            "compressed without grpc-encoding",
+            authorized,
+            vec![compressed],
+            None,
+            "13",
+        ),
+        ("a truncated message", authorized, vec![truncated], None, "13"),
+        ("no message", authorized, vec![Vec::new()], None, "13"),
+        (
+            "over the body limit",
+            authorized,
+            vec![grpc_frame(&oversized)],
+            None,
+            "11",
+        ),
+        (
+            "with trailers",
+            authorized,
+            vec![grpc_frame(&plain)],
+            Some(trailers),
+            "0",
+        ),
+    ];
+    // A query keeps a request off the hot route: the axum routes and tonic answer it.
+    let tonic_path = format!("{}?via=tonic", agent_reach_a2a::SEND_MESSAGE_PATH);
+    let comparable = |mut answer: GrpcAnswer| {
+        if answer.grpc_status.as_deref() == Some("0") {
+            // The answer's message names itself, its call and its context afresh each time.
+            let message = pb::SendMessageResponse::decode(&answer.body[5..]).expect("a SendMessageResponse");
+            let Some(pb::send_message_response::Payload::Message(mut message)) = message.payload else {
+                panic!("an answer message: {message:?}");
+            };
+            message.message_id.clear();
+            message.context_id.clear();
+            message.metadata = None;
+            answer.body = message.encode_to_vec();
+        }
+        answer
+    };
+    for (name, headers, frames, trailers, expected) in cases {
+        let hot = grpc_call(
+            &client,
+            agent_reach_a2a::SEND_MESSAGE_PATH,
+            headers,
+            frames.clone(),
+            trailers.clone(),
+        )
+        .await;
+        let by_tonic = grpc_call(&client, &tonic_path, headers, frames, trailers).await;
+        assert_eq!(hot.grpc_status.as_deref(), Some(expected), "{name}: {hot:?}");
+        assert_eq!(comparable(hot), comparable(by_tonic), "{name}");
+    }
+    assert!(agent_reach_a2a::is_plain_grpc_send(
+        &http::Request::post(agent_reach_a2a::SEND_MESSAGE_PATH)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    ));
+    driven.abort();
+}

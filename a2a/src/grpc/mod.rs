@@ -58,7 +58,11 @@ impl Grpc {
         let identified = request.extensions().get::<Identified>().cloned().ok_or_else(|| {
             Status::internal("this route is not behind the router's authentication layer (a bug: report it)")
         })?;
-        let headers = request.metadata().clone().into_headers();
+        self.called_by(identified, request.metadata().clone().into_headers(), tenant)
+    }
+
+    /// [`Grpc::called`] of a request `identified`, with `headers`.
+    fn called_by(&self, identified: Identified, headers: HeaderMap, tenant: &str) -> Result<Called, Status> {
         match headers.value("a2a-version").map(<[u8]>::trim_ascii) {
             None | Some(b"") | Some(b"1.0") | Some(b"1.0.0") => {}
             Some(other) => {
@@ -157,6 +161,20 @@ impl Grpc {
 }
 
 impl Grpc {
+    /// `SendMessage`: its common call read as it is ([`Grpc::plain_send`]),
+    /// any other by the one reading.
+    async fn send(&self, called: Called, request: &pb::SendMessageRequest) -> Result<pb::SendMessageResponse, Status> {
+        if let Some(answered) = self.plain_send(&called, request).await {
+            return answered;
+        }
+        let params = wire::send_json(request);
+        // Boxed: the one reading's future (every method's) is four times
+        // the common call's, which would otherwise carry it.
+        Box::pin(self.unary(called, "SendMessage", params))
+            .await
+            .map(|value| wire::send_response(&value))
+    }
+
     /// `SendMessage`'s common call (one DataPart, no configuration, no task
     /// named, the sender's fields as a client sends them) read from the
     /// request's message and answered with the agent's output, with no JSON
@@ -201,15 +219,23 @@ impl Grpc {
             Err(failure) => {
                 return Some(match input_required(&failure.error) {
                     Some(question) => {
-                        let task =
-                            paused_task(&self.api, caller, &call.checked.request, None, question, Wire::V1).await;
+                        // Boxed: a rare answer, whose future would otherwise swell every call's.
+                        let task = Box::pin(paused_task(
+                            &self.api,
+                            caller,
+                            &call.checked.request,
+                            None,
+                            question,
+                            Wire::V1,
+                        ))
+                        .await;
                         Ok(wire::send_response(&json!({ "task": task })))
                     }
                     None => {
                         let (status, reply) = read(failed(&Value::Null, &failure.error).into()).await;
                         Err(status_of(status, &reply))
                     }
-                })
+                });
             }
         };
         let output = match success.output_value() {
@@ -219,12 +245,23 @@ impl Grpc {
                 return Some(Err(status_of(status, &reply)));
             }
         };
-        let metadata = json!({
-            "agent_id": success.agent_id,
-            "capability_version": success.capability_version,
-            "attempts": success.attempts,
-            "request_id": call.request_id(),
-        });
+        // The JSON-RPC answer's metadata, built as a `Struct` at once.
+        let text = |text: &str| prost_types::Value {
+            kind: Some(prost_types::value::Kind::StringValue(text.to_string())),
+        };
+        let metadata = prost_types::Struct {
+            fields: std::collections::BTreeMap::from([
+                ("agent_id".to_string(), text(&success.agent_id)),
+                ("capability_version".to_string(), text(&success.capability_version)),
+                (
+                    "attempts".to_string(),
+                    prost_types::Value {
+                        kind: Some(prost_types::value::Kind::NumberValue(f64::from(success.attempts))),
+                    },
+                ),
+                ("request_id".to_string(), text(call.request_id())),
+            ]),
+        };
         let answer = pb::Message {
             message_id: trace::new_request_id(),
             context_id: call.checked.request.session_id.clone().unwrap_or_default(),
@@ -233,13 +270,118 @@ impl Grpc {
                 content: Some(pb::part::Content::Data(wire::value_of(&output))),
                 ..Default::default()
             }],
-            metadata: metadata.as_object().map(wire::struct_of),
+            metadata: Some(metadata),
             ..Default::default()
         };
         Some(Ok(pb::SendMessageResponse {
             payload: Some(pb::send_message_response::Payload::Message(answer)),
         }))
     }
+}
+
+/// The one message of a unary request's body, when the body is exactly one
+/// uncompressed gRPC message of at most `limit` bytes that decodes as
+/// `SendMessageRequest`; otherwise the body as it came (what was read of
+/// it first, then the rest), for tonic to read.
+pub(crate) async fn one_message(mut body: Body, limit: usize) -> Result<pb::SendMessageRequest, Body> {
+    use http_body_util::BodyExt as _;
+    // The DATA frames read, as they came (one, mostly: no copy then).
+    let mut chunks: Vec<bytes::Bytes> = Vec::new();
+    let mut length = 0;
+    // What was read, then `last` (a frame not taken, or the error read), then the rest.
+    let replay = |chunks: Vec<bytes::Bytes>,
+                  last: Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>,
+                  rest: Option<Body>| {
+        let read = chunks.into_iter().map(|chunk| Ok(http_body::Frame::data(chunk)));
+        let frames = futures::stream::iter(read.chain(last));
+        match rest {
+            Some(rest) => Body::new(http_body_util::StreamBody::new(futures::StreamExt::chain(
+                frames,
+                http_body_util::BodyStream::new(rest),
+            ))),
+            None => Body::new(http_body_util::StreamBody::new(frames)),
+        }
+    };
+    while let Some(frame) = body.frame().await {
+        match frame.map(http_body::Frame::into_data) {
+            Ok(Ok(data)) if length + data.len() <= limit + FRAME_HEADER => {
+                length += data.len();
+                chunks.push(data);
+            }
+            // Over the limit (tonic's error), or trailers: tonic reads it.
+            Ok(Ok(data)) => return Err(replay(chunks, Some(Ok(http_body::Frame::data(data))), Some(body))),
+            Ok(Err(frame)) => return Err(replay(chunks, Some(Ok(frame)), Some(body))),
+            // The error again, where tonic reads it.
+            Err(error) => return Err(replay(chunks, Some(Err(error)), None)),
+        }
+    }
+    let message = match chunks.as_slice() {
+        [one] => one.clone(),
+        several => several.concat().into(),
+    };
+    let plain = message.len() >= FRAME_HEADER
+        && message[0] == 0
+        && u32::from_be_bytes([message[1], message[2], message[3], message[4]]) as usize
+            == message.len() - FRAME_HEADER;
+    match plain.then(|| pb::SendMessageRequest::decode(&message[FRAME_HEADER..])) {
+        Some(Ok(request)) => Ok(request),
+        _ => Err(replay(chunks, None, None)),
+    }
+}
+
+/// A gRPC message's prefix: its compressed flag and its length (4 bytes, big-endian).
+const FRAME_HEADER: usize = 5;
+
+/// `SendMessage`'s answer to `request`, as tonic's service answers it.
+pub(crate) async fn answer_send(
+    api: &TaskApi,
+    identified: Identified,
+    headers: HeaderMap,
+    request: pb::SendMessageRequest,
+) -> http::Response<Body> {
+    let grpc = Grpc { api: api.clone() };
+    let answered = match grpc.called_by(identified, headers, &request.tenant) {
+        // Boxed where it is made: the call's future (the pipeline's, a few
+        // kilobytes) is then moved once, not once more by every future that
+        // awaits it up to the connection's (`protocols-bench`'s profile:
+        // those copies were the binding's largest cost).
+        Ok(called) => Box::pin(grpc.send(called, &request)).await,
+        Err(status) => Err(status),
+    };
+    match answered {
+        Ok(answer) => unary_answer(&answer),
+        Err(status) => status.into_http(),
+    }
+}
+
+/// A unary answer as tonic writes it: `content-type: application/grpc`,
+/// the message (uncompressed), then `grpc-status: 0` in trailers.
+fn unary_answer(message: &impl prost::Message) -> http::Response<Body> {
+    let length = message.encoded_len();
+    let Ok(prefix) = u32::try_from(length) else {
+        return Status::resource_exhausted(format!(
+            "the answer's message is {length} bytes, over gRPC's limit of 4 GiB a message"
+        ))
+        .into_http();
+    };
+    let mut data = bytes::BytesMut::with_capacity(FRAME_HEADER + length);
+    data.extend_from_slice(&[0]);
+    data.extend_from_slice(&prefix.to_be_bytes());
+    // Encoding into a buffer with room for it cannot fail.
+    let _ = message.encode(&mut data);
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let frames = [
+        http_body::Frame::data(data.freeze()),
+        http_body::Frame::trailers(trailers),
+    ];
+    let body = http_body_util::StreamBody::new(futures::stream::iter(frames.map(Ok::<_, std::convert::Infallible>)));
+    let mut response = http::Response::new(Body::new(body));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 /// An SSE event's data (its `data:` lines joined); `None` for one without.
@@ -368,11 +510,7 @@ impl A2aService for Grpc {
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
         let called = self.called(&request, &request.get_ref().tenant)?;
-        if let Some(answered) = self.plain_send(&called, request.get_ref()).await {
-            return answered.map(Response::new);
-        }
-        let params = wire::send_json(request.get_ref());
-        ok(self.unary(called, "SendMessage", params).await, wire::send_response)
+        self.send(called, request.get_ref()).await.map(Response::new)
     }
 
     type SendStreamingMessageStream = Events;

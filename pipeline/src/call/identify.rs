@@ -93,6 +93,12 @@ impl Identify {
         self.headers_at(headers, None, clock::Now::read())
     }
 
+    /// The identity of a request with the header map `headers`, read now,
+    /// as the routes' layer reads it (a console session too).
+    pub fn header_map(&self, headers: &axum::http::HeaderMap) -> Identified {
+        self.headers_at(headers, Some(headers), clock::Now::read())
+    }
+
     /// [`Identify::headers`] at `received`, the request's clock reading; the
     /// full header map, when there is one, lets a console session be read.
     fn headers_at(
