@@ -33,8 +33,6 @@ pub(crate) enum Route {
     A2a(String),
     /// REST `message:send`; the capability named in the path.
     A2aRestSend(String),
-    /// gRPC `SendMessage` (HTTP/2).
-    GrpcSend,
 }
 
 impl agent_reach_serving::front::HotRoutes for Invoke {
@@ -85,13 +83,6 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
                     let api = TaskApi::new(part.service.clone(), part.tasks.clone());
                     agent_reach_a2a::answer_rest_send(&api, identified, &capability, &headers, body).await
                 }
-                // Taken only by `route_h2`: the HTTP/1.1 loop never routes here.
-                Route::GrpcSend => Answer::Response(agent_reach_pipeline::answer::refused(
-                    agent_reach_pipeline::error::RouterError::new(
-                        agent_reach_pipeline::error::Code::Internal,
-                        "gRPC routed on HTTP/1.1 (a bug: report it)",
-                    ),
-                )),
             };
             // As the axum routes' challenge layer: a 401 says how to authenticate.
             part.challenge.answer(answer, &headers)
@@ -99,29 +90,23 @@ impl agent_reach_serving::front::HotRoutes for Invoke {
     }
 
     /// gRPC `SendMessage` ([`agent_reach_a2a::is_plain_grpc_send`]).
-    fn route_h2(&self, request: &http::request::Parts) -> Option<Route> {
-        agent_reach_a2a::is_plain_grpc_send(request).then_some(Route::GrpcSend)
+    fn takes_h2(&self, request: &http::request::Parts) -> bool {
+        agent_reach_a2a::is_plain_grpc_send(request)
     }
 
     fn call_h2(
         &self,
-        route: Route,
         request: http::Request<axum::body::Body>,
         app: axum::Router,
     ) -> impl Future<Output = http::Response<axum::body::Body>> + Send {
         use agent_reach_serving::HeaderLookup as _;
         let part = self.part(request.headers().value("authorization"));
         async move {
-            match route {
-                Route::GrpcSend => {
-                    // The one way in, as the axum routes' layer: identified once, here
-                    // (gRPC answers are HTTP 200: the challenge layer adds nothing to them).
-                    let identified = part.service.identify().header_map(request.headers());
-                    let api = TaskApi::new(part.service.clone(), part.tasks.clone());
-                    agent_reach_a2a::answer_grpc_send(&api, identified, request, app).await
-                }
-                _ => agent_reach_serving::front::answer_by(app, request).await,
-            }
+            // The one way in, as the axum routes' layer: identified once, here
+            // (gRPC answers are HTTP 200: the challenge layer adds nothing to them).
+            let identified = part.service.identify().header_map(request.headers());
+            let api = TaskApi::new(part.service.clone(), part.tasks.clone());
+            agent_reach_a2a::answer_grpc_send(&api, identified, request, app).await
         }
     }
 }

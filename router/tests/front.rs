@@ -717,13 +717,20 @@ async fn grpc_send_message_on_the_http2_hot_route_is_answered_as_tonic_answers_i
         assert_eq!(hot.grpc_status.as_deref(), Some(expected), "{name}: {hot:?}");
         assert_eq!(comparable(hot), comparable(by_tonic), "{name}");
     }
-    assert!(agent_reach_a2a::is_plain_grpc_send(
-        &http::Request::post(agent_reach_a2a::SEND_MESSAGE_PATH)
+    // The two paths compared are two: the plain call is the hot route's, its `?via=tonic` twin not.
+    let parts_of = |path: &str| {
+        http::Request::post(path)
             .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", bearer.as_str())
             .body(())
             .unwrap()
             .into_parts()
             .0
-    ));
+    };
+    assert!(agent_reach_a2a::is_plain_grpc_send(&parts_of(
+        agent_reach_a2a::SEND_MESSAGE_PATH
+    )));
+    assert!(!agent_reach_a2a::is_plain_grpc_send(&parts_of(&tonic_path)));
     driven.abort();
 }

@@ -26,7 +26,7 @@
 //! `front_door` fuzz target holds the door and hyper alone to the same framing.
 //!
 //! HTTP/2 stays hyper's (its frames, HPACK, flow control), but a request
-//! the service takes with [`HotRoutes::route_h2`] (the router: gRPC
+//! the service takes with [`HotRoutes::takes_h2`] (the router: gRPC
 //! `SendMessage`) is answered by [`HotRoutes::call_h2`] instead of going
 //! through the axum routes, their layers and tonic's server.
 //!
@@ -74,24 +74,22 @@ pub trait HotRoutes: Clone + Send + Sync + 'static {
     /// Answers a request `route` took, as the axum route would.
     fn call(&self, route: Self::Route, headers: Headers, body: Bytes) -> impl Future<Output = Answer> + Send;
 
-    /// The route for an HTTP/2 request (h2c, or h2 under TLS: hyper reads
-    /// and writes its frames), or `None` (the default) to leave it to the
-    /// axum routes. Take only what [`HotRoutes::call_h2`] answers as they
-    /// would, or hands back to them.
-    fn route_h2(&self, _request: &http::request::Parts) -> Option<Self::Route> {
-        None
+    /// Whether this answers an HTTP/2 request (h2c, or h2 under TLS: hyper
+    /// reads and writes its frames) itself, with [`HotRoutes::call_h2`];
+    /// `false` (the default) leaves it to the axum routes. Take only what
+    /// `call_h2` answers as they would, or hands back to them.
+    fn takes_h2(&self, _request: &http::request::Parts) -> bool {
+        false
     }
 
-    /// Answers an HTTP/2 request [`HotRoutes::route_h2`] took, as the axum
+    /// Answers an HTTP/2 request [`HotRoutes::takes_h2`] took, as the axum
     /// routes would; what it does not answer itself it hands to `app`
     /// (those routes), its body as it came.
     fn call_h2(
         &self,
-        route: Self::Route,
         request: http::Request<axum::body::Body>,
         app: axum::Router,
     ) -> impl Future<Output = http::Response<axum::body::Body>> + Send {
-        let _ = route;
         answer_by(app, request)
     }
 }
@@ -515,18 +513,14 @@ impl<H: HotRoutes> Connection<H> {
         // Every request to the axum routes, but an HTTP/2 one the hot routes take.
         let service = hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
             let (parts, body) = request.into_parts();
-            let route = match parts.version {
-                http::Version::HTTP_2 => hot.route_h2(&parts),
-                _ => None,
-            };
+            let taken = parts.version == http::Version::HTTP_2 && hot.takes_h2(&parts);
             let request = http::Request::from_parts(parts, axum::body::Body::new(body));
             // The hot route's future boxed: the other's stays as small as it was.
-            let answered = match route {
-                Some(route) => {
-                    let (hot, app) = (hot.clone(), app.clone());
-                    futures::future::Either::Left(Box::pin(async move { hot.call_h2(route, request, app).await }))
-                }
-                None => futures::future::Either::Right(answer_by(app.clone(), request)),
+            let answered = if taken {
+                let (hot, app) = (hot.clone(), app.clone());
+                futures::future::Either::Left(Box::pin(async move { hot.call_h2(request, app).await }))
+            } else {
+                futures::future::Either::Right(answer_by(app.clone(), request))
             };
             async move { Ok::<_, std::convert::Infallible>(answered.await) }
         });

@@ -333,3 +333,91 @@ fn dates_are_imf_fixdates() {
     assert_eq!(crate::decimal(1_234_567, &mut [0; 20]), b"1234567");
     assert_eq!(crate::decimal(u64::MAX, &mut [0; 20]), u64::MAX.to_string().as_bytes());
 }
+
+/// `POST /hot` over HTTP/2 answered by the hot routes, its body echoed.
+#[derive(Clone)]
+struct H2Hot;
+
+impl HotRoutes for H2Hot {
+    type Route = std::convert::Infallible;
+
+    fn route(&self, _: &str, _: &str) -> Option<Self::Route> {
+        None
+    }
+
+    async fn call(&self, route: Self::Route, _: Headers, _: Bytes) -> Answer {
+        match route {}
+    }
+
+    fn takes_h2(&self, request: &http::request::Parts) -> bool {
+        request.method == http::Method::POST && request.uri.path() == "/hot"
+    }
+
+    async fn call_h2(
+        &self,
+        request: http::Request<axum::body::Body>,
+        _: axum::Router,
+    ) -> http::Response<axum::body::Body> {
+        let body = axum::body::to_bytes(request.into_body(), 1024)
+            .await
+            .unwrap_or_default();
+        http::Response::new(axum::body::Body::from([b"hot ".as_slice(), &body].concat()))
+    }
+}
+
+/// `method path` with `body` on `client`'s HTTP/2 connection: the answer's body.
+async fn h2_answer(client: &h2::client::SendRequest<Bytes>, method: &str, path: &str, body: &'static [u8]) -> String {
+    let mut client = client.clone().ready().await.unwrap();
+    let request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://r{path}"))
+        .body(())
+        .unwrap();
+    let (answer, mut sending) = client.send_request(request, false).unwrap();
+    sending.send_data(Bytes::from_static(body), true).unwrap();
+    let mut received = answer.await.unwrap().into_body();
+    let mut text = Vec::new();
+    while let Some(data) = received.data().await {
+        let data = data.unwrap();
+        let _ = received.flow_control().release_capacity(data.len());
+        text.extend_from_slice(&data);
+    }
+    String::from_utf8(text).unwrap()
+}
+
+#[tokio::test]
+async fn an_http2_request_the_hot_routes_take_is_theirs_and_every_other_the_axum_routes() {
+    let app = axum::Router::new().fallback(|| async { "routed" });
+    let door = || Door {
+        hot: H2Hot,
+        app: app.clone(),
+        body_limit: 1024,
+        tls: None,
+    };
+    let (client_io, server) = tokio::io::duplex(64 * 1024);
+    let served = tokio::spawn(serve_connection(door(), server));
+    let (client, connection) = h2::client::handshake(client_io).await.unwrap();
+    let driven = tokio::spawn(connection);
+    assert_eq!(h2_answer(&client, "POST", "/hot", b"a").await, "hot a");
+    assert_eq!(h2_answer(&client, "POST", "/other", b"b").await, "routed");
+    assert_eq!(h2_answer(&client, "PUT", "/hot", b"c").await, "routed");
+    drop(client);
+    driven.await.unwrap().unwrap();
+    served.await.unwrap();
+
+    // On HTTP/1.1, handed to hyper, the same request is the axum routes'.
+    let (mut client, server) = tokio::io::duplex(64 * 1024);
+    let served = tokio::spawn(serve_connection(door(), server));
+    client
+        .write_all(b"POST /hot HTTP/1.1\r\nhost: r\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n1\r\na\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut output = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut output))
+        .await
+        .expect("the answer came")
+        .unwrap();
+    served.await.unwrap();
+    let output = String::from_utf8_lossy(&output);
+    assert!(output.ends_with("routed"), "{output}");
+}
