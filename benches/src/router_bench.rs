@@ -669,8 +669,8 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
     if let Some(sink) = &span_sink {
         println!("OTLP receiver got {} spans", sink.spans());
     }
-    if let Some((_, _, trailed)) = trail_routers.get(1) {
-        trail::verdict(&results, &paired, &args.connections, &run, &client, &trailed.url).await;
+    if let (Some((_, _, trailed)), Some(redis)) = (trail_routers.get(1), &trail_redis) {
+        trail::verdict(&results, &paired, &args.connections, &run, &client, &trailed.url, redis).await;
     }
     drop(trail_redis);
     drop(etcd);

@@ -15,6 +15,9 @@ use agent_reach_sdk::{Agent, Ctx, Handler, HandlerError};
 use agent_reach_testkit::Redis;
 use serde_json::{json, Value};
 
+/// A stream entry as `XRANGE` answers it: its id and its fields, values as bytes.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 const CAPABILITIES: [&str; 4] = ["intent.parse", "order.query", "shipping.rules", "reply.write"];
 
 /// The example's policy, plus the trail's: `auditor` reads and replays it,
@@ -361,7 +364,9 @@ async fn a_collaboration_is_recorded_shown_verified_and_replayed() {
     v2.shutdown().await;
 
     // Editing one record in Redis is detected, and named. A segment's
-    // records are its text's lines, `{seq} {hash} {body}`.
+    // records are its text's lines, `{seq} {hash} {body}`, stored
+    // compressed (`z`); the edited segments are written back as plain text
+    // (`s`, as segments were stored before), which reads the same.
     let mut redis_connection = redis_connection(&redis).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("agent-reach:default:trail:*:segments")
@@ -369,14 +374,21 @@ async fn a_collaboration_is_recorded_shown_verified_and_replayed() {
         .await
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let segments: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+    let stored: Vec<StreamEntry> = redis::cmd("XRANGE")
         .arg(&keys[0])
         .arg("-")
         .arg("+")
         .query_async(&mut redis_connection)
         .await
         .unwrap();
-    let records: usize = segments.iter().map(|(_, fields)| fields[0].1.lines().count()).sum();
+    let segments: Vec<(String, String)> = stored
+        .into_iter()
+        .map(|(id, fields)| {
+            assert_eq!(fields[0].0, "z", "{id}");
+            (id, agent_reach_trail::segment::decompress(&fields[0].1).unwrap())
+        })
+        .collect();
+    let records: usize = segments.iter().map(|(_, text)| text.lines().count()).sum();
     assert!(records >= 3, "{segments:?}");
     let target = records / 2 + 1;
     // Rewrites the chain's segments with `edit` applied to each record's line.
@@ -386,8 +398,8 @@ async fn a_collaboration_is_recorded_shown_verified_and_replayed() {
         let mut connection = redis_connection.clone();
         let edited: Vec<(String, String)> = segments
             .iter()
-            .map(|(id, fields)| {
-                let text: String = fields[0].1.lines().filter_map(edit).map(|line| line + "\n").collect();
+            .map(|(id, text)| {
+                let text: String = text.lines().filter_map(edit).map(|line| line + "\n").collect();
                 (id.clone(), text)
             })
             .collect();

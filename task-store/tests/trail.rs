@@ -11,6 +11,9 @@ use std::time::Duration;
 use agent_reach_task_store::{StoreConfig, TaskStore};
 use agent_reach_trail::{Batch, Index, Sealed, Stored, StoredHead, TrailStore};
 
+/// A stream entry as `XRANGE` answers it: its id and its fields, values as bytes.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 const ROUTER: &str = "r1";
 
 fn sealed(ms: u64, seq: u64, request: &str, session: Option<&str>, input: bool) -> Sealed {
@@ -79,7 +82,9 @@ async fn batches_land_once(url: &str, single: bool) {
 
     // A request named again in a later batch (a task's delivery after its
     // 202), written after a failure that left only its segment stored: the
-    // retry completes it and stores the segment once.
+    // retry completes it and stores the segment once. The segment stored
+    // there is plain text (field `s`), as segments were before they were
+    // compressed: it reads back beside the compressed ones.
     let third = batch(now + 9, 3, vec![sealed(now + 9, 5, "req-a", None, false)]);
     let mut direct = None;
     if single {
@@ -104,6 +109,20 @@ async fn batches_land_once(url: &str, single: bool) {
     if let Some((mut connection, key)) = direct {
         let entries: u64 = redis::cmd("XLEN").arg(&key).query_async(&mut connection).await.unwrap();
         assert_eq!(entries, 3);
+        // The store's own segments are compressed (`z`), its text inside.
+        let stored: Vec<StreamEntry> = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let fields: Vec<&str> = stored.iter().map(|(_, fields)| fields[0].0.as_str()).collect();
+        assert_eq!(fields, ["z", "z", "s"]);
+        assert_eq!(
+            agent_reach_trail::segment::decompress(&stored[0].1[0].1).unwrap(),
+            agent_reach_trail::segment::encode(&first.records)
+        );
     }
 
     let records = store.chain_records(ROUTER, None, 4).await.unwrap();
@@ -232,7 +251,39 @@ async fn batches_land_once(url: &str, single: bool) {
             .expect("append after a script flush");
         assert_eq!(store.chain_heads(ROUTER, None, 10).await.unwrap().len(), 6);
         assert_eq!(of(Index::Request("req-d".into())).await, ["h10"]);
+        // A compressed segment edited in Redis so that it no longer reads
+        // back: its records are missing (the chain's verifier names them),
+        // and reading the chain past it still works.
+        let _: String = redis::cmd("XADD")
+            .arg(key_of_segments(&mut connection).await)
+            .arg(format!("{}-12", now + 25))
+            .arg("z")
+            .arg(&b"\x40\x00\x00\x00not an lz4 block"[..])
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let seventh = batch(now + 30, 8, vec![sealed(now + 30, 13, "req-e", None, false)]);
+        store
+            .append(&seventh, retention)
+            .await
+            .expect("append past the edited segment");
+        let after = hashes(
+            store
+                .chain_records(ROUTER, Some(&format!("{}-10", now + 20)), 10)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(after, ["h13"]);
     }
+}
+
+async fn key_of_segments(connection: &mut redis::aio::MultiplexedConnection) -> String {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*trail:*:segments")
+        .query_async(connection)
+        .await
+        .unwrap();
+    keys.into_iter().next().unwrap()
 }
 
 #[tokio::test]

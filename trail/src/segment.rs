@@ -12,9 +12,37 @@
 //! characters in strings), the hash its lowercase hex SHA-256. A record's id
 //! is `{ms}-{seq}`, `ms` the segment's (every record of a segment shares
 //! it); the segment's own id is its last record's.
+//!
+//! The text is stored compressed ([`FIELD`], [`write_compressed`]): an LZ4
+//! block behind the text's length (4 bytes, little-endian), a third of the
+//! text's bytes for the records the router writes (their JSON names repeat,
+//! each `prev_hash` repeats the line before's hash). Redis keeps a third of
+//! the memory for the retention, and the bytes a segment crosses (the
+//! store's command, the socket, Redis's read) are a third. Compressing is
+//! the sealer's work, at idle priority with the rest of it. A segment
+//! written before (field [`PLAIN_FIELD`]) reads as it was.
+
+use std::cell::RefCell;
+use std::io::Write;
 
 use crate::chain::Sealed;
 use crate::record::Stored;
+
+/// The stream entry's field holding a segment's text compressed.
+pub const FIELD: &str = "z";
+
+/// The field of a segment stored as plain text (written before segments
+/// were compressed; still read).
+pub const PLAIN_FIELD: &str = "s";
+
+/// LZ4's most text per compressed byte (a byte of a match's length stands
+/// for at most 255 bytes of text): a stored length above what the block
+/// could make is refused before anything is allocated for it.
+const LZ4_MOST_PER_BYTE: usize = 255;
+
+/// Scratch kept above this after a segment (one record with a large
+/// payload) is given back rather than held by the thread for good.
+const SCRATCH_KEPT: usize = 1 << 20;
 
 /// The text of `records` (a batch's, in chain order).
 pub fn encode(records: &[Sealed]) -> String {
@@ -45,6 +73,79 @@ pub fn write_parts(records: &[Sealed], mut part: impl FnMut(&str)) {
         part(&sealed.stored.body);
         part("\n");
     }
+}
+
+/// Writes [`encode`]'s text for `records` compressed, as [`FIELD`] holds
+/// it: the text's length (`u32`, little-endian), then the text as one LZ4
+/// block. The text and the block are made in this thread's scratch (kept
+/// between segments: a segment's buffers taken fresh each time are fresh
+/// pages, zeroed), so a segment costs one copy of its compressed bytes, into
+/// `out`.
+pub fn write_compressed(records: &[Sealed], out: &mut impl Write) -> std::io::Result<()> {
+    thread_local! {
+        static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    }
+    SCRATCH.with_borrow_mut(|(text, block)| {
+        let written = compress_in(records, text, block, out);
+        if text.capacity() > SCRATCH_KEPT {
+            *text = Vec::new();
+            *block = Vec::new();
+        }
+        written
+    })
+}
+
+fn compress_in(
+    records: &[Sealed],
+    text: &mut Vec<u8>,
+    block: &mut Vec<u8>,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    text.clear();
+    text.reserve(encoded_len(records));
+    write_parts(records, |part| text.extend_from_slice(part.as_bytes()));
+    let length = u32::try_from(text.len()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a segment of {} bytes is over the 4 GiB a stored segment can hold",
+                text.len()
+            ),
+        )
+    })?;
+    let room = lz4_flex::block::get_maximum_output_size(text.len());
+    if block.len() < room {
+        block.resize(room, 0);
+    }
+    let written = lz4_flex::block::compress_into(text, block)
+        .map_err(|error| std::io::Error::other(format!("compressing a segment: {error}")))?;
+    out.write_all(&length.to_le_bytes())?;
+    out.write_all(&block[..written])
+}
+
+/// The text of a segment stored as [`write_compressed`] wrote it. A value
+/// that is not such a block (an edit of the stored bytes) is an error: its
+/// records are then missing from the chain.
+pub fn decompress(stored: &[u8]) -> Result<String, String> {
+    let (length, block) = stored
+        .split_first_chunk::<4>()
+        .ok_or("a compressed segment shorter than its length")?;
+    let length = u32::from_le_bytes(*length) as usize;
+    if length > block.len().saturating_mul(LZ4_MOST_PER_BYTE) {
+        return Err(format!(
+            "a compressed segment of {} bytes says it holds {length}, more than LZ4 makes of it",
+            block.len()
+        ));
+    }
+    let mut text = vec![0; length];
+    let made = lz4_flex::block::decompress_into(block, &mut text)
+        .map_err(|error| format!("a compressed segment that does not decompress: {error}"))?;
+    if made != length {
+        return Err(format!(
+            "a compressed segment says it holds {length} bytes and holds {made}"
+        ));
+    }
+    String::from_utf8(text).map_err(|_| "a compressed segment whose text is not UTF-8".to_string())
 }
 
 fn decimal_len(mut value: u64) -> usize {
@@ -101,6 +202,70 @@ mod tests {
             let mut one = batch.records[..1].to_vec();
             one[0].seq = seq;
             assert_eq!(encoded_len(&one), encode(&one).len(), "seq {seq}");
+        }
+    }
+
+    #[test]
+    fn a_compressed_segment_reads_back_as_its_text() {
+        let signer = TestSigner::new();
+        let mut chain = Chain::new("r-a", "default");
+        let batch = chain
+            .seal((0..200).map(|n| entry(&format!("r-{n}"))), 1000, &signer)
+            .unwrap();
+        let mut stored = Vec::new();
+        write_compressed(&batch.records, &mut stored).unwrap();
+        let text = encode(&batch.records);
+        assert_eq!(decompress(&stored).unwrap(), text);
+        assert!(stored.len() * 2 < text.len(), "{} of {}", stored.len(), text.len());
+        // The thread's scratch is reused: a smaller segment after it is its own.
+        let mut again = Vec::new();
+        write_compressed(&batch.records[..3], &mut again).unwrap();
+        assert_eq!(decompress(&again).unwrap(), encode(&batch.records[..3]));
+        let mut empty = Vec::new();
+        write_compressed(&[], &mut empty).unwrap();
+        assert_eq!(decompress(&empty).unwrap(), "");
+    }
+
+    #[test]
+    fn stored_bytes_that_are_not_a_compressed_segment_are_refused_and_nothing_panics() {
+        let signer = TestSigner::new();
+        let mut chain = Chain::new("r-a", "default");
+        let batch = chain
+            .seal((0..50).map(|n| entry(&format!("r-{n}"))), 1000, &signer)
+            .unwrap();
+        let mut stored = Vec::new();
+        write_compressed(&batch.records, &mut stored).unwrap();
+        assert!(decompress(b"").unwrap_err().contains("shorter than its length"));
+        assert!(decompress(&[1, 0]).is_err());
+        // A length no block of this size can hold is refused before it is allocated.
+        let mut huge = stored.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            decompress(&huge).unwrap_err().contains("more than LZ4 makes"),
+            "{:?}",
+            decompress(&huge)
+        );
+        // A length that is not the block's.
+        let mut short = stored.clone();
+        let length = u32::from_le_bytes(stored[..4].try_into().unwrap());
+        short[..4].copy_from_slice(&(length - 1).to_le_bytes());
+        assert!(decompress(&short).is_err());
+        let mut long = stored.clone();
+        long[..4].copy_from_slice(&(length + 1).to_le_bytes());
+        assert!(
+            decompress(&long).unwrap_err().contains("holds"),
+            "{:?}",
+            decompress(&long)
+        );
+        // Every byte changed in turn, and cut anywhere: an error or some
+        // text (whose lines then fail their hashes), never a panic.
+        for at in 4..stored.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut changed = stored.clone();
+                changed[at] ^= flip;
+                let _ = decompress(&changed);
+            }
+            let _ = decompress(&stored[..at]);
         }
     }
 

@@ -154,6 +154,7 @@ pub async fn verdict(
     run: &Run,
     client: &reqwest::Client,
     trailed: &str,
+    redis: &agent_reach_testkit::Redis,
 ) {
     for &connections in connections {
         let get = |name: &str| results.get(&(name.to_string(), connections));
@@ -192,6 +193,44 @@ pub async fn verdict(
         series("agent_reach_trail_segments_total "),
         series("agent_reach_trail_sealed_starved_total ")
     );
+    // What the records take in Redis (the segments' stream: every record
+    // of the run, nothing trimmed within the retention).
+    let records = series("agent_reach_trail_records_total ").parse::<f64>().unwrap_or(0.0);
+    match segments_bytes(redis) {
+        Ok(bytes) if records > 0.0 => println!(
+            "trail: its segments hold {:.1} MB of Redis memory, {:.0} bytes a record",
+            bytes as f64 / 1e6,
+            bytes as f64 / records
+        ),
+        Ok(_) => {}
+        Err(error) => println!("trail: the segments' memory in Redis is unreadable: {error}"),
+    }
+}
+
+/// Redis's memory for every chain's segments (`MEMORY USAGE … SAMPLES 0`,
+/// exact), read with `redis-cli`.
+fn segments_bytes(redis: &agent_reach_testkit::Redis) -> anyhow::Result<u64> {
+    let cli = |args: &[&str]| -> anyhow::Result<String> {
+        let port = redis.port().to_string();
+        let output = std::process::Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "redis-cli {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let mut bytes = 0;
+    for key in cli(&["--scan", "--pattern", "*trail:*:segments"])?
+        .lines()
+        .filter(|key| !key.is_empty())
+    {
+        bytes += cli(&["MEMORY", "USAGE", key, "SAMPLES", "0"])?.trim().parse::<u64>()?;
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

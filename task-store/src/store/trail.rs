@@ -3,9 +3,10 @@
 //! replica's) so that a chain and its indexes are one slot of a Redis
 //! Cluster while chains spread over the shards (`{C}`: the chain's tag):
 //! - `trail:{C}:segments` — stream: one entry per segment (a written
-//!   batch), id `{ms}-{last seq}` (its last record's id), field `s` the
-//!   segment's text (`agent_reach_trail::segment`: a line per record);
-//!   trimmed to the retention.
+//!   batch), id `{ms}-{last seq}` (its last record's id), field `z` the
+//!   segment's text (`agent_reach_trail::segment`: a line per record)
+//!   compressed, or `s` the text itself (a segment written before segments
+//!   were compressed, or one too large to compress); trimmed to the retention.
 //! - `trail:{C}:heads` — stream: one entry per segment, id `{ms}-{segment}`, field `j` (the signed head).
 //! - `trail:{C}:written` — the last segment whose head and lists are written.
 //! - `trail:{C}:ix:rq:{bucket}` — string: a line `{request id} {record id}`
@@ -140,16 +141,7 @@ impl TaskStore {
             .query_async(&mut connection)
             .await
             .map_err(|error| format!("reading the trail: {error}"))?;
-        Ok(entry_fields(&answer)
-            .into_iter()
-            .map(|(id, fields)| {
-                let records = fields
-                    .get("s")
-                    .map(|text| segment::decode(&id, text))
-                    .unwrap_or_default();
-                (id, records)
-            })
-            .collect())
+        Ok(segment_entries(&answer))
     }
 
     /// The stored records of `router`'s chain with these ids, in the
@@ -193,18 +185,52 @@ fn start_after(after: Option<&str>) -> String {
 /// A segment's text ([`segment::encode`]) as a command's argument, written
 /// straight into the command: a batch's text is hundreds of kilobytes, and
 /// building it first cost an allocation and a copy of it.
-struct SegmentText<'a>(&'a [agent_reach_trail::Sealed]);
+/// The segments of an `XRANGE`/`XREVRANGE` answer, each with its records:
+/// read from its compressed text ([`segment::FIELD`]) or its plain one
+/// ([`segment::PLAIN_FIELD`]). A segment whose stored bytes do not read
+/// back (edited in Redis) has no records: they are missing from the chain,
+/// as an unreadable line is.
+fn segment_entries(answer: &RedisValue) -> Vec<(String, Vec<Stored>)> {
+    let RedisValue::Array(entries) = answer else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let RedisValue::Array(parts) = entry else { return None };
+            let id = super::record::text(parts.first()?)?;
+            let mut records = Vec::new();
+            if let Some(RedisValue::Array(pairs)) = parts.get(1) {
+                for pair in pairs.chunks(2) {
+                    let (Some(name), Some(RedisValue::BulkString(value))) =
+                        (pair.first().and_then(super::record::text), pair.get(1))
+                    else {
+                        continue;
+                    };
+                    let text = if name == segment::FIELD {
+                        segment::decompress(value).ok()
+                    } else if name == segment::PLAIN_FIELD {
+                        String::from_utf8(value.clone()).ok()
+                    } else {
+                        None
+                    };
+                    if let Some(text) = text {
+                        records = segment::decode(&id, &text);
+                    }
+                }
+            }
+            Some((id, records))
+        })
+        .collect()
+}
 
-impl redis::ToRedisArgs for SegmentText<'_> {
-    fn write_redis_args<W>(&self, out: &mut W)
-    where
-        W: ?Sized + redis::RedisWrite,
-    {
-        let mut writer = out.writer_for_next_arg();
-        segment::write_parts(self.0, |part| {
-            // The command's buffer is a Vec: writing to it cannot fail.
-            let _ = std::io::Write::write_all(&mut writer, part.as_bytes());
-        });
+/// A segment's field and value as they are stored: its text compressed,
+/// or, when it cannot be (a segment over 4 GiB), the text itself.
+fn stored_segment(records: &[agent_reach_trail::Sealed]) -> (&'static str, Vec<u8>) {
+    let mut compressed = Vec::new();
+    match segment::write_compressed(records, &mut compressed) {
+        Ok(()) => (segment::FIELD, compressed),
+        Err(_) => (segment::PLAIN_FIELD, segment::encode(records).into_bytes()),
     }
 }
 
@@ -366,11 +392,12 @@ impl TrailStore for TaskStore {
             index_values.push((request, merged(before, ids)));
         }
         let script = trail_append();
+        let (field, text) = stored_segment(&batch.records);
         let mut loaded = false;
         loop {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            let mut segment_write = redis::Cmd::with_capacity(8, segment::encoded_len(&batch.records) + 256);
+            let mut segment_write = redis::Cmd::with_capacity(8, text.len() + 256);
             segment_write
                 .arg("XADD")
                 .arg(self.trail_key(&batch.router, "segments"))
@@ -378,8 +405,8 @@ impl TrailStore for TaskStore {
                 .arg("~")
                 .arg(oldest)
                 .arg(&segment_id)
-                .arg("s")
-                .arg(SegmentText(&batch.records));
+                .arg(field)
+                .arg(&text[..]);
             pipe.add_command(segment_write);
             let evalsha = pipe
                 .cmd("EVALSHA")
