@@ -70,7 +70,8 @@ pub struct TaskArgs {
     /// How long trail records are kept, in seconds.
     #[arg(long, env = "AGENT_REACH_TRAIL_RETENTION_S", default_value_t = 7 * 24 * 3600)]
     pub trail_retention_s: u64,
-    /// Trail records waiting to be written at most; beyond it (Redis down or slower
+    /// Trail records the buffers hold at most, and the writer besides (the batch
+    /// being written and those taken since); beyond it (Redis down or slower
     /// than the calls) records are dropped and counted, and calls never wait.
     #[arg(long, env = "AGENT_REACH_TRAIL_BUFFER", default_value_t = 65_536)]
     pub trail_buffer: usize,

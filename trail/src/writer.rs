@@ -68,7 +68,9 @@ pub trait TrailStore: Send + Sync + 'static {
 /// How a chain's writer batches and keeps records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrailSettings {
-    /// Records waiting to be written at most; more are dropped (and counted).
+    /// Records the buffers hold at most, and the writer besides (the batch
+    /// being written and those taken from the buffers since); more are
+    /// dropped (and counted).
     pub buffer: usize,
     /// Records per segment at most.
     pub batch: usize,
@@ -188,9 +190,23 @@ impl Shared {
 
     /// Moves every waiting record into `entries`.
     fn drain_into(&self, entries: &mut Vec<Rendered>) {
+        self.drain_up_to(entries, usize::MAX);
+    }
+
+    /// Moves waiting records into `entries` until it holds `most` (each
+    /// buffer's oldest first).
+    fn drain_up_to(&self, entries: &mut Vec<Rendered>, most: usize) {
         for buffer in self.buffers.iter() {
+            let wanted = most.saturating_sub(entries.len());
+            if wanted == 0 {
+                return;
+            }
             let mut records = lock(&buffer.records);
-            entries.append(&mut records);
+            if records.len() <= wanted {
+                entries.append(&mut records);
+            } else {
+                entries.extend(records.drain(..wanted));
+            }
             buffer.full.store(false, Ordering::Relaxed);
         }
     }
@@ -345,9 +361,13 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 impl Writer {
     async fn run(mut self, shared: Arc<Shared>) {
         let mut entries = Vec::new();
+        // Records taken from the buffers while a batch was being sealed and
+        // written: the next batch's first.
+        let mut taken = Vec::new();
         loop {
+            std::mem::swap(&mut entries, &mut taken);
             // Wait for a record (or the recorder's end) ...
-            while shared.is_empty() {
+            while entries.is_empty() && shared.is_empty() {
                 if shared.closed.load(Ordering::Acquire) {
                     return;
                 }
@@ -356,7 +376,8 @@ impl Writer {
             // ... then until the segment is due, and take what arrived in
             // one go. A segment's worth already waiting, or the recorder
             // gone, does not wait.
-            if !shared.closed.load(Ordering::Acquire) && !shared.has_a_segment() {
+            if !shared.closed.load(Ordering::Acquire) && entries.len() < self.settings.batch && !shared.has_a_segment()
+            {
                 let due = tokio::time::sleep(self.settings.flush_every);
                 tokio::pin!(due);
                 loop {
@@ -372,7 +393,27 @@ impl Writer {
             }
             shared.drain_into(&mut entries);
             self.tell_drops();
-            if let Some((error, unwritten)) = self.seal_and_write(&mut entries).await {
+            // While the batch is sealed and written (at idle priority that
+            // may take a while: a job the idle thread has started is
+            // preempted whenever the calls want its core), the buffers
+            // keep being emptied into the next batch: they fill, and drop
+            // records, only once the writer holds as many as the buffer
+            // setting (the batch and those taken since).
+            let (every, room) = (
+                self.settings.flush_every,
+                self.settings.buffer.saturating_sub(entries.len()),
+            );
+            let unwritten = {
+                let sealing = self.seal_and_write(&mut entries);
+                tokio::pin!(sealing);
+                loop {
+                    tokio::select! {
+                        unwritten = &mut sealing => break unwritten,
+                        () = tokio::time::sleep(every) => shared.drain_up_to(&mut taken, room),
+                    }
+                }
+            };
+            if let Some((error, unwritten)) = unwritten {
                 let mut failed = Some(error);
                 for batch in unwritten {
                     self.write(&batch, &shared, failed.take()).await;
@@ -575,12 +616,16 @@ mod tests {
     use super::*;
     use crate::chain::tests::{entry, TestSigner};
 
-    /// Keeps what it is given; refuses while `down`; panics once when told to.
+    /// Keeps what it is given; refuses while `down`; panics once when told
+    /// to; a write waits for a permit of `gate` when there is one (`entered`
+    /// once one does).
     #[derive(Default)]
     struct Kept {
         batches: Mutex<Vec<Batch>>,
         down: AtomicBool,
         panic_once: AtomicBool,
+        gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+        entered: AtomicBool,
     }
 
     #[async_trait]
@@ -592,6 +637,11 @@ mod tests {
             );
             if self.down.load(Ordering::SeqCst) {
                 return Err("down".into());
+            }
+            let gate = self.gate.lock().unwrap().clone();
+            if let Some(gate) = gate {
+                self.entered.store(true, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
             }
             self.batches.lock().unwrap().push(batch.clone());
             Ok(())
@@ -848,6 +898,43 @@ mod tests {
         recorder.offer(entry("after"));
         until(|| metrics.written.get() == offered + 1).await;
         assert_eq!(metrics.dropped.get(), dropped);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_buffers_are_emptied_while_a_batch_is_written_until_the_writer_holds_the_buffer_setting() {
+        for priority in [WriterPriority::Idle, WriterPriority::Normal] {
+            let (store, metrics, recorder) = start(TrailSettings {
+                buffer: 64,
+                batch: 8,
+                flush_every: Duration::from_millis(5),
+                priority,
+                ..TrailSettings::default()
+            });
+            let gate = Arc::new(tokio::sync::Semaphore::new(0));
+            *store.gate.lock().unwrap() = Some(gate.clone());
+            // One record taken, its write held (a job the idle thread is
+            // preempted in, or a slow store) ...
+            recorder.offer(entry("first"));
+            until(|| store.entered.load(Ordering::SeqCst)).await;
+            // ... and the buffers still emptied while it is: more records
+            // than this thread's buffer holds (the setting shared out among
+            // the buffers), none dropped, until the writer holds 64.
+            for n in 0..63 {
+                recorder.offer(entry(&format!("r-{n}")));
+                until(|| recorder.shared.is_empty()).await;
+            }
+            assert_eq!(metrics.dropped.get(), 0, "{priority:?}");
+            // Then the buffers fill, and overflow.
+            for n in 0..64 {
+                recorder.offer(entry(&format!("over-{n}")));
+            }
+            let dropped = metrics.dropped.get();
+            assert!(dropped > 0 && dropped < 64, "{priority:?}: dropped {dropped}");
+            gate.add_permits(1_000);
+            until(|| metrics.written.get() == 128 - dropped).await;
+            assert_eq!(seqs(&store), (1..=128 - dropped).collect::<Vec<_>>(), "{priority:?}");
+            assert_eq!(store.batches.lock().unwrap()[0].records[0].request_id, "first");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
