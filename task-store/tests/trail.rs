@@ -89,11 +89,7 @@ async fn batches_land_once(url: &str, single: bool) {
     let mut direct = None;
     if single {
         let mut connection = direct_connection(url).await;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*trail:*:segments")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
+        let keys = keys(&mut connection, "*trail:*:segments").await;
         let _: String = redis::cmd("XADD")
             .arg(&keys[0])
             .arg(third.segment_id())
@@ -202,12 +198,7 @@ async fn batches_land_once(url: &str, single: bool) {
     if single {
         let mut connection = direct_connection(url).await;
         let (mut named, mut named_old) = (0, 0);
-        for key in redis::cmd("KEYS")
-            .arg("*trail:*:ix:request:*")
-            .query_async::<Vec<String>>(&mut connection)
-            .await
-            .unwrap()
-        {
+        for key in keys(&mut connection, "*trail:*:ix:request:*").await {
             if key.ends_with(":hours") {
                 continue;
             }
@@ -226,11 +217,7 @@ async fn batches_land_once(url: &str, single: bool) {
             "the id older than the retention is a field of the hour's hash"
         );
         let bucket = (now - 2_000) / 1_000 * 1_000;
-        let buckets: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("*trail:*:ix:rq:{bucket}"))
-            .query_async(&mut connection)
-            .await
-            .unwrap();
+        let buckets = keys(&mut connection, &format!("*trail:*:ix:rq:{bucket}")).await;
         assert_eq!(buckets.len(), 1);
         let ttl: i64 = redis::cmd("TTL")
             .arg(&buckets[0])
@@ -255,7 +242,7 @@ async fn batches_land_once(url: &str, single: bool) {
         // back: its records are missing (the chain's verifier names them),
         // and reading the chain past it still works.
         let _: String = redis::cmd("XADD")
-            .arg(key_of_segments(&mut connection).await)
+            .arg(&keys(&mut connection, "*trail:*:segments").await[0])
             .arg(format!("{}-12", now + 25))
             .arg("z")
             .arg(&b"\x40\x00\x00\x00not an lz4 block"[..])
@@ -277,13 +264,9 @@ async fn batches_land_once(url: &str, single: bool) {
     }
 }
 
-async fn key_of_segments(connection: &mut redis::aio::MultiplexedConnection) -> String {
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*trail:*:segments")
-        .query_async(connection)
-        .await
-        .unwrap();
-    keys.into_iter().next().unwrap()
+/// The keys matching `pattern`.
+async fn keys(connection: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    redis::cmd("KEYS").arg(pattern).query_async(connection).await.unwrap()
 }
 
 #[tokio::test]

@@ -205,22 +205,29 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_compressed_segment_reads_back_as_its_text() {
+    /// A chain's first `records` records, sealed as one segment, and that
+    /// segment stored compressed.
+    fn compressed(records: usize) -> (Vec<Sealed>, Vec<u8>) {
         let signer = TestSigner::new();
         let mut chain = Chain::new("r-a", "default");
         let batch = chain
-            .seal((0..200).map(|n| entry(&format!("r-{n}"))), 1000, &signer)
+            .seal((0..records).map(|n| entry(&format!("r-{n}"))), 1000, &signer)
             .unwrap();
         let mut stored = Vec::new();
         write_compressed(&batch.records, &mut stored).unwrap();
-        let text = encode(&batch.records);
+        (batch.records, stored)
+    }
+
+    #[test]
+    fn a_compressed_segment_reads_back_as_its_text() {
+        let (records, stored) = compressed(200);
+        let text = encode(&records);
         assert_eq!(decompress(&stored).unwrap(), text);
         assert!(stored.len() * 2 < text.len(), "{} of {}", stored.len(), text.len());
         // The thread's scratch is reused: a smaller segment after it is its own.
         let mut again = Vec::new();
-        write_compressed(&batch.records[..3], &mut again).unwrap();
-        assert_eq!(decompress(&again).unwrap(), encode(&batch.records[..3]));
+        write_compressed(&records[..3], &mut again).unwrap();
+        assert_eq!(decompress(&again).unwrap(), encode(&records[..3]));
         let mut empty = Vec::new();
         write_compressed(&[], &mut empty).unwrap();
         assert_eq!(decompress(&empty).unwrap(), "");
@@ -228,13 +235,7 @@ mod tests {
 
     #[test]
     fn stored_bytes_that_are_not_a_compressed_segment_are_refused_and_nothing_panics() {
-        let signer = TestSigner::new();
-        let mut chain = Chain::new("r-a", "default");
-        let batch = chain
-            .seal((0..50).map(|n| entry(&format!("r-{n}"))), 1000, &signer)
-            .unwrap();
-        let mut stored = Vec::new();
-        write_compressed(&batch.records, &mut stored).unwrap();
+        let (_, stored) = compressed(50);
         assert!(decompress(b"").unwrap_err().contains("shorter than its length"));
         assert!(decompress(&[1, 0]).is_err());
         // A length no block of this size can hold is refused before it is allocated.

@@ -141,23 +141,34 @@ pub(super) fn text(value: &RedisValue) -> Option<String> {
 
 /// `[[id, [field, value, ...]], ...]` → (id, fields).
 pub(super) fn entry_fields(entries: &RedisValue) -> Vec<(String, HashMap<String, String>)> {
-    let RedisValue::Array(entries) = entries else {
-        return Vec::new();
-    };
-    entries
-        .iter()
-        .filter_map(|entry| {
-            let RedisValue::Array(parts) = entry else { return None };
-            let id = text(parts.first()?)?;
-            let mut fields = HashMap::new();
-            if let Some(RedisValue::Array(pairs)) = parts.get(1) {
-                for pair in pairs.chunks(2) {
-                    if let (Some(name), Some(value)) = (pair.first().and_then(text), pair.get(1).and_then(text)) {
-                        fields.insert(name, value);
-                    }
-                }
-            }
-            Some((id, fields))
+    stream_entries(entries)
+        .map(|(id, pairs)| {
+            let fields = pairs.filter_map(|(name, value)| Some((name, text(value)?))).collect();
+            (id, fields)
         })
         .collect()
+}
+
+/// `[[id, [field, value, ...]], ...]` → each entry's id and its (field
+/// name, value) pairs, the values as Redis gave them (an entry without an
+/// id is left out, a field without a name or value skipped).
+pub(super) fn stream_entries(
+    entries: &RedisValue,
+) -> impl Iterator<Item = (String, impl Iterator<Item = (String, &RedisValue)>)> {
+    let entries = match entries {
+        RedisValue::Array(entries) => entries.as_slice(),
+        _ => &[],
+    };
+    entries.iter().filter_map(|entry| {
+        let RedisValue::Array(parts) = entry else { return None };
+        let id = text(parts.first()?)?;
+        let pairs = match parts.get(1) {
+            Some(RedisValue::Array(pairs)) => pairs.as_slice(),
+            _ => &[],
+        };
+        let fields = pairs
+            .chunks(2)
+            .filter_map(|pair| Some((pair.first().and_then(text)?, pair.get(1)?)));
+        Some((id, fields))
+    })
 }

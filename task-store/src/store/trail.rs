@@ -40,7 +40,7 @@ use agent_reach_trail::{request_id, segment, Batch, ChainInfo, Index, Stored, St
 use async_trait::async_trait;
 use redis::Value as RedisValue;
 
-use super::record::entry_fields;
+use super::record::{entry_fields, stream_entries};
 use super::TaskStore;
 
 /// Record ids kept per capability for replays to sample.
@@ -182,44 +182,29 @@ fn start_after(after: Option<&str>) -> String {
     after.map_or_else(|| "-".to_string(), |after| format!("({after}"))
 }
 
-/// A segment's text ([`segment::encode`]) as a command's argument, written
-/// straight into the command: a batch's text is hundreds of kilobytes, and
-/// building it first cost an allocation and a copy of it.
 /// The segments of an `XRANGE`/`XREVRANGE` answer, each with its records:
 /// read from its compressed text ([`segment::FIELD`]) or its plain one
 /// ([`segment::PLAIN_FIELD`]). A segment whose stored bytes do not read
 /// back (edited in Redis) has no records: they are missing from the chain,
 /// as an unreadable line is.
 fn segment_entries(answer: &RedisValue) -> Vec<(String, Vec<Stored>)> {
-    let RedisValue::Array(entries) = answer else {
-        return Vec::new();
-    };
-    entries
-        .iter()
-        .filter_map(|entry| {
-            let RedisValue::Array(parts) = entry else { return None };
-            let id = super::record::text(parts.first()?)?;
+    stream_entries(answer)
+        .map(|(id, fields)| {
             let mut records = Vec::new();
-            if let Some(RedisValue::Array(pairs)) = parts.get(1) {
-                for pair in pairs.chunks(2) {
-                    let (Some(name), Some(RedisValue::BulkString(value))) =
-                        (pair.first().and_then(super::record::text), pair.get(1))
-                    else {
-                        continue;
-                    };
-                    let text = if name == segment::FIELD {
-                        segment::decompress(value).ok()
-                    } else if name == segment::PLAIN_FIELD {
-                        String::from_utf8(value.clone()).ok()
-                    } else {
-                        None
-                    };
-                    if let Some(text) = text {
-                        records = segment::decode(&id, &text);
-                    }
+            for (name, value) in fields {
+                let RedisValue::BulkString(value) = value else { continue };
+                let text = if name == segment::FIELD {
+                    segment::decompress(value).ok()
+                } else if name == segment::PLAIN_FIELD {
+                    String::from_utf8(value.clone()).ok()
+                } else {
+                    None
+                };
+                if let Some(text) = text {
+                    records = segment::decode(&id, &text);
                 }
             }
-            Some((id, records))
+            (id, records)
         })
         .collect()
 }
