@@ -52,16 +52,16 @@ pub fn encode(records: &[Sealed]) -> String {
 }
 
 /// The length of [`encode`]'s text for `records`.
-pub fn encoded_len(records: &[Sealed]) -> usize {
+fn encoded_len(records: &[Sealed]) -> usize {
     records
         .iter()
         .map(|sealed| decimal_len(sealed.seq) + sealed.stored.hash.len() + sealed.stored.body.len() + 3)
         .sum()
 }
 
-/// Hands [`encode`]'s text to `part` piece by piece: a store writes it
-/// straight into its command this way, with no text of its own.
-pub fn write_parts(records: &[Sealed], mut part: impl FnMut(&str)) {
+/// Hands [`encode`]'s text to `part` piece by piece, so that [`encode`] and
+/// [`write_compressed`] each write it into their own buffer.
+fn write_parts(records: &[Sealed], mut part: impl FnMut(&str)) {
     let mut seq = String::with_capacity(20);
     for sealed in records {
         seq.clear();

@@ -194,9 +194,9 @@ fn segment_entries(answer: &RedisValue) -> Vec<(String, Vec<Stored>)> {
             for (name, value) in fields {
                 let RedisValue::BulkString(value) = value else { continue };
                 let text = if name == segment::FIELD {
-                    segment::decompress(value).ok()
+                    segment::decompress(value).ok().map(std::borrow::Cow::Owned)
                 } else if name == segment::PLAIN_FIELD {
-                    String::from_utf8(value.clone()).ok()
+                    std::str::from_utf8(value).ok().map(std::borrow::Cow::Borrowed)
                 } else {
                     None
                 };
