@@ -16,6 +16,10 @@
 //! assertion it issued per (caller, instance, capability) and reuses it while
 //! it has at least half its life left and does not outlive the call's
 //! deadline. No lock on the request path: a per-thread map and one atomic read.
+//! A workflow step's assertion (it names its run) is kept apart, in a map the
+//! threads share (sharded, each shard's lock held for one lookup or insert):
+//! the run's steps are delivered by whichever thread's worker claims them, and
+//! a per-thread map would sign, and the agent verify, one per thread.
 
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -87,6 +91,34 @@ pub struct Assertions {
     generation: AtomicU64,
     settings: AssertionSettings,
     keys_valid: prometheus::IntGauge,
+    runs: RunAssertions,
+}
+
+/// Shards of [`RunAssertions`], and the entries of each before it is cleared.
+const RUN_SHARDS: usize = 16;
+const RUN_SHARD_CAPACITY: usize = 1024;
+
+/// Workflow steps' assertions, shared by every thread (see the module notes).
+struct RunAssertions {
+    /// One hasher for all threads: every thread must find the same key.
+    hasher: ahash::RandomState,
+    shards: [std::sync::Mutex<ahash::AHashMap<u64, Cached>>; RUN_SHARDS],
+}
+
+impl RunAssertions {
+    fn new() -> Self {
+        Self {
+            hasher: ahash::RandomState::new(),
+            shards: std::array::from_fn(|_| std::sync::Mutex::new(ahash::AHashMap::new())),
+        }
+    }
+
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, ahash::AHashMap<u64, Cached>> {
+        // A panic while the lock was held leaves at worst a stale entry, which is checked before use.
+        self.shards[usize::try_from(key).unwrap_or(0) % RUN_SHARDS]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 struct Cached {
@@ -117,9 +149,6 @@ struct VerifiedUpstream {
 
 thread_local! {
     static CACHE: RefCell<ahash::AHashMap<u64, Cached>> = RefCell::new(ahash::AHashMap::new());
-    /// Workflow steps' assertions (each claims its run), apart: runs come and
-    /// go, and their churn must not clear the assertions of plain calls.
-    static RUN_CACHE: RefCell<ahash::AHashMap<u64, Cached>> = RefCell::new(ahash::AHashMap::new());
     static VERIFIED: RefCell<ahash::AHashMap<u64, VerifiedUpstream>> = RefCell::new(ahash::AHashMap::new());
     /// One hasher per thread: the map is keyed by this hash of (caller, instance, capability).
     static HASHER: ahash::RandomState = ahash::RandomState::new();
@@ -147,6 +176,7 @@ impl Assertions {
             generation: AtomicU64::new(generation),
             settings,
             keys_valid,
+            runs: RunAssertions::new(),
         });
         tracing::info!(
             message = "Assertion keys loaded.",
@@ -250,7 +280,8 @@ impl Assertions {
     /// was signed, at most half an assertion's life ago; the router's ledger
     /// holds what is exactly left); for a workflow's step, claiming its `run`,
     /// reused by the same run's steps on the same instance and capability (a
-    /// cache of their own, so runs' churn leaves plain calls' assertions be).
+    /// cache of their own, shared by the threads, so runs' churn leaves plain
+    /// calls' assertions be).
     pub fn header(
         &self,
         caller: &Caller,
@@ -265,7 +296,7 @@ impl Assertions {
             Caller::Agent { name, .. } => Some(name),
             Caller::Unauthenticated => None,
         };
-        let key = HASHER.with(|state| {
+        let hash = |state: &ahash::RandomState| {
             let mut hasher = state.build_hasher();
             caller_name.map(|name| &**name).hash(&mut hasher);
             caller.tenant().hash(&mut hasher);
@@ -277,15 +308,9 @@ impl Assertions {
             delegation.groups.hash(&mut hasher);
             run.hash(&mut hasher);
             hasher.finish()
-        });
-        // A run's steps that reach the same instance and capability (a
-        // `for_each`, or steps of one capability) share one assertion, as
-        // plain calls do: one signature and one verification by the agent.
-        let cache = if run.is_some() { &RUN_CACHE } else { &CACHE };
+        };
         let ttl_ms = u64::try_from(self.settings.ttl.as_millis()).unwrap_or(u64::MAX);
-        let reusable = cache.with(|cache| {
-            let cache = cache.borrow();
-            let entry = cache.get(&key)?;
+        let reusable = |entry: &Cached| {
             let same = entry.generation == generation
                 && entry.caller.as_deref() == caller_name.map(|name| &**name)
                 && &*entry.tenant == caller.tenant()
@@ -296,8 +321,20 @@ impl Assertions {
             // At least half its life left, and never past this call's deadline.
             let fresh = now_ms < entry.issued_ms + ttl_ms / 2 && entry.expires_ms <= deadline_ms;
             (same && fresh).then(|| entry.header.clone())
-        });
-        if let Some(header) = reusable {
+        };
+        // A run's steps that reach the same instance and capability (a
+        // `for_each`, or steps of one capability) share one assertion, as
+        // plain calls do: one signature and one verification by the agent,
+        // whichever thread delivers them.
+        let key = match run {
+            Some(_) => hash(&self.runs.hasher),
+            None => HASHER.with(hash),
+        };
+        let found = match run {
+            Some(_) => self.runs.shard(key).get(&key).and_then(reusable),
+            None => CACHE.with(|cache| cache.borrow().get(&key).and_then(reusable)),
+        };
+        if let Some(header) = found {
             return Ok(header);
         }
         let expires_ms = now_ms.saturating_add(ttl_ms).min(deadline_ms);
@@ -310,27 +347,30 @@ impl Assertions {
         // Only full-life assertions are worth keeping: one cut short by a
         // near deadline would serve no later call.
         if expires_ms == now_ms.saturating_add(ttl_ms) {
-            cache.with(|cache| {
-                let mut cache = cache.borrow_mut();
-                if cache.len() >= CACHE_CAPACITY {
+            let entry = Cached {
+                generation,
+                caller: caller_name.cloned(),
+                tenant: caller.tenant().into(),
+                agent_id: agent_id.into(),
+                capability: capability.into(),
+                delegation: delegation.clone(),
+                run: run.map(Box::from),
+                header: header.clone(),
+                issued_ms: now_ms,
+                expires_ms,
+            };
+            // Bounded: cleared when full (runs come and go; the shared
+            // map's churn never clears the assertions of plain calls).
+            let keep = |cache: &mut ahash::AHashMap<u64, Cached>, capacity: usize| {
+                if cache.len() >= capacity {
                     cache.clear();
                 }
-                cache.insert(
-                    key,
-                    Cached {
-                        generation,
-                        caller: caller_name.cloned(),
-                        tenant: caller.tenant().into(),
-                        agent_id: agent_id.into(),
-                        capability: capability.into(),
-                        delegation: delegation.clone(),
-                        run: run.map(Box::from),
-                        header: header.clone(),
-                        issued_ms: now_ms,
-                        expires_ms,
-                    },
-                );
-            });
+                cache.insert(key, entry);
+            };
+            match run {
+                Some(_) => keep(&mut self.runs.shard(key), RUN_SHARD_CAPACITY),
+                None => CACHE.with(|cache| keep(&mut cache.borrow_mut(), CACHE_CAPACITY)),
+            }
         }
         Ok(header)
     }
@@ -486,6 +526,20 @@ mod tests {
         );
         let plain = step(None, "order.query");
         assert_ne!(first, plain, "a plain call never gets a run's assertion");
+        // A run's steps are delivered by whichever thread claims them: the
+        // threads share its assertions (plain calls' stay each thread's own).
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                assert!(
+                    Arc::ptr_eq(&first, &step(Some("t_run1"), "order.query")),
+                    "another thread: the run's assertion reused"
+                );
+                assert!(
+                    !Arc::ptr_eq(&plain, &step(None, "order.query")),
+                    "a plain call's is the thread's"
+                );
+            });
+        });
         let claims = |header: &Arc<str>| {
             verifier(&assertions)
                 .verify(header.strip_prefix("Bearer ").unwrap(), "a-1")
