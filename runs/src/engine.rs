@@ -355,7 +355,7 @@ impl Engine {
                     Ok(workflow) => workflow,
                     Err(problem) => {
                         let error = json!({"code": "INTERNAL", "message": format!("the run's definition does not check: {problem}"), "retryable": false});
-                        return self.finish(run_id, &spec, End::Failed(error)).await;
+                        return self.finish(run_id, &spec, End::Failed(error), &[]).await;
                     }
                 };
                 let mut specs = self.specs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -393,17 +393,19 @@ impl Engine {
             self.refresh(run_id, &mut records).await?;
         }
         if stored.state == State::Pending {
-            // Another router may have moved it first.
-            match self
-                .store()
-                .move_run(run_id, State::Running, &[State::Pending], None)
-                .await
-            {
+            // The held task is the run's face on the task routes: moved
+            // beside the run (one slot, sent together; either move alone
+            // is harmless: a later advance makes the run's, and the run's
+            // end the task's when it was lost).
+            let (moved, _) = tokio::join!(
+                self.store().move_run(run_id, State::Running, &[State::Pending], None),
+                self.store().transition(run_id, State::Running)
+            );
+            match moved {
+                // Another router may have moved it first.
                 Ok(_) | Err(TaskStoreError::Refused { .. }) => {}
                 Err(error) => return Err(error),
             }
-            // The held task is the run's face on the task routes.
-            let _ = self.store().transition(run_id, State::Running).await;
         }
         let now = now_ms();
         let actions = plan::plan(&workflow, &spec, &mut records, now);
@@ -426,9 +428,8 @@ impl Engine {
                 }
                 Action::Cancel(task_ids) => self.cancel_tasks(&task_ids).await,
                 Action::Finish(end) => {
-                    self.store().put_run_entries(run_id, &entries, None).await?;
                     self.forget_spec(run_id);
-                    return self.finish(run_id, &spec, end).await;
+                    return self.finish(run_id, &spec, end, &entries).await;
                 }
             }
         }
@@ -575,8 +576,9 @@ impl Engine {
         }
     }
 
-    /// Ends the run once (another router may have ended it first), then its held task.
-    async fn finish(&self, run_id: &str, spec: &RunSpec, end: End) -> Result<(), TaskStoreError> {
+    /// Writes `entries` (the last outcomes and decisions) and ends the run
+    /// once, in one script (another router may have ended it first), then its held task.
+    async fn finish(&self, run_id: &str, spec: &RunSpec, end: End, entries: &[RunEntry]) -> Result<(), TaskStoreError> {
         let (state, result, envelope) = match end {
             End::Succeeded(output) => (
                 State::Succeeded,
@@ -591,11 +593,12 @@ impl Engine {
         };
         match self
             .store()
-            .move_run(
+            .move_run_with(
                 run_id,
                 state,
                 &[State::Pending, State::Running],
                 Some(&result.to_string()),
+                entries,
             )
             .await
         {

@@ -3,7 +3,7 @@
 //! (a later attempt or an end wins whichever router writes last), it ends
 //! once with its result and retention, and due runs are leased to one router.
 
-use agent_reach_task_store::{EntryOrder, NewTask, State, StoreConfig, TaskStore, TaskStoreError};
+use agent_reach_task_store::{EntryOrder, NewTask, RunEntry, State, StoreConfig, TaskStore, TaskStoreError};
 use agent_reach_testkit::{Redis, RedisCluster};
 use serde_json::json;
 
@@ -96,18 +96,38 @@ async fn the_contract(store: TaskStore) {
             .unwrap(),
         State::Pending
     );
+    // The end writes the last outcomes with it, by the entries' order.
+    let entry = |field: &str, order, json: &str| RunEntry {
+        field: field.to_string(),
+        order,
+        json: json.to_string(),
+    };
     let ended = store
-        .move_run(
+        .move_run_with(
             &run_id,
             State::Succeeded,
             &[State::Pending, State::Running],
             Some(r#"{"output":1}"#),
+            &[
+                entry("i:b:0", at(1, 1), r#"{"s":"succeeded"}"#),
+                entry("i:a:0", at(1, 1), r#"{"s":"failed"}"#),
+            ],
         )
         .await
         .unwrap();
     assert_eq!(ended, State::Running);
+    // A refused move (one end) still records a step's outcome, never an earlier one.
     let refused = store
-        .move_run(&run_id, State::Canceled, &[State::Pending, State::Running], None)
+        .move_run_with(
+            &run_id,
+            State::Canceled,
+            &[State::Pending, State::Running],
+            None,
+            &[
+                entry("i:c:0", at(1, 1), r#"{"s":"canceled"}"#),
+                entry("i:b:0", at(1, 0), r#"{"s":"started"}"#),
+            ],
+        )
         .await
         .unwrap_err();
     assert!(
@@ -119,6 +139,32 @@ async fn the_contract(store: TaskStore) {
         (stored.state, stored.result.as_deref()),
         (State::Succeeded, Some(r#"{"output":1}"#))
     );
+    let entries = |names: &[&str]| {
+        names
+            .iter()
+            .map(|name| stored.entries.get(*name).map(String::as_str))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        entries(&["i:a:0", "i:b:0", "i:c:0"]),
+        [
+            Some(r#"{"s":"retried"}"#),
+            Some(r#"{"s":"succeeded"}"#),
+            Some(r#"{"s":"canceled"}"#)
+        ]
+    );
+    assert!(matches!(
+        store
+            .move_run_with(
+                "t_0000000000000000000000ff",
+                State::Running,
+                &[State::Pending],
+                None,
+                &[entry("x", at(1, 0), "{}")]
+            )
+            .await,
+        Err(TaskStoreError::NotFound(_))
+    ));
     store.schedule_run(&run_id, 0).await.unwrap();
     assert!(
         !store.lease_due_runs(30_000, 100).await.unwrap().contains(&run_id),

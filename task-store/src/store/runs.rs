@@ -68,6 +68,31 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
 "#;
 
+/// Writes the entries given from `ARGV[first]` on (field, attempt, rank,
+/// json each), each unless the stored one is later (attempt, then rank);
+/// answers how many were written. Shared by the scripts below.
+const WRITE_ENTRIES: &str = r#"
+local function write_entries(key, first)
+  local written = 0
+  for i = first, #ARGV, 4 do
+    local field, new_attempt, new_rank = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    local old = redis.call('HGET', key, field)
+    local later = false
+    if old then
+      local attempt, rank = string.match(old, '^(%d+)%.(%d+)|')
+      attempt = tonumber(attempt) or 0
+      rank = tonumber(rank) or 0
+      later = attempt > new_attempt or (attempt == new_attempt and rank > new_rank)
+    end
+    if not later then
+      redis.call('HSET', key, field, ARGV[i + 1] .. '.' .. ARGV[i + 2] .. '|' .. ARGV[i + 3])
+      written = written + 1
+    end
+  end
+  return written
+end
+"#;
+
 const PUT_ENTRIES: &str = r#"
 -- Writes each entry unless the stored one is later (attempt, then rank),
 -- then, when asked, the run's due time (XX: an ended run stays undue).
@@ -75,38 +100,28 @@ const PUT_ENTRIES: &str = r#"
 -- ARGV: 1 now ms, 2 due ms ('' for none), 3 run id, then per entry: field, attempt, rank, json
 -- Returns -1 when the run is gone, else how many entries were written.
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local written = 0
-for i = 4, #ARGV, 4 do
-  local field, new_attempt, new_rank = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local old = redis.call('HGET', KEYS[1], field)
-  local later = false
-  if old then
-    local attempt, rank = string.match(old, '^(%d+)%.(%d+)|')
-    attempt = tonumber(attempt) or 0
-    rank = tonumber(rank) or 0
-    later = attempt > new_attempt or (attempt == new_attempt and rank > new_rank)
-  end
-  if not later then
-    redis.call('HSET', KEYS[1], field, ARGV[i + 1] .. '.' .. ARGV[i + 2] .. '|' .. ARGV[i + 3])
-    written = written + 1
-  end
-end
+local written = write_entries(KEYS[1], 4)
 if written > 0 then redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[1]) end
 if ARGV[2] ~= '' then redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3]) end
 return written
 "#;
 
 const MOVE_RUN: &str = r#"
--- Moves a run to a state if it is in one of the allowed ones (a run in that
--- state already is refused: one end, one cancel); an end also keeps the
--- result, starts the retention and drops the due entry.
+-- Writes the entries given (as PUT_ENTRIES does, whatever the move's
+-- answer: a step's outcome is true of a canceled run too), then moves the
+-- run to a state if it is in one of the allowed ones (a run in that state
+-- already is refused: one end, one cancel); an end also keeps the result,
+-- starts the retention and drops the due entry.
 -- KEYS: 1 run hash, 2 due set
--- ARGV: 1 state, 2 now ms, 3 result ('' for none), 4 retention s ('' keeps the hash), 5 run id, 6.. allowed
+-- ARGV: 1 state, 2 now ms, 3 result ('' for none), 4 retention s ('' keeps the hash), 5 run id,
+--       6 n, 7..6+n the allowed states, then per entry: field, attempt, rank, json
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then return {'missing'} end
+local n = tonumber(ARGV[6])
+if write_entries(KEYS[1], 7 + n) > 0 then redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[2]) end
 if current == ARGV[1] then return {'refused', current} end
 local allowed = false
-for i = 6, #ARGV do if current == ARGV[i] then allowed = true end end
+for i = 7, 6 + n do if current == ARGV[i] then allowed = true end end
 if not allowed then return {'refused', current} end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated_at_ms', ARGV[2])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[3]) end
@@ -128,8 +143,8 @@ impl RunScripts {
     pub(super) fn load() -> Self {
         Self {
             create: redis::Script::new(CREATE_RUN),
-            put_entries: redis::Script::new(PUT_ENTRIES),
-            move_run: redis::Script::new(MOVE_RUN),
+            put_entries: redis::Script::new(&format!("{WRITE_ENTRIES}{PUT_ENTRIES}")),
+            move_run: redis::Script::new(&format!("{WRITE_ENTRIES}{MOVE_RUN}")),
         }
     }
 }
@@ -281,6 +296,20 @@ impl TaskStore {
         from: &[State],
         result: Option<&str>,
     ) -> Result<State, TaskStoreError> {
+        self.move_run_with(run_id, state, from, result, &[]).await
+    }
+
+    /// [`Self::move_run`], writing `entries` first in the same script (as
+    /// [`Self::put_run_entries`] writes them, whether or not the move is
+    /// refused): a run's last outcomes and its end, at once.
+    pub async fn move_run_with(
+        &self,
+        run_id: &str,
+        state: State,
+        from: &[State],
+        result: Option<&str>,
+        entries: &[RunEntry],
+    ) -> Result<State, TaskStoreError> {
         let mut connection = self.connection().await?;
         let mut invocation = self.run_scripts.move_run.key(self.run_key(run_id));
         invocation
@@ -293,9 +322,17 @@ impl TaskStore {
             } else {
                 String::new()
             })
-            .arg(run_id);
+            .arg(run_id)
+            .arg(from.len());
         for allowed in from {
             invocation.arg(allowed.as_str());
+        }
+        for entry in entries {
+            invocation
+                .arg(&entry.field)
+                .arg(entry.order.attempt)
+                .arg(entry.order.rank)
+                .arg(&entry.json);
         }
         let answer: Vec<String> = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
         let parse = |text: Option<&String>| {
