@@ -132,6 +132,17 @@ end
 return {'ok', current}
 "#;
 
+/// `entries` as the scripts read them (`WRITE_ENTRIES`): field, attempt, rank, json each.
+fn entry_args(invocation: &mut redis::ScriptInvocation<'_>, entries: &[RunEntry]) {
+    for entry in entries {
+        invocation
+            .arg(&entry.field)
+            .arg(entry.order.attempt)
+            .arg(entry.order.rank)
+            .arg(&entry.json);
+    }
+}
+
 /// The run scripts, loaded once.
 pub(super) struct RunScripts {
     create: redis::Script,
@@ -272,13 +283,7 @@ impl TaskStore {
             .arg(now_ms())
             .arg(due_at_ms.map_or_else(String::new, |due| due.to_string()))
             .arg(run_id);
-        for entry in entries {
-            invocation
-                .arg(&entry.field)
-                .arg(entry.order.attempt)
-                .arg(entry.order.rank)
-                .arg(&entry.json);
-        }
+        entry_args(&mut invocation, entries);
         let written: i64 = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
         match written {
             -1 => Err(TaskStoreError::NotFound(run_id.to_string())),
@@ -327,13 +332,7 @@ impl TaskStore {
         for allowed in from {
             invocation.arg(allowed.as_str());
         }
-        for entry in entries {
-            invocation
-                .arg(&entry.field)
-                .arg(entry.order.attempt)
-                .arg(entry.order.rank)
-                .arg(&entry.json);
-        }
+        entry_args(&mut invocation, entries);
         let answer: Vec<String> = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
         let parse = |text: Option<&String>| {
             text.and_then(|text| State::parse(text))
