@@ -251,6 +251,25 @@ impl Stack {
         Ok((submit_time, started.elapsed()))
     }
 
+    /// [`Self::throughput`] of `count` runs of `workflow`, each ended.
+    async fn runs(
+        &self,
+        workflow: &str,
+        count: usize,
+        concurrency: usize,
+        body: impl Fn(usize) -> Value,
+    ) -> anyhow::Result<(Duration, Duration)> {
+        let ended = format!("workflow=\"{workflow}\"");
+        self.throughput(
+            &format!("/v1/workflows/{workflow}/runs"),
+            count,
+            concurrency,
+            body,
+            |metrics| counter(metrics, "agent_reach_runs_ended_total", &ended),
+        )
+        .await
+    }
+
     /// One synchronous `/v1/invoke` of `capability`: its latency.
     async fn invoke(&self, capability: &str, payload: &Value) -> anyhow::Result<Duration> {
         let started = Instant::now();
@@ -331,28 +350,20 @@ async fn bench(args: Args, run: Run) -> anyhow::Result<()> {
             .await?;
         let tasks_per_s = rate_line("tasks", args.tasks, "tasks", tasks);
         let linear = stack
-            .throughput(
-                &format!("/v1/workflows/{LINEAR}/runs"),
+            .runs(
+                LINEAR,
                 args.runs,
                 args.concurrency,
                 |index| json!({"request_id": format!("linear-{round}-{index}"), "payload": {"n": index}}),
-                |metrics| {
-                    counter(
-                        metrics,
-                        "agent_reach_runs_ended_total",
-                        &format!("workflow=\"{LINEAR}\""),
-                    )
-                },
             )
             .await?;
         let linear_per_s = rate_line("3-step linear runs", args.runs, "runs", linear);
         let fan = stack
-            .throughput(
-                &format!("/v1/workflows/{FAN}/runs"),
+            .runs(
+                FAN,
                 args.fan_runs,
                 args.concurrency,
                 |index| json!({"request_id": format!("fan-{round}-{index}"), "payload": {"items": items, "n": index}}),
-                |metrics| counter(metrics, "agent_reach_runs_ended_total", &format!("workflow=\"{FAN}\"")),
             )
             .await?;
         let fan_per_s = rate_line("1→10→1 fan-out runs", args.fan_runs, "runs", fan);
