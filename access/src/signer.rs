@@ -114,8 +114,11 @@ impl RunAssertions {
     }
 
     fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, ahash::AHashMap<u64, Cached>> {
+        // The key's low bits pick the shard (on every word size: the
+        // remainder is below RUN_SHARDS, so the casts lose nothing).
+        let index = (key % RUN_SHARDS as u64) as usize;
         // A panic while the lock was held leaves at worst a stale entry, which is checked before use.
-        self.shards[usize::try_from(key).unwrap_or(0) % RUN_SHARDS]
+        self.shards[index]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
