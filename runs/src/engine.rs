@@ -22,7 +22,9 @@ use agent_reach_pipeline::RouterService;
 use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION};
 use agent_reach_proto::Priority;
 use agent_reach_task_store::store::now_ms;
-use agent_reach_task_store::{Callback, NewTask, RunEntry, State, StoredRun, Submitted, TaskStore, TaskStoreError};
+use agent_reach_task_store::{
+    Callback, HeldTask, NewTask, RunEntry, State, StoredRun, Submitted, TaskStore, TaskStoreError,
+};
 use agent_reach_tasks::{store_error, TaskService};
 use agent_reach_workflows::Workflow;
 use serde_json::{json, Value};
@@ -152,35 +154,36 @@ impl Engine {
             priority: start.priority,
             trace_id: start.trace_id.clone(),
             created_at_ms: now_ms(),
+            has_callback: Some(start.callback.is_some()),
         };
         let envelope = json!({
             "capability": workflow.name, "request_id": start.request_id, "session_id": start.session_id,
             "context_id": start.context_id, "priority": start.priority, "payload": start.input,
         });
-        let submitted = self
-            .store()
-            .submit(NewTask {
-                request_id: start.request_id,
-                session_id: start.session_id,
-                caller,
-                capability: workflow.name.clone(),
-                priority: start.priority,
-                envelope,
-                callback: start.callback,
-                hold: true,
-                ..NewTask::default()
-            })
-            .await
-            .map_err(store_error)?;
-        let run_id = submitted.task_id().to_string();
         let spec_json =
             serde_json::to_string(&spec).map_err(|error| RouterError::new(Code::Internal, error.to_string()))?;
         let grace = u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
-        let created = self
+        // The held task and the run, one script (a repeat finds both).
+        let (submitted, created) = self
             .store()
-            .create_run(&run_id, &spec_json, grace)
+            .submit_run(
+                NewTask {
+                    request_id: start.request_id,
+                    session_id: start.session_id,
+                    caller,
+                    capability: workflow.name.clone(),
+                    priority: start.priority,
+                    envelope,
+                    callback: start.callback,
+                    hold: true,
+                    ..NewTask::default()
+                },
+                &spec_json,
+                grace,
+            )
             .await
             .map_err(store_error)?;
+        let run_id = submitted.task_id().to_string();
         if created {
             // This router's first advance needs neither parse nor check.
             {
@@ -392,24 +395,18 @@ impl Engine {
         if refresh {
             self.refresh(run_id, &mut records).await?;
         }
-        if stored.state == State::Pending {
-            // The held task is the run's face on the task routes: moved
-            // beside the run (one slot, sent together; either move alone
-            // is harmless: a later advance makes the run's, and the run's
-            // end the task's when it was lost).
-            let (moved, _) = tokio::join!(
-                self.store().move_run(run_id, State::Running, &[State::Pending], None),
-                self.store().transition(run_id, State::Running)
-            );
-            match moved {
-                // Another router may have moved it first.
-                Ok(_) | Err(TaskStoreError::Refused { .. }) => {}
-                Err(error) => return Err(error),
-            }
-        }
+        // The first advance moves the run and its held task (the run's face
+        // on the task routes) to `running` with what it decided, in the one
+        // script that writes that (a router that dies before leaves the run
+        // pending and due: the next advance submits the same calls, found).
+        let first = stored.state == State::Pending;
         let now = now_ms();
         let actions = plan::plan(&workflow, &spec, &mut records, now);
         let mut wake = now + u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
+        // The calls to submit (each task, the id it is submitted as) and
+        // where each one's entry is among `entries`.
+        let mut calls = Vec::new();
+        let mut placed = Vec::new();
         for action in actions {
             match action {
                 Action::Start { step, record } => {
@@ -421,7 +418,12 @@ impl Engine {
                         json,
                     });
                 }
-                Action::Call(call) => entries.push(self.call(run_id, &spec, &workflow, call, now).await?),
+                Action::Call(call) => {
+                    let (task, entry) = self.call(run_id, &spec, &workflow, call, now)?;
+                    placed.push(entries.len());
+                    entries.push(entry);
+                    calls.push(task);
+                }
                 Action::WakeAt(at) => {
                     wake = wake.min(at);
                     self.wake_at(run_id, at);
@@ -429,14 +431,65 @@ impl Engine {
                 Action::Cancel(task_ids) => self.cancel_tasks(&task_ids).await,
                 Action::Finish(end) => {
                     self.forget_spec(run_id);
+                    self.submit_calls(&spec, calls, &placed, &mut entries).await?;
+                    if first {
+                        // Ended at its first look (every step skipped):
+                        // running first, as every run's end expects.
+                        self.store().start_running(run_id, &[], wake).await?;
+                    }
                     return self.finish(run_id, &spec, end, &entries).await;
                 }
             }
+        }
+        // The calls and the writes in one script where the store can (one
+        // server); else each call submitted on its own, then the writes.
+        if self.store().advance_run(run_id, &calls, &entries, wake, first).await? {
+            self.count_calls(&spec, calls.len());
+            return Ok(());
+        }
+        self.submit_calls(&spec, calls, &placed, &mut entries).await?;
+        if first {
+            return self.store().start_running(run_id, &entries, wake).await;
         }
         self.store()
             .put_run_entries(run_id, &entries, Some(wake))
             .await
             .map(drop)
+    }
+
+    /// Submits `calls` one by one (each under its id, or found under the
+    /// task its request id names: then its entry, at `placed` in `entries`,
+    /// names that task).
+    async fn submit_calls(
+        &self,
+        spec: &RunSpec,
+        calls: Vec<(NewTask, String)>,
+        placed: &[usize],
+        entries: &mut [RunEntry],
+    ) -> Result<(), TaskStoreError> {
+        let count = calls.len();
+        for ((task, task_id), &index) in calls.into_iter().zip(placed) {
+            let submitted = self.store().submit_with_id(task, &task_id).await?;
+            if submitted.task_id() != task_id {
+                let mut record: ItemRecord = serde_json::from_str(&entries[index].json)
+                    .map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+                submitted.task_id().clone_into(&mut record.task_id);
+                entries[index].json =
+                    serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+            }
+        }
+        self.count_calls(spec, count);
+        Ok(())
+    }
+
+    fn count_calls(&self, spec: &RunSpec, count: usize) {
+        for _ in 0..count {
+            self.tasks.submitted();
+        }
+        self.metrics
+            .calls
+            .with_label_values(&[&spec.workflow])
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
     }
 
     fn forget_spec(&self, run_id: &str) {
@@ -482,16 +535,17 @@ impl Engine {
         Ok(())
     }
 
-    /// Submits one call as a task (the same request id whoever submits it);
-    /// answers its record, for the advance to write.
-    async fn call(
+    /// One call as a task to submit (the same request id whoever submits
+    /// it) and the id to submit it as, and its record for the advance to
+    /// write (naming that id).
+    fn call(
         &self,
         run_id: &str,
         spec: &RunSpec,
         workflow: &Workflow,
         call: plan::Call,
         now: u64,
-    ) -> Result<RunEntry, TaskStoreError> {
+    ) -> Result<((NewTask, String), RunEntry), TaskStoreError> {
         let step = &workflow.steps[call.step];
         let (capability, version, timeout_ms) = match (&call.item, &step.on_failure) {
             (None, agent_reach_workflows::OnFailure::Compensate(compensation)) => (
@@ -519,23 +573,20 @@ impl Engine {
         if let Some(timeout_ms) = timeout_ms {
             envelope["timeout_ms"] = json!(timeout_ms);
         }
-        let submitted = self
-            .store()
-            .submit(NewTask {
-                request_id,
-                caller: spec.caller.clone(),
-                capability: capability.to_string(),
-                priority: spec.priority,
-                envelope,
-                run: Some(run_id.to_string()),
-                ..NewTask::default()
-            })
-            .await?;
-        self.tasks.submitted();
+        let task_id = self.store().task_id_for(capability);
+        let task = NewTask {
+            request_id,
+            caller: spec.caller.clone(),
+            capability: capability.to_string(),
+            priority: spec.priority,
+            envelope,
+            run: Some(run_id.to_string()),
+            ..NewTask::default()
+        };
         let record = ItemRecord {
             attempt: call.attempt,
             status: ItemStatus::Submitted,
-            task_id: submitted.task_id().to_string(),
+            task_id: task_id.clone(),
             submitted_at_ms: now,
             finished_at_ms: None,
             agent_id: None,
@@ -543,13 +594,13 @@ impl Engine {
             output: None,
             error: None,
         };
-        self.metrics.calls.with_label_values(&[&spec.workflow]).inc();
         let json = serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
-        Ok(RunEntry {
+        let entry = RunEntry {
             field: call.field,
             order: record.order(),
             json,
-        })
+        };
+        Ok(((task, task_id), entry))
     }
 
     /// A retry's backoff on this router (the run is also due by then for any router).
@@ -591,27 +642,48 @@ impl Engine {
                 self.envelope(run_id, spec, ResultStatus::Failed, None, Some(error)),
             ),
         };
-        match self
-            .store()
-            .move_run_with(
-                run_id,
-                state,
-                &[State::Pending, State::Running],
-                Some(&result.to_string()),
-                entries,
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(TaskStoreError::Refused { .. }) => return Ok(()),
-            Err(error) => return Err(error),
-        }
+        let result = result.to_string();
+        let from = [State::Pending, State::Running];
+        let held = spec.has_callback.map(|has_callback| HeldTask {
+            caller: &spec.caller,
+            request_id: &spec.request_id,
+            session_id: spec.session_id.as_deref(),
+            capability: &spec.workflow,
+            priority: spec.priority,
+            has_callback,
+        });
+        // The run's end and its held task's, one script (a run stored before
+        // its spec said whether it has a callback: the task read, then ended).
+        let held_ended = match held {
+            Some(held) => {
+                match self
+                    .store()
+                    .end_run(run_id, (state, &from), &result, entries, (&held, &envelope))
+                    .await
+                {
+                    Ok((_, held_ended)) => Some(held_ended),
+                    Err(TaskStoreError::Refused { .. }) => return Ok(()),
+                    Err(error) => return Err(error),
+                }
+            }
+            None => {
+                match self
+                    .store()
+                    .move_run_with(run_id, state, &from, Some(&result), entries)
+                    .await
+                {
+                    Ok(_) => None,
+                    Err(TaskStoreError::Refused { .. }) => return Ok(()),
+                    Err(error) => return Err(error),
+                }
+            }
+        };
         self.metrics
             .ended
             .with_label_values(&[&spec.workflow, state.as_str()])
             .inc();
         tracing::info!(message = "Run ended.", %run_id, workflow = %spec.workflow, state = state.as_str());
-        self.end_held_task(run_id, state, &envelope).await;
+        self.end_held_task(run_id, state, &envelope, held_ended).await;
         Ok(())
     }
 
@@ -645,10 +717,20 @@ impl Engine {
     }
 
     /// Ends the run's held task (its callback, its session result) as the run ended.
-    async fn end_held_task(&self, run_id: &str, state: State, envelope: &Value) {
+    /// `ended`: how the run's end script ended it already (`None`: not tried).
+    async fn end_held_task(
+        &self,
+        run_id: &str,
+        state: State,
+        envelope: &Value,
+        ended: Option<Result<State, TaskStoreError>>,
+    ) {
         // Running since the run's first advance; moved here first only when
         // that move was lost (the task still pending).
-        let mut ended = self.store().complete(run_id, state, envelope).await;
+        let mut ended = match ended {
+            Some(ended) => ended,
+            None => self.store().complete(run_id, state, envelope).await,
+        };
         if let Err(TaskStoreError::Refused { current, .. }) = &ended {
             if State::parse(current).is_some_and(|current| !current.is_terminal()) {
                 let _ = self.store().transition(run_id, State::Running).await;

@@ -29,6 +29,11 @@ pub struct RunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
     pub created_at_ms: u64,
+    /// Whether the run's held task was submitted with a callback, so the
+    /// run's end ends it without reading it (`None`: a run stored before
+    /// this field; its end reads the task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_callback: Option<bool>,
 }
 
 /// A step that started (its `when` held, its `for_each` evaluated) or was skipped.

@@ -3,7 +3,10 @@
 //! (a later attempt or an end wins whichever router writes last), it ends
 //! once with its result and retention, and due runs are leased to one router.
 
-use agent_reach_task_store::{EntryOrder, NewTask, RunEntry, State, StoreConfig, TaskStore, TaskStoreError};
+use agent_reach_task_store::{
+    Callback, EntryOrder, HeldTask, NewTask, Priority, RunEntry, State, StoreConfig, Submitted, TaskStore,
+    TaskStoreError,
+};
 use agent_reach_testkit::{Redis, RedisCluster};
 use serde_json::json;
 
@@ -186,10 +189,200 @@ async fn the_contract(store: TaskStore) {
     ));
 }
 
+/// A run's start, first advance and end, each one script with its held task
+/// (docs/design.md §3.14.4): the same outcome as the scripts one by one.
+async fn the_combined_scripts(store: TaskStore, cluster: bool) {
+    let held_task = |request_id: &str| NewTask {
+        request_id: request_id.to_string(),
+        caller: "tester".to_string(),
+        capability: "order.ship_today".to_string(),
+        envelope: json!({"capability": "order.ship_today", "payload": {}}),
+        callback: Some(Callback {
+            url: "http://127.0.0.1:9/hook".to_string(),
+            secret_ref: None,
+            a2a: None,
+        }),
+        hold: true,
+        ..NewTask::default()
+    };
+    // Started: the held task and the run, once; the same request id finds both.
+    let (submitted, created) = store
+        .submit_run(held_task("start-1"), r#"{"n":1}"#, 60_000)
+        .await
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Created(_)) && created);
+    let run_id = submitted.task_id().to_string();
+    let (again, created) = store
+        .submit_run(held_task("start-1"), r#"{"n":2}"#, 60_000)
+        .await
+        .unwrap();
+    assert_eq!((again, created), (Submitted::Existing(run_id.clone()), false));
+    assert_eq!(store.get(&run_id).await.unwrap().state, State::Pending);
+    let stored = store.run(&run_id).await.unwrap();
+    assert_eq!((stored.state, stored.spec.as_str()), (State::Pending, r#"{"n":1}"#));
+    assert_eq!(store.recent_runs(10).await.unwrap(), std::slice::from_ref(&run_id));
+
+    // The first advance: both running, its entries written, due later.
+    let at = |attempt, rank| EntryOrder { attempt, rank };
+    let entry = |field: &str, order, json: &str| RunEntry {
+        field: field.to_string(),
+        order,
+        json: json.to_string(),
+    };
+    store
+        .start_running(&run_id, &[entry("s:a", at(0, 0), r#"{"s":"started"}"#)], u64::MAX / 2)
+        .await
+        .unwrap();
+    // Again (another router's): no error, nothing moved back.
+    store
+        .start_running(&run_id, &[entry("s:a", at(0, 0), r#"{"s":"again"}"#)], u64::MAX / 2)
+        .await
+        .unwrap();
+    let stored = store.run(&run_id).await.unwrap();
+    assert_eq!(stored.state, State::Running);
+    assert_eq!(stored.entries.get("s:a").map(String::as_str), Some(r#"{"s":"again"}"#));
+    let task = store.get(&run_id).await.unwrap();
+    assert_eq!((task.state, task.attempts), (State::Running, 1));
+    assert!(matches!(
+        store.start_running("t_0000000000000000000000ff", &[], 0).await,
+        Err(TaskStoreError::NotFound(_))
+    ));
+
+    // An advance: its calls submitted and what it decided written, one
+    // script on one server; on a cluster (the calls in other slots) it is
+    // left to the long way, nothing written.
+    let call = |request_id: &str| NewTask {
+        request_id: request_id.to_string(),
+        caller: "tester".to_string(),
+        capability: "order.lookup".to_string(),
+        envelope: json!({"capability": "order.lookup", "payload": {}}),
+        run: Some(run_id.clone()),
+        ..NewTask::default()
+    };
+    let first_call = store.task_id_for("order.lookup");
+    let done = store
+        .advance_run(
+            &run_id,
+            &[(call("call-1"), first_call.clone())],
+            &[entry("i:b:0", at(1, 0), r#"{"s":"submitted"}"#)],
+            u64::MAX / 2,
+            false,
+        )
+        .await
+        .unwrap();
+    let written = |stored: &agent_reach_task_store::StoredRun, field: &str| stored.entries.contains_key(field);
+    assert_eq!(done, !cluster);
+    assert_eq!(written(&store.run(&run_id).await.unwrap(), "i:b:0"), !cluster);
+    if !cluster {
+        let task = store.get(&first_call).await.unwrap();
+        assert_eq!(
+            (task.state, task.run.as_deref()),
+            (State::Pending, Some(run_id.as_str()))
+        );
+        // The same call under another id (a plan made twice): its request id
+        // names the first task, so nothing of the run is written.
+        let second = store.task_id_for("order.lookup");
+        let done = store
+            .advance_run(
+                &run_id,
+                &[(call("call-1"), second.clone())],
+                &[entry("i:c:0", at(1, 0), r#"{"s":"submitted"}"#)],
+                u64::MAX / 2,
+                false,
+            )
+            .await
+            .unwrap();
+        assert!(!done);
+        assert!(!written(&store.run(&run_id).await.unwrap(), "i:c:0"));
+        assert!(matches!(store.get(&second).await, Err(TaskStoreError::NotFound(_))));
+    }
+    assert!(matches!(
+        store
+            .advance_run("t_0000000000000000000000ff", &[], &[], 0, false)
+            .await,
+        Err(TaskStoreError::NotFound(_))
+    ));
+
+    // The end: the run with its last entries, then its held task, without reading it.
+    let held = HeldTask {
+        caller: "tester",
+        request_id: "start-1",
+        session_id: None,
+        capability: "order.ship_today",
+        priority: Priority::Normal,
+        has_callback: true,
+    };
+    let envelope = json!({"status": "succeeded", "output": 1});
+    let (moved, held_ended) = store
+        .end_run(
+            &run_id,
+            (State::Succeeded, &[State::Pending, State::Running]),
+            r#"{"output":1}"#,
+            &[entry("i:a:0", at(1, 1), r#"{"s":"succeeded"}"#)],
+            (&held, &envelope),
+        )
+        .await
+        .unwrap();
+    assert_eq!((moved, held_ended.unwrap()), (State::Running, State::Running));
+    let stored = store.run(&run_id).await.unwrap();
+    assert_eq!(
+        (
+            stored.state,
+            stored.result.as_deref(),
+            stored.entries.get("i:a:0").map(String::as_str)
+        ),
+        (State::Succeeded, Some(r#"{"output":1}"#), Some(r#"{"s":"succeeded"}"#))
+    );
+    let task = store.get(&run_id).await.unwrap();
+    assert_eq!((task.state, task.result), (State::Succeeded, Some(envelope.clone())));
+    // One end: the run's second is refused and leaves the held task be.
+    let refused = store
+        .end_run(
+            &run_id,
+            (State::Failed, &[State::Pending, State::Running]),
+            "{}",
+            &[],
+            (&held, &json!({"status": "failed"})),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, TaskStoreError::Refused { ref current, .. } if current == "succeeded"));
+    assert_eq!(store.get(&run_id).await.unwrap().result, Some(envelope));
+
+    // A run whose held task's move to running was lost: the run ends, the
+    // task's end is refused (pending), for the caller to move it first.
+    let (submitted, _) = store.submit_run(held_task("start-2"), "{}", 60_000).await.unwrap();
+    let lost = submitted.task_id().to_string();
+    let (moved, held_ended) = store
+        .end_run(
+            &lost,
+            (State::Failed, &[State::Pending, State::Running]),
+            "{}",
+            &[],
+            (
+                &HeldTask {
+                    request_id: "start-2",
+                    ..held
+                },
+                &json!({"status": "failed"}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, State::Pending);
+    assert!(matches!(held_ended, Err(TaskStoreError::Refused { ref current, .. }) if current == "pending"));
+    assert_eq!(store.run(&lost).await.unwrap().state, State::Failed);
+}
+
 #[tokio::test]
 async fn on_redis() {
     let redis = Redis::start();
     the_contract(TaskStore::new(&redis.url(), &StoreConfig::default()).unwrap()).await;
+    let other = StoreConfig {
+        tenant: "combined".to_string(),
+        ..StoreConfig::default()
+    };
+    the_combined_scripts(TaskStore::new(&redis.url(), &other).unwrap(), false).await;
 }
 
 #[tokio::test]
@@ -198,4 +391,9 @@ async fn on_cluster() {
     let url = format!("redis+cluster://127.0.0.1:{}", cluster.ports()[0]);
     let store = TaskStore::new(&url, &StoreConfig::default()).unwrap();
     the_contract(store).await;
+    let other = StoreConfig {
+        tenant: "combined".to_string(),
+        ..StoreConfig::default()
+    };
+    the_combined_scripts(TaskStore::new(&url, &other).unwrap(), true).await;
 }

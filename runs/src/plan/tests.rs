@@ -20,6 +20,7 @@ fn spec(input: Value) -> RunSpec {
         priority: Priority::Normal,
         trace_id: None,
         created_at_ms: 0,
+        has_callback: Some(false),
     }
 }
 

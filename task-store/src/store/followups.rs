@@ -7,7 +7,7 @@ use redis::AsyncCommands;
 
 use super::connection::Connection;
 use super::{lane_of, now_ms, unavailable, TaskStore, TaskStoreError, FOLLOWUP_GRACE, LANES};
-use crate::model::{State, Task};
+use crate::model::State;
 
 /// How long a router that took over follow-ups holds them before another may.
 const FOLLOWUP_LEASE_MS: u64 = 30_000;
@@ -17,11 +17,16 @@ const FOLLOWUP_SWEEP_EVERY_MS: u64 = 1_000;
 
 impl TaskStore {
     /// Starts the retention of a task's idempotency key again (from its end).
-    pub(super) async fn retain_request(&self, connection: &Connection, task: &Task) -> Result<(), TaskStoreError> {
+    pub(super) async fn retain_request(
+        &self,
+        connection: &Connection,
+        caller: &str,
+        request_id: &str,
+    ) -> Result<(), TaskStoreError> {
         let mut connection = connection.clone();
         connection
             .expire::<_, i64>(
-                self.request_key(&task.caller, &task.request_id),
+                self.request_key(caller, request_id),
                 i64::try_from(self.retention_s).unwrap_or(i64::MAX),
             )
             .await
@@ -34,17 +39,18 @@ impl TaskStore {
     pub(super) async fn publish_result(
         &self,
         connection: &Connection,
-        task: &Task,
+        task_id: &str,
+        session_id: Option<&str>,
         state: State,
     ) -> Result<(), TaskStoreError> {
         let mut connection = connection.clone();
-        if let Some(session) = task.session_id.as_deref() {
+        if let Some(session) = session_id {
             let (results, seen) = self.results_keys(session);
             self.scripts
                 .publish
                 .key(results)
                 .key(seen)
-                .arg(&task.task_id)
+                .arg(task_id)
                 .arg(state.as_str())
                 .arg(self.retention_s)
                 .invoke_async::<i64>(&mut connection)
@@ -52,7 +58,7 @@ impl TaskStore {
                 .map_err(unavailable)?;
         }
         connection
-            .zrem::<_, _, i64>(self.followups_key(lane_of(&task.task_id)), &task.task_id)
+            .zrem::<_, _, i64>(self.followups_key(lane_of(task_id)), task_id)
             .await
             .map(drop)
             .map_err(unavailable)
@@ -100,8 +106,8 @@ impl TaskStore {
             let outcome = match self.get(&task_id).await {
                 Ok(task) if task.state.is_terminal() => {
                     let (retained, published) = tokio::join!(
-                        self.retain_request(&connection, &task),
-                        self.publish_result(&connection, &task, task.state)
+                        self.retain_request(&connection, &task.caller, &task.request_id),
+                        self.publish_result(&connection, &task.task_id, task.session_id.as_deref(), task.state)
                     );
                     retained.and(published)
                 }

@@ -79,7 +79,8 @@
 //! `record` (a task's record and stream entries, read), `quota` (where
 //! routers share their limits) and `history` (where they merge their
 //! outcome histories); `trail` keeps the trail's records (its own key
-//! layout in that file).
+//! layout in that file); `parts` runs scripts of one slot as one script
+//! (a run's start, first advance and end with its held task).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -93,7 +94,7 @@ pub use self::callbacks::schedule_member;
 use self::connection::{Connection, Link};
 pub use self::history::{HistorySlot, HistoryTotals};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
-pub use self::runs::{EntryOrder, RunEntry, StoredRun, RECENT_RUNS};
+pub use self::runs::{EntryOrder, HeldTask, RunEntry, StoredRun, RECENT_RUNS};
 use self::scripts::Scripts;
 pub use self::turns::MOST_PUSH_CONFIGS;
 use crate::model::{Callback, Priority, State, Task};
@@ -108,6 +109,7 @@ mod history;
 mod keys;
 mod lookup;
 mod outcome;
+mod parts;
 mod pauses;
 mod quota;
 mod record;

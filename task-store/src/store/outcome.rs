@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use super::connection::Connection;
+use super::parts::{invoke, Part};
 use super::scripts::state_args;
 use super::{lane_of, now_ms, unavailable, Claimed, Reported, TaskStore, TaskStoreError, GROUP};
 use crate::model::{Accepted, State, Task};
@@ -10,29 +12,35 @@ use crate::model::{Accepted, State, Task};
 impl TaskStore {
     /// Moves a task to `next` if the transition table allows it from its current state.
     pub async fn transition(&self, task_id: &str, next: State) -> Result<State, TaskStoreError> {
-        let attempts = if next == State::Running { 1 } else { 0 };
         let mut connection = self.connection().await?;
-        let answer: Vec<String> = self
-            .scripts
-            .transition
-            .key(self.task_key(task_id))
+        let answer: Vec<String> = invoke(
+            &self.scripts.transition,
+            &[&self.transition_part(task_id, next)],
+            &mut connection,
+        )
+        .await?;
+        script_answer(answer, task_id, next)
+    }
+
+    /// `TRANSITION`'s keys and arguments: task `task_id` to `next`.
+    pub(super) fn transition_part(&self, task_id: &str, next: State) -> Part {
+        let attempts = if next == State::Running { 1 } else { 0 };
+        let mut part = Part::default();
+        part.key(self.task_key(task_id))
             .key(self.backlog_key(lane_of(task_id)))
             .arg(next.as_str())
             .arg(now_ms())
             .arg(attempts)
-            .arg(state_args(next))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(unavailable)?;
-        script_answer(answer, task_id, next)
+            .arg(state_args(next));
+        part
     }
 
     /// Records a terminal outcome (and acknowledges the queue entry when
     /// given); `report` (agent name, fingerprint) makes it an agent's report.
     /// The idempotency key's retention starts again with it (on a cluster
     /// beside it, the key being in its own slot: a failure there leaves it
-    /// the retention from the submission); once the outcome is recorded, a
-    /// session's task is appended to its results.
+    /// the retention from the submission); once the outcome is recorded,
+    /// a session's task is appended to its results.
     async fn record_end(
         &self,
         task: &Task,
@@ -41,52 +49,18 @@ impl TaskStore {
         entry: Option<(&str, &str)>,
         report: Option<(&str, &str)>,
     ) -> Result<Vec<String>, TaskStoreError> {
-        let lane = lane_of(&task.task_id);
-        let queue_key = self.queue_of(task);
-        let (queue, entry_id) = entry.unwrap_or((&queue_key, ""));
-        let (reporter, fingerprint) = report.unwrap_or(("", ""));
+        let ending = Ending::of(self, task);
         let connection = self.connection().await?;
-        let one_server = !self.is_cluster();
-        let request_key = self.request_key(&task.caller, &task.request_id);
         let record = async {
             let mut connection = connection.clone();
-            let mut invocation = self.scripts.finish.key(self.task_key(&task.task_id));
-            invocation
-                .key(queue)
-                .key(self.backlog_key(lane))
-                .key(self.callbacks_key(lane))
-                .key(self.followups_key(lane));
-            if one_server {
-                invocation.key(&request_key);
-            }
-            invocation
-                .arg(state.as_str())
-                .arg(now_ms())
-                .arg(result.to_string())
-                .arg(entry_id)
-                .arg(GROUP)
-                .arg(self.retention_s)
-                .arg(&task.task_id)
-                // A callback is scheduled with the outcome, durably: any router delivers it.
-                .arg(if task.callback.is_some() && state != State::Canceled {
-                    "1"
-                } else {
-                    "0"
-                })
-                .arg(reporter)
-                .arg(fingerprint)
-                .arg(if task.session_id.is_some() { "1" } else { "0" })
-                .arg(if one_server { "1" } else { "0" })
-                .arg(state_args(state))
-                .invoke_async::<Vec<String>>(&mut connection)
-                .await
-                .map_err(unavailable)
+            let part = self.finish_part(&ending, state, result, entry, report);
+            invoke::<Vec<String>>(&self.scripts.finish, &[&part], &mut connection).await
         };
         let retain = async {
-            if one_server {
+            if !self.is_cluster() {
                 return Ok(());
             }
-            self.retain_request(&connection, task).await
+            self.retain_request(&connection, ending.caller, ending.request_id).await
         };
         let (answer, retained) = tokio::join!(record, retain);
         let answer = answer?;
@@ -96,16 +70,75 @@ impl TaskStore {
                 task_id = %task.task_id, %error
             );
         }
-        if answer.first().map(String::as_str) == Some("ok") && task.session_id.is_some() {
+        self.publish_recorded(&connection, &ending, state, &answer).await;
+        Ok(answer)
+    }
+
+    /// `FINISH`'s keys and arguments for `ending` (`entry`: its queue and
+    /// entry id; `report`: an agent's report, by whom, its fingerprint).
+    pub(super) fn finish_part(
+        &self,
+        ending: &Ending<'_>,
+        state: State,
+        result: &Value,
+        entry: Option<(&str, &str)>,
+        report: Option<(&str, &str)>,
+    ) -> Part {
+        let lane = lane_of(ending.task_id);
+        let (queue, entry_id) = entry.unwrap_or((&ending.queue, ""));
+        let (reporter, fingerprint) = report.unwrap_or(("", ""));
+        let one_server = !self.is_cluster();
+        let mut part = Part::default();
+        part.key(self.task_key(ending.task_id))
+            .key(queue)
+            .key(self.backlog_key(lane))
+            .key(self.callbacks_key(lane))
+            .key(self.followups_key(lane));
+        if one_server {
+            part.key(self.request_key(ending.caller, ending.request_id));
+        }
+        part.arg(state.as_str())
+            .arg(now_ms())
+            .arg(result.to_string())
+            .arg(entry_id)
+            .arg(GROUP)
+            .arg(self.retention_s)
+            .arg(ending.task_id)
+            // A callback is scheduled with the outcome, durably: any router delivers it.
+            .arg(if ending.has_callback && state != State::Canceled {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(reporter)
+            .arg(fingerprint)
+            .arg(if ending.session_id.is_some() { "1" } else { "0" })
+            .arg(if one_server { "1" } else { "0" })
+            .arg(state_args(state));
+        part
+    }
+
+    /// Once `FINISH` answered `answer` for `ending`: a session's task is
+    /// appended to its results (a worker does it later when this fails).
+    pub(super) async fn publish_recorded(
+        &self,
+        connection: &Connection,
+        ending: &Ending<'_>,
+        state: State,
+        answer: &[String],
+    ) {
+        if answer.first().map(String::as_str) == Some("ok") && ending.session_id.is_some() {
             // The outcome is durable; a worker applies this if it fails here.
-            if let Err(error) = self.publish_result(&connection, task, state).await {
+            if let Err(error) = self
+                .publish_result(connection, ending.task_id, ending.session_id, state)
+                .await
+            {
                 tracing::warn!(
                     message = "An ended task's session result is not appended yet; a worker retries it.",
-                    task_id = %task.task_id, %error
+                    task_id = %ending.task_id, %error
                 );
             }
         }
-        Ok(answer)
     }
 
     /// A worker's task ended: record it and acknowledge its queue entry.
@@ -190,7 +223,34 @@ impl TaskStore {
     }
 }
 
-fn script_answer(answer: Vec<String>, task_id: &str, wanted: State) -> Result<State, TaskStoreError> {
+/// What ending a task needs to know of it (a run knows it of its held
+/// task without reading it).
+pub(super) struct Ending<'a> {
+    pub(super) task_id: &'a str,
+    pub(super) caller: &'a str,
+    pub(super) request_id: &'a str,
+    pub(super) session_id: Option<&'a str>,
+    /// Its queue's key (acknowledged with an entry id; a held task has none).
+    pub(super) queue: String,
+    pub(super) has_callback: bool,
+}
+
+impl<'a> Ending<'a> {
+    pub(super) fn of(store: &TaskStore, task: &'a Task) -> Self {
+        Self {
+            task_id: &task.task_id,
+            caller: &task.caller,
+            request_id: &task.request_id,
+            session_id: task.session_id.as_deref(),
+            queue: store.queue_of(task),
+            has_callback: task.callback.is_some(),
+        }
+    }
+}
+
+/// A move's answer (a task's or, by its held task's id, a run's): the state
+/// it was in; `Refused` when it is in another, `NotFound` when it is gone.
+pub(super) fn script_answer(answer: Vec<String>, task_id: &str, wanted: State) -> Result<State, TaskStoreError> {
     let previous = |text: Option<&String>| {
         text.and_then(|text| State::parse(text))
             .ok_or_else(|| TaskStoreError::Corrupt(format!("task {task_id} has an unknown state")))

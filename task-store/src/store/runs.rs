@@ -15,15 +15,22 @@
 //!   console's list), at most [`RECENT_RUNS`].
 //!
 //! Every change to a run's hash and its due entry is one script on the
-//! lane's slot. What the fields mean is the runs crate's; the store keeps
-//! them ordered and durable.
+//! lane's slot; a run's start, first advance and end change its held task
+//! in the same script, and on one server an advance submits its calls in
+//! it too (`START_RUN`, `ADVANCE`, `END_RUN`, made of the scripts they
+//! combine by [`super::parts`]). What the fields mean is the runs crate's;
+//! the store keeps them ordered and durable.
 
 use std::collections::BTreeMap;
 
 use redis::AsyncCommands;
 
+use super::connection::Connection;
+use super::outcome::{script_answer, Ending};
+use super::parts::{function, invoke, Part, PARTS};
+use super::scripts;
 use super::{lane_of, now_ms, unavailable, TaskStore, TaskStoreError, LANES};
-use crate::model::State;
+use crate::model::{Priority, State};
 
 /// How many run ids the recent-runs index keeps.
 pub const RECENT_RUNS: isize = 1000;
@@ -132,11 +139,65 @@ end
 return {'ok', current}
 "#;
 
+/// An advance's writes, in one script: its calls submitted (SUBMIT each,
+/// on one server: every lane there), then what it decided written, the run
+/// due again. A call whose request id names another task stops it before
+/// anything of the run is written (answer 0: the caller takes the long way,
+/// each submission on its own, which completes the ones stored here as
+/// repeats). A first advance (`first`) moves the run to `running` with its
+/// entries (MOVE_RUN) and, when the run is running, its held task beside it
+/// (TRANSITION), then sets the due time (PUT_ENTRIES, no entries); any
+/// other writes its entries and due time (PUT_ENTRIES).
+/// The first part's arguments: the number of calls, '1' for a first advance.
+/// Answers 1 (done), 0 (stopped), -1 (the run is gone).
+const ADVANCE: &str = r#"
+local p = parts()
+local calls, first = tonumber(p[1][2][1]), p[1][2][2] == '1'
+for i = 1, calls do
+  local answer = submit(p[1 + i][1], p[1 + i][2])
+  if answer[1] ~= 0 and answer[1] ~= 1 then return 0 end
+end
+local k = 2 + calls
+if first then
+  local moved = move_run(p[k][1], p[k][2])
+  if moved[1] == 'missing' then return -1 end
+  if moved[1] == 'ok' or moved[2] == 'running' then transition(p[k + 1][1], p[k + 1][2]) end
+  put_entries(p[k + 2][1], p[k + 2][2])
+  return 1
+end
+return put_entries(p[k][1], p[k][2]) == -1 and -1 or 1
+"#;
+
+/// A run's end, in one script: the run moved to its end with its last
+/// entries (MOVE_RUN), then, when it moved, its held task ended (FINISH).
+/// Answers {the move's answer, FINISH's ({} when the run did not move)}.
+const END_RUN: &str = r#"
+local p = parts()
+local moved = move_run(p[1][1], p[1][2])
+if moved[1] ~= 'ok' then return {moved, {}} end
+return {moved, finish(p[2][1], p[2][2])}
+"#;
+
+/// A run's start, in one script: its held task submitted (SUBMIT), then,
+/// for the task this submission stored or found stored under its own id,
+/// the run created (CREATE_RUN) and, on one server, indexed among the
+/// recent runs. Answers {SUBMIT's answer, CREATE_RUN's (-1: not run)}.
+pub(super) const START_RUN: &str = r#"
+local p = parts()
+local submitted = submit(p[1][1], p[1][2])
+if submitted[1] ~= 0 and submitted[1] ~= 1 then return {submitted, -1} end
+local created = create_run(p[2][1], p[2][2])
+if created == 1 and p[3] then
+  redis.call('ZADD', p[3][1][1], p[3][2][1], p[3][2][2])
+  redis.call('ZREMRANGEBYRANK', p[3][1][1], 0, -1 - tonumber(p[3][2][3]))
+end
+return {submitted, created}
+"#;
+
 /// `entries` as the scripts read them (`WRITE_ENTRIES`): field, attempt, rank, json each.
-fn entry_args(invocation: &mut redis::ScriptInvocation<'_>, entries: &[RunEntry]) {
+fn entry_args(part: &mut Part, entries: &[RunEntry]) {
     for entry in entries {
-        invocation
-            .arg(&entry.field)
+        part.arg(&entry.field)
             .arg(entry.order.attempt)
             .arg(entry.order.rank)
             .arg(&entry.json);
@@ -148,16 +209,52 @@ pub(super) struct RunScripts {
     create: redis::Script,
     put_entries: redis::Script,
     move_run: redis::Script,
+    advance: redis::Script,
+    end: redis::Script,
+    pub(super) start: redis::Script,
 }
 
 impl RunScripts {
     pub(super) fn load() -> Self {
+        let put_entries = format!("{WRITE_ENTRIES}{PUT_ENTRIES}");
+        let move_run = format!("{WRITE_ENTRIES}{MOVE_RUN}");
+        let finish = format!("{}{}", scripts::NOTIFY_PUSH, scripts::FINISH);
         Self {
             create: redis::Script::new(CREATE_RUN),
-            put_entries: redis::Script::new(&format!("{WRITE_ENTRIES}{PUT_ENTRIES}")),
-            move_run: redis::Script::new(&format!("{WRITE_ENTRIES}{MOVE_RUN}")),
+            put_entries: redis::Script::new(&put_entries),
+            move_run: redis::Script::new(&move_run),
+            advance: redis::Script::new(&format!(
+                "{PARTS}{}{}{}{}{ADVANCE}",
+                function("submit", scripts::SUBMIT),
+                function("move_run", &move_run),
+                function("transition", scripts::TRANSITION),
+                function("put_entries", &put_entries),
+            )),
+            end: redis::Script::new(&format!(
+                "{PARTS}{}{}{END_RUN}",
+                function("move_run", &move_run),
+                function("finish", &finish),
+            )),
+            start: redis::Script::new(&format!(
+                "{PARTS}{}{}{START_RUN}",
+                function("submit", scripts::SUBMIT),
+                function("create_run", CREATE_RUN),
+            )),
         }
     }
+}
+
+/// A run's held task as its run knows it (docs/design.md §3.14.4): what
+/// ending it needs, so that the run's end need not read it.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldTask<'a> {
+    pub caller: &'a str,
+    pub request_id: &'a str,
+    pub session_id: Option<&'a str>,
+    /// The workflow's name (the task's capability).
+    pub capability: &'a str,
+    pub priority: Priority,
+    pub has_callback: bool,
 }
 
 impl TaskStore {
@@ -177,34 +274,56 @@ impl TaskStore {
     /// look by any router after `grace_ms`; `false` when it exists already.
     pub async fn create_run(&self, run_id: &str, spec: &str, grace_ms: u64) -> Result<bool, TaskStoreError> {
         let mut connection = self.connection().await?;
+        let created: i64 = invoke(
+            &self.run_scripts.create,
+            &[&self.create_part(run_id, spec, grace_ms)],
+            &mut connection,
+        )
+        .await?;
+        if created == 1 {
+            self.index_run(&connection, run_id).await;
+        }
+        Ok(created == 1)
+    }
+
+    /// `CREATE_RUN`'s keys and arguments.
+    pub(super) fn create_part(&self, run_id: &str, spec: &str, grace_ms: u64) -> Part {
         let now = now_ms();
-        let created: i64 = self
-            .run_scripts
-            .create
-            .key(self.run_key(run_id))
+        let mut part = Part::default();
+        part.key(self.run_key(run_id))
             .key(self.runs_due_key(lane_of(run_id)))
             .arg(spec)
             .arg(now)
             .arg(now + grace_ms)
+            .arg(run_id);
+        part
+    }
+
+    /// The recent runs' index (another slot) as `START_RUN` reads it on one server.
+    pub(super) fn recent_part(&self, run_id: &str) -> Part {
+        let mut part = Part::default();
+        part.key(self.runs_recent_key())
+            .arg(now_ms())
             .arg(run_id)
-            .invoke_async(&mut connection)
-            .await
-            .map_err(unavailable)?;
-        if created == 1 {
-            // The console's list: best effort, beside the run (another slot).
-            let recent = self.runs_recent_key();
-            let indexed: Result<(), redis::RedisError> = redis::pipe()
-                .zadd(&recent, run_id, now)
-                .ignore()
-                .zremrangebyrank(&recent, 0, -(RECENT_RUNS + 1))
-                .ignore()
-                .query_async(&mut connection)
-                .await;
-            if let Err(error) = indexed {
-                tracing::warn!(message = "A run is missing from the recent runs' index.", %run_id, %error);
-            }
+            .arg(RECENT_RUNS);
+        part
+    }
+
+    /// The console's list gains a run just created: best effort, beside
+    /// the run (another slot).
+    pub(super) async fn index_run(&self, connection: &Connection, run_id: &str) {
+        let mut connection = connection.clone();
+        let recent = self.runs_recent_key();
+        let indexed: Result<(), redis::RedisError> = redis::pipe()
+            .zadd(&recent, run_id, now_ms())
+            .ignore()
+            .zremrangebyrank(&recent, 0, -(RECENT_RUNS + 1))
+            .ignore()
+            .query_async(&mut connection)
+            .await;
+        if let Err(error) = indexed {
+            tracing::warn!(message = "A run is missing from the recent runs' index.", %run_id, %error);
         }
-        Ok(created == 1)
     }
 
     /// Run `run_id` as stored.
@@ -277,18 +396,28 @@ impl TaskStore {
             return Ok(0);
         }
         let mut connection = self.connection().await?;
-        let mut invocation = self.run_scripts.put_entries.key(self.run_key(run_id));
-        invocation
-            .key(self.runs_due_key(lane_of(run_id)))
-            .arg(now_ms())
-            .arg(due_at_ms.map_or_else(String::new, |due| due.to_string()))
-            .arg(run_id);
-        entry_args(&mut invocation, entries);
-        let written: i64 = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
+        let written: i64 = invoke(
+            &self.run_scripts.put_entries,
+            &[&self.put_part(run_id, entries, due_at_ms)],
+            &mut connection,
+        )
+        .await?;
         match written {
             -1 => Err(TaskStoreError::NotFound(run_id.to_string())),
             written => Ok(usize::try_from(written).unwrap_or(0)),
         }
+    }
+
+    /// `PUT_ENTRIES`'s keys and arguments.
+    fn put_part(&self, run_id: &str, entries: &[RunEntry], due_at_ms: Option<u64>) -> Part {
+        let mut part = Part::default();
+        part.key(self.run_key(run_id))
+            .key(self.runs_due_key(lane_of(run_id)))
+            .arg(now_ms())
+            .arg(due_at_ms.map_or_else(String::new, |due| due.to_string()))
+            .arg(run_id);
+        entry_args(&mut part, entries);
+        part
     }
 
     /// Moves run `run_id` to `state` from one of `from`; a terminal state
@@ -316,8 +445,25 @@ impl TaskStore {
         entries: &[RunEntry],
     ) -> Result<State, TaskStoreError> {
         let mut connection = self.connection().await?;
-        let mut invocation = self.run_scripts.move_run.key(self.run_key(run_id));
-        invocation
+        let answer: Vec<String> = invoke(
+            &self.run_scripts.move_run,
+            &[&self.move_part(run_id, (state, from), result, entries)],
+            &mut connection,
+        )
+        .await?;
+        script_answer(answer, run_id, state)
+    }
+
+    /// `MOVE_RUN`'s keys and arguments.
+    fn move_part(
+        &self,
+        run_id: &str,
+        (state, from): (State, &[State]),
+        result: Option<&str>,
+        entries: &[RunEntry],
+    ) -> Part {
+        let mut part = Part::default();
+        part.key(self.run_key(run_id))
             .key(self.runs_due_key(lane_of(run_id)))
             .arg(state.as_str())
             .arg(now_ms())
@@ -330,23 +476,130 @@ impl TaskStore {
             .arg(run_id)
             .arg(from.len());
         for allowed in from {
-            invocation.arg(allowed.as_str());
+            part.arg(allowed.as_str());
         }
-        entry_args(&mut invocation, entries);
-        let answer: Vec<String> = invocation.invoke_async(&mut connection).await.map_err(unavailable)?;
-        let parse = |text: Option<&String>| {
-            text.and_then(|text| State::parse(text))
-                .ok_or_else(|| TaskStoreError::Corrupt(format!("run {run_id} has an unknown state")))
+        entry_args(&mut part, entries);
+        part
+    }
+
+    /// A run's first advance (docs/design.md §3.14.4), one script: run
+    /// `run_id` moved from `pending` to `running` with `entries` (written
+    /// whatever the move's answer, as [`Self::move_run_with`] writes them),
+    /// its held task moved to `running` when the run is running, and the
+    /// run due for a look at `due_at_ms`. `NotFound` when the run is gone;
+    /// a run another router moved, or canceled, is no error (its entries
+    /// are written all the same).
+    pub async fn start_running(
+        &self,
+        run_id: &str,
+        entries: &[RunEntry],
+        due_at_ms: u64,
+    ) -> Result<(), TaskStoreError> {
+        match self.advance_run(run_id, &[], entries, due_at_ms, true).await? {
+            true => Ok(()),
+            // (No call to stop at.)
+            false => Err(TaskStoreError::Corrupt(format!("run {run_id}'s first advance stopped"))),
+        }
+    }
+
+    /// An advance's writes in one script (docs/design.md §3.14.4): `calls`
+    /// (each task and the id it is submitted as) submitted, then `entries`
+    /// written (a first advance, `first`: with the run's and its held task's
+    /// moves to `running`, as [`Self::start_running`]) and the run due at
+    /// `due_at_ms`. `false`: nothing of the run written, for the caller to
+    /// take the long way ([`Self::submit`] each call, then the writes):
+    /// calls on a cluster (other slots), a store that waits for replicas,
+    /// or a call whose request id names another task than the id given.
+    /// `NotFound` when the run is gone.
+    pub async fn advance_run(
+        &self,
+        run_id: &str,
+        calls: &[(crate::store::NewTask, String)],
+        entries: &[RunEntry],
+        due_at_ms: u64,
+        first: bool,
+    ) -> Result<bool, TaskStoreError> {
+        if !calls.is_empty() && (self.is_cluster() || self.wait.is_some()) {
+            return Ok(false);
+        }
+        let mut header = Part::default();
+        header.arg(calls.len()).arg(if first { "1" } else { "0" });
+        let mut submits = Vec::with_capacity(calls.len());
+        let mut queued = Vec::with_capacity(calls.len());
+        for (task, task_id) in calls {
+            let (part, lane, field) = self.one_server_part(task, task_id)?;
+            submits.push(part);
+            queued.push((lane, field));
+        }
+        let tail = if first {
+            vec![
+                self.move_part(run_id, (State::Running, &[State::Pending]), None, entries),
+                self.transition_part(run_id, State::Running),
+                self.put_part(run_id, &[], Some(due_at_ms)),
+            ]
+        } else {
+            vec![self.put_part(run_id, entries, Some(due_at_ms))]
         };
-        match answer.first().map(String::as_str) {
-            Some("ok") => parse(answer.get(1)),
-            Some("refused") => Err(TaskStoreError::Refused {
-                current: answer.get(1).cloned().unwrap_or_default(),
-                wanted: state.as_str().to_string(),
-            }),
-            Some("missing") => Err(TaskStoreError::NotFound(run_id.to_string())),
-            other => Err(TaskStoreError::Corrupt(format!("unexpected script answer {other:?}"))),
+        let parts: Vec<&Part> = std::iter::once(&header).chain(&submits).chain(&tail).collect();
+        let mut connection = self.connection().await?;
+        let answer: i64 = invoke(&self.run_scripts.advance, &parts, &mut connection).await?;
+        match answer {
+            -1 => Err(TaskStoreError::NotFound(run_id.to_string())),
+            0 => Ok(false),
+            _ => {
+                for (lane, field) in &queued {
+                    self.note_queued(*lane, field);
+                }
+                Ok(true)
+            }
         }
+    }
+
+    /// Ends run `run_id` and its held task `held` in one script (docs/design.md
+    /// §3.14.4): the run moved to `state` from one of `from` with its
+    /// `result` and last `entries` (as [`Self::move_run_with`]); when it
+    /// moved, its held task ended with `envelope` as [`Self::complete`]
+    /// ends it, without reading it first. Answers the run's move, and, when
+    /// it moved, the held task's end (`Refused` when the task is not
+    /// running: its move to `running` was lost; see [`Self::complete`]).
+    pub async fn end_run(
+        &self,
+        run_id: &str,
+        (state, from): (State, &[State]),
+        result: &str,
+        entries: &[RunEntry],
+        (held, envelope): (&HeldTask<'_>, &serde_json::Value),
+    ) -> Result<(State, Result<State, TaskStoreError>), TaskStoreError> {
+        let connection = self.connection().await?;
+        let ending = Ending {
+            task_id: run_id,
+            caller: held.caller,
+            request_id: held.request_id,
+            session_id: held.session_id,
+            queue: self.queue_key(lane_of(run_id), held.capability, held.priority),
+            has_callback: held.has_callback,
+        };
+        let parts = [
+            &self.move_part(run_id, (state, from), Some(result), entries),
+            &self.finish_part(&ending, state, envelope, None, None),
+        ];
+        let (moved, finished): (Vec<String>, Vec<String>) = {
+            let mut connection = connection.clone();
+            invoke(&self.run_scripts.end, &parts, &mut connection).await?
+        };
+        let moved = script_answer(moved, run_id, state)?;
+        if self.is_cluster() {
+            // The idempotency key is in its own slot: its retention starts
+            // again beside the script (a failure leaves it the submission's).
+            if let Err(error) = self.retain_request(&connection, held.caller, held.request_id).await {
+                tracing::warn!(
+                    message = "An ended task's idempotency key keeps the retention from its submission.",
+                    task_id = %run_id, %error
+                );
+            }
+        }
+        self.publish_recorded(&connection, &ending, state, &finished).await;
+        Ok((moved, script_answer(finished, run_id, state)))
     }
 
     /// Run `run_id` is due for a look by any router at `at_ms` (unless it ended).

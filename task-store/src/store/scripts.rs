@@ -53,7 +53,7 @@ impl Scripts {
     }
 }
 
-const SUBMIT: &str = r#"
+pub(super) const SUBMIT: &str = r#"
 -- Stores and queues a task in its lane, unless it is stored already (the
 -- request id was claimed for it before, by this submission or an earlier one).
 -- On one server (ARGV[9] '1') it also claims the request id itself and adds
@@ -131,7 +131,7 @@ for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], id) end
 return due
 "#;
 
-const TRANSITION: &str = r#"
+pub(super) const TRANSITION: &str = r#"
 -- KEYS: 1 task hash, 2 backlog hash
 -- ARGV: 1 new state, 2 now ms, 3 attempts increment, 4.. allowed predecessor states
 -- In the new state already: done (this move run again, after a connection
@@ -153,7 +153,7 @@ redis.call('HSET', KEYS[1], 'transitions',
 return {'ok', current}
 "#;
 
-const FINISH: &str = r#"
+pub(super) const FINISH: &str = r#"
 -- Records a terminal outcome, acknowledges the queue entry, schedules the
 -- callback, starts the retention clock and, for a task of a session, notes
 -- the session result beyond the lane as a follow-up, all at once.
@@ -217,7 +217,7 @@ return {'ok', current}
 /// Shared by the scripts that end or interrupt a task: every A2A push config
 /// (field `push:{id}`) is scheduled for a notification now, as the schedule's
 /// member `{task id}#{id}` (task ids hold no `#`), its attempts counted afresh.
-const NOTIFY_PUSH: &str = r#"
+pub(super) const NOTIFY_PUSH: &str = r#"
 local function notify_push(task, schedule, now, task_id)
   for _, field in ipairs(redis.call('HKEYS', task)) do
     if string.sub(field, 1, 5) == 'push:' then

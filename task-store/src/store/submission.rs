@@ -5,6 +5,7 @@
 use redis::AsyncCommands;
 
 use super::connection::Connection;
+use super::parts::{invoke, Part};
 use super::record::Spec;
 use super::{
     lane_of, now_ms, unavailable, NewTask, Submitted, TaskStore, TaskStoreError, CALLER_INDEX_MAX, GROUP, LANES,
@@ -20,7 +21,14 @@ struct StoreStep<'a> {
     bound: Option<u64>,
     /// The task's first A2A push config: (id, the config's JSON).
     push: Option<(String, String)>,
+    /// The task is a run's held task: the run's spec and grace, the run
+    /// created in the same script as the task is stored (`START_RUN`).
+    run: Option<(&'a str, u64)>,
 }
+
+/// A store step's answer: SUBMIT's code and task id (or waiting count, or
+/// holder), and for a run's held task whether the run was created then.
+type Stored = ((i64, String), Option<bool>);
 
 impl TaskStore {
     /// Recreates the consumer group of every queue the lanes list (a Redis
@@ -71,6 +79,77 @@ impl TaskStore {
         task_id: &str,
         backlog_bound: Option<u64>,
     ) -> Result<Submitted, TaskStoreError> {
+        self.submit_inner(task, task_id, backlog_bound, None)
+            .await
+            .map(|(submitted, _)| submitted)
+    }
+
+    /// Submits a run's held task (`task`, `hold` set) and creates its run
+    /// with `spec`, due for a look by any router after `grace_ms`, in the
+    /// same script (docs/design.md §3.14.4): answers the submission and
+    /// whether the run was created by it (`false`: it existed, a repeat).
+    pub async fn submit_run(
+        &self,
+        task: NewTask,
+        spec: &str,
+        grace_ms: u64,
+    ) -> Result<(Submitted, bool), TaskStoreError> {
+        let task_id = self.task_id_for(&task.capability);
+        let (submitted, created) = self.submit_inner(task, &task_id, None, Some((spec, grace_ms))).await?;
+        let created = created.unwrap_or(false);
+        if created && self.is_cluster() {
+            let connection = self.connection().await?;
+            self.index_run(&connection, submitted.task_id()).await;
+        }
+        Ok((submitted, created))
+    }
+
+    /// `SUBMIT`'s keys and arguments for a plain `task` (no bound, no push
+    /// config, queued) submitted as `task_id` on one server, the whole
+    /// submission in it; with its lane and backlog field (for
+    /// [`Self::note_queued`]).
+    pub(super) fn one_server_part(
+        &self,
+        task: &NewTask,
+        task_id: &str,
+    ) -> Result<(Part, usize, String), TaskStoreError> {
+        let spec = Spec {
+            task_id: task_id.to_string(),
+            request_id: task.request_id.clone(),
+            session_id: task.session_id.clone(),
+            caller: task.caller.clone(),
+            capability: task.capability.clone(),
+            priority: task.priority,
+            envelope: task.envelope.clone(),
+            callback: task.callback.clone(),
+            target_agent: task.target_agent.clone(),
+            parent: task.parent.clone(),
+            children: task.children.clone(),
+            run: task.run.clone(),
+            created_at_ms: now_ms(),
+        };
+        let request_key = self.request_key(&task.caller, &task.request_id);
+        let field = format!("{}|{}", spec.capability, spec.priority.as_str());
+        let step = StoreStep {
+            request_key: &request_key,
+            field: &field,
+            hold: task.hold,
+            bound: None,
+            push: None,
+            run: None,
+        };
+        let spec_json = self.spec_json(&spec, task_id)?;
+        let part = self.store_part(task_id, &spec_json, &spec, &step, 0, true);
+        Ok((part, lane_of(task_id), field))
+    }
+
+    async fn submit_inner(
+        &self,
+        task: NewTask,
+        task_id: &str,
+        backlog_bound: Option<u64>,
+        run: Option<(&str, u64)>,
+    ) -> Result<(Submitted, Option<bool>), TaskStoreError> {
         let spec = Spec {
             task_id: task_id.to_string(),
             request_id: task.request_id.clone(),
@@ -102,8 +181,9 @@ impl TaskStore {
             hold: task.hold,
             bound: backlog_bound,
             push,
+            run,
         };
-        let (own, id, (code, answer)) = if self.is_cluster() {
+        let (own, id, ((code, answer), created)) = if self.is_cluster() {
             self.submit_in_two_steps(&connection, &spec, &step).await?
         } else {
             self.submit_at_once(&connection, &spec, &step).await?
@@ -149,11 +229,12 @@ impl TaskStore {
         // Own: the request id names this submission's task id, stored now or by
         // an earlier attempt of this same submission (a retried write, the
         // buffer's replay): for its caller, the one creation.
-        Ok(if own {
+        let submitted = if own {
             Submitted::Created(id)
         } else {
             Submitted::Existing(id)
-        })
+        };
+        Ok((submitted, created))
     }
 
     /// A cluster's submission: `SET … NX GET` claims the request id (for a
@@ -166,7 +247,7 @@ impl TaskStore {
         connection: &Connection,
         spec: &Spec,
         step: &StoreStep<'_>,
-    ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
+    ) -> Result<(bool, String, Stored), TaskStoreError> {
         let claim = async {
             let mut connection = connection.clone();
             self.claim_request(step.request_key, &spec.task_id)
@@ -194,12 +275,9 @@ impl TaskStore {
                 .sum()
         });
         let store = async {
-            let mut connection = connection.clone();
             let spec_json = self.spec_json(spec, &id)?;
-            self.store_invocation(&id, &spec_json, spec, step, elsewhere, false)
-                .invoke_async::<(i64, String)>(&mut connection)
-                .await
-                .map_err(unavailable)
+            let part = self.store_part(&id, &spec_json, spec, step, elsewhere, false);
+            self.store(connection, (&id, part), step, false).await
         };
         // The caller's index, beside it, for a task this submission created.
         let index = async {
@@ -228,25 +306,18 @@ impl TaskStore {
         connection: &Connection,
         spec: &Spec,
         step: &StoreStep<'_>,
-    ) -> Result<(bool, String, (i64, String)), TaskStoreError> {
-        let mut connection = connection.clone();
+    ) -> Result<(bool, String, Stored), TaskStoreError> {
         let spec_json = self.spec_json(spec, &spec.task_id)?;
-        let (code, answer) = self
-            .store_invocation(&spec.task_id, &spec_json, spec, step, 0, true)
-            .invoke_async::<(i64, String)>(&mut connection)
-            .await
-            .map_err(unavailable)?;
+        let part = self.store_part(&spec.task_id, &spec_json, spec, step, 0, true);
+        let ((code, answer), created) = self.store(connection, (&spec.task_id, part), step, true).await?;
         if code != 3 {
-            return Ok((true, spec.task_id.clone(), (code, answer)));
+            return Ok((true, spec.task_id.clone(), ((code, answer), created)));
         }
         let holder = answer;
         let spec_json = self.spec_json(spec, &holder)?;
-        let stored = self
-            .store_invocation(&holder, &spec_json, spec, step, 0, true)
-            .invoke_async::<(i64, String)>(&mut connection)
-            .await
-            .map_err(unavailable)?;
-        if stored.0 == 3 {
+        let part = self.store_part(&holder, &spec_json, spec, step, 0, true);
+        let stored = self.store(connection, (&holder, part), step, true).await?;
+        if stored.0 .0 == 3 {
             // The request id changed hands again meanwhile (it expired and was taken):
             // answered as a store outage, so the caller submits again.
             return Err(TaskStoreError::Unavailable(format!(
@@ -278,9 +349,34 @@ impl TaskStore {
         serde_json::to_string(&spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))
     }
 
-    /// The store step for task `id` in its lane; `one_server`: the whole
-    /// submission (claim, store, index) in it, the bound counting every lane.
-    fn store_invocation(
+    /// The store step for task `id` in its lane (`SUBMIT`, or for a run's
+    /// held task `START_RUN`, the run created beside it); `one_server`: the
+    /// whole submission (claim, store, index) in it, the bound counting every lane.
+    async fn store(
+        &self,
+        connection: &Connection,
+        (id, store): (&str, Part),
+        step: &StoreStep<'_>,
+        one_server: bool,
+    ) -> Result<Stored, TaskStoreError> {
+        let mut connection = connection.clone();
+        let Some((run_spec, grace_ms)) = step.run else {
+            return invoke(&self.scripts.submit, &[&store], &mut connection)
+                .await
+                .map(|answer| (answer, None));
+        };
+        let create = self.create_part(id, run_spec, grace_ms);
+        let recent = self.recent_part(id);
+        let mut parts = vec![&store, &create];
+        if one_server {
+            parts.push(&recent);
+        }
+        let (answer, created): ((i64, String), i64) = invoke(&self.run_scripts.start, &parts, &mut connection).await?;
+        Ok((answer, (created >= 0).then_some(created == 1)))
+    }
+
+    /// `SUBMIT`'s keys and arguments for task `id`.
+    fn store_part(
         &self,
         id: &str,
         spec_json: &str,
@@ -288,25 +384,22 @@ impl TaskStore {
         step: &StoreStep<'_>,
         elsewhere: i64,
         one_server: bool,
-    ) -> redis::ScriptInvocation<'_> {
+    ) -> Part {
         let lane = lane_of(id);
-        let mut invocation = self.scripts.submit.key(self.task_key(id));
-        invocation
+        let mut part = Part::default();
+        part.key(self.task_key(id))
             .key(self.queue_key(lane, &spec.capability, spec.priority))
             .key(self.queues_key(lane))
             .key(self.backlog_key(lane));
         if one_server {
-            invocation
-                .key(step.request_key)
-                .key(self.caller_index_key(&spec.caller));
+            part.key(step.request_key).key(self.caller_index_key(&spec.caller));
             if step.bound.is_some() {
                 for other in (0..LANES).filter(|other| *other != lane) {
-                    invocation.key(self.backlog_key(other));
+                    part.key(self.backlog_key(other));
                 }
             }
         }
-        invocation
-            .arg(id)
+        part.arg(id)
             .arg(spec_json)
             .arg(spec.created_at_ms)
             .arg(step.field)
@@ -318,10 +411,10 @@ impl TaskStore {
             .arg(self.retention_s)
             .arg(CALLER_INDEX_MAX);
         match &step.push {
-            Some((id, config)) => invocation.arg(format!("{}{id}", super::record::PUSH_FIELD)).arg(config),
-            None => invocation.arg("").arg(""),
+            Some((id, config)) => part.arg(format!("{}{id}", super::record::PUSH_FIELD)).arg(config),
+            None => part.arg("").arg(""),
         };
-        invocation
+        part
     }
 
     /// The caller's index gaining task `id` (a cluster's submission).
