@@ -93,11 +93,13 @@ pub struct BudgetClaim {
 pub struct AssertionKey {
     kid: String,
     public: [u8; 32],
-    /// The key pair, parsed once: `jsonwebtoken` parses its PKCS#8 document
-    /// again on every signature (deriving the public key, a scalar
+    /// The signing key, parsed once: `jsonwebtoken` parses its PKCS#8
+    /// document again on every signature (deriving the public key, a scalar
     /// multiplication), about as much work as the signature itself; the
     /// profile of `workflows-bench` showed it as 5.7 % of the process.
-    pair: ring::signature::Ed25519KeyPair,
+    /// `ed25519-dalek` signs (the same deterministic signatures as ring's,
+    /// a third faster here); ring reads and checks the PKCS#8 document.
+    pair: ed25519_dalek::SigningKey,
     /// `base64url({"typ":"JWT","alg":"EdDSA","kid":KID})`, every JWS's header.
     header: String,
 }
@@ -133,6 +135,10 @@ impl AssertionKey {
             .as_ref()
             .try_into()
             .map_err(|_| "an Ed25519 public key is not 32 bytes".to_string())?;
+        let pair = ed25519_dalek::SigningKey::from_bytes(&pkcs8_seed(der)?);
+        if pair.verifying_key().as_bytes() != &public {
+            return Err("the PKCS#8 document's public key is not its private key's".to_string());
+        }
         let kid = thumbprint(&public);
         let mut header = Header::new(Algorithm::EdDSA);
         header.kid = Some(kid.clone());
@@ -185,17 +191,41 @@ impl AssertionKey {
         jws.push_str(&self.header);
         jws.push('.');
         URL_SAFE_NO_PAD.encode_string(&payload, &mut jws);
-        let signature = self.pair.sign(jws.as_bytes());
+        let signature = ed25519_dalek::Signer::sign(&self.pair, jws.as_bytes()).to_bytes();
         jws.push('.');
-        URL_SAFE_NO_PAD.encode_string(signature.as_ref(), &mut jws);
+        URL_SAFE_NO_PAD.encode_string(signature, &mut jws);
         Ok(jws)
     }
 
     /// The base64url EdDSA signature of a JWS signing input (a detached JWS:
     /// the A2A card signatures of [`crate::card_signature`]).
     pub fn sign_bytes(&self, signing_input: &[u8]) -> Result<String, String> {
-        Ok(URL_SAFE_NO_PAD.encode(self.pair.sign(signing_input).as_ref()))
+        Ok(URL_SAFE_NO_PAD.encode(ed25519_dalek::Signer::sign(&self.pair, signing_input).to_bytes()))
     }
+}
+
+/// The 32-byte seed of an Ed25519 PKCS#8 document (RFC 8410, v1 or v2, as
+/// ring has just read it): the `CurvePrivateKey` octet string (`04 20`)
+/// inside the `privateKey` octet string (`04 22`), after the algorithm's
+/// identifier (`06 03 2B 65 70`, id-Ed25519).
+fn pkcs8_seed(der: &[u8]) -> Result<[u8; 32], String> {
+    const ED25519: [u8; 5] = [0x06, 0x03, 0x2b, 0x65, 0x70];
+    const PRIVATE_KEY: [u8; 4] = [0x04, 0x22, 0x04, 0x20];
+    let not_found = || "an Ed25519 PKCS#8 document without its private key".to_string();
+    let after_oid = der
+        .windows(ED25519.len())
+        .position(|window| window == ED25519)
+        .map(|at| at + ED25519.len())
+        .ok_or_else(not_found)?;
+    let rest = &der[after_oid..];
+    let start = rest
+        .windows(PRIVATE_KEY.len())
+        .position(|window| window == PRIVATE_KEY)
+        .map(|at| at + PRIVATE_KEY.len())
+        .ok_or_else(not_found)?;
+    rest.get(start..start + 32)
+        .and_then(|seed| <[u8; 32]>::try_from(seed).ok())
+        .ok_or_else(not_found)
 }
 
 /// RFC 7638: base64url(SHA-256 of the JWK's required members, in order).
@@ -274,8 +304,13 @@ struct Jwk {
 /// Verifies assertions against a set of published keys. Immutable: a
 /// refreshed JWKS builds a new verifier.
 pub struct AssertionVerifier {
-    keys: HashMap<String, DecodingKey>,
+    /// By `kid`: the key as `ed25519-dalek` checks signatures with it (its
+    /// point decompressed once; ring's check decompresses it every time).
+    keys: HashMap<String, ed25519_dalek::VerifyingKey>,
     issuer: String,
+    /// What `jsonwebtoken` reads the claims with once the signature is
+    /// checked here (it is handed no key it could use: any).
+    claims_only: DecodingKey,
 }
 
 impl std::fmt::Debug for AssertionVerifier {
@@ -306,7 +341,9 @@ impl AssertionVerifier {
                 .try_into()
                 .map_err(|_| "JWK `x` is not a 32-byte Ed25519 public key".to_string())?;
             let kid = jwk.kid.unwrap_or_else(|| thumbprint(&public));
-            keys.insert(kid, DecodingKey::from_ed_der(&public));
+            let key = ed25519_dalek::VerifyingKey::from_bytes(&public)
+                .map_err(|_| "JWK `x` is not an Ed25519 public key (not a curve point)".to_string())?;
+            keys.insert(kid, key);
         }
         if keys.is_empty() {
             return Err("the JWKS document holds no Ed25519 key".to_string());
@@ -314,7 +351,59 @@ impl AssertionVerifier {
         Ok(Self {
             keys,
             issuer: issuer.to_string(),
+            claims_only: DecodingKey::from_ed_der(&[]),
         })
+    }
+
+    /// Checks `token`'s signature (a compact JWS, `EdDSA`, strictly: no
+    /// weak key or non-canonical encoding) by the key its header names;
+    /// `jsonwebtoken` then reads and validates the claims without
+    /// checking the signature again.
+    fn check_signature(&self, token: &str) -> Result<(), AssertionError> {
+        let malformed = |what: &str| AssertionError::Malformed(what.to_string());
+        let (message, signature) = token.rsplit_once('.').ok_or_else(|| malformed("not a compact JWS"))?;
+        let (header, _) = message.rsplit_once('.').ok_or_else(|| malformed("not a compact JWS"))?;
+        let header = URL_SAFE_NO_PAD
+            .decode(header)
+            .map_err(|_| malformed("the JWS header is not base64url"))?;
+        let header: Header =
+            serde_json::from_slice(&header).map_err(|error| AssertionError::Malformed(error.to_string()))?;
+        if header.alg != Algorithm::EdDSA {
+            return Err(AssertionError::Malformed(format!(
+                "the assertion is signed with {:?}; only EdDSA is accepted",
+                header.alg
+            )));
+        }
+        let kid = header
+            .kid
+            .ok_or_else(|| malformed("the assertion names no key (`kid`)"))?;
+        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        self.check_bytes(key, message.as_bytes(), signature)
+    }
+
+    fn check_bytes(
+        &self,
+        key: &ed25519_dalek::VerifyingKey,
+        signing_input: &[u8],
+        signature: &str,
+    ) -> Result<(), AssertionError> {
+        let signature: [u8; 64] = URL_SAFE_NO_PAD
+            .decode(signature)
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or(AssertionError::BadSignature)?;
+        key.verify_strict(signing_input, &ed25519_dalek::Signature::from_bytes(&signature))
+            .map_err(|_| AssertionError::BadSignature)
+    }
+
+    /// `validation` for claims whose signature [`Self::check_signature`] checked.
+    fn claims_of<T: serde::de::DeserializeOwned>(
+        &self,
+        token: &str,
+        mut validation: Validation,
+    ) -> Result<T, jsonwebtoken::errors::Error> {
+        validation.insecure_disable_signature_validation();
+        jsonwebtoken::decode::<T>(token, &self.claims_only, &validation).map(|data| data.claims)
     }
 
     /// Whether the verifier knows the key `kid`.
@@ -335,36 +424,27 @@ impl AssertionVerifier {
     /// signature by a key of this set, nothing else (a document says itself
     /// what it is about, and has no audience or expiry).
     pub fn verify_document<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AssertionError> {
-        let kid = Self::key_id(token)?;
-        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        self.check_signature(token)?;
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_required_spec_claims::<&str>(&[]);
         validation.validate_exp = false;
         validation.validate_aud = false;
-        jsonwebtoken::decode::<T>(token, key, &validation)
-            .map(|data| data.claims)
-            .map_err(|error| match error.kind() {
-                jsonwebtoken::errors::ErrorKind::InvalidSignature => AssertionError::BadSignature,
-                _ => AssertionError::Malformed(error.to_string()),
-            })
+        self.claims_of::<T>(token, validation)
+            .map_err(|error| AssertionError::Malformed(error.to_string()))
     }
 
     /// Verifies an assertion of these keys' issuer for any audience, its
     /// expiry left to the caller (the router, checking its own assertion an
     /// agent presents upstream, allows a grace).
     pub fn verify_own(&self, token: &str) -> Result<AssertionClaims, AssertionError> {
-        let kid = Self::key_id(token)?;
-        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        self.check_signature(token)?;
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_required_spec_claims(&["exp", "iat", "sub", "aud", "iss"]);
         validation.validate_exp = false;
         validation.validate_aud = false;
-        let claims = jsonwebtoken::decode::<AssertionClaims>(token, key, &validation)
-            .map(|data| data.claims)
-            .map_err(|error| match error.kind() {
-                jsonwebtoken::errors::ErrorKind::InvalidSignature => AssertionError::BadSignature,
-                _ => AssertionError::Malformed(error.to_string()),
-            })?;
+        let claims = self
+            .claims_of::<AssertionClaims>(token, validation)
+            .map_err(|error| AssertionError::Malformed(error.to_string()))?;
         if claims.iss != self.issuer {
             return Err(AssertionError::WrongIssuer {
                 expected: self.issuer.clone(),
@@ -382,11 +462,7 @@ impl AssertionVerifier {
             .keys
             .get(kid)
             .ok_or_else(|| AssertionError::UnknownKey(kid.to_string()))?;
-        match jsonwebtoken::crypto::verify(signature, signing_input, key, Algorithm::EdDSA) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(AssertionError::BadSignature),
-            Err(error) => Err(AssertionError::Malformed(error.to_string())),
-        }
+        self.check_bytes(key, signing_input, signature)
     }
 
     /// Verifies an `Authorization` header value for the agent `audience`.
@@ -397,18 +473,16 @@ impl AssertionVerifier {
     /// Verifies `token` for the agent `audience`.
     pub fn verify(&self, token: &str, audience: &str) -> Result<AssertionClaims, AssertionError> {
         use jsonwebtoken::errors::ErrorKind;
-        let kid = Self::key_id(token)?;
-        let key = self.keys.get(&kid).ok_or(AssertionError::UnknownKey(kid))?;
+        self.check_signature(token)?;
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.leeway = LEEWAY_S;
         validation.set_required_spec_claims(&["exp", "iat", "sub", "aud", "iss"]);
         // Audience and issuer are compared below, to say what was expected.
         validation.validate_aud = false;
-        let claims = match jsonwebtoken::decode::<AssertionClaims>(token, key, &validation) {
-            Ok(data) => data.claims,
+        let claims = match self.claims_of::<AssertionClaims>(token, validation) {
+            Ok(claims) => claims,
             Err(error) => {
                 return Err(match error.kind() {
-                    ErrorKind::InvalidSignature => AssertionError::BadSignature,
                     ErrorKind::ExpiredSignature => AssertionError::Expired,
                     _ => AssertionError::Malformed(error.to_string()),
                 })
@@ -546,6 +620,83 @@ mod tests {
         assert!(AssertionVerifier::from_jwks(br#"{"keys":[]}"#, DEFAULT_ISSUER).is_err());
         assert!(AssertionVerifier::from_jwks(br#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"AAAA"}]}"#, "i").is_err());
         assert!(AssertionVerifier::from_jwks(b"[]", DEFAULT_ISSUER).is_err());
+    }
+
+    #[test]
+    fn signatures_are_standard_ed25519_from_either_pkcs8_version() {
+        // ring's v2 document (with the public key) and the same seed as an
+        // RFC 8410 v1 document (as `openssl genpkey` writes it).
+        let document = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+        let v2 = document.as_ref();
+        let mut v1 = vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+        ];
+        v1.extend_from_slice(&pkcs8_seed(v2).unwrap());
+        let (from_v2, from_v1) = (
+            AssertionKey::from_pkcs8_der(v2).unwrap(),
+            AssertionKey::from_pkcs8_der(&v1).unwrap(),
+        );
+        assert_eq!(from_v1.kid(), from_v2.kid());
+        let signature = from_v2.sign_bytes(b"input").unwrap();
+        assert_eq!(from_v1.sign_bytes(b"input").unwrap(), signature);
+        // Any Ed25519 implementation checks it (ring's here).
+        let public = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, from_v2.public);
+        assert!(public
+            .verify(b"input", &URL_SAFE_NO_PAD.decode(&signature).unwrap())
+            .is_ok());
+        assert!(AssertionKey::from_pkcs8_der(&v1[..40]).is_err(), "a truncated document");
+    }
+
+    #[test]
+    fn another_algorithm_or_a_broken_signature_never_verifies() {
+        let (key, _) = AssertionKey::generate().unwrap();
+        let verifier =
+            AssertionVerifier::from_jwks(&serde_json::to_vec(&jwks([&key])).unwrap(), DEFAULT_ISSUER).unwrap();
+        let token = key.sign(&claims("a", now() + 60)).unwrap();
+        let (_, rest) = token.split_once('.').unwrap();
+        for alg in ["HS256", "none", "ES256"] {
+            let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"typ":"JWT","alg":"{alg}","kid":"{}"}}"#, key.kid()));
+            let reason = verifier.verify(&format!("{header}.{rest}"), "a").unwrap_err().reason();
+            assert_eq!(reason, "malformed", "{alg}");
+        }
+        let (signed, signature) = token.rsplit_once('.').unwrap();
+        for broken in [
+            &signature[..40],
+            "",
+            "AAAA",
+            &signature.replace(&signature[..4], "AAAA"),
+        ] {
+            let reason = verifier
+                .verify(&format!("{signed}.{broken}"), "a")
+                .unwrap_err()
+                .reason();
+            assert_eq!(reason, "bad_signature", "{broken}");
+        }
+        assert_eq!(
+            verifier.verify_own(&format!("{signed}.AAAA")).unwrap_err().reason(),
+            "bad_signature"
+        );
+        assert_eq!(
+            verifier
+                .verify_document::<serde_json::Value>(&format!("{signed}."))
+                .unwrap_err()
+                .reason(),
+            "bad_signature"
+        );
+        assert!(verifier.verify_document::<serde_json::Value>(&token).is_ok());
+        // A JWK whose `x` is not a point of the curve (about half of all
+        // y coordinates have no x).
+        let not_a_point = (2_u8..=255)
+            .map(|y| {
+                let mut bytes = [0_u8; 32];
+                bytes[0] = y;
+                bytes
+            })
+            .find(|bytes| ed25519_dalek::VerifyingKey::from_bytes(bytes).is_err())
+            .unwrap();
+        let not_a_point = URL_SAFE_NO_PAD.encode(not_a_point);
+        let document = format!(r#"{{"keys":[{{"kty":"OKP","crv":"Ed25519","x":"{not_a_point}"}}]}}"#);
+        assert!(AssertionVerifier::from_jwks(document.as_bytes(), DEFAULT_ISSUER).is_err());
     }
 
     #[test]
