@@ -335,6 +335,13 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
     );
     let task = store.get(&run_id).await.unwrap();
     assert_eq!((task.state, task.result), (State::Succeeded, Some(envelope.clone())));
+    // Its callback scheduled with the end, as any task's (the spec said it has one).
+    let due = store.claim_due_callbacks(u64::MAX / 2, 100).await.unwrap();
+    assert!(
+        due.iter()
+            .any(|member| agent_reach_task_store::store::schedule_member(member).0 == run_id),
+        "{due:?}"
+    );
     // One end: the run's second is refused and leaves the held task be.
     let refused = store
         .end_run(

@@ -113,21 +113,7 @@ impl TaskStore {
         task: &NewTask,
         task_id: &str,
     ) -> Result<(Part, usize, String), TaskStoreError> {
-        let spec = Spec {
-            task_id: task_id.to_string(),
-            request_id: task.request_id.clone(),
-            session_id: task.session_id.clone(),
-            caller: task.caller.clone(),
-            capability: task.capability.clone(),
-            priority: task.priority,
-            envelope: task.envelope.clone(),
-            callback: task.callback.clone(),
-            target_agent: task.target_agent.clone(),
-            parent: task.parent.clone(),
-            children: task.children.clone(),
-            run: task.run.clone(),
-            created_at_ms: now_ms(),
-        };
+        let spec = spec_of(task.clone(), task_id);
         let request_key = self.request_key(&task.caller, &task.request_id);
         let field = format!("{}|{}", spec.capability, spec.priority.as_str());
         let step = StoreStep {
@@ -145,30 +131,17 @@ impl TaskStore {
 
     async fn submit_inner(
         &self,
-        task: NewTask,
+        mut task: NewTask,
         task_id: &str,
         backlog_bound: Option<u64>,
         run: Option<(&str, u64)>,
     ) -> Result<(Submitted, Option<bool>), TaskStoreError> {
-        let spec = Spec {
-            task_id: task_id.to_string(),
-            request_id: task.request_id.clone(),
-            session_id: task.session_id,
-            caller: task.caller.clone(),
-            capability: task.capability,
-            priority: task.priority,
-            envelope: task.envelope,
-            callback: task.callback,
-            target_agent: task.target_agent,
-            parent: task.parent,
-            children: task.children,
-            run: task.run,
-            created_at_ms: now_ms(),
-        };
+        let (hold, push_config) = (task.hold, task.push_config.take());
+        let spec = spec_of(task, task_id);
         let connection = self.connection().await?;
-        let request_key = self.request_key(&task.caller, &task.request_id);
+        let request_key = self.request_key(&spec.caller, &spec.request_id);
         let field = format!("{}|{}", spec.capability, spec.priority.as_str());
-        let push = match &task.push_config {
+        let push = match &push_config {
             Some(config) => Some((
                 config.a2a.as_ref().map(|push| push.id.clone()).unwrap_or_default(),
                 serde_json::to_string(config).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
@@ -178,7 +151,7 @@ impl TaskStore {
         let step = StoreStep {
             request_key: &request_key,
             field: &field,
-            hold: task.hold,
+            hold,
             bound: backlog_bound,
             push,
             run,
@@ -207,7 +180,7 @@ impl TaskStore {
                 let unlist = async {
                     let mut connection = connection.clone();
                     connection
-                        .zrem::<_, _, i64>(self.caller_index_key(&task.caller), &id)
+                        .zrem::<_, _, i64>(self.caller_index_key(&spec.caller), &id)
                         .await
                 };
                 let (released, unlisted) = tokio::join!(release, unlist);
@@ -220,7 +193,7 @@ impl TaskStore {
                 bound: backlog_bound.unwrap_or(0),
             });
         }
-        if code == 1 && !task.hold {
+        if code == 1 && !hold {
             self.note_queued(lane, &field);
         }
         if let Some(wait) = self.wait {
@@ -457,5 +430,24 @@ impl TaskStore {
             )));
         }
         Ok(())
+    }
+}
+
+/// `task`'s spec as stored under `task_id`, created now.
+fn spec_of(task: NewTask, task_id: &str) -> Spec {
+    Spec {
+        task_id: task_id.to_string(),
+        request_id: task.request_id,
+        session_id: task.session_id,
+        caller: task.caller,
+        capability: task.capability,
+        priority: task.priority,
+        envelope: task.envelope,
+        callback: task.callback,
+        target_agent: task.target_agent,
+        parent: task.parent,
+        children: task.children,
+        run: task.run,
+        created_at_ms: now_ms(),
     }
 }
