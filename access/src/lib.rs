@@ -17,6 +17,7 @@ pub mod config;
 pub mod credentials;
 pub mod delegation;
 pub mod jcs;
+pub mod kept;
 pub mod signer;
 pub mod token;
 // OpenID Connect issuers, beside `token` (whose authenticator uses them).

@@ -33,6 +33,7 @@ use bytes::Bytes;
 
 use crate::assertion::{jwks, AssertionClaims, AssertionError, AssertionKey, AssertionVerifier};
 use crate::delegation::Delegation;
+use crate::kept::Kept;
 use crate::Caller;
 
 /// Where the signing key comes from.
@@ -94,7 +95,9 @@ pub struct Assertions {
     runs: RunAssertions,
 }
 
-/// Shards of [`RunAssertions`], and the entries of each before it is cleared.
+/// Shards of [`RunAssertions`], and the entries of each shard's generation
+/// (a run's steps may wait seconds apart behind a backlog: 16 × 2 × 1,024
+/// assertions kept, those in use kept longest; see [`Kept`]).
 const RUN_SHARDS: usize = 16;
 const RUN_SHARD_CAPACITY: usize = 1024;
 
@@ -102,18 +105,18 @@ const RUN_SHARD_CAPACITY: usize = 1024;
 struct RunAssertions {
     /// One hasher for all threads: every thread must find the same key.
     hasher: ahash::RandomState,
-    shards: [std::sync::Mutex<ahash::AHashMap<u64, Cached>>; RUN_SHARDS],
+    shards: [std::sync::Mutex<Kept<u64, Cached>>; RUN_SHARDS],
 }
 
 impl RunAssertions {
     fn new() -> Self {
         Self {
             hasher: ahash::RandomState::new(),
-            shards: std::array::from_fn(|_| std::sync::Mutex::new(ahash::AHashMap::new())),
+            shards: std::array::from_fn(|_| std::sync::Mutex::new(Kept::new(RUN_SHARD_CAPACITY))),
         }
     }
 
-    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, ahash::AHashMap<u64, Cached>> {
+    fn shard(&self, key: u64) -> std::sync::MutexGuard<'_, Kept<u64, Cached>> {
         // The key's low bits pick the shard (on every word size: the
         // remainder is below RUN_SHARDS, so the casts lose nothing).
         let index = (key % RUN_SHARDS as u64) as usize;
@@ -362,17 +365,18 @@ impl Assertions {
                 issued_ms: now_ms,
                 expires_ms,
             };
-            // Bounded: cleared when full (runs come and go; the shared
-            // map's churn never clears the assertions of plain calls).
-            let keep = |cache: &mut ahash::AHashMap<u64, Cached>, capacity: usize| {
-                if cache.len() >= capacity {
-                    cache.clear();
-                }
-                cache.insert(key, entry);
-            };
+            // Bounded: plain calls' map cleared when full; runs' map (its
+            // own, so runs' churn never touches plain calls' assertions)
+            // keeps those in use (a run's steps may be seconds apart).
             match run {
-                Some(_) => keep(&mut self.runs.shard(key), RUN_SHARD_CAPACITY),
-                None => CACHE.with(|cache| keep(&mut cache.borrow_mut(), CACHE_CAPACITY)),
+                Some(_) => self.runs.shard(key).insert(key, entry),
+                None => CACHE.with(|cache| {
+                    let mut cache = cache.borrow_mut();
+                    if cache.len() >= CACHE_CAPACITY {
+                        cache.clear();
+                    }
+                    cache.insert(key, entry);
+                }),
             }
         }
         Ok(header)

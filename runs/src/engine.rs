@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use agent_reach_access::kept::Kept;
 use agent_reach_access::Caller;
 use agent_reach_pipeline::error::{Code, RouterError};
 use agent_reach_pipeline::RouterService;
@@ -81,8 +82,11 @@ type Checked = (Value, Arc<Workflow>);
 /// A run's spec and its checked workflow.
 type Known = (Arc<RunSpec>, Arc<Workflow>);
 
-/// Runs' specs kept at most (cleared when full: a cache, never the truth).
-const SPECS_KEPT: usize = 4096;
+/// Runs' specs kept in each of the cache's two generations (a cache, never
+/// the truth; those in use kept longest, as a run may wait seconds between
+/// its steps behind a backlog). A kept spec leaves out the definition: its
+/// checked workflow is kept beside it.
+const SPECS_KEPT: usize = 8192;
 
 pub struct Engine {
     tasks: Arc<TaskService>,
@@ -92,7 +96,7 @@ pub struct Engine {
     workflows: Mutex<HashMap<(String, String), Checked>>,
     /// Runs' specs as read and checked (a run's spec never changes), so an
     /// advance does not parse the spec and compare definitions each time.
-    specs: Mutex<HashMap<String, Known>>,
+    specs: Mutex<Kept<String, Known>>,
     /// Runs this router is advancing now: whether news came meanwhile, and
     /// the steps' outcomes its next pass writes with its decisions.
     advancing: Mutex<HashMap<String, Advancing>>,
@@ -122,7 +126,7 @@ impl Engine {
             service,
             settings,
             workflows: Mutex::new(HashMap::new()),
-            specs: Mutex::new(HashMap::new()),
+            specs: Mutex::new(Kept::new(SPECS_KEPT)),
             advancing: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
             metrics: crate::metrics::RunMetrics::register(registry)?,
@@ -186,13 +190,7 @@ impl Engine {
         let run_id = submitted.task_id().to_string();
         if created {
             // This router's first advance needs neither parse nor check.
-            {
-                let mut specs = self.specs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if specs.len() >= SPECS_KEPT {
-                    specs.clear();
-                }
-                specs.insert(run_id.clone(), (Arc::new(spec), workflow.clone()));
-            }
+            self.keep_spec(&run_id, spec, workflow.clone());
             self.metrics.started.with_label_values(&[&workflow.name]).inc();
             tracing::info!(message = "Run started.", %run_id, workflow = %workflow.name, version = %workflow.version);
             self.kick(StoredRun {
@@ -351,9 +349,8 @@ impl Engine {
         let (spec, workflow) = match known {
             Some(known) => known,
             None => {
-                let spec: Arc<RunSpec> = Arc::new(
-                    serde_json::from_str(&stored.spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?,
-                );
+                let spec: RunSpec =
+                    serde_json::from_str(&stored.spec).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
                 let workflow = match self.workflow(&spec) {
                     Ok(workflow) => workflow,
                     Err(problem) => {
@@ -361,12 +358,7 @@ impl Engine {
                         return self.finish(run_id, &spec, End::Failed(error), &[]).await;
                     }
                 };
-                let mut specs = self.specs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if specs.len() >= SPECS_KEPT {
-                    specs.clear();
-                }
-                specs.insert(run_id.to_string(), (spec.clone(), workflow.clone()));
-                (spec, workflow)
+                self.keep_spec(run_id, spec, workflow)
             }
         };
         let mut records = Records::from_entries(&stored.entries);
@@ -490,6 +482,23 @@ impl Engine {
             .calls
             .with_label_values(&[&spec.workflow])
             .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
+    }
+
+    /// Keeps a run's checked spec (without its definition: the checked
+    /// workflow beside it is what the planner reads) for its next advances.
+    fn keep_spec(&self, run_id: &str, spec: RunSpec, workflow: Arc<Workflow>) -> Known {
+        let known = (
+            Arc::new(RunSpec {
+                definition: Value::Null,
+                ..spec
+            }),
+            workflow,
+        );
+        self.specs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(run_id.to_string(), known.clone());
+        known
     }
 
     fn forget_spec(&self, run_id: &str) {
@@ -796,24 +805,34 @@ impl Engine {
         Ok(())
     }
 
-    /// The checked workflow a run started with: the router's own when it is
-    /// the same definition, else checked once and kept.
+    /// The checked workflow a run started with, kept by name and version once
+    /// checked here: the router's own when it is the same definition, else
+    /// the stored definition checked.
     pub(crate) fn workflow(&self, spec: &RunSpec) -> Result<Arc<Workflow>, agent_reach_workflows::Problem> {
-        if let Some(current) = self.service().and_then(|service| service.workflow(&spec.workflow)) {
-            if current.version.to_string() == spec.version
-                && serde_json::to_value(&current.definition).is_ok_and(|definition| definition == spec.definition)
-            {
-                return Ok(current);
-            }
-        }
         let key = (spec.workflow.clone(), spec.version.clone());
-        let mut workflows = self.workflows.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((definition, workflow)) = workflows.get(&key) {
+        if let Some((definition, workflow)) = self
+            .workflows
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&key)
+        {
             if *definition == spec.definition {
                 return Ok(workflow.clone());
             }
         }
-        let workflow = Arc::new(Workflow::from_stored(&spec.workflow, spec.definition.clone())?);
+        // Not checked here yet: the registered workflow if the run started
+        // from the same definition (then kept as checked), else the stored
+        // definition checked anew.
+        let workflow = match self.service().and_then(|service| service.workflow(&spec.workflow)) {
+            Some(current)
+                if current.version.to_string() == spec.version
+                    && serde_json::to_value(&current.definition).is_ok_and(|definition| definition == spec.definition) =>
+            {
+                current
+            }
+            _ => Arc::new(Workflow::from_stored(&spec.workflow, spec.definition.clone())?),
+        };
+        let mut workflows = self.workflows.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if workflows.len() >= 256 {
             workflows.clear();
         }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_reach_access::assertion::{bearer, AssertionClaims, AssertionError, AssertionVerifier};
+use agent_reach_access::kept::Kept;
 use arc_swap::ArcSwapOption;
 use tokio::sync::{watch, Notify};
 
@@ -30,7 +31,9 @@ const FILE_POLL: Duration = Duration::from_secs(1);
 const MIN_REFRESH_GAP: Duration = Duration::from_secs(1);
 /// How long a call waits for a refresh its unknown key id asked for.
 const REFRESH_WAIT: Duration = Duration::from_secs(2);
-/// Verified assertions kept before the cache is cleared.
+/// Verified assertions kept in each of the cache's two generations (those in
+/// use kept longest: a run's steps on this instance share one assertion and
+/// may be seconds apart behind a backlog).
 const CACHE_CAPACITY: usize = 4096;
 
 /// Where the router's public keys come from.
@@ -59,7 +62,7 @@ pub(crate) struct Keys {
     wanted: Arc<Notify>,
     http: reqwest::Client,
     /// Verified assertions (the router reuses one per caller and instance for seconds).
-    verified: std::sync::Mutex<ahash::AHashMap<String, Arc<AssertionClaims>>>,
+    verified: std::sync::Mutex<Kept<String, Arc<AssertionClaims>>>,
 }
 
 impl Keys {
@@ -72,7 +75,7 @@ impl Keys {
             generation: watch::channel(0).0,
             wanted: Arc::new(Notify::new()),
             http,
-            verified: std::sync::Mutex::new(ahash::AHashMap::new()),
+            verified: std::sync::Mutex::new(Kept::new(CACHE_CAPACITY)),
         });
         tokio::spawn(refresh(Arc::downgrade(&keys)));
         keys
@@ -102,17 +105,16 @@ impl Keys {
             return Err(AssertionError::UnknownKey(kid));
         };
         let claims = Arc::new(verifier.verify(token, agent_id)?);
-        let mut verified = self.verified.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if verified.len() >= CACHE_CAPACITY {
-            verified.clear();
-        }
-        verified.insert(token.to_string(), claims.clone());
+        self.verified
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(token.to_string(), claims.clone());
         Ok(claims)
     }
 
     /// A verified assertion still before its expiry.
     fn cached(&self, token: &str) -> Option<Arc<AssertionClaims>> {
-        let verified = self.verified.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut verified = self.verified.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let claims = verified.get(token)?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
