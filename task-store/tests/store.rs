@@ -749,6 +749,37 @@ where
     }
 }
 
+/// Redis forgot its scripts (a restart, `SCRIPT FLUSH`): the next call of
+/// each loads it again (the submission, the moves and the finish all run
+/// through the store's own `EVALSHA`, not the redis crate's invocation).
+async fn scripts_the_server_forgot_are_loaded_again(backend: Backend) {
+    let store = backend.store();
+    store.prepare().await.unwrap();
+    let before = store.submit(task("req-before", Priority::Normal, None)).await.unwrap();
+    let () = backend.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    let after = store.submit(task("req-after", Priority::Normal, None)).await.unwrap();
+    assert!(matches!(after, Submitted::Created(_)), "submitted after the flush");
+    assert_eq!(
+        store.submit(task("req-after", Priority::Normal, None)).await.unwrap(),
+        Submitted::Existing(after.task_id().to_string()),
+        "and found again by its request id"
+    );
+    let () = backend.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    let claimed = store.claim("worker-a", 10, 0).await.unwrap();
+    assert_eq!(claimed.len(), 2, "both tasks claimed");
+    let () = backend.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    for entry in &claimed {
+        store.transition(&entry.task.task_id, State::Running).await.unwrap();
+    }
+    let () = backend.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    for entry in &claimed {
+        store.finish(entry, State::Succeeded, &succeeded("done")).await.unwrap();
+    }
+    for id in [before.task_id(), after.task_id()] {
+        assert_eq!(store.get(id).await.unwrap().state, State::Succeeded, "{id}");
+    }
+}
+
 // === Running it against one server and a cluster ===
 
 macro_rules! contract {
@@ -781,4 +812,5 @@ contract! {
     a_submission_cut_between_its_two_steps_is_completed_by_its_retry,
     a_left_follow_up_is_applied_by_a_worker,
     a_dead_letter_is_listed_replayed_once_and_then_gone,
+    scripts_the_server_forgot_are_loaded_again,
 }
