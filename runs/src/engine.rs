@@ -826,7 +826,8 @@ impl Engine {
         let workflow = match self.service().and_then(|service| service.workflow(&spec.workflow)) {
             Some(current)
                 if current.version.to_string() == spec.version
-                    && serde_json::to_value(&current.definition).is_ok_and(|definition| definition == spec.definition) =>
+                    && serde_json::to_value(&current.definition)
+                        .is_ok_and(|definition| definition == spec.definition) =>
             {
                 current
             }

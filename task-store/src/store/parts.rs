@@ -152,9 +152,10 @@ mod tests {
         let mut part = Part::default();
         part.key("k1").key("k2").arg("a").arg(7_u64);
         let hash = script.get_hash().to_string();
-        assert_eq!(words(&command(&script, &[&part])), [
-            "EVALSHA", &hash, "2", "k1", "k2", "a", "7"
-        ]);
+        assert_eq!(
+            words(&command(&script, &[&part])),
+            ["EVALSHA", &hash, "2", "k1", "k2", "a", "7"]
+        );
     }
 
     #[test]
@@ -164,11 +165,14 @@ mod tests {
         first.key("k1").arg("a").arg("b");
         second.key("k2").key("k3").arg("c");
         let hash = script.get_hash().to_string();
-        assert_eq!(words(&command(&script, &[&first, &second])), [
-            "EVALSHA", &hash, "3", "k1", "k2", "k3", // every key
-            "2", "1", "2", "2", "1", // two parts: 1 key 2 args, 2 keys 1 arg
-            "a", "b", "c",
-        ]);
+        assert_eq!(
+            words(&command(&script, &[&first, &second])),
+            [
+                "EVALSHA", &hash, "3", "k1", "k2", "k3", // every key
+                "2", "1", "2", "2", "1", // two parts: 1 key 2 args, 2 keys 1 arg
+                "a", "b", "c",
+            ]
+        );
     }
 
     #[test]
