@@ -24,7 +24,7 @@ use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION
 use agent_reach_proto::Priority;
 use agent_reach_task_store::store::now_ms;
 use agent_reach_task_store::{
-    Callback, HeldTask, NewTask, RunEntry, State, StoredRun, Submitted, TaskStore, TaskStoreError,
+    Callback, HeldTask, NewTask, RunEntry, State, StepEnd, StoredRun, Submitted, TaskStore, TaskStoreError,
 };
 use agent_reach_tasks::{store_error, TaskService};
 use agent_reach_workflows::Workflow;
@@ -237,20 +237,54 @@ impl Engine {
         let Some((field, attempt)) = entry_of_request(&run_id, &task.request_id) else {
             return;
         };
-        let submitted = ItemRecord {
-            attempt,
-            status: ItemStatus::Submitted,
-            task_id: task.task_id.clone(),
-            submitted_at_ms: task.created_at_ms,
-            finished_at_ms: None,
-            agent_id: None,
-            capability_version: None,
-            output: None,
-            error: None,
-        };
-        let ended = submitted.ended(state, Some(result), now_ms());
+        let ended = ended_record(task, attempt, state, result);
         let engine = self.clone();
         tokio::spawn(async move { engine.advance_with(&run_id, false, Some((field, ended)), None).await });
+    }
+
+    /// A step's task ends here (`claimed`, as `state` with `result`) with the
+    /// advance of its run it starts: the step's `FINISH` is written in that
+    /// advance's script (one server; elsewhere the store ends the step
+    /// first, on its own). `None` when the run is being advanced on this
+    /// router already: the worker ends the step and tells [`Self::step_ended`],
+    /// which that advance hears as news.
+    pub fn end_step<'a>(
+        self: &Arc<Self>,
+        claimed: &'a agent_reach_task_store::Claimed,
+        state: State,
+        result: &'a Value,
+    ) -> Option<futures::future::BoxFuture<'a, Result<State, TaskStoreError>>> {
+        let run_id = claimed.task.run.clone()?;
+        let (field, attempt) = entry_of_request(&run_id, &claimed.task.request_id)?;
+        let ended = ended_record(&claimed.task, attempt, state, result);
+        {
+            let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if advancing.contains_key(&run_id) {
+                return None;
+            }
+            advancing.insert(
+                run_id.clone(),
+                Advancing {
+                    news: false,
+                    ended: vec![(field, ended)],
+                },
+            );
+        }
+        let mut slot = Slot {
+            engine: self.clone(),
+            run_id,
+            held: true,
+        };
+        Some(Box::pin(async move {
+            let mut step = Carried {
+                end: StepEnd { claimed, state, result },
+                ended: None,
+            };
+            let engine = slot.engine.clone();
+            engine.advance_loop(&slot.run_id, false, None, Some(&mut step)).await;
+            slot.given_back();
+            step.ended(engine.store()).await
+        }))
     }
 
     async fn record(&self, run_id: &str, field: &str, record: &ItemRecord) -> Result<bool, TaskStoreError> {
@@ -288,16 +322,42 @@ impl Engine {
                 },
             );
         }
+        self.advance_loop(run_id, refresh, created.take(), None).await;
+    }
+
+    /// The advances of a run whose slot in `advancing` this call holds: one,
+    /// then one more for each time news came meanwhile; the first carries
+    /// `step`'s end when given (ended on its own before anything else is
+    /// written when that advance cannot carry it).
+    async fn advance_loop(
+        self: &Arc<Self>,
+        run_id: &str,
+        refresh: bool,
+        mut created: Option<StoredRun>,
+        mut step: Option<&mut Carried<'_>>,
+    ) {
         let mut refresh = refresh;
         loop {
-            let ended = self
+            let mut ended = self
                 .advancing
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .get_mut(run_id)
                 .map(|running| std::mem::take(&mut running.ended))
                 .unwrap_or_default();
-            if let Err(error) = self.advance_once(run_id, refresh, &ended, created.take()).await {
+            let advanced = self
+                .advance_once(run_id, refresh, &ended, created.take(), step.as_deref_mut())
+                .await;
+            // The step's end, if not written by that advance, before anything
+            // more; a step that ended elsewhere (or could not end) has no
+            // outcome of ours to record.
+            if let Some(step) = step.take() {
+                step.end_alone(self.store()).await;
+                if matches!(step.ended, Some(Err(_))) {
+                    ended.clear();
+                }
+            }
+            if let Err(error) = advanced {
                 tracing::warn!(message = "A run could not advance; it is due again later.", %run_id, %error);
                 // The outcomes on their own, as the sweep would record them.
                 for (field, record) in &ended {
@@ -327,6 +387,7 @@ impl Engine {
         refresh: bool,
         ended: &[(String, ItemRecord)],
         created: Option<StoredRun>,
+        mut step: Option<&mut Carried<'_>>,
     ) -> Result<(), TaskStoreError> {
         let stored = match created {
             Some(created) => created,
@@ -355,7 +416,7 @@ impl Engine {
                     Ok(workflow) => workflow,
                     Err(problem) => {
                         let error = json!({"code": "INTERNAL", "message": format!("the run's definition does not check: {problem}"), "retryable": false});
-                        return self.finish(run_id, &spec, End::Failed(error), &[]).await;
+                        return self.finish(run_id, &spec, End::Failed(error), &[], step).await;
                     }
                 };
                 self.keep_spec(run_id, spec, workflow)
@@ -427,17 +488,41 @@ impl Engine {
                     if first {
                         // Ended at its first look (every step skipped):
                         // running first, as every run's end expects.
+                        if let Some(step) = step.as_deref_mut() {
+                            step.end_alone(self.store()).await;
+                        }
                         self.store().start_running(run_id, &[], wake).await?;
                     }
-                    return self.finish(run_id, &spec, end, &entries).await;
+                    return self.finish(run_id, &spec, end, &entries, step).await;
                 }
             }
         }
         // The calls and the writes in one script where the store can (one
-        // server); else each call submitted on its own, then the writes.
-        if self.store().advance_run(run_id, &calls, &entries, wake, first).await? {
+        // server), after the step's end that started this advance; else each
+        // call submitted on its own, then the writes.
+        let advanced = match step.as_deref_mut() {
+            Some(step) if step.ended.is_none() => {
+                let after = self
+                    .store()
+                    .advance_run_after_step(run_id, (&calls, &entries), (wake, first), step.end)
+                    .await?;
+                let refused = after.step.is_err();
+                step.ended = Some(after.step);
+                if refused {
+                    // Ended elsewhere: nothing of the run was written; the
+                    // router that ended it advances the run.
+                    return Ok(());
+                }
+                after.run?
+            }
+            _ => self.store().advance_run(run_id, &calls, &entries, wake, first).await?,
+        };
+        if advanced {
             self.count_calls(&spec, calls.len());
             return Ok(());
+        }
+        if let Some(step) = step {
+            step.end_alone(self.store()).await;
         }
         self.submit_calls(&spec, calls, &placed, &mut entries).await?;
         if first {
@@ -638,7 +723,14 @@ impl Engine {
 
     /// Writes `entries` (the last outcomes and decisions) and ends the run
     /// once, in one script (another router may have ended it first), then its held task.
-    async fn finish(&self, run_id: &str, spec: &RunSpec, end: End, entries: &[RunEntry]) -> Result<(), TaskStoreError> {
+    async fn finish(
+        &self,
+        run_id: &str,
+        spec: &RunSpec,
+        end: End,
+        entries: &[RunEntry],
+        step: Option<&mut Carried<'_>>,
+    ) -> Result<(), TaskStoreError> {
         let (state, result, envelope) = match end {
             End::Succeeded(output) => (
                 State::Succeeded,
@@ -663,13 +755,44 @@ impl Engine {
         });
         // The run's end and its held task's, one script (a run stored before
         // its spec said whether it has a callback: the task read, then ended).
+        // The step whose end ends the run, in the same script when it can be.
+        let step = match step {
+            Some(step) if step.ended.is_none() && held.is_some() => Some(step),
+            Some(step) => {
+                step.end_alone(self.store()).await;
+                None
+            }
+            None => None,
+        };
         let held_ended = match held {
             Some(held) => {
-                match self
-                    .store()
-                    .end_run(run_id, (state, &from), &result, entries, (&held, &envelope))
-                    .await
-                {
+                let ended = match step {
+                    Some(step) => {
+                        let after = self
+                            .store()
+                            .end_run_after_step(
+                                run_id,
+                                (state, &from),
+                                (&result, entries),
+                                (&held, &envelope),
+                                step.end,
+                            )
+                            .await?;
+                        let refused = after.step.is_err();
+                        step.ended = Some(after.step);
+                        if refused {
+                            // Ended elsewhere: the run was not written.
+                            return Ok(());
+                        }
+                        after.run
+                    }
+                    None => {
+                        self.store()
+                            .end_run(run_id, (state, &from), &result, entries, (&held, &envelope))
+                            .await
+                    }
+                };
+                match ended {
                     Ok((_, held_ended)) => Some(held_ended),
                     Err(TaskStoreError::Refused { .. }) => return Ok(()),
                     Err(error) => return Err(error),
@@ -926,5 +1049,82 @@ pub fn run_error(error: TaskStoreError) -> RouterError {
             RouterError::new(Code::RunNotFound, format!("no run `{run_id}` (or it expired)"))
         }
         other => store_error(other),
+    }
+}
+
+/// A step's call record as its task ended (`state`, `result`): what its run's
+/// entry says of it.
+fn ended_record(task: &agent_reach_task_store::Task, attempt: u32, state: State, result: &Value) -> ItemRecord {
+    ItemRecord {
+        attempt,
+        status: ItemStatus::Submitted,
+        task_id: task.task_id.clone(),
+        submitted_at_ms: task.created_at_ms,
+        finished_at_ms: None,
+        agent_id: None,
+        capability_version: None,
+        output: None,
+        error: None,
+    }
+    .ended(state, Some(result), now_ms())
+}
+
+/// A step's end carried by the advance its end starts ([`Engine::end_step`]):
+/// written in that advance's script, or, on the paths that cannot carry it,
+/// on its own before the run is written.
+struct Carried<'a> {
+    end: StepEnd<'a>,
+    /// How it ended, once it was written (`None`: not yet).
+    ended: Option<Result<State, TaskStoreError>>,
+}
+
+impl Carried<'_> {
+    /// Ends the step on its own unless it ended already.
+    async fn end_alone(&mut self, store: &agent_reach_task_store::TaskStore) {
+        if self.ended.is_none() {
+            self.ended = Some(store.finish(self.end.claimed, self.end.state, self.end.result).await);
+        }
+    }
+
+    /// How the step ended (ended on its own now if it was not yet).
+    async fn ended(mut self, store: &agent_reach_task_store::TaskStore) -> Result<State, TaskStoreError> {
+        self.end_alone(store).await;
+        self.ended
+            .unwrap_or_else(|| Err(TaskStoreError::Corrupt("a step's end was not written".to_string())))
+    }
+}
+
+/// The run's slot in `advancing` that [`Engine::end_step`] took, given back
+/// if its future is dropped before its advances ran (the advance loop gives
+/// it back itself): the run is then advanced afresh, its calls' outcomes read
+/// from their tasks, so no news that came meanwhile waits for the sweep.
+struct Slot {
+    engine: Arc<Engine>,
+    run_id: String,
+    /// The slot is still this future's to give back.
+    held: bool,
+}
+
+impl Slot {
+    /// The advance loop gave the slot back itself.
+    fn given_back(&mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        self.engine
+            .advancing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&self.run_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (engine, run_id) = (self.engine.clone(), std::mem::take(&mut self.run_id));
+            runtime.spawn(async move { engine.advance(&run_id, true).await });
+        }
     }
 }

@@ -56,6 +56,17 @@ impl StepEnded for Steps {
             engine.step_ended(task, state, result);
         }
     }
+
+    fn end_step<'a>(
+        &'a self,
+        claimed: &'a agent_reach_task_store::Claimed,
+        state: agent_reach_task_store::State,
+        result: &'a serde_json::Value,
+    ) -> Option<
+        futures::future::BoxFuture<'a, Result<agent_reach_task_store::State, agent_reach_task_store::TaskStoreError>>,
+    > {
+        self.0.upgrade()?.end_step(claimed, state, result)
+    }
 }
 
 impl Runs {

@@ -381,6 +381,152 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
     assert_eq!(store.run(&lost).await.unwrap().state, State::Failed);
 }
 
+/// A step's end carried by the advance it starts (`advance_run_after_step`,
+/// `end_run_after_step`): on one server its `FINISH` is the script's first
+/// part, and a step that ended elsewhere stops the script before anything of
+/// the run is written; on a cluster the step ends on its own first, with the
+/// same answers.
+async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool) {
+    assert_eq!(store.folds_steps(), !cluster);
+    let held = HeldTask {
+        caller: "tester",
+        request_id: "start-step",
+        session_id: None,
+        capability: "order.ship_today",
+        priority: Priority::Normal,
+        has_callback: false,
+    };
+    let (submitted, _) = store
+        .submit_run(
+            NewTask {
+                request_id: "start-step".to_string(),
+                caller: "tester".to_string(),
+                capability: "order.ship_today".to_string(),
+                envelope: json!({"capability": "order.ship_today", "payload": {}}),
+                hold: true,
+                ..NewTask::default()
+            },
+            "{}",
+            60_000,
+        )
+        .await
+        .unwrap();
+    let run_id = submitted.task_id().to_string();
+    store.start_running(&run_id, &[], u64::MAX / 2).await.unwrap();
+    let order = |attempt, rank| EntryOrder { attempt, rank };
+    let entry = |field: &str, json: &str| RunEntry {
+        field: field.to_string(),
+        order: order(1, 1),
+        json: json.to_string(),
+    };
+    // Three steps of the run, submitted, claimed and running.
+    for request_id in ["step-a", "step-b", "step-c"] {
+        store
+            .submit(NewTask {
+                request_id: request_id.to_string(),
+                caller: "tester".to_string(),
+                capability: "order.lookup".to_string(),
+                envelope: json!({"capability": "order.lookup", "payload": {}}),
+                run: Some(run_id.clone()),
+                ..NewTask::default()
+            })
+            .await
+            .unwrap();
+    }
+    let mut claimed = Vec::new();
+    while claimed.len() < 3 {
+        claimed.extend(store.claim("worker-steps", 10, 0).await.unwrap());
+    }
+    claimed.sort_by(|a, b| a.task.request_id.cmp(&b.task.request_id));
+    for step in &claimed {
+        store.transition(&step.task.task_id, State::Running).await.unwrap();
+    }
+    let result = json!({"status": "succeeded", "output": {"ok": true}});
+    let step = |index: usize| agent_reach_task_store::StepEnd {
+        claimed: &claimed[index],
+        state: State::Succeeded,
+        result: &result,
+    };
+
+    // The first step's end and the advance it starts.
+    let after = store
+        .advance_run_after_step(
+            &run_id,
+            (&[], &[entry("i:a:0", r#"{"s":"succeeded"}"#)]),
+            (u64::MAX / 2, false),
+            step(0),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.step.unwrap(), State::Running);
+    assert!(after.run.unwrap());
+    let ended = store.get(&claimed[0].task.task_id).await.unwrap();
+    assert_eq!((ended.state, ended.result), (State::Succeeded, Some(result.clone())));
+    assert!(store.run(&run_id).await.unwrap().entries.contains_key("i:a:0"));
+
+    // A step that ended elsewhere (canceled): its end refused, and nothing
+    // of the run written.
+    store.cancel(&claimed[1].task.task_id, &json!(null)).await.unwrap();
+    let after = store
+        .advance_run_after_step(
+            &run_id,
+            (&[], &[entry("i:b:0", r#"{"s":"succeeded"}"#)]),
+            (u64::MAX / 2, false),
+            step(1),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(after.step, Err(TaskStoreError::Refused { ref current, .. }) if current == "canceled"));
+    assert!(!after.run.unwrap());
+    assert!(!store.run(&run_id).await.unwrap().entries.contains_key("i:b:0"));
+    assert_eq!(
+        store.get(&claimed[1].task.task_id).await.unwrap().state,
+        State::Canceled
+    );
+
+    // The last step's end and the run's end, with its held task's.
+    let envelope = json!({"status": "succeeded", "output": 3});
+    let after = store
+        .end_run_after_step(
+            &run_id,
+            (State::Succeeded, &[State::Pending, State::Running]),
+            (r#"{"output":3}"#, &[entry("i:c:0", r#"{"s":"succeeded"}"#)]),
+            (&held, &envelope),
+            step(2),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.step.unwrap(), State::Running);
+    let (moved, held_ended) = after.run.unwrap();
+    assert_eq!((moved, held_ended.unwrap()), (State::Running, State::Running));
+    assert_eq!(
+        store.get(&claimed[2].task.task_id).await.unwrap().state,
+        State::Succeeded
+    );
+    let stored = store.run(&run_id).await.unwrap();
+    assert_eq!(stored.state, State::Succeeded);
+    assert!(stored.entries.contains_key("i:c:0"));
+    assert_eq!(store.get(&run_id).await.unwrap().result, Some(envelope));
+    // Ended once: a repeat of that step's end with the run ends nothing more.
+    let again = store
+        .end_run_after_step(
+            &run_id,
+            (State::Failed, &[State::Pending, State::Running]),
+            ("{}", &[]),
+            (&held, &json!({"status": "failed"})),
+            agent_reach_task_store::StepEnd {
+                claimed: &claimed[2],
+                state: State::Failed,
+                result: &json!({"status": "failed"}),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(again.step, Err(TaskStoreError::Refused { .. })));
+    assert!(again.run.is_err());
+    assert_eq!(store.run(&run_id).await.unwrap().state, State::Succeeded);
+}
+
 #[tokio::test]
 async fn on_redis() {
     let redis = Redis::start();
@@ -390,6 +536,11 @@ async fn on_redis() {
         ..StoreConfig::default()
     };
     the_combined_scripts(TaskStore::new(&redis.url(), &other).unwrap(), false).await;
+    let steps = StoreConfig {
+        tenant: "steps".to_string(),
+        ..StoreConfig::default()
+    };
+    a_steps_end_carried_by_its_runs_advance(TaskStore::new(&redis.url(), &steps).unwrap(), false).await;
 }
 
 #[tokio::test]
@@ -403,4 +554,9 @@ async fn on_cluster() {
         ..StoreConfig::default()
     };
     the_combined_scripts(TaskStore::new(&url, &other).unwrap(), true).await;
+    let steps = StoreConfig {
+        tenant: "steps".to_string(),
+        ..StoreConfig::default()
+    };
+    a_steps_end_carried_by_its_runs_advance(TaskStore::new(&url, &steps).unwrap(), true).await;
 }

@@ -101,6 +101,20 @@ const AWAITING_PER_WORKER: usize = 16;
 pub trait StepEnded: Send + Sync {
     /// `task` (as it was claimed) ended as `state` with the result envelope `result`.
     fn step_ended(&self, task: &agent_reach_task_store::Task, state: State, result: &Value);
+
+    /// Ends `claimed` (a step) as `state` with `result` together with the
+    /// advance of its run that its end starts (one script where the store
+    /// allows it), answering the step's end as [`agent_reach_task_store::TaskStore::finish`]
+    /// does; `None`: not taken here (its run is being advanced on this
+    /// router already): the worker ends the task and tells [`Self::step_ended`].
+    fn end_step<'a>(
+        &'a self,
+        _claimed: &'a agent_reach_task_store::Claimed,
+        _state: State,
+        _result: &'a Value,
+    ) -> Option<futures::future::BoxFuture<'a, Result<State, agent_reach_task_store::TaskStoreError>>> {
+        None
+    }
 }
 
 /// The slow path's own state: the store, the callback sender, its settings,
@@ -182,6 +196,18 @@ impl TaskService {
         if self.step_ended.set(hook).is_err() {
             tracing::warn!(message = "A step hook was installed twice; the first one stays.");
         }
+    }
+
+    /// Ends `claimed`, a workflow's step, with its run's advance (see
+    /// [`StepEnded::end_step`]); `None`: the worker ends it alone.
+    fn end_step<'a>(
+        &'a self,
+        claimed: &'a agent_reach_task_store::Claimed,
+        state: State,
+        result: &'a Value,
+    ) -> Option<futures::future::BoxFuture<'a, Result<State, agent_reach_task_store::TaskStoreError>>> {
+        claimed.task.run.as_ref()?;
+        self.step_ended.get()?.end_step(claimed, state, result)
     }
 
     /// `task` ended here as `state` with `result`: if it is a workflow's step, its run hears of it.

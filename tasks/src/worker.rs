@@ -445,13 +445,21 @@ async fn deliver_once(service: &RouterService, tasks: &TaskService, claimed: &Cl
         ResultStatus::Failed => State::Failed,
     };
     let result = serde_json::to_value(&result).unwrap_or(Value::Null);
-    match tasks.store.finish(claimed, state, &result).await {
+    // A workflow's step ends with the advance of its run it starts (one
+    // script where the store allows it); any other task ends on its own.
+    let (recorded, told) = match tasks.end_step(claimed, state, &result) {
+        Some(ending) => (ending.await, true),
+        None => (tasks.store.finish(claimed, state, &result).await, false),
+    };
+    match recorded {
         Ok(_) => {
             tasks.metrics.finished.with_label_values(&[state.as_str()]).inc();
             if let Some(parent) = &task.parent {
                 complete_parent(tasks, parent).await;
             }
-            tasks.ended(task, state, &result);
+            if !told {
+                tasks.ended(task, state, &result);
+            }
         }
         Err(TaskStoreError::Refused { current, .. }) => {
             tracing::info!(message = "Task ended elsewhere; result dropped.", task_id = %task.task_id, state = %current);

@@ -151,7 +151,7 @@ return {'ok', current}
 /// The first part's arguments: the number of calls, '1' for a first advance.
 /// Answers 1 (done), 0 (stopped), -1 (the run is gone).
 const ADVANCE: &str = r#"
-local p = parts()
+local function advance(p)
 local calls, first = tonumber(p[1][2][1]), p[1][2][2] == '1'
 for i = 1, calls do
   local answer = submit(p[1 + i][1], p[1 + i][2])
@@ -166,16 +166,48 @@ if first then
   return 1
 end
 return put_entries(p[k][1], p[k][2]) == -1 and -1 or 1
+end
+"#;
+
+/// [`ADVANCE`] alone: answers its answer.
+const ADVANCE_ALONE: &str = "return advance(parts())\n";
+
+/// A step's end and the advance it starts, in one script (one server): the
+/// step's task ended (FINISH, the first part), then, when it ended, the
+/// advance. Answers {FINISH's answer, the advance's (0: not run)}.
+const STEP_THEN_ADVANCE: &str = r#"
+local p = parts()
+local ended = finish(p[1][1], p[1][2])
+if ended[1] ~= 'ok' then return {ended, 0} end
+table.remove(p, 1)
+return {ended, advance(p)}
 "#;
 
 /// A run's end, in one script: the run moved to its end with its last
 /// entries (MOVE_RUN), then, when it moved, its held task ended (FINISH).
 /// Answers {the move's answer, FINISH's ({} when the run did not move)}.
 const END_RUN: &str = r#"
-local p = parts()
+local function end_run(p)
 local moved = move_run(p[1][1], p[1][2])
 if moved[1] ~= 'ok' then return {moved, {}} end
 return {moved, finish(p[2][1], p[2][2])}
+end
+"#;
+
+/// [`END_RUN`] alone: answers its answer.
+const END_RUN_ALONE: &str = "return end_run(parts())\n";
+
+/// A run's last step's end and the run's end, in one script (one server):
+/// the step's task ended (FINISH, the first part), then, when it ended,
+/// [`END_RUN`]. Answers {FINISH's answer, the move's ({}: not run),
+/// the held task's FINISH ({}: not run)}.
+const STEP_THEN_END: &str = r#"
+local p = parts()
+local ended = finish(p[1][1], p[1][2])
+if ended[1] ~= 'ok' then return {ended, {}, {}} end
+table.remove(p, 1)
+local answer = end_run(p)
+return {ended, answer[1], answer[2]}
 "#;
 
 /// A run's start, in one script: its held task submitted (SUBMIT), then,
@@ -210,7 +242,9 @@ pub(super) struct RunScripts {
     put_entries: redis::Script,
     move_run: redis::Script,
     advance: redis::Script,
+    step_then_advance: redis::Script,
     end: redis::Script,
+    step_then_end: redis::Script,
     pub(super) start: redis::Script,
 }
 
@@ -224,14 +258,27 @@ impl RunScripts {
             put_entries: redis::Script::new(&put_entries),
             move_run: redis::Script::new(&move_run),
             advance: redis::Script::new(&format!(
-                "{PARTS}{}{}{}{}{ADVANCE}",
+                "{PARTS}{}{}{}{}{ADVANCE}{ADVANCE_ALONE}",
                 function("submit", scripts::SUBMIT),
                 function("move_run", &move_run),
                 function("transition", scripts::TRANSITION),
                 function("put_entries", &put_entries),
             )),
+            step_then_advance: redis::Script::new(&format!(
+                "{PARTS}{}{}{}{}{}{ADVANCE}{STEP_THEN_ADVANCE}",
+                function("submit", scripts::SUBMIT),
+                function("move_run", &move_run),
+                function("transition", scripts::TRANSITION),
+                function("put_entries", &put_entries),
+                function("finish", &finish),
+            )),
             end: redis::Script::new(&format!(
-                "{PARTS}{}{}{END_RUN}",
+                "{PARTS}{}{}{END_RUN}{END_RUN_ALONE}",
+                function("move_run", &move_run),
+                function("finish", &finish),
+            )),
+            step_then_end: redis::Script::new(&format!(
+                "{PARTS}{}{}{END_RUN}{STEP_THEN_END}",
                 function("move_run", &move_run),
                 function("finish", &finish),
             )),
@@ -255,6 +302,29 @@ pub struct HeldTask<'a> {
     pub capability: &'a str,
     pub priority: Priority,
     pub has_callback: bool,
+}
+
+/// A run's end as [`TaskStore::end_run`] answers it: the run's move, and
+/// its held task's end.
+type RunEnded = Result<(State, Result<State, TaskStoreError>), TaskStoreError>;
+
+/// A workflow step's end, carried by the advance its end starts
+/// ([`TaskStore::advance_run_after_step`], [`TaskStore::end_run_after_step`]):
+/// the step's task as claimed, its end state and its result envelope.
+#[derive(Debug, Clone, Copy)]
+pub struct StepEnd<'a> {
+    pub claimed: &'a crate::store::Claimed,
+    pub state: State,
+    pub result: &'a serde_json::Value,
+}
+
+/// What an advance or a run's end that carried a step's end did: the run's
+/// part, and the step's end (as [`TaskStore::finish`] answers it; an error:
+/// the step ended elsewhere or could not end, and the run was not written).
+#[derive(Debug)]
+pub struct AfterStep<T> {
+    pub run: Result<T, TaskStoreError>,
+    pub step: Result<State, TaskStoreError>,
 }
 
 impl TaskStore {
@@ -519,8 +589,64 @@ impl TaskStore {
         due_at_ms: u64,
         first: bool,
     ) -> Result<bool, TaskStoreError> {
-        if !calls.is_empty() && (self.is_cluster() || self.wait.is_some()) {
-            return Ok(false);
+        let (advanced, _) = self
+            .advance_inner(run_id, calls, entries, due_at_ms, first, None)
+            .await?;
+        advanced
+    }
+
+    /// [`Self::advance_run`] carrying `step`'s end (the workflow step whose
+    /// end started this advance): on one server ([`Self::folds_steps`]) the
+    /// step's `FINISH` is the script's first part, and a step that ended
+    /// elsewhere (its `FINISH` refused) stops it before anything of the run
+    /// is written; elsewhere the step is ended first, on its own, as
+    /// [`Self::finish`] ends it. Answers the advance (as `advance_run`; not
+    /// run, `Ok(false)`, when the step's end is an error) and the step's end.
+    pub async fn advance_run_after_step(
+        &self,
+        run_id: &str,
+        (calls, entries): (&[(crate::store::NewTask, String)], &[RunEntry]),
+        (due_at_ms, first): (u64, bool),
+        step: StepEnd<'_>,
+    ) -> Result<AfterStep<bool>, TaskStoreError> {
+        if !self.folds_steps() {
+            let ended = self.finish(step.claimed, step.state, step.result).await;
+            let advanced = match ended {
+                Ok(_) => self.advance_run(run_id, calls, entries, due_at_ms, first).await,
+                Err(_) => Ok(false),
+            };
+            return Ok(AfterStep {
+                run: advanced,
+                step: ended,
+            });
+        }
+        let (run, step) = self
+            .advance_inner(run_id, calls, entries, due_at_ms, first, Some(step))
+            .await?;
+        Ok(AfterStep {
+            run,
+            step: step.unwrap_or_else(|| Err(TaskStoreError::Corrupt("a step's end was not carried".to_string()))),
+        })
+    }
+
+    /// Whether a workflow step's end can be written in the script of the
+    /// advance it starts: one server (a cluster has the step and its run in
+    /// other slots) that does not wait for replicas.
+    pub fn folds_steps(&self) -> bool {
+        !self.is_cluster() && self.wait.is_none()
+    }
+
+    async fn advance_inner(
+        &self,
+        run_id: &str,
+        calls: &[(crate::store::NewTask, String)],
+        entries: &[RunEntry],
+        due_at_ms: u64,
+        first: bool,
+        step: Option<StepEnd<'_>>,
+    ) -> Result<(Result<bool, TaskStoreError>, Option<Result<State, TaskStoreError>>), TaskStoreError> {
+        if step.is_none() && !calls.is_empty() && (self.is_cluster() || self.wait.is_some()) {
+            return Ok((Ok(false), None));
         }
         let mut header = Part::default();
         header.arg(calls.len()).arg(if first { "1" } else { "0" });
@@ -540,10 +666,35 @@ impl TaskStore {
         } else {
             vec![self.put_part(run_id, entries, Some(due_at_ms))]
         };
-        let parts: Vec<&Part> = std::iter::once(&header).chain(&submits).chain(&tail).collect();
-        let mut connection = self.connection().await?;
-        let answer: i64 = invoke(&self.run_scripts.advance, &parts, &mut connection).await?;
-        match answer {
+        let ending = step.map(|step| (step, Ending::of(self, &step.claimed.task)));
+        let leading = ending.as_ref().map(|(step, ending)| self.step_part(step, ending));
+        let parts: Vec<&Part> = leading
+            .iter()
+            .chain(std::iter::once(&header))
+            .chain(&submits)
+            .chain(&tail)
+            .collect();
+        let connection = self.connection().await?;
+        let (answer, ended) = match &ending {
+            None => {
+                let mut connection = connection.clone();
+                let answer: i64 = invoke(&self.run_scripts.advance, &parts, &mut connection).await?;
+                (answer, None)
+            }
+            Some((step, ending)) => {
+                let (ended, answer): (Vec<String>, i64) = {
+                    let mut connection = connection.clone();
+                    invoke(&self.run_scripts.step_then_advance, &parts, &mut connection).await?
+                };
+                self.publish_recorded(&connection, ending, step.state, &ended).await;
+                let ended = script_answer(ended, ending.task_id, step.state);
+                if ended.is_err() {
+                    return Ok((Ok(false), Some(ended)));
+                }
+                (answer, Some(ended))
+            }
+        };
+        let advanced = match answer {
             -1 => Err(TaskStoreError::NotFound(run_id.to_string())),
             0 => Ok(false),
             _ => {
@@ -552,7 +703,14 @@ impl TaskStore {
                 }
                 Ok(true)
             }
-        }
+        };
+        Ok((advanced, ended))
+    }
+
+    /// `step`'s `FINISH` part, as [`Self::finish`] writes it.
+    fn step_part(&self, step: &StepEnd<'_>, ending: &Ending<'_>) -> Part {
+        let entry = (step.claimed.queue.as_str(), step.claimed.entry_id.as_str());
+        self.finish_part(ending, step.state, step.result, Some(entry), None)
     }
 
     /// Ends run `run_id` and its held task `held` in one script (docs/design.md
@@ -568,8 +726,55 @@ impl TaskStore {
         (state, from): (State, &[State]),
         result: &str,
         entries: &[RunEntry],
-        (held, envelope): (&HeldTask<'_>, &serde_json::Value),
+        held: (&HeldTask<'_>, &serde_json::Value),
     ) -> Result<(State, Result<State, TaskStoreError>), TaskStoreError> {
+        let (ended, _) = self
+            .end_inner(run_id, (state, from), result, entries, held, None)
+            .await?;
+        ended
+    }
+
+    /// [`Self::end_run`] carrying `step`'s end (the run's last step, whose
+    /// end ends the run), as [`Self::advance_run_after_step`] carries it:
+    /// on one server the step's `FINISH` first in the script (refused: the
+    /// run not written), elsewhere the step ended first on its own.
+    pub async fn end_run_after_step(
+        &self,
+        run_id: &str,
+        (state, from): (State, &[State]),
+        (result, entries): (&str, &[RunEntry]),
+        held: (&HeldTask<'_>, &serde_json::Value),
+        step: StepEnd<'_>,
+    ) -> Result<AfterStep<(State, Result<State, TaskStoreError>)>, TaskStoreError> {
+        if !self.folds_steps() {
+            let ended = self.finish(step.claimed, step.state, step.result).await;
+            let run = match ended {
+                Ok(_) => self.end_run(run_id, (state, from), result, entries, held).await,
+                Err(_) => Err(TaskStoreError::Refused {
+                    current: String::new(),
+                    wanted: state.as_str().to_string(),
+                }),
+            };
+            return Ok(AfterStep { run, step: ended });
+        }
+        let (run, step) = self
+            .end_inner(run_id, (state, from), result, entries, held, Some(step))
+            .await?;
+        Ok(AfterStep {
+            run,
+            step: step.unwrap_or_else(|| Err(TaskStoreError::Corrupt("a step's end was not carried".to_string()))),
+        })
+    }
+
+    async fn end_inner(
+        &self,
+        run_id: &str,
+        (state, from): (State, &[State]),
+        result: &str,
+        entries: &[RunEntry],
+        (held, envelope): (&HeldTask<'_>, &serde_json::Value),
+        step: Option<StepEnd<'_>>,
+    ) -> Result<(RunEnded, Option<Result<State, TaskStoreError>>), TaskStoreError> {
         let connection = self.connection().await?;
         let ending = Ending {
             task_id: run_id,
@@ -579,15 +784,41 @@ impl TaskStore {
             queue: self.queue_key(lane_of(run_id), held.capability, held.priority),
             has_callback: held.has_callback,
         };
-        let parts = [
-            &self.move_part(run_id, (state, from), Some(result), entries),
-            &self.finish_part(&ending, state, envelope, None, None),
+        let stepping = step.map(|step| (step, Ending::of(self, &step.claimed.task)));
+        let leading = stepping.as_ref().map(|(step, stepping)| self.step_part(step, stepping));
+        let run_parts = [
+            self.move_part(run_id, (state, from), Some(result), entries),
+            self.finish_part(&ending, state, envelope, None, None),
         ];
-        let (moved, finished): (Vec<String>, Vec<String>) = {
-            let mut connection = connection.clone();
-            invoke(&self.run_scripts.end, &parts, &mut connection).await?
+        let parts: Vec<&Part> = leading.iter().chain(&run_parts).collect();
+        let (moved, finished, step_ended) = match &stepping {
+            None => {
+                let mut connection = connection.clone();
+                let (moved, finished): (Vec<String>, Vec<String>) =
+                    invoke(&self.run_scripts.end, &parts, &mut connection).await?;
+                (moved, finished, None)
+            }
+            Some((step, stepping)) => {
+                let (ended, moved, finished): (Vec<String>, Vec<String>, Vec<String>) = {
+                    let mut connection = connection.clone();
+                    invoke(&self.run_scripts.step_then_end, &parts, &mut connection).await?
+                };
+                self.publish_recorded(&connection, stepping, step.state, &ended).await;
+                let ended = script_answer(ended, stepping.task_id, step.state);
+                if ended.is_err() {
+                    let refused = Err(TaskStoreError::Refused {
+                        current: String::new(),
+                        wanted: state.as_str().to_string(),
+                    });
+                    return Ok((refused, Some(ended)));
+                }
+                (moved, finished, Some(ended))
+            }
         };
-        let moved = script_answer(moved, run_id, state)?;
+        let moved = match script_answer(moved, run_id, state) {
+            Ok(moved) => moved,
+            Err(error) => return Ok((Err(error), step_ended)),
+        };
         if self.is_cluster() {
             // The idempotency key is in its own slot: its retention starts
             // again beside the script (a failure leaves it the submission's).
@@ -599,7 +830,7 @@ impl TaskStore {
             }
         }
         self.publish_recorded(&connection, &ending, state, &finished).await;
-        Ok((moved, script_answer(finished, run_id, state)))
+        Ok((Ok((moved, script_answer(finished, run_id, state))), step_ended))
     }
 
     /// Run `run_id` is due for a look by any router at `at_ms` (unless it ended).
