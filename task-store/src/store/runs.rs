@@ -172,16 +172,17 @@ end
 /// [`ADVANCE`] alone: answers its answer.
 const ADVANCE_ALONE: &str = "return advance(parts())\n";
 
-/// A step's end and the advance it starts, in one script (one server): the
-/// step's task ended (FINISH, the first part), then, when it ended, the
-/// advance. Answers {FINISH's answer, the advance's (0: not run)}.
-const STEP_THEN_ADVANCE: &str = r#"
-local p = parts()
-local ended = finish(p[1][1], p[1][2])
-if ended[1] ~= 'ok' then return {ended, 0} end
-table.remove(p, 1)
-return {ended, advance(p)}
-"#;
+/// A step's end and what it starts, in one script (one server): the step's
+/// task ended (FINISH, the first part), then, when it ended, `then` (a
+/// combined script's function, [`ADVANCE`]'s or [`END_RUN`]'s) with the parts
+/// left. Answers {FINISH's answer, `then`'s (`not_run` when it did not run)}.
+fn step_then(then: &str, not_run: &str) -> String {
+    format!(
+        "local p = parts()\nlocal ended = finish(p[1][1], p[1][2])\n\
+         if ended[1] ~= 'ok' then return {{ended, {not_run}}} end\n\
+         table.remove(p, 1)\nreturn {{ended, {then}(p)}}\n"
+    )
+}
 
 /// A run's end, in one script: the run moved to its end with its last
 /// entries (MOVE_RUN), then, when it moved, its held task ended (FINISH).
@@ -196,19 +197,6 @@ end
 
 /// [`END_RUN`] alone: answers its answer.
 const END_RUN_ALONE: &str = "return end_run(parts())\n";
-
-/// A run's last step's end and the run's end, in one script (one server):
-/// the step's task ended (FINISH, the first part), then, when it ended,
-/// [`END_RUN`]. Answers {FINISH's answer, the move's ({}: not run),
-/// the held task's FINISH ({}: not run)}.
-const STEP_THEN_END: &str = r#"
-local p = parts()
-local ended = finish(p[1][1], p[1][2])
-if ended[1] ~= 'ok' then return {ended, {}, {}} end
-table.remove(p, 1)
-local answer = end_run(p)
-return {ended, answer[1], answer[2]}
-"#;
 
 /// A run's start, in one script: its held task submitted (SUBMIT), then,
 /// for the task this submission stored or found stored under its own id,
@@ -253,35 +241,29 @@ impl RunScripts {
         let put_entries = format!("{WRITE_ENTRIES}{PUT_ENTRIES}");
         let move_run = format!("{WRITE_ENTRIES}{MOVE_RUN}");
         let finish = format!("{}{}", scripts::NOTIFY_PUSH, scripts::FINISH);
+        // The advance's and the end's functions (each with the step's
+        // `finish`, for the scripts that carry a step's end first).
+        let advance = format!(
+            "{PARTS}{}{}{}{}{}{ADVANCE}",
+            function("submit", scripts::SUBMIT),
+            function("move_run", &move_run),
+            function("transition", scripts::TRANSITION),
+            function("put_entries", &put_entries),
+            function("finish", &finish),
+        );
+        let end = format!(
+            "{PARTS}{}{}{END_RUN}",
+            function("move_run", &move_run),
+            function("finish", &finish)
+        );
         Self {
             create: redis::Script::new(CREATE_RUN),
             put_entries: redis::Script::new(&put_entries),
             move_run: redis::Script::new(&move_run),
-            advance: redis::Script::new(&format!(
-                "{PARTS}{}{}{}{}{ADVANCE}{ADVANCE_ALONE}",
-                function("submit", scripts::SUBMIT),
-                function("move_run", &move_run),
-                function("transition", scripts::TRANSITION),
-                function("put_entries", &put_entries),
-            )),
-            step_then_advance: redis::Script::new(&format!(
-                "{PARTS}{}{}{}{}{}{ADVANCE}{STEP_THEN_ADVANCE}",
-                function("submit", scripts::SUBMIT),
-                function("move_run", &move_run),
-                function("transition", scripts::TRANSITION),
-                function("put_entries", &put_entries),
-                function("finish", &finish),
-            )),
-            end: redis::Script::new(&format!(
-                "{PARTS}{}{}{END_RUN}{END_RUN_ALONE}",
-                function("move_run", &move_run),
-                function("finish", &finish),
-            )),
-            step_then_end: redis::Script::new(&format!(
-                "{PARTS}{}{}{END_RUN}{STEP_THEN_END}",
-                function("move_run", &move_run),
-                function("finish", &finish),
-            )),
+            advance: redis::Script::new(&format!("{advance}{ADVANCE_ALONE}")),
+            step_then_advance: redis::Script::new(&format!("{advance}{}", step_then("advance", "0"))),
+            end: redis::Script::new(&format!("{end}{END_RUN_ALONE}")),
+            step_then_end: redis::Script::new(&format!("{end}{}", step_then("end_run", "{{}, {}}"))),
             start: redis::Script::new(&format!(
                 "{PARTS}{}{}{START_RUN}",
                 function("submit", scripts::SUBMIT),
@@ -799,7 +781,7 @@ impl TaskStore {
                 (moved, finished, None)
             }
             Some((step, stepping)) => {
-                let (ended, moved, finished): (Vec<String>, Vec<String>, Vec<String>) = {
+                let (ended, (moved, finished)): (Vec<String>, (Vec<String>, Vec<String>)) = {
                     let mut connection = connection.clone();
                     invoke(&self.run_scripts.step_then_end, &parts, &mut connection).await?
                 };
