@@ -253,15 +253,15 @@ impl Engine {
         claimed: &'a agent_reach_task_store::Claimed,
         state: State,
         result: &'a Value,
-    ) -> Option<futures::future::BoxFuture<'a, Result<State, TaskStoreError>>> {
+    ) -> Option<agent_reach_tasks::StepEnding<'a>> {
         let run_id = claimed.task.run.clone()?;
         let (field, attempt) = entry_of_request(&run_id, &claimed.task.request_id)?;
-        let ended = ended_record(&claimed.task, attempt, state, result);
         {
             let mut advancing = self.advancing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if advancing.contains_key(&run_id) {
                 return None;
             }
+            let ended = ended_record(&claimed.task, attempt, state, result);
             advancing.insert(
                 run_id.clone(),
                 Advancing {

@@ -62,9 +62,7 @@ impl StepEnded for Steps {
         claimed: &'a agent_reach_task_store::Claimed,
         state: agent_reach_task_store::State,
         result: &'a serde_json::Value,
-    ) -> Option<
-        futures::future::BoxFuture<'a, Result<agent_reach_task_store::State, agent_reach_task_store::TaskStoreError>>,
-    > {
+    ) -> Option<agent_reach_tasks::StepEnding<'a>> {
         self.0.upgrade()?.end_step(claimed, state, result)
     }
 }

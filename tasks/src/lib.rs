@@ -95,6 +95,10 @@ pub fn routes(api: TaskApi) -> axum::Router {
 /// Accepted tasks awaiting a report, per delivery slot, before they hold slots.
 const AWAITING_PER_WORKER: usize = 16;
 
+/// A step's end as [`StepEnded::end_step`] writes it: the step's end, as
+/// [`agent_reach_task_store::TaskStore::finish`] answers it.
+pub type StepEnding<'a> = futures::future::BoxFuture<'a, Result<State, agent_reach_task_store::TaskStoreError>>;
+
 /// Told when a workflow step's task ended (its outcome recorded), on the
 /// router that recorded it, so its run advances at once (the runs crate;
 /// a run whose router died is advanced by any router's sweep instead).
@@ -112,7 +116,7 @@ pub trait StepEnded: Send + Sync {
         _claimed: &'a agent_reach_task_store::Claimed,
         _state: State,
         _result: &'a Value,
-    ) -> Option<futures::future::BoxFuture<'a, Result<State, agent_reach_task_store::TaskStoreError>>> {
+    ) -> Option<StepEnding<'a>> {
         None
     }
 }
@@ -205,7 +209,7 @@ impl TaskService {
         claimed: &'a agent_reach_task_store::Claimed,
         state: State,
         result: &'a Value,
-    ) -> Option<futures::future::BoxFuture<'a, Result<State, agent_reach_task_store::TaskStoreError>>> {
+    ) -> Option<StepEnding<'a>> {
         claimed.task.run.as_ref()?;
         self.step_ended.get()?.end_step(claimed, state, result)
     }
