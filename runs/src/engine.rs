@@ -24,7 +24,8 @@ use agent_reach_proto::envelope::{ResultEnvelope, ResultStatus, ENVELOPE_VERSION
 use agent_reach_proto::Priority;
 use agent_reach_task_store::store::now_ms;
 use agent_reach_task_store::{
-    Callback, HeldTask, NewTask, RunEntry, State, StepEnd, StoredRun, Submitted, TaskStore, TaskStoreError,
+    Callback, FirstAdvance, HeldTask, NewTask, RunEntry, State, StepEnd, StoredRun, Submitted, TaskStore,
+    TaskStoreError,
 };
 use agent_reach_tasks::{store_error, TaskService};
 use agent_reach_workflows::Workflow;
@@ -142,7 +143,9 @@ impl Engine {
     }
 
     /// Starts a run of `start.workflow`: its held task (idempotent by the
-    /// caller's request id) and its record, then its first advance.
+    /// caller's request id), its record and its first advance, one script
+    /// where the store folds them (one server without `WAIT`); elsewhere
+    /// the first advance follows the start at once.
     pub async fn start(self: &Arc<Self>, start: Start<'_>) -> Result<Started, RouterError> {
         let workflow = start.workflow;
         let caller = start.caller.name().unwrap_or("anonymous").to_string();
@@ -167,10 +170,17 @@ impl Engine {
         let spec_json =
             serde_json::to_string(&spec).map_err(|error| RouterError::new(Code::Internal, error.to_string()))?;
         let grace = u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
-        // The held task and the run, one script (a repeat finds both).
-        let (submitted, created) = self
+        // The held task, the run and (where the store folds them) its
+        // first advance, one script (a repeat finds both and advances nothing).
+        let run_id = self.store().task_id_for(&workflow.name);
+        let first = self
             .store()
-            .submit_run(
+            .folds_steps()
+            .then(|| self.first_advance(&run_id, &spec, workflow))
+            .flatten();
+        let started = self
+            .store()
+            .start_run(
                 NewTask {
                     request_id: start.request_id,
                     session_id: start.session_id,
@@ -182,25 +192,44 @@ impl Engine {
                     hold: true,
                     ..NewTask::default()
                 },
-                &spec_json,
-                grace,
+                &run_id,
+                (&spec_json, grace),
+                first.as_ref().map(|first| FirstAdvance {
+                    calls: &first.calls,
+                    entries: &first.entries,
+                    due_at_ms: first.wake,
+                }),
             )
             .await
             .map_err(store_error)?;
+        let submitted = started.submitted;
         let run_id = submitted.task_id().to_string();
-        if created {
-            // This router's first advance needs neither parse nor check.
-            self.keep_spec(&run_id, spec, workflow.clone());
+        if started.created {
             self.metrics.started.with_label_values(&[&workflow.name]).inc();
             tracing::info!(message = "Run started.", %run_id, workflow = %workflow.name, version = %workflow.version);
-            self.kick(StoredRun {
-                run_id: run_id.clone(),
-                spec: spec_json,
-                state: State::Pending,
-                updated_at_ms: now_ms(),
-                entries: Default::default(),
-                result: None,
-            });
+            match first.filter(|_| started.advanced) {
+                Some(first) => {
+                    self.count_calls(&spec, first.calls.len());
+                    for at in first.wakes {
+                        self.wake_at(&run_id, at);
+                    }
+                    // Its next advances need neither parse nor check.
+                    self.keep_spec(&run_id, spec, workflow.clone());
+                }
+                None => {
+                    // This router's first advance needs neither parse nor check.
+                    self.keep_spec(&run_id, spec, workflow.clone());
+                    self.kick(StoredRun {
+                        run_id: run_id.clone(),
+                        spec: spec_json,
+                        state: State::Pending,
+                        updated_at_ms: now_ms(),
+                        entries: Default::default(),
+                        result: None,
+                    });
+                }
+            }
+            // (The run as accepted: its first advance may have moved it already.)
             return Ok(Started {
                 run_id,
                 duplicate: false,
@@ -453,49 +482,31 @@ impl Engine {
         // script that writes that (a router that dies before leaves the run
         // pending and due: the next advance submits the same calls, found).
         let first = stored.state == State::Pending;
-        let now = now_ms();
-        let actions = plan::plan(&workflow, &spec, &mut records, now);
-        let mut wake = now + u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX);
-        // The calls to submit (each task, the id it is submitted as) and
-        // where each one's entry is among `entries`.
-        let mut calls = Vec::new();
-        let mut placed = Vec::new();
-        for action in actions {
-            match action {
-                Action::Start { step, record } => {
-                    let json =
-                        serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
-                    entries.push(RunEntry {
-                        field: step_field(&workflow.steps[step].id),
-                        order: agent_reach_task_store::EntryOrder { attempt: 0, rank: 0 },
-                        json,
-                    });
+        let Decided {
+            mut entries,
+            calls,
+            placed,
+            wake,
+            wakes,
+            cancels,
+            end,
+        } = self.decide(run_id, (&spec, &workflow), &mut records, entries)?;
+        for at in wakes {
+            self.wake_at(run_id, at);
+        }
+        self.cancel_tasks(&cancels).await;
+        if let Some(end) = end {
+            self.forget_spec(run_id);
+            self.submit_calls(&spec, calls, &placed, &mut entries).await?;
+            if first {
+                // Ended at its first look (every step skipped):
+                // running first, as every run's end expects.
+                if let Some(step) = step.as_deref_mut() {
+                    step.end_alone(self.store()).await;
                 }
-                Action::Call(call) => {
-                    let (task, entry) = self.call(run_id, &spec, &workflow, call, now)?;
-                    placed.push(entries.len());
-                    entries.push(entry);
-                    calls.push(task);
-                }
-                Action::WakeAt(at) => {
-                    wake = wake.min(at);
-                    self.wake_at(run_id, at);
-                }
-                Action::Cancel(task_ids) => self.cancel_tasks(&task_ids).await,
-                Action::Finish(end) => {
-                    self.forget_spec(run_id);
-                    self.submit_calls(&spec, calls, &placed, &mut entries).await?;
-                    if first {
-                        // Ended at its first look (every step skipped):
-                        // running first, as every run's end expects.
-                        if let Some(step) = step.as_deref_mut() {
-                            step.end_alone(self.store()).await;
-                        }
-                        self.store().start_running(run_id, &[], wake).await?;
-                    }
-                    return self.finish(run_id, &spec, end, &entries, step).await;
-                }
+                self.store().start_running(run_id, &[], wake).await?;
             }
+            return self.finish(run_id, &spec, end, &entries, step).await;
         }
         // The calls and the writes in one script where the store can (one
         // server), after the step's end that started this advance; else each
@@ -532,6 +543,73 @@ impl Engine {
             .put_run_entries(run_id, &entries, Some(wake))
             .await
             .map(drop)
+    }
+
+    /// The planner's pass over `records` (`entries`: the steps' outcomes to
+    /// write first), as what to write at once: the calls and their entries,
+    /// the run's next due time, and what else it decided.
+    fn decide(
+        &self,
+        run_id: &str,
+        (spec, workflow): (&RunSpec, &Workflow),
+        records: &mut Records,
+        entries: Vec<RunEntry>,
+    ) -> Result<Decided, TaskStoreError> {
+        let now = now_ms();
+        let actions = plan::plan(workflow, spec, records, now);
+        let mut decided = Decided {
+            entries,
+            calls: Vec::new(),
+            placed: Vec::new(),
+            wake: now + u64::try_from(self.settings.check_after.as_millis()).unwrap_or(u64::MAX),
+            wakes: Vec::new(),
+            cancels: Vec::new(),
+            end: None,
+        };
+        for action in actions {
+            match action {
+                Action::Start { step, record } => {
+                    let json =
+                        serde_json::to_string(&record).map_err(|error| TaskStoreError::Corrupt(error.to_string()))?;
+                    decided.entries.push(RunEntry {
+                        field: step_field(&workflow.steps[step].id),
+                        order: agent_reach_task_store::EntryOrder { attempt: 0, rank: 0 },
+                        json,
+                    });
+                }
+                Action::Call(call) => {
+                    let (task, entry) = self.call(run_id, spec, workflow, call, now)?;
+                    decided.placed.push(decided.entries.len());
+                    decided.entries.push(entry);
+                    decided.calls.push(task);
+                }
+                Action::WakeAt(at) => {
+                    decided.wake = decided.wake.min(at);
+                    decided.wakes.push(at);
+                }
+                Action::Cancel(task_ids) => decided.cancels.extend(task_ids),
+                Action::Finish(end) => {
+                    decided.end = Some(end);
+                    break;
+                }
+            }
+        }
+        Ok(decided)
+    }
+
+    /// A new run's first advance, planned before its start for the store to
+    /// write in the script that starts it: `None` when it ends the run at
+    /// once (every step skipped) or cannot be planned (the run then takes
+    /// its first advance after its start, as on a cluster).
+    fn first_advance(&self, run_id: &str, spec: &RunSpec, workflow: &Workflow) -> Option<Decided> {
+        match self.decide(run_id, (spec, workflow), &mut Records::default(), Vec::new()) {
+            Ok(decided) if decided.end.is_none() && decided.cancels.is_empty() => Some(decided),
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(message = "A run's first advance could not be planned with its start; it follows it.", %run_id, %error);
+                None
+            }
+        }
     }
 
     /// Submits `calls` one by one (each under its id, or found under the
@@ -1054,6 +1132,24 @@ pub fn run_error(error: TaskStoreError) -> RouterError {
 
 /// A step's call record as its task ended (`state`, `result`): what its run's
 /// entry says of it.
+/// What one pass of the planner decided ([`Engine::decide`]), to write at once.
+struct Decided {
+    /// The entries to write: the steps' outcomes given, then the decisions.
+    entries: Vec<RunEntry>,
+    /// The calls to submit (each task, the id it is submitted as) and
+    /// where each one's entry is among `entries`.
+    calls: Vec<(NewTask, String)>,
+    placed: Vec<usize>,
+    /// When the run is due for a look by any router next.
+    wake: u64,
+    /// The retries' backoffs this router wakes the run for.
+    wakes: Vec<u64>,
+    /// The calls the run no longer needs.
+    cancels: Vec<String>,
+    /// The run's end, when this pass ends it.
+    end: Option<End>,
+}
+
 fn ended_record(task: &agent_reach_task_store::Task, attempt: u32, state: State, result: &Value) -> ItemRecord {
     ItemRecord {
         attempt,

@@ -17,7 +17,7 @@ pub mod store;
 pub use callback::{CallbackConfig, CallbackError, CallbackOutcome, Deliverer, NotificationBody};
 pub use model::{Accepted, Callback, Priority, PushAuthentication, PushConfig, Role, State, Task, Transition, Turn};
 pub use store::{
-    new_task_id, AfterStep, Claimed, DeadLetter, EntryOrder, HeldTask, HistorySlot, HistoryTotals, LocalBuffer,
-    NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported, RunEntry, SessionResult, StepEnd, StoreConfig,
-    StoredRun, Submitted, TaskStore, TaskStoreError, MOST_PUSH_CONFIGS,
+    new_task_id, AfterStep, Claimed, DeadLetter, EntryOrder, FirstAdvance, HeldTask, HistorySlot, HistoryTotals,
+    LocalBuffer, NewTask, QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport, Reported, RunEntry, RunStarted,
+    SessionResult, StepEnd, StoreConfig, StoredRun, Submitted, TaskStore, TaskStoreError, MOST_PUSH_CONFIGS,
 };

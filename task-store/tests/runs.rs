@@ -4,8 +4,8 @@
 //! once with its result and retention, and due runs are leased to one router.
 
 use agent_reach_task_store::{
-    Callback, EntryOrder, HeldTask, NewTask, Priority, RunEntry, State, StoreConfig, Submitted, TaskStore,
-    TaskStoreError,
+    Callback, EntryOrder, FirstAdvance, HeldTask, NewTask, Priority, RunEntry, RunStarted, State, StoreConfig,
+    Submitted, TaskStore, TaskStoreError,
 };
 use agent_reach_testkit::{Redis, RedisCluster};
 use serde_json::json;
@@ -527,6 +527,155 @@ async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool
     assert_eq!(store.run(&run_id).await.unwrap().state, State::Succeeded);
 }
 
+/// A run's first advance written in the script that starts it (one server,
+/// docs/design.md §3.14.4): its calls submitted and queued, its entries
+/// written, the run and its held task `running`; a repeat advances nothing;
+/// a call whose request id names another task stops the advance, the run
+/// left `pending` for its router to advance; a cluster never folds it.
+async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: bool) {
+    let held = |request_id: &str| NewTask {
+        request_id: request_id.to_string(),
+        caller: "tester".to_string(),
+        capability: "order.ship_today".to_string(),
+        envelope: json!({"capability": "order.ship_today", "payload": {}}),
+        hold: true,
+        ..NewTask::default()
+    };
+    let call = |run_id: &str, request_id: &str| NewTask {
+        request_id: request_id.to_string(),
+        caller: "tester".to_string(),
+        capability: "order.lookup".to_string(),
+        envelope: json!({"capability": "order.lookup", "payload": {}}),
+        run: Some(run_id.to_string()),
+        ..NewTask::default()
+    };
+    let entry = |field: &str, attempt, json: String| RunEntry {
+        field: field.to_string(),
+        order: EntryOrder { attempt, rank: 0 },
+        json,
+    };
+    let planned = |run_id: &str, request_id: &str| {
+        let call_id = store.task_id_for("order.lookup");
+        let entries = vec![
+            entry("s:a", 0, r#"{"s":"started"}"#.to_string()),
+            entry("i:a:0", 1, format!(r#"{{"task":"{call_id}"}}"#)),
+        ];
+        (vec![(call(run_id, request_id), call_id)], entries)
+    };
+
+    let run_id = store.task_id_for("order.ship_today");
+    let (calls, entries) = planned(&run_id, "first-call");
+    let first = FirstAdvance {
+        calls: &calls,
+        entries: &entries,
+        due_at_ms: u64::MAX / 2,
+    };
+    let started = store
+        .start_run(held("first-1"), &run_id, ("{}", 60_000), Some(first))
+        .await
+        .unwrap();
+    assert_eq!(
+        started,
+        RunStarted {
+            submitted: Submitted::Created(run_id.clone()),
+            created: true,
+            advanced: !cluster,
+        }
+    );
+    let stored = store.run(&run_id).await.unwrap();
+    let call_id = &calls[0].1;
+    if cluster {
+        // Left for the router to advance: nothing of the advance written.
+        assert_eq!(stored.state, State::Pending);
+        assert!(stored.entries.is_empty());
+        assert_eq!(store.get(&run_id).await.unwrap().state, State::Pending);
+        assert!(matches!(store.get(call_id).await, Err(TaskStoreError::NotFound(_))));
+        return;
+    }
+    assert_eq!(stored.state, State::Running);
+    assert_eq!(
+        stored.entries.get("i:a:0").map(String::as_str),
+        Some(format!(r#"{{"task":"{call_id}"}}"#).as_str())
+    );
+    assert_eq!(
+        stored.entries.get("s:a").map(String::as_str),
+        Some(r#"{"s":"started"}"#)
+    );
+    let task = store.get(&run_id).await.unwrap();
+    assert_eq!((task.state, task.attempts), (State::Running, 1));
+    // The call is queued: a worker claims it.
+    let claimed = store.claim("worker", 10, 1).await.unwrap();
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|claimed| claimed.task.task_id.as_str())
+            .collect::<Vec<_>>(),
+        [call_id.as_str()]
+    );
+    assert_eq!(claimed[0].task.run.as_deref(), Some(run_id.as_str()));
+
+    // The same request id again: the run found, no advance planned for
+    // another id written.
+    let other = store.task_id_for("order.ship_today");
+    let (calls, entries) = planned(&other, "first-call-again");
+    let again = store
+        .start_run(
+            held("first-1"),
+            &other,
+            ("{}", 60_000),
+            Some(FirstAdvance {
+                calls: &calls,
+                entries: &entries,
+                due_at_ms: u64::MAX / 2,
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        RunStarted {
+            submitted: Submitted::Existing(run_id.clone()),
+            created: false,
+            advanced: false,
+        }
+    );
+    assert!(matches!(store.get(&calls[0].1).await, Err(TaskStoreError::NotFound(_))));
+    assert!(matches!(store.run(&other).await, Err(TaskStoreError::NotFound(_))));
+
+    // A call whose request id names another task: the advance stops, the
+    // run is created and left pending.
+    let taken = store.submit(call("t_elsewhere", "taken")).await.unwrap();
+    let run_id = store.task_id_for("order.ship_today");
+    let (mut calls, entries) = planned(&run_id, "taken");
+    calls[0].0.run = Some(run_id.clone());
+    let stopped = store
+        .start_run(
+            held("first-2"),
+            &run_id,
+            ("{}", 60_000),
+            Some(FirstAdvance {
+                calls: &calls,
+                entries: &entries,
+                due_at_ms: u64::MAX / 2,
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stopped,
+        RunStarted {
+            submitted: Submitted::Created(run_id.clone()),
+            created: true,
+            advanced: false,
+        }
+    );
+    let stored = store.run(&run_id).await.unwrap();
+    assert_eq!((stored.state, stored.entries.len()), (State::Pending, 0));
+    assert_eq!(store.get(&run_id).await.unwrap().state, State::Pending);
+    assert!(matches!(store.get(&calls[0].1).await, Err(TaskStoreError::NotFound(_))));
+    assert_ne!(taken.task_id(), &calls[0].1);
+}
+
 #[tokio::test]
 async fn on_redis() {
     let redis = Redis::start();
@@ -541,6 +690,11 @@ async fn on_redis() {
         ..StoreConfig::default()
     };
     a_steps_end_carried_by_its_runs_advance(TaskStore::new(&redis.url(), &steps).unwrap(), false).await;
+    let first = StoreConfig {
+        tenant: "first".to_string(),
+        ..StoreConfig::default()
+    };
+    a_runs_first_advance_written_with_its_start(TaskStore::new(&redis.url(), &first).unwrap(), false).await;
 }
 
 #[tokio::test]
@@ -559,4 +713,9 @@ async fn on_cluster() {
         ..StoreConfig::default()
     };
     a_steps_end_carried_by_its_runs_advance(TaskStore::new(&url, &steps).unwrap(), true).await;
+    let first = StoreConfig {
+        tenant: "first".to_string(),
+        ..StoreConfig::default()
+    };
+    a_runs_first_advance_written_with_its_start(TaskStore::new(&url, &first).unwrap(), true).await;
 }

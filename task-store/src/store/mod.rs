@@ -94,7 +94,9 @@ pub use self::callbacks::schedule_member;
 use self::connection::{Connection, Link};
 pub use self::history::{HistorySlot, HistoryTotals};
 pub use self::quota::{QuotaAsk, QuotaExchange, QuotaLimit, QuotaReport};
-pub use self::runs::{AfterStep, EntryOrder, HeldTask, RunEntry, StepEnd, StoredRun, RECENT_RUNS};
+pub use self::runs::{
+    AfterStep, EntryOrder, FirstAdvance, HeldTask, RunEntry, RunStarted, StepEnd, StoredRun, RECENT_RUNS,
+};
 use self::scripts::Scripts;
 pub use self::turns::MOST_PUSH_CONFIGS;
 use crate::model::{Callback, Priority, State, Task};

@@ -201,17 +201,26 @@ const END_RUN_ALONE: &str = "return end_run(parts())\n";
 /// A run's start, in one script: its held task submitted (SUBMIT), then,
 /// for the task this submission stored or found stored under its own id,
 /// the run created (CREATE_RUN) and, on one server, indexed among the
-/// recent runs. Answers {SUBMIT's answer, CREATE_RUN's (-1: not run)}.
+/// recent runs; a run created here then takes its first advance, when
+/// given (the parts after the index, as [`ADVANCE`] reads them).
+/// Answers {SUBMIT's answer, CREATE_RUN's (-1: not run), the advance's
+/// (0: not run or stopped)}.
 pub(super) const START_RUN: &str = r#"
 local p = parts()
 local submitted = submit(p[1][1], p[1][2])
-if submitted[1] ~= 0 and submitted[1] ~= 1 then return {submitted, -1} end
+if submitted[1] ~= 0 and submitted[1] ~= 1 then return {submitted, -1, 0} end
 local created = create_run(p[2][1], p[2][2])
+local advanced = 0
 if created == 1 and p[3] then
   redis.call('ZADD', p[3][1][1], p[3][2][1], p[3][2][2])
   redis.call('ZREMRANGEBYRANK', p[3][1][1], 0, -1 - tonumber(p[3][2][3]))
+  if p[4] then
+    local first = {}
+    for i = 4, #p do first[#first + 1] = p[i] end
+    advanced = advance(first)
+  end
 end
-return {submitted, created}
+return {submitted, created, advanced}
 "#;
 
 /// `entries` as the scripts read them (`WRITE_ENTRIES`): field, attempt, rank, json each.
@@ -264,11 +273,7 @@ impl RunScripts {
             step_then_advance: redis::Script::new(&format!("{advance}{}", step_then("advance", "0"))),
             end: redis::Script::new(&format!("{end}{END_RUN_ALONE}")),
             step_then_end: redis::Script::new(&format!("{end}{}", step_then("end_run", "{{}, {}}"))),
-            start: redis::Script::new(&format!(
-                "{PARTS}{}{}{START_RUN}",
-                function("submit", scripts::SUBMIT),
-                function("create_run", CREATE_RUN),
-            )),
+            start: redis::Script::new(&format!("{advance}{}{START_RUN}", function("create_run", CREATE_RUN))),
         }
     }
 }
@@ -285,6 +290,34 @@ pub struct HeldTask<'a> {
     pub priority: Priority,
     pub has_callback: bool,
 }
+
+/// A run's first advance, planned before its start and written in the
+/// script that starts it ([`TaskStore::start_run`]): its calls (each task
+/// and the id it is submitted as), what it decided, and when the run is
+/// due for a look next.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstAdvance<'a> {
+    pub calls: &'a [(crate::store::NewTask, String)],
+    pub entries: &'a [RunEntry],
+    pub due_at_ms: u64,
+}
+
+/// A run's start as [`TaskStore::start_run`] answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunStarted {
+    /// The held task's submission (`Existing`: the caller's request id named another run).
+    pub submitted: crate::store::Submitted,
+    /// Whether this submission created the run.
+    pub created: bool,
+    /// Whether the run's first advance was written with it (the run and its
+    /// held task `running`, its calls submitted); else the run is `pending`
+    /// and the caller advances it.
+    pub advanced: bool,
+}
+
+/// The calls an advance's script queues: each one's lane and backlog
+/// field (for [`TaskStore::note_queued`] once the script ran).
+pub(super) type Queued = Vec<(usize, String)>;
 
 /// A run's end as [`TaskStore::end_run`] answers it: the run's move, and
 /// its held task's end.
@@ -630,32 +663,10 @@ impl TaskStore {
         if step.is_none() && !calls.is_empty() && (self.is_cluster() || self.wait.is_some()) {
             return Ok((Ok(false), None));
         }
-        let mut header = Part::default();
-        header.arg(calls.len()).arg(if first { "1" } else { "0" });
-        let mut submits = Vec::with_capacity(calls.len());
-        let mut queued = Vec::with_capacity(calls.len());
-        for (task, task_id) in calls {
-            let (part, lane, field) = self.one_server_part(task, task_id)?;
-            submits.push(part);
-            queued.push((lane, field));
-        }
-        let tail = if first {
-            vec![
-                self.move_part(run_id, (State::Running, &[State::Pending]), None, entries),
-                self.transition_part(run_id, State::Running),
-                self.put_part(run_id, &[], Some(due_at_ms)),
-            ]
-        } else {
-            vec![self.put_part(run_id, entries, Some(due_at_ms))]
-        };
+        let (advance, queued) = self.advance_parts(run_id, (calls, entries), due_at_ms, first)?;
         let ending = step.map(|step| (step, Ending::of(self, &step.claimed.task)));
         let leading = ending.as_ref().map(|(step, ending)| self.step_part(step, ending));
-        let parts: Vec<&Part> = leading
-            .iter()
-            .chain(std::iter::once(&header))
-            .chain(&submits)
-            .chain(&tail)
-            .collect();
+        let parts: Vec<&Part> = leading.iter().chain(&advance).collect();
         let connection = self.connection().await?;
         let (answer, ended) = match &ending {
             None => {
@@ -687,6 +698,36 @@ impl TaskStore {
             }
         };
         Ok((advanced, ended))
+    }
+
+    /// [`ADVANCE`]'s parts (its header, each call's `SUBMIT` on one server,
+    /// then the run's writes), and each call's lane and backlog field (for
+    /// [`Self::note_queued`] once the script ran).
+    pub(super) fn advance_parts(
+        &self,
+        run_id: &str,
+        (calls, entries): (&[(crate::store::NewTask, String)], &[RunEntry]),
+        due_at_ms: u64,
+        first: bool,
+    ) -> Result<(Vec<Part>, Queued), TaskStoreError> {
+        let mut parts = Vec::with_capacity(calls.len() + 4);
+        let mut header = Part::default();
+        header.arg(calls.len()).arg(if first { "1" } else { "0" });
+        parts.push(header);
+        let mut queued = Vec::with_capacity(calls.len());
+        for (task, task_id) in calls {
+            let (part, lane, field) = self.one_server_part(task, task_id)?;
+            parts.push(part);
+            queued.push((lane, field));
+        }
+        if first {
+            parts.push(self.move_part(run_id, (State::Running, &[State::Pending]), None, entries));
+            parts.push(self.transition_part(run_id, State::Running));
+            parts.push(self.put_part(run_id, &[], Some(due_at_ms)));
+        } else {
+            parts.push(self.put_part(run_id, entries, Some(due_at_ms)));
+        }
+        Ok((parts, queued))
     }
 
     /// `step`'s `FINISH` part, as [`Self::finish`] writes it.

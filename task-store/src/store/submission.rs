@@ -7,11 +7,13 @@ use redis::AsyncCommands;
 use super::connection::Connection;
 use super::parts::{invoke, Part};
 use super::record::Spec;
+use super::runs::{FirstAdvance, RunStarted};
 use super::{
     lane_of, now_ms, unavailable, NewTask, Submitted, TaskStore, TaskStoreError, CALLER_INDEX_MAX, GROUP, LANES,
 };
 
 /// What a submission's store step needs beyond the spec.
+#[derive(Clone)]
 struct StoreStep<'a> {
     request_key: &'a str,
     /// The backlog field, `capability|priority`.
@@ -24,11 +26,15 @@ struct StoreStep<'a> {
     /// The task is a run's held task: the run's spec and grace, the run
     /// created in the same script as the task is stored (`START_RUN`).
     run: Option<(&'a str, u64)>,
+    /// The run's first advance, written with its start when the run is
+    /// created (one server; the run's id is the task id it was planned for).
+    first: Option<FirstAdvance<'a>>,
 }
 
 /// A store step's answer: SUBMIT's code and task id (or waiting count, or
-/// holder), and for a run's held task whether the run was created then.
-type Stored = ((i64, String), Option<bool>);
+/// holder), and for a run's held task whether the run was created then and
+/// whether its first advance was written with it.
+type Stored = ((i64, String), Option<(bool, bool)>);
 
 impl TaskStore {
     /// Recreates the consumer group of every queue the lanes list (a Redis
@@ -79,7 +85,7 @@ impl TaskStore {
         task_id: &str,
         backlog_bound: Option<u64>,
     ) -> Result<Submitted, TaskStoreError> {
-        self.submit_inner(task, task_id, backlog_bound, None)
+        self.submit_inner(task, task_id, backlog_bound, None, None)
             .await
             .map(|(submitted, _)| submitted)
     }
@@ -95,13 +101,39 @@ impl TaskStore {
         grace_ms: u64,
     ) -> Result<(Submitted, bool), TaskStoreError> {
         let task_id = self.task_id_for(&task.capability);
-        let (submitted, created) = self.submit_inner(task, &task_id, None, Some((spec, grace_ms))).await?;
-        let created = created.unwrap_or(false);
+        let started = self.start_run(task, &task_id, (spec, grace_ms), None).await?;
+        Ok((started.submitted, started.created))
+    }
+
+    /// [`Self::submit_run`] as `run_id`, with the run's `first` advance
+    /// (planned for that id) in the same script when the run is created
+    /// by it, on one server that does not wait for replicas
+    /// ([`Self::folds_steps`]; docs/design.md §3.14.4): its calls
+    /// submitted, its entries written, the run and its held task moved to
+    /// `running`, the run due at the advance's time. Anywhere else, or when
+    /// the advance stops (a call's request id names another task), the run
+    /// is left `pending` (`advanced: false`) for the caller to advance.
+    pub async fn start_run(
+        &self,
+        task: NewTask,
+        run_id: &str,
+        (spec, grace_ms): (&str, u64),
+        first: Option<FirstAdvance<'_>>,
+    ) -> Result<RunStarted, TaskStoreError> {
+        let first = first.filter(|_| self.folds_steps());
+        let (submitted, run) = self
+            .submit_inner(task, run_id, None, Some((spec, grace_ms)), first)
+            .await?;
+        let (created, advanced) = run.unwrap_or((false, false));
         if created && self.is_cluster() {
             let connection = self.connection().await?;
             self.index_run(&connection, submitted.task_id()).await;
         }
-        Ok((submitted, created))
+        Ok(RunStarted {
+            submitted,
+            created,
+            advanced,
+        })
     }
 
     /// `SUBMIT`'s keys and arguments for a plain `task` (no bound, no push
@@ -123,6 +155,7 @@ impl TaskStore {
             bound: None,
             push: None,
             run: None,
+            first: None,
         };
         let spec_json = self.spec_json(&spec, task_id)?;
         let part = self.store_part(task_id, &spec_json, &spec, &step, 0, true);
@@ -135,7 +168,8 @@ impl TaskStore {
         task_id: &str,
         backlog_bound: Option<u64>,
         run: Option<(&str, u64)>,
-    ) -> Result<(Submitted, Option<bool>), TaskStoreError> {
+        first: Option<FirstAdvance<'_>>,
+    ) -> Result<(Submitted, Option<(bool, bool)>), TaskStoreError> {
         let (hold, push_config) = (task.hold, task.push_config.take());
         let spec = spec_of(task, task_id);
         let connection = self.connection().await?;
@@ -155,6 +189,7 @@ impl TaskStore {
             bound: backlog_bound,
             push,
             run,
+            first,
         };
         let (own, id, ((code, answer), created)) = if self.is_cluster() {
             self.submit_in_two_steps(&connection, &spec, &step).await?
@@ -289,7 +324,12 @@ impl TaskStore {
         let holder = answer;
         let spec_json = self.spec_json(spec, &holder)?;
         let part = self.store_part(&holder, &spec_json, spec, step, 0, true);
-        let stored = self.store(connection, (&holder, part), step, true).await?;
+        // (A first advance was planned for the id this submission chose, not the holder's.)
+        let step = StoreStep {
+            first: None,
+            ..step.clone()
+        };
+        let stored = self.store(connection, (&holder, part), &step, true).await?;
         if stored.0 .0 == 3 {
             // The request id changed hands again meanwhile (it expired and was taken):
             // answered as a store outage, so the caller submits again.
@@ -340,12 +380,24 @@ impl TaskStore {
         };
         let create = self.create_part(id, run_spec, grace_ms);
         let recent = self.recent_part(id);
+        let (first, queued) = match step.first.filter(|_| one_server) {
+            Some(first) => self.advance_parts(id, (first.calls, first.entries), first.due_at_ms, true)?,
+            None => Default::default(),
+        };
         let mut parts = vec![&store, &create];
         if one_server {
             parts.push(&recent);
+            parts.extend(&first);
         }
-        let (answer, created): ((i64, String), i64) = invoke(&self.run_scripts.start, &parts, &mut connection).await?;
-        Ok((answer, (created >= 0).then_some(created == 1)))
+        let (answer, created, advanced): ((i64, String), i64, i64) =
+            invoke(&self.run_scripts.start, &parts, &mut connection).await?;
+        let advanced = advanced == 1;
+        if advanced {
+            for (lane, field) in &queued {
+                self.note_queued(*lane, field);
+            }
+        }
+        Ok((answer, (created >= 0).then_some((created == 1, advanced))))
     }
 
     /// `SUBMIT`'s keys and arguments for task `id`.
