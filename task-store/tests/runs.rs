@@ -564,26 +564,11 @@ async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: 
     };
 
     let run_id = store.task_id_for("order.ship_today");
-    let (calls, entries) = planned(&run_id, "first-call");
-    let first = FirstAdvance {
-        calls: &calls,
-        entries: &entries,
-        due_at_ms: u64::MAX / 2,
-    };
-    let started = store
-        .start_run(held("first-1"), &run_id, ("{}", 60_000), Some(first))
-        .await
-        .unwrap();
-    assert_eq!(
-        started,
-        RunStarted {
-            submitted: Submitted::Created(run_id.clone()),
-            created: true,
-            advanced: !cluster,
-        }
-    );
+    let first = planned(&run_id, "first-call");
+    let started = start_planned(&store, held("first-1"), &run_id, &first).await;
+    assert_eq!(started, run_started(Submitted::Created(run_id.clone()), true, !cluster));
     let stored = store.run(&run_id).await.unwrap();
-    let call_id = &calls[0].1;
+    let call_id = &first.0[0].1;
     if cluster {
         // Left for the router to advance: nothing of the advance written.
         assert_eq!(stored.state, State::Pending);
@@ -617,63 +602,54 @@ async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: 
     // The same request id again: the run found, no advance planned for
     // another id written.
     let other = store.task_id_for("order.ship_today");
-    let (calls, entries) = planned(&other, "first-call-again");
-    let again = store
-        .start_run(
-            held("first-1"),
-            &other,
-            ("{}", 60_000),
-            Some(FirstAdvance {
-                calls: &calls,
-                entries: &entries,
-                due_at_ms: u64::MAX / 2,
-            }),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        again,
-        RunStarted {
-            submitted: Submitted::Existing(run_id.clone()),
-            created: false,
-            advanced: false,
-        }
-    );
-    assert!(matches!(store.get(&calls[0].1).await, Err(TaskStoreError::NotFound(_))));
+    let again = planned(&other, "first-call-again");
+    let started = start_planned(&store, held("first-1"), &other, &again).await;
+    assert_eq!(started, run_started(Submitted::Existing(run_id.clone()), false, false));
+    assert!(matches!(
+        store.get(&again.0[0].1).await,
+        Err(TaskStoreError::NotFound(_))
+    ));
     assert!(matches!(store.run(&other).await, Err(TaskStoreError::NotFound(_))));
 
     // A call whose request id names another task: the advance stops, the
     // run is created and left pending.
     let taken = store.submit(call("t_elsewhere", "taken")).await.unwrap();
     let run_id = store.task_id_for("order.ship_today");
-    let (mut calls, entries) = planned(&run_id, "taken");
-    calls[0].0.run = Some(run_id.clone());
-    let stopped = store
-        .start_run(
-            held("first-2"),
-            &run_id,
-            ("{}", 60_000),
-            Some(FirstAdvance {
-                calls: &calls,
-                entries: &entries,
-                due_at_ms: u64::MAX / 2,
-            }),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        stopped,
-        RunStarted {
-            submitted: Submitted::Created(run_id.clone()),
-            created: true,
-            advanced: false,
-        }
-    );
+    let stopped = planned(&run_id, "taken");
+    let started = start_planned(&store, held("first-2"), &run_id, &stopped).await;
+    assert_eq!(started, run_started(Submitted::Created(run_id.clone()), true, false));
     let stored = store.run(&run_id).await.unwrap();
     assert_eq!((stored.state, stored.entries.len()), (State::Pending, 0));
     assert_eq!(store.get(&run_id).await.unwrap().state, State::Pending);
-    assert!(matches!(store.get(&calls[0].1).await, Err(TaskStoreError::NotFound(_))));
-    assert_ne!(taken.task_id(), &calls[0].1);
+    assert!(matches!(
+        store.get(&stopped.0[0].1).await,
+        Err(TaskStoreError::NotFound(_))
+    ));
+    assert_ne!(taken.task_id(), &stopped.0[0].1);
+}
+
+/// A first advance's calls and entries, as the engine plans them.
+type Planned = (Vec<(NewTask, String)>, Vec<RunEntry>);
+
+/// [`TaskStore::start_run`] of `held` as `run_id` with `planned` as its first advance.
+async fn start_planned(store: &TaskStore, held: NewTask, run_id: &str, (calls, entries): &Planned) -> RunStarted {
+    let first = FirstAdvance {
+        calls,
+        entries,
+        due_at_ms: u64::MAX / 2,
+    };
+    store
+        .start_run(held, run_id, ("{}", 60_000), Some(first))
+        .await
+        .unwrap()
+}
+
+fn run_started(submitted: Submitted, created: bool, advanced: bool) -> RunStarted {
+    RunStarted {
+        submitted,
+        created,
+        advanced,
+    }
 }
 
 #[tokio::test]
