@@ -10,18 +10,32 @@ use agent_reach_task_store::{
 use agent_reach_testkit::{Redis, RedisCluster};
 use serde_json::json;
 
+/// A run's held task (workflow `order.ship_today`) under `request_id`.
+fn held_task(request_id: &str) -> NewTask {
+    NewTask {
+        request_id: request_id.to_string(),
+        caller: "tester".to_string(),
+        capability: "order.ship_today".to_string(),
+        envelope: json!({"capability": "order.ship_today", "payload": {}}),
+        hold: true,
+        ..NewTask::default()
+    }
+}
+
+/// A call of run `run_id`'s steps (`order.lookup`) under `request_id`.
+fn step_call(run_id: &str, request_id: &str) -> NewTask {
+    NewTask {
+        request_id: request_id.to_string(),
+        caller: "tester".to_string(),
+        capability: "order.lookup".to_string(),
+        envelope: json!({"capability": "order.lookup", "payload": {}}),
+        run: Some(run_id.to_string()),
+        ..NewTask::default()
+    }
+}
+
 async fn a_run(store: &TaskStore, request_id: &str) -> String {
-    let submitted = store
-        .submit(NewTask {
-            request_id: request_id.to_string(),
-            caller: "tester".to_string(),
-            capability: "order.ship_today".to_string(),
-            envelope: json!({"capability": "order.ship_today", "payload": {}}),
-            hold: true,
-            ..NewTask::default()
-        })
-        .await
-        .unwrap();
+    let submitted = store.submit(held_task(request_id)).await.unwrap();
     submitted.task_id().to_string()
 }
 
@@ -193,17 +207,12 @@ async fn the_contract(store: TaskStore) {
 /// (docs/design.md §3.14.4): the same outcome as the scripts one by one.
 async fn the_combined_scripts(store: TaskStore, cluster: bool) {
     let held_task = |request_id: &str| NewTask {
-        request_id: request_id.to_string(),
-        caller: "tester".to_string(),
-        capability: "order.ship_today".to_string(),
-        envelope: json!({"capability": "order.ship_today", "payload": {}}),
         callback: Some(Callback {
             url: "http://127.0.0.1:9/hook".to_string(),
             secret_ref: None,
             a2a: None,
         }),
-        hold: true,
-        ..NewTask::default()
+        ..held_task(request_id)
     };
     // Started: the held task and the run, once; the same request id finds both.
     let (submitted, created) = store
@@ -251,14 +260,7 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
     // An advance: its calls submitted and what it decided written, one
     // script on one server; on a cluster (the calls in other slots) it is
     // left to the long way, nothing written.
-    let call = |request_id: &str| NewTask {
-        request_id: request_id.to_string(),
-        caller: "tester".to_string(),
-        capability: "order.lookup".to_string(),
-        envelope: json!({"capability": "order.lookup", "payload": {}}),
-        run: Some(run_id.clone()),
-        ..NewTask::default()
-    };
+    let call = |request_id: &str| step_call(&run_id, request_id);
     let first_call = store.task_id_for("order.lookup");
     let done = store
         .advance_run(
@@ -396,21 +398,7 @@ async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool
         priority: Priority::Normal,
         has_callback: false,
     };
-    let (submitted, _) = store
-        .submit_run(
-            NewTask {
-                request_id: "start-step".to_string(),
-                caller: "tester".to_string(),
-                capability: "order.ship_today".to_string(),
-                envelope: json!({"capability": "order.ship_today", "payload": {}}),
-                hold: true,
-                ..NewTask::default()
-            },
-            "{}",
-            60_000,
-        )
-        .await
-        .unwrap();
+    let (submitted, _) = store.submit_run(held_task("start-step"), "{}", 60_000).await.unwrap();
     let run_id = submitted.task_id().to_string();
     store.start_running(&run_id, &[], u64::MAX / 2).await.unwrap();
     let order = |attempt, rank| EntryOrder { attempt, rank };
@@ -421,17 +409,7 @@ async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool
     };
     // Three steps of the run, submitted, claimed and running.
     for request_id in ["step-a", "step-b", "step-c"] {
-        store
-            .submit(NewTask {
-                request_id: request_id.to_string(),
-                caller: "tester".to_string(),
-                capability: "order.lookup".to_string(),
-                envelope: json!({"capability": "order.lookup", "payload": {}}),
-                run: Some(run_id.clone()),
-                ..NewTask::default()
-            })
-            .await
-            .unwrap();
+        store.submit(step_call(&run_id, request_id)).await.unwrap();
     }
     let mut claimed = Vec::new();
     while claimed.len() < 3 {
@@ -533,22 +511,6 @@ async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool
 /// a call whose request id names another task stops the advance, the run
 /// left `pending` for its router to advance; a cluster never folds it.
 async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: bool) {
-    let held = |request_id: &str| NewTask {
-        request_id: request_id.to_string(),
-        caller: "tester".to_string(),
-        capability: "order.ship_today".to_string(),
-        envelope: json!({"capability": "order.ship_today", "payload": {}}),
-        hold: true,
-        ..NewTask::default()
-    };
-    let call = |run_id: &str, request_id: &str| NewTask {
-        request_id: request_id.to_string(),
-        caller: "tester".to_string(),
-        capability: "order.lookup".to_string(),
-        envelope: json!({"capability": "order.lookup", "payload": {}}),
-        run: Some(run_id.to_string()),
-        ..NewTask::default()
-    };
     let entry = |field: &str, attempt, json: String| RunEntry {
         field: field.to_string(),
         order: EntryOrder { attempt, rank: 0 },
@@ -560,12 +522,12 @@ async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: 
             entry("s:a", 0, r#"{"s":"started"}"#.to_string()),
             entry("i:a:0", 1, format!(r#"{{"task":"{call_id}"}}"#)),
         ];
-        (vec![(call(run_id, request_id), call_id)], entries)
+        (vec![(step_call(run_id, request_id), call_id)], entries)
     };
 
     let run_id = store.task_id_for("order.ship_today");
     let first = planned(&run_id, "first-call");
-    let started = start_planned(&store, held("first-1"), &run_id, &first).await;
+    let started = start_planned(&store, held_task("first-1"), &run_id, &first).await;
     assert_eq!(started, run_started(Submitted::Created(run_id.clone()), true, !cluster));
     let stored = store.run(&run_id).await.unwrap();
     let call_id = &first.0[0].1;
@@ -603,7 +565,7 @@ async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: 
     // another id written.
     let other = store.task_id_for("order.ship_today");
     let again = planned(&other, "first-call-again");
-    let started = start_planned(&store, held("first-1"), &other, &again).await;
+    let started = start_planned(&store, held_task("first-1"), &other, &again).await;
     assert_eq!(started, run_started(Submitted::Existing(run_id.clone()), false, false));
     assert!(matches!(
         store.get(&again.0[0].1).await,
@@ -613,10 +575,10 @@ async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: 
 
     // A call whose request id names another task: the advance stops, the
     // run is created and left pending.
-    let taken = store.submit(call("t_elsewhere", "taken")).await.unwrap();
+    let taken = store.submit(step_call("t_elsewhere", "taken")).await.unwrap();
     let run_id = store.task_id_for("order.ship_today");
     let stopped = planned(&run_id, "taken");
-    let started = start_planned(&store, held("first-2"), &run_id, &stopped).await;
+    let started = start_planned(&store, held_task("first-2"), &run_id, &stopped).await;
     assert_eq!(started, run_started(Submitted::Created(run_id.clone()), true, false));
     let stored = store.run(&run_id).await.unwrap();
     assert_eq!((stored.state, stored.entries.len()), (State::Pending, 0));
