@@ -8,6 +8,7 @@
 mod support;
 
 mod durability;
+mod engine;
 mod preemption;
 mod runs;
 
