@@ -207,27 +207,26 @@ impl Engine {
         if started.created {
             self.metrics.started.with_label_values(&[&workflow.name]).inc();
             tracing::info!(message = "Run started.", %run_id, workflow = %workflow.name, version = %workflow.version);
-            match first.filter(|_| started.advanced) {
+            let advanced = first.filter(|_| started.advanced);
+            if let Some(first) = &advanced {
+                self.count_calls(&spec, first.calls.len());
+            }
+            // This router's advances of it need neither parse nor check.
+            self.keep_spec(&run_id, spec, workflow.clone());
+            match advanced {
                 Some(first) => {
-                    self.count_calls(&spec, first.calls.len());
                     for at in first.wakes {
                         self.wake_at(&run_id, at);
                     }
-                    // Its next advances need neither parse nor check.
-                    self.keep_spec(&run_id, spec, workflow.clone());
                 }
-                None => {
-                    // This router's first advance needs neither parse nor check.
-                    self.keep_spec(&run_id, spec, workflow.clone());
-                    self.kick(StoredRun {
-                        run_id: run_id.clone(),
-                        spec: spec_json,
-                        state: State::Pending,
-                        updated_at_ms: now_ms(),
-                        entries: Default::default(),
-                        result: None,
-                    });
-                }
+                None => self.kick(StoredRun {
+                    run_id: run_id.clone(),
+                    spec: spec_json,
+                    state: State::Pending,
+                    updated_at_ms: now_ms(),
+                    entries: Default::default(),
+                    result: None,
+                }),
             }
             // (The run as accepted: its first advance may have moved it already.)
             return Ok(Started {

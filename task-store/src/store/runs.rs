@@ -660,7 +660,7 @@ impl TaskStore {
         first: bool,
         step: Option<StepEnd<'_>>,
     ) -> Result<(Result<bool, TaskStoreError>, Option<Result<State, TaskStoreError>>), TaskStoreError> {
-        if step.is_none() && !calls.is_empty() && (self.is_cluster() || self.wait.is_some()) {
+        if step.is_none() && !calls.is_empty() && !self.folds_steps() {
             return Ok((Ok(false), None));
         }
         let (advance, queued) = self.advance_parts(run_id, (calls, entries), due_at_ms, first)?;
