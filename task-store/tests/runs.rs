@@ -90,6 +90,45 @@ async fn the_contract(store: TaskStore) {
         Some(r#"{"s":"retried"}"#)
     );
 
+    // One write of several entries: each by its own order, a field given
+    // twice seeing the first as stored, and hundreds at once (an advance of
+    // a wide fan-out).
+    let entry = |field: &str, order, json: &str| RunEntry {
+        field: field.to_string(),
+        order,
+        json: json.to_string(),
+    };
+    let mut many = vec![
+        entry("i:a:0", at(1, 1), r#"{"s":"failed"}"#),
+        entry("i:d:0", at(1, 1), r#"{"s":"succeeded"}"#),
+        entry("i:d:0", at(1, 0), r#"{"s":"started"}"#),
+        entry("i:e:0", at(1, 0), r#"{"s":"started"}"#),
+        entry("i:e:0", at(1, 1), r#"{"s":"failed"}"#),
+    ];
+    many.extend((0..600).map(|item| entry(&format!("i:f:{item}"), at(1, 0), &format!(r#"{{"item":{item}}}"#))));
+    assert_eq!(
+        store.put_run_entries(&run_id, &many, None).await.unwrap(),
+        3 + 600,
+        "the one behind the stored entry and the one behind the given one are not written"
+    );
+    let stored = store.run(&run_id).await.unwrap();
+    let entry_of = |name: &str| stored.entries.get(name).map(String::as_str);
+    assert_eq!(
+        [
+            entry_of("i:a:0"),
+            entry_of("i:d:0"),
+            entry_of("i:e:0"),
+            entry_of("i:f:599")
+        ],
+        [
+            Some(r#"{"s":"retried"}"#),
+            Some(r#"{"s":"succeeded"}"#),
+            Some(r#"{"s":"failed"}"#),
+            Some(r#"{"item":599}"#)
+        ]
+    );
+    assert_eq!(stored.entries.len(), 3 + 600);
+
     // Due now (grace 0), leased to one router at a time.
     let due_now = a_run(&store, "run-2").await;
     assert!(store.create_run(&due_now, "{}", 0).await.unwrap());
@@ -114,11 +153,6 @@ async fn the_contract(store: TaskStore) {
         State::Pending
     );
     // The end writes the last outcomes with it, by the entries' order.
-    let entry = |field: &str, order, json: &str| RunEntry {
-        field: field.to_string(),
-        order,
-        json: json.to_string(),
-    };
     let ended = store
         .move_run_with(
             &run_id,
