@@ -231,7 +231,14 @@ impl TaskStore {
         if code == 1 && !hold {
             self.note_queued(lane, &field);
         }
-        if let Some(wait) = self.wait {
+        // A repeat that found its task stored (the request id names another
+        // task, code 0 there) wrote nothing: nothing of its own to wait for
+        // (the task is as durable as its first submission made it). Waiting
+        // for its replicas anyway answered a repeat sent while a replica
+        // lagged as an outage, which the router's buffer then took under a
+        // fresh id the replay would drop (the caller's id answering 404).
+        let wrote = own || code != 0;
+        if let (Some(wait), true) = (self.wait, wrote) {
             self.wait_replicated(&connection, &request_key, &task_key, wait).await?;
         }
         // Own: the request id names this submission's task id, stored now or by
