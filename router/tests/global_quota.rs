@@ -150,14 +150,25 @@ async fn three_routers_admit_one_tenants_rate_quota_once_not_three_times() {
     let token = tenant_token(CALLER, Some("team-a"));
     until_all_route(&three, &redis, "team-a", &token).await;
 
-    // Uneven load, 1,500 requests/s offered in all: router 0 three loops of
-    // calls, router 1 one of calls and one of task submissions, router 2 one
+    // Uneven load, 2,000 requests/s offered in all: router 0 four loops of
+    // calls, router 1 one of calls and one of task submissions, router 2 two
     // of calls. The first 2 s drain the buckets' bursts; the next 10 s count.
+    // (With a loop fewer on routers 0 and 2, a box busy with the whole test
+    // suite offered 321 a second, too few to tell one quota from three.)
     let start = Instant::now();
     let (warm_up, window) = (Duration::from_secs(2), Duration::from_secs(10));
     let until = start + warm_up + window;
     let every = Duration::from_millis(4);
-    let plan = [(0, false), (0, false), (0, false), (1, false), (1, true), (2, false)];
+    let plan = [
+        (0, false),
+        (0, false),
+        (0, false),
+        (0, false),
+        (1, false),
+        (1, true),
+        (2, false),
+        (2, false),
+    ];
     let outcomes: Vec<Outcomes> = plan.iter().map(|_| Outcomes::default()).collect();
     let loops: Vec<_> = plan
         .iter()
@@ -208,13 +219,13 @@ async fn three_routers_admit_one_tenants_rate_quota_once_not_three_times() {
     );
     // The load tells the two apart: had each router counted its own quota,
     // more than the bound above would have been admitted (on a loaded box
-    // the loops offer less than 1,500 a second, so this is computed, not assumed).
+    // the loops offer less than 2,000 a second, so this is computed, not assumed).
     let alone: u64 = offered.iter().map(|offered| (*offered).min(3000)).sum();
     assert!(
         alone > 3300,
         "the load cannot tell one quota from three: per-replica quotas would admit {alone} of {offered:?} offered"
     );
-    // Shares follow demand: the router with three loops gets the most.
+    // Shares follow demand: the router with four loops gets the most.
     assert!(per_router[0] > per_router[2], "{per_router:?}");
     let metrics = reqwest::get(format!("http://{}/metrics", three.addrs[0]))
         .await
