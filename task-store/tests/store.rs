@@ -821,9 +821,9 @@ contract! {
 /// retry under that id (its earlier write may not have reached a replica);
 /// a repeat under another id, which finds the task stored and writes
 /// nothing, is answered with that task at once. It was answered as an
-/// outage too, and the router's buffer took it under a fresh id, which its
-/// replay then dropped for the stored one: the id the caller held answered
-/// 404 (seen as a flaky `router/tests/task_buffer.rs`).
+/// outage too, and the router's buffer took it under a fresh id (202, an
+/// alias of the stored task once replayed) instead of answering the stored
+/// task (200, its id): seen as a flaky `router/tests/task_buffer.rs`.
 #[tokio::test]
 async fn a_repeat_found_stored_does_not_wait_for_replicas() {
     let redis = Redis::start();

@@ -236,7 +236,8 @@ impl TaskStore {
         // (the task is as durable as its first submission made it). Waiting
         // for its replicas anyway answered a repeat sent while a replica
         // lagged as an outage, which the router's buffer then took under a
-        // fresh id the replay would drop (the caller's id answering 404).
+        // fresh id (202, an alias of the stored task once replayed) instead
+        // of the stored task being answered (200, its id).
         let wrote = own || code != 0;
         if let (Some(wait), true) = (self.wait, wrote) {
             self.wait_replicated(&connection, &request_key, &task_key, wait).await?;
