@@ -34,6 +34,15 @@ fn step_call(run_id: &str, request_id: &str) -> NewTask {
     }
 }
 
+/// An entry of a run to write: `field` at `order`, its record `json`.
+fn run_entry(field: &str, order: EntryOrder, json: &str) -> RunEntry {
+    RunEntry {
+        field: field.to_string(),
+        order,
+        json: json.to_string(),
+    }
+}
+
 async fn a_run(store: &TaskStore, request_id: &str) -> String {
     let submitted = store.submit(held_task(request_id)).await.unwrap();
     submitted.task_id().to_string()
@@ -93,19 +102,14 @@ async fn the_contract(store: TaskStore) {
     // One write of several entries: each by its own order, a field given
     // twice seeing the first as stored, and hundreds at once (an advance of
     // a wide fan-out).
-    let entry = |field: &str, order, json: &str| RunEntry {
-        field: field.to_string(),
-        order,
-        json: json.to_string(),
-    };
     let mut many = vec![
-        entry("i:a:0", at(1, 1), r#"{"s":"failed"}"#),
-        entry("i:d:0", at(1, 1), r#"{"s":"succeeded"}"#),
-        entry("i:d:0", at(1, 0), r#"{"s":"started"}"#),
-        entry("i:e:0", at(1, 0), r#"{"s":"started"}"#),
-        entry("i:e:0", at(1, 1), r#"{"s":"failed"}"#),
+        run_entry("i:a:0", at(1, 1), r#"{"s":"failed"}"#),
+        run_entry("i:d:0", at(1, 1), r#"{"s":"succeeded"}"#),
+        run_entry("i:d:0", at(1, 0), r#"{"s":"started"}"#),
+        run_entry("i:e:0", at(1, 0), r#"{"s":"started"}"#),
+        run_entry("i:e:0", at(1, 1), r#"{"s":"failed"}"#),
     ];
-    many.extend((0..600).map(|item| entry(&format!("i:f:{item}"), at(1, 0), &format!(r#"{{"item":{item}}}"#))));
+    many.extend((0..600).map(|item| run_entry(&format!("i:f:{item}"), at(1, 0), &format!(r#"{{"item":{item}}}"#))));
     assert_eq!(
         store.put_run_entries(&run_id, &many, None).await.unwrap(),
         3 + 600,
@@ -160,8 +164,8 @@ async fn the_contract(store: TaskStore) {
             &[State::Pending, State::Running],
             Some(r#"{"output":1}"#),
             &[
-                entry("i:b:0", at(1, 1), r#"{"s":"succeeded"}"#),
-                entry("i:a:0", at(1, 1), r#"{"s":"failed"}"#),
+                run_entry("i:b:0", at(1, 1), r#"{"s":"succeeded"}"#),
+                run_entry("i:a:0", at(1, 1), r#"{"s":"failed"}"#),
             ],
         )
         .await
@@ -175,8 +179,8 @@ async fn the_contract(store: TaskStore) {
             &[State::Pending, State::Running],
             None,
             &[
-                entry("i:c:0", at(1, 1), r#"{"s":"canceled"}"#),
-                entry("i:b:0", at(1, 0), r#"{"s":"started"}"#),
+                run_entry("i:c:0", at(1, 1), r#"{"s":"canceled"}"#),
+                run_entry("i:b:0", at(1, 0), r#"{"s":"started"}"#),
             ],
         )
         .await
@@ -211,7 +215,7 @@ async fn the_contract(store: TaskStore) {
                 State::Running,
                 &[State::Pending],
                 None,
-                &[entry("x", at(1, 0), "{}")]
+                &[run_entry("x", at(1, 0), "{}")]
             )
             .await,
         Err(TaskStoreError::NotFound(_))
@@ -267,18 +271,17 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
 
     // The first advance: both running, its entries written, due later.
     let at = |attempt, rank| EntryOrder { attempt, rank };
-    let entry = |field: &str, order, json: &str| RunEntry {
-        field: field.to_string(),
-        order,
-        json: json.to_string(),
-    };
     store
-        .start_running(&run_id, &[entry("s:a", at(0, 0), r#"{"s":"started"}"#)], u64::MAX / 2)
+        .start_running(
+            &run_id,
+            &[run_entry("s:a", at(0, 0), r#"{"s":"started"}"#)],
+            u64::MAX / 2,
+        )
         .await
         .unwrap();
     // Again (another router's): no error, nothing moved back.
     store
-        .start_running(&run_id, &[entry("s:a", at(0, 0), r#"{"s":"again"}"#)], u64::MAX / 2)
+        .start_running(&run_id, &[run_entry("s:a", at(0, 0), r#"{"s":"again"}"#)], u64::MAX / 2)
         .await
         .unwrap();
     let stored = store.run(&run_id).await.unwrap();
@@ -300,7 +303,7 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
         .advance_run(
             &run_id,
             &[(call("call-1"), first_call.clone())],
-            &[entry("i:b:0", at(1, 0), r#"{"s":"submitted"}"#)],
+            &[run_entry("i:b:0", at(1, 0), r#"{"s":"submitted"}"#)],
             u64::MAX / 2,
             false,
         )
@@ -322,7 +325,7 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
             .advance_run(
                 &run_id,
                 &[(call("call-1"), second.clone())],
-                &[entry("i:c:0", at(1, 0), r#"{"s":"submitted"}"#)],
+                &[run_entry("i:c:0", at(1, 0), r#"{"s":"submitted"}"#)],
                 u64::MAX / 2,
                 false,
             )
@@ -354,7 +357,7 @@ async fn the_combined_scripts(store: TaskStore, cluster: bool) {
             &run_id,
             (State::Succeeded, &[State::Pending, State::Running]),
             r#"{"output":1}"#,
-            &[entry("i:a:0", at(1, 1), r#"{"s":"succeeded"}"#)],
+            &[run_entry("i:a:0", at(1, 1), r#"{"s":"succeeded"}"#)],
             (&held, &envelope),
         )
         .await
@@ -436,11 +439,7 @@ async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool
     let run_id = submitted.task_id().to_string();
     store.start_running(&run_id, &[], u64::MAX / 2).await.unwrap();
     let order = |attempt, rank| EntryOrder { attempt, rank };
-    let entry = |field: &str, json: &str| RunEntry {
-        field: field.to_string(),
-        order: order(1, 1),
-        json: json.to_string(),
-    };
+    let entry = |field: &str, json: &str| run_entry(field, order(1, 1), json);
     // Three steps of the run, submitted, claimed and running.
     for request_id in ["step-a", "step-b", "step-c"] {
         store.submit(step_call(&run_id, request_id)).await.unwrap();
@@ -545,11 +544,7 @@ async fn a_steps_end_carried_by_its_runs_advance(store: TaskStore, cluster: bool
 /// a call whose request id names another task stops the advance, the run
 /// left `pending` for its router to advance; a cluster never folds it.
 async fn a_runs_first_advance_written_with_its_start(store: TaskStore, cluster: bool) {
-    let entry = |field: &str, attempt, json: String| RunEntry {
-        field: field.to_string(),
-        order: EntryOrder { attempt, rank: 0 },
-        json,
-    };
+    let entry = |field: &str, attempt, json: String| run_entry(field, EntryOrder { attempt, rank: 0 }, &json);
     let planned = |run_id: &str, request_id: &str| {
         let call_id = store.task_id_for("order.lookup");
         let entries = vec![

@@ -780,6 +780,54 @@ async fn scripts_the_server_forgot_are_loaded_again(backend: Backend) {
     }
 }
 
+/// With `WAIT` for more replicas than there are (none on one server, one
+/// a shard on a cluster, so every `WAIT` falls short): a submission is
+/// stored but answered as an outage (the router's buffer then keeps it
+/// under the same id), and so is its own retry under that id (its earlier
+/// write may not have reached a replica); a repeat under another id, which
+/// finds the task stored and writes nothing, is answered with that task at
+/// once. It was answered as an outage too, and the router's buffer took it
+/// under a fresh id (202, an alias of the stored task once replayed)
+/// instead of answering the stored task (200, its id): seen as a flaky
+/// `router/tests/task_buffer.rs`.
+async fn a_repeat_found_stored_does_not_wait_for_replicas(backend: Backend) {
+    let config = StoreConfig {
+        wait: Some(agent_reach_stores::Wait {
+            replicas: 2,
+            timeout: Duration::from_millis(50),
+        }),
+        ..StoreConfig::default()
+    };
+    let store = TaskStore::new(&backend.url(), &config).unwrap();
+    store.prepare().await.unwrap();
+    let repeat = || task("req-wait", Priority::Normal, None);
+    let first = store.task_id_for("demo.echo");
+    let short = store.submit_with_id(repeat(), &first).await;
+    assert!(
+        matches!(&short, Err(TaskStoreError::Unavailable(why)) if why.contains("of 2 replicas")),
+        "{short:?}"
+    );
+    assert_eq!(
+        store.get(&first).await.unwrap().state,
+        State::Pending,
+        "stored all the same"
+    );
+    let retried = store.submit_with_id(repeat(), &first).await;
+    assert!(
+        matches!(retried, Err(TaskStoreError::Unavailable(_))),
+        "its own retry waits again: {retried:?}"
+    );
+    let other = store.task_id_for("demo.echo");
+    assert_eq!(
+        store.submit_with_id(repeat(), &other).await.unwrap(),
+        Submitted::Existing(first.clone())
+    );
+    assert!(
+        matches!(store.get(&other).await, Err(TaskStoreError::NotFound(_))),
+        "nothing stored under the other id"
+    );
+}
+
 // === Running it against one server and a cluster ===
 
 macro_rules! contract {
@@ -813,59 +861,5 @@ contract! {
     a_left_follow_up_is_applied_by_a_worker,
     a_dead_letter_is_listed_replayed_once_and_then_gone,
     scripts_the_server_forgot_are_loaded_again,
-}
-
-/// With `WAIT` and no replica to acknowledge (one server alone, so every
-/// `WAIT` falls short): a submission is stored but answered as an outage
-/// (the router's buffer then keeps it under the same id), and so is its own
-/// retry under that id (its earlier write may not have reached a replica);
-/// a repeat under another id, which finds the task stored and writes
-/// nothing, is answered with that task at once. It was answered as an
-/// outage too, and the router's buffer took it under a fresh id (202, an
-/// alias of the stored task once replayed) instead of answering the stored
-/// task (200, its id): seen as a flaky `router/tests/task_buffer.rs`.
-#[tokio::test]
-async fn a_repeat_found_stored_does_not_wait_for_replicas() {
-    let redis = Redis::start();
-    let config = StoreConfig {
-        wait: Some(agent_reach_stores::Wait {
-            replicas: 1,
-            timeout: Duration::from_millis(50),
-        }),
-        ..StoreConfig::default()
-    };
-    let store = TaskStore::new(&redis.url(), &config).unwrap();
-    store.prepare().await.unwrap();
-    let first = store.task_id_for("demo.echo");
-    let short = store
-        .submit_with_id(task("req-wait", Priority::Normal, None), &first)
-        .await;
-    assert!(
-        matches!(&short, Err(TaskStoreError::Unavailable(why)) if why.contains("0 of 1 replicas")),
-        "{short:?}"
-    );
-    assert_eq!(
-        store.get(&first).await.unwrap().state,
-        State::Pending,
-        "stored all the same"
-    );
-    let retried = store
-        .submit_with_id(task("req-wait", Priority::Normal, None), &first)
-        .await;
-    assert!(
-        matches!(retried, Err(TaskStoreError::Unavailable(_))),
-        "its own retry waits again: {retried:?}"
-    );
-    let other = store.task_id_for("demo.echo");
-    assert_eq!(
-        store
-            .submit_with_id(task("req-wait", Priority::Normal, None), &other)
-            .await
-            .unwrap(),
-        Submitted::Existing(first.clone())
-    );
-    assert!(
-        matches!(store.get(&other).await, Err(TaskStoreError::NotFound(_))),
-        "nothing stored under the other id"
-    );
+    a_repeat_found_stored_does_not_wait_for_replicas,
 }

@@ -239,7 +239,7 @@ impl TaskStore {
         // fresh id (202, an alias of the stored task once replayed) instead
         // of the stored task being answered (200, its id).
         let wrote = own || code != 0;
-        if let (Some(wait), true) = (self.wait, wrote) {
+        if let Some(wait) = self.wait.filter(|_| wrote) {
             self.wait_replicated(&connection, &request_key, &task_key, wait).await?;
         }
         // Own: the request id names this submission's task id, stored now or by
